@@ -1,0 +1,1 @@
+"""Command-line interface: `rayrl <command>`; each command lives in its own module."""

@@ -1,0 +1,1 @@
+"""Cluster layer: resource pools, the fit check, the KV store. Knows nothing of RL."""

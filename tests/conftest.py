@@ -1,0 +1,87 @@
+"""Shared fixtures: one real local Ray per test session, tiny models, multi-node clusters.
+
+Ray workers are separate processes: they import test modules by name, so the tests
+folder is put on PYTHONPATH before Ray starts (toy worker classes live in test files).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+SRC = TESTS.parent / "src"
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in [str(TESTS), str(SRC), os.environ.get("PYTHONPATH", "")] if p
+)
+# Keep Ray quiet and light on a 2-core machine.
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(TESTS))
+
+LOCAL_RAY = dict(num_cpus=8, num_gpus=4, include_dashboard=False, log_to_driver=False)
+
+
+def start_local_ray():
+    """Start (or reuse) the session's local Ray: 8 logical CPUs and 4 logical GPUs."""
+    import ray
+
+    if ray.is_initialized():
+        if ray.get_runtime_context().gcs_address == _state.get("local_gcs"):
+            return ray
+        ray.shutdown()
+    ctx = ray.init(**LOCAL_RAY)
+    _state["local_gcs"] = ctx.address_info["gcs_address"]
+    return ray
+
+
+_state: dict = {}
+
+
+@pytest.fixture
+def ray_local():
+    """A real local Ray cluster, started once and shared by every test that asks."""
+    return start_local_ray()
+
+
+@pytest.fixture
+def ray_multinode():
+    """A fresh multi-node cluster (several raylets on this host) for one test.
+
+    Yields a factory: `make(nodes=[{"num_cpus": 2, "num_gpus": 2}, ...])` returns the
+    `ray.cluster_utils.Cluster`, already connected. Torn down after the test; the
+    next `ray_local` user starts the local cluster again.
+    """
+    import ray
+    from ray.cluster_utils import Cluster
+
+    made: list[Cluster] = []
+
+    def make(nodes: list[dict]) -> Cluster:
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster = Cluster(initialize_head=True, head_node_args={**nodes[0], "include_dashboard": False})
+        for spec in nodes[1:]:
+            cluster.add_node(**spec)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False)
+        made.append(cluster)
+        return cluster
+
+    yield make
+    if ray.is_initialized():
+        ray.shutdown()
+    for cluster in made:
+        cluster.shutdown()
+    _state.pop("local_gcs", None)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
