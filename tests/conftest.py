@@ -64,7 +64,9 @@ def ray_multinode():
     def make(nodes: list[dict]) -> Cluster:
         if ray.is_initialized():
             ray.shutdown()
-        cluster = Cluster(initialize_head=True, head_node_args={**nodes[0], "include_dashboard": False})
+        cluster = Cluster(
+            initialize_head=True, head_node_args={**nodes[0], "include_dashboard": False}
+        )
         for spec in nodes[1:]:
             cluster.add_node(**spec)
         cluster.wait_for_nodes()

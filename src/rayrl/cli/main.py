@@ -12,11 +12,13 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ["config_cmd", "models_cmd", "demo_cmd"]
+COMMANDS = ["config_cmd"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rayrl", description=__doc__.splitlines()[0])
+    import rayrl
+
+    parser = argparse.ArgumentParser(prog="rayrl", description=rayrl.__doc__)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"rayrl.cli.{name}").register(sub)

@@ -1,1 +1,6 @@
-"""rayrl.config."""
+"""Typed config: schema (dataclasses), YAML + dotted overrides, cross-field validation."""
+
+from rayrl.config.load import ConfigError, load_config, to_yaml
+from rayrl.config.schema import RayRLConfig
+
+__all__ = ["ConfigError", "RayRLConfig", "load_config", "to_yaml"]

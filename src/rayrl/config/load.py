@@ -1,0 +1,154 @@
+"""Load a config: built-in defaults, then a YAML file, then dotted overrides.
+
+`load_config("grpo.yaml", ["actor_rollout_ref.actor.optim.lr=1e-6"])` returns a typed
+`RayRLConfig`. Unknown keys are errors that name the key and the closest valid one;
+wrong types name the key and the expected type; cross-field rules run last
+(`rayrl.config.validate`).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+from dataclasses import is_dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from rayrl.config.schema import RayRLConfig, schema_fields
+
+BUILTIN_DIR = Path(__file__).resolve().parent
+
+
+class ConfigError(ValueError):
+    """A config that cannot run: the message says which key and what to do."""
+
+
+def builtin_configs() -> list[str]:
+    """Names of the YAML files shipped with rayrl (usable as `-c NAME`)."""
+    return sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml"))
+
+
+def resolve_source(source: str | Path) -> Path:
+    """A config argument is a file path or the name of a built-in config."""
+    path = Path(source)
+    if path.is_file():
+        return path
+    builtin = BUILTIN_DIR / f"{Path(source).stem}.yaml"
+    if path.suffix in ("", ".yaml", ".yml") and builtin.is_file() and path.parent == Path("."):
+        return builtin
+    raise ConfigError(
+        f"config file '{source}' not found; give a path to a YAML file or one of the "
+        f"built-in configs: {', '.join(builtin_configs())}"
+    )
+
+
+def all_paths(cls: type = RayRLConfig, prefix: str = "") -> list[str]:
+    """Every dotted key of the schema, leaves and groups."""
+    out: list[str] = []
+    for name, sub in schema_fields(cls).items():
+        path = f"{prefix}{name}"
+        out.append(path)
+        if sub is not None:
+            out.extend(all_paths(sub, path + "."))
+    return out
+
+
+def suggest(path: str) -> str | None:
+    """The valid key closest to a misspelt or misplaced dotted key."""
+    paths = all_paths()
+    leaf = path.split(".")[-1]
+    by_suffix = [p for p in paths if p.endswith("." + path)]
+    if len(by_suffix) == 1:
+        return by_suffix[0]
+    by_suffix = by_suffix or [p for p in paths if p.split(".")[-1] == leaf]
+    if len(by_suffix) == 1:
+        return by_suffix[0]
+    close = difflib.get_close_matches(path, paths, n=1, cutoff=0.6)
+    if close:
+        return close[0]
+    parent = path.rsplit(".", 1)[0] if "." in path else ""
+    siblings = [p for p in paths if p.rsplit(".", 1)[0] == parent] if parent else paths
+    leaves = {p.split(".")[-1]: p for p in siblings}
+    close = difflib.get_close_matches(leaf, list(leaves), n=1, cutoff=0.5)
+    return leaves[close[0]] if close else (by_suffix[0] if by_suffix else None)
+
+
+def _first_leaf(path: str, value: Any) -> str:
+    while isinstance(value, dict) and len(value) == 1:
+        key, value = next(iter(value.items()))
+        path = f"{path}.{key}"
+    return path
+
+
+def check_keys(
+    data: dict[str, Any], cls: type = RayRLConfig, prefix: str = "", origin: str = ""
+) -> None:
+    """Raise ConfigError for the first key of `data` that the schema does not have."""
+    fields = schema_fields(cls)
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if key not in fields:
+            hint = suggest(_first_leaf(path, value))
+            where = f" (in {origin})" if origin else ""
+            did = f"; did you mean '{hint}'?" if hint else ""
+            raise ConfigError(f"unknown config key '{path}'{where}{did}")
+        sub = fields[key]
+        if sub is not None:
+            if not isinstance(value, dict):
+                raise ConfigError(
+                    f"config key '{path}' is a group (keys: {', '.join(schema_fields(sub))}); "
+                    f"got the value {value!r}"
+                )
+            check_keys(value, sub, path + ".", origin)
+
+
+def _merge(base: Any, data: dict[str, Any], origin: str) -> Any:
+    try:
+        return OmegaConf.merge(base, data)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "?"
+        reason = str(exc.msg).splitlines()[0]
+        raise ConfigError(f"bad value for config key '{key}' (in {origin}): {reason}") from None
+
+
+def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
+    """Dotted `key=value` overrides to a nested dict; values are parsed as YAML."""
+    bad = [o for o in overrides if "=" not in o]
+    if bad:
+        raise ConfigError(f"override '{bad[0]}' is not of the form key=value (e.g. trainer.seed=3)")
+    return OmegaConf.to_container(OmegaConf.from_dotlist(list(overrides)))
+
+
+def load_config(
+    source: str | Path | None = None, overrides: Sequence[str] = (), *, validate: bool = True
+) -> RayRLConfig:
+    """Defaults <- YAML file (a path or a built-in name) <- dotted overrides, then validated."""
+    merged = OmegaConf.structured(RayRLConfig)
+    if source is not None:
+        path = resolve_source(source)
+        data = OmegaConf.to_container(OmegaConf.load(path)) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(
+                f"{path}: a config file holds a mapping of groups, got {type(data).__name__}"
+            )
+        check_keys(data, origin=str(path))
+        merged = _merge(merged, data, str(path))
+    if overrides:
+        data = parse_overrides(overrides)
+        check_keys(data, origin="command-line overrides")
+        merged = _merge(merged, data, "command-line overrides")
+    cfg = OmegaConf.to_object(merged)
+    assert is_dataclass(cfg)
+    if validate:
+        from rayrl.config.validate import validate_config
+
+        validate_config(cfg)
+    return cfg
+
+
+def to_yaml(cfg: RayRLConfig) -> str:
+    """The resolved config as YAML (what `rayrl config show` prints)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))

@@ -1,0 +1,158 @@
+"""Config: defaults, YAML, dotted overrides, unknown keys with suggestions, batch-size rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from rayrl.cli.main import main
+from rayrl.config import ConfigError, RayRLConfig, load_config, to_yaml
+
+
+def test_defaults_validate_and_describe_the_demo():
+    cfg = load_config()
+    assert isinstance(cfg, RayRLConfig)
+    assert cfg.actor_rollout_ref.model.path is None  # the demo builds its tiny model
+    assert cfg.algorithm.adv_estimator == "grpo"
+    assert cfg.world_size == 1
+
+
+def test_builtin_yaml_and_overrides_are_typed():
+    cfg = load_config(
+        "grpo",
+        [
+            "actor_rollout_ref.actor.optim.lr=1e-6",
+            "trainer.seed=7",
+            "trainer.logger=[console,tensorboard]",
+        ],
+    )
+    assert cfg.actor_rollout_ref.actor.optim.lr == pytest.approx(1e-6)
+    assert isinstance(cfg.actor_rollout_ref.actor.optim.lr, float)
+    assert cfg.trainer.seed == 7
+    assert cfg.trainer.logger == ["console", "tensorboard"]
+    assert load_config("ppo").algorithm.adv_estimator == "gae"
+
+
+def test_yaml_file_then_overrides_win(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("trainer:\n  seed: 3\n  total_steps: 10\n")
+    cfg = load_config(path, ["trainer.seed=4"])
+    assert (cfg.trainer.seed, cfg.trainer.total_steps) == (4, 10)
+
+
+@pytest.mark.parametrize(
+    "override, bad, hint",
+    [
+        (
+            "actor_rollout_ref.actor.optim.lrr=1",
+            "actor_rollout_ref.actor.optim.lrr",
+            "actor_rollout_ref.actor.optim.lr",
+        ),
+        ("trainer.sed=1", "trainer.sed", "trainer.seed"),
+        ("actor.optim.lr=1", "actor", "actor_rollout_ref.actor.optim.lr"),
+        ("seed=3", "seed", "trainer.seed"),
+        (
+            "actor_rollout_ref.rollout.temprature=0.5",
+            "actor_rollout_ref.rollout.temprature",
+            "actor_rollout_ref.rollout.temperature",
+        ),
+    ],
+)
+def test_unknown_key_names_key_and_suggestion(override, bad, hint):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert f"unknown config key '{bad}'" in str(err.value)
+    assert f"did you mean '{hint}'" in str(err.value)
+
+
+def test_unknown_key_in_yaml_names_the_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("data:\n  train_batch_sise: 8\n")
+    with pytest.raises(
+        ConfigError, match=r"data.train_batch_sise.*bad.yaml.*data.train_batch_size"
+    ):
+        load_config(path)
+
+
+def test_wrong_type_names_the_key():
+    with pytest.raises(ConfigError, match="trainer.seed"):
+        load_config(None, ["trainer.seed=abc"])
+    with pytest.raises(ConfigError, match="'trainer' is a group"):
+        load_config(None, ["trainer=3"])
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config(None, ["trainer.seed"])
+
+
+def test_missing_file_lists_builtins():
+    with pytest.raises(ConfigError, match="grpo, ppo"):
+        load_config("no-such-file.yaml")
+
+
+def test_prompts_must_split_into_mini_batches():
+    with pytest.raises(
+        ConfigError, match=r"train_batch_size=6 .*ppo_mini_batch_size=4 .*6 % 4 = 2"
+    ):
+        load_config(None, ["data.train_batch_size=6"])
+
+
+def test_mini_batch_must_split_over_ranks():
+    # 4 prompts x 4 samples = 16 samples over 3 ranks
+    with pytest.raises(ConfigError, match=r"16 samples does not split over 3 .*16 % 3 = 1"):
+        load_config(None, ["trainer.n_gpus_per_node=3"])
+    load_config(
+        None,
+        [
+            "trainer.n_gpus_per_node=2",
+            "trainer.nnodes=2",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        ],
+    )
+
+
+def test_rank_share_must_split_into_micro_batches():
+    # 16 samples / 2 ranks = 8 per rank, micro-batch 3
+    with pytest.raises(
+        ConfigError, match=r"16 samples / 2 ranks = 8.*micro_batch_size_per_gpu=3.*8 % 3 = 2"
+    ):
+        load_config(
+            None,
+            ["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"],
+        )
+    # dynamic batch sizes lift the micro-batch rule
+    load_config(
+        None,
+        [
+            "trainer.n_gpus_per_node=2",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
+            "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        ],
+    )
+
+
+def test_critic_chain_checked_only_when_critic_runs():
+    bad_critic = ["critic.ppo_micro_batch_size_per_gpu=3"]
+    load_config(None, bad_critic)  # grpo: no critic
+    with pytest.raises(ConfigError, match=r"critic.ppo_micro_batch_size_per_gpu=3"):
+        load_config("ppo", bad_critic)
+
+
+def test_grpo_needs_several_samples_and_choices_are_checked():
+    with pytest.raises(ConfigError, match="rollout.n=1"):
+        load_config(None, ["actor_rollout_ref.rollout.n=1"])
+    with pytest.raises(ConfigError, match="engine='vllm' is not one of hf, native"):
+        load_config(None, ["actor_rollout_ref.rollout.engine=vllm"])
+    with pytest.raises(ConfigError, match="capacity_factor=0.5"):
+        load_config(None, ["resources.capacity_factor=0.5"])
+
+
+def test_cli_config_show(capsys):
+    assert main(["config", "show", "-c", "grpo", "trainer.seed=11"]) == 0
+    out = capsys.readouterr().out
+    assert "seed: 11" in out and "adv_estimator: grpo" in out
+    assert to_yaml(load_config("grpo", ["trainer.seed=11"])) == out
+
+
+def test_cli_config_show_error_exits_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["config", "show", "trainer.sed=1"])
+    assert exc.value.code == 2
+    assert "did you mean 'trainer.seed'" in capsys.readouterr().err
