@@ -1,0 +1,17 @@
+# The two commands of the README: `make demo` and `make test`. Both set everything up.
+.PHONY: setup demo test test-fast lint
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	.venv/bin/rayrl demo
+
+lint: setup
+	.venv/bin/ruff check src tests bench
+
+test: lint
+	bash scripts/run_tests.sh
+
+test-fast: setup
+	bash scripts/run_tests.sh -m "not slow"

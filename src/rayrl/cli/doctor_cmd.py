@@ -1,0 +1,158 @@
+"""`rayrl doctor`: what the cluster has, what holds it, and whether the nodes agree.
+
+Prints the live nodes with free/total resources and the Python, Ray, torch and
+transformers versions on each (a mismatch is flagged: it breaks runs in ways that are
+hard to see), then the placement groups with their owner job and state, stale ones
+(detached, their job finished) flagged. `--cleanup` removes stale rayrl groups and
+detached rayrl actors of finished jobs after a confirmation (`--yes` skips it).
+
+Without `--address` it starts a private local Ray; it never attaches by "auto".
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+
+from rich.console import Console
+from rich.prompt import Confirm
+
+from rayrl.cluster.inspect import (
+    ClusterState,
+    connect,
+    node_versions,
+    remove_stale,
+    snapshot,
+    version_mismatches,
+)
+from rayrl.cluster.tables import groups_table, nodes_table, resource_names
+
+CLEANUP_WAIT_S = 10.0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `doctor` sub-command."""
+    p = subparsers.add_parser("doctor", help="check nodes, versions and placement groups")
+    p.add_argument("--address", help="Ray GCS address (host:port); default: start a local Ray")
+    p.add_argument("--cleanup", action="store_true", help="remove stale rayrl groups and actors")
+    p.add_argument("--yes", action="store_true", help="do not ask before cleaning up")
+    p.add_argument(
+        "--timeout", type=float, default=30.0, help="seconds to wait for each node's versions"
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point for the parsed `rayrl doctor` arguments; returns the exit code."""
+    return doctor(args.address, cleanup=args.cleanup, yes=args.yes, versions_timeout_s=args.timeout)
+
+
+def doctor(
+    address: str | None = None,
+    *,
+    cleanup: bool = False,
+    yes: bool = False,
+    console: Console | None = None,
+    confirm: Callable[[str], bool] | None = None,
+    versions_timeout_s: float = 30.0,
+) -> int:
+    """Report on the cluster at `address` (or a fresh local one) and optionally clean up.
+
+    Returns 0 when the nodes agree, every node answered and nothing stale is left;
+    1 otherwise. `confirm` asks the user (default: a prompt on a terminal, refusal
+    elsewhere); `yes=True` skips it.
+    """
+    console = console or Console()
+    with connect(address) as gcs:
+        state = snapshot(include_actors=True)
+        healthy = report(state, gcs, console, versions_timeout_s)
+        stale = bool(state.stale_groups() or state.stale_actors())
+        if cleanup:
+            stale = not clean(state, console, yes=yes, confirm=confirm)
+    return 0 if healthy and not stale else 1
+
+
+def report(state: ClusterState, gcs: str, console: Console, versions_timeout_s: float) -> bool:
+    """Print nodes, versions and placement groups; True when nodes agree and all answered."""
+    versions = node_versions(state, versions_timeout_s)
+    mismatched = version_mismatches(versions)
+    console.print(f"Ray cluster at [bold]{gcs}[/bold]: {len(state.nodes)} live node(s)")
+    names = resource_names(n.total for n in state.nodes)
+    names = [n for n in names if n != "object_store_memory"]
+    console.print(nodes_table(state, names, versions, mismatched))
+    for name, found in sorted(mismatched.items()):
+        console.print(
+            f"[red]MISMATCH: {name} differs between nodes ({', '.join(sorted(found))}); "
+            "install the same version everywhere.[/red]"
+        )
+    silent = [n.short for n in state.nodes if versions.get(n.node_id) is None]
+    if silent:
+        console.print(
+            f"[red]No answer within {versions_timeout_s:g}s from node(s) {', '.join(silent)}.[/red]"
+        )
+    if state.groups:
+        console.print(groups_table(state.groups))
+    else:
+        console.print("No placement groups.")
+    for g in state.stale_groups():
+        hint = (
+            "`rayrl doctor --cleanup`"
+            if g.is_rayrl
+            else "ray.util.remove_placement_group (not a rayrl group)"
+        )
+        console.print(
+            f"[yellow]STALE: {g.name or g.group_id} of finished job {g.job_id}; remove with {hint}[/yellow]"
+        )
+    for a in state.stale_actors():
+        console.print(
+            f"[yellow]STALE: detached actor {a.name or a.actor_id} of finished job {a.job_id}[/yellow]"
+        )
+    return not mismatched and not silent
+
+
+def clean(
+    state: ClusterState,
+    console: Console,
+    *,
+    yes: bool = False,
+    confirm: Callable[[str], bool] | None = None,
+) -> bool:
+    """Remove stale rayrl groups and actors after confirmation; True if none is left."""
+    groups, actors = state.stale_groups(rayrl_only=True), state.stale_actors()
+    if not groups and not actors:
+        console.print("Nothing to clean up.")
+        return not state.stale_groups()
+    what = [f"placement group {g.name}" for g in groups] + [
+        f"actor {a.name or a.actor_id}" for a in actors
+    ]
+    console.print("Will remove: " + ", ".join(what))
+    if not yes and not (confirm or _ask)("Remove them?"):
+        console.print("Left as is.")
+        return False
+    for line in remove_stale(state):
+        console.print(line)
+    return _wait_gone({g.group_id for g in groups}, console)
+
+
+def _ask(question: str) -> bool:
+    if not sys.stdin.isatty():
+        print(f"{question} (not a terminal: pass --yes to confirm)", file=sys.stderr)
+        return False
+    return Confirm.ask(question, default=False)
+
+
+def _wait_gone(group_ids: set[str], console: Console) -> bool:
+    """Wait (at most CLEANUP_WAIT_S) until the GCS no longer lists the removed groups."""
+    deadline = time.monotonic() + CLEANUP_WAIT_S
+    while True:
+        left = {g.group_id for g in snapshot().groups} & group_ids
+        if not left:
+            return True
+        if time.monotonic() >= deadline:
+            console.print(
+                f"[red]{len(left)} group(s) still listed after {CLEANUP_WAIT_S:g}s.[/red]"
+            )
+            return False
+        time.sleep(0.2)
