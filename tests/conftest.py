@@ -23,7 +23,9 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(TESTS))
 
-LOCAL_RAY = dict(num_cpus=8, num_gpus=4, include_dashboard=False, log_to_driver=False)
+LOCAL_RAY = dict(
+    address="local", num_cpus=8, num_gpus=4, include_dashboard=False, log_to_driver=False
+)
 
 
 def start_local_ray():

@@ -40,7 +40,9 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_from_args(args)
     model_dir = ensure_model(cfg, console)
     workers = cfg.trainer.n_gpus_per_node
-    ray.init(address=cfg.resources.address, include_dashboard=False, log_to_driver=False)
+    ray.init(
+        address=cfg.resources.address or "local", include_dashboard=False, log_to_driver=False
+    )
     try:
         console.print(f"ray: {ray.cluster_resources().get('CPU', 0):.0f} CPUs; {workers} workers")
         actors = [Sampler.remote(str(model_dir), rank) for rank in range(workers)]

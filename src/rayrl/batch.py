@@ -1,0 +1,521 @@
+"""Batch: the unit of data that moves between the controller and the workers.
+
+A Batch holds tensor columns that share one leading batch dimension, non-tensor
+columns (numpy arrays, usually 1-D object arrays of strings or nested Python values)
+of the same length, and a `meta` dict of per-batch values (temperature, step, ...).
+Row operations (slicing, gathering, chunking, padding, repeating) act on every
+column at once and return views where that is cheap.
+
+Pickling is built for Ray's object store (see `rayrl.batch_codec`): each tensor
+travels as one contiguous out-of-band byte buffer, a slice ships only its own rows,
+a column of strings travels as one Arrow buffer. Tensors always arrive on CPU, as
+private writable copies when they came out of Ray's shared store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
+
+import numpy as np
+import torch
+
+from rayrl.batch_codec import decode_objects, decode_tensor, encode_objects, encode_tensor
+
+_NUMERIC_KINDS = "biufc"  # numpy dtype kinds that become tensor columns
+_STATE_VERSION = 1
+
+__all__ = ["Batch"]
+
+
+class Batch:
+    """Tensor and non-tensor columns sharing one leading batch dimension, plus meta.
+
+    Attributes:
+        tensors: column name -> tensor whose first dimension is the batch.
+        non_tensors: column name -> numpy array (usually 1-D, dtype object).
+        meta: values that describe the whole batch, not one row.
+    """
+
+    __slots__ = ("tensors", "non_tensors", "meta")
+
+    def __init__(
+        self,
+        tensors: Mapping[str, torch.Tensor] | None = None,
+        non_tensors: Mapping[str, Any] | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.non_tensors: dict[str, np.ndarray] = {}
+        self.meta: dict[str, Any] = dict(meta or {})
+        for key, value in (tensors or {}).items():
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(
+                    f"Batch tensor column {key!r} is a {type(value).__name__}, not a "
+                    "torch.Tensor; pass it in non_tensors or use Batch.from_dict."
+                )
+            self.tensors[key] = _checked_tensor(key, value)
+        for key, value in (non_tensors or {}).items():
+            if key in self.tensors:
+                raise ValueError(
+                    f"Batch column {key!r} is given both as a tensor and as a non-tensor; "
+                    "keep one of them."
+                )
+            self.non_tensors[key] = _to_non_tensor(key, value)
+        _check_lengths(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], meta: dict | None = None) -> Batch:
+        """Build a Batch, sorting each value into a tensor or a non-tensor column.
+
+        torch.Tensor and numeric numpy arrays become tensor columns (numpy memory is
+        shared); lists, tuples, string arrays and object arrays become 1-D object
+        columns, built element-wise so that a list of lists stays a column of lists.
+        """
+        tensors: dict[str, torch.Tensor] = {}
+        non_tensors: dict[str, np.ndarray] = {}
+        for key, value in data.items():
+            column = _to_column(key, value)
+            if isinstance(column, torch.Tensor):
+                tensors[key] = column
+            else:
+                non_tensors[key] = column
+        return cls(tensors, non_tensors, meta)
+
+    # ----------------------------------------------------------------- mapping
+    def __len__(self) -> int:
+        for value in self.tensors.values():
+            return int(value.shape[0])
+        for value in self.non_tensors.values():
+            return int(value.shape[0])
+        return 0
+
+    def keys(self) -> list[str]:
+        """Column names: tensor columns first, then non-tensor columns."""
+        return [*self.tensors, *self.non_tensors]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.tensors or key in self.non_tensors
+
+    def __iter__(self) -> NoReturn:
+        raise TypeError(
+            "a Batch is not iterable; loop over batch.keys() for columns or "
+            "batch.split(1) for rows."
+        )
+
+    def __getitem__(self, key: Any) -> Any:
+        """A column for a str key; otherwise a Batch of the selected rows.
+
+        Rows may be picked by int, slice, list of ints, int or bool numpy array, or
+        Long/Bool tensor. Ints and step-1 or positive-step slices give views.
+        """
+        if isinstance(key, str):
+            return self._column(key)
+        if isinstance(key, (bool, np.bool_)):
+            raise TypeError("a Batch cannot be indexed by a bool; use a boolean mask.")
+        if isinstance(key, (int, np.integer)):
+            length = len(self)
+            i = int(key)
+            if not -length <= i < length:
+                raise IndexError(f"row {i} is out of range for a Batch of {length} rows.")
+            i %= length
+            return self._slice(slice(i, i + 1))
+        if isinstance(key, slice):
+            return self._slice(key)
+        return self.index(key)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        """Add or replace a column; the value is sorted as in `from_dict`."""
+        if not isinstance(key, str):
+            raise TypeError(f"column names are str, got {type(key).__name__}.")
+        column = _to_column(key, value)
+        others = [k for k in self.keys() if k != key]
+        if others and column.shape[0] != len(self):
+            raise ValueError(
+                f"Batch column {key!r} has {column.shape[0]} rows but column "
+                f"{others[0]!r} has {len(self)} rows; every column must share the "
+                "leading batch dimension."
+            )
+        self.tensors.pop(key, None)
+        self.non_tensors.pop(key, None)
+        if isinstance(column, torch.Tensor):
+            self.tensors[key] = column
+        else:
+            self.non_tensors[key] = column
+
+    def _column(self, key: str) -> Any:
+        if key in self.tensors:
+            return self.tensors[key]
+        if key in self.non_tensors:
+            return self.non_tensors[key]
+        raise KeyError(f"Batch has no column {key!r}; its columns are {self.keys()}.")
+
+    # -------------------------------------------------------------------- rows
+    def _slice(self, s: slice) -> Batch:
+        start, stop, step = s.indices(len(self))
+        if step < 0:
+            return self.index(list(range(start, stop, step)))
+        tensors = {k: v[start:stop:step] for k, v in self.tensors.items()}
+        non_tensors = {k: v[start:stop:step] for k, v in self.non_tensors.items()}
+        return _make(tensors, non_tensors, dict(self.meta))
+
+    def index(self, indices: Any) -> Batch:
+        """Gather rows (reorder, repeat, select) into a new Batch; data is copied.
+
+        `indices` is a sequence of ints (negative ones count from the end), an int
+        numpy array or tensor, or a boolean mask as long as the Batch.
+        """
+        idx = _row_indices(indices, len(self))
+        tensors = {k: v.index_select(0, idx.to(v.device)) for k, v in self.tensors.items()}
+        idx_np = idx.numpy()
+        non_tensors = {k: v[idx_np] for k, v in self.non_tensors.items()}
+        return _make(tensors, non_tensors, dict(self.meta))
+
+    def select(self, *keys: str) -> Batch:
+        """A Batch of the named columns, sharing their storage; meta is copied (shallow)."""
+        keys = _flatten_keys(keys)
+        missing = [k for k in keys if k not in self]
+        if missing:
+            raise KeyError(f"Batch.select: no column(s) {missing}; columns are {self.keys()}.")
+        tensors = {k: self.tensors[k] for k in keys if k in self.tensors}
+        non_tensors = {k: self.non_tensors[k] for k in keys if k in self.non_tensors}
+        return _make(tensors, non_tensors, dict(self.meta))
+
+    def pop(self, *keys: str) -> Batch:
+        """Remove the named columns from this Batch and return them as a new Batch."""
+        popped = self.select(*keys)
+        for key in [*popped.tensors, *popped.non_tensors]:
+            self.tensors.pop(key, None)
+            self.non_tensors.pop(key, None)
+        return popped
+
+    def union(self, other: Batch) -> Batch:
+        """A new Batch with the columns and meta of both.
+
+        A column present in both must hold equal values, the lengths must match
+        (unless one side has no columns), and meta keys present in both must agree.
+        """
+        if self.keys() and other.keys() and len(self) != len(other):
+            raise ValueError(
+                f"Batch.union: lengths differ ({len(self)} rows vs {len(other)} rows)."
+            )
+        tensors, non_tensors = dict(self.tensors), dict(self.non_tensors)
+        for key, value in other.tensors.items():
+            if key in non_tensors:
+                raise ValueError(f"Batch.union: column {key!r} is a tensor on one side only.")
+            if key in tensors and not _tensors_equal(tensors[key], value):
+                raise ValueError(f"Batch.union: column {key!r} differs between the batches.")
+            tensors[key] = value
+        for key, value in other.non_tensors.items():
+            if key in tensors:
+                raise ValueError(f"Batch.union: column {key!r} is a tensor on one side only.")
+            if key in non_tensors and not _arrays_equal(non_tensors[key], value):
+                raise ValueError(f"Batch.union: column {key!r} differs between the batches.")
+            non_tensors[key] = value
+        meta = dict(self.meta)
+        for key, value in other.meta.items():
+            if key in meta and not _values_equal(meta[key], value):
+                raise ValueError(
+                    f"Batch.union: meta {key!r} conflicts ({meta[key]!r} vs {value!r})."
+                )
+            meta[key] = value
+        return _make(tensors, non_tensors, meta)
+
+    @staticmethod
+    def concat(batches: Sequence[Batch]) -> Batch:
+        """Stack batches with the same columns row-wise; meta comes from the first."""
+        batches = list(batches)
+        if not batches:
+            raise ValueError("Batch.concat needs at least one Batch.")
+        first = batches[0]
+        for i, b in enumerate(batches[1:], start=1):
+            _check_same_columns(first, b, i)
+        tensors = {k: _cat_tensors(k, [b.tensors[k] for b in batches]) for k in first.tensors}
+        non_tensors = {
+            k: np.concatenate([b.non_tensors[k] for b in batches]) for k in first.non_tensors
+        }
+        return _make(tensors, non_tensors, dict(first.meta))
+
+    def chunk(self, n: int) -> list[Batch]:
+        """Exactly `n` views whose sizes differ by at most 1, larger ones first."""
+        if n < 1:
+            raise ValueError(f"Batch.chunk: n must be >= 1, got {n}.")
+        q, r = divmod(len(self), n)
+        parts, start = [], 0
+        for i in range(n):
+            stop = start + q + (1 if i < r else 0)
+            parts.append(self._slice(slice(start, stop)))
+            start = stop
+        return parts
+
+    def split(self, size: int) -> list[Batch]:
+        """Views of `size` rows each, the last one possibly smaller; [] when empty."""
+        if size < 1:
+            raise ValueError(f"Batch.split: size must be >= 1, got {size}.")
+        return [self._slice(slice(i, i + size)) for i in range(0, len(self), size)]
+
+    def pad_to_multiple(self, n: int) -> tuple[Batch, int]:
+        """Append copies of rows 0, 1, 2, ... (cycling) until len is a multiple of n.
+
+        Returns (padded, pad_count); with nothing to pad it returns (self, 0).
+        """
+        if n < 1:
+            raise ValueError(f"Batch.pad_to_multiple: n must be >= 1, got {n}.")
+        length = len(self)
+        pad = -length % n
+        if pad == 0:
+            return self, 0
+        idx = torch.cat([torch.arange(length), torch.arange(pad) % length])
+        return self.index(idx), pad
+
+    def unpad(self, pad: int) -> Batch:
+        """Drop the last `pad` rows (a view); the inverse of `pad_to_multiple`."""
+        length = len(self)
+        if not 0 <= pad <= length:
+            raise ValueError(f"Batch.unpad: pad must be in [0, {length}], got {pad}.")
+        return self if pad == 0 else self._slice(slice(0, length - pad))
+
+    def repeat(self, n: int, interleave: bool = True) -> Batch:
+        """Each row `n` times: interleaved (a a b b) or blocked (a b a b)."""
+        if n < 1:
+            raise ValueError(f"Batch.repeat: n must be >= 1, got {n}.")
+        rows = torch.arange(len(self))
+        return self.index(rows.repeat_interleave(n) if interleave else rows.repeat(n))
+
+    # ------------------------------------------------------------------- misc
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        """A Batch with every tensor on `device`; non-tensor columns are shared."""
+        tensors = {k: v.to(device, non_blocking=non_blocking) for k, v in self.tensors.items()}
+        return _make(tensors, dict(self.non_tensors), dict(self.meta))
+
+    def equals(self, other: object) -> bool:
+        """True when both have the same columns, equal values (NaN equals NaN) and meta."""
+        if not isinstance(other, Batch):
+            return False
+        if set(self.tensors) != set(other.tensors):
+            return False
+        if set(self.non_tensors) != set(other.non_tensors):
+            return False
+        return (
+            all(_tensors_equal(v, other.tensors[k]) for k, v in self.tensors.items())
+            and all(_arrays_equal(v, other.non_tensors[k]) for k, v in self.non_tensors.items())
+            and _values_equal(self.meta, other.meta)
+        )
+
+    def __repr__(self) -> str:
+        tensors = ", ".join(f"{k}: {_describe_tensor(v)}" for k, v in self.tensors.items())
+        non_tensors = ", ".join(
+            f"{k}: {v.dtype}{list(v.shape)}" for k, v in self.non_tensors.items()
+        )
+        return (
+            f"Batch(len={len(self)}, tensors={{{tensors}}}, "
+            f"non_tensors={{{non_tensors}}}, meta={list(self.meta)})"
+        )
+
+    def __reduce__(self) -> tuple:
+        tensors = [(k, *encode_tensor(v)) for k, v in self.tensors.items()]
+        non_tensors = [(k, *encode_objects(v)) for k, v in self.non_tensors.items()]
+        return _restore_batch, (_STATE_VERSION, tensors, non_tensors, self.meta)
+
+
+# ------------------------------------------------------------------ construction
+def _make(tensors: dict, non_tensors: dict, meta: dict) -> Batch:
+    """Build a Batch from columns already known to be valid (no checks, no copies)."""
+    batch = Batch.__new__(Batch)
+    batch.tensors, batch.non_tensors, batch.meta = tensors, non_tensors, meta
+    return batch
+
+
+def _checked_tensor(key: str, value: torch.Tensor) -> torch.Tensor:
+    if value.dim() == 0:
+        raise ValueError(
+            f"Batch column {key!r} is a 0-d tensor; columns need a leading batch "
+            "dimension (put per-batch values in meta)."
+        )
+    return value
+
+
+def _to_column(key: str, value: Any) -> torch.Tensor | np.ndarray:
+    """Sort one value into a tensor column or a non-tensor column."""
+    if isinstance(value, torch.Tensor):
+        return _checked_tensor(key, value)
+    if isinstance(value, np.ndarray) and value.dtype.kind in _NUMERIC_KINDS:
+        if value.ndim == 0:
+            raise ValueError(f"Batch column {key!r} is a 0-d array; it needs a batch dimension.")
+        return torch.from_numpy(_torch_compatible(value))
+    return _to_non_tensor(key, value)
+
+
+def _torch_compatible(array: np.ndarray) -> np.ndarray:
+    """The array itself when torch.from_numpy can share it, else a compatible copy."""
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    if not array.flags.writeable or any(s < 0 for s in array.strides):
+        array = np.array(array, copy=True)
+    return array
+
+
+def _to_non_tensor(key: str, value: Any) -> np.ndarray:
+    """A numpy column; sequences become 1-D object arrays built element-wise."""
+    if isinstance(value, np.ndarray):
+        if value.ndim == 0:
+            raise ValueError(f"Batch column {key!r} is a 0-d array; it needs a batch dimension.")
+        if value.dtype.kind in "USVMm":  # strings, bytes, records, datetimes
+            return value.astype(object)
+        return value
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(
+            f"Batch column {key!r} is a {type(value).__name__}, not a column; use a "
+            "tensor, numpy array or list with one entry per row, or put per-batch "
+            "values in meta."
+        )
+    return np.fromiter(value, dtype=object, count=len(value))
+
+
+def _check_lengths(batch: Batch) -> None:
+    first_key, first_len = None, None
+    for key, column in [*batch.tensors.items(), *batch.non_tensors.items()]:
+        n = int(column.shape[0])
+        if first_key is None:
+            first_key, first_len = key, n
+        elif n != first_len:
+            raise ValueError(
+                f"Batch column {key!r} has {n} rows but column {first_key!r} has "
+                f"{first_len} rows; every column must share the leading batch dimension."
+            )
+
+
+def _flatten_keys(keys: tuple) -> list[str]:
+    if len(keys) == 1 and isinstance(keys[0], (list, tuple)):
+        return list(keys[0])
+    return list(keys)
+
+
+def _row_indices(indices: Any, length: int) -> torch.Tensor:
+    """Normalise a row selection to a 1-D non-negative int64 CPU tensor."""
+    if isinstance(indices, torch.Tensor):
+        idx = indices.detach().cpu()
+    elif isinstance(indices, np.ndarray):
+        idx = torch.from_numpy(np.array(indices, copy=True)) if indices.size else None
+    else:
+        indices = list(indices)
+        idx = torch.as_tensor(indices) if indices else None
+    if idx is None or idx.numel() == 0:
+        return torch.zeros(0, dtype=torch.long)
+    if idx.dtype == torch.bool:
+        if idx.shape != (length,):
+            raise IndexError(
+                f"boolean mask of shape {tuple(idx.shape)} does not fit a Batch of {length} rows."
+            )
+        return idx.nonzero().squeeze(1)
+    if idx.is_floating_point() or idx.is_complex() or idx.dim() != 1:
+        raise IndexError(
+            f"rows must be picked by a 1-D integer or boolean index, got {idx.dtype} "
+            f"with shape {tuple(idx.shape)}."
+        )
+    idx = idx.long()
+    lo, hi = int(idx.min()), int(idx.max())
+    if lo < -length or hi >= length:
+        bad = lo if lo < -length else hi
+        raise IndexError(f"row {bad} is out of range for a Batch of {length} rows.")
+    return torch.where(idx < 0, idx + length, idx) if lo < 0 else idx
+
+
+def _check_same_columns(first: Batch, other: Batch, i: int) -> None:
+    for kind, a, b in (
+        ("tensor", first.tensors, other.tensors),
+        ("non-tensor", first.non_tensors, other.non_tensors),
+    ):
+        if set(a) != set(b):
+            missing = sorted(set(a) - set(b))
+            extra = sorted(set(b) - set(a))
+            raise ValueError(
+                f"Batch.concat: batch {i} has different {kind} columns than batch 0: "
+                f"missing {missing}, extra {extra}."
+            )
+
+
+def _cat_tensors(key: str, parts: list[torch.Tensor]) -> torch.Tensor:
+    dtypes = {p.dtype for p in parts}
+    if len(dtypes) > 1:
+        raise ValueError(
+            f"Batch.concat: column {key!r} has mixed dtypes {sorted(map(str, dtypes))}."
+        )
+    try:
+        return torch.cat(parts, dim=0)
+    except RuntimeError as err:
+        shapes = [tuple(p.shape) for p in parts]
+        raise ValueError(
+            f"Batch.concat: cannot stack column {key!r} (shapes {shapes}): {err}"
+        ) from err
+
+
+# -------------------------------------------------------------------- equality
+def _tensors_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a is b:
+        return True
+    b = b.to(a.device)
+    if torch.equal(a, b):
+        return True
+    if a.is_floating_point() or a.is_complex():
+        return bool(((a == b) | (a.isnan() & b.isnan())).all())
+    return False
+
+
+def _arrays_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    if a.shape != b.shape:
+        return False
+    if a is b:
+        return True
+    if a.dtype == object or b.dtype == object:
+        return all(_values_equal(x, y) for x, y in zip(a.flat, b.flat, strict=True))
+    nan_ok = a.dtype.kind in "fc" and b.dtype.kind in "fc"
+    return bool(np.array_equal(a, b, equal_nan=nan_ok))
+
+
+def _values_equal(a: Any, b: Any) -> bool:
+    """Deep equality for meta values and object cells (tensors, arrays, containers)."""
+    if a is b:
+        return True
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        both = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+        return both and _tensors_equal(a, b)
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        both = isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
+        return both and _arrays_equal(a, b)
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(_values_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return (
+            type(a) is type(b)
+            and len(a) == len(b)
+            and all(_values_equal(x, y) for x, y in zip(a, b, strict=True))
+        )
+    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
+        return True  # NaN
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError):
+        return False
+
+
+def _describe_tensor(t: torch.Tensor) -> str:
+    text = f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
+    return text if t.device.type == "cpu" else f"{text}@{t.device}"
+
+
+# --------------------------------------------------------------- serialisation
+def _restore_batch(version: int, tensors: list, non_tensors: list, meta: dict) -> Batch:
+    """Unpickle a Batch written by `Batch.__reduce__`."""
+    if version != _STATE_VERSION:
+        raise ValueError(
+            f"cannot unpickle a Batch of format {version} with rayrl's format "
+            f"{_STATE_VERSION}; use the same rayrl version on every node."
+        )
+    return _make(
+        {key: decode_tensor(dtype, shape, data) for key, dtype, shape, data in tensors},
+        {key: decode_objects(codec, payload) for key, codec, payload in non_tensors},
+        meta,
+    )

@@ -1,0 +1,58 @@
+"""How one Batch column travels through pickle and Ray's object store.
+
+A tensor becomes a flat uint8 numpy view of its contiguous CPU bytes, which pickle
+protocol 5 (and so Ray) ships out-of-band without `torch.save`; a slice ships only
+its own rows. A 1-D column of str/None becomes one Arrow string array (offsets plus
+UTF-8 data, also out-of-band), which Ray moves and decodes faster than one pickled
+object per row. Any other column is pickled as it is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["decode_objects", "decode_tensor", "encode_objects", "encode_tensor"]
+
+
+def encode_tensor(t: torch.Tensor) -> tuple[torch.dtype, tuple[int, ...], np.ndarray]:
+    """(dtype, shape, uint8 numpy view of the contiguous CPU bytes); detaches, moves to CPU."""
+    flat = t.detach().cpu().resolve_conj().resolve_neg().contiguous().reshape(-1)
+    return t.dtype, tuple(t.shape), flat.view(torch.uint8).numpy()
+
+
+def decode_tensor(dtype: torch.dtype, shape: tuple[int, ...], data: np.ndarray) -> torch.Tensor:
+    """Rebuild a CPU tensor from `encode_tensor`'s output.
+
+    The buffer is shared when it is writable and aligned for the dtype (an ordinary
+    pickle made it for us alone); it is copied when read-only (Ray's object store,
+    which other readers share) or misaligned.
+    """
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if data.flags.writeable and data.ctypes.data % itemsize == 0:
+        return torch.from_numpy(data).view(dtype).reshape(shape)
+    out = torch.empty(shape, dtype=dtype)
+    np.copyto(out.reshape(-1).view(torch.uint8).numpy(), data)
+    return out
+
+
+def encode_objects(column: np.ndarray) -> tuple[str, Any]:
+    """("arrow", string array) for a non-empty 1-D column of str/None, else ("numpy", column)."""
+    is_text = column.dtype == object and column.ndim == 1 and column.size > 0
+    if is_text and all(type(x) is str or x is None for x in column):
+        import pyarrow as pa
+
+        try:
+            return "arrow", pa.array(column, type=pa.large_string(), from_pandas=False)
+        except (UnicodeEncodeError, pa.ArrowException):
+            pass  # e.g. lone surrogates: pickle keeps them exactly
+    return "numpy", column
+
+
+def decode_objects(codec: str, payload: Any) -> np.ndarray:
+    """The column `encode_objects` encoded: a 1-D object array of str/None, or as it was."""
+    if codec == "arrow":
+        return payload.to_numpy(zero_copy_only=False)
+    return payload
