@@ -1,0 +1,166 @@
+"""Fit: place the demand of resource pools onto nodes (pure bin packing, no Ray).
+
+A pool's demand is a list of `Unit`s, each one or more identical bundles that must
+share a node; units with the same `distinct` key must land on different nodes. `pack`
+searches for an assignment of every unit to a node whose resources hold it (exact
+depth-first search with a step budget), trying nodes in sorted order so the same
+cluster always gives the same answer: that is what keeps ranks on the same nodes
+across a teardown and a new bootstrap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from rayrl.cluster.spec import PoolSpec
+
+EPS = 1e-6
+DEFAULT_BUDGET = 200_000
+
+
+@dataclass(frozen=True)
+class Unit:
+    """Bundles that must share one node.
+
+    `kind` is "node" (a STRICT_PACK per-node group), "bundle" (one bundle of a
+    PACK/SPREAD/STRICT_SPREAD group) or "spare"; `index` counts within that kind.
+    """
+
+    pool: str
+    kind: str
+    index: int
+    count: int
+    shape: tuple[tuple[str, float], ...]
+    distinct: str | None = None
+
+    @property
+    def need(self) -> dict[str, float]:
+        """Resources the whole unit needs on its node."""
+        return {k: v * self.count for k, v in self.shape if v > 0}
+
+
+@dataclass
+class PackResult:
+    """An assignment (node id per unit, in the units' order) or None; `exhausted` is
+    True when the search stopped at its step budget instead of proving no fit."""
+
+    assignment: list[str] | None
+    exhausted: bool = False
+
+    @property
+    def fits(self) -> bool:
+        return self.assignment is not None
+
+
+def pool_units(spec: PoolSpec) -> list[Unit]:
+    """The units a pool needs: its active groups or bundles, then its spares."""
+    shape = tuple(sorted(spec.bundle.items()))
+    units: list[Unit] = []
+    if spec.strategy == "STRICT_PACK":
+        for i, count in enumerate(spec.per_node):
+            units.append(Unit(spec.name, "node", i, count, shape, distinct=spec.name))
+    else:
+        distinct = spec.name if spec.strategy == "STRICT_SPREAD" else None
+        for i in range(spec.world_size):
+            units.append(Unit(spec.name, "bundle", i, 1, shape, distinct=distinct))
+    for i in range(spec.num_spares):
+        units.append(Unit(spec.name, "spare", i, 1, shape))
+    return units
+
+
+def holds(have: Mapping[str, float], need: Mapping[str, float]) -> bool:
+    """Whether `have` covers every positive amount in `need`."""
+    return all(have.get(k, 0.0) + EPS >= v for k, v in need.items() if v > 0)
+
+
+def aggregate_shortfall(
+    units: Sequence[Unit], nodes: Mapping[str, Mapping[str, float]]
+) -> str | None:
+    """A quick necessary check: the cluster's sums and node count. None if it passes."""
+    totals: dict[str, float] = {}
+    for unit in units:
+        for k, v in unit.need.items():
+            totals[k] = totals.get(k, 0.0) + v
+    for k, v in totals.items():
+        have = sum(n.get(k, 0.0) for n in nodes.values())
+        if have + EPS < v:
+            return f"the pools need {k} {v:g} in all and the nodes have {have:g}"
+    counts: dict[str, int] = {}
+    for unit in units:
+        if unit.distinct:
+            counts[unit.distinct] = counts.get(unit.distinct, 0) + 1
+    for key, n in counts.items():
+        if n > len(nodes):
+            return f"pool {key!r} needs {n} distinct nodes and the cluster has {len(nodes)}"
+    return None
+
+
+def pack(
+    units: Sequence[Unit],
+    nodes: Mapping[str, Mapping[str, float]],
+    budget: int = DEFAULT_BUDGET,
+) -> PackResult:
+    """Assign every unit to a node with room for it, honouring `distinct` keys.
+
+    Larger units are placed first; nodes are tried in sorted id order; identical
+    units are placed in non-decreasing node order (strictly increasing when they
+    must be distinct) so the search does not revisit symmetric assignments.
+    """
+    if not units:
+        return PackResult([])
+    if aggregate_shortfall(units, nodes):
+        return PackResult(None)
+    node_ids = sorted(nodes)
+    free = [dict(nodes[n]) for n in node_ids]
+    order = sorted(range(len(units)), key=lambda i: _size_key(units[i]))
+    chosen: list[int] = [-1] * len(units)
+    used: set[tuple[str, int]] = set()
+    steps = 0
+
+    def place(pos: int) -> bool:
+        nonlocal steps
+        if pos == len(order):
+            return True
+        unit = units[order[pos]]
+        start, strict = 0, False
+        if pos and _same(unit, units[order[pos - 1]]):
+            start, strict = chosen[order[pos - 1]], unit.distinct is not None
+        for j in range(start + (1 if strict else 0), len(node_ids)):
+            steps += 1
+            if steps > budget:
+                return False
+            if unit.distinct and (unit.distinct, j) in used:
+                continue
+            need = unit.need
+            if not holds(free[j], need):
+                continue
+            _take(free[j], need, -1)
+            if unit.distinct:
+                used.add((unit.distinct, j))
+            chosen[order[pos]] = j
+            if place(pos + 1):
+                return True
+            _take(free[j], need, +1)
+            if unit.distinct:
+                used.discard((unit.distinct, j))
+        return False
+
+    if place(0):
+        return PackResult([node_ids[j] for j in chosen])
+    return PackResult(None, exhausted=steps > budget)
+
+
+def _size_key(unit: Unit) -> tuple:
+    need = unit.need
+    rest = sum(v for k, v in need.items() if k not in ("GPU", "CPU") and "memory" not in k)
+    return (-need.get("GPU", 0.0), -need.get("CPU", 0.0), -rest, unit.pool, unit.kind, unit.index)
+
+
+def _same(a: Unit, b: Unit) -> bool:
+    return a.shape == b.shape and a.count == b.count and a.distinct == b.distinct
+
+
+def _take(free: dict[str, float], need: Mapping[str, float], sign: int) -> None:
+    for k, v in need.items():
+        free[k] = free.get(k, 0.0) + sign * v

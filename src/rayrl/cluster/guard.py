@@ -1,0 +1,316 @@
+"""ResourceGuard: check that resource pools fit the cluster before reserving them.
+
+`assess` compares the demand of every pool (per-node groups for STRICT_PACK, distinct
+nodes for STRICT_SPREAD, any node for PACK/SPREAD and spares) with each live node, and
+gives one of three verdicts:
+
+* fits   - the free resources hold it now: reserve;
+* never  - even the nodes' totals cannot hold it: `check` raises ResourcesUnsatisfiable
+           at once, with the demand and per-node total/free tables;
+* busy   - it fits the totals but others hold resources: `check` waits up to its
+           timeout, logging who holds what (stale groups of finished jobs flagged),
+           then raises ResourcesBusy with those tables.
+
+It also warns when the CPUs workers really use (`loader_workers + 1` each) exceed a
+node's CPUs. `render_plan` shows all of this for `rayrl plan`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rich.console import Group
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from rayrl.cluster.fit import Unit, aggregate_shortfall, holds, pack, pool_units
+from rayrl.cluster.inspect import ClusterState, short_id, snapshot
+from rayrl.cluster.spec import PoolSpec, format_amount
+from rayrl.cluster.tables import groups_table, holder_line, nodes_table, render_text, resource_names
+
+log = logging.getLogger(__name__)
+
+
+class ResourceError(RuntimeError):
+    """A pool cannot be reserved. `table` is the plain-text report behind the message."""
+
+    def __init__(self, message: str, table: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.table = table
+
+    def __str__(self) -> str:
+        return f"{self.message}\n{self.table}"
+
+
+class ResourcesUnsatisfiable(ResourceError):
+    """The pools can never fit this cluster, whatever is released."""
+
+
+class ResourcesBusy(ResourceError):
+    """The pools fit the cluster's totals, but the resources stayed held until the timeout."""
+
+
+class CpuOversubscribed(UserWarning):
+    """Workers on a node will use more CPUs than the node has."""
+
+
+@dataclass
+class Verdict:
+    """The outcome of a fit check.
+
+    `assignment` gives a node id per unit (in `units` order): against free resources
+    when `status` is "fits", against totals when "busy", None when "never".
+    """
+
+    status: str
+    units: list[Unit]
+    assignment: list[str] | None
+    reason: str
+    cluster: ClusterState
+
+    def nodes_for(self, pool: str, kind: str = "node") -> list[str]:
+        """Node ids of one pool's units of `kind`, in unit index order."""
+        if self.assignment is None:
+            return []
+        pairs = [
+            (u.index, n)
+            for u, n in zip(self.units, self.assignment, strict=True)
+            if u.pool == pool and u.kind == kind
+        ]
+        return [n for _, n in sorted(pairs)]
+
+    def per_node(self, pool: str, spares: bool = False) -> dict[str, int]:
+        """How many of a pool's bundles land on each node (spares or active ones)."""
+        counts: dict[str, int] = {}
+        if self.assignment is None:
+            return counts
+        for unit, node in zip(self.units, self.assignment, strict=True):
+            if unit.pool == pool and (unit.kind == "spare") == spares:
+                counts[node] = counts.get(node, 0) + unit.count
+        return counts
+
+
+def demand(pools: Sequence[PoolSpec]) -> list[Unit]:
+    """Every unit of every pool; pool names must be unique."""
+    names = [p.name for p in pools]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise ValueError(f"pool names must be unique; repeated: {sorted(dup)}")
+    return [u for p in pools for u in pool_units(p)]
+
+
+def assess(pools: Sequence[PoolSpec], cluster: ClusterState) -> Verdict:
+    """Compare the pools' demand with the cluster's totals and free resources, no waiting."""
+    units = demand(pools)
+    now = pack(units, cluster.free)
+    if now.fits:
+        return Verdict("fits", units, now.assignment, "fits the free resources now", cluster)
+    ever = pack(units, cluster.totals)
+    if ever.fits:
+        return Verdict(
+            "busy",
+            units,
+            ever.assignment,
+            "fits the nodes' totals, but not what is free now",
+            cluster,
+        )
+    if ever.exhausted or now.exhausted:
+        reason = "the fit search gave up (too many nodes and groups to try); treating it as held"
+        return Verdict("busy", units, None, reason, cluster)
+    return Verdict("never", units, None, _never_reason(pools, units, cluster), cluster)
+
+
+def _never_reason(pools: Sequence[PoolSpec], units: list[Unit], cluster: ClusterState) -> str:
+    spec = {p.name: p for p in pools}
+    for unit in units:
+        if not any(holds(n.total, unit.need) for n in cluster.nodes):
+            return _unit_reason(spec[unit.pool], unit, cluster)
+    short = aggregate_shortfall(units, cluster.totals)
+    if short:
+        return f"{short}. Ask for fewer bundles or add nodes"
+    return "the pools together do not fit the nodes' totals. Ask for fewer bundles or add nodes"
+
+
+def _unit_reason(spec: PoolSpec, unit: Unit, cluster: ClusterState) -> str:
+    """Why one unit fits no node: the resources it needs beyond the largest node."""
+    need = unit.need
+    most = {k: max((n.total.get(k, 0.0) for n in cluster.nodes), default=0.0) for k in need}
+    short = [k for k in resource_names([need]) if k in need and most[k] + 1e-6 < need[k]]
+    where = "on one node" if unit.count > 1 else "in one bundle"
+    head = f"pool {unit.pool!r} ({spec.strategy}) needs {unit.count} x ({spec.shape()}) {where}"
+    if not short:
+        return f"{head}; no single node has all of that together. Ask for less per node or add larger nodes"
+    needs = ", ".join(f"{k} {format_amount(k, need[k])}" for k in short)
+    have = ", ".join(f"{k} {format_amount(k, most[k])}" for k in short)
+    return (
+        f"{head}, that is {needs}; the most any node has is {have}. Split it over more "
+        "nodes (per_node), ask for less per bundle, or add larger nodes"
+    )
+
+
+def check(
+    pools: Sequence[PoolSpec],
+    timeout_s: float = 60.0,
+    *,
+    poll_s: float = 0.5,
+    log_every_s: float = 10.0,
+) -> Verdict:
+    """Return a "fits" verdict, waiting at most `timeout_s` for held resources.
+
+    Raises ResourcesUnsatisfiable at once when the pools can never fit, and
+    ResourcesBusy when they still do not fit after `timeout_s`. Warns (CpuOversubscribed)
+    when workers' CPU use exceeds a node's CPUs.
+    """
+    names = ", ".join(repr(p.name) for p in pools)
+    deadline = time.monotonic() + max(0.0, timeout_s)
+    verdict = assess(pools, snapshot())
+    last_log: float | None = None
+    while verdict.status != "fits":
+        if verdict.status == "never":
+            raise ResourcesUnsatisfiable(
+                f"pools {names} can never fit this cluster: {verdict.reason}.",
+                describe(pools, verdict, holders=False),
+            )
+        now = time.monotonic()
+        if now >= deadline:
+            raise ResourcesBusy(
+                f"pools {names} {verdict.reason}; still held after waiting {timeout_s:g}s. "
+                "Free the holders below (`rayrl doctor --cleanup` removes stale rayrl groups) "
+                "or raise resources.wait_timeout_s.",
+                describe(pools, verdict, holders=True),
+            )
+        if last_log is None or now - last_log >= log_every_s:
+            log.warning(_waiting_message(names, verdict, deadline - now))
+            last_log = now
+        time.sleep(min(poll_s, max(0.0, deadline - now)))
+        verdict = assess(pools, snapshot())
+    for message in cpu_warnings(pools, verdict):
+        log.warning(message)
+        warnings.warn(message, CpuOversubscribed, stacklevel=2)
+    return verdict
+
+
+def _waiting_message(names: str, verdict: Verdict, left_s: float) -> str:
+    holders = [holder_line(g) for g in verdict.cluster.groups] or [
+        "no placement groups (tasks or actors hold them)"
+    ]
+    return (
+        f"pools {names} {verdict.reason}; waiting up to {left_s:.0f}s more. Held by:\n  "
+        + "\n  ".join(holders)
+    )
+
+
+def cpu_warnings(pools: Sequence[PoolSpec], verdict: Verdict) -> list[str]:
+    """One message per node where workers' CPU use (loader_workers + 1 each) exceeds its CPUs."""
+    use = _cpu_use(pools, verdict)
+    out = []
+    for node_id, (reserved, used) in sorted(use.items()):
+        node = verdict.cluster.node(node_id)
+        total = node.total.get("CPU", 0.0) if node else 0.0
+        if used > total + 1e-6:
+            out.append(
+                f"CPU over-subscription on node {short_id(node_id)}: workers there use {used:g} CPUs "
+                f"(loader_workers + 1 per worker where declared; {reserved:g} reserved) and the node "
+                f"has {total:g}. "
+                "Lower loader_workers or place fewer workers per node."
+            )
+    return out
+
+
+def _cpu_use(pools: Sequence[PoolSpec], verdict: Verdict) -> dict[str, tuple[float, float]]:
+    """Per node: (CPUs reserved by active bundles, CPUs their workers really use)."""
+    spec = {p.name: p for p in pools}
+    use: dict[str, tuple[float, float]] = {}
+    if verdict.assignment is None:
+        return use
+    for unit, node in zip(verdict.units, verdict.assignment, strict=True):
+        if unit.kind == "spare":
+            continue
+        p = spec[unit.pool]
+        reserved, used = use.get(node, (0.0, 0.0))
+        use[node] = (
+            reserved + unit.count * p.bundle.get("CPU", 0.0),
+            used + unit.count * p.worker_cpus,
+        )
+    return use
+
+
+def demand_table(pools: Sequence[PoolSpec], verdict: Verdict | None = None) -> Table:
+    """One row per pool: bundle shape, count, spares, strategy, and placement if known."""
+    table = Table(title="Pools", title_justify="left")
+    for col in ("pool", "bundle", "count", "spares", "strategy", "per node", "placement"):
+        table.add_column(col)
+    for p in pools:
+        placement = "?"
+        if verdict is not None and verdict.assignment is not None:
+            active = verdict.per_node(p.name)
+            spare = verdict.per_node(p.name, spares=True)
+            placement = ", ".join(f"{short_id(n)}: {c}" for n, c in sorted(active.items()))
+            if spare:
+                placement += " | spares " + ", ".join(
+                    f"{short_id(n)}: {c}" for n, c in sorted(spare.items())
+                )
+        table.add_row(
+            escape(p.name),
+            p.shape(),
+            str(p.world_size),
+            str(p.num_spares),
+            p.strategy,
+            str(p.per_node),
+            placement,
+        )
+    return table
+
+
+def cpu_table(pools: Sequence[PoolSpec], verdict: Verdict) -> Table:
+    """Per node: CPUs, CPUs reserved by the pools' bundles, CPUs their workers use."""
+    table = Table(title="CPU budget (active workers)", title_justify="left")
+    for col in ("node", "CPUs", "reserved", "workers use", "status"):
+        table.add_column(col)
+    use = _cpu_use(pools, verdict)
+    for node in verdict.cluster.nodes:
+        reserved, used = use.get(node.node_id, (0.0, 0.0))
+        total = node.total.get("CPU", 0.0)
+        status = "[red]OVER-SUBSCRIBED[/red]" if used > total + 1e-6 else "ok"
+        table.add_row(node.short, f"{total:g}", f"{reserved:g}", f"{used:g}", status)
+    return table
+
+
+def describe(pools: Sequence[PoolSpec], verdict: Verdict, holders: bool = True) -> str:
+    """The plain-text report used in error messages: pools, nodes, and holders."""
+    names = resource_names(p.bundle for p in pools)
+    parts: list[object] = [demand_table(pools, verdict), nodes_table(verdict.cluster, names)]
+    if holders:
+        parts.append(_holders(verdict.cluster))
+    return render_text(*parts)
+
+
+def _holders(cluster: ClusterState) -> object:
+    if not cluster.groups:
+        return Text("No placement groups hold resources: tasks or actors outside groups hold them.")
+    return groups_table(cluster.groups, title="Holders (placement groups)")
+
+
+def render_plan(pools: Sequence[PoolSpec], cluster: ClusterState) -> Group:
+    """What `rayrl plan` prints: pools and placement, nodes, CPU budget, and the verdict."""
+    verdict = assess(pools, cluster)
+    names = resource_names(p.bundle for p in pools)
+    colour = {"fits": "green", "busy": "yellow", "never": "red"}[verdict.status]
+    parts: list[object] = [
+        demand_table(pools, verdict),
+        nodes_table(cluster, names),
+    ]
+    if verdict.assignment is not None:
+        parts.append(cpu_table(pools, verdict))
+    if verdict.status == "busy":
+        parts.append(_holders(cluster))
+    parts.append(Text(f"{verdict.status.upper()}: {verdict.reason}", style=f"bold {colour}"))
+    for message in cpu_warnings(pools, verdict):
+        parts.append(Text(f"WARNING: {message}", style="yellow"))
+    return Group(*parts)

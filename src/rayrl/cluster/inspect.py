@@ -1,0 +1,327 @@
+"""Cluster state: live nodes with total and free resources, placement groups with their
+owners, detached actors, and the software versions on each node.
+
+Everything here reads the GCS directly (`ray._private.state`, the same source as
+`ray.util.placement_group_table()`), so it works on clusters started without the
+dashboard. A placement group is *stale* when it is detached, still alive, and the job
+that created it has finished: nobody will ever release it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import ray
+from ray._private import state as ray_state
+from ray.core.generated import gcs_pb2
+from ray.util.placement_group import PlacementGroup
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+log = logging.getLogger(__name__)
+
+RAYRL_PREFIX = "rayrl/"
+VERSION_PACKAGES = ("ray", "torch", "transformers", "rayrl")
+_PG_STATES = {v: k for k, v in gcs_pb2.PlacementGroupTableData.PlacementGroupState.items()}
+_ACTOR_STATES = {v: k for k, v in gcs_pb2.ActorTableData.ActorState.items()}
+
+
+@dataclass
+class NodeInfo:
+    """A live node: id, address, and its total and currently free resources."""
+
+    node_id: str
+    address: str
+    is_head: bool
+    total: dict[str, float]
+    free: dict[str, float]
+
+    @property
+    def short(self) -> str:
+        return short_id(self.node_id)
+
+
+@dataclass
+class GroupInfo:
+    """A placement group as the GCS records it, with its creator job's state."""
+
+    group_id: str
+    name: str
+    state: str
+    strategy: str
+    job_id: str
+    job_dead: bool
+    detached: bool
+    namespace: str
+    bundles: list[dict[str, float]] = field(default_factory=list)
+    bundle_nodes: list[str] = field(default_factory=list)
+
+    @property
+    def alive(self) -> bool:
+        return self.state != "REMOVED"
+
+    @property
+    def stale(self) -> bool:
+        """Detached, alive, and its creating job has finished."""
+        return self.alive and self.detached and self.job_dead
+
+    @property
+    def is_rayrl(self) -> bool:
+        return self.name.startswith(RAYRL_PREFIX)
+
+    def held_per_node(self) -> dict[str, dict[str, float]]:
+        """Resources this group reserves, per node id (unplaced bundles are left out)."""
+        held: dict[str, dict[str, float]] = {}
+        for shape, node in zip(self.bundles, self.bundle_nodes, strict=True):
+            if not node:
+                continue
+            acc = held.setdefault(node, {})
+            for k, v in shape.items():
+                acc[k] = acc.get(k, 0.0) + v
+        return held
+
+
+@dataclass
+class ActorInfo:
+    """An actor as the GCS records it (only the fields the doctor needs)."""
+
+    actor_id: str
+    name: str
+    namespace: str
+    class_name: str
+    state: str
+    job_id: str
+    job_dead: bool
+    detached: bool
+    group_id: str
+
+    def is_rayrl(self, rayrl_groups: set[str]) -> bool:
+        """Named `rayrl/...`, in a `rayrl` namespace, or placed in a rayrl group."""
+        return (
+            self.name.startswith(RAYRL_PREFIX)
+            or self.namespace.startswith("rayrl")
+            or self.group_id in rayrl_groups
+        )
+
+
+@dataclass
+class ClusterState:
+    """One snapshot: live nodes (sorted by id), placement groups that are not removed,
+    job liveness by job id, and (when asked for) actors."""
+
+    nodes: list[NodeInfo]
+    groups: list[GroupInfo]
+    jobs_dead: dict[str, bool]
+    actors: list[ActorInfo] = field(default_factory=list)
+
+    def node(self, node_id: str) -> NodeInfo | None:
+        return next((n for n in self.nodes if n.node_id == node_id), None)
+
+    @property
+    def totals(self) -> dict[str, dict[str, float]]:
+        return {n.node_id: n.total for n in self.nodes}
+
+    @property
+    def free(self) -> dict[str, dict[str, float]]:
+        return {n.node_id: n.free for n in self.nodes}
+
+    def stale_groups(self, rayrl_only: bool = False) -> list[GroupInfo]:
+        return [g for g in self.groups if g.stale and (g.is_rayrl or not rayrl_only)]
+
+    def stale_actors(self) -> list[ActorInfo]:
+        """Detached rayrl actors, still alive, whose job has finished."""
+        rayrl_groups = {g.group_id for g in self.groups if g.is_rayrl}
+        return [
+            a
+            for a in self.actors
+            if a.detached and a.job_dead and a.state != "DEAD" and a.is_rayrl(rayrl_groups)
+        ]
+
+
+def short_id(node_id: str) -> str:
+    """The first 8 hex digits of an id: enough to tell nodes apart in a table."""
+    return node_id[:8]
+
+
+def snapshot(include_actors: bool = False) -> ClusterState:
+    """Read the cluster state from the GCS of the Ray this process is connected to."""
+    if not ray.is_initialized():
+        raise RuntimeError("cluster state needs a Ray connection: call ray.init(address=...) first")
+    accessor = ray_state.state._connect_and_get_accessor()
+    jobs_dead = {j["JobID"]: bool(j["IsDead"]) for j in ray_state.jobs()}
+    nodes = _nodes()
+    groups = [_group(raw, jobs_dead) for raw in accessor.get_placement_group_table()]
+    groups = sorted((g for g in groups if g.alive), key=lambda g: (g.name, g.group_id))
+    actors = (
+        [_actor(raw, jobs_dead) for raw in accessor.get_actor_table(None, None)]
+        if include_actors
+        else []
+    )
+    return ClusterState(nodes, groups, jobs_dead, actors)
+
+
+def _nodes() -> list[NodeInfo]:
+    totals = ray_state.total_resources_per_node()
+    free = ray_state.available_resources_per_node()
+    info = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive")}
+    nodes = []
+    for node_id in sorted(set(totals) & set(info)):
+        meta = info[node_id]
+        nodes.append(
+            NodeInfo(
+                node_id=node_id,
+                address=meta.get("NodeManagerAddress", ""),
+                is_head="node:__internal_head__" in totals[node_id],
+                total=_plain(totals[node_id]),
+                free=_plain(free.get(node_id, {})),
+            )
+        )
+    return nodes
+
+
+def _plain(resources: dict[str, float]) -> dict[str, float]:
+    """Drop Ray's bookkeeping resources (per-group and per-node-ip markers)."""
+    return {
+        k: float(v)
+        for k, v in resources.items()
+        if "_group_" not in k and not k.startswith("node:") and not k.startswith("bundle_group")
+    }
+
+
+def _group(raw: bytes, jobs_dead: dict[str, bool]) -> GroupInfo:
+    data = gcs_pb2.PlacementGroupTableData.FromString(raw)
+    job_id = data.creator_job_id.hex()
+    bundles = sorted(data.bundles, key=lambda b: b.bundle_id.bundle_index)
+    strategy = gcs_pb2.PlacementGroupTableData.DESCRIPTOR.fields_by_name["strategy"]
+    return GroupInfo(
+        group_id=data.placement_group_id.hex(),
+        name=data.name,
+        state=_PG_STATES.get(data.state, str(data.state)),
+        strategy=strategy.enum_type.values_by_number[data.strategy].name,
+        job_id=job_id,
+        job_dead=bool(data.creator_job_dead) or jobs_dead.get(job_id, False),
+        detached=bool(data.is_detached),
+        namespace=data.ray_namespace,
+        bundles=[{k: float(v) for k, v in b.unit_resources.items()} for b in bundles],
+        bundle_nodes=[b.node_id.hex() for b in bundles],
+    )
+
+
+def _actor(raw: bytes, jobs_dead: dict[str, bool]) -> ActorInfo:
+    data = gcs_pb2.ActorTableData.FromString(raw)
+    job_id = data.job_id.hex()
+    return ActorInfo(
+        actor_id=data.actor_id.hex(),
+        name=data.name,
+        namespace=data.ray_namespace,
+        class_name=data.class_name,
+        state=_ACTOR_STATES.get(data.state, str(data.state)),
+        job_id=job_id,
+        job_dead=jobs_dead.get(job_id, False),
+        detached=bool(data.is_detached),
+        group_id=data.placement_group_id.hex(),
+    )
+
+
+@ray.remote(num_cpus=0)
+def _versions() -> dict[str, str]:
+    import importlib.metadata as metadata
+    import platform
+
+    found = {"python": platform.python_version()}
+    for name in VERSION_PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = "missing"
+    return found
+
+
+def node_versions(state: ClusterState, timeout_s: float = 30.0) -> dict[str, dict[str, str] | None]:
+    """Python and package versions on each node (a tiny zero-CPU task pinned to each).
+
+    A node that does not answer within `timeout_s` maps to None.
+    """
+    refs = {
+        n.node_id: _versions.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n.node_id, soft=False)
+        ).remote()
+        for n in state.nodes
+    }
+    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+    done = set(ready)
+    found: dict[str, dict[str, str] | None] = {}
+    for node_id, ref in refs.items():
+        found[node_id] = ray.get(ref) if ref in done else None
+        if ref not in done:
+            ray.cancel(ref, force=True)
+    return found
+
+
+def version_mismatches(versions: dict[str, dict[str, str] | None]) -> dict[str, set[str]]:
+    """Packages whose version differs between the nodes that answered."""
+    seen: dict[str, set[str]] = {}
+    for found in versions.values():
+        for name, version in (found or {}).items():
+            seen.setdefault(name, set()).add(version)
+    return {name: vs for name, vs in seen.items() if len(vs) > 1}
+
+
+def remove_stale(state: ClusterState) -> list[str]:
+    """Remove stale rayrl placement groups and kill stale detached rayrl actors.
+
+    Returns one line per thing removed (or that could not be removed, and why).
+    """
+    done: list[str] = []
+    for actor in state.stale_actors():
+        done.append(_kill_actor(actor))
+    for group in state.stale_groups(rayrl_only=True):
+        pg = PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group.group_id)))
+        ray.util.remove_placement_group(pg)
+        done.append(f"removed placement group {group.name} (job {group.job_id})")
+    return done
+
+
+def _kill_actor(actor: ActorInfo) -> str:
+    label = f"actor {actor.name or actor.actor_id} ({actor.class_name}, job {actor.job_id})"
+    if not actor.name:
+        return f"skipped {label}: unnamed actors cannot be looked up; kill it with `ray kill`"
+    try:
+        handle = ray.get_actor(actor.name, namespace=actor.namespace)
+    except ValueError as err:
+        return f"skipped {label}: {err}"
+    ray.kill(handle, no_restart=True)
+    return f"killed {label}"
+
+
+@contextlib.contextmanager
+def connect(address: str | None) -> Iterator[str]:
+    """Use the Ray at `address`, or start a private local one when it is None.
+
+    Never attaches by "auto" or RAY_ADDRESS. Reuses this process's connection when it
+    already points at `address` (or when `address` is None and Ray is initialised).
+    Shuts down only what it started. Yields the GCS address.
+    """
+    if ray.is_initialized():
+        current = ray.get_runtime_context().gcs_address
+        if address is None or _same_address(address, current):
+            yield current
+            return
+        raise RuntimeError(
+            f"this process is already connected to Ray at {current}, not {address}; "
+            "call ray.shutdown() first or pass that address"
+        )
+    if address is None:
+        ctx = ray.init(address="local", include_dashboard=False, log_to_driver=False)
+    else:
+        ctx = ray.init(address=address, log_to_driver=False)
+    try:
+        yield ctx.address_info["gcs_address"]
+    finally:
+        ray.shutdown()
+
+
+def _same_address(a: str, b: str) -> bool:
+    return a.removeprefix("ray://").strip() == b.strip()

@@ -1,0 +1,295 @@
+"""ResourcePool: a named set of bundles reserved as Ray placement groups.
+
+`bootstrap()` runs the ResourceGuard, then reserves: with STRICT_PACK one placement
+group per entry of `per_node`, each pinned to the node the guard chose (so a node's
+bundles stay together and the same cluster gives the same placement); with PACK,
+SPREAD or STRICT_SPREAD one group of `world_size` bundles. Spare bundles from the
+capacity factor live in their own SPREAD group, so they can land on any node.
+
+Active bundles come back in rank order: sorted by node id, then bundle index, so the
+rank-to-node map survives a teardown and a new bootstrap. Groups are named
+`rayrl/<run>/<pool>/<i>` and `rayrl/<run>/<pool>/spares`. A non-detached pool is
+released by `teardown()`, at interpreter exit, and on SIGINT/SIGTERM of the driver
+(previous signal handlers still run afterwards).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+
+from rayrl.cluster.bundle import Bundle
+from rayrl.cluster.guard import ResourcesBusy, Verdict, assess, check, describe
+from rayrl.cluster.inspect import snapshot
+from rayrl.cluster.spec import PoolSpec
+
+__all__ = ["PoolSpec", "ResourcePool"]
+
+log = logging.getLogger(__name__)
+
+NODE_LABEL = "ray.io/node-id"
+MIN_READY_WAIT_S = 10.0
+
+
+class ResourcePool:
+    """Bundles of one pool of one run, reserved as placement groups.
+
+    >>> pool = ResourcePool(PoolSpec("rollout", [4, 4], {"GPU": 1, "CPU": 2}), run="exp1")
+    >>> bundles = pool.bootstrap(timeout_s=60)   # rank order
+    >>> pool.teardown()
+    """
+
+    def __init__(self, spec: PoolSpec, run: str) -> None:
+        if not run or "/" in run:
+            raise ValueError(f"run name must be non-empty and contain no '/'; got {run!r}")
+        self.spec = spec
+        self.run = run
+        self.name = f"rayrl/{run}/{spec.name}"
+        self._groups: list[PlacementGroup] = []
+        self._spare_group: PlacementGroup | None = None
+        self._bundles: list[Bundle] = []
+        self._spares: list[Bundle] = []
+
+    def __repr__(self) -> str:
+        return f"ResourcePool({self.name!r}, world_size={self.spec.world_size}, spares={len(self._spares)})"
+
+    @property
+    def bundles(self) -> list[Bundle]:
+        """Active bundles in rank order (empty before bootstrap and after teardown)."""
+        return list(self._bundles)
+
+    @property
+    def spares(self) -> list[Bundle]:
+        """Spare bundles not yet taken."""
+        return list(self._spares)
+
+    @property
+    def reserved(self) -> bool:
+        return bool(self._groups)
+
+    def bootstrap(self, timeout_s: float = 60.0) -> list[Bundle]:
+        """Check the fit, reserve, and return the active bundles in rank order.
+
+        Waits at most `timeout_s` for held resources (ResourcesBusy after that;
+        ResourcesUnsatisfiable at once if the cluster can never hold the pool), then at
+        most max(time left, min(timeout_s, 10 s)) for the groups to be placed.
+        Returns the current bundles if the pool is already reserved.
+        """
+        if self._groups:
+            return self.bundles
+        start = time.monotonic()
+        verdict = check([self.spec], timeout_s)
+        wait_s = max(timeout_s - (time.monotonic() - start), min(timeout_s, MIN_READY_WAIT_S))
+        deadline = time.monotonic() + wait_s
+        # Active groups first (pinned where the guard placed them), spares only once
+        # those are placed, so a spare can never take a slot a pinned group needs.
+        groups = self._create_active(verdict)
+        self._await_ready(groups, [], deadline)
+        spare = None
+        if self.spec.num_spares:
+            spare = self._new_group("spares", self.spec.num_spares, "SPREAD", groups)
+            self._await_ready([spare], groups, deadline)
+        self._groups, self._spare_group = groups, spare
+        self._bundles = sorted(self._read(groups, spare=False), key=_rank_key)
+        self._spares = sorted(self._read([spare], spare=True), key=_rank_key) if spare else []
+        if self.spec.lifetime != "detached":
+            _register(self)
+        log.info(
+            "pool %s reserved %d bundles (%d spares) on nodes %s",
+            self.name,
+            len(self._bundles),
+            len(self._spares),
+            sorted({b.node_id[:8] for b in self._bundles}),
+        )
+        return self.bundles
+
+    def _create_active(self, verdict: Verdict) -> list[PlacementGroup]:
+        spec = self.spec
+        if spec.strategy != "STRICT_PACK":
+            return [self._new_group("0", spec.world_size, spec.strategy, [])]
+        made: list[PlacementGroup] = []
+        nodes = verdict.nodes_for(spec.name)
+        for i, (count, node) in enumerate(zip(spec.per_node, nodes, strict=True)):
+            made.append(self._new_group(str(i), count, "STRICT_PACK", made, node))
+        return made
+
+    def _new_group(
+        self,
+        suffix: str,
+        count: int,
+        strategy: str,
+        made: list[PlacementGroup],
+        node: str | None = None,
+    ) -> PlacementGroup:
+        """Create group `<pool name>/<suffix>` of `count` bundles, pinned to `node` if given.
+
+        On failure the groups already `made` are removed before the error propagates.
+        """
+        name = f"{self.name}/{suffix}"
+        try:
+            return placement_group(
+                [self.spec.bundle] * count,
+                strategy=strategy,
+                name=name,
+                lifetime=self.spec.lifetime,
+                bundle_label_selector=[{NODE_LABEL: node}] * count if node else None,
+            )
+        except Exception as err:
+            _remove_all(made)
+            if "already exists" in str(err):
+                raise RuntimeError(
+                    f"placement group {name!r} already exists in this Ray namespace: pool "
+                    f"{self.name!r} is already reserved (call teardown() first), or a detached one "
+                    "was left behind (`rayrl doctor --cleanup` removes stale ones)"
+                ) from err
+            raise
+
+    def _await_ready(
+        self, groups: list[PlacementGroup], placed: list[PlacementGroup], deadline: float
+    ) -> None:
+        """Wait until `groups` are placed; at the deadline remove them and `placed`, and raise."""
+        refs = [g.ready() for g in groups]
+        wait_s = max(0.0, deadline - time.monotonic())
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=wait_s)
+        if len(ready) == len(refs):
+            return
+        _remove_all(placed + groups)
+        cluster = snapshot()
+        cluster.groups = [g for g in cluster.groups if not g.name.startswith(self.name + "/")]
+        verdict = assess([self.spec], cluster)
+        raise ResourcesBusy(
+            f"placement groups of pool {self.name!r} were not placed in time "
+            "(resources taken since the fit check, or a node went away); they were removed. "
+            "Free the holders below or retry.",
+            describe([self.spec], verdict, holders=True),
+        )
+
+    def _read(self, groups: list[PlacementGroup], spare: bool) -> list[Bundle]:
+        out = []
+        for pg in groups:
+            table = ray.util.placement_group_table(pg)
+            for index, node in sorted(table["bundles_to_node_id"].items()):
+                out.append(
+                    Bundle(
+                        pg, int(index), node, dict(self.spec.bundle), pool=self.name, spare=spare
+                    )
+                )
+        return out
+
+    def take_spare(self, avoid_node: str | None = None) -> Bundle | None:
+        """Hand out a spare bundle on a live node, preferring one not on `avoid_node`.
+
+        Returns None when no spare is left (or none is on a live node).
+        """
+        if not self._spares or self._spare_group is None:
+            return None
+        nodes = ray.util.placement_group_table(self._spare_group)["bundles_to_node_id"]
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        for b in self._spares:
+            b.node_id = nodes.get(b.index, b.node_id)
+        live = [b for b in self._spares if b.node_id in alive]
+        choice = next((b for b in live if b.node_id != avoid_node), live[0] if live else None)
+        if choice is None:
+            log.warning("pool %s: no spare bundle is on a live node", self.name)
+            return None
+        self._spares.remove(choice)
+        log.info(
+            "pool %s: spare bundle %d on node %s taken", self.name, choice.index, choice.node_id[:8]
+        )
+        return choice
+
+    def split(self, sizes: list[int]) -> list[list[Bundle]]:
+        """Share the active bundles between roles: consecutive runs in rank order.
+
+        `sizes` must be positive and add up to the world size, e.g. [4, 4] of 8.
+        """
+        if not self._bundles:
+            raise RuntimeError(
+                f"pool {self.name!r} is not reserved: call bootstrap() before split()"
+            )
+        if any(s <= 0 for s in sizes) or sum(sizes) != len(self._bundles):
+            raise ValueError(
+                f"pool {self.name!r}: split sizes {sizes} must be positive and add up to "
+                f"its {len(self._bundles)} bundles"
+            )
+        out, start = [], 0
+        for size in sizes:
+            out.append(self._bundles[start : start + size])
+            start += size
+        return out
+
+    def teardown(self) -> None:
+        """Release every placement group of the pool. Safe to call more than once."""
+        _LIVE.pop(id(self), None)
+        groups = self._groups + ([self._spare_group] if self._spare_group else [])
+        self._groups, self._spare_group, self._bundles, self._spares = [], None, [], []
+        if not groups:
+            return
+        if not ray.is_initialized():
+            if self.spec.lifetime == "detached":
+                log.warning(
+                    "pool %s is detached but Ray is disconnected: its groups stay; "
+                    "`rayrl doctor --cleanup` removes them once stale",
+                    self.name,
+                )
+            return
+        _remove_all(groups)
+        log.info("pool %s released %d placement groups", self.name, len(groups))
+
+
+def _rank_key(b: Bundle) -> tuple[str, str, int]:
+    return (b.node_id, b.pg.id.hex(), b.index)
+
+
+def _remove_all(groups: list[PlacementGroup]) -> None:
+    for pg in groups:
+        try:
+            remove_placement_group(pg)
+        except Exception as err:  # already gone, or Ray is shutting down
+            log.debug("removing placement group %s: %s", pg.id.hex(), err)
+
+
+# Release of non-detached pools at exit and on SIGINT/SIGTERM. ----------------------
+
+_LIVE: dict[int, ResourcePool] = {}
+_PREVIOUS: dict[int, Any] = {}
+_ATEXIT = False
+
+
+def _register(pool: ResourcePool) -> None:
+    global _ATEXIT
+    _LIVE[id(pool)] = pool
+    if not _ATEXIT:
+        atexit.register(_teardown_all, "interpreter exit")
+        _ATEXIT = True
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        current = signal.getsignal(sig)
+        if current is not _on_signal:  # ray.init may have replaced ours: chain again
+            _PREVIOUS[sig] = current
+            signal.signal(sig, _on_signal)
+
+
+def _teardown_all(reason: str) -> None:
+    for pool in list(_LIVE.values()):
+        log.info("releasing pool %s (%s)", pool.name, reason)
+        pool.teardown()
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    _teardown_all(f"signal {signal.Signals(signum).name}")
+    previous = _PREVIOUS.get(signum, signal.SIG_DFL)
+    if callable(previous):
+        previous(signum, frame)
+    elif previous == signal.SIG_DFL:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)

@@ -1,0 +1,162 @@
+"""ResourceGuard: the fit search, the three verdicts, bounded waits, CPU warnings, plan."""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+
+import pytest
+from ray.util.placement_group import placement_group, remove_placement_group
+
+from rayrl.cluster.fit import pack, pool_units
+from rayrl.cluster.guard import (
+    CpuOversubscribed,
+    ResourcesBusy,
+    assess,
+    check,
+    render_plan,
+)
+from rayrl.cluster.inspect import ClusterState, GroupInfo, NodeInfo, snapshot
+from rayrl.cluster.pool import ResourcePool
+from rayrl.cluster.spec import PoolSpec
+from rayrl.cluster.tables import render_text
+
+GPU = {"GPU": 1.0, "CPU": 1.0}
+
+
+def _nodes(*gpus: int) -> dict[str, dict[str, float]]:
+    return {f"n{i}": {"GPU": float(g), "CPU": 8.0} for i, g in enumerate(gpus)}
+
+
+# -- pure fit search ------------------------------------------------------------------
+
+
+def test_strict_pack_groups_go_to_distinct_nodes_in_node_order():
+    units = pool_units(PoolSpec("p", [2, 2], GPU))
+    result = pack(units, _nodes(4, 4))
+    assert result.assignment == ["n0", "n1"]  # same cluster, same answer
+    assert not pack(units, _nodes(4)).fits  # two groups need two nodes
+    assert not pack(pool_units(PoolSpec("p", [8], GPU)), _nodes(4, 4)).fits
+
+
+def test_pack_backtracks_and_spares_go_anywhere():
+    # Greedy largest-first into n0 would block the 3-GPU group; the search must find n1.
+    units = pool_units(PoolSpec("a", [3], GPU)) + pool_units(PoolSpec("b", [2, 1], GPU))
+    result = pack(units, {"n0": {"GPU": 3.0, "CPU": 8}, "n1": {"GPU": 4.0, "CPU": 8}})
+    assert result.fits
+    spares = pool_units(PoolSpec("s", [2], GPU, strategy="SPREAD", capacity_factor=2.0))
+    assert [u.kind for u in spares] == ["bundle", "bundle", "spare", "spare"]
+    assert pack(spares, _nodes(1, 1, 1, 1)).fits
+    assert not pack(spares, _nodes(1, 1, 1)).fits
+
+
+def test_strict_spread_needs_distinct_nodes_and_budget_is_reported():
+    units = pool_units(PoolSpec("s", [3], GPU, strategy="STRICT_SPREAD"))
+    assert pack(units, _nodes(2, 2, 2)).fits
+    assert not pack(units, _nodes(8, 8)).fits
+    tiny = pack(pool_units(PoolSpec("p", [2, 2], GPU)), _nodes(1, 1, 4, 4), budget=2)
+    assert not tiny.fits and tiny.exhausted  # gave up: not a proof of "never"
+    assert pack(pool_units(PoolSpec("p", [2, 2], GPU)), _nodes(1, 1, 4, 4)).assignment == [
+        "n2",
+        "n3",
+    ]
+
+
+def _fake_cluster(free_gpus: list[int], groups: list[GroupInfo] = ()) -> ClusterState:
+    nodes = [
+        NodeInfo(
+            f"{i:02d}" * 14,
+            "10.0.0.1",
+            i == 0,
+            {"GPU": 4.0, "CPU": 8.0},
+            {"GPU": float(f), "CPU": 8.0},
+        )
+        for i, f in enumerate(free_gpus)
+    ]
+    return ClusterState(nodes, list(groups), {})
+
+
+def test_three_verdicts_without_ray():
+    assert assess([PoolSpec("p", [4, 4], GPU)], _fake_cluster([4, 4])).status == "fits"
+    stale = GroupInfo(
+        "ab" * 9,
+        "rayrl/old/x",
+        "CREATED",
+        "STRICT_PACK",
+        "02000000",
+        True,
+        True,
+        "ns",
+        [{"GPU": 4.0}],
+        ["01" * 14],
+    )
+    busy = assess([PoolSpec("p", [4, 4], GPU)], _fake_cluster([4, 0], [stale]))
+    assert busy.status == "busy" and busy.nodes_for("p") == ["00" * 14, "01" * 14]
+    plan = render_text(render_plan([PoolSpec("p", [4, 4], GPU)], busy.cluster))
+    assert (
+        "BUSY" in plan and "rayrl/old/x" in plan and "STALE" in plan and "GPU 4 on 01010101" in plan
+    )
+    never = assess([PoolSpec("p", [8], GPU)], _fake_cluster([4, 4]))
+    assert never.status == "never"
+    assert (
+        "needs 8 x (GPU 1, CPU 1) on one node, that is GPU 8; the most any node has is GPU 4"
+        in never.reason
+    )
+
+
+# -- real Ray ------------------------------------------------------------------------
+
+
+def test_fits_now_and_plan_renders(ray_local):
+    pools = [PoolSpec("actor", [2], GPU), PoolSpec("rollout", [1], GPU, capacity_factor=2.0)]
+    verdict = assess(pools, snapshot())
+    assert verdict.status == "fits", verdict.reason
+    text = render_text(render_plan(pools, snapshot()))
+    for needle in ("actor", "rollout", "STRICT_PACK", "GPU 1, CPU 1", "FITS", "CPU budget"):
+        assert needle in text, text
+
+
+def test_busy_request_waits_bounded_and_names_the_holder(ray_local, caplog):
+    holder = placement_group([{"GPU": 4.0}], strategy="STRICT_PACK", name="rayrl/other/holder")
+    assert holder.wait(10)
+    try:
+        start = time.monotonic()
+        with pytest.raises(ResourcesBusy) as err:
+            check([PoolSpec("rollout", [1], GPU)], timeout_s=1.5, poll_s=0.2)
+        waited = time.monotonic() - start
+        assert 1.4 <= waited < 8, waited
+        text = str(err.value)
+        assert "rayrl/other/holder" in text and "running" in text and "GPU 4" in text
+        assert "STALE" not in text  # its job (this test) is alive
+        assert any("rayrl/other/holder" in r.getMessage() for r in caplog.records)
+    finally:
+        remove_placement_group(holder)
+
+
+def test_wait_succeeds_when_holder_releases(ray_local):
+    holder = placement_group([{"GPU": 4.0}], strategy="STRICT_PACK", name="rayrl/other/brief")
+    assert holder.wait(10)
+    timer = threading.Timer(1.0, remove_placement_group, args=(holder,))
+    timer.start()
+    try:
+        start = time.monotonic()
+        verdict = check([PoolSpec("rollout", [2], GPU)], timeout_s=20, poll_s=0.2)
+        assert verdict.status == "fits"
+        assert 0.9 <= time.monotonic() - start < 15
+    finally:
+        timer.join()
+
+
+def test_cpu_oversubscription_warns(ray_local):
+    # ray_local has 8 CPUs; 4 workers x (3 loader workers + 1) = 16 > 8.
+    heavy = PoolSpec("loaders", [4], {"CPU": 1.0}, loader_workers=3)
+    pool = ResourcePool(heavy, run="cpu")
+    with pytest.warns(CpuOversubscribed, match="16 CPUs"):
+        pool.bootstrap(timeout_s=20)
+    pool.teardown()
+    light = PoolSpec("loaders", [4], {"CPU": 1.0}, loader_workers=1)  # 8 of 8: fine
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CpuOversubscribed)
+        check([light], timeout_s=10)
+    assert "OVER-SUBSCRIBED" in render_text(render_plan([heavy], snapshot()))
