@@ -1,1 +1,107 @@
-"""rayrl.algos."""
+"""The RL algorithm core: pure tensor functions, registered by name for the config.
+
+Tensors are ``[batch, response_len]`` with a ``response_mask`` (1 for real response
+tokens); nothing here knows about Ray, workers or models.
+
+- :mod:`~rayrl.algos.advantages`: ``ADV_ESTIMATORS`` (gae, grpo, dr_grpo, rloo,
+  reinforce_plus_plus, reinforce_plus_plus_baseline, remax) and ``compute_advantages``.
+- :mod:`~rayrl.algos.losses`: ``POLICY_LOSSES`` (ppo, gspo, reinforce) and ``value_loss``.
+- :mod:`~rayrl.algos.aggregation`: loss aggregation modes that keep a mini-batch's loss
+  and gradient independent of micro-batch and data-parallel splits (read its docstring).
+- :mod:`~rayrl.algos.correction`: truncated importance weights for rollout/training
+  log-prob mismatch.
+- :mod:`~rayrl.algos.kl`: KL estimators, KL reward penalty, KL loss, controllers.
+- :mod:`~rayrl.algos.entropy`: chunked log-probs and entropy from logits.
+- :mod:`~rayrl.algos.dapo`: overlong penalty, truncation masking, group filtering.
+- :mod:`~rayrl.algos.masked`, :mod:`~rayrl.algos.groups`: masked and per-group statistics.
+"""
+
+from rayrl.algos.advantages import (
+    ADV_ESTIMATORS,
+    compute_advantages,
+    dr_grpo_advantages,
+    gae_advantages,
+    grpo_advantages,
+    reinforce_plus_plus_advantages,
+    reinforce_plus_plus_baseline_advantages,
+    remax_advantages,
+    rloo_advantages,
+    sequence_scores,
+    token_rewards,
+)
+from rayrl.algos.aggregation import AGG_MODES, LossAggregation, aggregate_loss
+from rayrl.algos.correction import truncated_is_weights
+from rayrl.algos.dapo import filter_groups, find_truncated, mask_truncated, overlong_penalty
+from rayrl.algos.entropy import entropy_from_logits, log_probs_and_entropy, log_probs_from_logits
+from rayrl.algos.kl import (
+    KL_CONTROLLERS,
+    KL_ESTIMATORS,
+    AdaptiveKLController,
+    FixedKLController,
+    apply_kl_penalty,
+    kl_divergence,
+    kl_loss,
+    make_kl_controller,
+)
+from rayrl.algos.losses import (
+    POLICY_LOSSES,
+    PolicyLossConfig,
+    gspo_policy_loss,
+    ppo_policy_loss,
+    reinforce_policy_loss,
+    value_loss,
+)
+from rayrl.algos.masked import (
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+    token_and_seq_counts,
+)
+from rayrl.algos.registry import Registry, UnknownNameError
+
+__all__ = [
+    "ADV_ESTIMATORS",
+    "AGG_MODES",
+    "KL_CONTROLLERS",
+    "KL_ESTIMATORS",
+    "POLICY_LOSSES",
+    "AdaptiveKLController",
+    "FixedKLController",
+    "LossAggregation",
+    "PolicyLossConfig",
+    "Registry",
+    "UnknownNameError",
+    "aggregate_loss",
+    "apply_kl_penalty",
+    "compute_advantages",
+    "dr_grpo_advantages",
+    "entropy_from_logits",
+    "filter_groups",
+    "find_truncated",
+    "gae_advantages",
+    "grpo_advantages",
+    "gspo_policy_loss",
+    "kl_divergence",
+    "kl_loss",
+    "log_probs_and_entropy",
+    "log_probs_from_logits",
+    "make_kl_controller",
+    "mask_truncated",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "overlong_penalty",
+    "ppo_policy_loss",
+    "reinforce_plus_plus_advantages",
+    "reinforce_plus_plus_baseline_advantages",
+    "reinforce_policy_loss",
+    "remax_advantages",
+    "rloo_advantages",
+    "sequence_scores",
+    "token_and_seq_counts",
+    "token_rewards",
+    "truncated_is_weights",
+    "value_loss",
+]
