@@ -29,3 +29,10 @@ def load_from_args(args: argparse.Namespace):
             f"[bold red]config error:[/] {exc}", highlight=False
         )
         sys.exit(2)
+
+
+def console(stderr: bool = False) -> Console:
+    """A rich console; when output goes to a file or pipe, wide enough for our tables."""
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() else 160
+    return Console(stderr=stderr, soft_wrap=True, width=width)

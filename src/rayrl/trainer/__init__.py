@@ -1,1 +1,1 @@
-"""rayrl.trainer."""
+"""The PPO/GRPO loop on the controller: resources, stages, metrics, checkpoints."""
