@@ -1,0 +1,41 @@
+"""Rollout engines: turn prompts into sampled responses with replayable, seeded sampling.
+
+- :mod:`~rayrl.engines.rollout.base`: the `RolloutEngine` interface and the
+  ``ROLLOUT_ENGINES`` registry (``make_rollout_engine("hf", ...)``).
+- :mod:`~rayrl.engines.rollout.contract`: the input and output Batch format.
+- :mod:`~rayrl.engines.rollout.sampling`: `SamplingParams` and the counter-based
+  Gumbel-max sampler seeded from (seed, step, sample uid).
+- :mod:`~rayrl.engines.rollout.hf`: `HFRolloutEngine`, on transformers ``generate()``.
+"""
+
+from rayrl.engines.rollout.base import (
+    ROLLOUT_ENGINES,
+    RolloutEngine,
+    UnknownNameError,
+    WeightSource,
+    make_rollout_engine,
+)
+from rayrl.engines.rollout.contract import FINISH_LENGTH, FINISH_STOP, positions_from_mask
+from rayrl.engines.rollout.hf import HFRolloutEngine
+from rayrl.engines.rollout.sampling import (
+    SamplingParams,
+    process_logits,
+    sample_keys,
+    sample_tokens,
+)
+
+__all__ = [
+    "FINISH_LENGTH",
+    "FINISH_STOP",
+    "ROLLOUT_ENGINES",
+    "HFRolloutEngine",
+    "RolloutEngine",
+    "SamplingParams",
+    "UnknownNameError",
+    "WeightSource",
+    "make_rollout_engine",
+    "positions_from_mask",
+    "process_logits",
+    "sample_keys",
+    "sample_tokens",
+]

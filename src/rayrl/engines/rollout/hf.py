@@ -1,0 +1,341 @@
+"""A rollout engine on transformers' ``generate()``: simple, any HF causal LM.
+
+Tokens are drawn by rayrl's seeded sampler (`rayrl.engines.rollout.sampling`), plugged
+into ``generate`` as a logits processor under greedy decoding: the processor samples
+each row's token from its own counter-based noise and hands ``generate`` scores whose
+argmax is that token. So a sample depends only on (seed, step, sample uid), never on
+the process-global RNG or on the batch it is generated in. A stopping criterion
+records which rows ended on a stop token or stop string, and when.
+
+The KV cache is static (``cache_implementation="static"``) where the model supports
+it; if the static path fails once, the engine logs a warning and uses the dynamic
+cache from then on. The engine wraps an existing module without copying
+(``HFRolloutEngine(model=train_model, tokenizer=tok)``: the hybrid engine) or loads its
+own copy (``HFRolloutEngine(model_path=...)``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import gc
+import logging
+from collections.abc import Iterator, Mapping
+
+import torch
+from torch import Tensor, nn
+from transformers import (
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    StoppingCriteria,
+    StoppingCriteriaList,
+    StopStringCriteria,
+)
+
+from rayrl.batch import Batch
+from rayrl.engines.rollout.base import ROLLOUT_ENGINES, RolloutEngine, WeightSource
+from rayrl.engines.rollout.contract import (
+    Responses,
+    assemble_output,
+    check_prompts,
+    expand_samples,
+)
+from rayrl.engines.rollout.sampling import SamplingParams, sample_keys, sample_tokens
+
+__all__ = ["HFRolloutEngine"]
+
+logger = logging.getLogger(__name__)
+CACHE_IMPLEMENTATIONS = ("static", "dynamic")
+
+
+class _SeededSampler(LogitsProcessor):
+    """Samples each row with `sample_tokens`; returns scores whose argmax is the sample.
+
+    Records the log-prob of every chosen token (one ``[N]`` tensor per decode step).
+    """
+
+    def __init__(self, keys: Tensor, prompt_len: int, params: SamplingParams) -> None:
+        self.keys, self.prompt_len, self.params = keys, prompt_len, params
+        self.log_probs: list[Tensor] = []
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        position = input_ids.shape[1] - self.prompt_len
+        tokens, log_probs = sample_tokens(scores, self.keys, position, self.params)
+        self.log_probs.append(log_probs)
+        chosen = torch.full_like(scores, float("-inf"))
+        return chosen.scatter_(-1, tokens.unsqueeze(-1), 0.0)
+
+
+class _FinishTracker(StoppingCriteria):
+    """Ends rows at a stop token or stop string; remembers each row's response length."""
+
+    def __init__(
+        self, n_rows: int, prompt_len: int, stop_ids: Tensor, strings: StopStringCriteria | None
+    ) -> None:
+        self.prompt_len, self.stop_ids, self.strings = prompt_len, stop_ids, strings
+        self.stop_len = torch.zeros(n_rows, dtype=torch.long, device=stop_ids.device)
+        self.done = torch.zeros(n_rows, dtype=torch.bool, device=stop_ids.device)
+
+    def __call__(self, input_ids: Tensor, scores: Tensor | None, **kwargs) -> Tensor:
+        hit = torch.isin(input_ids[:, -1], self.stop_ids)
+        if self.strings is not None:
+            hit |= self.strings(input_ids, scores)
+        first = hit & ~self.done
+        self.stop_len = torch.where(first, input_ids.shape[1] - self.prompt_len, self.stop_len)
+        self.done |= hit
+        return self.done.clone()
+
+
+@ROLLOUT_ENGINES.register("hf")
+class HFRolloutEngine(RolloutEngine):
+    """Rollout on ``model.generate()`` with seeded, replayable sampling.
+
+    Args:
+        model: an HF causal LM to generate with, used as is (no copy; the hybrid engine).
+        tokenizer: its tokenizer; needed for stop strings, else optional.
+        model_path: load a model (and tokenizer) from this HF directory instead.
+        dtype: dtype for `model_path` loading ("bfloat16", torch.float32, ...; None: as saved).
+        device: device for `model_path` loading (default: cuda if available, else cpu).
+        cache: "static" (preallocated KV cache, falls back to dynamic) or "dynamic".
+        compile: let transformers compile the decode step (static cache on GPU only).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module | None = None,
+        tokenizer=None,
+        *,
+        model_path: str | None = None,
+        dtype: str | torch.dtype | None = None,
+        device: str | torch.device | None = None,
+        cache: str = "static",
+        compile: bool = False,
+    ) -> None:
+        if (model is None) == (model_path is None):
+            raise ValueError(
+                "HFRolloutEngine: pass exactly one of model= (an nn.Module to share) or "
+                "model_path= (an HF model directory to load)."
+            )
+        if cache not in CACHE_IMPLEMENTATIONS:
+            raise ValueError(
+                f"HFRolloutEngine: cache={cache!r} is not one of {CACHE_IMPLEMENTATIONS}."
+            )
+        if model_path is not None:
+            model, tokenizer = _load(model_path, tokenizer, dtype, device)
+        self.model = model
+        self.tokenizer = tokenizer
+        self.owns_weights = model_path is not None
+        self.cache = cache
+        self.compile = compile
+        self._asleep = False
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self.pad_id = _pad_id(model, tokenizer, self.eos_ids)
+
+    # ------------------------------------------------------------------ generate
+    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        """Sample ``sampling.n`` responses per prompt; see `RolloutEngine.generate`."""
+        if self._asleep:
+            raise RuntimeError("HFRolloutEngine.generate: the engine is asleep; call wake() first.")
+        if sampling.stop and self.tokenizer is None:
+            raise ValueError(
+                "HFRolloutEngine.generate: stop strings need a tokenizer; build the engine "
+                "with tokenizer=... or drop SamplingParams.stop."
+            )
+        prompts = check_prompts(prompts, "HFRolloutEngine.generate")
+        rows, uids = expand_samples(prompts, sampling.n)
+        keys = sample_keys(sampling.seed, int(prompts.meta["step"]), uids)
+        if len(rows) == 0:
+            none = torch.zeros(0, 0)
+            out = Responses(none.long(), none.sum(1).long(), none, none.sum(1).bool())
+        else:
+            out = self._generate_rows(rows, keys, sampling)
+        return assemble_output(rows, uids, out, sampling.max_new_tokens, self.pad_id)
+
+    def _generate_rows(self, rows: Batch, keys: Tensor, sampling: SamplingParams) -> Responses:
+        """Run ``generate``; if the static cache fails and the dynamic one works, switch.
+
+        An error that the dynamic cache hits too is raised as is (the engine stays static).
+        """
+        try:
+            return self._run_generate(rows, keys, sampling, self.cache)
+        except Exception as err:
+            if self.cache != "static":
+                raise
+            out = self._run_generate(rows, keys, sampling, "dynamic")
+            logger.warning(
+                "HFRolloutEngine: generate with a static KV cache failed for %s (%s: %s); "
+                "using the dynamic cache from now on.",
+                type(self.model).__name__,
+                type(err).__name__,
+                err,
+            )
+            self.cache = "dynamic"
+            return out
+
+    def _run_generate(
+        self, rows: Batch, keys: Tensor, sampling: SamplingParams, cache: str
+    ) -> Responses:
+        device = _device_of(self.model)
+        ids = rows.tensors["input_ids"].to(device)
+        prompt_len = ids.shape[1]
+        stop_ids = self._stop_ids(sampling, device)
+        sampler = _SeededSampler(keys.to(device), prompt_len, sampling)
+        strings = StopStringCriteria(self.tokenizer, list(sampling.stop)) if sampling.stop else None
+        tracker = _FinishTracker(len(rows), prompt_len, stop_ids, strings)
+        config = GenerationConfig(
+            do_sample=False,
+            max_new_tokens=sampling.max_new_tokens,
+            eos_token_id=stop_ids.tolist() or None,
+            pad_token_id=self.pad_id,
+            cache_implementation="static" if cache == "static" else None,
+            disable_compile=not self.compile,
+        )
+        with _generation_mode(self.model):
+            sequences = self.model.generate(
+                input_ids=ids,
+                attention_mask=rows.tensors["attention_mask"].to(device),
+                position_ids=rows.tensors["position_ids"].to(device),
+                generation_config=config,
+                logits_processor=LogitsProcessorList([sampler]),
+                stopping_criteria=StoppingCriteriaList([tracker]),
+            )
+        tokens = sequences[:, prompt_len:]
+        steps = tokens.shape[1]
+        log_probs = torch.stack(sampler.log_probs, dim=1)[:, :steps]
+        lengths = torch.where(
+            tracker.done, tracker.stop_len, torch.full_like(tracker.stop_len, steps)
+        )
+        return Responses(tokens, lengths, log_probs, tracker.done)
+
+    def _stop_ids(self, sampling: SamplingParams, device: torch.device) -> Tensor:
+        ids = [] if sampling.ignore_eos else list(self.eos_ids)
+        ids += [i for i in sampling.stop_token_ids if i not in ids]
+        return torch.tensor(ids, dtype=torch.long, device=device)
+
+    # ------------------------------------------------------------------ weights
+    def update_weights(self, weights: WeightSource) -> int:
+        """Copy tensors into the model in place by name; see `RolloutEngine.update_weights`.
+
+        Raises:
+            KeyError: a name the model does not have (with the closest names it has).
+            ValueError: a tensor whose shape differs from the model's.
+        """
+        targets = self.model.state_dict(keep_vars=True)
+        items = weights.items() if isinstance(weights, Mapping) else weights
+        copied = 0
+        with torch.no_grad():
+            for name, tensor in items:
+                target = targets.get(name)
+                if target is None:
+                    close = difflib.get_close_matches(name, list(targets), n=3)
+                    raise KeyError(
+                        f"HFRolloutEngine.update_weights: the model has no tensor {name!r}; "
+                        f"closest names: {close}. Pass unwrapped (HF) parameter names."
+                    )
+                if tuple(tensor.shape) != tuple(target.shape):
+                    raise ValueError(
+                        f"HFRolloutEngine.update_weights: {name!r} has shape "
+                        f"{tuple(tensor.shape)} but the model's is {tuple(target.shape)}; "
+                        "pass full (unsharded) tensors."
+                    )
+                if _same_storage(tensor, target):
+                    continue
+                target.data.copy_(tensor.data)
+                copied += 1
+        return copied
+
+    # ------------------------------------------------------------------ memory
+    def sleep(self) -> None:
+        """Drop generation memory: cache sizing, Python garbage, the CUDA allocator cache."""
+        if self._asleep:
+            return
+        self._asleep = True
+        with contextlib.suppress(AttributeError):
+            del self.model._previous_max_cache_length  # next static cache sized afresh
+        gc.collect()
+        if _device_of(self.model).type == "cuda":
+            torch.cuda.empty_cache()
+
+    def wake(self) -> None:
+        """Ready to generate again; the KV cache is reallocated by the next `generate`."""
+        self._asleep = False
+
+    @property
+    def is_asleep(self) -> bool:
+        """True between `sleep` and `wake`."""
+        return self._asleep
+
+
+# ---------------------------------------------------------------------- helpers
+def _load(path: str, tokenizer, dtype, device):
+    """Load an HF causal LM (and its tokenizer unless given) from a directory."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if isinstance(dtype, str) and dtype != "auto":
+        dtype = getattr(torch, dtype)
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "auto")
+    except OSError as err:
+        raise OSError(
+            f"HFRolloutEngine: cannot load a model from {path!r} ({err}); pass a local HF "
+            "model directory (config.json + weights)."
+        ) from err
+    model.to(device).eval()
+    if tokenizer is None:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    return model, tokenizer
+
+
+def _eos_ids(model: nn.Module, tokenizer) -> tuple[int, ...]:
+    """EOS ids from the model's generation config, else its config, else the tokenizer."""
+    for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
+        eos = getattr(source, "eos_token_id", None)
+        if eos is not None:
+            return tuple(int(i) for i in ([eos] if isinstance(eos, int) else eos))
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return () if eos is None else (int(eos),)
+
+
+def _pad_id(model: nn.Module, tokenizer, eos_ids: tuple[int, ...]) -> int:
+    """The id written after a response ends: the tokenizer's pad, the model's, or EOS."""
+    for source in (tokenizer, getattr(model, "generation_config", None)):
+        pad = getattr(source, "pad_token_id", None)
+        if pad is not None:
+            return int(pad)
+    if eos_ids:
+        return eos_ids[0]
+    raise ValueError(
+        "HFRolloutEngine: the model and tokenizer define neither a pad nor an EOS token id; "
+        "set tokenizer.pad_token_id."
+    )
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    for param in model.parameters():
+        return param.device
+    return torch.device("cpu")
+
+
+def _same_storage(a: Tensor, b: Tensor) -> bool:
+    return a.device == b.device and a.data_ptr() == b.data_ptr() and a.dtype == b.dtype
+
+
+@contextlib.contextmanager
+def _generation_mode(model: nn.Module) -> Iterator[None]:
+    """Eval mode and a neutral ``model.generation_config`` during ``generate``; both restored.
+
+    ``generate`` fills every option the caller leaves unset from the model's own
+    generation config (a checkpoint's repetition penalty, say), which would change the
+    distribution rayrl samples from; a blank one keeps only what the engine sets.
+    """
+    training, saved = model.training, getattr(model, "generation_config", None)
+    model.eval()
+    model.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        model.generation_config = saved
+        model.train(training)

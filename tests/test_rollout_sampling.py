@@ -1,0 +1,185 @@
+"""Seeded sampling for rollout engines: the hash, the noise, logit processing, Gumbel-max."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from rayrl.engines.rollout.sampling import (
+    SamplingParams,
+    mix64,
+    process_logits,
+    sample_keys,
+    sample_tokens,
+    uniform_noise,
+)
+
+M64 = (1 << 64) - 1
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: tiny ops on a loaded 2-core machine are much faster."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _mix64_reference(x: int) -> int:
+    """splitmix64's finaliser on Python ints (unsigned 64-bit)."""
+    x &= M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & M64
+    return x ^ (x >> 31)
+
+
+def _signed(x: int) -> int:
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+def test_mix64_matches_unsigned_reference():
+    rng = random.Random(0)
+    values = [0, 1, -1, 2**63 - 1, -(2**63)] + [rng.getrandbits(64) for _ in range(500)]
+    values = [_signed(v & M64) for v in values]
+    got = mix64(torch.tensor(values, dtype=torch.int64)).tolist()
+    assert got == [_signed(_mix64_reference(v)) for v in values]
+
+
+def test_keys_are_pinned_and_distinct():
+    # Pinned values: a change here breaks replay of every recorded run.
+    keys = sample_keys(7, 3, ["a/0", "a/1", "b/0"])
+    assert keys.dtype == torch.int64
+    assert len(set(keys.tolist())) == 3
+    assert torch.equal(keys, sample_keys(7, 3, ["a/0", "a/1", "b/0"]))
+    assert not torch.equal(keys, sample_keys(7, 4, ["a/0", "a/1", "b/0"]))
+    assert not torch.equal(keys, sample_keys(8, 3, ["a/0", "a/1", "b/0"]))
+    assert sample_keys(0, 0, ["x/0"]).tolist() == [PINNED_KEY]
+    noise = uniform_noise(sample_keys(0, 0, ["x/0"]), 5, 4)
+    assert noise.tolist() == [PINNED_NOISE]
+
+
+PINNED_KEY = 2262026279861212772
+PINNED_NOISE = [0.0401747359780365, 0.8917500734504789, 0.5089046225140574, 0.8721911315546356]
+
+
+def test_noise_depends_only_on_key_position_token():
+    keys = sample_keys(1, 2, [f"u{i}/0" for i in range(6)])
+    full = uniform_noise(keys, 4, 50)
+    assert full.dtype == torch.float64 and full.shape == (6, 50)
+    assert bool(((full > 0) & (full < 1)).all())
+    perm = torch.tensor([5, 2, 0, 4, 1, 3])
+    assert torch.equal(uniform_noise(keys[perm], 4, 50), full[perm])
+    assert torch.equal(uniform_noise(keys[:2], 4, 50), full[:2])
+    per_row = uniform_noise(keys, torch.tensor([4, 4, 9, 4, 4, 4]), 50)
+    assert torch.equal(per_row[[0, 1, 3]], full[[0, 1, 3]])
+    assert not torch.equal(per_row[2], full[2])
+    # A longer vocabulary extends the row; it does not reshuffle it.
+    assert torch.equal(uniform_noise(keys, 4, 80)[:, :50], full)
+
+
+def test_noise_looks_uniform():
+    keys = sample_keys(0, 0, [f"s{i}" for i in range(64)])
+    u = uniform_noise(keys, 0, 1024).flatten()
+    assert abs(u.mean().item() - 0.5) < 0.01
+    assert abs(u.var().item() - 1 / 12) < 0.005
+    hist = torch.histc(u.float(), bins=10, min=0, max=1) / u.numel()
+    assert bool(((hist - 0.1).abs() < 0.01).all())
+
+
+def _frequencies(logits: torch.Tensor, params: SamplingParams, keys: torch.Tensor) -> torch.Tensor:
+    tokens, _ = sample_tokens(logits.expand(len(keys), -1), keys, 0, params)
+    return torch.bincount(tokens, minlength=logits.shape[-1]).double() / len(keys)
+
+
+def test_gumbel_max_matches_the_processed_distribution():
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]])
+    draws = 10000
+    keys = sample_keys(0, 0, [f"d{i}" for i in range(draws)])
+    for params in (
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.5),
+        SamplingParams(temperature=1.3, top_k=3),
+        SamplingParams(temperature=1.0, top_p=0.8),
+    ):
+        expected = torch.softmax(process_logits(logits, params), dim=-1)[0].double()
+        freq = _frequencies(logits, params, keys)
+        std = (expected * (1 - expected) / draws).sqrt()
+        assert bool(((freq - expected).abs() <= 5 * std + 1e-9).all()), (params, freq, expected)
+        assert bool((freq[expected == 0] == 0).all())
+
+
+def test_noise_chunks_do_not_change_samples(monkeypatch):
+    import rayrl.engines.rollout.sampling as sampling
+
+    gen = torch.Generator().manual_seed(2)
+    logits = torch.randn(10, 64, generator=gen)
+    keys = sample_keys(3, 1, [str(i) for i in range(10)])
+    params = SamplingParams(temperature=1.2, top_p=0.9)
+    whole, _ = sample_tokens(logits, keys, torch.arange(10), params)
+    monkeypatch.setattr(sampling, "_NOISE_CHUNK_ELEMENTS", 3 * 64)
+    chunked, _ = sample_tokens(logits, keys, torch.arange(10), params)
+    assert torch.equal(whole, chunked)
+    assert not torch.equal(whole, sample_tokens(logits, keys, 0, params)[0])
+
+
+def test_process_logits_filters():
+    logits = torch.log(torch.tensor([[0.5, 0.25, 0.15, 0.1]]))
+    top_k = process_logits(logits, SamplingParams(top_k=2))
+    assert torch.isinf(top_k[0, 2:]).all() and torch.isfinite(top_k[0, :2]).all()
+    top_p = process_logits(logits, SamplingParams(top_p=0.7))  # 0.5 + 0.25 reaches 0.7
+    assert torch.isfinite(top_p[0, :2]).all() and torch.isinf(top_p[0, 2:]).all()
+    tiny_p = process_logits(logits, SamplingParams(top_p=0.01))
+    assert torch.isfinite(tiny_p[0, 0]) and torch.isinf(tiny_p[0, 1:]).all()
+    hot = process_logits(logits, SamplingParams(temperature=2.0))
+    assert torch.allclose(hot, logits / 2)
+
+
+def test_greedy_and_top_k_one_pick_the_argmax():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(32, 100, generator=gen)
+    keys = sample_keys(0, 0, [str(i) for i in range(32)])
+    greedy, greedy_lp = sample_tokens(logits, keys, 0, SamplingParams(do_sample=False))
+    assert torch.equal(greedy, logits.argmax(-1))
+    expected_lp = torch.log_softmax(logits, -1).gather(-1, greedy[:, None])[:, 0]
+    assert torch.allclose(greedy_lp, expected_lp)
+    top1, top1_lp = sample_tokens(logits, keys, 3, SamplingParams(top_k=1, temperature=0.9))
+    assert torch.equal(top1, greedy)
+    assert torch.allclose(top1_lp, torch.zeros(32))
+    zero_t, _ = sample_tokens(logits, keys, 3, SamplingParams(temperature=0.0))
+    assert torch.equal(zero_t, greedy)
+
+
+def test_log_probs_are_under_the_processed_distribution():
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(16, 40, generator=gen)
+    keys = sample_keys(5, 1, [str(i) for i in range(16)])
+    params = SamplingParams(temperature=0.7, top_k=10)
+    tokens, log_probs = sample_tokens(logits, keys, 2, params)
+    processed = torch.log_softmax(process_logits(logits, params), -1)
+    assert torch.allclose(log_probs, processed.gather(-1, tokens[:, None])[:, 0])
+    assert bool(torch.isfinite(log_probs).all())
+
+
+@pytest.mark.parametrize(
+    "kwargs, word",
+    [
+        ({"n": 0}, "n=0"),
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"stop": ("",)}, "stop strings"),
+    ],
+)
+def test_sampling_params_reject_bad_values(kwargs, word):
+    with pytest.raises(ValueError, match=word):
+        SamplingParams(**kwargs)
+
+
+def test_sampling_params_normalise():
+    params = SamplingParams(stop="###", stop_token_ids=[3, 4])
+    assert params.stop == ("###",) and params.stop_token_ids == (3, 4)
+    assert SamplingParams(temperature=0).greedy and SamplingParams(do_sample=False).greedy
+    assert not SamplingParams().greedy
