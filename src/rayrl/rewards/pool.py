@@ -1,0 +1,277 @@
+"""RewardPool: rule-based reward functions in worker processes, with a per-call timeout.
+
+A reward function that raises, returns garbage, hangs or crashes its process must cost
+one sample's reward, never the run. `concurrent.futures.ProcessPoolExecutor` cannot
+stop a task that hangs (cancel() only works before it starts, and killing one of its
+processes breaks the whole pool), so the pool owns its processes: each worker is a
+spawned process fed one sample at a time over a pipe. A call that outlives
+`timeout_s` has its process (and the process group it leads, so anything it started)
+killed and replaced; the sample gets score 0.0 and an error.
+
+Processes are spawned, so the function travels as a picklable spec (see
+`loader.resolve_function`): None for the built-in registry, a registered data_source
+name, or a `(path, name)` pair of a user file. The spec is resolved once in the caller
+too, so a bad file fails at construction with a clear error. As with any spawned
+process, a script that makes a pool needs an `if __name__ == "__main__":` guard, and a
+scorer added with `register_scorer` reaches the workers only if the module registering
+it is imported by the reward function's module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from multiprocessing import get_context, util
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from rayrl.rewards.loader import PARAMS, FunctionSpec, resolve_function
+from rayrl.rewards.result import RewardResult, failed, to_result
+
+
+class RewardPoolError(RuntimeError):
+    """The pool cannot score at all (a worker failed to start); not a per-sample failure."""
+
+
+@dataclass
+class _Worker:
+    process: BaseProcess
+    conn: Connection
+    since: float  # spawn time until ready, then dispatch time of the sample in flight
+    ready: bool = False
+    index: int | None = None  # the sample in flight
+
+
+class RewardPool:
+    """Score samples with a reward function in `num_workers` spawned processes.
+
+    `score(items)` returns one RewardResult per item, in order. Counters: `calls`
+    (samples scored), `errors` (calls that failed for any reason, timeouts included),
+    `timeouts`, `restarts` (processes replaced). Use as a context manager or call
+    `close()`. One `score` call at a time (not thread-safe).
+    """
+
+    def __init__(
+        self,
+        fn_spec: FunctionSpec = None,
+        num_workers: int = 2,
+        timeout_s: float = 10.0,
+        start_timeout_s: float = 120.0,
+    ) -> None:
+        if num_workers < 1 or timeout_s <= 0:
+            raise ValueError(
+                f"RewardPool needs num_workers >= 1 and timeout_s > 0; got "
+                f"num_workers={num_workers}, timeout_s={timeout_s} (reward.num_workers, "
+                "reward.timeout_s)."
+            )
+        resolve_function(fn_spec)  # raise here, in the caller, if the spec is bad
+        self.fn_spec, self.timeout_s, self.start_timeout_s = fn_spec, timeout_s, start_timeout_s
+        self.calls = self.errors = self.timeouts = self.restarts = 0
+        self._ctx = get_context("spawn")
+        self._workers = [self._spawn() for _ in range(num_workers)]
+        self._closed = False
+        # multiprocessing joins its children at exit: stop ours before that (as its Pool does)
+        self._finalizer = util.Finalize(self, _stop_all, args=(self._workers,), exitpriority=10)
+
+    @property
+    def pids(self) -> list[int | None]:
+        """Process ids of the current workers."""
+        return [w.process.pid for w in self._workers]
+
+    def stats(self) -> dict[str, int]:
+        """The counters, as a dict."""
+        names = ("calls", "errors", "timeouts", "restarts")
+        return {name: getattr(self, name) for name in names}
+
+    def score(self, items: list[dict[str, Any]]) -> list[RewardResult]:
+        """Score `items` (dicts with data_source, solution_str, ground_truth, extra_info)."""
+        if self._closed:
+            raise RewardPoolError("RewardPool.score called after close(); make a new pool.")
+        for i, item in enumerate(items):
+            missing = [k for k in PARAMS[:3] if k not in item]
+            if missing:
+                raise ValueError(
+                    f"RewardPool.score: item {i} lacks {missing}; keys: {sorted(item)}"
+                )
+        results: list[RewardResult | None] = [None] * len(items)
+        pending = deque(range(len(items)))
+        try:
+            while pending or any(w.index is not None for w in self._workers):
+                for worker in self._workers:
+                    if pending and worker.ready and worker.index is None:
+                        self._dispatch(worker, pending.popleft(), items, results)
+                ready = wait([w.conn for w in self._workers], timeout=self._wait_s())
+                for slot, worker in enumerate(self._workers):
+                    if worker.conn in ready:
+                        self._receive(slot, worker, results)
+                self._expire(results)
+        finally:  # interrupted (e.g. KeyboardInterrupt): drop calls still in flight
+            for slot, worker in enumerate(self._workers):
+                if worker.index is not None and not self._closed:
+                    self._replace(slot)
+        self.calls += len(items)
+        self.errors += sum(r.error is not None for r in results)
+        return results  # type: ignore[return-value]  # every slot is filled
+
+    def close(self) -> None:
+        """Stop the worker processes (idempotent)."""
+        self._closed = True
+        self._finalizer()
+
+    def __enter__(self) -> RewardPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _spawn(self) -> _Worker:
+        parent, child = self._ctx.Pipe()
+        process = self._ctx.Process(
+            target=_worker_main, args=(self.fn_spec, child, os.getpid()), name="rayrl-reward"
+        )
+        process.start()
+        child.close()
+        return _Worker(process, parent, since=time.monotonic())
+
+    def _replace(self, slot: int) -> None:
+        _kill(self._workers[slot])
+        self._workers[slot] = self._spawn()
+        self.restarts += 1
+
+    def _dispatch(self, worker: _Worker, index: int, items: list[dict], results: list) -> None:
+        kwargs = {k: items[index].get(k) for k in PARAMS}
+        try:
+            worker.conn.send((index, kwargs))  # pickles fully before writing anything
+        except Exception as exc:  # e.g. an extra_info value that cannot be pickled
+            results[index] = failed(f"sample could not be sent to a reward worker: {exc!r}")
+            return
+        worker.index, worker.since = index, time.monotonic()
+
+    def _wait_s(self) -> float:
+        """Seconds until the next call or start-up deadline (1 s when none is pending)."""
+        deadlines = []
+        for w in self._workers:
+            if w.index is not None:
+                deadlines.append(w.since + self.timeout_s)
+            elif not w.ready:
+                deadlines.append(w.since + self.start_timeout_s)
+        return max(0.0, min(deadlines) - time.monotonic()) if deadlines else 1.0
+
+    def _receive(self, slot: int, worker: _Worker, results: list) -> None:
+        try:
+            message = worker.conn.recv()
+        except (EOFError, OSError):
+            worker.process.join(timeout=5)
+            code = worker.process.exitcode
+            if not worker.ready:
+                self.close()
+                raise RewardPoolError(
+                    f"a reward worker process exited (code {code}) before it was ready "
+                    f"(loading {self.fn_spec!r}); its traceback is on stderr. A script that "
+                    "makes a pool needs an `if __name__ == '__main__':` guard, since spawned "
+                    "processes import it again."
+                ) from None
+            if worker.index is not None:
+                elapsed = time.monotonic() - worker.since
+                results[worker.index] = failed(
+                    f"reward worker process died (exit code {code}) while scoring", elapsed
+                )
+            self._replace(slot)
+            return
+        kind, payload = message
+        if kind == "load_error":
+            self.close()
+            raise RewardPoolError(f"a reward worker could not load {self.fn_spec!r}: {payload}")
+        if kind == "ready":
+            worker.ready = True
+            return
+        result: RewardResult = payload
+        result.elapsed_s = time.monotonic() - worker.since
+        results[worker.index] = result
+        worker.index = None
+
+    def _expire(self, results: list) -> None:
+        now = time.monotonic()
+        for slot, worker in enumerate(self._workers):
+            if worker.index is not None and now - worker.since >= self.timeout_s:
+                results[worker.index] = failed(
+                    f"timed out after {self.timeout_s:g} s", now - worker.since
+                )
+                self.timeouts += 1
+                self._replace(slot)
+            elif not worker.ready and now - worker.since >= self.start_timeout_s:
+                self.close()
+                raise RewardPoolError(
+                    f"a reward worker did not start within {self.start_timeout_s:g} s "
+                    f"(loading {self.fn_spec!r}); is the machine overloaded or the "
+                    "reward file slow to import? Raise start_timeout_s."
+                )
+
+
+def _worker_main(spec: FunctionSpec, conn: Connection, parent_pid: int) -> None:
+    """Worker process: load the function, then score samples until told to stop."""
+    if hasattr(os, "setpgrp"):
+        os.setpgrp()  # lead a process group, so a kill also reaches what the function started
+    threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
+    try:
+        fn = resolve_function(spec)
+    except BaseException as exc:
+        conn.send(("load_error", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message is None:
+            return
+        _, kwargs = message
+        try:
+            result = to_result(fn(**kwargs))
+        except BaseException as exc:
+            result = failed(f"{type(exc).__name__}: {exc}")
+        try:
+            conn.send(("result", result))
+        except Exception as exc:  # e.g. an extra metric that cannot be pickled
+            conn.send(("result", failed(f"result could not be sent back: {exc!r}")))
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """Exit when the parent is gone, so an orphaned worker never lingers."""
+    while os.getppid() == parent_pid:
+        time.sleep(1.0)
+    os._exit(1)
+
+
+def _kill(worker: _Worker) -> None:
+    pid = worker.process.pid
+    try:
+        if hasattr(os, "killpg") and pid is not None:
+            os.killpg(pid, signal.SIGKILL)
+        else:
+            worker.process.kill()
+    except OSError:  # not (yet) a group leader, or already gone
+        worker.process.kill()
+    worker.process.join(timeout=5)
+    worker.conn.close()
+
+
+def _stop_all(workers: list[_Worker]) -> None:
+    """Ask every worker to stop, then kill whatever is still running."""
+    for worker in workers:
+        with contextlib.suppress(OSError):
+            worker.conn.send(None)
+    deadline = time.monotonic() + 1.0
+    for worker in workers:
+        worker.process.join(timeout=max(0.0, deadline - time.monotonic()))
+        if worker.process.is_alive():
+            _kill(worker)
+        else:
+            worker.conn.close()

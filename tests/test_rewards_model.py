@@ -1,0 +1,113 @@
+"""ModelReward with a tiny random Qwen2ForSequenceClassification saved next to a real tokenizer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import Qwen2ForSequenceClassification
+
+from rayrl.models import TinySpec, train_tokenizer
+from rayrl.rewards import RewardResult
+from rayrl.rewards.model import ModelReward
+
+PROMPTS = [
+    [{"role": "user", "content": "What is 12+7?"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 3*4?"}],
+    [{"role": "user", "content": "What is 9-5?"}],
+]
+RESPONSES = ["19", "The answer is 12, because three fours make twelve.", "5"]
+
+
+@pytest.fixture(scope="module")
+def rm_dir(tmp_path_factory) -> Path:
+    """A 1-layer reward model with random weights and a non-trivial score head."""
+    out = tmp_path_factory.mktemp("rm")
+    tokenizer = train_tokenizer()
+    config = TinySpec(layers=1, hidden=32, heads=4, kv_heads=2, intermediate=64).to_config(
+        tokenizer
+    )
+    config.num_labels, config.architectures = 1, ["Qwen2ForSequenceClassification"]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = Qwen2ForSequenceClassification(config)
+        torch.nn.init.normal_(model.score.weight, std=1.0)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def rm(rm_dir) -> ModelReward:
+    return ModelReward(rm_dir, micro_batch_size=2)
+
+
+def test_one_float_per_sequence_deterministic_across_loads(rm, rm_dir):
+    scores = rm.score_chats(PROMPTS, RESPONSES)
+    assert len(scores) == 3 and all(isinstance(s, float) for s in scores)
+    assert len(set(scores)) == 3  # different conversations, different scores
+    assert rm.score_chats(PROMPTS, RESPONSES) == scores
+    again = ModelReward(rm_dir, micro_batch_size=3, dtype="float32")
+    assert again.score_chats(PROMPTS, RESPONSES) == pytest.approx(scores, abs=1e-5)
+
+
+def test_the_score_is_the_heads_output_at_the_last_real_token(rm):
+    text = rm.render(PROMPTS[0], RESPONSES[0])
+    assert text.endswith("<|im_start|>assistant\n19<|im_end|>\n")
+    ids = rm.tokenizer(text, add_special_tokens=False)["input_ids"]
+    alone = rm.score_texts([text])[0]
+    model = rm.model
+    with torch.no_grad():
+        hf = model(torch.tensor([ids])).logits[0, 0].item()  # HF pools the last position
+        truncated = rm.score_texts([rm.tokenizer.decode(ids[:-3])])[0]
+    assert alone == pytest.approx(hf, abs=1e-5)
+    assert truncated != pytest.approx(alone, abs=1e-6)
+
+
+def test_left_and_right_padding_give_the_same_scores(rm):
+    texts = [rm.render(p, r) for p, r in zip(PROMPTS, RESPONSES, strict=True)]
+    seqs = [rm.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    width = max(map(len, seqs)) + 2
+    pad = rm.tokenizer.pad_token_id
+    right = torch.full((3, width), pad)
+    left = torch.full((3, width), pad)
+    right_mask = torch.zeros(3, width, dtype=torch.long)
+    left_mask = torch.zeros(3, width, dtype=torch.long)
+    for row, seq in enumerate(seqs):
+        right[row, : len(seq)], right_mask[row, : len(seq)] = torch.tensor(seq), 1
+        left[row, width - len(seq) :], left_mask[row, width - len(seq) :] = torch.tensor(seq), 1
+    from_right = rm.score_ids(right, right_mask)
+    from_left = rm.score_ids(left, left_mask)
+    assert from_right.shape == (3,) and from_right.dtype == torch.float32
+    torch.testing.assert_close(from_left, from_right, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(from_right, torch.tensor(rm.score_texts(texts)), atol=1e-5, rtol=0)
+
+
+def test_micro_batch_size_does_not_change_scores(rm, rm_dir):
+    one = ModelReward(rm_dir, micro_batch_size=1)
+    assert one.score_chats(PROMPTS, RESPONSES) == pytest.approx(
+        rm.score_chats(PROMPTS, RESPONSES), abs=1e-5
+    )
+
+
+def test_score_items_and_input_errors(rm):
+    items = [{"prompt": p, "solution_str": r} for p, r in zip(PROMPTS, RESPONSES, strict=True)]
+    items.append({"prompt": "What is 1+1?", "solution_str": "2"})  # a plain-text prompt
+    results = rm.score(items)
+    assert all(isinstance(r, RewardResult) and r.ok for r in results) and len(results) == 4
+    assert [r.score for r in results[:3]] == pytest.approx(rm.score_chats(PROMPTS, RESPONSES))
+    with pytest.raises(ValueError, match="no attended token"):
+        rm.score_ids(torch.ones(2, 3, dtype=torch.long), torch.tensor([[1, 1, 0], [0, 0, 0]]))
+    with pytest.raises(ValueError, match="one shape"):
+        rm.score_ids(torch.ones(2, 3, dtype=torch.long), torch.ones(2, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match="2 prompts but 1 responses"):
+        rm.score_chats(PROMPTS[:2], RESPONSES[:1])
+
+
+def test_max_length_keeps_the_end_of_long_sequences(rm_dir, rm):
+    short = ModelReward(rm_dir, max_length=4)
+    text = rm.render(PROMPTS[1], RESPONSES[1])
+    ids = rm.tokenizer(text, add_special_tokens=False)["input_ids"]
+    tail = rm.tokenizer.decode(ids[-4:])
+    assert short.score_texts([text]) == pytest.approx(rm.score_texts([tail]), abs=1e-5)
