@@ -1,0 +1,164 @@
+"""Benchmark: training-engine log-prob throughput, packed sequences versus padded rows.
+
+Builds a small random-weight Qwen2 (4 layers, hidden 256, vocabulary 4096 by default)
+and a ragged batch in verl's layout (left-padded prompts, right-padded responses)
+where about half of the tokens are padding, then times `TrainEngine.forward` on the
+same engine and batch with `use_remove_padding` on and off, interleaved after a
+warm-up. Throughput counts real tokens only. Prints one JSON object per line: both
+throughputs, the padding fraction and `packed_vs_padded_speedup` (the median of
+per-repeat ratios, so load drifting on a shared machine cancels out).
+
+    python bench/engines.py [--device cpu|cuda] [--rows 32] [--prompt-len 128]
+                            [--response-len 128] [--micro-batch-size 4] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+
+import torch
+
+from rayrl.batch import Batch
+from rayrl.engines.train import TrainEngine
+from rayrl.models.tiny import TinySpec
+
+
+def hardware(device: str) -> str:
+    """CPU model and core count, plus the GPU's name on CUDA."""
+    model = platform.processor() or "unknown cpu"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
+    except (OSError, StopIteration):
+        pass
+    gpu = torch.cuda.get_device_name() if device == "cuda" else "no GPU"
+    return f"{model}, {os.cpu_count()} cores, {gpu}"
+
+
+def ragged_batch(rows: int, prompt_len: int, response_len: int, vocab: int) -> Batch:
+    """Rows whose real lengths spread evenly over [2, width - 2]: about half padding."""
+    width = prompt_len + response_len
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.zeros(rows, width, dtype=torch.long)
+    mask = torch.zeros(rows, width, dtype=torch.long)
+    for i in range(rows):
+        total = round(2 + (width - 4) * (i + 0.5) / rows)
+        p = min(prompt_len, max(1, (total + 1) // 2))
+        r = min(response_len, total - p)
+        ids[i, prompt_len - p : prompt_len + r] = torch.randint(3, vocab, (p + r,), generator=gen)
+        mask[i, prompt_len - p : prompt_len + r] = 1
+    order = torch.randperm(rows, generator=gen)  # mix long and short rows in micro-batches
+    ids, mask = ids[order], mask[order]
+    return Batch.from_dict(
+        {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+            "responses": ids[:, prompt_len:],
+        }
+    )
+
+
+def time_forward(engine: TrainEngine, batch: Batch, packed: bool, micro: int) -> float:
+    """Seconds for one no-grad forward of the whole batch (results come back to CPU)."""
+    engine.use_remove_padding = packed
+    start = time.perf_counter()
+    engine.forward(batch, micro_batch_size=micro)
+    return time.perf_counter() - start
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    spec = TinySpec(
+        layers=args.layers,
+        hidden=args.hidden,
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        intermediate=args.intermediate,
+        vocab_size=args.vocab,
+        max_position=args.prompt_len + args.response_len,
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = spec.build(os.path.join(tmp, "model"))
+        engine = TrainEngine(model_dir, device=args.device, attn_implementation=args.attn)
+    vocab = engine.config.vocab_size
+    batch = ragged_batch(args.rows, args.prompt_len, args.response_len, vocab)
+    real_tokens = int(batch["attention_mask"].sum())
+    padding = 1 - real_tokens / batch["attention_mask"].numel()
+    for _ in range(args.warmup):
+        time_forward(engine, batch, True, args.micro_batch_size)
+        time_forward(engine, batch, False, args.micro_batch_size)
+    packed_s, padded_s = [], []
+    for i in range(args.repeats):
+        for packed in (True, False) if i % 2 == 0 else (False, True):
+            seconds = time_forward(engine, batch, packed, args.micro_batch_size)
+            (packed_s if packed else padded_s).append(seconds)
+    speedup = statistics.median(d / p for p, d in zip(packed_s, padded_s, strict=True))
+    common = {
+        "bench": "engines",
+        "device": args.device,
+        "model": f"qwen2 {args.layers}L h{args.hidden} i{args.intermediate} v{vocab}",
+        "attn": args.attn,
+        "rows": args.rows,
+        "width": args.prompt_len + args.response_len,
+        "micro_batch_size": args.micro_batch_size,
+        "repeats": args.repeats,
+        "hardware": hardware(args.device),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    return [
+        {**common, "metric": "padding_fraction", "value": round(padding, 3), "unit": "fraction"},
+        {
+            **common,
+            "metric": "logprob_tokens_per_s_packed",
+            "value": round(real_tokens / statistics.median(packed_s), 1),
+            "unit": "tokens/s",
+        },
+        {
+            **common,
+            "metric": "logprob_tokens_per_s_padded",
+            "value": round(real_tokens / statistics.median(padded_s), 1),
+            "unit": "tokens/s",
+        },
+        {
+            **common,
+            "metric": "packed_vs_padded_speedup",
+            "value": round(speedup, 3),
+            "unit": "x",
+            "target": 1.5,
+            "better": "higher",
+        },
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--kv-heads", type=int, default=2)
+    parser.add_argument("--intermediate", type=int, default=1024)
+    parser.add_argument("--vocab", type=int, default=4096)
+    parser.add_argument("--rows", type=int, default=32)
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--response-len", type=int, default=128)
+    parser.add_argument("--micro-batch-size", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--attn", default="sdpa", help="transformers attn_implementation")
+    args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is visible to torch.")
+    for line in run(args):
+        print(json.dumps(line), flush=True)
+
+
+if __name__ == "__main__":
+    main()

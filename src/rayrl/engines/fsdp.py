@@ -1,0 +1,117 @@
+"""FSDP2 wrapping, mixed precision and CPU offload for the training engine.
+
+`shard_model` applies ``torch.distributed.fsdp.fully_shard`` to every decoder layer
+and then to the root module, over a 1-D device mesh of all ranks. On GPU the
+parameters are cast to bf16 for compute while the sharded fp32 parameters stay the
+master copy the optimizer updates, and gradients are reduced in fp32; on CPU
+everything stays fp32. `offload_*` / `onload_*` move parameters, gradients and
+optimizer state between the device and host memory between phases.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__ = [
+    "decoder_layers",
+    "dp_world_size",
+    "offload_model",
+    "offload_optimizer",
+    "onload_model",
+    "onload_optimizer",
+    "shard_model",
+]
+
+
+def dp_world_size() -> int:
+    """Ranks in the default process group, or 1 when torch.distributed is not set up."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The model's repeated blocks: modules whose class is in ``_no_split_modules``.
+
+    Hugging Face models name their decoder-layer class there (``Qwen2DecoderLayer``).
+    Falls back to the children of the longest ``nn.ModuleList``.
+    """
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if layers:
+        return layers
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
+    if not lists:
+        raise ValueError(
+            f"cannot find decoder layers in {type(model).__name__}: it has no "
+            "_no_split_modules and no nn.ModuleList; FSDP needs per-layer units."
+        )
+    return list(max(lists, key=len))
+
+
+def shard_model(
+    model: nn.Module,
+    device_type: str,
+    mixed_precision: bool,
+    reshard_after_forward: bool = True,
+) -> nn.Module:
+    """Apply FSDP2 to each decoder layer and the root over all ranks; returns the model.
+
+    With ``mixed_precision`` (GPU), compute runs in bf16 with fp32 master weights and
+    fp32 gradient reduction. FSDP moves each rank's shard to the mesh's device.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(device_type, (dp_world_size(),))
+    if mixed_precision:
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    else:
+        policy = MixedPrecisionPolicy()
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    return model
+
+
+def _empty_cache(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def offload_model(model: nn.Module) -> None:
+    """Move parameters and gradients to host memory (works on FSDP2-sharded models).
+
+    ``Module.to`` moves gradients too and keeps parameter objects (FSDP2's DTensors
+    are swapped in place), so the optimizer's references stay valid.
+    """
+    device = next(model.parameters()).device
+    model.to("cpu")
+    _empty_cache(device)
+
+
+def onload_model(model: nn.Module, device: torch.device) -> None:
+    """Move parameters and gradients back to ``device``."""
+    model.to(device)
+
+
+def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device | str) -> None:
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and key != "step":
+                state[key] = value.to(device, non_blocking=True)
+    if torch.device(device).type == "cpu" and torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def offload_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    """Move the optimizer's state tensors (Adam moments) to host memory."""
+    devices = {v.device for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)}
+    _move_optimizer_state(optimizer, "cpu")
+    for device in devices:
+        _empty_cache(device)
+
+
+def onload_optimizer(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Move the optimizer's state tensors back to ``device``."""
+    _move_optimizer_state(optimizer, device)

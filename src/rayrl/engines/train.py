@@ -1,0 +1,426 @@
+"""The training engine: one Hugging Face model, FSDP2-sharded, with its optimizer.
+
+`TrainEngine` is what actor, reference and critic workers hold. It loads a model
+directory (a causal LM, or with ``value_head=True`` the same weights under a one-label
+token-classification head: the critic), shards it with FSDP2 when torch.distributed
+is initialised (gloo on CPU, NCCL on GPU), and offers:
+
+* `forward(batch)`: per-token log-probs (and entropy) or values over the response
+  columns, without gradients, micro-batch by micro-batch;
+* `train_step(batch, loss_fn, ...)`: mini-batches of micro-batches with gradient
+  accumulation, clipping and AdamW; a step with a non-finite gradient norm is skipped;
+* `offload()` / `onload()`, `save()` / `load()` (sharded), `export_hf()`.
+
+**The loss contract.** ``loss_fn(outputs, micro_batch) -> (loss, metrics)`` returns this
+micro-batch's *share* of the mini-batch loss: the sum of its terms divided by the count
+of the whole mini-batch over all ranks. The engine hands those counts over in
+``micro_batch.meta`` (``global_token_count``: real response tokens, ``global_seq_count``:
+sequences with at least one, both over every micro-batch of the mini-batch and every
+rank), so ``LossAggregation(mode, global_token_count=..., global_seq_count=...)`` from
+`rayrl.algos.aggregation` is exactly right. The engine then calls ``backward()`` on each
+share as it is and *sums* the gradients over micro-batches (no division by their
+number); FSDP averages gradients over ranks, so the engine multiplies each share by the
+number of ranks before ``backward()`` to turn that average into a sum. The loss_fn must
+not scale by the number of micro-batches or ranks itself. The result: the same
+gradient, to rounding, whatever the split into micro-batches and ranks. The reported
+``loss`` metric is the mini-batch loss (shares summed over micro-batches and ranks).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections import defaultdict
+from collections.abc import Callable
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from rayrl.batch import Batch
+from rayrl.engines.checkpoint_io import (
+    export_hf,
+    full_model_state_dict,
+    load_sharded,
+    save_sharded,
+)
+from rayrl.engines.fsdp import (
+    dp_world_size,
+    offload_model,
+    offload_optimizer,
+    onload_model,
+    onload_optimizer,
+    shard_model,
+)
+from rayrl.engines.loading import DTYPES, has_tokenizer, load_hf_model, pick_device
+from rayrl.engines.optim import OptimSpec, build_lr_scheduler, build_optimizer
+from rayrl.engines.outputs import response_outputs
+from rayrl.engines.packing import plan_fixed, plan_token_budget, split_to_count
+
+__all__ = ["LossFn", "TrainEngine"]
+
+LossFn = Callable[[dict[str, Tensor], Batch], tuple[Tensor, dict[str, Any]]]
+Plan = list[list[int] | None]  # row indices per micro-batch; None: a dummy to keep ranks in step
+
+
+class TrainEngine:
+    """A (possibly sharded) HF model with AdamW, an LR schedule and micro-batching.
+
+    Args:
+        model_path: a Hugging Face model directory.
+        value_head: load a one-label token-classification model (a critic) from it.
+        dtype: master-weight dtype ("float32"; "auto" means float32).
+        attn_implementation: transformers' attention ("sdpa", "eager", ...).
+        gradient_checkpointing: recompute activations in the backward pass.
+        use_remove_padding: pack each micro-batch's sequences into one row.
+        optim: `OptimSpec`, or any config object/dict with its fields.
+        total_steps: training steps (`train_step` calls), for the cosine schedule.
+        mixed_precision: on GPU, bf16 compute with fp32 master weights and reductions.
+        device: defaults to the current CUDA device, else CPU.
+        seed: seeds the initialisation of a new value head.
+        tokenizer_path: tokenizer saved by `export_hf` (default: ``model_path``).
+        logit_chunk_size: tokens per chunk of the log-softmax.
+        trainable: False builds no optimizer and freezes the weights (a reference
+            policy): `forward` and `export_hf` work, training and checkpoints do not.
+    """
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        *,
+        value_head: bool = False,
+        dtype: str = "float32",
+        attn_implementation: str = "sdpa",
+        gradient_checkpointing: bool = False,
+        use_remove_padding: bool = True,
+        optim: Any = None,
+        total_steps: int | None = None,
+        mixed_precision: bool = True,
+        device: str | torch.device | None = None,
+        seed: int = 0,
+        tokenizer_path: str | os.PathLike | None = None,
+        logit_chunk_size: int = 1024,
+        trainable: bool = True,
+    ) -> None:
+        self.model_path = str(model_path)
+        self.tokenizer_path = str(tokenizer_path or model_path)
+        self.value_head = value_head
+        self.use_remove_padding = use_remove_padding
+        self.logit_chunk_size = logit_chunk_size
+        self.device = pick_device(device)
+        self.sharded = dist.is_available() and dist.is_initialized()
+        self.world_size = dp_world_size()
+        self.mixed_precision = mixed_precision and self.device.type == "cuda"
+        model = load_hf_model(self.model_path, value_head, dtype, attn_implementation, seed)
+        self.architecture = type(model).__name__
+        self.config = model.config
+        self.generation_config = getattr(model, "generation_config", None)
+        if gradient_checkpointing:
+            model.gradient_checkpointing_enable({"use_reentrant": False})
+        if self.sharded:
+            shard_model(model, self.device.type, self.mixed_precision)
+        else:
+            model.to(self.device)
+        self.model = model
+        self.trainable = trainable
+        self.optim_spec = (
+            optim if isinstance(optim, OptimSpec) else OptimSpec.from_config(optim or {})
+        )
+        if trainable:
+            self.optimizer = build_optimizer(model.parameters(), self.optim_spec)
+            self.scheduler = build_lr_scheduler(self.optimizer, self.optim_spec, total_steps)
+        else:
+            model.requires_grad_(False)
+            self.optimizer = self.scheduler = None
+        self.skipped_steps = 0
+        self.optimizer_steps = 0
+        self.train_steps = 0
+        self._offloaded = {"params": False, "optimizer": False}
+
+    # ---------------------------------------------------------------- forward
+    def forward(
+        self,
+        batch: Batch,
+        *,
+        micro_batch_size: int | None = None,
+        max_tokens_per_micro_batch: int | None = None,
+        with_entropy: bool = False,
+    ) -> Batch:
+        """Log-probs (``log_probs``, optionally ``entropy``) or ``values``, no gradients.
+
+        ``batch`` holds ``input_ids``, ``attention_mask``, ``responses`` and optionally
+        ``position_ids``; ``batch.meta["temperature"]`` (default 1) scales the logits.
+        Returns a Batch of ``[b, R]`` float32 CPU tensors in the input's row order.
+        """
+        self._require_onloaded(optimizer=False)
+        if len(batch) == 0:
+            raise ValueError("forward got an empty batch; every rank needs rows.")
+        plan = self._plan(batch, micro_batch_size, max_tokens_per_micro_batch)
+        self.model.eval()
+        parts, order = [], []
+        with torch.no_grad():
+            for rows in plan:
+                _, outputs = self._run(batch, rows, with_entropy)
+                if rows is not None:
+                    parts.append({k: v.cpu() for k, v in outputs.items()})
+                    order.extend(rows)
+        inverse = torch.empty(len(order), dtype=torch.long)
+        inverse[torch.tensor(order)] = torch.arange(len(order))
+        tensors = {k: torch.cat([p[k] for p in parts])[inverse] for k in parts[0]}
+        return Batch(tensors, meta=dict(batch.meta))
+
+    # ----------------------------------------------------------------- train
+    def train_step(
+        self,
+        batch: Batch,
+        loss_fn: LossFn,
+        *,
+        mini_batch_size: int | None = None,
+        micro_batch_size: int | None = None,
+        max_tokens_per_micro_batch: int | None = None,
+        with_entropy: bool = False,
+    ) -> dict[str, float]:
+        """One training step: an optimizer step per mini-batch, then one LR-schedule step.
+
+        Args:
+            batch: this rank's rows (model inputs plus whatever ``loss_fn`` reads).
+            loss_fn: ``(outputs, micro_batch) -> (loss, metrics)``; see the module
+                docstring for how to scale the loss.
+            mini_batch_size: rows of this rank per optimizer step (default: all);
+                every rank must make the same number of mini-batches.
+            micro_batch_size: rows per forward/backward; or instead
+            max_tokens_per_micro_batch: a real-token budget per forward/backward.
+            with_entropy: put ``entropy`` in the outputs given to ``loss_fn``.
+
+        Returns:
+            ``loss`` (mini-batch loss), ``grad_norm`` (applied steps), ``lr``,
+            ``skipped`` (this call), ``skipped_steps`` (total), ``micro_batches``, and
+            ``loss_fn``'s metrics averaged over this rank's micro-batches.
+        """
+        self._require_onloaded(optimizer=True)
+        if len(batch) == 0:
+            raise ValueError("train_step got an empty batch; every rank needs rows.")
+        minis = batch.split(mini_batch_size or len(batch))
+        self._check_same_on_all_ranks(len(minis), "number of mini-batches")
+        self.model.train()
+        metrics: dict[str, list[float]] = defaultdict(list)  # the engine's
+        loss_metrics: dict[str, list[float]] = defaultdict(list)  # loss_fn's
+        lr = self.scheduler.get_last_lr()[0]
+        skipped_before = self.skipped_steps
+        for mini in minis:
+            plan = self._plan(mini, micro_batch_size, max_tokens_per_micro_batch)
+            engine_values = self._train_mini_batch(mini, plan, loss_fn, with_entropy, loss_metrics)
+            for key, value in engine_values.items():
+                metrics[key].append(value)
+        with warnings.catch_warnings():  # every step skipped is not a misordered call
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+            self.scheduler.step()
+        self.train_steps += 1
+        out = {k: sum(v) / len(v) for k, v in loss_metrics.items() if v}
+        out.update({k: sum(v) / len(v) for k, v in metrics.items() if v})
+        out.setdefault("grad_norm", float("nan"))
+        out["lr"] = lr
+        out["skipped"] = self.skipped_steps - skipped_before
+        out["skipped_steps"] = self.skipped_steps
+        return out
+
+    def _train_mini_batch(
+        self,
+        mini: Batch,
+        plan: Plan,
+        loss_fn: LossFn,
+        with_entropy: bool,
+        loss_metrics: dict[str, list[float]],
+    ) -> dict[str, float]:
+        """Accumulate gradients over ``plan``'s micro-batches, then clip and step.
+
+        Appends ``loss_fn``'s metrics to ``loss_metrics``; returns the engine's.
+        """
+        tokens, seqs = self._global_counts(mini)
+        share_total = torch.zeros((), dtype=torch.float64, device=self.device)
+        for rows in plan:
+            micro, outputs = self._run(mini, rows, with_entropy, counts=(tokens, seqs))
+            if rows is None:  # a dummy: same collectives as a real micro-batch, zero gradient
+                loss = sum(v.sum() for v in outputs.values()) * 0.0
+            else:
+                loss, step_metrics = loss_fn(outputs, micro)
+                share_total += loss.detach().double()
+                for key, value in step_metrics.items():
+                    loss_metrics[key].append(float(torch.as_tensor(value).detach().float().mean()))
+            (loss * self.world_size).backward()
+        values = {
+            "loss": self._all_reduce([float(share_total)])[0],
+            "micro_batches": float(len(plan)),
+        }
+        grad_norm = self._clip_and_step()
+        if grad_norm is not None:
+            values["grad_norm"] = grad_norm
+        return values
+
+    def _clip_and_step(self) -> float | None:
+        """Clip, then step, unless the gradient norm is not finite (then skip and count)."""
+        clip = self.optim_spec.grad_clip or float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        norm = float(norm)
+        if not torch.isfinite(torch.tensor(norm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.skipped_steps += 1
+            return None
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer_steps += 1
+        return norm
+
+    # --------------------------------------------------------------- helpers
+    def _run(
+        self,
+        batch: Batch,
+        rows: list[int] | None,
+        with_entropy: bool,
+        *,
+        counts: tuple[float, float] | None = None,
+    ) -> tuple[Batch, dict[str, Tensor]]:
+        """The micro-batch of ``rows`` (row 0 for a dummy) and its outputs; with
+        ``counts`` (training) the micro-batch moves to the device for ``loss_fn``."""
+        rows_cpu = batch.index(rows if rows is not None else [0])
+        micro = rows_cpu.to(self.device) if counts is not None else rows_cpu
+        if counts is not None:
+            micro.meta["global_token_count"], micro.meta["global_seq_count"] = counts
+            micro.meta["dp_size"] = self.world_size
+        autocast = (
+            torch.autocast("cuda", dtype=torch.bfloat16)
+            if self.mixed_precision and not self.sharded
+            else nullcontext()
+        )
+        with autocast:
+            outputs = response_outputs(
+                self.model,
+                rows_cpu,
+                packed=self.use_remove_padding,
+                value_head=self.value_head,
+                temperature=float(batch.meta.get("temperature", 1.0)),
+                with_entropy=with_entropy and not self.value_head,
+                chunk_size=self.logit_chunk_size,
+                device=self.device,
+            )
+        return micro, outputs
+
+    def _plan(self, batch: Batch, micro_batch_size: int | None, max_tokens: int | None) -> Plan:
+        """Micro-batches of row indices, the same number on every rank."""
+        if "responses" not in batch or "input_ids" not in batch:
+            raise KeyError(
+                f"the engine needs input_ids, attention_mask and responses columns; the "
+                f"batch has {batch.keys()}."
+            )
+        lengths = batch["attention_mask"].sum(dim=-1).tolist()
+        if max_tokens:
+            bins = plan_token_budget(lengths, max_tokens)
+        else:
+            bins = plan_fixed(len(batch), micro_batch_size or len(batch))
+        count = int(self._all_reduce([float(len(bins))], op=dist.ReduceOp.MAX)[0])
+        bins = split_to_count(bins, lengths, count)
+        return [*bins, *([None] * (count - len(bins)))]
+
+    def _global_counts(self, mini: Batch) -> tuple[float, float]:
+        """Real response tokens and non-empty sequences of the mini-batch, all ranks."""
+        if "response_mask" in mini:
+            mask = mini["response_mask"]
+        else:
+            mask = mini["attention_mask"][:, -mini["responses"].shape[1] :]
+        per_seq = mask.to(torch.float64).sum(dim=-1)
+        tokens, seqs = self._all_reduce([float(per_seq.sum()), float((per_seq > 0).sum())])
+        return tokens, seqs
+
+    def _all_reduce(self, values: list[float], op: Any = None) -> list[float]:
+        if not self.sharded:
+            return values
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(tensor, op=op if op is not None else dist.ReduceOp.SUM)
+        return tensor.tolist()
+
+    def _check_same_on_all_ranks(self, value: int, what: str) -> None:
+        high, neg_low = self._all_reduce([float(value), -float(value)], op=dist.ReduceOp.MAX)
+        if high != -neg_low:
+            raise ValueError(
+                f"the {what} differs between ranks ({int(-neg_low)} to {int(high)}); give "
+                "every rank the same number of rows and the same mini_batch_size."
+            )
+
+    # ------------------------------------------------------ memory and state
+    def offload(self, params: bool = True, optimizer: bool = True) -> None:
+        """Move parameters (and gradients) and/or optimizer state to host memory."""
+        if params and not self._offloaded["params"]:
+            offload_model(self.model)
+            self._offloaded["params"] = True
+        if optimizer and self.trainable and not self._offloaded["optimizer"]:
+            offload_optimizer(self.optimizer)
+            self._offloaded["optimizer"] = True
+
+    def onload(self) -> None:
+        """Bring back to the device whatever `offload` moved away."""
+        if self._offloaded["params"]:
+            onload_model(self.model, self.device)
+            self._offloaded["params"] = False
+        if self._offloaded["optimizer"]:
+            onload_optimizer(self.optimizer, self.device)
+            self._offloaded["optimizer"] = False
+
+    def _require_onloaded(self, optimizer: bool) -> None:
+        if optimizer and not self.trainable:
+            raise RuntimeError(
+                "this engine was built with trainable=False (a frozen reference model): "
+                "it has no optimizer to train or checkpoint; build it with trainable=True."
+            )
+        off = [k for k, v in self._offloaded.items() if v and (optimizer or k == "params")]
+        if off:
+            raise RuntimeError(
+                f"the engine's {' and '.join(off)} are offloaded to CPU; call onload() first."
+            )
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {
+            "scheduler": self.scheduler.state_dict(),
+            "skipped_steps": self.skipped_steps,
+            "optimizer_steps": self.optimizer_steps,
+            "train_steps": self.train_steps,
+        }
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write a sharded checkpoint (model, optimizer, LR schedule, counters) to
+        the directory ``path``; every rank must call it."""
+        self._require_onloaded(optimizer=True)
+        save_sharded(path, self.model, self.optimizer, self._extra_state())
+
+    def load(self, path: str | os.PathLike) -> None:
+        """Restore a checkpoint written by `save` (with any number of ranks)."""
+        self._require_onloaded(optimizer=True)
+        extra = load_sharded(path, self.model, self.optimizer, self._extra_state())
+        self.scheduler.load_state_dict(extra["scheduler"])
+        self.skipped_steps = int(extra["skipped_steps"])
+        self.optimizer_steps = int(extra["optimizer_steps"])
+        self.train_steps = int(extra["train_steps"])
+
+    def export_hf(self, path: str | os.PathLike, dtype: str | None = None) -> None:
+        """Write a directory that ``transformers`` loads (weights gathered to rank 0,
+        plus config, generation config and tokenizer); every rank must call it."""
+        self._require_onloaded(optimizer=False)
+        export_hf(
+            self.model,
+            path,
+            config=self.config,
+            architecture=self.architecture,
+            tokenizer_dir=self.tokenizer_path if has_tokenizer(self.tokenizer_path) else None,
+            generation_config=self.generation_config,
+            dtype=DTYPES[dtype] if dtype else None,
+        )
+
+    def full_state_dict(self, cpu_offload: bool = False) -> dict[str, Tensor]:
+        """Unsharded weights by name (for weight sync); a collective when sharded.
+
+        With ``cpu_offload`` only rank 0 receives them, on CPU.
+        """
+        return full_model_state_dict(self.model, cpu_offload=cpu_offload)

@@ -1,0 +1,88 @@
+"""Micro-batch planning and sequence packing, without a model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rayrl.engines.packing import (
+    pack_sequences,
+    padded_response_index,
+    plan_fixed,
+    plan_token_budget,
+    split_to_count,
+)
+
+
+def test_plan_fixed_chunks_in_order():
+    assert plan_fixed(5, 2) == [[0, 1], [2, 3], [4]]
+    with pytest.raises(ValueError, match="micro_batch_size"):
+        plan_fixed(3, 0)
+
+
+def test_token_budget_first_fit_decreasing():
+    # 9+1 | 8+2 | 7+3 fills three bins of 10 exactly.
+    bins = plan_token_budget([9, 8, 7, 3, 2, 1], 10)
+    assert sorted(map(sorted, bins)) == [[0, 5], [1, 4], [2, 3]]
+
+
+def test_token_budget_names_the_row_too_long():
+    with pytest.raises(ValueError, match=r"row 1 has 12 real tokens.*at least 12"):
+        plan_token_budget([3, 12, 4], 10)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 30), min_size=1, max_size=25),
+    budget=st.integers(30, 80),
+    extra=st.integers(0, 6),
+)
+def test_budget_bins_cover_rows_once_and_split_keeps_budget(lengths, budget, extra):
+    bins = plan_token_budget(lengths, budget)
+    assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in b) <= budget for b in bins)
+    split = split_to_count(bins, lengths, len(bins) + extra)
+    assert sorted(i for b in split for i in b) == list(range(len(lengths)))
+    assert len(split) == min(len(bins) + extra, len(lengths))
+    assert all(sum(lengths[i] for i in b) <= budget for b in split)
+
+
+def _two_rows():
+    # width 6, response 3: row 0 = [pad, p1, p2 | r1, r2, pad]; row 1 = [p1, p2, p3 | r1, pad, pad]
+    ids = torch.tensor([[0, 11, 12, 13, 14, 0], [21, 22, 23, 24, 0, 0]])
+    mask = torch.tensor([[0, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0]])
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def test_pack_sequences_concatenates_real_tokens_with_restarting_positions():
+    ids, mask, pos = _two_rows()
+    packed = pack_sequences(ids, mask, pos, response_len=3)
+    assert packed.input_ids.tolist() == [[11, 12, 13, 14, 21, 22, 23, 24]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 3, 0, 1, 2, 3]]
+    r = packed.response
+    assert r.valid.tolist() == [[True, True, False], [True, False, False]]
+    # token 13 is predicted at packed position 1 (token 12), 14 at 2, 24 at 6 (token 23)
+    assert r.logit_index.tolist() == [1, 2, 6]
+    assert r.labels.tolist() == [13, 14, 24]
+    assert r.scatter(torch.tensor([1.0, 2.0, 3.0])).tolist() == [[1, 2, 0], [3, 0, 0]]
+
+
+def test_padded_index_reads_the_column_before_each_response_token():
+    ids, mask, _ = _two_rows()
+    index = padded_response_index(ids, mask, response_len=3)
+    assert index.logit_index.tolist() == [2, 3, 4]
+    assert index.labels.tolist() == [[13, 14, 0], [24, 0, 0]]
+    with pytest.raises(ValueError, match="at least one prompt column"):
+        padded_response_index(ids, mask, response_len=6)
+
+
+def test_packing_rejects_holes_and_offset_positions():
+    ids, mask, pos = _two_rows()
+    holed = mask.clone()
+    holed[1, 1] = 0
+    with pytest.raises(ValueError, match="row 1: attention_mask has padding between"):
+        pack_sequences(ids, holed, pos, response_len=3)
+    with pytest.raises(ValueError, match="row 0: position_ids start at 5"):
+        pack_sequences(ids, mask, pos + 5, response_len=3)
