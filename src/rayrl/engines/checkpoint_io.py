@@ -117,6 +117,7 @@ def export_hf(
     tokenizer_dir: str | os.PathLike | None = None,
     generation_config: Any = None,
     dtype: torch.dtype | None = None,
+    state: dict[str, torch.Tensor] | None = None,
 ) -> Path | None:
     """Write a Hugging Face model directory from a (possibly sharded) model.
 
@@ -129,11 +130,13 @@ def export_hf(
         tokenizer_dir: where to load the tokenizer to save beside the weights.
         generation_config: saved when given.
         dtype: cast floating weights to it (default: keep the training dtype).
+        state: the full weights, when the caller gathered (and transformed) them.
 
     Returns:
         The directory on rank 0, None on other ranks.
     """
-    state = full_model_state_dict(model, cpu_offload=True)
+    if state is None:
+        state = full_model_state_dict(model, cpu_offload=True)
     out = Path(out_dir).absolute()
     if _rank() == 0:
         _write_hf_dir(state, out, config, architecture, tokenizer_dir, generation_config, dtype)

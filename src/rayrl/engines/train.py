@@ -55,6 +55,7 @@ from rayrl.engines.fsdp import (
     shard_model,
 )
 from rayrl.engines.loading import DTYPES, has_tokenizer, load_hf_model, pick_device
+from rayrl.engines.lora import adapters_disabled, apply_lora, lora_scaling, merged_state_dict
 from rayrl.engines.optim import OptimSpec, build_lr_scheduler, build_optimizer
 from rayrl.engines.outputs import response_outputs
 from rayrl.engines.packing import plan_fixed, plan_token_budget, split_to_count
@@ -103,6 +104,7 @@ class TrainEngine:
         tokenizer_path: str | os.PathLike | None = None,
         logit_chunk_size: int = 1024,
         trainable: bool = True,
+        lora: Any = None,
     ) -> None:
         self.model_path = str(model_path)
         self.tokenizer_path = str(tokenizer_path or model_path)
@@ -115,6 +117,9 @@ class TrainEngine:
         self.mixed_precision = mixed_precision and self.device.type == "cuda"
         model = load_hf_model(self.model_path, value_head, dtype, attn_implementation, seed)
         self.architecture = type(model).__name__
+        self.lora = lora is not None
+        if self.lora:
+            model = apply_lora(model, lora)
         self.config = model.config
         self.generation_config = getattr(model, "generation_config", None)
         if gradient_checkpointing:
@@ -411,6 +416,7 @@ class TrainEngine:
         export_hf(
             self.model,
             path,
+            state=self.full_state_dict(cpu_offload=True) if self.lora else None,
             config=self.config,
             architecture=self.architecture,
             tokenizer_dir=self.tokenizer_path if has_tokenizer(self.tokenizer_path) else None,
@@ -423,4 +429,11 @@ class TrainEngine:
 
         With ``cpu_offload`` only rank 0 receives them, on CPU.
         """
-        return full_model_state_dict(self.model, cpu_offload=cpu_offload)
+        state = full_model_state_dict(self.model, cpu_offload=cpu_offload)
+        if self.lora and state:
+            state = merged_state_dict(state, lora_scaling(self.model))
+        return state
+
+    def adapters_disabled(self):
+        """Context in which forward passes run the base model (LoRA only)."""
+        return adapters_disabled(self.model)

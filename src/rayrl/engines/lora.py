@@ -1,0 +1,76 @@
+"""LoRA through peft: adapters on a loaded model, the base model on demand, merged export.
+
+Only adapter weights train (peft freezes the rest, and the optimizer takes only
+parameters that require gradients). The reference policy is the same module with its
+adapters disabled, so no second copy of the weights exists. For weight sync and the
+Hugging Face export, `merged_state_dict` folds each adapter into its base weight
+(W + B·A·alpha/r) under the base model's parameter names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+ADAPTER = "default"
+_PREFIX = "base_model.model."
+
+
+def apply_lora(model: nn.Module, lora: Any) -> nn.Module:
+    """Wrap `model` with LoRA adapters (`lora`: rank, alpha, dropout, target_modules)."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise ImportError(
+            "actor_rollout_ref.model.lora.rank > 0 needs peft: pip install 'rayrl[peft]'"
+        ) from exc
+    config = LoraConfig(
+        r=int(lora.rank),
+        lora_alpha=int(lora.alpha),
+        lora_dropout=float(lora.dropout),
+        target_modules=list(lora.target_modules),
+        bias="none",
+    )
+    return get_peft_model(model, config)
+
+
+def is_lora(model: nn.Module) -> bool:
+    return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[None]:
+    """Run the base model: every adapter switched off inside the block."""
+    if not is_lora(model):
+        raise ValueError(
+            "adapters_disabled needs a LoRA model (actor_rollout_ref.model.lora.rank > 0)"
+        )
+    with model.disable_adapter():
+        yield
+
+
+def lora_scaling(model: nn.Module) -> float:
+    config = model.peft_config[ADAPTER]
+    return float(config.lora_alpha) / float(config.r)
+
+
+def merged_state_dict(state: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
+    """A PeftModel's full state dict with adapters merged, under the base model's names."""
+    merged: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        if ".lora_" in name:
+            continue
+        base = name.removeprefix(_PREFIX).replace(".base_layer.", ".")
+        if name.endswith(".base_layer.weight"):
+            stem = name.removesuffix(".base_layer.weight")
+            a = state[f"{stem}.lora_A.{ADAPTER}.weight"]
+            b = state[f"{stem}.lora_B.{ADAPTER}.weight"]
+            delta = (b.float() @ a.float()) * scaling
+            tensor = (tensor.float() + delta).to(tensor.dtype)
+        merged[re.sub(r"\.base_layer\.", ".", base)] = tensor
+    return merged
