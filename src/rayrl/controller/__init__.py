@@ -1,1 +1,59 @@
-"""rayrl.controller."""
+"""Controller layer: Worker, WorkerGroup, dispatch modes, colocation, health and replacement.
+
+The driver talks to groups of workers as if each group were one object; see DESIGN.md.
+Imports only the cluster layer and leaves (batch); knows nothing of RL.
+"""
+
+from rayrl.controller.colocate import FusedWorker, RoleView, colocate
+from rayrl.controller.dispatch import (
+    ALL_TO_ALL,
+    DP_SPLIT,
+    ONE_TO_ALL,
+    RANK_ZERO,
+    CallPlan,
+    DPState,
+    register,
+    register_collector,
+    register_dispatch_mode,
+)
+from rayrl.controller.errors import (
+    GroupTimeoutError,
+    NoSpareBundleError,
+    WorkerCallError,
+    WorkerCreateError,
+    WorkerError,
+    WorkerInitError,
+)
+from rayrl.controller.future import GroupFuture
+from rayrl.controller.group import WorkerGroup
+from rayrl.controller.health import HealthMonitor, HealthReport, Replacement, TopologyChangedWarning
+from rayrl.controller.worker import Worker, WorkerContext
+
+__all__ = [
+    "ALL_TO_ALL",
+    "DP_SPLIT",
+    "ONE_TO_ALL",
+    "RANK_ZERO",
+    "CallPlan",
+    "DPState",
+    "FusedWorker",
+    "GroupFuture",
+    "GroupTimeoutError",
+    "HealthMonitor",
+    "HealthReport",
+    "NoSpareBundleError",
+    "Replacement",
+    "RoleView",
+    "TopologyChangedWarning",
+    "Worker",
+    "WorkerCallError",
+    "WorkerContext",
+    "WorkerCreateError",
+    "WorkerError",
+    "WorkerGroup",
+    "WorkerInitError",
+    "colocate",
+    "register",
+    "register_collector",
+    "register_dispatch_mode",
+]

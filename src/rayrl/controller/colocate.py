@@ -1,0 +1,149 @@
+"""Colocation: several role classes fused into one Ray actor per bundle.
+
+    Fused = colocate({"actor": Actor, "ref": Ref})
+    group = WorkerGroup(Fused, pool.bundles, role="actor_ref", run=run, kv=kv).create()
+    group.init(actor={"lr": 1e-6}, ref={})     # each role's init_worker gets its kwargs
+    actor = group.view("actor")                # a WorkerGroup-like view of one role
+    actor.update(batch)                        # runs Actor.update in the fused process
+
+One process holds an instance of every role, so roles can share memory (weights, a
+CUDA context): inside a role, `self.peers["ref"]` is the Ref instance of the same
+process. The process group belongs to the process: form it once for the fused group
+(`group.init(backend="gloo")`), not in each role. The hybrid engine stands on this.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import ray
+from ray import ObjectRef
+
+from rayrl.controller.dispatch import MethodSpec, method_specs
+from rayrl.controller.errors import WorkerDescription
+from rayrl.controller.method import bind_methods
+from rayrl.controller.worker import HEALTH_GROUP, Worker, WorkerContext
+
+
+class FusedWorker(Worker):
+    """A worker holding one instance of each role class of `ROLES` (set by `colocate`).
+
+    Constructor: `roles_args={"actor": {...ctor kwargs...}}` for roles that take any.
+    """
+
+    ROLES: dict[str, type[Worker]] = {}
+
+    def __init__(self, roles_args: dict[str, dict] | None = None) -> None:
+        roles_args = dict(roles_args or {})
+        _check_roles(self.ROLES, roles_args, "constructor arguments")
+        self.peers: dict[str, Worker] = {}
+        for role, cls in self.ROLES.items():
+            self.peers[role] = cls(**roles_args.get(role, {}))
+        for instance in self.peers.values():
+            instance.peers = self.peers
+
+    def _rayrl_setup(self, ctx: WorkerContext) -> dict:
+        for role, instance in self.peers.items():
+            instance._rayrl_setup(replace(ctx, role=role))
+        return super()._rayrl_setup(ctx)
+
+    def _rayrl_set_context(self, ctx: WorkerContext) -> dict:
+        for role, instance in self.peers.items():
+            instance.ctx = replace(ctx, role=role)
+        return super()._rayrl_set_context(ctx)
+
+    def _rayrl_reform(self, ctx: WorkerContext, backend: str, timeout: float) -> dict:
+        info = super()._rayrl_reform(ctx, backend, timeout)
+        for role, instance in self.peers.items():
+            instance.ctx = replace(ctx, role=role)
+        return info
+
+    @classmethod
+    def check_init_kwargs(cls, kwargs: dict) -> None:
+        _check_roles(cls.ROLES, kwargs, "init arguments")
+        for role, role_kwargs in kwargs.items():
+            cls.ROLES[role].check_init_kwargs(role_kwargs)
+
+    def init_worker(self, **kwargs: Any) -> None:
+        """Run each role's `init_worker` with `kwargs[role]`, in the order the roles were given."""
+        for role, instance in self.peers.items():
+            instance.init_worker(**kwargs.get(role, {}))
+
+    def _rayrl_role_call(
+        self, _rayrl_role_: str, _rayrl_method_: str, *args: Any, **kwargs: Any
+    ) -> Any:
+        """Call `method` on the instance of `role` in this process."""
+        return getattr(self.peers[_rayrl_role_], _rayrl_method_)(*args, **kwargs)
+
+    @ray.method(concurrency_group=HEALTH_GROUP)
+    def heartbeat(self) -> dict:
+        beat = super().heartbeat()
+        for role, instance in self.peers.items():
+            busy = getattr(instance, "_rayrl_busy", None)
+            if busy:
+                beat["busy"], beat["busy_s"] = f"{role}.{busy[0]}", beat["time"] - busy[1]
+        return beat
+
+
+def _check_roles(roles: dict[str, type], given: dict, what: str) -> None:
+    unknown = sorted(set(given) - set(roles))
+    if unknown:
+        raise ValueError(
+            f"{what} name roles {unknown} that this fused worker does not have; "
+            f"its roles are {list(roles)}"
+        )
+
+
+def colocate(roles: dict[str, type[Worker]], name: str | None = None) -> type[FusedWorker]:
+    """A FusedWorker class holding one instance of each role class (all Worker subclasses)."""
+    if not roles:
+        raise ValueError("colocate needs at least one role, e.g. colocate({'actor': Actor})")
+    for role, cls in roles.items():
+        if not (isinstance(cls, type) and issubclass(cls, Worker)):
+            raise TypeError(f"role '{role}' must be a plain Worker subclass, got {cls!r}")
+    cls_name = name or "Fused_" + "_".join(roles)
+    return type(cls_name, (FusedWorker,), {"ROLES": dict(roles), "__module__": __name__})
+
+
+class RoleView:
+    """The methods of one role of a fused group, called like a WorkerGroup's.
+
+    Shares the fused group's actors: calls run on the role's instance in each process.
+    """
+
+    def __init__(self, group: Any, role: str) -> None:
+        roles = getattr(group.worker_cls, "ROLES", {})
+        if role not in roles:
+            raise KeyError(f"group {group.name} has roles {list(roles)}, not '{role}'")
+        self.group = group
+        self.role = role
+        self.name = f"{group.name}:{role}"
+        self.specs: dict[str, MethodSpec] = method_specs(roles[role])
+        bind_methods(self, self.specs, reserved=set(dir(RoleView)) | set(vars(self)))
+
+    def __repr__(self) -> str:
+        return f"RoleView({self.name!r}, world_size={self.world_size})"
+
+    @property
+    def world_size(self) -> int:
+        return self.group.world_size
+
+    def _invoke(self, rank: int, spec: MethodSpec, args: tuple, kwargs: dict) -> ObjectRef:
+        method = self.group.actor_handle(rank, spec.name)._rayrl_role_call
+        if spec.options:
+            method = method.options(**spec.options)
+        return method.remote(self.role, spec.name, *args, **kwargs)
+
+    def describe(self, rank: int) -> WorkerDescription:
+        """The fused worker's description, naming this role."""
+        return replace(self.group.describe(rank), role=f"{self.role} (in {self.group.role})")
+
+    def _note_error(self, rank: int, err: BaseException) -> None:
+        self.group._note_error(rank, err)
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call a registered method of this role by name."""
+        if method not in self.specs:
+            raise AttributeError(f"role '{self.role}' has no registered method '{method}'")
+        return getattr(self, method)(*args, **kwargs)

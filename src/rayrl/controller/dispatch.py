@@ -1,0 +1,311 @@
+"""Dispatch modes: how a call on a WorkerGroup is spread over ranks and gathered back.
+
+A worker method declares its distribution contract where it is defined::
+
+    class Actor(Worker):
+        @register(dispatch=DP_SPLIT)
+        def log_prob(self, batch: Batch) -> Batch: ...
+
+Then `group.log_prob(batch)` pads `batch` to a multiple of the world size, gives one
+chunk to each rank, concatenates the per-rank results and removes the padding.
+
+A mode is a pair of functions kept in a registry (add your own with
+`register_dispatch_mode`):
+
+- `dispatch(world_size, args, kwargs) -> CallPlan`: the positional and keyword
+  arguments for each rank (`None` for a rank that is not called) and a `state` that
+  is handed to collect;
+- `collect(outputs, state) -> value`: the outputs of the called ranks, in rank order,
+  made into the call's result.
+
+Arguments may be futures of earlier non-blocking calls; `adapt_future(future,
+world_size)` says what a mode makes of one (see `rayrl.controller.future`).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+ONE_TO_ALL = "one_to_all"
+ALL_TO_ALL = "all_to_all"
+DP_SPLIT = "dp_split"
+RANK_ZERO = "rank_zero"
+
+SPEC_ATTR = "__rayrl_dispatch__"
+
+
+@dataclass
+class CallPlan:
+    """Per-rank arguments for one group call; `None` for ranks that are not called."""
+
+    args: list[tuple | None]
+    kwargs: list[dict | None]
+    state: Any = None
+
+    @property
+    def ranks(self) -> list[int]:
+        """The ranks that are called, in order."""
+        return [r for r, a in enumerate(self.args) if a is not None]
+
+
+@dataclass(frozen=True)
+class DPState:
+    """What DP_SPLIT's collect needs: how many padding rows to drop after concatenating."""
+
+    pad: int
+    padded_len: int
+
+
+@dataclass(frozen=True)
+class Chunks:
+    """An argument that is already split: element i goes to rank i (refs or values)."""
+
+    parts: list
+    state: Any = None
+
+
+DispatchFn = Callable[[int, tuple, dict], CallPlan]
+CollectFn = Callable[[list, Any], Any]
+
+
+@dataclass(frozen=True)
+class DispatchMode:
+    """A named dispatch/collect pair; `adapt_future` maps a future argument for it."""
+
+    name: str
+    dispatch: DispatchFn
+    collect: CollectFn
+    adapt_future: Callable | None = None
+
+
+_MODES: dict[str, DispatchMode] = {}
+_COLLECTORS: dict[str, CollectFn] = {}
+
+
+def register_dispatch_mode(
+    name: str,
+    dispatch_fn: DispatchFn,
+    collect_fn: CollectFn,
+    adapt_future: Callable | None = None,
+) -> DispatchMode:
+    """Add a dispatch mode under `name` (usable as `@register(dispatch=name)`)."""
+    known = _MODES.get(name)
+    if known is not None and _qualname(known.dispatch) != _qualname(dispatch_fn):
+        raise ValueError(
+            f"dispatch mode '{name}' is already registered (by {_qualname(known.dispatch)}); "
+            "pick another name"
+        )
+    mode = DispatchMode(name, dispatch_fn, collect_fn, adapt_future)
+    _MODES[name] = mode
+    _COLLECTORS[name] = collect_fn
+    return mode
+
+
+def _qualname(fn: Callable) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def get_dispatch_mode(name: str) -> DispatchMode:
+    """The registered mode called `name`; the error lists the known ones."""
+    try:
+        return _MODES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown dispatch mode '{name}'; known: {sorted(_MODES)}. "
+            "Add one with rayrl.controller.register_dispatch_mode(name, dispatch_fn, collect_fn)."
+        ) from None
+
+
+def register_collector(name: str, collect_fn: CollectFn) -> None:
+    """Add a named collect function (usable as `@register(collect=name)`)."""
+    _COLLECTORS[name] = collect_fn
+
+
+def get_collector(collect: str | CollectFn | None, mode: DispatchMode) -> CollectFn:
+    """Resolve a `collect=` choice: None (the mode's own), a registered name, or a callable."""
+    if collect is None:
+        return mode.collect
+    if callable(collect):
+        return collect
+    try:
+        return _COLLECTORS[collect]
+    except KeyError:
+        raise ValueError(f"unknown collect '{collect}'; known: {sorted(_COLLECTORS)}") from None
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """The distribution contract `@register` attaches to a worker method."""
+
+    name: str
+    mode: DispatchMode
+    collect: CollectFn
+    blocking: bool = True
+    options: dict = field(default_factory=dict)
+
+
+def register(
+    dispatch: str = ONE_TO_ALL,
+    collect: str | CollectFn | None = None,
+    blocking: bool = True,
+    **options: Any,
+) -> Callable:
+    """Mark a Worker method as callable on a WorkerGroup with this dispatch and collect.
+
+    `dispatch` names a registered mode (ONE_TO_ALL, ALL_TO_ALL, DP_SPLIT, RANK_ZERO or
+    your own); `collect` overrides the mode's collect (a name such as "list" or a
+    function `(outputs, state) -> value`); `blocking=False` makes a plain call return
+    a GroupFuture. Extra `options` go to Ray's `.options()` for this method.
+    """
+    mode = get_dispatch_mode(dispatch)
+    collect_fn = get_collector(collect, mode)
+
+    def decorate(fn: Callable) -> Callable:
+        wrapped = fn if inspect.iscoroutinefunction(fn) else _track_busy(fn)
+        setattr(wrapped, SPEC_ATTR, MethodSpec(fn.__name__, mode, collect_fn, blocking, options))
+        return wrapped
+
+    return decorate
+
+
+def _track_busy(fn: Callable) -> Callable:
+    """Record which registered method a worker is in, for `Worker.heartbeat`."""
+
+    @functools.wraps(fn)
+    def tracked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        self._rayrl_busy = (fn.__name__, time.time())
+        try:
+            return fn(self, *args, **kwargs)
+        finally:
+            self._rayrl_busy = None
+
+    return tracked
+
+
+def method_specs(cls: type) -> dict[str, MethodSpec]:
+    """The registered methods of a worker class (inherited ones included), by name."""
+    specs: dict[str, MethodSpec] = {}
+    for klass in reversed(cls.__mro__):
+        for name, attr in vars(klass).items():
+            spec = getattr(attr, SPEC_ATTR, None)
+            if isinstance(spec, MethodSpec):
+                specs[name] = spec
+    return specs
+
+
+# --- built-in modes ---------------------------------------------------------------------
+
+
+def is_batch(value: Any) -> bool:
+    """Whether `value` is a rayrl Batch, without importing torch in processes that have none.
+
+    A Batch instance can only exist once `rayrl.batch` is imported, so looking it up in
+    `sys.modules` is exact; workers that never touch a Batch never load torch.
+    """
+    module = sys.modules.get("rayrl.batch")
+    return module is not None and isinstance(value, module.Batch)
+
+
+def _one_to_all(world_size: int, args: tuple, kwargs: dict) -> CallPlan:
+    return CallPlan([args] * world_size, [kwargs] * world_size)
+
+
+def _collect_list(outputs: list, state: Any) -> list:
+    return list(outputs)
+
+
+def _all_to_all(world_size: int, args: tuple, kwargs: dict) -> CallPlan:
+    def pick(value: Any, name: str) -> list:
+        if isinstance(value, Chunks):
+            value = value.parts
+        if not isinstance(value, (list, tuple)) or len(value) != world_size:
+            got = (
+                f"{type(value).__name__} of length {len(value)}"
+                if hasattr(value, "__len__")
+                else type(value).__name__
+            )
+            raise ValueError(
+                f"ALL_TO_ALL needs every argument to be a list with one element per rank "
+                f"({world_size}); argument {name} is a {got}"
+            )
+        return list(value)
+
+    cols = [pick(a, f"#{i}") for i, a in enumerate(args)]
+    kcols = {k: pick(v, f"'{k}'") for k, v in kwargs.items()}
+    per_args = [tuple(c[r] for c in cols) for r in range(world_size)]
+    per_kwargs = [{k: c[r] for k, c in kcols.items()} for r in range(world_size)]
+    return CallPlan(per_args, per_kwargs)
+
+
+def _rank_zero(world_size: int, args: tuple, kwargs: dict) -> CallPlan:
+    return CallPlan([args] + [None] * (world_size - 1), [kwargs] + [None] * (world_size - 1))
+
+
+def _collect_first(outputs: list, state: Any) -> Any:
+    return outputs[0]
+
+
+def _dp_split(world_size: int, args: tuple, kwargs: dict) -> CallPlan:
+    """Split every Batch argument (or take pre-split Chunks); broadcast everything else."""
+    values = list(args) + list(kwargs.values())
+    lengths = {len(v) for v in values if is_batch(v)}
+    if len(lengths) > 1:
+        raise ValueError(f"DP_SPLIT got Batch arguments of different lengths {sorted(lengths)}")
+    states = [v.state for v in values if isinstance(v, Chunks) and v.state is not None]
+    state: Any = states[0] if states else None
+
+    def split(value: Any) -> list:
+        nonlocal state
+        if isinstance(value, Chunks):
+            if len(value.parts) != world_size:
+                raise ValueError(
+                    f"DP_SPLIT got {len(value.parts)} chunks for a world of {world_size}"
+                )
+            return list(value.parts)
+        if is_batch(value):
+            padded, pad = value.pad_to_multiple(world_size)
+            state = DPState(pad, len(padded))
+            return padded.chunk(world_size)
+        return [value] * world_size
+
+    cols = [split(a) for a in args]
+    kcols = {k: split(v) for k, v in kwargs.items()}
+    per_args = [tuple(c[r] for c in cols) for r in range(world_size)]
+    per_kwargs = [{k: c[r] for k, c in kcols.items()} for r in range(world_size)]
+    return CallPlan(per_args, per_kwargs, state)
+
+
+def collect_dp(outputs: list, state: Any) -> Any:
+    """Concatenate per-rank Batches and drop the rows DP_SPLIT padded.
+
+    If each rank returned k rows per input row (e.g. k samples per prompt), the
+    padding is k times as many rows; other shapes of output are returned as a list.
+    """
+    if not outputs or not all(is_batch(o) for o in outputs):
+        return list(outputs)
+    merged = type(outputs[0]).concat(outputs)
+    if not isinstance(state, DPState) or state.pad == 0:
+        return merged
+    total = len(merged)
+    if total % state.padded_len != 0:
+        raise ValueError(
+            f"DP_SPLIT cannot remove its {state.pad} padding rows: the ranks returned "
+            f"{total} rows for {state.padded_len} padded input rows (not a multiple). "
+            "Return the same number of rows per input row, or use collect='list'."
+        )
+    return merged.unpad(state.pad * (total // state.padded_len))
+
+
+register_dispatch_mode(ONE_TO_ALL, _one_to_all, _collect_list)
+register_dispatch_mode(ALL_TO_ALL, _all_to_all, _collect_list)
+register_dispatch_mode(RANK_ZERO, _rank_zero, _collect_first)
+register_dispatch_mode(DP_SPLIT, _dp_split, collect_dp)
+register_collector("list", _collect_list)
+register_collector("first", _collect_first)
+register_collector("concat", collect_dp)

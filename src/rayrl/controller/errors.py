@@ -1,0 +1,113 @@
+"""Errors raised by worker groups: which phase failed, on which worker, and where its log is.
+
+Every error a WorkerGroup raises names the phase (create, init, call), the stage (the
+method that ran), the role, the rank, the node, the pid and the worker's Ray log file,
+and wraps the original remote traceback, so a user can go straight to the right log.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import ray.exceptions
+
+DEAD_ERRORS = (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError)
+
+
+@dataclass
+class WorkerDescription:
+    """What the controller knows about one worker, for error messages and reports."""
+
+    role: str
+    rank: int
+    node_id: str = "?"
+    pid: int | None = None
+    log_file: str = ""
+    bundle: str = ""
+
+    def where(self) -> str:
+        """A one-line location: role, rank, node, pid."""
+        pid = self.pid if self.pid is not None else "?"
+        return f"role '{self.role}' rank {self.rank} (node {self.node_id}, pid {pid})"
+
+
+def log_tail(path: str, lines: int = 8) -> str:
+    """The last lines of a worker log file, if it is readable from this machine."""
+    try:
+        text = Path(path).read_text(errors="replace").rstrip().splitlines()
+    except OSError:
+        return ""
+    return "\n".join(text[-lines:])
+
+
+class WorkerError(RuntimeError):
+    """A worker failed during `phase` ("create", "init" or "call") of `stage`.
+
+    Attributes name the worker (role, rank, node_id, pid, log_file); `cause` is the
+    original exception (a Ray error wrapping the remote traceback) and `dead` says
+    whether the worker process is gone (then `WorkerGroup.replace(rank)` is the fix).
+    """
+
+    phase = "call"
+
+    def __init__(
+        self,
+        stage: str,
+        worker: WorkerDescription,
+        cause: BaseException | str,
+        hint: str = "",
+    ) -> None:
+        self.stage = stage
+        self.worker = worker
+        self.role, self.rank = worker.role, worker.rank
+        self.node_id, self.pid, self.log_file = worker.node_id, worker.pid, worker.log_file
+        self.cause = cause
+        self.dead = isinstance(cause, DEAD_ERRORS)
+        super().__init__(self._message(hint))
+
+    def _message(self, hint: str) -> str:
+        what = "died" if self.dead else "failed"
+        cause = self.cause
+        summary = cause if isinstance(cause, str) else f"{type(cause).__name__}: {cause}"
+        parts = [
+            f"{self.phase} of '{self.stage}' {what} on {self.worker.where()}",
+            f"  worker log: {self.log_file or '(unknown: the worker never started)'}",
+        ]
+        if self.worker.bundle:
+            parts.append(f"  bundle: {self.worker.bundle}")
+        if self.dead:
+            hint = hint or f"the worker process is gone; call group.replace({self.rank})"
+            tail = log_tail(self.log_file)
+            if tail:
+                parts.append("  last lines of the worker log:\n    " + tail.replace("\n", "\n    "))
+        if hint:
+            parts.append(f"  what to do: {hint}")
+        parts.append(f"  cause: {summary}")
+        return "\n".join(parts)
+
+
+class WorkerCreateError(WorkerError):
+    """A worker actor could not be placed or did not come alive in time."""
+
+    phase = "create"
+
+
+class WorkerInitError(WorkerError):
+    """A worker's `init_worker` (model load, process group) failed or timed out."""
+
+    phase = "init"
+
+
+class WorkerCallError(WorkerError):
+    """A registered method raised on one rank, or that rank's process died."""
+
+    phase = "call"
+
+
+class GroupTimeoutError(TimeoutError):
+    """A group call did not finish in time; the message names the ranks still running."""
+
+
+class NoSpareBundleError(RuntimeError):
+    """A worker's node is gone and its pool has no spare bundle to move it to."""

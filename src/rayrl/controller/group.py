@@ -1,0 +1,483 @@
+"""WorkerGroup: one Ray actor per reserved bundle, called as one object.
+
+Life of a group, each phase with its own timeout and its own error::
+
+    group = WorkerGroup(Actor, pool.bundles, role="actor", run="exp1", kv=kv, pool=pool)
+    group.create(timeout_s=60)                  # place actors; wait until they are alive
+    group.init(timeout_s=600, retries=2, backend="gloo", model_path=...)
+    out = group.log_prob(batch)                 # methods registered with @register
+    fut = group.log_prob.remote(batch)          # non-blocking: a GroupFuture
+    report = group.check_health(timeout_s=5)    # dead or silent ranks
+    group.replace(rank)                         # explicit, logged replacement
+    group.shutdown()
+
+Actors are created with `max_restarts=0`: Ray never restarts a worker behind the
+controller's back. A dead worker is noticed (an actor-died error on a call, or a missed
+heartbeat) and replaced with `replace(rank)`: in its own bundle when its node is alive,
+otherwise in a spare bundle of the pool (a topology change, warned with both node ids);
+then its init runs again and the process group is re-formed on all ranks under a new
+discovery generation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any, overload
+
+import ray
+from ray import ObjectRef
+
+from rayrl.cluster.bundle import Bundle
+from rayrl.controller.dispatch import MethodSpec, method_specs
+from rayrl.controller.errors import (
+    DEAD_ERRORS,
+    WorkerCallError,
+    WorkerCreateError,
+    WorkerDescription,
+    WorkerError,
+    WorkerInitError,
+)
+from rayrl.controller.future import GroupFuture
+from rayrl.controller.health import HealthReport, Replacement
+from rayrl.controller.method import bind_methods
+from rayrl.controller.worker import HEALTH_GROUP, Worker, WorkerContext, find_log_file
+
+logger = logging.getLogger("rayrl.controller")
+
+
+def bundle_label(bundle: Bundle) -> str:
+    """A short name for a bundle in messages: pool, index, placement group, node."""
+    pg = bundle.pg.id.hex()[:12] if bundle.pg is not None else "?"
+    kind = "spare " if bundle.spare else ""
+    return (
+        f"{kind}bundle {bundle.index} of pool '{bundle.pool or '?'}' "
+        f"(placement group {pg}, node {bundle.node_id or '?'}, {bundle.resources})"
+    )
+
+
+class WorkerGroup:
+    """A group of `worker_cls` actors, one per bundle, rank i on `bundles[i]`.
+
+    `kv` (a KVStore handle) is needed for `init(backend=...)`; `pool` (a ResourcePool)
+    gives spare bundles to `replace` when a node is gone. `args`/`kwargs` go to every
+    worker's constructor.
+    """
+
+    def __init__(
+        self,
+        worker_cls: type[Worker],
+        bundles: list[Bundle],
+        role: str,
+        run: str = "",
+        kv: Any = None,
+        *,
+        pool: Any = None,
+        name: str | None = None,
+        args: tuple = (),
+        kwargs: dict | None = None,
+        runtime_env: dict | None = None,
+    ) -> None:
+        if not (isinstance(worker_cls, type) and issubclass(worker_cls, Worker)):
+            raise TypeError(
+                f"WorkerGroup needs a plain subclass of rayrl.controller.Worker, got {worker_cls!r}; "
+                "do not decorate it with @ray.remote (the group does that)"
+            )
+        if not bundles:
+            raise ValueError(f"WorkerGroup '{role}' got no bundles; reserve a ResourcePool first")
+        self.worker_cls = worker_cls
+        self.bundles = list(bundles)
+        self.role = role
+        self.run = run
+        self.kv = kv
+        self.pool = pool
+        self.name = name or f"{run or 'rayrl'}/{role}"
+        self._ctor = (tuple(args), dict(kwargs or {}))
+        self._runtime_env = runtime_env
+        self.actors: list[Any] = [None] * len(self.bundles)
+        self.infos: list[dict] = [{} for _ in self.bundles]
+        self.generation = 0
+        self.backend: str | None = None
+        self.dist_timeout_s = 60.0
+        self._init_kwargs: dict | None = None
+        self.dead: set[int] = set()
+        self._actor_cls = ray.remote(concurrency_groups={HEALTH_GROUP: 1})(worker_cls)
+        self.specs = method_specs(worker_cls)
+        bind_methods(self, self.specs, reserved=set(dir(WorkerGroup)) | set(vars(self)))
+
+    def __repr__(self) -> str:
+        return f"WorkerGroup({self.name!r}, world_size={self.world_size}, generation={self.generation})"
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks (one per bundle)."""
+        return len(self.bundles)
+
+    # --- phase 1: create ----------------------------------------------------------------
+
+    def create(self, timeout_s: float = 60.0) -> WorkerGroup:
+        """Place one actor per bundle and wait (bounded) until every one is alive."""
+        pending = {rank: self._spawn(rank) for rank in range(self.world_size)}
+        failures = self._collect_setup(pending, timeout_s)
+        if failures:
+            stage = f"{self.worker_cls.__name__}.__init__"
+            self._raise(WorkerCreateError, stage, failures, timeout_s, cleanup=True)
+        logger.info("created %s: %d workers", self.name, self.world_size)
+        return self
+
+    def _context(self, rank: int) -> WorkerContext:
+        nodes = [b.node_id for b in self.bundles]
+        node = nodes[rank]
+        return WorkerContext(
+            group=self.name,
+            role=self.role,
+            rank=rank,
+            world_size=self.world_size,
+            local_rank=nodes[:rank].count(node),
+            local_world_size=nodes.count(node),
+            run=self.run,
+            kv=self.kv,
+            generation=self.generation,
+        )
+
+    def _spawn(self, rank: int) -> ObjectRef:
+        """Start rank's actor on its bundle; returns the ref of its setup call."""
+        bundle = self.bundles[rank]
+        shape = dict(bundle.resources)
+        options: dict[str, Any] = {
+            "num_cpus": shape.pop("CPU", 0),
+            "num_gpus": shape.pop("GPU", 0),
+            "max_restarts": 0,
+            "max_task_retries": 0,
+            "scheduling_strategy": bundle.scheduling_strategy(),
+        }
+        if "memory" in shape:
+            options["memory"] = shape.pop("memory")
+        shape.pop("object_store_memory", None)
+        if shape:
+            options["resources"] = shape
+        if self._runtime_env:
+            options["runtime_env"] = self._runtime_env
+        args, kwargs = self._ctor
+        self.actors[rank] = self._actor_cls.options(**options).remote(*args, **kwargs)
+        self.infos[rank] = {"node_id": bundle.node_id}
+        return self.actors[rank]._rayrl_setup.remote(self._context(rank))
+
+    def _collect_setup(self, pending: dict[int, ObjectRef], timeout_s: float) -> dict:
+        results, failures = _wait_all(pending, timeout_s)
+        for rank, info in results.items():
+            self.infos[rank] = info
+        return failures
+
+    # --- phase 2: init ------------------------------------------------------------------
+
+    def init(
+        self,
+        timeout_s: float = 600.0,
+        retries: int = 0,
+        backend: str | None = None,
+        dist_timeout_s: float = 60.0,
+        **kwargs: Any,
+    ) -> WorkerGroup:
+        """Run every worker's `init_worker(**kwargs)`, each within `timeout_s`.
+
+        A worker that fails or times out is killed and recreated in the same bundle and
+        tried again, up to `retries` more times; the others are not touched. With
+        `backend` ("gloo", "nccl"), all ranks then form a torch.distributed group
+        through KV discovery.
+        """
+        if backend and self.kv is None:
+            raise ValueError(
+                f"{self.name}: init(backend={backend!r}) forms a process group through KV "
+                "discovery; create the group with kv=KVStore.create(run)"
+            )
+        self.worker_cls.check_init_kwargs(kwargs)
+        self._init_kwargs = dict(kwargs)
+        self.backend = backend
+        self.dist_timeout_s = dist_timeout_s
+        init_kwargs = self._init_kwargs
+        pending = {
+            r: self.actor_handle(r, "init_worker")._rayrl_init.remote(init_kwargs)
+            for r in range(self.world_size)
+        }
+        results, failures = _wait_all(pending, timeout_s)
+        for rank, info in results.items():
+            self.infos[rank] = info
+        attempt = 0
+        while failures and attempt < retries:
+            attempt += 1
+            for rank, err in failures.items():
+                logger.warning(
+                    "init of %s rank %d failed (attempt %d of %d), recreating it in its bundle: %s",
+                    self.name,
+                    rank,
+                    attempt,
+                    retries + 1,
+                    _short(err),
+                )
+            failures = self._restart(sorted(failures), timeout_s)
+        if failures:
+            self._raise(WorkerInitError, "init_worker", failures, timeout_s, attempts=attempt + 1)
+        if backend:
+            self._form_process_group()
+        logger.info(
+            "initialised %s: %d workers, %d attempt(s)", self.name, self.world_size, attempt + 1
+        )
+        return self
+
+    def _restart(self, ranks: list[int], timeout_s: float) -> dict:
+        """Kill, recreate, set up and init `ranks` in their bundles; returns failures."""
+        for rank in ranks:
+            self._kill(rank)
+        pending = {rank: self._spawn(rank) for rank in ranks}
+        failures = self._collect_setup(pending, timeout_s)
+        ok = [r for r in ranks if r not in failures]
+        pending = {r: self.actors[r]._rayrl_init.remote(self._init_kwargs or {}) for r in ok}
+        results, init_failures = _wait_all(pending, timeout_s)
+        for rank, info in results.items():
+            self.infos[rank] = info
+        return {**failures, **init_failures}
+
+    def _form_process_group(self) -> None:
+        """Every rank joins (or re-joins) the process group of the current generation."""
+        timeout = self.dist_timeout_s
+        pending = {
+            r: self.actors[r]._rayrl_reform.remote(self._context(r), self.backend, timeout)
+            for r in range(self.world_size)
+        }
+        results, failures = _wait_all(pending, timeout + 10.0)
+        for rank, info in results.items():
+            self.infos[rank] = info
+        if failures:
+            self._raise(WorkerInitError, "init_distributed", failures, timeout)
+
+    # --- calls --------------------------------------------------------------------------
+
+    def actor_handle(self, rank: int, stage: str = "call") -> Any:
+        """Rank's actor handle; WorkerCallError if the group has none for it (not created,
+        shut down, or its replacement failed)."""
+        actor = self.actors[rank]
+        if actor is None:
+            raise WorkerCallError(
+                stage,
+                self.describe(rank),
+                "this rank has no worker: the group was not created, was shut down, or the "
+                "rank's replacement failed",
+                hint=f"call group.create() first, or group.replace({rank})",
+            )
+        return actor
+
+    def _invoke(self, rank: int, spec: MethodSpec, args: tuple, kwargs: dict) -> ObjectRef:
+        method = getattr(self.actor_handle(rank, spec.name), spec.name)
+        if spec.options:
+            method = method.options(**spec.options)
+        return method.remote(*args, **kwargs)
+
+    def describe(self, rank: int) -> WorkerDescription:
+        """What is known about rank's worker: node, pid, log file and bundle."""
+        info = self.infos[rank] if 0 <= rank < len(self.infos) else {}
+        bundle = self.bundles[rank] if 0 <= rank < len(self.bundles) else None
+        return WorkerDescription(
+            role=self.role,
+            rank=rank,
+            node_id=info.get("node_id") or (bundle.node_id if bundle else "?"),
+            pid=info.get("pid"),
+            log_file=info.get("log_file", ""),
+            bundle=bundle_label(bundle) if bundle else "",
+        )
+
+    def _note_error(self, rank: int, err: BaseException) -> None:
+        if isinstance(err, DEAD_ERRORS):
+            self.dead.add(rank)
+            logger.warning("%s rank %d is dead: %s", self.name, rank, _short(err))
+
+    @staticmethod
+    def ray_get(future: GroupFuture, timeout: float | None = None) -> Any:
+        """Collect a GroupFuture (same as `future.get()`)."""
+        return future.get(timeout)
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call a registered method by name (same as `getattr(group, method)(...)`)."""
+        if method not in self.specs:
+            raise AttributeError(
+                f"{self.worker_cls.__name__}.{method} is not registered; known: {sorted(self.specs)}"
+            )
+        return getattr(self, method)(*args, **kwargs)
+
+    def view(self, role: str) -> Any:
+        """The WorkerGroup-like view of one role of a fused (colocated) group."""
+        from rayrl.controller.colocate import RoleView
+
+        return RoleView(self, role)
+
+    # --- health and replacement ---------------------------------------------------------
+
+    def check_health(self, timeout_s: float = 5.0) -> HealthReport:
+        """Heartbeat every rank; ranks that died or stay silent `timeout_s` are reported."""
+        pending = {r: a.heartbeat.remote() for r, a in enumerate(self.actors) if a is not None}
+        results, failures = _wait_all(pending, timeout_s)
+        report = HealthReport(alive=sorted(results), heartbeats=results)
+        for rank, err in failures.items():
+            if isinstance(err, DEAD_ERRORS):
+                report.dead[rank] = _short(err)
+                self.dead.add(rank)
+            else:
+                report.unresponsive[rank] = _short(err)
+        for rank in range(self.world_size):
+            if self.actors[rank] is None:
+                report.dead[rank] = "never created or killed"
+        return report
+
+    @overload
+    def replace(self, rank: int, timeout_s: float = ..., retries: int = ...) -> Replacement: ...
+
+    @overload
+    def replace(
+        self, rank: Sequence[int], timeout_s: float = ..., retries: int = ...
+    ) -> list[Replacement]: ...
+
+    def replace(
+        self, rank: int | Sequence[int], timeout_s: float = 120.0, retries: int = 0
+    ) -> Replacement | list[Replacement]:
+        """Start a new worker for `rank` (or each of several ranks), run its init, and
+        re-form the process group on all ranks under a new discovery generation.
+
+        A new actor goes into its old bundle when that bundle's node is alive, otherwise
+        into a spare bundle of the pool (TopologyChangedWarning names both nodes).
+        Replace all ranks of a lost node in one call: the group re-forms once.
+        """
+        from rayrl.controller.replace import replace_ranks
+
+        if isinstance(rank, int):
+            return replace_ranks(self, [rank], timeout_s, retries)[0]
+        return replace_ranks(self, list(rank), timeout_s, retries)
+
+    # --- teardown -----------------------------------------------------------------------
+
+    def _kill(self, rank: int) -> None:
+        actor = self.actors[rank]
+        self.actors[rank] = None
+        if actor is not None:
+            with contextlib.suppress(Exception):  # already gone is fine
+                ray.kill(actor, no_restart=True)
+
+    def shutdown(self) -> None:
+        """Kill every worker of the group (idempotent). Bundles stay with their pool."""
+        for rank in range(len(self.actors)):
+            self._kill(rank)
+
+    def __enter__(self) -> WorkerGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # --- errors -------------------------------------------------------------------------
+
+    def _raise(
+        self,
+        error: type[WorkerError],
+        stage: str,
+        failures: dict[int, Any],
+        timeout_s: float,
+        attempts: int = 1,
+        cleanup: bool = False,
+    ) -> None:
+        """Raise `error` for the most telling failed rank (a dead one, else the lowest).
+
+        With `cleanup`, the group's actors are killed after the error is composed (a
+        hanging actor is probed for its pid and log file first).
+        """
+        rank = min(failures, key=lambda r: (not isinstance(failures[r], DEAD_ERRORS), r))
+        cause = failures[rank]
+        worker = self.describe(rank)
+        if isinstance(cause, TimeoutError) and not isinstance(cause, ray.exceptions.RayError):
+            worker, state = self._probe(rank, worker)
+            cause = _timeout_text(error.phase, stage, timeout_s, worker, state)
+        others = sorted(set(failures) - {rank})
+        hint = _hint(error.phase, cause, attempts)
+        if others:
+            hint += f"; ranks {others} failed too"
+        exc = error(stage, worker, cause, hint)
+        if cleanup:
+            self.shutdown()
+        if isinstance(cause, BaseException):
+            raise exc from cause
+        raise exc
+
+    def _probe(self, rank: int, worker: WorkerDescription) -> tuple[WorkerDescription, str]:
+        """Ask the GCS what became of rank's actor: its state, and pid/log if it started."""
+        actor = self.actors[rank]
+        if actor is None:
+            return worker, ""
+        try:
+            row = ray._private.state.actors(actor._actor_id.hex())
+        except Exception:  # noqa: BLE001 - a private API; the message just says less
+            return worker, ""
+        pid = row.get("Pid") or None
+        if pid and worker.pid is None:
+            node = (row.get("Address") or {}).get("NodeID") or worker.node_id
+            worker = dataclasses.replace(
+                worker, pid=pid, node_id=node, log_file=worker.log_file or find_log_file(pid)
+            )
+        return worker, str(row.get("State", ""))
+
+
+def _wait_all(pending: dict[int, ObjectRef], timeout_s: float) -> tuple[dict, dict]:
+    """Wait for every ref up to `timeout_s`; returns (results, failures) by rank.
+
+    A failure is the exception the ref raised, or a TimeoutError if it was not ready.
+    """
+    results: dict[int, Any] = {}
+    failures: dict[int, BaseException] = {}
+    if not pending:
+        return results, failures
+    refs = list(pending.values())
+    deadline = time.monotonic() + timeout_s
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s, fetch_local=False)
+    ready_ids = {r.hex() for r in ready}
+    for rank, ref in pending.items():
+        if ref.hex() not in ready_ids:
+            failures[rank] = TimeoutError(f"no answer within {timeout_s:.0f} s")
+            continue
+        try:
+            results[rank] = ray.get(ref, timeout=max(1.0, deadline - time.monotonic()))
+        except Exception as err:  # noqa: BLE001 - reported per rank by the caller
+            failures[rank] = err
+    return results, failures
+
+
+def _timeout_text(
+    phase: str, stage: str, timeout_s: float, worker: WorkerDescription, state: str
+) -> str:
+    if phase != "create":
+        return f"'{stage}' did not finish within {timeout_s:.0f} s"
+    if worker.pid is not None:
+        return (
+            f"the actor process started (pid {worker.pid}, Ray state {state}) but its "
+            f"constructor did not return within {timeout_s:.0f} s"
+        )
+    return (
+        f"Ray did not start the actor within {timeout_s:.0f} s (Ray state {state or '?'}): "
+        "its bundle's resources may be held by another actor, or its runtime env is still "
+        "being set up"
+    )
+
+
+def _hint(phase: str, cause: Any, attempts: int) -> str:
+    tried = f"tried {attempts} times; " if attempts > 1 else ""
+    if phase == "create":
+        return tried + "read the worker log; check the bundle shape fits the node (rayrl plan)"
+    if isinstance(cause, DEAD_ERRORS):
+        return tried + "the worker process died during init; read the worker log (out of memory?)"
+    return (
+        tried + "read the traceback and the worker log; raise timeout_s or retries if init is slow"
+    )
+
+
+def _short(err: Any) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"

@@ -1,0 +1,259 @@
+"""Worker: the base class of every process a WorkerGroup runs, one per reserved bundle.
+
+A Worker knows where it stands (group, role, rank, world size, local rank, node, pid,
+Ray log file) and how to join its group's `torch.distributed` process group through
+KV discovery, so no MASTER_ADDR/MASTER_PORT is needed. Subclasses override
+`init_worker(**kwargs)` for their one-time setup (model load) and mark the methods a
+group may call with `@register` (see `rayrl.controller.dispatch`).
+
+The group creates the actor, then hands it a WorkerContext (`_rayrl_setup`); the
+constructor is free for the subclass's own arguments. `ping` and `heartbeat` run on
+their own thread, so a health check is answered while a long call is running.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import socket
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import ray
+
+HEALTH_GROUP = "rayrl_health"
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    """Where a worker stands in its group; sent by the WorkerGroup at create and reform."""
+
+    group: str
+    role: str
+    rank: int
+    world_size: int
+    local_rank: int = 0
+    local_world_size: int = 1
+    run: str = ""
+    kv: Any = None
+    generation: int = 0
+
+
+def ray_log_file() -> str:
+    """Path of this process's Ray log (stderr) file, or "" when Ray is not logging to files.
+
+    Ray names it `worker-<worker_id>-<job_id>-<pid>.err` in the session's log folder;
+    the job part is the job the process was started for (often `ffffffff`), so the
+    fallback search matches any job.
+    """
+    worker = ray._private.worker.global_worker
+    path = worker.get_err_file_path() if hasattr(worker, "get_err_file_path") else ""
+    if path:
+        return str(path)
+    node = ray._private.worker._global_node
+    if node is None:
+        return ""
+    worker_id = ray.get_runtime_context().get_worker_id()
+    pattern = os.path.join(node.get_logs_dir_path(), f"worker-{worker_id}-*-{os.getpid()}.err")
+    found = glob.glob(pattern)
+    return found[0] if found else ""
+
+
+def find_log_file(pid: int) -> str:
+    """The Ray log (stderr) file of worker process `pid`, if it is on this machine."""
+    node = ray._private.worker._global_node
+    if node is None:
+        return ""
+    found = glob.glob(os.path.join(node.get_logs_dir_path(), f"worker-*-{pid}.err"))
+    return found[0] if found else ""
+
+
+class Worker:
+    """Base class for a group's workers. Knows its place; joins the process group.
+
+    Attributes available after the group's create phase: `group`, `role`, `rank`,
+    `world_size`, `local_rank`, `local_world_size`, `run`, `kv`, `generation`,
+    `node_id`, `pid`, `log_file`.
+    """
+
+    ctx: WorkerContext | None = None
+
+    # --- set by the group ---------------------------------------------------------------
+
+    def _rayrl_setup(self, ctx: WorkerContext) -> dict:
+        """Receive this worker's context (create phase); returns `info()`."""
+        self.ctx = ctx
+        self._rayrl_busy: tuple[str, float] | None = None
+        return self.info()
+
+    def _rayrl_set_context(self, ctx: WorkerContext) -> dict:
+        """Update rank, local rank or generation after a replacement elsewhere."""
+        self.ctx = ctx
+        return self.info()
+
+    def _rayrl_init(self, kwargs: dict) -> dict:
+        """Run `init_worker(**kwargs)` (init phase); returns `info()`."""
+        self._rayrl_busy = ("init_worker", time.time())
+        try:
+            self.init_worker(**kwargs)
+        finally:
+            self._rayrl_busy = None
+        return self.info()
+
+    def _rayrl_reform(self, ctx: WorkerContext, backend: str, timeout: float) -> dict:
+        """Leave the current process group and join generation `ctx.generation`."""
+        self.ctx = ctx
+        self._rayrl_busy = ("init_distributed", time.time())
+        try:
+            self.destroy_distributed()
+            self.init_distributed(backend, timeout=timeout)
+        finally:
+            self._rayrl_busy = None
+        return self.info()
+
+    # --- for subclasses -----------------------------------------------------------------
+
+    def init_worker(self, **kwargs: Any) -> None:
+        """One-time setup after placement (load a model, build an optimizer). No-op here."""
+
+    @classmethod
+    def check_init_kwargs(cls, kwargs: dict) -> None:
+        """Reject bad `init_worker` arguments on the driver, before any worker runs."""
+
+    def init_distributed(self, backend: str = "gloo", timeout: float = 60.0) -> None:
+        """Join this group's torch.distributed process group through KV discovery.
+
+        Rank 0 publishes its address under this group's current generation; the other
+        ranks wait for it. A later generation (after a replacement) forms a new group.
+        """
+        from rayrl.cluster.discovery import init_process_group
+
+        ctx = self._require_ctx("init_distributed")
+        if ctx.kv is None:
+            raise RuntimeError(
+                f"{ctx.role} rank {ctx.rank}: init_distributed needs a KVStore; "
+                "pass kv=KVStore.create(run) to the WorkerGroup"
+            )
+        init_process_group(
+            ctx.kv,
+            group=ctx.group,
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            backend=backend,
+            generation=ctx.generation,
+            timeout=timeout,
+        )
+
+    def destroy_distributed(self) -> None:
+        """Leave the default process group, if this process is in one."""
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+    # --- health and introspection -------------------------------------------------------
+
+    @ray.method(concurrency_group=HEALTH_GROUP)
+    def ping(self) -> int:
+        """Answer a health check (on its own thread); returns this worker's rank."""
+        return self.ctx.rank if self.ctx else -1
+
+    @ray.method(concurrency_group=HEALTH_GROUP)
+    def heartbeat(self) -> dict:
+        """Liveness and what the worker is doing: the method it is in and for how long."""
+        busy = getattr(self, "_rayrl_busy", None)
+        now = time.time()
+        return {
+            "rank": self.ctx.rank if self.ctx else -1,
+            "pid": os.getpid(),
+            "time": now,
+            "busy": busy[0] if busy else None,
+            "busy_s": now - busy[1] if busy else 0.0,
+        }
+
+    def info(self) -> dict:
+        """Where this worker runs: group, role, ranks, node, host, pid, log file, distributed."""
+        ctx = self.ctx or WorkerContext(group="", role="", rank=-1, world_size=0)
+        return {
+            "group": ctx.group,
+            "role": ctx.role,
+            "rank": ctx.rank,
+            "world_size": ctx.world_size,
+            "local_rank": ctx.local_rank,
+            "generation": ctx.generation,
+            "node_id": self.node_id,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "log_file": self.log_file,
+            "distributed": _distributed_initialized(),
+        }
+
+    # --- convenience attributes ---------------------------------------------------------
+
+    def _require_ctx(self, what: str) -> WorkerContext:
+        if self.ctx is None:
+            raise RuntimeError(f"{what}: this worker has no context; create it with a WorkerGroup")
+        return self.ctx
+
+    @property
+    def group(self) -> str:
+        return self._require_ctx("group").group
+
+    @property
+    def role(self) -> str:
+        return self._require_ctx("role").role
+
+    @property
+    def rank(self) -> int:
+        return self._require_ctx("rank").rank
+
+    @property
+    def world_size(self) -> int:
+        return self._require_ctx("world_size").world_size
+
+    @property
+    def local_rank(self) -> int:
+        return self._require_ctx("local_rank").local_rank
+
+    @property
+    def local_world_size(self) -> int:
+        return self._require_ctx("local_world_size").local_world_size
+
+    @property
+    def run(self) -> str:
+        return self._require_ctx("run").run
+
+    @property
+    def kv(self) -> Any:
+        return self._require_ctx("kv").kv
+
+    @property
+    def generation(self) -> int:
+        return self._require_ctx("generation").generation
+
+    @property
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    @property
+    def pid(self) -> int:
+        return os.getpid()
+
+    @property
+    def log_file(self) -> str:
+        if not hasattr(self, "_rayrl_log_file"):
+            self._rayrl_log_file = ray_log_file()
+        return self._rayrl_log_file
+
+
+def _distributed_initialized() -> bool:
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    return bool(dist and dist.is_available() and dist.is_initialized())
+
+
+def with_generation(ctx: WorkerContext, generation: int) -> WorkerContext:
+    """A copy of `ctx` at another discovery generation."""
+    return replace(ctx, generation=generation)

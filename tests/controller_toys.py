@@ -1,0 +1,166 @@
+"""Toy workers for the controller tests (imported by Ray workers, so kept in tests/).
+
+torch and Batch are imported inside the methods that use them: a worker process that
+never sees a Batch then never pays for importing torch (seconds on a loaded machine).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from rayrl.controller import (
+    ALL_TO_ALL,
+    DP_SPLIT,
+    ONE_TO_ALL,
+    RANK_ZERO,
+    CallPlan,
+    Worker,
+    register,
+    register_dispatch_mode,
+)
+
+
+def _odd_ranks(world_size: int, args: tuple, kwargs: dict) -> CallPlan:
+    """A custom mode: only odd ranks are called, with the same arguments."""
+    per = [args if r % 2 else None for r in range(world_size)]
+    return CallPlan(per, [kwargs if r % 2 else None for r in range(world_size)])
+
+
+def _sum(outputs: list, state) -> int:
+    return sum(outputs)
+
+
+register_dispatch_mode("odd_ranks", _odd_ranks, _sum)
+
+
+def _trace_load(path: str):
+    """Unpickling a Tracer appends this process's pid to `path`."""
+    with open(path, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    return Tracer(path)
+
+
+class Tracer:
+    """An object that records, in a file, every process that deserialises it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return _trace_load, (self.path,)
+
+
+class Echo(Worker):
+    """Every dispatch mode on simple values."""
+
+    @register(dispatch=ONE_TO_ALL)
+    def whoami(self) -> dict:
+        return {"rank": self.rank, "pid": os.getpid(), "local_rank": self.local_rank}
+
+    @register(dispatch=ALL_TO_ALL)
+    def add(self, x: int, y: int = 0) -> int:
+        return x + y + 100 * self.rank
+
+    @register(dispatch=DP_SPLIT)
+    def double(self, batch, factor: int = 2):
+        import torch
+
+        from rayrl.batch import Batch
+
+        out = Batch.from_dict(
+            {"x": batch["x"] * factor, "rank": torch.full((len(batch),), self.rank)},
+            meta=batch.meta,
+        )
+        return out
+
+    @register(dispatch=DP_SPLIT)
+    def sample(self, batch, n: int):
+        return batch.repeat(n)
+
+    @register(dispatch=DP_SPLIT, collect="list")
+    def sizes(self, batch) -> int:
+        return len(batch)
+
+    @register(dispatch=RANK_ZERO)
+    def first(self, x):
+        return (self.rank, x)
+
+    @register(dispatch=ONE_TO_ALL)
+    def echo(self, x):
+        return x
+
+    @register(dispatch=ONE_TO_ALL)
+    def boom(self, rank: int) -> int:
+        if self.rank == rank:
+            raise ValueError(f"boom on rank {rank}")
+        return self.rank
+
+    @register(dispatch="odd_ranks")
+    def rank_plus(self, x: int) -> int:
+        return self.rank + x
+
+    @register(dispatch=ONE_TO_ALL, blocking=False)
+    def later(self, x: int) -> int:
+        return x * 10
+
+    @register(dispatch=ONE_TO_ALL)
+    def nap(self, seconds: float) -> int:
+        time.sleep(seconds)
+        return self.rank
+
+    @register(dispatch=ONE_TO_ALL)
+    def noop(self) -> None:
+        return None
+
+
+class Flaky(Worker):
+    """init_worker fails on rank `bad_rank` the first `failures` times (counted in a file)."""
+
+    def init_worker(self, marker: str = "", bad_rank: int = -1, failures: int = 0) -> None:
+        if self.rank != bad_rank:
+            return
+        path = Path(marker)
+        seen = int(path.read_text()) if path.exists() else 0
+        path.write_text(str(seen + 1))
+        if seen < failures:
+            raise RuntimeError(f"init failure {seen + 1} of rank {self.rank} (pid {os.getpid()})")
+
+    @register(dispatch=ONE_TO_ALL)
+    def whoami(self) -> dict:
+        return {"rank": self.rank, "pid": os.getpid()}
+
+
+class SlowStart(Worker):
+    """A worker whose constructor hangs: the create phase must time out."""
+
+    def __init__(self, seconds: float = 60.0) -> None:
+        time.sleep(seconds)
+
+
+class Dist(Worker):
+    """A torch.distributed (gloo) worker: all-reduce and identity."""
+
+    @register(dispatch=ONE_TO_ALL)
+    def all_reduce(self, value: float | None = None) -> float:
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([float(self.rank + 1) if value is None else value])
+        dist.all_reduce(t)
+        return float(t.item())
+
+    @register(dispatch=ONE_TO_ALL)
+    def whoami(self) -> dict:
+        info = self.info()
+        return {k: info[k] for k in ("rank", "pid", "node_id", "local_rank", "generation")}
+
+
+def reserve(run: str, per_node: list[int], bundle: dict, **spec_kwargs):
+    """Reserve a ResourcePool named `run`/w and return it (the caller tears it down)."""
+    from rayrl.cluster.pool import PoolSpec, ResourcePool
+
+    pool = ResourcePool(PoolSpec("w", per_node, bundle, **spec_kwargs), run=run)
+    pool.bootstrap(timeout_s=30)
+    return pool

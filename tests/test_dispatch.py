@@ -1,0 +1,169 @@
+"""Dispatch modes on a real 4-worker group: one-to-all, all-to-all, DP split (with a
+batch not divisible by the world size), rank zero, a custom mode, errors per rank, and
+futures passed between groups without the driver fetching the data."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+import pytest
+import ray
+import torch
+
+from conftest import start_local_ray
+from controller_toys import Echo, Tracer, reserve
+from rayrl.batch import Batch
+from rayrl.controller import GroupFuture, GroupTimeoutError, WorkerCallError, WorkerGroup
+
+
+@pytest.fixture(scope="module")
+def groups():
+    """Echo groups of 4, 2 and 2 workers (0.25 CPU each) on the local Ray."""
+    start_local_ray()
+    run = f"disp-{uuid.uuid4().hex[:6]}"
+    pool = reserve(run, [8], {"CPU": 0.25})
+    a, b, c = pool.split([4, 2, 2])
+    made = [
+        WorkerGroup(Echo, a, role="a", run=run),
+        WorkerGroup(Echo, b, role="b", run=run),
+        WorkerGroup(Echo, c, role="c", run=run),
+    ]
+    for group in made:
+        group.create(timeout_s=120)
+    yield made
+    for group in made:
+        group.shutdown()
+    pool.teardown()
+
+
+def rows(n: int, width: int = 1) -> Batch:
+    return Batch.from_dict({"x": torch.arange(n * width).reshape(n, width)})
+
+
+def test_one_to_all_reaches_every_rank(groups):
+    a = groups[0]
+    infos = a.whoami()
+    assert [i["rank"] for i in infos] == [0, 1, 2, 3]
+    assert len({i["pid"] for i in infos}) == 4
+    assert [i["local_rank"] for i in infos] == [0, 1, 2, 3]  # all on one node
+    assert a.echo({"k": [1, 2]}) == [{"k": [1, 2]}] * 4
+
+
+def test_all_to_all_gives_rank_i_the_ith_element(groups):
+    a = groups[0]
+    assert a.add([1, 2, 3, 4], y=[10, 20, 30, 40]) == [11, 122, 233, 344]
+    with pytest.raises(ValueError, match="one element per rank"):
+        a.add([1, 2, 3])
+
+
+def test_dp_split_pads_chunks_and_unpads_10_rows_on_4(groups):
+    a = groups[0]
+    batch = rows(10)
+    out = a.double(batch, factor=3)  # non-Batch argument is broadcast
+    assert len(out) == 10
+    assert torch.equal(out["x"], batch["x"] * 3)
+    # padded to 12: three rows per rank, rank 3 had 2 padding rows
+    assert out["rank"].tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3]
+    assert a.sizes(batch) == [3, 3, 3, 3]
+
+
+def test_dp_split_unpads_when_each_row_becomes_k_rows(groups):
+    out = groups[0].sample(rows(10), n=2)
+    assert out["x"].flatten().tolist() == [i for i in range(10) for _ in range(2)]
+
+
+def test_rank_zero_calls_only_rank_zero(groups):
+    assert groups[0].first("hi") == (0, "hi")
+
+
+def test_custom_mode_from_registry(groups):
+    # odd ranks 1 and 3 answer rank + 5; collect sums them
+    assert groups[0].rank_plus(5) == (1 + 5) + (3 + 5)
+
+
+def test_non_blocking_calls_return_group_futures(groups):
+    a = groups[0]
+    fut = a.whoami(blocking=False)
+    assert isinstance(fut, GroupFuture) and len(fut.refs) == 4
+    assert [i["rank"] for i in a.ray_get(fut)] == [0, 1, 2, 3]
+    fut = a.later(4)  # registered with blocking=False
+    assert isinstance(fut, GroupFuture)
+    assert fut.get() == [40] * 4
+    assert a.double.remote(rows(5)).get()["x"].flatten().tolist() == [0, 2, 4, 6, 8]
+
+
+def test_error_names_stage_role_rank_node_pid_and_log(groups):
+    a = groups[0]
+    pids = [i["pid"] for i in a.whoami()]
+    with pytest.raises(WorkerCallError) as info:
+        a.boom(2)
+    err = info.value
+    assert (err.stage, err.role, err.rank, err.phase) == ("boom", "a", 2, "call")
+    assert err.pid == pids[2]
+    assert err.node_id == ray.get_runtime_context().get_node_id()
+    assert err.log_file and os.path.exists(err.log_file)
+    assert not err.dead
+    text = str(err)
+    for part in ("boom", "role 'a'", "rank 2", err.node_id, str(pids[2]), err.log_file):
+        assert part in text
+    assert "ValueError: boom on rank 2" in text  # the original remote traceback
+    assert "in boom" in text and isinstance(err.cause, ValueError)  # traceback, original type
+    assert a.boom(-1) == [0, 1, 2, 3]  # the group still works
+
+
+def test_timeout_names_late_ranks_and_heartbeat_names_the_busy_method(groups):
+    b = groups[1]
+    fut = b.nap.remote(4.0)
+    with pytest.raises(
+        GroupTimeoutError, match=r"'nap' did not finish within 0.2 s on 2 of 2 ranks"
+    ):
+        fut.get(timeout=0.2)
+    busy = None
+    for _ in range(40):  # the health thread answers while 'nap' runs
+        report = b.check_health(timeout_s=5)
+        assert report.ok
+        busy = {hb["busy"] for hb in report.heartbeats.values()}
+        if busy == {"nap"}:
+            break
+        time.sleep(0.05)
+    assert busy == {"nap"}
+    assert fut.get(timeout=60) == [0, 1]
+
+
+def _loaders(path) -> list[int]:
+    return [int(line) for line in open(path).read().split()] if os.path.exists(path) else []
+
+
+def test_future_moves_worker_to_worker_never_through_the_driver(groups, tmp_path):
+    a, b, c = groups
+    trace = str(tmp_path / "loads.txt")
+    # 10 rows of 16k int64 (1.3 MB): big enough to live in the object store.
+    x = torch.arange(10 * 16384).reshape(10, 16384)
+    batch = Batch.from_dict({"x": x}, meta={"t": Tracer(trace)})
+    fut_a = a.double.remote(batch)
+    fut_b = b.double.remote(fut_a)  # 4 -> 2 ranks: re-chunked by a light remote task
+    fut_c = c.double.remote(fut_b)  # 2 -> 2 ranks: rank i gets b's rank-i ref as it is
+    assert fut_c.wait(timeout=120)
+    loaders = _loaders(trace)
+    b_pids = {i["pid"] for i in b.whoami()}
+    c_pids = {i["pid"] for i in c.whoami()}
+    assert os.getpid() not in loaders, "the driver deserialised data passed between groups"
+    assert b_pids <= set(loaders) and c_pids <= set(loaders)
+    out = fut_c.get()
+    assert len(out) == 10 and torch.equal(out["x"], x * 8)
+    assert out["rank"].tolist() == [0] * 5 + [1] * 5
+    assert fut_b.get()["rank"].tolist() == [0] * 5 + [1] * 5
+
+
+def test_future_into_broadcast_and_per_rank_modes(groups):
+    a, b, c = groups
+    first = a.first.remote("x")  # one ref, passed as it is
+    assert b.echo(first) == [(0, "x")] * 2
+    everyone = a.add.remote([1, 2, 3, 4])  # collected into one ref by a remote task
+    assert b.echo(everyone) == [[1, 102, 203, 304]] * 2
+    pair = b.add.remote([1, 2])  # ALL_TO_ALL: rank i gets b's rank-i ref
+    assert c.add(pair) == [1 + 0, 102 + 100]
+    with pytest.raises(ValueError, match="same size"):
+        c.add(everyone)

@@ -1,0 +1,83 @@
+"""WorkerGroup phases on real Ray: create (bounded wait, errors naming the bundle), and
+init with a per-worker timeout and retries of the failing worker only.
+
+The 2 x 2 world on two nodes (gloo through KV discovery) is in test_replace.py, where
+the same cluster then loses a node: one multi-node cluster instead of two."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+import ray
+
+from controller_toys import Dist, Flaky, SlowStart, reserve
+from rayrl.controller import WorkerCreateError, WorkerGroup, WorkerInitError
+
+
+@pytest.fixture
+def run_pool(ray_local):
+    """A fresh run name and a 2-bundle pool of 0.5 CPU each; torn down after."""
+    run = f"grp-{uuid.uuid4().hex[:6]}"
+    pool = reserve(run, [2], {"CPU": 0.5})
+    yield run, pool
+    pool.teardown()
+
+
+def test_init_failing_once_succeeds_on_retry_of_that_worker_only(run_pool, tmp_path):
+    run, pool = run_pool
+    marker = str(tmp_path / "count")
+    with WorkerGroup(Flaky, pool.bundles, role="flaky", run=run) as group:
+        group.create(timeout_s=60)
+        before = [i["pid"] for i in group.whoami()]
+        group.init(timeout_s=60, retries=2, marker=marker, bad_rank=1, failures=1)
+        after = [i["pid"] for i in group.whoami()]
+        assert Path(marker).read_text() == "2"  # failed once, passed on the retry
+        assert after[0] == before[0], "the healthy worker must not be restarted"
+        assert after[1] != before[1], "the failing worker is recreated in its bundle"
+
+
+def test_init_always_failing_names_phase_rank_and_log(run_pool, tmp_path):
+    run, pool = run_pool
+    marker = str(tmp_path / "count")
+    with WorkerGroup(Flaky, pool.bundles, role="flaky", run=run) as group:
+        group.create(timeout_s=60)
+        with pytest.raises(WorkerInitError) as info:
+            group.init(timeout_s=60, retries=1, marker=marker, bad_rank=1, failures=99)
+    err = info.value
+    assert (err.phase, err.stage, err.role, err.rank) == ("init", "init_worker", "flaky", 1)
+    assert err.log_file and os.path.exists(err.log_file)
+    assert err.node_id == ray.get_runtime_context().get_node_id()
+    text = str(err)
+    assert "init failure 2 of rank 1" in text  # the last attempt's remote traceback
+    assert "tried 2 times" in text and err.log_file in text
+    assert Path(marker).read_text() == "2"
+
+
+def test_create_timeout_names_role_rank_bundle_and_node(run_pool):
+    run, pool = run_pool
+    group = WorkerGroup(SlowStart, pool.bundles[:1], role="slow", run=run, kwargs={"seconds": 60})
+    with pytest.raises(WorkerCreateError) as info:
+        group.create(timeout_s=5)
+    err = info.value
+    text = str(err)
+    assert (err.phase, err.stage, err.role, err.rank) == ("create", "SlowStart.__init__", "slow", 0)
+    assert "bundle 0 of pool" in text and pool.bundles[0].node_id in text
+    if err.pid is not None:  # the process started: its constructor hangs, its log is named
+        assert "constructor did not return within 5 s" in text
+        assert os.path.exists(err.log_file) and err.log_file in text
+    else:  # on a very loaded machine the process may not even have started
+        assert "Ray did not start the actor within 5 s" in text
+    assert group.actors == [None], "a failed create leaves no actors behind"
+
+
+def test_worker_knows_its_place(run_pool):
+    run, pool = run_pool
+    with WorkerGroup(Dist, pool.bundles, role="d", run=run) as group:
+        infos = group.create(timeout_s=60).whoami()
+        assert [i["rank"] for i in infos] == [0, 1]
+        assert [i["local_rank"] for i in infos] == [0, 1]
+        assert group.infos[1]["log_file"].endswith(f"-{infos[1]['pid']}.err")
+        assert os.path.exists(group.infos[1]["log_file"])
