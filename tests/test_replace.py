@@ -95,10 +95,10 @@ def test_2x2_on_two_nodes_all_reduces_then_moves_a_lost_nodes_ranks_to_spares(ra
             assert group.all_reduce() == [10.0] * 4  # 1 + 2 + 3 + 4, through KV discovery
             assert f"{run}/dist/gen0/master" in kv.list(f"{run}/dist/", namespace="discovery")
 
-            # Remove the node of the two ranks that do not share a node with the KV
-            # server (Ray places that 0-CPU actor anywhere; discovery needs it).
-            lost = nodes[2] if nodes[2] != node_of_actor(kv._actor) else nodes[0]
-            kept = nodes[0] if lost == nodes[2] else nodes[2]
+            # The KV server is pinned to the driver's node (the head), so losing a
+            # worker node never takes discovery with it.
+            assert node_of_actor(kv._actor) == ray.get_runtime_context().get_node_id()
+            lost, kept = nodes[2], nodes[0]
             gone = [r for r in range(4) if nodes[r] == lost]
             victim = next(n for n in cluster.list_all_nodes() if n.node_id == lost)
             cluster.remove_node(victim, allow_graceful=False)

@@ -74,8 +74,11 @@ class KVStore:
         A non-detached server is owned by the process that creates it and dies with it:
         create it in the driver. `detached=True` makes it outlive the driver (then
         `shutdown()` it, or `rayrl doctor --cleanup`). Values over `large_value_bytes`
-        (pickled) are stored as ObjectRefs.
+        (pickled) are stored as ObjectRefs. The server is pinned to the creator's node
+        (the driver's): losing a worker node never takes discovery with it.
         """
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
         _check_name(run, "run")
         options: dict[str, Any] = dict(
             name=actor_name(run),
@@ -84,6 +87,9 @@ class KVStore:
             num_cpus=0,
             max_concurrency=MAX_CONCURRENCY,
             max_restarts=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(
+                node_id=ray.get_runtime_context().get_node_id(), soft=False
+            ),
         )
         if detached:
             options["lifetime"] = "detached"
