@@ -1,1 +1,7 @@
-"""rayrl.workers."""
+"""Role workers of a PPO/GRPO run: ActorRolloutRef (hybrid engine), Critic, Reward."""
+
+from rayrl.workers.actor import ActorRolloutRefWorker
+from rayrl.workers.critic import CriticWorker
+from rayrl.workers.reward import RewardWorker
+
+__all__ = ["ActorRolloutRefWorker", "CriticWorker", "RewardWorker"]

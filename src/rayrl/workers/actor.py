@@ -1,0 +1,165 @@
+"""ActorRolloutRef: one process holding the policy's training engine, its rollout engine
+and (optionally) the frozen reference policy — the hybrid engine.
+
+Unsharded (one rank), the rollout engine wraps the training model itself: generation
+reads the weights the last `update_actor` wrote, with no copy. Sharded (FSDP2 over
+several ranks), the rollout engine keeps a full copy that is refreshed in place from
+the gathered weights before the first generation after an update. With LoRA the
+reference policy is the same model with its adapters disabled: no second copy.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from rayrl.batch import Batch
+from rayrl.config.schema import RayRLConfig
+from rayrl.controller import DP_SPLIT, ONE_TO_ALL, RANK_ZERO, Worker, register
+from rayrl.engines.rollout import HFRolloutEngine, SamplingParams, make_rollout_engine
+from rayrl.engines.train import TrainEngine
+from rayrl.workers.common import (
+    engine_kwargs,
+    join_process_group,
+    mean_metrics,
+    per_rank_mini_batch,
+)
+from rayrl.workers.losses import actor_loss_fn
+
+
+class ActorRolloutRefWorker(Worker):
+    """Policy training, generation and reference log-probs in one process per bundle."""
+
+    def init_worker(
+        self, config: RayRLConfig, model_path: str, *, backend: str = "gloo",
+        total_steps: int | None = None, with_ref: bool = True,
+    ) -> None:  # fmt: skip
+        self.cfg = config
+        arr = config.actor_rollout_ref
+        join_process_group(self, backend)
+        self.actor = TrainEngine(
+            model_path, optim=arr.actor.optim, total_steps=total_steps,
+            lora=arr.model.lora if arr.model.lora.rank > 0 else None,
+            **engine_kwargs(arr.model, arr.actor.fsdp.mixed_precision, config.trainer.seed),
+        )  # fmt: skip
+        self.lora = arr.model.lora.rank > 0
+        self.ref = None
+        if with_ref and not self.lora:
+            self.ref = TrainEngine(
+                model_path, trainable=False,
+                **engine_kwargs(arr.model, arr.actor.fsdp.mixed_precision, config.trainer.seed),
+            )  # fmt: skip
+        self.with_ref = with_ref
+        self.tokenizer = _load_tokenizer(arr.model.tokenizer_path or model_path)
+        if self.actor.sharded or arr.rollout.engine != "hf":
+            self.rollout = make_rollout_engine(
+                arr.rollout.engine, model_path=model_path, tokenizer=self.tokenizer,
+                device=str(self.actor.device),
+            )  # fmt: skip
+            self._stale = True
+        else:
+            self.rollout = HFRolloutEngine(model=self.actor.model, tokenizer=self.tokenizer)
+            self._stale = False
+        self.loss_fn = actor_loss_fn(arr.actor, config.data.max_response_length)
+
+    # ---------------------------------------------------------------- rollout
+    def sampling_params(self, validate: bool = False) -> SamplingParams:
+        r, data = self.cfg.actor_rollout_ref.rollout, self.cfg.data
+        temperature = r.val_temperature if validate else r.temperature
+        return SamplingParams(
+            n=1 if validate else r.n,
+            temperature=temperature,
+            top_p=r.top_p,
+            top_k=max(r.top_k, 0),
+            max_new_tokens=data.max_response_length,
+            do_sample=r.do_sample and temperature > 0,
+            seed=self.cfg.trainer.seed,
+        )
+
+    def _sync_rollout_weights(self) -> None:
+        if self._stale:
+            self.rollout.update_weights(self.actor.full_state_dict())
+            self._stale = False
+
+    @register(dispatch=DP_SPLIT)
+    def generate(self, prompts: Batch) -> Batch:
+        """n samples per prompt (interleaved), with rollout log-probs and finish reasons."""
+        self._sync_rollout_weights()
+        params = self.sampling_params(validate=bool(prompts.meta.get("validate", False)))
+        return self.rollout.generate(prompts, params)
+
+    # --------------------------------------------------------------- log-probs
+    @register(dispatch=DP_SPLIT)
+    def compute_log_prob(self, batch: Batch) -> Batch:
+        """The current policy's log-probs of the sampled responses (`old_log_probs`)."""
+        micro = self.cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu
+        batch.meta.setdefault("temperature", self.cfg.actor_rollout_ref.rollout.temperature)
+        out = self.actor.forward(batch, micro_batch_size=micro, with_entropy=True)
+        return Batch({"old_log_probs": out["log_probs"], "entropy": out["entropy"]})
+
+    @register(dispatch=DP_SPLIT)
+    def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        """The reference policy's log-probs (`ref_log_prob`): the frozen initial model,
+        or with LoRA the same model with its adapters disabled."""
+        micro = self.cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu
+        batch.meta.setdefault("temperature", self.cfg.actor_rollout_ref.rollout.temperature)
+        if self.lora:
+            with self.actor.adapters_disabled():
+                out = self.actor.forward(batch, micro_batch_size=micro)
+        elif self.ref is not None:
+            out = self.ref.forward(batch, micro_batch_size=micro)
+        else:
+            raise RuntimeError(
+                f"actor rank {self.rank}: compute_ref_log_prob called but the reference "
+                "policy is off; set actor_rollout_ref.ref.enable=true"
+            )
+        return Batch({"ref_log_prob": out["log_probs"]})
+
+    # ------------------------------------------------------------------ update
+    @register(dispatch=DP_SPLIT, collect=mean_metrics)
+    def update_actor(self, batch: Batch) -> dict[str, float]:
+        """PPO epochs over mini-batches of this rank's share; metrics averaged over ranks."""
+        a, n = self.cfg.actor_rollout_ref.actor, self.cfg.actor_rollout_ref.rollout.n
+        mini = per_rank_mini_batch(a.ppo_mini_batch_size * n, self.world_size, len(batch))
+        batch.meta.setdefault("temperature", self.cfg.actor_rollout_ref.rollout.temperature)
+        metrics: list[dict[str, float]] = []
+        for _ in range(a.ppo_epochs):
+            metrics.append(
+                self.actor.train_step(
+                    batch, self.loss_fn, mini_batch_size=mini,
+                    micro_batch_size=None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu,
+                    max_tokens_per_micro_batch=a.max_tokens_per_micro_batch if a.use_dynamic_bsz else None,
+                    with_entropy=a.entropy_coeff != 0,
+                )
+            )  # fmt: skip
+        self._stale = self.actor.sharded or self.cfg.actor_rollout_ref.rollout.engine != "hf"
+        out = mean_metrics([metrics], None)
+        return {f"actor/{k}" if "/" not in k else k: v for k, v in out.items()}
+
+    # ------------------------------------------------------------- checkpoints
+    @register(dispatch=ONE_TO_ALL)
+    def save(self, path: str, hf: bool = True) -> None:
+        """Sharded actor checkpoint under `path/actor`, plus an HF export `path/hf`."""
+        self.actor.save(Path(path) / "actor")
+        if hf:
+            self.actor.export_hf(Path(path) / "hf")
+
+    @register(dispatch=ONE_TO_ALL)
+    def load(self, path: str) -> None:
+        self.actor.load(Path(path) / "actor")
+        self._stale = self.actor.sharded or self.cfg.actor_rollout_ref.rollout.engine != "hf"
+
+    @register(dispatch=RANK_ZERO)
+    def decode(self, token_ids: list[list[int]]) -> list[str]:
+        return self.tokenizer.batch_decode(token_ids, skip_special_tokens=True)
+
+    @register(dispatch=ONE_TO_ALL)
+    def device_info(self) -> dict[str, Any]:
+        return {"device": str(self.actor.device), "sharded": self.actor.sharded, "pid": os.getpid()}
+
+
+def _load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)

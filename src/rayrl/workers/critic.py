@@ -1,0 +1,64 @@
+"""Critic: a value head on the training engine; computes values and learns them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rayrl.batch import Batch
+from rayrl.config.schema import RayRLConfig
+from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
+from rayrl.engines.train import TrainEngine
+from rayrl.workers.common import (
+    engine_kwargs,
+    join_process_group,
+    mean_metrics,
+    per_rank_mini_batch,
+)
+from rayrl.workers.losses import critic_loss_fn
+
+
+class CriticWorker(Worker):
+    """Per-token values of the responses (`values`) and clipped value-loss updates."""
+
+    def init_worker(
+        self, config: RayRLConfig, model_path: str, *, backend: str = "gloo",
+        total_steps: int | None = None,
+    ) -> None:  # fmt: skip
+        self.cfg = config
+        c = config.critic
+        join_process_group(self, backend)
+        self.engine = TrainEngine(
+            c.model.path or model_path, value_head=True, optim=c.optim, total_steps=total_steps,
+            tokenizer_path=c.model.tokenizer_path or model_path,
+            **{**engine_kwargs(c.model, True, config.trainer.seed), "tokenizer_path": None},
+        )  # fmt: skip
+        self.loss_fn = critic_loss_fn(c, config.data.max_response_length)
+
+    @register(dispatch=DP_SPLIT)
+    def compute_values(self, batch: Batch) -> Batch:
+        out = self.engine.forward(
+            batch, micro_batch_size=self.cfg.critic.ppo_micro_batch_size_per_gpu
+        )
+        return Batch({"values": out["values"]})
+
+    @register(dispatch=DP_SPLIT, collect=mean_metrics)
+    def update_critic(self, batch: Batch) -> dict[str, float]:
+        c, n = self.cfg.critic, self.cfg.actor_rollout_ref.rollout.n
+        mini = per_rank_mini_batch(c.ppo_mini_batch_size * n, self.world_size, len(batch))
+        metrics = [
+            self.engine.train_step(
+                batch, self.loss_fn, mini_batch_size=mini,
+                micro_batch_size=c.ppo_micro_batch_size_per_gpu,
+            )
+            for _ in range(c.ppo_epochs)
+        ]  # fmt: skip
+        out = mean_metrics(metrics, None)
+        return {k if "/" in k else f"critic/{k}": v for k, v in out.items()}
+
+    @register(dispatch=ONE_TO_ALL)
+    def save(self, path: str) -> None:
+        self.engine.save(Path(path) / "critic")
+
+    @register(dispatch=ONE_TO_ALL)
+    def load(self, path: str) -> None:
+        self.engine.load(Path(path) / "critic")

@@ -1,0 +1,102 @@
+"""The actor's and the critic's loss functions, built from the config and `rayrl.algos`.
+
+Each builder returns a `loss_fn(outputs, micro_batch) -> (loss, metrics)` in the
+training engine's contract: the loss is this micro-batch's share of the mini-batch
+loss, using the mini-batch's global counts that the engine puts in `micro_batch.meta`.
+Metric names follow verl (`actor/pg_loss`, `critic/vf_loss`, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+
+from rayrl.algos import (
+    POLICY_LOSSES,
+    LossAggregation,
+    PolicyLossConfig,
+    aggregate_loss,
+    kl_loss,
+    truncated_is_weights,
+    value_loss,
+)
+from rayrl.batch import Batch
+from rayrl.config.schema import ActorConfig, CriticConfig
+
+
+def _aggregation(mode: str, mb: Batch, norm_length: int | None) -> LossAggregation:
+    return LossAggregation(
+        mode,
+        global_token_count=mb.meta.get("global_token_count"),
+        global_seq_count=mb.meta.get("global_seq_count"),
+        norm_length=norm_length,
+    )
+
+
+def _item(value: Any) -> float:
+    return float(value.detach()) if isinstance(value, Tensor) else float(value)
+
+
+def actor_loss_fn(cfg: ActorConfig, max_response_length: int | None = None):
+    """PPO-family policy loss + optional entropy bonus + optional KL-to-reference loss."""
+    policy = POLICY_LOSSES.get(cfg.policy_loss)
+    clip = PolicyLossConfig(
+        clip_ratio_low=cfg.clip_ratio_low,
+        clip_ratio_high=cfg.clip_ratio_high,
+        clip_ratio_c=cfg.clip_ratio_c,
+    )
+
+    def loss_fn(outputs: dict[str, Tensor], mb: Batch) -> tuple[Tensor, dict[str, float]]:
+        mask = mb["response_mask"]
+        agg = _aggregation(cfg.loss_agg_mode, mb, max_response_length)
+        log_prob = outputs["log_probs"]
+        weights, metrics = None, {}
+        if cfg.tis_cap is not None and "rollout_log_probs" in mb:
+            weights, tis = truncated_is_weights(
+                mb["old_log_probs"], mb["rollout_log_probs"], mask, cap=cfg.tis_cap
+            )
+            metrics.update({f"actor/{k}": _item(v) for k, v in tis.items()})
+        pg_loss, pg = policy(
+            log_prob, mb["old_log_probs"], mb["advantages"], mask,
+            config=clip, agg=agg, is_weights=weights,
+        )  # fmt: skip
+        loss = pg_loss
+        metrics["actor/pg_loss"] = _item(pg_loss)
+        metrics.update({f"actor/{k}": _item(v) for k, v in pg.items()})
+        if cfg.entropy_coeff and "entropy" in outputs:
+            entropy = agg(outputs["entropy"], mask)
+            loss = loss - cfg.entropy_coeff * entropy
+            metrics["actor/entropy"] = _item(entropy)
+        if cfg.use_kl_loss:
+            kl, kl_metrics = kl_loss(
+                log_prob, mb["ref_log_prob"], mask, estimator=cfg.kl_loss_type, agg=agg
+            )
+            loss = loss + cfg.kl_loss_coef * kl
+            metrics["actor/kl_loss"] = _item(kl_metrics["kl_loss"])
+            metrics["actor/kl_coef"] = cfg.kl_loss_coef
+        return loss, metrics
+
+    return loss_fn
+
+
+def critic_loss_fn(cfg: CriticConfig, max_response_length: int | None = None):
+    """Clipped value loss against the returns."""
+
+    def loss_fn(outputs: dict[str, Tensor], mb: Batch) -> tuple[Tensor, dict[str, float]]:
+        mask = mb["response_mask"]
+        agg = _aggregation(cfg.loss_agg_mode, mb, max_response_length)
+        loss, vm = value_loss(
+            outputs["values"], mb["values"], mb["returns"], mask,
+            cliprange_value=cfg.cliprange_value, agg=agg,
+        )  # fmt: skip
+        metrics = {"critic/vf_loss": _item(loss)}
+        metrics.update({f"critic/{k}": _item(v) for k, v in vm.items()})
+        return loss, metrics
+
+    return loss_fn
+
+
+def entropy_metric(entropy: Tensor, mask: Tensor) -> float:
+    """The token-mean entropy of a batch (for logging)."""
+    return _item(aggregate_loss(entropy, mask, "token-mean"))

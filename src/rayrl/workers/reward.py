@@ -1,0 +1,78 @@
+"""Reward: scores responses with a rule-based function (a timeout-safe process pool),
+a remote HTTP service, or a reward model, and puts the score on the last token.
+
+A function that raises or hangs scores 0 and is counted (`reward/errors`); the run
+goes on. The result carries `token_level_scores` [b, R] (the score at each response's
+last token), `scores` [b] and a `reward_error` column, and batch metrics in its meta.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from rayrl.batch import Batch
+from rayrl.config.schema import RayRLConfig
+from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
+from rayrl.rewards import HTTPReward, RewardPool, RewardResult, spec_from_config
+from rayrl.rewards.items import make_items, summarize
+
+
+class RewardWorker(Worker):
+    """One reward source per worker, chosen by the config's reward group."""
+
+    def init_worker(self, config: RayRLConfig, tokenizer_path: str) -> None:
+        from transformers import AutoTokenizer
+
+        r = config.reward
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        self.source: RewardPool | HTTPReward
+        if r.model.enable:
+            from rayrl.rewards import ModelReward
+
+            self.source = ModelReward(
+                r.model.path, micro_batch_size=r.model.micro_batch_size_per_gpu
+            )
+        elif r.http.url:
+            self.source = HTTPReward(r.http.url, timeout_s=r.http.timeout_s, retries=r.http.retries)
+        else:
+            spec = spec_from_config(r.function.path, r.function.name)
+            self.source = RewardPool(spec, num_workers=r.num_workers, timeout_s=r.timeout_s)
+
+    @register(dispatch=DP_SPLIT)
+    def compute_score(self, batch: Batch) -> Batch:
+        mask = batch["response_mask"]
+        texts = self.tokenizer.batch_decode(
+            [row[m.bool()].tolist() for row, m in zip(batch["responses"], mask, strict=True)],
+            skip_special_tokens=True,
+        )
+        items = make_items(
+            list(batch["data_source"]), texts,
+            [{"ground_truth": gt} for gt in batch["ground_truth"]],
+            list(batch["extra_info"]) if "extra_info" in batch else None,
+            list(batch["raw_prompt"]) if "raw_prompt" in batch else None,
+        )  # fmt: skip
+        results: list[RewardResult] = self.source.score(items)
+        return scores_to_batch(results, mask)
+
+    @register(dispatch=ONE_TO_ALL)
+    def stats(self) -> dict:
+        stats = getattr(self.source, "stats", None)
+        return stats() if callable(stats) else {}
+
+
+def scores_to_batch(results: list[RewardResult], response_mask: torch.Tensor) -> Batch:
+    """Scores on each response's last real token, with errors kept per row."""
+    scores = torch.tensor([r.score for r in results], dtype=torch.float32)
+    token_scores = torch.zeros(response_mask.shape, dtype=torch.float32)
+    lengths = response_mask.sum(-1).long()
+    rows = torch.nonzero(lengths > 0).squeeze(-1)
+    token_scores[rows, lengths[rows] - 1] = scores[rows]
+    errors = np.empty(len(results), dtype=object)
+    errors[:] = [r.error for r in results]
+    metrics = {f"reward/{k}": v for k, v in summarize(results).items()}
+    return Batch(
+        {"token_level_scores": token_scores, "scores": scores},
+        {"reward_error": errors},
+        meta={"reward_metrics": metrics},
+    )
