@@ -22,6 +22,8 @@ BASE = [
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
     "actor_rollout_ref.actor.use_kl_loss=true",
+    "critic.ppo_mini_batch_size=2",
+    "critic.ppo_micro_batch_size_per_gpu=2",
     "trainer.seed=7",
 ]
 

@@ -27,10 +27,11 @@ class CriticWorker(Worker):
         self.cfg = config
         c = config.critic
         join_process_group(self, backend)
+        kwargs = engine_kwargs(c.model, True, config.trainer.seed)
+        kwargs["tokenizer_path"] = c.model.tokenizer_path or model_path
         self.engine = TrainEngine(
-            c.model.path or model_path, value_head=True, optim=c.optim, total_steps=total_steps,
-            tokenizer_path=c.model.tokenizer_path or model_path,
-            **{**engine_kwargs(c.model, True, config.trainer.seed), "tokenizer_path": None},
+            c.model.path or model_path, value_head=True, optim=c.optim,
+            total_steps=total_steps, **kwargs,
         )  # fmt: skip
         self.loss_fn = critic_loss_fn(c, config.data.max_response_length)
 
