@@ -12,7 +12,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ["config_cmd", "models_cmd", "demo_cmd", "doctor_cmd", "plan_cmd"]
+COMMANDS = ["config_cmd", "models_cmd", "demo_cmd", "doctor_cmd", "plan_cmd", "train_cmd"]
 
 
 def build_parser() -> argparse.ArgumentParser:

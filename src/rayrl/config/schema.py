@@ -200,7 +200,8 @@ class TrainerConfig:
 @dataclass
 class ResourcesConfig:
     address: str | None = None  # Ray address; None: a local Ray started by rayrl
-    wait_timeout_s: float = 60.0
+    wait_timeout_s: float = 60.0  # waiting for resources held by others
+    create_timeout_s: float = 300.0  # worker processes start (imports included)
     capacity_factor: float = 1.0
     init_timeout_s: float = 600.0
     init_retries: int = 1

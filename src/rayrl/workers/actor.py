@@ -32,12 +32,12 @@ class ActorRolloutRefWorker(Worker):
     """Policy training, generation and reference log-probs in one process per bundle."""
 
     def init_worker(
-        self, config: RayRLConfig, model_path: str, *, backend: str = "gloo",
+        self, config: RayRLConfig, model_path: str, *, dist_backend: str = "gloo",
         total_steps: int | None = None, with_ref: bool = True,
     ) -> None:  # fmt: skip
         self.cfg = config
         arr = config.actor_rollout_ref
-        join_process_group(self, backend)
+        join_process_group(self, dist_backend)
         self.actor = TrainEngine(
             model_path, optim=arr.actor.optim, total_steps=total_steps,
             lora=arr.model.lora if arr.model.lora.rank > 0 else None,

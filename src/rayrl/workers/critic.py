@@ -21,12 +21,12 @@ class CriticWorker(Worker):
     """Per-token values of the responses (`values`) and clipped value-loss updates."""
 
     def init_worker(
-        self, config: RayRLConfig, model_path: str, *, backend: str = "gloo",
+        self, config: RayRLConfig, model_path: str, *, dist_backend: str = "gloo",
         total_steps: int | None = None,
     ) -> None:  # fmt: skip
         self.cfg = config
         c = config.critic
-        join_process_group(self, backend)
+        join_process_group(self, dist_backend)
         kwargs = engine_kwargs(c.model, True, config.trainer.seed)
         kwargs["tokenizer_path"] = c.model.tokenizer_path or model_path
         self.engine = TrainEngine(

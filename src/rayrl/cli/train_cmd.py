@@ -1,0 +1,74 @@
+"""`rayrl train`: PPO/GRPO training for a config, with a progress bar and a metrics table."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from rayrl.cli.common import add_config_args, console, load_from_args
+
+COLUMNS = {
+    "step": "step",
+    "critic/score/mean": "score",
+    "response_length/mean": "resp len",
+    "actor/pg_loss": "pg loss",
+    "actor/kl_loss": "kl",
+    "actor/grad_norm": "grad norm",
+    "reward/errors": "reward errors",
+    "timing_s/step": "step s",
+}
+
+
+def train(cfg, out=None) -> list[dict]:
+    """Run training for `cfg`; shows progress and returns the per-step metrics."""
+    from rayrl.trainer.ppo import PPOTrainer
+
+    out = out or console()
+    trainer = PPOTrainer(cfg)
+    out.print(f"model: {trainer.model_path}; run {trainer.run}")
+    try:
+        with out.status("reserving resources and starting workers"):
+            trainer.setup()
+        total = trainer.total_steps()
+        progress = Progress(
+            TextColumn("[bold]training"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+            TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=out,
+        )  # fmt: skip
+        with progress:
+            task = progress.add_task("train", total=total, info="")
+
+            def on_step(step: int, metrics: dict) -> None:
+                info = f"score {metrics['critic/score/mean']:.3f}"
+                progress.update(task, advance=1, info=info)
+
+            history = trainer.fit(on_step=on_step)
+    finally:
+        trainer.shutdown()
+    out.print(metrics_table(history))
+    return history
+
+
+def metrics_table(history: list[dict]) -> Table:
+    table = Table(title="metrics per step")
+    for title in COLUMNS.values():
+        table.add_column(title, justify="right")
+    for step, metrics in enumerate(history):
+        row = [str(step)]
+        for key in list(COLUMNS)[1:]:
+            value = metrics.get(key)
+            row.append("-" if value is None else f"{value:.4g}")
+        table.add_row(*row)
+    return table
+
+
+def run(args: argparse.Namespace) -> int:
+    train(load_from_args(args))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("train", help="PPO/GRPO training for a config")
+    add_config_args(parser)
+    parser.set_defaults(func=run)

@@ -1,0 +1,63 @@
+"""The PPO loop end to end on real Ray: GRPO through `rayrl train`, PPO with a critic."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rayrl.cli.main import main
+from rayrl.config import load_config
+from rayrl.trainer.ppo import PPOTrainer
+
+SMALL = [
+    "data.train_batch_size=2",
+    "data.max_response_length=8",
+    "actor_rollout_ref.rollout.n=2",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    "critic.ppo_mini_batch_size=1",
+    "critic.ppo_micro_batch_size_per_gpu=2",
+    "trainer.total_steps=2",
+    "trainer.device=cpu",
+]
+
+
+@pytest.mark.slow
+def test_grpo_with_kl_loss_through_the_cli(ray_local, tmp_path, capsys):
+    code = main(
+        [
+            "train",
+            *SMALL,
+            f"trainer.output_dir={tmp_path}",
+            "actor_rollout_ref.actor.use_kl_loss=true",
+        ]
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "metrics per step" in out and "2/2" in out
+
+
+@pytest.mark.slow
+def test_ppo_with_gae_critic_and_kl_in_reward(ray_local, tmp_path):
+    cfg = load_config(
+        "ppo", [*SMALL, f"trainer.output_dir={tmp_path}", "actor_rollout_ref.rollout.n=2"]
+    )
+    trainer = PPOTrainer(cfg)
+    assert trainer.use_critic and trainer.use_ref
+    try:
+        history = trainer.setup().fit()
+    finally:
+        trainer.shutdown()
+    assert len(history) == 2
+    for metrics in history:
+        for key in (
+            "critic/vf_loss",
+            "actor/pg_loss",
+            "actor/reward_kl_penalty",
+            "timing_s/values",
+            "timing_s/update_critic",
+            "perf/throughput",
+            "critic/score/mean",
+        ):
+            assert key in metrics and math.isfinite(metrics[key]), key
