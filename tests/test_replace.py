@@ -40,7 +40,7 @@ def test_kill_9_is_detected_replaced_and_the_group_reformed(ray_local):
     kv = KVStore.create(run)
     try:
         with WorkerGroup(Dist, pool.bundles, role="dist", run=run, kv=kv, pool=pool) as group:
-            group.create(timeout_s=120).init(timeout_s=120, backend="gloo")
+            group.create(timeout_s=120).init(timeout_s=120, backend="gloo", dist_timeout_s=180)
             assert group.all_reduce() == [6.0] * 3
             before = group.whoami()
             with HealthMonitor(group, interval_s=0.3, timeout_s=5) as monitor:
@@ -87,7 +87,7 @@ def test_2x2_on_two_nodes_all_reduces_then_moves_a_lost_nodes_ranks_to_spares(ra
     kv = KVStore.create(run)
     try:
         with WorkerGroup(Dist, pool.bundles, role="dist", run=run, kv=kv, pool=pool) as group:
-            group.create(timeout_s=120).init(timeout_s=120, backend="gloo")
+            group.create(timeout_s=120).init(timeout_s=120, backend="gloo", dist_timeout_s=180)
             infos = group.whoami()
             nodes = [i["node_id"] for i in infos]
             assert nodes[0] == nodes[1] != nodes[2] == nodes[3]
