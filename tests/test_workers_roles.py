@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 from rayrl.batch import Batch
 from rayrl.controller import colocate
 from rayrl.models import build_tiny_model
-from rayrl.workers import ActorRolloutRefWorker, CriticWorker, RewardWorker
+from rayrl.workers import ActorRolloutRefWorker, CriticWorker, ReferenceWorker, RewardWorker
 from workers_cases import close, config, forced_batch, group_on, prompts
 
 
@@ -123,3 +123,21 @@ def test_actor_and_critic_colocated_in_one_process(ray_local, model_dir):
         assert actor.device_info()[0]["pid"] == group.describe(0).pid
     finally:
         close(group, pool, kv)
+
+
+def test_standalone_reference_matches_the_colocated_one(ray_local, model_dir):
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    cfg = config()
+    actor, apool, akv = group_on(ActorRolloutRefWorker, 1, "actor")
+    ref, rpool, rkv = group_on(ReferenceWorker, 2, "ref")
+    try:
+        actor.init(timeout_s=300, config=cfg, model_path=model_dir)
+        ref.init(timeout_s=300, config=cfg, model_path=model_dir)
+        out = actor.generate(prompts(tok, 3))  # 6 samples over 2 reference ranks
+        mask = out["response_mask"].bool()
+        colocated = actor.compute_ref_log_prob(out)["ref_log_prob"]
+        standalone = ref.compute_ref_log_prob(out)["ref_log_prob"]
+        torch.testing.assert_close(standalone[mask], colocated[mask], atol=1e-5, rtol=1e-5)
+    finally:
+        close(actor, apool, akv)
+        close(ref, rpool, rkv)

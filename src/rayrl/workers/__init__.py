@@ -2,6 +2,7 @@
 
 from rayrl.workers.actor import ActorRolloutRefWorker
 from rayrl.workers.critic import CriticWorker
+from rayrl.workers.ref import ReferenceWorker
 from rayrl.workers.reward import RewardWorker
 
-__all__ = ["ActorRolloutRefWorker", "CriticWorker", "RewardWorker"]
+__all__ = ["ActorRolloutRefWorker", "CriticWorker", "ReferenceWorker", "RewardWorker"]

@@ -1,0 +1,34 @@
+"""Reference: the frozen initial policy on its own workers (the standalone layout).
+
+Colocated runs keep the reference inside ActorRolloutRef; this worker serves runs
+that place it on separate resources. No optimizer, no gradients.
+"""
+
+from __future__ import annotations
+
+from rayrl.batch import Batch
+from rayrl.config.schema import RayRLConfig
+from rayrl.controller import DP_SPLIT, Worker, register
+from rayrl.engines.train import TrainEngine
+from rayrl.workers.common import engine_kwargs, join_process_group
+
+
+class ReferenceWorker(Worker):
+    """Reference log-probs (`ref_log_prob`) of sampled responses."""
+
+    def init_worker(
+        self, config: RayRLConfig, model_path: str, *, dist_backend: str = "gloo"
+    ) -> None:
+        self.cfg = config
+        model = config.actor_rollout_ref.model
+        join_process_group(self, dist_backend)
+        self.engine = TrainEngine(
+            model_path, trainable=False, **engine_kwargs(model, True, config.trainer.seed)
+        )
+
+    @register(dispatch=DP_SPLIT)
+    def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        arr = self.cfg.actor_rollout_ref
+        batch.meta.setdefault("temperature", arr.rollout.temperature)
+        out = self.engine.forward(batch, micro_batch_size=arr.ref.log_prob_micro_batch_size_per_gpu)
+        return Batch({"ref_log_prob": out["log_probs"]})
