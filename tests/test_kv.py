@@ -297,7 +297,9 @@ def test_kv_latency_reports_percentiles(kv):
 
 
 def test_server_logic_without_ray(monkeypatch):
-    """The actor class is plain asyncio: wake-up, timeout report and bounded history."""
+    """The actor class is plain threads: wake-up, timeout report and bounded history."""
+    import threading
+
     from rayrl.cluster import kv_server
     from rayrl.cluster.kv_server import KVServer, parent_prefixes, percentile
 
@@ -308,20 +310,21 @@ def test_server_logic_without_ray(monkeypatch):
     monkeypatch.setattr(kv_server, "HISTORY_LIMIT", 3)
     me = {"label": "t"}
 
-    async def main():
-        server = KVServer("unit")
-        waiter = asyncio.ensure_future(server.wait(("ns", "g/k", 5.0)))
-        await asyncio.sleep(0.01)
-        assert await server.waiting("ns", "g/k") == 1
-        await server.put(("ns", "g/k", "v", False, 1, me))
-        assert await waiter == ("ok", "v", False)
-        for i in range(5):
-            await server.put(("ns", f"old/{i}", i, False, 1, me))
-            await server.delete("ns", f"old/{i}", me)
-        status, report, _ = await server.wait(("ns", "g/missing", 0.01))
-        return server, status, report
-
-    server, status, report = asyncio.run(main())
+    server = KVServer("unit")
+    woke: list = []
+    waiter = threading.Thread(target=lambda: woke.append(server.wait(("ns", "g/k", 5.0))))
+    waiter.start()
+    deadline = time.monotonic() + 5
+    while server.waiting("ns", "g/k") != 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert server.waiting("ns", "g/k") == 1
+    server.put(("ns", "g/k", "v", False, 1, me))
+    waiter.join(5)
+    assert woke == [("ok", "v", False)] and server.waiting("ns", "g/k") == 0
+    for i in range(5):
+        server.put(("ns", f"old/{i}", i, False, 1, me))
+        server.delete("ns", f"old/{i}", me)
+    status, report, _ = server.wait(("ns", "g/missing", 0.01))
     assert status == "timeout" and report["nearest"] == ["g/k"]
     assert report["last_write"]["key"] == "g/k" and report["last_write"]["prefix"] == "g/"
     assert len(server._history["ns"]) == 3  # bounded; the live key's writer is still known

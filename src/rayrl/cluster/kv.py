@@ -1,6 +1,6 @@
 """KVStore: a run's namespaced key-value store, for coordination between its processes.
 
-One named async Ray actor per run (`rayrl/<run>/kv` in Ray namespace "rayrl", see
+One named threaded Ray actor per run (`rayrl/<run>/kv` in Ray namespace "rayrl", see
 `kv_server.KVServer`) holds the keys. `KVStore` is the small picklable client that the
 driver and the workers share: `put`, `get`, `delete`, `list(prefix)`, and `wait(key,
 timeout)` that blocks without polling and, on timeout, raises a `KVTimeoutError` naming
@@ -34,7 +34,7 @@ from rayrl.cluster.kv_errors import (
     describe_writer,
     writer_identity,
 )
-from rayrl.cluster.kv_server import MAX_CONCURRENCY, KVServer, percentile
+from rayrl.cluster.kv_server import CALL_THREADS, WAIT_THREADS, KVServer, percentile
 
 __all__ = ["KVServer", "KVStore", "KVStoreError", "KVTimeoutError", "kv_latency"]
 
@@ -44,7 +44,7 @@ LARGE_VALUE_BYTES = 64 * 1024
 # Slack on top of a wait's own timeout, and the bound on every other call to the server.
 RPC_TIMEOUT_S = 60.0
 
-_KVActor = ray.remote(KVServer)
+_KVActor = ray.remote(concurrency_groups={"wait": WAIT_THREADS})(KVServer)
 
 
 def actor_name(run: str) -> str:
@@ -85,7 +85,7 @@ class KVStore:
             namespace=RAY_NAMESPACE,
             get_if_exists=True,
             num_cpus=0,
-            max_concurrency=MAX_CONCURRENCY,
+            max_concurrency=CALL_THREADS,
             max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(
                 node_id=ray.get_runtime_context().get_node_id(), soft=False

@@ -1,8 +1,14 @@
-"""KVServer: the async Ray actor behind a run's KVStore (one per run, named `rayrl/<run>/kv`).
+"""KVServer: the threaded Ray actor behind a run's KVStore (one per run, `rayrl/<run>/kv`).
 
-It holds namespaced keys, wakes waiters with one `asyncio.Event` per awaited key (no
-polling), records who wrote what and when (so a wait that times out can say who last
-wrote nearby), and keeps counters and wait-time samples for `KVStore.stats()`.
+It holds namespaced keys, wakes waiters with one `threading.Condition` per awaited key
+(no polling), records who wrote what and when (so a wait that times out can say who
+last wrote nearby), and keeps counters and wait-time samples for `KVStore.stats()`.
+
+Waits run in their own concurrency group ("wait"): each parked waiter holds one of its
+threads, which Ray creates on demand; puts and gets run in the default group and are
+never queued behind waiters. A threaded actor answers a call in about half the time of
+an async one on the 2-core machines (1.1-1.5 ms against 2.5-2.8 ms measured), which is
+what put-to-wake-up latency is made of. One lock guards all state.
 
 The hot calls (put, get, wait) take one request tuple: Ray serialises each argument of
 a call separately (about 0.15 ms apiece on a loaded 2-core machine), and a value nested
@@ -14,16 +20,20 @@ Clients talk to it through `rayrl.cluster.kv.KVStore`; nothing here is public AP
 
 from __future__ import annotations
 
-import asyncio
 import difflib
 import math
+import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-# A KVServer holds hundreds of parked waiters at once; each is a coroutine, not a thread.
-MAX_CONCURRENCY = 4096
+import ray
+
+# Threads of the "wait" group: the most waiters that can be parked at once.
+WAIT_THREADS = 1024
+# Threads for every other call (put, get, list, ...).
+CALL_THREADS = 16
 # Recent wait-time samples kept for the p50/p99 figures.
 WAIT_SAMPLES = 20_000
 # How many nearby keys a timeout report lists.
@@ -45,9 +55,9 @@ class Entry:
 
 @dataclass
 class _Slot:
-    """The event waiters of one key park on, and how many are parked."""
+    """The condition waiters of one key park on, and how many are parked."""
 
-    event: asyncio.Event = field(default_factory=asyncio.Event)
+    cond: threading.Condition
     waiters: int = 0
 
 
@@ -67,7 +77,7 @@ def parent_prefixes(key: str) -> list[str]:
 
 
 class KVServer:
-    """Async actor state: namespaces of keys, waiter events, write history, counters."""
+    """Actor state: namespaces of keys, waiter conditions, write history, counters."""
 
     def __init__(self, run: str) -> None:
         self.run = run
@@ -79,41 +89,45 @@ class KVServer:
         self._wait_ms: deque[float] = deque(maxlen=WAIT_SAMPLES)
         self._counts = {"puts": 0, "gets": 0, "deletes": 0, "waits": 0, "timeouts": 0}
         self._counts["immediate_hits"] = 0
+        self._lock = threading.Lock()
 
-    async def ping(self) -> str:
+    def ping(self) -> str:
         """Liveness check; returns the run name."""
         return self.run
 
-    async def put(self, request: tuple[str, str, Any, bool, int, dict]) -> None:
+    def put(self, request: tuple[str, str, Any, bool, int, dict]) -> None:
         """Store (namespace, key, payload, is_ref, size, writer) and wake the key's waiters."""
         namespace, key, payload, is_ref, size, writer = request
         now = time.time()
-        self._counts["puts"] += 1
-        self._data.setdefault(namespace, {})[key] = Entry(payload, is_ref, size, writer, now)
-        self._remember(namespace, key, "put", writer, now)
-        slot = self._slots.pop((namespace, key), None)
-        if slot is not None:
-            slot.event.set()
+        with self._lock:
+            self._counts["puts"] += 1
+            self._data.setdefault(namespace, {})[key] = Entry(payload, is_ref, size, writer, now)
+            self._remember(namespace, key, "put", writer, now)
+            slot = self._slots.get((namespace, key))
+            if slot is not None:
+                slot.cond.notify_all()
 
-    async def get(self, request: tuple[str, str]) -> tuple[bool, Any, bool]:
+    def get(self, request: tuple[str, str]) -> tuple[bool, Any, bool]:
         """(found, payload, is_ref) for (namespace, key)."""
         namespace, key = request
-        self._counts["gets"] += 1
-        entry = self._data.get(namespace, {}).get(key)
+        with self._lock:
+            self._counts["gets"] += 1
+            entry = self._data.get(namespace, {}).get(key)
         if entry is None:
             return False, None, False
         return True, entry.payload, entry.is_ref
 
-    async def delete(self, namespace: str, key: str, writer: dict) -> bool:
+    def delete(self, namespace: str, key: str, writer: dict) -> bool:
         """Remove the key; True if it was present. Its ObjectRef (if any) is released."""
-        self._counts["deletes"] += 1
-        entry = self._data.get(namespace, {}).pop(key, None)
-        if entry is None:
-            return False
-        self._remember(namespace, key, "delete", writer, time.time())
-        if not self._data[namespace]:
-            del self._data[namespace]
-        return True
+        with self._lock:
+            self._counts["deletes"] += 1
+            entry = self._data.get(namespace, {}).pop(key, None)
+            if entry is None:
+                return False
+            self._remember(namespace, key, "delete", writer, time.time())
+            if not self._data[namespace]:
+                del self._data[namespace]
+            return True
 
     def _remember(self, namespace: str, key: str, op: str, writer: dict, when: float) -> None:
         """Record the latest operation on a key, keeping at most HISTORY_LIMIT keys."""
@@ -123,13 +137,16 @@ class KVServer:
         if len(history) > HISTORY_LIMIT:
             del history[next(iter(history))]
 
-    async def list(self, namespace: str, prefix: str) -> list[str]:
+    def list(self, namespace: str, prefix: str) -> list[str]:
         """Sorted keys of the namespace that start with `prefix`."""
-        return sorted(k for k in self._data.get(namespace, {}) if k.startswith(prefix))
+        with self._lock:
+            keys = list(self._data.get(namespace, {}))
+        return sorted(k for k in keys if k.startswith(prefix))
 
-    async def info(self, namespace: str, key: str) -> dict | None:
+    def info(self, namespace: str, key: str) -> dict | None:
         """How a key is stored (inline or as an ObjectRef), its size, writer and time."""
-        entry = self._data.get(namespace, {}).get(key)
+        with self._lock:
+            entry = self._data.get(namespace, {}).get(key)
         if entry is None:
             return None
         stored_as = "ref" if entry.is_ref else "inline"
@@ -141,7 +158,8 @@ class KVServer:
             "payload_type": type(entry.payload).__name__,
         }
 
-    async def wait(self, request: tuple[str, str, float]) -> tuple:
+    @ray.method(concurrency_group="wait")
+    def wait(self, request: tuple[str, str, float]) -> tuple:
         """Block until (namespace, key) exists or `timeout` seconds pass.
 
         Returns ("ok", payload, is_ref) or ("timeout", report, False) where report holds
@@ -149,39 +167,36 @@ class KVServer:
         """
         namespace, key, timeout = request
         arrived = time.monotonic()
-        self._counts["waits"] += 1
-        entry = self._data.get(namespace, {}).get(key)
-        if entry is None:
-            entry = await self._park(namespace, key, arrived + timeout)
-        else:
-            self._counts["immediate_hits"] += 1
-        waited = time.monotonic() - arrived
-        if entry is None:
-            self._counts["timeouts"] += 1
-            return "timeout", self._timeout_report(namespace, key, waited), False
-        self._wait_ms.append(waited * 1000.0)
-        return "ok", entry.payload, entry.is_ref
-
-    async def _park(self, namespace: str, key: str, deadline: float) -> Entry | None:
-        """Sleep on the key's event until it is put (and still present) or the deadline."""
-        slot_key = (namespace, key)
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            slot = self._slots.setdefault(slot_key, _Slot())
-            slot.waiters += 1
-            try:
-                await asyncio.wait_for(slot.event.wait(), remaining)
-            except asyncio.TimeoutError:
-                pass
-            finally:
-                slot.waiters -= 1
-                if slot.waiters == 0 and self._slots.get(slot_key) is slot:
-                    del self._slots[slot_key]
+        with self._lock:
+            self._counts["waits"] += 1
             entry = self._data.get(namespace, {}).get(key)
-            if entry is not None:
-                return entry
+            if entry is None:
+                entry = self._park(namespace, key, arrived + timeout)
+            else:
+                self._counts["immediate_hits"] += 1
+            waited = time.monotonic() - arrived
+            if entry is None:
+                self._counts["timeouts"] += 1
+                return "timeout", self._timeout_report(namespace, key, waited), False
+            self._wait_ms.append(waited * 1000.0)
+            return "ok", entry.payload, entry.is_ref
+
+    def _park(self, namespace: str, key: str, deadline: float) -> Entry | None:
+        """Sleep on the key's condition until it is put (and still present) or the
+        deadline. Called with the lock held; waiting releases it."""
+        slot_key = (namespace, key)
+        slot = self._slots.setdefault(slot_key, _Slot(threading.Condition(self._lock)))
+        slot.waiters += 1
+        try:
+            slot.cond.wait_for(
+                lambda: key in self._data.get(namespace, {}),
+                timeout=max(0.0, deadline - time.monotonic()),
+            )
+        finally:
+            slot.waiters -= 1
+            if slot.waiters == 0 and self._slots.get(slot_key) is slot:
+                del self._slots[slot_key]
+        return self._data.get(namespace, {}).get(key)
 
     def _timeout_report(self, namespace: str, key: str, waited: float) -> dict:
         """Facts about the neighbourhood of a key that never arrived."""
@@ -215,8 +230,12 @@ class KVServer:
                 return {"prefix": prefix, "key": last_key, "writer": writer, "time": when}
         return None
 
-    async def stats(self) -> dict:
+    def stats(self) -> dict:
         """Counters, wait-time percentiles (ms) and key counts per namespace."""
+        with self._lock:
+            return self._stats()
+
+    def _stats(self) -> dict:
         samples = list(self._wait_ms)
         refs = [e for d in self._data.values() for e in d.values() if e.is_ref]
         return {
@@ -231,7 +250,8 @@ class KVServer:
             "uptime_s": time.time() - self.started,
         }
 
-    async def waiting(self, namespace: str, key: str) -> int:
+    def waiting(self, namespace: str, key: str) -> int:
         """How many waiters are parked on the key right now (for tests and benchmarks)."""
-        slot = self._slots.get((namespace, key))
-        return slot.waiters if slot else 0
+        with self._lock:
+            slot = self._slots.get((namespace, key))
+            return slot.waiters if slot else 0
