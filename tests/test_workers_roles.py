@@ -141,3 +141,42 @@ def test_standalone_reference_matches_the_colocated_one(ray_local, model_dir):
     finally:
         close(actor, apool, akv)
         close(ref, rpool, rkv)
+
+
+def test_reward_worker_scores_through_a_real_http_service(ray_local, model_dir):
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    calls: list[int] = []
+
+    class Judge(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            items = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["items"]
+            calls.append(len(items))
+            if len(calls) == 1:  # the first request fails: the worker's client retries
+                status, body = 503, b"{}"
+            else:
+                scores = [float(i["solution_str"].strip() == i["ground_truth"]) for i in items]
+                status, body = 200, json.dumps({"scores": scores}).encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Judge)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    url = f"http://127.0.0.1:{server.server_address[1]}/score"
+    group, pool, kv = group_on(RewardWorker, 1, "reward")
+    try:
+        group.init(timeout_s=300, config=config(f"reward.http.url={url}"), tokenizer_path=model_dir)
+        out = group.compute_score(_responses(tok, ["19", "7"], ["19", "19"]))
+        assert out["scores"].tolist() == [1.0, 0.0]
+        assert calls == [2, 2]
+    finally:
+        close(group, pool, kv)
+        server.shutdown()
