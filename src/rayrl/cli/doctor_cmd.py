@@ -19,6 +19,7 @@ from collections.abc import Callable
 from rich.console import Console
 from rich.prompt import Confirm
 
+from rayrl.cli.common import console as wide_console
 from rayrl.cluster.inspect import (
     ClusterState,
     connect,
@@ -64,7 +65,7 @@ def doctor(
     1 otherwise. `confirm` asks the user (default: a prompt on a terminal, refusal
     elsewhere); `yes=True` skips it.
     """
-    console = console or Console()
+    console = console or wide_console()
     with connect(address) as gcs:
         state = snapshot(include_actors=True)
         healthy = report(state, gcs, console, versions_timeout_s)
