@@ -16,7 +16,7 @@ from typing import Any
 
 from rayrl.batch import Batch
 from rayrl.config.schema import RayRLConfig
-from rayrl.controller import DP_SPLIT, ONE_TO_ALL, RANK_ZERO, Worker, register
+from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
 from rayrl.engines.rollout import HFRolloutEngine, SamplingParams, make_rollout_engine
 from rayrl.engines.train import TrainEngine
 from rayrl.workers.common import (
@@ -52,15 +52,17 @@ class ActorRolloutRefWorker(Worker):
             )  # fmt: skip
         self.with_ref = with_ref
         self.tokenizer = _load_tokenizer(arr.model.tokenizer_path or model_path)
-        if self.actor.sharded or arr.rollout.engine != "hf":
+        # The rollout engine shares the training module only when unsharded and on HF;
+        # otherwise it owns a full copy, refreshed from gathered weights after updates.
+        self._owns_copy = self.actor.sharded or arr.rollout.engine != "hf"
+        if self._owns_copy:
             self.rollout = make_rollout_engine(
                 arr.rollout.engine, model_path=model_path, tokenizer=self.tokenizer,
                 device=str(self.actor.device),
             )  # fmt: skip
-            self._stale = True
         else:
             self.rollout = HFRolloutEngine(model=self.actor.model, tokenizer=self.tokenizer)
-            self._stale = False
+        self._stale = self._owns_copy
         self.loss_fn = actor_loss_fn(arr.actor, config.data.max_response_length)
 
     # ---------------------------------------------------------------- rollout
@@ -133,7 +135,7 @@ class ActorRolloutRefWorker(Worker):
                     with_entropy=a.entropy_coeff != 0,
                 )
             )  # fmt: skip
-        self._stale = self.actor.sharded or self.cfg.actor_rollout_ref.rollout.engine != "hf"
+        self._stale = self._owns_copy
         out = mean_metrics([metrics], None)
         return {f"actor/{k}" if "/" not in k else k: v for k, v in out.items()}
 
@@ -148,11 +150,7 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch=ONE_TO_ALL)
     def load(self, path: str) -> None:
         self.actor.load(Path(path) / "actor")
-        self._stale = self.actor.sharded or self.cfg.actor_rollout_ref.rollout.engine != "hf"
-
-    @register(dispatch=RANK_ZERO)
-    def decode(self, token_ids: list[list[int]]) -> list[str]:
-        return self.tokenizer.batch_decode(token_ids, skip_special_tokens=True)
+        self._stale = self._owns_copy
 
     @register(dispatch=ONE_TO_ALL)
     def device_info(self) -> dict[str, Any]:

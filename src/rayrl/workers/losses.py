@@ -16,7 +16,6 @@ from rayrl.algos import (
     POLICY_LOSSES,
     LossAggregation,
     PolicyLossConfig,
-    aggregate_loss,
     kl_loss,
     truncated_is_weights,
     value_loss,
@@ -95,8 +94,3 @@ def critic_loss_fn(cfg: CriticConfig, max_response_length: int | None = None):
         return loss, metrics
 
     return loss_fn
-
-
-def entropy_metric(entropy: Tensor, mask: Tensor) -> float:
-    """The token-mean entropy of a batch (for logging)."""
-    return _item(aggregate_loss(entropy, mask, "token-mean"))
