@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from rayrl.batch_codec import decode_objects, decode_tensor, encode_objects, encode_tensor
+from rayrl.batch_equal import arrays_equal, tensors_equal, values_equal
 
 _NUMERIC_KINDS = "biufc"  # numpy dtype kinds that become tensor columns
 _STATE_VERSION = 1
@@ -203,18 +204,18 @@ class Batch:
         for key, value in other.tensors.items():
             if key in non_tensors:
                 raise ValueError(f"Batch.union: column {key!r} is a tensor on one side only.")
-            if key in tensors and not _tensors_equal(tensors[key], value):
+            if key in tensors and not tensors_equal(tensors[key], value):
                 raise ValueError(f"Batch.union: column {key!r} differs between the batches.")
             tensors[key] = value
         for key, value in other.non_tensors.items():
             if key in tensors:
                 raise ValueError(f"Batch.union: column {key!r} is a tensor on one side only.")
-            if key in non_tensors and not _arrays_equal(non_tensors[key], value):
+            if key in non_tensors and not arrays_equal(non_tensors[key], value):
                 raise ValueError(f"Batch.union: column {key!r} differs between the batches.")
             non_tensors[key] = value
         meta = dict(self.meta)
         for key, value in other.meta.items():
-            if key in meta and not _values_equal(meta[key], value):
+            if key in meta and not values_equal(meta[key], value):
                 raise ValueError(
                     f"Batch.union: meta {key!r} conflicts ({meta[key]!r} vs {value!r})."
                 )
@@ -297,9 +298,9 @@ class Batch:
         if set(self.non_tensors) != set(other.non_tensors):
             return False
         return (
-            all(_tensors_equal(v, other.tensors[k]) for k, v in self.tensors.items())
-            and all(_arrays_equal(v, other.non_tensors[k]) for k, v in self.non_tensors.items())
-            and _values_equal(self.meta, other.meta)
+            all(tensors_equal(v, other.tensors[k]) for k, v in self.tensors.items())
+            and all(arrays_equal(v, other.non_tensors[k]) for k, v in self.non_tensors.items())
+            and values_equal(self.meta, other.meta)
         )
 
     def __repr__(self) -> str:
@@ -448,57 +449,6 @@ def _cat_tensors(key: str, parts: list[torch.Tensor]) -> torch.Tensor:
         raise ValueError(
             f"Batch.concat: cannot stack column {key!r} (shapes {shapes}): {err}"
         ) from err
-
-
-# -------------------------------------------------------------------- equality
-def _tensors_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if a is b:
-        return True
-    b = b.to(a.device)
-    if torch.equal(a, b):
-        return True
-    if a.is_floating_point() or a.is_complex():
-        return bool(((a == b) | (a.isnan() & b.isnan())).all())
-    return False
-
-
-def _arrays_equal(a: np.ndarray, b: np.ndarray) -> bool:
-    if a.shape != b.shape:
-        return False
-    if a is b:
-        return True
-    if a.dtype == object or b.dtype == object:
-        return all(_values_equal(x, y) for x, y in zip(a.flat, b.flat, strict=True))
-    nan_ok = a.dtype.kind in "fc" and b.dtype.kind in "fc"
-    return bool(np.array_equal(a, b, equal_nan=nan_ok))
-
-
-def _values_equal(a: Any, b: Any) -> bool:
-    """Deep equality for meta values and object cells (tensors, arrays, containers)."""
-    if a is b:
-        return True
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        both = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
-        return both and _tensors_equal(a, b)
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        both = isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
-        return both and _arrays_equal(a, b)
-    if isinstance(a, Mapping) and isinstance(b, Mapping):
-        return a.keys() == b.keys() and all(_values_equal(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return (
-            type(a) is type(b)
-            and len(a) == len(b)
-            and all(_values_equal(x, y) for x, y in zip(a, b, strict=True))
-        )
-    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
-        return True  # NaN
-    try:
-        return bool(a == b)
-    except (TypeError, ValueError):
-        return False
 
 
 def _describe_tensor(t: torch.Tensor) -> str:
