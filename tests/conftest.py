@@ -84,6 +84,25 @@ def ray_multinode():
     _state.pop("local_gcs", None)
 
 
+@pytest.fixture(scope="module")
+def shared_kv():
+    """One KVStore per test module (a single actor start), on the local Ray."""
+    import uuid
+
+    from rayrl.cluster.kv import KVStore
+
+    start_local_ray()
+    store = KVStore.create(f"test-{uuid.uuid4().hex[:8]}")
+    yield store
+    store.shutdown()
+
+
+@pytest.fixture
+def kv(ray_local, shared_kv):
+    """The module's KVStore; each test keeps to its own keys, namespaces or groups."""
+    return shared_kv
+
+
 def pytest_sessionfinish(session, exitstatus):
     import ray
 

@@ -46,22 +46,6 @@ class DistRank:
         return value.item(), rank, dist.get_world_size()
 
 
-@pytest.fixture(scope="module")
-def shared_kv():
-    from conftest import start_local_ray
-
-    start_local_ray()
-    store = KVStore.create(f"disc-{uuid.uuid4().hex[:8]}")
-    yield store
-    store.shutdown()
-
-
-@pytest.fixture
-def kv(ray_local, shared_kv):
-    """The module's store (one actor start for all tests); each test uses its own group."""
-    return shared_kv
-
-
 @pytest.fixture
 def g() -> str:
     """A group name of this test's own."""

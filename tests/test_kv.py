@@ -36,22 +36,6 @@ def _fresh_store(**kwargs) -> KVStore:
     return KVStore.create(f"test-{uuid.uuid4().hex[:8]}", **kwargs)
 
 
-@pytest.fixture(scope="module")
-def shared_kv():
-    from conftest import start_local_ray
-
-    start_local_ray()
-    store = _fresh_store()
-    yield store
-    store.shutdown()
-
-
-@pytest.fixture
-def kv(ray_local, shared_kv):
-    """The module's store (one actor start for all tests); tests keep to their own keys."""
-    return shared_kv
-
-
 @pytest.fixture
 def ns() -> str:
     """A namespace of this test's own."""
