@@ -61,3 +61,20 @@ def test_ppo_with_gae_critic_and_kl_in_reward(ray_local, tmp_path):
             "critic/score/mean",
         ):
             assert key in metrics and math.isfinite(metrics[key]), key
+
+
+def test_steps_and_batches_follow_the_loaded_data(tmp_path):
+    cfg = load_config(
+        None,
+        [
+            "data.train_batch_size=4", "data.synthetic_size=10", "trainer.total_epochs=2",
+            f"trainer.output_dir={tmp_path}", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        ],
+    )  # fmt: skip
+    trainer = PPOTrainer(cfg)
+    assert len(trainer.load_data()) == 10
+    assert trainer.total_steps() == 4  # 2 whole batches of 4 per epoch, 2 epochs
+    steps = [(step, prompts.meta["step"], len(prompts)) for step, prompts in trainer.batches()]
+    assert steps == [(i, i, 4) for i in range(4)]
+    epoch0 = [list(p["uid"]) for _, p in trainer.batches()][:2]
+    assert epoch0 != [list(p["uid"]) for _, p in trainer.batches()][2:]  # reshuffled per epoch

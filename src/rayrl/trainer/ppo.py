@@ -61,9 +61,8 @@ class PPOTrainer:
     # ------------------------------------------------------------------ setup
     def setup(self) -> PPOTrainer:
         """Reserve the pools (bounded waits, clear errors) and initialise every role."""
-        from transformers import AutoTokenizer
-
         cfg, res = self.cfg, self.cfg.resources
+        self.load_data()
         if not ray.is_initialized():
             ray.init(address=res.address or "local", include_dashboard=False, log_to_driver=False)
         device = resolve_device(cfg, ray.cluster_resources().get("GPU", 0))
@@ -92,8 +91,6 @@ class PPOTrainer:
         self.reward = self._group(
             RewardWorker, reward_pool, "reward", {"config": cfg, "tokenizer_path": self.model_path}
         )
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        self.dataset = self._dataset()
         return self
 
     def _group(self, cls: type, pool: ResourcePool, role: str, init: dict) -> WorkerGroup:
@@ -103,6 +100,14 @@ class PPOTrainer:
         group.create(timeout_s=res.create_timeout_s)
         group.init(timeout_s=res.init_timeout_s, retries=res.init_retries, **init)
         return group
+
+    def load_data(self) -> PromptDataset:
+        """Tokenizer and prompt dataset, before any resource is reserved."""
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.dataset = self._dataset()
+        return self.dataset
 
     def _dataset(self) -> PromptDataset:
         d = self.cfg.data
@@ -117,11 +122,11 @@ class PPOTrainer:
         )  # fmt: skip
 
     def total_steps(self) -> int:
+        """`trainer.total_steps`, or whole batches of the (loaded) dataset x epochs."""
         t, d = self.cfg.trainer, self.cfg.data
         if t.total_steps is not None:
             return t.total_steps
-        size = len(read_parquet(d.train_files)) if d.train_files else d.synthetic_size
-        return max(1, size // d.train_batch_size) * t.total_epochs
+        return max(1, len(self.dataset) // d.train_batch_size) * t.total_epochs
 
     def shutdown(self) -> None:
         for group in self.groups:
