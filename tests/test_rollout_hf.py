@@ -38,13 +38,7 @@ def engine(model_dir):
     return HFRolloutEngine(model_path=model_dir, device="cpu")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: tiny ops on a loaded 2-core machine are much faster."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def make_prompts(tokenizer, texts=TEXTS, step=0) -> Batch:

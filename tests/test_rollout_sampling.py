@@ -19,13 +19,7 @@ from rayrl.engines.rollout.sampling import (
 M64 = (1 << 64) - 1
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: tiny ops on a loaded 2-core machine are much faster."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _mix64_reference(x: int) -> int:
