@@ -8,12 +8,17 @@ from rayrl.cli.main import main
 from rayrl.config import ConfigError, RayRLConfig, load_config, to_yaml
 
 
-def test_defaults_validate_and_describe_the_demo():
-    cfg = load_config()
+def test_builtin_grpo_describes_the_demo():
+    cfg = load_config("grpo")
     assert isinstance(cfg, RayRLConfig)
     assert cfg.actor_rollout_ref.model.path is None  # the demo builds its tiny model
     assert cfg.algorithm.adv_estimator == "grpo"
     assert cfg.world_size == 1
+
+
+def test_no_config_means_verl_defaults_and_says_what_is_missing():
+    with pytest.raises(ConfigError, match="ppo_micro_batch_size_per_gpu is not set"):
+        load_config()
 
 
 def test_builtin_yaml_and_overrides_are_typed():
@@ -34,9 +39,9 @@ def test_builtin_yaml_and_overrides_are_typed():
 
 def test_yaml_file_then_overrides_win(tmp_path):
     path = tmp_path / "run.yaml"
-    path.write_text("trainer:\n  seed: 3\n  total_steps: 10\n")
-    cfg = load_config(path, ["trainer.seed=4"])
-    assert (cfg.trainer.seed, cfg.trainer.total_steps) == (4, 10)
+    path.write_text("trainer:\n  seed: 3\n  total_training_steps: 10\n")
+    cfg = load_config(path, ["trainer.seed=4"], validate=False)
+    assert (cfg.trainer.seed, cfg.trainer.total_training_steps) == (4, 10)
 
 
 @pytest.mark.parametrize(
@@ -91,15 +96,15 @@ def test_prompts_must_split_into_mini_batches():
     with pytest.raises(
         ConfigError, match=r"train_batch_size=6 .*ppo_mini_batch_size=4 .*6 % 4 = 2"
     ):
-        load_config(None, ["data.train_batch_size=6"])
+        load_config("grpo", ["data.train_batch_size=6"])
 
 
 def test_mini_batch_must_split_over_ranks():
     # 4 prompts x 4 samples = 16 samples over 3 ranks
     with pytest.raises(ConfigError, match=r"16 samples does not split over 3 .*16 % 3 = 1"):
-        load_config(None, ["trainer.n_gpus_per_node=3"])
+        load_config("grpo", ["trainer.n_gpus_per_node=3"])
     load_config(
-        None,
+        "grpo",
         [
             "trainer.n_gpus_per_node=2",
             "trainer.nnodes=2",
@@ -114,12 +119,12 @@ def test_rank_share_must_split_into_micro_batches():
         ConfigError, match=r"16 samples / 2 ranks = 8.*micro_batch_size_per_gpu=3.*8 % 3 = 2"
     ):
         load_config(
-            None,
+            "grpo",
             ["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"],
         )
     # dynamic batch sizes lift the micro-batch rule
     load_config(
-        None,
+        "grpo",
         [
             "trainer.n_gpus_per_node=2",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
@@ -130,18 +135,18 @@ def test_rank_share_must_split_into_micro_batches():
 
 def test_critic_chain_checked_only_when_critic_runs():
     bad_critic = ["critic.ppo_micro_batch_size_per_gpu=3"]
-    load_config(None, bad_critic)  # grpo: no critic
+    load_config("grpo", bad_critic)  # grpo: no critic
     with pytest.raises(ConfigError, match=r"critic.ppo_micro_batch_size_per_gpu=3"):
         load_config("ppo", bad_critic)
 
 
 def test_grpo_needs_several_samples_and_choices_are_checked():
     with pytest.raises(ConfigError, match="rollout.n=1"):
-        load_config(None, ["actor_rollout_ref.rollout.n=1"])
-    with pytest.raises(ConfigError, match="engine='vllm' is not one of hf, native"):
-        load_config(None, ["actor_rollout_ref.rollout.engine=vllm"])
+        load_config("grpo", ["actor_rollout_ref.rollout.n=1"])
+    with pytest.raises(ConfigError, match="truncation='middle' is not one of error, left, right"):
+        load_config("grpo", ["data.truncation=middle"])
     with pytest.raises(ConfigError, match="capacity_factor=0.5"):
-        load_config(None, ["resources.capacity_factor=0.5"])
+        load_config("grpo", ["resources.capacity_factor=0.5"])
 
 
 def test_cli_config_show(capsys):
@@ -156,3 +161,58 @@ def test_cli_config_show_error_exits_2(capsys):
         main(["config", "show", "trainer.sed=1"])
     assert exc.value.code == 2
     assert "did you mean 'trainer.seed'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "override, hint",
+    [
+        ("algorithm.adv_estimator=grp0", "grpo"),
+        ("actor_rollout_ref.actor.policy_loss.loss_mode=gsop", "gspo"),
+        ("actor_rollout_ref.actor.kl_loss_type=low_var_k", "low_var_kl"),
+        ("algorithm.kl_penalty=k33", "k3"),
+        ("algorithm.kl_ctrl.type=adaptiv", "adaptive"),
+        ("actor_rollout_ref.actor.loss_agg_mode=token_mean", "token-mean"),
+        ("critic.loss_agg_mode=seq-mean-tokenmean", "seq-mean-token-mean"),
+        ("actor_rollout_ref.rollout.name=hff", "hf"),
+        ("trainer.logger=[console,tensorbord]", "tensorboard"),
+        ("actor_rollout_ref.actor.optim.lr_scheduler_type=cosin", "cosine"),
+    ],
+)
+def test_registry_names_are_checked_at_load_with_did_you_mean(override, hint, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["config", "show", "-c", "grpo", override])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    key = override.split("=")[0]
+    assert f"{key}=" in err and f"Did you mean '{hint}'" in err
+
+
+def test_bad_name_refused_before_ray_starts_in_seconds(tmp_path):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    ray_dir = tmp_path / "ray"  # a Ray start would create its session here
+    env = {**os.environ, "RAY_TMPDIR": str(ray_dir)}
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "rayrl.cli.main", "train", "-c", "grpo",
+         "algorithm.adv_estimator=grp0", f"trainer.output_dir={tmp_path}"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 2, proc.stderr
+    assert "Did you mean 'grpo'" in proc.stderr
+    assert not ray_dir.exists()
+    assert elapsed < 10, f"refusing a bad name took {elapsed:.1f} s"
+
+
+def test_verl_keys_without_effect_warn_one_line_each(capsys):
+    assert main(["config", "show", "-c", "grpo",
+                 "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+                 "actor_rollout_ref.rollout.name=vllm"]) == 0  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2
+    assert "tensor_model_parallel_size=2 has no effect in rayrl" in err[0]
+    assert "rollout.name=vllm" in err[1] and "'hf'" in err[1]

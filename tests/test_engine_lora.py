@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 
 from engine_cases import OPTIM, pg_loss, ragged_batch, tiny_model_dir  # noqa: F401
-from rayrl.config.schema import LoraConfig
+from rayrl.engines.lora import LoraSpec
 from rayrl.engines.train import TrainEngine
 
-LORA = LoraConfig(rank=4, alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
+LORA = LoraSpec(lora_rank=4, lora_alpha=8, target_modules=("q_proj", "v_proj", "down_proj"))
 
 
 def _engine(model_dir, lora=LORA) -> TrainEngine:

@@ -11,7 +11,7 @@ from rayrl.trainer.resources import pools_from_config, resolve_device
 
 def test_pools_from_config_follow_the_topology():
     cfg = load_config(
-        None,
+        "grpo",
         [
             "trainer.nnodes=2",
             "trainer.n_gpus_per_node=4",
@@ -30,7 +30,7 @@ def test_pools_from_config_follow_the_topology():
 
 def test_plan_fits_and_never_fits(ray_local, capsys):
     address = ray.get_runtime_context().gcs_address
-    assert main(["plan", "--address", address, "trainer.device=cuda"]) == 0
+    assert main(["plan", "--address", address, "-c", "grpo", "trainer.device=cuda"]) == 0
     out = capsys.readouterr().out
     assert "FITS" in out and "actor_rollout_ref" in out and "STRICT_PACK" in out
     # 8 GPU bundles on one node of 4 GPUs can never be placed.
@@ -39,6 +39,8 @@ def test_plan_fits_and_never_fits(ray_local, capsys):
             "plan",
             "--address",
             address,
+            "-c",
+            "grpo",
             "trainer.device=cuda",
             "trainer.n_gpus_per_node=8",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",

@@ -80,7 +80,7 @@ def test_missing_function_lists_what_the_file_has(tmp_path):
         load_function(path, "compute_scores")
     message = str(info.value)
     assert "no function 'compute_scores'" in message and "Did you mean 'compute_score'" in message
-    assert str(path) in message and "reward.function.name" in message
+    assert str(path) in message and "custom_reward_function.name" in message
     with pytest.raises(RewardFunctionError, match="is a int, not a function"):
         load_function(path, "NOT_A_FUNCTION")
 

@@ -18,7 +18,7 @@ SMALL = [
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
     "critic.ppo_mini_batch_size=1",
     "critic.ppo_micro_batch_size_per_gpu=2",
-    "trainer.total_steps=2",
+    "trainer.total_training_steps=2",
     "trainer.device=cpu",
 ]
 
@@ -28,6 +28,8 @@ def test_grpo_with_kl_loss_through_the_cli(ray_local, tmp_path, capsys):
     code = main(
         [
             "train",
+            "-c",
+            "grpo",
             *SMALL,
             f"trainer.output_dir={tmp_path}",
             "actor_rollout_ref.actor.use_kl_loss=true",
@@ -65,9 +67,10 @@ def test_ppo_with_gae_critic_and_kl_in_reward(ray_local, tmp_path):
 
 def test_steps_and_batches_follow_the_loaded_data(tmp_path):
     cfg = load_config(
-        None,
+        "grpo",
         [
             "data.train_batch_size=4", "data.synthetic_size=10", "trainer.total_epochs=2",
+            "trainer.total_training_steps=null",
             f"trainer.output_dir={tmp_path}", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         ],
     )  # fmt: skip

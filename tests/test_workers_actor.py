@@ -21,7 +21,7 @@ def model_dir(tmp_path_factory):
 def test_hybrid_actor_generates_updates_and_generates_with_new_weights(ray_local, model_dir):
     tok = AutoTokenizer.from_pretrained(model_dir)
     cfg = config(
-        "actor_rollout_ref.actor.policy_loss=reinforce",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=reinforce",
         "actor_rollout_ref.actor.optim.lr=0.05",
         "actor_rollout_ref.actor.ppo_epochs=6",
         "actor_rollout_ref.actor.use_kl_loss=false",

@@ -88,7 +88,7 @@ def test_reward_worker_scores_last_token_and_survives_bad_functions(ray_local, m
 
     path = tmp_path / "my_reward.py"
     path.write_text(textwrap.dedent(REWARD_FILE))
-    cfg = config(f"reward.function.path={path}", "reward.timeout_s=2")
+    cfg = config(f"custom_reward_function.path={path}", "reward.timeout_s=2")
     group, pool, kv = group_on(RewardWorker, 1, "reward")
     try:
         group.init(timeout_s=300, config=cfg, tokenizer_path=model_dir)

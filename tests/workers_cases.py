@@ -29,7 +29,7 @@ BASE = [
 
 
 def config(*overrides: str):
-    return load_config(None, [*BASE, *overrides])
+    return load_config("grpo", [*BASE, *overrides])
 
 
 def group_on(worker_cls, ranks: int, role: str, cpus: float = 0.5):

@@ -1,7 +1,7 @@
 """Policy losses (PPO clip, GSPO, REINFORCE) and the clipped value loss.
 
 Policy losses are registered in :data:`POLICY_LOSSES` under the name a config uses
-(``actor_rollout_ref.actor.policy_loss: ppo``) and share one signature::
+(``actor_rollout_ref.actor.policy_loss.loss_mode: vanilla``) and share one signature::
 
     loss, metrics = fn(log_prob, old_log_prob, advantages, response_mask,
                        config=PolicyLossConfig(...), agg=LossAggregation(...),
@@ -49,7 +49,7 @@ __all__ = [
 Metrics = dict[str, Tensor]
 PolicyLossFn = Callable[..., tuple[Tensor, Metrics]]
 POLICY_LOSSES: Registry[PolicyLossFn] = Registry(
-    "policy loss", config_key="actor_rollout_ref.actor.policy_loss"
+    "policy loss", config_key="actor_rollout_ref.actor.policy_loss.loss_mode"
 )
 
 

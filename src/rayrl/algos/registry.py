@@ -73,7 +73,7 @@ class Registry(Generic[T]):
             return name
         if name in self._aliases:
             return self._aliases[name]
-        raise UnknownNameError(self._unknown_message(name))
+        raise UnknownNameError(self.unknown_message(name))
 
     def get(self, name: str) -> T:
         """The object registered under ``name`` or one of its aliases."""
@@ -99,11 +99,13 @@ class Registry(Generic[T]):
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}, names={self.names()})"
 
-    def _unknown_message(self, name: str) -> str:
+    def unknown_message(self, name: str, config_key: str | None = None) -> str:
+        """What to say about an unknown ``name``: did-you-mean, valid names, the key."""
         known = sorted([*self._entries, *self._aliases])
         close = difflib.get_close_matches(str(name), known, n=1, cutoff=0.5)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        where = f" Set {self.config_key} to one of them." if self.config_key else ""
+        key = config_key or self.config_key
+        where = f" Set {key} to one of them." if key else ""
         return (
             f"unknown {self.kind} {name!r}.{hint} Valid names: {', '.join(known) or '(none)'}."
             f"{where}"

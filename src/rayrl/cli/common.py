@@ -13,21 +13,37 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         "-c",
         "--config",
         default=None,
-        help="YAML config file or a built-in name (grpo, ppo); default: the demo's config",
+        help="YAML config file or a built-in name (grpo, ppo); default: verl's defaults",
     )
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.seed=3")
 
 
 def load_from_args(args: argparse.Namespace):
-    """The validated config the arguments describe; a ConfigError exits with its message."""
+    """The validated config the arguments describe, its registry names checked too.
+
+    Keys accepted without effect print one warning line each; a ConfigError exits 2
+    with its message.
+    """
     from rayrl.config import ConfigError, load_config
+    from rayrl.trainer.names import check_names
+
+    err = Console(stderr=True, soft_wrap=True)
+
+    def warn(message: str) -> None:
+        err.print(f"[yellow]config warning:[/] {message}", highlight=False)
 
     try:
-        return load_config(args.config, args.overrides)
+        cfg = load_config(args.config, args.overrides, warn=warn)
+        check_names(cfg)
+        return cfg
     except ConfigError as exc:
-        Console(stderr=True, soft_wrap=True).print(
-            f"[bold red]config error:[/] {exc}", highlight=False
+        hint = (
+            "\n(no -c given: verl's defaults apply; `-c grpo` or `-c ppo` start from the "
+            "small built-in configs, `rayrl demo` runs the demo)"
+            if args.config is None
+            else ""
         )
+        err.print(f"[bold red]config error:[/] {exc}{hint}", highlight=False)
         sys.exit(2)
 
 

@@ -10,7 +10,7 @@ import argparse
 from rayrl.cli.common import add_config_args, console, load_from_args
 
 DEMO = [
-    "trainer.total_steps=8",
+    "trainer.total_training_steps=8",
     "trainer.output_dir=outputs/demo",
     "actor_rollout_ref.actor.use_kl_loss=true",
 ]
@@ -19,6 +19,7 @@ DEMO = [
 def run(args: argparse.Namespace) -> int:
     from rayrl.cli.train_cmd import train
 
+    args.config = args.config or "grpo"  # the built-in GRPO config: tiny model, small sizes
     args.overrides = [*DEMO, *args.overrides]
     cfg = load_from_args(args)
     out = console()

@@ -1,15 +1,18 @@
 """Load a config: built-in defaults, then a YAML file, then dotted overrides.
 
 `load_config("grpo.yaml", ["actor_rollout_ref.actor.optim.lr=1e-6"])` returns a typed
-`RayRLConfig`. Unknown keys are errors that name the key and the closest valid one;
-wrong types name the key and the expected type; cross-field rules run last
-(`rayrl.config.validate`).
+`RayRLConfig`. With no file the defaults are verl's (`rayrl.config.schema`). Unknown
+keys are errors that name the key and the closest valid one; verl keys rayrl accepts
+without acting on them are dropped with a one-line warning each (`rayrl.config.compat`);
+wrong types name the key and the expected type; file lists and the logger accept a
+string or a list; cross-field rules run last (`rayrl.config.validate`).
 """
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import is_dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,7 @@ from typing import Any
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rayrl.config.compat import map_rollout_name, strip_inert
 from rayrl.config.schema import RayRLConfig, schema_fields
 
 BUILTIN_DIR = Path(__file__).resolve().parent
@@ -24,6 +28,14 @@ BUILTIN_DIR = Path(__file__).resolve().parent
 
 class ConfigError(ValueError):
     """A config that cannot run: the message says which key and what to do."""
+
+
+class ConfigWarning(UserWarning):
+    """A config key accepted for verl compatibility that has no effect in rayrl."""
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, ConfigWarning, stacklevel=3)
 
 
 def builtin_configs() -> list[str]:
@@ -122,10 +134,26 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
     return OmegaConf.to_container(OmegaConf.from_dotlist(list(overrides)))
 
 
+def _user_data(data: dict[str, Any], origin: str, warn: Callable[[str], None]) -> dict:
+    """verl compatibility (inert keys dropped, rollout names mapped), then known keys only."""
+    for message in [*strip_inert(data), *map_rollout_name(data)]:
+        warn(message)
+    check_keys(data, origin=origin)
+    return data
+
+
 def load_config(
-    source: str | Path | None = None, overrides: Sequence[str] = (), *, validate: bool = True
+    source: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    *,
+    validate: bool = True,
+    warn: Callable[[str], None] = _warn,
 ) -> RayRLConfig:
-    """Defaults <- YAML file (a path or a built-in name) <- dotted overrides, then validated."""
+    """Defaults <- YAML file (a path or a built-in name) <- dotted overrides, then validated.
+
+    ``warn`` receives one line per verl key that has no effect in rayrl (default: a
+    `ConfigWarning`).
+    """
     merged = OmegaConf.structured(RayRLConfig)
     if source is not None:
         path = resolve_source(source)
@@ -134,19 +162,44 @@ def load_config(
             raise ConfigError(
                 f"{path}: a config file holds a mapping of groups, got {type(data).__name__}"
             )
-        check_keys(data, origin=str(path))
-        merged = _merge(merged, data, str(path))
+        merged = _merge(merged, _user_data(data, str(path), warn), str(path))
     if overrides:
-        data = parse_overrides(overrides)
-        check_keys(data, origin="command-line overrides")
+        data = _user_data(parse_overrides(overrides), "command-line overrides", warn)
         merged = _merge(merged, data, "command-line overrides")
-    cfg = OmegaConf.to_object(merged)
+    try:
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "?"
+        raise ConfigError(f"bad value for config key '{key}': {exc.msg.splitlines()[0]}") from None
     assert is_dataclass(cfg)
+    normalize(cfg)
     if validate:
         from rayrl.config.validate import validate_config
 
         validate_config(cfg)
     return cfg
+
+
+def _as_str_list(value: Any, key: str) -> list[str]:
+    """A string or a list of strings as a list (verl writes file lists either way)."""
+    if value is None:
+        return []
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not all(isinstance(v, str) for v in items):
+        raise ConfigError(f"{key} must be a string or a list of strings; got {value!r}")
+    return list(items)
+
+
+def normalize(cfg: RayRLConfig) -> None:
+    """Give the keys that accept several forms their one typed form."""
+    cfg.data.train_files = _as_str_list(cfg.data.train_files, "data.train_files")
+    cfg.data.val_files = _as_str_list(cfg.data.val_files, "data.val_files")
+    cfg.trainer.logger = _as_str_list(cfg.trainer.logger, "trainer.logger")
+    modules = cfg.actor_rollout_ref.model.target_modules
+    if not isinstance(modules, str):
+        cfg.actor_rollout_ref.model.target_modules = _as_str_list(
+            modules, "actor_rollout_ref.model.target_modules"
+        )
 
 
 def to_yaml(cfg: RayRLConfig) -> str:

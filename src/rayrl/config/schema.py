@@ -1,8 +1,19 @@
-"""The typed configuration schema: one dataclass per group, verl's names where they exist.
+"""The typed configuration schema: one dataclass per group, with verl's names and defaults.
 
-The defaults describe the demo: a tiny model built on the fly, the synthetic
-arithmetic task, GRPO, everything on the local machine. A YAML file and dotted
-overrides change fields; `rayrl.config.load` merges and validates them.
+A key verl has keeps verl's name, meaning and default (verl's `ppo_trainer.yaml`), so
+verl command lines mean here what they mean there; `rayrl.config.compat` lists verl
+keys accepted with no effect. Departures from verl's defaults, each for a reason:
+
+- `trainer.device` is `auto` (cuda when the cluster has GPUs, else cpu).
+- `trainer.logger` is `[console]`: wandb needs an account and a network.
+- `model.path` None builds the tiny demo model; `data.train_files` empty uses the
+  synthetic task (verl's defaults are placeholder paths).
+- `rollout.name` is `hf` (verl has no default).
+
+A value written `"${group.key}"` follows that key unless set, as in verl (the critic's
+mini-batch size follows the actor's, ...). The built-in configs
+(`src/rayrl/config/*.yaml`) hold the demo's small values. Keys without a verl
+counterpart are rayrl's own (`resources.*`, `reward.*`, `data.synthetic_*`, ...).
 """
 
 from __future__ import annotations
@@ -10,105 +21,124 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+_ACTOR = "actor_rollout_ref.actor"
+
 
 @dataclass
 class DataConfig:
-    train_files: list[str] = field(default_factory=list)  # parquet; empty: synthetic task
-    val_files: list[str] = field(default_factory=list)
+    train_files: Any = field(default_factory=list)  # a path or a list; empty: synthetic task
+    val_files: Any = field(default_factory=list)
     prompt_key: str = "prompt"
-    train_batch_size: int = 8  # prompts per step
-    val_batch_size: int = 16
-    max_prompt_length: int = 64
-    max_response_length: int = 32
+    train_batch_size: int = 1024  # prompts per step
+    val_batch_size: int | None = None
+    max_prompt_length: int = 512
+    max_response_length: int = 512
     truncation: str = "error"  # error | left | right
-    filter_overlong_prompts: bool = True
+    filter_overlong_prompts: bool = False
     shuffle: bool = True
-    dataloader_num_workers: int = 0
+    dataloader_num_workers: int = 8
     synthetic_task: str = "arithmetic"  # used when train_files is empty
     synthetic_size: int = 512
-
-
-@dataclass
-class LoraConfig:
-    rank: int = 0  # 0 disables LoRA
-    alpha: int = 16
-    dropout: float = 0.0
-    target_modules: list[str] = field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
-    )
-
-
-@dataclass
-class ModelConfig:
-    path: str | None = None  # HF model directory; None: build the tiny demo model
-    tokenizer_path: str | None = None  # defaults to path
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
-    attn_implementation: str = "sdpa"
-    enable_gradient_checkpointing: bool = False
-    use_remove_padding: bool = True  # sequence packing
-    trust_remote_code: bool = False
-    lora: LoraConfig = field(default_factory=LoraConfig)
-
-
-@dataclass
-class OptimConfig:
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
-    lr_scheduler: str = "constant"  # constant | cosine
-    warmup_steps: int = 0
-    min_lr_ratio: float = 0.0
-    grad_clip: float = 1.0
 
 
 @dataclass
 class FSDPConfig:
     param_offload: bool = False
     optimizer_offload: bool = False
-    mixed_precision: bool = True  # bf16 compute, fp32 master weights (ignored on CPU)
+    model_dtype: str = "fp32"  # master weights: fp32 | bf16 | fp16
+    dtype: str = "bfloat16"  # compute dtype on GPU: bfloat16 (mixed precision) | float32
+
+
+@dataclass
+class RefFSDPConfig:
+    param_offload: bool = False
+    model_dtype: str = "fp32"
+    dtype: str = "bfloat16"
+
+
+@dataclass
+class ModelConfig:
+    path: str | None = None  # HF model directory; None: build the tiny demo model
+    tokenizer_path: str | None = None  # defaults to path
+    trust_remote_code: bool = False
+    attn_implementation: str = "sdpa"
+    enable_gradient_checkpointing: bool = True
+    use_remove_padding: bool = True  # sequence packing
+    lora_rank: int = 0  # 0 disables LoRA
+    lora_alpha: int = 16
+    target_modules: Any = "all-linear"  # "all-linear" or a list of module names
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    lr_scheduler_type: str = "constant"  # constant | cosine
+    lr_warmup_steps: int = -1  # < 0: lr_warmup_steps_ratio x total training steps
+    lr_warmup_steps_ratio: float = 0.0
+    min_lr_ratio: float = 0.0
+    num_cycles: float = 0.5  # cosine cycles over the run (0.5: one half-cosine decay)
+    clip_grad: float = 1.0
+
+
+@dataclass
+class PolicyLossConfig:
+    loss_mode: str = "vanilla"  # vanilla (PPO clip) | gspo | reinforce
 
 
 @dataclass
 class ActorConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
-    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
-    ppo_mini_batch_size: int = 4  # prompts per mini-batch (times rollout.n samples)
-    ppo_micro_batch_size_per_gpu: int = 4  # samples per forward/backward on one rank
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    ppo_mini_batch_size: int = 256  # prompts per mini-batch (times rollout.n samples)
+    ppo_micro_batch_size_per_gpu: int | None = None  # samples per forward/backward
     use_dynamic_bsz: bool = False
-    max_tokens_per_micro_batch: int = 4096
+    ppo_max_token_len_per_gpu: int = 16384  # token budget of a micro-batch (dynamic)
     ppo_epochs: int = 1
-    shuffle: bool = False
-    policy_loss: str = "ppo"
+    shuffle: bool = False  # reshuffle the rows before each epoch's mini-batches
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     loss_agg_mode: str = "token-mean"
     clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
+    clip_ratio_high: float = 0.2  # DAPO's clip-higher: e.g. 0.28
     clip_ratio_c: float = 3.0
     entropy_coeff: float = 0.0
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
-    tis_cap: float | None = None  # truncated importance sampling cap (rollout vs train)
+
+
+@dataclass
+class SamplingConfig:
+    top_k: int = -1
+    top_p: float = 1.0
+    temperature: float = 0.0
+    n: int = 1
+    do_sample: bool = False
 
 
 @dataclass
 class RolloutConfig:
-    engine: str = "hf"  # hf | native
-    n: int = 4  # samples per prompt
+    name: str = "hf"  # a rayrl rollout engine; verl's vllm/sglang map onto it
+    n: int = 1  # samples per prompt
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
     do_sample: bool = True
-    stop: list[str] = field(default_factory=list)
-    log_prob_micro_batch_size_per_gpu: int = 8
-    gpu_memory_utilization: float = 0.5
-    val_temperature: float = 0.0
+    log_prob_micro_batch_size_per_gpu: int | None = None
+    log_prob_use_dynamic_bsz: bool = f"${{{_ACTOR}.use_dynamic_bsz}}"  # type: ignore[assignment]
+    log_prob_max_token_len_per_gpu: int = f"${{{_ACTOR}.ppo_max_token_len_per_gpu}}"  # type: ignore[assignment]
+    val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
 
 
 @dataclass
 class RefConfig:
     enable: bool | None = None  # None: on when a KL term needs it
-    log_prob_micro_batch_size_per_gpu: int = 8
+    fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
+    log_prob_micro_batch_size_per_gpu: int | None = None
+    log_prob_use_dynamic_bsz: bool = f"${{{_ACTOR}.use_dynamic_bsz}}"  # type: ignore[assignment]
+    log_prob_max_token_len_per_gpu: int = f"${{{_ACTOR}.ppo_max_token_len_per_gpu}}"  # type: ignore[assignment]
 
 
 @dataclass
@@ -117,25 +147,57 @@ class ActorRolloutRefConfig:
     actor: ActorConfig = field(default_factory=ActorConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     ref: RefConfig = field(default_factory=RefConfig)
-    hybrid_engine: bool = True
+
+
+@dataclass
+class CriticModelConfig:
+    path: str | None = None  # None: the actor's model
+    tokenizer_path: str | None = None
+    trust_remote_code: bool = "${actor_rollout_ref.model.trust_remote_code}"  # type: ignore[assignment]
+    attn_implementation: str = "sdpa"
+    enable_gradient_checkpointing: bool = True
+    use_remove_padding: bool = False
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+
+
+def _critic_optim() -> OptimConfig:
+    return OptimConfig(lr=1e-5)
 
 
 @dataclass
 class CriticConfig:
     enable: bool | None = None  # None: on when the advantage estimator needs values (gae)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    ppo_mini_batch_size: int = 4
-    ppo_micro_batch_size_per_gpu: int = 4
-    ppo_epochs: int = 1
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    optim: OptimConfig = field(default_factory=_critic_optim)
+    ppo_mini_batch_size: int = f"${{{_ACTOR}.ppo_mini_batch_size}}"  # type: ignore[assignment]
+    ppo_micro_batch_size_per_gpu: int | None = None
+    forward_micro_batch_size_per_gpu: int | None = "${.ppo_micro_batch_size_per_gpu}"  # type: ignore[assignment]
+    use_dynamic_bsz: bool = f"${{{_ACTOR}.use_dynamic_bsz}}"  # type: ignore[assignment]
+    ppo_max_token_len_per_gpu: int = 32768
+    forward_max_token_len_per_gpu: int = "${.ppo_max_token_len_per_gpu}"  # type: ignore[assignment]
+    ppo_epochs: int = f"${{{_ACTOR}.ppo_epochs}}"  # type: ignore[assignment]
+    shuffle: bool = f"${{{_ACTOR}.shuffle}}"  # type: ignore[assignment]
     cliprange_value: float = 0.5
-    loss_agg_mode: str = "token-mean"
+    loss_agg_mode: str = f"${{{_ACTOR}.loss_agg_mode}}"  # type: ignore[assignment]
 
 
 @dataclass
-class RewardFunctionConfig:
-    path: str | None = None  # a Python file with compute_score(...); None: built-in registry
+class CustomRewardFunctionConfig:
+    path: str | None = None  # a Python file with compute_score(...); None: built-in scorers
     name: str = "compute_score"
+
+
+@dataclass
+class RewardModelPathConfig:
+    path: str | None = None  # a sequence-classification reward model directory
+
+
+@dataclass
+class RewardModelConfig:
+    enable: bool = False
+    model: RewardModelPathConfig = field(default_factory=RewardModelPathConfig)
+    micro_batch_size_per_gpu: int | None = None
+    max_length: int | None = None
 
 
 @dataclass
@@ -146,17 +208,10 @@ class RewardHTTPConfig:
 
 
 @dataclass
-class RewardModelConfig:
-    enable: bool = False
-    path: str | None = None
-    micro_batch_size_per_gpu: int = 8
-
-
-@dataclass
 class RewardConfig:
-    function: RewardFunctionConfig = field(default_factory=RewardFunctionConfig)
+    """rayrl's reward sources beyond verl's: a remote service, the scoring processes."""
+
     http: RewardHTTPConfig = field(default_factory=RewardHTTPConfig)
-    model: RewardModelConfig = field(default_factory=RewardModelConfig)
     timeout_s: float = 10.0  # per call of a rule-based function
     num_workers: int = 2
 
@@ -165,36 +220,48 @@ class RewardConfig:
 class KLControlConfig:
     type: str = "fixed"  # fixed | adaptive
     kl_coef: float = 0.001
-    target_kl: float = 0.1
     horizon: int = 10000
+    target_kl: float = 0.1
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    rollout_is: str | None = None  # None | token | sequence
+    rollout_is_threshold: float = 2.0
 
 
 @dataclass
 class AlgorithmConfig:
-    adv_estimator: str = "grpo"
+    adv_estimator: str = "gae"
     gamma: float = 1.0
     lam: float = 1.0
     norm_adv_by_std_in_grpo: bool = True
     use_kl_in_reward: bool = False
     kl_penalty: str = "kl"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
 
 @dataclass
 class TrainerConfig:
     device: str = "auto"  # auto | cpu | cuda
     nnodes: int = 1
-    n_gpus_per_node: int = 1  # workers per node (processes on CPU)
+    n_gpus_per_node: int = 8  # workers per node (processes on CPU)
     seed: int = 1
-    total_steps: int | None = None  # None: total_epochs over the data
-    total_epochs: int = 1
+    total_training_steps: int | None = None  # None: total_epochs over the data
+    total_epochs: int = 30
+    critic_warmup: int = 0  # steps that train only the critic
     output_dir: str = "outputs/demo"
-    project_name: str = "rayrl"
-    experiment_name: str = "demo"
-    resume: str = "auto"  # auto | disable | a step directory
+    project_name: str = "verl_examples"
+    experiment_name: str = "gsm8k"
+    resume_mode: str = "auto"  # auto | disable | resume_path
+    resume_from_path: str | None = None
     save_freq: int = -1
     test_freq: int = -1
-    logger: list[str] = field(default_factory=lambda: ["console"])
+    val_before_train: bool = True
+    max_actor_ckpt_to_keep: int | None = None
+    max_critic_ckpt_to_keep: int | None = None
+    logger: Any = field(default_factory=lambda: ["console"])  # a name or a list
 
 
 @dataclass
@@ -214,6 +281,10 @@ class RayRLConfig:
     data: DataConfig = field(default_factory=DataConfig)
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    custom_reward_function: CustomRewardFunctionConfig = field(
+        default_factory=CustomRewardFunctionConfig
+    )
     reward: RewardConfig = field(default_factory=RewardConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

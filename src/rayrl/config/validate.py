@@ -12,14 +12,21 @@ from __future__ import annotations
 from rayrl.config.load import ConfigError
 from rayrl.config.schema import RayRLConfig
 
+ACTOR = "actor_rollout_ref.actor"
+
+MODEL_DTYPES = ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16")
+COMPUTE_DTYPES = ("bfloat16", "bf16", "float32", "fp32")
 CHOICES = {
     "trainer.device": ("auto", "cpu", "cuda"),
-    "actor_rollout_ref.rollout.engine": ("hf", "native"),
+    "trainer.resume_mode": ("auto", "disable", "resume_path"),
     "data.truncation": ("error", "left", "right"),
-    "actor_rollout_ref.actor.optim.lr_scheduler": ("constant", "cosine"),
-    "critic.optim.lr_scheduler": ("constant", "cosine"),
-    "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
-    "actor_rollout_ref.model.dtype": ("auto", "float32", "bfloat16", "float16"),
+    "actor_rollout_ref.actor.fsdp_config.model_dtype": MODEL_DTYPES,
+    "actor_rollout_ref.actor.fsdp_config.dtype": COMPUTE_DTYPES,
+    "actor_rollout_ref.ref.fsdp_config.model_dtype": MODEL_DTYPES,
+    "actor_rollout_ref.ref.fsdp_config.dtype": COMPUTE_DTYPES,
+    "critic.model.fsdp_config.model_dtype": MODEL_DTYPES,
+    "critic.model.fsdp_config.dtype": COMPUTE_DTYPES,
+    "algorithm.rollout_correction.rollout_is": (None, "token", "sequence"),
 }
 
 
@@ -34,7 +41,8 @@ def check_choices(cfg: RayRLConfig) -> None:
     for path, allowed in CHOICES.items():
         value = _get(cfg, path)
         if value not in allowed:
-            raise ConfigError(f"{path}={value!r} is not one of {', '.join(allowed)}")
+            names = ", ".join(str(a) for a in allowed)
+            raise ConfigError(f"{path}={value!r} is not one of {names}")
 
 
 def check_positive(cfg: RayRLConfig) -> None:
@@ -48,9 +56,15 @@ def check_positive(cfg: RayRLConfig) -> None:
         "actor_rollout_ref.actor.ppo_mini_batch_size",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
         "actor_rollout_ref.actor.ppo_epochs",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+        "critic.ppo_micro_batch_size_per_gpu",
+        "critic.forward_micro_batch_size_per_gpu",
+        "reward_model.micro_batch_size_per_gpu",
     ):
         value = _get(cfg, path)
-        if value < 1:
+        if value is not None and value < 1:
             raise ConfigError(f"{path}={value} must be at least 1")
     if cfg.resources.capacity_factor < 1.0:
         raise ConfigError(
@@ -59,8 +73,40 @@ def check_positive(cfg: RayRLConfig) -> None:
         )
 
 
+def check_micro_set(cfg: RayRLConfig) -> None:
+    """Each forward/backward needs a micro-batch size or a token budget (as in verl)."""
+    arr = cfg.actor_rollout_ref
+    rules = [
+        (f"{ACTOR}.ppo_micro_batch_size_per_gpu", arr.actor.ppo_micro_batch_size_per_gpu,
+         f"{ACTOR}.use_dynamic_bsz", arr.actor.use_dynamic_bsz),
+        ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+         arr.rollout.log_prob_micro_batch_size_per_gpu,
+         "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", arr.rollout.log_prob_use_dynamic_bsz),
+    ]
+    if ref_enabled(cfg):
+        rules.append(("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+                      arr.ref.log_prob_micro_batch_size_per_gpu,
+                      "actor_rollout_ref.ref.log_prob_use_dynamic_bsz",
+                      arr.ref.log_prob_use_dynamic_bsz))  # fmt: skip
+    if critic_enabled(cfg):
+        c = cfg.critic
+        rules.append(("critic.ppo_micro_batch_size_per_gpu", c.ppo_micro_batch_size_per_gpu,
+                      "critic.use_dynamic_bsz", c.use_dynamic_bsz))  # fmt: skip
+    rm = cfg.reward_model
+    if rm.enable:
+        rules.append(("reward_model.micro_batch_size_per_gpu", rm.micro_batch_size_per_gpu,
+                      "", False))  # fmt: skip
+    for micro_key, micro, dynamic_key, dynamic in rules:
+        if micro is None and not dynamic:
+            by_tokens = f" or set {dynamic_key}=true to size them by tokens" if dynamic_key else ""
+            raise ConfigError(
+                f"{micro_key} is not set; set it (samples per forward pass on one GPU)"
+                f"{by_tokens}"
+            )
+
+
 def check_batch_chain(
-    role: str, prompts: int, n: int, mini: int, micro: int, world: int, dynamic: bool
+    role: str, prompts: int, n: int, mini: int, micro: int | None, world: int, dynamic: bool
 ) -> None:
     """Prompts x n samples -> mini-batches -> ranks -> micro-batches, each split exact."""
     if prompts % mini:
@@ -77,7 +123,7 @@ def check_batch_chain(
             f"{samples} % {world} = {samples % world}"
         )
     per_rank = samples // world
-    if not dynamic and per_rank % micro:
+    if not dynamic and micro is not None and per_rank % micro:
         raise ConfigError(
             f"each rank's share of a mini-batch, {samples} samples / {world} ranks = {per_rank}, "
             f"does not split into micro-batches of {role}.ppo_micro_batch_size_per_gpu={micro} "
@@ -87,39 +133,46 @@ def check_batch_chain(
 
 
 def critic_enabled(cfg: RayRLConfig) -> bool:
+    """`critic.enable`, or when unset: whether the advantage estimator needs values."""
     if cfg.critic.enable is not None:
         return cfg.critic.enable
     return cfg.algorithm.adv_estimator == "gae"
+
+
+def ref_enabled(cfg: RayRLConfig) -> bool:
+    """`actor_rollout_ref.ref.enable`, or when unset: whether a KL term needs it."""
+    ref = cfg.actor_rollout_ref.ref
+    if ref.enable is not None:
+        return ref.enable
+    return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+
+
+def check_algorithm(cfg: RayRLConfig, n: int) -> None:
+    alg = cfg.algorithm
+    if alg.adv_estimator in ("grpo", "rloo", "dr_grpo") and n < 2:
+        raise ConfigError(
+            f"algorithm.adv_estimator={alg.adv_estimator} compares the samples of one "
+            f"prompt, but actor_rollout_ref.rollout.n={n}; set rollout.n to 2 or more"
+        )
+    if cfg.reward_model.enable and not cfg.reward_model.model.path:
+        raise ConfigError("reward_model.enable=true needs reward_model.model.path")
 
 
 def validate_config(cfg: RayRLConfig) -> None:
     """Raise ConfigError for the first rule the config breaks."""
     check_choices(cfg)
     check_positive(cfg)
+    check_micro_set(cfg)
     actor, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
     prompts, world = cfg.data.train_batch_size, cfg.world_size
     check_batch_chain(
-        "actor_rollout_ref.actor",
-        prompts,
-        n,
-        actor.ppo_mini_batch_size,
-        actor.ppo_micro_batch_size_per_gpu,
-        world,
-        actor.use_dynamic_bsz,
-    )
+        ACTOR, prompts, n, actor.ppo_mini_batch_size, actor.ppo_micro_batch_size_per_gpu,
+        world, actor.use_dynamic_bsz,
+    )  # fmt: skip
     if critic_enabled(cfg):
         critic = cfg.critic
         check_batch_chain(
-            "critic",
-            prompts,
-            n,
-            critic.ppo_mini_batch_size,
-            critic.ppo_micro_batch_size_per_gpu,
-            world,
-            False,
-        )
-    if cfg.algorithm.adv_estimator in ("grpo", "rloo") and n < 2:
-        raise ConfigError(
-            f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} compares the samples of one "
-            f"prompt, but actor_rollout_ref.rollout.n={n}; set rollout.n to 2 or more"
-        )
+            "critic", prompts, n, critic.ppo_mini_batch_size,
+            critic.ppo_micro_batch_size_per_gpu, world, critic.use_dynamic_bsz,
+        )  # fmt: skip
+    check_algorithm(cfg, n)

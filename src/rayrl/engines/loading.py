@@ -33,7 +33,12 @@ def has_tokenizer(path: str) -> bool:
 
 
 def load_hf_model(
-    path: str, value_head: bool, dtype: str, attn_implementation: str, seed: int
+    path: str,
+    value_head: bool,
+    dtype: str,
+    attn_implementation: str,
+    seed: int,
+    trust_remote_code: bool = False,
 ) -> nn.Module:
     """A causal LM, or a one-label token-classification model (``value_head``), on CPU.
 
@@ -52,8 +57,13 @@ def load_hf_model(
             f"{path} has no config.json; pass a Hugging Face model directory "
             "(`rayrl models tiny` builds one)."
         )
-    config = AutoConfig.from_pretrained(path)
-    kwargs = {"config": config, "dtype": DTYPES[dtype], "attn_implementation": attn_implementation}
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    kwargs = {
+        "config": config,
+        "dtype": DTYPES[dtype],
+        "attn_implementation": attn_implementation,
+        "trust_remote_code": trust_remote_code,
+    }
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if value_head:

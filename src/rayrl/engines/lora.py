@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,19 +22,43 @@ ADAPTER = "default"
 _PREFIX = "base_model.model."
 
 
-def apply_lora(model: nn.Module, lora: Any) -> nn.Module:
-    """Wrap `model` with LoRA adapters (`lora`: rank, alpha, dropout, target_modules)."""
+@dataclass(frozen=True)
+class LoraSpec:
+    """LoRA settings, named as verl's model keys (``lora_rank``, ``lora_alpha``,
+    ``target_modules``: a list of module names, or ``"all-linear"``)."""
+
+    lora_rank: int
+    lora_alpha: int = 16
+    target_modules: str | tuple[str, ...] = "all-linear"
+    dropout: float = 0.0
+
+    @classmethod
+    def from_model_config(cls, model: Any) -> LoraSpec | None:
+        """From a config's model group; None when ``lora_rank`` is 0 (LoRA off)."""
+        if model.lora_rank <= 0:
+            return None
+        modules = model.target_modules
+        return cls(
+            lora_rank=int(model.lora_rank),
+            lora_alpha=int(model.lora_alpha),
+            target_modules=modules if isinstance(modules, str) else tuple(modules),
+        )
+
+
+def apply_lora(model: nn.Module, lora: LoraSpec) -> nn.Module:
+    """Wrap `model` with LoRA adapters."""
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise ImportError(
-            "actor_rollout_ref.model.lora.rank > 0 needs peft: pip install 'rayrl[peft]'"
+            "actor_rollout_ref.model.lora_rank > 0 needs peft: pip install 'rayrl[peft]'"
         ) from exc
+    modules = lora.target_modules
     config = LoraConfig(
-        r=int(lora.rank),
-        lora_alpha=int(lora.alpha),
+        r=int(lora.lora_rank),
+        lora_alpha=int(lora.lora_alpha),
         lora_dropout=float(lora.dropout),
-        target_modules=list(lora.target_modules),
+        target_modules=modules if isinstance(modules, str) else list(modules),
         bias="none",
     )
     return get_peft_model(model, config)
@@ -48,7 +73,7 @@ def adapters_disabled(model: nn.Module) -> Iterator[None]:
     """Run the base model: every adapter switched off inside the block."""
     if not is_lora(model):
         raise ValueError(
-            "adapters_disabled needs a LoRA model (actor_rollout_ref.model.lora.rank > 0)"
+            "adapters_disabled needs a LoRA model (actor_rollout_ref.model.lora_rank > 0)"
         )
     with model.disable_adapter():
         yield

@@ -22,9 +22,9 @@ from rayrl.algos.registry import Registry
 
 __all__ = ["LR_SCHEDULES", "OptimSpec", "build_lr_scheduler", "build_optimizer"]
 
-# name -> f(step, warmup_steps, total_steps, min_lr_ratio) -> LR multiplier
-ScheduleFn = Callable[[int, int, int, float], float]
-LR_SCHEDULES: Registry[ScheduleFn] = Registry("LR schedule", config_key="*.optim.lr_scheduler")
+# name -> f(step, warmup_steps, total_steps, min_lr_ratio, num_cycles) -> LR multiplier
+ScheduleFn = Callable[[int, int, int, float, float], float]
+LR_SCHEDULES: Registry[ScheduleFn] = Registry("LR schedule", config_key="*.optim.lr_scheduler_type")
 
 
 @dataclass
@@ -37,6 +37,8 @@ class OptimSpec:
         lr_scheduler: a name in `LR_SCHEDULES` (``constant`` or ``cosine``).
         warmup_steps: steps of linear warmup from 0 to ``lr``.
         min_lr_ratio: the cosine schedule decays to ``lr * min_lr_ratio``.
+        num_cycles: cosine cycles over the run after warmup (0.5: one half-cosine from
+            ``lr`` down to the minimum, verl's default).
         grad_clip: max gradient norm; 0 or None disables clipping (the norm is still
             measured, so non-finite steps are still skipped).
     """
@@ -48,6 +50,7 @@ class OptimSpec:
     lr_scheduler: str = "constant"
     warmup_steps: int = 0
     min_lr_ratio: float = 0.0
+    num_cycles: float = 0.5
     grad_clip: float | None = 1.0
 
     def __post_init__(self) -> None:
@@ -70,27 +73,32 @@ class OptimSpec:
 
 
 @LR_SCHEDULES.register("constant")
-def _constant(step: int, warmup: int, total: int, min_ratio: float) -> float:
+def _constant(step: int, warmup: int, total: int, min_ratio: float, cycles: float) -> float:
     return min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
 
 
 @LR_SCHEDULES.register("cosine")
-def _cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:
+def _cosine(step: int, warmup: int, total: int, min_ratio: float, cycles: float) -> float:
     if warmup > 0 and step < warmup:
         return (step + 1) / warmup
     span = max(1, total - warmup)
     progress = min(1.0, (step - warmup) / span)
-    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    wave = max(0.0, 0.5 * (1.0 + math.cos(math.pi * 2.0 * cycles * progress)))
+    return min_ratio + (1.0 - min_ratio) * wave
 
 
 class _Multiplier:
     """A picklable LR multiplier (LambdaLR saves callable objects' attributes)."""
 
-    def __init__(self, name: str, warmup: int, total: int, min_ratio: float) -> None:
+    def __init__(
+        self, name: str, warmup: int, total: int, min_ratio: float, cycles: float = 0.5
+    ) -> None:
         self.name, self.warmup, self.total, self.min_ratio = name, warmup, total, min_ratio
+        self.cycles = cycles
 
     def __call__(self, step: int) -> float:
-        return LR_SCHEDULES.get(self.name)(step, self.warmup, self.total, self.min_ratio)
+        fn = LR_SCHEDULES.get(self.name)
+        return fn(step, self.warmup, self.total, self.min_ratio, self.cycles)
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], spec: OptimSpec) -> torch.optim.AdamW:
@@ -113,5 +121,7 @@ def build_lr_scheduler(
             "the cosine LR schedule needs total_steps (the number of training steps); "
             "pass total_steps to TrainEngine or use lr_scheduler='constant'."
         )
-    multiplier = _Multiplier(name, spec.warmup_steps, int(total_steps or 0), spec.min_lr_ratio)
+    multiplier = _Multiplier(
+        name, spec.warmup_steps, int(total_steps or 0), spec.min_lr_ratio, spec.num_cycles
+    )
     return LambdaLR(optimizer, multiplier)

@@ -85,6 +85,7 @@ class TrainEngine:
         logit_chunk_size: tokens per chunk of the log-softmax.
         trainable: False builds no optimizer and freezes the weights (a reference
             policy): `forward` and `export_hf` work, training and checkpoints do not.
+        trust_remote_code: let transformers run the model directory's own code.
     """
 
     def __init__(
@@ -105,6 +106,7 @@ class TrainEngine:
         logit_chunk_size: int = 1024,
         trainable: bool = True,
         lora: Any = None,
+        trust_remote_code: bool = False,
     ) -> None:
         self.model_path = str(model_path)
         self.tokenizer_path = str(tokenizer_path or model_path)
@@ -115,7 +117,9 @@ class TrainEngine:
         self.sharded = dist.is_available() and dist.is_initialized()
         self.world_size = dp_world_size()
         self.mixed_precision = mixed_precision and self.device.type == "cuda"
-        model = load_hf_model(self.model_path, value_head, dtype, attn_implementation, seed)
+        model = load_hf_model(
+            self.model_path, value_head, dtype, attn_implementation, seed, trust_remote_code
+        )
         self.architecture = type(model).__name__
         self.lora = lora is not None
         if self.lora:

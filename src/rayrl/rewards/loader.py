@@ -1,7 +1,7 @@
 """Load reward functions: a user file by path (verl's `compute_score`), or a built-in by name.
 
-`load_function(path, name)` imports a Python file (config `reward.function.path` and
-`reward.function.name`) and checks that `name` is a function that can be called as
+`load_function(path, name)` imports a Python file (config `custom_reward_function.path` and
+`custom_reward_function.name`) and checks that `name` is a function that can be called as
 `fn(data_source=..., solution_str=..., ground_truth=..., extra_info=...)`.
 `resolve_function(spec)` turns a picklable *function spec* into that callable; the
 pool sends specs, not functions, to its spawned processes:
@@ -46,7 +46,7 @@ def load_function(path: str | os.PathLike, name: str = DEFAULT_NAME) -> RewardFu
     file = Path(path).expanduser().absolute()
     if not file.is_file():
         raise RewardFunctionError(
-            f"reward.function.path: no such file {file} (working directory {Path.cwd()}). "
+            f"custom_reward_function.path: no such file {file} (working directory {Path.cwd()}). "
             "Give the path of a Python file that defines compute_score."
         )
     module = _import_file(file)
@@ -57,7 +57,7 @@ def load_function(path: str | os.PathLike, name: str = DEFAULT_NAME) -> RewardFu
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise RewardFunctionError(
             f"{file} defines no function {name!r}.{hint} Callables in the file: "
-            f"{sorted(defined) or 'none'}. Set reward.function.name to the right name."
+            f"{sorted(defined) or 'none'}. Set custom_reward_function.name to the right name."
         )
     if not callable(fn):
         raise RewardFunctionError(f"{file}: {name!r} is a {type(fn).__name__}, not a function.")
@@ -129,7 +129,7 @@ def resolve_function(spec: FunctionSpec) -> RewardFunction:
 
 
 def spec_from_config(path: str | None, name: str = DEFAULT_NAME) -> FunctionSpec:
-    """The function spec of config `reward.function.{path,name}`: a file, else the registry."""
+    """The function spec of config `custom_reward_function.{path,name}`: a file, else the registry."""
     return (str(Path(path).expanduser().absolute()), name or DEFAULT_NAME) if path else None
 
 

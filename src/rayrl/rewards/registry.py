@@ -63,7 +63,7 @@ def get_scorer(data_source: str) -> Scorer:
     raise UnknownDataSourceError(
         f"No built-in reward scorer for data_source={data_source!r}.{hint} Known sources: "
         f"{', '.join(known_sources())}. Register one with rayrl.rewards.register_scorer, "
-        "or point reward.function.path at a file defining compute_score."
+        "or point custom_reward_function.path at a file defining compute_score."
     )
 
 

@@ -22,9 +22,10 @@ from rayrl.batch import Batch
 from rayrl.cluster.kv import KVStore
 from rayrl.cluster.pool import ResourcePool
 from rayrl.config.schema import RayRLConfig
-from rayrl.config.validate import critic_enabled
+from rayrl.config.validate import critic_enabled, ref_enabled
 from rayrl.controller import WorkerGroup, colocate
 from rayrl.data import PromptDataset, read_parquet, synthetic_rows
+from rayrl.trainer.names import check_names
 from rayrl.trainer.resources import pools_from_config, resolve_device
 from rayrl.workers import ActorRolloutRefWorker, CriticWorker, RewardWorker
 
@@ -45,15 +46,12 @@ class PPOTrainer:
     """Runs PPO-family training (GRPO, GAE-PPO, RLOO, ...) for one config."""
 
     def __init__(self, cfg: RayRLConfig) -> None:
+        check_names(cfg)
         self.cfg = cfg
         self.run = f"{cfg.trainer.experiment_name}-{uuid.uuid4().hex[:6]}"
         self.model_path = resolve_model_path(cfg)
         self.use_critic = critic_enabled(cfg)
-        a = cfg.actor_rollout_ref
-        self.use_ref = bool(
-            a.ref.enable if a.ref.enable is not None
-            else a.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
-        )  # fmt: skip
+        self.use_ref = ref_enabled(cfg)
         self.pools: list[ResourcePool] = []
         self.groups: list[WorkerGroup] = []
         self.kv: KVStore | None = None
@@ -105,7 +103,10 @@ class PPOTrainer:
         """Tokenizer and prompt dataset, before any resource is reserved."""
         from transformers import AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        model = self.cfg.actor_rollout_ref.model
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            model.tokenizer_path or self.model_path, trust_remote_code=model.trust_remote_code
+        )
         self.dataset = self._dataset()
         return self.dataset
 
@@ -122,10 +123,10 @@ class PPOTrainer:
         )  # fmt: skip
 
     def total_steps(self) -> int:
-        """`trainer.total_steps`, or whole batches of the (loaded) dataset x epochs."""
+        """`trainer.total_training_steps`, or whole batches of the loaded dataset x epochs."""
         t, d = self.cfg.trainer, self.cfg.data
-        if t.total_steps is not None:
-            return t.total_steps
+        if t.total_training_steps is not None:
+            return t.total_training_steps
         return max(1, len(self.dataset) // d.train_batch_size) * t.total_epochs
 
     def shutdown(self) -> None:
@@ -141,7 +142,7 @@ class PPOTrainer:
         """(step, prompts) for the whole run, epoch after epoch, seeded per epoch."""
         d, t, step = self.cfg.data, self.cfg.trainer, 0
         total = self.total_steps()
-        for epoch in range(t.total_epochs if t.total_steps is None else 10**9):
+        for epoch in range(t.total_epochs if t.total_training_steps is None else 10**9):
             for prompts in self.dataset.batches(
                 d.train_batch_size, epoch=epoch, seed=t.seed, shuffle=d.shuffle
             ):
@@ -183,13 +184,18 @@ class PPOTrainer:
             if self.critic is not None:
                 with _timer(timing, "update_critic"):
                     metrics.update(self.critic.update_critic(batch))
-            with _timer(timing, "update_actor"):
-                metrics.update(self.actor.update_actor(batch))
+            if self._actor_learns(prompts):
+                with _timer(timing, "update_actor"):
+                    metrics.update(self.actor.update_actor(batch))
         metrics.update(_batch_metrics(batch, scores))
         metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
         tokens = float(batch["attention_mask"].sum())
         metrics["perf/throughput"] = tokens / timing["step"]
         return metrics
+
+    def _actor_learns(self, prompts: Batch) -> bool:
+        """False during the critic's warm-up (`trainer.critic_warmup` first steps)."""
+        return int(prompts.meta.get("step", 0)) >= self.cfg.trainer.critic_warmup
 
     def _advantages(self, batch: Batch) -> dict[str, float]:
         alg, mask = self.cfg.algorithm, batch["response_mask"]

@@ -35,7 +35,7 @@ def pools_from_config(cfg: RayRLConfig, device: str) -> list[PoolSpec]:
     ]
     # The reward worker's scoring processes are light: one reserved CPU for all of them.
     reward_bundle: dict[str, float] = {"CPU": 1.0}
-    if cfg.reward.model.enable and device == "cuda":
+    if cfg.reward_model.enable and device == "cuda":
         reward_bundle["GPU"] = 1.0
     pools.append(PoolSpec(name="reward", per_node=[1], bundle=reward_bundle, strategy="PACK"))
     return pools

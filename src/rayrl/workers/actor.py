@@ -17,12 +17,16 @@ from typing import Any
 from rayrl.batch import Batch
 from rayrl.config.schema import RayRLConfig
 from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
+from rayrl.engines.lora import LoraSpec
 from rayrl.engines.rollout import HFRolloutEngine, SamplingParams, make_rollout_engine
 from rayrl.engines.train import TrainEngine
 from rayrl.workers.common import (
     engine_kwargs,
+    epoch_rows,
+    forward_sizes,
     join_process_group,
     mean_metrics,
+    optim_spec,
     per_rank_mini_batch,
 )
 from rayrl.workers.losses import actor_loss_fn
@@ -36,46 +40,50 @@ class ActorRolloutRefWorker(Worker):
         total_steps: int | None = None, with_ref: bool = True,
     ) -> None:  # fmt: skip
         self.cfg = config
-        arr = config.actor_rollout_ref
+        arr, seed = config.actor_rollout_ref, config.trainer.seed
         join_process_group(self, dist_backend)
+        lora = LoraSpec.from_model_config(arr.model)
         self.actor = TrainEngine(
-            model_path, optim=arr.actor.optim, total_steps=total_steps,
-            lora=arr.model.lora if arr.model.lora.rank > 0 else None,
-            **engine_kwargs(arr.model, arr.actor.fsdp.mixed_precision, config.trainer.seed),
+            model_path, optim=optim_spec(arr.actor.optim, total_steps), total_steps=total_steps,
+            lora=lora, **engine_kwargs(arr.model, arr.actor.fsdp_config, seed),
         )  # fmt: skip
-        self.lora = arr.model.lora.rank > 0
+        self.lora = lora is not None
         self.ref = None
         if with_ref and not self.lora:
             self.ref = TrainEngine(
-                model_path, trainable=False,
-                **engine_kwargs(arr.model, arr.actor.fsdp.mixed_precision, config.trainer.seed),
-            )  # fmt: skip
+                model_path, trainable=False, **engine_kwargs(arr.model, arr.ref.fsdp_config, seed)
+            )
         self.with_ref = with_ref
-        self.tokenizer = _load_tokenizer(arr.model.tokenizer_path or model_path)
+        self.tokenizer = _load_tokenizer(
+            arr.model.tokenizer_path or model_path, arr.model.trust_remote_code
+        )
         # The rollout engine shares the training module only when unsharded and on HF;
         # otherwise it owns a full copy, refreshed from gathered weights after updates.
-        self._owns_copy = self.actor.sharded or arr.rollout.engine != "hf"
+        self._owns_copy = self.actor.sharded or arr.rollout.name != "hf"
         if self._owns_copy:
             self.rollout = make_rollout_engine(
-                arr.rollout.engine, model_path=model_path, tokenizer=self.tokenizer,
+                arr.rollout.name, model_path=model_path, tokenizer=self.tokenizer,
                 device=str(self.actor.device),
             )  # fmt: skip
         else:
             self.rollout = HFRolloutEngine(model=self.actor.model, tokenizer=self.tokenizer)
         self._stale = self._owns_copy
-        self.loss_fn = actor_loss_fn(arr.actor, config.data.max_response_length)
+        self.loss_fn = actor_loss_fn(
+            arr.actor, config.data.max_response_length, config.algorithm.rollout_correction
+        )
 
     # ---------------------------------------------------------------- rollout
     def sampling_params(self, validate: bool = False) -> SamplingParams:
-        r, data = self.cfg.actor_rollout_ref.rollout, self.cfg.data
-        temperature = r.val_temperature if validate else r.temperature
+        """Training sampling (`rollout.*`), or validation sampling (`rollout.val_kwargs.*`)."""
+        rollout = self.cfg.actor_rollout_ref.rollout
+        r = rollout.val_kwargs if validate else rollout
         return SamplingParams(
-            n=1 if validate else r.n,
-            temperature=temperature,
+            n=r.n,
+            temperature=r.temperature,
             top_p=r.top_p,
             top_k=max(r.top_k, 0),
-            max_new_tokens=data.max_response_length,
-            do_sample=r.do_sample and temperature > 0,
+            max_new_tokens=self.cfg.data.max_response_length,
+            do_sample=r.do_sample and r.temperature > 0,
             seed=self.cfg.trainer.seed,
         )
 
@@ -95,22 +103,22 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch=DP_SPLIT)
     def compute_log_prob(self, batch: Batch) -> Batch:
         """The current policy's log-probs of the sampled responses (`old_log_probs`)."""
-        micro = self.cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu
-        batch.meta.setdefault("temperature", self.cfg.actor_rollout_ref.rollout.temperature)
-        out = self.actor.forward(batch, micro_batch_size=micro, with_entropy=True)
+        r = self.cfg.actor_rollout_ref.rollout
+        batch.meta.setdefault("temperature", r.temperature)
+        out = self.actor.forward(batch, with_entropy=True, **forward_sizes(r))
         return Batch({"old_log_probs": out["log_probs"], "entropy": out["entropy"]})
 
     @register(dispatch=DP_SPLIT)
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         """The reference policy's log-probs (`ref_log_prob`): the frozen initial model,
         or with LoRA the same model with its adapters disabled."""
-        micro = self.cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu
+        sizes = forward_sizes(self.cfg.actor_rollout_ref.ref)
         batch.meta.setdefault("temperature", self.cfg.actor_rollout_ref.rollout.temperature)
         if self.lora:
             with self.actor.adapters_disabled():
-                out = self.actor.forward(batch, micro_batch_size=micro)
+                out = self.actor.forward(batch, **sizes)
         elif self.ref is not None:
-            out = self.ref.forward(batch, micro_batch_size=micro)
+            out = self.ref.forward(batch, **sizes)
         else:
             raise RuntimeError(
                 f"actor rank {self.rank}: compute_ref_log_prob called but the reference "
@@ -126,12 +134,13 @@ class ActorRolloutRefWorker(Worker):
         mini = per_rank_mini_batch(a.ppo_mini_batch_size * n, self.world_size, len(batch))
         batch.meta.setdefault("temperature", self.cfg.actor_rollout_ref.rollout.temperature)
         metrics: list[dict[str, float]] = []
-        for _ in range(a.ppo_epochs):
+        for epoch in range(a.ppo_epochs):
+            rows = epoch_rows(batch, epoch, a.shuffle, self.cfg.trainer.seed, self.rank)
             metrics.append(
                 self.actor.train_step(
-                    batch, self.loss_fn, mini_batch_size=mini,
+                    rows, self.loss_fn, mini_batch_size=mini,
                     micro_batch_size=None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu,
-                    max_tokens_per_micro_batch=a.max_tokens_per_micro_batch if a.use_dynamic_bsz else None,
+                    max_tokens_per_micro_batch=a.ppo_max_token_len_per_gpu if a.use_dynamic_bsz else None,
                     with_entropy=a.entropy_coeff != 0,
                 )
             )  # fmt: skip
@@ -157,7 +166,7 @@ class ActorRolloutRefWorker(Worker):
         return {"device": str(self.actor.device), "sharded": self.actor.sharded, "pid": os.getpid()}
 
 
-def _load_tokenizer(path: str):
+def _load_tokenizer(path: str, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)

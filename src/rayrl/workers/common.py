@@ -6,20 +6,61 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from rayrl.config.schema import ModelConfig
+import torch
+
+from rayrl.batch import Batch
+from rayrl.engines.optim import OptimSpec
+
+# verl's short dtype names -> torch's
+DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-def engine_kwargs(model: ModelConfig, mixed_precision: bool, seed: int) -> dict[str, Any]:
-    """TrainEngine keyword arguments from a model config group."""
+def engine_kwargs(model: Any, fsdp_config: Any, seed: int) -> dict[str, Any]:
+    """TrainEngine keyword arguments from a model group and its ``fsdp_config``.
+
+    ``fsdp_config.model_dtype`` is the master weights' dtype; ``fsdp_config.dtype``
+    bfloat16 turns on mixed precision (bf16 compute on GPU), float32 turns it off.
+    """
+    dtype = DTYPE_NAMES.get(fsdp_config.model_dtype, fsdp_config.model_dtype)
+    compute = DTYPE_NAMES.get(fsdp_config.dtype, fsdp_config.dtype)
     return {
-        "dtype": "float32" if model.dtype == "auto" else model.dtype,
+        "dtype": dtype,
         "attn_implementation": model.attn_implementation,
         "gradient_checkpointing": model.enable_gradient_checkpointing,
         "use_remove_padding": model.use_remove_padding,
-        "mixed_precision": mixed_precision,
+        "mixed_precision": compute == "bfloat16",
         "seed": seed,
         "tokenizer_path": model.tokenizer_path,
+        "trust_remote_code": model.trust_remote_code,
     }
+
+
+def forward_sizes(group: Any) -> dict[str, int | None]:
+    """Micro-batch size or token budget of a log-prob pass (a `rollout` or `ref` group)."""
+    if group.log_prob_use_dynamic_bsz:
+        return {"max_tokens_per_micro_batch": group.log_prob_max_token_len_per_gpu}
+    return {"micro_batch_size": group.log_prob_micro_batch_size_per_gpu}
+
+
+def optim_spec(optim: Any, total_steps: int | None) -> OptimSpec:
+    """The engine's optimizer settings from a config's ``optim`` group (verl's names).
+
+    ``lr_warmup_steps`` < 0 means ``lr_warmup_steps_ratio`` x the run's steps.
+    """
+    warmup = optim.lr_warmup_steps
+    if warmup < 0:
+        warmup = int(optim.lr_warmup_steps_ratio * (total_steps or 0))
+    return OptimSpec(
+        lr=optim.lr,
+        betas=tuple(optim.betas),
+        eps=optim.eps,
+        weight_decay=optim.weight_decay,
+        lr_scheduler=optim.lr_scheduler_type,
+        warmup_steps=warmup,
+        min_lr_ratio=optim.min_lr_ratio,
+        num_cycles=optim.num_cycles,
+        grad_clip=optim.clip_grad,
+    )
 
 
 def join_process_group(worker: Any, backend: str) -> None:
@@ -58,3 +99,14 @@ def per_rank_mini_batch(mini_batch_samples: int, world_size: int, local_rows: in
             f"{per_rank}; the step's batch must be train_batch_size x rollout.n samples"
         )
     return per_rank
+
+
+def epoch_rows(batch: Batch, epoch: int, shuffle: bool, seed: int, rank: int) -> Batch:
+    """This rank's rows for one PPO epoch: as they are, or (``shuffle``) permuted by a
+    generator seeded from (seed, step, epoch, rank), so mini-batches differ per epoch
+    and a replayed step draws the same ones."""
+    if not shuffle:
+        return batch
+    step = int(batch.meta.get("step", 0))
+    generator = torch.Generator().manual_seed(hash((seed, step, epoch, rank)) & (2**63 - 1))
+    return batch.index(torch.randperm(len(batch), generator=generator).tolist())

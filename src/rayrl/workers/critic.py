@@ -10,8 +10,10 @@ from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
 from rayrl.engines.train import TrainEngine
 from rayrl.workers.common import (
     engine_kwargs,
+    epoch_rows,
     join_process_group,
     mean_metrics,
+    optim_spec,
     per_rank_mini_batch,
 )
 from rayrl.workers.losses import critic_loss_fn
@@ -27,19 +29,21 @@ class CriticWorker(Worker):
         self.cfg = config
         c = config.critic
         join_process_group(self, dist_backend)
-        kwargs = engine_kwargs(c.model, True, config.trainer.seed)
+        kwargs = engine_kwargs(c.model, c.model.fsdp_config, config.trainer.seed)
         kwargs["tokenizer_path"] = c.model.tokenizer_path or model_path
         self.engine = TrainEngine(
-            c.model.path or model_path, value_head=True, optim=c.optim,
-            total_steps=total_steps, **kwargs,
+            c.model.path or model_path, value_head=True,
+            optim=optim_spec(c.optim, total_steps), total_steps=total_steps, **kwargs,
         )  # fmt: skip
         self.loss_fn = critic_loss_fn(c, config.data.max_response_length)
 
     @register(dispatch=DP_SPLIT)
     def compute_values(self, batch: Batch) -> Batch:
-        out = self.engine.forward(
-            batch, micro_batch_size=self.cfg.critic.ppo_micro_batch_size_per_gpu
-        )
+        c = self.cfg.critic
+        if c.use_dynamic_bsz:
+            out = self.engine.forward(batch, max_tokens_per_micro_batch=c.forward_max_token_len_per_gpu)
+        else:
+            out = self.engine.forward(batch, micro_batch_size=c.forward_micro_batch_size_per_gpu)
         return Batch({"values": out["values"]})
 
     @register(dispatch=DP_SPLIT, collect=mean_metrics)
@@ -48,10 +52,12 @@ class CriticWorker(Worker):
         mini = per_rank_mini_batch(c.ppo_mini_batch_size * n, self.world_size, len(batch))
         metrics = [
             self.engine.train_step(
-                batch, self.loss_fn, mini_batch_size=mini,
-                micro_batch_size=c.ppo_micro_batch_size_per_gpu,
+                epoch_rows(batch, epoch, c.shuffle, self.cfg.trainer.seed, self.rank),
+                self.loss_fn, mini_batch_size=mini,
+                micro_batch_size=None if c.use_dynamic_bsz else c.ppo_micro_batch_size_per_gpu,
+                max_tokens_per_micro_batch=c.ppo_max_token_len_per_gpu if c.use_dynamic_bsz else None,
             )
-            for _ in range(c.ppo_epochs)
+            for epoch in range(c.ppo_epochs)
         ]  # fmt: skip
         out = mean_metrics(metrics, None)
         return {k if "/" in k else f"critic/{k}": v for k, v in out.items()}

@@ -21,7 +21,7 @@ from rayrl.algos import (
     value_loss,
 )
 from rayrl.batch import Batch
-from rayrl.config.schema import ActorConfig, CriticConfig
+from rayrl.config.schema import ActorConfig, CriticConfig, RolloutCorrectionConfig
 
 
 def _aggregation(mode: str, mb: Batch, norm_length: int | None) -> LossAggregation:
@@ -37,9 +37,16 @@ def _item(value: Any) -> float:
     return float(value.detach()) if isinstance(value, Tensor) else float(value)
 
 
-def actor_loss_fn(cfg: ActorConfig, max_response_length: int | None = None):
-    """PPO-family policy loss + optional entropy bonus + optional KL-to-reference loss."""
-    policy = POLICY_LOSSES.get(cfg.policy_loss)
+def actor_loss_fn(
+    cfg: ActorConfig,
+    max_response_length: int | None = None,
+    correction: RolloutCorrectionConfig | None = None,
+):
+    """PPO-family policy loss + optional entropy bonus + optional KL-to-reference loss,
+    with truncated importance weights against the rollout's log-probs when
+    ``correction.rollout_is`` names a level (token or sequence)."""
+    policy = POLICY_LOSSES.get(cfg.policy_loss.loss_mode)
+    is_level = correction.rollout_is if correction is not None else None
     clip = PolicyLossConfig(
         clip_ratio_low=cfg.clip_ratio_low,
         clip_ratio_high=cfg.clip_ratio_high,
@@ -51,10 +58,11 @@ def actor_loss_fn(cfg: ActorConfig, max_response_length: int | None = None):
         agg = _aggregation(cfg.loss_agg_mode, mb, max_response_length)
         log_prob = outputs["log_probs"]
         weights, metrics = None, {}
-        if cfg.tis_cap is not None and "rollout_log_probs" in mb:
+        if is_level is not None and "rollout_log_probs" in mb:
             weights, tis = truncated_is_weights(
-                mb["old_log_probs"], mb["rollout_log_probs"], mask, cap=cfg.tis_cap
-            )
+                mb["old_log_probs"], mb["rollout_log_probs"], mask,
+                cap=correction.rollout_is_threshold, level=is_level,
+            )  # fmt: skip
             metrics.update({f"actor/{k}": _item(v) for k, v in tis.items()})
         pg_loss, pg = policy(
             log_prob, mb["old_log_probs"], mb["advantages"], mask,

@@ -10,7 +10,7 @@ from rayrl.batch import Batch
 from rayrl.config.schema import RayRLConfig
 from rayrl.controller import DP_SPLIT, Worker, register
 from rayrl.engines.train import TrainEngine
-from rayrl.workers.common import engine_kwargs, join_process_group
+from rayrl.workers.common import engine_kwargs, forward_sizes, join_process_group
 
 
 class ReferenceWorker(Worker):
@@ -20,15 +20,16 @@ class ReferenceWorker(Worker):
         self, config: RayRLConfig, model_path: str, *, dist_backend: str = "gloo"
     ) -> None:
         self.cfg = config
-        model = config.actor_rollout_ref.model
+        arr = config.actor_rollout_ref
         join_process_group(self, dist_backend)
         self.engine = TrainEngine(
-            model_path, trainable=False, **engine_kwargs(model, True, config.trainer.seed)
-        )
+            model_path, trainable=False,
+            **engine_kwargs(arr.model, arr.ref.fsdp_config, config.trainer.seed),
+        )  # fmt: skip
 
     @register(dispatch=DP_SPLIT)
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         arr = self.cfg.actor_rollout_ref
         batch.meta.setdefault("temperature", arr.rollout.temperature)
-        out = self.engine.forward(batch, micro_batch_size=arr.ref.log_prob_micro_batch_size_per_gpu)
+        out = self.engine.forward(batch, **forward_sizes(arr.ref))
         return Batch({"ref_log_prob": out["log_probs"]})

@@ -24,19 +24,22 @@ class RewardWorker(Worker):
     def init_worker(self, config: RayRLConfig, tokenizer_path: str) -> None:
         from transformers import AutoTokenizer
 
-        r = config.reward
-        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        r, rm, fn = config.reward, config.reward_model, config.custom_reward_function
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            tokenizer_path, trust_remote_code=config.actor_rollout_ref.model.trust_remote_code
+        )
         self.source: RewardPool | HTTPReward
-        if r.model.enable:
+        if rm.enable:
             from rayrl.rewards import ModelReward
 
             self.source = ModelReward(
-                r.model.path, micro_batch_size=r.model.micro_batch_size_per_gpu
-            )
+                rm.model.path, micro_batch_size=rm.micro_batch_size_per_gpu,
+                max_length=rm.max_length,
+            )  # fmt: skip
         elif r.http.url:
             self.source = HTTPReward(r.http.url, timeout_s=r.http.timeout_s, retries=r.http.retries)
         else:
-            spec = spec_from_config(r.function.path, r.function.name)
+            spec = spec_from_config(fn.path, fn.name)
             self.source = RewardPool(spec, num_workers=r.num_workers, timeout_s=r.timeout_s)
 
     @register(dispatch=DP_SPLIT)

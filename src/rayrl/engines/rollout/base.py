@@ -6,7 +6,7 @@ the trainer, and can release its generation memory (KV cache) between rollouts s
 training can use it: ``sleep()`` frees, ``wake()`` reacquires.
 
 Engines register themselves in ``ROLLOUT_ENGINES`` under the name the config uses
-(``actor_rollout_ref.rollout.engine``): "hf" (transformers ``generate()``) now,
+(``actor_rollout_ref.rollout.name``): "hf" (transformers ``generate()``) now,
 "native" later. ``make_rollout_engine("hf", model=..., tokenizer=...)`` builds one;
 an unknown name fails with a "did you mean" suggestion.
 """
@@ -82,7 +82,7 @@ class RolloutEngine(ABC):
 
 
 ROLLOUT_ENGINES: Registry[type[RolloutEngine]] = Registry(
-    "rollout engine", config_key="actor_rollout_ref.rollout.engine"
+    "rollout engine", config_key="actor_rollout_ref.rollout.name"
 )
 
 

@@ -1,0 +1,57 @@
+"""Names in a config that pick a registered implementation, checked before Ray starts.
+
+`check_names(cfg)` looks every such name up in the registry that serves it (advantage
+estimators, policy losses, KL estimators and controllers, loss aggregations, LR
+schedules, rollout engines, trackers, synthetic tasks) and raises `ConfigError` with
+the key, a "did you mean" and the valid names. It runs when the command line loads
+a config and again when a trainer is built, so a misspelt name costs seconds, not a
+cluster start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from rayrl.algos import ADV_ESTIMATORS, AGG_MODES, KL_CONTROLLERS, KL_ESTIMATORS, POLICY_LOSSES
+from rayrl.algos.registry import Registry
+from rayrl.config.load import ConfigError
+from rayrl.config.schema import RayRLConfig
+from rayrl.data import SYNTHETIC_TASKS
+from rayrl.engines.optim import LR_SCHEDULES
+from rayrl.engines.rollout import ROLLOUT_ENGINES
+
+# The trackers `trainer.logger` may name (the trainer's tracking module implements them).
+TRACKERS: Registry[None] = Registry("tracker", config_key="trainer.logger")
+for _name in ("console", "jsonl", "tensorboard", "wandb", "mlflow"):
+    TRACKERS.add(_name, None)
+
+
+def _named(cfg: RayRLConfig) -> Iterable[tuple[str, str, Registry]]:
+    """(config key, value, registry) for every registry-backed name of a config."""
+    arr, alg = cfg.actor_rollout_ref, cfg.algorithm
+    actor = "actor_rollout_ref.actor"
+    yield "algorithm.adv_estimator", alg.adv_estimator, ADV_ESTIMATORS
+    yield "algorithm.kl_penalty", alg.kl_penalty, KL_ESTIMATORS
+    yield "algorithm.kl_ctrl.type", alg.kl_ctrl.type, KL_CONTROLLERS
+    yield f"{actor}.policy_loss.loss_mode", arr.actor.policy_loss.loss_mode, POLICY_LOSSES
+    yield f"{actor}.kl_loss_type", arr.actor.kl_loss_type, KL_ESTIMATORS
+    yield f"{actor}.loss_agg_mode", arr.actor.loss_agg_mode, AGG_MODES
+    yield "critic.loss_agg_mode", cfg.critic.loss_agg_mode, AGG_MODES
+    yield f"{actor}.optim.lr_scheduler_type", arr.actor.optim.lr_scheduler_type, LR_SCHEDULES
+    yield "critic.optim.lr_scheduler_type", cfg.critic.optim.lr_scheduler_type, LR_SCHEDULES
+    yield "actor_rollout_ref.rollout.name", arr.rollout.name, ROLLOUT_ENGINES
+    for tracker in cfg.trainer.logger:
+        yield "trainer.logger", tracker, TRACKERS
+
+
+def check_names(cfg: RayRLConfig) -> None:
+    """Raise ConfigError for the first name no registry knows."""
+    for key, value, registry in _named(cfg):
+        if value not in registry:
+            raise ConfigError(f"{key}={value!r}: {registry.unknown_message(value, key)}")
+    task = cfg.data.synthetic_task
+    if not cfg.data.train_files and task not in SYNTHETIC_TASKS:
+        raise ConfigError(
+            f"data.synthetic_task={task!r} is not one of {', '.join(SYNTHETIC_TASKS)} "
+            "(used when data.train_files is empty)"
+        )
