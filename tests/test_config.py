@@ -216,3 +216,15 @@ def test_verl_keys_without_effect_warn_one_line_each(capsys):
     assert len(err) == 2
     assert "tensor_model_parallel_size=2 has no effect in rayrl" in err[0]
     assert "rollout.name=vllm" in err[1] and "'hf'" in err[1]
+
+
+def test_no_config_runs_the_demo_unless_a_model_or_data_is_named(capsys):
+    # DESIGN.md: every command that takes a config works with none (the demo's config);
+    # naming a model or train files starts from verl's defaults instead.
+    assert main(["config", "show"]) == 0
+    captured = capsys.readouterr()
+    assert "train_batch_size: 8\n" in captured.out and "demo config 'grpo'" in captured.err
+    verl = ["actor_rollout_ref.actor.use_dynamic_bsz=true", "critic.use_dynamic_bsz=true"]
+    assert main(["config", "show", "data.train_files=/d/train.parquet", *verl]) == 0
+    captured = capsys.readouterr()
+    assert "train_batch_size: 1024\n" in captured.out and "demo config" not in captured.err
