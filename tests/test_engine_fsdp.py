@@ -57,6 +57,9 @@ def test_two_ranks_match_one_rank(two_rank_run, one_rank, tiny_model_dir):  # no
     for r in results:
         assert _close(r["a"]["loss"], a["loss"]) and _close(r["a"]["grad_norm"], a["grad_norm"])
         assert _close(r["b"]["loss"], b["loss"]) and _close(r["b"]["grad_norm"], b["grad_norm"])
+        # loss_fn metrics are the mini-batch's values whatever the micro-batch and rank split
+        assert _close(r["a"]["pg_loss"], a["pg_loss"]) and _close(r["b"]["pg_loss"], b["pg_loss"])
+    assert _close(a["pg_loss"], a["loss"]) and _close(b["pg_loss"], b["loss"])
     assert results[1]["b"]["micro_batches"] == results[0]["b"]["micro_batches"] == 4
     weights = results[0]["weights"]
     state = engine.model.state_dict()

@@ -32,6 +32,16 @@ def config(*overrides: str):
     return load_config("grpo", [*BASE, *overrides])
 
 
+def local_worker(worker_cls, **init):
+    """A worker of one rank in this process (no Ray): the real class and methods."""
+    from rayrl.controller.worker import WorkerContext
+
+    worker = worker_cls()
+    worker.ctx = WorkerContext(group="local", role="local", rank=0, world_size=1)
+    worker.init_worker(**init)
+    return worker
+
+
 def group_on(worker_cls, ranks: int, role: str, cpus: float = 0.5):
     """A created WorkerGroup on a fresh pool of `ranks` bundles, with its KV store."""
     run = f"{role}-{uuid.uuid4().hex[:6]}"

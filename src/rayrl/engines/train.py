@@ -24,6 +24,10 @@ number of ranks before ``backward()`` to turn that average into a sum. The loss_
 not scale by the number of micro-batches or ranks itself. The result: the same
 gradient, to rounding, whatever the split into micro-batches and ranks. The reported
 ``loss`` metric is the mini-batch loss (shares summed over micro-batches and ranks).
+
+The loss_fn's *metrics* are shares too (a token mean is a masked sum divided by
+``global_token_count``): the engine sums them over micro-batches and ranks, so each is
+its mini-batch value whatever the split, then averages over the mini-batches.
 """
 
 from __future__ import annotations
@@ -190,6 +194,7 @@ class TrainEngine:
         micro_batch_size: int | None = None,
         max_tokens_per_micro_batch: int | None = None,
         with_entropy: bool = False,
+        step_lr: bool = True,
     ) -> dict[str, float]:
         """One training step: an optimizer step per mini-batch, then one LR-schedule step.
 
@@ -202,11 +207,15 @@ class TrainEngine:
             micro_batch_size: rows per forward/backward; or instead
             max_tokens_per_micro_batch: a real-token budget per forward/backward.
             with_entropy: put ``entropy`` in the outputs given to ``loss_fn``.
+            step_lr: advance the LR schedule after this call. A caller that makes
+                several calls per schedule step (PPO epochs of one RL step) passes
+                True on the last only.
 
         Returns:
             ``loss`` (mini-batch loss), ``grad_norm`` (applied steps), ``lr``,
             ``skipped`` (this call), ``skipped_steps`` (total), ``micro_batches``, and
-            ``loss_fn``'s metrics averaged over this rank's micro-batches.
+            ``loss_fn``'s metrics (shares summed over micro-batches and ranks, averaged
+            over mini-batches).
         """
         self._require_onloaded(optimizer=True)
         if len(batch) == 0:
@@ -223,9 +232,10 @@ class TrainEngine:
             engine_values = self._train_mini_batch(mini, plan, loss_fn, with_entropy, loss_metrics)
             for key, value in engine_values.items():
                 metrics[key].append(value)
-        with warnings.catch_warnings():  # every step skipped is not a misordered call
-            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
-            self.scheduler.step()
+        if step_lr:
+            with warnings.catch_warnings():  # every step skipped is not a misordered call
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+                self.scheduler.step()
         self.train_steps += 1
         out = {k: sum(v) / len(v) for k, v in loss_metrics.items() if v}
         out.update({k: sum(v) / len(v) for k, v in metrics.items() if v})
@@ -245,24 +255,28 @@ class TrainEngine:
     ) -> dict[str, float]:
         """Accumulate gradients over ``plan``'s micro-batches, then clip and step.
 
-        Appends ``loss_fn``'s metrics to ``loss_metrics``; returns the engine's.
+        Appends ``loss_fn``'s metrics, summed over micro-batches and ranks, to
+        ``loss_metrics``; returns the engine's.
         """
         tokens, seqs = self._global_counts(mini)
-        share_total = torch.zeros((), dtype=torch.float64, device=self.device)
+        shares: dict[str, float] = defaultdict(float)
+        shares["loss"] = 0.0
         for rows in plan:
             micro, outputs = self._run(mini, rows, with_entropy, counts=(tokens, seqs))
             if rows is None:  # a dummy: same collectives as a real micro-batch, zero gradient
                 loss = sum(v.sum() for v in outputs.values()) * 0.0
             else:
                 loss, step_metrics = loss_fn(outputs, micro)
-                share_total += loss.detach().double()
+                shares["loss"] += float(loss.detach().double())
                 for key, value in step_metrics.items():
-                    loss_metrics[key].append(float(torch.as_tensor(value).detach().float().mean()))
+                    shares[key] += float(torch.as_tensor(value).detach().double().sum())
             (loss * self.world_size).backward()
-        values = {
-            "loss": self._all_reduce([float(share_total)])[0],
-            "micro_batches": float(len(plan)),
-        }
+        keys = sorted(shares)  # the same loss_fn on every rank: the same keys
+        totals = dict(zip(keys, self._all_reduce([shares[k] for k in keys]), strict=True))
+        for key in keys:
+            if key != "loss":
+                loss_metrics[key].append(totals[key])
+        values = {"loss": totals["loss"], "micro_batches": float(len(plan))}
         grad_norm = self._clip_and_step()
         if grad_norm is not None:
             values["grad_norm"] = grad_norm

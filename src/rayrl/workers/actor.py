@@ -129,7 +129,9 @@ class ActorRolloutRefWorker(Worker):
     # ------------------------------------------------------------------ update
     @register(dispatch=DP_SPLIT, collect=mean_metrics)
     def update_actor(self, batch: Batch) -> dict[str, float]:
-        """PPO epochs over mini-batches of this rank's share; metrics averaged over ranks."""
+        """PPO epochs over mini-batches of `ppo_mini_batch_size` x n samples (this rank's
+        share of each); one LR-schedule step per call (an RL step). Metrics are each
+        mini-batch's value, averaged over mini-batches and epochs."""
         a, n = self.cfg.actor_rollout_ref.actor, self.cfg.actor_rollout_ref.rollout.n
         mini = per_rank_mini_batch(a.ppo_mini_batch_size * n, self.world_size, len(batch))
         batch.meta.setdefault("temperature", self.cfg.actor_rollout_ref.rollout.temperature)
@@ -141,11 +143,13 @@ class ActorRolloutRefWorker(Worker):
                     rows, self.loss_fn, mini_batch_size=mini,
                     micro_batch_size=None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu,
                     max_tokens_per_micro_batch=a.ppo_max_token_len_per_gpu if a.use_dynamic_bsz else None,
-                    with_entropy=a.entropy_coeff != 0,
+                    with_entropy=a.entropy_coeff != 0, step_lr=epoch == a.ppo_epochs - 1,
                 )
             )  # fmt: skip
         self._stale = self._owns_copy
         out = mean_metrics([metrics], None)
+        if a.use_kl_loss:
+            out["actor/kl_coef"] = a.kl_loss_coef
         return {f"actor/{k}" if "/" not in k else k: v for k, v in out.items()}
 
     # ------------------------------------------------------------- checkpoints

@@ -56,6 +56,7 @@ class CriticWorker(Worker):
                 self.loss_fn, mini_batch_size=mini,
                 micro_batch_size=None if c.use_dynamic_bsz else c.ppo_micro_batch_size_per_gpu,
                 max_tokens_per_micro_batch=c.ppo_max_token_len_per_gpu if c.use_dynamic_bsz else None,
+                step_lr=epoch == c.ppo_epochs - 1,
             )
             for epoch in range(c.ppo_epochs)
         ]  # fmt: skip

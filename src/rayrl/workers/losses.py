@@ -3,7 +3,10 @@
 Each builder returns a `loss_fn(outputs, micro_batch) -> (loss, metrics)` in the
 training engine's contract: the loss is this micro-batch's share of the mini-batch
 loss, using the mini-batch's global counts that the engine puts in `micro_batch.meta`.
-Metric names follow verl (`actor/pg_loss`, `critic/vf_loss`, ...).
+Every metric is a share as well (a loss term as aggregated, a token mean as this
+micro-batch's masked sum over the mini-batch's token count), so the engine's sum over
+micro-batches and ranks is the mini-batch's value whatever the split. Metric names
+follow verl (`actor/pg_loss`, `actor/entropy`, `critic/vf_loss`, ...).
 """
 
 from __future__ import annotations
@@ -37,6 +40,13 @@ def _item(value: Any) -> float:
     return float(value.detach()) if isinstance(value, Tensor) else float(value)
 
 
+def _token_share(mean: Any, mask: Tensor, mb: Batch) -> float:
+    """This micro-batch's share of a mini-batch token mean, from its own token mean."""
+    local = float(mask.sum())
+    total = mb.meta.get("global_token_count")
+    return _item(mean) * local / float(total) if total else _item(mean)
+
+
 def actor_loss_fn(
     cfg: ActorConfig,
     max_response_length: int | None = None,
@@ -63,25 +73,24 @@ def actor_loss_fn(
                 mb["old_log_probs"], mb["rollout_log_probs"], mask,
                 cap=correction.rollout_is_threshold, level=is_level,
             )  # fmt: skip
-            metrics.update({f"actor/{k}": _item(v) for k, v in tis.items()})
+            metrics.update({f"actor/{k}": _token_share(v, mask, mb) for k, v in tis.items()})
         pg_loss, pg = policy(
             log_prob, mb["old_log_probs"], mb["advantages"], mask,
             config=clip, agg=agg, is_weights=weights,
         )  # fmt: skip
         loss = pg_loss
         metrics["actor/pg_loss"] = _item(pg_loss)
-        metrics.update({f"actor/{k}": _item(v) for k, v in pg.items()})
-        if cfg.entropy_coeff and "entropy" in outputs:
+        metrics.update({f"actor/{k}": _token_share(v, mask, mb) for k, v in pg.items()})
+        if "entropy" in outputs:
             entropy = agg(outputs["entropy"], mask)
             loss = loss - cfg.entropy_coeff * entropy
             metrics["actor/entropy"] = _item(entropy)
         if cfg.use_kl_loss:
-            kl, kl_metrics = kl_loss(
+            kl, _ = kl_loss(
                 log_prob, mb["ref_log_prob"], mask, estimator=cfg.kl_loss_type, agg=agg
             )
             loss = loss + cfg.kl_loss_coef * kl
-            metrics["actor/kl_loss"] = _item(kl_metrics["kl_loss"])
-            metrics["actor/kl_coef"] = cfg.kl_loss_coef
+            metrics["actor/kl_loss"] = _item(kl)
         return loss, metrics
 
     return loss_fn
@@ -98,7 +107,7 @@ def critic_loss_fn(cfg: CriticConfig, max_response_length: int | None = None):
             cliprange_value=cfg.cliprange_value, agg=agg,
         )  # fmt: skip
         metrics = {"critic/vf_loss": _item(loss)}
-        metrics.update({f"critic/{k}": _item(v) for k, v in vm.items()})
+        metrics.update({f"critic/{k}": _token_share(v, mask, mb) for k, v in vm.items()})
         return loss, metrics
 
     return loss_fn
