@@ -146,12 +146,31 @@ def test_value_loss_matches_loop_reference(case, clip, mode):
         for t in range(case.length):
             v, old, r = float(vpreds[i, t]), float(values[i, t]), float(returns[i, t])
             a = (v - r) ** 2
-            b = (old + min(max(v - old, -clip), clip) - r) ** 2 if clip is not None else a
+            b = (min(max(v, old - clip), old + clip) - r) ** 2 if clip is not None else a
             losses[i, t] = max(a, b)
             clipped_count += int(b > a and case.mask[i, t] > 0)
     assert_close(loss, 0.5 * torch.as_tensor(loop_aggregate(losses, case.mask, mode)))
     n_tokens = int(case.mask.sum())
     assert abs(float(metrics["vf_clipfrac"]) - clipped_count / max(n_tokens, 1)) < 1e-12
+
+
+def test_vf_clipfrac_counts_no_rounding_as_clipping():
+    """verl's definition: inside the clip range the clipped prediction is vpreds itself.
+    values + (vpreds - values) differs from vpreds by an ulp when values is much larger
+    than vpreds, which counted ~6% of these tokens as clipped."""
+    gen = torch.Generator().manual_seed(0)
+    values = (torch.randn(64, 32, generator=gen) * 0.2).clamp(-0.45, 0.45)
+    vpreds = torch.randn(64, 32, generator=gen) * 0.01  # |vpreds - values| < 0.5 everywhere
+    returns = torch.randn(64, 32, generator=gen)
+    mask = torch.ones(64, 32)
+    loss, metrics = value_loss(vpreds, values, returns, mask, cliprange_value=0.5)
+    assert float(metrics["vf_clipfrac"]) == 0.0
+    assert float(loss) == pytest.approx(0.5 * float(((vpreds - returns) ** 2).mean()), rel=1e-6)
+    far = values + torch.where(torch.arange(32) < 8, 0.9, 0.1)  # a quarter outside the range
+    _, metrics = value_loss(far, values, returns, mask, cliprange_value=0.5)
+    clipped = ((far.clamp(values - 0.5, values + 0.5) - returns) ** 2 > (far - returns) ** 2)
+    assert float(metrics["vf_clipfrac"]) == pytest.approx(float(clipped.float().mean()))
+    assert 0 < float(metrics["vf_clipfrac"]) <= 0.25
 
 
 def test_value_loss_gradcheck():

@@ -235,7 +235,8 @@ def value_loss(
         cliprange_value: ``c``; ``None`` turns clipping off.
         agg: loss aggregation, as for the policy losses.
 
-    Metrics: ``vf_clipfrac`` (tokens where the clipped term was larger), ``vpred_mean``.
+    Metrics: ``vf_clipfrac`` (tokens where the clipped term was larger: verl's
+    definition), ``vpred_mean``.
     """
     mask = response_mask.bool()
     vpreds = torch.where(mask, vpreds, torch.zeros_like(vpreds))
@@ -245,7 +246,9 @@ def value_loss(
     if cliprange_value is None:
         losses, clipfrac = unclipped, unclipped.new_zeros(())
     else:
-        clipped_pred = values + (vpreds - values).clamp(-cliprange_value, cliprange_value)
+        # clamp, not values + clamp(vpreds - values): inside the range the clipped
+        # prediction is exactly vpreds, so rounding never counts as clipping (verl's rule)
+        clipped_pred = torch.clamp(vpreds, values - cliprange_value, values + cliprange_value)
         clipped = (clipped_pred - returns) ** 2
         losses = torch.maximum(unclipped, clipped)
         clipfrac = _clip_metric(clipped > unclipped, response_mask, clipped)
