@@ -168,3 +168,45 @@ def test_protocol_violations_are_errors(server, url):
         HTTPReward("127.0.0.1:80/score")
     with pytest.raises(ValueError, match="retries >= 0"):
         HTTPReward(url, retries=-1)
+
+
+def test_an_outage_scores_zero_and_stops_only_past_the_error_rate(server, url):
+    from rayrl.rewards.budget import ErrorBudget
+
+    budget = ErrorBudget(HTTPReward(url, timeout_s=5, retries=0), max_error_rate=0.5)
+    assert [r.score for r in budget.score([item("plain", "1")] * 4)] == [1.0] * 4
+    server.fail_times = 1  # the service is down for one call
+    down = budget.score([item("plain", "1")] * 2)
+    assert [r.score for r in down] == [0.0, 0.0]
+    assert all("reward service outage" in r.error and "HTTP 500" in r.error for r in down)
+    assert budget.stats() == {"items": 6, "errors": 2, "outages": 1}
+    server.fail_times = 10  # it stays down: 6 of 10 samples failed > 0.5
+    with pytest.raises(RewardServiceError, match=r"6 of 10 samples .* \(60%\), over reward.http.max_error_rate=0.5"):
+        budget.score([item("plain", "1")] * 4)
+
+
+def test_reward_worker_scores_an_outage_zero_then_stops_the_run(tmp_path):
+    from rayrl.config import load_config
+    from rayrl.models import build_tiny_model
+    from rayrl.workers import RewardWorker
+    from workers_cases import forced_batch, local_worker, prompts
+
+    with socket.socket() as sock:  # a port nobody listens on: connection refused
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}/score"
+    model = build_tiny_model(tmp_path / "m", layers=1, hidden=32)
+    settings = [f"reward.http.url={dead}", "reward.http.retries=0", "reward.http.timeout_s=2"]
+    tolerant = local_worker(
+        RewardWorker, config=load_config("grpo", [*settings, "reward.http.max_error_rate=1.0"]),
+        tokenizer_path=str(model),
+    )  # fmt: skip
+    batch = prompts(tolerant.tokenizer, 2)
+    batch = forced_batch(batch, token=5, length=3).union(batch.select("data_source", "ground_truth"))
+    out = tolerant.compute_score(batch)
+    assert out["scores"].tolist() == [0.0, 0.0]
+    assert all("reward service outage" in e for e in out["reward_error"])
+    strict = local_worker(
+        RewardWorker, config=load_config("grpo", settings), tokenizer_path=str(model)
+    )
+    with pytest.raises(RewardServiceError, match="2 of 2 samples scored so far failed"):
+        strict.compute_score(batch)

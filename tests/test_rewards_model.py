@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -111,3 +112,64 @@ def test_max_length_keeps_the_end_of_long_sequences(rm_dir, rm):
     ids = rm.tokenizer(text, add_special_tokens=False)["input_ids"]
     tail = rm.tokenizer.decode(ids[-4:])
     assert short.score_texts([text]) == pytest.approx(rm.score_texts([tail]), abs=1e-5)
+
+
+def test_bounded_scores_clip_or_squash_and_keep_the_raw_score(rm):
+    from rayrl.rewards.budget import BoundedScores
+
+    items = [{"prompt": p, "solution_str": r} for p, r in zip(PROMPTS, RESPONSES, strict=True)]
+    raw = [r.score for r in rm.score(items)]
+    assert max(abs(s) for s in raw) > 0.05  # the random head gives scores to bound
+    scale = min(abs(s) for s in raw) / 2
+    for transform, expected in (
+        ("clip", [max(-scale, min(scale, s)) for s in raw]),
+        ("tanh", [scale * math.tanh(s / scale) for s in raw]),
+    ):
+        out = BoundedScores(rm, transform, scale).score(items)
+        assert [r.score for r in out] == pytest.approx(expected)
+        assert [r.extra["raw_score"] for r in out] == pytest.approx(raw)
+        assert all(abs(r.score) <= scale for r in out)
+
+
+def test_reward_worker_runs_the_model_where_its_bundle_is_with_bounded_scores(rm_dir):
+    import numpy as np
+
+    from rayrl.config import load_config
+    from rayrl.rewards.budget import BoundedScores
+    from rayrl.workers import RewardWorker
+    from rayrl.workers.reward import reward_model_placement
+    from workers_cases import local_worker
+
+    cfg = load_config("grpo", [
+        "reward_model.enable=true", f"reward_model.model.path={rm_dir}",
+        "reward_model.micro_batch_size_per_gpu=2", "reward_model.score_transform=tanh",
+        "reward_model.score_scale=0.01",
+    ])  # fmt: skip
+    worker = local_worker(RewardWorker, config=cfg, tokenizer_path=str(rm_dir))
+    assert isinstance(worker.source, BoundedScores)
+    model = worker.source.source
+    expected = ("cuda", torch.bfloat16) if torch.cuda.is_available() else ("cpu", torch.float32)
+    assert (model.device.type, model.dtype) == expected
+    assert reward_model_placement()[1] == expected[1]
+    ids = worker.tokenizer(RESPONSES[0])["input_ids"]
+    batch = _reward_batch(ids)
+    out = worker.compute_score(batch)
+    assert abs(float(out["scores"][0])) < 0.01
+    assert "raw_score" in out["reward_extra"][0] and isinstance(out["reward_extra"], np.ndarray)
+
+
+def _reward_batch(ids: list[int]):
+    import numpy as np
+
+    from rayrl.batch import Batch
+
+    def obj(value):
+        out = np.empty(1, dtype=object)
+        out[0] = value
+        return out
+
+    return Batch(
+        {"responses": torch.tensor([ids]), "response_mask": torch.ones(1, len(ids), dtype=torch.long)},
+        {"data_source": obj("arithmetic"), "ground_truth": obj("19"), "extra_info": obj({}),
+         "raw_prompt": obj(PROMPTS[0])},
+    )  # fmt: skip

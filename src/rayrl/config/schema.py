@@ -30,6 +30,7 @@ class DataConfig:
     val_files: Any = field(default_factory=list)
     prompt_key: str = "prompt"
     train_batch_size: int = 1024  # prompts per step
+    gen_batch_size: int | None = None  # prompts per extra generation round (dynamic sampling)
     val_batch_size: int | None = None
     max_prompt_length: int = 512
     max_response_length: int = 512
@@ -193,11 +194,22 @@ class RewardModelPathConfig:
 
 
 @dataclass
+class OverlongBufferConfig:
+    enable: bool = False  # DAPO's soft overlong penalty
+    len: int = 0  # the last `len` tokens before max_response_length ramp the penalty
+    penalty_factor: float = 0.0
+    log: bool = False  # report reward/overlong_penalty/mean
+
+
+@dataclass
 class RewardModelConfig:
     enable: bool = False
     model: RewardModelPathConfig = field(default_factory=RewardModelPathConfig)
     micro_batch_size_per_gpu: int | None = None
     max_length: int | None = None
+    score_transform: str = "none"  # none | clip | tanh (of the reward model's score)
+    score_scale: float = 1.0  # clip to +-scale, or scale * tanh(score / scale)
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
 
 
 @dataclass
@@ -205,6 +217,7 @@ class RewardHTTPConfig:
     url: str | None = None
     timeout_s: float = 30.0
     retries: int = 3
+    max_error_rate: float = 0.5  # failed fraction of the samples so far that stops the run
 
 
 @dataclass
@@ -225,6 +238,13 @@ class KLControlConfig:
 
 
 @dataclass
+class FilterGroupsConfig:
+    enable: bool = False  # DAPO's dynamic sampling
+    metric: str | None = None  # score | seq_reward | a reward extra such as acc
+    max_num_gen_batches: int = 0  # <= 0: no bound
+
+
+@dataclass
 class RolloutCorrectionConfig:
     rollout_is: str | None = None  # None | token | sequence
     rollout_is_threshold: float = 2.0
@@ -239,7 +259,9 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = False
     kl_penalty: str = "kl"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    mask_truncated_samples: bool = False  # DAPO: no loss on responses cut at the length limit
 
 
 @dataclass

@@ -27,6 +27,7 @@ CHOICES = {
     "critic.model.fsdp_config.model_dtype": MODEL_DTYPES,
     "critic.model.fsdp_config.dtype": COMPUTE_DTYPES,
     "algorithm.rollout_correction.rollout_is": (None, "token", "sequence"),
+    "reward_model.score_transform": ("none", "clip", "tanh"),
 }
 
 
@@ -62,6 +63,7 @@ def check_positive(cfg: RayRLConfig) -> None:
         "critic.ppo_micro_batch_size_per_gpu",
         "critic.forward_micro_batch_size_per_gpu",
         "reward_model.micro_batch_size_per_gpu",
+        "data.gen_batch_size",
     ):
         value = _get(cfg, path)
         if value is not None and value < 1:
@@ -154,8 +156,41 @@ def check_algorithm(cfg: RayRLConfig, n: int) -> None:
             f"algorithm.adv_estimator={alg.adv_estimator} compares the samples of one "
             f"prompt, but actor_rollout_ref.rollout.n={n}; set rollout.n to 2 or more"
         )
+    if alg.kl_ctrl.type != "fixed" and not alg.use_kl_in_reward:
+        raise ConfigError(
+            f"algorithm.kl_ctrl.type={alg.kl_ctrl.type} steers the KL penalty in the reward, "
+            "which is off; set algorithm.use_kl_in_reward=true (the KL loss uses the fixed "
+            "actor_rollout_ref.actor.kl_loss_coef)"
+        )
+    if alg.adv_estimator == "remax" and alg.filter_groups.enable:
+        raise ConfigError("algorithm.filter_groups (dynamic sampling) works with group "
+                          "estimators such as grpo, not remax")  # fmt: skip
+    if alg.filter_groups.enable:
+        if not alg.filter_groups.metric:
+            raise ConfigError(
+                "algorithm.filter_groups.enable=true needs algorithm.filter_groups.metric "
+                "(score, seq_reward, or a reward extra such as acc)"
+            )
+        gen = cfg.data.gen_batch_size
+        if gen is not None and gen < cfg.data.train_batch_size:
+            raise ConfigError(
+                f"data.gen_batch_size={gen} is below data.train_batch_size="
+                f"{cfg.data.train_batch_size}; a generation round draws at least a batch"
+            )
+    buffer = cfg.reward_model.overlong_buffer
+    if buffer.enable and not 0 < buffer.len <= cfg.data.max_response_length:
+        raise ConfigError(
+            f"reward_model.overlong_buffer.len={buffer.len} must be in (0, "
+            f"data.max_response_length={cfg.data.max_response_length}]"
+        )
     if cfg.reward_model.enable and not cfg.reward_model.model.path:
         raise ConfigError("reward_model.enable=true needs reward_model.model.path")
+    if cfg.reward_model.score_scale <= 0:
+        raise ConfigError(f"reward_model.score_scale={cfg.reward_model.score_scale} must be > 0")
+    if not 0.0 <= cfg.reward.http.max_error_rate <= 1.0:
+        raise ConfigError(
+            f"reward.http.max_error_rate={cfg.reward.http.max_error_rate} must be in [0, 1]"
+        )
 
 
 def validate_config(cfg: RayRLConfig) -> None:

@@ -9,15 +9,17 @@ compute_ref_log_prob) -> critic.compute_values (GAE) -> advantages on the contro
 
 from __future__ import annotations
 
+import logging
+import random
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import ray
 
-from rayrl.algos import apply_kl_penalty, compute_advantages, masked_mean
 from rayrl.batch import Batch
 from rayrl.cluster.kv import KVStore
 from rayrl.cluster.pool import ResourcePool
@@ -25,9 +27,13 @@ from rayrl.config.schema import RayRLConfig
 from rayrl.config.validate import critic_enabled, ref_enabled
 from rayrl.controller import WorkerGroup, colocate
 from rayrl.data import PromptDataset, read_parquet, synthetic_rows
+from rayrl.trainer.advantage import AdvantageStage, entropy_metric, greedy_baselines, shape_rewards
+from rayrl.trainer.dynamic_sampling import fill_batch
 from rayrl.trainer.names import check_names
 from rayrl.trainer.resources import pools_from_config, resolve_device
 from rayrl.workers import ActorRolloutRefWorker, CriticWorker, RewardWorker
+
+log = logging.getLogger(__name__)
 
 
 def resolve_model_path(cfg: RayRLConfig) -> str:
@@ -52,6 +58,7 @@ class PPOTrainer:
         self.model_path = resolve_model_path(cfg)
         self.use_critic = critic_enabled(cfg)
         self.use_ref = ref_enabled(cfg)
+        self.advantage = AdvantageStage(cfg)
         self.pools: list[ResourcePool] = []
         self.groups: list[WorkerGroup] = []
         self.kv: KVStore | None = None
@@ -164,30 +171,46 @@ class PPOTrainer:
     def step(self, prompts: Batch) -> dict[str, float]:
         """One PPO step on a batch of prompts; returns its metrics."""
         timing: dict[str, float] = {}
+        metrics: dict[str, float] = {}
+        alg = self.cfg.algorithm
         with _timer(timing, "step"):
             with _timer(timing, "gen"):
                 batch = self.actor.generate(prompts)
             reward_future = self.reward.compute_score(batch, blocking=False)
+            if alg.filter_groups.enable:
+                with _timer(timing, "dynamic_sampling"):
+                    batch = self._scored(batch, reward_future.get(), metrics)
+                    batch, sampled = fill_batch(
+                        self.cfg, batch, lambda r: self._extra_round(prompts, r, metrics)
+                    )
+                metrics.update(sampled)
+                reward_future = None
+            if alg.adv_estimator == "remax":
+                with _timer(timing, "gen_baseline"):
+                    batch["reward_baselines"] = self._greedy_baselines(prompts, batch)
             with _timer(timing, "old_log_prob"):
-                batch = batch.union(self.actor.compute_log_prob(batch).select("old_log_probs"))
+                old = self.actor.compute_log_prob(batch)
+                batch = batch.union(old.select("old_log_probs"))
+                metrics.update(entropy_metric(self.cfg, old["entropy"], batch["response_mask"]))
             if self.use_ref:
                 with _timer(timing, "ref"):
                     batch = batch.union(self.actor.compute_ref_log_prob(batch))
             if self.critic is not None:
                 with _timer(timing, "values"):
                     batch = batch.union(self.critic.compute_values(batch))
-            with _timer(timing, "reward"):
-                scores = reward_future.get()
-            batch = batch.union(scores.select("token_level_scores", "scores"))
+            if reward_future is not None:
+                with _timer(timing, "reward"):
+                    batch = self._scored(batch, reward_future.get(), metrics)
+            lengths = batch["response_mask"].sum(-1).float()
             with _timer(timing, "adv"):
-                metrics = self._advantages(batch)
+                metrics.update(self.advantage(batch))
             if self.critic is not None:
                 with _timer(timing, "update_critic"):
                     metrics.update(self.critic.update_critic(batch))
             if self._actor_learns(prompts):
                 with _timer(timing, "update_actor"):
                     metrics.update(self.actor.update_actor(batch))
-        metrics.update(_batch_metrics(batch, scores))
+        metrics.update(_batch_metrics(batch, lengths))
         metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
         tokens = float(batch["attention_mask"].sum())
         metrics["perf/throughput"] = tokens / timing["step"]
@@ -197,29 +220,44 @@ class PPOTrainer:
         """False during the critic's warm-up (`trainer.critic_warmup` first steps)."""
         return int(prompts.meta.get("step", 0)) >= self.cfg.trainer.critic_warmup
 
-    def _advantages(self, batch: Batch) -> dict[str, float]:
-        alg, mask = self.cfg.algorithm, batch["response_mask"]
-        rewards, metrics = batch["token_level_scores"], {}
-        if alg.use_kl_in_reward:
-            rewards, kl = apply_kl_penalty(
-                rewards, batch["old_log_probs"], batch["ref_log_prob"], mask,
-                alg.kl_ctrl.kl_coef, estimator=alg.kl_penalty,
+    def _scored(self, batch: Batch, scores: Batch, metrics: dict[str, float]) -> Batch:
+        """`batch` with its scores (overlong penalty added); failed scorings logged."""
+        batch = batch.union(
+            scores.select("token_level_scores", "scores", "reward_error", "reward_extra")
+        )
+        metrics.update(shape_rewards(self.cfg, batch))
+        errors = [e for e in batch["reward_error"] if e is not None]
+        if errors:
+            log.warning(
+                "reward: %d of %d samples failed to score and count 0 (first: %s)",
+                len(errors), len(batch), errors[0],
             )  # fmt: skip
-            metrics.update({f"actor/{k}": float(v) for k, v in kl.items()})
-        adv, returns = compute_advantages(
-            alg.adv_estimator, token_level_rewards=rewards, response_mask=mask,
-            index=batch["uid"], values=batch.tensors.get("values"), gamma=alg.gamma,
-            lam=alg.lam, norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
-        )  # fmt: skip
-        batch["token_level_rewards"], batch["advantages"], batch["returns"] = rewards, adv, returns
-        metrics["critic/advantages/mean"] = float(masked_mean(adv, mask))
-        metrics["critic/returns/mean"] = float(masked_mean(returns, mask))
-        return metrics
+        return batch
+
+    def _greedy_baselines(self, prompts: Batch, batch: Batch):
+        """ReMax: each prompt's greedy response, scored, as its samples' baseline."""
+        greedy_prompts = Batch(dict(prompts.tensors), dict(prompts.non_tensors), dict(prompts.meta))
+        greedy_prompts.meta["greedy"] = True
+        greedy = self.actor.generate(greedy_prompts)
+        greedy = greedy.union(self.reward.compute_score(greedy).select("scores"))
+        return greedy_baselines(batch, greedy)
+
+    def _extra_round(self, prompts: Batch, round_: int, metrics: dict[str, float]) -> Batch:
+        """Dynamic sampling: fresh prompts (seeded by run seed, step and round),
+        generated and scored; their uids carry the round so groups never merge."""
+        d, step = self.cfg.data, int(prompts.meta.get("step", 0))
+        size = min(d.gen_batch_size or d.train_batch_size, len(self.dataset))
+        rng = random.Random(f"{self.cfg.trainer.seed}:extra:{step}:{round_}")
+        fresh = self.dataset.collate(rng.sample(range(len(self.dataset)), size))
+        fresh["uid"] = np.array([f"{u}@{round_}" for u in fresh["uid"]], dtype=object)
+        fresh.meta.update(prompts.meta)
+        batch = self.actor.generate(fresh)
+        return self._scored(batch, self.reward.compute_score(batch), metrics)
 
 
-def _batch_metrics(batch: Batch, scores: Batch) -> dict[str, float]:
-    lengths = batch["response_mask"].sum(-1).float()
-    errors = sum(e is not None for e in scores["reward_error"])
+def _batch_metrics(batch: Batch, lengths) -> dict[str, float]:
+    """verl's batch metrics; `lengths` are the response lengths before any masking."""
+    errors = sum(e is not None for e in batch["reward_error"])
     finish = list(batch["finish_reason"])
     return {
         "critic/score/mean": float(batch["scores"].mean()),

@@ -73,10 +73,16 @@ class ActorRolloutRefWorker(Worker):
         )
 
     # ---------------------------------------------------------------- rollout
-    def sampling_params(self, validate: bool = False) -> SamplingParams:
-        """Training sampling (`rollout.*`), or validation sampling (`rollout.val_kwargs.*`)."""
+    def sampling_params(self, validate: bool = False, greedy: bool = False) -> SamplingParams:
+        """Training sampling (`rollout.*`), validation sampling (`rollout.val_kwargs.*`),
+        or one greedy response per prompt (ReMax's baseline)."""
         rollout = self.cfg.actor_rollout_ref.rollout
         r = rollout.val_kwargs if validate else rollout
+        if greedy:
+            return SamplingParams(
+                n=1, temperature=0.0, top_p=1.0, top_k=0, do_sample=False,
+                max_new_tokens=self.cfg.data.max_response_length, seed=self.cfg.trainer.seed,
+            )  # fmt: skip
         return SamplingParams(
             n=r.n,
             temperature=r.temperature,
@@ -94,9 +100,13 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch=DP_SPLIT)
     def generate(self, prompts: Batch) -> Batch:
-        """n samples per prompt (interleaved), with rollout log-probs and finish reasons."""
+        """n samples per prompt (interleaved), with rollout log-probs and finish reasons;
+        meta `validate` samples as validation does, meta `greedy` one greedy response."""
         self._sync_rollout_weights()
-        params = self.sampling_params(validate=bool(prompts.meta.get("validate", False)))
+        params = self.sampling_params(
+            validate=bool(prompts.meta.get("validate", False)),
+            greedy=bool(prompts.meta.get("greedy", False)),
+        )
         return self.rollout.generate(prompts, params)
 
     # --------------------------------------------------------------- log-probs

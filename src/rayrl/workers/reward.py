@@ -2,8 +2,13 @@
 a remote HTTP service, or a reward model, and puts the score on the last token.
 
 A function that raises or hangs scores 0 and is counted (`reward/errors`); the run
-goes on. The result carries `token_level_scores` [b, R] (the score at each response's
-last token), `scores` [b] and a `reward_error` column, and batch metrics in its meta.
+goes on. An outage of the HTTP service scores its items 0 too, counted and logged, and
+stops the run only once more than `reward.http.max_error_rate` of the samples scored
+so far have failed. The reward model runs on the GPU its bundle reserves, in bf16,
+with its scores optionally clipped or tanh-bounded (`reward_model.score_transform`).
+The result carries `token_level_scores` [b, R] (the score at each response's last
+token), `scores` [b], `reward_error` and `reward_extra` (the function's extra values,
+such as `acc`) columns, and batch metrics in its meta.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from rayrl.batch import Batch
 from rayrl.config.schema import RayRLConfig
 from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
 from rayrl.rewards import HTTPReward, RewardPool, RewardResult, spec_from_config
+from rayrl.rewards.budget import BoundedScores, ErrorBudget
 from rayrl.rewards.items import make_items, summarize
 
 
@@ -28,16 +34,19 @@ class RewardWorker(Worker):
         self.tokenizer = AutoTokenizer.from_pretrained(
             tokenizer_path, trust_remote_code=config.actor_rollout_ref.model.trust_remote_code
         )
-        self.source: RewardPool | HTTPReward
+        self.source: RewardPool | ErrorBudget | BoundedScores
         if rm.enable:
             from rayrl.rewards import ModelReward
 
-            self.source = ModelReward(
-                rm.model.path, micro_batch_size=rm.micro_batch_size_per_gpu,
-                max_length=rm.max_length,
+            device, dtype = reward_model_placement()
+            model = ModelReward(
+                rm.model.path, device=device, dtype=dtype,
+                micro_batch_size=rm.micro_batch_size_per_gpu, max_length=rm.max_length,
             )  # fmt: skip
+            self.source = BoundedScores(model, rm.score_transform, rm.score_scale)
         elif r.http.url:
-            self.source = HTTPReward(r.http.url, timeout_s=r.http.timeout_s, retries=r.http.retries)
+            service = HTTPReward(r.http.url, timeout_s=r.http.timeout_s, retries=r.http.retries)
+            self.source = ErrorBudget(service, r.http.max_error_rate)
         else:
             spec = spec_from_config(fn.path, fn.name)
             self.source = RewardPool(spec, num_workers=r.num_workers, timeout_s=r.timeout_s)
@@ -64,18 +73,30 @@ class RewardWorker(Worker):
         return stats() if callable(stats) else {}
 
 
+def reward_model_placement() -> tuple[str, torch.dtype]:
+    """Where the reward model runs: the bundle's GPU in bf16, else the CPU in fp32."""
+    if torch.cuda.is_available():
+        return f"cuda:{torch.cuda.current_device()}", torch.bfloat16
+    return "cpu", torch.float32
+
+
+def _column(values: list) -> np.ndarray:
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
 def scores_to_batch(results: list[RewardResult], response_mask: torch.Tensor) -> Batch:
-    """Scores on each response's last real token, with errors kept per row."""
+    """Scores on each response's last real token, with errors and extras kept per row."""
     scores = torch.tensor([r.score for r in results], dtype=torch.float32)
     token_scores = torch.zeros(response_mask.shape, dtype=torch.float32)
     lengths = response_mask.sum(-1).long()
     rows = torch.nonzero(lengths > 0).squeeze(-1)
     token_scores[rows, lengths[rows] - 1] = scores[rows]
-    errors = np.empty(len(results), dtype=object)
-    errors[:] = [r.error for r in results]
     metrics = {f"reward/{k}": v for k, v in summarize(results).items()}
     return Batch(
         {"token_level_scores": token_scores, "scores": scores},
-        {"reward_error": errors},
+        {"reward_error": _column([r.error for r in results]),
+         "reward_extra": _column([dict(r.extra) for r in results])},
         meta={"reward_metrics": metrics},
-    )
+    )  # fmt: skip

@@ -1,0 +1,110 @@
+"""The step's stages on the controller between scoring and the updates: reward shaping,
+truncation masking, the KL penalty with its controller, and advantages.
+
+`shape_rewards` adds DAPO's soft overlong penalty to the scores as soon as they arrive
+(so dynamic sampling and the metrics see the reward the policy is trained on).
+`AdvantageStage` then masks responses cut at the length limit (DAPO), subtracts the KL
+penalty whose coefficient the `algorithm.kl_ctrl` controller steers (fixed or
+adaptive), and runs the configured estimator over prompt groups (`uid`), with each
+prompt's greedy reward as the baseline for ReMax. All of it is plain tensor work: no
+Ray, no workers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from rayrl.algos import (
+    aggregate_loss,
+    apply_kl_penalty,
+    compute_advantages,
+    make_kl_controller,
+    masked_mean,
+    overlong_penalty,
+)
+from rayrl.batch import Batch
+from rayrl.config.schema import RayRLConfig
+from rayrl.engines.rollout import FINISH_LENGTH
+
+
+def shape_rewards(cfg: RayRLConfig, batch: Batch) -> dict[str, float]:
+    """Add the overlong penalty (`reward_model.overlong_buffer`) to `token_level_scores`
+    and `scores` in place; returns its metric when `overlong_buffer.log` is set."""
+    buffer = cfg.reward_model.overlong_buffer
+    if not buffer.enable:
+        return {}
+    mask = batch["response_mask"]
+    lengths = mask.sum(-1)
+    penalty = overlong_penalty(
+        lengths, cfg.data.max_response_length, buffer.len, buffer.penalty_factor
+    ).to(batch["scores"].dtype)
+    last = (lengths - 1).clamp(min=0).long()
+    rows = torch.nonzero(lengths > 0).squeeze(-1)
+    scores = batch["token_level_scores"].clone()
+    scores[rows, last[rows]] += penalty[rows]
+    batch["token_level_scores"], batch["scores"] = scores, batch["scores"] + penalty
+    return {"reward/overlong_penalty/mean": float(penalty.mean())} if buffer.log else {}
+
+
+def greedy_baselines(batch: Batch, greedy: Batch) -> torch.Tensor:
+    """Each sample's ReMax baseline ``[batch]``: the score of its prompt's greedy response."""
+    by_uid = dict(zip(greedy["uid"], greedy["scores"].tolist(), strict=True))
+    missing = sorted({u for u in batch["uid"] if u not in by_uid})
+    if missing:
+        raise ValueError(f"no greedy baseline for prompt uid(s) {missing[:3]}")
+    return torch.tensor([by_uid[u] for u in batch["uid"]], dtype=batch["scores"].dtype)
+
+
+class AdvantageStage:
+    """Truncation masking, KL penalty, advantages and returns for one config."""
+
+    def __init__(self, cfg: RayRLConfig) -> None:
+        self.cfg = cfg
+        k = cfg.algorithm.kl_ctrl
+        self.kl_ctrl = make_kl_controller(k.type, k.kl_coef, k.target_kl, k.horizon)
+
+    def __call__(self, batch: Batch) -> dict[str, float]:
+        """Adds `token_level_rewards`, `advantages`, `returns` to `batch`; its metrics."""
+        alg, metrics = self.cfg.algorithm, {}
+        if alg.mask_truncated_samples:
+            metrics.update(self._mask_truncated(batch))
+        mask, rewards = batch["response_mask"], batch["token_level_scores"]
+        if alg.use_kl_in_reward:
+            rewards, kl = apply_kl_penalty(
+                rewards, batch["old_log_probs"], batch["ref_log_prob"], mask,
+                self.kl_ctrl.value, estimator=alg.kl_penalty,
+            )  # fmt: skip
+            self.kl_ctrl.update(float(kl["reward_kl_penalty"]), n_steps=len(batch))
+            metrics.update({f"actor/{k}": float(v) for k, v in kl.items()})
+        adv, returns = compute_advantages(
+            alg.adv_estimator, token_level_rewards=rewards, response_mask=mask,
+            index=batch["uid"], values=batch.tensors.get("values"),
+            reward_baselines=batch.tensors.get("reward_baselines"), gamma=alg.gamma,
+            lam=alg.lam, norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
+        )  # fmt: skip
+        batch["token_level_rewards"], batch["advantages"], batch["returns"] = rewards, adv, returns
+        metrics["critic/advantages/mean"] = float(masked_mean(adv, mask))
+        metrics["critic/returns/mean"] = float(masked_mean(returns, mask))
+        return metrics
+
+    def _mask_truncated(self, batch: Batch) -> dict[str, float]:
+        """DAPO: responses cut at the length limit take no part in the loss."""
+        truncated = torch.from_numpy(np.asarray(batch["finish_reason"]) == FINISH_LENGTH)
+        keep = (~truncated).unsqueeze(-1).to(batch["response_mask"].dtype)
+        batch["response_mask"] = batch["response_mask"] * keep
+        return {"response_length/masked_truncated": float(truncated.sum())}
+
+    def state_dict(self) -> dict[str, float]:
+        """What a checkpoint keeps: the KL controller's coefficient."""
+        return {"kl_ctrl": self.kl_ctrl.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+
+
+def entropy_metric(cfg: RayRLConfig, entropy: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """`actor/entropy` of the sampling policy over the batch, aggregated as the loss is."""
+    mode = cfg.actor_rollout_ref.actor.loss_agg_mode
+    value = aggregate_loss(entropy, mask, mode, norm_length=cfg.data.max_response_length)
+    return {"actor/entropy": float(value)}

@@ -1,0 +1,111 @@
+"""DAPO's dynamic sampling: keep only prompt groups whose rewards vary, until a batch is full.
+
+A group whose responses all score the same (all right, all wrong) gives GRPO no signal.
+With `algorithm.filter_groups.enable`, `fill_batch` drops such groups from the first
+generation round and generates further rounds of fresh prompts until
+`data.train_batch_size` groups are kept; the surplus of the last round is cut. Rounds
+are bounded by `filter_groups.max_num_gen_batches` (<= 0: no bound); past the bound the
+step fails with the numbers. The metric per sample is `score`, `seq_reward` (the sum
+of its token scores) or the name of a reward extra (such as `acc`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from rayrl.algos import filter_groups
+from rayrl.batch import Batch
+from rayrl.config.schema import RayRLConfig
+
+
+class DynamicSamplingError(RuntimeError):
+    """Too few prompt groups with varying rewards within the allowed generation rounds."""
+
+
+def group_metric(batch: Batch, name: str) -> torch.Tensor:
+    """The per-sample value groups are compared on."""
+    if name == "score":
+        return batch["scores"].double()
+    if name == "seq_reward":
+        return batch["token_level_scores"].double().sum(-1)
+    extras = batch["reward_extra"] if "reward_extra" in batch else [{}] * len(batch)
+    values = [e.get(name) if isinstance(e, dict) else None for e in extras]
+    if any(v is None for v in values):
+        raise DynamicSamplingError(
+            f"algorithm.filter_groups.metric={name!r}: the reward gives no {name!r} for "
+            "some samples; use score or seq_reward, or return it from compute_score "
+            "as a dict entry"
+        )
+    return torch.tensor([float(v) for v in values], dtype=torch.float64)
+
+
+def _kept_groups(batch: Batch, metric: str) -> tuple[Batch, int, int]:
+    result = filter_groups(batch["uid"], group_metric(batch, metric))
+    rows = torch.nonzero(result.keep).squeeze(-1).tolist()
+    return batch.index(rows), result.num_kept_groups, result.num_groups
+
+
+def fill_batch(
+    cfg: RayRLConfig, first: Batch, next_round: Callable[[int], Batch]
+) -> tuple[Batch, dict[str, float]]:
+    """Groups with varying rewards from `first` and, while too few, from
+    `next_round(round)` (a generated and scored batch of fresh prompts, round >= 1).
+
+    Returns exactly `data.train_batch_size` groups, whole, in the order they came, and
+    the metrics `train/num_gen_batches` and `train/kept_group_ratio`.
+    """
+    fg, want = cfg.algorithm.filter_groups, cfg.data.train_batch_size
+    parts, kept, seen, rounds = [], 0, 0, 0
+    batch = first
+    while True:
+        rounds += 1
+        part, n_kept, n_groups = _kept_groups(batch, fg.metric)
+        parts.append(part)
+        kept, seen = kept + n_kept, seen + n_groups
+        if kept >= want:
+            break
+        if 0 < fg.max_num_gen_batches <= rounds:
+            raise DynamicSamplingError(
+                f"dynamic sampling kept {kept} of {want} prompt groups after {rounds} "
+                f"generation rounds ({seen} groups seen, the rest scored alike); raise "
+                "algorithm.filter_groups.max_num_gen_batches, or check that the task is "
+                "neither too easy nor too hard for the model"
+            )
+        batch = next_round(rounds)
+    full = concat_left_padded(parts) if len(parts) > 1 else parts[0]
+    full = full.index(_first_groups(full["uid"], want))
+    metrics = {"train/num_gen_batches": float(rounds), "train/kept_group_ratio": kept / seen}
+    return full, metrics
+
+
+def _first_groups(uids: np.ndarray, count: int) -> list[int]:
+    """Row indices of the first `count` groups (by first appearance), all their rows."""
+    order: dict[str, None] = {}
+    for uid in uids:
+        order.setdefault(uid, None)
+    chosen = set(list(order)[:count])
+    return [i for i, uid in enumerate(uids) if uid in chosen]
+
+
+def concat_left_padded(parts: list[Batch]) -> Batch:
+    """Stack batches whose prompt-side columns have different widths (each round pads
+    its prompts to its own longest): narrower columns get zeros on the left, where the
+    attention mask is zero."""
+    tensors = {}
+    for key in parts[0].tensors:
+        width = max(p.tensors[key].shape[-1] for p in parts) if parts[0].tensors[key].dim() > 1 else 0
+        cols = []
+        for p in parts:
+            t = p.tensors[key]
+            if t.dim() > 1 and t.shape[-1] < width:
+                t = torch.nn.functional.pad(t, (width - t.shape[-1], 0))
+            cols.append(t)
+        tensors[key] = cols
+    padded = [
+        Batch({k: v[i] for k, v in tensors.items()}, dict(p.non_tensors), dict(p.meta))
+        for i, p in enumerate(parts)
+    ]
+    return Batch.concat(padded)
