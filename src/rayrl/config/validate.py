@@ -156,7 +156,7 @@ def check_algorithm(cfg: RayRLConfig, n: int) -> None:
             f"algorithm.adv_estimator={alg.adv_estimator} compares the samples of one "
             f"prompt, but actor_rollout_ref.rollout.n={n}; set rollout.n to 2 or more"
         )
-    if alg.kl_ctrl.type != "fixed" and not alg.use_kl_in_reward:
+    if alg.kl_ctrl.type == "adaptive" and not alg.use_kl_in_reward:
         raise ConfigError(
             f"algorithm.kl_ctrl.type={alg.kl_ctrl.type} steers the KL penalty in the reward, "
             "which is off; set algorithm.use_kl_in_reward=true (the KL loss uses the fixed "
