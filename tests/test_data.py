@@ -81,3 +81,54 @@ def test_epoch_order_is_seeded_and_batches_resume(tokenizer):
     assert len(full) == 3
     resumed = list(ds.batches(3, epoch=0, seed=1, start=1))
     assert all(a.equals(b) for a, b in zip(full[1:], resumed, strict=True))
+
+
+def _row(prompt, ground_truth="4", **extra):
+    return {"data_source": "arithmetic", "prompt": prompt, "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": ground_truth}, **extra}  # fmt: skip
+
+
+def test_each_bad_row_kind_is_set_aside_with_file_row_and_reason(tokenizer, tmp_path):
+    from rayrl.data import read_parquet_with_sources
+
+    good = [{"role": "user", "content": "What is 2+2?"}]
+    first = write_parquet([_row(good), _row([]), _row(good, None)], tmp_path / "a.parquet")
+    second = write_parquet(
+        [_row([{"role": "user", "content": "  "}]), _row(good),
+         _row([{"role": "bot", "content": "hi"}]), _row(good)],
+        tmp_path / "b.parquet",
+    )  # fmt: skip
+    rows, sources = read_parquet_with_sources([first, second])
+    ds = PromptDataset(rows, tokenizer, max_prompt_length=64, sources=sources)
+    assert len(ds) == 3  # the run goes on with the good rows
+    found = [str(r) for r in ds.rejected]
+    assert found == [
+        f"{first} row 1: 'prompt' has no messages",
+        f"{first} row 2: reward_model.ground_truth is null (nothing to score against)",
+        f"{second} row 0: 'prompt' message 0 (user) has empty content",
+        f"{second} row 2: 'prompt' message 0 has role 'bot' (expected one of system, user, "
+        "assistant, tool)",
+    ]
+
+
+def test_fewer_usable_rows_than_a_batch_fail_at_load_with_both_numbers(tokenizer):
+    from rayrl.data import DataError
+
+    rows = [_row([{"role": "user", "content": "1+1?"}]), _row([])]
+    ds = PromptDataset(rows, tokenizer, max_prompt_length=64)
+    with pytest.raises(DataError, match=r"1 usable rows \(of 2; 1 set aside.*one batch of data.train_batch_size=4"):
+        ds.require_rows(4)
+
+
+def test_trainer_refuses_too_little_data_before_reserving_anything(tmp_path):
+    from rayrl.config import load_config
+    from rayrl.data import DataError
+    from rayrl.trainer.ppo import PPOTrainer
+
+    model = build_tiny_model(tmp_path / "m", layers=1, hidden=32)
+    data = write_parquet([_row([{"role": "user", "content": "1+1?"}])] * 3, tmp_path / "t.parquet")
+    cfg = load_config("grpo", [f"actor_rollout_ref.model.path={model}", f"data.train_files={data}"])
+    trainer = PPOTrainer(cfg)
+    with pytest.raises(DataError, match=r"3 usable rows \(of 3\).*data.train_batch_size=8"):
+        trainer.setup()
+    assert trainer.pools == [] and trainer.kv is None and trainer.groups == []

@@ -64,7 +64,14 @@ def metrics_table(history: list[dict]) -> Table:
 
 
 def run(args: argparse.Namespace) -> int:
-    train(load_from_args(args))
+    from rayrl.data import DataError
+
+    cfg = load_from_args(args)
+    try:
+        train(cfg)
+    except DataError as exc:  # raised at load, before any resource is reserved
+        console(stderr=True).print(f"[bold red]data error:[/] {exc}", highlight=False)
+        return 2
     return 0
 
 

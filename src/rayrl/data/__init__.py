@@ -1,13 +1,24 @@
 """Data: verl-format prompt rows (parquet or synthetic) turned into left-padded Batches."""
 
-from rayrl.data.dataset import PromptDataset, RejectedRow, read_parquet, write_parquet
+from rayrl.data.dataset import (
+    DataError,
+    PromptDataset,
+    RejectedRow,
+    RowSource,
+    read_parquet,
+    read_parquet_with_sources,
+    write_parquet,
+)
 from rayrl.data.synthetic import SYNTHETIC_TASKS, synthetic_rows
 
 __all__ = [
     "SYNTHETIC_TASKS",
+    "DataError",
     "PromptDataset",
     "RejectedRow",
+    "RowSource",
     "read_parquet",
+    "read_parquet_with_sources",
     "synthetic_rows",
     "write_parquet",
 ]

@@ -2,9 +2,12 @@
 
 A row has `data_source`, `prompt` (chat messages), `ability`, `reward_model: {style,
 ground_truth}` and `extra_info`, so verl's datasets work as they are. Rows that cannot
-be used (missing columns, a prompt that is not a list of messages, a prompt longer than
-`max_prompt_length` when truncation is "error") are not dropped silently: each lands
-in `PromptDataset.rejected` with its position and reason, and the count is logged.
+be used are not dropped silently, and never stop the run: each lands in
+`PromptDataset.rejected` with its file, its row number in that file and the reason, and
+the count is logged. A row is set aside when a column is missing, the prompt is not a
+non-empty list of messages, a message has an unknown role (not system, user, assistant
+or tool) or empty content, the ground truth is null, the chat template fails on it, or
+its prompt is longer than `max_prompt_length` under `filter_overlong_prompts`.
 """
 
 from __future__ import annotations
@@ -24,25 +27,55 @@ from rayrl.batch import Batch
 
 log = logging.getLogger(__name__)
 REQUIRED = ("data_source", "reward_model")
+ROLES = ("system", "user", "assistant", "tool")
+
+
+class DataError(ValueError):
+    """A dataset the run cannot train on; the message gives the numbers."""
+
+
+@dataclass(frozen=True)
+class RowSource:
+    """Where a row comes from: its file and its row number (from 0) in that file."""
+
+    file: str
+    row: int
+
+    def __str__(self) -> str:
+        return f"{self.file} row {self.row}"
 
 
 @dataclass(frozen=True)
 class RejectedRow:
-    """A row that was set aside: where it came from and why."""
+    """A row that was set aside: its position in the input, where it came from, and why."""
 
     index: int
     reason: str
+    source: RowSource | None = None
+
+    def __str__(self) -> str:
+        return f"{self.source or f'row {self.index}'}: {self.reason}"
+
+
+def read_parquet_with_sources(
+    files: str | Path | Sequence[str | Path],
+) -> tuple[list[dict], list[RowSource]]:
+    """All rows of one or more parquet files, in order, and where each comes from."""
+    paths = [files] if isinstance(files, str | Path) else list(files)
+    rows: list[dict] = []
+    sources: list[RowSource] = []
+    for path in paths:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"data file {path} not found (data.train_files / val_files)")
+        table = pq.read_table(path).to_pylist()
+        rows.extend(table)
+        sources.extend(RowSource(str(path), i) for i in range(len(table)))
+    return rows, sources
 
 
 def read_parquet(files: str | Path | Sequence[str | Path]) -> list[dict]:
     """All rows of one or more parquet files, in order."""
-    paths = [files] if isinstance(files, str | Path) else list(files)
-    rows: list[dict] = []
-    for path in paths:
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"data file {path} not found (data.train_files / val_files)")
-        rows.extend(pq.read_table(path).to_pylist())
-    return rows
+    return read_parquet_with_sources(files)[0]
 
 
 def write_parquet(rows: Sequence[dict], path: str | Path) -> Path:
@@ -59,13 +92,33 @@ def _row_problem(row: object, prompt_key: str) -> str | None:
     missing = [k for k in (*REQUIRED, prompt_key) if row.get(k) is None]
     if missing:
         return f"missing column(s) {', '.join(missing)}"
-    messages = row[prompt_key]
+    problem = _messages_problem(row[prompt_key], prompt_key)
+    if problem:
+        return problem
+    reward = row["reward_model"]
+    if not isinstance(reward, dict) or "ground_truth" not in reward:
+        return "reward_model must be a mapping with a ground_truth"
+    if reward["ground_truth"] is None:
+        return "reward_model.ground_truth is null (nothing to score against)"
+    return None
+
+
+def _messages_problem(messages: object, prompt_key: str) -> str | None:
     if not isinstance(messages, list | tuple) or not all(
         isinstance(m, dict) and "role" in m and "content" in m for m in messages
     ):
         return f"'{prompt_key}' must be a list of {{role, content}} messages"
-    if not isinstance(row["reward_model"], dict) or "ground_truth" not in row["reward_model"]:
-        return "reward_model must be a mapping with a ground_truth"
+    if not messages:
+        return f"'{prompt_key}' has no messages"
+    for i, message in enumerate(messages):
+        if message["role"] not in ROLES:
+            return (
+                f"'{prompt_key}' message {i} has role {message['role']!r} "
+                f"(expected one of {', '.join(ROLES)})"
+            )
+        content = message["content"]
+        if not isinstance(content, str) or not content.strip():
+            return f"'{prompt_key}' message {i} ({message['role']}) has empty content"
     return None
 
 
@@ -81,6 +134,7 @@ class PromptDataset:
         truncation: str = "error",
         filter_overlong: bool = True,
         prompt_key: str = "prompt",
+        sources: Sequence[RowSource] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.max_prompt_length = max_prompt_length
@@ -88,34 +142,48 @@ class PromptDataset:
         self.prompt_ids: list[list[int]] = []
         self.positions: list[int] = []  # index of each kept row in the input
         self.rejected: list[RejectedRow] = []
+        self.total_rows = len(rows)
         for i, row in enumerate(rows):
+            source = sources[i] if sources is not None else None
             problem = _row_problem(row, prompt_key)
-            ids = None if problem else self._encode(row[prompt_key])
+            ids = None
+            if not problem:
+                ids, problem = self._encode(row[prompt_key])
             if ids is not None and len(ids) > max_prompt_length:
-                ids, problem = self._fit(ids, truncation, filter_overlong, i)
+                ids, problem = self._fit(ids, truncation, filter_overlong, source or f"row {i}")
             if problem:
-                self.rejected.append(RejectedRow(i, problem))
+                self.rejected.append(RejectedRow(i, problem, source))
                 continue
             self.rows.append(row)
             self.prompt_ids.append(ids)
             self.positions.append(i)
         if self.rejected:
-            first = self.rejected[0]
             log.warning(
-                "%d of %d rows set aside (first: row %d, %s); see PromptDataset.rejected",
-                len(self.rejected),
-                len(rows),
-                first.index,
-                first.reason,
+                "%d of %d rows set aside (first: %s); see PromptDataset.rejected",
+                len(self.rejected), len(rows), self.rejected[0],
+            )  # fmt: skip
+
+    def _encode(self, messages: list[dict]) -> tuple[list[int] | None, str | None]:
+        """Token ids of the prompt with the chat template applied, or why there are none."""
+        try:
+            text = self.tokenizer.apply_chat_template(
+                list(messages), tokenize=False, add_generation_prompt=True
             )
+        except Exception as exc:  # noqa: BLE001 - a template's own error, kept as the reason
+            return None, f"the chat template failed: {type(exc).__name__}: {exc}"
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"], None
 
-    def _encode(self, messages: list[dict]) -> list[int]:
-        text = self.tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=True
+    def require_rows(self, needed: int, key: str = "data.train_batch_size") -> None:
+        """Raise DataError unless at least `needed` rows are usable (one batch)."""
+        if len(self) >= needed:
+            return
+        aside = f"; {len(self.rejected)} set aside, first: {self.rejected[0]}" if self.rejected else ""
+        raise DataError(
+            f"the dataset has {len(self)} usable rows (of {self.total_rows}{aside}), fewer "
+            f"than one batch of {key}={needed}; add data or lower {key}"
         )
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def _fit(self, ids: list[int], truncation: str, filter_overlong: bool, i: int):
+    def _fit(self, ids: list[int], truncation: str, filter_overlong: bool, where: object):
         limit = self.max_prompt_length
         if truncation == "left":
             return ids[-limit:], None
@@ -124,8 +192,8 @@ class PromptDataset:
         reason = f"prompt of {len(ids)} tokens is over data.max_prompt_length={limit}"
         if filter_overlong:
             return ids, reason
-        raise ValueError(
-            f"row {i}: {reason}; raise max_prompt_length, set data.truncation=left|right, "
+        raise DataError(
+            f"{where}: {reason}; raise max_prompt_length, set data.truncation=left|right, "
             "or data.filter_overlong_prompts=true to set such rows aside"
         )
 

@@ -26,7 +26,7 @@ from rayrl.cluster.pool import ResourcePool
 from rayrl.config.schema import RayRLConfig
 from rayrl.config.validate import critic_enabled, ref_enabled
 from rayrl.controller import WorkerGroup, colocate
-from rayrl.data import PromptDataset, read_parquet, synthetic_rows
+from rayrl.data import PromptDataset, read_parquet_with_sources, synthetic_rows
 from rayrl.trainer.advantage import AdvantageStage, entropy_metric, greedy_baselines, shape_rewards
 from rayrl.trainer.dynamic_sampling import fill_batch
 from rayrl.trainer.names import check_names
@@ -107,7 +107,8 @@ class PPOTrainer:
         return group
 
     def load_data(self) -> PromptDataset:
-        """Tokenizer and prompt dataset, before any resource is reserved."""
+        """Tokenizer and prompt dataset, before any resource is reserved; a dataset
+        with fewer usable rows than one batch raises DataError with both numbers."""
         from transformers import AutoTokenizer
 
         model = self.cfg.actor_rollout_ref.model
@@ -115,18 +116,20 @@ class PPOTrainer:
             model.tokenizer_path or self.model_path, trust_remote_code=model.trust_remote_code
         )
         self.dataset = self._dataset()
+        self.dataset.require_rows(self.cfg.data.train_batch_size)
         return self.dataset
 
     def _dataset(self) -> PromptDataset:
         d = self.cfg.data
-        rows = (
-            read_parquet(d.train_files) if d.train_files
-            else synthetic_rows(d.synthetic_task, d.synthetic_size, self.cfg.trainer.seed)
-        )  # fmt: skip
+        if d.train_files:
+            rows, sources = read_parquet_with_sources(d.train_files)
+        else:
+            rows = synthetic_rows(d.synthetic_task, d.synthetic_size, self.cfg.trainer.seed)
+            sources = None
         return PromptDataset(
             rows, self.tokenizer, max_prompt_length=d.max_prompt_length,
             truncation=d.truncation, filter_overlong=d.filter_overlong_prompts,
-            prompt_key=d.prompt_key,
+            prompt_key=d.prompt_key, sources=sources,
         )  # fmt: skip
 
     def total_steps(self) -> int:
@@ -149,6 +152,7 @@ class PPOTrainer:
         """(step, prompts) for the whole run, epoch after epoch, seeded per epoch."""
         d, t, step = self.cfg.data, self.cfg.trainer, 0
         total = self.total_steps()
+        self.dataset.require_rows(d.train_batch_size)  # else no epoch yields a batch
         for epoch in range(t.total_epochs if t.total_training_steps is None else 10**9):
             for prompts in self.dataset.batches(
                 d.train_batch_size, epoch=epoch, seed=t.seed, shuffle=d.shuffle
