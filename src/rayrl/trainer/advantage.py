@@ -53,7 +53,7 @@ def greedy_baselines(batch: Batch, greedy: Batch) -> torch.Tensor:
     missing = sorted({u for u in batch["uid"] if u not in by_uid})
     if missing:
         raise ValueError(f"no greedy baseline for prompt uid(s) {missing[:3]}")
-    return torch.tensor([by_uid[u] for u in batch["uid"]], dtype=batch["scores"].dtype)
+    return torch.tensor([by_uid[u] for u in batch["uid"]], dtype=torch.float32)
 
 
 class AdvantageStage:

@@ -225,7 +225,11 @@ class PPOTrainer:
         return int(prompts.meta.get("step", 0)) >= self.cfg.trainer.critic_warmup
 
     def _scored(self, batch: Batch, scores: Batch, metrics: dict[str, float]) -> Batch:
-        """`batch` with its scores (overlong penalty added); failed scorings logged."""
+        """`batch` with its scores (overlong penalty added); failed scorings logged. The
+        reward worker's metrics (`reward/score/mean`, ...) of the first scoring in a step
+        are kept: they cover every sample of the step's prompts, before any filtering."""
+        for key, value in scores.meta.get("reward_metrics", {}).items():
+            metrics.setdefault(key, value)
         batch = batch.union(
             scores.select("token_level_scores", "scores", "reward_error", "reward_extra")
         )
