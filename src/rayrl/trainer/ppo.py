@@ -3,8 +3,11 @@
 A step, as data flows (DESIGN.md): prompts -> actor.generate -> reward.compute_score
 (concurrently with actor.compute_log_prob and, when a KL term needs it,
 compute_ref_log_prob) -> critic.compute_values (GAE) -> advantages on the controller
-(`rayrl.algos`) -> critic.update_critic -> actor.update_actor. Each stage is timed
-(`timing_s/<stage>`); metrics use verl's names.
+(`rayrl.trainer.advantage`) -> critic.update_critic -> actor.update_actor. With DAPO's
+dynamic sampling the scores are awaited first and further rounds of prompts are
+generated until the batch is full (`rayrl.trainer.dynamic_sampling`); ReMax adds a
+greedy rollout per prompt as its baseline. Each stage is timed (`timing_s/<stage>`);
+metrics use verl's names.
 """
 
 from __future__ import annotations
