@@ -64,7 +64,8 @@ def test_verl_meaning_of_a_grpo_line(tmp_path):
 
 def test_verl_meaning_of_a_ppo_line(tmp_path):
     script = SCRIPTS["examples/ppo_trainer/run_qwen2-7b_seq_balance.sh"]
-    cfg = load_config(None, verl_overrides(script, str(tmp_path)))
+    with pytest.warns(UserWarning, match="return_raw_chat"):
+        cfg = load_config(None, verl_overrides(script, str(tmp_path)))
     arr, critic = cfg.actor_rollout_ref, cfg.critic
     assert cfg.data.train_files == [
         str(tmp_path / "data/gsm8k/train.parquet"),
