@@ -11,6 +11,7 @@ from rayrl.engines.rollout.sampling import (
     SamplingParams,
     mix64,
     process_logits,
+    reference_sample_tokens,
     sample_keys,
     sample_tokens,
     uniform_noise,
@@ -111,12 +112,51 @@ def test_noise_chunks_do_not_change_samples(monkeypatch):
     gen = torch.Generator().manual_seed(2)
     logits = torch.randn(10, 64, generator=gen)
     keys = sample_keys(3, 1, [str(i) for i in range(10)])
-    params = SamplingParams(temperature=1.2, top_p=0.9)
+    params = SamplingParams(temperature=1.2)
     whole, _ = sample_tokens(logits, keys, torch.arange(10), params)
-    monkeypatch.setattr(sampling, "_NOISE_CHUNK_ELEMENTS", 3 * 64)
-    chunked, _ = sample_tokens(logits, keys, torch.arange(10), params)
-    assert torch.equal(whole, chunked)
+    for elements in (3 * 64, 48, 7):  # several rows, one row, part of a row per chunk
+        monkeypatch.setitem(sampling._NOISE_CHUNK_ELEMENTS, "cpu", elements)
+        chunked, _ = sample_tokens(logits, keys, torch.arange(10), params)
+        assert torch.equal(whole, chunked), elements
     assert not torch.equal(whole, sample_tokens(logits, keys, 0, params)[0])
+
+
+SAMPLERS = [
+    SamplingParams(do_sample=False),
+    SamplingParams(temperature=1.0),
+    SamplingParams(temperature=0.6),
+    SamplingParams(temperature=1.1, top_k=7),
+    SamplingParams(temperature=0.8, top_p=0.9),
+    SamplingParams(temperature=1.0, top_p=0.3),
+    SamplingParams(temperature=0.9, top_k=40, top_p=0.8),
+    SamplingParams(temperature=1.0, top_k=1000),  # k past the vocabulary: no filter
+]
+
+
+@pytest.mark.parametrize("params", SAMPLERS, ids=repr)
+def test_cheap_sampler_equals_the_reference_definition(params, monkeypatch):
+    import rayrl.engines.rollout.sampling as sampling
+
+    monkeypatch.setitem(sampling._NOISE_CHUNK_ELEMENTS, "cpu", 1000)  # several chunks a row
+    gen = torch.Generator().manual_seed(7)
+    keys = sample_keys(1, 2, [f"r{i}" for i in range(24)])
+    positions = torch.arange(24) % 5
+    for scale in (0.5, 3.0, 8.0):  # near-uniform to peaked: top-p windows of all widths
+        logits = torch.randn(24, 700, generator=gen) * scale
+        logits[3, 100:110] = logits[3].max() + 1  # tied best scores in one row
+        tokens, log_probs = sample_tokens(logits, keys, positions, params)
+        ref_tokens, ref_log_probs = reference_sample_tokens(logits, keys, positions, params)
+        assert torch.equal(tokens, ref_tokens), (scale, params)
+        torch.testing.assert_close(log_probs, ref_log_probs, atol=1e-5, rtol=1e-5)
+
+
+def test_top_k_with_ties_at_the_kth_score_keeps_them_all():
+    logits = torch.tensor([[3.0, 2.0, 2.0, 2.0, -1.0]]).expand(400, -1)
+    keys = sample_keys(0, 0, [str(i) for i in range(400)])
+    params = SamplingParams(top_k=2)
+    tokens, _ = sample_tokens(logits, keys, 0, params)
+    assert torch.equal(tokens, reference_sample_tokens(logits, keys, 0, params)[0])
+    assert set(tokens.tolist()) == {0, 1, 2, 3}  # the reference keeps every tie at the k-th
 
 
 def test_process_logits_filters():

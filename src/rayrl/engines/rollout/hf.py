@@ -52,6 +52,8 @@ CACHE_IMPLEMENTATIONS = ("static", "dynamic")
 class _SeededSampler(LogitsProcessor):
     """Samples each row with `sample_tokens`; returns scores whose argmax is the sample.
 
+    The scores are ``generate``'s own float32 copy of the step's logits: the chosen
+    token's score is set to ``+inf`` in place (no new ``[N, vocab]`` tensor per step).
     Records the log-prob of every chosen token (one ``[N]`` tensor per decode step).
     """
 
@@ -63,8 +65,7 @@ class _SeededSampler(LogitsProcessor):
         position = input_ids.shape[1] - self.prompt_len
         tokens, log_probs = sample_tokens(scores, self.keys, position, self.params)
         self.log_probs.append(log_probs)
-        chosen = torch.full_like(scores, float("-inf"))
-        return chosen.scatter_(-1, tokens.unsqueeze(-1), 0.0)
+        return scores.scatter_(-1, tokens.unsqueeze(-1), float("inf"))
 
 
 class _FinishTracker(StoppingCriteria):

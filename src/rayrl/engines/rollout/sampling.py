@@ -6,7 +6,7 @@ sample is a pure function of ``(seed, step, sample uid, t, v)``. A replayed step
 samples the same tokens in any process, on any device, whatever the batch it lands in,
 its row order, or how it was split across workers.
 
-How a token is drawn (Gumbel-max, exact for categorical sampling):
+The definition of a draw (Gumbel-max, exact for categorical sampling):
 
 1. ``process_logits``: logits / temperature, then top-k, then top-p (``-inf`` for the
    tokens they remove). This is the distribution the sample comes from.
@@ -14,8 +14,16 @@ How a token is drawn (Gumbel-max, exact for categorical sampling):
 3. ``uniform_noise``: splitmix64 over the counter ``(key, t, v)``, done in int64 with
    wrap-around multiplication and masked (logical) shifts; the top 53 bits give a
    float64 uniform strictly inside (0, 1).
-4. token = argmax(processed logits + Gumbel noise), Gumbel = ``-log(-log(u))``. The
-   log-prob recorded is ``log_softmax(processed logits)`` at that token.
+4. token = argmax(processed logits + Gumbel noise), Gumbel = ``-log(-log(u))`` in
+   float64. The log-prob recorded is ``log_softmax(processed logits)`` at that token.
+
+`reference_sample_tokens` computes exactly that, over whole ``[B, vocab]`` tensors.
+`sample_tokens` computes the same tokens cheaply: with top-k or top-p it hashes only
+the surviving candidates (found with ``topk``, never a full sort unless top-p keeps
+most of the vocabulary), and without filtering it walks the vocabulary in cache-sized
+chunks, in place, keeping a running argmax; the log-prob comes from a logsumexp, with
+no ``[B, vocab]`` log-softmax. The native engine's fused GPU kernel computes the same
+function (`rayrl.engines.rollout.native.sampler`).
 
 Greedy decoding (``do_sample=False`` or temperature 0) takes the argmax of the raw
 logits and records log-probs under ``softmax(logits)`` (temperature 1, no filtering),
@@ -36,9 +44,12 @@ __all__ = [
     "SamplingParams",
     "mix64",
     "process_logits",
+    "reference_sample_tokens",
+    "row_seeds",
     "sample_keys",
     "sample_tokens",
     "uniform_noise",
+    "uniform_noise_at",
 ]
 
 _MASK64 = (1 << 64) - 1
@@ -55,7 +66,12 @@ _MUL1 = _signed(0xBF58476D1CE4E5B9)
 _MUL2 = _signed(0x94D049BB133111EB)
 _POSITION_SALT = _signed(0xD6E8FEB86659FD93)
 _TWO_POW_M53 = 2.0**-53
-_NOISE_CHUNK_ELEMENTS = 1 << 24  # rows x vocab per noise chunk: ~128 MB per int64 buffer
+# Elements (rows x tokens) hashed at a time over the whole vocabulary: on CPU a chunk's
+# int64 buffers stay in the L2 cache (5x faster than whole-tensor passes); on GPU big
+# chunks keep launches few.
+_NOISE_CHUNK_ELEMENTS = {"cpu": 1 << 16}
+_NOISE_CHUNK_DEFAULT = 1 << 24
+_TOP_P_FIRST_CANDIDATES = 64  # top-p looks at this many tokens first, doubling as needed
 
 
 @dataclass(frozen=True)
@@ -139,17 +155,33 @@ def uniform_noise(keys: Tensor, positions: Tensor | int, vocab_size: int) -> Ten
         positions: decode position of each row (``[B]`` or one int for all rows).
         vocab_size: number of token ids.
     """
+    tokens = torch.arange(vocab_size, dtype=torch.int64, device=keys.device)
+    return uniform_noise_at(keys, positions, tokens.expand(len(keys), -1))
+
+
+def row_seeds(keys: Tensor, positions: Tensor | int) -> Tensor:
+    """``[B]`` int64: the per-(sample, position) half of the counter, hashed once per row."""
     positions = torch.as_tensor(positions, dtype=torch.int64, device=keys.device)
-    row = mix64(keys ^ mix64(positions * _POSITION_SALT + _GOLDEN)).reshape(-1, 1)
-    tokens = torch.arange(1, vocab_size + 1, dtype=torch.int64, device=keys.device) * _GOLDEN
-    bits = _shift_right(mix64(row + tokens), 11)  # top 53 bits, in [0, 2**53)
+    return mix64(keys ^ mix64(positions * _POSITION_SALT + _GOLDEN))
+
+
+def uniform_noise_at(keys: Tensor, positions: Tensor | int, token_ids: Tensor) -> Tensor:
+    """`uniform_noise` at the given token ids only: float64 ``[B, C]`` for ids ``[B, C]``.
+
+    ``uniform_noise_at(k, t, ids) == uniform_noise(k, t, V).gather(1, ids)``, bit for bit.
+    """
+    row = row_seeds(keys, positions).reshape(-1, 1)
+    bits = _shift_right(mix64(row + (token_ids + 1) * _GOLDEN), 11)  # top 53 bits
     return (bits.to(torch.float64) + 0.5) * _TWO_POW_M53
+
+
 
 
 def process_logits(logits: Tensor, params: SamplingParams) -> Tensor:
     """Float32 logits of the sampling distribution: temperature, then top-k, then top-p.
 
-    Removed tokens get ``-inf``. Greedy params return the raw logits (as float32).
+    Removed tokens get ``-inf``. Greedy params return the raw logits (as float32). This
+    is the reference definition (one full sort for top-p); `sample_tokens` does not call it.
     """
     scores = logits.float()
     if params.greedy:
@@ -158,8 +190,8 @@ def process_logits(logits: Tensor, params: SamplingParams) -> Tensor:
     if 0 < params.top_k < scores.shape[-1]:
         kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
         scores = scores.masked_fill(scores < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
+    if params.top_p < 1.0:  # lower token ids first among equal scores
+        sorted_scores, order = torch.sort(scores, dim=-1, descending=True, stable=True)
         probs = torch.softmax(sorted_scores, dim=-1)
         mass_before = torch.cumsum(probs, dim=-1) - probs
         drop_sorted = mass_before > params.top_p
@@ -169,10 +201,30 @@ def process_logits(logits: Tensor, params: SamplingParams) -> Tensor:
     return scores
 
 
+def reference_sample_tokens(
+    logits: Tensor, keys: Tensor, positions: Tensor | int, params: SamplingParams
+) -> tuple[Tensor, Tensor]:
+    """The definition of a draw, computed over whole ``[B, vocab]`` float64 tensors.
+
+    Slow (a full-vocabulary hash, float64 logs and, for top-p, a full sort per row); the
+    yardstick `sample_tokens` is tested against.
+    """
+    scores = process_logits(logits, params)
+    if params.greedy:
+        tokens = scores.argmax(dim=-1)
+    else:
+        noise = uniform_noise(keys.to(scores.device), positions, scores.shape[-1])
+        tokens = (noise.log_().neg_().log_().neg_() + scores).argmax(dim=-1)
+    log_probs = torch.log_softmax(scores, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return tokens, log_probs
+
+
 def sample_tokens(
     logits: Tensor, keys: Tensor, positions: Tensor | int, params: SamplingParams
 ) -> tuple[Tensor, Tensor]:
     """Draw one token per row; return ``(tokens [B] int64, log_probs [B] float32)``.
+
+    The same tokens as `reference_sample_tokens`, computed cheaply (module docstring).
 
     Args:
         logits: ``[B, vocab]`` raw next-token logits.
@@ -180,25 +232,149 @@ def sample_tokens(
         positions: decode position of each row (0 for the first response token).
         params: the sampling parameters.
     """
-    scores = process_logits(logits, params)
+    scores = logits.float()
     if params.greedy:
         tokens = scores.argmax(dim=-1)
-    else:
-        tokens = _gumbel_argmax(scores, keys.to(scores.device), positions)
-    log_probs = torch.log_softmax(scores, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-    return tokens, log_probs
+        return tokens, _log_prob_of(scores, tokens)
+    scores = scores / params.temperature
+    keys = keys.to(scores.device)
+    positions = torch.as_tensor(positions, dtype=torch.int64, device=scores.device)
+    positions = positions.expand(scores.shape[0]) if positions.dim() == 0 else positions
+    candidates = _candidates(scores, params)
+    if candidates is None:  # no filter: every token can win
+        tokens = _gumbel_argmax_full(scores, keys, positions)
+        return tokens, _log_prob_of(scores, tokens)
+    ids, values = candidates  # [B, C]; removed candidates hold -inf
+    gumbel = uniform_noise_at(keys, positions, ids).log_().neg_().log_().neg_()
+    best = (gumbel + values).argmax(dim=-1, keepdim=True)
+    log_probs = values.gather(-1, best) - torch.logsumexp(values, dim=-1, keepdim=True)
+    return ids.gather(-1, best).squeeze(-1), log_probs.squeeze(-1)
 
 
-def _gumbel_argmax(scores: Tensor, keys: Tensor, positions: Tensor | int) -> Tensor:
-    """argmax(scores + Gumbel noise) per row, a few rows at a time (bounded memory)."""
+def _log_prob_of(scores: Tensor, tokens: Tensor) -> Tensor:
+    chosen = scores.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return chosen - torch.logsumexp(scores, dim=-1)
+
+
+def _candidates(scores: Tensor, params: SamplingParams) -> tuple[Tensor, Tensor] | None:
+    """Token ids and scores that top-k / top-p keep, most likely first (None: all of them).
+
+    Scores of tokens inside the returned window that the filters remove are ``-inf``.
+    Falls back to the reference masking (whole vocabulary) where ties at the k-th score
+    make top-k keep more than k tokens, or where top-p keeps most of the vocabulary.
+    """
+    vocab = scores.shape[-1]
+    top_k = params.top_k if 0 < params.top_k < vocab else 0
+    if not top_k and params.top_p >= 1.0:
+        return None
+    if top_k:
+        values, ids = torch.topk(scores, top_k + 1, dim=-1)
+        if bool((values[:, top_k] == values[:, top_k - 1]).any()):
+            return _masked_candidates(scores, params)
+        values, ids = _canonical_order(values[:, :top_k], ids[:, :top_k])
+        if params.top_p >= 1.0:
+            return ids, values
+        return ids, _top_p_mask(values, torch.softmax(values, dim=-1), params.top_p)
+    probs_all = torch.softmax(scores, dim=-1)
+    width = min(_TOP_P_FIRST_CANDIDATES, vocab)
+    while True:
+        values, ids = _canonical_order(*torch.topk(scores, width, dim=-1))
+        probs = probs_all.gather(-1, ids)
+        masked = _top_p_mask(values, probs, params.top_p)
+        if width == vocab or _window_decides(values, masked):
+            return ids, masked
+        # Tokens past the window are no likelier than its last one: at least this many
+        # more are needed to reach top_p.
+        missing = max((params.top_p - probs.sum(dim=-1)).max().item(), 0.0)
+        needed = width + missing / max(probs[:, -1].min().item(), 1e-30)
+        if needed * 4 > vocab:
+            return _masked_candidates(scores, params)
+        width = min(vocab, max(2 * width, 1 << int(needed).bit_length()))
+
+
+def _canonical_order(values: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
+    """Sort a window by score, most likely first, lower token id first among equal scores."""
+    by_id = ids.argsort(dim=-1)
+    values, ids = values.gather(-1, by_id), ids.gather(-1, by_id)
+    by_value = values.argsort(dim=-1, descending=True, stable=True)
+    return values.gather(-1, by_value), ids.gather(-1, by_value)
+
+
+def _top_p_mask(values: Tensor, probs: Tensor, top_p: float) -> Tensor:
+    """``values`` with -inf where the mass of the tokens before them exceeds ``top_p``."""
+    if top_p >= 1.0:
+        return values
+    mass_before = torch.cumsum(probs, dim=-1) - probs
+    drop = mass_before > top_p
+    drop[:, 0] = False  # the most likely token always stays
+    return values.masked_fill(drop, float("-inf"))
+
+
+def _window_decides(values: Tensor, masked: Tensor) -> bool:
+    """True when every row drops a token inside the window, and the tokens it keeps
+    score strictly above the window's last one (no tie reaches past the window)."""
+    kept = torch.isfinite(masked).sum(dim=-1)
+    if bool((kept == values.shape[-1]).any()):
+        return False
+    last_kept = values.gather(-1, (kept - 1).unsqueeze(-1)).squeeze(-1)
+    return bool((last_kept > values[:, -1]).all())
+
+
+def _masked_candidates(scores: Tensor, params: SamplingParams) -> tuple[Tensor, Tensor]:
+    """The reference filters over the whole vocabulary, as (all ids, masked scores)."""
+    greedy_free = SamplingParams(temperature=1.0, top_p=params.top_p, top_k=params.top_k)
+    masked = process_logits(scores, greedy_free)
+    ids = torch.arange(scores.shape[-1], device=scores.device).expand_as(scores)
+    return ids, masked
+
+
+_TOKEN_COUNTERS: dict[tuple[int, str], Tensor] = {}
+
+
+def _token_counters(vocab: int, device: torch.device) -> Tensor:
+    """``(arange(vocab) + 1) * golden`` (int64), cached per vocabulary size and device."""
+    key = (vocab, str(device))
+    if key not in _TOKEN_COUNTERS:
+        if len(_TOKEN_COUNTERS) > 8:
+            _TOKEN_COUNTERS.clear()
+        ids = torch.arange(1, vocab + 1, dtype=torch.int64, device=device)
+        _TOKEN_COUNTERS[key] = ids.mul_(_GOLDEN)
+    return _TOKEN_COUNTERS[key]
+
+
+def _gumbel_argmax_full(scores: Tensor, keys: Tensor, positions: Tensor) -> Tensor:
+    """argmax over the vocabulary of (scores + Gumbel noise), in chunks, in place.
+
+    Each chunk of rows x tokens is hashed, turned into float64 Gumbel noise and reduced
+    to its running best; earlier tokens win exact ties, as in a plain argmax.
+    """
     n_rows, vocab = scores.shape
-    positions = torch.as_tensor(positions, dtype=torch.int64, device=keys.device)
-    positions = positions.expand(n_rows) if positions.dim() == 0 else positions
+    seeds = row_seeds(keys, positions).reshape(-1, 1)
+    counters = _token_counters(vocab, scores.device)
+    chunk = _NOISE_CHUNK_ELEMENTS.get(scores.device.type, _NOISE_CHUNK_DEFAULT)
+    rows_per = max(1, chunk // vocab)
+    cols_per = min(vocab, max(1, chunk // rows_per))
     tokens = torch.empty(n_rows, dtype=torch.int64, device=scores.device)
-    step = max(1, _NOISE_CHUNK_ELEMENTS // vocab)
-    for start in range(0, n_rows, step):
-        rows = slice(start, start + step)
-        noise = uniform_noise(keys[rows], positions[rows], vocab)
-        gumbel = noise.log_().neg_().log_().neg_()
-        tokens[rows] = gumbel.add_(scores[rows]).argmax(dim=-1)
+    for r0 in range(0, n_rows, rows_per):
+        rows = slice(r0, r0 + rows_per)
+        best = torch.full_like(seeds[rows, 0], 0, dtype=torch.float64).fill_(float("-inf"))
+        best_at = torch.zeros_like(seeds[rows, 0])
+        for c0 in range(0, vocab, cols_per):
+            x = seeds[rows] + counters[c0 : c0 + cols_per]
+            x = _mix64_(x)
+            x.bitwise_right_shift_(11).bitwise_and_((1 << 53) - 1)
+            key = x.to(torch.float64).add_(0.5).mul_(_TWO_POW_M53)
+            key.log_().neg_().log_().neg_().add_(scores[rows, c0 : c0 + cols_per])
+            value, at = key.max(dim=-1)
+            better = value > best
+            best = torch.where(better, value, best)
+            best_at = torch.where(better, at + c0, best_at)
+        tokens[rows] = best_at
     return tokens
+
+
+def _mix64_(x: Tensor) -> Tensor:
+    """`mix64` in place on a tensor the caller owns."""
+    x.bitwise_xor_(_shift_right(x, 30)).mul_(_MUL1)
+    x.bitwise_xor_(_shift_right(x, 27)).mul_(_MUL2)
+    return x.bitwise_xor_(_shift_right(x, 31))
