@@ -6,6 +6,8 @@
 - :mod:`~rayrl.engines.rollout.sampling`: `SamplingParams` and the counter-based
   Gumbel-max sampler seeded from (seed, step, sample uid).
 - :mod:`~rayrl.engines.rollout.hf`: `HFRolloutEngine`, on transformers ``generate()``.
+- :mod:`~rayrl.engines.rollout.native`: `NativeRolloutEngine`, rayrl's own engine
+  (continuous batching, paged KV cache, Triton kernels and CUDA graphs on GPU).
 """
 
 from rayrl.engines.rollout.base import (
@@ -17,6 +19,7 @@ from rayrl.engines.rollout.base import (
 )
 from rayrl.engines.rollout.contract import FINISH_LENGTH, FINISH_STOP, positions_from_mask
 from rayrl.engines.rollout.hf import HFRolloutEngine
+from rayrl.engines.rollout.native import NativeRolloutEngine
 from rayrl.engines.rollout.sampling import (
     SamplingParams,
     process_logits,
@@ -29,6 +32,7 @@ __all__ = [
     "FINISH_STOP",
     "ROLLOUT_ENGINES",
     "HFRolloutEngine",
+    "NativeRolloutEngine",
     "RolloutEngine",
     "SamplingParams",
     "UnknownNameError",

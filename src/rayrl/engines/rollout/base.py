@@ -6,9 +6,9 @@ the trainer, and can release its generation memory (KV cache) between rollouts s
 training can use it: ``sleep()`` frees, ``wake()`` reacquires.
 
 Engines register themselves in ``ROLLOUT_ENGINES`` under the name the config uses
-(``actor_rollout_ref.rollout.name``): "hf" (transformers ``generate()``) now,
-"native" later. ``make_rollout_engine("hf", model=..., tokenizer=...)`` builds one;
-an unknown name fails with a "did you mean" suggestion.
+(``actor_rollout_ref.rollout.name``): "hf" (transformers ``generate()``) and "native"
+(rayrl's own continuous-batching engine). ``make_rollout_engine("hf", model=...,
+tokenizer=...)`` builds one; an unknown name fails with a "did you mean" suggestion.
 """
 
 from __future__ import annotations

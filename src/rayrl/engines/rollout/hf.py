@@ -42,6 +42,7 @@ from rayrl.engines.rollout.contract import (
     expand_samples,
 )
 from rayrl.engines.rollout.sampling import SamplingParams, sample_keys, sample_tokens
+from rayrl.engines.rollout.special_ids import eos_ids, pad_id
 
 __all__ = ["HFRolloutEngine"]
 
@@ -130,8 +131,9 @@ class HFRolloutEngine(RolloutEngine):
         self.cache = cache
         self.compile = compile
         self._asleep = False
-        self.eos_ids = _eos_ids(model, tokenizer)
-        self.pad_id = _pad_id(model, tokenizer, self.eos_ids)
+        gen_config = getattr(model, "generation_config", None)
+        self.eos_ids = eos_ids(gen_config, getattr(model, "config", None), tokenizer)
+        self.pad_id = pad_id(gen_config, tokenizer, self.eos_ids, "HFRolloutEngine")
 
     # ------------------------------------------------------------------ generate
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
@@ -288,30 +290,6 @@ def _load(path: str, tokenizer, dtype, device):
     if tokenizer is None:
         tokenizer = AutoTokenizer.from_pretrained(path)
     return model, tokenizer
-
-
-def _eos_ids(model: nn.Module, tokenizer) -> tuple[int, ...]:
-    """EOS ids from the model's generation config, else its config, else the tokenizer."""
-    for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
-        eos = getattr(source, "eos_token_id", None)
-        if eos is not None:
-            return tuple(int(i) for i in ([eos] if isinstance(eos, int) else eos))
-    eos = getattr(tokenizer, "eos_token_id", None)
-    return () if eos is None else (int(eos),)
-
-
-def _pad_id(model: nn.Module, tokenizer, eos_ids: tuple[int, ...]) -> int:
-    """The id written after a response ends: the tokenizer's pad, the model's, or EOS."""
-    for source in (tokenizer, getattr(model, "generation_config", None)):
-        pad = getattr(source, "pad_token_id", None)
-        if pad is not None:
-            return int(pad)
-    if eos_ids:
-        return eos_ids[0]
-    raise ValueError(
-        "HFRolloutEngine: the model and tokenizer define neither a pad nor an EOS token id; "
-        "set tokenizer.pad_token_id."
-    )
 
 
 def _device_of(model: nn.Module) -> torch.device:

@@ -1,0 +1,296 @@
+"""`NativeRolloutEngine`: rayrl's own generation engine for Qwen2 / Qwen3 / Llama models.
+
+It runs HF decoder models from their HF weights with its own forward
+(`rayrl.engines.rollout.native.model`): bf16 weights on CUDA (float32 on CPU),
+continuous batching with chunked prefill (`scheduler`) over a preallocated paged KV
+cache sized from ``gpu_memory_utilization`` (`kv_cache`), the n samples of a prompt
+sharing one prefill, a GQA-aware split-KV decode attention kernel and fused
+norm/rotary/activation kernels in Triton on CUDA (plain torch on CPU), the decode
+step captured in CUDA graphs for a set of batch sizes (`graphs`), and sampling on the
+device with the HF engine's seeded draws (`sampler`). Same interface and output
+contract as the ``hf`` engine; ``make_rollout_engine("native", model_path=...)``.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from rayrl.batch import Batch
+from rayrl.engines.rollout.base import ROLLOUT_ENGINES, RolloutEngine, WeightSource
+from rayrl.engines.rollout.contract import Responses, assemble_output, check_prompts, expand_samples
+from rayrl.engines.rollout.native.kv_cache import BlockAllocator, KVCache, cache_blocks_for
+from rayrl.engines.rollout.native.model import NativeModel
+from rayrl.engines.rollout.native.runner import ModelRunner
+from rayrl.engines.rollout.native.scheduler import Scheduler
+from rayrl.engines.rollout.native.spec import ModelSpec, rotary_tables
+from rayrl.engines.rollout.native.stops import StopStrings
+from rayrl.engines.rollout.native.weights import NativeWeights, read_safetensors
+from rayrl.engines.rollout.sampling import SamplingParams, sample_keys
+from rayrl.engines.rollout.special_ids import eos_ids, pad_id
+
+__all__ = ["NativeRolloutEngine"]
+
+logger = logging.getLogger(__name__)
+WHERE = "NativeRolloutEngine"
+
+
+@ROLLOUT_ENGINES.register("native")
+class NativeRolloutEngine(RolloutEngine):
+    """Continuous-batching rollout over a paged KV cache; see the module docstring.
+
+    Args:
+        model: an HF causal LM whose config and weights to take (copied, not shared).
+        tokenizer: its tokenizer; needed for stop strings (loaded with ``model_path``).
+        model_path: load the model (and tokenizer) from this HF directory instead.
+        dtype: weight and cache dtype (default: bfloat16 on CUDA, float32 on CPU).
+        device: default cuda when available, else cpu (``model``: its device).
+        gpu_memory_utilization: fraction of the GPU the engine may use, weights,
+            activations and KV cache together (verl / vLLM semantics).
+        max_num_seqs: sequences decoded together at most (the batch slots).
+        max_num_batched_tokens: prompt tokens per prefill step (chunked prefill).
+        max_model_len: longest prompt + response (default: the model's maximum).
+        block_size: tokens per KV cache block.
+        enforce_eager: never use CUDA graphs.
+        cpu_cache_tokens: KV cache size in tokens on CPU.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module | None = None,
+        tokenizer=None,
+        *,
+        model_path: str | None = None,
+        dtype: str | torch.dtype | None = None,
+        device: str | torch.device | None = None,
+        gpu_memory_utilization: float = 0.5,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 8192,
+        max_model_len: int | None = None,
+        block_size: int = 16,
+        enforce_eager: bool = False,
+        cpu_cache_tokens: int = 65536,
+    ) -> None:
+        if (model is None) == (model_path is None):
+            raise ValueError(
+                f"{WHERE}: pass exactly one of model= (an HF module to copy) or model_path= "
+                "(an HF model directory to load)."
+            )
+        if not 0 < gpu_memory_utilization <= 1:
+            raise ValueError(f"{WHERE}: gpu_memory_utilization={gpu_memory_utilization} must be in (0, 1].")
+        config, gen_config, tokenizer, device = _sources(model, model_path, tokenizer, device)
+        self.device = torch.device(device)
+        self.dtype = _dtype(dtype, self.device)
+        self.spec = ModelSpec.from_hf_config(config)
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_ids(gen_config, config, tokenizer)
+        self.pad_id = pad_id(gen_config, tokenizer, self.eos_ids, WHERE)
+        self.max_model_len = int(max_model_len or self.spec.max_positions)
+        self.block_size, self.max_num_seqs = block_size, max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.weights = NativeWeights(self.spec, self.dtype, self.device)
+        state = read_safetensors(model_path) if model_path else model.state_dict().items()
+        self._load_all(state)
+        cos, sin = rotary_tables(config, self.max_model_len, self.device)
+        self.model = NativeModel(self.spec, self.weights, cos, sin)
+        blocks = cache_blocks_for(
+            self.spec, self.dtype, block_size, device=self.device,
+            gpu_memory_utilization=gpu_memory_utilization,
+            engine_bytes=self.weights.nbytes() + self._activation_bytes(),
+            cpu_cache_tokens=cpu_cache_tokens,
+        )  # fmt: skip
+        self.cache = KVCache(self.spec, blocks, block_size, self.dtype, self.device)
+        width = -(-self.max_model_len // block_size)
+        self.runner = ModelRunner(self.model, self.cache, max_num_seqs, width)
+        self.use_graphs = self.device.type == "cuda" and not enforce_eager
+        self._asleep = False
+        self.last_stats: dict[str, int] = {}
+
+    def _load_all(self, state) -> None:
+        seen = []
+        self.weights.load(((seen.append(n) or n, t) for n, t in state), WHERE)
+        missing = set(self.weights.names) - set(seen)
+        if self.spec.tie_embeddings:
+            missing.discard("lm_head.weight")
+        if missing:
+            raise KeyError(
+                f"{WHERE}: the checkpoint lacks {len(missing)} tensors the model needs, e.g. "
+                f"{sorted(missing)[:3]}; is it a complete {self.spec.model_type} checkpoint?"
+            )
+
+    def _activation_bytes(self) -> int:
+        """Upper bound of the memory a step needs besides weights and cache."""
+        s, size = self.spec, torch.empty((), dtype=self.dtype).element_size()
+        per_token = 5 * s.hidden + 2 * s.q_size + 2 * s.kv_size + 3 * s.intermediate
+        logits = self.max_num_seqs * s.vocab * (size + 16)  # logits, float copies, sampler
+        return self.max_num_batched_tokens * per_token * size + logits + (256 << 20)
+
+    # ------------------------------------------------------------------ generate
+    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        """Sample ``sampling.n`` responses per prompt; see `RolloutEngine.generate`."""
+        prompts = check_prompts(prompts, f"{WHERE}.generate")
+        rows, uids = expand_samples(prompts, sampling.n)
+        keys = sample_keys(sampling.seed, int(prompts.meta["step"]), uids).numpy()
+        ids, mask = prompts.tensors["input_ids"], prompts.tensors["attention_mask"].bool()
+        token_lists = [row[m].tolist() for row, m in zip(ids, mask, strict=True)]
+        out = self.generate_token_ids(token_lists, sampling, keys=keys)
+        return assemble_output(rows, uids, out, sampling.max_new_tokens, self.pad_id)
+
+    def generate_token_ids(
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingParams,
+        *,
+        keys: np.ndarray | None = None,
+        max_new_tokens: Sequence[int] | None = None,
+    ) -> Responses:
+        """Generate from unpadded token-id prompts; rows as in `generate` (samples adjacent).
+
+        Args:
+            keys: one int64 sample key per output row (default: from ``sampling.seed``,
+                step 0 and uids ``f"{i}/{k}"``).
+            max_new_tokens: a length limit per output row (default: ``sampling.max_new_tokens``).
+        """
+        if self._asleep:
+            raise RuntimeError(f"{WHERE}.generate: the engine is asleep; call wake() first.")
+        if sampling.stop and self.tokenizer is None:
+            raise ValueError(
+                f"{WHERE}.generate: stop strings need a tokenizer; build the engine with "
+                "tokenizer=... or drop SamplingParams.stop."
+            )
+        n_rows = len(prompts) * sampling.n
+        if keys is None:
+            uids = [f"{i}/{k}" for i in range(len(prompts)) for k in range(sampling.n)]
+            keys = sample_keys(sampling.seed, 0, uids).numpy()
+        limits = np.full(n_rows, sampling.max_new_tokens, dtype=np.int64)
+        if max_new_tokens is not None:
+            limits = np.asarray(max_new_tokens, dtype=np.int64).reshape(n_rows)
+        arrays = [np.asarray(p, dtype=np.int64) for p in prompts]
+        self._check_lengths(arrays, limits, sampling.n)
+        if n_rows == 0:
+            empty = torch.zeros(0, 0)
+            return Responses(empty.long(), empty.sum(1).long(), empty, empty.sum(1).bool())
+        sched = self._run(arrays, sampling, np.asarray(keys, dtype=np.int64), limits)
+        width = int(sched.gen.max())
+        return Responses(
+            tokens=torch.from_numpy(sched.tokens[:, :width].copy()),
+            lengths=torch.from_numpy(sched.gen.copy()),
+            log_probs=torch.from_numpy(sched.log_probs[:, :width].copy()),
+            stopped=torch.from_numpy(sched.stopped.copy()),
+        )
+
+    def _check_lengths(self, prompts: list[np.ndarray], limits: np.ndarray, n: int) -> None:
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ValueError(f"{WHERE}.generate: prompt {i} is empty; give every prompt a token.")
+            longest = len(p) + int(limits[i * n : (i + 1) * n].max())
+            if longest > self.max_model_len:
+                raise ValueError(
+                    f"{WHERE}.generate: prompt {i} has {len(p)} tokens and may generate "
+                    f"{longest - len(p)} more, past max_model_len={self.max_model_len}; shorten "
+                    "it, lower max_new_tokens, or build the engine with a larger max_model_len."
+                )
+
+    def _run(self, prompts, sampling: SamplingParams, keys: np.ndarray, limits) -> Scheduler:
+        stop_ids = [] if sampling.ignore_eos else list(self.eos_ids)
+        stop_ids += [i for i in sampling.stop_token_ids if i not in stop_ids]
+        sched = Scheduler(
+            prompts, sampling.n, limits, allocator=BlockAllocator(self.cache.num_blocks),
+            block_size=self.block_size, max_batched_tokens=self.max_num_batched_tokens,
+            table=self.runner.table_host, stop_ids=np.asarray(stop_ids, dtype=np.int64),
+        )  # fmt: skip
+        if sampling.stop:
+            sched.stop_check = StopStrings(self.tokenizer, sampling.stop).checker(
+                sched.tokens, sched.gen
+            )
+        self._ensure_graphs()
+        steps = {"prefill_steps": 0, "decode_steps": 0}
+        while not sched.done:
+            chunks = sched.plan_prefill()
+            if chunks:
+                result = self.runner.prefill(sched, chunks, keys, sampling)
+                samples_tokens = result[1] if result else (np.zeros(0, np.int64), np.zeros(0))
+                sched.commit_prefill(chunks, *samples_tokens)
+                steps["prefill_steps"] += 1
+                continue
+            samples = sched.plan_decode()
+            if len(samples):
+                tokens, log_probs = self.runner.decode(sched, samples, keys, sampling)
+                sched.commit_decode(samples, tokens, log_probs)
+                steps["decode_steps"] += 1
+        self.last_stats = {**steps, "preemptions": sched.preemptions}
+        return sched
+
+    def _ensure_graphs(self) -> None:
+        if self.use_graphs and self.runner.graphs is None:
+            from rayrl.engines.rollout.native.graphs import DecodeGraphs
+
+            self.runner.graphs = DecodeGraphs(self.runner, self.max_num_seqs)
+
+    # ------------------------------------------------------------------ weights
+    def update_weights(self, weights: WeightSource) -> int:
+        """Copy HF-named tensors into the engine's weights in place (converted to its dtype).
+
+        Raises:
+            KeyError: a name the model does not have (with the closest names it has).
+            ValueError: a tensor whose shape differs from the model's.
+        """
+        return self.weights.load(weights, f"{WHERE}.update_weights")
+
+    # ------------------------------------------------------------------ memory
+    def sleep(self) -> None:
+        """Free the KV cache and the CUDA graphs (weights stay); `wake` reallocates."""
+        if self._asleep:
+            return
+        self._asleep = True
+        self.runner.graphs = None
+        self.cache.free()
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def wake(self) -> None:
+        """Reallocate the KV cache (graphs are recaptured by the next `generate`)."""
+        self.cache.allocate()
+        self._asleep = False
+
+    @property
+    def is_asleep(self) -> bool:
+        return self._asleep
+
+
+def _dtype(dtype, device: torch.device) -> torch.dtype:
+    if dtype is None or dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
+
+
+def _sources(model, model_path, tokenizer, device):
+    """(config, generation config, tokenizer, device) from a module or a directory."""
+    if model is not None:
+        if device is None:
+            device = next(iter(model.parameters())).device
+        return model.config, getattr(model, "generation_config", None), tokenizer, device
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model_path)
+    except OSError as err:
+        raise OSError(
+            f"{WHERE}: cannot load a model config from {model_path!r} ({err}); pass a local HF "
+            "model directory (config.json + safetensors weights)."
+        ) from err
+    gen_config = None
+    if (Path(model_path) / "generation_config.json").exists():
+        gen_config = GenerationConfig.from_pretrained(model_path)
+    if tokenizer is None:
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return config, gen_config, tokenizer, device

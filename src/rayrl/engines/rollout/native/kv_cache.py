@@ -1,0 +1,131 @@
+"""The paged KV cache: one preallocated tensor of fixed-size blocks, and their allocator.
+
+``data`` is ``[layers, 2 (k, v), blocks, block_size, kv_heads, head_dim]``, allocated
+once and freed whole by `KVCache.free` (the engine's ``sleep``). A sequence owns a list
+of block ids; blocks are reference-counted so that the n samples of one prompt share
+the blocks of its prefill (`BlockAllocator.share`), each getting its own copy of the
+last, partly filled block (`KVCache.copy_blocks`).
+
+`cache_blocks_for` sizes the cache from ``gpu_memory_utilization`` on CUDA the way vLLM
+does: the engine may use that fraction of the device's memory in all, weights and
+activations included; the rest of it becomes KV blocks.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from rayrl.engines.rollout.native.spec import ModelSpec
+
+__all__ = ["BlockAllocator", "KVCache", "cache_blocks_for"]
+
+
+class KVCache:
+    """Block storage for every layer's keys and values."""
+
+    def __init__(
+        self, spec: ModelSpec, num_blocks: int, block_size: int, dtype: torch.dtype, device
+    ) -> None:
+        self.spec, self.num_blocks, self.block_size = spec, num_blocks, block_size
+        self.dtype, self.device = dtype, torch.device(device)
+        self.data: Tensor | None = None
+        self.allocate()
+
+    @property
+    def nbytes(self) -> int:
+        return self.num_blocks * self.block_size * self.spec.kv_bytes_per_token(self.dtype)
+
+    @property
+    def allocated(self) -> bool:
+        return self.data is not None
+
+    def allocate(self) -> None:
+        if self.data is None:
+            s = self.spec
+            shape = (s.layers, 2, self.num_blocks, self.block_size, s.kv_heads, s.head_dim)
+            self.data = torch.empty(shape, dtype=self.dtype, device=self.device)
+
+    def free(self) -> None:
+        self.data = None
+
+    def layer(self, index: int) -> tuple[Tensor, Tensor]:
+        """``(k, v)`` of one layer, each ``[blocks, block_size, kv_heads, head_dim]``."""
+        return self.data[index, 0], self.data[index, 1]
+
+    def copy_blocks(self, src: list[int], dst: list[int]) -> None:
+        """Copy blocks ``src[i]`` to ``dst[i]`` in every layer, keys and values."""
+        if src:
+            index = torch.tensor(src, device=self.device)
+            self.data[:, :, torch.tensor(dst, device=self.device)] = self.data[:, :, index]
+
+
+class BlockAllocator:
+    """Free list and reference counts of the cache's blocks."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self._free = list(range(num_blocks - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
+        self._refs = [0] * num_blocks
+
+    @property
+    def free_blocks(self) -> int:
+        return len(self._free)
+
+    def allocate(self, count: int) -> list[int] | None:
+        """``count`` fresh blocks, or None (nothing taken) if fewer are free."""
+        if count > len(self._free):
+            return None
+        blocks = [self._free.pop() for _ in range(count)]
+        for b in blocks:
+            self._refs[b] = 1
+        return blocks
+
+    def share(self, blocks: list[int]) -> list[int]:
+        """Another owner for ``blocks`` (no copy); returns them."""
+        for b in blocks:
+            self._refs[b] += 1
+        return list(blocks)
+
+    def release(self, blocks: list[int]) -> None:
+        """Drop one owner of each block; blocks nobody owns become free."""
+        for b in blocks:
+            self._refs[b] -= 1
+            if self._refs[b] == 0:
+                self._free.append(b)
+
+
+def cache_blocks_for(
+    spec: ModelSpec,
+    dtype: torch.dtype,
+    block_size: int,
+    *,
+    device: torch.device,
+    gpu_memory_utilization: float,
+    engine_bytes: int,
+    cpu_cache_tokens: int,
+) -> int:
+    """Number of KV blocks to allocate.
+
+    On CUDA: ``utilization * total memory - engine_bytes`` (the engine's weights plus its
+    peak activations), capped by what is free now, in blocks. Elsewhere: room for
+    ``cpu_cache_tokens`` tokens.
+
+    Raises:
+        RuntimeError: not even one block fits (with the numbers and what to change).
+    """
+    per_block = block_size * spec.kv_bytes_per_token(dtype)
+    if torch.device(device).type != "cuda":
+        return max(1, -(-cpu_cache_tokens // block_size))
+    free, total = torch.cuda.mem_get_info(device)
+    budget = min(gpu_memory_utilization * total - engine_bytes, free - (256 << 20))
+    blocks = int(budget // per_block)
+    if blocks < 1:
+        raise RuntimeError(
+            f"native rollout engine: no room for a KV cache on {device}: "
+            f"gpu_memory_utilization={gpu_memory_utilization} of {total / 2**30:.1f} GiB leaves "
+            f"{budget / 2**30:.2f} GiB after the engine's own {engine_bytes / 2**30:.2f} GiB "
+            f"({free / 2**30:.1f} GiB free now). Raise actor_rollout_ref.rollout."
+            "gpu_memory_utilization or free memory (offload the trainer, sleep other engines)."
+        )
+    return blocks

@@ -1,0 +1,64 @@
+"""The native engine's forward pass of a Qwen2 / Qwen3 / Llama decoder over a paged KV cache.
+
+One function of a `StepInput` to next-token logits: embed, then per layer fused
+add+RMSNorm, one qkv matmul, rotary embedding fused with the KV-cache write, paged
+attention, the output projection, fused add+RMSNorm, one gate_up matmul, SiLU-and-mul,
+the down projection; a final norm and the LM head on the rows whose logits are asked
+for only. The operations come from `ops` (torch, or Triton on CUDA) and `attention`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from rayrl.engines.rollout.native.attention import make_attention
+from rayrl.engines.rollout.native.kv_cache import KVCache
+from rayrl.engines.rollout.native.ops import make_ops
+from rayrl.engines.rollout.native.spec import ModelSpec
+from rayrl.engines.rollout.native.step import StepInput
+from rayrl.engines.rollout.native.weights import NativeWeights
+
+__all__ = ["NativeModel"]
+
+
+class NativeModel:
+    """Weights, rotary tables and the kernels to run them; `forward` maps a step to logits."""
+
+    def __init__(
+        self, spec: ModelSpec, weights: NativeWeights, cos: Tensor, sin: Tensor, *, ops=None,
+        attention=None,
+    ) -> None:  # fmt: skip
+        self.spec, self.weights, self.cos, self.sin = spec, weights, cos, sin
+        self.ops = ops or make_ops(weights.device)
+        self.attention = attention or make_attention(weights.device)
+        self.scale = 1.0 / math.sqrt(spec.head_dim)
+
+    @torch.inference_mode()
+    def forward(self, step: StepInput, cache: KVCache) -> Tensor:
+        """Logits [len(step.logits_rows), vocab] in the model dtype."""
+        s, w, ops = self.spec, self.weights, self.ops
+        shape = (s.heads, s.kv_heads, s.head_dim)
+        n = step.input_ids.shape[0]
+        residual = F.embedding(step.input_ids, w.embed)
+        hidden = ops.rms_norm(residual, w.layers[0].input_norm, s.rms_eps)
+        for i, layer in enumerate(w.layers):
+            if i > 0:
+                hidden, residual = ops.add_rms_norm(hidden, residual, layer.input_norm, s.rms_eps)
+            qkv = F.linear(hidden, layer.qkv, layer.qkv_bias)
+            qk_norm = None if layer.q_norm is None else (layer.q_norm, layer.k_norm, s.rms_eps)
+            k_cache, v_cache = cache.layer(i)
+            q = ops.rope_and_store(
+                qkv, step.positions, self.cos, self.sin, k_cache, v_cache, step.slot_mapping,
+                shape, qk_norm,
+            )  # fmt: skip
+            attn = self.attention(q, k_cache, v_cache, step, self.scale)
+            hidden = F.linear(attn.reshape(n, s.q_size), layer.o, layer.o_bias)
+            hidden, residual = ops.add_rms_norm(hidden, residual, layer.post_norm, s.rms_eps)
+            hidden = F.linear(ops.silu_and_mul(F.linear(hidden, layer.gate_up)), layer.down)
+        rows = step.logits_rows
+        hidden, _ = ops.add_rms_norm(hidden[rows], residual[rows], w.final_norm, s.rms_eps)
+        return F.linear(hidden, w.lm_head)

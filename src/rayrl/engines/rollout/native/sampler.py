@@ -1,0 +1,49 @@
+"""Sampling on the device, with the draws of `rayrl.engines.rollout.sampling`.
+
+A token depends only on (seed, step, sample uid, position) and the logits, exactly as
+in the HF engine: the same keys, the same splitmix64 noise, the same float64 Gumbel-max.
+On CUDA, greedy and plain temperature sampling run as one fused Triton pass over the
+logits (`rayrl.engines.rollout.native.triton_sampler`: hash, Gumbel, running argmax and
+logsumexp per vocabulary slice, no ``[B, vocab]`` temporaries); top-k / top-p, and every
+case on CPU, go through `sample_tokens` (top-k candidates, chunked hashing). Tokens
+and log-probs come back to the host in one copy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from rayrl.engines.rollout.sampling import SamplingParams, sample_tokens
+
+__all__ = ["DeviceSampler"]
+
+
+class DeviceSampler:
+    """Draws one token per row of a logits matrix; returns host numpy arrays."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.fused = None
+        if torch.device(device).type == "cuda":
+            try:
+                from rayrl.engines.rollout.native.triton_sampler import fused_sample
+            except ImportError:  # pragma: no cover - CUDA without Triton
+                fused_sample = None
+            self.fused = fused_sample
+
+    def sample_on_device(
+        self, logits: Tensor, keys: Tensor, positions: Tensor, params: SamplingParams
+    ) -> tuple[Tensor, Tensor]:
+        """``(tokens [B] int64, log_probs [B] float32)`` on the logits' device."""
+        plain = params.greedy or (params.top_k <= 0 and params.top_p >= 1.0)
+        if self.fused is not None and plain:
+            return self.fused(logits, keys, positions, params)
+        return sample_tokens(logits, keys, positions, params)
+
+    def sample(
+        self, logits: Tensor, keys: Tensor, positions: Tensor, params: SamplingParams
+    ) -> tuple[np.ndarray, np.ndarray]:
+        tokens, log_probs = self.sample_on_device(logits, keys, positions, params)
+        both = torch.stack([tokens.double(), log_probs.double()]).cpu().numpy()
+        return both[0].astype(np.int64), both[1].astype(np.float32)

@@ -1,0 +1,273 @@
+"""Continuous batching: which tokens the next step runs, and the bookkeeping after it.
+
+Samples are numbered 0..N-1 (sample k of prompt i is ``i * n + k``). A *job* is a
+prefill to run: a prompt's tokens and the n samples that fork from it, or a preempted
+sample's prompt plus what it had generated (recomputed, then it carries on). Each step
+is either
+
+- a **prefill**: partly done jobs first, then waiting jobs admitted in order while the
+  token budget (``max_batched_tokens``, chunked prefill), the free sequence slots and
+  the free KV blocks allow; or
+- a **decode** of every running sample, one token each.
+
+A job that finishes its prefill forks into its samples: the first takes the job's
+blocks, the others share its full blocks and get a copy of the last, partly filled one.
+Sampled tokens are appended; a sample ends at a stop token, a stop string or its length
+limit, and frees its slot and blocks at once, so a waiting job can join the next step.
+When a decode step needs a block and none is free, the most recently admitted sample
+is preempted: its blocks are freed and it waits, first in line, to be recomputed.
+
+All per-sample state lives in numpy arrays so a decode step's bookkeeping is a few
+vectorised operations, whatever the batch size.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rayrl.engines.rollout.native.kv_cache import BlockAllocator
+
+__all__ = ["Chunk", "Job", "Scheduler"]
+
+
+@dataclass
+class Job:
+    """A prefill: ``tokens`` to put in the cache, then ``samples`` start from its end."""
+
+    tokens: np.ndarray
+    samples: list[int]
+    done: int = 0
+    blocks: list[int] = field(default_factory=list)
+    fork_blocks: list[int] = field(default_factory=list)  # one per extra sample, if needed
+
+
+@dataclass
+class Chunk:
+    """``count`` tokens of ``job`` from ``start``, in one prefill step, at table ``row``."""
+
+    job: Job
+    start: int
+    count: int
+    row: int
+
+    @property
+    def completes(self) -> bool:
+        return self.start + self.count == len(self.job.tokens)
+
+
+class Scheduler:
+    """Admission, chunking, forking, preemption and finishing over a block allocator."""
+
+    def __init__(
+        self,
+        prompts: list[np.ndarray],
+        n: int,
+        max_new: np.ndarray,
+        *,
+        allocator: BlockAllocator,
+        block_size: int,
+        max_batched_tokens: int,
+        table: np.ndarray,
+        stop_ids: np.ndarray,
+        stop_check: Callable[[np.ndarray], np.ndarray] | None = None,
+    ) -> None:
+        self.prompts, self.n = prompts, n
+        total = len(prompts) * n
+        self.max_new = np.asarray(max_new, dtype=np.int64).reshape(total)
+        self.alloc, self.block_size = allocator, block_size
+        self.max_batched_tokens = max_batched_tokens
+        self.stop_ids, self.stop_check = stop_ids, stop_check
+        width = int(self.max_new.max()) if total else 0
+        self.tokens = np.zeros((total, width), dtype=np.int64)
+        self.log_probs = np.zeros((total, width), dtype=np.float32)
+        self.gen = np.zeros(total, dtype=np.int64)  # tokens generated so far
+        self.kv_len = np.zeros(total, dtype=np.int64)  # tokens whose K/V is in the cache
+        self.slot = np.full(total, -1, dtype=np.int64)  # block-table row while alive
+        self.stopped = np.zeros(total, dtype=bool)
+        self.finished = np.zeros(total, dtype=bool)
+        self.blocks: list[list[int]] = [[] for _ in range(total)]
+        self.table = table  # [max_seqs, blocks per row] int32, shared with the runner
+        self.dirty_rows: set[int] = set()
+        self.pending_copies: list[tuple[int, int]] = []  # (src, dst) blocks to copy first
+        self.free_slots = list(range(len(table) - 1, -1, -1))
+        self.waiting: deque[Job] = deque(
+            Job(np.asarray(p, dtype=np.int64), [i * n + k for k in range(n)])
+            for i, p in enumerate(prompts)
+        )
+        self.prefilling: list[Job] = []
+        self.running: dict[int, None] = {}  # insertion order = admission order
+        self.preemptions = 0
+        self.watermark = max(1, allocator.num_blocks // 100)
+
+    @property
+    def done(self) -> bool:
+        return not (self.waiting or self.prefilling or self.running)
+
+    # ----------------------------------------------------------------- prefill
+    def plan_prefill(self) -> list[Chunk]:
+        """Chunks for a prefill step (empty: run a decode step instead)."""
+        budget, chunks = self.max_batched_tokens, []
+        for job in self.prefilling:
+            take = min(len(job.tokens) - job.done, budget)
+            if take <= 0:
+                break
+            chunks.append(Chunk(job, job.done, take, int(self.slot[job.samples[0]])))
+            budget -= take
+        while budget > 0 and self.waiting and self._admit(self.waiting[0]):
+            job = self.waiting.popleft()
+            self.prefilling.append(job)
+            take = min(len(job.tokens), budget)
+            chunks.append(Chunk(job, 0, take, int(self.slot[job.samples[0]])))
+            budget -= take
+        return chunks
+
+    def _admit(self, job: Job) -> bool:
+        """Reserve slots and blocks for ``job``; False (nothing taken) if they do not fit."""
+        length, forks = len(job.tokens), len(job.samples) - 1
+        need = -(-length // self.block_size)
+        extra = forks if length % self.block_size else 0
+        busy = bool(self.running or self.prefilling)
+        reserve = self.watermark if busy else 0
+        if len(self.free_slots) < len(job.samples) or self.alloc.free_blocks < need + extra + reserve:
+            if not busy:
+                raise RuntimeError(
+                    f"native rollout engine: a prompt of {length} tokens with {forks + 1} "
+                    f"samples needs {need + extra} KV blocks of {self.block_size} tokens and "
+                    f"{forks + 1} sequence slots, but the cache has {self.alloc.free_blocks} "
+                    f"blocks and {len(self.free_slots)} slots in all. Raise "
+                    "actor_rollout_ref.rollout.gpu_memory_utilization (or max_num_seqs), or "
+                    "shorten the prompts."
+                )
+            return False
+        job.blocks = self.alloc.allocate(need)
+        job.fork_blocks = self.alloc.allocate(extra)
+        for s in job.samples:
+            self.slot[s] = self.free_slots.pop()
+        self._set_row(int(self.slot[job.samples[0]]), job.blocks)
+        return True
+
+    def commit_prefill(self, chunks: list[Chunk], tokens: np.ndarray, log_probs: np.ndarray) -> None:
+        """Advance the chunks; fork finished jobs and append their first sampled tokens.
+
+        ``tokens`` / ``log_probs`` hold one entry per sample of each completing chunk's
+        job, in chunk order (`sample_rows`).
+        """
+        samples = []
+        for chunk in chunks:
+            job = chunk.job
+            job.done += chunk.count
+            if not chunk.completes:
+                continue
+            self.prefilling.remove(job)
+            self._fork(job)
+            samples.extend(job.samples)
+        if samples:
+            self._append(np.asarray(samples, dtype=np.int64), tokens, log_probs)
+
+    def sample_rows(self, chunks: list[Chunk]) -> tuple[list[int], np.ndarray]:
+        """For the completing chunks: how many samples each forks into, and those samples."""
+        counts, samples = [], []
+        for chunk in chunks:
+            if chunk.completes:
+                counts.append(len(chunk.job.samples))
+                samples.extend(chunk.job.samples)
+        return counts, np.asarray(samples, dtype=np.int64)
+
+    def _fork(self, job: Job) -> None:
+        length, bs = len(job.tokens), self.block_size
+        partial = length % bs != 0
+        first, rest = job.samples[0], job.samples[1:]
+        self.blocks[first] = job.blocks
+        for i, s in enumerate(rest):
+            if partial:
+                own = job.fork_blocks[i]
+                self.blocks[s] = self.alloc.share(job.blocks[:-1]) + [own]
+                self.pending_copies.append((job.blocks[-1], own))
+            else:
+                self.blocks[s] = self.alloc.share(job.blocks)
+            self._set_row(int(self.slot[s]), self.blocks[s])
+        for s in job.samples:
+            self.kv_len[s] = length
+            self.running[s] = None
+
+    # ------------------------------------------------------------------ decode
+    def plan_decode(self) -> np.ndarray:
+        """The samples of a decode step, each with a cache block for its next token."""
+        samples = np.fromiter(self.running, dtype=np.int64, count=len(self.running))
+        have = np.fromiter((len(self.blocks[s]) for s in samples), np.int64, len(samples))
+        for s in samples[have * self.block_size <= self.kv_len[samples]].tolist():
+            if s not in self.running:
+                continue  # preempted while finding room for another sample
+            while True:
+                block = self.alloc.allocate(1)
+                if block is not None:
+                    self.blocks[s].append(block[0])
+                    self._set_row(int(self.slot[s]), self.blocks[s])
+                    break
+                victim = next(reversed(self.running))
+                self._preempt(victim)
+                if victim == s:
+                    break
+        if len(samples) != len(self.running):
+            samples = np.fromiter(self.running, dtype=np.int64, count=len(self.running))
+        return samples
+
+    def decode_inputs(self, samples: np.ndarray) -> dict[str, np.ndarray]:
+        """Host arrays of a decode step: last tokens, positions, cache slots, rows, lengths."""
+        pos = self.kv_len[samples]
+        rows = self.slot[samples]
+        blocks = self.table[rows, pos // self.block_size].astype(np.int64)
+        return {
+            "input_ids": self.tokens[samples, self.gen[samples] - 1],
+            "positions": pos,
+            "slot_mapping": blocks * self.block_size + pos % self.block_size,
+            "seq_rows": rows,
+            "seq_lens": pos + 1,
+            "sample_positions": self.gen[samples],
+        }
+
+    def commit_decode(self, samples: np.ndarray, tokens: np.ndarray, log_probs: np.ndarray) -> None:
+        self.kv_len[samples] += 1
+        self._append(samples, tokens, log_probs)
+
+    # ---------------------------------------------------------------- shared
+    def _append(self, samples: np.ndarray, tokens: np.ndarray, log_probs: np.ndarray) -> None:
+        at = self.gen[samples]
+        self.tokens[samples, at] = tokens
+        self.log_probs[samples, at] = log_probs
+        self.gen[samples] = at + 1
+        stop = np.isin(tokens, self.stop_ids) if len(self.stop_ids) else np.zeros(len(samples), bool)
+        if self.stop_check is not None:
+            stop |= self.stop_check(samples)
+        self.stopped[samples] = stop
+        ended = stop | (at + 1 >= self.max_new[samples])
+        for s in samples[ended].tolist():
+            self._finish(s)
+
+    def _finish(self, sample: int) -> None:
+        self.finished[sample] = True
+        self._release(sample)
+
+    def _release(self, sample: int) -> None:
+        self.alloc.release(self.blocks[sample])
+        self.blocks[sample] = []
+        self.free_slots.append(int(self.slot[sample]))
+        self.slot[sample] = -1
+        self.running.pop(sample, None)
+
+    def _preempt(self, sample: int) -> None:
+        """Free ``sample``'s cache; it waits first in line to recompute prompt + output."""
+        prompt = self.prompts[sample // self.n]
+        generated = self.tokens[sample, : self.gen[sample]]
+        self._release(sample)
+        self.kv_len[sample] = 0
+        self.waiting.appendleft(Job(np.concatenate([prompt, generated]), [sample]))
+        self.preemptions += 1
+
+    def _set_row(self, row: int, blocks: list[int]) -> None:
+        self.table[row, : len(blocks)] = blocks
+        self.dirty_rows.add(row)

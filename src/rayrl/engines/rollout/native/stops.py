@@ -1,0 +1,34 @@
+"""Stop strings: a sample ends at the token whose text completes one of them.
+
+After each step the last few tokens of every sample that just grew are decoded in one
+``batch_decode`` call (a window longer than the longest stop string, since every
+token decodes to at least one character), and the sample stops if the text contains a
+stop string. The first step at which it appears is the one that completed it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+__all__ = ["StopStrings"]
+
+
+class StopStrings:
+    def __init__(self, tokenizer, strings: Sequence[str]) -> None:
+        self.tokenizer, self.strings = tokenizer, tuple(strings)
+        self.window = max(len(s) for s in self.strings) + 4
+
+    def checker(self, tokens: np.ndarray, lengths: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+        """A function of sample ids -> bool array, reading generated ``tokens[s, :lengths[s]]``."""
+
+        def check(samples: np.ndarray) -> np.ndarray:
+            tails = [
+                tokens[s, max(0, n - self.window) : n].tolist()
+                for s, n in zip(samples.tolist(), lengths[samples].tolist(), strict=True)
+            ]
+            texts = self.tokenizer.batch_decode(tails)
+            return np.array([any(x in t for x in self.strings) for t in texts], dtype=bool)
+
+        return check
