@@ -6,9 +6,9 @@ token at position p lives in block ``block_table[row, p // block_size]`` at offs
 ``scaled_dot_product_attention`` with grouped KV heads (``enable_gqa``); prefill runs one
 causal attention per sequence over its cached prefix plus the new chunk.
 
-`make_attention(device)` returns the Triton kernels of
-`rayrl.engines.rollout.native.triton_attention` on CUDA (GQA-aware split-KV decode,
-paged prefill) and `TorchAttention` elsewhere.
+`make_attention("triton")` returns the Triton kernels of
+`rayrl.engines.rollout.native.triton_attention` (GQA-aware split-KV decode, paged
+prefill), used on CUDA; `choose_kernels` resolves the engine's ``kernels="auto"``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from torch import Tensor
 
 from rayrl.engines.rollout.native.step import StepInput
 
-__all__ = ["TorchAttention", "make_attention"]
+__all__ = ["TorchAttention", "choose_kernels", "make_attention"]
 
 
 class TorchAttention:
@@ -79,12 +79,26 @@ class TorchAttention:
         return out
 
 
-def make_attention(device: torch.device):
-    """Triton kernels on CUDA (when Triton imports), `TorchAttention` elsewhere."""
-    if torch.device(device).type == "cuda":
-        try:
-            from rayrl.engines.rollout.native.triton_attention import TritonAttention
-        except ImportError:  # pragma: no cover - CUDA without Triton
-            return TorchAttention()
+def make_attention(kernels: str):
+    """`TritonAttention` for ``kernels="triton"``, `TorchAttention` for ``"torch"``."""
+    if kernels == "triton":
+        from rayrl.engines.rollout.native.triton_attention import TritonAttention
+
         return TritonAttention()
     return TorchAttention()
+
+
+def choose_kernels(kernels: str, device: torch.device, head_dim: int) -> str:
+    """Resolve ``"auto"``: Triton on CUDA when it imports and the head size suits it
+    (a power of two, at least 16), torch otherwise."""
+    if kernels not in ("auto", "torch", "triton"):
+        raise ValueError(f"native rollout engine: kernels={kernels!r} is not auto, torch or triton.")
+    if kernels != "auto":
+        return kernels
+    if torch.device(device).type != "cuda" or head_dim < 16 or head_dim & (head_dim - 1):
+        return "torch"
+    try:
+        import triton  # noqa: F401
+    except ImportError:  # pragma: no cover - CUDA without Triton
+        return "torch"
+    return "triton"

@@ -25,6 +25,7 @@ from torch import nn
 from rayrl.batch import Batch
 from rayrl.engines.rollout.base import ROLLOUT_ENGINES, RolloutEngine, WeightSource
 from rayrl.engines.rollout.contract import Responses, assemble_output, check_prompts, expand_samples
+from rayrl.engines.rollout.native.attention import choose_kernels
 from rayrl.engines.rollout.native.kv_cache import BlockAllocator, KVCache, cache_blocks_for
 from rayrl.engines.rollout.native.model import NativeModel
 from rayrl.engines.rollout.native.runner import ModelRunner
@@ -59,6 +60,8 @@ class NativeRolloutEngine(RolloutEngine):
         block_size: tokens per KV cache block.
         enforce_eager: never use CUDA graphs.
         cpu_cache_tokens: KV cache size in tokens on CPU.
+        kernels: "auto" (Triton on CUDA, torch elsewhere), "torch" or "triton" (on CPU
+            only under ``TRITON_INTERPRET=1``, for tests).
     """
 
     def __init__(
@@ -76,6 +79,7 @@ class NativeRolloutEngine(RolloutEngine):
         block_size: int = 16,
         enforce_eager: bool = False,
         cpu_cache_tokens: int = 65536,
+        kernels: str = "auto",
     ) -> None:
         if (model is None) == (model_path is None):
             raise ValueError(
@@ -98,7 +102,8 @@ class NativeRolloutEngine(RolloutEngine):
         state = read_safetensors(model_path) if model_path else model.state_dict().items()
         self._load_all(state)
         cos, sin = rotary_tables(config, self.max_model_len, self.device)
-        self.model = NativeModel(self.spec, self.weights, cos, sin)
+        self.kernels = choose_kernels(kernels, self.device, self.spec.head_dim)
+        self.model = NativeModel(self.spec, self.weights, cos, sin, self.kernels)
         blocks = cache_blocks_for(
             self.spec, self.dtype, block_size, device=self.device,
             gpu_memory_utilization=gpu_memory_utilization,

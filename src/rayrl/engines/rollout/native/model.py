@@ -29,12 +29,12 @@ class NativeModel:
     """Weights, rotary tables and the kernels to run them; `forward` maps a step to logits."""
 
     def __init__(
-        self, spec: ModelSpec, weights: NativeWeights, cos: Tensor, sin: Tensor, *, ops=None,
-        attention=None,
-    ) -> None:  # fmt: skip
+        self, spec: ModelSpec, weights: NativeWeights, cos: Tensor, sin: Tensor, kernels: str
+    ) -> None:
         self.spec, self.weights, self.cos, self.sin = spec, weights, cos, sin
-        self.ops = ops or make_ops(weights.device)
-        self.attention = attention or make_attention(weights.device)
+        self.kernels = kernels  # "torch" or "triton"
+        self.ops = make_ops(kernels)
+        self.attention = make_attention(kernels)
         self.scale = 1.0 / math.sqrt(spec.head_dim)
 
     @torch.inference_mode()

@@ -6,8 +6,8 @@ in the model dtype), so that on CPU in float32 the native forward agrees with
 transformers to the last few bits and greedy decoding picks the same tokens.
 
 `TorchOps` is the CPU implementation and the reference the Triton kernels
-(`rayrl.engines.rollout.native.triton_ops`) are checked against; `make_ops(device)`
-picks the Triton one on CUDA when Triton is importable.
+(`rayrl.engines.rollout.native.triton_ops`) are checked against; `make_ops` picks one
+by the engine's ``kernels`` setting.
 """
 
 from __future__ import annotations
@@ -90,12 +90,10 @@ def _rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def make_ops(device: torch.device) -> TorchOps:
-    """Triton kernels on CUDA (when Triton imports), torch everywhere else."""
-    if torch.device(device).type == "cuda":
-        try:
-            from rayrl.engines.rollout.native.triton_ops import TritonOps
-        except ImportError:  # pragma: no cover - CUDA without Triton
-            return TorchOps()
+def make_ops(kernels: str) -> TorchOps:
+    """`TritonOps` for ``kernels="triton"``, `TorchOps` for ``"torch"``."""
+    if kernels == "triton":
+        from rayrl.engines.rollout.native.triton_ops import TritonOps
+
         return TritonOps()
     return TorchOps()

@@ -17,12 +17,10 @@ from rayrl.engines.rollout.native.kv_cache import KVCache
 from rayrl.engines.rollout.native.model import NativeModel
 from rayrl.engines.rollout.native.sampler import DeviceSampler
 from rayrl.engines.rollout.native.scheduler import Chunk, Scheduler
-from rayrl.engines.rollout.native.step import StepInput
+from rayrl.engines.rollout.native.step import PREFILL_TILE, StepInput
 from rayrl.engines.rollout.sampling import SamplingParams
 
-__all__ = ["ModelRunner", "PREFILL_TILE"]
-
-PREFILL_TILE = 64  # query tokens per program of the Triton prefill kernel
+__all__ = ["ModelRunner"]
 
 _DECODE_FIELDS = ("input_ids", "positions", "slot_mapping", "seq_rows", "seq_lens")
 
@@ -35,7 +33,7 @@ class ModelRunner:
         self.device = model.weights.device
         self.table_host = np.zeros((max_seqs, table_width), dtype=np.int32)
         self.table = torch.zeros(max_seqs, table_width, dtype=torch.int32, device=self.device)
-        self.sampler = DeviceSampler(self.device)
+        self.sampler = DeviceSampler(model.kernels)
         self.graphs = None  # set by the engine on CUDA (DecodeGraphs)
 
     # --------------------------------------------------------------- sync
@@ -98,7 +96,7 @@ class ModelRunner:
 
     def _tiles(self, q_start: list[int]) -> Tensor | None:
         """(sequence, first query) of every PREFILL_TILE queries, for the Triton kernel."""
-        if self.device.type != "cuda":
+        if self.model.kernels != "triton":
             return None
         tiles = [
             (i, a)

@@ -2,7 +2,7 @@
 
 A token depends only on (seed, step, sample uid, position) and the logits, exactly as
 in the HF engine: the same keys, the same splitmix64 noise, the same float64 Gumbel-max.
-On CUDA, greedy and plain temperature sampling run as one fused Triton pass over the
+With Triton kernels (CUDA), greedy and plain temperature sampling run as one fused pass over the
 logits (`rayrl.engines.rollout.native.triton_sampler`: hash, Gumbel, running argmax and
 logsumexp per vocabulary slice, no ``[B, vocab]`` temporaries); top-k / top-p, and every
 case on CPU, go through `sample_tokens` (top-k candidates, chunked hashing). Tokens
@@ -23,13 +23,11 @@ __all__ = ["DeviceSampler"]
 class DeviceSampler:
     """Draws one token per row of a logits matrix; returns host numpy arrays."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, kernels: str) -> None:
         self.fused = None
-        if torch.device(device).type == "cuda":
-            try:
-                from rayrl.engines.rollout.native.triton_sampler import fused_sample
-            except ImportError:  # pragma: no cover - CUDA without Triton
-                fused_sample = None
+        if kernels == "triton":
+            from rayrl.engines.rollout.native.triton_sampler import fused_sample
+
             self.fused = fused_sample
 
     def sample_on_device(

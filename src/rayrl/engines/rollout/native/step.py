@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-__all__ = ["StepInput"]
+__all__ = ["PREFILL_TILE", "StepInput"]
+
+PREFILL_TILE = 64  # query tokens per program of the Triton prefill kernel (`tiles`)
 
 
 @dataclass
@@ -30,7 +32,8 @@ class StepInput:
         decode: True when every sequence has exactly one token (token i is sequence i).
         q_start: prefill only, [S + 1] offsets of each sequence's tokens in T.
         q_start_host, seq_lens_host: the same offsets and lengths as Python lists.
-        tiles: prefill on CUDA only, [n, 2] (sequence, first query index) of each query tile.
+        tiles: prefill on CUDA only, [n, 2] (sequence, first query index) of each
+            PREFILL_TILE query tokens.
     """
 
     input_ids: Tensor

@@ -1,0 +1,94 @@
+"""The decode step captured in CUDA graphs, one graph per batch-size bucket.
+
+A decode step launches a few hundred small kernels; replaying a CUDA graph launches
+them all at once. Graphs have fixed shapes and addresses, so the step's inputs live in
+one static ``[7, max_batch]`` int64 buffer (token, position, cache slot, block-table
+row, context length, sample key, sample position), and a batch of n sequences runs the
+graph of the smallest bucket >= n with the rows past n padded (context length 0 and
+cache slot -1: no attention work, no cache write). Graphs are captured largest first,
+sharing one memory pool, on the first decode after the engine starts or wakes; `sleep`
+drops them, since they hold the KV cache's address.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from rayrl.engines.rollout.native.step import StepInput
+
+__all__ = ["DecodeGraphs", "graph_buckets"]
+
+_PAD = (0, 0, -1, 0, 0, 0, 0)  # per field: a padded row does no work
+
+
+def graph_buckets(max_batch: int) -> list[int]:
+    """Batch sizes with a graph: 1, 2, 4, 8, then steps of 8 to 64, of 32 to 256, of 64 on."""
+    sizes = {1, 2, 4, 8, *range(16, 65, 8), *range(96, 257, 32), *range(320, max_batch + 1, 64)}
+    return sorted(s for s in sizes if s < max_batch) + [max_batch]
+
+
+class DecodeGraphs:
+    """Captured decode forwards of a `ModelRunner`'s model, by batch size."""
+
+    def __init__(self, runner, max_batch: int) -> None:
+        self.runner = runner
+        self.buckets = graph_buckets(max_batch)
+        size = self.buckets[-1]
+        dev = runner.device
+        self.static = torch.tensor(_PAD, dtype=torch.int64, device=dev)[:, None].repeat(1, size)
+        self.staging = torch.empty(7, size, dtype=torch.int64, pin_memory=True)
+        self.rows = torch.arange(size, device=dev)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.logits: dict[int, Tensor] = {}
+        pool = None
+        for batch in reversed(self.buckets):
+            pool = self._capture(batch, pool)
+
+    def _step(self, batch: int) -> StepInput:
+        s = self.static[:, :batch]
+        return StepInput(
+            input_ids=s[0], positions=s[1], slot_mapping=s[2], seq_rows=s[3], seq_lens=s[4],
+            block_table=self.runner.table, logits_rows=self.rows[:batch], decode=True,
+        )  # fmt: skip
+
+    def _capture(self, batch: int, pool):
+        model, cache = self.runner.model, self.runner.cache
+        step = self._step(batch)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):  # compile and autotune outside the capture
+                model.forward(step, cache)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            self.logits[batch] = model.forward(step, cache)
+        self.graphs[batch] = graph
+        return graph.pool()
+
+    def fits(self, batch: int) -> bool:
+        return batch <= self.buckets[-1]
+
+    def bucket(self, batch: int) -> int:
+        return self.buckets[bisect.bisect_left(self.buckets, batch)]
+
+    def stage(self, arrays: list[np.ndarray]) -> list[Tensor]:
+        """Write a batch's host arrays (the 7 fields) into the static inputs; return them."""
+        n = len(arrays[0])
+        size = self.bucket(n)
+        host = self.staging.numpy()
+        for i, values in enumerate(arrays):
+            host[i, :n] = values
+            host[i, n:size] = _PAD[i]
+        self.static.copy_(self.staging, non_blocking=True)  # 7 x max_batch int64: tiny
+        return list(self.static.unbind(0))
+
+    def run(self, batch: int) -> Tensor:
+        """Replay the bucket's graph; its logits ``[bucket, vocab]`` (valid until the next replay)."""
+        size = self.bucket(batch)
+        self.graphs[size].replay()
+        return self.logits[size]
