@@ -131,6 +131,16 @@ class RolloutConfig:
     log_prob_use_dynamic_bsz: bool = f"${{{_ACTOR}.use_dynamic_bsz}}"  # type: ignore[assignment]
     log_prob_max_token_len_per_gpu: int = f"${{{_ACTOR}.ppo_max_token_len_per_gpu}}"  # type: ignore[assignment]
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
+    # native engine (verl's vLLM keys, verl's defaults): the GPU share for weights + KV
+    # cache, batch slots, prompt tokens per prefill step, no CUDA graphs, longest prompt +
+    # response (None: data.max_prompt_length + data.max_response_length), and whether
+    # the KV cache is released between generations (sleep/wake)
+    gpu_memory_utilization: float = 0.5
+    max_num_seqs: int = 1024
+    max_num_batched_tokens: int = 8192
+    enforce_eager: bool = False
+    max_model_len: int | None = None
+    free_cache_engine: bool = True
 
 
 @dataclass

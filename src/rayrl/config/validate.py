@@ -54,6 +54,8 @@ def check_positive(cfg: RayRLConfig) -> None:
         "data.max_prompt_length",
         "data.max_response_length",
         "actor_rollout_ref.rollout.n",
+        "actor_rollout_ref.rollout.max_num_seqs",
+        "actor_rollout_ref.rollout.max_num_batched_tokens",
         "actor_rollout_ref.actor.ppo_mini_batch_size",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
         "actor_rollout_ref.actor.ppo_epochs",
@@ -134,6 +136,23 @@ def check_batch_chain(
         )
 
 
+def check_rollout(cfg: RayRLConfig) -> None:
+    """The native engine's memory share and length limit fit the data."""
+    r, data = cfg.actor_rollout_ref.rollout, cfg.data
+    if not 0 < r.gpu_memory_utilization <= 1:
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.gpu_memory_utilization={r.gpu_memory_utilization} must be "
+            "in (0, 1]: the share of each GPU the rollout engine may use (e.g. 0.5)"
+        )
+    longest = data.max_prompt_length + data.max_response_length
+    if r.max_model_len is not None and r.max_model_len < longest:
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.max_model_len={r.max_model_len} is shorter than "
+            f"data.max_prompt_length + data.max_response_length = {longest}; raise it or leave "
+            "it unset (null) to use that sum"
+        )
+
+
 def critic_enabled(cfg: RayRLConfig) -> bool:
     """`critic.enable`, or when unset: whether the advantage estimator needs values."""
     if cfg.critic.enable is not None:
@@ -198,6 +217,7 @@ def validate_config(cfg: RayRLConfig) -> None:
     check_choices(cfg)
     check_positive(cfg)
     check_micro_set(cfg)
+    check_rollout(cfg)
     actor, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
     prompts, world = cfg.data.train_batch_size, cfg.world_size
     check_batch_chain(

@@ -63,7 +63,7 @@ class ActorRolloutRefWorker(Worker):
         if self._owns_copy:
             self.rollout = make_rollout_engine(
                 arr.rollout.name, model_path=model_path, tokenizer=self.tokenizer,
-                device=str(self.actor.device),
+                device=str(self.actor.device), **_engine_options(config),
             )  # fmt: skip
         else:
             self.rollout = HFRolloutEngine(model=self.actor.model, tokenizer=self.tokenizer)
@@ -101,13 +101,22 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch=DP_SPLIT)
     def generate(self, prompts: Batch) -> Batch:
         """n samples per prompt (interleaved), with rollout log-probs and finish reasons;
-        meta `validate` samples as validation does, meta `greedy` one greedy response."""
+        meta `validate` samples as validation does, meta `greedy` one greedy response.
+
+        With ``rollout.free_cache_engine`` the engine's KV cache is released after each
+        generation (verl's semantics) and reacquired before the next.
+        """
         self._sync_rollout_weights()
         params = self.sampling_params(
             validate=bool(prompts.meta.get("validate", False)),
             greedy=bool(prompts.meta.get("greedy", False)),
         )
-        return self.rollout.generate(prompts, params)
+        if self.rollout.is_asleep:
+            self.rollout.wake()
+        out = self.rollout.generate(prompts, params)
+        if self.cfg.actor_rollout_ref.rollout.free_cache_engine:
+            self.rollout.sleep()
+        return out
 
     # --------------------------------------------------------------- log-probs
     @register(dispatch=DP_SPLIT)
@@ -178,6 +187,20 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch=ONE_TO_ALL)
     def device_info(self) -> dict[str, Any]:
         return {"device": str(self.actor.device), "sharded": self.actor.sharded, "pid": os.getpid()}
+
+
+def _engine_options(config: RayRLConfig) -> dict[str, Any]:
+    """Constructor options of the configured rollout engine beyond model and tokenizer."""
+    r, data = config.actor_rollout_ref.rollout, config.data
+    if r.name != "native":
+        return {}
+    return {
+        "gpu_memory_utilization": r.gpu_memory_utilization,
+        "max_num_seqs": r.max_num_seqs,
+        "max_num_batched_tokens": r.max_num_batched_tokens,
+        "enforce_eager": r.enforce_eager,
+        "max_model_len": r.max_model_len or data.max_prompt_length + data.max_response_length,
+    }
 
 
 def _load_tokenizer(path: str, trust_remote_code: bool = False):

@@ -26,22 +26,19 @@ class DeviceSampler:
     def __init__(self, kernels: str) -> None:
         self.fused = None
         if kernels == "triton":
-            from rayrl.engines.rollout.native.triton_sampler import fused_sample
+            from rayrl.engines.rollout.native.triton_sampler import fused_sample_packed
 
-            self.fused = fused_sample
-
-    def sample_on_device(
-        self, logits: Tensor, keys: Tensor, positions: Tensor, params: SamplingParams
-    ) -> tuple[Tensor, Tensor]:
-        """``(tokens [B] int64, log_probs [B] float32)`` on the logits' device."""
-        plain = params.greedy or (params.top_k <= 0 and params.top_p >= 1.0)
-        if self.fused is not None and plain:
-            return self.fused(logits, keys, positions, params)
-        return sample_tokens(logits, keys, positions, params)
+            self.fused = fused_sample_packed
 
     def sample(
         self, logits: Tensor, keys: Tensor, positions: Tensor, params: SamplingParams
     ) -> tuple[np.ndarray, np.ndarray]:
-        tokens, log_probs = self.sample_on_device(logits, keys, positions, params)
-        both = torch.stack([tokens.double(), log_probs.double()]).cpu().numpy()
+        """``(tokens int64 [B], log_probs float32 [B])`` on the host."""
+        plain = params.greedy or (params.top_k <= 0 and params.top_p >= 1.0)
+        if self.fused is not None and plain:
+            both = self.fused(logits, keys, positions, params)
+        else:
+            tokens, log_probs = sample_tokens(logits, keys, positions, params)
+            both = torch.stack([tokens.double(), log_probs.double()])
+        both = both.cpu().numpy()
         return both[0].astype(np.int64), both[1].astype(np.float32)

@@ -90,6 +90,7 @@ class Scheduler:
         self.stopped = np.zeros(total, dtype=bool)
         self.finished = np.zeros(total, dtype=bool)
         self.blocks: list[list[int]] = [[] for _ in range(total)]
+        self.n_blocks = np.zeros(total, dtype=np.int64)  # len(self.blocks[s])
         self.table = table  # [max_seqs, blocks per row] int32, shared with the runner
         self.dirty_rows: set[int] = set()
         self.pending_copies: list[tuple[int, int]] = []  # (src, dst) blocks to copy first
@@ -182,6 +183,7 @@ class Scheduler:
         partial = length % bs != 0
         first, rest = job.samples[0], job.samples[1:]
         self.blocks[first] = job.blocks
+        self.n_blocks[job.samples] = len(job.blocks)
         for i, s in enumerate(rest):
             if partial:
                 own = job.fork_blocks[i]
@@ -198,15 +200,17 @@ class Scheduler:
     def plan_decode(self) -> np.ndarray:
         """The samples of a decode step, each with a cache block for its next token."""
         samples = np.fromiter(self.running, dtype=np.int64, count=len(self.running))
-        have = np.fromiter((len(self.blocks[s]) for s in samples), np.int64, len(samples))
-        for s in samples[have * self.block_size <= self.kv_len[samples]].tolist():
+        full = self.n_blocks[samples] * self.block_size <= self.kv_len[samples]
+        for s in samples[full].tolist():
             if s not in self.running:
                 continue  # preempted while finding room for another sample
             while True:
                 block = self.alloc.allocate(1)
                 if block is not None:
                     self.blocks[s].append(block[0])
-                    self._set_row(int(self.slot[s]), self.blocks[s])
+                    self.n_blocks[s] += 1
+                    self.table[self.slot[s], self.n_blocks[s] - 1] = block[0]
+                    self.dirty_rows.add(int(self.slot[s]))
                     break
                 victim = next(reversed(self.running))
                 self._preempt(victim)
@@ -255,6 +259,7 @@ class Scheduler:
     def _release(self, sample: int) -> None:
         self.alloc.release(self.blocks[sample])
         self.blocks[sample] = []
+        self.n_blocks[sample] = 0
         self.free_slots.append(int(self.slot[sample]))
         self.slot[sample] = -1
         self.running.pop(sample, None)

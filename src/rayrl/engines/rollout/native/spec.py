@@ -19,7 +19,7 @@ from torch import Tensor
 __all__ = ["SUPPORTED_MODEL_TYPES", "ModelSpec", "UnsupportedModelError", "rotary_tables"]
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
-_HINT = "use actor_rollout_ref.rollout.engine=hf, which runs any transformers causal LM"
+_HINT = "use actor_rollout_ref.rollout.name=hf, which runs any transformers causal LM"
 
 
 class UnsupportedModelError(ValueError):

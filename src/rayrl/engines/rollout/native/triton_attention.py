@@ -27,9 +27,11 @@ from torch import Tensor
 
 from rayrl.engines.rollout.native.step import PREFILL_TILE, StepInput
 
-__all__ = ["TritonAttention", "decode_splits"]
+__all__ = ["DECODE_CONFIG", "TritonAttention", "decode_splits"]
 
 _SMS = 132  # streaming multiprocessors of an H100/H200; only sizes the split heuristic
+# Launch settings of the decode kernel (tokens per iteration, warps, pipeline stages).
+DECODE_CONFIG = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 
 
 def decode_splits(batch: int, kv_heads: int) -> int:
@@ -170,7 +172,7 @@ class TritonAttention:
     name = "triton"
 
     def __init__(self, block_n: int = 64) -> None:
-        self.block_n, self.block_m = block_n, PREFILL_TILE
+        self.block_n, self.block_m = block_n, PREFILL_TILE  # prefill tiles
 
     def __call__(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, step: StepInput, scale: float):
         if step.decode:
@@ -200,7 +202,7 @@ class TritonAttention:
             table.stride(0), part.stride(0), part.stride(1), part.stride(2),
             lse.stride(0), lse.stride(1) if splits > 1 else 0,
             GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=dim, BS=block_size,
-            BLOCK_N=self.block_n, SPLITS=splits, PRECISION=_precision(q),
+            SPLITS=splits, PRECISION=_precision(q), **DECODE_CONFIG,
         )  # fmt: skip
         if splits > 1:
             _merge_kernel[(n, heads)](

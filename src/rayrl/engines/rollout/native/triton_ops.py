@@ -50,50 +50,73 @@ def _round(x, dtype: tl.constexpr):
 
 
 @triton.jit
+def _rotate(x1, x2, c1, c2, s1, s2, dtype: tl.constexpr):
+    """x * cos + rotate_half(x) * sin on [heads, D/2] halves, rounding as eager torch does."""
+    y1 = _round(_round(x1 * c1, dtype) + _round(-x2 * s1, dtype), dtype)
+    y2 = _round(_round(x2 * c2, dtype) + _round(x1 * s2, dtype), dtype)
+    return y1, y2
+
+
+@triton.jit
+def _head_norm(x1, x2, W, offs, eps, D: tl.constexpr, dtype: tl.constexpr):
+    """Qwen3's RMSNorm over each head's D values (rows of the [heads, D/2] halves)."""
+    half: tl.constexpr = D // 2
+    inv = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / D + eps)
+    w1 = tl.load(W + offs).to(tl.float32)
+    w2 = tl.load(W + half + offs).to(tl.float32)
+    x1 = _round(w1[None, :] * _round(x1 * inv[:, None], dtype), dtype)
+    x2 = _round(w2[None, :] * _round(x2 * inv[:, None], dtype), dtype)
+    return x1, x2
+
+
+@triton.jit
 def _rope_store_kernel(
     QKV, POS, COS, SIN, QOUT, KC, VC, SLOTS, QNW, KNW,
     stride_qkv, stride_qo_t, stride_qo_h, stride_c_slot, stride_c_head, eps,
-    HEADS: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr, HAS_QK_NORM: tl.constexpr,
+    HEADS: tl.constexpr, KV_HEADS: tl.constexpr, H_PAD: tl.constexpr, KV_PAD: tl.constexpr,
+    D: tl.constexpr, HAS_QK_NORM: tl.constexpr,
 ):  # fmt: skip
+    """One token: every q, k and v head of it."""
     t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
     half: tl.constexpr = D // 2
     offs = tl.arange(0, half)
     dtype = QOUT.dtype.element_ty
-    base = QKV + t * stride_qkv + h * D
+    pos = tl.load(POS + t)
     slot = tl.load(SLOTS + t)
-    if h >= HEADS + KV_HEADS:  # a value head: straight to the cache
-        if slot >= 0:
-            dst = VC + slot * stride_c_slot + (h - HEADS - KV_HEADS) * stride_c_head
-            tl.store(dst + offs, tl.load(base + offs))
-            tl.store(dst + half + offs, tl.load(base + half + offs))
-    else:
-        x1 = tl.load(base + offs).to(tl.float32)
-        x2 = tl.load(base + half + offs).to(tl.float32)
+    c1 = _round(tl.load(COS + pos * D + offs), dtype)[None, :]
+    c2 = _round(tl.load(COS + pos * D + half + offs), dtype)[None, :]
+    s1 = _round(tl.load(SIN + pos * D + offs), dtype)[None, :]
+    s2 = _round(tl.load(SIN + pos * D + half + offs), dtype)[None, :]
+    row = QKV + t * stride_qkv
+
+    hq = tl.arange(0, H_PAD)
+    qm = (hq < HEADS)[:, None]
+    src = row + hq[:, None] * D + offs[None, :]
+    x1 = tl.load(src, mask=qm, other=0.0).to(tl.float32)
+    x2 = tl.load(src + half, mask=qm, other=0.0).to(tl.float32)
+    if HAS_QK_NORM:
+        x1, x2 = _head_norm(x1, x2, QNW, offs, eps, D, dtype)
+    y1, y2 = _rotate(x1, x2, c1, c2, s1, s2, dtype)
+    dst = QOUT + t * stride_qo_t + hq[:, None] * stride_qo_h + offs[None, :]
+    tl.store(dst, y1.to(dtype), mask=qm)
+    tl.store(dst + half, y2.to(dtype), mask=qm)
+
+    if slot >= 0:
+        hk = tl.arange(0, KV_PAD)
+        km = (hk < KV_HEADS)[:, None]
+        src = row + (HEADS + hk)[:, None] * D + offs[None, :]
+        x1 = tl.load(src, mask=km, other=0.0).to(tl.float32)
+        x2 = tl.load(src + half, mask=km, other=0.0).to(tl.float32)
         if HAS_QK_NORM:
-            inv = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / D + eps)
-            is_q = h < HEADS
-            w1 = tl.where(is_q, tl.load(QNW + offs), tl.load(KNW + offs)).to(tl.float32)
-            w2 = tl.where(is_q, tl.load(QNW + half + offs), tl.load(KNW + half + offs))
-            w2 = w2.to(tl.float32)
-            x1 = _round(w1 * _round(x1 * inv, dtype), dtype)
-            x2 = _round(w2 * _round(x2 * inv, dtype), dtype)
-        pos = tl.load(POS + t)
-        c1 = _round(tl.load(COS + pos * D + offs), dtype)
-        c2 = _round(tl.load(COS + pos * D + half + offs), dtype)
-        s1 = _round(tl.load(SIN + pos * D + offs), dtype)
-        s2 = _round(tl.load(SIN + pos * D + half + offs), dtype)
-        # x * cos + rotate_half(x) * sin, rounding after each op as eager torch does
-        y1 = _round(_round(x1 * c1, dtype) + _round(-x2 * s1, dtype), dtype)
-        y2 = _round(_round(x2 * c2, dtype) + _round(x1 * s2, dtype), dtype)
-        if h < HEADS:
-            dst = QOUT + t * stride_qo_t + h * stride_qo_h
-            tl.store(dst + offs, y1.to(dtype))
-            tl.store(dst + half + offs, y2.to(dtype))
-        elif slot >= 0:
-            dst = KC + slot * stride_c_slot + (h - HEADS) * stride_c_head
-            tl.store(dst + offs, y1.to(dtype))
-            tl.store(dst + half + offs, y2.to(dtype))
+            x1, x2 = _head_norm(x1, x2, KNW, offs, eps, D, dtype)
+        y1, y2 = _rotate(x1, x2, c1, c2, s1, s2, dtype)
+        dst = KC + slot * stride_c_slot + hk[:, None] * stride_c_head + offs[None, :]
+        tl.store(dst, y1.to(dtype), mask=km)
+        tl.store(dst + half, y2.to(dtype), mask=km)
+        src = row + (HEADS + KV_HEADS + hk)[:, None] * D + offs[None, :]
+        dst = VC + slot * stride_c_slot + hk[:, None] * stride_c_head + offs[None, :]
+        tl.store(dst, tl.load(src, mask=km), mask=km)
+        tl.store(dst + half, tl.load(src + half, mask=km), mask=km)
 
 
 @triton.jit
@@ -133,10 +156,11 @@ class TritonOps(TorchOps):
         kc = k_cache.view(-1, kv_heads, head_dim)
         vc = v_cache.view(-1, kv_heads, head_dim)
         qn, kn, eps = qk_norm if qk_norm is not None else (q, q, 0.0)
-        _rope_store_kernel[(n, heads + 2 * kv_heads)](
+        _rope_store_kernel[(n,)](
             qkv, positions, cos, sin, q, kc, vc, slot_mapping, qn, kn,
             qkv.stride(0), q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), eps,
-            HEADS=heads, KV_HEADS=kv_heads, D=head_dim, HAS_QK_NORM=qk_norm is not None,
+            HEADS=heads, KV_HEADS=kv_heads, H_PAD=triton.next_power_of_2(heads),
+            KV_PAD=triton.next_power_of_2(kv_heads), D=head_dim, HAS_QK_NORM=qk_norm is not None,
         )  # fmt: skip
         return q
 

@@ -1,0 +1,324 @@
+"""Benchmark: rollout throughput of the native engine against rayrl's HF engine and transformers.
+
+Workloads (issue 12), on the reference shape of DESIGN.md (Qwen2.5-0.5B config, random
+weights, bf16 on CUDA), prompts of random token ids, sampling at temperature 1:
+
+- A: 256 prompts of 256 tokens, 256 new tokens each (EOS ignored).
+- B: 256 sequences, prompt and output lengths uniform in [100, 1024] (numpy seed 0).
+
+Engines, in one run on one model object: ``native`` (NativeRolloutEngine, per-sequence
+output lengths), ``rayrl_hf`` (HFRolloutEngine), ``hf_dynamic`` and ``hf_static``
+(transformers ``generate()`` with the dynamic / static cache, auto-compile off).
+A static batch cannot end rows early, so the HF engines run every row of B to the
+longest output; all engines are credited with the tokens the workload asks for only.
+
+Prints JSON lines: ``tokens_per_s`` (per engine and workload), ``peak_mem_gb``,
+``speedup_vs_hf_static`` and ``roofline_fraction`` of the native engine, where the
+roofline is the time a step needs at the machine's measured HBM bandwidth or bf16
+matmul rate, whichever binds, summed over the prefill and every decode step.
+
+    python bench/rollout.py [--device cuda|cpu] [--shape reference|tiny]
+        [--engines native,rayrl_hf,hf_dynamic,hf_static] [--workloads A,B]
+        [--profile] [--out bench/results/rollout-DATE.jsonl]
+
+``--device cpu --shape tiny`` is a smoke run (small workloads, a tiny model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from rayrl.batch import Batch
+from rayrl.engines.rollout import HFRolloutEngine, NativeRolloutEngine, SamplingParams
+from rayrl.models.tiny import TinySpec, reference_05b
+
+HBM_BYTES_PER_S = 4.3e12  # measured on the H200 here (../shared/gpu/README.md)
+MATMUL_FLOPS = 790e12  # bf16, measured there on an 8192^3 product
+TARGETS = {("tokens_per_s", "A"): 100_000.0, "speedup_vs_hf_static": 5.0}
+
+
+def hardware(device: str) -> str:
+    model = platform.processor() or "cpu"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
+    except (OSError, StopIteration):
+        pass
+    gpu = torch.cuda.get_device_name() if device == "cuda" else "no GPU"
+    return f"{model}, {os.cpu_count()} cores, {gpu}"
+
+
+def build_model(shape: str, device: str):
+    from transformers import Qwen2ForCausalLM
+
+    spec = reference_05b() if shape == "reference" else TinySpec(layers=2, hidden=64, heads=4,
+                                                                 kv_heads=2, intermediate=128,
+                                                                 vocab_size=512)  # fmt: skip
+    config = spec.to_config()
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen2ForCausalLM(config).to(dtype).eval()
+    model.generation_config.eos_token_id = None  # fixed-length workloads
+    return model
+
+
+def workload(name: str, shape: str, vocab: int) -> tuple[list[np.ndarray], np.ndarray]:
+    """Prompts (token ids) and output lengths of workload A or B."""
+    rng = np.random.default_rng(0)
+    tiny = shape == "tiny"
+    n = 8 if tiny else 256
+    if name == "A":
+        p_len, o_len = (16, 16) if tiny else (256, 256)
+        prompt_lens, out_lens = np.full(n, p_len), np.full(n, o_len)
+    else:
+        lo, hi = (4, 24) if tiny else (100, 1024)
+        prompt_lens, out_lens = rng.integers(lo, hi + 1, n), rng.integers(lo, hi + 1, n)
+    prompts = [rng.integers(10, vocab, int(p)) for p in prompt_lens]
+    return prompts, out_lens.astype(np.int64)
+
+
+def padded(prompts: list[np.ndarray], device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.from_numpy(p)
+        mask[i, width - len(p) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+# ---------------------------------------------------------------- engines
+def run_native(model, prompts, out_lens, args) -> Callable[[], None]:
+    engine = NativeRolloutEngine(
+        model=model, device=args.device, gpu_memory_utilization=args.gpu_memory_utilization,
+        max_num_seqs=args.max_num_seqs, max_model_len=4096 if args.shape == "reference" else 64,
+    )  # fmt: skip
+    params = SamplingParams(max_new_tokens=int(out_lens.max()), ignore_eos=True, seed=1)
+    engine.generate_token_ids(prompts[:4], SamplingParams(max_new_tokens=4, ignore_eos=True))
+    run_native.engine = engine
+
+    def run():
+        engine.generate_token_ids(prompts, params, max_new_tokens=out_lens)
+
+    return run
+
+
+def run_rayrl_hf(model, prompts, out_lens, args) -> Callable[[], None]:
+    engine = HFRolloutEngine(model=model)
+    ids, mask = padded(prompts, "cpu")
+    batch = Batch.from_dict(
+        {"input_ids": ids, "attention_mask": mask, "uid": [str(i) for i in range(len(ids))]},
+        meta={"step": 0},
+    )
+    params = SamplingParams(max_new_tokens=int(out_lens.max()), ignore_eos=True, seed=1)
+    engine.generate(batch[:4], SamplingParams(max_new_tokens=4, ignore_eos=True))
+
+    def run():
+        engine.generate(batch, params)
+
+    return run
+
+
+def run_hf(cache: str):
+    def make(model, prompts, out_lens, args) -> Callable[[], None]:
+        from transformers import GenerationConfig
+
+        ids, mask = padded(prompts, args.device)
+        new = int(out_lens.max())
+        config = GenerationConfig(
+            do_sample=True, temperature=1.0, top_k=None, top_p=None, max_new_tokens=new,
+            pad_token_id=0, eos_token_id=None, disable_compile=True,
+            cache_implementation="static" if cache == "static" else None,
+        )  # fmt: skip
+        warm = GenerationConfig(**{**config.to_dict(), "max_new_tokens": 4})
+        model.generate(input_ids=ids[:4], attention_mask=mask[:4], generation_config=warm)
+
+        def run():
+            model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+
+        return run
+
+    return make
+
+
+ENGINES = {
+    "native": run_native,
+    "rayrl_hf": run_rayrl_hf,
+    "hf_dynamic": run_hf("dynamic"),
+    "hf_static": run_hf("static"),
+}
+
+
+# ---------------------------------------------------------------- roofline
+def roofline_seconds(config, prompts, out_lens) -> float:
+    """Ideal time: prefill at the matmul rate; each decode step at max(bytes/BW, flops/rate)."""
+    hidden, layers, inter = config.hidden_size, config.num_hidden_layers, config.intermediate_size
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim = hidden // heads
+    layer_params = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden
+    layer_params += 3 * hidden * inter
+    body = layers * layer_params
+    head = config.vocab_size * hidden
+    weight_bytes = 2 * (body + head)
+    kv_per_token = 2 * layers * kv_heads * head_dim * 2
+    p = np.array([len(x) for x in prompts], dtype=np.float64)
+    attn_q = 2 * 2 * layers * heads * head_dim  # qk and pv, per query-key pair
+    prefill = 2 * body * p.sum() + 2 * head * len(p) + attn_q * (p * p / 2).sum()
+    total = prefill / MATMUL_FLOPS
+    for t in range(int(out_lens.max())):
+        live = out_lens > t
+        ctx = p[live] + t
+        flops = 2 * (body + head) * live.sum() + attn_q * ctx.sum()
+        bytes_ = weight_bytes + kv_per_token * ctx.sum()
+        total += max(bytes_ / HBM_BYTES_PER_S, flops / MATMUL_FLOPS)
+    return total
+
+
+# ---------------------------------------------------------------- main
+def emit(record: dict, out) -> None:
+    line = json.dumps(record)
+    print(line, flush=True)
+    if out:
+        out.write(line + "\n")
+        out.flush()
+
+
+def timed(run: Callable[[], None], device: str) -> tuple[float, float]:
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    run()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
+    return seconds, peak
+
+
+def profile_native(run: Callable[[], None], seconds: float, workload_name: str, out) -> None:
+    """Top CUDA kernels of one native run (share of GPU time), and GPU busy time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    total = sum(e.self_device_time_total for e in events) or 1
+    base = {"bench": "rollout", "workload": workload_name, "engine": "native"}
+    emit({**base, "metric": "gpu_busy_fraction", "value": round(total / 1e6 / seconds, 3),
+          "unit": "fraction", "kernel_seconds": round(total / 1e6, 3)}, out)  # fmt: skip
+    for e in sorted(events, key=lambda e: -e.self_device_time_total)[:12]:
+        emit({**base, "metric": "profile_kernel_share",
+              "value": round(e.self_device_time_total / total, 4), "unit": "fraction",
+              "kernel": e.key[:80], "calls": e.count}, out)  # fmt: skip
+
+
+def tune_decode(out) -> None:
+    """Time the decode-attention kernel's launch settings on A- and B-like contexts
+    (256 sequences of 384 and 1100 tokens); keep the fastest for this run."""
+    from triton.testing import do_bench
+
+    import rayrl.engines.rollout.native.triton_attention as ta
+    from rayrl.engines.rollout.native.step import StepInput
+
+    heads, kv_heads, dim, bs, rows = 14, 2, 64, 16, 256
+    width = 1152 // bs
+    kc = torch.randn(rows * width, bs, kv_heads, dim, device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    table = torch.randperm(rows * width, device="cuda", dtype=torch.int32).view(rows, width)
+    q = torch.randn(rows, heads, dim, device="cuda", dtype=torch.bfloat16)
+    steps = [StepInput(None, None, None, torch.arange(rows, device="cuda"),
+                       torch.full((rows,), ctx, device="cuda"), table, None, decode=True)
+             for ctx in (384, 1100)]  # fmt: skip
+    attention = ta.TritonAttention()
+    timings = {}
+    for block_n in (64, 128):
+        for warps in (4, 8):
+            for stages in (1, 2, 3):
+                config = {"BLOCK_N": block_n, "num_warps": warps, "num_stages": stages}
+                ta.DECODE_CONFIG.update(config)
+                ms = [do_bench(lambda s=s: attention.decode(q, kc, vc, s, 0.125), warmup=5, rep=20)
+                      for s in steps]  # fmt: skip
+                timings[tuple(config.items())] = ms
+    best = min(timings, key=lambda k: sum(timings[k]))
+    ta.DECODE_CONFIG.update(dict(best))
+    for config, ms in timings.items():
+        emit({"bench": "rollout", "metric": "decode_kernel_ms", "value": round(sum(ms), 4),
+              "unit": "ms", "config": dict(config), "ctx384_ms": round(ms[0], 4),
+              "ctx1100_ms": round(ms[1], 4), "chosen": config == best}, out)  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--shape", choices=("reference", "tiny"), default=None)
+    parser.add_argument("--engines", default="native,rayrl_hf,hf_dynamic,hf_static")
+    parser.add_argument("--workloads", default="A,B")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=1, help="timed runs of the native engine")
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--tune-decode", action="store_true", help="sweep the decode kernel first")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    args.shape = args.shape or ("reference" if args.device == "cuda" else "tiny")
+    out = open(args.out, "a") if args.out else None  # noqa: SIM115
+    if args.tune_decode and args.device == "cuda":
+        tune_decode(out)
+    model = build_model(args.shape, args.device)
+    base = {"bench": "rollout", "shape": args.shape, "hardware": hardware(args.device),
+            "date": datetime.date.today().isoformat()}  # fmt: skip
+    for name in args.workloads.split(","):
+        prompts, out_lens = workload(name, args.shape, model.config.vocab_size)
+        tokens = int(out_lens.sum())
+        rates = {}
+        for engine in args.engines.split(","):
+            run = ENGINES[engine](model, prompts, out_lens, args)
+            runs = [timed(run, args.device) for _ in range(args.repeats if engine == "native" else 1)]
+            seconds, peak = sorted(runs)[len(runs) // 2]
+            rates[engine] = tokens / seconds
+            extra = {"workload": name, "engine": engine, "generated_tokens": tokens,
+                     "seconds": round(seconds, 3)}  # fmt: skip
+            if engine == "native":
+                extra.update(run_native.engine.last_stats)
+                extra["kv_cache_gb"] = round(run_native.engine.cache.nbytes / 2**30, 2)
+            target = TARGETS.get(("tokens_per_s", name)) if engine == "native" else None
+            record = {**base, "metric": "tokens_per_s", "value": round(rates[engine], 1),
+                      "unit": "tokens/s", **extra}  # fmt: skip
+            if target:
+                record.update(target=target, better="higher")
+            emit(record, out)
+            emit({**base, "metric": "peak_mem_gb", "value": round(peak, 2), "unit": "GiB",
+                  "workload": name, "engine": engine}, out)  # fmt: skip
+            if engine == "native" and args.profile and args.device == "cuda":
+                profile_native(run, seconds, name, out)
+            if engine == "native":
+                run_native.engine.sleep()
+                del run_native.engine
+            torch.cuda.empty_cache() if args.device == "cuda" else None
+        if "native" in rates and "hf_static" in rates:
+            emit({**base, "metric": "speedup_vs_hf_static", "workload": name,
+                  "value": round(rates["native"] / rates["hf_static"], 2), "unit": "x",
+                  "target": TARGETS["speedup_vs_hf_static"], "better": "higher"}, out)  # fmt: skip
+        if "native" in rates:
+            ideal = tokens / roofline_seconds(model.config, prompts, out_lens)
+            emit({**base, "metric": "roofline_fraction", "workload": name, "engine": "native",
+                  "value": round(rates["native"] / ideal, 3), "unit": "fraction",
+                  "roofline_tokens_per_s": round(ideal, 1)}, out)  # fmt: skip
+    if out:
+        out.close()
+
+
+if __name__ == "__main__":
+    main()

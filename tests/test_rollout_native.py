@@ -1,0 +1,290 @@
+"""NativeRolloutEngine on CPU (torch kernels, float32): greedy tokens against transformers'
+``generate()`` with continuous batching, chunked prefill and preemption; the output
+contract; seeded sampling the same as the HF engine's and independent of the batch;
+stop tokens and strings; n samples sharing one prefill; sleep/wake; weight updates."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    LlamaConfig,
+    Qwen3Config,
+)
+
+from rayrl.batch import Batch
+from rayrl.engines.rollout import (
+    ROLLOUT_ENGINES,
+    HFRolloutEngine,
+    NativeRolloutEngine,
+    SamplingParams,
+    UnknownNameError,
+    make_rollout_engine,
+    positions_from_mask,
+)
+from rayrl.engines.rollout.native.spec import UnsupportedModelError
+from rayrl.models.tiny import build_tiny_model
+
+TINY = dict(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab_size=320)
+TEXTS = [
+    "1 + 2 =",
+    "the answer is",
+    "Tom has 3 apples. How many does he have after eating one?",
+    "x",
+    "12 * 13 = 156, and 7 + 8 = 15, so",
+    "hello there",
+    "what is 9 - 4",
+]
+R = 10
+# Few slots and blocks, a small prefill budget: continuous batching, chunked prefill.
+SMALL = dict(device="cpu", block_size=4, max_num_seqs=3, max_num_batched_tokens=8)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def perturbed(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Larger random weights (and non-zero biases), so greedy outputs vary token to token."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * (0.15 if p.dim() == 2 else 0.3))
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = build_tiny_model(tmp_path_factory.mktemp("native") / "tiny", **TINY)
+    model = perturbed(AutoModelForCausalLM.from_pretrained(path))
+    model.save_pretrained(path)  # the perturbed weights, loaded by model_path below
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def hf_model(model_dir):
+    return AutoModelForCausalLM.from_pretrained(model_dir).eval()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir):
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir):
+    return NativeRolloutEngine(model_path=model_dir, **SMALL)
+
+
+def hf_greedy(model, prompt: list[int], new: int) -> list[int]:
+    """transformers' greedy ``generate()``, never stopping early (EOS may be generated)."""
+    saved, model.generation_config = model.generation_config, GenerationConfig()
+    config = GenerationConfig(do_sample=False, max_new_tokens=new, eos_token_id=None, pad_token_id=0)
+    try:
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), generation_config=config)
+    finally:
+        model.generation_config = saved
+    return out[0, len(prompt) :].tolist()
+
+
+def make_prompts(tokenizer, texts=TEXTS, step=0) -> Batch:
+    enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left")
+    uids = [f"p{i}" for i in range(len(texts))]
+    columns = {**enc, "position_ids": positions_from_mask(enc["attention_mask"])}
+    return Batch.from_dict({**columns, "uid": uids, "tag": list(texts)}, meta={"step": step})
+
+
+def test_greedy_matches_transformers_with_continuous_batching(engine, hf_model, tokenizer):
+    prompts = [tokenizer.encode(t) for t in TEXTS]
+    assert max(map(len, prompts)) > SMALL["max_num_batched_tokens"]  # some prompts chunk
+    params = SamplingParams(do_sample=False, max_new_tokens=R, ignore_eos=True)
+    out = engine.generate_token_ids(prompts, params)
+    expected = [hf_greedy(hf_model, p, R) for p in prompts]
+    assert out.tokens.tolist() == expected
+    assert out.lengths.tolist() == [R] * len(prompts)
+    # 7 prompts through 3 slots: prefill steps interleave with decode steps.
+    assert engine.last_stats["prefill_steps"] >= len(prompts) // 3 + 1
+
+
+def test_preemption_recomputes_and_keeps_outputs(model_dir, hf_model, tokenizer):
+    prompts = [tokenizer.encode(t) for t in TEXTS[:4]]
+    tight = NativeRolloutEngine(model_path=model_dir, device="cpu", block_size=4,
+                                max_num_seqs=4, cpu_cache_tokens=48)  # fmt: skip
+    out = tight.generate_token_ids(prompts, SamplingParams(do_sample=False, max_new_tokens=R))
+    assert tight.last_stats["preemptions"] > 0
+    for row, prompt, length in zip(out.tokens, prompts, out.lengths.tolist(), strict=True):
+        assert row[:length].tolist() == hf_greedy(hf_model, prompt, R)[:length]
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_other_families_match_transformers(family, tokenizer):
+    common = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  tie_word_embeddings=False)  # fmt: skip
+    if family == "qwen3":
+        config = Qwen3Config(head_dim=16, **common)
+    else:  # Llama 3 rope scaling and attention biases
+        rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64}  # fmt: skip
+        config = LlamaConfig(attention_bias=True, rope_parameters=rope, **common)
+    torch.manual_seed(0)
+    model = perturbed(AutoModelForCausalLM.from_config(config), seed=1)
+    engine = NativeRolloutEngine(model=model, tokenizer=tokenizer, **SMALL)
+    prompts = [tokenizer.encode(t) for t in TEXTS[:4]]
+    out = engine.generate_token_ids(prompts, SamplingParams(do_sample=False, max_new_tokens=8))
+    assert out.tokens.tolist() == [hf_greedy(model, p, 8) for p in prompts]
+
+
+def test_output_contract_and_sampling_match_the_hf_engine(engine, model_dir, tokenizer):
+    prompts = make_prompts(tokenizer, step=2)
+    hf = HFRolloutEngine(model_path=model_dir, device="cpu")
+    for params in (
+        SamplingParams(n=3, max_new_tokens=R, seed=1, ignore_eos=True),
+        SamplingParams(n=2, max_new_tokens=R, seed=4, temperature=0.8, top_p=0.9, top_k=40),
+        SamplingParams(n=1, max_new_tokens=R, do_sample=False),
+    ):
+        out, ref = engine.generate(prompts, params), hf.generate(prompts, params)
+        assert set(out.keys()) == set(ref.keys()) and out.meta == {"step": 2}
+        for key in ref.tensors:
+            assert out[key].shape == ref[key].shape and out[key].dtype == ref[key].dtype, key
+        # Same logits up to float rounding and the same seeded draws: the same samples.
+        for key in ("responses", "response_mask", "input_ids", "attention_mask", "position_ids"):
+            assert torch.equal(out[key], ref[key]), (key, params)
+        for key in ("sample_uid", "finish_reason", "uid", "tag"):
+            assert list(out[key]) == list(ref[key]), key
+        torch.testing.assert_close(
+            out["rollout_log_probs"], ref["rollout_log_probs"], atol=1e-4, rtol=1e-4
+        )
+
+
+def test_sampling_does_not_depend_on_the_batch(engine, model_dir, tokenizer):
+    prompts = make_prompts(tokenizer, step=5)
+    params = SamplingParams(n=2, max_new_tokens=R, seed=11, temperature=0.9, ignore_eos=True)
+    full = engine.generate(prompts, params)
+    perm = [4, 2, 0, 6, 1, 5, 3]
+    permuted = engine.generate(prompts[perm], params)
+    rows = torch.tensor([2 * i + k for i in perm for k in range(2)])
+    assert torch.equal(permuted["responses"], full["responses"][rows])
+    roomy = NativeRolloutEngine(model_path=model_dir, device="cpu", max_num_seqs=64)
+    halves = [roomy.generate(prompts[s], params) for s in (slice(0, 3), slice(3, 7))]
+    assert torch.equal(Batch.concat(halves)["responses"], full["responses"])
+    other = engine.generate(make_prompts(tokenizer, step=6), params)
+    assert not torch.equal(other["responses"], full["responses"])
+
+
+def test_stop_tokens_strings_and_eos(engine, tokenizer):
+    prompts = [tokenizer.encode(t) for t in TEXTS]
+    free = engine.generate_token_ids(prompts, SamplingParams(do_sample=False, max_new_tokens=R,
+                                                             ignore_eos=True)).tokens  # fmt: skip
+    stop = int(free[0, 2])
+    out = engine.generate_token_ids(
+        prompts, SamplingParams(do_sample=False, max_new_tokens=R, ignore_eos=True,
+                                stop_token_ids=(stop,)),
+    )  # fmt: skip
+    for row, length, stopped, tokens in zip(free, out.lengths, out.stopped, out.tokens, strict=True):
+        hits = (row == stop).nonzero()
+        want = int(hits[0]) + 1 if len(hits) else R
+        assert (int(length), bool(stopped)) == (want, bool(len(hits)))
+        assert tokens[:want].tolist() == row[:want].tolist()
+    text = tokenizer.decode(free[1, 1:3])
+    out = engine.generate_token_ids(
+        prompts, SamplingParams(do_sample=False, max_new_tokens=R, ignore_eos=True, stop=(text,))
+    )
+    length = int(out.lengths[1])
+    assert bool(out.stopped[1]) and length <= 3 and text in tokenizer.decode(free[1, :length])
+    assert text not in tokenizer.decode(free[1, : length - 1])
+    eos_out = engine.generate_token_ids(  # without ignore_eos the model's EOS ids stop too
+        prompts, SamplingParams(do_sample=False, max_new_tokens=R, stop_token_ids=(stop,))
+    )
+    enders = {stop, *engine.eos_ids}
+    want = [next((i + 1 for i, t in enumerate(row) if t in enders), R) for row in free.tolist()]
+    assert eos_out.lengths.tolist() == want and want != out.lengths.tolist()
+
+
+def test_n_samples_share_one_prefill(model_dir, tokenizer):
+    calls = []
+    engine = NativeRolloutEngine(model_path=model_dir, device="cpu", block_size=4)
+    forward = engine.model.forward
+    engine.model.forward = lambda step, cache: (calls.append(step), forward(step, cache))[1]
+    prompts = [tokenizer.encode(t) for t in TEXTS[:3]]
+    out = engine.generate_token_ids(prompts, SamplingParams(n=4, max_new_tokens=4, ignore_eos=True))
+    prefilled = sum(len(s.input_ids) for s in calls if not s.decode)
+    assert prefilled == sum(map(len, prompts))  # once per prompt, not once per sample
+    assert len({tuple(r) for r in out.tokens[:4].tolist()}) > 1  # the 4 samples differ
+
+
+def test_sleep_frees_the_cache_and_wake_restores_it(engine, tokenizer):
+    prompts = make_prompts(tokenizer)
+    params = SamplingParams(n=2, max_new_tokens=R, seed=2)
+    before = engine.generate(prompts, params)
+    engine.sleep()
+    assert engine.is_asleep and not engine.cache.allocated
+    engine.sleep()  # idempotent
+    with pytest.raises(RuntimeError, match="wake"):
+        engine.generate(prompts, params)
+    engine.wake()
+    assert engine.cache.allocated
+    assert torch.equal(engine.generate(prompts, params)["responses"], before["responses"])
+
+
+def test_update_weights_in_place(tmp_path, tokenizer):
+    path = build_tiny_model(tmp_path / "untied", tie_embeddings=False, **TINY)
+    engine = make_rollout_engine("native", model_path=str(path), **SMALL)
+    prompts = make_prompts(tokenizer)
+    params = SamplingParams(n=2, max_new_tokens=R, ignore_eos=True, seed=5)
+    token = 77
+    assert not bool((engine.generate(prompts, params)["responses"] == token).all())
+    hf = AutoModelForCausalLM.from_pretrained(path)
+    state = {k: v.detach().clone() for k, v in hf.state_dict().items()}
+    for name, value in state.items():  # `token` becomes certain after any input
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            value.zero_()
+    state["model.embed_tokens.weight"][:, 0] = 1.0
+    state["model.norm.weight"].zero_()
+    state["model.norm.weight"][0] = 1.0
+    state["lm_head.weight"].zero_()
+    state["lm_head.weight"][token, 0] = 1e3
+    ptrs = [t.data_ptr() for t in engine.weights.tensors()]
+    assert engine.update_weights(state.items()) == len(state)
+    assert [t.data_ptr() for t in engine.weights.tensors()] == ptrs  # in place
+    out = engine.generate(prompts, params)
+    assert bool((out["responses"] == token).all())
+    assert torch.allclose(out["rollout_log_probs"], torch.zeros_like(out["rollout_log_probs"]), atol=1e-5)
+    with pytest.raises(KeyError, match="lm_head.weight"):
+        engine.update_weights({"lm_head.weigth": torch.zeros(1)})
+    with pytest.raises(ValueError, match="unsharded"):
+        engine.update_weights([("lm_head.weight", torch.zeros(3, 3))])
+
+
+def test_registry_and_input_errors(engine, model_dir, tokenizer):
+    assert ROLLOUT_ENGINES.get("native") is NativeRolloutEngine
+    with pytest.raises(UnknownNameError, match="native"):
+        make_rollout_engine("nativ", model_path=model_dir)
+    with pytest.raises(ValueError, match="exactly one"):
+        NativeRolloutEngine()
+    with pytest.raises(UnsupportedModelError, match="engine=hf"):
+        NativeRolloutEngine(model=AutoModelForCausalLM.from_config(_gpt2_config()))
+    short = NativeRolloutEngine(model_path=model_dir, device="cpu", max_model_len=64)
+    with pytest.raises(ValueError, match="max_model_len=64"):
+        short.generate_token_ids([[1] * 60], SamplingParams(max_new_tokens=10))
+    with pytest.raises(ValueError, match="empty"):
+        short.generate_token_ids([[]], SamplingParams(max_new_tokens=10))
+    empty = engine.generate(make_prompts(tokenizer)[[]], SamplingParams(max_new_tokens=2))
+    assert len(empty) == 0 and tuple(empty["responses"].shape) == (0, 2)
+    no_uid = make_prompts(tokenizer).select("input_ids", "attention_mask")
+    with pytest.raises(KeyError, match="'uid'"):
+        engine.generate(no_uid, SamplingParams(max_new_tokens=2))
+    assert np.array_equal(engine.runner.table_host.shape, (3, 2048 // 4))
+
+
+def _gpt2_config():
+    from transformers import GPT2Config
+
+    return GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, bos_token_id=0, eos_token_id=0)
