@@ -41,6 +41,24 @@ def test_grpo_with_kl_loss_through_the_cli(ray_local, tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_grpo_steps_with_the_native_rollout_engine(ray_local, tmp_path):
+    cfg = load_config(
+        "grpo", [*SMALL, f"trainer.output_dir={tmp_path}", "actor_rollout_ref.rollout.engine=native"]
+    )
+    trainer = PPOTrainer(cfg)
+    try:
+        trainer.setup()
+        assert trainer.actor.device_info()[0]["rollout"] == "NativeRolloutEngine"
+        history = trainer.fit()
+    finally:
+        trainer.shutdown()
+    assert len(history) == 2
+    for metrics in history:
+        for key in ("actor/pg_loss", "timing_s/gen", "response_length/mean", "critic/score/mean"):
+            assert key in metrics and math.isfinite(metrics[key]), key
+
+
+@pytest.mark.slow
 def test_ppo_with_gae_critic_and_kl_in_reward(ray_local, tmp_path):
     cfg = load_config(
         "ppo", [*SMALL, f"trainer.output_dir={tmp_path}", "actor_rollout_ref.rollout.n=2"]

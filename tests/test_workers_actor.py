@@ -57,6 +57,41 @@ def test_hybrid_actor_generates_updates_and_generates_with_new_weights(ray_local
         close(group, pool, kv)
 
 
+@pytest.mark.slow  # ~13 s on a loaded 2-core machine
+def test_actor_with_the_native_rollout_engine(ray_local, model_dir):
+    """rollout.engine=native: the engine owns a copy, refreshed from the actor after updates;
+    its KV cache is released between generations (free_cache_engine)."""
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    cfg = config(
+        "actor_rollout_ref.rollout.engine=native",
+        "actor_rollout_ref.rollout.max_num_seqs=3",  # fewer slots than samples
+        "actor_rollout_ref.actor.policy_loss=reinforce",
+        "actor_rollout_ref.actor.optim.lr=0.05",
+        "actor_rollout_ref.actor.ppo_epochs=6",
+        "actor_rollout_ref.actor.use_kl_loss=false",
+    )
+    group, pool, kv = group_on(ActorRolloutRefWorker, 1, "actor")
+    try:
+        group.init(timeout_s=300, config=cfg, model_path=model_dir)
+        info = group.device_info()[0]
+        assert info["rollout"] == "NativeRolloutEngine" and info["rollout_asleep"]
+        out = group.generate(prompts(tok, 2))
+        assert len(out) == 4 and out["responses"].shape == (4, 6)
+        old = group.compute_log_prob(out)
+        mask = out["response_mask"].bool()
+        torch.testing.assert_close(
+            old["old_log_probs"][mask], out["rollout_log_probs"][mask], atol=1e-4, rtol=1e-4
+        )
+        train = forced_batch(prompts(tok, 2).repeat(2), TOKEN, 6)
+        train = train.union(group.compute_log_prob(train).select("old_log_probs"))
+        train["advantages"] = torch.ones(4, 6)
+        assert group.update_actor(train)["actor/skipped"] == 0
+        greedy = group.generate(prompts(tok, 2, step=1, validate=True))
+        assert (greedy["responses"] == TOKEN).all(), greedy["responses"]
+    finally:
+        close(group, pool, kv)
+
+
 @pytest.mark.slow
 def test_sharded_actor_syncs_gathered_weights_into_its_rollout_copy(ray_local, model_dir):
     tok = AutoTokenizer.from_pretrained(model_dir)

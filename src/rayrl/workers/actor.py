@@ -67,6 +67,8 @@ class ActorRolloutRefWorker(Worker):
             )  # fmt: skip
         else:
             self.rollout = HFRolloutEngine(model=self.actor.model, tokenizer=self.tokenizer)
+        if arr.rollout.free_cache_engine:
+            self.rollout.sleep()  # the KV cache is taken only while generating
         self._stale = self._owns_copy
         self.loss_fn = actor_loss_fn(
             arr.actor, config.data.max_response_length, config.algorithm.rollout_correction
@@ -186,7 +188,10 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch=ONE_TO_ALL)
     def device_info(self) -> dict[str, Any]:
-        return {"device": str(self.actor.device), "sharded": self.actor.sharded, "pid": os.getpid()}
+        return {
+            "device": str(self.actor.device), "sharded": self.actor.sharded, "pid": os.getpid(),
+            "rollout": type(self.rollout).__name__, "rollout_asleep": self.rollout.is_asleep,
+        }  # fmt: skip
 
 
 def _engine_options(config: RayRLConfig) -> dict[str, Any]:
