@@ -179,10 +179,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--new", type=int, default=32)
+    parser.add_argument("--kernels-only", action="store_true", help="bfloat16 kernel checks only")
     args = parser.parse_args()
-    for dtype in (torch.bfloat16, torch.float32):
+    for dtype in (torch.bfloat16,) if args.kernels_only else (torch.bfloat16, torch.float32):
         check_kernels(dtype)
-    check_engine(args.prompts, args.new)
+    if not args.kernels_only:
+        check_engine(args.prompts, args.new)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -215,21 +216,26 @@ class NativeRolloutEngine(RolloutEngine):
                 sched.tokens, sched.gen
             )
         self._ensure_graphs()
-        steps = {"prefill_steps": 0, "decode_steps": 0}
+        stats = {"prefill_steps": 0, "decode_steps": 0, "run_s": 0.0}
+        start, self.runner.sampler.wait_s = time.perf_counter(), 0.0
         while not sched.done:
             chunks = sched.plan_prefill()
             if chunks:
                 result = self.runner.prefill(sched, chunks, keys, sampling)
                 samples_tokens = result[1] if result else (np.zeros(0, np.int64), np.zeros(0))
                 sched.commit_prefill(chunks, *samples_tokens)
-                steps["prefill_steps"] += 1
+                stats["prefill_steps"] += 1
                 continue
             samples = sched.plan_decode()
             if len(samples):
                 tokens, log_probs = self.runner.decode(sched, samples, keys, sampling)
                 sched.commit_decode(samples, tokens, log_probs)
-                steps["decode_steps"] += 1
-        self.last_stats = {**steps, "preemptions": sched.preemptions}
+                stats["decode_steps"] += 1
+        stats["run_s"] = round(time.perf_counter() - start, 4)
+        # Time blocked on the device's results; the rest of `run_s` is host work that
+        # the device waited for (scheduling, inputs, launches).
+        stats["wait_s"] = round(self.runner.sampler.wait_s, 4)
+        self.last_stats = {**stats, "preemptions": sched.preemptions}
         return sched
 
     def _ensure_graphs(self) -> None:

@@ -11,6 +11,8 @@ and log-probs come back to the host in one copy.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -29,7 +31,7 @@ class DeviceSampler:
             from rayrl.engines.rollout.native.triton_sampler import fused_sample_packed
 
             self.fused = fused_sample_packed
-
+        self.wait_s = 0.0  # time spent waiting for the device's results
     def sample(
         self, logits: Tensor, keys: Tensor, positions: Tensor, params: SamplingParams
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -40,5 +42,7 @@ class DeviceSampler:
         else:
             tokens, log_probs = sample_tokens(logits, keys, positions, params)
             both = torch.stack([tokens.double(), log_probs.double()])
+        start = time.perf_counter()
         both = both.cpu().numpy()
+        self.wait_s += time.perf_counter() - start
         return both[0].astype(np.int64), both[1].astype(np.float32)
