@@ -265,7 +265,7 @@ def main() -> None:
     parser.add_argument("--shape", choices=("reference", "tiny"), default=None)
     parser.add_argument("--engines", default="native,rayrl_hf,hf_dynamic,hf_static")
     parser.add_argument("--workloads", default="A,B")
-    parser.add_argument("--baselines-on", default="A,B", help="workloads the other engines run")
+    parser.add_argument("--skip", default="", help="engine@workload pairs not to run, e.g. hf_dynamic@B")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=1, help="timed runs of the native engine")
@@ -285,7 +285,7 @@ def main() -> None:
         tokens = int(out_lens.sum())
         rates = {}
         for engine in args.engines.split(","):
-            if engine != "native" and name not in args.baselines_on.split(","):
+            if f"{engine}@{name}" in args.skip.split(","):
                 continue
             run = ENGINES[engine](model, prompts, out_lens, args)
             runs = [timed(run, args.device) for _ in range(args.repeats if engine == "native" else 1)]

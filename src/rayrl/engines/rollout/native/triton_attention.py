@@ -30,8 +30,10 @@ from rayrl.engines.rollout.native.step import PREFILL_TILE, StepInput
 __all__ = ["DECODE_CONFIG", "TritonAttention", "decode_splits"]
 
 _SMS = 132  # streaming multiprocessors of an H100/H200; only sizes the split heuristic
-# Launch settings of the decode kernel (tokens per iteration, warps, pipeline stages).
-DECODE_CONFIG = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+# Launch settings of the decode kernel (tokens per iteration, warps, pipeline stages):
+# the fastest of 12 on an H200 at 256 sequences of 384 and 1100 tokens (bench/rollout.py
+# --tune-decode, 2026-11-30).
+DECODE_CONFIG = {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2}
 
 
 def decode_splits(batch: int, kv_heads: int) -> int:

@@ -101,22 +101,21 @@ def _rope_store_kernel(
     tl.store(dst, y1.to(dtype), mask=qm)
     tl.store(dst + half, y2.to(dtype), mask=qm)
 
-    if slot >= 0:
+    if slot >= 0:  # (names differ from the q part: a branch may not retype a variable)
         hk = tl.arange(0, KV_PAD)
         km = (hk < KV_HEADS)[:, None]
-        src = row + (HEADS + hk)[:, None] * D + offs[None, :]
-        x1 = tl.load(src, mask=km, other=0.0).to(tl.float32)
-        x2 = tl.load(src + half, mask=km, other=0.0).to(tl.float32)
+        k_src = row + (HEADS + hk)[:, None] * D + offs[None, :]
+        k1 = tl.load(k_src, mask=km, other=0.0).to(tl.float32)
+        k2 = tl.load(k_src + half, mask=km, other=0.0).to(tl.float32)
         if HAS_QK_NORM:
-            x1, x2 = _head_norm(x1, x2, KNW, offs, eps, D, dtype)
-        y1, y2 = _rotate(x1, x2, c1, c2, s1, s2, dtype)
-        dst = KC + slot * stride_c_slot + hk[:, None] * stride_c_head + offs[None, :]
-        tl.store(dst, y1.to(dtype), mask=km)
-        tl.store(dst + half, y2.to(dtype), mask=km)
-        src = row + (HEADS + KV_HEADS + hk)[:, None] * D + offs[None, :]
-        dst = VC + slot * stride_c_slot + hk[:, None] * stride_c_head + offs[None, :]
-        tl.store(dst, tl.load(src, mask=km), mask=km)
-        tl.store(dst + half, tl.load(src + half, mask=km), mask=km)
+            k1, k2 = _head_norm(k1, k2, KNW, offs, eps, D, dtype)
+        r1, r2 = _rotate(k1, k2, c1, c2, s1, s2, dtype)
+        cache_at = slot * stride_c_slot + hk[:, None] * stride_c_head + offs[None, :]
+        tl.store(KC + cache_at, r1.to(dtype), mask=km)
+        tl.store(KC + cache_at + half, r2.to(dtype), mask=km)
+        v_src = row + (HEADS + KV_HEADS + hk)[:, None] * D + offs[None, :]
+        tl.store(VC + cache_at, tl.load(v_src, mask=km), mask=km)
+        tl.store(VC + cache_at + half, tl.load(v_src + half, mask=km), mask=km)
 
 
 @triton.jit

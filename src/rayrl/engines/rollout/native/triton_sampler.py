@@ -25,10 +25,10 @@ __all__ = ["fused_sample", "fused_sample_packed"]
 
 _SLICE = 8192  # vocabulary entries per program
 _BLOCK = 1024
-_GOLDEN = 0x9E3779B97F4A7C15
-_MUL1 = 0xBF58476D1CE4E5B9
-_MUL2 = 0x94D049BB133111EB
-_SALT = 0xD6E8FEB86659FD93
+_GOLDEN = tl.constexpr(0x9E3779B97F4A7C15)  # the constants of sampling.py, as uint64
+_MUL1 = tl.constexpr(0xBF58476D1CE4E5B9)
+_MUL2 = tl.constexpr(0x94D049BB133111EB)
+_SALT = tl.constexpr(0xD6E8FEB86659FD93)
 
 
 @triton.jit
