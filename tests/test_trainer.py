@@ -43,7 +43,7 @@ def test_grpo_with_kl_loss_through_the_cli(ray_local, tmp_path, capsys):
 @pytest.mark.slow
 def test_grpo_steps_with_the_native_rollout_engine(ray_local, tmp_path):
     cfg = load_config(
-        "grpo", [*SMALL, f"trainer.output_dir={tmp_path}", "actor_rollout_ref.rollout.engine=native"]
+        "grpo", [*SMALL, f"trainer.output_dir={tmp_path}", "actor_rollout_ref.rollout.name=native"]
     )
     trainer = PPOTrainer(cfg)
     try:

@@ -59,13 +59,13 @@ def test_hybrid_actor_generates_updates_and_generates_with_new_weights(ray_local
 
 @pytest.mark.slow  # ~13 s on a loaded 2-core machine
 def test_actor_with_the_native_rollout_engine(ray_local, model_dir):
-    """rollout.engine=native: the engine owns a copy, refreshed from the actor after updates;
+    """rollout.name=native: the engine owns a copy, refreshed from the actor after updates;
     its KV cache is released between generations (free_cache_engine)."""
     tok = AutoTokenizer.from_pretrained(model_dir)
     cfg = config(
-        "actor_rollout_ref.rollout.engine=native",
+        "actor_rollout_ref.rollout.name=native",
         "actor_rollout_ref.rollout.max_num_seqs=3",  # fewer slots than samples
-        "actor_rollout_ref.actor.policy_loss=reinforce",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=reinforce",
         "actor_rollout_ref.actor.optim.lr=0.05",
         "actor_rollout_ref.actor.ppo_epochs=6",
         "actor_rollout_ref.actor.use_kl_loss=false",
