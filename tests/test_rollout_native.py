@@ -269,7 +269,7 @@ def test_registry_and_input_errors(engine, model_dir, tokenizer):
         make_rollout_engine("nativ", model_path=model_dir)
     with pytest.raises(ValueError, match="exactly one"):
         NativeRolloutEngine()
-    with pytest.raises(UnsupportedModelError, match="engine=hf"):
+    with pytest.raises(UnsupportedModelError, match="rollout.name=hf"):
         NativeRolloutEngine(model=AutoModelForCausalLM.from_config(_gpt2_config()))
     short = NativeRolloutEngine(model_path=model_dir, device="cpu", max_model_len=64)
     with pytest.raises(ValueError, match="max_model_len=64"):
