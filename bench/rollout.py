@@ -19,7 +19,11 @@ matmul rate, whichever binds, summed over the prefill and every decode step.
 
     python bench/rollout.py [--device cuda|cpu] [--shape reference|tiny]
         [--engines native,rayrl_hf,hf_dynamic,hf_static] [--workloads A,B]
-        [--profile] [--out bench/results/rollout-DATE.jsonl]
+        [--skip hf_dynamic@B,...] [--repeats 3] [--profile] [--tune-decode]
+        [--out bench/results/rollout-DATE.jsonl]
+
+``--profile`` adds the native engine's top CUDA kernels and GPU busy fraction;
+``--tune-decode`` first sweeps the decode-attention kernel's launch settings.
 
 ``--device cpu --shape tiny`` is a smoke run (small workloads, a tiny model).
 """
