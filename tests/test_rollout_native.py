@@ -231,6 +231,7 @@ def test_sleep_frees_the_cache_and_wake_restores_it(engine, tokenizer):
         engine.generate(prompts, params)
     engine.wake()
     assert engine.cache.allocated
+    engine.cache.data.fill_(float("nan"))  # a reallocated cache holds anything
     assert torch.equal(engine.generate(prompts, params)["responses"], before["responses"])
 
 

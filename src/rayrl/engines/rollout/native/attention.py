@@ -42,9 +42,13 @@ class TorchAttention:
         pos = torch.arange(width, device=q.device)
         tables = step.block_table[step.seq_rows[:n].long()].long()
         slots = tables[:, pos // block_size] * block_size + pos % block_size
-        keys = k_cache.view(-1, kv_heads, dim)[slots].transpose(1, 2)  # [B, KVH, L, D]
-        values = v_cache.view(-1, kv_heads, dim)[slots].transpose(1, 2)
-        live = (pos.unsqueeze(0) < lens.unsqueeze(1)) | (pos == 0)  # never an empty row
+        live = pos.unsqueeze(0) < lens.unsqueeze(1)
+        # Positions past a row's length read whatever the cache holds there (never written,
+        # maybe NaN): zero them, since a masked NaN value still poisons the weighted sum.
+        dead = ~live[:, :, None, None]
+        keys = k_cache.view(-1, kv_heads, dim)[slots].masked_fill(dead, 0).transpose(1, 2)
+        values = v_cache.view(-1, kv_heads, dim)[slots].masked_fill(dead, 0).transpose(1, 2)
+        live = live | (pos == 0)  # an empty (padding) row attends to a zero vector
         out = F.scaled_dot_product_attention(
             q.unsqueeze(2), keys, values, attn_mask=live[:, None, None, :], scale=scale,
             enable_gqa=heads != kv_heads,
