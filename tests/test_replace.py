@@ -14,6 +14,7 @@ import pytest
 import ray
 
 from controller_toys import Dist, reserve
+from rayrl.cluster import ray_private
 from rayrl.cluster.kv import KVStore
 from rayrl.controller import (
     HealthMonitor,
@@ -75,7 +76,7 @@ def test_kill_9_is_detected_replaced_and_the_group_reformed(ray_local):
 
 def node_of_actor(handle) -> str:
     """The node id an actor runs on, from the GCS actor table."""
-    return ray._private.state.actors(handle._actor_id.hex())["Address"]["NodeID"]
+    return ray_private.actor_row(handle)["node_id"]
 
 
 @pytest.mark.slow

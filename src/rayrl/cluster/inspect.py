@@ -1,10 +1,10 @@
 """Cluster state: live nodes with total and free resources, placement groups with their
 owners, detached actors, and the software versions on each node.
 
-Everything here reads the GCS directly (`ray._private.state`, the same source as
-`ray.util.placement_group_table()`), so it works on clusters started without the
-dashboard. A placement group is *stale* when it is detached, still alive, and the job
-that created it has finished: nobody will ever release it.
+Everything here reads the GCS directly (through `rayrl.cluster.ray_private`), so it
+works on clusters started without the dashboard. A placement group is *stale* when it
+is detached, still alive, and the job that created it has finished, unless a live
+driver re-attached to its run (`ResourcePool.attach`): nobody will ever release it.
 """
 
 from __future__ import annotations
@@ -15,17 +15,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import ray
-from ray._private import state as ray_state
-from ray.core.generated import gcs_pb2
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from rayrl.cluster import ray_private
 
 log = logging.getLogger(__name__)
 
 RAYRL_PREFIX = "rayrl/"
 VERSION_PACKAGES = ("ray", "torch", "transformers", "rayrl")
-_PG_STATES = {v: k for k, v in gcs_pb2.PlacementGroupTableData.PlacementGroupState.items()}
-_ACTOR_STATES = {v: k for k, v in gcs_pb2.ActorTableData.ActorState.items()}
 
 
 @dataclass
@@ -71,6 +69,11 @@ class GroupInfo:
     def is_rayrl(self) -> bool:
         return self.name.startswith(RAYRL_PREFIX)
 
+    @property
+    def run(self) -> str:
+        """The rayrl run a group `rayrl/<run>/<pool>/<i>` belongs to ("" for others)."""
+        return run_of(self.name)
+
     def held_per_node(self) -> dict[str, dict[str, float]]:
         """Resources this group reserves, per node id (unplaced bundles are left out)."""
         held: dict[str, dict[str, float]] = {}
@@ -96,6 +99,14 @@ class ActorInfo:
     job_dead: bool
     detached: bool
     group_id: str
+    node_id: str = ""
+    pid: int = 0
+    resources: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def run(self) -> str:
+        """The rayrl run an actor `rayrl/<run>/...` belongs to ("" for others)."""
+        return run_of(self.name)
 
     def is_rayrl(self, rayrl_groups: set[str]) -> bool:
         """Named `rayrl/...`, in a `rayrl` namespace, or placed in a rayrl group."""
@@ -109,12 +120,14 @@ class ActorInfo:
 @dataclass
 class ClusterState:
     """One snapshot: live nodes (sorted by id), placement groups that are not removed,
-    job liveness by job id, and (when asked for) actors."""
+    job liveness by job id, actors, and the detached runs live drivers re-attached to
+    (run -> their job ids)."""
 
     nodes: list[NodeInfo]
     groups: list[GroupInfo]
     jobs_dead: dict[str, bool]
     actors: list[ActorInfo] = field(default_factory=list)
+    attached: dict[str, list[str]] = field(default_factory=dict)
 
     def node(self, node_id: str) -> NodeInfo | None:
         return next((n for n in self.nodes if n.node_id == node_id), None)
@@ -128,16 +141,73 @@ class ClusterState:
         return {n.node_id: n.free for n in self.nodes}
 
     def stale_groups(self, rayrl_only: bool = False) -> list[GroupInfo]:
-        return [g for g in self.groups if g.stale and (g.is_rayrl or not rayrl_only)]
+        """Detached groups of finished jobs that no live driver re-attached to."""
+        return [
+            g
+            for g in self.groups
+            if g.stale and g.run not in self.attached and (g.is_rayrl or not rayrl_only)
+        ]
 
     def stale_actors(self) -> list[ActorInfo]:
-        """Detached rayrl actors, still alive, whose job has finished."""
+        """Detached rayrl actors, still alive, whose job has finished and whose run no
+        live driver re-attached to."""
         rayrl_groups = {g.group_id for g in self.groups if g.is_rayrl}
         return [
             a
             for a in self.actors
-            if a.detached and a.job_dead and a.state != "DEAD" and a.is_rayrl(rayrl_groups)
+            if a.detached
+            and a.job_dead
+            and a.state != "DEAD"
+            and a.is_rayrl(rayrl_groups)
+            and a.run not in self.attached
         ]
+
+    def detached_rayrl(self) -> tuple[list[GroupInfo], list[ActorInfo]]:
+        """Alive detached rayrl placement groups and actors (stale or in use)."""
+        rayrl_groups = {g.group_id for g in self.groups if g.is_rayrl}
+        groups = [g for g in self.groups if g.detached and g.is_rayrl]
+        actors = [
+            a
+            for a in self.actors
+            if a.detached and a.state != "DEAD" and a.is_rayrl(rayrl_groups)
+        ]
+        return groups, actors
+
+    def other_holders(self) -> dict[str, dict[str, float]]:
+        """Per node: resources held outside placement groups, by actors and tasks.
+
+        Actors outside groups are listed separately (`loose_actors`); this is what
+        remains of total - free once groups and those actors are accounted for: tasks,
+        and anything else the GCS does not name.
+        """
+        held: dict[str, dict[str, float]] = {}
+        for node in self.nodes:
+            rest = {k: node.total.get(k, 0.0) - node.free.get(k, 0.0) for k in node.total}
+            for g in self.groups:
+                for k, v in g.held_per_node().get(node.node_id, {}).items():
+                    rest[k] = rest.get(k, 0.0) - v
+            for a in self.loose_actors():
+                if a.node_id == node.node_id:
+                    for k, v in a.resources.items():
+                        rest[k] = rest.get(k, 0.0) - v
+            rest = {k: v for k, v in rest.items() if v > 1e-6 and k != "object_store_memory"}
+            if rest:
+                held[node.node_id] = rest
+        return held
+
+    def loose_actors(self) -> list[ActorInfo]:
+        """Alive actors outside placement groups that hold resources."""
+        return [
+            a
+            for a in self.actors
+            if a.state == "ALIVE" and not a.group_id and any(v > 0 for v in a.resources.values())
+        ]
+
+
+def run_of(name: str) -> str:
+    """The run part of a rayrl name `rayrl/<run>/...`, or "" for any other name."""
+    parts = name.split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "rayrl" else ""
 
 
 def short_id(node_id: str) -> str:
@@ -146,25 +216,25 @@ def short_id(node_id: str) -> str:
 
 
 def snapshot(include_actors: bool = False) -> ClusterState:
-    """Read the cluster state from the GCS of the Ray this process is connected to."""
+    """Read the cluster state from the GCS of the Ray this process is connected to.
+
+    Actors are always read (the holders of resources outside placement groups);
+    `include_actors` also keeps dead ones for the doctor.
+    """
     if not ray.is_initialized():
         raise RuntimeError("cluster state needs a Ray connection: call ray.init(address=...) first")
-    accessor = ray_state.state._connect_and_get_accessor()
-    jobs_dead = {j["JobID"]: bool(j["IsDead"]) for j in ray_state.jobs()}
-    nodes = _nodes()
-    groups = [_group(raw, jobs_dead) for raw in accessor.get_placement_group_table()]
+    jobs_dead = ray_private.jobs_dead()
+    groups = [_group(raw, jobs_dead) for raw in ray_private.placement_groups()]
     groups = sorted((g for g in groups if g.alive), key=lambda g: (g.name, g.group_id))
-    actors = (
-        [_actor(raw, jobs_dead) for raw in accessor.get_actor_table(None, None)]
-        if include_actors
-        else []
-    )
-    return ClusterState(nodes, groups, jobs_dead, actors)
+    actors = [_actor(raw, jobs_dead) for raw in ray_private.actors()]
+    if not include_actors:
+        actors = [a for a in actors if a.state != "DEAD"]
+    attached = _attached_runs(jobs_dead)
+    return ClusterState(_nodes(), groups, jobs_dead, actors, attached)
 
 
 def _nodes() -> list[NodeInfo]:
-    totals = ray_state.total_resources_per_node()
-    free = ray_state.available_resources_per_node()
+    totals, free = ray_private.node_resources()
     info = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive")}
     nodes = []
     for node_id in sorted(set(totals) & set(info)):
@@ -190,39 +260,39 @@ def _plain(resources: dict[str, float]) -> dict[str, float]:
     }
 
 
-def _group(raw: bytes, jobs_dead: dict[str, bool]) -> GroupInfo:
-    data = gcs_pb2.PlacementGroupTableData.FromString(raw)
-    job_id = data.creator_job_id.hex()
-    bundles = sorted(data.bundles, key=lambda b: b.bundle_id.bundle_index)
-    strategy = gcs_pb2.PlacementGroupTableData.DESCRIPTOR.fields_by_name["strategy"]
-    return GroupInfo(
-        group_id=data.placement_group_id.hex(),
-        name=data.name,
-        state=_PG_STATES.get(data.state, str(data.state)),
-        strategy=strategy.enum_type.values_by_number[data.strategy].name,
-        job_id=job_id,
-        job_dead=bool(data.creator_job_dead) or jobs_dead.get(job_id, False),
-        detached=bool(data.is_detached),
-        namespace=data.ray_namespace,
-        bundles=[{k: float(v) for k, v in b.unit_resources.items()} for b in bundles],
-        bundle_nodes=[b.node_id.hex() for b in bundles],
-    )
+def _group(raw: dict, jobs_dead: dict[str, bool]) -> GroupInfo:
+    job_dead = raw["job_dead"] or jobs_dead.get(raw["job_id"], False)
+    return GroupInfo(**{**raw, "job_dead": job_dead})
 
 
-def _actor(raw: bytes, jobs_dead: dict[str, bool]) -> ActorInfo:
-    data = gcs_pb2.ActorTableData.FromString(raw)
-    job_id = data.job_id.hex()
-    return ActorInfo(
-        actor_id=data.actor_id.hex(),
-        name=data.name,
-        namespace=data.ray_namespace,
-        class_name=data.class_name,
-        state=_ACTOR_STATES.get(data.state, str(data.state)),
-        job_id=job_id,
-        job_dead=jobs_dead.get(job_id, False),
-        detached=bool(data.is_detached),
-        group_id=data.placement_group_id.hex(),
-    )
+def _actor(raw: dict, jobs_dead: dict[str, bool]) -> ActorInfo:
+    fields = {k: raw[k] for k in ActorInfo.__dataclass_fields__ if k in raw}
+    return ActorInfo(**fields, job_dead=jobs_dead.get(raw["job_id"], False))
+
+
+def attach_key(run: str) -> str:
+    """The GCS record naming the drivers that re-attached to a detached run."""
+    return f"attached/{run}"
+
+
+def record_attachment(run: str) -> None:
+    """Note that this driver's job uses the detached resources of `run` (see ResourcePool.attach)."""
+    key = attach_key(run)
+    record = ray_private.kv_get(key) or {"jobs": []}
+    job = ray.get_runtime_context().get_job_id()
+    if job not in record["jobs"]:
+        record["jobs"].append(job)
+    ray_private.kv_put(key, record)
+
+
+def _attached_runs(jobs_dead: dict[str, bool]) -> dict[str, list[str]]:
+    """Run -> job ids of the live drivers that re-attached to it."""
+    found: dict[str, list[str]] = {}
+    for key, record in ray_private.kv_list("attached/").items():
+        live = [j for j in record.get("jobs", []) if not jobs_dead.get(j, True)]
+        if live:
+            found[key.removeprefix("attached/")] = live
+    return found
 
 
 @ray.remote(num_cpus=0)

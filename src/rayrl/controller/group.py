@@ -31,6 +31,7 @@ from typing import Any, overload
 import ray
 from ray import ObjectRef
 
+from rayrl.cluster import ray_private
 from rayrl.cluster.bundle import Bundle
 from rayrl.controller.dispatch import MethodSpec, method_specs
 from rayrl.controller.errors import (
@@ -414,16 +415,16 @@ class WorkerGroup:
         if actor is None:
             return worker, ""
         try:
-            row = ray._private.state.actors(actor._actor_id.hex())
+            row = ray_private.actor_row(actor)
         except Exception:  # noqa: BLE001 - a private API; the message just says less
             return worker, ""
-        pid = row.get("Pid") or None
+        pid = row["pid"] or None
         if pid and worker.pid is None:
-            node = (row.get("Address") or {}).get("NodeID") or worker.node_id
+            node = row["node_id"] or worker.node_id
             worker = dataclasses.replace(
                 worker, pid=pid, node_id=node, log_file=worker.log_file or find_log_file(pid)
             )
-        return worker, str(row.get("State", ""))
+        return worker, row["state"]
 
 
 def _wait_all(pending: dict[int, ObjectRef], timeout_s: float) -> tuple[dict, dict]:

@@ -13,7 +13,6 @@ their own thread, so a health check is answered while a long call is running.
 
 from __future__ import annotations
 
-import glob
 import os
 import socket
 import time
@@ -21,6 +20,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
+
+from rayrl.cluster import ray_private
 
 HEALTH_GROUP = "rayrl_health"
 
@@ -41,32 +42,13 @@ class WorkerContext:
 
 
 def ray_log_file() -> str:
-    """Path of this process's Ray log (stderr) file, or "" when Ray is not logging to files.
-
-    Ray names it `worker-<worker_id>-<job_id>-<pid>.err` in the session's log folder;
-    the job part is the job the process was started for (often `ffffffff`), so the
-    fallback search matches any job.
-    """
-    worker = ray._private.worker.global_worker
-    path = worker.get_err_file_path() if hasattr(worker, "get_err_file_path") else ""
-    if path:
-        return str(path)
-    node = ray._private.worker._global_node
-    if node is None:
-        return ""
-    worker_id = ray.get_runtime_context().get_worker_id()
-    pattern = os.path.join(node.get_logs_dir_path(), f"worker-{worker_id}-*-{os.getpid()}.err")
-    found = glob.glob(pattern)
-    return found[0] if found else ""
+    """Path of this process's Ray log (stderr) file, or "" when Ray is not logging to files."""
+    return ray_private.current_log_file()
 
 
 def find_log_file(pid: int) -> str:
     """The Ray log (stderr) file of worker process `pid`, if it is on this machine."""
-    node = ray._private.worker._global_node
-    if node is None:
-        return ""
-    found = glob.glob(os.path.join(node.get_logs_dir_path(), f"worker-*-{pid}.err"))
-    return found[0] if found else ""
+    return ray_private.log_file_of(pid)
 
 
 class Worker:
