@@ -63,14 +63,37 @@ def test_strict_spread_needs_distinct_nodes_and_budget_is_reported():
     ]
 
 
-def _fake_cluster(free_gpus: list[int], groups: list[GroupInfo] = ()) -> ClusterState:
+def test_ten_thousand_bundles_without_recursion():
+    # One level per unit used to raise RecursionError from about 1,000 bundles.
+    nodes = {f"n{i:04d}": {"GPU": 8.0, "CPU": 64.0} for i in range(1250)}
+    units = pool_units(PoolSpec("p", [10_000], GPU, strategy="PACK"))
+    result = pack(units, nodes)
+    assert result.fits and len(result.assignment) == 10_000
+    assert result.assignment[:9] == ["n0000"] * 8 + ["n0001"]
+    assert not pack(pool_units(PoolSpec("p", [10_001], GPU, strategy="PACK")), nodes).fits
+
+
+def test_cpu_limits_the_fit_per_node_and_in_all():
+    # GPUs are plentiful: only CPUs can say no.
+    nodes = {"n0": {"GPU": 8.0, "CPU": 4.0}, "n1": {"GPU": 8.0, "CPU": 4.0}}
+    heavy = {"GPU": 1.0, "CPU": 3.0}
+    assert not pack(pool_units(PoolSpec("p", [2], heavy)), nodes).fits  # 6 CPUs on one node
+    assert pack(pool_units(PoolSpec("p", [1, 1], heavy)), nodes).fits
+    assert not pack(pool_units(PoolSpec("p", [3], heavy, strategy="PACK")), nodes).fits
+    never = assess([PoolSpec("p", [2], heavy)], _fake_cluster([4, 4], cpus=4))
+    assert never.status == "never" and "CPU 6" in never.reason and "CPU 4" in never.reason
+
+
+def _fake_cluster(
+    free_gpus: list[int], groups: list[GroupInfo] = (), cpus: float = 8.0
+) -> ClusterState:
     nodes = [
         NodeInfo(
             f"{i:02d}" * 14,
             "10.0.0.1",
             i == 0,
-            {"GPU": 4.0, "CPU": 8.0},
-            {"GPU": float(f), "CPU": 8.0},
+            {"GPU": 4.0, "CPU": cpus},
+            {"GPU": float(f), "CPU": cpus},
         )
         for i, f in enumerate(free_gpus)
     ]
@@ -115,6 +138,13 @@ def test_fits_now_and_plan_renders(ray_local):
     text = render_text(render_plan(pools, snapshot()))
     for needle in ("actor", "rollout", "STRICT_PACK", "GPU 1, CPU 1", "FITS", "CPU budget"):
         assert needle in text, text
+
+
+def test_cpu_bound_request_that_ray_could_never_place_is_never(ray_local):
+    # ray_local has 8 CPUs and 4 GPUs on one node: 9 CPUs in one bundle never fit.
+    verdict = assess([PoolSpec("cpu", [1], {"CPU": 9.0})], snapshot())
+    assert verdict.status == "never" and "CPU 9" in verdict.reason, verdict.reason
+    assert assess([PoolSpec("cpu", [1], {"CPU": 8.0})], snapshot()).status == "fits"
 
 
 def test_busy_request_waits_bounded_and_names_the_holder(ray_local, caplog):

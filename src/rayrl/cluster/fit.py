@@ -2,8 +2,8 @@
 
 A pool's demand is a list of `Unit`s, each one or more identical bundles that must
 share a node; units with the same `distinct` key must land on different nodes. `pack`
-searches for an assignment of every unit to a node whose resources hold it (exact
-depth-first search with a step budget), trying nodes in sorted order so the same
+searches for an assignment of every unit to a node whose resources hold it (exact,
+iterative depth-first search with a step budget), trying nodes in sorted order so the same
 cluster always gives the same answer: that is what keeps ranks on the same nodes
 across a teardown and a new bootstrap.
 """
@@ -105,50 +105,82 @@ def pack(
 
     Larger units are placed first; nodes are tried in sorted id order; identical
     units are placed in non-decreasing node order (strictly increasing when they
-    must be distinct) so the search does not revisit symmetric assignments.
+    must be distinct) so the search does not revisit symmetric assignments. The
+    depth-first search keeps its own stack (one entry per placed unit), so tens of
+    thousands of units need no recursion.
     """
     if not units:
         return PackResult([])
     if aggregate_shortfall(units, nodes):
         return PackResult(None)
-    node_ids = sorted(nodes)
-    free = [dict(nodes[n]) for n in node_ids]
-    order = sorted(range(len(units)), key=lambda i: _size_key(units[i]))
-    chosen: list[int] = [-1] * len(units)
-    used: set[tuple[str, int]] = set()
-    steps = 0
+    search = _Search(units, nodes)
+    if search.run(budget):
+        return PackResult([search.node_ids[j] for j in search.chosen])
+    return PackResult(None, exhausted=search.steps > budget)
 
-    def place(pos: int) -> bool:
-        nonlocal steps
-        if pos == len(order):
-            return True
-        unit = units[order[pos]]
-        start, strict = 0, False
-        if pos and _same(unit, units[order[pos - 1]]):
-            start, strict = chosen[order[pos - 1]], unit.distinct is not None
-        for j in range(start + (1 if strict else 0), len(node_ids)):
-            steps += 1
-            if steps > budget:
+
+class _Search:
+    """The state of one depth-first search: free resources, choices, used nodes."""
+
+    def __init__(self, units: Sequence[Unit], nodes: Mapping[str, Mapping[str, float]]) -> None:
+        self.units = units
+        self.node_ids = sorted(nodes)
+        self.free = [dict(nodes[n]) for n in self.node_ids]
+        self.order = sorted(range(len(units)), key=lambda i: _size_key(units[i]))
+        self.needs = [units[i].need for i in range(len(units))]
+        self.chosen: list[int] = [-1] * len(units)
+        self.used: set[tuple[str, int]] = set()
+        self.steps = 0
+
+    def first_node(self, pos: int) -> int:
+        """The lowest node index unit `order[pos]` may take (symmetry breaking)."""
+        if pos == 0:
+            return 0
+        unit, prev = self.units[self.order[pos]], self.order[pos - 1]
+        if not _same(unit, self.units[prev]):
+            return 0
+        return self.chosen[prev] + (1 if unit.distinct is not None else 0)
+
+    def try_from(self, pos: int, start: int, budget: int) -> int:
+        """Place unit `order[pos]` on the first node >= start with room; -1 if none."""
+        i = self.order[pos]
+        unit, need = self.units[i], self.needs[i]
+        for j in range(start, len(self.node_ids)):
+            self.steps += 1
+            if self.steps > budget:
+                return -1
+            if unit.distinct and (unit.distinct, j) in self.used:
+                continue
+            if holds(self.free[j], need):
+                _take(self.free[j], need, -1)
+                if unit.distinct:
+                    self.used.add((unit.distinct, j))
+                self.chosen[i] = j
+                return j
+        return -1
+
+    def undo(self, pos: int) -> int:
+        """Take unit `order[pos]` off its node; returns that node's index."""
+        i = self.order[pos]
+        j, unit = self.chosen[i], self.units[i]
+        _take(self.free[j], self.needs[i], +1)
+        if unit.distinct:
+            self.used.discard((unit.distinct, j))
+        return j
+
+    def run(self, budget: int) -> bool:
+        """Place every unit, backtracking on dead ends; False if none fits or budget ran out."""
+        pos, start = 0, 0
+        while pos < len(self.order):
+            if self.try_from(pos, start, budget) >= 0:
+                pos += 1
+                start = self.first_node(pos) if pos < len(self.order) else 0
+                continue
+            if pos == 0 or self.steps > budget:
                 return False
-            if unit.distinct and (unit.distinct, j) in used:
-                continue
-            need = unit.need
-            if not holds(free[j], need):
-                continue
-            _take(free[j], need, -1)
-            if unit.distinct:
-                used.add((unit.distinct, j))
-            chosen[order[pos]] = j
-            if place(pos + 1):
-                return True
-            _take(free[j], need, +1)
-            if unit.distinct:
-                used.discard((unit.distinct, j))
-        return False
-
-    if place(0):
-        return PackResult([node_ids[j] for j in chosen])
-    return PackResult(None, exhausted=steps > budget)
+            pos -= 1
+            start = self.undo(pos) + 1
+        return True
 
 
 def _size_key(unit: Unit) -> tuple:
