@@ -157,6 +157,18 @@ class Dist(Worker):
         return {k: info[k] for k in ("rank", "pid", "node_id", "local_rank", "generation")}
 
 
+class LateRankZero(Dist):
+    """Rank 0 joins the process group `delay_s` late: the other ranks wait for its master."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.delay_s = delay_s
+
+    def init_distributed(self, backend: str = "gloo", timeout: float = 60.0) -> None:
+        if self.rank == 0:
+            time.sleep(self.delay_s)
+        super().init_distributed(backend, timeout)
+
+
 def reserve(run: str, per_node: list[int], bundle: dict, **spec_kwargs):
     """Reserve a ResourcePool named `run`/w and return it (the caller tears it down)."""
     from rayrl.cluster.pool import PoolSpec, ResourcePool

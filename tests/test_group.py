@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import ray
 
-from controller_toys import Dist, Flaky, SlowStart, reserve
+from controller_toys import Dist, Flaky, LateRankZero, SlowStart, reserve
+from rayrl.cluster.kv import KVStore
 from rayrl.controller import WorkerCreateError, WorkerGroup, WorkerInitError
 
 
@@ -81,3 +82,26 @@ def test_worker_knows_its_place(run_pool):
         assert [i["local_rank"] for i in infos] == [0, 1]
         assert group.infos[1]["log_file"].endswith(f"-{infos[1]['pid']}.err")
         assert os.path.exists(group.infos[1]["log_file"])
+
+
+def test_group_recreated_under_same_run_and_role_never_reads_the_old_master(ray_local):
+    """Two groups named alike: the second's ranks must wait for its own rank 0, not join
+    the first's process group through its master key (generations both start at 0)."""
+    run = f"scope-{uuid.uuid4().hex[:6]}"
+    pool = reserve(run, [3], {"CPU": 0.25})
+    kv = KVStore.create(run)
+    first_bundles, second_bundles = pool.split([1, 2])
+    first = WorkerGroup(Dist, first_bundles, role="d", run=run, kv=kv)
+    second = WorkerGroup(
+        LateRankZero, second_bundles, role="d", run=run, kv=kv, kwargs={"delay_s": 2.0}
+    )
+    try:
+        first.create(timeout_s=120).init(timeout_s=120, backend="gloo", dist_timeout_s=20)
+        second.create(timeout_s=120).init(timeout_s=120, backend="gloo", dist_timeout_s=20)
+        assert first.name == second.name and first.scope != second.scope
+        assert second.all_reduce() == [3.0, 3.0] and first.all_reduce() == [1.0]
+    finally:
+        first.shutdown()
+        second.shutdown()
+        kv.shutdown()
+        pool.teardown()

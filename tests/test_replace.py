@@ -66,9 +66,13 @@ def test_kill_9_is_detected_replaced_and_the_group_reformed(ray_local):
             assert [a["generation"] for a in after] == [1, 1, 1]
             assert group.all_reduce() == [6.0] * 3
             assert group.check_health().ok and not group.dead
+            # Only the current generation's discovery keys are kept.
+            keys = kv.list(group.scope + "/", namespace="discovery")
+            assert f"{group.scope}/gen1/master" in keys
+            assert all(k.startswith(f"{group.scope}/gen1/") for k in keys), keys
         with pytest.raises(WorkerCallError, match="has no worker"):
             group.whoami()  # after shutdown (the with block) a call says so
-            assert f"{run}/dist/gen1/master" in kv.list(f"{run}/dist/", namespace="discovery")
+        assert kv.list(group.scope + "/", namespace="discovery") == []  # shutdown deletes them
     finally:
         kv.shutdown()
         pool.teardown()
@@ -94,7 +98,7 @@ def test_2x2_on_two_nodes_all_reduces_then_moves_a_lost_nodes_ranks_to_spares(ra
             assert nodes[0] == nodes[1] != nodes[2] == nodes[3]
             assert [i["local_rank"] for i in infos] == [0, 1, 0, 1]
             assert group.all_reduce() == [10.0] * 4  # 1 + 2 + 3 + 4, through KV discovery
-            assert f"{run}/dist/gen0/master" in kv.list(f"{run}/dist/", namespace="discovery")
+            assert f"{group.scope}/gen0/master" in kv.list(group.scope, namespace="discovery")
 
             # The KV server is pinned to the driver's node (the head), so losing a
             # worker node never takes discovery with it.

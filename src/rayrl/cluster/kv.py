@@ -1,9 +1,9 @@
 """KVStore: a run's namespaced key-value store, for coordination between its processes.
 
-One named threaded Ray actor per run (`rayrl/<run>/kv` in Ray namespace "rayrl", see
+One named asyncio Ray actor per run (`rayrl/<run>/kv` in Ray namespace "rayrl", see
 `kv_server.KVServer`) holds the keys. `KVStore` is the small picklable client that the
-driver and the workers share: `put`, `get`, `delete`, `list(prefix)`, and `wait(key,
-timeout)` that blocks without polling and, on timeout, raises a `KVTimeoutError` naming
+driver and the workers share: `put`, `get`, `delete`, `delete_prefix`, `list(prefix)`, and
+`wait(key, timeout)` that blocks without polling and, on timeout, raises a `KVTimeoutError` naming
 the key, the namespace, the wait, the nearest present keys and the last writer nearby.
 
 Values larger than `large_value_bytes` (64 KiB by default) are `ray.put` by the writer
@@ -34,7 +34,7 @@ from rayrl.cluster.kv_errors import (
     describe_writer,
     writer_identity,
 )
-from rayrl.cluster.kv_server import CALL_THREADS, WAIT_THREADS, KVServer, percentile
+from rayrl.cluster.kv_server import MAX_CONCURRENT_CALLS, KVServer, percentile
 
 __all__ = ["KVServer", "KVStore", "KVStoreError", "KVTimeoutError", "kv_latency"]
 
@@ -44,7 +44,10 @@ LARGE_VALUE_BYTES = 64 * 1024
 # Slack on top of a wait's own timeout, and the bound on every other call to the server.
 RPC_TIMEOUT_S = 60.0
 
-_KVActor = ray.remote(concurrency_groups={"wait": WAIT_THREADS})(KVServer)
+# How long `shutdown` waits for the server to be gone (ray.kill returns at once).
+SHUTDOWN_WAIT_S = 10.0
+
+_KVActor = ray.remote(KVServer)
 
 
 def actor_name(run: str) -> str:
@@ -85,7 +88,7 @@ class KVStore:
             namespace=RAY_NAMESPACE,
             get_if_exists=True,
             num_cpus=0,
-            max_concurrency=CALL_THREADS,
+            max_concurrency=MAX_CONCURRENT_CALLS,
             max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(
                 node_id=ray.get_runtime_context().get_node_id(), soft=False
@@ -117,10 +120,33 @@ class KVStore:
             ) from None
         return cls(run, actor, large_value_bytes)
 
-    def shutdown(self) -> None:
-        """Kill the KV server; its keys and ObjectRef-held values are released."""
+    @classmethod
+    def attach(cls, run: str, *, large_value_bytes: int = LARGE_VALUE_BYTES) -> KVStore:
+        """Re-attach a new driver to the detached KV store of `run` (the driver that
+        created it has exited). Small values survive their writers; large ones (held
+        as ObjectRefs) died with them. Records this driver's job as a user of the run,
+        so `rayrl doctor` does not call the store stale while this driver lives."""
+        from rayrl.cluster.inspect import record_attachment
+
+        store = cls.connect(run, large_value_bytes=large_value_bytes)
+        store._call("ping", what="reach the detached KV server")
+        record_attachment(run)
+        return store
+
+    def shutdown(self, wait_s: float = SHUTDOWN_WAIT_S) -> None:
+        """Kill the KV server and wait (at most `wait_s`) until it is gone, so that any
+        later call fails; its keys and ObjectRef-held values are released."""
         with contextlib.suppress(Exception):  # already gone
             ray.kill(self._actor, no_restart=True)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                ray.get(self._actor.ping.remote(), timeout=1.0)
+            except (RayActorError, GetTimeoutError):
+                return
+            except Exception:  # noqa: BLE001 - e.g. Ray shutting down: gone for us
+                return
+            time.sleep(0.02)
 
     # -- blocking API ----------------------------------------------------------------
 
@@ -144,6 +170,13 @@ class KVStore:
         """Remove `key`; True if it was present."""
         _check_key(key, namespace)
         return self._call("delete", namespace, key, writer_identity(), what=f"delete {key!r}")
+
+    def delete_prefix(self, prefix: str, *, namespace: str = DEFAULT_NAMESPACE) -> int:
+        """Remove every key of `namespace` starting with `prefix` (non-empty); returns how many."""
+        _check_key(prefix, namespace)
+        return self._call(
+            "delete_prefix", namespace, prefix, writer_identity(), what=f"delete {prefix!r}*"
+        )
 
     def list(self, prefix: str = "", *, namespace: str = DEFAULT_NAMESPACE) -> list[str]:
         """Sorted keys of `namespace` starting with `prefix`."""

@@ -6,9 +6,13 @@ label), so a wait that times out can name the last writer near the missing key.
 
 from __future__ import annotations
 
+import difflib
 import os
 import time
 from typing import Any
+
+# How many nearby keys a timeout message lists.
+NEAREST_KEYS = 8
 
 
 class KVStoreError(RuntimeError):
@@ -52,6 +56,7 @@ class KVTimeoutError(TimeoutError):
         cls, run: str, namespace: str, key: str, timeout: float, report: dict
     ) -> KVTimeoutError:
         """Build the error (and its message) from the server's timeout report."""
+        report = {**report, "nearest": nearest_keys(key, report)}
         lines = [
             f"KV wait timed out after {report['waited_s']:.1f} s (timeout {timeout:g} s): "
             f"key {key!r} in namespace {namespace!r} of run {run!r} is not present."
@@ -73,6 +78,18 @@ class KVTimeoutError(TimeoutError):
             nearest=report["nearest"],
             last_write=report["last_write"],
         )
+
+
+def nearest_keys(key: str, report: dict) -> list[str]:
+    """Present keys close to a missing one: close spellings first, then its siblings.
+
+    Ranked here, in the client, from the few candidates the server sent."""
+    candidates = report.get("candidates", [])
+    nearest = difflib.get_close_matches(key, candidates, n=NEAREST_KEYS, cutoff=0.6)
+    parent = report.get("parent", "")
+    if parent:
+        nearest += [k for k in candidates if k.startswith(parent)]
+    return list(dict.fromkeys(nearest))[:NEAREST_KEYS]
 
 
 def _rebuild_timeout(message: str, state: dict) -> KVTimeoutError:

@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import logging
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Any, overload
 
@@ -96,6 +97,9 @@ class WorkerGroup:
         self.kv = kv
         self.pool = pool
         self.name = name or f"{run or 'rayrl'}/{role}"
+        # Discovery keys of this object's process groups: never shared with an earlier
+        # or later group of the same name (whose generations also start at 0).
+        self.scope = f"{self.name}/{uuid.uuid4().hex[:8]}"
         self._ctor = (tuple(args), dict(kwargs or {}))
         self._runtime_env = runtime_env
         self.actors: list[Any] = [None] * len(self.bundles)
@@ -142,6 +146,7 @@ class WorkerGroup:
             run=self.run,
             kv=self.kv,
             generation=self.generation,
+            scope=self.scope,
         )
 
     def _spawn(self, rank: int) -> ObjectRef:
@@ -254,6 +259,22 @@ class WorkerGroup:
             self.infos[rank] = info
         if failures:
             self._raise(WorkerInitError, "init_distributed", failures, timeout)
+        self._drop_discovery_keys(keep=f"{self.scope}/gen{self.generation}/")
+
+    def _drop_discovery_keys(self, keep: str | None = None) -> None:
+        """Delete this group's discovery keys, except those under `keep` (the current
+        generation's, which timeout reports show as the nearest keys)."""
+        if self.kv is None:
+            return
+        from rayrl.cluster.discovery import DISCOVERY_NAMESPACE
+
+        try:
+            keys = self.kv.list(self.scope + "/", namespace=DISCOVERY_NAMESPACE)
+            for prefix in sorted({k[: k.index("/", len(self.scope) + 1) + 1] for k in keys}):
+                if prefix != keep:
+                    self.kv.delete_prefix(prefix, namespace=DISCOVERY_NAMESPACE)
+        except Exception as err:  # noqa: BLE001 - a dead KV store leaves nothing to clean
+            logger.debug("%s: discovery keys not deleted: %s", self.name, err)
 
     # --- calls --------------------------------------------------------------------------
 
@@ -366,9 +387,12 @@ class WorkerGroup:
                 ray.kill(actor, no_restart=True)
 
     def shutdown(self) -> None:
-        """Kill every worker of the group (idempotent). Bundles stay with their pool."""
+        """Kill every worker of the group and delete its discovery keys (idempotent).
+        Bundles stay with their pool."""
         for rank in range(len(self.actors)):
             self._kill(rank)
+        if self.backend:
+            self._drop_discovery_keys()
 
     def __enter__(self) -> WorkerGroup:
         return self

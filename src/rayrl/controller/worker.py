@@ -39,6 +39,7 @@ class WorkerContext:
     run: str = ""
     kv: Any = None
     generation: int = 0
+    scope: str = ""  # discovery keys live under it: unique to one WorkerGroup object
 
 
 def ray_log_file() -> str:
@@ -108,6 +109,8 @@ class Worker:
 
         Rank 0 publishes its address under this group's current generation; the other
         ranks wait for it. A later generation (after a replacement) forms a new group.
+        The keys live under the group's discovery scope, unique to its WorkerGroup
+        object, so a group re-created under the same run and role never reads them.
         """
         from rayrl.cluster.discovery import init_process_group
 
@@ -119,7 +122,7 @@ class Worker:
             )
         init_process_group(
             ctx.kv,
-            group=ctx.group,
+            group=ctx.scope or ctx.group,
             rank=ctx.rank,
             world_size=ctx.world_size,
             backend=backend,
