@@ -52,6 +52,16 @@ class Tracer:
         return _trace_load, (self.path,)
 
 
+class Pickled:
+    """Counts how often this process pickles it (the driver, for a group call's argument)."""
+
+    count = 0
+
+    def __reduce__(self):
+        Pickled.count += 1
+        return Pickled, ()
+
+
 class Echo(Worker):
     """Every dispatch mode on simple values."""
 
@@ -80,7 +90,7 @@ class Echo(Worker):
         return batch.repeat(n)
 
     @register(dispatch=DP_SPLIT, collect="list")
-    def sizes(self, batch) -> int:
+    def sizes(self, batch, extra=None) -> int:
         return len(batch)
 
     @register(dispatch=RANK_ZERO)
@@ -113,6 +123,54 @@ class Echo(Worker):
     @register(dispatch=ONE_TO_ALL)
     def noop(self) -> None:
         return None
+
+    # Producers and consumers for the future-passing matrix.
+    @register(dispatch=ONE_TO_ALL)
+    def make(self, n: int):
+        import torch
+
+        from rayrl.batch import Batch
+
+        return Batch.from_dict({"x": torch.arange(n) + 100 * self.rank})
+
+    @register(dispatch=RANK_ZERO)
+    def make_first(self, n: int):
+        return self.make(n)
+
+    @register(dispatch=ONE_TO_ALL)
+    def see(self, x):
+        return summary(x)
+
+    @register(dispatch=ALL_TO_ALL)
+    def see_each(self, x):
+        return summary(x)
+
+    @register(dispatch=RANK_ZERO)
+    def see_first(self, x):
+        return summary(x)
+
+    @register(dispatch=DP_SPLIT)
+    def see_split(self, x):
+        import torch
+
+        from rayrl.batch import Batch
+
+        if isinstance(x, Batch):
+            return Batch.from_dict({"x": x["x"], "rank": torch.full((len(x),), self.rank)})
+        return summary(x)
+
+    @register(dispatch="odd_ranks", collect="list")
+    def see_odd(self, x):
+        return summary(x)
+
+
+def summary(value):
+    """A plain, comparable description of a value (Batches by their columns)."""
+    if hasattr(value, "tensors"):
+        return {"batch": {k: v.tolist() for k, v in value.tensors.items()}}
+    if isinstance(value, (list, tuple)):
+        return [summary(v) for v in value]
+    return value
 
 
 class Flaky(Worker):

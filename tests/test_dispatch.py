@@ -13,7 +13,7 @@ import ray
 import torch
 
 from conftest import start_local_ray
-from controller_toys import Echo, Tracer, reserve
+from controller_toys import Echo, Pickled, Tracer, reserve, summary
 from rayrl.batch import Batch
 from rayrl.controller import GroupFuture, GroupTimeoutError, WorkerCallError, WorkerGroup
 
@@ -165,5 +165,68 @@ def test_future_into_broadcast_and_per_rank_modes(groups):
     assert b.echo(everyone) == [[1, 102, 203, 304]] * 2
     pair = b.add.remote([1, 2])  # ALL_TO_ALL: rank i gets b's rank-i ref
     assert c.add(pair) == [1 + 0, 102 + 100]
-    with pytest.raises(ValueError, match="same size"):
+    with pytest.raises(ValueError, match="one element per rank"):
         c.add(everyone)
+
+
+# Every producer x consumer dispatch-mode pair: a future passed into a call behaves
+# exactly as the value its .get() returns, whatever the modes and world sizes.
+PRODUCERS = {
+    "one_to_all": lambda g: g.make.remote(3),
+    "all_to_all": lambda g: g.add.remote(list(range(g.world_size))),
+    "rank_zero": lambda g: g.make_first.remote(3),
+    "dp_split": lambda g: g.double.remote(rows(5)),
+    "dp_split_list": lambda g: g.sizes.remote(rows(5)),
+    "custom": lambda g: g.rank_plus.remote(5),
+}
+CONSUMERS = ("see", "see_each", "see_first", "see_split", "see_odd")
+
+
+def _outcome(method, arg):
+    try:
+        out = method(arg)
+    except ValueError as err:
+        return ("ValueError", "one element per rank" in str(err))
+    return summary(out)
+
+
+@pytest.mark.parametrize("producer", sorted(PRODUCERS))
+def test_every_producer_into_every_consumer_acts_as_its_value(groups, producer):
+    a, b, c = groups
+    for source, target in ((b, c), (b, a), (a, b)):  # same size, 2 -> 4, 4 -> 2
+        for consumer in CONSUMERS:
+            method = getattr(target, consumer)
+            value = PRODUCERS[producer](source).get()
+            via_future = _outcome(method, PRODUCERS[producer](source))
+            direct = _outcome(method, value)
+            assert via_future == direct, (producer, consumer, source.role, target.role)
+
+
+def test_a_one_rank_producer_hands_over_what_get_returns(groups):
+    a, b, _ = groups
+    single = b.see_odd.remote("v")  # only rank 1 of 2 is called: one ref, collected as a list
+    assert len(single) == 1 and single.get() == ["v"]
+    assert a.see(b.see_odd.remote("v")) == [["v"]] * 4  # [value], as .get() gives; not "v"
+    assert a.see(b.see.remote("v")) == [["v", "v"]] * 4
+
+
+def test_failed_producer_is_named_not_the_consumer(groups):
+    a, b, _ = groups
+    with pytest.raises(WorkerCallError) as info:
+        b.see(a.boom.remote(2))
+    assert info.value.role == "a" and info.value.rank == 2 and info.value.stage == "boom"
+
+
+def test_a_large_broadcast_argument_is_serialised_once(groups):
+    a = groups[0]
+    big = {"blob": b"x" * 200_000, "probe": Pickled()}
+    before = Pickled.count
+    assert a.see(big)[0]["blob"] == big["blob"]  # ONE_TO_ALL to 4 ranks
+    assert Pickled.count - before == 1  # one ray.put, the same ref for every rank
+    before = Pickled.count
+    a.sizes(rows(8), extra=big)  # DP_SPLIT: the non-Batch argument goes whole to each rank
+    assert Pickled.count - before == 1
+    small = {"probe": Pickled()}
+    before = Pickled.count
+    a.see(small)
+    assert Pickled.count - before == 4  # small values stay inline, as Ray sends them

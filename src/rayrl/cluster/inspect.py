@@ -167,9 +167,7 @@ class ClusterState:
         rayrl_groups = {g.group_id for g in self.groups if g.is_rayrl}
         groups = [g for g in self.groups if g.detached and g.is_rayrl]
         actors = [
-            a
-            for a in self.actors
-            if a.detached and a.state != "DEAD" and a.is_rayrl(rayrl_groups)
+            a for a in self.actors if a.detached and a.state != "DEAD" and a.is_rayrl(rayrl_groups)
         ]
         return groups, actors
 

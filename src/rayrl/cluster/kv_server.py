@@ -134,7 +134,11 @@ class KVServer:
         return len(keys)
 
     def _drop(self, namespace: str, keys: list[str], writer: dict) -> None:
-        data, ordered, now = self._data.get(namespace, {}), self._sorted.get(namespace, []), time.time()
+        data, ordered, now = (
+            self._data.get(namespace, {}),
+            self._sorted.get(namespace, []),
+            time.time(),
+        )
         for key in keys:
             if data.pop(key, None) is None:
                 continue
@@ -257,7 +261,12 @@ class KVServer:
             for near in reversed(index.get(prefix, ())):
                 entry = data.get(near)
                 if entry is not None:
-                    return {"prefix": prefix, "key": near, "writer": entry.writer, "time": entry.time}
+                    return {
+                        "prefix": prefix,
+                        "key": near,
+                        "writer": entry.writer,
+                        "time": entry.time,
+                    }
         return None
 
     def stats(self) -> dict:

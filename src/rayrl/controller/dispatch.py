@@ -216,28 +216,32 @@ def _one_to_all(world_size: int, args: tuple, kwargs: dict) -> CallPlan:
     return CallPlan([args] * world_size, [kwargs] * world_size)
 
 
-def _collect_list(outputs: list, state: Any) -> list:
+def collect_list(outputs: list, state: Any) -> list:
+    """The outputs of the called ranks, as a list in rank order."""
     return list(outputs)
 
 
-def _all_to_all(world_size: int, args: tuple, kwargs: dict) -> CallPlan:
-    def pick(value: Any, name: str) -> list:
-        if isinstance(value, Chunks):
-            value = value.parts
-        if not isinstance(value, (list, tuple)) or len(value) != world_size:
-            got = (
-                f"{type(value).__name__} of length {len(value)}"
-                if hasattr(value, "__len__")
-                else type(value).__name__
-            )
-            raise ValueError(
-                f"ALL_TO_ALL needs every argument to be a list with one element per rank "
-                f"({world_size}); argument {name} is a {got}"
-            )
-        return list(value)
+def all_to_all_parts(value: Any, world_size: int, name: str) -> list:
+    """The per-rank elements of an ALL_TO_ALL argument; ValueError unless it is a list
+    (or tuple) with one element per rank."""
+    if isinstance(value, Chunks):
+        value = value.parts
+    if not isinstance(value, (list, tuple)) or len(value) != world_size:
+        got = (
+            f"{type(value).__name__} of length {len(value)}"
+            if hasattr(value, "__len__")
+            else type(value).__name__
+        )
+        raise ValueError(
+            f"ALL_TO_ALL needs every argument to be a list with one element per rank "
+            f"({world_size}); argument {name} is a {got}"
+        )
+    return list(value)
 
-    cols = [pick(a, f"#{i}") for i, a in enumerate(args)]
-    kcols = {k: pick(v, f"'{k}'") for k, v in kwargs.items()}
+
+def _all_to_all(world_size: int, args: tuple, kwargs: dict) -> CallPlan:
+    cols = [all_to_all_parts(a, world_size, f"#{i}") for i, a in enumerate(args)]
+    kcols = {k: all_to_all_parts(v, world_size, f"'{k}'") for k, v in kwargs.items()}
     per_args = [tuple(c[r] for c in cols) for r in range(world_size)]
     per_kwargs = [{k: c[r] for k, c in kcols.items()} for r in range(world_size)]
     return CallPlan(per_args, per_kwargs)
@@ -247,7 +251,8 @@ def _rank_zero(world_size: int, args: tuple, kwargs: dict) -> CallPlan:
     return CallPlan([args] + [None] * (world_size - 1), [kwargs] + [None] * (world_size - 1))
 
 
-def _collect_first(outputs: list, state: Any) -> Any:
+def collect_first(outputs: list, state: Any) -> Any:
+    """The output of the first called rank."""
     return outputs[0]
 
 
@@ -302,10 +307,10 @@ def collect_dp(outputs: list, state: Any) -> Any:
     return merged.unpad(state.pad * (total // state.padded_len))
 
 
-register_dispatch_mode(ONE_TO_ALL, _one_to_all, _collect_list)
-register_dispatch_mode(ALL_TO_ALL, _all_to_all, _collect_list)
-register_dispatch_mode(RANK_ZERO, _rank_zero, _collect_first)
+register_dispatch_mode(ONE_TO_ALL, _one_to_all, collect_list)
+register_dispatch_mode(ALL_TO_ALL, _all_to_all, collect_list)
+register_dispatch_mode(RANK_ZERO, _rank_zero, collect_first)
 register_dispatch_mode(DP_SPLIT, _dp_split, collect_dp)
-register_collector("list", _collect_list)
-register_collector("first", _collect_first)
+register_collector("list", collect_list)
+register_collector("first", collect_first)
 register_collector("concat", collect_dp)

@@ -111,3 +111,8 @@ class GroupTimeoutError(TimeoutError):
 
 class NoSpareBundleError(RuntimeError):
     """A worker's node is gone and its pool has no spare bundle to move it to."""
+
+
+class FutureArgumentError(ValueError):
+    """A future passed into a group call could not be made into that call's arguments
+    (e.g. ALL_TO_ALL got a value that is not a list with one element per rank)."""

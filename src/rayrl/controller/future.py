@@ -1,19 +1,23 @@
 """GroupFuture: the pending result of a non-blocking group call, one ObjectRef per rank.
 
 `future.get()` gathers and collects on the driver. Passed as an argument to another
-group's call, a future is never fetched by the driver: each dispatch mode says what
-it makes of one (an adapter):
+group's call, a future stands for exactly the value `future.get()` would return, for
+every producer and consumer dispatch mode, yet the driver never fetches it: each mode
+says what it makes of one (an adapter), and the data moves worker to worker through
+the object store:
 
-- DP_SPLIT, same world size: rank i of the new call gets rank i's ref as it is, and
-  the padding bookkeeping travels along, so results still unpad correctly;
-- DP_SPLIT, another world size: a light remote task concatenates, re-pads and
-  re-chunks the parts into one ref per new rank;
-- ALL_TO_ALL: rank i gets rank i's ref (the world sizes must match);
-- any other mode: a remote task collects the parts into one ref that every rank gets
-  (a single-ref RANK_ZERO future is passed as it is).
+- DP_SPLIT, from a DP_SPLIT producer of the same world size: rank i gets rank i's ref
+  as it is, and the padding bookkeeping travels along, so results still unpad;
+- DP_SPLIT otherwise: a light remote task collects the parts and splits the value
+  (a Batch: padded and chunked for the new world size; anything else: broadcast);
+- ALL_TO_ALL: rank i gets rank i's ref when the producer collects a list of one output
+  per rank of the same world size; otherwise a remote task splits the collected list;
+- any other mode: one ref of the collected value that every rank gets (computed by a
+  remote task, or the single output itself when the producer's collect takes the first).
 
-Ray resolves the refs inside the receiving workers, so data moves worker to worker
-through the object store.
+When a producer rank failed, the consumer's error names that producer worker; when an
+adapter task failed (say, a value ALL_TO_ALL cannot split), a FutureArgumentError says
+which result could not be passed into which call.
 """
 
 from __future__ import annotations
@@ -31,10 +35,15 @@ from rayrl.controller.dispatch import (
     CollectFn,
     DispatchMode,
     DPState,
+    all_to_all_parts,
     collect_dp,
+    collect_first,
+    collect_list,
+    is_batch,
 )
 from rayrl.controller.errors import (
     DEAD_ERRORS,
+    FutureArgumentError,
     GroupTimeoutError,
     WorkerCallError,
     WorkerDescription,
@@ -46,6 +55,8 @@ class GroupFuture:
 
     `refs[i]` is the output of rank `ranks[i]`. `split` is true when the outputs are
     DP_SPLIT chunks (`state` then says how much padding to drop, possibly as a ref).
+    `inputs` are the futures this call took as arguments and `adapters` the refs of the
+    remote tasks that passed them in: a failure there is reported as theirs.
     """
 
     def __init__(
@@ -59,6 +70,8 @@ class GroupFuture:
         stage: str = "",
         describe: Callable[[int], WorkerDescription] | None = None,
         on_error: Callable[[int, BaseException], None] | None = None,
+        inputs: list[GroupFuture] | None = None,
+        adapters: list[tuple[str, ObjectRef]] | None = None,
     ) -> None:
         self.refs = refs
         self.ranks = ranks
@@ -68,6 +81,8 @@ class GroupFuture:
         self.stage = stage
         self._describe = describe or (lambda rank: WorkerDescription(role="?", rank=rank))
         self._on_error = on_error
+        self.inputs = list(inputs or [])
+        self.adapters = list(adapters or [])
 
     def __repr__(self) -> str:
         return f"GroupFuture({self.stage!r}, ranks={self.ranks})"
@@ -102,8 +117,9 @@ class GroupFuture:
         return len(ready) == len(self.refs)
 
     def ref(self) -> ObjectRef:
-        """One ObjectRef of the collected value, computed by a remote task (not the driver)."""
-        if len(self.refs) == 1 and self.state is None and not self.split:
+        """One ObjectRef of the value `get()` returns, computed by a remote task (not the
+        driver); the single output itself when the collect takes the first output."""
+        if len(self.refs) == 1 and self.collect is collect_first:
             return self.refs[0]
         return _collect_task.remote(self.collect, self.state, *self.refs)
 
@@ -121,17 +137,20 @@ class GroupFuture:
         )
 
     def _raise_for_rank(self, err: BaseException) -> None:
-        """Find the rank that failed (a dead one first, then the lowest) and raise for it."""
-        failures: list[tuple[int, BaseException]] = []
-        ready, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0, fetch_local=False)
-        ready_ids = {r.hex() for r in ready}
-        for rank, ref in zip(self.ranks, self.refs, strict=True):
-            if ref.hex() not in ready_ids:
-                continue
-            try:
-                ray.get(ref, timeout=0)
-            except Exception as rank_err:  # noqa: BLE001
-                failures.append((rank, rank_err))
+        """Raise for what failed: a producer of an input future, an adapter task, or
+        else this call's rank (a dead one first, then the lowest)."""
+        for future in self.inputs:
+            if _failures(future.refs, future.ranks):
+                future._raise_for_rank(err)
+        for producer, ref in self.adapters:
+            found = _failures([ref], [0])
+            if found:
+                cause = found[0][1]
+                raise FutureArgumentError(
+                    f"the result of '{producer}' could not be passed into '{self.stage}': "
+                    f"{_cause_text(cause)}"
+                ) from cause
+        failures = _failures(self.refs, self.ranks)
         if not failures:
             failures = [(self.ranks[0] if self.ranks else -1, err)]
         failures.sort(key=lambda f: (not isinstance(f[1], DEAD_ERRORS), f[0]))
@@ -141,6 +160,26 @@ class GroupFuture:
         raise WorkerCallError(self.stage, self._describe(rank), cause) from cause
 
 
+def _failures(refs: list[ObjectRef], ranks: list[int]) -> list[tuple[int, BaseException]]:
+    """(rank, error) of every finished ref that holds an error."""
+    failures: list[tuple[int, BaseException]] = []
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+    ready_ids = {r.hex() for r in ready}
+    for rank, ref in zip(ranks, refs, strict=True):
+        if ref.hex() not in ready_ids:
+            continue
+        try:
+            ray.get(ref, timeout=0)
+        except Exception as rank_err:  # noqa: BLE001
+            failures.append((rank, rank_err))
+    return failures
+
+
+def _cause_text(cause: BaseException) -> str:
+    inner = getattr(cause, "cause", None) or cause
+    return f"{type(inner).__name__}: {inner}"
+
+
 @ray.remote(num_cpus=0)
 def _collect_task(collect: CollectFn, state: Any, *outputs: Any) -> Any:
     return collect(list(outputs), state)
@@ -148,50 +187,93 @@ def _collect_task(collect: CollectFn, state: Any, *outputs: Any) -> Any:
 
 @ray.remote(num_cpus=0)
 def _rechunk_task(world_size: int, state: Any, *parts: Any) -> tuple:
-    """Concatenate and unpad `parts`, then pad and chunk for `world_size` ranks."""
-    merged = collect_dp(list(parts), state)
-    padded, pad = merged.pad_to_multiple(world_size)
+    """Concatenate and unpad DP_SPLIT `parts`, then pad and chunk for `world_size` ranks."""
+    return _dp_parts(collect_dp(list(parts), state), world_size)
+
+
+@ray.remote(num_cpus=0)
+def _dp_task(world_size: int, collect: CollectFn, state: Any, *outputs: Any) -> tuple:
+    """What DP_SPLIT makes of a collected value: chunks of a Batch, else the value for all."""
+    return _dp_parts(collect(list(outputs), state), world_size)
+
+
+def _dp_parts(value: Any, world_size: int) -> tuple:
+    if not is_batch(value):
+        return (None, *([value] * world_size))
+    padded, pad = value.pad_to_multiple(world_size)
     return (DPState(pad, len(padded)), *padded.chunk(world_size))
 
 
-def rechunk(future: GroupFuture, world_size: int) -> Chunks:
-    """Re-split a future's outputs into `world_size` chunks inside the cluster."""
-    state = future.state if future.split else None
-    parts = future.refs if future.split else [future.ref()]
-    out = _rechunk_task.options(num_returns=world_size + 1).remote(world_size, state, *parts)
-    return Chunks(list(out[1:]), state=out[0])
+@ray.remote(num_cpus=0)
+def _per_rank_task(
+    world_size: int, name: str, collect: CollectFn, state: Any, *outputs: Any
+) -> Any:
+    """What ALL_TO_ALL makes of a collected value: element i for rank i (it must be a list)."""
+    parts = all_to_all_parts(collect(list(outputs), state), world_size, name)
+    return parts[0] if world_size == 1 else tuple(parts)
 
 
-def _adapt_dp(future: GroupFuture, world_size: int) -> Chunks:
+def _adapt_dp(future: GroupFuture, world_size: int) -> tuple[Chunks, list]:
     if future.split and len(future.refs) == world_size:
-        return Chunks(list(future.refs), state=future.state)
-    return rechunk(future, world_size)
-
-
-def _adapt_per_rank(future: GroupFuture, world_size: int) -> Chunks:
-    if len(future.refs) != world_size:
-        raise ValueError(
-            f"ALL_TO_ALL got a future of '{future.stage}' with {len(future.refs)} parts for a "
-            f"world of {world_size}; pass futures from a group of the same size"
+        return Chunks(list(future.refs), state=future.state), []
+    if future.split:
+        state = future.state
+        out = _rechunk_task.options(num_returns=world_size + 1).remote(
+            world_size, state, *future.refs
         )
-    return Chunks(list(future.refs))
+    else:
+        out = _dp_task.options(num_returns=world_size + 1).remote(
+            world_size, future.collect, future.state, *future.refs
+        )
+    return Chunks(list(out[1:]), state=out[0]), [out[0]]
 
 
-def _adapt_whole(future: GroupFuture, world_size: int) -> ObjectRef:
-    return future.ref()
+def _adapt_per_rank(future: GroupFuture, world_size: int) -> tuple[Chunks, list]:
+    name = f"(the result of '{future.stage}')"
+    if future.collect is collect_list:  # a list of one output per called rank
+        all_to_all_parts(future.refs, world_size, name)  # the wrong length fails here
+        return Chunks(list(future.refs)), []
+    out = _per_rank_task.options(num_returns=world_size).remote(
+        world_size, name, future.collect, future.state, *future.refs
+    )
+    out = [out] if world_size == 1 else list(out)
+    return Chunks(out), [out[0]]
 
 
-_ADAPTERS: dict[str, Callable[[GroupFuture, int], Any]] = {
+def _adapt_whole(future: GroupFuture, world_size: int) -> tuple[ObjectRef, list]:
+    ref = future.ref()
+    return ref, ([] if ref in future.refs else [ref])
+
+
+_ADAPTERS: dict[str, Callable[[GroupFuture, int], tuple[Any, list]]] = {
     DP_SPLIT: _adapt_dp,
     ALL_TO_ALL: _adapt_per_rank,
 }
 
 
-def adapt_arguments(mode: DispatchMode, world_size: int, args: tuple, kwargs: dict) -> tuple:
-    """Replace GroupFuture arguments by what `mode` dispatches (refs, never fetched data)."""
-    adapter = mode.adapt_future or _ADAPTERS.get(mode.name, _adapt_whole)
+def adapt_arguments(
+    mode: DispatchMode, world_size: int, args: tuple, kwargs: dict
+) -> tuple[tuple, dict, list[GroupFuture], list[tuple[str, ObjectRef]]]:
+    """Replace GroupFuture arguments by what `mode` dispatches (refs, never fetched data).
+
+    Returns the new args and kwargs, the futures found, and (producer stage, ref) of
+    every adapter task started, so that their failures can be reported as theirs.
+    """
+    custom = mode.adapt_future
+    adapter = (
+        (lambda f, w: (custom(f, w), [])) if custom else _ADAPTERS.get(mode.name, _adapt_whole)
+    )
+    inputs: list[GroupFuture] = []
+    tasks: list[tuple[str, ObjectRef]] = []
 
     def adapt(value: Any) -> Any:
-        return adapter(value, world_size) if isinstance(value, GroupFuture) else value
+        if not isinstance(value, GroupFuture):
+            return value
+        inputs.append(value)
+        adapted, refs = adapter(value, world_size)
+        tasks.extend((value.stage, r) for r in refs)
+        return adapted
 
-    return tuple(adapt(a) for a in args), {k: adapt(v) for k, v in kwargs.items()}
+    new_args = tuple(adapt(a) for a in args)
+    new_kwargs = {k: adapt(v) for k, v in kwargs.items()}
+    return new_args, new_kwargs, inputs, tasks

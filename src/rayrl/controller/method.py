@@ -3,15 +3,21 @@
 `group.foo(x)` dispatches `x` over the ranks as `foo`'s `@register` contract says,
 calls every rank, and collects; `group.foo.remote(x)` (or `group.foo(x,
 blocking=False)`) returns a GroupFuture at once.
+
+An argument that goes whole to several ranks (ONE_TO_ALL, or a non-Batch argument of
+DP_SPLIT) is serialised once: above Ray's inline size it is `ray.put` once and every
+rank gets the same ref, instead of Ray pickling and storing a copy per rank.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Protocol
 
+import ray
 from ray import ObjectRef
 
-from rayrl.controller.dispatch import MethodSpec, collect_dp
+from rayrl.controller.dispatch import CallPlan, MethodSpec, collect_dp
 from rayrl.controller.errors import WorkerCallError, WorkerDescription
 from rayrl.controller.future import GroupFuture, adapt_arguments
 
@@ -49,8 +55,8 @@ class GroupMethod:
     def remote(self, *args: Any, **kwargs: Any) -> GroupFuture:
         """Start the call on every rank it dispatches to and return a GroupFuture."""
         owner, spec = self._owner, self.spec
-        args, kwargs = adapt_arguments(spec.mode, owner.world_size, args, kwargs)
-        plan = spec.mode.dispatch(owner.world_size, args, kwargs)
+        args, kwargs, inputs, adapters = adapt_arguments(spec.mode, owner.world_size, args, kwargs)
+        plan = share_broadcast(spec.mode.dispatch(owner.world_size, args, kwargs))
         refs = []
         for rank in plan.ranks:
             try:
@@ -68,6 +74,8 @@ class GroupMethod:
             stage=spec.name,
             describe=owner.describe,
             on_error=owner._note_error,
+            inputs=inputs,
+            adapters=adapters,
         )
 
 
@@ -80,3 +88,78 @@ def bind_methods(owner: Caller, specs: dict[str, MethodSpec], reserved: set[str]
                 f"its own '{name}'; rename the worker method"
             )
         setattr(owner, name, GroupMethod(owner, spec))
+
+
+# Ray inlines task arguments up to 100 KiB (max_direct_call_object_size); larger ones
+# are put in the object store once per call, so those are worth sharing.
+INLINE_BYTES = 100 * 1024
+
+
+def share_broadcast(plan: CallPlan) -> CallPlan:
+    """Put each large argument that several ranks get as the same object once."""
+    called = plan.ranks
+    if len(called) < 2:
+        return plan
+    shared: dict[int, Any] = {}
+
+    def share(value: Any) -> Any:
+        if id(value) not in shared:
+            shared[id(value)] = ray.put(value) if nbytes_at_least(value, INLINE_BYTES) else value
+        return shared[id(value)]
+
+    first_args, first_kwargs = plan.args[called[0]], plan.kwargs[called[0]] or {}
+    repeated = {
+        i for i, a in enumerate(first_args) if all(plan.args[r][i] is a for r in called[1:])
+    }
+    krepeated = {
+        k for k, v in first_kwargs.items() if all(plan.kwargs[r][k] is v for r in called[1:])
+    }
+    if not repeated and not krepeated:
+        return plan
+    args = list(plan.args)
+    kwargs = list(plan.kwargs)
+    for r in called:
+        args[r] = tuple(share(a) if i in repeated else a for i, a in enumerate(args[r]))
+        kwargs[r] = {k: share(v) if k in krepeated else v for k, v in (kwargs[r] or {}).items()}
+    return CallPlan(args, kwargs, plan.state)
+
+
+def nbytes_at_least(value: Any, limit: int, depth: int = 0) -> bool:
+    """Whether `value` takes at least `limit` bytes serialised, judged cheaply.
+
+    Buffers, arrays, tensors and Batches by their bytes; containers by their items
+    (up to a few levels and a thousand items); anything else by `sys.getsizeof`.
+    """
+    if isinstance(value, ObjectRef) or value is None or isinstance(value, (bool, int, float)):
+        return False
+    if isinstance(value, (bytes, bytearray, str)):
+        return len(value) >= limit
+    nbytes = getattr(value, "nbytes", None)
+    if isinstance(nbytes, int):
+        return nbytes >= limit
+    tensors = getattr(value, "tensors", None)
+    if isinstance(tensors, dict):  # a Batch
+        columns = list(tensors.values()) + list(getattr(value, "non_tensors", {}).values())
+        return _sum_at_least(columns, limit, depth)
+    if isinstance(value, dict):
+        return _sum_at_least(list(value.values()), limit, depth)
+    if isinstance(value, (list, tuple, set)):
+        return len(value) > 1000 or _sum_at_least(list(value), limit, depth)
+    return sys.getsizeof(value) >= limit
+
+
+def _sum_at_least(items: list, limit: int, depth: int) -> bool:
+    if depth >= 3 or len(items) > 1000:
+        return True
+    total = 0
+    for item in items:
+        nbytes = getattr(item, "nbytes", None)
+        if isinstance(nbytes, int):
+            total += nbytes
+        elif nbytes_at_least(item, limit - total, depth + 1):
+            return True
+        else:
+            total += 64
+        if total >= limit:
+            return True
+    return False
