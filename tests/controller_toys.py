@@ -10,6 +10,8 @@ import os
 import time
 from pathlib import Path
 
+import ray
+
 from rayrl.controller import (
     ALL_TO_ALL,
     DP_SPLIT,
@@ -20,6 +22,7 @@ from rayrl.controller import (
     register,
     register_dispatch_mode,
 )
+from rayrl.controller.worker import HEALTH_GROUP
 
 
 def _odd_ranks(world_size: int, args: tuple, kwargs: dict) -> CallPlan:
@@ -176,14 +179,33 @@ def summary(value):
 class Flaky(Worker):
     """init_worker fails on rank `bad_rank` the first `failures` times (counted in a file)."""
 
-    def init_worker(self, marker: str = "", bad_rank: int = -1, failures: int = 0) -> None:
+    def init_worker(
+        self, marker: str = "", bad_rank: int = -1, failures: int = 0, fail_on: tuple = ()
+    ) -> None:
+        """Fails on calls number 0..failures-1 of rank `bad_rank`, and on those in `fail_on`."""
         if self.rank != bad_rank:
             return
         path = Path(marker)
         seen = int(path.read_text()) if path.exists() else 0
         path.write_text(str(seen + 1))
-        if seen < failures:
+        if seen < failures or seen in fail_on:
             raise RuntimeError(f"init failure {seen + 1} of rank {self.rank} (pid {os.getpid()})")
+
+    @register(dispatch=ONE_TO_ALL)
+    def whoami(self) -> dict:
+        return {"rank": self.rank, "pid": os.getpid()}
+
+
+class SlowBeat(Worker):
+    """A worker whose heartbeat takes `beat_s`: alive but silent when that is long."""
+
+    def __init__(self, beat_s: float = 0.0) -> None:
+        self.beat_s = beat_s
+
+    @ray.method(concurrency_group=HEALTH_GROUP)
+    def heartbeat(self) -> dict:
+        time.sleep(self.beat_s)
+        return super().heartbeat()
 
     @register(dispatch=ONE_TO_ALL)
     def whoami(self) -> dict:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import ray.exceptions
 
@@ -116,3 +117,36 @@ class NoSpareBundleError(RuntimeError):
 class FutureArgumentError(ValueError):
     """A future passed into a group call could not be made into that call's arguments
     (e.g. ALL_TO_ALL got a value that is not a list with one element per rank)."""
+
+
+def timeout_text(
+    phase: str, stage: str, timeout_s: float, worker: WorkerDescription, state: str
+) -> str:
+    if phase != "create":
+        return f"'{stage}' did not finish within {timeout_s:.0f} s"
+    if worker.pid is not None:
+        return (
+            f"the actor process started (pid {worker.pid}, Ray state {state}) but its "
+            f"constructor did not return within {timeout_s:.0f} s"
+        )
+    return (
+        f"Ray did not start the actor within {timeout_s:.0f} s (Ray state {state or '?'}): "
+        "its bundle's resources may be held by another actor, or its runtime env is still "
+        "being set up"
+    )
+
+
+def failure_hint(phase: str, cause: Any, attempts: int) -> str:
+    tried = f"tried {attempts} times; " if attempts > 1 else ""
+    if phase == "create":
+        return tried + "read the worker log; check the bundle shape fits the node (rayrl plan)"
+    if isinstance(cause, DEAD_ERRORS):
+        return tried + "the worker process died during init; read the worker log (out of memory?)"
+    return (
+        tried + "read the traceback and the worker log; raise timeout_s or retries if init is slow"
+    )
+
+
+def short_error(err: Any) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"

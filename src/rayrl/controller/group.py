@@ -24,9 +24,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import time
+import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, overload
 
 import ray
@@ -42,10 +42,14 @@ from rayrl.controller.errors import (
     WorkerDescription,
     WorkerError,
     WorkerInitError,
+    failure_hint,
+    short_error,
+    timeout_text,
 )
 from rayrl.controller.future import GroupFuture
-from rayrl.controller.health import HealthReport, Replacement
+from rayrl.controller.health import HealthReport, Replacement, check_group
 from rayrl.controller.method import bind_methods
+from rayrl.controller.waiting import wait_all
 from rayrl.controller.worker import HEALTH_GROUP, Worker, WorkerContext, find_log_file
 
 logger = logging.getLogger("rayrl.controller")
@@ -109,6 +113,9 @@ class WorkerGroup:
         self.dist_timeout_s = 60.0
         self._init_kwargs: dict | None = None
         self.dead: set[int] = set()
+        # Guards `actors` between the driver and a HealthMonitor thread.
+        self.lock = threading.RLock()
+        self._replacing: set[int] = set()
         self._actor_cls = ray.remote(concurrency_groups={HEALTH_GROUP: 1})(worker_cls)
         self.specs = method_specs(worker_cls)
         bind_methods(self, self.specs, reserved=set(dir(WorkerGroup)) | set(vars(self)))
@@ -168,12 +175,14 @@ class WorkerGroup:
         if self._runtime_env:
             options["runtime_env"] = self._runtime_env
         args, kwargs = self._ctor
-        self.actors[rank] = self._actor_cls.options(**options).remote(*args, **kwargs)
+        actor = self._actor_cls.options(**options).remote(*args, **kwargs)
+        with self.lock:
+            self.actors[rank] = actor
         self.infos[rank] = {"node_id": bundle.node_id}
         return self.actors[rank]._rayrl_setup.remote(self._context(rank))
 
     def _collect_setup(self, pending: dict[int, ObjectRef], timeout_s: float) -> dict:
-        results, failures = _wait_all(pending, timeout_s)
+        results, failures = wait_all(pending, timeout_s)
         for rank, info in results.items():
             self.infos[rank] = info
         return failures
@@ -209,7 +218,7 @@ class WorkerGroup:
             r: self.actor_handle(r, "init_worker")._rayrl_init.remote(init_kwargs)
             for r in range(self.world_size)
         }
-        results, failures = _wait_all(pending, timeout_s)
+        results, failures = wait_all(pending, timeout_s)
         for rank, info in results.items():
             self.infos[rank] = info
         attempt = 0
@@ -222,7 +231,7 @@ class WorkerGroup:
                     rank,
                     attempt,
                     retries + 1,
-                    _short(err),
+                    short_error(err),
                 )
             failures = self._restart(sorted(failures), timeout_s)
         if failures:
@@ -236,13 +245,28 @@ class WorkerGroup:
 
     def _restart(self, ranks: list[int], timeout_s: float) -> dict:
         """Kill, recreate, set up and init `ranks` in their bundles; returns failures."""
+        with self.replacing(ranks):
+            return self._recreate(ranks, timeout_s)
+
+    @contextlib.contextmanager
+    def replacing(self, ranks: Sequence[int]) -> Iterator[None]:
+        """Mark `ranks` as being replaced (health checks skip them) while the block runs."""
+        with self.lock:
+            self._replacing.update(ranks)
+        try:
+            yield
+        finally:
+            with self.lock:
+                self._replacing.difference_update(ranks)
+
+    def _recreate(self, ranks: list[int], timeout_s: float) -> dict:
         for rank in ranks:
             self._kill(rank)
         pending = {rank: self._spawn(rank) for rank in ranks}
         failures = self._collect_setup(pending, timeout_s)
         ok = [r for r in ranks if r not in failures]
         pending = {r: self.actors[r]._rayrl_init.remote(self._init_kwargs or {}) for r in ok}
-        results, init_failures = _wait_all(pending, timeout_s)
+        results, init_failures = wait_all(pending, timeout_s)
         for rank, info in results.items():
             self.infos[rank] = info
         return {**failures, **init_failures}
@@ -254,7 +278,7 @@ class WorkerGroup:
             r: self.actors[r]._rayrl_reform.remote(self._context(r), self.backend, timeout)
             for r in range(self.world_size)
         }
-        results, failures = _wait_all(pending, timeout + 10.0)
+        results, failures = wait_all(pending, timeout + 10.0)
         for rank, info in results.items():
             self.infos[rank] = info
         if failures:
@@ -314,7 +338,7 @@ class WorkerGroup:
     def _note_error(self, rank: int, err: BaseException) -> None:
         if isinstance(err, DEAD_ERRORS):
             self.dead.add(rank)
-            logger.warning("%s rank %d is dead: %s", self.name, rank, _short(err))
+            logger.warning("%s rank %d is dead: %s", self.name, rank, short_error(err))
 
     @staticmethod
     def ray_get(future: GroupFuture, timeout: float | None = None) -> Any:
@@ -338,20 +362,11 @@ class WorkerGroup:
     # --- health and replacement ---------------------------------------------------------
 
     def check_health(self, timeout_s: float = 5.0) -> HealthReport:
-        """Heartbeat every rank; ranks that died or stay silent `timeout_s` are reported."""
-        pending = {r: a.heartbeat.remote() for r, a in enumerate(self.actors) if a is not None}
-        results, failures = _wait_all(pending, timeout_s)
-        report = HealthReport(alive=sorted(results), heartbeats=results)
-        for rank, err in failures.items():
-            if isinstance(err, DEAD_ERRORS):
-                report.dead[rank] = _short(err)
-                self.dead.add(rank)
-            else:
-                report.unresponsive[rank] = _short(err)
-        for rank in range(self.world_size):
-            if self.actors[rank] is None:
-                report.dead[rank] = "never created or killed"
-        return report
+        """Heartbeat every rank; ranks that died or stay silent `timeout_s` are reported.
+
+        Ranks being replaced, or replaced while the check ran, are listed as
+        `replacing`, never as failed: a check racing `replace` raises no false alarm."""
+        return check_group(self, timeout_s)
 
     @overload
     def replace(self, rank: int, timeout_s: float = ..., retries: int = ...) -> Replacement: ...
@@ -380,8 +395,9 @@ class WorkerGroup:
     # --- teardown -----------------------------------------------------------------------
 
     def _kill(self, rank: int) -> None:
-        actor = self.actors[rank]
-        self.actors[rank] = None
+        with self.lock:
+            actor = self.actors[rank]
+            self.actors[rank] = None
         if actor is not None:
             with contextlib.suppress(Exception):  # already gone is fine
                 ray.kill(actor, no_restart=True)
@@ -421,9 +437,9 @@ class WorkerGroup:
         worker = self.describe(rank)
         if isinstance(cause, TimeoutError) and not isinstance(cause, ray.exceptions.RayError):
             worker, state = self._probe(rank, worker)
-            cause = _timeout_text(error.phase, stage, timeout_s, worker, state)
+            cause = timeout_text(error.phase, stage, timeout_s, worker, state)
         others = sorted(set(failures) - {rank})
-        hint = _hint(error.phase, cause, attempts)
+        hint = failure_hint(error.phase, cause, attempts)
         if others:
             hint += f"; ranks {others} failed too"
         exc = error(stage, worker, cause, hint)
@@ -449,60 +465,3 @@ class WorkerGroup:
                 worker, pid=pid, node_id=node, log_file=worker.log_file or find_log_file(pid)
             )
         return worker, row["state"]
-
-
-def _wait_all(pending: dict[int, ObjectRef], timeout_s: float) -> tuple[dict, dict]:
-    """Wait for every ref up to `timeout_s`; returns (results, failures) by rank.
-
-    A failure is the exception the ref raised, or a TimeoutError if it was not ready.
-    """
-    results: dict[int, Any] = {}
-    failures: dict[int, BaseException] = {}
-    if not pending:
-        return results, failures
-    refs = list(pending.values())
-    deadline = time.monotonic() + timeout_s
-    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s, fetch_local=False)
-    ready_ids = {r.hex() for r in ready}
-    for rank, ref in pending.items():
-        if ref.hex() not in ready_ids:
-            failures[rank] = TimeoutError(f"no answer within {timeout_s:.0f} s")
-            continue
-        try:
-            results[rank] = ray.get(ref, timeout=max(1.0, deadline - time.monotonic()))
-        except Exception as err:  # noqa: BLE001 - reported per rank by the caller
-            failures[rank] = err
-    return results, failures
-
-
-def _timeout_text(
-    phase: str, stage: str, timeout_s: float, worker: WorkerDescription, state: str
-) -> str:
-    if phase != "create":
-        return f"'{stage}' did not finish within {timeout_s:.0f} s"
-    if worker.pid is not None:
-        return (
-            f"the actor process started (pid {worker.pid}, Ray state {state}) but its "
-            f"constructor did not return within {timeout_s:.0f} s"
-        )
-    return (
-        f"Ray did not start the actor within {timeout_s:.0f} s (Ray state {state or '?'}): "
-        "its bundle's resources may be held by another actor, or its runtime env is still "
-        "being set up"
-    )
-
-
-def _hint(phase: str, cause: Any, attempts: int) -> str:
-    tried = f"tried {attempts} times; " if attempts > 1 else ""
-    if phase == "create":
-        return tried + "read the worker log; check the bundle shape fits the node (rayrl plan)"
-    if isinstance(cause, DEAD_ERRORS):
-        return tried + "the worker process died during init; read the worker log (out of memory?)"
-    return (
-        tried + "read the traceback and the worker log; raise timeout_s or retries if init is slow"
-    )
-
-
-def _short(err: Any) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0] if text else ''}"

@@ -15,6 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rayrl.controller.errors import DEAD_ERRORS, short_error
+from rayrl.controller.waiting import wait_all
+
 logger = logging.getLogger("rayrl.controller")
 
 
@@ -24,12 +27,14 @@ class TopologyChangedWarning(UserWarning):
 
 @dataclass
 class HealthReport:
-    """Result of one health check: ranks alive, dead (process gone), or silent (no answer)."""
+    """Result of one health check: ranks alive, dead (process gone), silent (no answer),
+    or being replaced (skipped: their old process is expected to go)."""
 
     alive: list[int] = field(default_factory=list)
     dead: dict[int, str] = field(default_factory=dict)
     unresponsive: dict[int, str] = field(default_factory=dict)
     heartbeats: dict[int, dict] = field(default_factory=dict)
+    replacing: list[int] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -68,6 +73,38 @@ class Replacement:
     def moved(self) -> bool:
         """Whether the worker now runs on another node (the topology changed)."""
         return self.old_node != self.new_node
+
+
+def check_group(group: Any, timeout_s: float) -> HealthReport:
+    """Heartbeat every rank of `group` (see WorkerGroup.check_health).
+
+    The actors are read under the group's lock; a rank whose actor was swapped while
+    the heartbeats were out, or that is being replaced, is reported as `replacing`.
+    """
+    with group.lock:
+        asked = {
+            r: a for r, a in enumerate(group.actors) if a is not None and r not in group._replacing
+        }
+        missing = [r for r, a in enumerate(group.actors) if a is None and r not in group._replacing]
+        busy = set(group._replacing)
+    results, failures = wait_all({r: a.heartbeat.remote() for r, a in asked.items()}, timeout_s)
+    with group.lock:
+        swapped = {r for r, a in asked.items() if group.actors[r] is not a or r in group._replacing}
+        missing = [r for r in missing if group.actors[r] is None and r not in group._replacing]
+        report = HealthReport(replacing=sorted(busy | swapped))
+        for rank, err in failures.items():
+            if rank in swapped:
+                continue
+            if isinstance(err, DEAD_ERRORS):
+                report.dead[rank] = short_error(err)
+                group.dead.add(rank)
+            else:
+                report.unresponsive[rank] = short_error(err)
+    report.heartbeats = {r: beat for r, beat in results.items() if r not in swapped}
+    report.alive = sorted(report.heartbeats)
+    for rank in missing:
+        report.dead[rank] = "never created or killed"
+    return report
 
 
 class HealthMonitor:

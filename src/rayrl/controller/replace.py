@@ -57,6 +57,11 @@ def replace_ranks(
         raise IndexError(
             f"{group.name} has ranks 0..{group.world_size - 1}; cannot replace {bad or ranks}"
         )
+    with group.replacing(ranks):  # health checks skip these ranks meanwhile
+        return _replace(group, ranks, timeout_s, retries)
+
+
+def _replace(group: Any, ranks: list[int], timeout_s: float, retries: int) -> list[Replacement]:
     old = {r: group.describe(r) for r in ranks}
     spare = {r: _pick_bundle(group, r) for r in ranks}
     failures = group._restart(ranks, timeout_s)
