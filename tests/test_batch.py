@@ -377,15 +377,20 @@ def test_pickled_slice_carries_only_its_rows():
     assert one < whole / 50
 
 
-def test_out_of_band_buffers_are_copied_when_read_only():
+def test_read_only_buffers_are_shared_and_writable_copies_them():
     b = make(4)
     buffers: list[pickle.PickleBuffer] = []
     data = pickle.dumps(b, protocol=5, buffer_callback=buffers.append)
     assert len(buffers) == 4  # one per tensor, plus the str column's Arrow offsets and data
     frozen = [bytes(buf.raw()) for buf in buffers]  # read-only, like Ray's store
     out = pickle.loads(data, buffers=frozen)
-    out["ids"].add_(1)  # must not fail or touch the buffers
-    assert out["ids"].tolist() == (b["ids"] + 1).tolist()
+    assert out.equals(b)
+    assert any(
+        np.frombuffer(f, dtype=np.uint8).ctypes.data == out["ids"].data_ptr() for f in frozen
+    )  # a view of the buffer it arrived in, not a copy
+    private = out.writable()
+    private["ids"].add_(1)  # a private copy: the buffers are untouched
+    assert private["ids"].tolist() == (b["ids"] + 1).tolist()
     assert pickle.loads(data, buffers=frozen).equals(b)
 
 

@@ -58,8 +58,9 @@ class Echo:
         return batch
 
     def bump(self, batch: Batch) -> Batch:
+        batch = batch.writable()  # received tensors share the object store's memory
         for t in batch.tensors.values():
-            t.fill_(7)  # received tensors must be writable
+            t.fill_(7)
         batch["seen"] = [True] * len(batch)
         return batch
 
@@ -74,9 +75,19 @@ def test_put_get_round_trip(ray_local, kind):
     out = ray.get(ref)
     assert out.equals(batch)
     assert all(t.is_contiguous() for t in out.tensors.values())
-    for t in out.tensors.values():
-        t.fill_(7)  # writable, and a private copy: the stored object is unchanged
-    assert ray.get(ref).equals(batch)
+    private = out.writable()
+    for t in private.tensors.values():
+        t.fill_(7)  # a private copy: the stored object is unchanged
+    assert ray.get(ref).equals(batch) and out.equals(batch)
+
+
+def test_tensors_out_of_the_object_store_are_views_not_copies(ray_local):
+    batch = _sample("large")
+    ref = ray.put(batch)
+    first, second = ray.get(ref), ray.get(ref)
+    # Both gets read the same shared memory: no copy was made on the way out.
+    assert first["input_ids"].data_ptr() == second["input_ids"].data_ptr()
+    assert first.writable()["input_ids"].data_ptr() != first["input_ids"].data_ptr()
 
 
 def test_actor_argument_and_return(ray_local):

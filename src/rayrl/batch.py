@@ -8,8 +8,9 @@ column at once and return views where that is cheap.
 
 Pickling is built for Ray's object store (see `rayrl.batch_codec`): each tensor
 travels as one contiguous out-of-band byte buffer, a slice ships only its own rows,
-a column of strings travels as one Arrow buffer. Tensors always arrive on CPU, as
-private writable copies when they came out of Ray's shared store.
+a column of strings travels as one Arrow buffer. Tensors always arrive on CPU; out of
+Ray's object store they are views of its shared, read-only memory (no copy, as numpy
+arrays from `ray.get` are): do not write them in place; `writable()` copies them.
 """
 
 from __future__ import annotations
@@ -288,6 +289,15 @@ class Batch:
         """A Batch with every tensor on `device`; non-tensor columns are shared."""
         tensors = {k: v.to(device, non_blocking=non_blocking) for k, v in self.tensors.items()}
         return _make(tensors, dict(self.non_tensors), dict(self.meta))
+
+    def writable(self) -> Batch:
+        """A copy with private tensors and arrays, safe to write in place (those read from
+        Ray's object store share its read-only memory)."""
+        return _make(
+            {k: v.clone() for k, v in self.tensors.items()},
+            {k: v.copy() for k, v in self.non_tensors.items()},
+            dict(self.meta),
+        )
 
     def equals(self, other: object) -> bool:
         """True when both have the same columns, equal values (NaN equals NaN) and meta."""

@@ -5,10 +5,17 @@ protocol 5 (and so Ray) ships out-of-band without `torch.save`; a slice ships on
 its own rows. A 1-D column of str/None becomes one Arrow string array (offsets plus
 UTF-8 data, also out-of-band), which Ray moves and decodes faster than one pickled
 object per row. Any other column is pickled as it is.
+
+On the way back a tensor is a view of the bytes it arrived in, never a copy: from
+Ray's object store that is shared, read-only memory, as numpy arrays from `ray.get`
+are. Such a tensor must not be written in place (Ray's numpy arrays refuse it; torch
+cannot): other readers of the object on the node, and later gets of it, would see
+the write. `Batch.writable()` gives private copies where a worker needs them.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -24,18 +31,22 @@ def encode_tensor(t: torch.Tensor) -> tuple[torch.dtype, tuple[int, ...], np.nda
 
 
 def decode_tensor(dtype: torch.dtype, shape: tuple[int, ...], data: np.ndarray) -> torch.Tensor:
-    """Rebuild a CPU tensor from `encode_tensor`'s output.
+    """Rebuild a CPU tensor from `encode_tensor`'s output, sharing its buffer.
 
-    The buffer is shared when it is writable and aligned for the dtype (an ordinary
-    pickle made it for us alone); it is copied when read-only (Ray's object store,
-    which other readers share) or misaligned.
+    The buffer is copied only when it is misaligned for the dtype. A read-only buffer
+    (Ray's object store) is shared too: see the module docstring.
     """
     itemsize = torch.empty((), dtype=dtype).element_size()
-    if data.flags.writeable and data.ctypes.data % itemsize == 0:
-        return torch.from_numpy(data).view(dtype).reshape(shape)
+    if data.ctypes.data % itemsize == 0:
+        if data.flags.writeable:
+            return torch.from_numpy(data).view(dtype).reshape(shape)
+        with warnings.catch_warnings():  # torch warns that the array is read-only
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.from_numpy(data).view(dtype).reshape(shape)
     out = torch.empty(shape, dtype=dtype)
     np.copyto(out.reshape(-1).view(torch.uint8).numpy(), data)
     return out
+
 
 
 def encode_objects(column: np.ndarray) -> tuple[str, Any]:
