@@ -7,12 +7,14 @@ import time
 import warnings
 
 import pytest
+import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 
 from rayrl.cluster.fit import pack, pool_units
 from rayrl.cluster.guard import (
     CpuOversubscribed,
     ResourcesBusy,
+    ResourcesUnsatisfiable,
     assess,
     check,
     render_plan,
@@ -190,3 +192,69 @@ def test_cpu_oversubscription_warns(ray_local):
         warnings.simplefilter("error", CpuOversubscribed)
         check([light], timeout_s=10)
     assert "OVER-SUBSCRIBED" in render_text(render_plan([heavy], snapshot()))
+
+
+# -- holders outside placement groups, autoscaling ---------------------------------
+
+AUTOSCALER = {"source": "test", "node_types": [], "max_resources": {}}
+
+
+@ray.remote(num_gpus=4, num_cpus=0)
+class GpuHog:
+    def ready(self) -> bool:
+        return True
+
+
+def test_busy_report_names_actors_outside_placement_groups(ray_local):
+    hog = GpuHog.options(name="gpu-hog").remote()
+    ray.get(hog.ready.remote(), timeout=60)
+    try:
+        with pytest.raises(ResourcesBusy) as err:
+            check([PoolSpec("rollout", [1], GPU)], timeout_s=0.5, poll_s=0.1)
+        table = err.value.table
+        assert "Holders outside placement groups" in table, table
+        assert "actor gpu-hog (GpuHog)" in table and "GPU 4" in table, table
+    finally:
+        ray.kill(hog)
+
+
+def test_with_an_autoscaler_never_becomes_a_bounded_wait_naming_the_request(ray_local):
+    big = [PoolSpec("huge", [1], {"CPU": 9.0})]  # the one node has 8 CPUs
+    assert assess(big, snapshot()).status == "never"
+    start = time.monotonic()
+    with pytest.raises(ResourcesUnsatisfiable) as err:
+        check(big, timeout_s=1.0, poll_s=0.2, autoscaler=AUTOSCALER)
+    assert 0.9 <= time.monotonic() - start < 8
+    text = str(err.value)
+    assert "autoscaler added no room" in text and "asked for: 1 x {CPU 9}" in text, text
+    # Node types that can never hold the bundle: no point waiting.
+    small = {**AUTOSCALER, "node_types": [{"name": "w", "resources": {"CPU": 4.0}, "max_count": 10}]}
+    start = time.monotonic()
+    with pytest.raises(ResourcesUnsatisfiable, match="no node type the autoscaler may add"):
+        check(big, timeout_s=30, autoscaler=small)
+    assert time.monotonic() - start < 5
+
+
+@pytest.mark.slow
+def test_autoscaling_wait_ends_when_a_node_joins(ray_multinode):
+    cluster = ray_multinode([{"num_cpus": 1}])
+    pools = [PoolSpec("wide", [1], {"CPU": 3.0})]
+    found: dict = {}
+
+    def guard() -> None:
+        try:
+            found["verdict"] = check(pools, timeout_s=60, poll_s=0.2, autoscaler=AUTOSCALER)
+        except Exception as err:  # noqa: BLE001 - reported below
+            found["error"] = err
+
+    waiting = threading.Thread(target=guard)
+    start = time.monotonic()
+    waiting.start()
+    time.sleep(1.0)
+    assert waiting.is_alive(), found  # "never" on these nodes became a wait
+    cluster.add_node(num_cpus=4)  # Ray starts nodes from the main thread only
+    waiting.join(timeout=60)
+    verdict = found.get("verdict")
+    assert verdict is not None and verdict.status == "fits", found
+    assert time.monotonic() - start >= 1.0
+    assert verdict.cluster.node(verdict.nodes_for("wide")[0]).total["CPU"] == 4.0  # the new node

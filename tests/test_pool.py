@@ -10,10 +10,12 @@ import time
 
 import pytest
 import ray
+from ray.util.placement_group import placement_group, remove_placement_group
 
+from rayrl.cluster import ray_private
 from rayrl.cluster.guard import ResourcesBusy, ResourcesUnsatisfiable, assess
 from rayrl.cluster.inspect import snapshot
-from rayrl.cluster.pool import PoolSpec, ResourcePool
+from rayrl.cluster.pool import PoolSpec, ResourcePool, reserve_pools
 
 GPU = {"GPU": 1.0, "CPU": 1.0}
 
@@ -98,8 +100,6 @@ def test_other_strategies(ray_local):
 
 def test_placement_timeout_removes_groups_and_raises(ray_local, monkeypatch):
     """Resources taken between the fit check and the reservation: bounded wait, clean error."""
-    from ray.util.placement_group import placement_group, remove_placement_group
-
     from rayrl.cluster import pool as pool_module
 
     spec = PoolSpec("late", [1], GPU)
@@ -122,11 +122,31 @@ def test_placement_timeout_removes_groups_and_raises(ray_local, monkeypatch):
         remove_placement_group(holder)
 
 
+def test_a_runs_pools_are_checked_together_and_none_is_held_alone(ray_local):
+    holder = placement_group([{"GPU": 3.0}], name="rayrl/other/three")
+    assert holder.wait(10)
+    try:
+        fits = PoolSpec("actor", [1], GPU)  # 1 of the 4 GPUs: fits alone
+        blocked = PoolSpec("critic", [1], GPU)  # a second GPU: held by the holder
+        with pytest.raises(ResourcesBusy) as err:
+            reserve_pools([fits, blocked], run="together", timeout_s=1.0)
+        assert "'actor', 'critic'" in str(err.value)
+        ever = [g["name"] for g in ray_private.placement_groups()]  # removed ones included
+        assert not [n for n in ever if n.startswith("rayrl/together/")], ever
+    finally:
+        remove_placement_group(holder)
+    pools = reserve_pools([fits, blocked], run="together", timeout_s=20)
+    assert [len(p.bundles) for p in pools] == [1, 1]
+    for pool in pools:
+        pool.teardown()
+
+
 DRIVER = """
 import logging, os, sys, time
 import ray
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-from rayrl.cluster.pool import PoolSpec, ResourcePool
+from rayrl.cluster import ray_private
+from rayrl.cluster.pool import PoolSpec, ResourcePool, reserve_pools
 ray.init(address=sys.argv[1], log_to_driver=False)
 pool = ResourcePool(PoolSpec("gen", [1], {"GPU": 1, "CPU": 1}), run=sys.argv[2])
 pool.bootstrap(timeout_s=30)

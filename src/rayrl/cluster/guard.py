@@ -2,14 +2,23 @@
 
 `assess` compares the demand of every pool (per-node groups for STRICT_PACK, distinct
 nodes for STRICT_SPREAD, any node for PACK/SPREAD and spares) with each live node, and
-gives one of three verdicts:
+gives one of four verdicts:
 
 * fits   - the free resources hold it now: reserve;
-* never  - even the nodes' totals cannot hold it: `check` raises ResourcesUnsatisfiable
-           at once, with the demand and per-node total/free tables;
+* never  - even the nodes' totals cannot hold it, and no autoscaler can add nodes that
+           would: `check` raises ResourcesUnsatisfiable at once, with the demand and
+           per-node total/free tables;
+* scale  - the current nodes cannot hold it but the cluster has an autoscaler (and the
+           node types it may add, when it says which, could): `check` asks it for the
+           bundles (`ray.autoscaler.sdk.request_resources`) and waits up to its timeout
+           for nodes, saying what it requested, then raises ResourcesUnsatisfiable;
 * busy   - it fits the totals but others hold resources: `check` waits up to its
-           timeout, logging who holds what (stale groups of finished jobs flagged),
-           then raises ResourcesBusy with those tables.
+           timeout, logging who holds what (placement groups, stale ones of finished
+           jobs flagged, actors outside groups, and what tasks hold), then raises
+           ResourcesBusy with those tables.
+
+Check every pool of a run in one call (`check(all_pools)`, as `reserve_pools` does):
+pools checked one by one could hold the first while the second waits or fails.
 
 It also warns when the CPUs workers really use (`loader_workers + 1` each) exceed a
 node's CPUs. `render_plan` shows all of this for `rayrl plan`.
@@ -31,7 +40,14 @@ from rich.text import Text
 from rayrl.cluster.fit import Unit, aggregate_shortfall, holds, pack, pool_units
 from rayrl.cluster.inspect import ClusterState, short_id, snapshot
 from rayrl.cluster.spec import PoolSpec, format_amount
-from rayrl.cluster.tables import groups_table, holder_line, nodes_table, render_text, resource_names
+from rayrl.cluster.tables import (
+    groups_table,
+    holder_line,
+    loose_holders_table,
+    nodes_table,
+    render_text,
+    resource_names,
+)
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +122,11 @@ def demand(pools: Sequence[PoolSpec]) -> list[Unit]:
 
 
 def assess(pools: Sequence[PoolSpec], cluster: ClusterState) -> Verdict:
-    """Compare the pools' demand with the cluster's totals and free resources, no waiting."""
+    """Compare the pools' demand with the cluster's totals and free resources, no waiting.
+
+    A demand the nodes' totals can never hold is "scale" rather than "never" when
+    `cluster.autoscaler` is set and the node types it may add could hold it.
+    """
     units = demand(pools)
     now = pack(units, cluster.free)
     if now.fits:
@@ -123,7 +143,41 @@ def assess(pools: Sequence[PoolSpec], cluster: ClusterState) -> Verdict:
     if ever.exhausted or now.exhausted:
         reason = "the fit search gave up (too many nodes and groups to try); treating it as held"
         return Verdict("busy", units, None, reason, cluster)
-    return Verdict("never", units, None, _never_reason(pools, units, cluster), cluster)
+    reason = _never_reason(pools, units, cluster)
+    if cluster.autoscaler is not None:
+        beyond = _beyond_autoscaler(units, cluster.autoscaler)
+        if beyond is None:
+            why = f"the current nodes cannot hold it ({reason}); the autoscaler may add nodes"
+            return Verdict("scale", units, None, why, cluster)
+        reason = f"{reason}; {beyond}"
+    return Verdict("never", units, None, reason, cluster)
+
+
+def _beyond_autoscaler(units: list[Unit], autoscaler: dict) -> str | None:
+    """Why the nodes the autoscaler may add could not hold the demand; None if they could
+    (or if it does not say which node types it has)."""
+    types = [t for t in autoscaler.get("node_types", []) if t.get("max_count", 0) != 0]
+    if not types:
+        return None
+    for unit in units:
+        if not any(holds(t["resources"], unit.need) for t in types):
+            return (
+                f"no node type the autoscaler may add holds {unit.count} x {dict(unit.shape)} "
+                f"of pool {unit.pool!r}"
+            )
+    limits = autoscaler.get("max_resources") or {}
+    for k, v in _totals(units).items():
+        if k in limits and limits[k] + 1e-6 < v:
+            return f"the autoscaler's max_resources allow {k} {limits[k]:g} and the pools need {v:g}"
+    return None
+
+
+def _totals(units: Sequence[Unit]) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for unit in units:
+        for k, v in unit.need.items():
+            totals[k] = totals.get(k, 0.0) + v
+    return totals
 
 
 def _never_reason(pools: Sequence[PoolSpec], units: list[Unit], cluster: ClusterState) -> str:
@@ -160,50 +214,127 @@ def check(
     *,
     poll_s: float = 0.5,
     log_every_s: float = 10.0,
+    autoscaler: dict | None | bool = True,
 ) -> Verdict:
-    """Return a "fits" verdict, waiting at most `timeout_s` for held resources.
+    """Return a "fits" verdict, waiting at most `timeout_s` for held resources or for
+    nodes an autoscaler adds.
 
-    Raises ResourcesUnsatisfiable at once when the pools can never fit, and
-    ResourcesBusy when they still do not fit after `timeout_s`. Warns (CpuOversubscribed)
-    when workers' CPU use exceeds a node's CPUs.
+    Raises ResourcesUnsatisfiable at once when the pools can never fit (and at the
+    timeout when the autoscaler added no room), ResourcesBusy when they still do not
+    fit after `timeout_s`. Warns (CpuOversubscribed) when workers' CPU use exceeds a
+    node's CPUs. `autoscaler`: True to detect one from the GCS, None for none, or what
+    `ray_private.autoscaler()` returns, to decide as if the cluster had that one.
     """
     names = ", ".join(repr(p.name) for p in pools)
     deadline = time.monotonic() + max(0.0, timeout_s)
-    verdict = assess(pools, snapshot())
+    look = _looker(autoscaler)
+    verdict = assess(pools, look())
     last_log: float | None = None
-    while verdict.status != "fits":
-        if verdict.status == "never":
-            raise ResourcesUnsatisfiable(
-                f"pools {names} can never fit this cluster: {verdict.reason}.",
-                describe(pools, verdict, holders=False),
-            )
-        now = time.monotonic()
-        if now >= deadline:
-            raise ResourcesBusy(
-                f"pools {names} {verdict.reason}; still held after waiting {timeout_s:g}s. "
-                "Free the holders below (`rayrl doctor --cleanup` removes stale rayrl groups) "
-                "or raise resources.wait_timeout_s.",
-                describe(pools, verdict, holders=True),
-            )
-        if last_log is None or now - last_log >= log_every_s:
-            log.warning(_waiting_message(names, verdict, deadline - now))
-            last_log = now
-        time.sleep(min(poll_s, max(0.0, deadline - now)))
-        verdict = assess(pools, snapshot())
+    requested = False
+    try:
+        while verdict.status != "fits":
+            now = time.monotonic()
+            _raise_if_hopeless(pools, names, verdict, now >= deadline, timeout_s)
+            if verdict.status == "scale" and not requested:
+                request_scale_up(verdict.units)
+                requested = True
+            if last_log is None or now - last_log >= log_every_s:
+                log.warning(_waiting_message(names, verdict, deadline - now))
+                last_log = now
+            time.sleep(min(poll_s, max(0.0, deadline - now)))
+            verdict = assess(pools, look())
+    finally:
+        if requested:
+            request_scale_up([])
     for message in cpu_warnings(pools, verdict):
         log.warning(message)
         warnings.warn(message, CpuOversubscribed, stacklevel=2)
     return verdict
 
 
+def _looker(autoscaler: dict | None | bool):
+    """A snapshot function that sets the cluster's autoscaler as `check` was told."""
+
+    def look() -> ClusterState:
+        state = snapshot()
+        if autoscaler is not True:
+            state.autoscaler = autoscaler or None
+        return state
+
+    return look
+
+
+def _raise_if_hopeless(
+    pools: Sequence[PoolSpec], names: str, verdict: Verdict, late: bool, timeout_s: float
+) -> None:
+    if verdict.status == "never":
+        raise ResourcesUnsatisfiable(
+            f"pools {names} can never fit this cluster: {verdict.reason}.",
+            describe(pools, verdict, holders=False),
+        )
+    if late and verdict.status == "scale":
+        raise ResourcesUnsatisfiable(
+            f"pools {names} do not fit this cluster and the autoscaler added no room for "
+            f"them within {timeout_s:g}s (asked for: {requested_text(verdict.units)}): "
+            f"{verdict.reason}. Check the autoscaler's node types and limits "
+            "(`ray status`), or raise resources.wait_timeout_s for a slow scale-up.",
+            describe(pools, verdict, holders=False),
+        )
+    if late:
+        raise ResourcesBusy(
+            f"pools {names} {verdict.reason}; still held after waiting {timeout_s:g}s. "
+            "Free the holders below (`rayrl doctor --cleanup` removes stale rayrl groups) "
+            "or raise resources.wait_timeout_s.",
+            describe(pools, verdict, holders=True),
+        )
+
+
+def request_scale_up(units: Sequence[Unit]) -> None:
+    """Ask the autoscaler for room for `units` (one bundle per unit); [] withdraws it."""
+    from ray.autoscaler.sdk import request_resources
+
+    request_resources(bundles=[u.need for u in units])
+
+
+def requested_text(units: Sequence[Unit]) -> str:
+    """What a scale-up request asks for, e.g. '2 x {GPU 8, CPU 16}, 1 x {CPU 1}'."""
+    counts: dict[str, int] = {}
+    for unit in units:
+        shape = ", ".join(f"{k} {format_amount(k, v)}" for k, v in sorted(unit.need.items()))
+        counts["{" + shape + "}"] = counts.get("{" + shape + "}", 0) + 1
+    return ", ".join(f"{n} x {shape}" for shape, n in counts.items())
+
+
 def _waiting_message(names: str, verdict: Verdict, left_s: float) -> str:
-    holders = [holder_line(g) for g in verdict.cluster.groups] or [
-        "no placement groups (tasks or actors hold them)"
+    if verdict.status == "scale":
+        return (
+            f"pools {names}: {verdict.reason}; asked the autoscaler for "
+            f"{requested_text(verdict.units)} and waiting up to {left_s:.0f}s for nodes."
+        )
+    cluster = verdict.cluster
+    holders = [holder_line(g) for g in cluster.groups]
+    holders += [loose_holder_line(a) for a in cluster.loose_actors()]
+    holders += [
+        f"tasks (or others the GCS does not name) hold {_shape(held)} on {short_id(node)}"
+        for node, held in sorted(cluster.other_holders().items())
     ]
     return (
         f"pools {names} {verdict.reason}; waiting up to {left_s:.0f}s more. Held by:\n  "
-        + "\n  ".join(holders)
+        + "\n  ".join(holders or ["nothing the GCS shows"])
     )
+
+
+def loose_holder_line(actor) -> str:
+    """One line naming an actor outside placement groups and what it holds."""
+    name = actor.name or actor.actor_id[:12]
+    return (
+        f"actor {name} ({actor.class_name}, job {actor.job_id}) holds "
+        f"{_shape(actor.resources)} on {short_id(actor.node_id)}"
+    )
+
+
+def _shape(held: dict[str, float]) -> str:
+    return ", ".join(f"{k} {format_amount(k, v)}" for k, v in sorted(held.items()) if v)
 
 
 def cpu_warnings(pools: Sequence[PoolSpec], verdict: Verdict) -> list[str]:
@@ -292,16 +423,22 @@ def describe(pools: Sequence[PoolSpec], verdict: Verdict, holders: bool = True) 
 
 
 def _holders(cluster: ClusterState) -> object:
-    if not cluster.groups:
-        return Text("No placement groups hold resources: tasks or actors outside groups hold them.")
-    return groups_table(cluster.groups, title="Holders (placement groups)")
+    parts: list[object] = []
+    if cluster.groups:
+        parts.append(groups_table(cluster.groups, title="Holders (placement groups)"))
+    loose = loose_holders_table(cluster)
+    if loose is not None:
+        parts.append(loose)
+    if not parts:
+        return Text("Nothing the GCS shows holds resources (they may just have been freed).")
+    return Group(*parts)
 
 
 def render_plan(pools: Sequence[PoolSpec], cluster: ClusterState) -> Group:
     """What `rayrl plan` prints: pools and placement, nodes, CPU budget, and the verdict."""
     verdict = assess(pools, cluster)
     names = resource_names(p.bundle for p in pools)
-    colour = {"fits": "green", "busy": "yellow", "never": "red"}[verdict.status]
+    colour = {"fits": "green", "busy": "yellow", "scale": "yellow", "never": "red"}[verdict.status]
     parts: list[object] = [
         demand_table(pools, verdict),
         nodes_table(cluster, names),

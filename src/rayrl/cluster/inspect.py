@@ -128,6 +128,7 @@ class ClusterState:
     jobs_dead: dict[str, bool]
     actors: list[ActorInfo] = field(default_factory=list)
     attached: dict[str, list[str]] = field(default_factory=dict)
+    autoscaler: dict | None = None  # what ray_private.autoscaler() found, if any
 
     def node(self, node_id: str) -> NodeInfo | None:
         return next((n for n in self.nodes if n.node_id == node_id), None)
@@ -228,7 +229,7 @@ def snapshot(include_actors: bool = False) -> ClusterState:
     if not include_actors:
         actors = [a for a in actors if a.state != "DEAD"]
     attached = _attached_runs(jobs_dead)
-    return ClusterState(_nodes(), groups, jobs_dead, actors, attached)
+    return ClusterState(_nodes(), groups, jobs_dead, actors, attached, ray_private.autoscaler())
 
 
 def _nodes() -> list[NodeInfo]:

@@ -10,7 +10,11 @@ Active bundles come back in rank order: sorted by node id, then bundle index, so
 rank-to-node map survives a teardown and a new bootstrap. Groups are named
 `rayrl/<run>/<pool>/<i>` and `rayrl/<run>/<pool>/spares`. A non-detached pool is
 released by `teardown()`, at interpreter exit, and on SIGINT/SIGTERM of the driver
-(previous signal handlers still run afterwards).
+(previous signal handlers still run afterwards). A detached pool outlives its driver;
+`ResourcePool.attach("<run>/<pool>")` hands it to a new one.
+
+`reserve_pools(specs, run)` checks all of a run's pools together, then reserves them
+all, active groups of every pool before any spares; if one fails none stays held.
 """
 
 from __future__ import annotations
@@ -28,10 +32,10 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 
 from rayrl.cluster.bundle import Bundle
 from rayrl.cluster.guard import ResourcesBusy, Verdict, assess, check, describe
-from rayrl.cluster.inspect import snapshot
+from rayrl.cluster.inspect import GroupInfo, record_attachment, snapshot
 from rayrl.cluster.spec import PoolSpec
 
-__all__ = ["PoolSpec", "ResourcePool"]
+__all__ = ["PoolSpec", "ResourcePool", "reserve_pools"]
 
 log = logging.getLogger(__name__)
 
@@ -81,23 +85,34 @@ class ResourcePool:
         Waits at most `timeout_s` for held resources (ResourcesBusy after that;
         ResourcesUnsatisfiable at once if the cluster can never hold the pool), then at
         most max(time left, min(timeout_s, 10 s)) for the groups to be placed.
-        Returns the current bundles if the pool is already reserved.
+        Returns the current bundles if the pool is already reserved. To reserve
+        several pools of a run, use `reserve_pools`, which checks them together.
         """
         if self._groups:
             return self.bundles
         start = time.monotonic()
         verdict = check([self.spec], timeout_s)
-        wait_s = max(timeout_s - (time.monotonic() - start), min(timeout_s, MIN_READY_WAIT_S))
-        deadline = time.monotonic() + wait_s
-        # Active groups first (pinned where the guard placed them), spares only once
-        # those are placed, so a spare can never take a slot a pinned group needs.
+        deadline = _placement_deadline(start, timeout_s)
+        self._reserve_active(verdict, deadline)
+        self._reserve_spares(deadline)
+        return self._finish()
+
+    def _reserve_active(self, verdict: Verdict, deadline: float) -> None:
+        """Create the active groups (pinned where the guard placed them) and wait."""
         groups = self._create_active(verdict)
         self._await_ready(groups, [], deadline)
-        spare = None
+        self._groups = groups
+
+    def _reserve_spares(self, deadline: float) -> None:
+        """Create the spare group once active groups are placed, so a spare can never
+        take a slot a pinned group needs."""
         if self.spec.num_spares:
-            spare = self._new_group("spares", self.spec.num_spares, "SPREAD", groups)
-            self._await_ready([spare], groups, deadline)
-        self._groups, self._spare_group = groups, spare
+            spare = self._new_group("spares", self.spec.num_spares, "SPREAD", self._groups)
+            self._await_ready([spare], self._groups, deadline)
+            self._spare_group = spare
+
+    def _finish(self) -> list[Bundle]:
+        groups, spare = self._groups, self._spare_group
         self._bundles = sorted(self._read(groups, spare=False), key=_rank_key)
         self._spares = sorted(self._read([spare], spare=True), key=_rank_key) if spare else []
         if self.spec.lifetime != "detached":
@@ -110,6 +125,41 @@ class ResourcePool:
             sorted({b.node_id[:8] for b in self._bundles}),
         )
         return self.bundles
+
+    @classmethod
+    def attach(cls, name: str) -> ResourcePool:
+        """Hand a detached pool reserved by an earlier driver to this one.
+
+        `name` is "<run>/<pool>" (or the full "rayrl/<run>/<pool>"). The spec is read
+        back from the placement groups; spares taken by the earlier driver count as
+        spares again. Records this driver as a user of the run, so `rayrl doctor`
+        does not call its groups stale while it lives. `teardown()` releases them.
+        """
+        full = name if name.startswith("rayrl/") else f"rayrl/{name}"
+        parts = full.split("/")
+        state = snapshot()
+        found = [g for g in state.groups if g.name.startswith(full + "/")] if len(parts) == 3 else []
+        active = sorted(
+            (g for g in found if g.name.rsplit("/", 1)[1].isdigit()),
+            key=lambda g: int(g.name.rsplit("/", 1)[1]),
+        )
+        if not active:
+            known = sorted({g.name.rsplit("/", 1)[0] for g in state.groups if g.is_rayrl})
+            raise RuntimeError(
+                f"no detached pool {full!r} on this cluster (its placement groups "
+                f"{full}/<i> are not there); pools found: {known or 'none'}. Pass "
+                "'<run>/<pool>' as the earlier driver named them."
+            )
+        spare = next((g for g in found if g.name == f"{full}/spares"), None)
+        pool = cls(_spec_of(parts[2], active, spare), parts[1])
+        pool._groups = [_handle(g) for g in active]
+        pool._spare_group = _handle(spare) if spare is not None else None
+        pool._bundles = sorted(pool._read(pool._groups, spare=False), key=_rank_key)
+        if pool._spare_group is not None:
+            pool._spares = sorted(pool._read([pool._spare_group], spare=True), key=_rank_key)
+        record_attachment(pool.run)
+        log.info("attached to pool %s: %d bundles", pool.name, len(pool._bundles))
+        return pool
 
     def _create_active(self, verdict: Verdict) -> list[PlacementGroup]:
         spec = self.spec
@@ -147,8 +197,9 @@ class ResourcePool:
             if "already exists" in str(err):
                 raise RuntimeError(
                     f"placement group {name!r} already exists in this Ray namespace: pool "
-                    f"{self.name!r} is already reserved (call teardown() first), or a detached one "
-                    "was left behind (`rayrl doctor --cleanup` removes stale ones)"
+                    f"{self.name!r} is already reserved (call teardown() first), or a detached "
+                    f"one was left behind: ResourcePool.attach({self.run + '/' + self.spec.name!r}) "
+                    "takes it over, `rayrl doctor --cleanup` removes stale ones"
                 ) from err
             raise
 
@@ -243,6 +294,57 @@ class ResourcePool:
             return
         _remove_all(groups)
         log.info("pool %s released %d placement groups", self.name, len(groups))
+
+
+def reserve_pools(
+    specs: list[PoolSpec], run: str, timeout_s: float = 60.0
+) -> list[ResourcePool]:
+    """Check all of a run's pools together, then reserve them (all or none).
+
+    The fit check sees every pool at once, so no pool is held while another waits
+    or can never fit; active groups of all pools are placed before any spares.
+    Raises what `ResourcePool.bootstrap` raises, after releasing whatever it held.
+    """
+    pools = [ResourcePool(spec, run) for spec in specs]
+    start = time.monotonic()
+    verdict = check(specs, timeout_s)
+    deadline = _placement_deadline(start, timeout_s)
+    try:
+        for pool in pools:
+            pool._reserve_active(verdict, deadline)
+        for pool in pools:
+            pool._reserve_spares(deadline)
+    except BaseException:
+        for pool in pools:
+            pool.teardown()
+        raise
+    for pool in pools:
+        pool._finish()
+    return pools
+
+
+def _placement_deadline(start: float, timeout_s: float) -> float:
+    wait_s = max(timeout_s - (time.monotonic() - start), min(timeout_s, MIN_READY_WAIT_S))
+    return time.monotonic() + wait_s
+
+
+def _spec_of(name: str, active: list[GroupInfo], spare: GroupInfo | None) -> PoolSpec:
+    """The PoolSpec a detached pool was reserved with, read back from its groups."""
+    strategy = active[0].strategy
+    per_node = [len(g.bundles) for g in active]
+    spares = len(spare.bundles) if spare is not None else 0
+    return PoolSpec(
+        name,
+        per_node if strategy == "STRICT_PACK" else [sum(per_node)],
+        dict(active[0].bundles[0]),
+        strategy=strategy,
+        capacity_factor=1.0 + spares / sum(per_node),
+        lifetime="detached",
+    )
+
+
+def _handle(group: GroupInfo) -> PlacementGroup:
+    return PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group.group_id)))
 
 
 def _rank_key(b: Bundle) -> tuple[str, str, int]:

@@ -111,3 +111,24 @@ def holder_line(group: GroupInfo) -> str:
         f"{group.name or group.group_id} (job {group.job_id}, {group.state}, "
         f"{', '.join(flags)}) holds {holdings_text(group)}"
     )
+
+
+def loose_holders_table(state: ClusterState) -> Table | None:
+    """Actors outside placement groups, and what tasks hold, per node; None if nothing."""
+    actors = state.loose_actors()
+    others = state.other_holders()
+    if not actors and not others:
+        return None
+    table = Table(title="Holders outside placement groups", title_justify="left")
+    for col in ("holder", "job", "node", "holds"):
+        table.add_column(col)
+    for a in actors:
+        label = f"actor {escape(a.name) if a.name else a.actor_id[:12]} ({a.class_name})"
+        table.add_row(label, a.job_id, short_id(a.node_id), _held(a.resources))
+    for node, held in sorted(others.items()):
+        table.add_row("tasks and others the GCS does not name", "?", short_id(node), _held(held))
+    return table
+
+
+def _held(held: dict[str, float]) -> str:
+    return ", ".join(f"{k} {format_amount(k, v)}" for k, v in sorted(held.items()) if v)

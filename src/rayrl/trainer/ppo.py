@@ -25,7 +25,7 @@ import ray
 
 from rayrl.batch import Batch
 from rayrl.cluster.kv import KVStore
-from rayrl.cluster.pool import ResourcePool
+from rayrl.cluster.pool import ResourcePool, reserve_pools
 from rayrl.config.schema import RayRLConfig
 from rayrl.config.validate import critic_enabled, ref_enabled
 from rayrl.controller import WorkerGroup, colocate
@@ -75,10 +75,8 @@ class PPOTrainer:
             ray.init(address=res.address or "local", include_dashboard=False, log_to_driver=False)
         device = resolve_device(cfg, ray.cluster_resources().get("GPU", 0))
         self.kv = KVStore.create(self.run)
-        for spec in pools_from_config(cfg, device):
-            pool = ResourcePool(spec, self.run)
-            self.pools.append(pool)
-            pool.bootstrap(timeout_s=res.wait_timeout_s)
+        # All pools checked together: none is held while another waits or cannot fit.
+        self.pools = reserve_pools(pools_from_config(cfg, device), self.run, res.wait_timeout_s)
         actor_pool, reward_pool = self.pools
         steps = self.total_steps()
         backend = "nccl" if device == "cuda" else "gloo"
