@@ -228,7 +228,10 @@ def test_with_an_autoscaler_never_becomes_a_bounded_wait_naming_the_request(ray_
     text = str(err.value)
     assert "autoscaler added no room" in text and "asked for: 1 x {CPU 9}" in text, text
     # Node types that can never hold the bundle: no point waiting.
-    small = {**AUTOSCALER, "node_types": [{"name": "w", "resources": {"CPU": 4.0}, "max_count": 10}]}
+    small = {
+        **AUTOSCALER,
+        "node_types": [{"name": "w", "resources": {"CPU": 4.0}, "max_count": 10}],
+    }
     start = time.monotonic()
     with pytest.raises(ResourcesUnsatisfiable, match="no node type the autoscaler may add"):
         check(big, timeout_s=30, autoscaler=small)

@@ -3,10 +3,15 @@
 Prints the live nodes with free/total resources and the Python, Ray, torch and
 transformers versions on each (a mismatch is flagged: it breaks runs in ways that are
 hard to see), then the placement groups with their owner job and state, stale ones
-(detached, their job finished) flagged. `--cleanup` removes stale rayrl groups and
-detached rayrl actors of finished jobs after a confirmation (`--yes` skips it).
+(detached, their job finished) flagged, then the detached rayrl pools and KV stores
+with the driver that made them and the live drivers that re-attached to them.
+`--cleanup` removes stale rayrl groups and detached rayrl actors of finished jobs that
+no live driver re-attached to, after a confirmation (`--yes` skips it); it exits 1
+while anything stale is left.
 
-Without `--address` it starts a private local Ray; it never attaches by "auto".
+The cluster is `--address`, else the config's `resources.address` (`-c` and dotted
+overrides, as for `rayrl train`), else RAY_ADDRESS; with none of them it starts a
+private local Ray. It never attaches by "auto" on its own.
 """
 
 from __future__ import annotations
@@ -19,16 +24,18 @@ from collections.abc import Callable
 from rich.console import Console
 from rich.prompt import Confirm
 
+from rayrl.cli.common import add_config_args, load_from_args
 from rayrl.cli.common import console as wide_console
 from rayrl.cluster.inspect import (
     ClusterState,
     connect,
     node_versions,
     remove_stale,
+    resolve_address,
     snapshot,
     version_mismatches,
 )
-from rayrl.cluster.tables import groups_table, nodes_table, resource_names
+from rayrl.cluster.tables import detached_table, groups_table, nodes_table, resource_names
 
 CLEANUP_WAIT_S = 10.0
 
@@ -36,7 +43,12 @@ CLEANUP_WAIT_S = 10.0
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `doctor` sub-command."""
     p = subparsers.add_parser("doctor", help="check nodes, versions and placement groups")
-    p.add_argument("--address", help="Ray GCS address (host:port); default: start a local Ray")
+    p.add_argument(
+        "--address",
+        help="Ray GCS address (host:port); default: resources.address, then RAY_ADDRESS, "
+        "then a private local Ray",
+    )
+    add_config_args(p)
     p.add_argument("--cleanup", action="store_true", help="remove stale rayrl groups and actors")
     p.add_argument("--yes", action="store_true", help="do not ask before cleaning up")
     p.add_argument(
@@ -47,7 +59,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point for the parsed `rayrl doctor` arguments; returns the exit code."""
-    return doctor(args.address, cleanup=args.cleanup, yes=args.yes, versions_timeout_s=args.timeout)
+    configured = load_from_args(args).resources.address if args.config or args.overrides else None
+    return doctor(
+        resolve_address(args.address, configured),
+        cleanup=args.cleanup,
+        yes=args.yes,
+        versions_timeout_s=args.timeout,
+    )
 
 
 def doctor(
@@ -61,18 +79,22 @@ def doctor(
 ) -> int:
     """Report on the cluster at `address` (or a fresh local one) and optionally clean up.
 
-    Returns 0 when the nodes agree, every node answered and nothing stale is left;
-    1 otherwise. `confirm` asks the user (default: a prompt on a terminal, refusal
-    elsewhere); `yes=True` skips it.
+    Returns 0 when the nodes agree, every node answered and nothing stale is left
+    (after the cleanup, when asked for); 1 otherwise. `confirm` asks the user
+    (default: a prompt on a terminal, refusal elsewhere); `yes=True` skips it.
     """
     console = console or wide_console()
     with connect(address) as gcs:
         state = snapshot(include_actors=True)
         healthy = report(state, gcs, console, versions_timeout_s)
-        stale = bool(state.stale_groups() or state.stale_actors())
         if cleanup:
-            stale = not clean(state, console, yes=yes, confirm=confirm)
-    return 0 if healthy and not stale else 1
+            clean(state, console, yes=yes, confirm=confirm)
+            state = snapshot(include_actors=True)
+        left = [g.name or g.group_id for g in state.stale_groups()]
+        left += [a.name or a.actor_id for a in state.stale_actors()]
+        if cleanup and left:
+            console.print(f"[red]Still stale after the cleanup: {', '.join(left)}.[/red]")
+    return 0 if healthy and not left else 1
 
 
 def report(state: ClusterState, gcs: str, console: Console, versions_timeout_s: float) -> bool:
@@ -110,6 +132,9 @@ def report(state: ClusterState, gcs: str, console: Console, versions_timeout_s: 
         console.print(
             f"[yellow]STALE: detached actor {a.name or a.actor_id} of finished job {a.job_id}[/yellow]"
         )
+    detached = detached_table(state)
+    if detached is not None:
+        console.print(detached)
     return not mismatched and not silent
 
 
@@ -120,11 +145,12 @@ def clean(
     yes: bool = False,
     confirm: Callable[[str], bool] | None = None,
 ) -> bool:
-    """Remove stale rayrl groups and actors after confirmation; True if none is left."""
+    """Remove stale rayrl groups and actors after confirmation; True when they are gone
+    (groups of other tools are only reported: rayrl does not own them)."""
     groups, actors = state.stale_groups(rayrl_only=True), state.stale_actors()
     if not groups and not actors:
         console.print("Nothing to clean up.")
-        return not state.stale_groups()
+        return True
     what = [f"placement group {g.name}" for g in groups] + [
         f"actor {a.name or a.actor_id}" for a in actors
     ]
@@ -134,7 +160,7 @@ def clean(
         return False
     for line in remove_stale(state):
         console.print(line)
-    return _wait_gone({g.group_id for g in groups}, console)
+    return _wait_gone({g.group_id for g in groups}, {a.actor_id for a in actors}, console)
 
 
 def _ask(question: str) -> bool:
@@ -144,16 +170,19 @@ def _ask(question: str) -> bool:
     return Confirm.ask(question, default=False)
 
 
-def _wait_gone(group_ids: set[str], console: Console) -> bool:
-    """Wait (at most CLEANUP_WAIT_S) until the GCS no longer lists the removed groups."""
+def _wait_gone(group_ids: set[str], actor_ids: set[str], console: Console) -> bool:
+    """Wait (at most CLEANUP_WAIT_S) until the GCS no longer lists the removed groups
+    and the killed actors are dead (both happen asynchronously)."""
     deadline = time.monotonic() + CLEANUP_WAIT_S
     while True:
-        left = {g.group_id for g in snapshot().groups} & group_ids
+        state = snapshot()  # dead actors are left out
+        left = {g.group_id for g in state.groups} & group_ids
+        left |= {a.actor_id for a in state.actors} & actor_ids
         if not left:
             return True
         if time.monotonic() >= deadline:
             console.print(
-                f"[red]{len(left)} group(s) still listed after {CLEANUP_WAIT_S:g}s.[/red]"
+                f"[red]{len(left)} group(s) or actor(s) still there after {CLEANUP_WAIT_S:g}s.[/red]"
             )
             return False
         time.sleep(0.2)

@@ -168,7 +168,9 @@ def _beyond_autoscaler(units: list[Unit], autoscaler: dict) -> str | None:
     limits = autoscaler.get("max_resources") or {}
     for k, v in _totals(units).items():
         if k in limits and limits[k] + 1e-6 < v:
-            return f"the autoscaler's max_resources allow {k} {limits[k]:g} and the pools need {v:g}"
+            return (
+                f"the autoscaler's max_resources allow {k} {limits[k]:g} and the pools need {v:g}"
+            )
     return None
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -365,12 +366,20 @@ def _kill_actor(actor: ActorInfo) -> str:
     return f"killed {label}"
 
 
+def resolve_address(explicit: str | None = None, configured: str | None = None) -> str | None:
+    """The Ray cluster a command means: `--address`, else the config's
+    `resources.address`, else the RAY_ADDRESS environment variable; None means a
+    private local Ray started for the command."""
+    return explicit or configured or os.environ.get("RAY_ADDRESS") or None
+
+
 @contextlib.contextmanager
 def connect(address: str | None) -> Iterator[str]:
     """Use the Ray at `address`, or start a private local one when it is None.
 
-    Never attaches by "auto" or RAY_ADDRESS. Reuses this process's connection when it
-    already points at `address` (or when `address` is None and Ray is initialised).
+    Never attaches by "auto" or RAY_ADDRESS on its own: pass `resolve_address(...)` for
+    the address a user meant. Reuses this process's connection when it already points
+    at `address` (or when `address` is None and Ray is initialised).
     Shuts down only what it started. Yields the GCS address.
     """
     if ray.is_initialized():

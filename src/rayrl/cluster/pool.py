@@ -138,7 +138,9 @@ class ResourcePool:
         full = name if name.startswith("rayrl/") else f"rayrl/{name}"
         parts = full.split("/")
         state = snapshot()
-        found = [g for g in state.groups if g.name.startswith(full + "/")] if len(parts) == 3 else []
+        found = (
+            [g for g in state.groups if g.name.startswith(full + "/")] if len(parts) == 3 else []
+        )
         active = sorted(
             (g for g in found if g.name.rsplit("/", 1)[1].isdigit()),
             key=lambda g: int(g.name.rsplit("/", 1)[1]),
@@ -296,9 +298,7 @@ class ResourcePool:
         log.info("pool %s released %d placement groups", self.name, len(groups))
 
 
-def reserve_pools(
-    specs: list[PoolSpec], run: str, timeout_s: float = 60.0
-) -> list[ResourcePool]:
+def reserve_pools(specs: list[PoolSpec], run: str, timeout_s: float = 60.0) -> list[ResourcePool]:
     """Check all of a run's pools together, then reserve them (all or none).
 
     The fit check sees every pool at once, so no pool is held while another waits

@@ -132,3 +132,32 @@ def loose_holders_table(state: ClusterState) -> Table | None:
 
 def _held(held: dict[str, float]) -> str:
     return ", ".join(f"{k} {format_amount(k, v)}" for k, v in sorted(held.items()) if v)
+
+
+def detached_table(state: ClusterState) -> Table | None:
+    """Detached rayrl pools and KV stores: run, who made them, who uses them now."""
+    groups, actors = state.detached_rayrl()
+    if not groups and not actors:
+        return None
+    table = Table(title="Detached rayrl resources", title_justify="left")
+    for col in ("run", "what", "made by job", "used by live job(s)", "stale"):
+        table.add_column(col)
+    pools: dict[tuple[str, str], list[GroupInfo]] = {}
+    for g in groups:
+        pools.setdefault((g.run, g.name.rsplit("/", 1)[0]), []).append(g)
+    rows = [
+        (run, f"pool {escape(name)} ({sum(len(g.bundles) for g in gs)} bundles)", gs[0])
+        for (run, name), gs in sorted(pools.items())
+    ]
+    rows += [(a.run, f"actor {escape(a.name)} ({a.class_name})", a) for a in actors]
+    for run, what, item in rows:
+        users = state.attached.get(run, [])
+        stale = item.job_dead and not users
+        table.add_row(
+            run or "?",
+            what,
+            f"{item.job_id} ({'finished' if item.job_dead else 'running'})",
+            ", ".join(users) or "-",
+            "[red]STALE[/red]" if stale else "no",
+        )
+    return table

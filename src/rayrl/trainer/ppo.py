@@ -24,6 +24,7 @@ import numpy as np
 import ray
 
 from rayrl.batch import Batch
+from rayrl.cluster.inspect import resolve_address
 from rayrl.cluster.kv import KVStore
 from rayrl.cluster.pool import ResourcePool, reserve_pools
 from rayrl.config.schema import RayRLConfig
@@ -72,7 +73,8 @@ class PPOTrainer:
         cfg, res = self.cfg, self.cfg.resources
         self.load_data()
         if not ray.is_initialized():
-            ray.init(address=res.address or "local", include_dashboard=False, log_to_driver=False)
+            address = resolve_address(None, res.address) or "local"  # RAY_ADDRESS too
+            ray.init(address=address, include_dashboard=False, log_to_driver=False)
         device = resolve_device(cfg, ray.cluster_resources().get("GPU", 0))
         self.kv = KVStore.create(self.run)
         # All pools checked together: none is held while another waits or cannot fit.
