@@ -20,6 +20,7 @@ from rayrl.controller import (
     CallPlan,
     Worker,
     register,
+    register_collector,
     register_dispatch_mode,
 )
 from rayrl.controller.worker import HEALTH_GROUP
@@ -36,6 +37,7 @@ def _sum(outputs: list, state) -> int:
 
 
 register_dispatch_mode("odd_ranks", _odd_ranks, _sum)
+register_collector("max_of", lambda outputs, state: max(outputs))
 
 
 def _trace_load(path: str):
@@ -108,6 +110,10 @@ class Echo(Worker):
     def boom(self, rank: int) -> int:
         if self.rank == rank:
             raise ValueError(f"boom on rank {rank}")
+        return self.rank
+
+    @register(dispatch=ONE_TO_ALL, collect="max_of")
+    def rank_max(self) -> int:
         return self.rank
 
     @register(dispatch="odd_ranks")
@@ -217,6 +223,14 @@ class SlowStart(Worker):
 
     def __init__(self, seconds: float = 60.0) -> None:
         time.sleep(seconds)
+
+
+@ray.remote(num_cpus=0.25)
+class BundleHog:
+    """Takes a bundle's CPU so that no worker can start in it."""
+
+    def ready(self) -> bool:
+        return True
 
 
 class Dist(Worker):

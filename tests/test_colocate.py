@@ -81,6 +81,11 @@ def test_roles_share_one_process_and_each_view_dispatches(ray_local):
                 ref.fail()
             with pytest.raises(AttributeError):
                 ref.set_value  # noqa: B018 - views expose only their role's methods
+            assert ref.call("read_peer") == seen  # by name, as ref.read_peer()
+            with pytest.raises(
+                AttributeError, match="role 'ref' has no registered method 'set_value'"
+            ):
+                ref.call("set_value", 1)
             with pytest.raises(ValueError, match="roles"):
                 group.init(critic={})
     finally:

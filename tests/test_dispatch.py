@@ -74,6 +74,18 @@ def test_dp_split_unpads_when_each_row_becomes_k_rows(groups):
     assert out["x"].flatten().tolist() == [i for i in range(10) for _ in range(2)]
 
 
+def test_registered_collector_and_calls_by_name(groups):
+    a = groups[0]
+    assert a.rank_max() == 3  # ONE_TO_ALL, collected by the registered "max_of"
+    assert a.call("rank_max") == 3 and a.call("add", [1, 2, 3, 4]) == a.add([1, 2, 3, 4])
+    with pytest.raises(AttributeError, match="Echo.nope is not registered; known: .*whoami"):
+        a.call("nope")
+    from rayrl.controller import register
+
+    with pytest.raises(ValueError, match="unknown collect 'no-such'; known: .*max_of"):
+        register(collect="no-such")
+
+
 def test_rank_zero_calls_only_rank_zero(groups):
     assert groups[0].first("hi") == (0, "hi")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import ray
 
-from controller_toys import Dist, Flaky, LateRankZero, SlowStart, reserve
+from controller_toys import BundleHog, Dist, Flaky, LateRankZero, SlowStart, reserve
 from rayrl.cluster.kv import KVStore
 from rayrl.controller import WorkerCreateError, WorkerGroup, WorkerInitError
 
@@ -57,21 +57,35 @@ def test_init_always_failing_names_phase_rank_and_log(run_pool, tmp_path):
     assert Path(marker).read_text() == "2"
 
 
-def test_create_timeout_names_role_rank_bundle_and_node(run_pool):
+def test_create_timeout_of_a_hanging_constructor_names_pid_log_and_bundle(run_pool):
     run, pool = run_pool
     group = WorkerGroup(SlowStart, pool.bundles[:1], role="slow", run=run, kwargs={"seconds": 60})
     with pytest.raises(WorkerCreateError) as info:
-        group.create(timeout_s=5)
+        group.create(timeout_s=8)  # the process starts in about a second; its constructor hangs
     err = info.value
     text = str(err)
     assert (err.phase, err.stage, err.role, err.rank) == ("create", "SlowStart.__init__", "slow", 0)
     assert "bundle 0 of pool" in text and pool.bundles[0].node_id in text
-    if err.pid is not None:  # the process started: its constructor hangs, its log is named
-        assert "constructor did not return within 5 s" in text
-        assert os.path.exists(err.log_file) and err.log_file in text
-    else:  # on a very loaded machine the process may not even have started
-        assert "Ray did not start the actor within 5 s" in text
+    assert err.pid is not None, text
+    assert "constructor did not return within 8 s" in text
+    assert os.path.exists(err.log_file) and err.log_file in text
     assert group.actors == [None], "a failed create leaves no actors behind"
+
+
+def test_create_timeout_when_ray_cannot_start_the_actor(run_pool):
+    run, pool = run_pool
+    bundle = pool.bundles[0]
+    hog = BundleHog.options(scheduling_strategy=bundle.scheduling_strategy()).remote()
+    ray.get(hog.ready.remote(), timeout=60)  # the bundle's CPU is taken
+    try:
+        group = WorkerGroup(Dist, [bundle], role="starved", run=run)
+        with pytest.raises(WorkerCreateError) as info:
+            group.create(timeout_s=2)
+        err = info.value
+        assert err.pid is None and "Ray did not start the actor within 2 s" in str(err), err
+        assert "held by another actor" in str(err) and group.actors == [None]
+    finally:
+        ray.kill(hog)
 
 
 def test_worker_knows_its_place(run_pool):

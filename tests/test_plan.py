@@ -48,3 +48,17 @@ def test_plan_fits_and_never_fits(ray_local, capsys):
     )
     assert code == 2
     assert "NEVER" in capsys.readouterr().out
+
+
+def test_plan_exits_1_while_resources_are_held(ray_local, capsys):
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    address = ray.get_runtime_context().gcs_address
+    holder = placement_group([{"GPU": 4.0}], name="rayrl/other/gpus")
+    assert holder.wait(10)
+    try:
+        assert main(["plan", "--address", address, "trainer.device=cuda"]) == 1
+        out = capsys.readouterr().out
+        assert "BUSY" in out and "rayrl/other/gpus" in out
+    finally:
+        remove_placement_group(holder)
