@@ -23,6 +23,12 @@ import torch
 
 __all__ = ["decode_objects", "decode_tensor", "encode_objects", "encode_tensor"]
 
+# torch warns on every tensor made over a read-only array; here that is by design.
+warnings.filterwarnings(
+    "ignore", message="The given NumPy array is not writable", category=UserWarning,
+    module=__name__,
+)  # fmt: skip
+
 
 def encode_tensor(t: torch.Tensor) -> tuple[torch.dtype, tuple[int, ...], np.ndarray]:
     """(dtype, shape, uint8 numpy view of the contiguous CPU bytes); detaches, moves to CPU."""
@@ -36,23 +42,21 @@ def decode_tensor(dtype: torch.dtype, shape: tuple[int, ...], data: np.ndarray) 
     The buffer is copied only when it is misaligned for the dtype. A read-only buffer
     (Ray's object store) is shared too: see the module docstring.
     """
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    if data.ctypes.data % itemsize == 0:
-        if data.flags.writeable:
-            return torch.from_numpy(data).view(dtype).reshape(shape)
-        with warnings.catch_warnings():  # torch warns that the array is read-only
-            warnings.simplefilter("ignore", UserWarning)
-            return torch.from_numpy(data).view(dtype).reshape(shape)
+    if data.ctypes.data % dtype.itemsize == 0:
+        return torch.from_numpy(data).view(dtype).reshape(shape)
     out = torch.empty(shape, dtype=dtype)
     np.copyto(out.reshape(-1).view(torch.uint8).numpy(), data)
     return out
 
 
 
+_TEXT_TYPES = {str, type(None)}
+
+
 def encode_objects(column: np.ndarray) -> tuple[str, Any]:
     """("arrow", string array) for a non-empty 1-D column of str/None, else ("numpy", column)."""
     is_text = column.dtype == object and column.ndim == 1 and column.size > 0
-    if is_text and all(type(x) is str or x is None for x in column):
+    if is_text and set(map(type, column)) <= _TEXT_TYPES:
         import pyarrow as pa
 
         try:
