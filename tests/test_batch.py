@@ -377,6 +377,7 @@ def test_pickled_slice_carries_only_its_rows():
     assert one < whole / 50
 
 
+@pytest.mark.filterwarnings("ignore:The given NumPy array is not writable")
 def test_read_only_buffers_are_shared_and_writable_copies_them():
     b = make(4)
     buffers: list[pickle.PickleBuffer] = []
