@@ -49,7 +49,6 @@ def decode_tensor(dtype: torch.dtype, shape: tuple[int, ...], data: np.ndarray) 
     return out
 
 
-
 _TEXT_TYPES = {str, type(None)}
 
 
