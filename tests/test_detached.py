@@ -12,7 +12,8 @@ import ray
 from rich.console import Console
 
 from rayrl.cli import doctor_cmd
-from rayrl.cluster.inspect import snapshot
+from rayrl.cluster import ray_private
+from rayrl.cluster.inspect import attach_key, snapshot
 
 FIRST = """
 import sys
@@ -63,6 +64,7 @@ def test_a_new_driver_reattaches_then_doctor_tracks_and_cleans_up(ray_local):
     )  # fmt: skip
     try:
         assert second.stdout.readline().split() == ["2", "1", "STRICT_PACK", "7", "placed"]
+        assert len(ray_private.kv_get(attach_key("reattach"))["jobs"]) == 1
         code, out = _doctor(gcs, cleanup=True, yes=True)
         assert code == 0 and "Nothing to clean up" in out, out  # in use: not stale
         assert "no" in _detached_row(out, "pool rayrl/reattach/gen (3 bundles)"), out
@@ -75,3 +77,4 @@ def test_a_new_driver_reattaches_then_doctor_tracks_and_cleans_up(ray_local):
     assert code == 0, out
     assert "killed actor rayrl/reattach/kv" in out and "removed placement group" in out
     assert not [g for g in snapshot().groups if g.name.startswith("rayrl/reattach/")]
+    assert ray_private.kv_get(attach_key("reattach")) is None

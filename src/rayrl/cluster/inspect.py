@@ -345,12 +345,17 @@ def remove_stale(state: ClusterState) -> list[str]:
     Returns one line per thing removed (or that could not be removed, and why).
     """
     done: list[str] = []
+    runs = set()
     for actor in state.stale_actors():
         done.append(_kill_actor(actor))
+        runs.add(actor.run)
     for group in state.stale_groups(rayrl_only=True):
         pg = PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group.group_id)))
         ray.util.remove_placement_group(pg)
         done.append(f"removed placement group {group.name} (job {group.job_id})")
+        runs.add(group.run)
+    for run in runs - {""}:
+        ray_private.kv_delete(attach_key(run))  # its re-attach record goes with it
     return done
 
 
