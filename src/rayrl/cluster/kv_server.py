@@ -6,9 +6,9 @@ wait-time samples for `KVStore.stats()`.
 
 It is an asyncio actor: every call runs on one event loop, so the state needs no lock,
 and a parked waiter is a future on that loop, not a thread. Puts, gets and the other
-calls are plain methods (Ray runs them on the loop as they are; on the 2-core machines
-they answer as fast as a threaded actor's), only `wait` is a coroutine. The process has
-Ray's own threads plus the loop's, whatever the number of waiters.
+calls are plain methods, which Ray runs on the loop; only `wait` is a coroutine. The
+process has Ray's own threads plus the loop's, whatever the number of waiters (it had
+a pre-created thread per possible waiter, 1,024, as a threaded actor).
 
 Every call is cheap whatever the namespace's size: keys are also kept sorted per
 namespace (bisect for `list`, prefix deletes and the keys around a missing one), and
