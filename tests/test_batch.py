@@ -382,7 +382,7 @@ def test_read_only_buffers_are_shared_and_writable_copies_them():
     b = make(4)
     buffers: list[pickle.PickleBuffer] = []
     data = pickle.dumps(b, protocol=5, buffer_callback=buffers.append)
-    assert len(buffers) == 4  # one per tensor, plus the str column's Arrow offsets and data
+    assert len(buffers) == 4  # one per tensor, plus the str column's UTF-8 offsets and data
     frozen = [bytes(buf.raw()) for buf in buffers]  # read-only, like Ray's store
     out = pickle.loads(data, buffers=frozen)
     assert out.equals(b)

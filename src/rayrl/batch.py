@@ -8,7 +8,7 @@ column at once and return views where that is cheap.
 
 Pickling is built for Ray's object store (see `rayrl.batch_codec`): each tensor
 travels as one contiguous out-of-band byte buffer, a slice ships only its own rows,
-a column of strings travels as one Arrow buffer. Tensors always arrive on CPU; out of
+a column of strings travels as one UTF-8 buffer and its offsets. Tensors always arrive on CPU; out of
 Ray's object store they are views of its shared, read-only memory (no copy, as numpy
 arrays from `ray.get` are): do not write them in place; `writable()` copies them.
 """
@@ -25,7 +25,7 @@ from rayrl.batch_codec import decode_objects, decode_tensor, encode_objects, enc
 from rayrl.batch_equal import arrays_equal, tensors_equal, values_equal
 
 _NUMERIC_KINDS = "biufc"  # numpy dtype kinds that become tensor columns
-_STATE_VERSION = 1
+_STATE_VERSION = 2  # 2: string columns as numpy UTF-8 buffers
 
 __all__ = ["Batch"]
 

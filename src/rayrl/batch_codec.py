@@ -2,9 +2,10 @@
 
 A tensor becomes a flat uint8 numpy view of its contiguous CPU bytes, which pickle
 protocol 5 (and so Ray) ships out-of-band without `torch.save`; a slice ships only
-its own rows. A 1-D column of str/None becomes one Arrow string array (offsets plus
-UTF-8 data, also out-of-band), which Ray moves and decodes faster than one pickled
-object per row. Any other column is pickled as it is.
+its own rows. A 1-D column of str/None becomes Arrow's layout of a string array (UTF-8
+data, int64 offsets and a validity bitmap when there are None) held in plain numpy
+arrays, which Ray moves out-of-band like any array and Arrow turns back into strings
+faster than unpickling one object per row. Any other column is pickled as it is.
 
 On the way back a tensor is a view of the bytes it arrived in, never a copy: from
 Ray's object store that is shared, read-only memory, as numpy arrays from `ray.get`
@@ -53,20 +54,33 @@ _TEXT_TYPES = {str, type(None)}
 
 
 def encode_objects(column: np.ndarray) -> tuple[str, Any]:
-    """("arrow", string array) for a non-empty 1-D column of str/None, else ("numpy", column)."""
+    """("utf8", (rows, validity, offsets, data)) for a non-empty 1-D column of str/None,
+    else ("numpy", column)."""
     is_text = column.dtype == object and column.ndim == 1 and column.size > 0
     if is_text and set(map(type, column)) <= _TEXT_TYPES:
         import pyarrow as pa
 
         try:
-            return "arrow", pa.array(column, type=pa.large_string(), from_pandas=False)
+            text = pa.array(column, type=pa.large_string(), from_pandas=False)
         except (UnicodeEncodeError, pa.ArrowException):
-            pass  # e.g. lone surrogates: pickle keeps them exactly
+            return "numpy", column  # e.g. lone surrogates: pickle keeps them exactly
+        valid, offsets, data = text.buffers()
+        return "utf8", (
+            len(text),
+            None if valid is None else np.frombuffer(valid, dtype=np.uint8),
+            np.frombuffer(offsets, dtype=np.int64),
+            np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8),
+        )
     return "numpy", column
 
 
 def decode_objects(codec: str, payload: Any) -> np.ndarray:
     """The column `encode_objects` encoded: a 1-D object array of str/None, or as it was."""
-    if codec == "arrow":
-        return payload.to_numpy(zero_copy_only=False)
+    if codec == "utf8":
+        import pyarrow as pa
+
+        n, valid, offsets, data = payload
+        buffers = [None if valid is None else pa.py_buffer(valid), pa.py_buffer(offsets)]
+        text = pa.LargeStringArray.from_buffers(n, buffers[1], pa.py_buffer(data), buffers[0])
+        return text.to_numpy(zero_copy_only=False)
     return payload
