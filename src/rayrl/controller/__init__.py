@@ -17,6 +17,7 @@ from rayrl.controller.dispatch import (
     register_dispatch_mode,
 )
 from rayrl.controller.errors import (
+    FutureArgumentError,
     GroupTimeoutError,
     NoSpareBundleError,
     WorkerCallError,
@@ -37,6 +38,7 @@ __all__ = [
     "CallPlan",
     "DPState",
     "FusedWorker",
+    "FutureArgumentError",
     "GroupFuture",
     "GroupTimeoutError",
     "HealthMonitor",
