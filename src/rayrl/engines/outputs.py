@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from rayrl.algos.entropy import log_probs_and_entropy, log_probs_from_logits
 from rayrl.batch import Batch
+from rayrl.engines.attention import packed_attention_kwargs
 from rayrl.engines.packing import ResponseIndex, pack_sequences, padded_response_index
 
 __all__ = ["MODEL_INPUTS", "default_position_ids", "response_outputs"]
@@ -43,6 +44,9 @@ def _model_inputs(
         index = padded_response_index(ids, mask, response_len)
         inputs = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
     inputs = {k: v.to(device, non_blocking=True) for k, v in inputs.items()}
+    if packed:  # sequence boundaries for varlen attention, computed here on the host
+        lengths = [n for n in mask.sum(dim=1).tolist() if n > 0]
+        inputs.update(packed_attention_kwargs(lengths, device))
     index = ResponseIndex(
         valid=index.valid.to(device, non_blocking=True),
         logit_index=index.logit_index.to(device, non_blocking=True),

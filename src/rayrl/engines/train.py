@@ -44,6 +44,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rayrl.batch import Batch
+from rayrl.engines.attention import attention_for
 from rayrl.engines.checkpoint_io import (
     export_hf,
     full_model_state_dict,
@@ -121,9 +122,8 @@ class TrainEngine:
         self.sharded = dist.is_available() and dist.is_initialized()
         self.world_size = dp_world_size()
         self.mixed_precision = mixed_precision and self.device.type == "cuda"
-        model = load_hf_model(
-            self.model_path, value_head, dtype, attn_implementation, seed, trust_remote_code
-        )
+        attn = attention_for(attn_implementation, packed=use_remove_padding)
+        model = load_hf_model(self.model_path, value_head, dtype, attn, seed, trust_remote_code)
         self.architecture = type(model).__name__
         self.lora = lora is not None
         if self.lora:
