@@ -63,7 +63,9 @@ def test_group_stats_by_uid():
     stats = group_stats(scores, np.array(["b", "a", "b", "c"], dtype=object))
     assert stats.size.tolist() == [2, 1, 2, 1]
     assert stats.mean.tolist() == [2.0, 2.0, 2.0, 10.0]
-    assert stats.std.tolist() == pytest.approx([math.sqrt(2.0), 0.0, math.sqrt(2.0), 0.0], rel=1e-15)
+    assert stats.std.tolist() == pytest.approx(
+        [math.sqrt(2.0), 0.0, math.sqrt(2.0), 0.0], rel=1e-15
+    )
     assert stats.total.tolist() == [4.0, 2.0, 4.0, 10.0]
     ids, count = group_ids(["x", "y", "x"])
     assert ids.tolist() == [0, 1, 0] and count == 2

@@ -4,10 +4,12 @@
 ``[b, R]`` float32 tensors over the response columns, zero where a response token is
 padding (or is the first token of a sequence and so has no logit predicting it).
 
-Only the logits that predict response tokens are computed (``logits_to_keep`` with an
-index tensor), and log-probs and entropy are computed from them in chunks
-(`rayrl.algos.entropy`), so memory stays bounded at a 150k vocabulary: the float32
-softmax is never materialised for more than one chunk of tokens at a time.
+Only the positions that predict response tokens reach the output head
+(``logits_to_keep`` with an index tensor). A model whose head is a
+`rayrl.engines.logprob_head.LogProbHead` (the training engine installs one) returns
+log-probs and entropy from hidden states chunk by chunk, so no ``[tokens x vocab]``
+logits exist; other models' logits go through the chunked log-softmax of
+`rayrl.algos.entropy`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from torch import Tensor, nn
 from rayrl.algos.entropy import log_probs_and_entropy, log_probs_from_logits
 from rayrl.batch import Batch
 from rayrl.engines.attention import packed_attention_kwargs
+from rayrl.engines.logprob_head import logprob_head_of
 from rayrl.engines.packing import ResponseIndex, pack_sequences, padded_response_index
 
 __all__ = ["MODEL_INPUTS", "default_position_ids", "response_outputs"]
@@ -102,15 +105,36 @@ def response_outputs(
         scores = model(**inputs, use_cache=False).logits[..., 0]
         picked = scores[0, index.logit_index] if packed else scores[:, index.logit_index]
         return {"values": _place(picked, index, packed)}
-    logits = model(**inputs, use_cache=False, logits_to_keep=index.logit_index).logits
     labels = index.labels if packed else index.labels.clamp(min=0)  # pads may be negative
-    if packed:
-        logits = logits[0]
+    log_probs, entropy = _token_log_probs(
+        model, inputs, index.logit_index, labels, packed, temperature, with_entropy, chunk_size
+    )
+    result = {"log_probs": _place(log_probs, index, packed)}
     if with_entropy:
-        log_probs, entropy = log_probs_and_entropy(logits, labels, temperature, chunk_size)
-        return {
-            "log_probs": _place(log_probs, index, packed),
-            "entropy": _place(entropy, index, packed),
-        }
-    log_probs = log_probs_from_logits(logits, labels, temperature, chunk_size)
-    return {"log_probs": _place(log_probs, index, packed)}
+        result["entropy"] = _place(entropy, index, packed)
+    return result
+
+
+def _token_log_probs(
+    model: nn.Module,
+    inputs: dict[str, Tensor],
+    keep: Tensor,
+    labels: Tensor,
+    packed: bool,
+    temperature: float,
+    with_entropy: bool,
+    chunk_size: int,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs of ``labels`` (and entropy) at the kept positions, shaped like ``labels``."""
+    head = logprob_head_of(model)
+    if head is not None:  # fused: no [tokens x vocab] logits
+        target = labels.reshape(1, -1) if packed else labels
+        with head.requested(target, temperature, with_entropy, chunk_size):
+            out = model(**inputs, use_cache=False, logits_to_keep=keep).logits
+        out = out[0] if packed else out
+        return out[..., 0], out[..., 1]
+    logits = model(**inputs, use_cache=False, logits_to_keep=keep).logits
+    logits = logits[0] if packed else logits
+    if with_entropy:
+        return log_probs_and_entropy(logits, labels, temperature, chunk_size)
+    return log_probs_from_logits(logits, labels, temperature, chunk_size), None

@@ -60,6 +60,7 @@ from rayrl.engines.fsdp import (
     shard_model,
 )
 from rayrl.engines.loading import DTYPES, has_tokenizer, load_hf_model, pick_device
+from rayrl.engines.logprob_head import install_logprob_head
 from rayrl.engines.lora import adapters_disabled, apply_lora, lora_scaling, merged_state_dict
 from rayrl.engines.optim import OptimSpec, build_lr_scheduler, build_optimizer
 from rayrl.engines.outputs import response_outputs
@@ -125,6 +126,8 @@ class TrainEngine:
         attn = attention_for(attn_implementation, packed=use_remove_padding)
         model = load_hf_model(self.model_path, value_head, dtype, attn, seed, trust_remote_code)
         self.architecture = type(model).__name__
+        if not value_head:
+            install_logprob_head(model)
         self.lora = lora is not None
         if self.lora:
             model = apply_lora(model, lora)

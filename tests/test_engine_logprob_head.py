@@ -1,0 +1,69 @@
+"""The fused output head: exact log-probs, entropy and gradients at any temperature, the
+model's parameters untouched, and no [tokens x vocab] tensor kept for the backward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine_cases import ragged_batch, tiny_model_dir  # noqa: F401 (fixture)
+from rayrl.engines.logprob_head import LogProbHead, install_logprob_head, logprob_head_of
+from rayrl.engines.outputs import response_outputs
+from rayrl.engines.train import TrainEngine
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_fused_head_matches_log_softmax_and_its_gradients(bias):
+    torch.manual_seed(0)
+    n, hidden, vocab, temperature = 37, 16, 50, 0.7
+    head = LogProbHead(hidden, vocab, bias=bias).double()
+    h = torch.randn(2, n, hidden, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, vocab, (2, n))
+    with head.requested(
+        labels, temperature, with_entropy=True, chunk_size=8
+    ):  # 8 does not divide 37
+        out = head(h)
+    log_softmax = (F.linear(h, head.weight, head.bias) / temperature).log_softmax(-1)
+    ref_lp = log_softmax.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    ref_ent = -(log_softmax.exp() * log_softmax).sum(-1)
+    torch.testing.assert_close(out[..., 0], ref_lp)
+    torch.testing.assert_close(out[..., 1], ref_ent)
+    w1, w2 = torch.randn(2, n, dtype=torch.float64), torch.randn(2, n, dtype=torch.float64)
+    params = [h, *head.parameters()]
+    got = torch.autograd.grad((out[..., 0] * w1 + out[..., 1] * w2).sum(), params)
+    want = torch.autograd.grad((ref_lp * w1 + ref_ent * w2).sum(), params)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+    assert head(h).shape == (2, n, vocab)  # outside `requested`: the plain linear layer
+
+
+def test_install_keeps_names_and_tied_weights(tiny_model_dir):  # noqa: F811
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    head = install_logprob_head(model)
+    assert logprob_head_of(model) is head and isinstance(model.lm_head, LogProbHead)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    after = model.state_dict()
+    assert after.keys() == before.keys()
+    assert all(torch.equal(after[k], before[k]) for k in before)
+
+
+def test_training_keeps_no_vocab_sized_tensor(tiny_model_dir):  # noqa: F811
+    engine = TrainEngine(tiny_model_dir)
+    batch = ragged_batch(6, seed=4)
+    vocab = engine.config.vocab_size
+    saved: list[tuple[int, ...]] = []
+
+    def keep(t):
+        saved.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        out = response_outputs(engine.model, batch, packed=True, with_entropy=True, temperature=0.7)
+    (out["log_probs"].sum() + out["entropy"].sum()).backward()
+    assert saved and not [s for s in saved if s[-1:] == (vocab,)]  # no logits, no softmax
