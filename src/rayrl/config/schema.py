@@ -53,7 +53,8 @@ class FSDPConfig:
 @dataclass
 class RefFSDPConfig:
     param_offload: bool = False
-    model_dtype: str = "fp32"
+    # None (verl's default): bf16 weights where compute is bf16 on a GPU, else fp32
+    model_dtype: str | None = None
     dtype: str = "bfloat16"
 
 

@@ -22,7 +22,7 @@ CHOICES = {
     "data.truncation": ("error", "left", "right"),
     "actor_rollout_ref.actor.fsdp_config.model_dtype": MODEL_DTYPES,
     "actor_rollout_ref.actor.fsdp_config.dtype": COMPUTE_DTYPES,
-    "actor_rollout_ref.ref.fsdp_config.model_dtype": MODEL_DTYPES,
+    "actor_rollout_ref.ref.fsdp_config.model_dtype": (None, *MODEL_DTYPES),
     "actor_rollout_ref.ref.fsdp_config.dtype": COMPUTE_DTYPES,
     "critic.model.fsdp_config.model_dtype": MODEL_DTYPES,
     "critic.model.fsdp_config.dtype": COMPUTE_DTYPES,

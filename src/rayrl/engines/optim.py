@@ -10,6 +10,7 @@ an optional linear warmup.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -20,7 +21,16 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from rayrl.algos.registry import Registry
 
-__all__ = ["LR_SCHEDULES", "OptimSpec", "build_lr_scheduler", "build_optimizer"]
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "LR_SCHEDULES",
+    "OptimSpec",
+    "build_lr_scheduler",
+    "build_optimizer",
+    "nonfinite_gradients",
+    "warn_nonfinite_gradients",
+]
 
 # name -> f(step, warmup_steps, total_steps, min_lr_ratio, num_cycles) -> LR multiplier
 ScheduleFn = Callable[[int, int, int, float, float], float]
@@ -125,3 +135,28 @@ def build_lr_scheduler(
         name, spec.warmup_steps, int(total_steps or 0), spec.min_lr_ratio, spec.num_cycles
     )
     return LambdaLR(optimizer, multiplier)
+
+
+def nonfinite_gradients(model: torch.nn.Module) -> list[str]:
+    """Names of the parameters whose gradient (this rank's shard) has a NaN or inf."""
+    names = []
+    for name, param in model.named_parameters():
+        grad = param.grad
+        if grad is None:
+            continue
+        local = grad.to_local() if hasattr(grad, "to_local") else grad
+        if not bool(torch.isfinite(local).all()):
+            names.append(name)
+    return names
+
+
+def warn_nonfinite_gradients(model: torch.nn.Module, norm: float, skipped: int) -> None:
+    """Log which parameters made the gradient norm non-finite (the step is skipped)."""
+    names = nonfinite_gradients(model)
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    logger.warning(
+        "gradient norm %s: optimizer step skipped (%d skipped so far). Non-finite gradients "
+        "on this rank in %s. Check the loss inputs (advantages, old/ref log-probs) for NaN "
+        "and lower the learning rate if the weights diverged.",
+        norm, skipped, shown or "no parameter of this rank (another rank's shard)",
+    )  # fmt: skip

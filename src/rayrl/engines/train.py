@@ -35,7 +35,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from typing import Any
 
@@ -51,20 +51,21 @@ from rayrl.engines.checkpoint_io import (
     load_sharded,
     save_sharded,
 )
-from rayrl.engines.fsdp import (
-    dp_world_size,
-    offload_model,
-    offload_optimizer,
-    onload_model,
-    onload_optimizer,
-    shard_model,
-)
+from rayrl.engines.fsdp import dp_world_size, shard_model
 from rayrl.engines.loading import DTYPES, has_tokenizer, load_hf_model, pick_device
 from rayrl.engines.logprob_head import install_logprob_head
 from rayrl.engines.lora import adapters_disabled, apply_lora, lora_scaling, merged_state_dict
-from rayrl.engines.optim import OptimSpec, build_lr_scheduler, build_optimizer
+from rayrl.engines.optim import (
+    OptimSpec,
+    build_lr_scheduler,
+    build_optimizer,
+    warn_nonfinite_gradients,
+)
 from rayrl.engines.outputs import response_outputs
 from rayrl.engines.packing import plan_fixed, plan_token_budget, split_to_count
+from rayrl.engines.residency import Residency
+from rayrl.engines.weight_sync import DEFAULT_BUCKET_BYTES, rollout_weights
+from rayrl.models.flops import FlopModel
 
 __all__ = ["LossFn", "TrainEngine"]
 
@@ -113,6 +114,8 @@ class TrainEngine:
         trainable: bool = True,
         lora: Any = None,
         trust_remote_code: bool = False,
+        param_offload: bool = False,
+        optimizer_offload: bool = False,
     ) -> None:
         self.model_path = str(model_path)
         self.tokenizer_path = str(tokenizer_path or model_path)
@@ -137,7 +140,7 @@ class TrainEngine:
             model.gradient_checkpointing_enable({"use_reentrant": False})
         if self.sharded:
             shard_model(model, self.device.type, self.mixed_precision)
-        else:
+        elif not param_offload:
             model.to(self.device)
         self.model = model
         self.trainable = trainable
@@ -153,7 +156,11 @@ class TrainEngine:
         self.skipped_steps = 0
         self.optimizer_steps = 0
         self.train_steps = 0
-        self._offloaded = {"params": False, "optimizer": False}
+        self.flop_model = FlopModel.of(model) if not value_head else None
+        self.residency = Residency(
+            model, self.optimizer, self.device,
+            param_offload=param_offload, optimizer_offload=optimizer_offload,
+        )  # fmt: skip
 
     # ---------------------------------------------------------------- forward
     def forward(
@@ -170,13 +177,13 @@ class TrainEngine:
         ``position_ids``; ``batch.meta["temperature"]`` (default 1) scales the logits.
         Returns a Batch of ``[b, R]`` float32 CPU tensors in the input's row order.
         """
-        self._require_onloaded(optimizer=False)
+        self.residency.require(optimizer=False)
         if len(batch) == 0:
             raise ValueError("forward got an empty batch; every rank needs rows.")
         plan = self._plan(batch, micro_batch_size, max_tokens_per_micro_batch)
         self.model.eval()
         parts, order = [], []
-        with torch.no_grad():
+        with torch.no_grad(), self.residency.resident():
             for rows in plan:
                 _, outputs = self._run(batch, rows, with_entropy)
                 if rows is not None:
@@ -220,7 +227,8 @@ class TrainEngine:
             ``loss_fn``'s metrics (shares summed over micro-batches and ranks, averaged
             over mini-batches).
         """
-        self._require_onloaded(optimizer=True)
+        self._require_trainable()
+        self.residency.require(optimizer=True)
         if len(batch) == 0:
             raise ValueError("train_step got an empty batch; every rank needs rows.")
         minis = batch.split(mini_batch_size or len(batch))
@@ -230,11 +238,12 @@ class TrainEngine:
         loss_metrics: dict[str, list[float]] = defaultdict(list)  # loss_fn's
         lr = self.scheduler.get_last_lr()[0]
         skipped_before = self.skipped_steps
-        for mini in minis:
-            plan = self._plan(mini, micro_batch_size, max_tokens_per_micro_batch)
-            engine_values = self._train_mini_batch(mini, plan, loss_fn, with_entropy, loss_metrics)
-            for key, value in engine_values.items():
-                metrics[key].append(value)
+        with self.residency.resident():
+            for mini in minis:
+                plan = self._plan(mini, micro_batch_size, max_tokens_per_micro_batch)
+                values = self._train_mini_batch(mini, plan, loss_fn, with_entropy, loss_metrics)
+                for key, value in values.items():
+                    metrics[key].append(value)
         if step_lr:
             with warnings.catch_warnings():  # every step skipped is not a misordered call
                 warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
@@ -246,7 +255,20 @@ class TrainEngine:
         out["lr"] = lr
         out["skipped"] = self.skipped_steps - skipped_before
         out["skipped_steps"] = self.skipped_steps
+        out["flops"] = self.train_flops(batch)
         return out
+
+    def train_flops(self, batch: Batch) -> float:
+        """Useful FLOPs of one pass of `train_step` over ``batch`` (`rayrl.models.flops`):
+        real tokens only, the head over response tokens only."""
+        if self.flop_model is None:
+            return 0.0
+        lengths = batch["attention_mask"].sum(dim=-1).tolist()
+        if "response_mask" in batch:
+            head = int(batch["response_mask"].sum())
+        else:
+            head = int(batch["attention_mask"][:, -batch["responses"].shape[1] :].sum())
+        return self.flop_model.train_flops(lengths, head)
 
     def _train_mini_batch(
         self,
@@ -264,7 +286,9 @@ class TrainEngine:
         tokens, seqs = self._global_counts(mini)
         shares: dict[str, float] = defaultdict(float)
         shares["loss"] = 0.0
-        for rows in plan:
+        for i, rows in enumerate(plan):
+            if self.sharded:  # reduce-scatter once, after the last micro-batch
+                self.model.set_requires_gradient_sync(i == len(plan) - 1)
             micro, outputs = self._run(mini, rows, with_entropy, counts=(tokens, seqs))
             if rows is None:  # a dummy: same collectives as a real micro-batch, zero gradient
                 loss = sum(v.sum() for v in outputs.values()) * 0.0
@@ -293,10 +317,12 @@ class TrainEngine:
             norm = norm.full_tensor()
         norm = float(norm)
         if not torch.isfinite(torch.tensor(norm)):
+            warn_nonfinite_gradients(self.model, norm, self.skipped_steps + 1)
             self.optimizer.zero_grad(set_to_none=True)
             self.skipped_steps += 1
             return None
-        self.optimizer.step()
+        with self.residency.stepping():
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.optimizer_steps += 1
         return norm
@@ -379,32 +405,23 @@ class TrainEngine:
     # ------------------------------------------------------ memory and state
     def offload(self, params: bool = True, optimizer: bool = True) -> None:
         """Move parameters (and gradients) and/or optimizer state to host memory."""
-        if params and not self._offloaded["params"]:
-            offload_model(self.model)
-            self._offloaded["params"] = True
-        if optimizer and self.trainable and not self._offloaded["optimizer"]:
-            offload_optimizer(self.optimizer)
-            self._offloaded["optimizer"] = True
+        self.residency.offload(params=params, optimizer=optimizer and self.trainable)
 
     def onload(self) -> None:
         """Bring back to the device whatever `offload` moved away."""
-        if self._offloaded["params"]:
-            onload_model(self.model, self.device)
-            self._offloaded["params"] = False
-        if self._offloaded["optimizer"]:
-            onload_optimizer(self.optimizer, self.device)
-            self._offloaded["optimizer"] = False
+        self.residency.onload()
 
-    def _require_onloaded(self, optimizer: bool) -> None:
-        if optimizer and not self.trainable:
+    def resident(self):
+        """Context with the parameters on the device (with ``param_offload`` they live in
+        host memory otherwise); engine calls inside it move nothing."""
+        self.residency.require(optimizer=False)
+        return self.residency.resident()
+
+    def _require_trainable(self) -> None:
+        if not self.trainable:
             raise RuntimeError(
                 "this engine was built with trainable=False (a frozen reference model): "
                 "it has no optimizer to train or checkpoint; build it with trainable=True."
-            )
-        off = [k for k, v in self._offloaded.items() if v and (optimizer or k == "params")]
-        if off:
-            raise RuntimeError(
-                f"the engine's {' and '.join(off)} are offloaded to CPU; call onload() first."
             )
 
     def _extra_state(self) -> dict[str, Any]:
@@ -418,13 +435,17 @@ class TrainEngine:
     def save(self, path: str | os.PathLike) -> None:
         """Write a sharded checkpoint (model, optimizer, LR schedule, counters) to
         the directory ``path``; every rank must call it."""
-        self._require_onloaded(optimizer=True)
-        save_sharded(path, self.model, self.optimizer, self._extra_state())
+        self._require_trainable()
+        self.residency.require(optimizer=True)
+        with self.residency.resident(), self.residency.stepping():
+            save_sharded(path, self.model, self.optimizer, self._extra_state())
 
     def load(self, path: str | os.PathLike) -> None:
         """Restore a checkpoint written by `save` (with any number of ranks)."""
-        self._require_onloaded(optimizer=True)
-        extra = load_sharded(path, self.model, self.optimizer, self._extra_state())
+        self._require_trainable()
+        self.residency.require(optimizer=True)
+        with self.residency.resident(), self.residency.stepping():
+            extra = load_sharded(path, self.model, self.optimizer, self._extra_state())
         self.scheduler.load_state_dict(extra["scheduler"])
         self.skipped_steps = int(extra["skipped_steps"])
         self.optimizer_steps = int(extra["optimizer_steps"])
@@ -433,24 +454,39 @@ class TrainEngine:
     def export_hf(self, path: str | os.PathLike, dtype: str | None = None) -> None:
         """Write a directory that ``transformers`` loads (weights gathered to rank 0,
         plus config, generation config and tokenizer); every rank must call it."""
-        self._require_onloaded(optimizer=False)
-        export_hf(
-            self.model,
-            path,
-            state=self.full_state_dict(cpu_offload=True) if self.lora else None,
-            config=self.config,
-            architecture=self.architecture,
-            tokenizer_dir=self.tokenizer_path if has_tokenizer(self.tokenizer_path) else None,
-            generation_config=self.generation_config,
-            dtype=DTYPES[dtype] if dtype else None,
-        )
+        with self.resident():
+            export_hf(
+                self.model,
+                path,
+                state=self.full_state_dict(cpu_offload=True) if self.lora else None,
+                config=self.config,
+                architecture=self.architecture,
+                tokenizer_dir=self.tokenizer_path if has_tokenizer(self.tokenizer_path) else None,
+                generation_config=self.generation_config,
+                dtype=DTYPES[dtype] if dtype else None,
+            )
+
+    def rollout_weights(
+        self, dtype: torch.dtype, bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    ) -> Iterator[tuple[str, Tensor]]:
+        """Full weights by HF name in ``dtype``, for a rollout engine's ``update_weights``:
+        gathered a bucket at a time (`rayrl.engines.weight_sync`), LoRA merged in.
+
+        Consume it inside `resident()` when the engine offloads parameters; every rank
+        of a sharded engine must consume all of it.
+        """
+        self.residency.require(optimizer=False)
+        if self.lora:
+            return ((k, v.to(dtype)) for k, v in self.full_state_dict().items())
+        return rollout_weights(self.model, dtype, bucket_bytes)
 
     def full_state_dict(self, cpu_offload: bool = False) -> dict[str, Tensor]:
-        """Unsharded weights by name (for weight sync); a collective when sharded.
+        """Unsharded weights by name (fp32 master weights); a collective when sharded.
 
         With ``cpu_offload`` only rank 0 receives them, on CPU.
         """
-        state = full_model_state_dict(self.model, cpu_offload=cpu_offload)
+        with self.resident():
+            state = full_model_state_dict(self.model, cpu_offload=cpu_offload)
         if self.lora and state:
             state = merged_state_dict(state, lora_scaling(self.model))
         return state

@@ -183,6 +183,7 @@ class PPOTrainer:
         with _timer(timing, "step"):
             with _timer(timing, "gen"):
                 batch = self.actor.generate(prompts)
+            timing["weight_sync"] = float(batch.meta.pop("timing_s/weight_sync", 0.0))
             reward_future = self.reward.compute_score(batch, blocking=False)
             if alg.filter_groups.enable:
                 with _timer(timing, "dynamic_sampling"):

@@ -1,18 +1,28 @@
 """ActorRolloutRef: one process holding the policy's training engine, its rollout engine
 and (optionally) the frozen reference policy — the hybrid engine.
 
-Unsharded (one rank), the rollout engine wraps the training model itself: generation
-reads the weights the last `update_actor` wrote, with no copy. Sharded (FSDP2 over
-several ranks), the rollout engine keeps a full copy that is refreshed in place from
-the gathered weights before the first generation after an update. With LoRA the
-reference policy is the same model with its adapters disabled: no second copy.
+On a CPU, unsharded (one rank), the rollout engine wraps the training model itself:
+generation reads the weights the last `update_actor` wrote, with no copy. Otherwise
+(sharded over several ranks, fp32 master weights on a GPU, parameters offloaded, or
+another rollout engine) the rollout engine keeps its own copy in its dtype (bf16 on a
+GPU), refreshed in place before the first generation after an update from weights
+streamed in that dtype a bucket at a time (`TrainEngine.rollout_weights`: a sharded
+parameter is cast before it is gathered, so no rank ever holds the fp32 state).
+The reference policy is bf16 on a GPU (``ref.fsdp_config.model_dtype`` unset, as in
+verl); with LoRA it is the same model with its adapters disabled: no second copy.
+``actor.fsdp_config.param_offload`` (``ref.fsdp_config.param_offload``) keeps the
+actor's (reference's) weights in host memory between calls, ``optimizer_offload`` the
+Adam moments outside the optimizer step.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from rayrl.batch import Batch
 from rayrl.config.schema import RayRLConfig
@@ -28,6 +38,8 @@ from rayrl.workers.common import (
     mean_metrics,
     optim_spec,
     per_rank_mini_batch,
+    reference_kwargs,
+    update_perf_metrics,
 )
 from rayrl.workers.losses import actor_loss_fn
 
@@ -51,19 +63,20 @@ class ActorRolloutRefWorker(Worker):
         self.ref = None
         if with_ref and not self.lora:
             self.ref = TrainEngine(
-                model_path, trainable=False, **engine_kwargs(arr.model, arr.ref.fsdp_config, seed)
-            )
+                model_path, trainable=False,
+                **reference_kwargs(arr.model, arr.ref.fsdp_config, seed),
+            )  # fmt: skip
         self.with_ref = with_ref
         self.tokenizer = _load_tokenizer(
             arr.model.tokenizer_path or model_path, arr.model.trust_remote_code
         )
-        # The rollout engine shares the training module only when unsharded and on HF;
-        # otherwise it owns a full copy, refreshed from gathered weights after updates.
-        self._owns_copy = self.actor.sharded or arr.rollout.name != "hf"
+        self.rollout_dtype, self._owns_copy = _rollout_placement(self.actor, arr)
+        self.last_sync_s = 0.0
         if self._owns_copy:
+            dtype = {"dtype": self.rollout_dtype} if arr.rollout.name == "hf" else {}
             self.rollout = make_rollout_engine(
                 arr.rollout.name, model_path=model_path, tokenizer=self.tokenizer,
-                device=str(self.actor.device), **_engine_options(config),
+                device=str(self.actor.device), **dtype, **_engine_options(config),
             )  # fmt: skip
         else:
             self.rollout = HFRolloutEngine(model=self.actor.model, tokenizer=self.tokenizer)
@@ -96,9 +109,16 @@ class ActorRolloutRefWorker(Worker):
         )
 
     def _sync_rollout_weights(self) -> None:
-        if self._stale:
-            self.rollout.update_weights(self.actor.full_state_dict())
-            self._stale = False
+        """Stream the updated weights into the rollout's copy (in its dtype, bucketed)."""
+        if not self._stale:
+            return
+        start = time.perf_counter()
+        with self.actor.resident():
+            self.rollout.update_weights(self.actor.rollout_weights(self.rollout_dtype))
+        if self.actor.device.type == "cuda":
+            torch.cuda.synchronize(self.actor.device)
+        self.last_sync_s = time.perf_counter() - start
+        self._stale = False
 
     @register(dispatch=DP_SPLIT)
     def generate(self, prompts: Batch) -> Batch:
@@ -118,6 +138,8 @@ class ActorRolloutRefWorker(Worker):
         out = self.rollout.generate(prompts, params)
         if self.cfg.actor_rollout_ref.rollout.free_cache_engine:
             self.rollout.sleep()
+        out.meta["timing_s/weight_sync"] = self.last_sync_s
+        self.last_sync_s = 0.0
         return out
 
     # --------------------------------------------------------------- log-probs
@@ -126,8 +148,8 @@ class ActorRolloutRefWorker(Worker):
         """The current policy's log-probs of the sampled responses (`old_log_probs`)."""
         r = self.cfg.actor_rollout_ref.rollout
         batch.meta.setdefault("temperature", r.temperature)
-        out = self.actor.forward(batch, with_entropy=True, **forward_sizes(r))
-        return Batch({"old_log_probs": out["log_probs"], "entropy": out["entropy"]})
+        out = self.actor.forward(batch, **forward_sizes(r))
+        return Batch({"old_log_probs": out["log_probs"]})
 
     @register(dispatch=DP_SPLIT)
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
@@ -157,6 +179,9 @@ class ActorRolloutRefWorker(Worker):
         mini = per_rank_mini_batch(a.ppo_mini_batch_size * n, self.world_size, len(batch))
         batch.meta.setdefault("temperature", self.cfg.actor_rollout_ref.rollout.temperature)
         metrics: list[dict[str, float]] = []
+        if self.actor.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.actor.device)
+        start = time.perf_counter()
         for epoch in range(a.ppo_epochs):
             rows = epoch_rows(batch, epoch, a.shuffle, self.cfg.trainer.seed, self.rank)
             metrics.append(
@@ -167,11 +192,16 @@ class ActorRolloutRefWorker(Worker):
                     with_entropy=a.entropy_coeff != 0, step_lr=epoch == a.ppo_epochs - 1,
                 )
             )  # fmt: skip
+        flops = sum(m.pop("flops", 0.0) for m in metrics)
+        perf = update_perf_metrics(flops, time.perf_counter() - start, self.actor.device)
         self._stale = self._owns_copy
         out = mean_metrics([metrics], None)
         if a.use_kl_loss:
             out["actor/kl_coef"] = a.kl_loss_coef
-        return {f"actor/{k}" if "/" not in k else k: v for k, v in out.items()}
+        out = {f"actor/{k}" if "/" not in k else k: v for k, v in out.items()}
+        out.update({f"perf/{k}/actor" if k in ("mfu", "tflops") else f"perf/{k}": v
+                    for k, v in perf.items()})  # fmt: skip
+        return out
 
     # ------------------------------------------------------------- checkpoints
     @register(dispatch=ONE_TO_ALL)
@@ -206,6 +236,19 @@ def _engine_options(config: RayRLConfig) -> dict[str, Any]:
         "enforce_eager": r.enforce_eager,
         "max_model_len": r.max_model_len or data.max_prompt_length + data.max_response_length,
     }
+
+
+def _rollout_placement(actor: TrainEngine, arr: Any) -> tuple[torch.dtype, bool]:
+    """The rollout's weight dtype (bf16 on a GPU, else the actor's) and whether it needs
+    its own copy: always, except an HF rollout on an unsharded, resident actor whose
+    weights already have that dtype (then it wraps the training module itself)."""
+    actor_dtype = next(actor.model.parameters()).dtype
+    dtype = torch.bfloat16 if actor.device.type == "cuda" else actor_dtype
+    shared = (
+        arr.rollout.name == "hf" and not actor.sharded and actor_dtype == dtype
+        and not (actor.residency.param_offload and actor.device.type == "cuda")
+    )  # fmt: skip
+    return dtype, not shared
 
 
 def _load_tokenizer(path: str, trust_remote_code: bool = False):

@@ -1,5 +1,5 @@
 """Pieces the role workers share: engine arguments from the config, metric collection,
-and the per-rank mini-batch size."""
+the per-rank mini-batch size, and the actor update's throughput and memory figures."""
 
 from __future__ import annotations
 
@@ -19,12 +19,16 @@ def engine_kwargs(model: Any, fsdp_config: Any, seed: int) -> dict[str, Any]:
     """TrainEngine keyword arguments from a model group and its ``fsdp_config``.
 
     ``fsdp_config.model_dtype`` is the master weights' dtype; ``fsdp_config.dtype``
-    bfloat16 turns on mixed precision (bf16 compute on GPU), float32 turns it off.
+    bfloat16 turns on mixed precision (bf16 compute on GPU), float32 turns it off;
+    ``param_offload`` / ``optimizer_offload`` keep parameters / Adam moments in host
+    memory between uses (`rayrl.engines.residency`).
     """
     dtype = DTYPE_NAMES.get(fsdp_config.model_dtype, fsdp_config.model_dtype)
     compute = DTYPE_NAMES.get(fsdp_config.dtype, fsdp_config.dtype)
     return {
         "dtype": dtype,
+        "param_offload": bool(getattr(fsdp_config, "param_offload", False)),
+        "optimizer_offload": bool(getattr(fsdp_config, "optimizer_offload", False)),
         "attn_implementation": model.attn_implementation,
         "gradient_checkpointing": model.enable_gradient_checkpointing,
         "use_remove_padding": model.use_remove_padding,
@@ -61,6 +65,45 @@ def optim_spec(optim: Any, total_steps: int | None) -> OptimSpec:
         num_cycles=optim.num_cycles,
         grad_clip=optim.clip_grad,
     )
+
+
+def reference_kwargs(model: Any, fsdp_config: Any, seed: int) -> dict[str, Any]:
+    """TrainEngine keyword arguments of a frozen reference policy (`engine_kwargs`).
+
+    ``model_dtype`` unset (None) means verl's reference default: bf16 weights where
+    compute is bf16 (a GPU with mixed precision) — they are only ever used in bf16
+    there, and it halves the memory of fp32 weights nothing updates — else fp32.
+    """
+    explicit = fsdp_config.model_dtype is not None
+    kwargs = engine_kwargs(
+        model, _with(fsdp_config, model_dtype=fsdp_config.model_dtype or "fp32"), seed
+    )
+    if not explicit and kwargs["mixed_precision"] and torch.cuda.is_available():
+        kwargs["dtype"] = "bfloat16"
+    kwargs["optimizer_offload"] = False
+    return kwargs
+
+
+def _with(config: Any, **changes: Any) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(config, **changes)
+
+
+def update_perf_metrics(flops: float, seconds: float, device: Any) -> dict[str, float]:
+    """verl-named throughput figures of an actor (or critic) update on one rank:
+    ``perf/tflops`` achieved, ``perf/mfu`` against the device's bf16 peak (GPUs in
+    `rayrl.models.flops.PEAK_BF16_FLOPS`; absent on a CPU), peak memory on a GPU."""
+    from rayrl.models.flops import peak_flops
+
+    out = {"tflops": flops / max(seconds, 1e-9) / 1e12}
+    if getattr(device, "type", None) == "cuda":
+        peak = peak_flops(torch.cuda.get_device_name(device))
+        if peak:
+            out["mfu"] = flops / max(seconds, 1e-9) / peak
+        out["max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
+        out["max_memory_reserved_gb"] = torch.cuda.max_memory_reserved(device) / 2**30
+    return out
 
 
 def join_process_group(worker: Any, backend: str) -> None:

@@ -10,7 +10,7 @@ from rayrl.batch import Batch
 from rayrl.config.schema import RayRLConfig
 from rayrl.controller import DP_SPLIT, Worker, register
 from rayrl.engines.train import TrainEngine
-from rayrl.workers.common import engine_kwargs, forward_sizes, join_process_group
+from rayrl.workers.common import forward_sizes, join_process_group, reference_kwargs
 
 
 class ReferenceWorker(Worker):
@@ -24,7 +24,7 @@ class ReferenceWorker(Worker):
         join_process_group(self, dist_backend)
         self.engine = TrainEngine(
             model_path, trainable=False,
-            **engine_kwargs(arr.model, arr.ref.fsdp_config, config.trainer.seed),
+            **reference_kwargs(arr.model, arr.ref.fsdp_config, config.trainer.seed),
         )  # fmt: skip
 
     @register(dispatch=DP_SPLIT)

@@ -1,0 +1,104 @@
+"""Where a training engine's parameters and optimizer state live: device or host memory.
+
+Two ways to move them:
+
+* explicitly, `offload()` / `onload()` between phases (a caller that knows the
+  schedule); while something is offloaded this way, calls that need it fail with a
+  message saying to call `onload()`;
+* by policy (verl's ``param_offload`` / ``optimizer_offload``): with
+  ``param_offload`` the parameters live in host memory between engine calls and
+  `resident()` brings them to the device for one call; with ``optimizer_offload`` the
+  Adam moments live in host memory except inside `stepping()` (the optimizer step), so
+  the device holds them only for the few milliseconds of the update.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from rayrl.engines.fsdp import offload_model, offload_optimizer, onload_model, onload_optimizer
+
+__all__ = ["Residency"]
+
+
+class Residency:
+    """The placement of one engine's parameters and optimizer state."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        device: torch.device,
+        *,
+        param_offload: bool = False,
+        optimizer_offload: bool = False,
+    ) -> None:
+        self.model, self.optimizer, self.device = model, optimizer, device
+        self.param_offload = param_offload
+        self.optimizer_offload = optimizer_offload and optimizer is not None
+        self.explicit = {"params": False, "optimizer": False}
+        self._params_home = False  # parameters in host memory by policy
+        if param_offload:
+            offload_model(model)
+            self._params_home = True
+
+    # --------------------------------------------------------------- explicit
+    def offload(self, params: bool = True, optimizer: bool = True) -> None:
+        """Move parameters (and gradients) and/or optimizer state to host memory."""
+        if params and not self.explicit["params"]:
+            if not self._params_home:
+                offload_model(self.model)
+            self.explicit["params"] = True
+        if optimizer and self.optimizer is not None and not self.explicit["optimizer"]:
+            offload_optimizer(self.optimizer)
+            self.explicit["optimizer"] = True
+
+    def onload(self) -> None:
+        """Bring back what `offload` moved (the policy's placement stays as it was)."""
+        if self.explicit["params"]:
+            self.explicit["params"] = False
+            if not self.param_offload:
+                onload_model(self.model, self.device)
+        if self.explicit["optimizer"]:
+            self.explicit["optimizer"] = False
+            if not self.optimizer_offload:
+                onload_optimizer(self.optimizer, self.device)
+
+    def require(self, optimizer: bool) -> None:
+        """Raise when something this call needs was offloaded explicitly."""
+        off = [k for k, v in self.explicit.items() if v and (optimizer or k == "params")]
+        if off:
+            raise RuntimeError(
+                f"the engine's {' and '.join(off)} are offloaded to CPU; call onload() first."
+            )
+
+    # ----------------------------------------------------------------- policy
+    @contextmanager
+    def resident(self) -> Iterator[None]:
+        """Parameters on the device inside the block; back home after, by policy."""
+        if not self._params_home:
+            yield
+            return
+        onload_model(self.model, self.device)
+        self._params_home = False
+        try:
+            yield
+        finally:
+            offload_model(self.model)
+            self._params_home = True
+
+    @contextmanager
+    def stepping(self) -> Iterator[None]:
+        """Optimizer state on the device for the optimizer step; back home after."""
+        if not self.optimizer_offload:
+            yield
+            return
+        onload_optimizer(self.optimizer, self.device)
+        try:
+            yield
+        finally:
+            offload_optimizer(self.optimizer)

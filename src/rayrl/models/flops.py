@@ -1,0 +1,102 @@
+"""Honest FLOP counts of a decoder-only transformer, and device peaks for MFU.
+
+A token through the model costs ``2 x (matmul parameters it meets)`` FLOPs forward and
+twice that backward, so training costs ``6 x params x tokens`` (Kaplan et al.), plus
+attention, whose score and value products grow with the sequence length. Counted here:
+
+* the body (every parameter except the input embedding, whose lookup does no matmul,
+  and the output head) over every real token;
+* the output head (``hidden x vocab``) over the tokens whose logits are used: in RL
+  only the response tokens, since the engine never projects prompt positions;
+* causal attention: ``2 x L^2 x (heads x head_dim)`` per layer forward for a sequence
+  of ``L`` tokens (``QK^T`` and ``PV``, half of the square each).
+
+Padding, activation recomputation and the fused head's recomputed logits are not
+counted: they are overhead, not useful work. `peak_flops` gives a device's dense
+bf16 peak by name (None when unknown, e.g. a CPU); MFU is achieved over peak.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torch import nn
+
+__all__ = ["PEAK_BF16_FLOPS", "FlopModel", "peak_flops"]
+
+# Dense bf16 tensor-core peak (no sparsity), FLOP/s, by a substring of the device name.
+# The first match wins, so more specific names come first.
+PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
+    ("H100 PCIe", 756e12),
+    ("H200", 989e12),
+    ("H100", 989e12),
+    ("H800", 989e12),
+    ("H20", 148e12),
+    ("B200", 2250e12),
+    ("A100", 312e12),
+    ("A800", 312e12),
+    ("L40S", 362e12),
+    ("L40", 181e12),
+    ("A10G", 70e12),
+    ("A10", 125e12),
+    ("RTX 4090", 165e12),
+)
+
+
+def peak_flops(device_name: str) -> float | None:
+    """Dense bf16 peak FLOP/s of a device (``torch.cuda.get_device_name()``), or None."""
+    for key, value in PEAK_BF16_FLOPS:
+        if key.lower() in device_name.lower():
+            return value
+    return None
+
+
+@dataclass(frozen=True)
+class FlopModel:
+    """The FLOP-relevant sizes of one model.
+
+    Attributes:
+        body_params: parameters a token meets between the embedding and the head.
+        head_params: the output head's ``hidden x vocab``.
+        layers: decoder layers.
+        attn_width: query heads times head size.
+    """
+
+    body_params: int
+    head_params: int
+    layers: int
+    attn_width: int
+
+    @classmethod
+    def of(cls, model: nn.Module) -> FlopModel:
+        """Sizes read from a Hugging Face causal LM (sharded parameters count whole)."""
+        cfg = model.config
+        skip = set()
+        for module in (model.get_input_embeddings(), model.get_output_embeddings()):
+            if module is not None:
+                skip.update(id(p) for p in module.parameters())
+        body = sum(p.numel() for p in model.parameters() if id(p) not in skip)
+        heads = cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        return cls(
+            body_params=body,
+            head_params=cfg.hidden_size * cfg.vocab_size,
+            layers=cfg.num_hidden_layers,
+            attn_width=heads * head_dim,
+        )
+
+    def forward_flops(self, seq_lens: Sequence[int], head_tokens: int) -> float:
+        """One forward pass over sequences of ``seq_lens`` real tokens, ``head_tokens``
+        of which go through the output head."""
+        tokens = float(sum(seq_lens))
+        squares = float(sum(n * n for n in seq_lens))
+        return (
+            2.0 * self.body_params * tokens
+            + 2.0 * self.head_params * head_tokens
+            + 2.0 * self.layers * self.attn_width * squares
+        )
+
+    def train_flops(self, seq_lens: Sequence[int], head_tokens: int) -> float:
+        """Forward plus backward (twice the forward): ``6 x params x tokens`` + attention."""
+        return 3.0 * self.forward_flops(seq_lens, head_tokens)
