@@ -1,15 +1,20 @@
 """Benchmark: training-engine log-prob throughput, packed sequences versus padded rows.
 
-Builds a small random-weight Qwen2 (4 layers, hidden 256, vocabulary 4096 by default)
-and a ragged batch in verl's layout (left-padded prompts, right-padded responses)
-where about half of the tokens are padding, then times `TrainEngine.forward` on the
-same engine and batch with `use_remove_padding` on and off, interleaved after a
-warm-up. Throughput counts real tokens only. Prints one JSON object per line: both
-throughputs, the padding fraction and `packed_vs_padded_speedup` (the median of
-per-repeat ratios, so load drifting on a shared machine cancels out).
+Builds a small random-weight Qwen2 (4 layers, hidden 256, vocabulary 4096 by default;
+``--preset qwen2.5-0.5b`` for the reference shape) and, for each shape, a batch in
+verl's layout (left-padded prompts, right-padded responses), then times
+`TrainEngine.forward` on the same engine and batch with `use_remove_padding` on and
+off, interleaved after a warm-up. Shapes (``--shapes``, ``ROWSxPROMPT+RESPONSE``, a
+``full`` suffix for rows without padding): the default ragged batch where about half
+of the tokens are padding, 8 ragged rows of 512+512, and 8 full rows of 1024 (packing
+saves nothing there; it must not cost either). Throughput counts real tokens only.
+Prints one JSON object per line per shape: both throughputs, the padding fraction and
+`packed_vs_padded_speedup` (the median of per-repeat ratios, so load drifting on a
+shared machine cancels out).
 
-    python bench/engines.py [--device cpu|cuda] [--rows 32] [--prompt-len 128]
-                            [--response-len 128] [--micro-batch-size 4] [--repeats 5]
+    python bench/engines.py [--device cpu|cuda] [--preset tiny|qwen2.5-0.5b]
+                            [--shapes 32x128+128,8x512+512,8x512+512full]
+                            [--micro-batch-size 4] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import torch
 
 from rayrl.batch import Batch
 from rayrl.engines.train import TrainEngine
-from rayrl.models.tiny import TinySpec
+from rayrl.models.tiny import TinySpec, reference_05b
 
 
 def hardware(device: str) -> str:
@@ -42,14 +47,17 @@ def hardware(device: str) -> str:
     return f"{model}, {os.cpu_count()} cores, {gpu}"
 
 
-def ragged_batch(rows: int, prompt_len: int, response_len: int, vocab: int) -> Batch:
-    """Rows whose real lengths spread evenly over [2, width - 2]: about half padding."""
+def ragged_batch(
+    rows: int, prompt_len: int, response_len: int, vocab: int, full: bool = False
+) -> Batch:
+    """Rows whose real lengths spread evenly over [2, width - 2] (about half padding),
+    or with ``full`` rows of exactly prompt_len + response_len real tokens."""
     width = prompt_len + response_len
     gen = torch.Generator().manual_seed(0)
     ids = torch.zeros(rows, width, dtype=torch.long)
     mask = torch.zeros(rows, width, dtype=torch.long)
     for i in range(rows):
-        total = round(2 + (width - 4) * (i + 0.5) / rows)
+        total = width if full else round(2 + (width - 4) * (i + 0.5) / rows)
         p = min(prompt_len, max(1, (total + 1) // 2))
         r = min(response_len, total - p)
         ids[i, prompt_len - p : prompt_len + r] = torch.randint(3, vocab, (p + r,), generator=gen)
@@ -74,21 +82,31 @@ def time_forward(engine: TrainEngine, batch: Batch, packed: bool, micro: int) ->
     return time.perf_counter() - start
 
 
-def run(args: argparse.Namespace) -> list[dict]:
-    spec = TinySpec(
-        layers=args.layers,
-        hidden=args.hidden,
-        heads=args.heads,
-        kv_heads=args.kv_heads,
-        intermediate=args.intermediate,
-        vocab_size=args.vocab,
-        max_position=args.prompt_len + args.response_len,
-    )
+def parse_shape(text: str) -> tuple[int, int, int, bool]:
+    """``"8x512+512full"`` -> (rows 8, prompt 512, response 512, full rows)."""
+    full = text.endswith("full")
+    rows, lengths = text.removesuffix("full").split("x")
+    prompt, response = lengths.split("+")
+    return int(rows), int(prompt), int(response), full
+
+
+def build_engine(args: argparse.Namespace, max_len: int) -> TrainEngine:
+    if args.preset == "qwen2.5-0.5b":
+        spec = reference_05b(max_position=max(max_len, 2048))
+    else:
+        spec = TinySpec(
+            layers=args.layers, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
+            intermediate=args.intermediate, vocab_size=args.vocab, max_position=max_len,
+        )  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = spec.build(os.path.join(tmp, "model"))
-        engine = TrainEngine(model_dir, device=args.device, attn_implementation=args.attn)
+        return TrainEngine(model_dir, device=args.device, attn_implementation=args.attn)
+
+
+def run_shape(args, engine: TrainEngine, shape: str) -> list[dict]:
+    rows, prompt_len, response_len, full = parse_shape(shape)
     vocab = engine.config.vocab_size
-    batch = ragged_batch(args.rows, args.prompt_len, args.response_len, vocab)
+    batch = ragged_batch(rows, prompt_len, response_len, vocab, full)
     real_tokens = int(batch["attention_mask"].sum())
     padding = 1 - real_tokens / batch["attention_mask"].numel()
     for _ in range(args.warmup):
@@ -100,13 +118,16 @@ def run(args: argparse.Namespace) -> list[dict]:
             seconds = time_forward(engine, batch, packed, args.micro_batch_size)
             (packed_s if packed else padded_s).append(seconds)
     speedup = statistics.median(d / p for p, d in zip(packed_s, padded_s, strict=True))
+    cfg = engine.config
     common = {
         "bench": "engines",
         "device": args.device,
-        "model": f"qwen2 {args.layers}L h{args.hidden} i{args.intermediate} v{vocab}",
-        "attn": args.attn,
-        "rows": args.rows,
-        "width": args.prompt_len + args.response_len,
+        "model": f"qwen2 {cfg.num_hidden_layers}L h{cfg.hidden_size} "
+        f"i{cfg.intermediate_size} v{vocab}",
+        "attn": engine.model.config._attn_implementation,
+        "shape": shape,
+        "rows": rows,
+        "width": prompt_len + response_len,
         "micro_batch_size": args.micro_batch_size,
         "repeats": args.repeats,
         "hardware": hardware(args.device),
@@ -131,10 +152,17 @@ def run(args: argparse.Namespace) -> list[dict]:
             "metric": "packed_vs_padded_speedup",
             "value": round(speedup, 3),
             "unit": "x",
-            "target": 1.5,
+            "target": 1.0 if full else 1.5,
             "better": "higher",
         },
     ]
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    shapes = [s for s in args.shapes.split(",") if s]
+    max_len = max(p + r for _, p, r, _ in map(parse_shape, shapes))
+    engine = build_engine(args, max_len)
+    return [line for shape in shapes for line in run_shape(args, engine, shape)]
 
 
 def main() -> None:
@@ -146,9 +174,12 @@ def main() -> None:
     parser.add_argument("--kv-heads", type=int, default=2)
     parser.add_argument("--intermediate", type=int, default=1024)
     parser.add_argument("--vocab", type=int, default=4096)
-    parser.add_argument("--rows", type=int, default=32)
-    parser.add_argument("--prompt-len", type=int, default=128)
-    parser.add_argument("--response-len", type=int, default=128)
+    parser.add_argument("--preset", default="tiny", choices=["tiny", "qwen2.5-0.5b"])
+    parser.add_argument(
+        "--shapes",
+        default="32x128+128,8x512+512,8x512+512full",
+        help="comma-separated ROWSxPROMPT+RESPONSE, 'full' suffix: no padding",
+    )
     parser.add_argument("--micro-batch-size", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)

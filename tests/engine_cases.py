@@ -98,14 +98,17 @@ def fsdp_worker(rank: int, world: int, init_file: str, model_dir: str, out_dir: 
     """Two training steps, a forward, a sharded save and an HF export on FSDP2/gloo."""
     import torch.distributed as dist
 
+    from rayrl.engines.fsdp import decoder_layers
     from rayrl.engines.train import TrainEngine
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    scatters = count_calls(dist, ("reduce_scatter_single", "reduce_scatter_tensor"))
     try:
         engine = TrainEngine(model_dir, optim=OPTIM)
         metrics_a = engine.train_step(
             step_a_batch().index(STEP_A_ROWS[rank]), pg_loss, mini_batch_size=2, micro_batch_size=1
         )
+        scatters_a = scatters[0]
         metrics_b = engine.train_step(
             step_b_batch().index(STEP_B_ROWS[rank]),
             pg_loss,
@@ -114,11 +117,33 @@ def fsdp_worker(rank: int, world: int, init_file: str, model_dir: str, out_dir: 
         local = step_a_batch().index(STEP_A_ROWS[rank])
         forward = engine.forward(local, max_tokens_per_micro_batch=STEP_B_BUDGET, with_entropy=True)
         weights = engine.full_state_dict(cpu_offload=True)
+        streamed = [(k, v.clone()) for k, v in engine.rollout_weights(torch.bfloat16, 1 << 12)]
         engine.save(Path(out_dir) / "ckpt")
         engine.export_hf(Path(out_dir) / "hf")
-        result = {"a": metrics_a, "b": metrics_b, "forward": forward.tensors}
+        result = {
+            "a": metrics_a, "b": metrics_b, "forward": forward.tensors, "streamed": streamed,
+            "scatters_a": scatters_a, "fsdp_units": len(decoder_layers(engine.model)) + 1,
+        }  # fmt: skip
         if rank == 0:
             result["weights"] = weights
         torch.save(result, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
+
+
+def count_calls(module, names: tuple[str, ...]) -> list[int]:
+    """Count calls of the functions ``module.<name>`` that exist (the real functions
+    still run; FSDP2 calls one or the other by torch version); returns [count]."""
+    count = [0]
+
+    def counting(real):
+        def counted(*args, **kwargs):
+            count[0] += 1
+            return real(*args, **kwargs)
+
+        return counted
+
+    for name in names:
+        if hasattr(module, name):
+            setattr(module, name, counting(getattr(module, name)))
+    return count

@@ -70,6 +70,24 @@ def test_two_ranks_match_one_rank(two_rank_run, one_rank, tiny_model_dir):  # no
         torch.testing.assert_close(weights[name], value, atol=2e-5, rtol=0, msg=name)
 
 
+def test_gradients_reduce_scattered_once_per_mini_batch(two_rank_run):
+    _, results = two_rank_run
+    for r in results:  # step A: 2 mini-batches of 2 micro-batches each
+        assert r["scatters_a"] == 2 * r["fsdp_units"], (r["scatters_a"], r["fsdp_units"])
+
+
+def test_rollout_weights_stream_full_bf16_tensors(two_rank_run):
+    _, results = two_rank_run
+    weights = results[0]["weights"]
+    for r in results:  # every rank receives every full tensor, cast before the gather
+        streamed = dict(r["streamed"])
+        assert len(streamed) == len(r["streamed"])  # each name once (tied weights too)
+        assert "model.embed_tokens.weight" in streamed and "lm_head.weight" not in streamed
+        for name, value in streamed.items():
+            assert value.dtype == torch.bfloat16
+            assert torch.equal(value, weights[name].to(torch.bfloat16)), name
+
+
 def test_sharded_forward_matches(two_rank_run, one_rank):
     _, results = two_rank_run
     engine, _, _ = one_rank

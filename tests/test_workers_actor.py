@@ -25,6 +25,8 @@ def test_hybrid_actor_generates_updates_and_generates_with_new_weights(ray_local
         "actor_rollout_ref.actor.optim.lr=0.05",
         "actor_rollout_ref.actor.ppo_epochs=6",
         "actor_rollout_ref.actor.use_kl_loss=false",
+        "actor_rollout_ref.actor.fsdp.param_offload=true",
+        "actor_rollout_ref.actor.fsdp.optimizer_offload=true",
     )
     group, pool, kv = group_on(ActorRolloutRefWorker, 1, "actor")
     try:
@@ -33,6 +35,7 @@ def test_hybrid_actor_generates_updates_and_generates_with_new_weights(ray_local
         assert len(out) == 4 and out["responses"].shape == (4, 6)
         assert list(out["sample_uid"]) == ["p0/0", "p0/1", "p1/0", "p1/1"]
         old = group.compute_log_prob(out)
+        assert old.keys() == ["old_log_probs"]  # no entropy nobody reads
         ref = group.compute_ref_log_prob(out)
         mask = out["response_mask"].bool()
         # Same weights before any update: policy == reference == what the rollout saw.
@@ -48,11 +51,14 @@ def test_hybrid_actor_generates_updates_and_generates_with_new_weights(ray_local
         train["advantages"] = torch.ones(4, 6)
         metrics = group.update_actor(train)
         assert metrics["actor/skipped"] == 0 and metrics["actor/grad_norm"] > 0
+        assert metrics["perf/tflops/actor"] > 0 and "perf/mfu/actor" not in metrics  # CPU
 
         greedy = group.generate(prompts(tok, 2, step=1, validate=True))
         assert (greedy["responses"] == TOKEN).all(), greedy["responses"]
         info = group.device_info()[0]
         assert info["sharded"] is False
+        assert info["param_offload"] and info["optimizer_offload"]  # the config keys reach it
+        assert not info["rollout_owns_copy"] and info["rollout_dtype"] == "float32"  # CPU
     finally:
         close(group, pool, kv)
 

@@ -111,14 +111,20 @@ def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device
                 slot = (id(param), key)
                 buffer = host.get(slot)
                 if buffer is None or buffer.shape != value.shape or buffer.dtype != value.dtype:
-                    buffer = host[slot] = torch.empty(
-                        value.shape, dtype=value.dtype, device="cpu", pin_memory=True
-                    )
+                    buffer = host[slot] = _host_buffer(value)
                 state[key] = buffer.copy_(value, non_blocking=True)
             else:
                 state[key] = value.to(device, non_blocking=True)
     if device.type == "cpu" and torch.cuda.is_available():
         torch.cuda.synchronize()
+
+
+def _host_buffer(like: torch.Tensor) -> torch.Tensor:
+    """A pinned host tensor shaped like ``like`` (pageable where pinning fails)."""
+    try:
+        return torch.empty(like.shape, dtype=like.dtype, device="cpu", pin_memory=True)
+    except RuntimeError:
+        return torch.empty(like.shape, dtype=like.dtype, device="cpu")
 
 
 def offload_optimizer(optimizer: torch.optim.Optimizer) -> None:

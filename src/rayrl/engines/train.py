@@ -148,7 +148,8 @@ class TrainEngine:
             optim if isinstance(optim, OptimSpec) else OptimSpec.from_config(optim or {})
         )
         if trainable:
-            self.optimizer = build_optimizer(model.parameters(), self.optim_spec)
+            fused = self.device.type == "cuda"
+            self.optimizer = build_optimizer(model.parameters(), self.optim_spec, fused=fused)
             self.scheduler = build_lr_scheduler(self.optimizer, self.optim_spec, total_steps)
         else:
             model.requires_grad_(False)

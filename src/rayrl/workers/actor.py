@@ -221,6 +221,10 @@ class ActorRolloutRefWorker(Worker):
         return {
             "device": str(self.actor.device), "sharded": self.actor.sharded, "pid": os.getpid(),
             "rollout": type(self.rollout).__name__, "rollout_asleep": self.rollout.is_asleep,
+            "param_offload": self.actor.residency.param_offload,
+            "optimizer_offload": self.actor.residency.optimizer_offload,
+            "rollout_owns_copy": self._owns_copy,
+            "rollout_dtype": str(self.rollout_dtype).removeprefix("torch."),
         }  # fmt: skip
 
 

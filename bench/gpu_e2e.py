@@ -1,0 +1,454 @@
+"""GPU end-to-end benchmark: rayrl's GRPO against TRL's GRPOTrainer doing the same work.
+
+Both systems train the same model (the Qwen2.5-0.5B-shaped random model by default,
+or after ``--sft-steps`` of next-token training, where random weights give a system
+NaN gradients) on the same prompts (synthetic arithmetic questions padded to exactly
+``--prompt-len`` tokens after the chat template), group size ``--group``, responses of
+``--response-len`` tokens (TRL: ``min_new_tokens``; rayrl: a random model almost never
+samples an end token, and the mean response length is reported), one AdamW step per
+training step at the same learning rate, no KL term, no vLLM. For each system and
+each ``--seqs`` (sequences per step) it reports, after ``--warmup`` steps:
+
+* ``step_s`` (median), ``tokens_per_s_per_gpu`` (prompt + response tokens / step time),
+* ``stage_s`` per stage (rayrl: gen, old_log_prob, ref, update_actor, weight_sync),
+* ``actor_mfu`` (rayrl's ``perf/mfu/actor``), ``weight_sync_ms``,
+* ``peak_mem_gb`` (``model`` field: 0.5b, 7b), ``grad_norm_finite`` (1: every step's
+  gradient norm was finite and no update was skipped),
+* ``speedup_vs_trl`` (rayrl over TRL tokens/s) where both ran.
+
+``--memory-7b`` adds a GRPO-like step of a Qwen2.5-7B-shaped random model on the
+engines directly (parameter and optimizer offload, activation checkpointing, bf16
+reference and rollout copies): reference log-probs, one actor update with the PPO
+loss, a weight sync; its peak GPU memory is ``peak_mem_gb`` with ``model`` 7b.
+
+Every line is also appended to ``--out`` (default bench/results/gpu_e2e-<date>.jsonl).
+TRL runs in its own process; it needs ``trl`` and ``datasets`` (a bench-only extra).
+
+    python bench/gpu_e2e.py [--systems rayrl,trl] [--seqs 64,512] [--steps 3]
+        [--warmup 1] [--prompt-len 256] [--response-len 256] [--group 8]
+        [--preset qwen2.5-0.5b|tiny] [--sft-steps 0] [--memory-7b] [--device cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+BENCH = "gpu_e2e"
+STAGES = ("gen", "old_log_prob", "ref", "update_actor", "weight_sync")
+
+
+# ------------------------------------------------------------------ model and data
+def build_model(args: argparse.Namespace, workdir: Path) -> Path:
+    """The benchmark model (random weights, optionally briefly SFT-trained)."""
+    from rayrl.models.tiny import preset
+
+    spec = preset(args.preset, max_position=max(2048, args.prompt_len + args.response_len))
+    path = spec.build(workdir / "model")
+    if args.sft_steps:
+        sft(path, args)
+    return path
+
+
+def sft(path: Path, args: argparse.Namespace) -> None:
+    """A few next-token steps on the task's prompts and answers, saved in place."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(args.device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    rows = make_rows(tok, 64, args.prompt_len)
+    for step in range(args.sft_steps):
+        row = rows[step % len(rows)]
+        text = tok.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
+        ids = tok(text + row["reward_model"]["ground_truth"], return_tensors="pt").input_ids
+        loss = model(input_ids=ids.to(args.device), labels=ids.to(args.device)).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.to(torch.bfloat16).save_pretrained(path)
+
+
+def make_rows(tokenizer, count: int, prompt_len: int) -> list[dict]:
+    """Arithmetic rows whose chat-templated prompt is exactly ``prompt_len`` tokens."""
+    from rayrl.data import synthetic_rows
+
+    rows = synthetic_rows("arithmetic", count, seed=0)
+    for row in rows:
+        message = row["prompt"][0]
+        base = message["content"]
+        pad = 0
+        while True:
+            message["content"] = base + " 0" * pad
+            ids = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True)
+            n = len(ids["input_ids"] if isinstance(ids, dict) else ids)
+            if n >= prompt_len:
+                break
+            pad += max(1, (prompt_len - n) // 2)
+        if n != prompt_len:  # overshot by a token or two: trim characters until exact
+            while n > prompt_len and message["content"] != base:
+                message["content"] = message["content"][:-1]
+                ids = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True)
+                n = len(ids["input_ids"] if isinstance(ids, dict) else ids)
+    return rows
+
+
+# ----------------------------------------------------------------------- rayrl
+def run_rayrl(args: argparse.Namespace, model_dir: Path, rows: list[dict], seqs: int) -> dict:
+    """rayrl's GRPO through the product path (`PPOTrainer`); per-step metrics."""
+    from rayrl.config.load import load_config
+    from rayrl.data.dataset import write_parquet
+    from rayrl.trainer.ppo import PPOTrainer
+
+    prompts = seqs // args.group
+    with tempfile.TemporaryDirectory() as tmp:
+        data = write_parquet(rows, Path(tmp) / "train.parquet")
+        overrides = [
+            f"actor_rollout_ref.model.path={model_dir}",
+            f"data.train_files=[{data}]",
+            f"data.train_batch_size={prompts}",
+            f"data.max_prompt_length={args.prompt_len}",
+            f"data.max_response_length={args.response_len}",
+            "data.shuffle=false",
+            f"actor_rollout_ref.rollout.n={args.group}",
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts}",
+            "actor_rollout_ref.actor.use_dynamic_bsz=true",
+            f"actor_rollout_ref.actor.max_tokens_per_micro_batch={args.max_tokens}",
+            f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={args.logprob_micro}",
+            f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={args.logprob_micro}",
+            "actor_rollout_ref.actor.use_kl_loss=false",
+            f"actor_rollout_ref.actor.optim.lr={args.lr}",
+            "algorithm.adv_estimator=grpo",
+            f"trainer.device={args.device}",
+            f"trainer.total_steps={args.warmup + args.steps}",
+            f"trainer.output_dir={tmp}/out",
+        ]
+        trainer = PPOTrainer(load_config(None, overrides))
+        try:
+            history = trainer.setup().fit()
+        finally:
+            trainer.shutdown()
+    return summarize_rayrl(history[args.warmup :])
+
+
+def summarize_rayrl(steps: list[dict]) -> dict:
+    def med(key: str) -> float | None:
+        values = [s[key] for s in steps if key in s and s[key] is not None]
+        return statistics.median(values) if values else None
+
+    norms = [s.get("actor/grad_norm", float("nan")) for s in steps]
+    return {
+        "step_s": med("timing_s/step"),
+        "tokens_per_s": med("perf/throughput"),
+        "stages": {k: med(f"timing_s/{k}") for k in STAGES},
+        "mfu": med("perf/mfu/actor"),
+        "peak_mem_gb": max((s.get("perf/max_memory_reserved_gb", 0.0) for s in steps), default=0),
+        "grad_finite": all(math.isfinite(n) for n in norms)
+        and not any(s.get("actor/skipped", 0) for s in steps),
+        "grad_norms": norms,
+        "response_len": med("response_length/mean"),
+    }
+
+
+# ------------------------------------------------------------------------- TRL
+def run_trl(args: argparse.Namespace, model_dir: Path, rows: list[dict], seqs: int) -> dict:
+    """TRL's GRPOTrainer in a child process (its own CUDA context and memory stats)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        job = Path(tmp) / "job.json"
+        job.write_text(json.dumps({"args": vars(args), "model": str(model_dir), "rows": rows,
+                                   "seqs": seqs, "out": f"{tmp}/result.json"}))  # fmt: skip
+        proc = subprocess.run([sys.executable, __file__, "--trl-job", str(job)], check=False)
+        result = Path(tmp) / "result.json"
+        if proc.returncode != 0 or not result.exists():
+            return {"error": f"TRL exited with {proc.returncode} (see its output above)"}
+        return json.loads(result.read_text())
+
+
+def trl_job(path: str) -> None:
+    """Body of the child process: one TRL GRPO run, result written as JSON."""
+    import dataclasses
+
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rayrl.rewards import compute_score
+
+    job = json.loads(Path(path).read_text())
+    a, seqs, rows = argparse.Namespace(**job["args"]), job["seqs"], job["rows"]
+    ds = Dataset.from_list(
+        [{"prompt": r["prompt"], "ground_truth": r["reward_model"]["ground_truth"]} for r in rows]
+    )
+
+    def reward(completions, ground_truth, **_):
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        out = []
+        for text, truth in zip(texts, ground_truth, strict=True):
+            score = compute_score("arithmetic", text, truth, None)
+            out.append(float(score["score"] if isinstance(score, dict) else score))
+        return out
+
+    micro = min(seqs, a.trl_micro)
+    wanted = dict(
+        output_dir=str(Path(job["out"]).parent / "trl"), per_device_train_batch_size=micro,
+        gradient_accumulation_steps=seqs // micro, num_generations=a.group,
+        max_prompt_length=a.prompt_len, max_completion_length=a.response_len,
+        generation_kwargs={"min_new_tokens": a.response_len}, temperature=1.0,
+        learning_rate=a.lr, beta=0.0, bf16=a.device == "cuda", use_cpu=a.device == "cpu",
+        logging_steps=1, max_steps=a.warmup + a.steps, report_to=[], save_strategy="no",
+        use_vllm=False, seed=1, num_iterations=1,
+    )  # fmt: skip
+    names = {f.name for f in dataclasses.fields(GRPOConfig)}
+    config = GRPOConfig(**{k: v for k, v in wanted.items() if k in names})
+
+    class Clock(TrainerCallback):
+        def __init__(self) -> None:
+            self.starts, self.ends = [], []
+
+        def on_step_begin(self, *args, **kwargs):
+            _sync()
+            self.starts.append(time.perf_counter())
+
+        def on_step_end(self, *args, **kwargs):
+            _sync()
+            self.ends.append(time.perf_counter())
+
+    clock = Clock()
+    trainer = GRPOTrainer(
+        model=job["model"], reward_funcs=reward, args=config, train_dataset=ds, callbacks=[clock]
+    )
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    trainer.train()
+    # With gradient accumulation a step spans several micro-steps: time optimizer steps
+    # by the gaps between step ends (the first from its first micro-step's start).
+    ends = clock.ends
+    times = [ends[0] - clock.starts[0]] + [b - a for a, b in zip(ends, ends[1:], strict=False)]
+    times = times[a.warmup :]
+    norms = [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h]
+    lengths = [h.get("completions/mean_length") for h in trainer.state.log_history]
+    step_s = statistics.median(times) if times else None
+    result = {
+        "step_s": step_s,
+        "tokens_per_s": seqs * (a.prompt_len + a.response_len) / step_s if step_s else None,
+        "stages": {},
+        "peak_mem_gb": torch.cuda.max_memory_reserved() / 2**30 if torch.cuda.is_available() else 0,
+        "grad_finite": bool(norms) and all(math.isfinite(n) for n in norms[a.warmup :]),
+        "grad_norms": norms,
+        "response_len": next((x for x in reversed(lengths) if x is not None), None),
+        "config_dropped": sorted(set(wanted) - names),
+    }
+    Path(job["out"]).write_text(json.dumps(result))
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+# ------------------------------------------------------------------ 7B memory
+QWEN25_7B = dict(
+    hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+    num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False,
+)  # fmt: skip
+
+
+def memory_7b(args: argparse.Namespace, workdir: Path) -> dict:
+    """A GRPO-like step of a 7B-shaped random model on the engines; peak GPU memory."""
+    from rayrl.batch import Batch
+    from rayrl.config.schema import ActorConfig
+    from rayrl.engines.rollout import HFRolloutEngine
+    from rayrl.engines.train import TrainEngine
+    from rayrl.workers.losses import actor_loss_fn
+
+    path = write_random_model(workdir / "q7b", {**QWEN25_7B, **(args.shape_7b or {})}, args)
+    start = time.perf_counter()
+    actor = TrainEngine(
+        path, optim={"lr": 1e-6}, total_steps=10, gradient_checkpointing=True,
+        param_offload=True, optimizer_offload=True, device=args.device,
+    )  # fmt: skip
+    ref = TrainEngine(
+        path, trainable=False, dtype="bfloat16", param_offload=True, device=args.device
+    )
+    rollout = HFRolloutEngine(model_path=str(path), dtype="bfloat16", device=args.device)
+    if args.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    rows, p, r = args.seqs_7b, args.prompt_len, args.response_len
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 1000, (rows, p + r), generator=gen)
+    mask = torch.ones_like(ids)
+    batch = Batch.from_dict({
+        "input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1),
+        "responses": ids[:, p:], "response_mask": mask[:, p:],
+        "advantages": torch.randn(rows, r, generator=gen),
+    }, meta={"temperature": 1.0})  # fmt: skip
+    # Actor and reference start equal: the reference pass gives the old log-probs too
+    # (an actor forward would only repeat it at this size).
+    ref_lp = ref.forward(batch, micro_batch_size=8)["log_probs"]
+    batch = batch.union(Batch({"old_log_probs": ref_lp, "ref_log_prob": ref_lp}))
+    update = actor.train_step(
+        batch, actor_loss_fn(ActorConfig(use_kl_loss=True), r), max_tokens_per_micro_batch=8192
+    )
+    sync_start = time.perf_counter()
+    with actor.resident():
+        rollout.update_weights(actor.rollout_weights(torch.bfloat16))
+    _sync()
+    return {
+        "peak_mem_gb": torch.cuda.max_memory_reserved() / 2**30 if args.device == "cuda" else 0,
+        "peak_alloc_gb": torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else 0,
+        "grad_finite": update.get("skipped", 1) == 0 and math.isfinite(update["grad_norm"]),
+        "weight_sync_s": time.perf_counter() - sync_start,
+        "seconds": time.perf_counter() - start,
+        "params_b": sum(p.numel() for p in actor.model.parameters()) / 1e9,
+    }
+
+
+def write_random_model(path: Path, shape: dict, args: argparse.Namespace) -> Path:
+    """A Qwen2 directory of ``shape`` with N(0, 0.02) bf16 weights drawn on the device
+    and written straight to safetensors (no fp32 model, no initialisation pass)."""
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    from rayrl.models.tiny import preset
+
+    rope = {"rope_type": "default", "rope_theta": 1e6}
+    cfg = Qwen2Config(**shape, max_position_embeddings=4096, rope_parameters=rope)
+    cfg.architectures = ["Qwen2ForCausalLM"]
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in Qwen2ForCausalLM(cfg).state_dict().items()}
+    gen = torch.Generator(device=args.device).manual_seed(0)
+    state = {}
+    for name, size in shapes.items():
+        if name.endswith("norm.weight"):
+            t = torch.ones(size, dtype=torch.bfloat16)
+        elif name.endswith("bias"):
+            t = torch.zeros(size, dtype=torch.bfloat16)
+        else:
+            t = torch.randn(size, generator=gen, device=args.device, dtype=torch.bfloat16)
+            t = t.mul_(0.02).cpu()
+        state[name] = t
+    path.mkdir(parents=True)
+    save_file(state, path / "model.safetensors", metadata={"format": "pt"})
+    del state
+    cfg.save_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(preset("tiny").build(path.parent / "tok"))
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _free() -> None:
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------- report
+def lines_for(system: str, seqs: int, res: dict, common: dict) -> list[dict]:
+    base = {**common, "system": system, "seqs_per_step": seqs}
+    if "error" in res:
+        return [{**base, "metric": "error", "value": None, "unit": "", "error": res["error"]}]
+    out = [
+        {**base, "metric": "step_s", "value": res["step_s"], "unit": "s", "better": "lower"},
+        {**base, "metric": "tokens_per_s_per_gpu", "value": res["tokens_per_s"],
+         "unit": "tokens/s", "better": "higher"},
+        {**base, "metric": "peak_mem_gb", "model": common["model_name"],
+         "value": res["peak_mem_gb"], "unit": "GiB", "better": "lower"},
+        {**base, "metric": "grad_norm_finite", "value": int(res["grad_finite"]), "unit": "bool",
+         "target": 1, "better": "higher", "grad_norms": res["grad_norms"]},
+        {**base, "metric": "response_length", "value": res.get("response_len"), "unit": "tokens"},
+    ]  # fmt: skip
+    for stage, value in res.get("stages", {}).items():
+        if value is not None:
+            out.append({**base, "metric": "stage_s", "stage": stage, "value": value, "unit": "s"})
+    if res.get("mfu") is not None:
+        out.append({**base, "metric": "actor_mfu", "value": res["mfu"], "unit": "fraction",
+                    "target": 0.4, "better": "higher"})  # fmt: skip
+    sync = res.get("stages", {}).get("weight_sync")
+    if sync:
+        out.append({**base, "metric": "weight_sync_ms", "value": sync * 1e3, "unit": "ms",
+                    "target": 100, "better": "lower"})  # fmt: skip
+    return out
+
+
+def emit(line: dict, out: Path) -> None:
+    text = json.dumps(line)
+    print(text, flush=True)
+    with out.open("a") as f:
+        f.write(text + "\n")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--systems", default="rayrl,trl")
+    p.add_argument("--seqs", default="64,512", help="sequences per step, comma-separated")
+    p.add_argument("--steps", type=int, default=3, help="measured steps after warm-up")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--prompt-len", type=int, default=256)
+    p.add_argument("--response-len", type=int, default=256)
+    p.add_argument("--group", type=int, default=8)
+    p.add_argument("--lr", type=float, default=1e-6)
+    p.add_argument("--preset", default="qwen2.5-0.5b", choices=["qwen2.5-0.5b", "tiny"])
+    p.add_argument("--sft-steps", type=int, default=0)
+    p.add_argument("--max-tokens", type=int, default=16384, help="rayrl tokens per micro-batch")
+    p.add_argument("--logprob-micro", type=int, default=64, help="rayrl log-prob micro-batch")
+    p.add_argument("--trl-micro", type=int, default=64, help="TRL completions per micro-step")
+    p.add_argument("--memory-7b", action="store_true")
+    p.add_argument("--seqs-7b", type=int, default=16)
+    p.add_argument("--shape-7b", type=json.loads, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--out", default=None)
+    p.add_argument("--trl-job", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.trl_job:
+        return trl_job(args.trl_job)
+    date = datetime.datetime.now(datetime.timezone.utc)
+    out = Path(args.out or Path(__file__).parent / "results" / f"{BENCH}-{date:%Y-%m-%d}.jsonl")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    gpu = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    common = {"bench": BENCH, "device": gpu, "date": date.isoformat(timespec="seconds"),
+              "prompt_len": args.prompt_len, "response_len": args.response_len,
+              "group": args.group, "preset": args.preset, "sft_steps": args.sft_steps,
+              "model_name": "0.5b" if args.preset == "qwen2.5-0.5b" else args.preset}  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        systems = [s for s in args.systems.split(",") if s]
+        if systems:
+            model_dir = build_model(args, work)
+            from transformers import AutoTokenizer
+
+            rows = make_rows(AutoTokenizer.from_pretrained(model_dir), 1024, args.prompt_len)
+        for seqs in (int(s) for s in args.seqs.split(",") if s):
+            results = {}
+            for system in systems:
+                run = run_rayrl if system == "rayrl" else run_trl
+                results[system] = run(args, model_dir, rows, seqs)
+                for line in lines_for(system, seqs, results[system], common):
+                    emit(line, out)
+            mine, theirs = results.get("rayrl", {}), results.get("trl", {})
+            if mine.get("tokens_per_s") and theirs.get("tokens_per_s"):
+                emit({**common, "metric": "speedup_vs_trl", "seqs_per_step": seqs,
+                      "value": mine["tokens_per_s"] / theirs["tokens_per_s"], "unit": "x",
+                      "target": 10, "better": "higher"}, out)  # fmt: skip
+        if args.memory_7b:
+            res = memory_7b(args, work)
+            total = torch.cuda.get_device_properties(0).total_memory / 2**30 if gpu != "cpu" else 0
+            emit({**common, "metric": "peak_mem_gb", "model": "7b", "system": "rayrl",
+                  "value": res["peak_mem_gb"], "unit": "GiB", "target": round(total, 1),
+                  "better": "lower", **{k: v for k, v in res.items() if k != "peak_mem_gb"}},
+                 out)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
