@@ -91,6 +91,8 @@ def parse_shape(text: str) -> tuple[int, int, int, bool]:
 
 
 def build_engine(args: argparse.Namespace, max_len: int) -> TrainEngine:
+    if args.model_dir and os.path.isfile(os.path.join(args.model_dir, "config.json")):
+        return TrainEngine(args.model_dir, device=args.device, attn_implementation=args.attn)
     if args.preset == "qwen2.5-0.5b":
         spec = reference_05b(max_position=max(max_len, 2048))
     else:
@@ -175,6 +177,7 @@ def main() -> None:
     parser.add_argument("--intermediate", type=int, default=1024)
     parser.add_argument("--vocab", type=int, default=4096)
     parser.add_argument("--preset", default="tiny", choices=["tiny", "qwen2.5-0.5b"])
+    parser.add_argument("--model-dir", default=None, help="an existing model to load instead")
     parser.add_argument(
         "--shapes",
         default="32x128+128,8x512+512,8x512+512full",

@@ -50,11 +50,14 @@ STAGES = ("gen", "old_log_prob", "ref", "update_actor", "weight_sync")
 
 # ------------------------------------------------------------------ model and data
 def build_model(args: argparse.Namespace, workdir: Path) -> Path:
-    """The benchmark model (random weights, optionally briefly SFT-trained)."""
+    """The benchmark model (random weights, optionally briefly SFT-trained); reused from
+    ``--model-dir`` when that holds one."""
     from rayrl.models.tiny import preset
 
+    if args.model_dir and (Path(args.model_dir) / "config.json").is_file():
+        return Path(args.model_dir)
     spec = preset(args.preset, max_position=max(2048, args.prompt_len + args.response_len))
-    path = spec.build(workdir / "model")
+    path = spec.build(Path(args.model_dir) if args.model_dir else workdir / "model")
     if args.sft_steps:
         sft(path, args)
     return path
@@ -80,32 +83,31 @@ def sft(path: Path, args: argparse.Namespace) -> None:
 
 
 def make_rows(tokenizer, count: int, prompt_len: int) -> list[dict]:
-    """Arithmetic rows whose chat-templated prompt is exactly ``prompt_len`` tokens."""
+    """Arithmetic rows whose chat-templated prompt is ``prompt_len`` tokens, counted as
+    rayrl's dataset counts them (padding text appended to the question)."""
     from rayrl.data import synthetic_rows
+
+    def length(messages: list[dict]) -> int:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     rows = synthetic_rows("arithmetic", count, seed=0)
     for row in rows:
         message = row["prompt"][0]
-        base = message["content"]
-        pad = 0
-        while True:
+        base, pad = message["content"], 0
+        while length(row["prompt"]) < prompt_len:
+            pad += max(1, (prompt_len - length(row["prompt"])) // 2)
             message["content"] = base + " 0" * pad
-            ids = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True)
-            n = len(ids["input_ids"] if isinstance(ids, dict) else ids)
-            if n >= prompt_len:
-                break
-            pad += max(1, (prompt_len - n) // 2)
-        if n != prompt_len:  # overshot by a token or two: trim characters until exact
-            while n > prompt_len and message["content"] != base:
-                message["content"] = message["content"][:-1]
-                ids = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True)
-                n = len(ids["input_ids"] if isinstance(ids, dict) else ids)
+        while length(row["prompt"]) > prompt_len and len(message["content"]) > len(base):
+            message["content"] = message["content"][:-1]
     return rows
 
 
 # ----------------------------------------------------------------------- rayrl
 def run_rayrl(args: argparse.Namespace, model_dir: Path, rows: list[dict], seqs: int) -> dict:
     """rayrl's GRPO through the product path (`PPOTrainer`); per-step metrics."""
+    import ray
+
     from rayrl.config.load import load_config
     from rayrl.data.dataset import write_parquet
     from rayrl.trainer.ppo import PPOTrainer
@@ -133,6 +135,8 @@ def run_rayrl(args: argparse.Namespace, model_dir: Path, rows: list[dict], seqs:
             f"trainer.total_steps={args.warmup + args.steps}",
             f"trainer.output_dir={tmp}/out",
         ]
+        if args.worker_logs and not ray.is_initialized():  # worker warnings on this console
+            ray.init(address="local", include_dashboard=False, log_to_driver=True)
         trainer = PPOTrainer(load_config(None, overrides))
         try:
             history = trainer.setup().fit()
@@ -275,7 +279,7 @@ def memory_7b(args: argparse.Namespace, workdir: Path) -> dict:
     start = time.perf_counter()
     actor = TrainEngine(
         path, optim={"lr": 1e-6}, total_steps=10, gradient_checkpointing=True,
-        param_offload=True, optimizer_offload=True, device=args.device,
+        param_offload=bool(args.actor_offload_7b), optimizer_offload=True, device=args.device,
     )  # fmt: skip
     ref = TrainEngine(
         path, trainable=False, dtype="bfloat16", param_offload=True, device=args.device
@@ -285,7 +289,8 @@ def memory_7b(args: argparse.Namespace, workdir: Path) -> dict:
         torch.cuda.reset_peak_memory_stats()
     rows, p, r = args.seqs_7b, args.prompt_len, args.response_len
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, 1000, (rows, p + r), generator=gen)
+    vocab = actor.config.vocab_size
+    ids = torch.randint(3, vocab, (rows, p + r), generator=gen)
     mask = torch.ones_like(ids)
     batch = Batch.from_dict({
         "input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1),
@@ -401,6 +406,9 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-6)
     p.add_argument("--preset", default="qwen2.5-0.5b", choices=["qwen2.5-0.5b", "tiny"])
     p.add_argument("--sft-steps", type=int, default=0)
+    p.add_argument("--model-dir", default=None, help="reuse (or keep) the built model here")
+    p.add_argument("--worker-logs", action="store_true", help="show rayrl workers' logs")
+    p.add_argument("--actor-offload-7b", type=int, default=1, help="7B: param_offload")
     p.add_argument("--max-tokens", type=int, default=16384, help="rayrl tokens per micro-batch")
     p.add_argument("--logprob-micro", type=int, default=64, help="rayrl log-prob micro-batch")
     p.add_argument("--trl-micro", type=int, default=64, help="TRL completions per micro-step")
