@@ -88,7 +88,8 @@ def response_outputs(
             ``value_head``), possibly FSDP-sharded.
         micro: ``input_ids``, ``attention_mask``, ``responses`` and optionally
             ``position_ids`` (verl's layout, see `rayrl.engines.packing`).
-        packed: drop padding and pack the sequences into one row.
+        packed: drop padding and pack the sequences into one row (a micro-batch with
+            no padding runs unpacked: the same result with fewer steps).
         value_head: return ``values`` (the head's output at the position before each
             response token, i.e. the state the token is chosen in).
         temperature: logits are divided by it before the softmax.
@@ -100,6 +101,8 @@ def response_outputs(
         ``{"log_probs": ..., "entropy": ...}`` or ``{"values": ...}``, each ``[b, R]``.
     """
     device = torch.device(device) if device is not None else micro["input_ids"].device
+    # A micro-batch without padding gains nothing from packing: run its rows as they are.
+    packed = packed and not bool(micro["attention_mask"].bool().all())
     inputs, index = _model_inputs(micro, packed, device)
     if value_head:
         scores = model(**inputs, use_cache=False).logits[..., 0]
