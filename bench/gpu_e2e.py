@@ -125,14 +125,15 @@ def run_rayrl(args: argparse.Namespace, model_dir: Path, rows: list[dict], seqs:
             f"actor_rollout_ref.rollout.n={args.group}",
             f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts}",
             "actor_rollout_ref.actor.use_dynamic_bsz=true",
-            f"actor_rollout_ref.actor.max_tokens_per_micro_batch={args.max_tokens}",
+            f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={args.max_tokens}",
+            "actor_rollout_ref.model.enable_gradient_checkpointing=false",  # as TRL's default
             f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={args.logprob_micro}",
             f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={args.logprob_micro}",
             "actor_rollout_ref.actor.use_kl_loss=false",
             f"actor_rollout_ref.actor.optim.lr={args.lr}",
             "algorithm.adv_estimator=grpo",
             f"trainer.device={args.device}",
-            f"trainer.total_steps={args.warmup + args.steps}",
+            f"trainer.total_training_steps={args.warmup + args.steps}",
             f"trainer.output_dir={tmp}/out",
         ]
         if args.worker_logs and not ray.is_initialized():  # worker warnings on this console

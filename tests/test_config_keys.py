@@ -31,12 +31,6 @@ PENDING = {
     "data.val_files",
     "data.val_batch_size",
     "data.dataloader_num_workers",
-    # training engine: parameter and optimizer offload
-    "actor_rollout_ref.actor.fsdp_config.param_offload",
-    "actor_rollout_ref.actor.fsdp_config.optimizer_offload",
-    "actor_rollout_ref.ref.fsdp_config.param_offload",
-    "critic.model.fsdp_config.param_offload",
-    "critic.model.fsdp_config.optimizer_offload",
 }
 
 

@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 
 from rayrl.algos import compute_advantages
 from rayrl.batch import Batch
-from rayrl.config.schema import ActorConfig
+from rayrl.config.schema import ActorConfig, RolloutCorrectionConfig
 from rayrl.engines.rollout import HFRolloutEngine, SamplingParams
 from rayrl.engines.train import TrainEngine
 from rayrl.models.tiny import TinySpec
@@ -55,7 +55,8 @@ def test_rl_path_gives_finite_gradients(wide_vocab_dir):
     old = engine.forward(out, micro_batch_size=4)["log_probs"]
     mask = out["response_mask"]
     assert torch.isfinite(old).all() and torch.isfinite(out["rollout_log_probs"]).all()
-    loss_fn = actor_loss_fn(ActorConfig(use_kl_loss=True, tis_cap=2.0), RESPONSE)
+    correction = RolloutCorrectionConfig(rollout_is="token", rollout_is_threshold=2.0)
+    loss_fn = actor_loss_fn(ActorConfig(use_kl_loss=True), RESPONSE, correction)
     for scores in (torch.zeros(len(out)), torch.randn(len(out))):
         rewards = torch.zeros(mask.shape)
         rewards[torch.arange(len(out)), mask.sum(-1) - 1] = scores

@@ -25,8 +25,8 @@ def test_hybrid_actor_generates_updates_and_generates_with_new_weights(ray_local
         "actor_rollout_ref.actor.optim.lr=0.05",
         "actor_rollout_ref.actor.ppo_epochs=6",
         "actor_rollout_ref.actor.use_kl_loss=false",
-        "actor_rollout_ref.actor.fsdp.param_offload=true",
-        "actor_rollout_ref.actor.fsdp.optimizer_offload=true",
+        "actor_rollout_ref.actor.fsdp_config.param_offload=true",
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
     )
     group, pool, kv = group_on(ActorRolloutRefWorker, 1, "actor")
     try:
