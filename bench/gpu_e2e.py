@@ -6,7 +6,9 @@ NaN gradients) on the same prompts (synthetic arithmetic questions padded to exa
 ``--prompt-len`` tokens after the chat template), group size ``--group``, responses of
 ``--response-len`` tokens (TRL: ``min_new_tokens``; rayrl: a random model almost never
 samples an end token, and the mean response length is reported), one AdamW step per
-training step at the same learning rate, no KL term, no vLLM. For each system and
+training step with the same settings (constant LR, no weight decay, clipping at 1),
+no KL term (TRL's default beta 0), no activation checkpointing, no vLLM. TRL 1.16 has
+no ``max_prompt_length``: the prompts are already exactly that long. For each system and
 each ``--seqs`` (sequences per step) it reports, after ``--warmup`` steps:
 
 * ``step_s`` (median), ``tokens_per_s_per_gpu`` (prompt + response tokens / step time),
@@ -131,8 +133,13 @@ def run_rayrl(args: argparse.Namespace, model_dir: Path, rows: list[dict], seqs:
             f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={args.logprob_micro}",
             "actor_rollout_ref.actor.use_kl_loss=false",
             f"actor_rollout_ref.actor.optim.lr={args.lr}",
+            "actor_rollout_ref.actor.optim.weight_decay=0.0",  # the same AdamW as TRL's run
+            "actor_rollout_ref.actor.optim.lr_scheduler_type=constant",
+            "actor_rollout_ref.actor.optim.clip_grad=1.0",
             "algorithm.adv_estimator=grpo",
             f"trainer.device={args.device}",
+            "trainer.nnodes=1",
+            "trainer.n_gpus_per_node=1",
             f"trainer.total_training_steps={args.warmup + args.steps}",
             f"trainer.output_dir={tmp}/out",
         ]
@@ -209,7 +216,8 @@ def trl_job(path: str) -> None:
         gradient_accumulation_steps=seqs // micro, num_generations=a.group,
         max_prompt_length=a.prompt_len, max_completion_length=a.response_len,
         generation_kwargs={"min_new_tokens": a.response_len}, temperature=1.0,
-        learning_rate=a.lr, beta=0.0, bf16=a.device == "cuda", use_cpu=a.device == "cpu",
+        learning_rate=a.lr, lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=1.0,
+        warmup_steps=0, beta=0.0, bf16=a.device == "cuda", use_cpu=a.device == "cpu",
         logging_steps=1, max_steps=a.warmup + a.steps, report_to=[], save_strategy="no",
         use_vllm=False, seed=1, num_iterations=1,
     )  # fmt: skip
