@@ -8,8 +8,15 @@ is initialised (gloo on CPU, NCCL on GPU), and offers:
 * `forward(batch)`: per-token log-probs (and entropy) or values over the response
   columns, without gradients, micro-batch by micro-batch;
 * `train_step(batch, loss_fn, ...)`: mini-batches of micro-batches with gradient
-  accumulation, clipping and AdamW; a step with a non-finite gradient norm is skipped;
-* `offload()` / `onload()`, `save()` / `load()` (sharded), `export_hf()`.
+  accumulation (sharded: one reduce-scatter per mini-batch), clipping and AdamW; a step
+  with a non-finite gradient norm is skipped and the parameters at fault are logged;
+  the metrics carry the step's useful FLOPs (`rayrl.models.flops`);
+* `rollout_weights(dtype)`: full weights for a rollout engine, streamed in its dtype;
+* `offload()` / `onload()`, or the ``param_offload`` / ``optimizer_offload`` policies
+  (`rayrl.engines.residency`); `save()` / `load()` (sharded), `export_hf()`.
+
+Packed rows attend per sequence (`rayrl.engines.attention`), and a causal LM's output
+head returns log-probs without materialising logits (`rayrl.engines.logprob_head`).
 
 **The loss contract.** ``loss_fn(outputs, micro_batch) -> (loss, metrics)`` returns this
 micro-batch's *share* of the mini-batch loss: the sum of its terms divided by the count
