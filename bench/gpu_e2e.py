@@ -12,7 +12,8 @@ no ``max_prompt_length``: the prompts are already exactly that long. For each sy
 each ``--seqs`` (sequences per step) it reports, after ``--warmup`` steps:
 
 * ``step_s`` (median), ``tokens_per_s_per_gpu`` (prompt + response tokens / step time),
-* ``stage_s`` per stage (rayrl: gen, old_log_prob, ref, update_actor, weight_sync),
+* ``stage_s`` per stage (rayrl: gen, old_log_prob, ref, update_actor, weight_sync;
+  rayrl generates with ``--rollout``, by default its native engine on a GPU),
 * ``actor_mfu`` (rayrl's ``perf/mfu/actor``), ``weight_sync_ms``,
 * ``peak_mem_gb`` (``model`` field: 0.5b, 7b), ``grad_norm_finite`` (1: every step's
   gradient norm was finite and no update was skipped),
@@ -125,6 +126,7 @@ def run_rayrl(args: argparse.Namespace, model_dir: Path, rows: list[dict], seqs:
             f"data.max_response_length={args.response_len}",
             "data.shuffle=false",
             f"actor_rollout_ref.rollout.n={args.group}",
+            f"actor_rollout_ref.rollout.name={args.rollout or ('native' if args.device == 'cuda' else 'hf')}",
             f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts}",
             "actor_rollout_ref.actor.use_dynamic_bsz=true",
             f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={args.max_tokens}",
@@ -415,6 +417,7 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-6)
     p.add_argument("--preset", default="qwen2.5-0.5b", choices=["qwen2.5-0.5b", "tiny"])
     p.add_argument("--sft-steps", type=int, default=0)
+    p.add_argument("--rollout", default=None, help="rayrl rollout engine (default: native on cuda)")
     p.add_argument("--model-dir", default=None, help="reuse (or keep) the built model here")
     p.add_argument("--worker-logs", action="store_true", help="show rayrl workers' logs")
     p.add_argument("--actor-offload-7b", type=int, default=1, help="7B: param_offload")

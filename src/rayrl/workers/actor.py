@@ -148,8 +148,10 @@ class ActorRolloutRefWorker(Worker):
         """The current policy's log-probs of the sampled responses (`old_log_probs`)."""
         r = self.cfg.actor_rollout_ref.rollout
         batch.meta.setdefault("temperature", r.temperature)
-        out = self.actor.forward(batch, **forward_sizes(r))
-        return Batch({"old_log_probs": out["log_probs"]})
+        # Entropy comes from the same fused chunk pass (no second read of the logits);
+        # the trainer reports it as `actor/entropy`, as verl does.
+        out = self.actor.forward(batch, with_entropy=True, **forward_sizes(r))
+        return Batch({"old_log_probs": out["log_probs"], "entropy": out["entropy"]})
 
     @register(dispatch=DP_SPLIT)
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
