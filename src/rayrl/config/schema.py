@@ -40,6 +40,8 @@ class DataConfig:
     dataloader_num_workers: int = 8
     synthetic_task: str = "arithmetic"  # used when train_files is empty
     synthetic_size: int = 512
+    synthetic_val_size: int = 32  # held-out rows of the synthetic task (when no val_files)
+    loader: str = "default"  # default (in memory) | ray (Ray Data: parallel read, streamed)
 
 
 @dataclass
@@ -295,6 +297,12 @@ class TrainerConfig:
     max_actor_ckpt_to_keep: int | None = None
     max_critic_ckpt_to_keep: int | None = None
     logger: Any = field(default_factory=lambda: ["console"])  # a name or a list
+    val_examples: int = 8  # example generations written per validation (val_generations/)
+    export_hf: bool = True  # write hf/ (a transformers model directory) at the end
+    log_worker_output: bool = True  # worker prints reach the driver, prefixed role/rank
+    debug: bool = False  # Ray distributed debugger: breakpoint() in workers, post-mortem
+    debugger: str = "vscode"  # vscode (debugpy, the VS Code extension) | cli (`ray debug`)
+    usage_interval_s: float = 0.5  # CPU/GPU/memory sampling period of every worker
 
 
 @dataclass
@@ -307,6 +315,9 @@ class ResourcesConfig:
     init_retries: int = 1
     cpus_per_worker: int = 1
     loader_workers: int = 0
+    dashboard: bool = True  # when rayrl starts Ray: the Ray dashboard, URL printed
+    dashboard_host: str = "127.0.0.1"  # 0.0.0.0 exposes it to the network
+    dashboard_port: int = 8265
 
 
 @dataclass

@@ -28,6 +28,8 @@ CHOICES = {
     "critic.model.fsdp_config.dtype": COMPUTE_DTYPES,
     "algorithm.rollout_correction.rollout_is": (None, "token", "sequence"),
     "reward_model.score_transform": ("none", "clip", "tanh"),
+    "data.loader": ("default", "ray"),
+    "trainer.debugger": ("vscode", "cli"),
 }
 
 
@@ -44,6 +46,31 @@ def check_choices(cfg: RayRLConfig) -> None:
         if value not in allowed:
             names = ", ".join(str(a) for a in allowed)
             raise ConfigError(f"{path}={value!r} is not one of {names}")
+
+
+def check_run_keys(cfg: RayRLConfig) -> None:
+    """Checkpoint, resume and validation keys of the trainer group (tracker names are
+    checked with the other registry names, `rayrl.trainer.names`)."""
+    t = cfg.trainer
+    for key in ("max_actor_ckpt_to_keep", "max_critic_ckpt_to_keep"):
+        keep = getattr(t, key)
+        if keep is not None and keep < 1:
+            raise ConfigError(f"trainer.{key}={keep} must be at least 1 (or null: keep all)")
+    if t.resume_mode == "resume_path" and not t.resume_from_path:
+        raise ConfigError(
+            "trainer.resume_mode=resume_path needs trainer.resume_from_path (a "
+            "checkpoints/global_step_N directory)"
+        )
+    if t.save_freq == 0 or t.test_freq == 0:
+        raise ConfigError(
+            "trainer.save_freq and trainer.test_freq are a number of steps, or -1 for never; "
+            f"got save_freq={t.save_freq}, test_freq={t.test_freq}"
+        )
+    if cfg.actor_rollout_ref.rollout.val_kwargs.n < 1:
+        raise ConfigError("actor_rollout_ref.rollout.val_kwargs.n must be at least 1")
+    vbs = cfg.data.val_batch_size
+    if vbs is not None and vbs < 1:
+        raise ConfigError(f"data.val_batch_size={vbs} must be at least 1 (or null: all at once)")
 
 
 def check_positive(cfg: RayRLConfig) -> None:
@@ -218,6 +245,7 @@ def validate_config(cfg: RayRLConfig) -> None:
     check_positive(cfg)
     check_micro_set(cfg)
     check_rollout(cfg)
+    check_run_keys(cfg)
     actor, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
     prompts, world = cfg.data.train_batch_size, cfg.world_size
     check_batch_chain(

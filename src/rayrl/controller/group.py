@@ -86,6 +86,7 @@ class WorkerGroup:
         args: tuple = (),
         kwargs: dict | None = None,
         runtime_env: dict | None = None,
+        usage_interval_s: float = 0.5,
     ) -> None:
         if not (isinstance(worker_cls, type) and issubclass(worker_cls, Worker)):
             raise TypeError(
@@ -106,6 +107,7 @@ class WorkerGroup:
         self.scope = f"{self.name}/{uuid.uuid4().hex[:8]}"
         self._ctor = (tuple(args), dict(kwargs or {}))
         self._runtime_env = runtime_env
+        self.usage_interval_s = usage_interval_s
         self.actors: list[Any] = [None] * len(self.bundles)
         self.infos: list[dict] = [{} for _ in self.bundles]
         self.generation = 0
@@ -154,6 +156,7 @@ class WorkerGroup:
             kv=self.kv,
             generation=self.generation,
             scope=self.scope,
+            usage_interval_s=self.usage_interval_s,
         )
 
     def _spawn(self, rank: int) -> ObjectRef:
@@ -367,6 +370,13 @@ class WorkerGroup:
         Ranks being replaced, or replaced while the check ran, are listed as
         `replacing`, never as failed: a check racing `replace` raises no false alarm."""
         return check_group(self, timeout_s)
+
+    def usage(self, timeout_s: float = 10.0, reset: bool = True) -> list[dict]:
+        """Each rank's resource use per stage since the last call (`controller.usage`);
+        a rank that does not answer within `timeout_s` gives an empty report."""
+        pending = {r: a._rayrl_usage.remote(reset) for r, a in enumerate(self.actors) if a}
+        results, _ = wait_all(pending, timeout_s)
+        return [results.get(r, {"stages": {}}) for r in range(self.world_size)]
 
     @overload
     def replace(self, rank: int, timeout_s: float = ..., retries: int = ...) -> Replacement: ...

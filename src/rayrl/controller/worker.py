@@ -40,6 +40,7 @@ class WorkerContext:
     kv: Any = None
     generation: int = 0
     scope: str = ""  # discovery keys live under it: unique to one WorkerGroup object
+    usage_interval_s: float = 0.5  # resource-usage sampling period (0 disables it)
 
 
 def ray_log_file() -> str:
@@ -68,6 +69,11 @@ class Worker:
         """Receive this worker's context (create phase); returns `info()`."""
         self.ctx = ctx
         self._rayrl_busy: tuple[str, float] | None = None
+        if ctx.usage_interval_s > 0:
+            from rayrl.controller.usage import process_sampler
+
+            process_sampler(ctx.usage_interval_s).track(self)
+        _announce_log_prefix(f"{ctx.role} rank {ctx.rank}")
         return self.info()
 
     def _rayrl_set_context(self, ctx: WorkerContext) -> dict:
@@ -157,6 +163,33 @@ class Worker:
             "busy_s": now - busy[1] if busy else 0.0,
         }
 
+    @ray.method(concurrency_group=HEALTH_GROUP)
+    def _rayrl_usage(self, reset: bool = True) -> dict:
+        """This process's resource use per stage since the last call (see controller.usage)."""
+        from rayrl.controller import usage
+
+        if usage._SAMPLER is None:
+            return {"stages": {}, "max_memory_allocated_gb": None, "num_cpus": 0.0}
+        return usage._SAMPLER.report(reset=reset)
+
+    def debugger_state(self) -> dict:
+        """Whether Ray's debugger is on in this process: mode, post-mortem, breakpoint hook."""
+        import sys
+
+        from ray.util import rpdb
+
+        hook = sys.breakpointhook
+        return {
+            "RAY_DEBUG": os.environ.get("RAY_DEBUG", "1"),
+            "post_mortem": rpdb._is_ray_debugger_post_mortem_enabled(),
+            "breakpoint": os.environ.get("PYTHONBREAKPOINT", ""),
+            "breakpointhook": f"{getattr(hook, '__module__', '?')}.{getattr(hook, '__name__', '?')}",
+        }
+
+    def __repr__(self) -> str:
+        ctx = self.ctx
+        return f"{ctx.role} rank {ctx.rank}" if ctx else type(self).__name__
+
     def info(self) -> dict:
         """Where this worker runs: group, role, ranks, node, host, pid, log file, distributed."""
         ctx = self.ctx or WorkerContext(group="", role="", rank=-1, world_size=0)
@@ -230,6 +263,21 @@ class Worker:
         if not hasattr(self, "_rayrl_log_file"):
             self._rayrl_log_file = ray_log_file()
         return self._rayrl_log_file
+
+
+def _announce_log_prefix(name: str) -> None:
+    """Make Ray prefix this process's output lines with `name` (e.g. "actor rank 0")
+    on the driver, instead of the class name it read at actor creation, before the
+    group told the worker its role and rank. Ray's log monitor takes a line starting
+    with its actor-name marker as the new prefix (what Ray prints after __init__)."""
+    import sys
+
+    try:
+        from ray._private.ray_constants import LOG_PREFIX_ACTOR_NAME
+    except ImportError:  # pragma: no cover - a Ray without the marker: keep its prefix
+        return
+    for stream in (sys.stdout, sys.stderr):
+        print(f"{LOG_PREFIX_ACTOR_NAME}{name}", file=stream, flush=True)
 
 
 def _distributed_initialized() -> bool:

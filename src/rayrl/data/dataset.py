@@ -157,6 +157,7 @@ class PromptDataset:
             self.rows.append(row)
             self.prompt_ids.append(ids)
             self.positions.append(i)
+        self.uids = [f"p{i}" for i in self.positions]  # stable prompt ids (seed sampling)
         if self.rejected:
             log.warning(
                 "%d of %d rows set aside (first: %s); see PromptDataset.rejected",
@@ -172,6 +173,17 @@ class PromptDataset:
         except Exception as exc:  # noqa: BLE001 - a template's own error, kept as the reason
             return None, f"the chat template failed: {type(exc).__name__}: {exc}"
         return self.tokenizer(text, add_special_tokens=False)["input_ids"], None
+
+    @classmethod
+    def tokenized(
+        cls, rows: list[dict], prompt_ids: list[list[int]], uids: list[str], tokenizer
+    ) -> PromptDataset:
+        """A dataset of rows tokenised elsewhere (e.g. by Ray Data tasks), ready to collate."""
+        self = cls.__new__(cls)
+        self.tokenizer, self.rows, self.prompt_ids, self.uids = tokenizer, rows, prompt_ids, uids
+        self.positions, self.rejected = list(range(len(rows))), []
+        self.max_prompt_length = max((len(p) for p in prompt_ids), default=0)
+        return self
 
     def require_rows(self, needed: int, key: str = "data.train_batch_size") -> None:
         """Raise DataError unless at least `needed` rows are usable (one batch)."""
@@ -228,7 +240,7 @@ class PromptDataset:
         return Batch(
             tensors={"input_ids": ids, "attention_mask": mask, "position_ids": position_ids},
             non_tensors={
-                "uid": column(lambda i: f"p{self.positions[i]}"),
+                "uid": column(lambda i: self.uids[i]),
                 "data_source": column(lambda i: self.rows[i]["data_source"]),
                 "ground_truth": column(lambda i: self.rows[i]["reward_model"]["ground_truth"]),
                 "extra_info": column(lambda i: self.rows[i].get("extra_info") or {}),

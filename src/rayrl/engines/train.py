@@ -488,6 +488,14 @@ class TrainEngine:
             return ((k, v.to(dtype)) for k, v in self.full_state_dict().items())
         return rollout_weights(self.model, dtype, bucket_bytes)
 
+    @property
+    def training_dtype(self) -> str:
+        """The dtype the model computes in: bfloat16 under mixed precision, else its weights'."""
+        if self.mixed_precision:
+            return "bfloat16"
+        dtype = next(self.model.parameters()).dtype
+        return next(name for name, d in DTYPES.items() if d == dtype)
+
     def full_state_dict(self, cpu_offload: bool = False) -> dict[str, Tensor]:
         """Unsharded weights by name (fp32 master weights); a collective when sharded.
 

@@ -3,41 +3,49 @@
 A step, as data flows (DESIGN.md): prompts -> actor.generate -> reward.compute_score
 (concurrently with actor.compute_log_prob and, when a KL term needs it,
 compute_ref_log_prob) -> critic.compute_values (GAE) -> advantages on the controller
-(`rayrl.trainer.advantage`) -> critic.update_critic -> actor.update_actor. With DAPO's
-dynamic sampling the scores are awaited first and further rounds of prompts are
-generated until the batch is full (`rayrl.trainer.dynamic_sampling`); ReMax adds a
-greedy rollout per prompt as its baseline. Each stage is timed (`timing_s/<stage>`);
-metrics use verl's names.
+(`rayrl.algos`) -> critic.update_critic -> actor.update_actor. Each stage is timed
+(`timing_s/<stage>`); metrics use verl's names.
+
+Around the steps, `fit` keeps what the run makes (`trainer.run_dir`): it resumes from
+a checkpoint (`trainer.checkpoint`), validates (`trainer.validate`), logs every step
+to the trackers (`trainer.tracking`), saves checkpoints and exports the final model.
 """
 
 from __future__ import annotations
 
 import logging
-import random
-import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-import ray
-
+from rayrl.algos import apply_kl_penalty, compute_advantages, masked_mean
+from rayrl.algos.kl import make_kl_controller
 from rayrl.batch import Batch
-from rayrl.cluster.inspect import resolve_address
 from rayrl.cluster.kv import KVStore
-from rayrl.cluster.pool import ResourcePool, reserve_pools
+from rayrl.cluster.pool import ResourcePool
+from rayrl.config.load import to_yaml
 from rayrl.config.schema import RayRLConfig
-from rayrl.config.validate import critic_enabled, ref_enabled
+from rayrl.config.validate import critic_enabled
 from rayrl.controller import WorkerGroup, colocate
-from rayrl.data import PromptDataset, read_parquet_with_sources, synthetic_rows
-from rayrl.trainer.advantage import AdvantageStage, entropy_metric, greedy_baselines, shape_rewards
-from rayrl.trainer.dynamic_sampling import fill_batch
-from rayrl.trainer.names import check_names
+from rayrl.controller.usage import starved_stages
+from rayrl.trainer.checkpoint import (
+    CheckpointManager,
+    TrainerState,
+    driver_rng,
+    load_state,
+    restore_driver_rng,
+)
+from rayrl.trainer.data import load_datasets
+from rayrl.trainer.metrics import batch_metrics, timer, usage_metrics
+from rayrl.trainer.ray_session import RaySession, check_debugger, connect, debug_env
 from rayrl.trainer.resources import pools_from_config, resolve_device
+from rayrl.trainer.run_dir import RunDir
+from rayrl.trainer.tracking import Tracking, check_trackers
+from rayrl.trainer.validate import Validator
 from rayrl.workers import ActorRolloutRefWorker, CriticWorker, RewardWorker
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("rayrl.trainer")
 
 
 def resolve_model_path(cfg: RayRLConfig) -> str:
@@ -53,41 +61,64 @@ def resolve_model_path(cfg: RayRLConfig) -> str:
 
 
 class PPOTrainer:
-    """Runs PPO-family training (GRPO, GAE-PPO, RLOO, ...) for one config."""
+    """Runs PPO-family training (GRPO, GAE-PPO, RLOO, ...) for one config.
 
-    def __init__(self, cfg: RayRLConfig) -> None:
-        check_names(cfg)
+    `print_fn` receives the run's messages (resume, dashboard, placement, warnings).
+    """
+
+    def __init__(self, cfg: RayRLConfig, print_fn: Callable[[str], None] = print) -> None:
         self.cfg = cfg
+        self.print = print_fn
         self.run = f"{cfg.trainer.experiment_name}-{uuid.uuid4().hex[:6]}"
+        self.run_dir = RunDir(Path(cfg.trainer.output_dir))
         self.model_path = resolve_model_path(cfg)
         self.use_critic = critic_enabled(cfg)
-        self.use_ref = ref_enabled(cfg)
-        self.advantage = AdvantageStage(cfg)
+        a = cfg.actor_rollout_ref
+        self.use_ref = bool(
+            a.ref.enable if a.ref.enable is not None
+            else a.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+        )  # fmt: skip
+        k = cfg.algorithm.kl_ctrl
+        # The KL controller's state is part of every checkpoint.
+        self.kl_ctrl = make_kl_controller(k.type, k.kl_coef, k.target_kl, k.horizon)
+        self.checkpoints = CheckpointManager(self.run_dir.checkpoints, cfg.trainer.max_ckpt_to_keep)
+        self.state = TrainerState()
         self.pools: list[ResourcePool] = []
         self.groups: list[WorkerGroup] = []
         self.kv: KVStore | None = None
+        self.session: RaySession | None = None
+        self.val_dataset = None
+        self._warned: set[str] = set()
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> PPOTrainer:
-        """Reserve the pools (bounded waits, clear errors) and initialise every role."""
+        """Check trackers and data, start or join Ray, reserve the pools (bounded waits,
+        clear errors) and initialise every role."""
         cfg, res = self.cfg, self.cfg.resources
-        self.load_data()
-        if not ray.is_initialized():
-            address = resolve_address(None, res.address) or "local"  # RAY_ADDRESS too
-            ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        check_trackers(cfg.trainer.logger)
+        check_debugger(cfg)
+        self.run_dir.prepare(to_yaml(cfg))
+        if cfg.data.loader != "ray":
+            self.load_data()
+        self.session = connect(cfg)
+        if self.session.dashboard_url:
+            self.print(f"Ray dashboard: {self.session.dashboard_url}")
+        if cfg.data.loader == "ray":
+            self.load_data()
+        import ray
+
         device = resolve_device(cfg, ray.cluster_resources().get("GPU", 0))
         self.kv = KVStore.create(self.run)
-        # All pools checked together: none is held while another waits or cannot fit.
-        self.pools = reserve_pools(pools_from_config(cfg, device), self.run, res.wait_timeout_s)
+        for spec in pools_from_config(cfg, device):
+            pool = ResourcePool(spec, self.run)
+            self.pools.append(pool)
+            pool.bootstrap(timeout_s=res.wait_timeout_s)
         actor_pool, reward_pool = self.pools
-        steps = self.total_steps()
-        backend = "nccl" if device == "cuda" else "gloo"
         common = {
-            "config": cfg,
-            "model_path": self.model_path,
-            "dist_backend": backend,
-            "total_steps": steps,
-        }
+            "config": cfg, "model_path": self.model_path,
+            "dist_backend": "nccl" if device == "cuda" else "gloo",
+            "total_steps": self.total_steps(),
+        }  # fmt: skip
         if self.use_critic:
             cls = colocate({"actor": ActorRolloutRefWorker, "critic": CriticWorker})
             init = {"actor": {**common, "with_ref": self.use_ref}, "critic": common}
@@ -99,48 +130,50 @@ class PPOTrainer:
         self.reward = self._group(
             RewardWorker, reward_pool, "reward", {"config": cfg, "tokenizer_path": self.model_path}
         )
+        self.run_dir.write_workers(self.groups, self.session.log_dir)
+        self._print_placement()
+        self.usage()  # start the first step's usage sampling afresh (setup is not a step)
         return self
 
     def _group(self, cls: type, pool: ResourcePool, role: str, init: dict) -> WorkerGroup:
-        res = self.cfg.resources
-        group = WorkerGroup(cls, pool.bundles, role=role, run=self.run, kv=self.kv, pool=pool)
+        res, env = self.cfg.resources, debug_env(self.cfg)
+        group = WorkerGroup(
+            cls, pool.bundles, role=role, run=self.run, kv=self.kv, pool=pool,
+            runtime_env={"env_vars": env} if env else None,
+            usage_interval_s=self.cfg.trainer.usage_interval_s,
+        )  # fmt: skip
         self.groups.append(group)
         group.create(timeout_s=res.create_timeout_s)
         group.init(timeout_s=res.init_timeout_s, retries=res.init_retries, **init)
         return group
 
-    def load_data(self) -> PromptDataset:
-        """Tokenizer and prompt dataset, before any resource is reserved; a dataset
-        with fewer usable rows than one batch raises DataError with both numbers."""
+    def _print_placement(self) -> None:
+        for group in self.groups:
+            nodes = [str(info.get("node_id") or "?")[:8] for info in group.infos]
+            self.print(f"{group.role}: {group.world_size} worker(s) on node(s) {', '.join(nodes)}")
+        if self.cfg.trainer.debug:
+            self.print(
+                f"Ray debugger on in every worker ({self.cfg.trainer.debugger}): breakpoint() "
+                "pauses there, an exception stops for post-mortem; see the README to attach"
+            )
+
+    def load_data(self):
+        """Tokenizer, training prompts and validation prompts (before any reservation)."""
         from transformers import AutoTokenizer
 
-        model = self.cfg.actor_rollout_ref.model
-        self.tokenizer = AutoTokenizer.from_pretrained(
-            model.tokenizer_path or self.model_path, trust_remote_code=model.trust_remote_code
-        )
-        self.dataset = self._dataset()
-        self.dataset.require_rows(self.cfg.data.train_batch_size)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.dataset, self.val_dataset = load_datasets(self.cfg, self.tokenizer)
         return self.dataset
 
-    def _dataset(self) -> PromptDataset:
-        d = self.cfg.data
-        if d.train_files:
-            rows, sources = read_parquet_with_sources(d.train_files)
-        else:
-            rows = synthetic_rows(d.synthetic_task, d.synthetic_size, self.cfg.trainer.seed)
-            sources = None
-        return PromptDataset(
-            rows, self.tokenizer, max_prompt_length=d.max_prompt_length,
-            truncation=d.truncation, filter_overlong=d.filter_overlong_prompts,
-            prompt_key=d.prompt_key, sources=sources,
-        )  # fmt: skip
+    def steps_per_epoch(self) -> int:
+        return len(self.dataset) // self.cfg.data.train_batch_size
 
     def total_steps(self) -> int:
-        """`trainer.total_training_steps`, or whole batches of the loaded dataset x epochs."""
-        t, d = self.cfg.trainer, self.cfg.data
-        if t.total_training_steps is not None:
-            return t.total_training_steps
-        return max(1, len(self.dataset) // d.train_batch_size) * t.total_epochs
+        """`trainer.total_steps`, or whole batches of the (loaded) dataset x epochs."""
+        t = self.cfg.trainer
+        if t.total_steps is not None:
+            return t.total_steps
+        return max(1, self.steps_per_epoch()) * t.total_epochs
 
     def shutdown(self) -> None:
         for group in self.groups:
@@ -150,140 +183,176 @@ class PPOTrainer:
         if self.kv is not None:
             self.kv.shutdown()
 
+    # ------------------------------------------------------- checkpoint/resume
+    def save_checkpoint(self) -> Path:
+        """Checkpoint the run as it stands after `self.state.global_step` steps."""
+        state = replace(self.state, rng=driver_rng(), kl_ctrl=self.kl_ctrl.state_dict())
+
+        def write(tmp: Path) -> None:
+            self.actor.save(str(tmp))
+            if self.critic is not None:
+                self.critic.save(str(tmp))
+
+        return self.checkpoints.save(state, write)
+
+    def restore(self, path: str | Path) -> TrainerState:
+        """Put every role and the trainer back to a checkpoint's step boundary."""
+        self.actor.load(str(path))
+        if self.critic is not None:
+            self.critic.load(str(path))
+        state = load_state(path)
+        restore_driver_rng(state.rng)
+        if state.kl_ctrl is not None:
+            self.kl_ctrl.load_state_dict(state.kl_ctrl)
+        self.state = state
+        return state
+
+    def resume(self) -> Path | None:
+        """Apply `trainer.resume`; metrics.jsonl keeps the rows up to the resumed step."""
+        path = self.checkpoints.resolve(self.cfg.trainer.resume)
+        if path is None:
+            self.state = TrainerState()
+            self.run_dir.metrics.unlink(missing_ok=True)
+            return None
+        state = self.restore(path)
+        self.run_dir.keep_metrics_until(state.global_step)
+        self.print(f"resumed from {path} ({state.describe()})")
+        return path
+
     # ------------------------------------------------------------------- loop
-    def batches(self) -> Iterator[tuple[int, Batch]]:
-        """(step, prompts) for the whole run, epoch after epoch, seeded per epoch."""
-        d, t, step = self.cfg.data, self.cfg.trainer, 0
+    def batches(self, start: TrainerState | None = None) -> Iterator[tuple[int, Batch]]:
+        """(step, prompts) from the data position of `start` to the end of the run,
+        epoch after epoch, seeded per epoch. `prompts.meta` carries `epoch` and
+        `batch_index` (its index in the epoch)."""
+        d, t = self.cfg.data, self.cfg.trainer
+        start = start or TrainerState()
+        step, epoch, first = start.global_step, start.epoch, start.batch
         total = self.total_steps()
-        self.dataset.require_rows(d.train_batch_size)  # else no epoch yields a batch
-        for epoch in range(t.total_epochs if t.total_training_steps is None else 10**9):
-            for prompts in self.dataset.batches(
-                d.train_batch_size, epoch=epoch, seed=t.seed, shuffle=d.shuffle
-            ):
+        while step < total and (t.total_steps is not None or epoch < t.total_epochs):
+            batches = self.dataset.batches(
+                d.train_batch_size, epoch=epoch, seed=t.seed, shuffle=d.shuffle, start=first
+            )
+            for index, prompts in enumerate(batches, start=first):
                 if step >= total:
                     return
-                prompts.meta["step"] = step
+                prompts.meta.update(step=step, epoch=epoch, batch_index=index)
                 yield step, prompts
                 step += 1
+            epoch, first = epoch + 1, 0
+
+    def _advance(self, prompts: Batch) -> None:
+        """The state after the step on `prompts`: the next data position included."""
+        epoch, index = prompts.meta["epoch"], prompts.meta["batch_index"] + 1
+        if index >= self.steps_per_epoch():
+            epoch, index = epoch + 1, 0
+        self.state = replace(
+            self.state, global_step=prompts.meta["step"] + 1, epoch=epoch, batch=index
+        )
 
     def fit(self, on_step: Callable[[int, dict], None] | None = None) -> list[dict]:
-        history = []
-        for step, prompts in self.batches():
-            metrics = self.step(prompts)
-            history.append(metrics)
-            if on_step:
-                on_step(step, metrics)
+        """Resume, validate, train to the end with checkpoints and tracking, export."""
+        t = self.cfg.trainer
+        self.resume()
+        total, history = self.total_steps(), []
+        tracking = Tracking(
+            t.logger, self.run_dir.root, project=t.project_name, experiment=t.experiment_name,
+            config=_config_dict(self.cfg), print_fn=self.print,
+        )  # fmt: skip
+        validator = Validator(self, self.val_dataset) if self.val_dataset else None
+        try:
+            if self.state.global_step >= total:
+                self.print(
+                    f"nothing to train: the checkpoint is at step {self.state.global_step} of "
+                    f"{total}; set trainer.resume=disable or another trainer.output_dir to start over"
+                )
+            elif validator and t.val_before_train and self.state.global_step == 0:
+                tracking.log(validator.run(0), step=0)
+            for step, prompts in self.batches(self.state):
+                metrics = self.step(prompts)
+                self._advance(prompts)
+                metrics.update(self.usage())
+                done = self.state.global_step
+                last = done == total
+                if validator and t.test_freq > 0 and (done % t.test_freq == 0 or last):
+                    metrics.update(validator.run(done))
+                if last or (t.save_freq > 0 and done % t.save_freq == 0):
+                    self.save_checkpoint()
+                tracking.log(metrics, step=done)
+                history.append(metrics)
+                if on_step:
+                    on_step(step, metrics)
+            if t.export_hf:
+                self.actor.export_hf(str(self.run_dir.hf))
+        finally:
+            tracking.finish()
         return history
+
+    def usage(self) -> dict[str, float]:
+        """Usage metrics of every group since the last call; warns of CPU starvation."""
+        reports = {group.role: group.usage() for group in self.groups}
+        for warning in starved_stages(reports):
+            key = warning.split(":", 1)[0]
+            if key not in self._warned:
+                self._warned.add(key)
+                log.warning(warning)
+                self.print(f"WARNING: {warning}")
+        return usage_metrics(reports)
 
     def step(self, prompts: Batch) -> dict[str, float]:
         """One PPO step on a batch of prompts; returns its metrics."""
         timing: dict[str, float] = {}
-        metrics: dict[str, float] = {}
-        alg = self.cfg.algorithm
-        with _timer(timing, "step"):
-            with _timer(timing, "gen"):
+        with timer(timing, "step"):
+            with timer(timing, "gen"):
                 batch = self.actor.generate(prompts)
             timing["weight_sync"] = float(batch.meta.pop("timing_s/weight_sync", 0.0))
             reward_future = self.reward.compute_score(batch, blocking=False)
-            if alg.filter_groups.enable:
-                with _timer(timing, "dynamic_sampling"):
-                    batch = self._scored(batch, reward_future.get(), metrics)
-                    batch, sampled = fill_batch(
-                        self.cfg, batch, lambda r: self._extra_round(prompts, r, metrics)
-                    )
-                metrics.update(sampled)
-                reward_future = None
-            if alg.adv_estimator == "remax":
-                with _timer(timing, "gen_baseline"):
-                    batch["reward_baselines"] = self._greedy_baselines(prompts, batch)
-            with _timer(timing, "old_log_prob"):
-                old = self.actor.compute_log_prob(batch)
-                batch = batch.union(old.select("old_log_probs"))
-                metrics.update(entropy_metric(self.cfg, old["entropy"], batch["response_mask"]))
+            with timer(timing, "old_log_prob"):
+                batch = batch.union(self.actor.compute_log_prob(batch).select("old_log_probs"))
             if self.use_ref:
-                with _timer(timing, "ref"):
+                with timer(timing, "ref"):
                     batch = batch.union(self.actor.compute_ref_log_prob(batch))
             if self.critic is not None:
-                with _timer(timing, "values"):
+                with timer(timing, "values"):
                     batch = batch.union(self.critic.compute_values(batch))
-            if reward_future is not None:
-                with _timer(timing, "reward"):
-                    batch = self._scored(batch, reward_future.get(), metrics)
-            lengths = batch["response_mask"].sum(-1).float()
-            with _timer(timing, "adv"):
-                metrics.update(self.advantage(batch))
+            with timer(timing, "reward"):
+                scores = reward_future.get()
+            batch = batch.union(
+                scores.select("token_level_scores", "scores", "reward_error", "reward_extra")
+            )
+            with timer(timing, "adv"):
+                metrics = self._advantages(batch)
             if self.critic is not None:
-                with _timer(timing, "update_critic"):
+                with timer(timing, "update_critic"):
                     metrics.update(self.critic.update_critic(batch))
-            if self._actor_learns(prompts):
-                with _timer(timing, "update_actor"):
-                    metrics.update(self.actor.update_actor(batch))
-        metrics.update(_batch_metrics(batch, lengths))
+            with timer(timing, "update_actor"):
+                metrics.update(self.actor.update_actor(batch))
+        metrics.update(batch_metrics(batch))
         metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
         tokens = float(batch["attention_mask"].sum())
         metrics["perf/throughput"] = tokens / timing["step"]
         return metrics
 
-    def _actor_learns(self, prompts: Batch) -> bool:
-        """False during the critic's warm-up (`trainer.critic_warmup` first steps)."""
-        return int(prompts.meta.get("step", 0)) >= self.cfg.trainer.critic_warmup
-
-    def _scored(self, batch: Batch, scores: Batch, metrics: dict[str, float]) -> Batch:
-        """`batch` with its scores (overlong penalty added); failed scorings logged. The
-        reward worker's metrics (`reward/score/mean`, ...) of the first scoring in a step
-        are kept: they cover every sample of the step's prompts, before any filtering."""
-        for key, value in scores.meta.get("reward_metrics", {}).items():
-            metrics.setdefault(key, value)
-        batch = batch.union(
-            scores.select("token_level_scores", "scores", "reward_error", "reward_extra")
-        )
-        metrics.update(shape_rewards(self.cfg, batch))
-        errors = [e for e in batch["reward_error"] if e is not None]
-        if errors:
-            log.warning(
-                "reward: %d of %d samples failed to score and count 0 (first: %s)",
-                len(errors), len(batch), errors[0],
+    def _advantages(self, batch: Batch) -> dict[str, float]:
+        alg, mask = self.cfg.algorithm, batch["response_mask"]
+        rewards, metrics = batch["token_level_scores"], {}
+        if alg.use_kl_in_reward:
+            rewards, kl = apply_kl_penalty(
+                rewards, batch["old_log_probs"], batch["ref_log_prob"], mask,
+                alg.kl_ctrl.kl_coef, estimator=alg.kl_penalty,
             )  # fmt: skip
-        return batch
-
-    def _greedy_baselines(self, prompts: Batch, batch: Batch):
-        """ReMax: each prompt's greedy response, scored, as its samples' baseline."""
-        greedy_prompts = Batch(dict(prompts.tensors), dict(prompts.non_tensors), dict(prompts.meta))
-        greedy_prompts.meta["greedy"] = True
-        greedy = self.actor.generate(greedy_prompts)
-        greedy = greedy.union(self.reward.compute_score(greedy).select("scores"))
-        return greedy_baselines(batch, greedy)
-
-    def _extra_round(self, prompts: Batch, round_: int, metrics: dict[str, float]) -> Batch:
-        """Dynamic sampling: fresh prompts (seeded by run seed, step and round),
-        generated and scored; their uids carry the round so groups never merge."""
-        d, step = self.cfg.data, int(prompts.meta.get("step", 0))
-        size = min(d.gen_batch_size or d.train_batch_size, len(self.dataset))
-        rng = random.Random(f"{self.cfg.trainer.seed}:extra:{step}:{round_}")
-        fresh = self.dataset.collate(rng.sample(range(len(self.dataset)), size))
-        fresh["uid"] = np.array([f"{u}@{round_}" for u in fresh["uid"]], dtype=object)
-        fresh.meta.update(prompts.meta)
-        batch = self.actor.generate(fresh)
-        return self._scored(batch, self.reward.compute_score(batch), metrics)
+            metrics.update({f"actor/{k}": float(v) for k, v in kl.items()})
+        adv, returns = compute_advantages(
+            alg.adv_estimator, token_level_rewards=rewards, response_mask=mask,
+            index=batch["uid"], values=batch.tensors.get("values"), gamma=alg.gamma,
+            lam=alg.lam, norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
+        )  # fmt: skip
+        batch["token_level_rewards"], batch["advantages"], batch["returns"] = rewards, adv, returns
+        metrics["critic/advantages/mean"] = float(masked_mean(adv, mask))
+        metrics["critic/returns/mean"] = float(masked_mean(returns, mask))
+        return metrics
 
 
-def _batch_metrics(batch: Batch, lengths) -> dict[str, float]:
-    """verl's batch metrics; `lengths` are the response lengths before any masking."""
-    errors = sum(e is not None for e in batch["reward_error"])
-    finish = list(batch["finish_reason"])
-    return {
-        "critic/score/mean": float(batch["scores"].mean()),
-        "critic/rewards/mean": float(batch["token_level_rewards"].sum(-1).mean()),
-        "response_length/mean": float(lengths.mean()),
-        "response_length/clip_ratio": finish.count("length") / max(len(finish), 1),
-        "reward/errors": float(errors),
-    }
+def _config_dict(cfg: RayRLConfig) -> dict:
+    from omegaconf import OmegaConf
 
-
-@contextmanager
-def _timer(timing: dict[str, float], name: str) -> Iterator[None]:
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
+    return OmegaConf.to_container(OmegaConf.structured(cfg))

@@ -27,6 +27,7 @@ import torch
 from rayrl.batch import Batch
 from rayrl.config.schema import RayRLConfig
 from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
+from rayrl.engines.hf_export import write_hf_meta
 from rayrl.engines.lora import LoraSpec
 from rayrl.engines.rollout import HFRolloutEngine, SamplingParams, make_rollout_engine
 from rayrl.engines.train import TrainEngine
@@ -35,11 +36,13 @@ from rayrl.workers.common import (
     epoch_rows,
     forward_sizes,
     join_process_group,
+    load_rng,
     mean_metrics,
     optim_spec,
     per_rank_mini_batch,
     reference_kwargs,
     update_perf_metrics,
+    save_rng,
 )
 from rayrl.workers.losses import actor_loss_fn
 
@@ -207,16 +210,27 @@ class ActorRolloutRefWorker(Worker):
 
     # ------------------------------------------------------------- checkpoints
     @register(dispatch=ONE_TO_ALL)
-    def save(self, path: str, hf: bool = True) -> None:
-        """Sharded actor checkpoint under `path/actor`, plus an HF export `path/hf`."""
-        self.actor.save(Path(path) / "actor")
-        if hf:
-            self.actor.export_hf(Path(path) / "hf")
+    def save(self, path: str) -> None:
+        """Sharded actor checkpoint under `path/actor`: model, optimizer, LR schedule,
+        this rank's RNGs, and (rank 0) what an offline HF export needs."""
+        out = Path(path) / "actor"
+        self.actor.save(out)
+        save_rng(out, self.rank)
+        if self.rank == 0:
+            write_hf_meta(self.actor, out)
 
     @register(dispatch=ONE_TO_ALL)
     def load(self, path: str) -> None:
-        self.actor.load(Path(path) / "actor")
+        """Restore `save`'s checkpoint (any number of ranks wrote it)."""
+        out = Path(path) / "actor"
+        self.actor.load(out)
+        load_rng(out, self.rank)
         self._stale = self._owns_copy
+
+    @register(dispatch=ONE_TO_ALL)
+    def export_hf(self, path: str) -> None:
+        """An HF model directory at `path` in the training dtype, LoRA merged."""
+        self.actor.export_hf(path, dtype=self.actor.training_dtype)
 
     @register(dispatch=ONE_TO_ALL)
     def device_info(self) -> dict[str, Any]:

@@ -115,6 +115,55 @@ def join_process_group(worker: Any, backend: str) -> None:
         worker.init_distributed(backend)
 
 
+def rng_state() -> dict[str, Any]:
+    """Every RNG of this process: Python's, NumPy's, torch's CPU and CUDA generators."""
+    import random
+
+    import numpy as np
+    import torch
+
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what `rng_state` returned."""
+    import random
+
+    import numpy as np
+    import torch
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_rng(path: Any, rank: int) -> None:
+    """This process's RNG states to `path/rng/rank<rank>.pt`."""
+    import torch
+
+    folder = path / "rng"
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save(rng_state(), folder / f"rank{rank}.pt")
+
+
+def load_rng(path: Any, rank: int) -> None:
+    """Restore `save_rng`'s file for `rank` when there is one (rank counts may change)."""
+    import torch
+
+    file = path / "rng" / f"rank{rank}.pt"
+    if file.is_file():
+        set_rng_state(torch.load(file, weights_only=False))
+
+
 def mean_metrics(outputs: list, state: Any) -> dict[str, float]:
     """Collect: per-rank metric dicts (or lists of them) averaged key by key."""
     sums: dict[str, list[float]] = defaultdict(list)

@@ -12,9 +12,11 @@ from rayrl.workers.common import (
     engine_kwargs,
     epoch_rows,
     join_process_group,
+    load_rng,
     mean_metrics,
     optim_spec,
     per_rank_mini_batch,
+    save_rng,
 )
 from rayrl.workers.losses import critic_loss_fn
 
@@ -65,8 +67,11 @@ class CriticWorker(Worker):
 
     @register(dispatch=ONE_TO_ALL)
     def save(self, path: str) -> None:
+        """Sharded critic checkpoint under `path/critic` (model, optimizer, LR, RNGs)."""
         self.engine.save(Path(path) / "critic")
+        save_rng(Path(path) / "critic", self.rank)
 
     @register(dispatch=ONE_TO_ALL)
     def load(self, path: str) -> None:
         self.engine.load(Path(path) / "critic")
+        load_rng(Path(path) / "critic", self.rank)

@@ -1,0 +1,127 @@
+"""Prompt batches through Ray Data: parallel read and tokenisation, a seeded order per
+epoch, batches streamed to the controller (`data.loader=ray`).
+
+The parquet files (or in-memory rows) are read and tokenised by Ray Data tasks across
+the cluster, once; rows that cannot be used are set aside with their reason, as with
+the default loader. Each epoch orders the rows by a key hashed from (seed, epoch,
+prompt id) and sorts on it: a shuffle that gives the same order on any cluster shape
+and block layout (Ray's `random_shuffle(seed)` depends on both), so a run is
+deterministic for a seed and resumes at a checkpoint's data position (batch `start`
+of an epoch) exactly. Batches are pulled with prefetching while the step runs.
+
+A prompt's id is `r` + a hash of its row (its content is its identity: the same
+prompt has the same id in every run, whichever file order or block it came in).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from rayrl.batch import Batch
+from rayrl.data.dataset import PromptDataset
+
+
+def _row_id(row: dict) -> str:
+    text = json.dumps(row, sort_keys=True, default=str)
+    return "r" + hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def _order_key(seed: int, epoch: int, uid: str) -> int:
+    digest = hashlib.blake2b(f"{seed}:{epoch}:{uid}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1  # fits int64
+
+
+class _Tokenise:
+    """A Ray Data map_batches function: verl rows -> uid, token ids, the row as JSON,
+    and a `problem` column (empty when the row is usable)."""
+
+    def __init__(self, tokenizer: Any, settings: dict) -> None:
+        self.tokenizer, self.settings = tokenizer, settings
+
+    def __call__(self, table: Any) -> Any:
+        import pyarrow as pa
+
+        rows = table.to_pylist()
+        ds = PromptDataset(rows, self.tokenizer, **self.settings)
+        kept = set(ds.positions)
+        problems = {r.index: r.reason for r in ds.rejected}
+        ids = dict(zip(ds.positions, ds.prompt_ids, strict=True))
+        return pa.table({
+            "uid": [_row_id(r) for r in rows],
+            "prompt_ids": [ids.get(i, []) for i in range(len(rows))],
+            "row": [json.dumps(r, default=str) for r in rows],
+            "problem": ["" if i in kept else problems.get(i, "?") for i in range(len(rows))],
+        })  # fmt: skip
+
+
+class _OrderKey:
+    def __init__(self, seed: int, epoch: int, shuffle: bool) -> None:
+        self.seed, self.epoch, self.shuffle = seed, epoch, shuffle
+
+    def __call__(self, table: Any) -> Any:
+        import pyarrow as pa
+
+        uids = table.column("uid").to_pylist()
+        keys = [_order_key(self.seed, self.epoch if self.shuffle else -1, u) for u in uids]
+        return table.append_column("order", pa.array(keys, pa.int64()))
+
+
+class RayPromptLoader:
+    """Training prompts read, tokenised and ordered by Ray Data (same API as PromptDataset)."""
+
+    def __init__(
+        self, *, files: Sequence[str] | None = None, rows: list[dict] | None = None,
+        tokenizer: Any, max_prompt_length: int, truncation: str = "error",
+        filter_overlong: bool = True, prompt_key: str = "prompt", prefetch_batches: int = 2,
+    ) -> None:  # fmt: skip
+        import pyarrow.compute as pc
+        import ray.data
+
+        if (files is None) == (rows is None):
+            raise ValueError("RayPromptLoader needs either parquet files or rows")
+        self.tokenizer, self.prefetch = tokenizer, prefetch_batches
+        settings = {
+            "max_prompt_length": max_prompt_length, "truncation": truncation,
+            "filter_overlong": filter_overlong, "prompt_key": prompt_key,
+        }  # fmt: skip
+        source = ray.data.read_parquet(list(files)) if files else ray.data.from_items(rows)
+        tokenised = source.map_batches(
+            _Tokenise, fn_constructor_args=(tokenizer, settings), batch_format="pyarrow",
+            concurrency=(1, 4),
+        ).materialize()  # fmt: skip
+        self.rejected = tokenised.filter(expr="problem != ''").count()
+        self.base = tokenised.map_batches(
+            lambda t: t.filter(pc.equal(t["problem"], "")), batch_format="pyarrow"
+        ).materialize()
+        self._len = self.base.count()
+
+    def __len__(self) -> int:
+        return self._len
+
+    def epoch(self, epoch: int, seed: int, shuffle: bool = True):
+        """The epoch's rows in their seeded order, as a Ray Dataset."""
+        return self.base.map_batches(
+            _OrderKey(seed, epoch, shuffle), batch_format="pyarrow"
+        ).sort("order")
+
+    def batches(
+        self, batch_size: int, *, epoch: int, seed: int, shuffle: bool = True, start: int = 0
+    ) -> Iterator[Batch]:
+        """Whole batches of an epoch from batch number `start` (the data position)."""
+        stream = self.epoch(epoch, seed, shuffle).iter_batches(
+            batch_size=batch_size, batch_format="pyarrow", drop_last=True,
+            prefetch_batches=self.prefetch,
+        )  # fmt: skip
+        for index, table in enumerate(stream):
+            if index >= start:
+                yield self.collate_table(table)
+
+    def collate_table(self, table: Any) -> Batch:
+        rows = [json.loads(r) for r in table.column("row").to_pylist()]
+        prompt_ids = table.column("prompt_ids").to_pylist()
+        uids = table.column("uid").to_pylist()
+        ds = PromptDataset.tokenized(rows, prompt_ids, uids, self.tokenizer)
+        return ds.collate(range(len(rows)))

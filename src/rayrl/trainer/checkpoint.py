@@ -1,0 +1,176 @@
+"""Checkpoints of a run: atomic step directories, a `latest` marker, retention, resume.
+
+    checkpoints/
+      global_step_4/   actor/ (DCP shards, RNGs per rank, huggingface/, hf_meta.json)
+                       critic/ (when there is a critic), trainer_state.pt
+      global_step_6/
+      latest           "global_step_6": written last, after the rename
+
+`CheckpointManager.save` has the roles write into a temporary directory, writes the
+trainer state (step, epoch, data position, the driver's RNGs, the KL controller) last,
+renames the directory into place and only then rewrites `latest`. A save that dies
+half-way leaves a `.tmp-*` directory that no reader takes for a checkpoint (the next
+save removes it); the previous checkpoint stays the latest. Only the newest
+`max_to_keep` step directories are kept.
+
+A checkpoint is a step boundary: restoring one (the roles' `load`, then the state)
+puts a run exactly where it was after that step, which is also what fault
+tolerance needs to replay a step.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+STEP_DIR = re.compile(r"^global_step_(\d+)$")
+LATEST = "latest"
+STATE_FILE = "trainer_state.pt"
+
+
+@dataclass
+class TrainerState:
+    """Where a run stands after `global_step` steps.
+
+    `epoch` and `batch` are the data position of the *next* step: batch `batch` of
+    epoch `epoch` (an epoch that was just finished is recorded as the next one's
+    batch 0, so a resume never skips or repeats an epoch).
+    """
+
+    global_step: int = 0
+    epoch: int = 0
+    batch: int = 0
+    kl_ctrl: dict | None = None
+    rng: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        return f"step {self.global_step}, next epoch {self.epoch} batch {self.batch}"
+
+
+def driver_rng() -> dict[str, Any]:
+    """The controller process's RNGs (Python, NumPy, torch CPU)."""
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def restore_driver_rng(state: dict[str, Any]) -> None:
+    if state:
+        random.setstate(state["python"])
+        np.random.set_state(state["numpy"])
+        torch.set_rng_state(state["torch"])
+
+
+def step_of(path: Path) -> int | None:
+    match = STEP_DIR.match(path.name)
+    return int(match.group(1)) if match else None
+
+
+def is_complete(path: Path) -> bool:
+    """A step directory that a finished save renamed into place (its state file is in)."""
+    return step_of(path) is not None and (path / STATE_FILE).is_file()
+
+
+def load_state(path: str | os.PathLike) -> TrainerState:
+    """The trainer state of a checkpoint directory."""
+    file = Path(path) / STATE_FILE
+    if not file.is_file():
+        raise FileNotFoundError(
+            f"{path} is not a complete rayrl checkpoint (no {STATE_FILE}); pass a "
+            "checkpoints/global_step_N directory of a finished save"
+        )
+    return TrainerState(**torch.load(file, weights_only=False))
+
+
+class CheckpointManager:
+    """Saves, lists, prunes and finds the checkpoints under one `checkpoints/` folder."""
+
+    def __init__(self, root: str | os.PathLike, max_to_keep: int | None = None) -> None:
+        self.root = Path(root)
+        self.max_to_keep = max_to_keep
+
+    def steps(self) -> list[Path]:
+        """Complete step directories, oldest first."""
+        if not self.root.is_dir():
+            return []
+        found = [p for p in self.root.iterdir() if p.is_dir() and is_complete(p)]
+        return sorted(found, key=lambda p: step_of(p) or 0)
+
+    def latest(self) -> Path | None:
+        """The checkpoint `latest` names, or else the newest complete one."""
+        marker = self.root / LATEST
+        if marker.is_file():
+            path = self.root / marker.read_text().strip()
+            if is_complete(path):
+                return path
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def resolve(self, resume: str) -> Path | None:
+        """`trainer.resume`: "auto" (latest here, if any), "disable", or a directory."""
+        if resume == "disable":
+            return None
+        if resume == "auto":
+            return self.latest()
+        path = Path(resume)
+        if not is_complete(path):
+            raise FileNotFoundError(
+                f"trainer.resume={resume}: not a complete checkpoint directory (expected "
+                f"checkpoints/global_step_N with {STATE_FILE}); use auto, disable or such a "
+                "directory"
+            )
+        return path
+
+    def save(self, state: TrainerState, write: Callable[[Path], None]) -> Path:
+        """Write checkpoint `global_step_<state.global_step>` atomically.
+
+        `write(tmp_dir)` has the roles write their parts; then the trainer state goes
+        in, the directory is renamed into place, `latest` is updated, old ones pruned.
+        """
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.clean_partial()
+        name = f"global_step_{state.global_step}"
+        tmp = self.root / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        write(tmp)
+        torch.save(asdict(state), tmp / STATE_FILE)
+        final = self.root / name
+        if final.exists():  # the same step saved again (a run restarted without resume)
+            shutil.rmtree(final)
+        tmp.rename(final)
+        _write_atomic(self.root / LATEST, name + "\n")
+        self.prune()
+        return final
+
+    def prune(self) -> list[Path]:
+        """Remove all but the newest `max_to_keep` complete checkpoints."""
+        if not self.max_to_keep:
+            return []
+        steps = self.steps()
+        removed = steps[: max(0, len(steps) - self.max_to_keep)]
+        for path in removed:
+            shutil.rmtree(path, ignore_errors=True)
+        return removed
+
+    def clean_partial(self) -> None:
+        """Remove what saves that died half-way left behind."""
+        if self.root.is_dir():
+            for path in self.root.glob(".tmp-global_step_*"):
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,77 @@
+"""The prompts a run trains and validates on, chosen by the config's data group.
+
+Training prompts come from `data.train_files` (or the synthetic task) through the
+loader `data.loader` names: `default` (every row read and tokenised in the driver)
+or `ray` (Ray Data reads, tokenises and shuffles in parallel and streams batches).
+Validation prompts come from `data.val_files`; without them, a run on the synthetic
+task validates on its held-out split (rows the training split does not contain).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from rayrl.algos.registry import Registry
+from rayrl.config.schema import RayRLConfig
+from rayrl.data import PromptDataset, read_parquet, synthetic_rows
+
+LOADERS: Registry[Callable[..., Any]] = Registry("data loader", config_key="data.loader")
+
+
+def _dataset(rows: list[dict], tokenizer: Any, cfg: RayRLConfig) -> PromptDataset:
+    d = cfg.data
+    return PromptDataset(
+        rows, tokenizer, max_prompt_length=d.max_prompt_length, truncation=d.truncation,
+        filter_overlong=d.filter_overlong_prompts, prompt_key=d.prompt_key,
+    )  # fmt: skip
+
+
+@LOADERS.register("default")
+def default_loader(cfg: RayRLConfig, tokenizer: Any) -> PromptDataset:
+    d = cfg.data
+    rows = (
+        read_parquet(d.train_files) if d.train_files
+        else synthetic_rows(d.synthetic_task, d.synthetic_size, cfg.trainer.seed)
+    )  # fmt: skip
+    return _dataset(rows, tokenizer, cfg)
+
+
+@LOADERS.register("ray")
+def ray_loader(cfg: RayRLConfig, tokenizer: Any):
+    from rayrl.data.ray_loader import RayPromptLoader
+
+    d = cfg.data
+    rows = None if d.train_files else synthetic_rows(d.synthetic_task, d.synthetic_size, cfg.trainer.seed)
+    return RayPromptLoader(
+        files=d.train_files or None, rows=rows, tokenizer=tokenizer,
+        max_prompt_length=d.max_prompt_length, truncation=d.truncation,
+        filter_overlong=d.filter_overlong_prompts, prompt_key=d.prompt_key,
+    )  # fmt: skip
+
+
+def synthetic_val_rows(cfg: RayRLConfig) -> list[dict]:
+    """The synthetic task's held-out split: rows after the training ones, minus any
+    whose question the training split also asks."""
+    d = cfg.data
+    rows = synthetic_rows(d.synthetic_task, d.synthetic_size + d.synthetic_val_size, cfg.trainer.seed)
+    seen = {str(r["prompt"]) for r in rows[: d.synthetic_size]}
+    return [r for r in rows[d.synthetic_size :] if str(r["prompt"]) not in seen]
+
+
+def load_datasets(cfg: RayRLConfig, tokenizer: Any) -> tuple[Any, PromptDataset | None]:
+    """(training prompts, validation prompts or None)."""
+    d = cfg.data
+    train = LOADERS.get(d.loader)(cfg, tokenizer)
+    if len(train) < d.train_batch_size:
+        raise ValueError(
+            f"the training data has {len(train)} usable prompt(s), fewer than "
+            f"data.train_batch_size={d.train_batch_size}; add data or lower the batch size"
+        )
+    if d.val_files:
+        val = _dataset(read_parquet(d.val_files), tokenizer, cfg)
+    elif not d.train_files and d.synthetic_val_size > 0:
+        val = _dataset(synthetic_val_rows(cfg), tokenizer, cfg)
+    else:
+        val = None
+    return train, (val if val is not None and len(val) else None)

@@ -1,0 +1,93 @@
+"""Connecting the driver to Ray: a local Ray with its dashboard, or an existing cluster.
+
+- `resources.address` unset: rayrl starts a local Ray with the dashboard on
+  `resources.dashboard_host:dashboard_port` (127.0.0.1 by default: reachable from
+  this machine only; an SSH tunnel reaches it from elsewhere).
+- `resources.address=auto` or `HOST:PORT`: joins a running cluster (`ray start
+  --head` on one machine, `ray start --address=HOST:PORT` on the others).
+- `trainer.log_worker_output`: worker prints reach the driver, each line prefixed
+  with the worker's role and rank (`(actor_rollout_ref rank 0 pid=...)`).
+- `trainer.debug`: Ray's distributed debugger in every worker: `breakpoint()` pauses
+  a worker method, and an exception in one stops there for post-mortem inspection.
+  `trainer.debugger=vscode` (debugpy; attach with the VS Code "Ray Distributed
+  Debugger" extension) or `cli` (Ray's legacy pdb; attach with `ray debug`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ray
+
+from rayrl.config.schema import RayRLConfig
+
+DEBUG_MODES = {"vscode": "1", "cli": "legacy"}
+
+
+def debug_env(cfg: RayRLConfig) -> dict[str, str]:
+    """Environment variables that switch Ray's debugger on in workers (empty when off)."""
+    if not cfg.trainer.debug:
+        return {}
+    return {"RAY_DEBUG": DEBUG_MODES[cfg.trainer.debugger], "RAY_DEBUG_POST_MORTEM": "1"}
+
+
+def check_debugger(cfg: RayRLConfig) -> None:
+    """The VS Code debugger needs debugpy in the workers' environment."""
+    if cfg.trainer.debug and cfg.trainer.debugger == "vscode":
+        try:
+            import debugpy  # noqa: F401
+        except ImportError:
+            raise RuntimeError(
+                "trainer.debug=true with trainer.debugger=vscode needs debugpy: "
+                "pip install 'rayrl[debug]' (or trainer.debugger=cli for `ray debug`)"
+            ) from None
+
+
+@dataclass(frozen=True)
+class RaySession:
+    address: str
+    dashboard_url: str | None
+    started_here: bool
+    log_dir: str | None
+
+
+def connect(cfg: RayRLConfig) -> RaySession:
+    """Start or join Ray as the config says; a driver already connected is kept."""
+    res, t = cfg.resources, cfg.trainer
+    started = False
+    if not ray.is_initialized():
+        kwargs: dict = {"log_to_driver": t.log_worker_output}
+        env = debug_env(cfg)
+        if env:
+            kwargs["runtime_env"] = {"env_vars": env}
+        if res.address:
+            kwargs["address"] = res.address
+        else:
+            kwargs.update(
+                address="local", include_dashboard=res.dashboard,
+                dashboard_host=res.dashboard_host, dashboard_port=res.dashboard_port,
+            )  # fmt: skip
+        ray.init(**kwargs)
+        started = not res.address
+    ctx = ray.get_runtime_context()
+    return RaySession(
+        address=ctx.gcs_address,
+        dashboard_url=_dashboard_url(),
+        started_here=started,
+        log_dir=_log_dir(),
+    )
+
+
+def _dashboard_url() -> str | None:
+    try:
+        url = ray._private.worker.get_dashboard_url()
+    except Exception:  # noqa: BLE001 - no dashboard in this cluster
+        return None
+    if not url:
+        return None
+    return url if "://" in url else f"http://{url}"
+
+
+def _log_dir() -> str | None:
+    node = ray._private.worker._global_node
+    return node.get_logs_dir_path() if node is not None else None

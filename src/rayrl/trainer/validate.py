@@ -1,0 +1,145 @@
+"""Validation: generate on the validation prompts, score them, report verl's metrics.
+
+Sampling follows `actor_rollout_ref.rollout.val_kwargs` (verl's defaults: one greedy
+sample per prompt; `n`, `do_sample`, `temperature`, `top_p`, `top_k` change it).
+Samples are seeded by (seed, step, uid) like training ones, with uids of their own
+(`val/...`). Metrics, per `data_source` (verl's naming):
+
+- `val-core/<source>/reward/mean@n`: the mean score; `val-core/<source>/acc/mean@n`
+  too when the reward function returns an "acc";
+- with n > 1: `val-core/<source>/reward/pass@n` (a prompt passes when one of its n
+  samples is correct: "acc" > 0 when given, else score > 0; unbiased estimator) and
+  in `val-aux/<source>/reward/`: `std@n`, `best@n`, `worst@n` and `pass@k` for the
+  powers of two k < n; other numeric reward keys as `val-aux/<source>/<key>/mean@n`.
+
+The first `trainer.val_examples` generations of each validation are written to
+`val_generations/step_<N>.jsonl` in the run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from rayrl.batch import Batch
+
+
+def _correct(sample: dict) -> bool:
+    acc = sample["extra"].get("acc")
+    if isinstance(acc, numbers.Real):
+        return float(acc) > 0
+    return sample["score"] > 0
+
+
+def pass_at_k(n: int, correct: int, k: int) -> float:
+    """Probability that k of n samples (`correct` of them right) include a right one."""
+    if n - correct < k:
+        return 1.0
+    return 1.0 - math.comb(n - correct, k) / math.comb(n, k)
+
+
+def validation_metrics(samples: list[dict[str, Any]], n: int) -> dict[str, float]:
+    """verl-named metrics from per-sample dicts {data_source, uid, score, extra}."""
+    by_source: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for sample in samples:
+        by_source[sample["data_source"]][sample["uid"]].append(sample)
+    out: dict[str, float] = {}
+    for source, prompts in sorted(by_source.items()):
+        groups = list(prompts.values())
+        scores = [[s["score"] for s in g] for g in groups]
+        core, aux = f"val-core/{source}", f"val-aux/{source}"
+        out[f"{core}/reward/mean@{n}"] = _mean([_mean(g) for g in scores])
+        for key in _extra_keys(groups):
+            values = [_mean([float(s["extra"][key]) for s in g]) for g in groups]
+            prefix = core if key == "acc" else aux
+            out[f"{prefix}/{key}/mean@{n}"] = _mean(values)
+        if n > 1:
+            right = [sum(_correct(s) for s in g) for g in groups]
+            out[f"{core}/reward/pass@{n}"] = _mean([pass_at_k(len(g), c, n) for g, c in zip(groups, right, strict=True)])
+            k = 1
+            while k < n:
+                out[f"{aux}/reward/pass@{k}"] = _mean(
+                    [pass_at_k(len(g), c, k) for g, c in zip(groups, right, strict=True)]
+                )
+                k *= 2
+            out[f"{aux}/reward/std@{n}"] = _mean([statistics.pstdev(g) for g in scores])
+            out[f"{aux}/reward/best@{n}"] = _mean([max(g) for g in scores])
+            out[f"{aux}/reward/worst@{n}"] = _mean([min(g) for g in scores])
+    return out
+
+
+def _extra_keys(groups: list[list[dict]]) -> list[str]:
+    """Extra reward keys that every sample has as a finite number."""
+    samples = [s for g in groups for s in g]
+    keys = set(samples[0]["extra"]) if samples else set()
+    for s in samples:
+        keys &= {
+            k for k, v in s["extra"].items()
+            if isinstance(v, numbers.Real) and math.isfinite(float(v))
+        }  # fmt: skip
+    return sorted(keys)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+class Validator:
+    """Runs validation for a trainer: its actor and reward groups, a prompt dataset."""
+
+    def __init__(self, trainer: Any, dataset: Any) -> None:
+        self.trainer, self.dataset = trainer, dataset
+        cfg = trainer.cfg
+        self.n = cfg.actor_rollout_ref.rollout.val_kwargs.n
+        self.batch_size = cfg.data.val_batch_size or max(len(dataset), 1)
+        self.examples = cfg.trainer.val_examples
+        self.out_dir = trainer.run_dir.val_generations
+
+    def run(self, step: int) -> dict[str, float]:
+        """Validate the current policy; `step` is the global step it has trained."""
+        samples: list[dict] = []
+        order = list(range(len(self.dataset)))
+        for start in range(0, len(order), self.batch_size):
+            prompts = self.dataset.collate(order[start : start + self.batch_size])
+            prompts.non_tensors["uid"][:] = [f"val/{u}" for u in prompts["uid"]]
+            prompts.meta.update(step=step, validate=True)
+            samples.extend(self._score(prompts))
+        self._write_examples(samples, step)
+        return validation_metrics(samples, self.n)
+
+    def _score(self, prompts: Batch) -> list[dict]:
+        out = self.trainer.actor.generate(prompts)
+        scores = self.trainer.reward.compute_score(out)
+        texts = self.trainer.tokenizer.batch_decode(
+            [row[m.bool()].tolist() for row, m in zip(out["responses"], out["response_mask"], strict=True)],
+            skip_special_tokens=True,
+        )
+        extras = list(scores["reward_extra"]) if "reward_extra" in scores else [{}] * len(out)
+        return [
+            {
+                "data_source": out["data_source"][i], "uid": out["uid"][i],
+                "score": float(scores["scores"][i]), "extra": extras[i] or {},
+                "prompt": out["raw_prompt"][i], "response": texts[i],
+                "ground_truth": out["ground_truth"][i],
+            }
+            for i in range(len(out))
+        ]  # fmt: skip
+
+    def _write_examples(self, samples: list[dict], step: int) -> None:
+        if self.examples <= 0:
+            return
+        Path(self.out_dir).mkdir(parents=True, exist_ok=True)
+        with open(Path(self.out_dir) / f"step_{step}.jsonl", "w") as f:
+            for s in samples[: self.examples]:
+                f.write(json.dumps({"step": step, **s}, default=_plain) + "\n")
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
