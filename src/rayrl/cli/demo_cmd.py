@@ -13,6 +13,7 @@ DEMO = [
     "trainer.total_training_steps=8",
     "trainer.output_dir=outputs/demo",
     "actor_rollout_ref.actor.use_kl_loss=true",
+    "trainer.resume=disable",  # each demo starts afresh (a train run would resume)
 ]
 
 
@@ -28,6 +29,11 @@ def run(args: argparse.Namespace) -> int:
     out.print(
         f"demo done: {len(history)} GRPO steps, last step {last['timing_s/step']:.1f} s, "
         f"score {last['critic/score/mean']:.3f}, {last['perf/throughput']:.0f} tokens/s"
+    )
+    run_dir = cfg.trainer.output_dir
+    out.print(
+        f"run directory {run_dir}: config.yaml, metrics.jsonl, checkpoints/, hf/, "
+        f"val_generations/; plot it with `rayrl report {run_dir}`"
     )
     return 0
 

@@ -12,7 +12,10 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ["config_cmd", "models_cmd", "demo_cmd", "doctor_cmd", "plan_cmd", "train_cmd"]
+COMMANDS = [
+    "config_cmd", "models_cmd", "demo_cmd", "doctor_cmd", "plan_cmd", "train_cmd",
+    "export_cmd", "report_cmd", "data_cmd",
+]  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -26,8 +26,8 @@ def train(cfg, out=None) -> list[dict]:
     from rayrl.trainer.ppo import PPOTrainer
 
     out = out or console()
-    trainer = PPOTrainer(cfg)
-    out.print(f"model: {trainer.model_path}; run {trainer.run}")
+    trainer = PPOTrainer(cfg, print_fn=lambda text: out.print(text, highlight=False))
+    out.print(f"model: {trainer.model_path}; run {trainer.run}; run directory {cfg.trainer.output_dir}")
     try:
         with out.status("reserving resources and starting workers"):
             trainer.setup()
@@ -41,7 +41,7 @@ def train(cfg, out=None) -> list[dict]:
 
             def on_step(step: int, metrics: dict) -> None:
                 info = f"score {metrics['critic/score/mean']:.3f}"
-                progress.update(task, advance=1, info=info)
+                progress.update(task, completed=step + 1, info=info)
 
             history = trainer.fit(on_step=on_step)
     finally:
@@ -54,8 +54,8 @@ def metrics_table(history: list[dict]) -> Table:
     table = Table(title="metrics per step")
     for title in COLUMNS.values():
         table.add_column(title, justify="right")
-    for step, metrics in enumerate(history):
-        row = [str(step)]
+    for metrics in history:
+        row = [str(int(metrics["training/global_step"]))]
         for key in list(COLUMNS)[1:]:
             value = metrics.get(key)
             row.append("-" if value is None else f"{value:.4g}")

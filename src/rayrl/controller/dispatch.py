@@ -175,7 +175,8 @@ def register(
 
 
 def _track_busy(fn: Callable) -> Callable:
-    """Record which registered method a worker is in, for `Worker.heartbeat`."""
+    """Record which registered method a worker is in, for `Worker.heartbeat` and the
+    usage sampler (which also samples as the method ends: short stages count too)."""
 
     @functools.wraps(fn)
     def tracked(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -183,6 +184,9 @@ def _track_busy(fn: Callable) -> Callable:
         try:
             return fn(self, *args, **kwargs)
         finally:
+            from rayrl.controller.usage import sample_now
+
+            sample_now()
             self._rayrl_busy = None
 
     return tracked

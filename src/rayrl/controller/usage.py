@@ -5,7 +5,8 @@ process's CPU use (its children included: a reward worker's scoring processes co
 its resident memory and, when the process uses CUDA, the GPU's utilisation, and adds
 the sample to every stage running at that moment. A stage is `role/method`: the
 registered method a worker instance is in (`_rayrl_busy`, set by `@register`), so the
-roles fused in one process (actor, critic) are told apart.
+roles fused in one process (actor, critic) are told apart. Every registered method
+also takes a sample as it ends, so a stage shorter than the period is measured too.
 
 `report(reset=True)` returns, per stage, the number of samples, the mean and peak CPU
 use in percent of one core (100 = one core busy), the mean GPU utilisation, the peak
@@ -145,6 +146,15 @@ def process_sampler(interval_s: float = 0.5) -> UsageSampler:
     if _SAMPLER is None:
         _SAMPLER = UsageSampler(interval_s)
     return _SAMPLER
+
+
+def sample_now() -> None:
+    """One sample now, if this process samples (called as a registered method ends)."""
+    if _SAMPLER is not None:
+        try:
+            _SAMPLER.sample()
+        except Exception:  # noqa: BLE001 - never let sampling fail a worker call
+            pass
 
 
 def _assigned(resource: str) -> float:

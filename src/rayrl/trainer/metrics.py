@@ -36,6 +36,9 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
         "response_length/clip_ratio": finish.count("length") / max(len(finish), 1),
         "reward/errors": float(errors),
     }
+    if "entropy" in batch:
+        mask = batch["response_mask"].float()
+        metrics["actor/entropy"] = float((batch["entropy"] * mask).sum() / mask.sum().clamp(min=1))
     if "reward_extra" in batch:
         metrics.update(reward_extra_metrics(list(batch["reward_extra"])))
     return metrics

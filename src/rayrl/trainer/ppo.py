@@ -272,6 +272,7 @@ class PPOTrainer:
                 self._advance(prompts)
                 metrics.update(self.usage())
                 done = self.state.global_step
+                metrics.update({"training/global_step": done, "training/epoch": prompts.meta["epoch"]})
                 last = done == total
                 if validator and t.test_freq > 0 and (done % t.test_freq == 0 or last):
                     metrics.update(validator.run(done))
@@ -307,7 +308,9 @@ class PPOTrainer:
             timing["weight_sync"] = float(batch.meta.pop("timing_s/weight_sync", 0.0))
             reward_future = self.reward.compute_score(batch, blocking=False)
             with timer(timing, "old_log_prob"):
-                batch = batch.union(self.actor.compute_log_prob(batch).select("old_log_probs"))
+                batch = batch.union(
+                    self.actor.compute_log_prob(batch).select("old_log_probs", "entropy")
+                )
             if self.use_ref:
                 with timer(timing, "ref"):
                     batch = batch.union(self.actor.compute_ref_log_prob(batch))
