@@ -12,8 +12,8 @@ import math
 
 import pytest
 import torch
-from conftest import start_local_ray
 
+from conftest import start_local_ray
 from rayrl.cli.main import main
 from rayrl.config import load_config
 from rayrl.trainer.ppo import PPOTrainer

@@ -17,6 +17,7 @@ CPUs busy while its GPU idled.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
@@ -151,10 +152,8 @@ def process_sampler(interval_s: float = 0.5) -> UsageSampler:
 def sample_now() -> None:
     """One sample now, if this process samples (called as a registered method ends)."""
     if _SAMPLER is not None:
-        try:
+        with contextlib.suppress(Exception):  # sampling must never fail a worker call
             _SAMPLER.sample()
-        except Exception:  # noqa: BLE001 - never let sampling fail a worker call
-            pass
 
 
 def _assigned(resource: str) -> float:
