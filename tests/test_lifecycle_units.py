@@ -1,0 +1,146 @@
+"""The pieces around a run, without Ray: tracker checks, validation metrics, reward
+extras, usage warnings, the metrics file on resume, and `rayrl data`."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+
+from rayrl.cli.main import main
+from rayrl.config import ConfigError, load_config
+from rayrl.trainer.metrics import reward_extra_metrics, usage_metrics
+from rayrl.trainer.run_dir import RunDir
+from rayrl.trainer.tracking import TrackerUnavailable, Tracking, check_trackers
+from rayrl.trainer.validate import pass_at_k, validation_metrics
+
+
+def test_a_missing_tracker_package_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # what an uninstalled package looks like
+    with pytest.raises(TrackerUnavailable, match=r"pip install 'rayrl\[wandb\]'"):
+        check_trackers(["console", "wandb"])
+    check_trackers(["console", "jsonl", "tensorboard", "mlflow"])
+
+
+def test_the_trainer_checks_trackers_before_reserving_anything(monkeypatch, tmp_path):
+    from rayrl.trainer.ppo import PPOTrainer
+
+    monkeypatch.setitem(sys.modules, "mlflow", None)
+    cfg = load_config(None, [f"trainer.output_dir={tmp_path}", "trainer.logger=[mlflow]"])
+    trainer = PPOTrainer(cfg)
+    with pytest.raises(TrackerUnavailable, match=r"rayrl\[mlflow\]"):
+        trainer.setup()
+    assert trainer.pools == [] and trainer.session is None
+
+
+def test_unknown_tracker_is_a_config_error():
+    with pytest.raises(ConfigError, match="trainer.logger lists 'tensorbord'"):
+        load_config(None, ["trainer.logger=[console,tensorbord]"])
+
+
+def test_jsonl_is_always_written_and_console_prints(tmp_path):
+    lines: list[str] = []
+    tracking = Tracking(
+        ["console"], tmp_path, project="p", experiment="e", config={}, print_fn=lines.append
+    )
+    tracking.log({"critic/score/mean": 0.5, "val-core/x/reward/mean@1": 1.0, "nan": float("nan")}, step=3)
+    tracking.finish()
+    row = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert row == {"step": 3, "critic/score/mean": 0.5, "val-core/x/reward/mean@1": 1.0, "nan": None}
+    assert lines == ["step 3: score=0.5 val-core/x/reward/mean@1=1"]
+
+
+def test_validation_metrics_mean_and_pass_at_k():
+    samples = [
+        {"data_source": "a", "uid": "p0", "score": 1.0, "extra": {"acc": 1.0}},
+        {"data_source": "a", "uid": "p0", "score": 0.1, "extra": {"acc": 0.0}},
+        {"data_source": "a", "uid": "p1", "score": 0.1, "extra": {"acc": 0.0}},
+        {"data_source": "a", "uid": "p1", "score": 0.0, "extra": {"acc": 0.0}},
+        {"data_source": "b", "uid": "q0", "score": 1.0, "extra": {}},
+        {"data_source": "b", "uid": "q0", "score": 1.0, "extra": {}},
+    ]
+    m = validation_metrics(samples, n=2)
+    assert m["val-core/a/reward/mean@2"] == pytest.approx((0.55 + 0.05) / 2)
+    assert m["val-core/a/acc/mean@2"] == pytest.approx(0.25)
+    assert m["val-core/a/reward/pass@2"] == pytest.approx(0.5)  # acc decides, not score > 0
+    assert m["val-aux/a/reward/pass@1"] == pytest.approx(0.25)
+    assert m["val-aux/a/reward/best@2"] == pytest.approx(0.55)
+    assert m["val-core/b/reward/mean@2"] == 1.0 and m["val-core/b/reward/pass@2"] == 1.0
+    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)
+    greedy = validation_metrics(samples[:1], n=1)
+    assert set(greedy) == {"val-core/a/reward/mean@1", "val-core/a/acc/mean@1"}
+
+
+def test_reward_extra_keys_become_step_metrics():
+    extras = [{"acc": 1.0, "fmt": 1}, {"acc": 0.0, "note": "text"}, {}]
+    assert reward_extra_metrics(extras) == {"reward/acc/mean": 0.5, "reward/fmt/mean": 1.0}
+
+
+def test_usage_metrics_and_cpu_starvation_warning():
+    from rayrl.controller.usage import starved_stages
+
+    stage = {"samples": 4, "cpu_util": 97.0, "cpu_util_max": 100.0, "rss_gb_max": 1.5}
+    starving = {"stages": {"actor/generate": {**stage, "gpu_util": 35.0}}, "num_cpus": 1.0,
+                "max_memory_allocated_gb": 20.0}  # fmt: skip
+    busy_gpu = {"stages": {"actor/generate": {**stage, "gpu_util": 95.0}}, "num_cpus": 1.0}
+    cpu_only = {"stages": {"reward/compute_score": {**stage, "gpu_util": None}}, "num_cpus": 1.0}
+    warnings = starved_stages({"actor_rollout_ref": [starving, busy_gpu], "reward": [cpu_only]})
+    assert len(warnings) == 1
+    assert "actor rank 0 is CPU-starved in generate" in warnings[0]
+    assert "num_cpus=1" in warnings[0] and "resources.cpus_per_worker" in warnings[0]
+    metrics = usage_metrics({"actor_rollout_ref": [starving, busy_gpu], "reward": [cpu_only]})
+    assert metrics["perf/cpu_util/actor"] == 97.0
+    assert metrics["perf/gpu_util/actor"] == 65.0
+    assert metrics["perf/stage_gpu_util/actor/generate"] == 65.0
+    assert metrics["perf/max_memory_allocated_gb/actor"] == 20.0  # CUDA peak when known
+    assert metrics["perf/max_memory_allocated_gb/reward"] == 1.5  # else resident memory
+    assert "perf/gpu_util/reward" not in metrics
+
+
+def test_resumed_metrics_file_keeps_rows_up_to_the_checkpoint(tmp_path):
+    run = RunDir(tmp_path)
+    run.metrics.write_text("".join(json.dumps({"step": s}) + "\n" for s in range(6)))
+    run.keep_metrics_until(3)
+    assert [json.loads(x)["step"] for x in run.metrics.read_text().splitlines()] == [0, 1, 2, 3]
+
+
+def test_data_convert_maps_columns_to_verl_layout(tmp_path, capsys):
+    src = tmp_path / "qa.jsonl"
+    src.write_text(
+        json.dumps({"question": "What is 2+2?", "solution": 4, "topic": "sums"}) + "\n"
+        + json.dumps({"question": "What is 3*3?", "solution": 9, "topic": "products"}) + "\n"
+    )  # fmt: skip
+    out = tmp_path / "qa.parquet"
+    code = main(["data", "convert", str(src), str(out), "--prompt-key", "question",
+                 "--answer-key", "solution", "--data-source", "arithmetic"])  # fmt: skip
+    assert code == 0
+    rows = pq.read_table(out).to_pylist()
+    assert rows[1]["data_source"] == "arithmetic"
+    assert rows[1]["prompt"] == [{"role": "user", "content": "What is 3*3?"}]
+    assert rows[1]["reward_model"] == {"style": "rule", "ground_truth": "9"}
+    assert rows[1]["extra_info"]["topic"] == "products" and rows[1]["extra_info"]["index"] == 1
+    assert main(["data", "convert", str(src), str(out)]) == 2
+    assert "no column 'prompt'" in capsys.readouterr().err
+
+
+def test_data_gsm8k_writes_verl_columns_and_the_instruction(tmp_path):
+    from rayrl.data import PromptDataset
+    from rayrl.models.tokenizer import train_tokenizer
+    from rayrl.rewards.registry import compute_score
+
+    src = tmp_path / "gsm8k.jsonl"
+    src.write_text(json.dumps({"question": "Tom has 3 apples and buys 1,000 more. How many?",
+                               "answer": "3 + 1000 = 1003\n#### 1,003"}) + "\n")  # fmt: skip
+    out = tmp_path / "train.parquet"
+    assert main(["data", "gsm8k", str(src), str(out)]) == 0
+    (row,) = pq.read_table(out).to_pylist()
+    assert row["data_source"] == "openai/gsm8k" and row["ability"] == "math"
+    assert row["prompt"][0]["content"].endswith(
+        'How many? Let\'s think step by step and output the final answer after "####".'
+    )
+    assert row["reward_model"]["ground_truth"] == "1003"
+    assert row["extra_info"]["split"] == "train"
+    assert compute_score(row["data_source"], "so #### 1003", row["reward_model"]["ground_truth"])["score"] == 1.0
+    assert len(PromptDataset([row], train_tokenizer(), max_prompt_length=256)) == 1
