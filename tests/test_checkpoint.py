@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from engine_cases import tiny_model_dir  # noqa: F401 (fixture)
-
 from rayrl.trainer.checkpoint import CheckpointManager, TrainerState, load_state
 
 TESTS = Path(__file__).resolve().parent

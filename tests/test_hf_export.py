@@ -4,8 +4,8 @@ that transformers loads in bf16 with the adapters merged, giving the engine's lo
 from __future__ import annotations
 
 import torch
-from engine_cases import ragged_batch, tiny_model_dir  # noqa: F401 (fixture)
 
+from engine_cases import ragged_batch, tiny_model_dir  # noqa: F401 (fixture)
 from rayrl.cli.main import main
 from rayrl.engines.hf_export import write_hf_meta
 from rayrl.engines.train import TrainEngine

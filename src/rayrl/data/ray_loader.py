@@ -34,39 +34,32 @@ def _order_key(seed: int, epoch: int, uid: str) -> int:
     return int.from_bytes(digest, "big") >> 1  # fits int64
 
 
-class _Tokenise:
-    """A Ray Data map_batches function: verl rows -> uid, token ids, the row as JSON,
-    and a `problem` column (empty when the row is usable)."""
+def _tokenise(table: Any, tokenizer: Any, settings: dict) -> Any:
+    """A Ray Data task: verl rows -> uid, token ids, the row as JSON, `ok` (1: usable)
+    and `problem` (why a row was set aside)."""
+    import pyarrow as pa
 
-    def __init__(self, tokenizer: Any, settings: dict) -> None:
-        self.tokenizer, self.settings = tokenizer, settings
-
-    def __call__(self, table: Any) -> Any:
-        import pyarrow as pa
-
-        rows = table.to_pylist()
-        ds = PromptDataset(rows, self.tokenizer, **self.settings)
-        kept = set(ds.positions)
-        problems = {r.index: r.reason for r in ds.rejected}
-        ids = dict(zip(ds.positions, ds.prompt_ids, strict=True))
-        return pa.table({
-            "uid": [_row_id(r) for r in rows],
-            "prompt_ids": [ids.get(i, []) for i in range(len(rows))],
-            "row": [json.dumps(r, default=str) for r in rows],
-            "problem": ["" if i in kept else problems.get(i, "?") for i in range(len(rows))],
-        })  # fmt: skip
+    rows = table.to_pylist()
+    ds = PromptDataset(rows, tokenizer, **settings)
+    problems = {r.index: r.reason for r in ds.rejected}
+    ids = dict(zip(ds.positions, ds.prompt_ids, strict=True))
+    return pa.table({
+        "uid": [_row_id(r) for r in rows],
+        "prompt_ids": [ids.get(i, []) for i in range(len(rows))],
+        "row": [json.dumps(r, default=str) for r in rows],
+        "ok": [int(i in ids) for i in range(len(rows))],
+        "problem": [problems.get(i, "") for i in range(len(rows))],
+    })  # fmt: skip
 
 
-class _OrderKey:
-    def __init__(self, seed: int, epoch: int, shuffle: bool) -> None:
-        self.seed, self.epoch, self.shuffle = seed, epoch, shuffle
+def _usable_in_order(table: Any, seed: int, epoch: int) -> Any:
+    """A Ray Data task: the usable rows with their sort key for (seed, epoch)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
 
-    def __call__(self, table: Any) -> Any:
-        import pyarrow as pa
-
-        uids = table.column("uid").to_pylist()
-        keys = [_order_key(self.seed, self.epoch if self.shuffle else -1, u) for u in uids]
-        return table.append_column("order", pa.array(keys, pa.int64()))
+    table = table.filter(pc.equal(table["ok"], 1))
+    keys = [_order_key(seed, epoch, u) for u in table.column("uid").to_pylist()]
+    return table.append_column("order", pa.array(keys, pa.int64()))
 
 
 class RayPromptLoader:
@@ -77,7 +70,6 @@ class RayPromptLoader:
         tokenizer: Any, max_prompt_length: int, truncation: str = "error",
         filter_overlong: bool = True, prompt_key: str = "prompt", prefetch_batches: int = 2,
     ) -> None:  # fmt: skip
-        import pyarrow.compute as pc
         import ray.data
 
         if (files is None) == (rows is None):
@@ -87,16 +79,18 @@ class RayPromptLoader:
             "max_prompt_length": max_prompt_length, "truncation": truncation,
             "filter_overlong": filter_overlong, "prompt_key": prompt_key,
         }  # fmt: skip
+        ctx = ray.data.DataContext.get_current()
+        # Ray 2.60's V2 parquet reader spent 10-20 s in its file-listing task per read on
+        # our 2-core machines; the V1 reader reads the same files in about a second.
+        ctx.use_datasource_v2 = False
+        ctx.enable_progress_bars = False
         source = ray.data.read_parquet(list(files)) if files else ray.data.from_items(rows)
-        tokenised = source.map_batches(
-            _Tokenise, fn_constructor_args=(tokenizer, settings), batch_format="pyarrow",
-            concurrency=(1, 4),
+        self.base = source.map_batches(
+            _tokenise, fn_args=(tokenizer, settings), batch_format="pyarrow"
         ).materialize()  # fmt: skip
-        self.rejected = tokenised.filter(expr="problem != ''").count()
-        self.base = tokenised.map_batches(
-            lambda t: t.filter(pc.equal(t["problem"], "")), batch_format="pyarrow"
-        ).materialize()
-        self._len = self.base.count()
+        total = self.base.count()
+        self._len = int(self.base.sum("ok") or 0) if total else 0
+        self.rejected = total - self._len
 
     def __len__(self) -> int:
         return self._len
@@ -104,7 +98,7 @@ class RayPromptLoader:
     def epoch(self, epoch: int, seed: int, shuffle: bool = True):
         """The epoch's rows in their seeded order, as a Ray Dataset."""
         return self.base.map_batches(
-            _OrderKey(seed, epoch, shuffle), batch_format="pyarrow"
+            _usable_in_order, fn_args=(seed, epoch if shuffle else -1), batch_format="pyarrow"
         ).sort("order")
 
     def batches(
