@@ -152,9 +152,18 @@ class PPOTrainer:
             nodes = [str(info.get("node_id") or "?")[:8] for info in group.infos]
             self.print(f"{group.role}: {group.world_size} worker(s) on node(s) {', '.join(nodes)}")
         if self.cfg.trainer.debug:
+            import ray
+
+            for group in self.groups:
+                state = ray.get(group.actors[0].debugger_state.remote())
+                self.print(
+                    f"Ray debugger in {group.role} rank 0: RAY_DEBUG={state['RAY_DEBUG']}, "
+                    f"post-mortem {'on' if state['post_mortem'] else 'off'}, breakpoint() -> "
+                    f"{state['breakpoint'] or state['breakpointhook']}"
+                )
             self.print(
-                f"Ray debugger on in every worker ({self.cfg.trainer.debugger}): breakpoint() "
-                "pauses there, an exception stops for post-mortem; see the README to attach"
+                "breakpoint() in a worker method pauses it; an exception stops there for "
+                "post-mortem. Attach as the README's 'Debugging workers' says."
             )
 
     def load_data(self):
