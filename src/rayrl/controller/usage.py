@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 GB = 1024**3
+MIN_GAP_S = 0.05  # the least time between two end-of-call samples
 
 
 @dataclass
@@ -68,6 +69,8 @@ class UsageSampler:
         self._children: dict[int, Any] = {}
         self._stages: dict[str, _StageStats] = {}
         self._lock = threading.Lock()
+        self._sampling = threading.Lock()
+        self._last = 0.0
         self._process.cpu_percent(None)  # the first call only starts the measurement
         self._thread = threading.Thread(target=self._loop, name="rayrl-usage", daemon=True)
         self._thread.start()
@@ -80,7 +83,7 @@ class UsageSampler:
         while True:
             time.sleep(self.interval_s)
             try:
-                self.sample()
+                self.sample(refresh_children=True)
             except Exception:  # noqa: BLE001 - a sampling hiccup must never hurt the worker
                 continue
 
@@ -93,23 +96,33 @@ class UsageSampler:
                 stages.append(f"{ctx.role}/{busy[0]}")
         return stages
 
-    def sample(self) -> None:
-        """Take one sample now (the thread calls it; tests may too)."""
-        cpu = self._process.cpu_percent(None)
-        rss = float(self._process.memory_info().rss)
-        cpu_c, rss_c = self._children_usage()
+    def sample(self, refresh_children: bool = False) -> None:
+        """Take one sample now. Listing child processes scans /proc, so only the
+        periodic thread does it; a sample at the end of a call uses the known ones."""
+        now = time.monotonic()
+        if not refresh_children and now - self._last < MIN_GAP_S:
+            return  # calls in quick succession (no-op calls) would add only noise
+        if not self._sampling.acquire(blocking=False):
+            return  # the thread and a call's end at once: one sample is enough
+        try:
+            self._last = now
+            cpu = self._process.cpu_percent(None)
+            rss = float(self._process.memory_info().rss)
+            cpu_c, rss_c = self._children_usage(refresh_children)
+        finally:
+            self._sampling.release()
         gpu = _gpu_utilisation()
         stages = self._running()
         with self._lock:
             for stage in stages:
                 self._stages.setdefault(stage, _StageStats()).add(cpu + cpu_c, gpu, rss + rss_c)
 
-    def _children_usage(self) -> tuple[float, float]:
+    def _children_usage(self, refresh: bool) -> tuple[float, float]:
         import psutil
 
         cpu = rss = 0.0
         try:
-            children = self._process.children(recursive=True)
+            children = self._process.children(recursive=True) if refresh else list(self._children.values())
         except psutil.Error:
             return 0.0, 0.0
         alive = {}
