@@ -17,21 +17,7 @@ from rayrl.config.schema import RayRLConfig, schema_fields
 SRC = Path(__file__).resolve().parent.parent / "src" / "rayrl"
 
 # Keys another piece of work is wiring right now; each must leave this set when read.
-PENDING = {
-    # trainer lifecycle (checkpoints, resume, validation, trackers, data loading)
-    "trainer.resume_mode",
-    "trainer.resume_from_path",
-    "trainer.save_freq",
-    "trainer.test_freq",
-    "trainer.logger",
-    "trainer.val_before_train",
-    "trainer.max_actor_ckpt_to_keep",
-    "trainer.max_critic_ckpt_to_keep",
-    "trainer.project_name",
-    "data.val_files",
-    "data.val_batch_size",
-    "data.dataloader_num_workers",
-}
+PENDING: set[str] = set()
 
 
 def leaf_paths() -> list[str]:

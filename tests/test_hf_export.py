@@ -8,12 +8,10 @@ import torch
 from engine_cases import ragged_batch, tiny_model_dir  # noqa: F401 (fixture)
 from rayrl.cli.main import main
 from rayrl.engines.hf_export import write_hf_meta
+from rayrl.engines.lora import LoraSpec
 from rayrl.engines.train import TrainEngine
 
-
-class _Lora:
-    rank, alpha, dropout = 4, 8, 0.0
-    target_modules = ["q_proj", "v_proj"]
+LORA = LoraSpec(lora_rank=4, lora_alpha=8, target_modules=("q_proj", "v_proj"))
 
 
 def test_export_of_a_lora_checkpoint_merges_adapters_in_the_training_dtype(
@@ -22,7 +20,7 @@ def test_export_of_a_lora_checkpoint_merges_adapters_in_the_training_dtype(
     dtype = "bfloat16"
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    engine = TrainEngine(tiny_model_dir, optim={"lr": 1e-2}, lora=_Lora(), dtype=dtype)
+    engine = TrainEngine(tiny_model_dir, optim={"lr": 1e-2}, lora=LORA, dtype=dtype)
     assert engine.training_dtype == dtype
     with torch.no_grad():  # trained adapters: B is zero at init, which would merge to nothing
         for name, p in engine.model.named_parameters():

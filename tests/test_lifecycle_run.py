@@ -24,10 +24,11 @@ RUN = [
     "data.train_batch_size=2", "data.max_response_length=8", "actor_rollout_ref.rollout.n=2",
     "actor_rollout_ref.actor.ppo_mini_batch_size=1",
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "trainer.device=cpu",
-    "data.synthetic_size=4", "trainer.total_epochs=2", "data.synthetic_val_size=4",
+    "data.synthetic_size=4", "trainer.total_epochs=2", "trainer.total_training_steps=null",
+    "data.synthetic_val_size=4", "data.val_batch_size=null",
     "actor_rollout_ref.rollout.val_kwargs.n=2", "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
     "actor_rollout_ref.rollout.val_kwargs.temperature=1.0", "actor_rollout_ref.actor.use_kl_loss=true",
-    "trainer.save_freq=1", "trainer.max_ckpt_to_keep=3", "trainer.test_freq=2",
+    "trainer.save_freq=1", "trainer.max_actor_ckpt_to_keep=3", "trainer.test_freq=2",
 ]  # fmt: skip
 TRACKERS = "trainer.logger=[console,jsonl,tensorboard,wandb,mlflow]"
 
@@ -37,7 +38,7 @@ def run_a(tmp_path_factory):
     """The uninterrupted run, through the CLI."""
     start_local_ray()
     out = tmp_path_factory.mktemp("run_a")
-    assert main(["train", *RUN, TRACKERS, f"trainer.output_dir={out}"]) == 0
+    assert main(["train", "-c", "grpo", *RUN, TRACKERS, f"trainer.output_dir={out}"]) == 0
     return out
 
 
@@ -47,7 +48,10 @@ def run_b(run_a, tmp_path_factory):
     policy's log-probs before shutting down, to compare with its HF export."""
     out = tmp_path_factory.mktemp("run_b")
     resume = run_a / "checkpoints" / "global_step_2"
-    cfg = load_config(None, [*RUN, f"trainer.output_dir={out}", f"trainer.resume={resume}"])
+    cfg = load_config("grpo", [
+        *RUN, f"trainer.output_dir={out}", "trainer.resume_mode=resume_path",
+        f"trainer.resume_from_path={resume}",
+    ])  # fmt: skip
     printed: list[str] = []
     trainer = PPOTrainer(cfg, print_fn=printed.append)
     try:
@@ -94,7 +98,7 @@ def test_run_directory_checkpoints_and_validation(run_a):
     ckpts = run_a / "checkpoints"
     assert sorted(p.name for p in ckpts.glob("global_step_*")) == [
         "global_step_2", "global_step_3", "global_step_4",
-    ]  # max_ckpt_to_keep=3 of 4 saves  # fmt: skip
+    ]  # max_actor_ckpt_to_keep=3 of 4 saves  # fmt: skip
     assert (ckpts / "latest").read_text().strip() == "global_step_4"
     workers = json.loads((run_a / "workers.json").read_text())["workers"]
     assert {w["group"] for w in workers} == {"actor_rollout_ref", "reward"}

@@ -17,8 +17,8 @@ def test_train_joins_a_two_node_cluster_and_spreads_the_actor(ray_multinode, tmp
     cluster = ray_multinode([{"num_cpus": 2}, {"num_cpus": 2}])
     ray.shutdown()  # the trainer connects by itself, through resources.address
     code = main([
-        "train", f"resources.address={cluster.address}", "trainer.nnodes=2",
-        "trainer.n_gpus_per_node=1", "trainer.device=cpu", "trainer.total_steps=1",
+        "train", "-c", "grpo", f"resources.address={cluster.address}", "trainer.nnodes=2",
+        "trainer.n_gpus_per_node=1", "trainer.device=cpu", "trainer.total_training_steps=1",
         "data.train_batch_size=2", "data.max_response_length=4", "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",

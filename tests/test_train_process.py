@@ -34,11 +34,12 @@ def test_dashboard_worker_prefixes_and_debugger(tmp_path):
     reward.write_text(REWARD)
     port = _free_port()
     cmd = [
-        sys.executable, "-m", "rayrl.cli.main", "train", "trainer.total_steps=1",
+        sys.executable, "-m", "rayrl.cli.main", "train", "-c", "grpo",
+        "trainer.total_training_steps=1",
         "trainer.device=cpu", "data.train_batch_size=2", "data.max_response_length=4",
         "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         "trainer.val_before_train=false", "trainer.export_hf=false", "trainer.debug=true",
-        f"resources.dashboard_port={port}", f"reward.function.path={reward}",
+        f"resources.dashboard_port={port}", f"custom_reward_function.path={reward}",
         f"trainer.output_dir={tmp_path / 'run'}",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(SRC), "RAY_USAGE_STATS_ENABLED": "0"}

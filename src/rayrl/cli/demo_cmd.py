@@ -13,7 +13,7 @@ DEMO = [
     "trainer.total_training_steps=8",
     "trainer.output_dir=outputs/demo",
     "actor_rollout_ref.actor.use_kl_loss=true",
-    "trainer.resume=disable",  # each demo starts afresh (a train run would resume)
+    "trainer.resume_mode=disable",  # each demo starts afresh (a train run would resume)
 ]
 
 

@@ -28,7 +28,6 @@ CHOICES = {
     "critic.model.fsdp_config.dtype": COMPUTE_DTYPES,
     "algorithm.rollout_correction.rollout_is": (None, "token", "sequence"),
     "reward_model.score_transform": ("none", "clip", "tanh"),
-    "data.loader": ("default", "ray"),
     "trainer.debugger": ("vscode", "cli"),
 }
 

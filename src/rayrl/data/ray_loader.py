@@ -7,7 +7,8 @@ the default loader. Each epoch orders the rows by a key hashed from (seed, epoch
 prompt id) and sorts on it: a shuffle that gives the same order on any cluster shape
 and block layout (Ray's `random_shuffle(seed)` depends on both), so a run is
 deterministic for a seed and resumes at a checkpoint's data position (batch `start`
-of an epoch) exactly. Batches are pulled with prefetching while the step runs.
+of an epoch) exactly. Batches are pulled with prefetching while the step runs. `data.dataloader_num_workers`
+sets the number of blocks, i.e. of parallel read-and-tokenise tasks.
 
 A prompt's id is `r` + a hash of its row (its content is its identity: the same
 prompt has the same id in every run, whichever file order or block it came in).
@@ -69,6 +70,7 @@ class RayPromptLoader:
         self, *, files: Sequence[str] | None = None, rows: list[dict] | None = None,
         tokenizer: Any, max_prompt_length: int, truncation: str = "error",
         filter_overlong: bool = True, prompt_key: str = "prompt", prefetch_batches: int = 2,
+        num_blocks: int = 0,
     ) -> None:  # fmt: skip
         import pyarrow.compute as pc
         import ray.data
@@ -86,10 +88,10 @@ class RayPromptLoader:
         ctx.use_datasource_v2 = False
         ctx.enable_progress_bars = False
         ctx.execution_options.preserve_order = True  # blocks in sorted order, always
-        # Few blocks (one per CPU of the cluster): the per-epoch sort is all-to-all, and
-        # its cost grows with the square of the block count; the order does not depend
-        # on the blocks (see the module docstring).
-        blocks = max(2, int(ray.cluster_resources().get("CPU", 2)))
+        # Blocks = parallel tokenising tasks (`data.dataloader_num_workers`; 0: one per CPU
+        # of the cluster). Few of them: the per-epoch sort is all-to-all, its cost grows
+        # with the square of the block count; the order does not depend on the blocks.
+        blocks = num_blocks or max(2, int(ray.cluster_resources().get("CPU", 2)))
         source = (
             ray.data.read_parquet(list(files), override_num_blocks=blocks) if files
             else ray.data.from_items(rows, override_num_blocks=blocks)

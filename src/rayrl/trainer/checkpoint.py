@@ -114,20 +114,19 @@ class CheckpointManager:
         steps = self.steps()
         return steps[-1] if steps else None
 
-    def resolve(self, resume: str) -> Path | None:
-        """`trainer.resume`: "auto" (latest here, if any), "disable", or a directory."""
-        if resume == "disable":
+    def resolve(self, mode: str, path: str | os.PathLike | None = None) -> Path | None:
+        """`trainer.resume_mode`: "auto" (the latest checkpoint here, if any), "disable",
+        or "resume_path" (`trainer.resume_from_path`, a global_step_N directory)."""
+        if mode == "disable":
             return None
-        if resume == "auto":
+        if mode == "auto":
             return self.latest()
-        path = Path(resume)
-        if not is_complete(path):
+        if path is None or not is_complete(Path(path)):
             raise FileNotFoundError(
-                f"trainer.resume={resume}: not a complete checkpoint directory (expected "
-                f"checkpoints/global_step_N with {STATE_FILE}); use auto, disable or such a "
-                "directory"
+                f"trainer.resume_from_path={path}: not a complete checkpoint directory "
+                f"(expected checkpoints/global_step_N with {STATE_FILE})"
             )
-        return path
+        return Path(path)
 
     def save(self, state: TrainerState, write: Callable[[Path], None]) -> Path:
         """Write checkpoint `global_step_<state.global_step>` atomically.

@@ -42,11 +42,13 @@ def ray_loader(cfg: RayRLConfig, tokenizer: Any):
     from rayrl.data.ray_loader import RayPromptLoader
 
     d = cfg.data
-    rows = None if d.train_files else synthetic_rows(d.synthetic_task, d.synthetic_size, cfg.trainer.seed)
+    files = [d.train_files] if isinstance(d.train_files, str) else list(d.train_files)
+    rows = None if files else synthetic_rows(d.synthetic_task, d.synthetic_size, cfg.trainer.seed)
     return RayPromptLoader(
-        files=d.train_files or None, rows=rows, tokenizer=tokenizer,
+        files=files or None, rows=rows, tokenizer=tokenizer,
         max_prompt_length=d.max_prompt_length, truncation=d.truncation,
         filter_overlong=d.filter_overlong_prompts, prompt_key=d.prompt_key,
+        num_blocks=d.dataloader_num_workers,
     )  # fmt: skip
 
 

@@ -19,11 +19,8 @@ from rayrl.config.schema import RayRLConfig
 from rayrl.data import SYNTHETIC_TASKS
 from rayrl.engines.optim import LR_SCHEDULES
 from rayrl.engines.rollout import ROLLOUT_ENGINES
-
-# The trackers `trainer.logger` may name (the trainer's tracking module implements them).
-TRACKERS: Registry[None] = Registry("tracker", config_key="trainer.logger")
-for _name in ("console", "jsonl", "tensorboard", "wandb", "mlflow"):
-    TRACKERS.add(_name, None)
+from rayrl.trainer.data import LOADERS
+from rayrl.trainer.tracking import TRACKERS
 
 
 def _named(cfg: RayRLConfig) -> Iterable[tuple[str, str, Registry]]:
@@ -40,6 +37,7 @@ def _named(cfg: RayRLConfig) -> Iterable[tuple[str, str, Registry]]:
     yield f"{actor}.optim.lr_scheduler_type", arr.actor.optim.lr_scheduler_type, LR_SCHEDULES
     yield "critic.optim.lr_scheduler_type", cfg.critic.optim.lr_scheduler_type, LR_SCHEDULES
     yield "actor_rollout_ref.rollout.name", arr.rollout.name, ROLLOUT_ENGINES
+    yield "data.loader", cfg.data.loader, LOADERS
     for tracker in cfg.trainer.logger:
         yield "trainer.logger", tracker, TRACKERS
 

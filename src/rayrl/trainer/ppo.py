@@ -26,7 +26,7 @@ from rayrl.cluster.kv import KVStore
 from rayrl.cluster.pool import ResourcePool
 from rayrl.config.load import to_yaml
 from rayrl.config.schema import RayRLConfig
-from rayrl.config.validate import critic_enabled
+from rayrl.config.validate import critic_enabled, ref_enabled
 from rayrl.controller import WorkerGroup, colocate
 from rayrl.controller.usage import starved_stages
 from rayrl.trainer.checkpoint import (
@@ -38,6 +38,7 @@ from rayrl.trainer.checkpoint import (
 )
 from rayrl.trainer.data import load_datasets
 from rayrl.trainer.metrics import batch_metrics, timer, usage_metrics
+from rayrl.trainer.names import check_names
 from rayrl.trainer.ray_session import RaySession, check_debugger, connect, debug_env
 from rayrl.trainer.resources import pools_from_config, resolve_device
 from rayrl.trainer.run_dir import RunDir
@@ -67,21 +68,18 @@ class PPOTrainer:
     """
 
     def __init__(self, cfg: RayRLConfig, print_fn: Callable[[str], None] = print) -> None:
+        check_names(cfg)
         self.cfg = cfg
         self.print = print_fn
         self.run = f"{cfg.trainer.experiment_name}-{uuid.uuid4().hex[:6]}"
         self.run_dir = RunDir(Path(cfg.trainer.output_dir))
         self.model_path = resolve_model_path(cfg)
         self.use_critic = critic_enabled(cfg)
-        a = cfg.actor_rollout_ref
-        self.use_ref = bool(
-            a.ref.enable if a.ref.enable is not None
-            else a.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
-        )  # fmt: skip
+        self.use_ref = ref_enabled(cfg)
         k = cfg.algorithm.kl_ctrl
         # The KL controller's state is part of every checkpoint.
         self.kl_ctrl = make_kl_controller(k.type, k.kl_coef, k.target_kl, k.horizon)
-        self.checkpoints = CheckpointManager(self.run_dir.checkpoints, cfg.trainer.max_ckpt_to_keep)
+        self.checkpoints = CheckpointManager(self.run_dir.checkpoints, _keep(cfg))
         self.state = TrainerState()
         self.pools: list[ResourcePool] = []
         self.groups: list[WorkerGroup] = []
@@ -170,7 +168,10 @@ class PPOTrainer:
         """Tokenizer, training prompts and validation prompts (before any reservation)."""
         from transformers import AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        model = self.cfg.actor_rollout_ref.model
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            model.tokenizer_path or self.model_path, trust_remote_code=model.trust_remote_code
+        )
         self.dataset, self.val_dataset = load_datasets(self.cfg, self.tokenizer)
         return self.dataset
 
@@ -178,10 +179,10 @@ class PPOTrainer:
         return len(self.dataset) // self.cfg.data.train_batch_size
 
     def total_steps(self) -> int:
-        """`trainer.total_steps`, or whole batches of the (loaded) dataset x epochs."""
+        """`trainer.total_training_steps`, or whole batches of the loaded dataset x epochs."""
         t = self.cfg.trainer
-        if t.total_steps is not None:
-            return t.total_steps
+        if t.total_training_steps is not None:
+            return t.total_training_steps
         return max(1, self.steps_per_epoch()) * t.total_epochs
 
     def shutdown(self) -> None:
@@ -217,8 +218,9 @@ class PPOTrainer:
         return state
 
     def resume(self) -> Path | None:
-        """Apply `trainer.resume`; metrics.jsonl keeps the rows up to the resumed step."""
-        path = self.checkpoints.resolve(self.cfg.trainer.resume)
+        """Apply `trainer.resume_mode`; metrics.jsonl keeps the rows up to the resumed step."""
+        t = self.cfg.trainer
+        path = self.checkpoints.resolve(t.resume_mode, t.resume_from_path)
         if path is None:
             self.state = TrainerState()
             self.run_dir.metrics.unlink(missing_ok=True)
@@ -237,7 +239,7 @@ class PPOTrainer:
         start = start or TrainerState()
         step, epoch, first = start.global_step, start.epoch, start.batch
         total = self.total_steps()
-        while step < total and (t.total_steps is not None or epoch < t.total_epochs):
+        while step < total and (t.total_training_steps is not None or epoch < t.total_epochs):
             batches = self.dataset.batches(
                 d.train_batch_size, epoch=epoch, seed=t.seed, shuffle=d.shuffle, start=first
             )
@@ -272,7 +274,7 @@ class PPOTrainer:
             if self.state.global_step >= total:
                 self.print(
                     f"nothing to train: the checkpoint is at step {self.state.global_step} of "
-                    f"{total}; set trainer.resume=disable or another trainer.output_dir to start over"
+                    f"{total}; set trainer.resume_mode=disable or another trainer.output_dir to start over"
                 )
             elif validator and t.val_before_train and self.state.global_step == 0:
                 tracking.log(validator.run(0), step=0)
@@ -336,13 +338,18 @@ class PPOTrainer:
             if self.critic is not None:
                 with timer(timing, "update_critic"):
                     metrics.update(self.critic.update_critic(batch))
-            with timer(timing, "update_actor"):
-                metrics.update(self.actor.update_actor(batch))
+            if self._actor_learns(prompts):
+                with timer(timing, "update_actor"):
+                    metrics.update(self.actor.update_actor(batch))
         metrics.update(batch_metrics(batch))
         metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
         tokens = float(batch["attention_mask"].sum())
         metrics["perf/throughput"] = tokens / timing["step"]
         return metrics
+
+    def _actor_learns(self, prompts: Batch) -> bool:
+        """False during the critic's warm-up (`trainer.critic_warmup` first steps)."""
+        return int(prompts.meta.get("step", 0)) >= self.cfg.trainer.critic_warmup
 
     def _advantages(self, batch: Batch) -> dict[str, float]:
         alg, mask = self.cfg.algorithm, batch["response_mask"]
@@ -362,6 +369,16 @@ class PPOTrainer:
         metrics["critic/advantages/mean"] = float(masked_mean(adv, mask))
         metrics["critic/returns/mean"] = float(masked_mean(returns, mask))
         return metrics
+
+
+def _keep(cfg: RayRLConfig) -> int | None:
+    """Checkpoints to keep: a step directory holds the actor and the critic, so the
+    larger of `max_actor_ckpt_to_keep` and `max_critic_ckpt_to_keep` (None: all)."""
+    t = cfg.trainer
+    keeps = [t.max_actor_ckpt_to_keep]
+    if critic_enabled(cfg):
+        keeps.append(t.max_critic_ckpt_to_keep)
+    return None if None in keeps else max(keeps)
 
 
 def _config_dict(cfg: RayRLConfig) -> dict:
