@@ -35,10 +35,10 @@ def test_latest_retention_and_resume_choices(tmp_path):
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "global_step_3"
     assert manager.resolve("auto") == tmp_path / "checkpoints" / "global_step_3"
     assert manager.resolve("disable") is None
-    chosen = manager.resolve(str(tmp_path / "checkpoints" / "global_step_2"))
+    chosen = manager.resolve("resume_path", tmp_path / "checkpoints" / "global_step_2")
     assert load_state(chosen).global_step == 2
     with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
-        manager.resolve(str(tmp_path / "checkpoints" / "global_step_1"))
+        manager.resolve("resume_path", tmp_path / "checkpoints" / "global_step_1")
     _save(manager, 3, payload="again")  # saving a step again replaces it
     assert (manager.latest() / "actor" / "w.txt").read_text() == "again"
 
