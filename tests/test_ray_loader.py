@@ -29,7 +29,7 @@ def test_ray_loader_is_deterministic_and_resumes(ray_local, tmp_path, tokenizer)
         str(write_parquet(rows[:11], tmp_path / "a.parquet")),
         str(write_parquet(rows[11:], tmp_path / "b.parquet")),
     ]
-    loader = RayPromptLoader(files=files, tokenizer=tokenizer, max_prompt_length=64)
+    loader = RayPromptLoader(files=files, tokenizer=tokenizer, max_prompt_length=64, num_blocks=2)
     assert len(loader) == 21 and loader.rejected == 1
     epoch0 = _uids(loader, 0)
     assert len(epoch0) == 5 and all(len(b) == 4 for b in epoch0)  # 21 rows: 5 whole batches
