@@ -281,15 +281,8 @@ class PPOTrainer:
             for step, prompts in self.batches(self.state):
                 metrics = self.step(prompts)
                 self._advance(prompts)
-                metrics.update(self.usage())
-                done = self.state.global_step
-                metrics.update({"training/global_step": done, "training/epoch": prompts.meta["epoch"]})
-                last = done == total
-                if validator and t.test_freq > 0 and (done % t.test_freq == 0 or last):
-                    metrics.update(validator.run(done))
-                if last or (t.save_freq > 0 and done % t.save_freq == 0):
-                    self.save_checkpoint()
-                tracking.log(metrics, step=done)
+                metrics.update(self._after_step(prompts, total, validator))
+                tracking.log(metrics, step=self.state.global_step)
                 history.append(metrics)
                 if on_step:
                     on_step(step, metrics)
@@ -298,6 +291,18 @@ class PPOTrainer:
         finally:
             tracking.finish()
         return history
+
+    def _after_step(self, prompts: Batch, total: int, validator: Validator | None) -> dict:
+        """Usage, validation when due, a checkpoint when due; their metrics."""
+        t, done = self.cfg.trainer, self.state.global_step
+        metrics = self.usage()
+        metrics.update({"training/global_step": done, "training/epoch": prompts.meta["epoch"]})
+        last = done == total
+        if validator and t.test_freq > 0 and (done % t.test_freq == 0 or last):
+            metrics.update(validator.run(done))
+        if last or (t.save_freq > 0 and done % t.save_freq == 0):
+            self.save_checkpoint()
+        return metrics
 
     def usage(self) -> dict[str, float]:
         """Usage metrics of every group since the last call; warns of CPU starvation."""
