@@ -1,5 +1,5 @@
-"""The pieces around a run, without Ray: tracker checks, validation metrics, reward
-extras, usage warnings, the metrics file on resume, and `rayrl data`."""
+"""The pieces around a run, without Ray: tracker checks, validation metrics, usage
+warnings, the metrics file on resume, and `rayrl data`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from rayrl.cli.main import main
 from rayrl.config import load_config
-from rayrl.trainer.metrics import reward_extra_metrics, usage_metrics
+from rayrl.trainer.metrics import usage_metrics
 from rayrl.trainer.run_dir import RunDir
 from rayrl.trainer.tracking import TrackerUnavailable, Tracking, check_trackers
 from rayrl.trainer.validate import pass_at_k, validation_metrics
@@ -66,11 +66,6 @@ def test_validation_metrics_mean_and_pass_at_k():
     assert pass_at_k(4, 1, 2) == pytest.approx(0.5)
     greedy = validation_metrics(samples[:1], n=1)
     assert set(greedy) == {"val-core/a/reward/mean@1", "val-core/a/acc/mean@1"}
-
-
-def test_reward_extra_keys_become_step_metrics():
-    extras = [{"acc": 1.0, "fmt": 1}, {"acc": 0.0, "note": "text"}, {}]
-    assert reward_extra_metrics(extras) == {"reward/acc/mean": 0.5, "reward/fmt/mean": 1.0}
 
 
 def test_usage_metrics_and_cpu_starvation_warning():

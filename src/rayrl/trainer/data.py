@@ -14,27 +14,30 @@ from typing import Any
 
 from rayrl.algos.registry import Registry
 from rayrl.config.schema import RayRLConfig
-from rayrl.data import PromptDataset, read_parquet, synthetic_rows
+from rayrl.data import DataError, PromptDataset, read_parquet_with_sources, synthetic_rows
 
 LOADERS: Registry[Callable[..., Any]] = Registry("data loader", config_key="data.loader")
 
 
-def _dataset(rows: list[dict], tokenizer: Any, cfg: RayRLConfig) -> PromptDataset:
+def _dataset(rows: list[dict], tokenizer: Any, cfg: RayRLConfig, sources=None) -> PromptDataset:
     d = cfg.data
     return PromptDataset(
         rows, tokenizer, max_prompt_length=d.max_prompt_length, truncation=d.truncation,
-        filter_overlong=d.filter_overlong_prompts, prompt_key=d.prompt_key,
+        filter_overlong=d.filter_overlong_prompts, prompt_key=d.prompt_key, sources=sources,
     )  # fmt: skip
+
+
+def _files_dataset(files: Any, tokenizer: Any, cfg: RayRLConfig) -> PromptDataset:
+    rows, sources = read_parquet_with_sources(files)
+    return _dataset(rows, tokenizer, cfg, sources)
 
 
 @LOADERS.register("default")
 def default_loader(cfg: RayRLConfig, tokenizer: Any) -> PromptDataset:
     d = cfg.data
-    rows = (
-        read_parquet(d.train_files) if d.train_files
-        else synthetic_rows(d.synthetic_task, d.synthetic_size, cfg.trainer.seed)
-    )  # fmt: skip
-    return _dataset(rows, tokenizer, cfg)
+    if d.train_files:
+        return _files_dataset(d.train_files, tokenizer, cfg)
+    return _dataset(synthetic_rows(d.synthetic_task, d.synthetic_size, cfg.trainer.seed), tokenizer, cfg)
 
 
 @LOADERS.register("ray")
@@ -65,13 +68,15 @@ def load_datasets(cfg: RayRLConfig, tokenizer: Any) -> tuple[Any, PromptDataset 
     """(training prompts, validation prompts or None)."""
     d = cfg.data
     train = LOADERS.get(d.loader)(cfg, tokenizer)
-    if len(train) < d.train_batch_size:
-        raise ValueError(
-            f"the training data has {len(train)} usable prompt(s), fewer than "
-            f"data.train_batch_size={d.train_batch_size}; add data or lower the batch size"
+    if isinstance(train, PromptDataset):
+        train.require_rows(d.train_batch_size)  # names the rows set aside, if any
+    elif len(train) < d.train_batch_size:
+        raise DataError(
+            f"the training data has {len(train)} usable prompt(s), fewer than one batch of "
+            f"data.train_batch_size={d.train_batch_size}; add data or lower data.train_batch_size"
         )
     if d.val_files:
-        val = _dataset(read_parquet(d.val_files), tokenizer, cfg)
+        val = _files_dataset(d.val_files, tokenizer, cfg)
     elif not d.train_files and d.synthetic_val_size > 0:
         val = _dataset(synthetic_val_rows(cfg), tokenizer, cfg)
     else:

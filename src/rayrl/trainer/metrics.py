@@ -1,8 +1,8 @@
 """Step metrics with verl's names: batch statistics, reward extras, stage timing, usage.
 
-- `batch_metrics`: `critic/score/mean`, `response_length/*`, `reward/errors`, and
-  `reward/<key>/mean` for every numeric extra key a reward function returned in its
-  dict (verl's `compute_score` may return `{"score": ..., "acc": ...}`);
+- `batch_metrics`: `critic/score/mean`, `response_length/*`, `reward/errors` (the
+  reward worker adds `reward/<key>/mean` for every numeric extra key a reward
+  function returns in its dict, verl's `{"score": ..., "acc": ...}`);
 - `timer`: adds a stage's wall time to `timing_s/<stage>`;
 - `usage_metrics`: per role, the CPU use (percent of one core), GPU utilisation and
   peak memory its workers had during the step (`perf/cpu_util/<role>`,
@@ -14,44 +14,25 @@
 
 from __future__ import annotations
 
-import math
-import numbers
 import time
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 from rayrl.batch import Batch
 
 
-def batch_metrics(batch: Batch) -> dict[str, float]:
-    lengths = batch["response_mask"].sum(-1).float()
+def batch_metrics(batch: Batch, lengths) -> dict[str, float]:
+    """verl's batch metrics; `lengths` are the response lengths before any masking."""
     errors = sum(e is not None for e in batch["reward_error"])
     finish = list(batch["finish_reason"])
-    metrics = {
+    return {
         "critic/score/mean": float(batch["scores"].mean()),
         "critic/rewards/mean": float(batch["token_level_rewards"].sum(-1).mean()),
         "response_length/mean": float(lengths.mean()),
         "response_length/clip_ratio": finish.count("length") / max(len(finish), 1),
         "reward/errors": float(errors),
     }
-    if "entropy" in batch:
-        mask = batch["response_mask"].float()
-        metrics["actor/entropy"] = float((batch["entropy"] * mask).sum() / mask.sum().clamp(min=1))
-    if "reward_extra" in batch:
-        metrics.update(reward_extra_metrics(list(batch["reward_extra"])))
-    return metrics
-
-
-def reward_extra_metrics(extras: list[dict[str, Any]]) -> dict[str, float]:
-    """`reward/<key>/mean` over the samples whose reward dict had a numeric `key`."""
-    values: dict[str, list[float]] = defaultdict(list)
-    for extra in extras:
-        for key, value in (extra or {}).items():
-            if isinstance(value, numbers.Real) and math.isfinite(float(value)):
-                values[key].append(float(value))
-    return {f"reward/{k}/mean": sum(v) / len(v) for k, v in sorted(values.items())}
 
 
 @contextmanager

@@ -3,8 +3,11 @@
 A step, as data flows (DESIGN.md): prompts -> actor.generate -> reward.compute_score
 (concurrently with actor.compute_log_prob and, when a KL term needs it,
 compute_ref_log_prob) -> critic.compute_values (GAE) -> advantages on the controller
-(`rayrl.algos`) -> critic.update_critic -> actor.update_actor. Each stage is timed
-(`timing_s/<stage>`); metrics use verl's names.
+(`rayrl.trainer.advantage`) -> critic.update_critic -> actor.update_actor. With DAPO's
+dynamic sampling the scores are awaited first and further rounds of prompts are
+generated until the batch is full (`rayrl.trainer.dynamic_sampling`); ReMax adds a
+greedy rollout per prompt as its baseline. Each stage is timed (`timing_s/<stage>`);
+metrics use verl's names.
 
 Around the steps, `fit` keeps what the run makes (`trainer.run_dir`): it resumes from
 a checkpoint (`trainer.checkpoint`), validates (`trainer.validate`), logs every step
@@ -14,13 +17,14 @@ to the trackers (`trainer.tracking`), saves checkpoints and exports the final mo
 from __future__ import annotations
 
 import logging
+import random
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
-from rayrl.algos import apply_kl_penalty, compute_advantages, masked_mean
-from rayrl.algos.kl import make_kl_controller
+import numpy as np
+
 from rayrl.batch import Batch
 from rayrl.cluster.kv import KVStore
 from rayrl.cluster.pool import ResourcePool
@@ -29,6 +33,7 @@ from rayrl.config.schema import RayRLConfig
 from rayrl.config.validate import critic_enabled, ref_enabled
 from rayrl.controller import WorkerGroup, colocate
 from rayrl.controller.usage import starved_stages
+from rayrl.trainer.advantage import AdvantageStage, entropy_metric, greedy_baselines, shape_rewards
 from rayrl.trainer.checkpoint import (
     CheckpointManager,
     TrainerState,
@@ -37,6 +42,7 @@ from rayrl.trainer.checkpoint import (
     restore_driver_rng,
 )
 from rayrl.trainer.data import load_datasets
+from rayrl.trainer.dynamic_sampling import fill_batch
 from rayrl.trainer.metrics import batch_metrics, timer, usage_metrics
 from rayrl.trainer.names import check_names
 from rayrl.trainer.ray_session import RaySession, check_debugger, connect, debug_env
@@ -76,9 +82,7 @@ class PPOTrainer:
         self.model_path = resolve_model_path(cfg)
         self.use_critic = critic_enabled(cfg)
         self.use_ref = ref_enabled(cfg)
-        k = cfg.algorithm.kl_ctrl
-        # The KL controller's state is part of every checkpoint.
-        self.kl_ctrl = make_kl_controller(k.type, k.kl_coef, k.target_kl, k.horizon)
+        self.advantage = AdvantageStage(cfg)  # holds the KL controller: checkpointed
         self.checkpoints = CheckpointManager(self.run_dir.checkpoints, _keep(cfg))
         self.state = TrainerState()
         self.pools: list[ResourcePool] = []
@@ -196,7 +200,7 @@ class PPOTrainer:
     # ------------------------------------------------------- checkpoint/resume
     def save_checkpoint(self) -> Path:
         """Checkpoint the run as it stands after `self.state.global_step` steps."""
-        state = replace(self.state, rng=driver_rng(), kl_ctrl=self.kl_ctrl.state_dict())
+        state = replace(self.state, rng=driver_rng(), kl_ctrl=self.advantage.state_dict())
 
         def write(tmp: Path) -> None:
             self.actor.save(str(tmp))
@@ -213,7 +217,7 @@ class PPOTrainer:
         state = load_state(path)
         restore_driver_rng(state.rng)
         if state.kl_ctrl is not None:
-            self.kl_ctrl.load_state_dict(state.kl_ctrl)
+            self.advantage.load_state_dict(state.kl_ctrl)
         self.state = state
         return state
 
@@ -318,35 +322,47 @@ class PPOTrainer:
     def step(self, prompts: Batch) -> dict[str, float]:
         """One PPO step on a batch of prompts; returns its metrics."""
         timing: dict[str, float] = {}
+        metrics: dict[str, float] = {}
+        alg = self.cfg.algorithm
         with timer(timing, "step"):
             with timer(timing, "gen"):
                 batch = self.actor.generate(prompts)
             timing["weight_sync"] = float(batch.meta.pop("timing_s/weight_sync", 0.0))
             reward_future = self.reward.compute_score(batch, blocking=False)
+            if alg.filter_groups.enable:
+                with timer(timing, "dynamic_sampling"):
+                    batch = self._scored(batch, reward_future.get(), metrics)
+                    batch, sampled = fill_batch(
+                        self.cfg, batch, lambda r: self._extra_round(prompts, r, metrics)
+                    )
+                metrics.update(sampled)
+                reward_future = None
+            if alg.adv_estimator == "remax":
+                with timer(timing, "gen_baseline"):
+                    batch["reward_baselines"] = self._greedy_baselines(prompts, batch)
             with timer(timing, "old_log_prob"):
-                batch = batch.union(
-                    self.actor.compute_log_prob(batch).select("old_log_probs", "entropy")
-                )
+                old = self.actor.compute_log_prob(batch)
+                batch = batch.union(old.select("old_log_probs"))
+                metrics.update(entropy_metric(self.cfg, old["entropy"], batch["response_mask"]))
             if self.use_ref:
                 with timer(timing, "ref"):
                     batch = batch.union(self.actor.compute_ref_log_prob(batch))
             if self.critic is not None:
                 with timer(timing, "values"):
                     batch = batch.union(self.critic.compute_values(batch))
-            with timer(timing, "reward"):
-                scores = reward_future.get()
-            batch = batch.union(
-                scores.select("token_level_scores", "scores", "reward_error", "reward_extra")
-            )
+            if reward_future is not None:
+                with timer(timing, "reward"):
+                    batch = self._scored(batch, reward_future.get(), metrics)
+            lengths = batch["response_mask"].sum(-1).float()
             with timer(timing, "adv"):
-                metrics = self._advantages(batch)
+                metrics.update(self.advantage(batch))
             if self.critic is not None:
                 with timer(timing, "update_critic"):
                     metrics.update(self.critic.update_critic(batch))
             if self._actor_learns(prompts):
                 with timer(timing, "update_actor"):
                     metrics.update(self.actor.update_actor(batch))
-        metrics.update(batch_metrics(batch))
+        metrics.update(batch_metrics(batch, lengths))
         metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
         tokens = float(batch["attention_mask"].sum())
         metrics["perf/throughput"] = tokens / timing["step"]
@@ -356,24 +372,43 @@ class PPOTrainer:
         """False during the critic's warm-up (`trainer.critic_warmup` first steps)."""
         return int(prompts.meta.get("step", 0)) >= self.cfg.trainer.critic_warmup
 
-    def _advantages(self, batch: Batch) -> dict[str, float]:
-        alg, mask = self.cfg.algorithm, batch["response_mask"]
-        rewards, metrics = batch["token_level_scores"], {}
-        if alg.use_kl_in_reward:
-            rewards, kl = apply_kl_penalty(
-                rewards, batch["old_log_probs"], batch["ref_log_prob"], mask,
-                alg.kl_ctrl.kl_coef, estimator=alg.kl_penalty,
+    def _scored(self, batch: Batch, scores: Batch, metrics: dict[str, float]) -> Batch:
+        """`batch` with its scores (overlong penalty added); failed scorings logged. The
+        reward worker's metrics (`reward/score/mean`, ...) of the first scoring in a step
+        are kept: they cover every sample of the step's prompts, before any filtering."""
+        for key, value in scores.meta.get("reward_metrics", {}).items():
+            metrics.setdefault(key, value)
+        batch = batch.union(
+            scores.select("token_level_scores", "scores", "reward_error", "reward_extra")
+        )
+        metrics.update(shape_rewards(self.cfg, batch))
+        errors = [e for e in batch["reward_error"] if e is not None]
+        if errors:
+            log.warning(
+                "reward: %d of %d samples failed to score and count 0 (first: %s)",
+                len(errors), len(batch), errors[0],
             )  # fmt: skip
-            metrics.update({f"actor/{k}": float(v) for k, v in kl.items()})
-        adv, returns = compute_advantages(
-            alg.adv_estimator, token_level_rewards=rewards, response_mask=mask,
-            index=batch["uid"], values=batch.tensors.get("values"), gamma=alg.gamma,
-            lam=alg.lam, norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
-        )  # fmt: skip
-        batch["token_level_rewards"], batch["advantages"], batch["returns"] = rewards, adv, returns
-        metrics["critic/advantages/mean"] = float(masked_mean(adv, mask))
-        metrics["critic/returns/mean"] = float(masked_mean(returns, mask))
-        return metrics
+        return batch
+
+    def _greedy_baselines(self, prompts: Batch, batch: Batch):
+        """ReMax: each prompt's greedy response, scored, as its samples' baseline."""
+        greedy_prompts = Batch(dict(prompts.tensors), dict(prompts.non_tensors), dict(prompts.meta))
+        greedy_prompts.meta["greedy"] = True
+        greedy = self.actor.generate(greedy_prompts)
+        greedy = greedy.union(self.reward.compute_score(greedy).select("scores"))
+        return greedy_baselines(batch, greedy)
+
+    def _extra_round(self, prompts: Batch, round_: int, metrics: dict[str, float]) -> Batch:
+        """Dynamic sampling: fresh prompts (seeded by run seed, step and round),
+        generated and scored; their uids carry the round so groups never merge."""
+        d, step = self.cfg.data, int(prompts.meta.get("step", 0))
+        size = min(d.gen_batch_size or d.train_batch_size, len(self.dataset))
+        rng = random.Random(f"{self.cfg.trainer.seed}:extra:{step}:{round_}")
+        fresh = self.dataset.collate(rng.sample(range(len(self.dataset)), size))
+        fresh["uid"] = np.array([f"{u}@{round_}" for u in fresh["uid"]], dtype=object)
+        fresh.meta.update(prompts.meta)
+        batch = self.actor.generate(fresh)
+        return self._scored(batch, self.reward.compute_score(batch), metrics)
 
 
 def _keep(cfg: RayRLConfig) -> int | None:
