@@ -74,7 +74,9 @@ def _rows(run_dir) -> dict[int, list[dict]]:
 
 
 def _deterministic(row: dict) -> dict:
-    return {k: v for k, v in row.items() if not k.startswith(("timing_s/", "perf/"))}
+    """Every metric but wall-clock ones (stage times, usage, reward scoring time)."""
+    clocks = ("timing_s/", "perf/", "reward/elapsed_s/")
+    return {k: v for k, v in row.items() if not k.startswith(clocks)}
 
 
 def test_run_directory_checkpoints_and_validation(run_a):

@@ -89,6 +89,25 @@ def test_usage_metrics_and_cpu_starvation_warning():
     assert "perf/gpu_util/reward" not in metrics
 
 
+def test_checkpointed_trainer_state_restores_the_adaptive_kl_controller(tmp_path):
+    from rayrl.trainer.checkpoint import CheckpointManager, TrainerState, load_state
+    from rayrl.trainer.ppo import PPOTrainer
+
+    overrides = [
+        f"trainer.output_dir={tmp_path}", "algorithm.use_kl_in_reward=true",
+        "algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.kl_coef=0.05",
+    ]  # fmt: skip
+    first = PPOTrainer(load_config("grpo", overrides))
+    first.advantage.kl_ctrl.update(0.5, n_steps=64)  # KL above target: the coefficient grows
+    state = TrainerState(global_step=7, epoch=1, batch=3, kl_ctrl=first.advantage.state_dict())
+    path = CheckpointManager(tmp_path / "ckpt").save(state, lambda tmp: None)  # no workers
+    second = PPOTrainer(load_config("grpo", overrides))
+    assert second.advantage.kl_ctrl.value == 0.05
+    second.restore_state(load_state(path))
+    assert second.advantage.kl_ctrl.value == first.advantage.kl_ctrl.value > 0.05
+    assert (second.state.global_step, second.state.epoch, second.state.batch) == (7, 1, 3)
+
+
 def test_resumed_metrics_file_keeps_rows_up_to_the_checkpoint(tmp_path):
     run = RunDir(tmp_path)
     run.metrics.write_text("".join(json.dumps({"step": s}) + "\n" for s in range(6)))

@@ -67,6 +67,11 @@ def check_run_keys(cfg: RayRLConfig) -> None:
         )
     if cfg.actor_rollout_ref.rollout.val_kwargs.n < 1:
         raise ConfigError("actor_rollout_ref.rollout.val_kwargs.n must be at least 1")
+    if cfg.data.loader == "ray" and cfg.algorithm.filter_groups.enable:
+        raise ConfigError(
+            "algorithm.filter_groups (dynamic sampling) draws extra prompts at random, which "
+            "the streaming data.loader=ray cannot; use data.loader=default with it"
+        )
     vbs = cfg.data.val_batch_size
     if vbs is not None and vbs < 1:
         raise ConfigError(f"data.val_batch_size={vbs} must be at least 1 (or null: all at once)")

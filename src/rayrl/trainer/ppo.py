@@ -214,7 +214,10 @@ class PPOTrainer:
         self.actor.load(str(path))
         if self.critic is not None:
             self.critic.load(str(path))
-        state = load_state(path)
+        return self.restore_state(load_state(path))
+
+    def restore_state(self, state: TrainerState) -> TrainerState:
+        """The controller's part of a restore: RNGs, KL controller, step and data position."""
         restore_driver_rng(state.rng)
         if state.kl_ctrl is not None:
             self.advantage.load_state_dict(state.kl_ctrl)
