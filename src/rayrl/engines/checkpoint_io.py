@@ -31,7 +31,10 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-__all__ = ["export_hf", "full_model_state_dict", "load_sharded", "save_sharded"]
+__all__ = [
+    "export_hf", "full_model_state_dict", "load_sharded", "quiet_dcp", "save_sharded",
+    "write_hf_dir",
+]  # fmt: skip
 
 
 def _rank() -> int:
@@ -48,7 +51,7 @@ def _barrier() -> None:
 
 
 @contextmanager
-def _quiet_dcp() -> Iterator[None]:
+def quiet_dcp() -> Iterator[None]:
     """Silence DCP's warnings about what is intended here: running in one process
     without torch.distributed, and overwriting an existing checkpoint directory."""
     with warnings.catch_warnings():
@@ -70,7 +73,7 @@ def save_sharded(
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd, "extra": extra}
     writer = dcp.FileSystemWriter(str(path), overwrite=True)
-    with _quiet_dcp():
+    with quiet_dcp():
         dcp.save(state, storage_writer=writer, no_dist=not _distributed())
     _barrier()
 
@@ -92,7 +95,7 @@ def load_sharded(
         )
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd, "extra": copy.deepcopy(extra_template)}
-    with _quiet_dcp():
+    with quiet_dcp():
         dcp.load(state, checkpoint_id=str(path), no_dist=not _distributed())
     set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
@@ -139,12 +142,12 @@ def export_hf(
         state = full_model_state_dict(model, cpu_offload=True)
     out = Path(out_dir).absolute()
     if _rank() == 0:
-        _write_hf_dir(state, out, config, architecture, tokenizer_dir, generation_config, dtype)
+        write_hf_dir(state, out, config, architecture, tokenizer_dir, generation_config, dtype)
     _barrier()
     return out if _rank() == 0 else None
 
 
-def _write_hf_dir(
+def write_hf_dir(
     state: dict[str, torch.Tensor],
     out: Path,
     config: Any,
@@ -153,6 +156,9 @@ def _write_hf_dir(
     generation_config: Any,
     dtype: torch.dtype | None,
 ) -> None:
+    """Write `state` as an HF model directory at `out` (staged, then renamed into place):
+    config with `architectures`, safetensors (cast to `dtype`; a tied lm_head left
+    out), generation config and tokenizer when given."""
     from huggingface_hub import save_torch_state_dict
 
     if dtype is not None:

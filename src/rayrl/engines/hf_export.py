@@ -20,7 +20,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from rayrl.engines.checkpoint_io import _quiet_dcp, _write_hf_dir
+from rayrl.engines.checkpoint_io import quiet_dcp, write_hf_dir
 from rayrl.engines.loading import DTYPES
 from rayrl.engines.lora import merged_state_dict
 
@@ -86,7 +86,7 @@ def load_model_weights(engine_dir: str | os.PathLike) -> dict[str, torch.Tensor]
     """The model weights of an engine checkpoint, unsharded, on CPU, under their names."""
     engine_dir = Path(engine_dir)
     state = {"model": _model_template(engine_dir)}
-    with _quiet_dcp():
+    with quiet_dcp():
         dcp.load(state, checkpoint_id=str(engine_dir), no_dist=True)
     return state["model"]
 
@@ -117,5 +117,5 @@ def export_checkpoint(
         generation = None
     tokenizer = hf if (hf / "tokenizer_config.json").is_file() else None
     out = Path(out_dir).absolute()
-    _write_hf_dir(state, out, config, meta["architecture"], tokenizer, generation, DTYPES[dtype])
+    write_hf_dir(state, out, config, meta["architecture"], tokenizer, generation, DTYPES[dtype])
     return out
