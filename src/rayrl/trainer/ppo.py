@@ -27,7 +27,7 @@ import numpy as np
 
 from rayrl.batch import Batch
 from rayrl.cluster.kv import KVStore
-from rayrl.cluster.pool import ResourcePool
+from rayrl.cluster.pool import ResourcePool, reserve_pools
 from rayrl.config.load import to_yaml
 from rayrl.config.schema import RayRLConfig
 from rayrl.config.validate import critic_enabled, ref_enabled
@@ -111,10 +111,8 @@ class PPOTrainer:
 
         device = resolve_device(cfg, ray.cluster_resources().get("GPU", 0))
         self.kv = KVStore.create(self.run)
-        for spec in pools_from_config(cfg, device):
-            pool = ResourcePool(spec, self.run)
-            self.pools.append(pool)
-            pool.bootstrap(timeout_s=res.wait_timeout_s)
+        # All pools checked together: none is held while another waits or cannot fit.
+        self.pools = reserve_pools(pools_from_config(cfg, device), self.run, res.wait_timeout_s)
         actor_pool, reward_pool = self.pools
         common = {
             "config": cfg, "model_path": self.model_path,

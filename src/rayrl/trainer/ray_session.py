@@ -3,7 +3,7 @@
 - `resources.address` unset: rayrl starts a local Ray with the dashboard on
   `resources.dashboard_host:dashboard_port` (127.0.0.1 by default: reachable from
   this machine only; an SSH tunnel reaches it from elsewhere).
-- `resources.address=auto` or `HOST:PORT`: joins a running cluster (`ray start
+- `resources.address=auto` or `HOST:PORT` (or `RAY_ADDRESS`): joins a running cluster (`ray start
   --head` on one machine, `ray start --address=HOST:PORT` on the others).
 - `trainer.log_worker_output`: worker prints reach the driver, each line prefixed
   with the worker's role and rank (`(actor_rollout_ref rank 0 pid=...)`).
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import ray
 
+from rayrl.cluster.inspect import resolve_address
 from rayrl.config.schema import RayRLConfig
 
 DEBUG_MODES = {"vscode": "1", "cli": "legacy"}
@@ -60,15 +61,16 @@ def connect(cfg: RayRLConfig) -> RaySession:
         env = debug_env(cfg)
         if env:
             kwargs["runtime_env"] = {"env_vars": env}
-        if res.address:
-            kwargs["address"] = res.address
+        address = resolve_address(None, res.address)  # resources.address, or RAY_ADDRESS
+        if address:
+            kwargs["address"] = address
         else:
             kwargs.update(
                 address="local", include_dashboard=res.dashboard,
                 dashboard_host=res.dashboard_host, dashboard_port=res.dashboard_port,
             )  # fmt: skip
         ray.init(**kwargs)
-        started = not res.address
+        started = not address
     ctx = ray.get_runtime_context()
     return RaySession(
         address=ctx.gcs_address,
