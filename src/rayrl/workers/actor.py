@@ -41,8 +41,8 @@ from rayrl.workers.common import (
     optim_spec,
     per_rank_mini_batch,
     reference_kwargs,
-    update_perf_metrics,
     save_rng,
+    update_perf_metrics,
 )
 from rayrl.workers.losses import actor_loss_fn
 
