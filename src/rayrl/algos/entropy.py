@@ -23,7 +23,12 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-__all__ = ["entropy_from_logits", "log_probs_and_entropy", "log_probs_from_logits"]
+__all__ = [
+    "entropy_from_logits",
+    "log_probs_and_entropy",
+    "log_probs_from_logits",
+    "logit_grad_",
+]
 
 DEFAULT_CHUNK = 512
 
@@ -84,26 +89,50 @@ class _LogProbEntropy(torch.autograd.Function):
         use_ent = ctx.with_entropy and grad_ent is not None
         for start in range(0, logits.shape[0], ctx.chunk_size):
             rows = slice(start, start + ctx.chunk_size)
-            # g = -p * (g_logp + g_ent * (log p + H)) + onehot(label) * g_logp
             log_p = _scaled_chunk(logits, rows, dtype, ctx.temperature)
             log_p.sub_(peak[rows].unsqueeze(-1)).sub_(lse[rows].unsqueeze(-1))
-            g_lp = (
-                grad_logp[rows].to(dtype).unsqueeze(-1)
-                if grad_logp is not None
-                else torch.zeros_like(lse[rows]).unsqueeze(-1)
-            )
-            if use_ent:
-                p = torch.exp(log_p)
-                g = log_p.add_(ent[rows].unsqueeze(-1))
-                g.mul_(grad_ent[rows].to(dtype).unsqueeze(-1)).add_(g_lp).mul_(p)
-                del p
-            else:
-                g = log_p.exp_().mul_(g_lp)
-            g.neg_().scatter_add_(-1, labels[rows].unsqueeze(-1), g_lp)
-            if ctx.temperature != 1.0:
-                g.div_(ctx.temperature)
-            grad[rows] = g
+            grad[rows] = logit_grad_(
+                log_p, labels[rows], ctx.temperature,
+                grad_logp=None if grad_logp is None else grad_logp[rows],
+                ent=ent[rows] if use_ent else None,
+                grad_ent=grad_ent[rows] if use_ent else None,
+            )  # fmt: skip
         return grad, None, None, None, None
+
+
+def logit_grad_(
+    log_p: Tensor,
+    labels: Tensor,
+    temperature: float,
+    *,
+    grad_logp: Tensor | None,
+    ent: Tensor | None = None,
+    grad_ent: Tensor | None = None,
+) -> Tensor:
+    """The gradient with respect to the (unscaled) logits of one chunk of tokens.
+
+    ``log_p`` is the chunk's ``[rows, vocab]`` normalised log-softmax at ``temperature``
+    and is overwritten (the result reuses its memory). ``grad_logp`` / ``grad_ent`` are
+    the incoming gradients of the label log-probs and of the entropies ``ent`` (None:
+    zero). ``g = -p (g_logp + g_ent (log p + H)) + onehot(label) g_logp``, over
+    ``temperature``.
+    """
+    g_lp = (
+        grad_logp.to(log_p.dtype).unsqueeze(-1)
+        if grad_logp is not None
+        else log_p.new_zeros(log_p.shape[0], 1)
+    )
+    if ent is not None and grad_ent is not None:
+        p = torch.exp(log_p)
+        g = log_p.add_(ent.unsqueeze(-1))
+        g.mul_(grad_ent.to(log_p.dtype).unsqueeze(-1)).add_(g_lp).mul_(p)
+        del p
+    else:
+        g = log_p.exp_().mul_(g_lp)
+    g.neg_().scatter_add_(-1, labels.unsqueeze(-1), g_lp)
+    if temperature != 1.0:
+        g.div_(temperature)
+    return g
 
 
 def _scaled_chunk(logits: Tensor, rows: slice, dtype: torch.dtype, temperature: float) -> Tensor:

@@ -32,6 +32,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from rayrl.algos.entropy import logit_grad_
+
 __all__ = ["LogProbHead", "install_logprob_head", "logprob_head_of"]
 
 
@@ -169,22 +171,12 @@ class _FusedLogProbs(torch.autograd.Function):
                 rows = slice(start, start + ctx.chunk_size)
                 log_p = _chunk_logits(hidden, weight, bias, rows, ctx.temperature)
                 log_p.sub_(log_norm[rows].unsqueeze(-1))
-                g_lp = (
-                    grad_logp[rows].to(acc).unsqueeze(-1)
-                    if grad_logp is not None
-                    else torch.zeros_like(log_norm[rows]).unsqueeze(-1)
-                )
-                if use_ent:  # g = -p (g_lp + g_H (log p + H))
-                    p = torch.exp(log_p)
-                    g = log_p.add_(ent[rows].unsqueeze(-1))
-                    g.mul_(grad_ent[rows].to(acc).unsqueeze(-1)).add_(g_lp).mul_(p)
-                    del p
-                else:
-                    g = log_p.exp_().mul_(g_lp)
-                g.neg_().scatter_add_(-1, labels[rows].unsqueeze(-1), g_lp)
-                if ctx.temperature != 1.0:
-                    g.div_(ctx.temperature)
-                g = g.to(hidden.dtype)
+                g = logit_grad_(
+                    log_p, labels[rows], ctx.temperature,
+                    grad_logp=None if grad_logp is None else grad_logp[rows],
+                    ent=ent[rows] if use_ent else None,
+                    grad_ent=grad_ent[rows] if use_ent else None,
+                ).to(hidden.dtype)  # fmt: skip
                 if need_h:
                     grad_h[rows] = g @ weight
                 if need_w:
