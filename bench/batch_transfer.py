@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import platform
 import statistics
 import time
 import uuid
@@ -25,20 +23,10 @@ import uuid
 import numpy as np
 import torch
 
+from _common import hardware
 from rayrl.batch import Batch
 
 MASK_DTYPE = torch.int64  # attention_mask / response_mask: int64, as verl's datasets produce
-
-
-def hardware() -> str:
-    """CPU model and core count (the figures here are CPU-only ratios)."""
-    model = platform.processor() or "unknown cpu"
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
-    except (OSError, StopIteration):
-        pass
-    return f"{model}, {os.cpu_count()} cores, no GPU"
 
 
 def make_data(rows: int, cols: int) -> dict:

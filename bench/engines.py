@@ -23,28 +23,16 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import tempfile
 import time
 
 import torch
 
+from _common import hardware
 from rayrl.batch import Batch
 from rayrl.engines.train import TrainEngine
 from rayrl.models.tiny import TinySpec, reference_05b
-
-
-def hardware(device: str) -> str:
-    """CPU model and core count, plus the GPU's name on CUDA."""
-    model = platform.processor() or "unknown cpu"
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
-    except (OSError, StopIteration):
-        pass
-    gpu = torch.cuda.get_device_name() if device == "cuda" else "no GPU"
-    return f"{model}, {os.cpu_count()} cores, {gpu}"
 
 
 def ragged_batch(

@@ -33,14 +33,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import platform
 import time
 from collections.abc import Callable
 
 import numpy as np
 import torch
 
+from _common import hardware
 from rayrl.batch import Batch
 from rayrl.engines.rollout import HFRolloutEngine, NativeRolloutEngine, SamplingParams
 from rayrl.models.tiny import TinySpec, reference_05b
@@ -48,17 +47,6 @@ from rayrl.models.tiny import TinySpec, reference_05b
 HBM_BYTES_PER_S = 4.3e12  # measured on the H200 here (../shared/gpu/README.md)
 MATMUL_FLOPS = 790e12  # bf16, measured there on an 8192^3 product
 TARGETS = {("tokens_per_s", "A"): 100_000.0, "speedup_vs_hf_static": 5.0}
-
-
-def hardware(device: str) -> str:
-    model = platform.processor() or "cpu"
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
-    except (OSError, StopIteration):
-        pass
-    gpu = torch.cuda.get_device_name() if device == "cuda" else "no GPU"
-    return f"{model}, {os.cpu_count()} cores, {gpu}"
 
 
 def build_model(shape: str, device: str):
