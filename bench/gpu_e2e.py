@@ -141,7 +141,7 @@ def run_rayrl(args: argparse.Namespace, model_dir: Path, rows: list[dict], seqs:
             "algorithm.adv_estimator=grpo",
             f"trainer.device={args.device}",
             "trainer.nnodes=1",
-            "trainer.n_gpus_per_node=1",
+            f"trainer.n_gpus_per_node={getattr(args, 'gpus', 1)}",
             f"trainer.total_training_steps={args.warmup + args.steps}",
             f"trainer.output_dir={tmp}/out",
         ]

@@ -153,3 +153,16 @@ def test_data_gsm8k_writes_verl_columns_and_the_instruction(tmp_path):
     assert row["extra_info"]["split"] == "train"
     assert compute_score(row["data_source"], "so #### 1003", row["reward_model"]["ground_truth"])["score"] == 1.0
     assert len(PromptDataset([row], train_tokenizer(), max_prompt_length=256)) == 1
+
+
+def test_dashboard_port_moves_past_a_taken_one():
+    import socket
+
+    from rayrl.trainer.ray_session import free_port
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        assert free_port("127.0.0.1", taken) != taken
+    assert free_port("127.0.0.1", taken) == taken  # released: the configured port again

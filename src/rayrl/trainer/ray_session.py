@@ -15,12 +15,15 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import ray
 
 from rayrl.cluster.inspect import resolve_address
 from rayrl.config.schema import RayRLConfig
+
+log = logging.getLogger(__name__)
 
 DEBUG_MODES = {"vscode": "1", "cli": "legacy"}
 
@@ -65,9 +68,10 @@ def connect(cfg: RayRLConfig) -> RaySession:
         if address:
             kwargs["address"] = address
         else:
+            port = free_port(res.dashboard_host, res.dashboard_port) if res.dashboard else None
             kwargs.update(
                 address="local", include_dashboard=res.dashboard,
-                dashboard_host=res.dashboard_host, dashboard_port=res.dashboard_port,
+                dashboard_host=res.dashboard_host, dashboard_port=port or res.dashboard_port,
             )  # fmt: skip
         ray.init(**kwargs)
         started = not address
@@ -78,6 +82,23 @@ def connect(cfg: RayRLConfig) -> RaySession:
         started_here=started,
         log_dir=_log_dir(),
     )
+
+
+def free_port(host: str, wanted: int, tries: int = 20) -> int:
+    """``wanted`` if nothing listens there, else the next free port above it (another
+    Ray on this machine holds 8265, say); Ray fails to start on a taken port."""
+    import socket
+
+    for port in range(wanted, wanted + tries):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+        if port != wanted:
+            log.warning("dashboard port %d is taken; using %d", wanted, port)
+        return port
+    return wanted
 
 
 def _dashboard_url() -> str | None:
