@@ -67,7 +67,7 @@ def main() -> None:
         per_gpu = {}
         for name, (gpus, seqs) in runs.items():
             res = run_rayrl(argparse.Namespace(**{**vars(args), "gpus": gpus}), model_dir, rows, seqs)
-            per_gpu[name] = res["tokens_per_s"] / gpus
+            per_gpu[name] = res["tokens_per_s"]  # perf/throughput is per GPU
             line = {**common, "n_gpus": gpus, "seqs_per_step": seqs}
             emit({**line, "metric": "tokens_per_s_per_gpu", "value": per_gpu[name],
                   "unit": "tokens/s", "step_s": res["step_s"], "stages": res["stages"],

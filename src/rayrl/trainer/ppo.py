@@ -366,7 +366,9 @@ class PPOTrainer:
         metrics.update(batch_metrics(batch, lengths))
         metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
         tokens = float(batch["attention_mask"].sum())
-        metrics["perf/throughput"] = tokens / timing["step"]
+        ranks = self.cfg.trainer.nnodes * self.cfg.trainer.n_gpus_per_node
+        metrics["perf/total_num_tokens"] = tokens
+        metrics["perf/throughput"] = tokens / (timing["step"] * ranks)  # per GPU, as verl
         return metrics
 
     def _actor_learns(self, prompts: Batch) -> bool:

@@ -21,7 +21,7 @@ PANELS: dict[str, tuple[str, str, list[str]]] = {
     "entropy": ("Entropy", "nats/token", ["actor/entropy", "actor/entropy_loss"]),
     "response_length": ("Response length", "tokens", ["response_length/mean"]),
     "grad_norm": ("Gradient norm", "norm", ["actor/grad_norm", "critic/grad_norm"]),
-    "throughput": ("Throughput", "tokens/s", ["perf/throughput"]),
+    "throughput": ("Throughput per GPU", "tokens/s", ["perf/throughput"]),
 }
 STAGE_PREFIX = "timing_s/"
 
