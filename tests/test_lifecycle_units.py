@@ -166,3 +166,16 @@ def test_dashboard_port_moves_past_a_taken_one():
         taken = busy.getsockname()[1]
         assert free_port("127.0.0.1", taken) != taken
     assert free_port("127.0.0.1", taken) == taken  # released: the configured port again
+
+
+def test_minimal_ray_runs_without_the_dashboard(monkeypatch):
+    """A Ray without its dashboard packages (ray minimal, as on the GPU machine) starts
+    without the dashboard and says so, instead of failing in ray.init."""
+    from ray._private import utils
+
+    from rayrl.trainer.ray_session import _dashboard_installed
+
+    assert _dashboard_installed()  # ray[default] here
+    monkeypatch.setattr(utils, "get_dashboard_dependency_error", lambda: "No module named 'x'")
+    with pytest.warns(UserWarning, match="running without it"):
+        assert not _dashboard_installed()

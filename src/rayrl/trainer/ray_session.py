@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import logging
+import warnings
 from dataclasses import dataclass
 
 import ray
@@ -68,9 +69,10 @@ def connect(cfg: RayRLConfig) -> RaySession:
         if address:
             kwargs["address"] = address
         else:
-            port = free_port(res.dashboard_host, res.dashboard_port) if res.dashboard else None
+            dashboard = res.dashboard and _dashboard_installed()
+            port = free_port(res.dashboard_host, res.dashboard_port) if dashboard else None
             kwargs.update(
-                address="local", include_dashboard=res.dashboard,
+                address="local", include_dashboard=dashboard,
                 dashboard_host=res.dashboard_host, dashboard_port=port or res.dashboard_port,
             )  # fmt: skip
         ray.init(**kwargs)
@@ -82,6 +84,23 @@ def connect(cfg: RayRLConfig) -> RaySession:
         started_here=started,
         log_dir=_log_dir(),
     )
+
+
+def _dashboard_installed() -> bool:
+    """False, with a warning, on a minimal Ray (no ``ray[default]``): the run goes on
+    without the dashboard instead of failing at ``ray.init``."""
+    from ray._private import utils
+
+    check = getattr(utils, "get_dashboard_dependency_error", None)
+    error = check() if check else None
+    if error:
+        warnings.warn(
+            f"resources.dashboard=true but this Ray cannot serve a dashboard ({error}); "
+            "running without it. pip install 'ray[default]' for the dashboard, or set "
+            "resources.dashboard=false to silence this.",
+            stacklevel=3,
+        )
+    return not error
 
 
 def free_port(host: str, wanted: int, tries: int = 20) -> int:
