@@ -32,20 +32,70 @@ def _full(param: Tensor, dtype: torch.dtype) -> Tensor:
     return data if data.dtype == dtype else data.to(dtype)
 
 
+def _dim0_shard(param: Tensor) -> bool:
+    """An FSDP2 parameter: a DTensor on a 1-D mesh, sharded on dim 0 as ``torch.chunk``."""
+    from torch.distributed.tensor import Shard
+
+    data = param.detach()
+    return hasattr(data, "full_tensor") and tuple(data.placements) == (Shard(0),)
+
+
+def _gather_bucket(params: list[tuple[str, Tensor]], dtype: torch.dtype) -> list[tuple[str, Tensor]]:
+    """Full tensors of dim-0 shards on one mesh, with ONE all-gather for the bucket.
+
+    Each rank packs its shards, cast to ``dtype`` and padded to the chunk size
+    (``ceil(rows / world)`` rows, as FSDP2's ``torch.chunk`` split), into one buffer; after
+    the gather, a tensor is its ranks' chunks in order, cut to its row count. One
+    collective per bucket instead of one per parameter: about 0.5 ms of latency each.
+    """
+    import torch.distributed as dist
+
+    mesh = params[0][1].device_mesh
+    world = mesh.size()
+    shapes = [p.shape for _, p in params]
+    chunk = [-(-shape[0] // world) * (shape[1:].numel()) for shape in shapes]
+    local = torch.zeros(sum(chunk), dtype=dtype, device=params[0][1].to_local().device)
+    at = 0
+    for (_, p), size in zip(params, chunk, strict=True):
+        shard = p.detach().to_local().reshape(-1)
+        local[at : at + shard.numel()].copy_(shard)
+        at += size
+    gathered = torch.empty(world * local.numel(), dtype=dtype, device=local.device)
+    dist.all_gather_into_tensor(gathered, local, group=mesh.get_group())
+    gathered = gathered.view(world, -1)
+    out, at = [], 0
+    for (name, _), shape, size in zip(params, shapes, chunk, strict=True):
+        rows = gathered[:, at : at + size].reshape(-1, *shape[1:])
+        out.append((name, rows[: shape[0]].contiguous()))
+        at += size
+    return out
+
+
 def rollout_weights(
     model: nn.Module, dtype: torch.dtype, bucket_bytes: int = DEFAULT_BUCKET_BYTES
 ) -> Iterator[tuple[str, Tensor]]:
     """``(name, full tensor in dtype)`` for every parameter, gathered bucket by bucket.
 
     Every rank of a sharded model must consume the whole iterator (each bucket's
-    gathers are collectives).
+    gather is a collective). FSDP2 parameters of a bucket are gathered together
+    (`_gather_bucket`); any other parameter alone, in order.
     """
-    bucket: list[tuple[str, Tensor]] = []
+    pending: list[tuple[str, Tensor]] = []  # dim-0 shards on one mesh, not yet gathered
     size = 0
+
+    def flush() -> list[tuple[str, Tensor]]:
+        nonlocal pending, size
+        done = _gather_bucket(pending, dtype) if pending else []
+        pending, size = [], 0
+        return done
+
     for name, param in model.named_parameters():
-        bucket.append((name, _full(param, dtype)))
-        size += bucket[-1][1].numel() * bucket[-1][1].element_size()
-        if size >= bucket_bytes:
-            yield from bucket
-            bucket, size = [], 0
-    yield from bucket
+        if _dim0_shard(param) and (not pending or param.device_mesh is pending[0][1].device_mesh):
+            pending.append((name, param))
+            size += param.numel() * dtype.itemsize
+            if size >= bucket_bytes:
+                yield from flush()
+            continue
+        yield from flush()
+        yield name, _full(param, dtype)
+    yield from flush()
