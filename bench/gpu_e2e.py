@@ -4,8 +4,8 @@ Both systems train the same model (the Qwen2.5-0.5B-shaped random model by defau
 or after ``--sft-steps`` of next-token training, where random weights give a system
 NaN gradients) on the same prompts (synthetic arithmetic questions padded to exactly
 ``--prompt-len`` tokens after the chat template), group size ``--group``, responses of
-``--response-len`` tokens (TRL: ``min_new_tokens``; rayrl: a random model almost never
-samples an end token, and the mean response length is reported), one AdamW step per
+``--response-len`` tokens (TRL: ``min_new_tokens``; rayrl: ``rollout.ignore_eos``; the
+mean response length is reported), one AdamW step per
 training step with the same settings (constant LR, no weight decay, clipping at 1),
 no KL term (TRL's default beta 0), no activation checkpointing, no vLLM. TRL 1.16 has
 no ``max_prompt_length``: the prompts are already exactly that long. For each system and
@@ -134,6 +134,7 @@ def run_rayrl(args: argparse.Namespace, model_dir: Path, rows: list[dict], seqs:
             f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={args.logprob_micro}",
             f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={args.logprob_micro}",
             "actor_rollout_ref.actor.use_kl_loss=false",
+            "actor_rollout_ref.rollout.ignore_eos=true",  # TRL's min_new_tokens: equal work
             f"actor_rollout_ref.actor.optim.lr={args.lr}",
             "actor_rollout_ref.actor.optim.weight_decay=0.0",  # the same AdamW as TRL's run
             "actor_rollout_ref.actor.optim.lr_scheduler_type=constant",

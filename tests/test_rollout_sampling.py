@@ -217,3 +217,20 @@ def test_sampling_params_normalise():
     assert params.stop == ("###",) and params.stop_token_ids == (3, 4)
     assert SamplingParams(temperature=0).greedy and SamplingParams(do_sample=False).greedy
     assert not SamplingParams().greedy
+
+
+def test_rollout_ignore_eos_reaches_training_sampling_only():
+    """`actor_rollout_ref.rollout.ignore_eos` (verl's key) makes training responses run
+    to max_response_length; validation still stops at EOS."""
+    from types import SimpleNamespace
+
+    from rayrl.config.load import load_config
+    from rayrl.workers.actor import ActorRolloutRefWorker
+
+    def params(overrides, validate):
+        worker = SimpleNamespace(cfg=load_config("grpo", overrides))
+        return ActorRolloutRefWorker.sampling_params(worker, validate=validate)
+
+    assert not params([], validate=False).ignore_eos
+    assert params(["actor_rollout_ref.rollout.ignore_eos=true"], validate=False).ignore_eos
+    assert not params(["actor_rollout_ref.rollout.ignore_eos=true"], validate=True).ignore_eos

@@ -130,6 +130,7 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = -1
     do_sample: bool = True
+    ignore_eos: bool = False  # training responses run to max_response_length (benchmarks)
     log_prob_micro_batch_size_per_gpu: int | None = None
     log_prob_use_dynamic_bsz: bool = f"${{{_ACTOR}.use_dynamic_bsz}}"  # type: ignore[assignment]
     log_prob_max_token_len_per_gpu: int = f"${{{_ACTOR}.ppo_max_token_len_per_gpu}}"  # type: ignore[assignment]

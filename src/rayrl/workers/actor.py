@@ -108,6 +108,7 @@ class ActorRolloutRefWorker(Worker):
             top_k=max(r.top_k, 0),
             max_new_tokens=self.cfg.data.max_response_length,
             do_sample=r.do_sample and r.temperature > 0,
+            ignore_eos=rollout.ignore_eos and not validate,
             seed=self.cfg.trainer.seed,
         )
 
