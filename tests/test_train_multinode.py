@@ -3,6 +3,7 @@ actor's ranks placed one per node (`trainer.nnodes=2`)."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -30,3 +31,8 @@ def test_train_joins_a_two_node_cluster_and_spreads_the_actor(ray_multinode, tmp
     assert placed and placed.group(1) != placed.group(2), out[-2000:]
     assert (tmp_path / "checkpoints" / "global_step_1" / "actor" / "rng" / "rank1.pt").is_file()
     assert (tmp_path / "hf" / "model.safetensors").is_file()
+    # trainer.balance_batch (verl's default, on): both splits over the 2 ranks balanced
+    step = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    for stage in ("gen", "train"):
+        assert step[f"perf/dp_imbalance/{stage}"] <= step[f"perf/dp_imbalance_before/{stage}"]
+

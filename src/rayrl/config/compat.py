@@ -43,7 +43,6 @@ INERT: dict[str, str] = {
     ),
     "data.return_raw_chat": "rayrl always keeps the raw chat messages (raw_prompt)",
     "trainer.use_legacy_worker_impl": "rayrl has one worker implementation",
-    "trainer.balance_batch": "rayrl splits each batch evenly by rows",
 }
 
 ROLLOUT_KEY = "actor_rollout_ref.rollout.name"

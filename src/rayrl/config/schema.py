@@ -287,6 +287,7 @@ class TrainerConfig:
     total_training_steps: int | None = None  # None: total_epochs over the data
     total_epochs: int = 30
     critic_warmup: int = 0  # steps that train only the critic
+    balance_batch: bool = True  # reorder rows so every data-parallel rank gets ~equal tokens
     output_dir: str = "outputs/demo"
     project_name: str = "verl_examples"
     experiment_name: str = "gsm8k"

@@ -34,6 +34,7 @@ from rayrl.config.validate import critic_enabled, ref_enabled
 from rayrl.controller import WorkerGroup, colocate
 from rayrl.controller.usage import starved_stages
 from rayrl.trainer.advantage import AdvantageStage, entropy_metric, greedy_baselines, shape_rewards
+from rayrl.trainer.balance import balance_batch
 from rayrl.trainer.checkpoint import (
     CheckpointManager,
     TrainerState,
@@ -327,8 +328,9 @@ class PPOTrainer:
         alg = self.cfg.algorithm
         with timer(timing, "step"):
             with timer(timing, "gen"):
-                batch = self.actor.generate(prompts)
+                batch = self.actor.generate(self._balanced(prompts, metrics, "gen"))
             timing["weight_sync"] = float(batch.meta.pop("timing_s/weight_sync", 0.0))
+            batch = self._balanced(batch, metrics, "train")
             reward_future = self.reward.compute_score(batch, blocking=False)
             if alg.filter_groups.enable:
                 with timer(timing, "dynamic_sampling"):
@@ -370,6 +372,17 @@ class PPOTrainer:
         metrics["perf/total_num_tokens"] = tokens
         metrics["perf/throughput"] = tokens / (timing["step"] * ranks)  # per GPU, as verl
         return metrics
+
+    def _balanced(self, batch: Batch, metrics: dict[str, float], stage: str) -> Batch:
+        """`trainer.balance_batch`: rows reordered so each data-parallel rank's chunk holds
+        about the same number of tokens (prompts before generation, whole sequences
+        after it), with the imbalance (heaviest rank / mean) before and after."""
+        t = self.cfg.trainer
+        if not t.balance_batch:
+            return batch
+        batch, found = balance_batch(batch, t.nnodes * t.n_gpus_per_node)
+        metrics.update({f"{k}/{stage}": v for k, v in found.items()})
+        return batch
 
     def _actor_learns(self, prompts: Batch) -> bool:
         """False during the critic's warm-up (`trainer.critic_warmup` first steps)."""
