@@ -1,42 +1,102 @@
 """Synthetic tasks in verl's row format, so demos and tests need no download.
 
-`arithmetic`: "What is 12+7?" with ground truth "19" (scored by the built-in
-`arithmetic` reward). Rows are deterministic for a seed.
+- `arithmetic`: "What is 12+7?" with ground truth "19".
+- `larger`: "Which is larger, 31 or 47?" with ground truth "47" (numbers 0-49).
+
+Both are scored by the built-in `arithmetic` scorer (the last number of the response
+must equal the ground truth). Rows are deterministic for a seed.
+
+`demonstrations` gives supervised (prompt, response) rows for the same questions, in
+the columns of verl's SFT trainer (`question`, `answer`), from a demonstrator that is
+right with probability `correct_rate` and otherwise makes the task's typical mistake
+(`larger`: it names the smaller number; `arithmetic`: it is off by one). The demo
+fine-tunes on such imperfect demonstrations, then lets RL with the exact reward do
+better than the demonstrator.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 
 INSTRUCTION = "Answer with the number only."
+LARGER_MAX = 49
 
 
-def _arithmetic_row(rng: random.Random, index: int) -> dict:
+@dataclass(frozen=True)
+class Problem:
+    """A task instance: the question, its answer and a demonstrator's typical mistake."""
+
+    question: str
+    answer: str
+    mistake: str
+
+
+def _arithmetic(rng: random.Random) -> Problem:
     a, b = rng.randint(0, 20), rng.randint(0, 20)
     op = rng.choice("+-*")
     value = {"+": a + b, "-": a - b, "*": a * b}[op]
-    question = f"What is {a}{op}{b}?"
-    return {
-        "data_source": "arithmetic",
-        "prompt": [{"role": "user", "content": f"{question} {INSTRUCTION}"}],
-        "ability": "math",
-        "reward_model": {"style": "rule", "ground_truth": str(value)},
-        "extra_info": {"index": index, "question": question},
-    }
+    return Problem(f"What is {a}{op}{b}?", str(value), str(value + 1))
 
 
-SYNTHETIC_TASKS: dict[str, Callable[[random.Random, int], dict]] = {
-    "arithmetic": _arithmetic_row,
+def _larger(rng: random.Random) -> Problem:
+    a, b = rng.sample(range(LARGER_MAX + 1), 2)
+    return Problem(f"Which is larger, {a} or {b}?", str(max(a, b)), str(min(a, b)))
+
+
+SYNTHETIC_TASKS: dict[str, Callable[[random.Random], Problem]] = {
+    "arithmetic": _arithmetic,
+    "larger": _larger,
 }
 
 
-def synthetic_rows(task: str = "arithmetic", size: int = 512, seed: int = 0) -> list[dict]:
-    """`size` rows of a synthetic task, the same for the same seed."""
+def _problems(task: str, size: int, seed: int) -> list[Problem]:
     if task not in SYNTHETIC_TASKS:
         raise ValueError(
             f"unknown synthetic task {task!r}; choose one of {', '.join(SYNTHETIC_TASKS)} "
             "(data.synthetic_task)"
         )
     rng = random.Random(seed)
-    return [SYNTHETIC_TASKS[task](rng, i) for i in range(size)]
+    return [SYNTHETIC_TASKS[task](rng) for _ in range(size)]
+
+
+def synthetic_rows(task: str = "arithmetic", size: int = 512, seed: int = 0) -> list[dict]:
+    """`size` prompt rows of a synthetic task, the same for the same seed."""
+    return [
+        {
+            "data_source": task,
+            "prompt": [{"role": "user", "content": f"{p.question} {INSTRUCTION}"}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": p.answer},
+            "extra_info": {"index": i, "question": p.question},
+        }
+        for i, p in enumerate(_problems(task, size, seed))
+    ]
+
+
+def held_out_rows(task: str, size: int, val_size: int, seed: int) -> list[dict]:
+    """Validation rows of a synthetic task: drawn after the `size` training rows of
+    `synthetic_rows(task, size, seed)`, minus any whose question those also ask."""
+    rows = synthetic_rows(task, size + val_size, seed)
+    seen = {str(r["prompt"]) for r in rows[:size]}
+    return [r for r in rows[size:] if str(r["prompt"]) not in seen]
+
+
+def demonstrations(
+    task: str = "larger", size: int = 512, seed: int = 0, correct_rate: float = 1.0
+) -> list[dict]:
+    """SFT rows (`question`, `answer`) for the questions of `synthetic_rows(task, size,
+    seed)`: each answer is right with probability `correct_rate`, else the task's
+    typical mistake. `extra_info.correct` says which."""
+    choose = random.Random(f"{seed}:demonstrations")
+    rows = []
+    for i, p in enumerate(_problems(task, size, seed)):
+        right = choose.random() < correct_rate
+        rows.append({
+            "data_source": task,
+            "question": f"{p.question} {INSTRUCTION}",
+            "answer": p.answer if right else p.mistake,
+            "extra_info": {"index": i, "correct": right, "ground_truth": p.answer},
+        })  # fmt: skip
+    return rows

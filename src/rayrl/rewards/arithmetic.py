@@ -1,4 +1,4 @@
-"""Scorer of the demo's synthetic arithmetic task ("What is 12+7?" -> "19").
+"""Scorer of the synthetic tasks ("What is 12+7?" -> "19", "Which is larger, 3 or 8?" -> "8").
 
 The final answer is the last number in the response. Reward 1.0 when it equals the
 ground truth, 0.1 when the response does end in a well-formed number that is wrong

@@ -82,4 +82,5 @@ register_scorer(
     "math",
 )(math_scorer.compute_score)
 register_scorer("countdown", "Jiayi-Pan/Countdown-Tasks-3to4")(countdown.compute_score)
-register_scorer("arithmetic", "rayrl/arithmetic")(arithmetic.compute_score)
+# The synthetic tasks (`rayrl.data.synthetic`): the answer is a number.
+register_scorer("arithmetic", "rayrl/arithmetic", "larger")(arithmetic.compute_score)

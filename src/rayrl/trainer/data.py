@@ -15,6 +15,7 @@ from typing import Any
 from rayrl.algos.registry import Registry
 from rayrl.config.schema import RayRLConfig
 from rayrl.data import DataError, PromptDataset, read_parquet_with_sources, synthetic_rows
+from rayrl.data.synthetic import held_out_rows
 
 LOADERS: Registry[Callable[..., Any]] = Registry("data loader", config_key="data.loader")
 
@@ -59,9 +60,7 @@ def synthetic_val_rows(cfg: RayRLConfig) -> list[dict]:
     """The synthetic task's held-out split: rows after the training ones, minus any
     whose question the training split also asks."""
     d = cfg.data
-    rows = synthetic_rows(d.synthetic_task, d.synthetic_size + d.synthetic_val_size, cfg.trainer.seed)
-    seen = {str(r["prompt"]) for r in rows[: d.synthetic_size]}
-    return [r for r in rows[d.synthetic_size :] if str(r["prompt"]) not in seen]
+    return held_out_rows(d.synthetic_task, d.synthetic_size, d.synthetic_val_size, cfg.trainer.seed)
 
 
 def load_datasets(cfg: RayRLConfig, tokenizer: Any) -> tuple[Any, PromptDataset | None]:
