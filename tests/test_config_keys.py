@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rayrl.config.load import all_paths
 from rayrl.config.schema import RayRLConfig, schema_fields
+from rayrl.config.sft import SFTConfig
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "rayrl"
 
@@ -20,13 +21,13 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "rayrl"
 PENDING: set[str] = set()
 
 
-def leaf_paths() -> list[str]:
-    groups = {p for p in all_paths() if _is_group(p)}
-    return [p for p in all_paths() if p not in groups]
+def leaf_paths(schema: type = RayRLConfig) -> list[str]:
+    groups = {p for p in all_paths(schema) if _is_group(p, schema)}
+    return [p for p in all_paths(schema) if p not in groups]
 
 
-def _is_group(path: str) -> bool:
-    cls: type | None = RayRLConfig
+def _is_group(path: str, schema: type = RayRLConfig) -> bool:
+    cls: type | None = schema
     for part in path.split("."):
         cls = schema_fields(cls)[part]
         if cls is None:
@@ -52,6 +53,12 @@ def unread_keys(paths: list[str], text: str) -> list[str]:
 def test_every_schema_key_is_read_somewhere():
     unread = unread_keys([p for p in leaf_paths() if p not in PENDING], _source_text())
     assert not unread, f"schema keys read nowhere in src/rayrl (wire or remove them): {unread}"
+
+
+def test_every_sft_schema_key_is_read_somewhere():
+    """`rayrl sft`'s schema (`rayrl.config.sft`) too."""
+    unread = unread_keys(leaf_paths(SFTConfig), _source_text())
+    assert not unread, f"SFT schema keys read nowhere in src/rayrl (wire or remove them): {unread}"
 
 
 def test_pending_keys_are_schema_keys():

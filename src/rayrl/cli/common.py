@@ -8,13 +8,15 @@ import sys
 from rich.console import Console
 
 
-def add_config_args(parser: argparse.ArgumentParser) -> None:
+def add_config_args(
+    parser: argparse.ArgumentParser, builtins: str = "grpo, ppo, demo", default: str = "grpo"
+) -> None:
     parser.add_argument(
         "-c",
         "--config",
         default=None,
-        help="YAML config file or a built-in name (grpo, ppo); default: the demo's config "
-        "(grpo) unless a model path or train files are given, then verl's defaults",
+        help=f"YAML config file or a built-in name ({builtins}); default: the demo's config "
+        f"({default}) unless a model path or train files are given, then verl's defaults",
     )
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.seed=3")
 
@@ -56,13 +58,42 @@ def load_from_args(args: argparse.Namespace):
         sys.exit(2)
 
 
+def load_sft_from_args(args: argparse.Namespace):
+    """`rayrl sft`'s validated config (`rayrl.config.sft`); with no -c, model or data,
+    the built-in `demo` SFT config. Exits 2 with the message on a ConfigError."""
+    from rayrl.config import ConfigError
+    from rayrl.config.sft import load_sft_config
+    from rayrl.trainer.names import check_sft_names
+
+    err = Console(stderr=True, soft_wrap=True)
+    source = args.config
+    if source is None and not _names_model_or_data(args.overrides, SFT_DEMO_TRIGGERS):
+        source = "demo"
+        err.print(
+            "[dim]no -c, model (model.partial_pretrain) or train files given: the built-in "
+            "SFT config 'demo' (tiny model, synthetic demonstrations)[/]",
+            highlight=False,
+        )
+    try:
+        cfg = load_sft_config(
+            source, args.overrides,
+            warn=lambda m: err.print(f"[yellow]config warning:[/] {m}", highlight=False),
+        )  # fmt: skip
+        check_sft_names(cfg)
+        return cfg
+    except ConfigError as exc:
+        err.print(f"[bold red]config error:[/] {exc}", highlight=False)
+        sys.exit(2)
+
+
 DEMO_TRIGGERS = ("actor_rollout_ref.model.path", "data.train_files")
+SFT_DEMO_TRIGGERS = ("model.partial_pretrain", "data.train_files")
 
 
-def _names_model_or_data(overrides: list[str]) -> bool:
+def _names_model_or_data(overrides: list[str], triggers: tuple[str, ...] = DEMO_TRIGGERS) -> bool:
     """Whether the command line names a model or training data (then verl's defaults
     apply; otherwise a command with no -c runs the demo's config, as DESIGN.md asks)."""
-    return any(o.split("=", 1)[0].lstrip("+") in DEMO_TRIGGERS for o in overrides)
+    return any(o.split("=", 1)[0].lstrip("+") in triggers for o in overrides)
 
 
 def console(stderr: bool = False) -> Console:

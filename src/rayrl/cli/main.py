@@ -13,7 +13,7 @@ import importlib
 import sys
 
 COMMANDS = [
-    "config_cmd", "models_cmd", "demo_cmd", "doctor_cmd", "plan_cmd", "train_cmd",
+    "config_cmd", "models_cmd", "demo_cmd", "doctor_cmd", "plan_cmd", "train_cmd", "sft_cmd",
     "export_cmd", "report_cmd", "data_cmd",
 ]  # fmt: skip
 

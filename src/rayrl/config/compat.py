@@ -49,17 +49,21 @@ ROLLOUT_KEY = "actor_rollout_ref.rollout.name"
 ROLLOUT_ALIASES: dict[str, str] = {"vllm": "hf", "sglang": "hf"}
 
 
-def strip_inert(data: dict[str, Any], prefix: str = "") -> list[str]:
-    """Remove the inert keys from the nested dict ``data`` in place; one warning each."""
+def strip_inert(
+    data: dict[str, Any], prefix: str = "", inert: dict[str, str] | None = None
+) -> list[str]:
+    """Remove the inert keys (``inert``, default `INERT`: `rayrl train`'s) from the
+    nested dict ``data`` in place; one warning each."""
+    inert = INERT if inert is None else inert
     warnings: list[str] = []
     for key in list(data):
         path = f"{prefix}{key}"
-        if path in INERT:
+        if path in inert:
             value = data.pop(key)
             shown = "{...}" if isinstance(value, dict) else repr(value)
-            warnings.append(f"{path}={shown} has no effect in rayrl: {INERT[path]}")
+            warnings.append(f"{path}={shown} has no effect in rayrl: {inert[path]}")
         elif isinstance(data[key], dict):
-            warnings.extend(strip_inert(data[key], path + "."))
+            warnings.extend(strip_inert(data[key], path + ".", inert))
     return warnings
 
 

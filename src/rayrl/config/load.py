@@ -38,22 +38,22 @@ def _warn(message: str) -> None:
     warnings.warn(message, ConfigWarning, stacklevel=3)
 
 
-def builtin_configs() -> list[str]:
+def builtin_configs(builtin_dir: Path = BUILTIN_DIR) -> list[str]:
     """Names of the YAML files shipped with rayrl (usable as `-c NAME`)."""
-    return sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml"))
+    return sorted(p.stem for p in builtin_dir.glob("*.yaml"))
 
 
-def resolve_source(source: str | Path) -> Path:
+def resolve_source(source: str | Path, builtin_dir: Path = BUILTIN_DIR) -> Path:
     """A config argument is a file path or the name of a built-in config."""
     path = Path(source)
     if path.is_file():
         return path
-    builtin = BUILTIN_DIR / f"{Path(source).stem}.yaml"
+    builtin = builtin_dir / f"{Path(source).stem}.yaml"
     if path.suffix in ("", ".yaml", ".yml") and builtin.is_file() and path.parent == Path("."):
         return builtin
     raise ConfigError(
         f"config file '{source}' not found; give a path to a YAML file or one of the "
-        f"built-in configs: {', '.join(builtin_configs())}"
+        f"built-in configs: {', '.join(builtin_configs(builtin_dir))}"
     )
 
 
@@ -68,9 +68,9 @@ def all_paths(cls: type = RayRLConfig, prefix: str = "") -> list[str]:
     return out
 
 
-def suggest(path: str) -> str | None:
-    """The valid key closest to a misspelt or misplaced dotted key."""
-    paths = all_paths()
+def suggest(path: str, cls: type = RayRLConfig) -> str | None:
+    """The valid key of schema `cls` closest to a misspelt or misplaced dotted key."""
+    paths = all_paths(cls)
     leaf = path.split(".")[-1]
     by_suffix = [p for p in paths if p.endswith("." + path)]
     if len(by_suffix) == 1:
@@ -96,14 +96,20 @@ def _first_leaf(path: str, value: Any) -> str:
 
 
 def check_keys(
-    data: dict[str, Any], cls: type = RayRLConfig, prefix: str = "", origin: str = ""
+    data: dict[str, Any],
+    cls: type = RayRLConfig,
+    prefix: str = "",
+    origin: str = "",
+    root: type | None = None,
 ) -> None:
-    """Raise ConfigError for the first key of `data` that the schema does not have."""
+    """Raise ConfigError for the first key of `data` that the schema does not have
+    (`root`: the whole schema, for suggestions; default `cls`)."""
+    root = root or cls
     fields = schema_fields(cls)
     for key, value in data.items():
         path = f"{prefix}{key}"
         if key not in fields:
-            hint = suggest(_first_leaf(path, value))
+            hint = suggest(_first_leaf(path, value), root)
             where = f" (in {origin})" if origin else ""
             did = f"; did you mean '{hint}'?" if hint else ""
             raise ConfigError(f"unknown config key '{path}'{where}{did}")
@@ -114,7 +120,7 @@ def check_keys(
                     f"config key '{path}' is a group (keys: {', '.join(schema_fields(sub))}); "
                     f"got the value {value!r}"
                 )
-            check_keys(value, sub, path + ".", origin)
+            check_keys(value, sub, path + ".", origin, root)
 
 
 def _merge(base: Any, data: dict[str, Any], origin: str) -> Any:
@@ -131,7 +137,10 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
     bad = [o for o in overrides if "=" not in o]
     if bad:
         raise ConfigError(f"override '{bad[0]}' is not of the form key=value (e.g. trainer.seed=3)")
-    return OmegaConf.to_container(OmegaConf.from_dotlist(list(overrides)))
+    # Hydra's `+key=value` / `++key=value` (add or force a key, as verl scripts write
+    # them) set the key like `key=value`: every key here is in the schema.
+    plain = [o.lstrip("+") for o in overrides]
+    return OmegaConf.to_container(OmegaConf.from_dotlist(plain))
 
 
 def _user_data(data: dict[str, Any], origin: str, warn: Callable[[str], None]) -> dict:
@@ -140,6 +149,37 @@ def _user_data(data: dict[str, Any], origin: str, warn: Callable[[str], None]) -
         warn(message)
     check_keys(data, origin=origin)
     return data
+
+
+def load_structured(
+    schema: type,
+    source: str | Path | None,
+    overrides: Sequence[str],
+    user_data: Callable[[dict[str, Any], str], dict[str, Any]],
+    builtin_dir: Path = BUILTIN_DIR,
+) -> Any:
+    """An instance of the dataclass `schema`: its defaults <- YAML file (a path or a
+    built-in name in `builtin_dir`) <- dotted overrides. `user_data(data, origin)`
+    checks (and may rewrite) each source's nested dict before it is merged."""
+    merged = OmegaConf.structured(schema)
+    if source is not None:
+        path = resolve_source(source, builtin_dir)
+        data = OmegaConf.to_container(OmegaConf.load(path)) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(
+                f"{path}: a config file holds a mapping of groups, got {type(data).__name__}"
+            )
+        merged = _merge(merged, user_data(data, str(path)), str(path))
+    if overrides:
+        data = user_data(parse_overrides(overrides), "command-line overrides")
+        merged = _merge(merged, data, "command-line overrides")
+    try:
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "?"
+        raise ConfigError(f"bad value for config key '{key}': {exc.msg.splitlines()[0]}") from None
+    assert is_dataclass(cfg)
+    return cfg
 
 
 def load_config(
@@ -154,24 +194,9 @@ def load_config(
     ``warn`` receives one line per verl key that has no effect in rayrl (default: a
     `ConfigWarning`).
     """
-    merged = OmegaConf.structured(RayRLConfig)
-    if source is not None:
-        path = resolve_source(source)
-        data = OmegaConf.to_container(OmegaConf.load(path)) or {}
-        if not isinstance(data, dict):
-            raise ConfigError(
-                f"{path}: a config file holds a mapping of groups, got {type(data).__name__}"
-            )
-        merged = _merge(merged, _user_data(data, str(path), warn), str(path))
-    if overrides:
-        data = _user_data(parse_overrides(overrides), "command-line overrides", warn)
-        merged = _merge(merged, data, "command-line overrides")
-    try:
-        cfg = OmegaConf.to_object(merged)
-    except OmegaConfBaseException as exc:
-        key = getattr(exc, "full_key", None) or "?"
-        raise ConfigError(f"bad value for config key '{key}': {exc.msg.splitlines()[0]}") from None
-    assert is_dataclass(cfg)
+    cfg = load_structured(
+        RayRLConfig, source, overrides, lambda data, origin: _user_data(data, origin, warn)
+    )
     normalize(cfg)
     if validate:
         from rayrl.config.validate import validate_config
@@ -180,7 +205,7 @@ def load_config(
     return cfg
 
 
-def _as_str_list(value: Any, key: str) -> list[str]:
+def as_str_list(value: Any, key: str) -> list[str]:
     """A string or a list of strings as a list (verl writes file lists either way)."""
     if value is None:
         return []
@@ -192,12 +217,12 @@ def _as_str_list(value: Any, key: str) -> list[str]:
 
 def normalize(cfg: RayRLConfig) -> None:
     """Give the keys that accept several forms their one typed form."""
-    cfg.data.train_files = _as_str_list(cfg.data.train_files, "data.train_files")
-    cfg.data.val_files = _as_str_list(cfg.data.val_files, "data.val_files")
-    cfg.trainer.logger = _as_str_list(cfg.trainer.logger, "trainer.logger")
+    cfg.data.train_files = as_str_list(cfg.data.train_files, "data.train_files")
+    cfg.data.val_files = as_str_list(cfg.data.val_files, "data.val_files")
+    cfg.trainer.logger = as_str_list(cfg.trainer.logger, "trainer.logger")
     modules = cfg.actor_rollout_ref.model.target_modules
     if not isinstance(modules, str):
-        cfg.actor_rollout_ref.model.target_modules = _as_str_list(
+        cfg.actor_rollout_ref.model.target_modules = as_str_list(
             modules, "actor_rollout_ref.model.target_modules"
         )
 

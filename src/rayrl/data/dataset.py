@@ -92,7 +92,7 @@ def _row_problem(row: object, prompt_key: str) -> str | None:
     missing = [k for k in (*REQUIRED, prompt_key) if row.get(k) is None]
     if missing:
         return f"missing column(s) {', '.join(missing)}"
-    problem = _messages_problem(row[prompt_key], prompt_key)
+    problem = messages_problem(row[prompt_key], prompt_key)
     if problem:
         return problem
     reward = row["reward_model"]
@@ -103,7 +103,7 @@ def _row_problem(row: object, prompt_key: str) -> str | None:
     return None
 
 
-def _messages_problem(messages: object, prompt_key: str) -> str | None:
+def messages_problem(messages: object, prompt_key: str) -> str | None:
     if not isinstance(messages, list | tuple) or not all(
         isinstance(m, dict) and "role" in m and "content" in m for m in messages
     ):

@@ -5,7 +5,7 @@ estimators, policy losses, KL estimators and controllers, loss aggregations, LR
 schedules, rollout engines, trackers, synthetic tasks) and raises `ConfigError` with
 the key, a "did you mean" and the valid names. It runs when the command line loads
 a config and again when a trainer is built, so a misspelt name costs seconds, not a
-cluster start.
+cluster start. `check_sft_names` does the same for `rayrl sft`'s config.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from rayrl.algos import ADV_ESTIMATORS, AGG_MODES, KL_CONTROLLERS, KL_ESTIMATORS
 from rayrl.algos.registry import Registry
 from rayrl.config.load import ConfigError
 from rayrl.config.schema import RayRLConfig
+from rayrl.config.sft import SFTConfig
 from rayrl.data import SYNTHETIC_TASKS
 from rayrl.engines.optim import LR_SCHEDULES
 from rayrl.engines.rollout import ROLLOUT_ENGINES
@@ -45,6 +46,21 @@ def _named(cfg: RayRLConfig) -> Iterable[tuple[str, str, Registry]]:
 def check_names(cfg: RayRLConfig) -> None:
     """Raise ConfigError for the first name no registry knows."""
     for key, value, registry in _named(cfg):
+        if value not in registry:
+            raise ConfigError(f"{key}={value!r}: {registry.unknown_message(value, key)}")
+    task = cfg.data.synthetic_task
+    if not cfg.data.train_files and task not in SYNTHETIC_TASKS:
+        raise ConfigError(
+            f"data.synthetic_task={task!r} is not one of {', '.join(SYNTHETIC_TASKS)} "
+            "(used when data.train_files is empty)"
+        )
+
+
+def check_sft_names(cfg: SFTConfig) -> None:
+    """`rayrl sft`'s registry-backed names: the LR schedule, trackers, synthetic task."""
+    named = [("optim.lr_scheduler", cfg.optim.lr_scheduler, LR_SCHEDULES)]
+    named += [("trainer.logger", tracker, TRACKERS) for tracker in cfg.trainer.logger]
+    for key, value, registry in named:
         if value not in registry:
             raise ConfigError(f"{key}={value!r}: {registry.unknown_message(value, key)}")
     task = cfg.data.synthetic_task

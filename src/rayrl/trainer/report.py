@@ -1,8 +1,8 @@
 """`rayrl report RUN_DIR`: plots of a run's metrics and an HTML page with its config.
 
 Reads `metrics.jsonl` and `config.yaml` and writes, under `RUN_DIR/report/`, one PNG
-per panel (score, validation score, KL, entropy, response length, gradient norm,
-time per stage stacked, throughput) and `report.html` showing them with the config.
+per panel (score, validation score, KL, entropy, response length, SFT loss, gradient
+norm, time per stage stacked, throughput) and `report.html` showing them with the config.
 Panels whose metrics the run did not log are left out and listed in the page.
 """
 
@@ -20,7 +20,8 @@ PANELS: dict[str, tuple[str, str, list[str]]] = {
     "kl": ("KL to the reference", "KL", ["actor/kl_loss", "actor/reward_kl_penalty", "actor/ppo_kl"]),
     "entropy": ("Entropy", "nats/token", ["actor/entropy", "actor/entropy_loss"]),
     "response_length": ("Response length", "tokens", ["response_length/mean"]),
-    "grad_norm": ("Gradient norm", "norm", ["actor/grad_norm", "critic/grad_norm"]),
+    "loss": ("SFT loss (response tokens)", "nats/token", ["train/loss", "val/loss"]),
+    "grad_norm": ("Gradient norm", "norm", ["actor/grad_norm", "critic/grad_norm", "train/grad_norm"]),
     "throughput": ("Throughput per GPU", "tokens/s", ["perf/throughput"]),
 }
 STAGE_PREFIX = "timing_s/"

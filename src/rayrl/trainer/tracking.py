@@ -84,6 +84,8 @@ class JsonlTracker:
 
 
 CONSOLE_KEYS = {
+    "train/loss": "loss",  # rayrl sft
+    "val/loss": "val_loss",
     "critic/score/mean": "score",
     "response_length/mean": "resp_len",
     "actor/pg_loss": "pg_loss",

@@ -111,3 +111,15 @@ def critic_loss_fn(cfg: CriticConfig, max_response_length: int | None = None):
         return loss, metrics
 
     return loss_fn
+
+
+def sft_loss_fn():
+    """Supervised fine-tuning: the negative log-likelihood of the response tokens, a
+    token mean over the whole batch (all micro-batches and ranks). Prompt tokens are
+    not in ``log_probs`` at all: the engine scores the response columns only."""
+    agg_mode = "token-mean"
+
+    def loss_fn(outputs: dict[str, Tensor], mb: Batch) -> tuple[Tensor, dict[str, float]]:
+        return _aggregation(agg_mode, mb, None)(-outputs["log_probs"], mb["response_mask"]), {}
+
+    return loss_fn

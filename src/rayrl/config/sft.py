@@ -1,0 +1,268 @@
+"""The config of `rayrl sft`: its schema (verl's SFT trainer names), loading and checks.
+
+Supervised fine-tuning has its own schema, with the names and defaults of verl's
+`sft_trainer.yaml` where verl has the key: `data.prompt_key` / `response_key` (with
+`prompt_dict_keys` / `response_dict_keys` for nested columns), `data.train_batch_size`,
+`data.micro_batch_size_per_gpu`, `data.max_length`, `data.truncation`,
+`model.partial_pretrain`, `model.lora_rank`, `optim.lr`, `optim.lr_scheduler`,
+`trainer.total_epochs`, `trainer.max_ckpt_to_keep`, ... It is loaded and checked like
+`rayrl train`'s (`rayrl.config.load`): unknown keys are errors with a "did you mean",
+verl keys for features rayrl lacks are dropped with a one-line warning (`SFT_INERT`),
+verl's `trainer.default_local_dir` sets the run directory, `trainer.output_dir`, and
+`model.path` (verl's engine SFT trainer, `rayrl train`) sets `model.partial_pretrain`.
+
+Departures from verl's defaults: `model.partial_pretrain` None builds the tiny demo
+model and empty `data.train_files` trains on demonstrations of a synthetic task (the
+demo's; verl has placeholder paths); `trainer.logger` is `[console]`; `trainer.device`
+is `auto`. The built-in configs live in `config/sft/` (`rayrl sft -c demo`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rayrl.config.compat import strip_inert
+from rayrl.config.load import (
+    ConfigError,
+    _warn,
+    as_str_list,
+    check_keys,
+    load_structured,
+)
+from rayrl.config.schema import ResourcesConfig
+
+SFT_BUILTIN_DIR = Path(__file__).resolve().parent / "sft"
+
+_NO_SP = "rayrl has no Ulysses sequence parallelism"
+SFT_INERT: dict[str, str] = {
+    "ulysses_sequence_parallel_size": _NO_SP,
+    "model.use_liger": "rayrl does not use Liger kernels",
+    "model.use_shm": "models load from their directory as they are",
+    "data.use_shm": "data files are read where they are",
+    "model.strategy": "rayrl always shards with FSDP2",
+    "model.external_lib": "import your model's package in a custom module of your own",
+    "model.fsdp_config.wrap_policy": "rayrl wraps each decoder layer",
+    "data.balance_dp_token": "rayrl splits each batch evenly by rows",
+    "trainer.default_hdfs_dir": "rayrl writes checkpoints to trainer.output_dir only",
+    "trainer.checkpoint": "checkpoints always hold the model, optimizer and trainer state",
+}
+# Other names of keys (the value moves over, with a note): verl's checkpoint directory,
+# and the model key of verl's engine-based SFT trainer and of `rayrl train`.
+SFT_RENAMED: dict[str, str] = {
+    "trainer.default_local_dir": "trainer.output_dir",
+    "model.path": "model.partial_pretrain",
+}
+
+
+@dataclass
+class SFTDataConfig:
+    train_files: Any = field(default_factory=list)  # a path or a list; empty: synthetic task
+    val_files: Any = field(default_factory=list)
+    train_batch_size: int = 256  # sequences per optimizer step, all ranks together
+    micro_batch_size_per_gpu: int = 4  # sequences per forward/backward (also validation)
+    use_dynamic_bsz: bool = False  # micro-batches by a token budget instead
+    max_token_len_per_gpu: int = 8192  # the token budget of a micro-batch (dynamic)
+    train_max_samples: int = -1  # -1: every row
+    val_max_samples: int = -1
+    prompt_key: str = "question"  # a string (one user turn) or a list of chat messages
+    response_key: str = "answer"
+    prompt_dict_keys: Any = None  # keys into a nested prompt column, outermost first
+    response_dict_keys: Any = None
+    max_length: int = 1024  # prompt + response tokens
+    truncation: str = "error"  # error | left | right
+    apply_chat_template_kwargs: dict = field(default_factory=dict)
+    shuffle: bool = True  # a new order every epoch (seeded)
+    synthetic_task: str = "larger"  # used when train_files is empty
+    synthetic_size: int = 512
+    synthetic_val_size: int = 64  # held-out rows (when no val_files)
+    synthetic_correct_rate: float = 1.0  # share of demonstrations that are right
+
+
+@dataclass
+class SFTFSDPConfig:
+    model_dtype: str = "fp32"  # master weights: fp32 | bf16 | fp16
+    dtype: str = "bfloat16"  # compute dtype on GPU: bfloat16 (mixed precision) | float32
+    cpu_offload: bool = False  # with offload_params: weights and optimizer in host memory
+    offload_params: bool = False
+
+
+@dataclass
+class SFTModelConfig:
+    partial_pretrain: str | None = None  # HF model directory; None: the tiny demo model
+    fsdp_config: SFTFSDPConfig = field(default_factory=SFTFSDPConfig)
+    enable_gradient_checkpointing: bool = True
+    trust_remote_code: bool = False
+    attn_implementation: str = "sdpa"
+    lora_rank: int = 0  # 0 disables LoRA
+    lora_alpha: int = 16
+    target_modules: Any = "all-linear"
+
+
+@dataclass
+class SFTOptimConfig:
+    lr: float = 1e-5
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    lr_scheduler: str = "cosine"  # cosine | constant
+    lr_warmup_steps: int = -1  # < 0: lr_warmup_steps_ratio x total steps
+    lr_warmup_steps_ratio: float = 0.1
+    min_lr_ratio: float = 0.0
+    num_cycles: float = 0.5
+    clip_grad: float = 1.0
+
+
+@dataclass
+class SFTTrainerConfig:
+    device: str = "auto"  # auto | cpu | cuda
+    nnodes: int = 1
+    n_gpus_per_node: int = 8  # workers per node (processes on CPU)
+    seed: int = 1
+    total_epochs: int = 4
+    total_training_steps: int | None = None  # None: total_epochs over the data
+    output_dir: str = "outputs/sft"
+    project_name: str = "gsm8k-sft"
+    experiment_name: str = "test"
+    logger: Any = field(default_factory=lambda: ["console"])
+    save_freq: int = -1
+    test_freq: int = -1  # validation loss every N steps (and at the end) when val data exist
+    max_ckpt_to_keep: int | None = None
+    resume_mode: str = "auto"  # auto | disable | resume_path
+    resume_from_path: str | None = None
+    export_hf: bool = True  # hf/ at the end: a model directory `rayrl train` starts from
+    log_worker_output: bool = True
+    debug: bool = False
+    debugger: str = "vscode"
+
+
+@dataclass
+class SFTConfig:
+    data: SFTDataConfig = field(default_factory=SFTDataConfig)
+    model: SFTModelConfig = field(default_factory=SFTModelConfig)
+    optim: SFTOptimConfig = field(default_factory=SFTOptimConfig)
+    use_remove_padding: bool = False  # sequence packing
+    trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+
+    @property
+    def world_size(self) -> int:
+        return self.trainer.nnodes * self.trainer.n_gpus_per_node
+
+
+def _move_renamed(data: dict[str, Any]) -> list[str]:
+    """verl's names of keys rayrl calls otherwise: the value moves to rayrl's key."""
+    notes = []
+    for old, new in SFT_RENAMED.items():
+        group, key = old.rsplit(".", 1)
+        section = data.get(group)
+        if isinstance(section, dict) and key in section:
+            value = section.pop(key)
+            section[new.rsplit(".", 1)[1]] = value
+            notes.append(f"{old}={value!r} sets {new}")
+    return notes
+
+
+def _sft_user_data(data: dict, origin: str, warn: Callable[[str], None]) -> dict:
+    for message in [*strip_inert(data, inert=SFT_INERT), *_move_renamed(data)]:
+        warn(message)
+    check_keys(data, SFTConfig, origin=origin)
+    return data
+
+
+def load_sft_config(
+    source: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    *,
+    validate: bool = True,
+    warn: Callable[[str], None] = _warn,
+) -> SFTConfig:
+    """Defaults <- YAML file (a path, or a built-in name from `config/sft/`) <- dotted
+    overrides, then checked (`validate_sft_config`)."""
+    cfg = load_structured(
+        SFTConfig, source, overrides, lambda d, origin: _sft_user_data(d, origin, warn),
+        builtin_dir=SFT_BUILTIN_DIR,
+    )  # fmt: skip
+    d = cfg.data
+    d.train_files = as_str_list(d.train_files, "data.train_files")
+    d.val_files = as_str_list(d.val_files, "data.val_files")
+    for key in ("prompt_dict_keys", "response_dict_keys"):
+        value = getattr(d, key)
+        setattr(d, key, as_str_list(value, f"data.{key}"))
+    cfg.trainer.logger = as_str_list(cfg.trainer.logger, "trainer.logger")
+    modules = cfg.model.target_modules
+    if not isinstance(modules, str):
+        cfg.model.target_modules = as_str_list(modules, "model.target_modules")
+    if validate:
+        validate_sft_config(cfg)
+    return cfg
+
+
+SFT_CHOICES = {
+    "trainer.device": ("auto", "cpu", "cuda"),
+    "trainer.resume_mode": ("auto", "disable", "resume_path"),
+    "trainer.debugger": ("vscode", "cli"),
+    "data.truncation": ("error", "left", "right"),
+    "model.fsdp_config.model_dtype": ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16"),
+    "model.fsdp_config.dtype": ("bfloat16", "bf16", "float32", "fp32"),
+}
+SFT_POSITIVE = (
+    "trainer.nnodes", "trainer.n_gpus_per_node", "trainer.total_epochs",
+    "data.train_batch_size", "data.micro_batch_size_per_gpu", "data.max_token_len_per_gpu",
+    "data.max_length", "trainer.total_training_steps", "trainer.max_ckpt_to_keep",
+)  # fmt: skip
+
+
+def _get(cfg: Any, path: str) -> Any:
+    for part in path.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def validate_sft_config(cfg: SFTConfig) -> None:
+    """Raise ConfigError for the first rule the config breaks, with the numbers."""
+    for path, allowed in SFT_CHOICES.items():
+        if _get(cfg, path) not in allowed:
+            raise ConfigError(f"{path}={_get(cfg, path)!r} is not one of {', '.join(allowed)}")
+    for path in SFT_POSITIVE:
+        value = _get(cfg, path)
+        if value is not None and value < 1:
+            raise ConfigError(f"{path}={value} must be at least 1")
+    d, t = cfg.data, cfg.trainer
+    for key in ("train_max_samples", "val_max_samples"):
+        if getattr(d, key) == 0 or getattr(d, key) < -1:
+            raise ConfigError(f"data.{key}={getattr(d, key)} must be -1 (every row) or >= 1")
+    if not 0.0 <= d.synthetic_correct_rate <= 1.0:
+        raise ConfigError(f"data.synthetic_correct_rate={d.synthetic_correct_rate} must be in [0, 1]")
+    if t.save_freq == 0 or t.test_freq == 0:
+        raise ConfigError(
+            "trainer.save_freq and trainer.test_freq are a number of steps, or -1 for never; "
+            f"got save_freq={t.save_freq}, test_freq={t.test_freq}"
+        )
+    if t.resume_mode == "resume_path" and not t.resume_from_path:
+        raise ConfigError(
+            "trainer.resume_mode=resume_path needs trainer.resume_from_path (a "
+            "checkpoints/global_step_N directory)"
+        )
+    _check_batch(cfg)
+
+
+def _check_batch(cfg: SFTConfig) -> None:
+    """The batch splits evenly over the ranks, and each rank's share into micro-batches."""
+    d, world = cfg.data, cfg.world_size
+    if d.train_batch_size % world:
+        raise ConfigError(
+            f"data.train_batch_size={d.train_batch_size} does not split over {world} "
+            f"data-parallel ranks (trainer.nnodes x trainer.n_gpus_per_node); "
+            f"{d.train_batch_size} % {world} = {d.train_batch_size % world}"
+        )
+    per_rank = d.train_batch_size // world
+    if not d.use_dynamic_bsz and per_rank % d.micro_batch_size_per_gpu:
+        raise ConfigError(
+            f"each rank's share of a batch, {d.train_batch_size} / {world} ranks = {per_rank} "
+            f"sequences, does not split into micro-batches of data.micro_batch_size_per_gpu="
+            f"{d.micro_batch_size_per_gpu}; use a micro-batch size dividing {per_rank} or set "
+            "data.use_dynamic_bsz=true"
+        )

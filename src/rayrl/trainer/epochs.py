@@ -1,0 +1,42 @@
+"""Walking a dataset epoch by epoch from a data position, as checkpoints record it.
+
+A run's data position is (epoch, batch index) of the next step (`TrainerState`).
+`epoch_batches` yields the batches from there to the end of the run, each epoch in
+its own seeded order, and `position_after` is the state once a batch's step is done;
+a run resumed from a checkpoint therefore sees exactly the batches it would have seen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+from rayrl.batch import Batch
+from rayrl.trainer.checkpoint import TrainerState
+
+
+def epoch_batches(
+    dataset: Any, batch_size: int, *, start: TrainerState, total: int, epochs: int | None,
+    seed: int, shuffle: bool,
+) -> Iterator[tuple[int, Batch]]:  # fmt: skip
+    """(step, batch) from `start` until `total` steps (or `epochs` epochs, when given).
+    Each batch's meta carries `step`, `epoch` and `batch_index` (its index in the epoch)."""
+    step, epoch, first = start.global_step, start.epoch, start.batch
+    while step < total and (epochs is None or epoch < epochs):
+        batches = dataset.batches(batch_size, epoch=epoch, seed=seed, shuffle=shuffle, start=first)
+        for index, batch in enumerate(batches, start=first):
+            if step >= total:
+                return
+            batch.meta.update(step=step, epoch=epoch, batch_index=index)
+            yield step, batch
+            step += 1
+        epoch, first = epoch + 1, 0
+
+
+def position_after(state: TrainerState, batch: Batch, steps_per_epoch: int) -> TrainerState:
+    """The state after the step on `batch`: its step count and the next data position."""
+    epoch, index = batch.meta["epoch"], batch.meta["batch_index"] + 1
+    if index >= steps_per_epoch:
+        epoch, index = epoch + 1, 0
+    return replace(state, global_step=batch.meta["step"] + 1, epoch=epoch, batch=index)

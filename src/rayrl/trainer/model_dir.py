@@ -1,0 +1,24 @@
+"""The model a run starts from: the configured directory, or the tiny demo model.
+
+With no model path, `rayrl train` and `rayrl sft` build the tiny Qwen2 demo model
+(random weights from the run's seed, a trained tokenizer) under the run directory once
+and reuse it on later runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+DEMO_MODEL = {"layers": 2, "hidden": 64}
+
+
+def model_dir(path: str | None, output_dir: str | Path, seed: int) -> str:
+    """`path`, or `<output_dir>/tiny-model` (built on first use)."""
+    from rayrl.models import build_tiny_model
+
+    if path:
+        return path
+    out = Path(output_dir) / "tiny-model"
+    if not (out / "config.json").is_file():
+        build_tiny_model(out, **DEMO_MODEL, seed=seed, overwrite=True)
+    return str(out)

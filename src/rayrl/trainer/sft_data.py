@@ -1,0 +1,66 @@
+"""The (prompt, response) pairs an SFT run trains and validates on.
+
+From `data.train_files` / `data.val_files` (parquet, verl's SFT columns, the first
+`train_max_samples` / `val_max_samples` rows when set); with no train files, from
+demonstrations of the synthetic task `data.synthetic_task` (right at the rate
+`data.synthetic_correct_rate`), validated on the task's held-out questions with right
+answers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rayrl.config.sft import SFTConfig
+from rayrl.data import read_parquet_with_sources
+from rayrl.data.sft import SFTDataset
+from rayrl.data.synthetic import demonstrations, held_out_rows
+
+
+def _dataset(cfg: SFTConfig, tokenizer: Any, rows: list[dict], sources=None) -> SFTDataset:
+    d = cfg.data
+    return SFTDataset(
+        rows, tokenizer, prompt_key=d.prompt_key, response_key=d.response_key,
+        prompt_dict_keys=d.prompt_dict_keys, response_dict_keys=d.response_dict_keys,
+        max_length=d.max_length, truncation=d.truncation,
+        chat_template_kwargs=d.apply_chat_template_kwargs, sources=sources,
+    )  # fmt: skip
+
+
+def _files(cfg: SFTConfig, tokenizer: Any, files: list[str], limit: int) -> SFTDataset:
+    rows, sources = read_parquet_with_sources(files)
+    if limit > 0:
+        rows, sources = rows[:limit], sources[:limit]
+    return _dataset(cfg, tokenizer, rows, sources)
+
+
+def synthetic_sft_rows(cfg: SFTConfig) -> tuple[list[dict], list[dict]]:
+    """(training demonstrations, held-out rows with right answers) of the synthetic task,
+    in the config's prompt/response columns."""
+    d, seed = cfg.data, cfg.trainer.seed
+    train = demonstrations(d.synthetic_task, d.synthetic_size, seed, d.synthetic_correct_rate)
+    held_out = held_out_rows(d.synthetic_task, d.synthetic_size, d.synthetic_val_size, seed)
+    val = [
+        {"question": r["prompt"][0]["content"], "answer": r["reward_model"]["ground_truth"]}
+        for r in held_out
+    ]
+    rename = {"question": d.prompt_key, "answer": d.response_key}
+    return (
+        [{rename.get(k, k): v for k, v in row.items()} for row in train],
+        [{rename[k]: v for k, v in row.items()} for row in val],
+    )
+
+
+def load_sft_datasets(cfg: SFTConfig, tokenizer: Any) -> tuple[SFTDataset, SFTDataset | None]:
+    """(training pairs, validation pairs or None); DataError when fewer usable training
+    rows than one batch."""
+    d = cfg.data
+    if d.train_files:
+        train = _files(cfg, tokenizer, d.train_files, d.train_max_samples)
+        val = _files(cfg, tokenizer, d.val_files, d.val_max_samples) if d.val_files else None
+    else:
+        train_rows, val_rows = synthetic_sft_rows(cfg)
+        train = _dataset(cfg, tokenizer, train_rows)
+        val = _dataset(cfg, tokenizer, val_rows) if val_rows else None
+    train.require_rows(d.train_batch_size)
+    return train, (val if val is not None and len(val) else None)

@@ -1,0 +1,125 @@
+"""The SFT role: one training engine per rank that fits a model to (prompt, response)
+pairs, with the checkpoints and HF export of an RL actor.
+
+Each rank holds a `TrainEngine` (FSDP2 over the group's process group, packing with
+`use_remove_padding`, micro-batches or a token budget, LoRA with `model.lora_rank`).
+`train_batch` is one optimizer step on the rank's share of a batch, with the loss of
+`rayrl.workers.losses.sft_loss_fn`; `nll` gives per-row sums for the validation loss.
+Checkpoints go under `<step dir>/actor`, the layout `rayrl train` and `rayrl export`
+read, so a fine-tuned model is an actor's starting point.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rayrl.batch import Batch
+from rayrl.config.sft import SFTConfig
+from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
+from rayrl.engines.hf_export import write_hf_meta
+from rayrl.engines.lora import LoraSpec
+from rayrl.engines.optim import OptimSpec
+from rayrl.engines.train import TrainEngine
+from rayrl.workers.common import (
+    DTYPE_NAMES,
+    join_process_group,
+    load_rng,
+    mean_metrics,
+    save_rng,
+    update_perf_metrics,
+)
+from rayrl.workers.losses import sft_loss_fn
+
+
+def sft_optim_spec(optim: Any, total_steps: int) -> OptimSpec:
+    """AdamW and the LR schedule from `rayrl sft`'s ``optim`` group (verl's names)."""
+    warmup = optim.lr_warmup_steps
+    if warmup < 0:
+        warmup = int(optim.lr_warmup_steps_ratio * total_steps)
+    return OptimSpec(
+        lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay,
+        lr_scheduler=optim.lr_scheduler, warmup_steps=warmup, min_lr_ratio=optim.min_lr_ratio,
+        num_cycles=optim.num_cycles, grad_clip=optim.clip_grad,
+    )  # fmt: skip
+
+
+def sft_engine_kwargs(cfg: SFTConfig) -> dict[str, Any]:
+    """TrainEngine arguments from the model group; verl's `cpu_offload` with
+    `offload_params` keeps weights and optimizer state in host memory between uses."""
+    m, fsdp = cfg.model, cfg.model.fsdp_config
+    offload = fsdp.cpu_offload and fsdp.offload_params
+    return {
+        "dtype": DTYPE_NAMES.get(fsdp.model_dtype, fsdp.model_dtype),
+        "mixed_precision": DTYPE_NAMES.get(fsdp.dtype, fsdp.dtype) == "bfloat16",
+        "param_offload": offload, "optimizer_offload": offload,
+        "attn_implementation": m.attn_implementation,
+        "gradient_checkpointing": m.enable_gradient_checkpointing,
+        "use_remove_padding": cfg.use_remove_padding, "seed": cfg.trainer.seed,
+        "trust_remote_code": m.trust_remote_code, "lora": LoraSpec.from_model_config(m),
+    }  # fmt: skip
+
+
+class SFTWorker(Worker):
+    """A rank of supervised fine-tuning."""
+
+    def init_worker(
+        self, config: SFTConfig, model_path: str, *, total_steps: int, dist_backend: str = "gloo"
+    ) -> None:
+        self.cfg = config
+        join_process_group(self, dist_backend)
+        self.engine = TrainEngine(
+            model_path, optim=sft_optim_spec(config.optim, total_steps), total_steps=total_steps,
+            **sft_engine_kwargs(config),
+        )  # fmt: skip
+        self.loss_fn = sft_loss_fn()
+
+    def _sizes(self) -> dict[str, int | None]:
+        d = self.cfg.data
+        if d.use_dynamic_bsz:
+            return {"max_tokens_per_micro_batch": d.max_token_len_per_gpu}
+        return {"micro_batch_size": d.micro_batch_size_per_gpu}
+
+    @register(dispatch=DP_SPLIT, collect=mean_metrics)
+    def train_batch(self, batch: Batch) -> dict[str, float]:
+        """One optimizer step on this rank's rows; `train/loss` is the batch's token-mean
+        negative log-likelihood of the responses (all ranks), `train/lr` the LR used."""
+        if self.engine.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.engine.device)
+        start = time.perf_counter()
+        out = self.engine.train_step(batch, self.loss_fn, **self._sizes())
+        perf = update_perf_metrics(out.pop("flops"), time.perf_counter() - start, self.engine.device)
+        metrics = {f"train/{k}": out[k] for k in ("loss", "grad_norm", "lr", "skipped_steps")}
+        metrics.update({f"perf/{k}": v for k, v in perf.items()})
+        return metrics
+
+    @register(dispatch=DP_SPLIT)
+    def nll(self, batch: Batch) -> Batch:
+        """Per row: the summed negative log-likelihood of its response and its token count."""
+        out = self.engine.forward(batch, **self._sizes())
+        mask = batch["response_mask"].float()
+        return Batch({"nll": -(out["log_probs"] * mask).sum(-1).double(), "tokens": mask.sum(-1)})
+
+    @register(dispatch=ONE_TO_ALL)
+    def save(self, path: str) -> None:
+        """Sharded checkpoint under `path/actor` (model, optimizer, LR schedule, RNGs,
+        and on rank 0 what an offline `rayrl export` needs)."""
+        out = Path(path) / "actor"
+        self.engine.save(out)
+        save_rng(out, self.rank)
+        if self.rank == 0:
+            write_hf_meta(self.engine, out)
+
+    @register(dispatch=ONE_TO_ALL)
+    def load(self, path: str) -> None:
+        out = Path(path) / "actor"
+        self.engine.load(out)
+        load_rng(out, self.rank)
+
+    @register(dispatch=ONE_TO_ALL)
+    def export_hf(self, path: str) -> None:
+        """An HF model directory at `path` in the training dtype, LoRA merged."""
+        self.engine.export_hf(path, dtype=self.engine.training_dtype)
