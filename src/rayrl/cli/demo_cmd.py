@@ -1,44 +1,192 @@
-"""`rayrl demo`: GRPO on the synthetic arithmetic task with a tiny model, end to end on
-a local embedded Ray: resource pools, the hybrid actor (training + rollout + reference
-in one process), the reward worker, advantages, updates. Random weights learn little
-in a few steps; the demo shows every stage running, timed, with its metrics."""
+"""`rayrl demo`: SFT then GRPO on a synthetic task with a tiny model, on a local
+embedded Ray, ending with the validation accuracy of the base model, after SFT and
+after RL.
+
+The task is `larger` ("Which is larger, 31 or 47? Answer with the number only."). The
+SFT demonstrations are right only 30% of the time; otherwise they name the smaller
+number (`data.synthetic_correct_rate`), so imitation learns mostly the mistake. GRPO
+with the exact reward then pushes the policy past its demonstrator. Validation is
+greedy, on held-out questions. The stages are the product's commands with the
+built-in `demo` configs, in `OUTPUT_DIR/<stage>` run directories:
+
+1. `base/`: `rayrl train -c demo trainer.val_only=true` on the tiny random model;
+2. `sft/`:  `rayrl sft -c demo model.partial_pretrain=OUTPUT_DIR/base-model`;
+3. `rl/`:   `rayrl train -c demo actor_rollout_ref.model.path=OUTPUT_DIR/sft/hf`,
+   whose validation before training is the accuracy after SFT.
+
+`run_pipeline` runs them (also for `bench/e2e_cpu.py` and the tests, at other sizes).
+"""
 
 from __future__ import annotations
 
 import argparse
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from rayrl.cli.common import add_config_args, console, load_from_args
+from rich.console import Console
+from rich.table import Table
 
-DEMO = [
-    "trainer.total_training_steps=8",
-    "trainer.output_dir=outputs/demo",
-    "actor_rollout_ref.actor.use_kl_loss=true",
-    "trainer.resume_mode=disable",  # each demo starts afresh (a train run would resume)
-]
+from rayrl.cli.common import console
+
+ACC_KEY = re.compile(r"^val-core/[^/]+/acc/mean@\d+$")
+REWARD_KEY = re.compile(r"^val-core/[^/]+/reward/mean@\d+$")
+
+
+@dataclass
+class DemoPlan:
+    """Where the demo writes and what it changes in the stages' built-in configs.
+
+    `shared` overrides go to both configs (keys both have: `data.synthetic_task`,
+    `data.synthetic_size`, `data.synthetic_val_size`), so SFT and RL see the same
+    training questions and the same held-out ones.
+    """
+
+    output_dir: Path = Path("outputs/demo")
+    seed: int = 1
+    shared: list[str] = field(default_factory=list)
+    sft: list[str] = field(default_factory=list)
+    rl: list[str] = field(default_factory=list)
+    quiet: bool = True  # no per-step console lines (the progress bars show the steps)
+
+
+@dataclass
+class DemoResult:
+    accuracy: dict[str, float]  # stage (base, sft, rl) -> greedy validation accuracy
+    reward: dict[str, float]
+    val_size: int
+    seconds: dict[str, float]  # stage -> wall time (setup included)
+    sft_history: list[dict]
+    rl_history: list[dict]
+    run_dirs: dict[str, Path]
+
+    @property
+    def gain_points(self) -> float:
+        """What RL added over SFT alone, in points of accuracy."""
+        return 100.0 * (self.accuracy["rl"] - self.accuracy["sft"])
+
+
+def _val(path: Path, last: bool) -> tuple[float, float]:
+    """(accuracy, mean reward) of a run directory's first or last validation."""
+    from rayrl.trainer.run_dir import read_metrics
+
+    rows = [r for r in read_metrics(path) if any(ACC_KEY.match(k) for k in r)]
+    if not rows:
+        raise RuntimeError(f"{path}/metrics.jsonl has no validation accuracy")
+    row = rows[-1] if last else rows[0]
+    acc = next(v for k, v in row.items() if ACC_KEY.match(k))
+    return float(acc), float(next(v for k, v in row.items() if REWARD_KEY.match(k)))
+
+
+def stage_configs(plan: DemoPlan):
+    """(base, sft, rl) configs of the demo's three stages."""
+    from rayrl.config import load_config
+    from rayrl.config.sft import load_sft_config
+
+    root = plan.output_dir
+    common = [f"trainer.seed={plan.seed}", "trainer.resume_mode=disable", *plan.shared]
+    if plan.quiet:
+        common.append("trainer.logger=[]")
+    rl_common = [*common, "trainer.export_hf=false", *plan.rl]
+
+    def rl(stage: str, model: Path, *extra: str):
+        return load_config("demo", [
+            *rl_common, f"trainer.output_dir={root / stage}",
+            f"actor_rollout_ref.model.path={model}", *extra,
+        ])  # fmt: skip
+
+    base = rl("base", root / "base-model", "trainer.val_only=true")
+    sft = load_sft_config("demo", [
+        *common, f"trainer.output_dir={root / 'sft'}",
+        f"model.partial_pretrain={root / 'base-model'}", *plan.sft,
+    ])  # fmt: skip
+    return base, sft, rl("rl", root / "sft" / "hf", "trainer.export_hf=true")
+
+
+def run_pipeline(plan: DemoPlan, out: Console | None = None) -> DemoResult:
+    """Build the tiny model, then run the base validation, SFT and RL; read the accuracies
+    back from the run directories' metrics.jsonl."""
+    from rayrl.cli.sft_cmd import sft
+    from rayrl.cli.train_cmd import train
+    from rayrl.data.synthetic import held_out_rows
+    from rayrl.models import build_tiny_model
+    from rayrl.trainer.model_dir import DEMO_MODEL
+
+    out = out or console()
+    base_cfg, sft_cfg, rl_cfg = stage_configs(plan)
+    build_tiny_model(plan.output_dir / "base-model", **DEMO_MODEL, seed=plan.seed, overwrite=True)
+    seconds: dict[str, float] = {}
+    start = time.perf_counter()
+    out.rule("[bold]1/3 the base model (random weights): validation only")
+    train(base_cfg, out)
+    seconds["base"] = time.perf_counter() - start
+    rate = sft_cfg.data.synthetic_correct_rate
+    out.rule(f"[bold]2/3 SFT on demonstrations that are right {rate:.0%} of the time")
+    sft_history = sft(sft_cfg, out, table_rows=10)
+    seconds["sft"] = time.perf_counter() - start - seconds["base"]
+    out.rule("[bold]3/3 GRPO from the SFT model, rewarded for the right answer")
+    rl_history = train(rl_cfg, out, table_rows=10)
+    seconds["rl"] = time.perf_counter() - start - seconds["base"] - seconds["sft"]
+    dirs = {s: Path(c.trainer.output_dir) for s, c in (("base", base_cfg), ("sft", sft_cfg), ("rl", rl_cfg))}
+    stats = {"base": _val(dirs["base"], last=False), "sft": _val(dirs["rl"], last=False),
+             "rl": _val(dirs["rl"], last=True)}  # fmt: skip
+    d = rl_cfg.data
+    val_size = len(held_out_rows(d.synthetic_task, d.synthetic_size, d.synthetic_val_size, plan.seed))
+    return DemoResult(
+        accuracy={k: v[0] for k, v in stats.items()}, reward={k: v[1] for k, v in stats.items()},
+        val_size=val_size, seconds=seconds, sft_history=sft_history,
+        rl_history=rl_history, run_dirs=dirs,
+    )  # fmt: skip
+
+
+def accuracy_table(result: DemoResult) -> Table:
+    table = Table(title=f"validation: greedy, {result.val_size} held-out questions")
+    for column in ("model", "accuracy", "mean reward", "stage time"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    names = {"base": "base (random weights)", "sft": "after SFT", "rl": "after SFT + RL (GRPO)"}
+    for stage, name in names.items():
+        table.add_row(
+            name, f"{100 * result.accuracy[stage]:.1f}%", f"{result.reward[stage]:.3f}",
+            f"{result.seconds[stage]:.0f} s",
+        )  # fmt: skip
+    return table
 
 
 def run(args: argparse.Namespace) -> int:
-    from rayrl.cli.train_cmd import train
+    from rayrl.trainer.report import write_report
 
-    args.config = args.config or "grpo"  # the built-in GRPO config: tiny model, small sizes
-    args.overrides = [*DEMO, *args.overrides]
-    cfg = load_from_args(args)
     out = console()
-    history = train(cfg, out)
-    last = history[-1]
+    plan = DemoPlan(Path(args.output_dir), seed=args.seed, sft=args.sft, rl=args.overrides)
+    start = time.perf_counter()
+    result = run_pipeline(plan, out)
+    reports = [write_report(result.run_dirs[s]) for s in ("sft", "rl")]
+    out.rule("[bold]demo done")
+    out.print(accuracy_table(result))
     out.print(
-        f"demo done: {len(history)} GRPO steps, last step {last['timing_s/step']:.1f} s, "
-        f"score {last['critic/score/mean']:.3f}, {last['perf/throughput']:.0f} tokens/s"
+        f"RL added {result.gain_points:+.1f} points of accuracy over SFT alone; "
+        f"the whole demo took {time.perf_counter() - start:.0f} s."
     )
-    run_dir = cfg.trainer.output_dir
+    out.print(f"reports and plots: {reports[0]} and {reports[1]} (`rayrl report RUN_DIR` redraws them)")
     out.print(
-        f"run directory {run_dir}: config.yaml, metrics.jsonl, checkpoints/, hf/, "
-        f"val_generations/; plot it with `rayrl report {run_dir}`"
+        f"run directories: {', '.join(str(p) for p in result.run_dirs.values())}; the "
+        f"final model: {result.run_dirs['rl'] / 'hf'}"
     )
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("demo", help="run GRPO end to end on a local embedded Ray")
-    add_config_args(parser)
+    parser = sub.add_parser(
+        "demo", help="SFT then GRPO on a synthetic task with a tiny model, on a local Ray"
+    )
+    parser.add_argument("--output-dir", default="outputs/demo", help="where the run directories go")
+    parser.add_argument("--seed", type=int, default=1, help="the seed of every stage")
+    parser.add_argument(
+        "--sft", action="append", default=[], metavar="KEY=VALUE",
+        help="an override of the SFT stage (`rayrl sft -c demo` keys); repeatable",
+    )  # fmt: skip
+    parser.add_argument(
+        "overrides", nargs="*",
+        help="overrides of the RL stages (`rayrl train -c demo` keys), e.g. trainer.total_training_steps=30",
+    )  # fmt: skip
     parser.set_defaults(func=run)

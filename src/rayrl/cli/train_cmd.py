@@ -21,8 +21,9 @@ COLUMNS = {
 }
 
 
-def train(cfg, out=None) -> list[dict]:
-    """Run training for `cfg`; shows progress and returns the per-step metrics."""
+def train(cfg, out=None, *, table_rows: int | None = None) -> list[dict]:
+    """Run training for `cfg`; shows progress and returns the per-step metrics (the
+    table at the end: every step, or `table_rows` of them)."""
     from rayrl.trainer.ppo import PPOTrainer
 
     out = out or console()
@@ -31,6 +32,8 @@ def train(cfg, out=None) -> list[dict]:
     try:
         with out.status("reserving resources and starting workers"):
             trainer.setup()
+        if cfg.trainer.val_only:
+            return _validate_only(trainer, out)
         total = trainer.total_steps()
         progress = Progress(
             TextColumn("[bold]training"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -39,22 +42,46 @@ def train(cfg, out=None) -> list[dict]:
         with progress:
             task = progress.add_task("train", total=total, info="")
 
+            val: dict[str, float] = {}
+
             def on_step(step: int, metrics: dict) -> None:
+                val.update({k: v for k, v in metrics.items() if k.startswith("val-core/")})
                 info = f"score {metrics['critic/score/mean']:.3f}"
+                acc = [v for k, v in val.items() if "/acc/mean@" in k]
+                if acc:
+                    info += f", val acc {sum(acc) / len(acc):.3f}"
                 progress.update(task, completed=step + 1, info=info)
 
             history = trainer.fit(on_step=on_step)
     finally:
         trainer.shutdown()
-    out.print(metrics_table(history))
+    if history:
+        out.print(metrics_table(history, table_rows))
     return history
 
 
-def metrics_table(history: list[dict]) -> Table:
+def _validate_only(trainer, out) -> list[dict]:
+    """`trainer.val_only`: validate, print the validation metrics; no steps."""
+    from rayrl.trainer.run_dir import read_metrics
+
+    with out.status("validating"):
+        trainer.fit()
+    last = read_metrics(trainer.run_dir.metrics)[-1]
+    for key, value in last.items():
+        if key.startswith("val-core/"):
+            out.print(f"{key} = {value:.4g}", highlight=False)
+    return []
+
+
+def metrics_table(history: list[dict], rows: int | None = None) -> Table:
+    """Every step, or up to `rows` evenly spaced ones (the last included)."""
     table = Table(title="metrics per step")
     for title in COLUMNS.values():
         table.add_column(title, justify="right")
-    for metrics in history:
+    every = max(1, -(-len(history) // rows)) if rows else 1
+    for i, metrics in enumerate(history):
+        if i % every and i != len(history) - 1:
+            continue
         row = [str(int(metrics["training/global_step"]))]
         for key in list(COLUMNS)[1:]:
             value = metrics.get(key)

@@ -45,6 +45,7 @@ from rayrl.trainer.checkpoint import (
 from rayrl.trainer.data import load_datasets
 from rayrl.trainer.dynamic_sampling import fill_batch
 from rayrl.trainer.metrics import batch_metrics, timer, usage_metrics
+from rayrl.trainer.model_dir import model_dir
 from rayrl.trainer.names import check_names
 from rayrl.trainer.ray_session import RaySession, check_debugger, connect, debug_env
 from rayrl.trainer.resources import pools_from_config, resolve_device
@@ -58,14 +59,7 @@ log = logging.getLogger("rayrl.trainer")
 
 def resolve_model_path(cfg: RayRLConfig) -> str:
     """The configured model directory, or the tiny demo model (built once, then reused)."""
-    from rayrl.models import build_tiny_model
-
-    if cfg.actor_rollout_ref.model.path:
-        return cfg.actor_rollout_ref.model.path
-    out = Path(cfg.trainer.output_dir) / "tiny-model"
-    if not (out / "config.json").is_file():
-        build_tiny_model(out, layers=2, hidden=64, seed=cfg.trainer.seed, overwrite=True)
-    return str(out)
+    return model_dir(cfg.actor_rollout_ref.model.path, cfg.trainer.output_dir, cfg.trainer.seed)
 
 
 class PPOTrainer:
@@ -277,6 +271,11 @@ class PPOTrainer:
         )  # fmt: skip
         validator = Validator(self, self.val_dataset) if self.val_dataset else None
         try:
+            if t.val_only:  # verl's trainer.val_only: validate the model as it is, then stop
+                if validator is None:
+                    raise ValueError("trainer.val_only=true needs validation data (data.val_files)")
+                tracking.log(validator.run(self.state.global_step), step=self.state.global_step)
+                return history
             if self.state.global_step >= total:
                 self.print(
                     f"nothing to train: the checkpoint is at step {self.state.global_step} of "

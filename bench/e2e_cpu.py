@@ -1,0 +1,73 @@
+"""The demo's pipeline end to end on CPU: base validation, SFT, then GRPO (`rayrl demo`).
+
+Runs `rayrl.cli.demo_cmd.run_pipeline` (the same stages and built-in `demo` configs as
+`rayrl demo`: the tiny model, the synthetic `larger` task, SFT on demonstrations right
+30% of the time, GRPO with the exact reward, greedy validation on held-out questions)
+and prints one JSON object per line:
+
+- `accuracy_base`, `accuracy_before_rl` (after SFT), `accuracy_after_rl`: greedy
+  validation accuracy (fraction of the held-out questions);
+- `rl_gain`: accuracy_after_rl - accuracy_before_rl in points (target >= 15);
+- `steps_per_s`, `tokens_per_s`: GRPO steps and tokens (prompt + response, all
+  samples) per second of step time (validation and start-up left out);
+- `sft_steps_per_s`, `sft_tokens_per_s`: the same for the SFT stage;
+- `wall_s`: the whole pipeline, Ray and worker start-ups included (target <= 600).
+
+The demo's own output goes to stderr. Usage: `python bench/e2e_cpu.py [--seed 1]
+[--output-dir DIR]`; extra `KEY=VALUE` arguments override the RL stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+BENCH = "e2e_cpu"
+
+
+def emit(metric: str, value: float, unit: str, **extra) -> None:
+    row = {"bench": BENCH, "metric": metric, "value": round(value, 4), "unit": unit, **extra}
+    print(json.dumps(row), flush=True)
+
+
+def rates(history: list[dict]) -> tuple[float, float]:
+    """(steps, tokens) per second of step time."""
+    seconds = sum(m["timing_s/step"] for m in history)
+    tokens = sum(m["perf/throughput"] * m["timing_s/step"] for m in history)
+    return len(history) / seconds, tokens / seconds
+
+
+def main() -> None:
+    from rayrl.cli.common import console
+    from rayrl.cli.demo_cmd import DemoPlan, run_pipeline
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--output-dir", default=None, help="default: a temporary directory")
+    parser.add_argument("--sft", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("overrides", nargs="*", help="overrides of the RL stage")
+    args = parser.parse_args()
+    out = Path(args.output_dir or tempfile.mkdtemp(prefix="rayrl-e2e-"))
+    plan = DemoPlan(out, seed=args.seed, sft=args.sft, rl=args.overrides)
+    start = time.perf_counter()
+    result = run_pipeline(plan, console(stderr=True))
+    wall = time.perf_counter() - start
+    seed = {"seed": args.seed, "val_size": result.val_size}
+    emit("accuracy_base", result.accuracy["base"], "fraction", **seed)
+    emit("accuracy_before_rl", result.accuracy["sft"], "fraction", **seed)
+    emit("accuracy_after_rl", result.accuracy["rl"], "fraction", **seed)
+    emit("rl_gain", result.gain_points, "points", target=15, better="higher", **seed)
+    steps, tokens = rates(result.rl_history)
+    emit("steps_per_s", steps, "steps/s", stage="rl", steps=len(result.rl_history))
+    emit("tokens_per_s", tokens, "tokens/s", stage="rl")
+    steps, tokens = rates(result.sft_history)
+    emit("sft_steps_per_s", steps, "steps/s", stage="sft", steps=len(result.sft_history))
+    emit("sft_tokens_per_s", tokens, "tokens/s", stage="sft")
+    emit("wall_s", wall, "s", target=600, better="lower", **{f"{k}_s": round(v, 1) for k, v in result.seconds.items()})
+
+
+if __name__ == "__main__":
+    main()
