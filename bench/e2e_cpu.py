@@ -36,7 +36,7 @@ def emit(metric: str, value: float, unit: str, **extra) -> None:
 def rates(history: list[dict]) -> tuple[float, float]:
     """(steps, tokens) per second of step time."""
     seconds = sum(m["timing_s/step"] for m in history)
-    tokens = sum(m["perf/throughput"] * m["timing_s/step"] for m in history)
+    tokens = sum(m["perf/total_num_tokens"] for m in history)
     return len(history) / seconds, tokens / seconds
 
 

@@ -15,9 +15,11 @@ from rayrl.cli.demo_cmd import DemoPlan, accuracy_table, run_pipeline
 
 pytestmark = pytest.mark.slow
 
-SHARED = ["data.synthetic_size=256", "data.synthetic_val_size=32"]
-SFT = ["trainer.total_training_steps=200", "trainer.test_freq=-1", "trainer.save_freq=-1"]
-RL = ["trainer.total_training_steps=8", "trainer.test_freq=8"]
+# SFT at a higher learning rate, so that 300 steps get it to answer with one of the two
+# numbers (the full demo: 800 steps at 3e-3); then 10 GRPO steps.
+SHARED = ["data.synthetic_size=256", "data.synthetic_val_size=64"]
+SFT = ["trainer.total_training_steps=300", "trainer.test_freq=-1", "trainer.save_freq=-1", "optim.lr=1e-2"]
+RL = ["trainer.total_training_steps=10", "trainer.test_freq=10"]
 
 
 def test_demo_pipeline_reports_accuracies_and_rl_helps(ray_local, tmp_path):
@@ -28,7 +30,7 @@ def test_demo_pipeline_reports_accuracies_and_rl_helps(ray_local, tmp_path):
     assert set(acc) == {"base", "sft", "rl"} and all(0.0 <= a <= 1.0 for a in acc.values())
     assert acc["base"] == 0.0  # random weights answer nothing
     assert reward["rl"] > reward["sft"], (acc, reward)  # RL's direction on held-out questions
-    assert len(result.sft_history) == 200 and len(result.rl_history) == 8
+    assert len(result.sft_history) == 300 and len(result.rl_history) == 10
     assert all(math.isfinite(m["actor/pg_loss"]) for m in result.rl_history)
     # The RL stage started from SFT's export; the base stage only validated.
     rl_config = (tmp_path / "rl" / "config.yaml").read_text()
