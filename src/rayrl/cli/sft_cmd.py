@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_sft_from_args(args)
     try:
         sft(cfg)
-    except DataError as exc:  # raised at load, before any resource is reserved
+    except (DataError, FileNotFoundError) as exc:  # raised at load, before Ray starts
         console(stderr=True).print(f"[bold red]data error:[/] {exc}", highlight=False)
         return 2
     return 0
