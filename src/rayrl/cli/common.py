@@ -1,11 +1,17 @@
-"""Argument helpers shared by commands that take a config: `-c FILE` plus dotted overrides."""
+"""Argument helpers shared by commands that take a config: `-c FILE` plus dotted overrides.
+
+Imported by every command module at `rayrl --help` time: nothing heavy at module level
+(rich, the config schema, torch and Ray load inside the functions that use them).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
-from rich.console import Console
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def add_config_args(
@@ -27,6 +33,8 @@ def load_from_args(args: argparse.Namespace):
     Keys accepted without effect print one warning line each; a ConfigError exits 2
     with its message.
     """
+    from rich.console import Console
+
     from rayrl.config import ConfigError, load_config
     from rayrl.trainer.names import check_names
 
@@ -98,6 +106,8 @@ def _names_model_or_data(overrides: list[str], triggers: tuple[str, ...] = DEMO_
 
 def console(stderr: bool = False) -> Console:
     """A rich console; when output goes to a file or pipe, wide enough for our tables."""
+    from rich.console import Console
+
     stream = sys.stderr if stderr else sys.stdout
     width = None if stream.isatty() else 160
     return Console(stderr=stderr, soft_wrap=True, width=width)

@@ -20,22 +20,15 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
-
-from rich.console import Console
-from rich.prompt import Confirm
+from typing import TYPE_CHECKING
 
 from rayrl.cli.common import add_config_args, load_from_args
 from rayrl.cli.common import console as wide_console
-from rayrl.cluster.inspect import (
-    ClusterState,
-    connect,
-    node_versions,
-    remove_stale,
-    resolve_address,
-    snapshot,
-    version_mismatches,
-)
-from rayrl.cluster.tables import detached_table, groups_table, nodes_table, resource_names
+
+if TYPE_CHECKING:  # Ray and rich load when the command runs, not at `rayrl --help`
+    from rich.console import Console
+
+    from rayrl.cluster.inspect import ClusterState
 
 CLEANUP_WAIT_S = 10.0
 
@@ -59,6 +52,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point for the parsed `rayrl doctor` arguments; returns the exit code."""
+    from rayrl.cluster.inspect import resolve_address
+
     configured = load_from_args(args).resources.address if args.config or args.overrides else None
     return doctor(
         resolve_address(args.address, configured),
@@ -83,6 +78,8 @@ def doctor(
     (after the cleanup, when asked for); 1 otherwise. `confirm` asks the user
     (default: a prompt on a terminal, refusal elsewhere); `yes=True` skips it.
     """
+    from rayrl.cluster.inspect import connect, snapshot
+
     console = console or wide_console()
     with connect(address) as gcs:
         state = snapshot(include_actors=True)
@@ -99,6 +96,9 @@ def doctor(
 
 def report(state: ClusterState, gcs: str, console: Console, versions_timeout_s: float) -> bool:
     """Print nodes, versions and placement groups; True when nodes agree and all answered."""
+    from rayrl.cluster.inspect import node_versions, version_mismatches
+    from rayrl.cluster.tables import detached_table, groups_table, nodes_table, resource_names
+
     versions = node_versions(state, versions_timeout_s)
     mismatched = version_mismatches(versions)
     console.print(f"Ray cluster at [bold]{gcs}[/bold]: {len(state.nodes)} live node(s)")
@@ -147,6 +147,8 @@ def clean(
 ) -> bool:
     """Remove stale rayrl groups and actors after confirmation; True when they are gone
     (groups of other tools are only reported: rayrl does not own them)."""
+    from rayrl.cluster.inspect import remove_stale
+
     groups, actors = state.stale_groups(rayrl_only=True), state.stale_actors()
     if not groups and not actors:
         console.print("Nothing to clean up.")
@@ -164,6 +166,8 @@ def clean(
 
 
 def _ask(question: str) -> bool:
+    from rich.prompt import Confirm
+
     if not sys.stdin.isatty():
         print(f"{question} (not a terminal: pass --yes to confirm)", file=sys.stderr)
         return False
@@ -173,6 +177,8 @@ def _ask(question: str) -> bool:
 def _wait_gone(group_ids: set[str], actor_ids: set[str], console: Console) -> bool:
     """Wait (at most CLEANUP_WAIT_S) until the GCS no longer lists the removed groups
     and the killed actors are dead (both happen asynchronously)."""
+    from rayrl.cluster.inspect import snapshot
+
     deadline = time.monotonic() + CLEANUP_WAIT_S
     while True:
         state = snapshot()  # dead actors are left out

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
-
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from rayrl.cli.common import add_config_args, console, load_from_args
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 COLUMNS = {
     "step": "step",
@@ -24,6 +25,8 @@ COLUMNS = {
 def train(cfg, out=None, *, table_rows: int | None = None) -> list[dict]:
     """Run training for `cfg`; shows progress and returns the per-step metrics (the
     table at the end: every step, or `table_rows` of them)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     from rayrl.trainer.ppo import PPOTrainer
 
     out = out or console()
@@ -75,6 +78,8 @@ def _validate_only(trainer, out) -> list[dict]:
 
 def metrics_table(history: list[dict], rows: int | None = None) -> Table:
     """Every step, or up to `rows` evenly spaced ones (the last included)."""
+    from rich.table import Table
+
     table = Table(title="metrics per step")
     for title in COLUMNS.values():
         table.add_column(title, justify="right")

@@ -25,7 +25,7 @@ from rayrl.algos import (
 )
 from rayrl.batch import Batch
 from rayrl.config.schema import RayRLConfig
-from rayrl.engines.rollout import FINISH_LENGTH
+from rayrl.engines.rollout.contract import FINISH_LENGTH
 
 
 def shape_rewards(cfg: RayRLConfig, batch: Batch) -> dict[str, float]:

@@ -20,17 +20,15 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rayrl.batch import Batch
 from rayrl.config.schema import RayRLConfig
 from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
-from rayrl.engines.hf_export import write_hf_meta
 from rayrl.engines.lora import LoraSpec
 from rayrl.engines.rollout import HFRolloutEngine, SamplingParams, make_rollout_engine
-from rayrl.engines.train import TrainEngine
 from rayrl.workers.common import (
     engine_kwargs,
     epoch_rows,
@@ -46,6 +44,9 @@ from rayrl.workers.common import (
 )
 from rayrl.workers.losses import actor_loss_fn
 
+if TYPE_CHECKING:  # the engine loads in the worker (init_worker), not in the driver
+    from rayrl.engines.train import TrainEngine
+
 
 class ActorRolloutRefWorker(Worker):
     """Policy training, generation and reference log-probs in one process per bundle."""
@@ -54,6 +55,8 @@ class ActorRolloutRefWorker(Worker):
         self, config: RayRLConfig, model_path: str, *, dist_backend: str = "gloo",
         total_steps: int | None = None, with_ref: bool = True,
     ) -> None:  # fmt: skip
+        from rayrl.engines.train import TrainEngine  # in the worker only
+
         self.cfg = config
         arr, seed = config.actor_rollout_ref, config.trainer.seed
         join_process_group(self, dist_backend)
@@ -214,6 +217,8 @@ class ActorRolloutRefWorker(Worker):
     def save(self, path: str) -> None:
         """Sharded actor checkpoint under `path/actor`: model, optimizer, LR schedule,
         this rank's RNGs, and (rank 0) what an offline HF export needs."""
+        from rayrl.engines.hf_export import write_hf_meta
+
         out = Path(path) / "actor"
         self.actor.save(out)
         save_rng(out, self.rank)

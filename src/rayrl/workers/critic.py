@@ -7,7 +7,6 @@ from pathlib import Path
 from rayrl.batch import Batch
 from rayrl.config.schema import RayRLConfig
 from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
-from rayrl.engines.train import TrainEngine
 from rayrl.workers.common import (
     engine_kwargs,
     epoch_rows,
@@ -28,6 +27,8 @@ class CriticWorker(Worker):
         self, config: RayRLConfig, model_path: str, *, dist_backend: str = "gloo",
         total_steps: int | None = None,
     ) -> None:  # fmt: skip
+        from rayrl.engines.train import TrainEngine  # in the worker only
+
         self.cfg = config
         c = config.critic
         join_process_group(self, dist_backend)

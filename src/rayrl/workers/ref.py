@@ -9,7 +9,6 @@ from __future__ import annotations
 from rayrl.batch import Batch
 from rayrl.config.schema import RayRLConfig
 from rayrl.controller import DP_SPLIT, Worker, register
-from rayrl.engines.train import TrainEngine
 from rayrl.workers.common import forward_sizes, join_process_group, reference_kwargs
 
 
@@ -19,6 +18,8 @@ class ReferenceWorker(Worker):
     def init_worker(
         self, config: RayRLConfig, model_path: str, *, dist_backend: str = "gloo"
     ) -> None:
+        from rayrl.engines.train import TrainEngine  # in the worker only
+
         self.cfg = config
         arr = config.actor_rollout_ref
         join_process_group(self, dist_backend)
