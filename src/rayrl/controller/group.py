@@ -157,6 +157,7 @@ class WorkerGroup:
             generation=self.generation,
             scope=self.scope,
             usage_interval_s=self.usage_interval_s,
+            num_cpus=float(self.bundles[rank].resources.get("CPU", 0.0)),
         )
 
     def _spawn(self, rank: int) -> ObjectRef:

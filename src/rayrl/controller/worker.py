@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -41,6 +42,7 @@ class WorkerContext:
     generation: int = 0
     scope: str = ""  # discovery keys live under it: unique to one WorkerGroup object
     usage_interval_s: float = 0.5  # resource-usage sampling period (0 disables it)
+    num_cpus: float = 0.0  # CPUs of the worker's bundle (0: unknown, threads left as they are)
 
 
 def ray_log_file() -> str:
@@ -69,6 +71,8 @@ class Worker:
         """Receive this worker's context (create phase); returns `info()`."""
         self.ctx = ctx
         self._rayrl_busy: tuple[str, float] | None = None
+        if ctx.num_cpus > 0:
+            use_cpus(ctx.num_cpus)
         if ctx.usage_interval_s > 0:
             from rayrl.controller.usage import process_sampler
 
@@ -205,6 +209,7 @@ class Worker:
             "pid": os.getpid(),
             "log_file": self.log_file,
             "distributed": _distributed_initialized(),
+            "threads": _torch_threads(),
         }
 
     # --- convenience attributes ---------------------------------------------------------
@@ -278,6 +283,27 @@ def _announce_log_prefix(name: str) -> None:
         return
     for stream in (sys.stdout, sys.stderr):
         print(f"{LOG_PREFIX_ACTOR_NAME}{name}", file=stream, flush=True)
+
+
+def use_cpus(num_cpus: float) -> int:
+    """Compute threads for a worker whose bundle holds `num_cpus` CPUs: that many (at
+    least 1, at most the cores this process may run on), set deliberately rather than
+    left to the environment (Ray's OMP_NUM_THREADS, a cluster's own setting). torch's
+    intra-op pool is resized when torch is loaded; OMP/MKL variables cover torch loaded
+    later and the processes the worker starts. Returns the thread count."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = max(1, min(int(num_cpus), cores or 1))
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[name] = str(threads)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(threads)
+    return threads
+
+
+def _torch_threads() -> int | None:
+    torch = sys.modules.get("torch")
+    return torch.get_num_threads() if torch is not None else None
 
 
 def _distributed_initialized() -> bool:
