@@ -40,6 +40,7 @@ def test_dashboard_worker_prefixes_and_debugger(tmp_path):
         "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         "trainer.val_before_train=false", "trainer.export_hf=false", "trainer.debug=true",
         f"resources.dashboard_port={port}", f"custom_reward_function.path={reward}",
+        "reward.colocate=false",  # the reward in its own group: both groups' prefixes
         f"trainer.output_dir={tmp_path / 'run'}",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(SRC), "RAY_USAGE_STATS_ENABLED": "0"}

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
 
 import pytest
 
@@ -38,17 +40,25 @@ def test_grpo_with_kl_loss_through_the_cli(ray_local, tmp_path, capsys):
     assert code == 0
     out = capsys.readouterr().out
     assert "metrics per step" in out and "2/2" in out
+    # A CPU-only run of one rank: the reward scores in the actor's process, whose bundle
+    # holds the reward's CPU too, and torch uses both (at most the machine's cores).
+    [worker] = json.loads((tmp_path / "workers.json").read_text())["workers"]
+    assert worker["group"] == "actor_rollout_ref" and worker["roles"] == ["actor", "reward"]
+    assert worker["threads"] == min(2, len(os.sched_getaffinity(0)))
 
 
 @pytest.mark.slow
 def test_grpo_steps_with_the_native_rollout_engine(ray_local, tmp_path):
     cfg = load_config(
-        "grpo", [*SMALL, f"trainer.output_dir={tmp_path}", "actor_rollout_ref.rollout.name=native"]
-    )
+        "grpo",
+        [*SMALL, f"trainer.output_dir={tmp_path}", "actor_rollout_ref.rollout.name=native",
+         "reward.colocate=false"],
+    )  # fmt: skip
     trainer = PPOTrainer(cfg)
     try:
         trainer.setup()
         assert trainer.actor.device_info()[0]["rollout"] == "NativeRolloutEngine"
+        assert [g.role for g in trainer.groups] == ["actor_rollout_ref", "reward"]
         history = trainer.fit()
     finally:
         trainer.shutdown()

@@ -11,7 +11,9 @@ read, and from where:
   handle's id (`handle._actor_id`);
 * Ray's log file of a worker process: `ray._private.worker`;
 * the GCS internal KV (`ray.experimental.internal_kv`): rayrl's own records of which
-  driver re-attached to a detached run, and the autoscaler's status and config.
+  driver re-attached to a detached run, and the autoscaler's status and config;
+* the processes of a Ray this driver started (`ray._private.worker._global_node`),
+  stopped all at once by `stop_local_ray`.
 
 Everything returns plain Python values (dicts of str/float/bool), never protobufs.
 Each function has a test in tests/test_ray_private.py.
@@ -22,6 +24,8 @@ from __future__ import annotations
 import glob
 import json
 import os
+import subprocess
+import time
 from typing import Any
 
 import ray
@@ -159,6 +163,62 @@ def _logs_dir() -> str:
 
     node = ray_worker._global_node
     return node.get_logs_dir_path() if node is not None else ""
+
+
+# --- the processes of a Ray this driver started -------------------------------------------
+
+
+def local_ray_pids() -> list[int]:
+    """Pids of the Ray processes this driver started (raylet, GCS, dashboard, ...);
+    empty when it joined a cluster started elsewhere."""
+    from ray._private import worker as ray_worker
+
+    node = ray_worker._global_node
+    if node is None:
+        return []
+    return [info.process.pid for infos in node.all_processes.values() for info in infos]
+
+
+def stop_local_ray(grace_s: float = 0.5) -> bool:
+    """Disconnect the driver and stop the Ray it started, quickly: the raylet first (it
+    stops its workers; it hangs if the GCS goes first), then every other Ray process at
+    once, SIGKILL for any still running `grace_s` after its SIGTERM (at once for the
+    autoscaler monitor, which ignores SIGTERM). `ray.shutdown()` stops them one after another, giving
+    each up to a second, after half a second's sleep at interpreter exit. A driver that
+    joined a cluster started elsewhere only disconnects: returns False."""
+    from ray._private import ray_constants
+    from ray._private import worker as ray_worker
+
+    node = ray_worker._global_node
+    if node is None:
+        if ray.is_initialized():
+            ray.shutdown()
+        return False
+    kinds = {kind: [info.process for info in infos] for kind, infos in node.all_processes.items()}
+    raylets = kinds.pop(ray_constants.PROCESS_TYPE_RAYLET, [])
+    monitors = kinds.pop(ray_constants.PROCESS_TYPE_MONITOR, [])
+    ray_worker._global_node = None  # ray.shutdown then disconnects and stops nothing
+    ray.shutdown()
+    if node.is_head():
+        node.destroy_external_storage()  # spilled objects, as ray.shutdown does
+    _terminate(raylets, max(grace_s, 2.0))
+    _terminate(monitors, 0.0)  # stateless, and it ignores SIGTERM: Ray kills it too
+    _terminate([p for processes in kinds.values() for p in processes], grace_s)
+    return True
+
+
+def _terminate(processes: list[subprocess.Popen], grace_s: float) -> None:
+    """SIGTERM to all of `processes` at once; SIGKILL to those alive `grace_s` later."""
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    deadline = time.monotonic() + grace_s
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5.0)
 
 
 # --- the GCS internal KV -----------------------------------------------------------------

@@ -241,6 +241,9 @@ class RewardConfig:
     http: RewardHTTPConfig = field(default_factory=RewardHTTPConfig)
     timeout_s: float = 10.0  # per call of a rule-based function
     num_workers: int = 2
+    # On a CPU-only run of one actor rank with a rule-based or HTTP reward, score in the
+    # actor's process (its bundle gets the reward's CPU) instead of a process of its own.
+    colocate: bool = True
 
 
 @dataclass

@@ -28,6 +28,7 @@ from rayrl.controller.errors import (
 from rayrl.controller.future import GroupFuture
 from rayrl.controller.group import WorkerGroup
 from rayrl.controller.health import HealthMonitor, HealthReport, Replacement, TopologyChangedWarning
+from rayrl.controller.startup import PhaseFuture, start_groups
 from rayrl.controller.worker import Worker, WorkerContext
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "HealthMonitor",
     "HealthReport",
     "NoSpareBundleError",
+    "PhaseFuture",
     "Replacement",
     "RoleView",
     "TopologyChangedWarning",
@@ -58,4 +60,5 @@ __all__ = [
     "register",
     "register_collector",
     "register_dispatch_mode",
+    "start_groups",
 ]

@@ -5,6 +5,8 @@ Life of a group, each phase with its own timeout and its own error::
     group = WorkerGroup(Actor, pool.bundles, role="actor", run="exp1", kv=kv, pool=pool)
     group.create(timeout_s=60)                  # place actors; wait until they are alive
     group.init(timeout_s=600, retries=2, backend="gloo", model_path=...)
+    phase = group.create(blocking=False)        # either phase, started: a PhaseFuture
+    phase.result()                              # waits; raises the phase's own error
     out = group.log_prob(batch)                 # methods registered with @register
     fut = group.log_prob.remote(batch)          # non-blocking: a GroupFuture
     report = group.check_health(timeout_s=5)    # dead or silent ranks
@@ -25,6 +27,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any, overload
@@ -49,6 +52,7 @@ from rayrl.controller.errors import (
 from rayrl.controller.future import GroupFuture
 from rayrl.controller.health import HealthReport, Replacement, check_group
 from rayrl.controller.method import bind_methods
+from rayrl.controller.startup import PhaseFuture
 from rayrl.controller.waiting import wait_all
 from rayrl.controller.worker import HEALTH_GROUP, Worker, WorkerContext, find_log_file
 
@@ -132,9 +136,18 @@ class WorkerGroup:
 
     # --- phase 1: create ----------------------------------------------------------------
 
-    def create(self, timeout_s: float = 60.0) -> WorkerGroup:
-        """Place one actor per bundle and wait (bounded) until every one is alive."""
+    def create(self, timeout_s: float = 60.0, *, blocking: bool = True) -> WorkerGroup | PhaseFuture:
+        """Place one actor per bundle and wait (bounded) until every one is alive.
+
+        `blocking=False` returns once the actors are requested: a PhaseFuture whose
+        `result()` waits (`timeout_s` counted from now) and raises WorkerCreateError."""
         pending = {rank: self._spawn(rank) for rank in range(self.world_size)}
+        deadline = time.monotonic() + timeout_s
+        phase = PhaseFuture(self, "create", lambda: self._finish_create(pending, deadline))
+        return phase.result() if blocking else phase
+
+    def _finish_create(self, pending: dict[int, ObjectRef], deadline: float) -> WorkerGroup:
+        timeout_s = max(0.0, deadline - time.monotonic())
         failures = self._collect_setup(pending, timeout_s)
         if failures:
             stage = f"{self.worker_cls.__name__}.__init__"
@@ -199,14 +212,17 @@ class WorkerGroup:
         retries: int = 0,
         backend: str | None = None,
         dist_timeout_s: float = 60.0,
+        *,
+        blocking: bool = True,
         **kwargs: Any,
-    ) -> WorkerGroup:
+    ) -> WorkerGroup | PhaseFuture:
         """Run every worker's `init_worker(**kwargs)`, each within `timeout_s`.
 
         A worker that fails or times out is killed and recreated in the same bundle and
         tried again, up to `retries` more times; the others are not touched. With
         `backend` ("gloo", "nccl"), all ranks then form a torch.distributed group
-        through KV discovery.
+        through KV discovery. `blocking=False` returns once every rank's init is sent:
+        a PhaseFuture whose `result()` waits, retries and raises WorkerInitError.
         """
         if backend and self.kv is None:
             raise ValueError(
@@ -222,7 +238,18 @@ class WorkerGroup:
             r: self.actor_handle(r, "init_worker")._rayrl_init.remote(init_kwargs)
             for r in range(self.world_size)
         }
-        results, failures = wait_all(pending, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        phase = PhaseFuture(
+            self, "init", lambda: self._finish_init(pending, deadline, timeout_s, retries)
+        )
+        return phase.result() if blocking else phase
+
+    def _finish_init(
+        self, pending: dict[int, ObjectRef], deadline: float, timeout_s: float, retries: int
+    ) -> WorkerGroup:
+        """Wait for the inits sent, retry failed ranks, form the process group."""
+        backend = self.backend
+        results, failures = wait_all(pending, max(0.0, deadline - time.monotonic()))
         for rank, info in results.items():
             self.infos[rank] = info
         attempt = 0

@@ -26,12 +26,13 @@ from pathlib import Path
 import numpy as np
 
 from rayrl.batch import Batch
+from rayrl.cluster import ray_private
 from rayrl.cluster.kv import KVStore
 from rayrl.cluster.pool import ResourcePool, reserve_pools
 from rayrl.config.load import to_yaml
 from rayrl.config.schema import RayRLConfig
 from rayrl.config.validate import critic_enabled, ref_enabled
-from rayrl.controller import WorkerGroup, colocate
+from rayrl.controller import WorkerGroup, colocate, start_groups
 from rayrl.controller.usage import starved_stages
 from rayrl.trainer.advantage import AdvantageStage, entropy_metric, greedy_baselines, shape_rewards
 from rayrl.trainer.balance import balance_batch
@@ -48,7 +49,7 @@ from rayrl.trainer.metrics import batch_metrics, timer, usage_metrics
 from rayrl.trainer.model_dir import model_dir
 from rayrl.trainer.names import check_names
 from rayrl.trainer.ray_session import RaySession, check_debugger, connect, debug_env
-from rayrl.trainer.resources import pools_from_config, resolve_device
+from rayrl.trainer.resources import pools_from_config, resolve_device, reward_colocated
 from rayrl.trainer.run_dir import RunDir
 from rayrl.trainer.tracking import Tracking, check_trackers
 from rayrl.trainer.validate import Validator
@@ -108,44 +109,66 @@ class PPOTrainer:
         self.kv = KVStore.create(self.run)
         # All pools checked together: none is held while another waits or cannot fit.
         self.pools = reserve_pools(pools_from_config(cfg, device), self.run, res.wait_timeout_s)
-        actor_pool, reward_pool = self.pools
-        common = {
-            "config": cfg, "model_path": self.model_path,
-            "dist_backend": "nccl" if device == "cuda" else "gloo",
-            "total_steps": self.total_steps(),
-        }  # fmt: skip
-        if self.use_critic:
-            cls = colocate({"actor": ActorRolloutRefWorker, "critic": CriticWorker})
-            init = {"actor": {**common, "with_ref": self.use_ref}, "critic": common}
-        else:
-            cls, init = ActorRolloutRefWorker, {**common, "with_ref": self.use_ref}
-        hybrid = self._group(cls, actor_pool, "actor_rollout_ref", init)
-        self.actor = hybrid.view("actor") if self.use_critic else hybrid
-        self.critic = hybrid.view("critic") if self.use_critic else None
-        self.reward = self._group(
-            RewardWorker, reward_pool, "reward", {"config": cfg, "tokenizer_path": self.model_path}
-        )
+        self._start_roles(device)
         self.run_dir.write_workers(self.groups, self.session.log_dir)
         self._print_placement()
         self.usage()  # start the first step's usage sampling afresh (setup is not a step)
         return self
 
-    def _group(self, cls: type, pool: ResourcePool, role: str, init: dict) -> WorkerGroup:
-        res, env = self.cfg.resources, debug_env(self.cfg)
+    def _start_roles(self, device: str) -> None:
+        """The hybrid actor (with the critic and, where `reward_colocated`, the reward in
+        its processes) and the reward worker, created and initialised concurrently."""
+        cfg, res = self.cfg, self.cfg.resources
+        common = {
+            "config": cfg, "model_path": self.model_path,
+            "dist_backend": "nccl" if device == "cuda" else "gloo",
+            "total_steps": self.total_steps(),
+        }  # fmt: skip
+        reward = (RewardWorker, {"config": cfg, "tokenizer_path": self.model_path})
+        roles = {"actor": (ActorRolloutRefWorker, {**common, "with_ref": self.use_ref})}
+        if self.use_critic:
+            roles["critic"] = (CriticWorker, common)
+        if reward_colocated(cfg, device):
+            roles["reward"] = reward
+        starts = [self._group(roles, self.pools[0], "actor_rollout_ref")]
+        if "reward" not in roles:
+            starts.append(self._group({"reward": reward}, self.pools[1], "reward"))
+        start_groups(
+            starts, create_timeout_s=res.create_timeout_s, init_timeout_s=res.init_timeout_s,
+            init_retries=res.init_retries,
+        )  # fmt: skip
+        hybrid = starts[0][0]
+        self.actor = hybrid.view("actor") if len(roles) > 1 else hybrid
+        self.critic = hybrid.view("critic") if self.use_critic else None
+        self.reward = hybrid.view("reward") if "reward" in roles else starts[1][0]
+
+    def _group(
+        self, roles: dict[str, tuple[type, dict]], pool: ResourcePool, name: str
+    ) -> tuple[WorkerGroup, dict]:
+        """A group for `roles` (one class, or several fused) on `pool`, and its init
+        kwargs; not started yet."""
+        if len(roles) == 1:
+            [(cls, init)] = roles.values()
+        else:
+            cls = colocate({role: c for role, (c, _) in roles.items()})
+            init = {role: kwargs for role, (_, kwargs) in roles.items()}
+        env = debug_env(self.cfg)
         group = WorkerGroup(
-            cls, pool.bundles, role=role, run=self.run, kv=self.kv, pool=pool,
+            cls, pool.bundles, role=name, run=self.run, kv=self.kv, pool=pool,
             runtime_env={"env_vars": env} if env else None,
             usage_interval_s=self.cfg.trainer.usage_interval_s,
         )  # fmt: skip
         self.groups.append(group)
-        group.create(timeout_s=res.create_timeout_s)
-        group.init(timeout_s=res.init_timeout_s, retries=res.init_retries, **init)
-        return group
+        return group, init
 
     def _print_placement(self) -> None:
         for group in self.groups:
             nodes = [str(info.get("node_id") or "?")[:8] for info in group.infos]
-            self.print(f"{group.role}: {group.world_size} worker(s) on node(s) {', '.join(nodes)}")
+            roles = list(getattr(group.worker_cls, "ROLES", ()))
+            holds = f" (roles {', '.join(roles)} in each)" if roles else ""
+            self.print(
+                f"{group.role}: {group.world_size} worker(s){holds} on node(s) {', '.join(nodes)}"
+            )
         if self.cfg.trainer.debug:
             import ray
 
@@ -183,12 +206,18 @@ class PPOTrainer:
         return max(1, self.steps_per_epoch()) * t.total_epochs
 
     def shutdown(self) -> None:
+        """Kill the run's workers, release its pools and KV store; a Ray this trainer
+        started stops too, all its processes at once (`ray_private.stop_local_ray`)."""
+        local = self.session is not None and self.session.started_here
         for group in self.groups:
             group.shutdown()
         for pool in self.pools:
             pool.teardown()
-        if self.kv is not None:
-            self.kv.shutdown()
+        if self.kv is not None:  # no need to see the store gone when Ray stops next
+            self.kv.shutdown(**({"wait_s": 0.0} if local else {}))
+        if local:
+            ray_private.stop_local_ray()
+            self.session = None
 
     # ------------------------------------------------------- checkpoint/resume
     def save_checkpoint(self) -> Path:

@@ -1,7 +1,9 @@
 """What a run asks of the cluster: the resource pools a config implies.
 
 The actor, rollout, reference and critic roles share one pool (the hybrid engine:
-one process per bundle holds them); the rule-based reward runs in a small CPU pool.
+one process per bundle holds them); the rule-based reward runs in a small CPU pool,
+or, on a CPU-only run of one actor rank (`reward_colocated`), in the actor's process,
+whose bundle then holds the reward's CPU too.
 """
 
 from __future__ import annotations
@@ -17,10 +19,28 @@ def resolve_device(cfg: RayRLConfig, cluster_gpus: float) -> str:
     return "cuda" if cluster_gpus > 0 else "cpu"
 
 
+# The reward worker's scoring processes are light: one reserved CPU for all of them.
+REWARD_CPUS = 1.0
+
+
+def reward_colocated(cfg: RayRLConfig, device: str) -> bool:
+    """Whether the reward role runs in the actor's process (`reward.colocate`), which is
+    safe on a CPU-only run of one actor rank scoring with a function or an HTTP service:
+    no GPU and no reward model to share, no ranks to split the scoring over. The reward's
+    calls then queue behind the actor's (scoring a batch takes milliseconds) and one
+    worker process fewer starts."""
+    return (
+        cfg.reward.colocate and device == "cpu" and cfg.world_size == 1
+        and not cfg.reward_model.enable
+    )  # fmt: skip
+
+
 def pools_from_config(cfg: RayRLConfig, device: str) -> list[PoolSpec]:
-    """One pool for the model roles (nnodes x n_gpus_per_node bundles), one for rewards."""
+    """One pool for the model roles (nnodes x n_gpus_per_node bundles), one for rewards
+    unless the reward is colocated with the actor (then the actor's bundle gets its CPU)."""
     res = cfg.resources
-    bundle: dict[str, float] = {"CPU": float(res.cpus_per_worker)}
+    colocated = reward_colocated(cfg, device)
+    bundle: dict[str, float] = {"CPU": res.cpus_per_worker + (REWARD_CPUS if colocated else 0.0)}
     if device == "cuda":
         bundle["GPU"] = 1.0
     pools = [
@@ -33,8 +53,9 @@ def pools_from_config(cfg: RayRLConfig, device: str) -> list[PoolSpec]:
             loader_workers=res.loader_workers,
         )
     ]
-    # The reward worker's scoring processes are light: one reserved CPU for all of them.
-    reward_bundle: dict[str, float] = {"CPU": 1.0}
+    if colocated:
+        return pools
+    reward_bundle: dict[str, float] = {"CPU": REWARD_CPUS}
     if cfg.reward_model.enable and device == "cuda":
         reward_bundle["GPU"] = 1.0
     pools.append(PoolSpec(name="reward", per_node=[1], bundle=reward_bundle, strategy="PACK"))

@@ -61,12 +61,14 @@ class RunDir:
         return self
 
     def write_workers(self, groups: list[Any], log_dir: str | None) -> None:
-        """Where each worker runs and logs (its Ray log file), for reading after the run."""
+        """Where each worker runs and logs (its Ray log file), the roles its process
+        holds and its torch threads, for reading after the run."""
         workers = [
             {
                 "group": group.role,
                 "rank": rank,
-                **{k: info.get(k) for k in ("node_id", "host", "pid", "log_file")},
+                "roles": list(getattr(group.worker_cls, "ROLES", None) or [group.role]),
+                **{k: info.get(k) for k in ("node_id", "host", "pid", "log_file", "threads")},
             }
             for group in groups
             for rank, info in enumerate(group.infos)

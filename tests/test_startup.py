@@ -1,0 +1,182 @@
+"""Small runs start and stop quickly: imports at CLI start, groups started side by side,
+torch threads from the bundle, the reward in the actor's process on a CPU-only run,
+and a Ray the run started stopped all at once (issue 15)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from controller_toys import reserve
+from rayrl.config import load_config
+from rayrl.controller import Worker, WorkerGroup, WorkerInitError, register, start_groups
+from rayrl.trainer.resources import pools_from_config, reward_colocated
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def _python(code: str, timeout: float = 120) -> str:
+    env = {**os.environ, "PYTHONPATH": str(SRC), "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_cli_help_and_the_train_driver_import_only_what_they_need():
+    loaded = json.loads(
+        _python(
+            "import json, sys\n"
+            "from rayrl.cli.main import build_parser\n"
+            "build_parser()\n"
+            "help = [m for m in ('torch', 'ray', 'rich', 'transformers') if m in sys.modules]\n"
+            "import rayrl.trainer.ppo\n"
+            "heavy = ('rayrl.engines.train', 'rayrl.models.tiny', 'torch.distributed.checkpoint',\n"
+            "         'transformers.models.qwen2.modeling_qwen2')\n"
+            "print(json.dumps([help, [m for m in heavy if m in sys.modules]]))\n"
+        )
+    )
+    assert loaded == [[], []]
+
+
+class Clocked(Worker):
+    """Records when its init ran; init fails on rank `fail_rank`."""
+
+    def init_worker(self, seconds: float = 0.0, fail_rank: int = -1) -> None:
+        self.start = time.time()
+        time.sleep(seconds)
+        self.end = time.time()
+        if self.rank == fail_rank:
+            raise RuntimeError(f"init of rank {self.rank} failed on purpose")
+
+    @register()
+    def span(self) -> tuple[float, float]:
+        return self.start, self.end
+
+
+class Threads(Worker):
+    """Loads torch before the group sets its place (as the actor's module does)."""
+
+    def __init__(self) -> None:
+        import torch  # noqa: F401
+
+    @register()
+    def threads(self) -> tuple[int, str]:
+        import torch
+
+        return torch.get_num_threads(), os.environ["OMP_NUM_THREADS"]
+
+
+@pytest.fixture
+def run_name(ray_local):
+    return f"start-{uuid.uuid4().hex[:6]}"
+
+
+def test_groups_are_created_and_initialised_side_by_side(run_name):
+    pool_a, pool_b = (
+        reserve(run_name, [1], {"CPU": 0.5}),
+        reserve(f"{run_name}b", [1], {"CPU": 0.5}),
+    )
+    a = WorkerGroup(Clocked, pool_a.bundles, role="a", run=run_name)
+    b = WorkerGroup(Clocked, pool_b.bundles, role="b", run=run_name)
+    try:
+        start_groups([(a, {"seconds": 2.0}), (b, {"seconds": 2.0})],
+                     create_timeout_s=120, init_timeout_s=120)  # fmt: skip
+        (a0, a1), (b0, b1) = a.span()[0], b.span()[0]
+        assert max(a0, b0) < min(a1, b1), "the two inits did not overlap"
+    finally:
+        a.shutdown(), b.shutdown(), pool_a.teardown(), pool_b.teardown()
+
+
+def test_a_failed_start_names_its_role_rank_and_phase_and_stops_every_group(run_name):
+    pool_a, pool_b = (
+        reserve(run_name, [1], {"CPU": 0.5}),
+        reserve(f"{run_name}b", [2], {"CPU": 0.5}),
+    )
+    a = WorkerGroup(Clocked, pool_a.bundles, role="a", run=run_name)
+    b = WorkerGroup(Clocked, pool_b.bundles, role="b", run=run_name)
+    try:
+        with pytest.raises(WorkerInitError) as info:
+            start_groups([(a, {}), (b, {"fail_rank": 1})], create_timeout_s=120,
+                         init_timeout_s=120)  # fmt: skip
+        err = info.value
+        assert (err.phase, err.stage, err.role, err.rank) == ("init", "init_worker", "b", 1)
+        assert "failed on purpose" in str(err)
+        assert a.actors == [None] and b.actors == [None, None]
+    finally:
+        pool_a.teardown(), pool_b.teardown()
+
+
+@pytest.mark.skipif(CORES < 2, reason="needs two cores to tell the thread counts apart")
+def test_worker_threads_are_the_cpus_of_its_bundle(run_name):
+    pool = reserve(run_name, [1], {"CPU": 2})
+    # Ray (or a cluster's environment) says 1 thread: the worker uses its bundle's 2 CPUs.
+    group = WorkerGroup(Threads, pool.bundles, role="t", run=run_name,
+                        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})  # fmt: skip
+    try:
+        group.create(timeout_s=120)
+        assert group.threads() == [(2, "2")]
+        assert group.infos[0]["threads"] == 2
+    finally:
+        group.shutdown(), pool.teardown()
+
+
+@pytest.mark.parametrize(
+    "overrides, colocated",
+    [
+        ([], True),
+        (["reward.colocate=false"], False),
+        (["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2"], False),
+        (
+            [
+                "reward_model.enable=true",
+                "reward_model.model.path=/rm",
+                "reward_model.micro_batch_size_per_gpu=2",
+            ],
+            False,
+        ),
+    ],
+)
+def test_the_reward_joins_the_actor_process_only_where_safe(tmp_path, overrides, colocated):
+    cfg = load_config("grpo", [f"trainer.output_dir={tmp_path}", *overrides])
+    pools = pools_from_config(cfg, "cpu")
+    assert reward_colocated(cfg, "cpu") is colocated
+    assert [p.name for p in pools] == ["actor_rollout_ref"] + ([] if colocated else ["reward"])
+    assert pools[0].bundle["CPU"] == (2.0 if colocated else 1.0)  # the reward's CPU moves
+    assert not reward_colocated(cfg, "cuda")
+
+
+def test_a_ray_the_run_started_stops_at_once_with_every_process():
+    out = json.loads(
+        _python(
+            "import json, os, time, ray\n"
+            "from rayrl.cluster import ray_private\n"
+            "ray.init(address='local', num_cpus=1, include_dashboard=False, log_to_driver=False)\n"
+            "@ray.remote(num_cpus=1)\n"
+            "class A:\n"
+            "    def pid(self): return os.getpid()\n"
+            "a = A.remote()\n"
+            "pids = ray_private.local_ray_pids() + [ray.get(a.pid.remote())]\n"
+            "start = time.monotonic(); stopped = ray_private.stop_local_ray()\n"
+            "took = time.monotonic() - start\n"
+            "def alive(pid):\n"
+            "    try: return open(f'/proc/{pid}/stat').read().split()[2] != 'Z'\n"
+            "    except FileNotFoundError: return False\n"
+            "time.sleep(1.0)  # the actor's worker exits once its raylet is gone\n"
+            "print(json.dumps({'stopped': stopped, 'connected': ray.is_initialized(),\n"
+            "                  'alive': [p for p in pids if alive(p)], 'n': len(pids), 's': took}))\n"
+        )
+    )
+    assert out["stopped"] and not out["connected"] and out["n"] >= 4
+    assert out["alive"] == []
+    assert out["s"] < 10  # the raylet within 2 s, the rest within half a second
