@@ -35,6 +35,7 @@ def test_grpo_with_kl_loss_through_the_cli(ray_local, tmp_path, capsys):
             *SMALL,
             f"trainer.output_dir={tmp_path}",
             "actor_rollout_ref.actor.use_kl_loss=true",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",  # one mini-batch: on-policy
         ]
     )
     assert code == 0
@@ -45,6 +46,12 @@ def test_grpo_with_kl_loss_through_the_cli(ray_local, tmp_path, capsys):
     [worker] = json.loads((tmp_path / "workers.json").read_text())["workers"]
     assert worker["group"] == "actor_rollout_ref" and worker["roles"] == ["actor", "reward"]
     assert worker["threads"] == min(2, len(os.sched_getaffinity(0)))
+    # One epoch over one mini-batch: no separate old-log-prob pass; entropy from the update.
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [row for row in rows if "timing_s/step" in row]  # not the validation before
+    assert len(steps) == 2
+    for row in steps:
+        assert row["timing_s/old_log_prob"] == 0.0 and math.isfinite(row["actor/entropy"])
 
 
 @pytest.mark.slow
@@ -91,6 +98,7 @@ def test_ppo_with_gae_critic_and_kl_in_reward(ray_local, tmp_path):
             "critic/score/mean",
         ):
             assert key in metrics and math.isfinite(metrics[key]), key
+        assert metrics["timing_s/old_log_prob"] > 0  # KL in the reward reads old log-probs
 
 
 def test_steps_and_batches_follow_the_loaded_data(tmp_path):

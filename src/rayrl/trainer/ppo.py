@@ -48,6 +48,7 @@ from rayrl.trainer.dynamic_sampling import fill_batch
 from rayrl.trainer.metrics import batch_metrics, timer, usage_metrics
 from rayrl.trainer.model_dir import model_dir
 from rayrl.trainer.names import check_names
+from rayrl.trainer.on_policy import separate_pass_reason
 from rayrl.trainer.ray_session import RaySession, check_debugger, connect, debug_env
 from rayrl.trainer.resources import pools_from_config, resolve_device, reward_colocated
 from rayrl.trainer.run_dir import RunDir
@@ -371,10 +372,14 @@ class PPOTrainer:
             if alg.adv_estimator == "remax":
                 with timer(timing, "gen_baseline"):
                     batch["reward_baselines"] = self._greedy_baselines(prompts, batch)
-            with timer(timing, "old_log_prob"):
-                old = self.actor.compute_log_prob(batch)
-                batch = batch.union(old.select("old_log_probs"))
-                metrics.update(entropy_metric(self.cfg, old["entropy"], batch["response_mask"]))
+            if separate_pass_reason(self.cfg, len(batch)) is None:
+                timing["old_log_prob"] = 0.0  # the update's own log-probs (trainer.on_policy)
+                batch.meta["on_policy"] = True
+            else:
+                with timer(timing, "old_log_prob"):
+                    old = self.actor.compute_log_prob(batch)
+                    batch = batch.union(old.select("old_log_probs"))
+                    metrics.update(entropy_metric(self.cfg, old["entropy"], batch["response_mask"]))
             if self.use_ref:
                 with timer(timing, "ref"):
                     batch = batch.union(self.actor.compute_ref_log_prob(batch))

@@ -183,9 +183,20 @@ class ActorRolloutRefWorker(Worker):
     def update_actor(self, batch: Batch) -> dict[str, float]:
         """PPO epochs over mini-batches of `ppo_mini_batch_size` x n samples (this rank's
         share of each); one LR-schedule step per call (an RL step). Metrics are each
-        mini-batch's value, averaged over mini-batches and epochs."""
+        mini-batch's value, averaged over mini-batches and epochs.
+
+        With meta `on_policy` (`rayrl.trainer.on_policy`: one epoch, one mini-batch) the
+        batch has no `old_log_probs`: the loss takes the forward's own, detached, and
+        the forward also reports `actor/entropy`."""
         a, n = self.cfg.actor_rollout_ref.actor, self.cfg.actor_rollout_ref.rollout.n
         mini = per_rank_mini_batch(a.ppo_mini_batch_size * n, self.world_size, len(batch))
+        on_policy = bool(batch.meta.get("on_policy", False))
+        if on_policy and (a.ppo_epochs != 1 or mini < len(batch)):
+            raise ValueError(
+                f"actor rank {self.rank}: an on-policy update needs one PPO epoch over one "
+                f"mini-batch; got {a.ppo_epochs} epoch(s), mini-batches of {mini} of "
+                f"{len(batch)} rows: compute old_log_probs with compute_log_prob first"
+            )
         batch.meta.setdefault("temperature", self.cfg.actor_rollout_ref.rollout.temperature)
         metrics: list[dict[str, float]] = []
         if self.actor.device.type == "cuda":
@@ -198,7 +209,8 @@ class ActorRolloutRefWorker(Worker):
                     rows, self.loss_fn, mini_batch_size=mini,
                     micro_batch_size=None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu,
                     max_tokens_per_micro_batch=a.ppo_max_token_len_per_gpu if a.use_dynamic_bsz else None,
-                    with_entropy=a.entropy_coeff != 0, step_lr=epoch == a.ppo_epochs - 1,
+                    with_entropy=a.entropy_coeff != 0 or on_policy,
+                    step_lr=epoch == a.ppo_epochs - 1,
                 )
             )  # fmt: skip
         flops = sum(m.pop("flops", 0.0) for m in metrics)

@@ -67,15 +67,17 @@ def actor_loss_fn(
         mask = mb["response_mask"]
         agg = _aggregation(cfg.loss_agg_mode, mb, max_response_length)
         log_prob = outputs["log_probs"]
+        # On-policy (one epoch, one mini-batch): this forward's log-probs are the old ones.
+        old = log_prob.detach() if mb.meta.get("on_policy") else mb["old_log_probs"]
         weights, metrics = None, {}
         if is_level is not None and "rollout_log_probs" in mb:
             weights, tis = truncated_is_weights(
-                mb["old_log_probs"], mb["rollout_log_probs"], mask,
+                old, mb["rollout_log_probs"], mask,
                 cap=correction.rollout_is_threshold, level=is_level,
             )  # fmt: skip
             metrics.update({f"actor/{k}": _token_share(v, mask, mb) for k, v in tis.items()})
         pg_loss, pg = policy(
-            log_prob, mb["old_log_probs"], mb["advantages"], mask,
+            log_prob, old, mb["advantages"], mask,
             config=clip, agg=agg, is_weights=weights,
         )  # fmt: skip
         loss = pg_loss
@@ -83,7 +85,8 @@ def actor_loss_fn(
         metrics.update({f"actor/{k}": _token_share(v, mask, mb) for k, v in pg.items()})
         if "entropy" in outputs:
             entropy = agg(outputs["entropy"], mask)
-            loss = loss - cfg.entropy_coeff * entropy
+            if cfg.entropy_coeff:  # else the entropy is only reported
+                loss = loss - cfg.entropy_coeff * entropy
             metrics["actor/entropy"] = _item(entropy)
         if cfg.use_kl_loss:
             kl, _ = kl_loss(

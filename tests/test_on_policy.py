@@ -1,0 +1,103 @@
+"""The on-policy shortcut (`rayrl.trainer.on_policy`): with one PPO epoch over one
+mini-batch the actor update's own log-probs replace the separate old-log-prob pass,
+bitwise equal to it on CPU; whatever reads old log-probs before the update keeps it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from rayrl.batch import Batch
+from rayrl.models import build_tiny_model
+from rayrl.trainer.on_policy import separate_pass_reason
+from rayrl.workers import ActorRolloutRefWorker
+from workers_cases import config, local_worker, prompts
+
+# 4 prompts x 2 samples: one mini-batch of 8; the passes split it differently
+# (log-probs 3 rows at a time, the update 4), so the packed rows differ too.
+SIZES = [
+    "data.train_batch_size=4",
+    "data.max_response_length=8",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=3",
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return str(build_tiny_model(tmp_path_factory.mktemp("onp") / "m", layers=2, hidden=32))
+
+
+def _recording(worker):
+    """Wrap the worker's loss so that it keeps each micro-batch's detached log-probs."""
+    seen, loss_fn = {}, worker.loss_fn
+
+    def record(outputs, mb):
+        for row, values in zip(mb["row"].tolist(), outputs["log_probs"].detach(), strict=True):
+            seen[row] = values.clone()
+        return loss_fn(outputs, mb)
+
+    worker.loss_fn = record
+    return seen
+
+
+def test_the_update_log_probs_are_the_separate_pass_bitwise_and_train_alike(model_dir):
+    cfg = config(*SIZES)
+    assert separate_pass_reason(cfg, 8) is None
+    separate = local_worker(ActorRolloutRefWorker, config=cfg, model_path=model_dir)
+    shortcut = local_worker(ActorRolloutRefWorker, config=cfg, model_path=model_dir)
+    batch = separate.generate(prompts(AutoTokenizer.from_pretrained(model_dir), 4))
+    batch["advantages"] = torch.randn(
+        batch["responses"].shape, generator=torch.Generator().manual_seed(0)
+    )
+    batch["row"] = torch.arange(len(batch))
+    batch = batch.union(separate.compute_ref_log_prob(batch))
+    old = separate.compute_log_prob(batch)["old_log_probs"]
+
+    seen = _recording(shortcut)
+    on_policy = batch.select(*batch.keys())
+    on_policy.meta["on_policy"] = True
+    got = shortcut.update_actor(on_policy)
+    used = torch.stack([seen[row] for row in range(len(batch))])
+    assert torch.equal(used, old), (used - old).abs().max()  # bitwise, same weights
+
+    want = separate.update_actor(batch.union(Batch({"old_log_probs": old})))
+    for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/ppo_kl"):
+        assert got[key] == want[key], key
+    assert got["actor/pg_clipfrac"] == want["actor/pg_clipfrac"] == 0.0
+    assert "actor/entropy" in got  # reported by the update's forward now
+    for a, b in zip(
+        shortcut.actor.model.parameters(), separate.actor.model.parameters(), strict=True
+    ):
+        assert torch.equal(a, b)
+
+
+def test_an_on_policy_update_of_several_mini_batches_is_refused(model_dir):
+    cfg = config(*SIZES, "actor_rollout_ref.actor.ppo_mini_batch_size=2")
+    worker = local_worker(ActorRolloutRefWorker, config=cfg, model_path=model_dir)
+    batch = worker.generate(prompts(AutoTokenizer.from_pretrained(model_dir), 4))
+    batch["advantages"] = torch.zeros(batch["responses"].shape)
+    batch.meta["on_policy"] = True
+    with pytest.raises(ValueError, match="one PPO epoch over one mini-batch"):
+        worker.update_actor(batch)
+
+
+@pytest.mark.parametrize(
+    "overrides, reason",
+    [
+        (["actor_rollout_ref.actor.ppo_epochs=2"], "2 PPO epochs"),
+        (["actor_rollout_ref.actor.ppo_mini_batch_size=2"], "several mini-batches"),
+        (["algorithm.use_kl_in_reward=true"], "KL penalty in the reward"),
+        (["algorithm.rollout_correction.rollout_is=token"], "rollout correction"),
+        (
+            ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=score"],
+            "dynamic sampling",
+        ),
+        (["algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=4",
+          "critic.ppo_micro_batch_size_per_gpu=4"], "critic"),
+    ],
+)  # fmt: skip
+def test_what_reads_old_log_probs_before_the_update_keeps_the_separate_pass(overrides, reason):
+    assert reason in separate_pass_reason(config(*SIZES, *overrides), 8)
