@@ -52,6 +52,7 @@ def test_grpo_with_kl_loss_through_the_cli(ray_local, tmp_path, capsys):
     assert len(steps) == 2
     for row in steps:
         assert row["timing_s/old_log_prob"] == 0.0 and math.isfinite(row["actor/entropy"])
+        assert 0 < row["timing_s/controller_overhead"] < row["timing_s/step"]
 
 
 @pytest.mark.slow

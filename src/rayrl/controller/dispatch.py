@@ -176,16 +176,19 @@ def register(
 
 def _track_busy(fn: Callable) -> Callable:
     """Record which registered method a worker is in, for `Worker.heartbeat` and the
-    usage sampler (which also samples as the method ends: short stages count too)."""
+    usage sampler (which also samples as the method ends: short stages count too), and
+    when it ran (`usage.record_call`: the controller's overhead is the time between)."""
 
     @functools.wraps(fn)
     def tracked(self: Any, *args: Any, **kwargs: Any) -> Any:
-        self._rayrl_busy = (fn.__name__, time.time())
+        start = time.time()
+        self._rayrl_busy = (fn.__name__, start)
         try:
             return fn(self, *args, **kwargs)
         finally:
-            from rayrl.controller.usage import sample_now
+            from rayrl.controller.usage import record_call, sample_now
 
+            record_call(start, time.time())
             sample_now()
             self._rayrl_busy = None
 

@@ -13,6 +13,10 @@ use in percent of one core (100 = one core busy), the mean GPU utilisation, the 
 resident memory, plus the process's peak CUDA memory and the CPUs Ray assigned it.
 `starved_stages` turns reports into warnings: a stage whose process kept its assigned
 CPUs busy while its GPU idled.
+
+Every registered method also records when it ran (`record_call`, wall-clock start and
+end); `take_calls` hands them over with the report, so the driver can tell the time
+no worker was computing: its own overhead.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,6 +157,25 @@ class UsageSampler:
 
 
 _SAMPLER: UsageSampler | None = None
+# (start, end) wall-clock times of this process's registered-method calls, oldest first;
+# bounded for drivers that never ask.
+_CALLS: deque[tuple[float, float]] = deque(maxlen=4096)
+
+
+def record_call(start: float, end: float) -> None:
+    """Note that a registered method ran from `start` to `end` (`time.time()`)."""
+    _CALLS.append((start, end))
+
+
+def take_calls(reset: bool = True) -> list[tuple[float, float]]:
+    """The calls recorded since the last reset, oldest first (a call ending meanwhile
+    on another thread is kept for the next)."""
+    if not reset:
+        return list(_CALLS)
+    calls = []
+    while _CALLS:
+        calls.append(_CALLS.popleft())
+    return calls
 
 
 def process_sampler(interval_s: float = 0.5) -> UsageSampler:

@@ -172,9 +172,10 @@ class Worker:
         """This process's resource use per stage since the last call (see controller.usage)."""
         from rayrl.controller import usage
 
+        calls = usage.take_calls(reset)
         if usage._SAMPLER is None:
-            return {"stages": {}, "max_memory_allocated_gb": None, "num_cpus": 0.0}
-        return usage._SAMPLER.report(reset=reset)
+            return {"stages": {}, "max_memory_allocated_gb": None, "num_cpus": 0.0, "calls": calls}
+        return {**usage._SAMPLER.report(reset=reset), "calls": calls}
 
     def debugger_state(self) -> dict:
         """Whether Ray's debugger is on in this process: mode, post-mortem, breakpoint hook."""

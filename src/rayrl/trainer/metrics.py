@@ -4,6 +4,8 @@
   reward worker adds `reward/<key>/mean` for every numeric extra key a reward
   function returns in its dict, verl's `{"score": ..., "acc": ...}`);
 - `timer`: adds a stage's wall time to `timing_s/<stage>`;
+- `controller_overhead`: the part of a step when no worker was in a method, i.e. the
+  controller's own time on the step's critical path (`timing_s/controller_overhead`);
 - `usage_metrics`: per role, the CPU use (percent of one core), GPU utilisation and
   peak memory its workers had during the step (`perf/cpu_util/<role>`,
   `perf/gpu_util/<role>`, `perf/max_memory_allocated_gb/<role>`: peak CUDA memory on
@@ -42,6 +44,28 @@ def timer(timing: dict[str, float], name: str) -> Iterator[None]:
         yield
     finally:
         timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
+
+
+def controller_overhead(reports: dict[str, list[dict]], start: float, end: float) -> float:
+    """Seconds of the step from `start` to `end` (wall clock) in which no worker of any
+    group was in a registered method, from the `calls` of each rank's usage report:
+    what the controller itself adds (splitting and joining Batches, moving them
+    through the object store, remote-call latency, advantages, metric reduction).
+    Time the controller spends while some worker computes is not on the critical path
+    and not counted."""
+    spans = sorted(
+        (max(s, start), min(e, end))
+        for ranks in reports.values()
+        for report in ranks
+        for s, e in report.get("calls", ())
+        if e > start and s < end
+    )
+    busy, reach = 0.0, start
+    for s, e in spans:
+        if e > reach:
+            busy += e - max(s, reach)
+            reach = e
+    return max(0.0, (end - start) - busy)
 
 
 def usage_metrics(reports: dict[str, list[dict]]) -> dict[str, float]:

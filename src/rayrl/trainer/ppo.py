@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -45,7 +46,7 @@ from rayrl.trainer.checkpoint import (
 )
 from rayrl.trainer.data import load_datasets
 from rayrl.trainer.dynamic_sampling import fill_batch
-from rayrl.trainer.metrics import batch_metrics, timer, usage_metrics
+from rayrl.trainer.metrics import batch_metrics, controller_overhead, timer, usage_metrics
 from rayrl.trainer.model_dir import model_dir
 from rayrl.trainer.names import check_names
 from rayrl.trainer.on_policy import separate_pass_reason
@@ -88,6 +89,7 @@ class PPOTrainer:
         self.session: RaySession | None = None
         self.val_dataset = None
         self._warned: set[str] = set()
+        self._step_span: tuple[float, float] | None = None
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> PPOTrainer:
@@ -340,21 +342,27 @@ class PPOTrainer:
         return metrics
 
     def usage(self) -> dict[str, float]:
-        """Usage metrics of every group since the last call; warns of CPU starvation."""
+        """Usage metrics of every group since the last call (with the last step's
+        `timing_s/controller_overhead`); warns of CPU starvation."""
         reports = {group.role: group.usage() for group in self.groups}
+        span, self._step_span = self._step_span, None
         for warning in starved_stages(reports):
             key = warning.split(":", 1)[0]
             if key not in self._warned:
                 self._warned.add(key)
                 log.warning(warning)
                 self.print(f"WARNING: {warning}")
-        return usage_metrics(reports)
+        metrics = usage_metrics(reports)
+        if span is not None:
+            metrics["timing_s/controller_overhead"] = controller_overhead(reports, *span)
+        return metrics
 
     def step(self, prompts: Batch) -> dict[str, float]:
         """One PPO step on a batch of prompts; returns its metrics."""
         timing: dict[str, float] = {}
         metrics: dict[str, float] = {}
         alg = self.cfg.algorithm
+        started = time.time()
         with timer(timing, "step"):
             with timer(timing, "gen"):
                 batch = self.actor.generate(self._balanced(prompts, metrics, "gen"))
@@ -398,6 +406,7 @@ class PPOTrainer:
             if self._actor_learns(prompts):
                 with timer(timing, "update_actor"):
                     metrics.update(self.actor.update_actor(batch))
+        self._step_span = (started, time.time())  # the overhead comes with the usage reports
         metrics.update(batch_metrics(batch, lengths))
         metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
         tokens = float(batch["attention_mask"].sum())

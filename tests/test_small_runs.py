@@ -1,6 +1,6 @@
-"""Small runs start and stop quickly: imports at CLI start, groups started side by side,
-torch threads from the bundle, the reward in the actor's process on a CPU-only run,
-and a Ray the run started stopped all at once (issue 15)."""
+"""Small runs (issue 15): imports at CLI start, groups started side by side, torch
+threads from the bundle, the reward in the actor's process on a CPU-only run, a Ray
+the run started stopped all at once, and the controller's own time per step."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from controller_toys import reserve
+from controller_toys import Echo, reserve
 from rayrl.config import load_config
 from rayrl.controller import Worker, WorkerGroup, WorkerInitError, register, start_groups
+from rayrl.trainer.metrics import controller_overhead
 from rayrl.trainer.resources import pools_from_config, reward_colocated
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -180,3 +181,30 @@ def test_a_ray_the_run_started_stops_at_once_with_every_process():
     assert out["stopped"] and not out["connected"] and out["n"] >= 4
     assert out["alive"] == []
     assert out["s"] < 10  # the raylet within 2 s, the rest within half a second
+
+
+def test_controller_overhead_is_the_step_time_no_worker_was_busy():
+    reports = {
+        "a": [{"calls": [(1.0, 2.0), (1.5, 3.0)]}, {"calls": [(3.5, 4.0)]}],
+        "b": [{"calls": [(0.0, 1.2), (5.5, 9.0)]}, {}],  # outside parts are clipped off
+    }
+    # busy within 0.5-6.0: 0.5-3.0 (b's first call, then a's overlapping two), 3.5-4.0
+    # and 5.5-6.0; idle: 3.0-3.5 and 4.0-5.5
+    assert controller_overhead(reports, 0.5, 6.0) == pytest.approx(2.0)
+    assert controller_overhead({}, 0.0, 2.0) == 2.0
+
+
+def test_controller_overhead_of_real_calls_counts_the_gap_between_them(run_name):
+    pool = reserve(run_name, [2], {"CPU": 0.5})
+    group = WorkerGroup(Echo, pool.bundles, role="echo", run=run_name).create(timeout_s=120)
+    try:
+        group.usage()  # calls before the "step" are not counted
+        start = time.time()
+        group.nap(0.3)
+        time.sleep(0.2)  # the controller's own work between two calls
+        group.nap(0.3)
+        end = time.time()
+        overhead = controller_overhead({"echo": group.usage()}, start, end)
+        assert 0.2 <= overhead <= (end - start) - 0.6
+    finally:
+        group.shutdown(), pool.teardown()
