@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 from typing import TYPE_CHECKING
 
 from rayrl.cli.common import add_config_args, console, load_from_args
@@ -33,8 +34,10 @@ def train(cfg, out=None, *, table_rows: int | None = None) -> list[dict]:
     trainer = PPOTrainer(cfg, print_fn=lambda text: out.print(text, highlight=False))
     out.print(f"model: {trainer.model_path}; run {trainer.run}; run directory {cfg.trainer.output_dir}")
     try:
+        start = time.perf_counter()
         with out.status("reserving resources and starting workers"):
             trainer.setup()
+        out.print(f"ready in {time.perf_counter() - start:.2f} s (Ray, pools, workers, models)")
         if cfg.trainer.val_only:
             return _validate_only(trainer, out)
         total = trainer.total_steps()
@@ -57,7 +60,9 @@ def train(cfg, out=None, *, table_rows: int | None = None) -> list[dict]:
 
             history = trainer.fit(on_step=on_step)
     finally:
+        start = time.perf_counter()
         trainer.shutdown()
+        out.print(f"stopped in {time.perf_counter() - start:.2f} s (workers, pools, Ray)")
     if history:
         out.print(metrics_table(history, table_rows))
     return history
