@@ -21,6 +21,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `rayrl train`'s Ray (ray_session)
 sys.path.insert(0, str(TESTS))
 
 LOCAL_RAY = dict(

@@ -157,27 +157,34 @@ def test_the_reward_joins_the_actor_process_only_where_safe(tmp_path, overrides,
     assert not reward_colocated(cfg, "cuda")
 
 
-def test_a_ray_the_run_started_stops_at_once_with_every_process():
+def test_the_ray_a_run_starts_runs_sleeping_omp_threads_and_stops_with_every_process():
     out = json.loads(
         _python(
             "import json, os, time, ray\n"
             "from rayrl.cluster import ray_private\n"
-            "ray.init(address='local', num_cpus=1, include_dashboard=False, log_to_driver=False)\n"
+            "from rayrl.config import load_config\n"
+            "from rayrl.trainer.ray_session import connect\n"
+            "os.environ.pop('OMP_WAIT_POLICY', None)\n"
+            "session = connect(load_config('grpo', ['resources.dashboard=false']))\n"
             "@ray.remote(num_cpus=1)\n"
             "class A:\n"
-            "    def pid(self): return os.getpid()\n"
+            "    def env(self): return os.getpid(), os.environ.get('OMP_WAIT_POLICY')\n"
             "a = A.remote()\n"
-            "pids = ray_private.local_ray_pids() + [ray.get(a.pid.remote())]\n"
+            "pid, policy = ray.get(a.env.remote())\n"
+            "pids = ray_private.local_ray_pids() + [pid]\n"
             "start = time.monotonic(); stopped = ray_private.stop_local_ray()\n"
             "took = time.monotonic() - start\n"
             "def alive(pid):\n"
             "    try: return open(f'/proc/{pid}/stat').read().split()[2] != 'Z'\n"
             "    except FileNotFoundError: return False\n"
             "time.sleep(1.0)  # the actor's worker exits once its raylet is gone\n"
-            "print(json.dumps({'stopped': stopped, 'connected': ray.is_initialized(),\n"
+            "print(json.dumps({'started': session.started_here, 'policy': policy,\n"
+            "                  'driver_policy': os.environ.get('OMP_WAIT_POLICY'),\n"
+            "                  'stopped': stopped, 'connected': ray.is_initialized(),\n"
             "                  'alive': [p for p in pids if alive(p)], 'n': len(pids), 's': took}))\n"
         )
     )
+    assert out["started"] and out["policy"] == "PASSIVE" and out["driver_policy"] is None
     assert out["stopped"] and not out["connected"] and out["n"] >= 4
     assert out["alive"] == []
     assert out["s"] < 10  # the raylet within 2 s, the rest within half a second

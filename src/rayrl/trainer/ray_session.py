@@ -2,7 +2,13 @@
 
 - `resources.address` unset: rayrl starts a local Ray with the dashboard on
   `resources.dashboard_host:dashboard_port` (127.0.0.1 by default: reachable from
-  this machine only; an SSH tunnel reaches it from elsewhere).
+  this machine only; an SSH tunnel reaches it from elsewhere). Its processes, workers
+  included, inherit `WORKER_ENV` (unless the environment sets those variables): OpenMP
+  threads that sleep at a barrier instead of spinning. A worker runs as many torch
+  threads as its bundle has CPUs; spinning threads on CPUs that other processes need
+  (the driver, Ray's own, other work) made a tiny model's generation 30 to 80 times
+  slower than one thread on a busy 2-core machine, where sleeping ones kept up with
+  one thread (`bench/cpu_threads.py`).
 - `resources.address=auto` or `HOST:PORT` (or `RAY_ADDRESS`): joins a running cluster (`ray start
   --head` on one machine, `ray start --address=HOST:PORT` on the others).
 - `trainer.log_worker_output`: worker prints reach the driver, each line prefixed
@@ -16,7 +22,10 @@
 from __future__ import annotations
 
 import logging
+import os
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import ray
@@ -27,6 +36,7 @@ from rayrl.config.schema import RayRLConfig
 log = logging.getLogger(__name__)
 
 DEBUG_MODES = {"vscode": "1", "cli": "legacy"}
+WORKER_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
 def debug_env(cfg: RayRLConfig) -> dict[str, str]:
@@ -75,7 +85,8 @@ def connect(cfg: RayRLConfig) -> RaySession:
                 address="local", include_dashboard=dashboard,
                 dashboard_host=res.dashboard_host, dashboard_port=port or res.dashboard_port,
             )  # fmt: skip
-        ray.init(**kwargs)
+        with _inherited(WORKER_ENV if not address else {}):
+            ray.init(**kwargs)
         started = not address
     ctx = ray.get_runtime_context()
     return RaySession(
@@ -118,6 +129,20 @@ def free_port(host: str, wanted: int, tries: int = 20) -> int:
             log.warning("dashboard port %d is taken; using %d", wanted, port)
         return port
     return wanted
+
+
+@contextmanager
+def _inherited(env: dict[str, str]) -> Iterator[None]:
+    """`env` (where this process does not set it) in the environment of the processes
+    started inside, then this process's own environment as it was. Inherited, the
+    variables cost nothing, where a job runtime_env would start every worker afresh."""
+    added = {k: v for k, v in env.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
 
 
 def _dashboard_url() -> str | None:
