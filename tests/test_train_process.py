@@ -1,9 +1,11 @@
 """`rayrl train` as a user runs it, in its own process with its own Ray: the dashboard
 URL is printed, worker output reaches the terminal prefixed with role and rank, and
-under `trainer.debug` the workers have Ray's debugger on (post-mortem included)."""
+under `trainer.debug` the workers have Ray's debugger on (post-mortem included), and
+its groups start side by side."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -55,3 +57,9 @@ def test_dashboard_worker_prefixes_and_debugger(tmp_path):
     for line in debugger:
         assert "RAY_DEBUG=1" in line and "post-mortem on" in line
         assert "ray.util.rpdb.set_trace" in line
+    # The two groups started side by side: the reward's init began before the actor's ended
+    # (one after the other, it would begin only after); start-up and teardown are timed.
+    workers = json.loads((tmp_path / "run" / "workers.json").read_text())["workers"]
+    span = {w["group"]: w["init_span"] for w in workers}
+    assert span["reward"][0] < span["actor_rollout_ref"][1], span
+    assert re.search(r"ready in [\d.]+ s", out) and re.search(r"stopped in [\d.]+ s", out)

@@ -46,6 +46,7 @@ def test_grpo_with_kl_loss_through_the_cli(ray_local, tmp_path, capsys):
     [worker] = json.loads((tmp_path / "workers.json").read_text())["workers"]
     assert worker["group"] == "actor_rollout_ref" and worker["roles"] == ["actor", "reward"]
     assert worker["threads"] == min(2, len(os.sched_getaffinity(0)))
+    assert worker["init_span"][0] < worker["init_span"][1]
     # One epoch over one mini-batch: no separate old-log-prob pass; entropy from the update.
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     steps = [row for row in rows if "timing_s/step" in row]  # not the validation before
@@ -67,6 +68,9 @@ def test_grpo_steps_with_the_native_rollout_engine(ray_local, tmp_path):
         trainer.setup()
         assert trainer.actor.device_info()[0]["rollout"] == "NativeRolloutEngine"
         assert [g.role for g in trainer.groups] == ["actor_rollout_ref", "reward"]
+        # started side by side: the reward's init began before the actor's ended
+        (_, actor_end), (reward_start, _) = (g.infos[0]["init_span"] for g in trainer.groups)
+        assert reward_start < actor_end
         history = trainer.fit()
     finally:
         trainer.shutdown()

@@ -87,11 +87,13 @@ class Worker:
 
     def _rayrl_init(self, kwargs: dict) -> dict:
         """Run `init_worker(**kwargs)` (init phase); returns `info()`."""
-        self._rayrl_busy = ("init_worker", time.time())
+        start = time.time()
+        self._rayrl_busy = ("init_worker", start)
         try:
             self.init_worker(**kwargs)
         finally:
             self._rayrl_busy = None
+            self._rayrl_init_span = (start, time.time())
         return self.info()
 
     def _rayrl_reform(self, ctx: WorkerContext, backend: str, timeout: float) -> dict:
@@ -211,6 +213,7 @@ class Worker:
             "log_file": self.log_file,
             "distributed": _distributed_initialized(),
             "threads": _torch_threads(),
+            "init_span": getattr(self, "_rayrl_init_span", None),  # wall clock, last init
         }
 
     # --- convenience attributes ---------------------------------------------------------

@@ -3,7 +3,8 @@
     OUTPUT_DIR/
       config.yaml               the resolved config of the run
       metrics.jsonl             one JSON object per step (every metric, with "step")
-      workers.json              each worker's role, rank, node, pid and Ray log file
+      workers.json              each worker's roles, rank, node, pid, Ray log file,
+                                torch threads and init span (when its init ran)
       checkpoints/global_step_N/  actor/ (critic/) shards + trainer_state.pt; `latest`
       hf/                       the final Hugging Face export
       val_generations/step_N.jsonl  example validation generations
@@ -18,6 +19,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+INFO_KEYS = ("node_id", "host", "pid", "log_file", "threads", "init_span")  # of Worker.info()
 
 
 @dataclass(frozen=True)
@@ -62,13 +65,13 @@ class RunDir:
 
     def write_workers(self, groups: list[Any], log_dir: str | None) -> None:
         """Where each worker runs and logs (its Ray log file), the roles its process
-        holds and its torch threads, for reading after the run."""
+        holds, its torch threads and when its init ran, for reading after the run."""
         workers = [
             {
                 "group": group.role,
                 "rank": rank,
                 "roles": list(getattr(group.worker_cls, "ROLES", None) or [group.role]),
-                **{k: info.get(k) for k in ("node_id", "host", "pid", "log_file", "threads")},
+                **{k: info.get(k) for k in INFO_KEYS},
             }
             for group in groups
             for rank, info in enumerate(group.infos)
