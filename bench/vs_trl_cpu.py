@@ -26,6 +26,9 @@ median of the per-round ratios. JSON lines (`bench`, `metric`, `value`, `unit`,
   `old_log_prob_s` and `controller_overhead_s` (medians);
 - `load_avg_1m` at the start and the end (the machine is shared: read ratios with it).
 
+Both processes get `OMP_WAIT_POLICY=PASSIVE` unless it is set (the same thread
+behaviour on both sides; `rayrl train` sets it for its workers).
+
     python bench/vs_trl_cpu.py [--rounds 2] [--steps 12] [--out FILE]
 
 Needs TRL: `pip install -e .[bench]`.
@@ -181,7 +184,11 @@ def trl_job(job: dict) -> None:
 
 # ---------------------------------------------------------------------- report
 def _env() -> dict:
+    """Both systems' environment. OpenMP threads sleep at barriers on both sides (as in
+    the workers of the Ray that `rayrl train` starts): TRL's process with spinning
+    threads ran its steps ~50x slower on the shared 2-core machine under load."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "RAY_USAGE_STATS_ENABLED": "0"}
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     env.pop("RAY_ADDRESS", None)
     return env
 
