@@ -32,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import hardware
+
 BENCH = "startup"
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -179,7 +181,8 @@ def main() -> None:
     parser.add_argument("--base-src", default=None, help="another checkout's src for imports")
     parser.add_argument("--only", default="imports,teardown,start")
     args = parser.parse_args()
-    emit({"metric": "load_avg_1m", "value": os.getloadavg()[0], "unit": "load", "when": "start"})
+    emit({"metric": "load_avg_1m", "value": os.getloadavg()[0], "unit": "load", "when": "start",
+          "hardware": hardware()})  # fmt: skip
     only = set(args.only.split(","))
     if "imports" in only and args.base_src:
         bench_imports(args.rounds, Path(args.base_src))

@@ -48,6 +48,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import hardware
+
 BENCH = "vs_trl_cpu"
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS, SAMPLES, NEW_TOKENS, LR, KL = 8, 4, 32, 1e-5, 0.001
@@ -250,7 +252,7 @@ def main() -> None:
         print(json.dumps(obj), flush=True)
 
     emit({"bench": BENCH, "metric": "load_avg_1m", "value": os.getloadavg()[0], "unit": "load",
-          "when": "start", "cpus": os.cpu_count()})  # fmt: skip
+          "when": "start", "cpus": os.cpu_count(), "hardware": hardware()})  # fmt: skip
     runs: dict[str, list[dict]] = {"rayrl": [], "trl": []}
     with tempfile.TemporaryDirectory() as tmp:
         model, data = prepare(Path(tmp), args.steps)
