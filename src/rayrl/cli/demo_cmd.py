@@ -24,11 +24,13 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from rayrl.cli.common import console
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
 
 ACC_KEY = re.compile(r"^val-core/[^/]+/acc/mean@\d+$")
 REWARD_KEY = re.compile(r"^val-core/[^/]+/reward/mean@\d+$")
@@ -141,6 +143,8 @@ def run_pipeline(plan: DemoPlan, out: Console | None = None) -> DemoResult:
 
 
 def accuracy_table(result: DemoResult) -> Table:
+    from rich.table import Table
+
     table = Table(title=f"validation: greedy, {result.val_size} held-out questions")
     for column in ("model", "accuracy", "mean reward", "stage time"):
         table.add_column(column, justify="left" if column == "model" else "right")

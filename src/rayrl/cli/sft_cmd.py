@@ -4,11 +4,12 @@ and a metrics table; its `hf/` is a model directory `rayrl train` starts from.""
 from __future__ import annotations
 
 import argparse
-
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from rayrl.cli.common import add_config_args, console, load_sft_from_args
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 COLUMNS = {
     "train/loss": "loss",
@@ -22,6 +23,8 @@ COLUMNS = {
 
 def sft(cfg, out=None, *, table_rows: int = 20) -> list[dict]:
     """Run SFT for `cfg` with a progress bar; returns the per-step metrics."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     from rayrl.trainer.sft import SFTTrainer
 
     out = out or console()
@@ -54,6 +57,8 @@ def sft(cfg, out=None, *, table_rows: int = 20) -> list[dict]:
 
 def metrics_table(history: list[dict], rows: int) -> Table:
     """Up to `rows` evenly spaced steps (the last one included)."""
+    from rich.table import Table
+
     table = Table(title="SFT metrics")
     for title in ("step", *COLUMNS.values()):
         table.add_column(title, justify="right")

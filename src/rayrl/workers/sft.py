@@ -23,7 +23,6 @@ from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
 from rayrl.engines.hf_export import write_hf_meta
 from rayrl.engines.lora import LoraSpec
 from rayrl.engines.optim import OptimSpec
-from rayrl.engines.train import TrainEngine
 from rayrl.workers.common import (
     DTYPE_NAMES,
     join_process_group,
@@ -71,6 +70,8 @@ class SFTWorker(Worker):
     ) -> None:
         self.cfg = config
         join_process_group(self, dist_backend)
+        from rayrl.engines.train import TrainEngine  # in the worker only
+
         self.engine = TrainEngine(
             model_path, optim=sft_optim_spec(config.optim, total_steps), total_steps=total_steps,
             **sft_engine_kwargs(config),
