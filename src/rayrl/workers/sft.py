@@ -20,7 +20,6 @@ import torch
 from rayrl.batch import Batch
 from rayrl.config.sft import SFTConfig
 from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
-from rayrl.engines.hf_export import write_hf_meta
 from rayrl.engines.lora import LoraSpec
 from rayrl.engines.optim import OptimSpec
 from rayrl.workers.common import (
@@ -112,6 +111,8 @@ class SFTWorker(Worker):
         self.engine.save(out)
         save_rng(out, self.rank)
         if self.rank == 0:
+            from rayrl.engines.hf_export import write_hf_meta
+
             write_hf_meta(self.engine, out)
 
     @register(dispatch=ONE_TO_ALL)
