@@ -250,15 +250,19 @@ class HFRolloutEngine(RolloutEngine):
 
     # ------------------------------------------------------------------ memory
     def sleep(self) -> None:
-        """Drop generation memory: cache sizing, Python garbage, the CUDA allocator cache."""
+        """On a GPU, drop generation memory: the static cache's sizing, Python garbage,
+        the CUDA allocator cache. On a CPU there is no device memory to give back: the
+        engine only marks itself asleep (a full ``gc.collect`` and a fresh static cache
+        cost about 0.2 s of a 0.4 s demo step there)."""
         if self._asleep:
             return
         self._asleep = True
+        if _device_of(self.model).type != "cuda":
+            return
         with contextlib.suppress(AttributeError):
             del self.model._previous_max_cache_length  # next static cache sized afresh
         gc.collect()
-        if _device_of(self.model).type == "cuda":
-            torch.cuda.empty_cache()
+        torch.cuda.empty_cache()
 
     def wake(self) -> None:
         """Ready to generate again; the KV cache is reallocated by the next `generate`."""
