@@ -58,6 +58,7 @@ def test_hybrid_actor_generates_updates_and_generates_with_new_weights(ray_local
         assert info["sharded"] is False
         assert info["param_offload"] and info["optimizer_offload"]  # the config keys reach it
         assert not info["rollout_owns_copy"] and info["rollout_dtype"] == "float32"  # CPU
+        assert info["rollout_cache"] == "dynamic"  # no static cache re-sized every step
     finally:
         close(group, pool, kv)
 

