@@ -50,7 +50,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from rayrl import progress
 from rayrl.batch import Batch
+from rayrl.engines import snapshot
 from rayrl.engines.attention import attention_for
 from rayrl.engines.checkpoint_io import (
     export_hf,
@@ -124,14 +126,15 @@ class TrainEngine:
         param_offload: bool = False,
         optimizer_offload: bool = False,
     ) -> None:
+        self._args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self.model_path = str(model_path)
         self.tokenizer_path = str(tokenizer_path or model_path)
         self.value_head = value_head
         self.use_remove_padding = use_remove_padding
         self.logit_chunk_size = logit_chunk_size
         self.device = pick_device(device)
-        self.sharded = dist.is_available() and dist.is_initialized()
         self.world_size = dp_world_size()
+        self.sharded = self.world_size > 1  # FSDP over one rank would change nothing
         self.mixed_precision = mixed_precision and self.device.type == "cuda"
         attn = attention_for(attn_implementation, packed=use_remove_padding)
         model = load_hf_model(self.model_path, value_head, dtype, attn, seed, trust_remote_code)
@@ -197,6 +200,7 @@ class TrainEngine:
                 if rows is not None:
                     parts.append({k: v.cpu() for k, v in outputs.items()})
                     order.extend(rows)
+                progress.tick(micro_batches=1)
         inverse = torch.empty(len(order), dtype=torch.long)
         inverse[torch.tensor(order)] = torch.arange(len(order))
         tensors = {k: torch.cat([p[k] for p in parts])[inverse] for k in parts[0]}
@@ -306,6 +310,7 @@ class TrainEngine:
                 for key, value in step_metrics.items():
                     shares[key] += float(torch.as_tensor(value).detach().double().sum())
             (loss * self.world_size).backward()
+            progress.tick(micro_batches=1)
         keys = sorted(shares)  # the same loss_fn on every rank: the same keys
         totals = dict(zip(keys, self._all_reduce([shares[k] for k in keys]), strict=True))
         for key in keys:
@@ -431,6 +436,42 @@ class TrainEngine:
                 "this engine was built with trainable=False (a frozen reference model): "
                 "it has no optimizer to train or checkpoint; build it with trainable=True."
             )
+
+    # ------------------------------------------------ recovery (step boundaries)
+    def snapshot(self) -> dict[str, Any]:
+        """This rank's state (its shard when sharded) in host memory: trainable weights,
+        optimizer, LR schedule and counters (`rayrl.engines.snapshot`); no collective."""
+        optimizer = self.optimizer if self.trainable else None
+        with self.residency.resident():
+            return snapshot.capture(self.model, optimizer, self.scheduler, self._counters())
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Put back a `snapshot()` of this rank (taken in this process or another)."""
+        optimizer = self.optimizer if self.trainable else None
+        with self.residency.resident():
+            counters = snapshot.restore(self.model, optimizer, self.scheduler, state)
+        for name, value in counters.items():
+            setattr(self, name, int(value))
+
+    def rebuild(self) -> None:
+        """Build model, sharding (device mesh, FSDP) and optimizer again, on the process
+        group as it is now (it re-formed after a rank was replaced). The weights are
+        the model directory's until a snapshot or checkpoint is restored."""
+        self.model = self.optimizer = self.scheduler = None
+        self.residency = None
+        import gc
+
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        TrainEngine.__init__(self, **self._args)
+
+    def _counters(self) -> dict[str, int]:
+        return {
+            "skipped_steps": self.skipped_steps,
+            "optimizer_steps": self.optimizer_steps,
+            "train_steps": self.train_steps,
+        }
 
     def _extra_state(self) -> dict[str, Any]:
         return {
