@@ -62,6 +62,7 @@ class ResourcePool:
         self._spare_group: PlacementGroup | None = None
         self._bundles: list[Bundle] = []
         self._spares: list[Bundle] = []
+        self._extras: list[PlacementGroup] = []  # placed after losses, when spares ran out
 
     def __repr__(self) -> str:
         return f"ResourcePool({self.name!r}, world_size={self.spec.world_size}, spares={len(self._spares)})"
@@ -260,6 +261,23 @@ class ResourcePool:
         )
         return choice
 
+    def reserve_extra(self, timeout_s: float = 30.0) -> Bundle | None:
+        """A new bundle of the pool's shape, in a placement group of its own, wherever the
+        cluster can place it (when no spare is left); None when it cannot within
+        `timeout_s`. Released with the pool."""
+        name = f"{self.name}/extra{len(self._extras)}"
+        pg = placement_group([dict(self.spec.bundle)], strategy="PACK", name=name,
+                             lifetime=self.spec.lifetime)  # fmt: skip
+        ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
+        if not ready:
+            _remove_all([pg])
+            log.warning("pool %s: no node could take a new bundle within %.0f s", self.name, timeout_s)
+            return None
+        self._extras.append(pg)
+        node = ray.util.placement_group_table(pg)["bundles_to_node_id"][0]
+        log.info("pool %s: new bundle %s on node %s", self.name, name, node[:8])
+        return Bundle(pg, 0, node, dict(self.spec.bundle), pool=self.name, spare=True)
+
     def split(self, sizes: list[int]) -> list[list[Bundle]]:
         """Share the active bundles between roles: consecutive runs in rank order.
 
@@ -283,8 +301,9 @@ class ResourcePool:
     def teardown(self) -> None:
         """Release every placement group of the pool. Safe to call more than once."""
         _LIVE.pop(id(self), None)
-        groups = self._groups + ([self._spare_group] if self._spare_group else [])
+        groups = self._groups + ([self._spare_group] if self._spare_group else []) + self._extras
         self._groups, self._spare_group, self._bundles, self._spares = [], None, [], []
+        self._extras = []
         if not groups:
             return
         if not ray.is_initialized():

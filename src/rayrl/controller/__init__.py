@@ -1,4 +1,5 @@
-"""Controller layer: Worker, WorkerGroup, dispatch modes, colocation, health and replacement.
+"""Controller layer: Worker, WorkerGroup, dispatch modes, colocation, health, replacement,
+step-boundary snapshots, the progress watchdog and fault injection.
 
 The driver talks to groups of workers as if each group were one object; see DESIGN.md.
 Imports only the cluster layer and leaves (batch); knows nothing of RL.
@@ -23,11 +24,14 @@ from rayrl.controller.errors import (
     WorkerCallError,
     WorkerCreateError,
     WorkerError,
+    WorkerHungError,
     WorkerInitError,
 )
+from rayrl.controller.faults import Fault
 from rayrl.controller.future import GroupFuture
 from rayrl.controller.group import WorkerGroup
 from rayrl.controller.health import HealthMonitor, HealthReport, Replacement, TopologyChangedWarning
+from rayrl.controller.recovery import GroupSnapshot, SnapshotLostError
 from rayrl.controller.worker import Worker, WorkerContext
 
 __all__ = [
@@ -37,15 +41,18 @@ __all__ = [
     "RANK_ZERO",
     "CallPlan",
     "DPState",
+    "Fault",
     "FusedWorker",
     "FutureArgumentError",
     "GroupFuture",
+    "GroupSnapshot",
     "GroupTimeoutError",
     "HealthMonitor",
     "HealthReport",
     "NoSpareBundleError",
     "Replacement",
     "RoleView",
+    "SnapshotLostError",
     "TopologyChangedWarning",
     "Worker",
     "WorkerCallError",
@@ -53,6 +60,7 @@ __all__ = [
     "WorkerCreateError",
     "WorkerError",
     "WorkerGroup",
+    "WorkerHungError",
     "WorkerInitError",
     "colocate",
     "register",

@@ -4,10 +4,11 @@
 whose init failed), a replacement (dead or hung ranks) and the loss of a node (all of
 its ranks), in four steps:
 
-1. settle: the surviving ranks still inside a call get `group.abort_grace_s` to end
-   it (a collective whose peer died fails fast on gloo); those still busy after that,
-   or silent, are killed and lost too, so no call outlives a failure by more than
-   the grace (their state is restored with the others', from the step-start snapshot);
+1. settle: the lost ranks are killed (a hung one too), then the surviving ranks still
+   inside a call get `group.abort_grace_s` to end it (a collective whose peer is gone
+   fails fast on gloo); those still busy after that, or silent, are killed and lost
+   too, so no call outlives a failure by more than the grace (their state is restored
+   with the others', from the step-start snapshot);
 2. respawn: each lost rank gets a new actor, in its own bundle while that is usable,
    else in a spare bundle of the pool (`placement`);
 3. join: with a backend, every rank joins the torch.distributed group of the next
@@ -48,6 +49,8 @@ def bring_up(
         while True:
             failures: dict[int, Any] = {}
             if lost:
+                for rank in lost:  # first: a survivor's collective with it then fails fast
+                    group._kill(rank)
                 lost |= settle(group, lost)
                 replacing(lost)
                 old.update({r: group.describe(r) for r in lost if r not in old})

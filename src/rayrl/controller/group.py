@@ -123,6 +123,7 @@ class WorkerGroup:
         self.dist_timeout_s = 60.0
         self.pg_timeout_s: float | None = None  # collectives' timeout (torch's when None)
         self.abort_grace_s = 10.0  # survivors' time to end their call after a loss
+        self.placement_timeout_s = 30.0  # for a new bundle when the pool has no spare left
         self.stage_timeout_s: float | None = None  # watchdog: longest call without progress
         self.faults: list[Fault] = []  # armed in every new worker (inject with times=None)
         self._init_kwargs: dict | None = None

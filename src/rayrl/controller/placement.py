@@ -1,10 +1,12 @@
-"""Where a replaced rank goes: its own bundle when usable, else a spare of the pool.
+"""Where a replaced rank goes: its own bundle when usable, else a spare, else a new one.
 
 A bundle is usable while its node is alive and its placement group is placed. When
 it is not (the node died), the rank takes a spare bundle of the pool (reserved by
-`capacity_factor > 1`), preferably on another node; the rank then runs elsewhere,
-which changes the collectives' topology (which ranks share a node): `topology_message`
-says what changed, in the words of the TopologyChangedWarning.
+`capacity_factor > 1`), preferably on another node, and when none is left a new
+bundle wherever the cluster can place one (`ResourcePool.reserve_extra`). The rank
+then runs elsewhere, which changes the collectives' topology (which ranks share a
+node): `topology_message` says what changed, in the words of the
+TopologyChangedWarning.
 """
 
 from __future__ import annotations
@@ -41,19 +43,23 @@ def bundle_usable(bundle: Bundle) -> bool:
 
 
 def pick_bundle(group: Any, rank: int) -> bool:
-    """Keep rank's bundle if it is usable; else give rank a spare. Returns whether a spare."""
+    """Keep rank's bundle if it is usable; else give rank a spare of the pool, else a new
+    bundle wherever the cluster can place one. Returns whether the rank moved bundle."""
     bundle = group.bundles[rank]
     if bundle_usable(bundle):
         return False
     pool = group.pool
     spare = pool.take_spare(avoid_node=bundle.node_id) if pool is not None else None
+    if spare is None and pool is not None:
+        spare = pool.reserve_extra(timeout_s=group.placement_timeout_s)
     if spare is None:
         name = getattr(pool, "name", None) or bundle.pool or "?"
         raise NoSpareBundleError(
             f"{group.name}: rank {rank}'s bundle on node {bundle.node_id} is gone (node dead or "
-            f"its placement group unplaced) and pool '{name}' has no spare bundle left on a live "
-            "node. Reserve spares with resources.capacity_factor > 1 (e.g. 1.25) and pass "
-            "pool= to the WorkerGroup, or add a node and recreate the group."
+            f"its placement group unplaced), pool '{name}' has no spare bundle left on a live "
+            f"node and no node could take a new one within {group.placement_timeout_s:.0f} s. "
+            "Reserve spares with resources.capacity_factor > 1 (e.g. 1.25) and pass pool= to "
+            "the WorkerGroup, or add a node and recreate the group."
         )
     group.bundles[rank] = spare
     return True

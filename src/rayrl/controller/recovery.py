@@ -67,8 +67,8 @@ class GroupSnapshot:
         except WorkerCallError as err:
             if isinstance(err.cause, LOST_ERRORS) or _lost(err.cause):
                 raise SnapshotLostError(
-                    f"{group.name}: the snapshot of rank {err.rank} is gone ({err.cause}); "
-                    "the node that held it was lost. Fall back to the last checkpoint."
+                    f"{group.name}: the snapshot of rank {err.rank} is gone "
+                    f"({type(err.cause).__name__}: the node that held it was lost)"
                 ) from err
             raise
 

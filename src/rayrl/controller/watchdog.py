@@ -47,12 +47,16 @@ class Watchdog:
                 continue
             if pending and time.monotonic() >= next_check:
                 running = [r for r, ref in zip(future.ranks, future.refs, strict=True) if ref in pending]
-                self.check(future.stage, running, silent)
+                self.check(future.stage, running, silent, future._describe)
                 next_check = time.monotonic() + self.check_every_s
         return ray.get(future.refs)
 
-    def check(self, stage: str, ranks: list[int], silent: dict[int, float]) -> None:
-        """Raise WorkerHungError for the first of `ranks` past the deadline."""
+    def check(
+        self, stage: str, ranks: list[int], silent: dict[int, float], describe: Any = None
+    ) -> None:
+        """Raise WorkerHungError for the first of `ranks` past the deadline; `describe`
+        names a rank in the error (the group's description by default)."""
+        self._describe = describe or self.group.describe
         now = time.monotonic()
         actors = {r: self.group.actors[r] for r in ranks if self.group.actors[r] is not None}
         beats = {r: a.heartbeat.remote() for r, a in actors.items()}
@@ -85,4 +89,4 @@ class Watchdog:
             stack = ray.get(actor._rayrl_stack.remote(), timeout=5.0)
         except Exception:  # noqa: BLE001 - a frozen process cannot say where it is
             stack = ""
-        raise WorkerHungError(stage, self.group.describe(rank), cause, stack)
+        raise WorkerHungError(stage, self._describe(rank), cause, stack)

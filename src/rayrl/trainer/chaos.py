@@ -60,6 +60,7 @@ class ChaosMonkey:
     seed: int = 0
     stages: list[str] = field(default_factory=lambda: list(POINTS))
     kills: int = 10
+    steps: list[int] | None = None  # the steps it may kill in (None: any)
     poll_s: float = 0.005
     jitter_s: float = 0.05
     done: list[Kill] = field(default_factory=list)
@@ -84,7 +85,8 @@ class ChaosMonkey:
         stage = self.rng.choice(self.stages)
         while not self._stop.is_set() and len(self.done) < self.kills:
             step = self.trainer.state.global_step  # the step in progress
-            if self.done and self.done[-1].step >= step or self.trainer.replay is None:
+            allowed = self.steps is None or step in self.steps
+            if not allowed or self.done and self.done[-1].step >= step or not self.trainer.replay:
                 time.sleep(0.05)
                 continue
             kill = self._try(step, stage)
@@ -107,9 +109,11 @@ class ChaosMonkey:
             except Exception:  # noqa: BLE001 - being replaced: look again
                 beat = None
             if beat and _at(beat, method, phase):
-                time.sleep(wait_s)
-                os.kill(beat["pid"], signal.SIGKILL)
-                return Kill(step, stage, group.name, rank, beat["pid"], time.time())
+                time.sleep(wait_s)  # a random moment into it, if it still runs then
+                if _at(ray.get(actor.heartbeat.remote(), timeout=2.0), method, phase):
+                    os.kill(beat["pid"], signal.SIGKILL)
+                    return Kill(step, stage, group.name, rank, beat["pid"], time.time())
+                wait_s = 0.0
             time.sleep(self.poll_s)
         return None
 

@@ -246,23 +246,6 @@ class PPOTrainer:
         self.print(f"resumed from {path} ({state.describe()})")
         return path
 
-    def rewind(self, reason: str) -> int:
-        """Back to the last checkpoint (or the run's start) when a step cannot be
-        restored from memory; returns the step the run continues from."""
-        path = self.checkpoints.latest()
-        if path is not None:
-            self.restore(path)
-        else:
-            for group in self.replay.stateful if self.replay else []:
-                group.replace(list(range(group.world_size)))  # fresh engines: the start
-            self.restore_state(self._start_state)
-        self.run_dir.keep_metrics_until(self.state.global_step)
-        self.print(
-            f"WARNING: {reason}; rewound to {path or 'the start of the run'} "
-            f"(step {self.state.global_step}): the steps after it run again"
-        )
-        return self.state.global_step
-
     # ------------------------------------------------------------------- loop
     def batches(self, start: TrainerState | None = None) -> Iterator[tuple[int, Batch]]:
         """(step, prompts) from the data position of `start` to the end of the run,
@@ -300,7 +283,7 @@ class PPOTrainer:
         Ctrl-C stops at a safe point with a checkpoint (`self.stopped` then)."""
         t = self.cfg.trainer
         self.resume()
-        self._start_state = replace(self.state, rng=driver_rng(), kl_ctrl=self.advantage.state_dict())
+        self.start_state = replace(self.state, rng=driver_rng(), kl_ctrl=self.advantage.state_dict())
         total, history = self.total_steps(), []
         tracking = Tracking(
             t.logger, self.run_dir.root, project=t.project_name, experiment=t.experiment_name,
@@ -322,6 +305,8 @@ class PPOTrainer:
         return history
 
     def _train(self, total, validator, tracking, history, on_step, interrupt) -> None:
+        """Validation before training, the steps with what follows each, the export; each
+        under recovery. A rewind to a checkpoint (a lost snapshot) continues from there."""
         t, replay = self.cfg.trainer, self.replay
         if t.val_only:  # verl's trainer.val_only: validate the model as it is, then stop
             if validator is None:
@@ -349,11 +334,11 @@ class PPOTrainer:
                     history.append(metrics)
                     if on_step:
                         on_step(step, metrics)
-                break
+                if t.export_hf:
+                    replay.run(lambda: self.actor.export_hf(str(self.run_dir.hf)), "export")
+                return
             except Rewound as rewound:
                 history[:] = [m for m in history if m["training/global_step"] <= rewound.step]
-        if t.export_hf:
-            replay.run(lambda: self.actor.export_hf(str(self.run_dir.hf)), "export")
 
     def _stop_safely(self) -> None:
         """After a first Ctrl-C: the step abandoned (its state undone from the snapshot)

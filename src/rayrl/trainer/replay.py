@@ -130,10 +130,10 @@ class StepReplay:
                      "new_pid": done.new_pid, "old_node": done.old_node, "new_node": done.new_node}
                 )  # fmt: skip
                 if done.moved:
+                    formed = f"; its process group re-formed as generation {done.generation}"
                     trainer.print(
-                        f"WARNING: {group.name} rank {done.rank} moved from node "
-                        f"{done.old_node} to node {done.new_node}; the process group re-formed "
-                        f"as generation {done.generation}"
+                        f"WARNING: {group.name} rank {done.rank} moved from node {done.old_node} "
+                        f"to node {done.new_node}{formed if group.forms_process_group else ''}"
                     )
         trainer.calls.forget({g.name for g in failed})
         record = {"what": what, "stage": err.stage, "replaced": replaced, "start": start}
@@ -155,9 +155,27 @@ class StepReplay:
             snap.restore(group)
         except SnapshotLostError as err:
             self.snapshots.clear()
-            step = self.trainer.rewind(str(err))
+            step = self.rewind(str(err))
             self.snapshots = self._take()
             raise Rewound(step) from err
+
+    def rewind(self, reason: str) -> int:
+        """Back to the last checkpoint (or the run's start) when a step cannot be
+        restored from memory; returns the step the run continues from."""
+        trainer = self.trainer
+        path = trainer.checkpoints.latest()
+        if path is not None:
+            trainer.restore(path)
+        else:
+            for group in self.stateful:  # fresh engines hold the run's first state
+                group.replace(list(range(group.world_size)))
+            trainer.restore_state(trainer.start_state)
+        trainer.run_dir.keep_metrics_until(trainer.state.global_step)
+        trainer.print(
+            f"WARNING: {reason}; rewound to {path or 'the start of the run'} "
+            f"(step {trainer.state.global_step}): the steps after it run again"
+        )
+        return trainer.state.global_step
 
     def _failed_ranks(self, err: WorkerError) -> dict[Any, set[int]]:
         """Failed ranks by group: the error's own when it is dead or hung, and those a
