@@ -50,18 +50,23 @@ def overrides(steps: int, out: str) -> list[str]:
 
 
 def run(args: argparse.Namespace, out: str, kills: int) -> dict:
+    """One run; with `kills`, under the chaos monkey. `error` says why it did not finish."""
     cfg = load_config("grpo", overrides(args.steps, out))
     trainer = PPOTrainer(cfg, print_fn=lambda text: print(text, file=sys.stderr))
-    monkey = None
+    monkey, history, error = None, [], None
     try:
         trainer.setup()
         if kills:
             monkey = ChaosMonkey(trainer, seed=args.seed, kills=kills).start()
         history = trainer.fit()
+    except Exception as err:  # noqa: BLE001 - a run that did not survive is a result here
+        error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
     finally:
         if monkey is not None:
             monkey.stop()
         trainer.shutdown()
+    if error is not None:
+        return {"error": error, "kills": monkey.done if monkey else []}
     return {
         "history": history, "ledger": trainer.replay.ledger, "weights": final_weights(out),
         "kills": monkey.done if monkey else [],
@@ -85,10 +90,14 @@ def main() -> None:
     start = time.time()
     clean = run(args, f"{root}/clean", kills=0)
     chaos = run(args, f"{root}/chaos", kills=args.kills)
-    verdict = compare_runs(clean, chaos)
-    kills, recovery = chaos["kills"], chaos["recovery_s"]
+    kills = chaos["kills"]
     emit("kills", len(kills), "kills", stages=[k.stage for k in kills], steps=args.steps)
-    emit("kills_survived", len(kills), "kills", target=args.kills, better="higher")
+    survived = 0 if "error" in chaos else len(kills)
+    emit("kills_survived", survived, "kills", target=args.kills, better="higher",
+         error=chaos.get("error"))  # fmt: skip
+    if "error" in chaos or "error" in clean:
+        return
+    verdict, recovery = compare_runs(clean, chaos), chaos["recovery_s"]
     emit("weights_identical", int(verdict["weights_identical"]), "bool", target=1, better="higher")
     emit("metrics_identical", int(verdict["metrics_identical"]), "bool", differ=verdict["metrics_differ"])
     ledger_ok = verdict["ledger_identical"] and not verdict["trained_twice"]

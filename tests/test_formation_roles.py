@@ -43,6 +43,7 @@ def test_init_retry_replacement_and_snapshots_with_the_real_roles(ray_local, mod
         batch = forced_batch(prompts(tok, 2).repeat(2), 77, 6)
         batch.meta["step"] = 0
         batch = batch.union(actor.compute_log_prob(batch).select("old_log_probs"))
+        batch = batch.union(actor.compute_ref_log_prob(batch))  # the reference role
         batch["advantages"] = torch.ones(4, 6)
         batch["returns"] = torch.ones(4, 6)
         batch = batch.union(critic.compute_values(batch))
@@ -55,6 +56,7 @@ def test_init_retry_replacement_and_snapshots_with_the_real_roles(ray_local, mod
         assert done.new_pid != done.old_pid and group.generation == 2
         snap.restore(group)
         assert torch.equal(actor.compute_log_prob(batch)["old_log_probs"], batch["old_log_probs"])
+        assert torch.equal(actor.compute_ref_log_prob(batch)["ref_log_prob"], batch["ref_log_prob"])
         assert torch.equal(critic.compute_values(batch)["values"], batch["values"])
         actor.update_actor(batch)  # the same update again, from the same state
         critic.update_critic(batch)
