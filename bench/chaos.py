@@ -15,6 +15,7 @@ rollout / reference sharded over 2 ranks, the reward worker). Prints JSON lines:
   `target` 5% of the median step) and `snapshot_overhead_fraction` (its median ratio
   to the step's time, measured in the same steps; target 0.05).
 
+The model is a tiny Qwen2 (4 layers, hidden 256, random weights) built in `--out`.
 Usage: `python bench/chaos.py [--steps 10] [--kills 10] [--seed 0] [--out DIR]`.
 """
 
@@ -30,19 +31,21 @@ import time
 import ray
 
 from rayrl.config import load_config
+from rayrl.models import build_tiny_model
 from rayrl.trainer.chaos import ChaosMonkey, compare_runs, final_weights
 from rayrl.trainer.ppo import PPOTrainer
 
 BENCH = "chaos"
 
 
-def overrides(steps: int, out: str) -> list[str]:
+def overrides(steps: int, out: str, model: str) -> list[str]:
     return [
-        "data.train_batch_size=4", "data.max_response_length=24", "actor_rollout_ref.rollout.n=4",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+        f"actor_rollout_ref.model.path={model}",
+        "data.train_batch_size=8", "data.max_response_length=32", "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
         "trainer.device=cpu", "trainer.n_gpus_per_node=2", f"trainer.total_training_steps={steps}",
         "trainer.val_before_train=false", "trainer.resume_mode=disable", "trainer.logger=[jsonl]",
         "trainer.save_freq=5", f"trainer.output_dir={out}", "trainer.seed=0",
@@ -51,7 +54,7 @@ def overrides(steps: int, out: str) -> list[str]:
 
 def run(args: argparse.Namespace, out: str, kills: int) -> dict:
     """One run; with `kills`, under the chaos monkey. `error` says why it did not finish."""
-    cfg = load_config("grpo", overrides(args.steps, out))
+    cfg = load_config("grpo", overrides(args.steps, out, args.model))
     trainer = PPOTrainer(cfg, print_fn=lambda text: print(text, file=sys.stderr))
     monkey, history, error = None, [], None
     try:
@@ -69,7 +72,7 @@ def run(args: argparse.Namespace, out: str, kills: int) -> dict:
         return {"error": error, "kills": monkey.done if monkey else []}
     return {
         "history": history, "ledger": trainer.replay.ledger, "weights": final_weights(out),
-        "kills": monkey.done if monkey else [],
+        "kills": monkey.done if monkey else [], "missed": monkey.missed if monkey else [],
         "recovery_s": monkey.recovery_seconds() if monkey else [],
     }  # fmt: skip
 
@@ -86,12 +89,16 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     root = args.out or tempfile.mkdtemp(prefix="rayrl-chaos-")
+    # A tiny model, big enough that each stage (weight sync included) lasts long
+    # enough for a kill to land inside it on CPU.
+    args.model = str(build_tiny_model(f"{root}/model", layers=4, hidden=256, seed=0, overwrite=True))
     ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
     start = time.time()
     clean = run(args, f"{root}/clean", kills=0)
     chaos = run(args, f"{root}/chaos", kills=args.kills)
     kills = chaos["kills"]
-    emit("kills", len(kills), "kills", stages=[k.stage for k in kills], steps=args.steps)
+    emit("kills", len(kills), "kills", stages=[k.stage for k in kills], steps=args.steps,
+         missed=chaos.get("missed", []))  # fmt: skip
     survived = 0 if "error" in chaos else len(kills)
     emit("kills_survived", survived, "kills", target=args.kills, better="higher",
          error=chaos.get("error"))  # fmt: skip

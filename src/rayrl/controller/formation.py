@@ -72,15 +72,21 @@ def bring_up(
             dead = {r for r, e in failures.items() if isinstance(e, DEAD_ERRORS)}
             lost = dead or set(failures)
     group.dead.difference_update(old)
-    moved = any(group.describe(r).node_id != old[r].node_id for r in old)
-    if moved and not group.forms_process_group:  # joining told the others otherwise
-        refs = [
-            group.actors[r]._rayrl_set_context.remote(group._context(r))
-            for r in range(group.world_size)
-            if r not in old
-        ]
-        wait_all(dict(enumerate(refs)), group.dist_timeout_s)
+    if not group.forms_process_group:  # with one, joining told every rank its context
+        _tell_survivors(group, old)
     return _report(group, old, spare)
+
+
+def _tell_survivors(group: Any, old: dict) -> None:
+    """When a rank moved node, the others' local ranks changed: send their contexts."""
+    if all(group.describe(r).node_id == old[r].node_id for r in old):
+        return
+    pending = {
+        r: group.actors[r]._rayrl_set_context.remote(group._context(r))
+        for r in range(group.world_size)
+        if r not in old
+    }
+    wait_all(pending, group.dist_timeout_s)
 
 
 def settle(group: Any, lost: set[int]) -> set[int]:

@@ -9,10 +9,11 @@ sync, reward, log-prob, update) and a rank of the group that runs it, watches th
 rank's heartbeat (its health thread reports the method it is in and the sub-phase,
 such as `weight_sync`), and once the rank is inside that point of the current step it
 waits a random moment and sends SIGKILL to its pid, as an OOM killer or a lost
-machine would. It kills at most once per step; a point missed in one step is tried in
-the next. `compare_runs` then checks a run that was killed against a clean run of the
-same seed: final weights bitwise, every deterministic per-step metric, and the ledger
-of prompt uids each step trained (none lost, none trained twice).
+machine would. It kills at most once per step; when the step ends before the point is
+reached (a short stage), the next step draws a new point (recorded in `missed`).
+`compare_runs` then checks a run that was killed against a clean run of the same seed:
+final weights bitwise, every deterministic per-step metric, and the ledger of prompt
+uids each step trained (none lost, none trained twice).
 """
 
 from __future__ import annotations
@@ -62,8 +63,9 @@ class ChaosMonkey:
     kills: int = 10
     steps: list[int] | None = None  # the steps it may kill in (None: any)
     poll_s: float = 0.005
-    jitter_s: float = 0.05
+    jitter_s: float = 0.01
     done: list[Kill] = field(default_factory=list)
+    missed: list[tuple[int, str]] = field(default_factory=list)  # (step, stage) not hit
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.stages) - set(POINTS))
@@ -82,19 +84,20 @@ class ChaosMonkey:
         self._thread.join(timeout=10)
 
     def _loop(self) -> None:
-        stage = self.rng.choice(self.stages)
         while not self._stop.is_set() and len(self.done) < self.kills:
             step = self.trainer.state.global_step  # the step in progress
             allowed = self.steps is None or step in self.steps
             if not allowed or self.done and self.done[-1].step >= step or not self.trainer.replay:
                 time.sleep(0.05)
                 continue
+            stage = self.rng.choice(self.stages)  # a new point each step, hit or missed
             kill = self._try(step, stage)
             if kill is not None:
                 self.done.append(kill)
                 log.warning("chaos: killed %s rank %d (pid %d) in %s of step %d",
                             kill.group, kill.rank, kill.pid, stage, step)  # fmt: skip
-                stage = self.rng.choice(self.stages)
+            else:
+                self.missed.append((step, stage))
 
     def _try(self, step: int, stage: str) -> Kill | None:
         """Watch for `stage` during `step`; kill there. None when the step ended first."""
