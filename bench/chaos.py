@@ -30,6 +30,7 @@ import time
 
 import ray
 
+from _common import hardware
 from rayrl.config import load_config
 from rayrl.models import build_tiny_model
 from rayrl.trainer.chaos import ChaosMonkey, compare_runs, final_weights
@@ -117,7 +118,7 @@ def main() -> None:
          target=0.05 * statistics.median(steps), better="lower")  # fmt: skip
     fractions = [s / t for s, t in zip(snaps, steps, strict=True)]
     emit("snapshot_overhead_fraction", statistics.median(fractions), "ratio", target=0.05, better="lower")
-    emit("wall_s", time.time() - start, "s", out=root)
+    emit("wall_s", time.time() - start, "s", out=root, hardware=hardware())
     ray.shutdown()
 
 
