@@ -2,15 +2,17 @@
 
     monkey = ChaosMonkey(trainer, seed=0, stages=["gen", "update"], kills=2).start()
     trainer.fit()
-    monkey.stop()          # monkey.kills: what was killed, where and when
+    monkey.stop()          # monkey.done: what was killed, where and when
 
 The monkey is a driver thread. For each kill it draws a stage (generation, weight
 sync, reward, log-prob, update) and a rank of the group that runs it, watches that
 rank's heartbeat (its health thread reports the method it is in and the sub-phase,
 such as `weight_sync`), and once the rank is inside that point of the current step it
 waits a random moment and sends SIGKILL to its pid, as an OOM killer or a lost
-machine would. It kills at most once per step; when the step ends before the point is
-reached (a short stage), the next step draws a new point (recorded in `missed`).
+machine would. It kills at most once per step. When the rank is seen in a later call
+of the step than the point drawn (a short weight sync passed between two polls), it
+kills at that later point instead; when the step ends first, the next step draws a new
+point (the miss is recorded in `missed`).
 `compare_runs` then checks a run that was killed against a clean run of the same seed:
 final weights bitwise, every deterministic per-step metric, and the ledger of prompt
 uids each step trained (none lost, none trained twice).
@@ -40,6 +42,8 @@ POINTS: dict[str, tuple[str, str, str | None]] = {
     "log_prob": ("hybrid", "compute_log_prob", None),
     "update": ("hybrid", "update_actor", None),
 }
+# The hybrid group's points in the order a step reaches them (reward runs beside log-prob).
+HYBRID_ORDER = ("weight_sync", "gen", "log_prob", "update")
 CLOCK_METRICS = ("timing_s/", "perf/", "reward/elapsed_s/")
 
 
@@ -86,7 +90,7 @@ class ChaosMonkey:
     def _loop(self) -> None:
         while not self._stop.is_set() and len(self.done) < self.kills:
             step = self.trainer.state.global_step  # the step in progress
-            allowed = self.steps is None or step in self.steps
+            allowed = (self.steps is None or step in self.steps) and step < self.trainer.total_steps()
             if not allowed or self.done and self.done[-1].step >= step or not self.trainer.replay:
                 time.sleep(0.05)
                 continue
@@ -95,12 +99,15 @@ class ChaosMonkey:
             if kill is not None:
                 self.done.append(kill)
                 log.warning("chaos: killed %s rank %d (pid %d) in %s of step %d",
-                            kill.group, kill.rank, kill.pid, stage, step)  # fmt: skip
+                            kill.group, kill.rank, kill.pid, kill.stage, step)  # fmt: skip
             else:
                 self.missed.append((step, stage))
 
     def _try(self, step: int, stage: str) -> Kill | None:
-        """Watch for `stage` during `step`; kill there. None when the step ended first."""
+        """Watch for `stage` during `step`; kill there. None when the step ended first.
+
+        A hybrid point seen to have passed (a short weight sync between two polls) moves
+        the kill forward to the allowed point the rank is in now, in the same step."""
         role, method, phase = POINTS[stage]
         group = self.trainer.hybrid if role == "hybrid" else self.trainer.reward
         rank = self.rng.randrange(group.world_size)
@@ -111,6 +118,9 @@ class ChaosMonkey:
                 beat = ray.get(actor.heartbeat.remote(), timeout=2.0) if actor else None
             except Exception:  # noqa: BLE001 - being replaced: look again
                 beat = None
+            later = beat and role == "hybrid" and self._later_point(beat, stage)
+            if later:
+                stage, (_, method, phase) = later, POINTS[later]
             if beat and _at(beat, method, phase):
                 time.sleep(wait_s)  # a random moment into it, if it still runs then
                 if _at(ray.get(actor.heartbeat.remote(), timeout=2.0), method, phase):
@@ -118,6 +128,15 @@ class ChaosMonkey:
                     return Kill(step, stage, group.name, rank, beat["pid"], time.time())
                 wait_s = 0.0
             time.sleep(self.poll_s)
+        return None
+
+    def _later_point(self, beat: dict, stage: str) -> str | None:
+        """The allowed hybrid point the heartbeat shows, when it is in a later call of
+        the step than `stage` (so `stage` has passed)."""
+        method = POINTS[stage][1]
+        for name in HYBRID_ORDER[HYBRID_ORDER.index(stage) + 1 :]:
+            if name in self.stages and POINTS[name][1] != method and _at(beat, *POINTS[name][1:]):
+                return name
         return None
 
     def recovery_seconds(self) -> list[float]:
