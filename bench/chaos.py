@@ -78,8 +78,12 @@ def run(args: argparse.Namespace, out: str, kills: int) -> dict:
     }  # fmt: skip
 
 
+RESULTS = sys.stdout  # the JSON lines only: main() sends every other print to stderr
+
+
 def emit(metric: str, value: float, unit: str, **extra) -> None:
-    print(json.dumps({"bench": BENCH, "metric": metric, "value": value, "unit": unit, **extra}))
+    line = json.dumps({"bench": BENCH, "metric": metric, "value": value, "unit": unit, **extra})
+    print(line, file=RESULTS, flush=True)
 
 
 def main() -> None:
@@ -93,6 +97,9 @@ def main() -> None:
     # A tiny model, big enough that each stage (weight sync included) lasts long
     # enough for a kill to land inside it on CPU.
     args.model = str(build_tiny_model(f"{root}/model", layers=4, hidden=256, seed=0, overwrite=True))
+    # Ray prints a notice per killed worker on the driver's stdout, from its own thread;
+    # it goes to stderr so that stdout stays one JSON object a line.
+    sys.stdout = sys.stderr
     ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
     start = time.time()
     clean = run(args, f"{root}/clean", kills=0)
