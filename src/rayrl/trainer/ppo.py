@@ -152,8 +152,9 @@ class PPOTrainer:
         self.groups.append(group)
         group.create(timeout_s=res.create_timeout_s)
         group.stage_timeout_s = self.cfg.trainer.stage_timeout_s or None
-        group.init(
-            timeout_s=res.init_timeout_s, retries=res.init_retries, backend=backend,
+        group.init(  # one rank has no peers: no process group (FSDP runs without one)
+            timeout_s=res.init_timeout_s, retries=res.init_retries,
+            backend=backend if group.world_size > 1 else None,
             pg_timeout_s=self.cfg.actor_rollout_ref.nccl_timeout, **init,
         )  # fmt: skip
         return group

@@ -112,7 +112,7 @@ class SFTTrainer:
         self.group.init(
             timeout_s=res.init_timeout_s, retries=res.init_retries, config=cfg,
             model_path=self.model_path, total_steps=self.total_steps(),
-            backend="nccl" if device == "cuda" else "gloo",
+            backend=("nccl" if device == "cuda" else "gloo") if self.group.world_size > 1 else None,
             pg_timeout_s=PG_TIMEOUT_S,
         )  # fmt: skip
         self.run_dir.write_workers([self.group], self.session.log_dir)
