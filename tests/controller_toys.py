@@ -257,10 +257,10 @@ class LateRankZero(Dist):
     def __init__(self, delay_s: float = 0.0) -> None:
         self.delay_s = delay_s
 
-    def init_distributed(self, backend: str = "gloo", timeout: float = 60.0) -> None:
+    def init_distributed(self, backend: str = "gloo", timeout: float = 60.0, pg_timeout=None) -> None:
         if self.rank == 0:
             time.sleep(self.delay_s)
-        super().init_distributed(backend, timeout)
+        super().init_distributed(backend, timeout, pg_timeout)
 
 
 def reserve(run: str, per_node: list[int], bundle: dict, **spec_kwargs):
@@ -270,3 +270,21 @@ def reserve(run: str, per_node: list[int], bundle: dict, **spec_kwargs):
     pool = ResourcePool(PoolSpec("w", per_node, bundle, **spec_kwargs), run=run)
     pool.bootstrap(timeout_s=30)
     return pool
+
+
+class Progressing(Worker):
+    """Long calls for the watchdog: one that reports progress, one that does not."""
+
+    @register(dispatch=ONE_TO_ALL)
+    def ticking(self, seconds: float) -> int:
+        from rayrl import progress
+
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            time.sleep(0.1)
+            progress.tick(items=1)
+        return self.rank
+
+    @register(dispatch=ONE_TO_ALL)
+    def work(self) -> int:
+        return os.getpid()

@@ -9,7 +9,8 @@ import time
 import uuid
 
 import pytest
-from ray.util.placement_group import remove_placement_group
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
 
 from controller_toys import Flaky, SlowBeat, reserve
 from rayrl.controller import (
@@ -73,11 +74,24 @@ def test_replace_retries_a_failing_init_and_reports_without_them(run_pool, tmp_p
         assert [w["rank"] for w in group.whoami()] == [0, 1]
 
 
-def test_lost_bundle_without_spares_says_how_to_reserve_them(run_pool):
+def test_lost_bundle_without_spares_gets_a_new_one_or_says_how_to_reserve_spares(run_pool):
     run, pool = run_pool
     with WorkerGroup(Flaky, pool.bundles[:1], role="f", run=run, pool=pool) as group:
         group.create(timeout_s=120)
-        remove_placement_group(pool.bundles[0].pg)  # the rank's bundle is gone
-        with pytest.raises(NoSpareBundleError, match="capacity_factor") as info:
-            group.replace(0)
+        remove_placement_group(pool.bundles[0].pg)  # the rank's bundle is gone, no spare
+        done = group.replace(0)  # a new placement where the cluster has room
+        assert done.spare_used and group.bundles[0].pg.id != pool.bundles[0].pg.id
+        assert group.whoami()[0]["rank"] == 0
+        remove_placement_group(group.bundles[0].pg)  # gone again, and now no room at all
+        time.sleep(1.0)
+        free = ray.available_resources().get("CPU", 0)
+        hog = placement_group([{"CPU": free}]) if free else None
+        try:
+            assert hog is None or hog.wait(30)
+            group.placement_timeout_s = 2.0
+            with pytest.raises(NoSpareBundleError, match="capacity_factor") as info:
+                group.replace(0)
+        finally:
+            if hog is not None:
+                remove_placement_group(hog)
         assert "rank 0's bundle" in str(info.value) and pool.name in str(info.value)

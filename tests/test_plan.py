@@ -24,7 +24,7 @@ def test_pools_from_config_follow_the_topology():
     actor, reward = pools_from_config(cfg, "cuda")
     assert actor.per_node == [4, 4] and actor.bundle == {"CPU": 1.0, "GPU": 1.0}
     assert actor.num_spares == 2
-    assert reward.bundle == {"CPU": 1.0}
+    assert reward.bundle == {"CPU": 1.0} and reward.num_spares == 1
     assert "GPU" not in pools_from_config(cfg, "cpu")[0].bundle
 
 

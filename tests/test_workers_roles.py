@@ -132,7 +132,7 @@ def test_standalone_reference_matches_the_colocated_one(ray_local, model_dir):
     ref, rpool, rkv = group_on(ReferenceWorker, 2, "ref")
     try:
         actor.init(timeout_s=300, config=cfg, model_path=model_dir)
-        ref.init(timeout_s=300, config=cfg, model_path=model_dir)
+        ref.init(timeout_s=300, backend="gloo", config=cfg, model_path=model_dir)
         out = actor.generate(prompts(tok, 3))  # 6 samples over 2 reference ranks
         mask = out["response_mask"].bool()
         colocated = actor.compute_ref_log_prob(out)["ref_log_prob"]

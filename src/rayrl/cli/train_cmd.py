@@ -65,7 +65,13 @@ def train(cfg, out=None, *, table_rows: int | None = None) -> list[dict]:
         out.print(f"stopped in {time.perf_counter() - start:.2f} s (workers, pools, Ray)")
     if history:
         out.print(metrics_table(history, table_rows))
+    if trainer.stopped:
+        raise Stopped(trainer.state.global_step)
     return history
+
+
+class Stopped(Exception):  # noqa: N818 - the user's request, not an error
+    """The run stopped early on Ctrl-C, after writing a checkpoint."""
 
 
 def _validate_only(trainer, out) -> list[dict]:
@@ -109,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
     except DataError as exc:  # raised at load, before any resource is reserved
         console(stderr=True).print(f"[bold red]data error:[/] {exc}", highlight=False)
         return 2
+    except Stopped:
+        return 130  # the shell's code for a run ended by Ctrl-C
     return 0
 
 

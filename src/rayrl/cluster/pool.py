@@ -9,9 +9,10 @@ capacity factor live in their own SPREAD group, so they can land on any node.
 Active bundles come back in rank order: sorted by node id, then bundle index, so the
 rank-to-node map survives a teardown and a new bootstrap. Groups are named
 `rayrl/<run>/<pool>/<i>` and `rayrl/<run>/<pool>/spares`. A non-detached pool is
-released by `teardown()`, at interpreter exit, and on SIGINT/SIGTERM of the driver
-(previous signal handlers still run afterwards). A detached pool outlives its driver;
-`ResourcePool.attach("<run>/<pool>")` hands it to a new one.
+released by `teardown()`, at interpreter exit, and on SIGTERM of the driver (or a
+SIGINT that would end it at once); previous signal handlers still run afterwards. A
+detached pool outlives its driver; `ResourcePool.attach("<run>/<pool>")` hands it to
+a new one.
 
 `reserve_pools(specs, run)` checks all of a run's pools together, then reserves them
 all, active groups of every pool before any spares; if one fails none stays held.
@@ -61,6 +62,7 @@ class ResourcePool:
         self._spare_group: PlacementGroup | None = None
         self._bundles: list[Bundle] = []
         self._spares: list[Bundle] = []
+        self._extras: list[PlacementGroup] = []  # placed after losses, when spares ran out
 
     def __repr__(self) -> str:
         return f"ResourcePool({self.name!r}, world_size={self.spec.world_size}, spares={len(self._spares)})"
@@ -259,6 +261,23 @@ class ResourcePool:
         )
         return choice
 
+    def reserve_extra(self, timeout_s: float = 30.0) -> Bundle | None:
+        """A new bundle of the pool's shape, in a placement group of its own, wherever the
+        cluster can place it (when no spare is left); None when it cannot within
+        `timeout_s`. Released with the pool."""
+        name = f"{self.name}/extra{len(self._extras)}"
+        pg = placement_group([dict(self.spec.bundle)], strategy="PACK", name=name,
+                             lifetime=self.spec.lifetime)  # fmt: skip
+        ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
+        if not ready:
+            _remove_all([pg])
+            log.warning("pool %s: no node could take a new bundle within %.0f s", self.name, timeout_s)
+            return None
+        self._extras.append(pg)
+        node = ray.util.placement_group_table(pg)["bundles_to_node_id"][0]
+        log.info("pool %s: new bundle %s on node %s", self.name, name, node[:8])
+        return Bundle(pg, 0, node, dict(self.spec.bundle), pool=self.name, spare=True)
+
     def split(self, sizes: list[int]) -> list[list[Bundle]]:
         """Share the active bundles between roles: consecutive runs in rank order.
 
@@ -282,8 +301,9 @@ class ResourcePool:
     def teardown(self) -> None:
         """Release every placement group of the pool. Safe to call more than once."""
         _LIVE.pop(id(self), None)
-        groups = self._groups + ([self._spare_group] if self._spare_group else [])
+        groups = self._groups + ([self._spare_group] if self._spare_group else []) + self._extras
         self._groups, self._spare_group, self._bundles, self._spares = [], None, [], []
+        self._extras = []
         if not groups:
             return
         if not ray.is_initialized():
@@ -360,9 +380,19 @@ def _remove_all(groups: list[PlacementGroup]) -> None:
 
 
 # Release of non-detached pools at exit and on SIGINT/SIGTERM. ----------------------
+#
+# SIGTERM releases the pools, then runs the handler that was there before. SIGINT
+# (Ctrl-C) releases nothing when the previous handler is Python's (KeyboardInterrupt):
+# the program's own `except KeyboardInterrupt` / `finally` runs first (an emergency
+# checkpoint needs the workers) and the pools go at exit. Where the previous handler
+# would end the process (SIG_DFL, or None: installed from C), they are released first
+# and the signal is delivered again with the default action: never swallowed. An
+# ignored signal (SIG_IGN) stays ignored. A handler that re-enters ours (a chain that
+# loops back, e.g. after ray.init wrapped ours) ends the chain instead of recursing.
 
 _LIVE: dict[int, ResourcePool] = {}
 _PREVIOUS: dict[int, Any] = {}
+_HANDLING: set[int] = set()
 _ATEXIT = False
 
 
@@ -372,13 +402,17 @@ def _register(pool: ResourcePool) -> None:
     if not _ATEXIT:
         atexit.register(_teardown_all, "interpreter exit")
         _ATEXIT = True
-    if threading.current_thread() is not threading.main_thread():
-        return
+    if threading.current_thread() is threading.main_thread():
+        _install_signal_handlers()
+
+
+def _install_signal_handlers() -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         current = signal.getsignal(sig)
-        if current is not _on_signal:  # ray.init may have replaced ours: chain again
-            _PREVIOUS[sig] = current
-            signal.signal(sig, _on_signal)
+        if current is _on_signal or current is signal.SIG_IGN:
+            continue
+        _PREVIOUS[sig] = current  # ray.init may have replaced ours: chain again
+        signal.signal(sig, _on_signal)
 
 
 def _teardown_all(reason: str) -> None:
@@ -388,10 +422,18 @@ def _teardown_all(reason: str) -> None:
 
 
 def _on_signal(signum: int, frame: Any) -> None:
-    _teardown_all(f"signal {signal.Signals(signum).name}")
     previous = _PREVIOUS.get(signum, signal.SIG_DFL)
-    if callable(previous):
-        previous(signum, frame)
-    elif previous == signal.SIG_DFL:
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
+    if signum in _HANDLING:  # a chain that came back to us: end it here
+        previous = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+    python_interrupt = signum == signal.SIGINT and callable(previous)
+    if not python_interrupt:
+        _teardown_all(f"signal {signal.Signals(signum).name}")
+    _HANDLING.add(signum)
+    try:
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:  # SIG_DFL, or None (a handler installed from C)
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+    finally:
+        _HANDLING.discard(signum)

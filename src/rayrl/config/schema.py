@@ -162,6 +162,7 @@ class ActorRolloutRefConfig:
     actor: ActorConfig = field(default_factory=ActorConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     ref: RefConfig = field(default_factory=RefConfig)
+    nccl_timeout: float = 600.0  # s; the process group's collectives (gloo too) time out
 
 
 @dataclass
@@ -309,6 +310,9 @@ class TrainerConfig:
     debug: bool = False  # Ray distributed debugger: breakpoint() in workers, post-mortem
     debugger: str = "vscode"  # vscode (debugpy, the VS Code extension) | cli (`ray debug`)
     usage_interval_s: float = 0.5  # CPU/GPU/memory sampling period of every worker
+    stage_timeout_s: float | None = 900.0  # a call without progress this long is hung
+    max_worker_restarts: int = 3  # replacements of one rank within a step; 0: no recovery
+    step_snapshots: bool = True  # state kept at every step start, for step replay
 
 
 @dataclass

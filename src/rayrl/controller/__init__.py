@@ -1,4 +1,5 @@
-"""Controller layer: Worker, WorkerGroup, dispatch modes, colocation, health and replacement.
+"""Controller layer: Worker, WorkerGroup, dispatch modes, colocation, health, replacement,
+step-boundary snapshots, the progress watchdog and fault injection.
 
 The driver talks to groups of workers as if each group were one object; see DESIGN.md.
 Imports only the cluster layer and leaves (batch); knows nothing of RL.
@@ -23,11 +24,14 @@ from rayrl.controller.errors import (
     WorkerCallError,
     WorkerCreateError,
     WorkerError,
+    WorkerHungError,
     WorkerInitError,
 )
+from rayrl.controller.faults import Fault
 from rayrl.controller.future import GroupFuture
 from rayrl.controller.group import WorkerGroup
 from rayrl.controller.health import HealthMonitor, HealthReport, Replacement, TopologyChangedWarning
+from rayrl.controller.recovery import GroupSnapshot, SnapshotLostError
 from rayrl.controller.startup import PhaseFuture, start_groups
 from rayrl.controller.worker import Worker, WorkerContext
 
@@ -38,9 +42,11 @@ __all__ = [
     "RANK_ZERO",
     "CallPlan",
     "DPState",
+    "Fault",
     "FusedWorker",
     "FutureArgumentError",
     "GroupFuture",
+    "GroupSnapshot",
     "GroupTimeoutError",
     "HealthMonitor",
     "HealthReport",
@@ -48,6 +54,7 @@ __all__ = [
     "PhaseFuture",
     "Replacement",
     "RoleView",
+    "SnapshotLostError",
     "TopologyChangedWarning",
     "Worker",
     "WorkerCallError",
@@ -55,6 +62,7 @@ __all__ = [
     "WorkerCreateError",
     "WorkerError",
     "WorkerGroup",
+    "WorkerHungError",
     "WorkerInitError",
     "colocate",
     "register",

@@ -17,13 +17,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-import ray
 from ray import ObjectRef
 
 from rayrl.controller.dispatch import MethodSpec, method_specs
 from rayrl.controller.errors import WorkerDescription
 from rayrl.controller.method import bind_methods
-from rayrl.controller.worker import HEALTH_GROUP, Worker, WorkerContext
+from rayrl.controller.worker import Worker, WorkerContext
 
 
 class FusedWorker(Worker):
@@ -53,11 +52,20 @@ class FusedWorker(Worker):
             instance.ctx = replace(ctx, role=role)
         return super()._rayrl_set_context(ctx)
 
-    def _rayrl_reform(self, ctx: WorkerContext, backend: str, timeout: float) -> dict:
-        info = super()._rayrl_reform(ctx, backend, timeout)
+    def _rayrl_join(
+        self, ctx: WorkerContext, backend: str, timeout: float, pg_timeout: float | None = None
+    ) -> dict:
+        info = super()._rayrl_join(ctx, backend, timeout, pg_timeout)
         for role, instance in self.peers.items():
             instance.ctx = replace(ctx, role=role)
         return info
+
+    def _rayrl_busy_now(self) -> tuple[str, float, int] | None:
+        for role, instance in self.peers.items():
+            busy = getattr(instance, "_rayrl_busy", None)
+            if busy:
+                return (f"{role}.{busy[0]}", *busy[1:])
+        return super()._rayrl_busy_now()
 
     @classmethod
     def check_init_kwargs(cls, kwargs: dict) -> None:
@@ -68,22 +76,27 @@ class FusedWorker(Worker):
     def init_worker(self, **kwargs: Any) -> None:
         """Run each role's `init_worker` with `kwargs[role]`, in the order the roles were given."""
         for role, instance in self.peers.items():
+            instance._rayrl_init_kwargs = dict(kwargs.get(role, {}))
             instance.init_worker(**kwargs.get(role, {}))
+
+    def rebuild(self) -> None:
+        """Each role's rebuild hook, in the order the roles were given."""
+        for instance in self.peers.values():
+            instance.rebuild()
+
+    def snapshot_state(self) -> dict[str, Any]:
+        """Every role's state, by role."""
+        return {role: instance.snapshot_state() for role, instance in self.peers.items()}
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        for role, instance in self.peers.items():
+            instance.restore_state(state.get(role))
 
     def _rayrl_role_call(
         self, _rayrl_role_: str, _rayrl_method_: str, *args: Any, **kwargs: Any
     ) -> Any:
         """Call `method` on the instance of `role` in this process."""
         return getattr(self.peers[_rayrl_role_], _rayrl_method_)(*args, **kwargs)
-
-    @ray.method(concurrency_group=HEALTH_GROUP)
-    def heartbeat(self) -> dict:
-        beat = super().heartbeat()
-        for role, instance in self.peers.items():
-            busy = getattr(instance, "_rayrl_busy", None)
-            if busy:
-                beat["busy"], beat["busy_s"] = f"{role}.{busy[0]}", beat["time"] - busy[1]
-        return beat
 
 
 def _check_roles(roles: dict[str, type], given: dict, what: str) -> None:
@@ -141,6 +154,10 @@ class RoleView:
 
     def _note_error(self, rank: int, err: BaseException) -> None:
         self.group._note_error(rank, err)
+
+    @property
+    def watchdog(self) -> Any:
+        return self.group.watchdog
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call a registered method of this role by name."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -175,15 +176,22 @@ def register(
 
 
 def _track_busy(fn: Callable) -> Callable:
-    """Record which registered method a worker is in, for `Worker.heartbeat` and the
+    """Record which registered method a worker is in and on which thread, for
+    `Worker.heartbeat`, the watchdog (which restarts the progress clock here) and the
     usage sampler (which also samples as the method ends: short stages count too), and
-    when it ran (`usage.record_call`: the controller's overhead is the time between)."""
+    when it ran (`usage.record_call`: the controller's overhead is the time between).
+    A fault armed for this method (`rayrl.controller.faults`) fires first."""
 
     @functools.wraps(fn)
     def tracked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        from rayrl import progress
+        from rayrl.controller.faults import fire
+
+        progress.begin()
         start = time.time()
-        self._rayrl_busy = (fn.__name__, start)
+        self._rayrl_busy = (fn.__name__, start, threading.get_ident())
         try:
+            fire(fn.__name__)
             return fn(self, *args, **kwargs)
         finally:
             from rayrl.controller.usage import record_call, sample_now

@@ -26,6 +26,7 @@ class WorkerDescription:
     pid: int | None = None
     log_file: str = ""
     bundle: str = ""
+    group: str = ""  # the WorkerGroup's name
 
     def where(self) -> str:
         """A one-line location: role, rank, node, pid."""
@@ -67,8 +68,10 @@ class WorkerError(RuntimeError):
         self.dead = isinstance(cause, DEAD_ERRORS)
         super().__init__(self._message(hint))
 
+    hung = False
+
     def _message(self, hint: str) -> str:
-        what = "died" if self.dead else "failed"
+        what = "hung" if self.hung else "died" if self.dead else "failed"
         cause = self.cause
         summary = cause if isinstance(cause, str) else f"{type(cause).__name__}: {cause}"
         parts = [
@@ -104,6 +107,23 @@ class WorkerCallError(WorkerError):
     """A registered method raised on one rank, or that rank's process died."""
 
     phase = "call"
+
+
+class WorkerHungError(WorkerCallError):
+    """A rank made no progress in its call for longer than the stage deadline
+    (`trainer.stage_timeout_s`); `stack` is the Python stack of its busy thread."""
+
+    hung = True
+
+    def __init__(self, stage: str, worker: WorkerDescription, cause: str, stack: str) -> None:
+        self.stack = stack
+        shown = ("\n  stack of the busy thread:\n    " + stack.rstrip().replace("\n", "\n    ")
+                 if stack else "\n  (no Python stack: the process did not answer)")  # fmt: skip
+        super().__init__(
+            stage, worker, cause + shown,
+            hint="the run treats the rank as failed: it is killed, replaced and the step "
+            "replayed; raise trainer.stage_timeout_s if the call is only slow",
+        )  # fmt: skip
 
 
 class GroupTimeoutError(TimeoutError):

@@ -22,6 +22,7 @@ which result could not be passed into which call.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -47,6 +48,7 @@ from rayrl.controller.errors import (
     GroupTimeoutError,
     WorkerCallError,
     WorkerDescription,
+    WorkerHungError,
 )
 
 
@@ -72,6 +74,7 @@ class GroupFuture:
         on_error: Callable[[int, BaseException], None] | None = None,
         inputs: list[GroupFuture] | None = None,
         adapters: list[tuple[str, ObjectRef]] | None = None,
+        watchdog: Any = None,
     ) -> None:
         self.refs = refs
         self.ranks = ranks
@@ -83,6 +86,7 @@ class GroupFuture:
         self._on_error = on_error
         self.inputs = list(inputs or [])
         self.adapters = list(adapters or [])
+        self.watchdog = watchdog
 
     def __repr__(self) -> str:
         return f"GroupFuture({self.stage!r}, ranks={self.ranks})"
@@ -99,15 +103,29 @@ class GroupFuture:
 
     def get(self, timeout: float | None = None) -> Any:
         """Wait for every rank, then collect. A failed rank raises WorkerCallError;
-        ranks still running after `timeout` seconds raise GroupTimeoutError naming them."""
+        ranks still running after `timeout` seconds raise GroupTimeoutError naming them;
+        with a watchdog, a rank without progress raises WorkerHungError."""
         try:
-            outputs = ray.get(self.refs, timeout=timeout)
+            if self.watchdog is not None:
+                outputs = self.watchdog.wait(self, timeout)
+            else:
+                outputs = ray.get(self.refs, timeout=timeout)
         except ray.exceptions.GetTimeoutError as err:
             raise self._timeout_error(timeout) from err
+        except WorkerHungError:
+            raise
         except Exception as err:  # noqa: BLE001 - translated to the failing rank below
             self._raise_for_rank(err)
         state = ray.get(self.state) if isinstance(self.state, ObjectRef) else self.state
         return self.collect(outputs, state)
+
+    def discard(self) -> None:
+        """Give up on this call: errors of ranks that already failed are read (so Ray
+        does not report them as unhandled), results are dropped."""
+        ready, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0, fetch_local=False)
+        for ref in ready:
+            with contextlib.suppress(Exception):  # handled where the failure surfaced
+                ray.get(ref, timeout=0)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Whether every rank finished within `timeout` seconds (does not fetch)."""

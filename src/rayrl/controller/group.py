@@ -4,21 +4,25 @@ Life of a group, each phase with its own timeout and its own error::
 
     group = WorkerGroup(Actor, pool.bundles, role="actor", run="exp1", kv=kv, pool=pool)
     group.create(timeout_s=60)                  # place actors; wait until they are alive
-    group.init(timeout_s=600, retries=2, backend="gloo", model_path=...)
+    group.init(timeout_s=600, retries=2, backend="gloo", pg_timeout_s=600, model_path=...)
     phase = group.create(blocking=False)        # either phase, started: a PhaseFuture
     phase.result()                              # waits; raises the phase's own error
     out = group.log_prob(batch)                 # methods registered with @register
     fut = group.log_prob.remote(batch)          # non-blocking: a GroupFuture
     report = group.check_health(timeout_s=5)    # dead or silent ranks
     group.replace(rank)                         # explicit, logged replacement
+    group.inject(Fault("update", "kill"))       # a fault on purpose (controller.faults)
     group.shutdown()
 
 Actors are created with `max_restarts=0`: Ray never restarts a worker behind the
-controller's back. A dead worker is noticed (an actor-died error on a call, or a missed
-heartbeat) and replaced with `replace(rank)`: in its own bundle when its node is alive,
-otherwise in a spare bundle of the pool (a topology change, warned with both node ids);
-then its init runs again and the process group is re-formed on all ranks under a new
-discovery generation.
+controller's back. A dead or hung worker is noticed (an actor-died error on a call, a missed heartbeat,
+or the watchdog: no progress within `stage_timeout_s`) and replaced with
+`replace(rank)`: in its own bundle when its node is alive, otherwise in a spare bundle
+of the pool (a topology change, warned with both node ids). Init, its retries and
+every replacement go through one path (`rayrl.controller.formation`): busy survivors
+get `abort_grace_s` and are then killed too, the lost ranks are respawned, the process
+group re-forms under a new generation, and engines rebuild. Restoring the state of the
+step is `rayrl.controller.recovery`'s part.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, overload
 
 import ray
@@ -44,16 +48,18 @@ from rayrl.controller.errors import (
     WorkerCreateError,
     WorkerDescription,
     WorkerError,
-    WorkerInitError,
     failure_hint,
     short_error,
     timeout_text,
 )
+from rayrl.controller.faults import Fault
+from rayrl.controller.formation import bring_up
 from rayrl.controller.future import GroupFuture
 from rayrl.controller.health import HealthReport, Replacement, check_group
 from rayrl.controller.method import bind_methods
 from rayrl.controller.startup import PhaseFuture
 from rayrl.controller.waiting import wait_all
+from rayrl.controller.watchdog import Watchdog
 from rayrl.controller.worker import HEALTH_GROUP, Worker, WorkerContext, find_log_file
 
 logger = logging.getLogger("rayrl.controller")
@@ -115,8 +121,15 @@ class WorkerGroup:
         self.actors: list[Any] = [None] * len(self.bundles)
         self.infos: list[dict] = [{} for _ in self.bundles]
         self.generation = 0
+        self.formed = False  # whether generation `generation` was formed already
+        self.built: list[int | None] = [None] * len(self.bundles)  # generation built on
         self.backend: str | None = None
         self.dist_timeout_s = 60.0
+        self.pg_timeout_s: float | None = None  # collectives' timeout (torch's when None)
+        self.abort_grace_s = 10.0  # survivors' time to end their call after a loss
+        self.placement_timeout_s = 30.0  # for a new bundle when the pool has no spare left
+        self.stage_timeout_s: float | None = None  # watchdog: longest call without progress
+        self.faults: list[Fault] = []  # armed in every new worker (inject with times=None)
         self._init_kwargs: dict | None = None
         self.dead: set[int] = set()
         # Guards `actors` between the driver and a HealthMonitor thread.
@@ -133,6 +146,11 @@ class WorkerGroup:
     def world_size(self) -> int:
         """Number of ranks (one per bundle)."""
         return len(self.bundles)
+
+    @property
+    def forms_process_group(self) -> bool:
+        """Whether this group's ranks form a torch.distributed group (init with a backend)."""
+        return bool(self.backend)
 
     # --- phase 1: create ----------------------------------------------------------------
 
@@ -171,6 +189,7 @@ class WorkerGroup:
             scope=self.scope,
             usage_interval_s=self.usage_interval_s,
             num_cpus=float(self.bundles[rank].resources.get("CPU", 0.0)),
+            faults=tuple(self.faults),
         )
 
     def _spawn(self, rank: int) -> ObjectRef:
@@ -212,17 +231,21 @@ class WorkerGroup:
         retries: int = 0,
         backend: str | None = None,
         dist_timeout_s: float = 60.0,
+        pg_timeout_s: float | None = None,
         *,
         blocking: bool = True,
         **kwargs: Any,
     ) -> WorkerGroup | PhaseFuture:
-        """Run every worker's `init_worker(**kwargs)`, each within `timeout_s`.
+        """Form the process group (with `backend`: "gloo", "nccl"), then run every
+        worker's `init_worker(**kwargs)`, each within `timeout_s`.
 
-        A worker that fails or times out is killed and recreated in the same bundle and
-        tried again, up to `retries` more times; the others are not touched. With
-        `backend` ("gloo", "nccl"), all ranks then form a torch.distributed group
-        through KV discovery. `blocking=False` returns once every rank's init is sent:
-        a PhaseFuture whose `result()` waits, retries and raises WorkerInitError.
+        The ranks find each other through KV discovery within `dist_timeout_s`; their
+        collectives then time out after `pg_timeout_s` (torch's default when None). A
+        worker that fails or times out is killed and recreated in its bundle and tried
+        again, up to `retries` more times; with a backend the group re-forms and the
+        others rebuild, without one they are not touched. `blocking=False` runs all
+        of it in a background thread and returns a PhaseFuture whose `result()` waits
+        for it and raises WorkerInitError (several groups then start side by side).
         """
         if backend and self.kv is None:
             raise ValueError(
@@ -233,88 +256,54 @@ class WorkerGroup:
         self._init_kwargs = dict(kwargs)
         self.backend = backend
         self.dist_timeout_s = dist_timeout_s
-        init_kwargs = self._init_kwargs
-        pending = {
-            r: self.actor_handle(r, "init_worker")._rayrl_init.remote(init_kwargs)
-            for r in range(self.world_size)
-        }
-        deadline = time.monotonic() + timeout_s
-        phase = PhaseFuture(
-            self, "init", lambda: self._finish_init(pending, deadline, timeout_s, retries)
-        )
-        return phase.result() if blocking else phase
+        self.pg_timeout_s = pg_timeout_s
+        if not blocking:
+            return self._init_in_background(timeout_s, retries)
+        return self._bring_up(timeout_s, retries)
 
-    def _finish_init(
-        self, pending: dict[int, ObjectRef], deadline: float, timeout_s: float, retries: int
-    ) -> WorkerGroup:
-        """Wait for the inits sent, retry failed ranks, form the process group."""
-        backend = self.backend
-        results, failures = wait_all(pending, max(0.0, deadline - time.monotonic()))
-        for rank, info in results.items():
-            self.infos[rank] = info
-        attempt = 0
-        while failures and attempt < retries:
-            attempt += 1
-            for rank, err in failures.items():
-                logger.warning(
-                    "init of %s rank %d failed (attempt %d of %d), recreating it in its bundle: %s",
-                    self.name,
-                    rank,
-                    attempt,
-                    retries + 1,
-                    short_error(err),
-                )
-            failures = self._restart(sorted(failures), timeout_s)
-        if failures:
-            self._raise(WorkerInitError, "init_worker", failures, timeout_s, attempts=attempt + 1)
-        if backend:
-            self._form_process_group()
-        logger.info(
-            "initialised %s: %d workers, %d attempt(s)", self.name, self.world_size, attempt + 1
-        )
+    def _bring_up(self, timeout_s: float, retries: int) -> WorkerGroup:
+        bring_up(self, set(), timeout_s, retries, "init_worker")
+        logger.info("initialised %s: %d workers", self.name, self.world_size)
         return self
 
-    def _restart(self, ranks: list[int], timeout_s: float) -> dict:
-        """Kill, recreate, set up and init `ranks` in their bundles; returns failures."""
-        with self.replacing(ranks):
-            return self._recreate(ranks, timeout_s)
+    def _init_in_background(self, timeout_s: float, retries: int) -> PhaseFuture:
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                self._bring_up(timeout_s, retries)
+            except BaseException as err:  # noqa: BLE001 - raised by the PhaseFuture
+                outcome["error"] = err
+
+        thread = threading.Thread(target=run, name=f"rayrl-init-{self.name}", daemon=True)
+        thread.start()
+
+        def finish() -> WorkerGroup:
+            thread.join()
+            if "error" in outcome:
+                raise outcome["error"]
+            return self
+
+        return PhaseFuture(self, "init", finish)
 
     @contextlib.contextmanager
-    def replacing(self, ranks: Sequence[int]) -> Iterator[None]:
-        """Mark `ranks` as being replaced (health checks skip them) while the block runs."""
-        with self.lock:
-            self._replacing.update(ranks)
+    def replacing(self, ranks: Iterable[int]) -> Iterator[Callable[[Iterable[int]], None]]:
+        """Mark `ranks` as being replaced (health checks skip them) while the block runs;
+        the block gets a function that marks more."""
+        marked: set[int] = set()
+
+        def mark(more: Iterable[int]) -> None:
+            with self.lock:
+                new = set(more) - self._replacing
+                self._replacing.update(new)
+                marked.update(new)
+
+        mark(ranks)
         try:
-            yield
+            yield mark
         finally:
             with self.lock:
-                self._replacing.difference_update(ranks)
-
-    def _recreate(self, ranks: list[int], timeout_s: float) -> dict:
-        for rank in ranks:
-            self._kill(rank)
-        pending = {rank: self._spawn(rank) for rank in ranks}
-        failures = self._collect_setup(pending, timeout_s)
-        ok = [r for r in ranks if r not in failures]
-        pending = {r: self.actors[r]._rayrl_init.remote(self._init_kwargs or {}) for r in ok}
-        results, init_failures = wait_all(pending, timeout_s)
-        for rank, info in results.items():
-            self.infos[rank] = info
-        return {**failures, **init_failures}
-
-    def _form_process_group(self) -> None:
-        """Every rank joins (or re-joins) the process group of the current generation."""
-        timeout = self.dist_timeout_s
-        pending = {
-            r: self.actors[r]._rayrl_reform.remote(self._context(r), self.backend, timeout)
-            for r in range(self.world_size)
-        }
-        results, failures = wait_all(pending, timeout + 10.0)
-        for rank, info in results.items():
-            self.infos[rank] = info
-        if failures:
-            self._raise(WorkerInitError, "init_distributed", failures, timeout)
-        self._drop_discovery_keys(keep=f"{self.scope}/gen{self.generation}/")
+                self._replacing.difference_update(marked)
 
     def _drop_discovery_keys(self, keep: str | None = None) -> None:
         """Delete this group's discovery keys, except those under `keep` (the current
@@ -364,12 +353,20 @@ class WorkerGroup:
             pid=info.get("pid"),
             log_file=info.get("log_file", ""),
             bundle=bundle_label(bundle) if bundle else "",
+            group=self.name,
         )
 
     def _note_error(self, rank: int, err: BaseException) -> None:
         if isinstance(err, DEAD_ERRORS):
             self.dead.add(rank)
             logger.warning("%s rank %d is dead: %s", self.name, rank, short_error(err))
+
+    @property
+    def watchdog(self) -> Watchdog | None:
+        """Progress checks for this group's calls while `stage_timeout_s` is set."""
+        if not self.stage_timeout_s:
+            return None
+        return Watchdog(self, self.stage_timeout_s)
 
     @staticmethod
     def ray_get(future: GroupFuture, timeout: float | None = None) -> Any:
@@ -417,18 +414,34 @@ class WorkerGroup:
     def replace(
         self, rank: int | Sequence[int], timeout_s: float = 120.0, retries: int = 0
     ) -> Replacement | list[Replacement]:
-        """Start a new worker for `rank` (or each of several ranks), run its init, and
-        re-form the process group on all ranks under a new discovery generation.
+        """Start a new worker for `rank` (or each of several ranks: all those of a lost
+        node in one call, so the group re-forms once), run its init, re-form the process
+        group on all ranks under a new generation and rebuild the survivors' engines.
 
-        A new actor goes into its old bundle when that bundle's node is alive, otherwise
-        into a spare bundle of the pool (TopologyChangedWarning names both nodes).
-        Replace all ranks of a lost node in one call: the group re-forms once.
+        A rank still alive (a hung one) is killed first. Survivors still inside a call
+        after `abort_grace_s` are replaced too. A new actor goes into its old bundle when
+        that bundle's node is alive, otherwise into a spare bundle of the pool
+        (TopologyChangedWarning names both nodes). The state is not restored: see
+        `rayrl.controller.recovery.GroupSnapshot`.
         """
-        from rayrl.controller.replace import replace_ranks
-
+        ranks = [rank] if isinstance(rank, int) else sorted(set(rank))
+        bad = [r for r in ranks if not 0 <= r < self.world_size]
+        if not ranks or bad:
+            raise IndexError(
+                f"{self.name} has ranks 0..{self.world_size - 1}; cannot replace {bad or ranks}"
+            )
+        done = {d.rank: d for d in bring_up(self, set(ranks), timeout_s, retries, "replace")}
         if isinstance(rank, int):
-            return replace_ranks(self, [rank], timeout_s, retries)[0]
-        return replace_ranks(self, list(rank), timeout_s, retries)
+            return done[rank]
+        return [done[r] for r in sorted(done)]
+
+    def inject(self, fault: Fault) -> None:
+        """Arm `fault` in the workers now running (`rayrl.controller.faults`); a fault
+        with `times=None` is armed in every worker that replaces one, too."""
+        if fault.times is None:
+            self.faults.append(fault)
+        refs = [a._rayrl_arm.remote([fault]) for a in self.actors if a is not None]
+        ray.get(refs, timeout=30)
 
     # --- teardown -----------------------------------------------------------------------
 

@@ -33,6 +33,9 @@ class Caller(Protocol):
 
     def _note_error(self, rank: int, err: BaseException) -> None: ...
 
+    @property
+    def watchdog(self) -> Any: ...
+
 
 class GroupMethod:
     """A registered method bound to a group: call it, or `.remote(...)` it for a future."""
@@ -76,6 +79,7 @@ class GroupMethod:
             on_error=owner._note_error,
             inputs=inputs,
             adapters=adapters,
+            watchdog=owner.watchdog,
         )
 
 

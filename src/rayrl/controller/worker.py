@@ -7,8 +7,17 @@ KV discovery, so no MASTER_ADDR/MASTER_PORT is needed. Subclasses override
 group may call with `@register` (see `rayrl.controller.dispatch`).
 
 The group creates the actor, then hands it a WorkerContext (`_rayrl_setup`); the
-constructor is free for the subclass's own arguments. `ping` and `heartbeat` run on
-their own thread, so a health check is answered while a long call is running.
+constructor is free for the subclass's own arguments. The group, not the subclass,
+forms the process group (`_rayrl_join`, before `init_worker`, so FSDP finds it).
+`ping`, `heartbeat` and `_rayrl_stack` run on their own thread, so a health check is
+answered while a long call is running, with how long that call has made no progress
+(`rayrl.progress`) and, asked for, the Python stack of the thread running it.
+
+Three hooks make a worker recoverable at step boundaries (`rayrl.controller.recovery`):
+`snapshot_state()` returns this rank's state (its shard when sharded),
+`restore_state(state)` puts it back, and `rebuild()` rebuilds whatever was bound to
+the previous process group (device mesh, FSDP wrapping, communicators) after the group
+re-formed; by default it runs `init_worker` again with the same arguments.
 """
 
 from __future__ import annotations
@@ -16,7 +25,11 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import threading
 import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -43,6 +56,7 @@ class WorkerContext:
     scope: str = ""  # discovery keys live under it: unique to one WorkerGroup object
     usage_interval_s: float = 0.5  # resource-usage sampling period (0 disables it)
     num_cpus: float = 0.0  # CPUs of the worker's bundle (0: unknown, threads left as they are)
+    faults: tuple = ()  # faults armed in every worker of the group (controller.faults)
 
 
 def ray_log_file() -> str:
@@ -70,13 +84,17 @@ class Worker:
     def _rayrl_setup(self, ctx: WorkerContext) -> dict:
         """Receive this worker's context (create phase); returns `info()`."""
         self.ctx = ctx
-        self._rayrl_busy: tuple[str, float] | None = None
+        self._rayrl_busy: tuple[str, float, int] | None = None
         if ctx.num_cpus > 0:
             use_cpus(ctx.num_cpus)
         if ctx.usage_interval_s > 0:
             from rayrl.controller.usage import process_sampler
 
             process_sampler(ctx.usage_interval_s).track(self)
+        if ctx.faults:
+            from rayrl.controller.faults import arm
+
+            arm(list(ctx.faults), ctx.rank)
         _announce_log_prefix(f"{ctx.role} rank {ctx.rank}")
         return self.info()
 
@@ -85,44 +103,100 @@ class Worker:
         self.ctx = ctx
         return self.info()
 
-    def _rayrl_init(self, kwargs: dict) -> dict:
-        """Run `init_worker(**kwargs)` (init phase); returns `info()`."""
-        start = time.time()
-        self._rayrl_busy = ("init_worker", start)
+    @contextmanager
+    def _rayrl_call(self, name: str) -> Iterator[None]:
+        """Mark this worker busy in `name` (on this thread) while the block runs."""
+        from rayrl import progress
+
+        progress.begin()
+        self._rayrl_busy = (name, time.time(), threading.get_ident())
         try:
-            self.init_worker(**kwargs)
+            yield
         finally:
             self._rayrl_busy = None
+
+    def _rayrl_init(self, kwargs: dict) -> dict:
+        """Run `init_worker(**kwargs)` (init phase); returns `info()`."""
+        from rayrl.controller.faults import fire
+
+        self._rayrl_init_kwargs = dict(kwargs)
+        start = time.time()
+        try:
+            with self._rayrl_call("init_worker"):
+                fire("init_worker")
+                self.init_worker(**kwargs)
+        finally:
             self._rayrl_init_span = (start, time.time())
         return self.info()
 
-    def _rayrl_reform(self, ctx: WorkerContext, backend: str, timeout: float) -> dict:
+    def _rayrl_join(
+        self, ctx: WorkerContext, backend: str, timeout: float, pg_timeout: float | None = None
+    ) -> dict:
         """Leave the current process group and join generation `ctx.generation`."""
         self.ctx = ctx
-        self._rayrl_busy = ("init_distributed", time.time())
-        try:
+        with self._rayrl_call("init_distributed"):
             self.destroy_distributed()
-            self.init_distributed(backend, timeout=timeout)
-        finally:
-            self._rayrl_busy = None
+            self.init_distributed(backend, timeout=timeout, pg_timeout=pg_timeout)
         return self.info()
+
+    def _rayrl_rebuild(self) -> dict:
+        """After the process group re-formed: rebuild what was bound to the old one."""
+        with self._rayrl_call("rebuild"):
+            self.rebuild()
+        return self.info()
+
+    def _rayrl_snapshot(self) -> tuple[int, Any]:
+        """(rank, this rank's state at a step boundary); called with two returns, so the
+        driver waits on the small first one and owns the state without fetching it."""
+        with self._rayrl_call("snapshot"):
+            return self.ctx.rank if self.ctx else 0, self.snapshot_state()
+
+    def _rayrl_restore(self, state: Any) -> None:
+        """Put back what `_rayrl_snapshot` returned."""
+        with self._rayrl_call("restore"):
+            self.restore_state(state)
+
+    @ray.method(concurrency_group=HEALTH_GROUP)
+    def _rayrl_arm(self, faults: list) -> int:
+        """Arm faults in this process (`rayrl.controller.faults`); returns how many are armed."""
+        from rayrl.controller.faults import arm
+
+        return arm(faults, self.ctx.rank if self.ctx else 0)
 
     # --- for subclasses -----------------------------------------------------------------
 
     def init_worker(self, **kwargs: Any) -> None:
-        """One-time setup after placement (load a model, build an optimizer). No-op here."""
+        """One-time setup after placement (load a model, build an optimizer). No-op here.
+
+        With a backend, the group formed the process group before this runs."""
+
+    def rebuild(self) -> None:
+        """Rebuild what depends on the process group after it re-formed (a rank of the
+        group was replaced). The state is restored afterwards, from a snapshot or a
+        checkpoint. By default: `init_worker` again, with the same arguments."""
+        self.init_worker(**getattr(self, "_rayrl_init_kwargs", {}))
+
+    def snapshot_state(self) -> Any:
+        """This rank's state to come back to (None: nothing worth keeping)."""
+        return None
+
+    def restore_state(self, state: Any) -> None:
+        """Put back a `snapshot_state()` of this rank (of this or an earlier process)."""
 
     @classmethod
     def check_init_kwargs(cls, kwargs: dict) -> None:
         """Reject bad `init_worker` arguments on the driver, before any worker runs."""
 
-    def init_distributed(self, backend: str = "gloo", timeout: float = 60.0) -> None:
+    def init_distributed(
+        self, backend: str = "gloo", timeout: float = 60.0, pg_timeout: float | None = None
+    ) -> None:
         """Join this group's torch.distributed process group through KV discovery.
 
         Rank 0 publishes its address under this group's current generation; the other
         ranks wait for it. A later generation (after a replacement) forms a new group.
         The keys live under the group's discovery scope, unique to its WorkerGroup
         object, so a group re-created under the same run and role never reads them.
+        `pg_timeout` bounds every later collective (torch's default when None).
         """
         from rayrl.cluster.discovery import init_process_group
 
@@ -140,6 +214,7 @@ class Worker:
             backend=backend,
             generation=ctx.generation,
             timeout=timeout,
+            pg_timeout=pg_timeout,
         )
 
     def destroy_distributed(self) -> None:
@@ -156,18 +231,38 @@ class Worker:
         """Answer a health check (on its own thread); returns this worker's rank."""
         return self.ctx.rank if self.ctx else -1
 
+    def _rayrl_busy_now(self) -> tuple[str, float, int] | None:
+        """(method, start time, thread id) of the call this worker is in, or None."""
+        return getattr(self, "_rayrl_busy", None)
+
     @ray.method(concurrency_group=HEALTH_GROUP)
     def heartbeat(self) -> dict:
-        """Liveness and what the worker is doing: the method it is in and for how long."""
-        busy = getattr(self, "_rayrl_busy", None)
+        """Liveness and what the worker is doing: the method it is in, for how long, and
+        for how long that call has made no progress (`idle_s`, see `rayrl.progress`)."""
+        from rayrl import progress
+
+        busy = self._rayrl_busy_now()
         now = time.time()
+        moved = progress.state()
         return {
             "rank": self.ctx.rank if self.ctx else -1,
             "pid": os.getpid(),
             "time": now,
             "busy": busy[0] if busy else None,
             "busy_s": now - busy[1] if busy else 0.0,
+            "idle_s": min(moved["idle_s"], now - busy[1]) if busy else 0.0,
+            "phase": moved["phase"] if busy else None,
+            "progress": moved["counts"] if busy else {},
         }
+
+    @ray.method(concurrency_group=HEALTH_GROUP)
+    def _rayrl_stack(self) -> str:
+        """The Python stack of the thread running this worker's current call ("" if idle)."""
+        busy = self._rayrl_busy_now()
+        frame = sys._current_frames().get(busy[2]) if busy and len(busy) > 2 else None
+        if frame is None:
+            return ""
+        return f"Thread {busy[2]} in {busy[0]}:\n" + "".join(traceback.format_stack(frame))
 
     @ray.method(concurrency_group=HEALTH_GROUP)
     def _rayrl_usage(self, reset: bool = True) -> dict:

@@ -39,6 +39,7 @@ its mini-batch value whatever the split, then averages over the mini-batches.
 
 from __future__ import annotations
 
+import gc
 import os
 import warnings
 from collections import defaultdict
@@ -47,10 +48,11 @@ from contextlib import nullcontext
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
+from rayrl import progress
 from rayrl.batch import Batch
+from rayrl.engines import snapshot
 from rayrl.engines.attention import attention_for
 from rayrl.engines.checkpoint_io import (
     export_hf,
@@ -69,7 +71,13 @@ from rayrl.engines.optim import (
     warn_nonfinite_gradients,
 )
 from rayrl.engines.outputs import response_outputs
-from rayrl.engines.packing import plan_fixed, plan_token_budget, split_to_count
+from rayrl.engines.rank_sync import (
+    Plan,
+    all_reduce,
+    check_same_on_all_ranks,
+    global_counts,
+    micro_batch_plan,
+)
 from rayrl.engines.residency import Residency
 from rayrl.engines.weight_sync import DEFAULT_BUCKET_BYTES, rollout_weights
 from rayrl.models.flops import FlopModel
@@ -77,7 +85,6 @@ from rayrl.models.flops import FlopModel
 __all__ = ["LossFn", "TrainEngine"]
 
 LossFn = Callable[[dict[str, Tensor], Batch], tuple[Tensor, dict[str, Any]]]
-Plan = list[list[int] | None]  # row indices per micro-batch; None: a dummy to keep ranks in step
 
 
 class TrainEngine:
@@ -124,14 +131,15 @@ class TrainEngine:
         param_offload: bool = False,
         optimizer_offload: bool = False,
     ) -> None:
+        self._args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self.model_path = str(model_path)
         self.tokenizer_path = str(tokenizer_path or model_path)
         self.value_head = value_head
         self.use_remove_padding = use_remove_padding
         self.logit_chunk_size = logit_chunk_size
         self.device = pick_device(device)
-        self.sharded = dist.is_available() and dist.is_initialized()
         self.world_size = dp_world_size()
+        self.sharded = self.world_size > 1  # FSDP over one rank would change nothing
         self.mixed_precision = mixed_precision and self.device.type == "cuda"
         attn = attention_for(attn_implementation, packed=use_remove_padding)
         model = load_hf_model(self.model_path, value_head, dtype, attn, seed, trust_remote_code)
@@ -188,7 +196,9 @@ class TrainEngine:
         self.residency.require(optimizer=False)
         if len(batch) == 0:
             raise ValueError("forward got an empty batch; every rank needs rows.")
-        plan = self._plan(batch, micro_batch_size, max_tokens_per_micro_batch)
+        plan = micro_batch_plan(
+            batch, micro_batch_size, max_tokens_per_micro_batch, self.sharded, self.device
+        )
         self.model.eval()
         parts, order = [], []
         with torch.no_grad(), self.residency.resident():
@@ -197,6 +207,7 @@ class TrainEngine:
                 if rows is not None:
                     parts.append({k: v.cpu() for k, v in outputs.items()})
                     order.extend(rows)
+                progress.tick(micro_batches=1)
         inverse = torch.empty(len(order), dtype=torch.long)
         inverse[torch.tensor(order)] = torch.arange(len(order))
         tensors = {k: torch.cat([p[k] for p in parts])[inverse] for k in parts[0]}
@@ -240,7 +251,7 @@ class TrainEngine:
         if len(batch) == 0:
             raise ValueError("train_step got an empty batch; every rank needs rows.")
         minis = batch.split(mini_batch_size or len(batch))
-        self._check_same_on_all_ranks(len(minis), "number of mini-batches")
+        check_same_on_all_ranks(len(minis), "number of mini-batches", self.sharded, self.device)
         self.model.train()
         metrics: dict[str, list[float]] = defaultdict(list)  # the engine's
         loss_metrics: dict[str, list[float]] = defaultdict(list)  # loss_fn's
@@ -248,7 +259,9 @@ class TrainEngine:
         skipped_before = self.skipped_steps
         with self.residency.resident():
             for mini in minis:
-                plan = self._plan(mini, micro_batch_size, max_tokens_per_micro_batch)
+                plan = micro_batch_plan(
+                    mini, micro_batch_size, max_tokens_per_micro_batch, self.sharded, self.device
+                )
                 values = self._train_mini_batch(mini, plan, loss_fn, with_entropy, loss_metrics)
                 for key, value in values.items():
                     metrics[key].append(value)
@@ -291,7 +304,7 @@ class TrainEngine:
         Appends ``loss_fn``'s metrics, summed over micro-batches and ranks, to
         ``loss_metrics``; returns the engine's.
         """
-        tokens, seqs = self._global_counts(mini)
+        tokens, seqs = global_counts(mini, self.sharded, self.device)
         shares: dict[str, float] = defaultdict(float)
         shares["loss"] = 0.0
         for i, rows in enumerate(plan):
@@ -306,8 +319,10 @@ class TrainEngine:
                 for key, value in step_metrics.items():
                     shares[key] += float(torch.as_tensor(value).detach().double().sum())
             (loss * self.world_size).backward()
+            progress.tick(micro_batches=1)
         keys = sorted(shares)  # the same loss_fn on every rank: the same keys
-        totals = dict(zip(keys, self._all_reduce([shares[k] for k in keys]), strict=True))
+        summed = all_reduce([shares[k] for k in keys], self.sharded, self.device)
+        totals = dict(zip(keys, summed, strict=True))
         for key in keys:
             if key != "loss":
                 loss_metrics[key].append(totals[key])
@@ -369,47 +384,6 @@ class TrainEngine:
             )
         return micro, outputs
 
-    def _plan(self, batch: Batch, micro_batch_size: int | None, max_tokens: int | None) -> Plan:
-        """Micro-batches of row indices, the same number on every rank."""
-        if "responses" not in batch or "input_ids" not in batch:
-            raise KeyError(
-                f"the engine needs input_ids, attention_mask and responses columns; the "
-                f"batch has {batch.keys()}."
-            )
-        lengths = batch["attention_mask"].sum(dim=-1).tolist()
-        if max_tokens:
-            bins = plan_token_budget(lengths, max_tokens)
-        else:
-            bins = plan_fixed(len(batch), micro_batch_size or len(batch))
-        count = int(self._all_reduce([float(len(bins))], op=dist.ReduceOp.MAX)[0])
-        bins = split_to_count(bins, lengths, count)
-        return [*bins, *([None] * (count - len(bins)))]
-
-    def _global_counts(self, mini: Batch) -> tuple[float, float]:
-        """Real response tokens and non-empty sequences of the mini-batch, all ranks."""
-        if "response_mask" in mini:
-            mask = mini["response_mask"]
-        else:
-            mask = mini["attention_mask"][:, -mini["responses"].shape[1] :]
-        per_seq = mask.to(torch.float64).sum(dim=-1)
-        tokens, seqs = self._all_reduce([float(per_seq.sum()), float((per_seq > 0).sum())])
-        return tokens, seqs
-
-    def _all_reduce(self, values: list[float], op: Any = None) -> list[float]:
-        if not self.sharded:
-            return values
-        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(tensor, op=op if op is not None else dist.ReduceOp.SUM)
-        return tensor.tolist()
-
-    def _check_same_on_all_ranks(self, value: int, what: str) -> None:
-        high, neg_low = self._all_reduce([float(value), -float(value)], op=dist.ReduceOp.MAX)
-        if high != -neg_low:
-            raise ValueError(
-                f"the {what} differs between ranks ({int(-neg_low)} to {int(high)}); give "
-                "every rank the same number of rows and the same mini_batch_size."
-            )
-
     # ------------------------------------------------------ memory and state
     def offload(self, params: bool = True, optimizer: bool = True) -> None:
         """Move parameters (and gradients) and/or optimizer state to host memory."""
@@ -432,13 +406,43 @@ class TrainEngine:
                 "it has no optimizer to train or checkpoint; build it with trainable=True."
             )
 
-    def _extra_state(self) -> dict[str, Any]:
+    # ------------------------------------------------ recovery (step boundaries)
+    def snapshot(self) -> dict[str, Any]:
+        """This rank's state (its shard when sharded) in host memory: trainable weights,
+        optimizer, LR schedule and counters (`rayrl.engines.snapshot`); no collective."""
+        optimizer = self.optimizer if self.trainable else None
+        with self.residency.resident():
+            return snapshot.capture(self.model, optimizer, self.scheduler, self._counters())
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Put back a `snapshot()` of this rank (taken in this process or another)."""
+        optimizer = self.optimizer if self.trainable else None
+        with self.residency.resident():
+            self._set_counters(snapshot.restore(self.model, optimizer, self.scheduler, state))
+
+    def rebuild(self) -> None:
+        """Model, sharding (device mesh, FSDP) and optimizer built again on the process
+        group as it is now (re-formed after a replacement), weights from the model
+        directory until a snapshot or checkpoint is restored."""
+        self.model = self.optimizer = self.scheduler = self.residency = None
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        TrainEngine.__init__(self, **self._args)
+
+    def _counters(self) -> dict[str, int]:
         return {
-            "scheduler": self.scheduler.state_dict(),
             "skipped_steps": self.skipped_steps,
             "optimizer_steps": self.optimizer_steps,
             "train_steps": self.train_steps,
         }
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {"scheduler": self.scheduler.state_dict(), **self._counters()}
+
+    def _set_counters(self, values: dict[str, Any]) -> None:
+        for name in ("skipped_steps", "optimizer_steps", "train_steps"):
+            setattr(self, name, int(values[name]))
 
     def save(self, path: str | os.PathLike) -> None:
         """Write a sharded checkpoint (model, optimizer, LR schedule, counters) to
@@ -455,9 +459,7 @@ class TrainEngine:
         with self.residency.resident(), self.residency.stepping():
             extra = load_sharded(path, self.model, self.optimizer, self._extra_state())
         self.scheduler.load_state_dict(extra["scheduler"])
-        self.skipped_steps = int(extra["skipped_steps"])
-        self.optimizer_steps = int(extra["optimizer_steps"])
-        self.train_steps = int(extra["train_steps"])
+        self._set_counters(extra)
 
     def export_hf(self, path: str | os.PathLike, dtype: str | None = None) -> None:
         """Write a directory that ``transformers`` loads (weights gathered to rank 0,

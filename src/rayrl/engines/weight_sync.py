@@ -19,6 +19,8 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
+from rayrl import progress
+
 __all__ = ["DEFAULT_BUCKET_BYTES", "rollout_weights"]
 
 DEFAULT_BUCKET_BYTES = 512 << 20
@@ -87,6 +89,8 @@ def rollout_weights(
         nonlocal pending, size
         done = _gather_bucket(pending, dtype) if pending else []
         pending, size = [], 0
+        if done:
+            progress.tick(weight_buckets=1)  # the watchdog sees the sync move
         return done
 
     for name, param in model.named_parameters():
@@ -98,4 +102,5 @@ def rollout_weights(
             continue
         yield from flush()
         yield name, _full(param, dtype)
+        progress.tick(weight_tensors=1)
     yield from flush()

@@ -12,6 +12,9 @@ metrics use verl's names.
 Around the steps, `fit` keeps what the run makes (`trainer.run_dir`): it resumes from
 a checkpoint (`trainer.checkpoint`), validates (`trainer.validate`), logs every step
 to the trackers (`trainer.tracking`), saves checkpoints and exports the final model.
+It survives the loss of workers: every unit of work runs under `trainer.replay` (a
+lost or hung worker is replaced and the step replayed from the step-start snapshot),
+and a first Ctrl-C stops at a safe point with a checkpoint (`trainer.interrupt`).
 """
 
 from __future__ import annotations
@@ -46,13 +49,16 @@ from rayrl.trainer.checkpoint import (
 )
 from rayrl.trainer.data import load_datasets
 from rayrl.trainer.dynamic_sampling import fill_batch
+from rayrl.trainer.interrupt import StopOnInterrupt, StopRequested
 from rayrl.trainer.metrics import batch_metrics, controller_overhead, timer, usage_metrics
 from rayrl.trainer.model_dir import model_dir
 from rayrl.trainer.names import check_names
 from rayrl.trainer.on_policy import separate_pass_reason
 from rayrl.trainer.ray_session import RaySession, check_debugger, connect, debug_env
+from rayrl.trainer.replay import Rewound, StepReplay
 from rayrl.trainer.resources import pools_from_config, resolve_device, reward_colocated
 from rayrl.trainer.run_dir import RunDir
+from rayrl.trainer.stage_calls import StageCalls
 from rayrl.trainer.tracking import Tracking, check_trackers
 from rayrl.trainer.validate import Validator
 from rayrl.workers import ActorRolloutRefWorker, CriticWorker, RewardWorker
@@ -90,6 +96,10 @@ class PPOTrainer:
         self.val_dataset = None
         self._warned: set[str] = set()
         self._step_span: tuple[float, float] | None = None
+        self.calls = StageCalls()  # the step's group calls, reused by a replay
+        self.trained_uids: list[str] = []  # prompt uids of the last update (replay ledger)
+        self.replay: StepReplay | None = None
+        self.stopped = False  # a Ctrl-C ended fit() early, with a checkpoint
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> PPOTrainer:
@@ -120,27 +130,28 @@ class PPOTrainer:
 
     def _start_roles(self, device: str) -> None:
         """The hybrid actor (with the critic and, where `reward_colocated`, the reward in
-        its processes) and the reward worker, created and initialised concurrently."""
+        its processes) and the reward worker, created and initialised concurrently; the
+        hybrid's ranks form a process group (the group forms it, generation by
+        generation, before the roles build engines; one rank has no peers and forms none)."""
         cfg, res = self.cfg, self.cfg.resources
-        common = {
-            "config": cfg, "model_path": self.model_path,
-            "dist_backend": "nccl" if device == "cuda" else "gloo",
-            "total_steps": self.total_steps(),
-        }  # fmt: skip
+        common = {"config": cfg, "model_path": self.model_path, "total_steps": self.total_steps()}
         reward = (RewardWorker, {"config": cfg, "tokenizer_path": self.model_path})
         roles = {"actor": (ActorRolloutRefWorker, {**common, "with_ref": self.use_ref})}
         if self.use_critic:
             roles["critic"] = (CriticWorker, common)
         if reward_colocated(cfg, device):
             roles["reward"] = reward
-        starts = [self._group(roles, self.pools[0], "actor_rollout_ref")]
+        hybrid, init = self._group(roles, self.pools[0], "actor_rollout_ref")
+        if hybrid.world_size > 1:
+            init["backend"] = "nccl" if device == "cuda" else "gloo"
+        starts = [(hybrid, init)]
         if "reward" not in roles:
             starts.append(self._group({"reward": reward}, self.pools[1], "reward"))
         start_groups(
             starts, create_timeout_s=res.create_timeout_s, init_timeout_s=res.init_timeout_s,
             init_retries=res.init_retries,
         )  # fmt: skip
-        hybrid = starts[0][0]
+        self.hybrid = hybrid
         self.actor = hybrid.view("actor") if len(roles) > 1 else hybrid
         self.critic = hybrid.view("critic") if self.use_critic else None
         self.reward = hybrid.view("reward") if "reward" in roles else starts[1][0]
@@ -149,7 +160,7 @@ class PPOTrainer:
         self, roles: dict[str, tuple[type, dict]], pool: ResourcePool, name: str
     ) -> tuple[WorkerGroup, dict]:
         """A group for `roles` (one class, or several fused) on `pool`, and its init
-        kwargs; not started yet."""
+        kwargs (the process group's timeout among them); not started yet."""
         if len(roles) == 1:
             [(cls, init)] = roles.values()
         else:
@@ -162,7 +173,8 @@ class PPOTrainer:
             usage_interval_s=self.cfg.trainer.usage_interval_s,
         )  # fmt: skip
         self.groups.append(group)
-        return group, init
+        group.stage_timeout_s = self.cfg.trainer.stage_timeout_s or None
+        return group, {**init, "pg_timeout_s": self.cfg.actor_rollout_ref.nccl_timeout}
 
     def _print_placement(self) -> None:
         for group in self.groups:
@@ -293,41 +305,80 @@ class PPOTrainer:
         )
 
     def fit(self, on_step: Callable[[int, dict], None] | None = None) -> list[dict]:
-        """Resume, validate, train to the end with checkpoints and tracking, export."""
+        """Resume, validate, train to the end with checkpoints and tracking, export.
+
+        Worker failures are recovered and the step replayed (`trainer.replay`); a first
+        Ctrl-C stops at a safe point with a checkpoint (`self.stopped` then)."""
         t = self.cfg.trainer
         self.resume()
+        self.start_state = replace(self.state, rng=driver_rng(), kl_ctrl=self.advantage.state_dict())
         total, history = self.total_steps(), []
         tracking = Tracking(
             t.logger, self.run_dir.root, project=t.project_name, experiment=t.experiment_name,
             config=_config_dict(self.cfg), print_fn=self.print,
         )  # fmt: skip
         validator = Validator(self, self.val_dataset) if self.val_dataset else None
+        replay = self.replay = StepReplay(self)
         try:
-            if t.val_only:  # verl's trainer.val_only: validate the model as it is, then stop
-                if validator is None:
-                    raise ValueError("trainer.val_only=true needs validation data (data.val_files)")
-                tracking.log(validator.run(self.state.global_step), step=self.state.global_step)
-                return history
-            if self.state.global_step >= total:
-                self.print(
-                    f"nothing to train: the checkpoint is at step {self.state.global_step} of "
-                    f"{total}; set trainer.resume_mode=disable or another trainer.output_dir to start over"
-                )
-            elif validator and t.val_before_train and self.state.global_step == 0:
-                tracking.log(validator.run(0), step=0)
-            for step, prompts in self.batches(self.state):
-                metrics = self.step(prompts)
-                self._advance(prompts)
-                metrics.update(self._after_step(prompts, total, validator))
-                tracking.log(metrics, step=self.state.global_step)
-                history.append(metrics)
-                if on_step:
-                    on_step(step, metrics)
-            if t.export_hf:
-                self.actor.export_hf(str(self.run_dir.hf))
+            with StopOnInterrupt(self.print) as interrupt:
+                self.calls.stop_check = lambda mutated: interrupt.check(mutated, replay.can_undo)
+                try:
+                    replay.start()
+                    self._train(total, validator, tracking, history, on_step, interrupt)
+                except StopRequested:
+                    self._stop_safely()
         finally:
+            self.calls.stop_check = lambda mutated: None
             tracking.finish()
         return history
+
+    def _train(self, total, validator, tracking, history, on_step, interrupt) -> None:
+        """Validation before training, the steps with what follows each, the export; each
+        under recovery. A rewind to a checkpoint (a lost snapshot) continues from there."""
+        t, replay = self.cfg.trainer, self.replay
+        if t.val_only:  # verl's trainer.val_only: validate the model as it is, then stop
+            if validator is None:
+                raise ValueError("trainer.val_only=true needs validation data (data.val_files)")
+            step = self.state.global_step
+            tracking.log(replay.run(lambda: validator.run(step), "validation"), step=step)
+            return
+        if self.state.global_step >= total:
+            self.print(
+                f"nothing to train: the checkpoint is at step {self.state.global_step} of "
+                f"{total}; set trainer.resume_mode=disable or another trainer.output_dir to start over"
+            )
+        elif validator and t.val_before_train and self.state.global_step == 0:
+            tracking.log(replay.run(lambda: validator.run(0), "validation"), step=0)
+        while True:
+            try:
+                for step, prompts in self.batches(self.state):
+                    interrupt.check()
+                    metrics = replay.run_step(prompts)
+                    self._advance(prompts)
+                    metrics.update(replay.run(
+                        lambda p=prompts: self._after_step(p, total, validator), "checkpoint and validation"
+                    ))  # fmt: skip
+                    tracking.log(metrics, step=self.state.global_step)
+                    history.append(metrics)
+                    if on_step:
+                        on_step(step, metrics)
+                if t.export_hf:
+                    replay.run(lambda: self.actor.export_hf(str(self.run_dir.hf)), "export")
+                return
+            except Rewound as rewound:
+                history[:] = [m for m in history if m["training/global_step"] <= rewound.step]
+
+    def _stop_safely(self) -> None:
+        """After a first Ctrl-C: the step abandoned (its state undone from the snapshot)
+        or finished, then a checkpoint of the step boundary the run stands at."""
+        if self.calls.mutated and self.replay.can_undo:
+            self.replay.undo()
+        path = self.save_checkpoint()
+        self.stopped = True
+        self.print(
+            f"stopped by Ctrl-C after step {self.state.global_step}; checkpoint {path}. "
+            "Run the same command again to resume (trainer.resume_mode=auto)."
+        )
 
     def _after_step(self, prompts: Batch, total: int, validator: Validator | None) -> dict:
         """Usage, validation when due, a checkpoint when due; their metrics."""
@@ -365,10 +416,10 @@ class PPOTrainer:
         started = time.time()
         with timer(timing, "step"):
             with timer(timing, "gen"):
-                batch = self.actor.generate(self._balanced(prompts, metrics, "gen"))
+                batch = self.calls.run("gen", self.actor.generate, self._balanced(prompts, metrics, "gen"))
             timing["weight_sync"] = float(batch.meta.pop("timing_s/weight_sync", 0.0))
             batch = self._balanced(batch, metrics, "train")
-            reward_future = self.reward.compute_score(batch, blocking=False)
+            reward_future = self.calls.start("reward", self.reward.compute_score, batch)
             if alg.filter_groups.enable:
                 with timer(timing, "dynamic_sampling"):
                     batch = self._scored(batch, reward_future.get(), metrics)
@@ -385,15 +436,15 @@ class PPOTrainer:
                 batch.meta["on_policy"] = True
             else:
                 with timer(timing, "old_log_prob"):
-                    old = self.actor.compute_log_prob(batch)
+                    old = self.calls.run("old_log_prob", self.actor.compute_log_prob, batch)
                     batch = batch.union(old.select("old_log_probs"))
                     metrics.update(entropy_metric(self.cfg, old["entropy"], batch["response_mask"]))
             if self.use_ref:
                 with timer(timing, "ref"):
-                    batch = batch.union(self.actor.compute_ref_log_prob(batch))
+                    batch = batch.union(self.calls.run("ref", self.actor.compute_ref_log_prob, batch))
             if self.critic is not None:
                 with timer(timing, "values"):
-                    batch = batch.union(self.critic.compute_values(batch))
+                    batch = batch.union(self.calls.run("values", self.critic.compute_values, batch))
             if reward_future is not None:
                 with timer(timing, "reward"):
                     batch = self._scored(batch, reward_future.get(), metrics)
@@ -402,10 +453,15 @@ class PPOTrainer:
                 metrics.update(self.advantage(batch))
             if self.critic is not None:
                 with timer(timing, "update_critic"):
-                    metrics.update(self.critic.update_critic(batch))
+                    metrics.update(
+                        self.calls.run("update_critic", self.critic.update_critic, batch, mutates=True)
+                    )
+            self.trained_uids = sorted(set(batch["uid"]))
             if self._actor_learns(prompts):
                 with timer(timing, "update_actor"):
-                    metrics.update(self.actor.update_actor(batch))
+                    metrics.update(
+                        self.calls.run("update_actor", self.actor.update_actor, batch, mutates=True)
+                    )
         self._step_span = (started, time.time())  # the overhead comes with the usage reports
         metrics.update(batch_metrics(batch, lengths))
         metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
@@ -452,8 +508,10 @@ class PPOTrainer:
         """ReMax: each prompt's greedy response, scored, as its samples' baseline."""
         greedy_prompts = Batch(dict(prompts.tensors), dict(prompts.non_tensors), dict(prompts.meta))
         greedy_prompts.meta["greedy"] = True
-        greedy = self.actor.generate(greedy_prompts)
-        greedy = greedy.union(self.reward.compute_score(greedy).select("scores"))
+        greedy = self.calls.run("gen_greedy", self.actor.generate, greedy_prompts)
+        greedy = greedy.union(
+            self.calls.run("reward_greedy", self.reward.compute_score, greedy).select("scores")
+        )
         return greedy_baselines(batch, greedy)
 
     def _extra_round(self, prompts: Batch, round_: int, metrics: dict[str, float]) -> Batch:
@@ -465,8 +523,8 @@ class PPOTrainer:
         fresh = self.dataset.collate(rng.sample(range(len(self.dataset)), size))
         fresh["uid"] = np.array([f"{u}@{round_}" for u in fresh["uid"]], dtype=object)
         fresh.meta.update(prompts.meta)
-        batch = self.actor.generate(fresh)
-        return self._scored(batch, self.reward.compute_score(batch), metrics)
+        batch = self.calls.run("gen_extra", self.actor.generate, fresh)
+        return self._scored(batch, self.calls.run("reward_extra", self.reward.compute_score, batch), metrics)
 
 
 def _keep(cfg: RayRLConfig) -> int | None:

@@ -3,7 +3,8 @@
 The actor, rollout, reference and critic roles share one pool (the hybrid engine:
 one process per bundle holds them); the rule-based reward runs in a small CPU pool,
 or, on a CPU-only run of one actor rank (`reward_colocated`), in the actor's process,
-whose bundle then holds the reward's CPU too.
+whose bundle then holds the reward's CPU too. The pools reserve spare bundles by
+`resources.capacity_factor`, where replacements of the workers of a lost node go.
 """
 
 from __future__ import annotations
@@ -55,8 +56,15 @@ def pools_from_config(cfg: RayRLConfig, device: str) -> list[PoolSpec]:
     ]
     if colocated:
         return pools
+    # The reward worker's scoring processes are light: one reserved CPU for all of them.
+    # It gets spares too, so that a lost node that held it is survived like any other.
     reward_bundle: dict[str, float] = {"CPU": REWARD_CPUS}
     if cfg.reward_model.enable and device == "cuda":
         reward_bundle["GPU"] = 1.0
-    pools.append(PoolSpec(name="reward", per_node=[1], bundle=reward_bundle, strategy="PACK"))
+    pools.append(
+        PoolSpec(
+            name="reward", per_node=[1], bundle=reward_bundle, strategy="PACK",
+            capacity_factor=res.capacity_factor,
+        )
+    )  # fmt: skip
     return pools

@@ -43,6 +43,10 @@ from rayrl.trainer.run_dir import RunDir
 from rayrl.trainer.tracking import Tracking, check_trackers
 from rayrl.workers.sft import SFTWorker
 
+# Collectives time out after this (verl's `nccl_timeout` default; `rayrl sft`, like
+# verl's SFT trainer, has no key for it), not torch's 30 minutes.
+PG_TIMEOUT_S = 600.0
+
 
 def sft_pool(cfg: SFTConfig, device: str) -> PoolSpec:
     """One bundle per rank: `n_gpus_per_node` on each of `nnodes` nodes."""
@@ -108,7 +112,8 @@ class SFTTrainer:
         self.group.init(
             timeout_s=res.init_timeout_s, retries=res.init_retries, config=cfg,
             model_path=self.model_path, total_steps=self.total_steps(),
-            dist_backend="nccl" if device == "cuda" else "gloo",
+            backend=("nccl" if device == "cuda" else "gloo") if self.group.world_size > 1 else None,
+            pg_timeout_s=PG_TIMEOUT_S,
         )  # fmt: skip
         self.run_dir.write_workers([self.group], self.session.log_dir)
         nodes = ", ".join(str(i.get("node_id") or "?")[:8] for i in self.group.infos)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rayrl import progress
 from rayrl.batch import Batch
 from rayrl.config.schema import RayRLConfig
 from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
@@ -33,13 +34,14 @@ from rayrl.workers.common import (
     engine_kwargs,
     epoch_rows,
     forward_sizes,
-    join_process_group,
     load_rng,
     mean_metrics,
     optim_spec,
     per_rank_mini_batch,
     reference_kwargs,
+    rng_state,
     save_rng,
+    set_rng_state,
     update_perf_metrics,
 )
 from rayrl.workers.losses import actor_loss_fn
@@ -52,14 +54,14 @@ class ActorRolloutRefWorker(Worker):
     """Policy training, generation and reference log-probs in one process per bundle."""
 
     def init_worker(
-        self, config: RayRLConfig, model_path: str, *, dist_backend: str = "gloo",
+        self, config: RayRLConfig, model_path: str, *,
         total_steps: int | None = None, with_ref: bool = True,
     ) -> None:  # fmt: skip
+        """Build the engines; the group formed the process group (FSDP uses it) already."""
         from rayrl.engines.train import TrainEngine  # in the worker only
 
         self.cfg = config
         arr, seed = config.actor_rollout_ref, config.trainer.seed
-        join_process_group(self, dist_backend)
         lora = LoraSpec.from_model_config(arr.model)
         self.actor = TrainEngine(
             model_path, optim=optim_spec(arr.actor.optim, total_steps), total_steps=total_steps,
@@ -84,19 +86,46 @@ class ActorRolloutRefWorker(Worker):
                 arr.rollout.name, model_path=model_path, tokenizer=self.tokenizer,
                 device=str(self.actor.device), **dtype, **_engine_options(config),
             )  # fmt: skip
+            if arr.rollout.free_cache_engine:
+                self.rollout.sleep()  # the KV cache is taken only while generating
         else:
-            # A CPU step re-sizes a static cache for every new prompt length; the
-            # dynamic one grows as it goes (about 10% faster on the demo's work).
-            cache = "static" if self.actor.device.type == "cuda" else "dynamic"
-            self.rollout = HFRolloutEngine(
-                model=self.actor.model, tokenizer=self.tokenizer, cache=cache
-            )
-        if arr.rollout.free_cache_engine:
-            self.rollout.sleep()  # the KV cache is taken only while generating
+            self._wrap_rollout()
         self._stale = self._owns_copy
         self.loss_fn = actor_loss_fn(
             arr.actor, config.data.max_response_length, config.algorithm.rollout_correction
         )
+
+    def _wrap_rollout(self) -> None:
+        """The rollout engine on the training module itself (the unsharded hybrid). On a
+        CPU its KV cache is dynamic: a static one was re-sized for every new prompt
+        length (about 10% of the demo's generation)."""
+        cache = "static" if self.actor.device.type == "cuda" else "dynamic"
+        self.rollout = HFRolloutEngine(model=self.actor.model, tokenizer=self.tokenizer, cache=cache)
+        if self.cfg.actor_rollout_ref.rollout.free_cache_engine:
+            self.rollout.sleep()  # the KV cache is taken only while generating
+
+    # ---------------------------------------------------------------- recovery
+    def snapshot_state(self) -> dict[str, Any]:
+        """The policy's state at a step boundary (the reference is frozen; the rollout's
+        copy follows the policy) and this process's RNGs."""
+        return {"actor": self.actor.snapshot(), "rng": rng_state()}
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        self.actor.restore(state["actor"])
+        set_rng_state(state["rng"])
+        self._stale = self._owns_copy  # the rollout's copy is refreshed before generating
+
+    def rebuild(self) -> None:
+        """After the process group re-formed: policy and reference sharded anew; the
+        rollout engine keeps its own copy (refreshed from the restored policy) or, when
+        it wraps the training module, wraps the new one."""
+        self.actor.rebuild()
+        if self.ref is not None:
+            self.ref.rebuild()
+        if self._owns_copy:
+            self._stale = True
+        else:
+            self._wrap_rollout()
 
     # ---------------------------------------------------------------- rollout
     def sampling_params(self, validate: bool = False, greedy: bool = False) -> SamplingParams:
@@ -125,7 +154,7 @@ class ActorRolloutRefWorker(Worker):
         if not self._stale:
             return
         start = time.perf_counter()
-        with self.actor.resident():
+        with self.actor.resident(), progress.phase("weight_sync"):
             self.rollout.update_weights(self.actor.rollout_weights(self.rollout_dtype))
         if self.actor.device.type == "cuda":
             torch.cuda.synchronize(self.actor.device)

@@ -106,15 +106,6 @@ def update_perf_metrics(flops: float, seconds: float, device: Any) -> dict[str, 
     return out
 
 
-def join_process_group(worker: Any, backend: str) -> None:
-    """Join the group's process group before building engines (FSDP needs it), once per
-    process: colocated roles share it."""
-    import torch.distributed as dist
-
-    if worker.world_size > 1 and not (dist.is_available() and dist.is_initialized()):
-        worker.init_distributed(backend)
-
-
 def rng_state() -> dict[str, Any]:
     """Every RNG of this process: Python's, NumPy's, torch's CPU and CUDA generators."""
     import random

@@ -10,7 +10,6 @@ from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
 from rayrl.workers.common import (
     engine_kwargs,
     epoch_rows,
-    join_process_group,
     load_rng,
     mean_metrics,
     optim_spec,
@@ -24,14 +23,12 @@ class CriticWorker(Worker):
     """Per-token values of the responses (`values`) and clipped value-loss updates."""
 
     def init_worker(
-        self, config: RayRLConfig, model_path: str, *, dist_backend: str = "gloo",
-        total_steps: int | None = None,
-    ) -> None:  # fmt: skip
+        self, config: RayRLConfig, model_path: str, *, total_steps: int | None = None
+    ) -> None:
         from rayrl.engines.train import TrainEngine  # in the worker only
 
         self.cfg = config
         c = config.critic
-        join_process_group(self, dist_backend)
         kwargs = engine_kwargs(c.model, c.model.fsdp_config, config.trainer.seed)
         kwargs["tokenizer_path"] = c.model.tokenizer_path or model_path
         self.engine = TrainEngine(
@@ -39,6 +36,15 @@ class CriticWorker(Worker):
             optim=optim_spec(c.optim, total_steps), total_steps=total_steps, **kwargs,
         )  # fmt: skip
         self.loss_fn = critic_loss_fn(c, config.data.max_response_length)
+
+    def snapshot_state(self) -> dict:
+        return {"critic": self.engine.snapshot()}
+
+    def restore_state(self, state: dict) -> None:
+        self.engine.restore(state["critic"])
+
+    def rebuild(self) -> None:
+        self.engine.rebuild()
 
     @register(dispatch=DP_SPLIT)
     def compute_values(self, batch: Batch) -> Batch:

@@ -9,24 +9,25 @@ from __future__ import annotations
 from rayrl.batch import Batch
 from rayrl.config.schema import RayRLConfig
 from rayrl.controller import DP_SPLIT, Worker, register
-from rayrl.workers.common import forward_sizes, join_process_group, reference_kwargs
+from rayrl.workers.common import forward_sizes, reference_kwargs
 
 
 class ReferenceWorker(Worker):
     """Reference log-probs (`ref_log_prob`) of sampled responses."""
 
-    def init_worker(
-        self, config: RayRLConfig, model_path: str, *, dist_backend: str = "gloo"
-    ) -> None:
+    def init_worker(self, config: RayRLConfig, model_path: str) -> None:
         from rayrl.engines.train import TrainEngine  # in the worker only
 
         self.cfg = config
         arr = config.actor_rollout_ref
-        join_process_group(self, dist_backend)
         self.engine = TrainEngine(
             model_path, trainable=False,
             **reference_kwargs(arr.model, arr.ref.fsdp_config, config.trainer.seed),
         )  # fmt: skip
+
+    def rebuild(self) -> None:
+        """The frozen weights sharded anew (nothing to restore)."""
+        self.engine.rebuild()
 
     @register(dispatch=DP_SPLIT)
     def compute_ref_log_prob(self, batch: Batch) -> Batch:

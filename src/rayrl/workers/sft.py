@@ -24,7 +24,6 @@ from rayrl.engines.lora import LoraSpec
 from rayrl.engines.optim import OptimSpec
 from rayrl.workers.common import (
     DTYPE_NAMES,
-    join_process_group,
     load_rng,
     mean_metrics,
     save_rng,
@@ -64,11 +63,9 @@ def sft_engine_kwargs(cfg: SFTConfig) -> dict[str, Any]:
 class SFTWorker(Worker):
     """A rank of supervised fine-tuning."""
 
-    def init_worker(
-        self, config: SFTConfig, model_path: str, *, total_steps: int, dist_backend: str = "gloo"
-    ) -> None:
+    def init_worker(self, config: SFTConfig, model_path: str, *, total_steps: int) -> None:
+        """Build the engine; the group formed the process group (FSDP uses it) already."""
         self.cfg = config
-        join_process_group(self, dist_backend)
         from rayrl.engines.train import TrainEngine  # in the worker only
 
         self.engine = TrainEngine(
@@ -76,6 +73,10 @@ class SFTWorker(Worker):
             **sft_engine_kwargs(config),
         )  # fmt: skip
         self.loss_fn = sft_loss_fn()
+
+    def rebuild(self) -> None:
+        """After the process group re-formed (an init retried): sharded anew."""
+        self.engine.rebuild()
 
     def _sizes(self) -> dict[str, int | None]:
         d = self.cfg.data

@@ -33,6 +33,7 @@ from transformers import (
     StopStringCriteria,
 )
 
+from rayrl import progress
 from rayrl.batch import Batch
 from rayrl.engines.rollout.base import ROLLOUT_ENGINES, RolloutEngine, WeightSource
 from rayrl.engines.rollout.contract import (
@@ -66,6 +67,7 @@ class _SeededSampler(LogitsProcessor):
         position = input_ids.shape[1] - self.prompt_len
         tokens, log_probs = sample_tokens(scores, self.keys, position, self.params)
         self.log_probs.append(log_probs)
+        progress.tick(tokens=len(tokens))
         return scores.scatter_(-1, tokens.unsqueeze(-1), float("inf"))
 
 

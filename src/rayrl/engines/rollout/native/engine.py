@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from rayrl import progress
 from rayrl.batch import Batch
 from rayrl.engines.rollout.base import ROLLOUT_ENGINES, RolloutEngine, WeightSource
 from rayrl.engines.rollout.contract import Responses, assemble_output, check_prompts, expand_samples
@@ -225,12 +226,14 @@ class NativeRolloutEngine(RolloutEngine):
                 samples_tokens = result[1] if result else (np.zeros(0, np.int64), np.zeros(0))
                 sched.commit_prefill(chunks, *samples_tokens)
                 stats["prefill_steps"] += 1
+                progress.tick(prefill_chunks=len(chunks))
                 continue
             samples = sched.plan_decode()
             if len(samples):
                 tokens, log_probs = self.runner.decode(sched, samples, keys, sampling)
                 sched.commit_decode(samples, tokens, log_probs)
                 stats["decode_steps"] += 1
+                progress.tick(tokens=len(samples))
         stats["run_s"] = round(time.perf_counter() - start, 4)
         # Time blocked on the device's results; the rest of `run_s` is host work that
         # the device waited for (scheduling, inputs, launches).

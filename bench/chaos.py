@@ -1,0 +1,133 @@
+"""Chaos harness: a seeded GRPO run on CPU, workers SIGKILLed by pid, against a clean run.
+
+Runs the same config twice on one local Ray (8 logical CPUs, no dashboard): once
+clean, once with `rayrl.trainer.chaos.ChaosMonkey` killing `--kills` worker processes
+(at most one per step) at random points: generation, weight sync, reward, log-prob,
+update. Both go through `PPOTrainer.fit` with the real roles (the hybrid actor /
+rollout / reference sharded over 2 ranks, the reward worker). Prints JSON lines:
+
+- `kills`, `kills_survived` (kills of a run that then finished), `weights_identical`
+  (1: the final weights are bitwise those of the clean run), `metrics_identical`
+  (every per-step metric but wall-clock ones), `ledger_ok` (each step trained the same
+  prompt uids as the clean run, none twice);
+- `recovery_p50_s`, `recovery_max_s`: from a kill to the end of its recovery;
+- `snapshot_overhead_per_step_s`: the step-boundary snapshot's time per step (median;
+  `target` 5% of the median step) and `snapshot_overhead_fraction` (its median ratio
+  to the step's time, measured in the same steps; target 0.05).
+
+The model is a tiny Qwen2 (4 layers, hidden 256, random weights) built in `--out`.
+Usage: `python bench/chaos.py [--steps 10] [--kills 10] [--seed 0] [--out DIR]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+
+import ray
+
+from _common import hardware
+from rayrl.config import load_config
+from rayrl.models import build_tiny_model
+from rayrl.trainer.chaos import ChaosMonkey, compare_runs, final_weights
+from rayrl.trainer.ppo import PPOTrainer
+
+BENCH = "chaos"
+
+
+def overrides(steps: int, out: str, model: str) -> list[str]:
+    return [
+        f"actor_rollout_ref.model.path={model}",
+        "data.train_batch_size=8", "data.max_response_length=32", "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
+        "trainer.device=cpu", "trainer.n_gpus_per_node=2", f"trainer.total_training_steps={steps}",
+        "trainer.val_before_train=false", "trainer.resume_mode=disable", "trainer.logger=[jsonl]",
+        "trainer.save_freq=5", f"trainer.output_dir={out}", "trainer.seed=0",
+    ]  # fmt: skip
+
+
+def run(args: argparse.Namespace, out: str, kills: int) -> dict:
+    """One run; with `kills`, under the chaos monkey. `error` says why it did not finish."""
+    cfg = load_config("grpo", overrides(args.steps, out, args.model))
+    trainer = PPOTrainer(cfg, print_fn=lambda text: print(text, file=sys.stderr))
+    monkey, history, error = None, [], None
+    try:
+        trainer.setup()
+        if kills:
+            monkey = ChaosMonkey(trainer, seed=args.seed, kills=kills).start()
+        history = trainer.fit()
+    except Exception as err:  # noqa: BLE001 - a run that did not survive is a result here
+        error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    finally:
+        if monkey is not None:
+            monkey.stop()
+        trainer.shutdown()
+    if error is not None:
+        return {"error": error, "kills": monkey.done if monkey else []}
+    return {
+        "history": history, "ledger": trainer.replay.ledger, "weights": final_weights(out),
+        "kills": monkey.done if monkey else [], "missed": monkey.missed if monkey else [],
+        "recovery_s": monkey.recovery_seconds() if monkey else [],
+    }  # fmt: skip
+
+
+RESULTS = sys.stdout  # the JSON lines only: main() sends every other print to stderr
+
+
+def emit(metric: str, value: float, unit: str, **extra) -> None:
+    line = json.dumps({"bench": BENCH, "metric": metric, "value": value, "unit": unit, **extra})
+    print(line, file=RESULTS, flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--kills", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    root = args.out or tempfile.mkdtemp(prefix="rayrl-chaos-")
+    # A tiny model, big enough that each stage (weight sync included) lasts long
+    # enough for a kill to land inside it on CPU.
+    args.model = str(build_tiny_model(f"{root}/model", layers=4, hidden=256, seed=0, overwrite=True))
+    # Ray prints a notice per killed worker on the driver's stdout, from its own thread;
+    # it goes to stderr so that stdout stays one JSON object a line.
+    sys.stdout = sys.stderr
+    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
+    start = time.time()
+    clean = run(args, f"{root}/clean", kills=0)
+    chaos = run(args, f"{root}/chaos", kills=args.kills)
+    kills = chaos["kills"]
+    emit("kills", len(kills), "kills", stages=[k.stage for k in kills], steps=args.steps,
+         missed=chaos.get("missed", []))  # fmt: skip
+    survived = 0 if "error" in chaos else len(kills)
+    emit("kills_survived", survived, "kills", target=args.kills, better="higher",
+         error=chaos.get("error"))  # fmt: skip
+    if "error" in chaos or "error" in clean:
+        return
+    verdict, recovery = compare_runs(clean, chaos), chaos["recovery_s"]
+    emit("weights_identical", int(verdict["weights_identical"]), "bool", target=1, better="higher")
+    emit("metrics_identical", int(verdict["metrics_identical"]), "bool", differ=verdict["metrics_differ"])
+    ledger_ok = verdict["ledger_identical"] and not verdict["trained_twice"]
+    emit("ledger_ok", int(ledger_ok), "bool", trained_twice=verdict["trained_twice"])
+    emit("recovery_p50_s", statistics.median(recovery) if recovery else None, "s")
+    emit("recovery_max_s", max(recovery) if recovery else None, "s")
+    steps = [m["timing_s/step"] for m in clean["history"]]
+    snaps = [m["timing_s/snapshot"] for m in clean["history"]]
+    emit("snapshot_overhead_per_step_s", statistics.median(snaps), "s",
+         target=0.05 * statistics.median(steps), better="lower")  # fmt: skip
+    fractions = [s / t for s, t in zip(snaps, steps, strict=True)]
+    emit("snapshot_overhead_fraction", statistics.median(fractions), "ratio", target=0.05, better="lower")
+    emit("wall_s", time.time() - start, "s", out=root, hardware=hardware())
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()

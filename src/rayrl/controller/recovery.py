@@ -1,0 +1,88 @@
+"""Step-boundary snapshots of a group, owned by the driver, and putting them back.
+
+    snap = GroupSnapshot.take(group)      # every rank's `snapshot_state()`
+    ...                                   # a rank dies; group.replace(rank) re-forms
+    snap.restore(group)                   # every rank back to the snapshot, new ones too
+
+Each rank returns its state as the result of a call, so the object sits in the object
+store of the rank's node (host RAM, not the worker's heap) and is owned by the driver,
+not by the worker: it outlives the worker's death, and a replaced rank gets its own
+part (its shard, when sharded) back. Only the loss of the node that holds it takes it
+away; `restore` then raises SnapshotLostError and the caller falls back to the last
+checkpoint. A rank that dies while a snapshot is taken or restored raises
+WorkerCallError, as any group call does.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray import ObjectRef
+
+from rayrl.controller.dispatch import collect_list
+from rayrl.controller.errors import WorkerCallError
+from rayrl.controller.future import GroupFuture
+
+LOST_ERRORS = (ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError)
+
+
+class SnapshotLostError(RuntimeError):
+    """A rank's snapshot object is gone (the node holding it was lost)."""
+
+
+@dataclass
+class GroupSnapshot:
+    """One ObjectRef per rank of a group's state, and what taking it cost."""
+
+    group: str
+    refs: list[ObjectRef]
+    seconds: float
+
+    @classmethod
+    def take(cls, group: Any, timeout_s: float | None = None) -> GroupSnapshot:
+        """Every rank's `snapshot_state()`; waits until all are stored (not fetched)."""
+        start = time.perf_counter()
+        calls = [
+            group.actor_handle(r, "snapshot")._rayrl_snapshot.options(num_returns=2).remote()
+            for r in range(group.world_size)
+        ]
+        _future(group, [done for done, _ in calls], "snapshot").get(timeout_s)
+        return cls(group.name, [state for _, state in calls], time.perf_counter() - start)
+
+    def restore(self, group: Any, timeout_s: float | None = None) -> None:
+        """Every rank of `group` back to this snapshot (a replaced rank included)."""
+        if group.world_size != len(self.refs):
+            raise ValueError(
+                f"{group.name} has {group.world_size} ranks; the snapshot has {len(self.refs)}"
+            )
+        refs = [
+            group.actor_handle(r, "restore")._rayrl_restore.remote(self.refs[r])
+            for r in range(group.world_size)
+        ]
+        try:
+            _future(group, refs, "restore").get(timeout_s)
+        except WorkerCallError as err:
+            if isinstance(err.cause, LOST_ERRORS) or _lost(err.cause):
+                raise SnapshotLostError(
+                    f"{group.name}: the snapshot of rank {err.rank} is gone "
+                    f"({type(err.cause).__name__}: the node that held it was lost)"
+                ) from err
+            raise
+
+
+def _future(group: Any, refs: list[ObjectRef], stage: str) -> GroupFuture:
+    return GroupFuture(
+        refs, list(range(group.world_size)), collect_list, stage=stage,
+        describe=group.describe, on_error=group._note_error, watchdog=group.watchdog,
+    )  # fmt: skip
+
+
+def _lost(cause: Any) -> bool:
+    """Whether a task failed because an argument object was lost (Ray may wrap it)."""
+    inner = getattr(cause, "cause", None)
+    return isinstance(inner, LOST_ERRORS) or "ObjectLostError" in type(cause).__name__ or (
+        "lost" in str(cause).lower() and "object" in str(cause).lower()
+    )

@@ -1,0 +1,69 @@
+"""What the ranks of a sharded training engine agree on before they compute.
+
+FSDP runs collectives in every forward and backward, so the ranks must make the same
+number of model calls (`micro_batch_plan`: the most micro-batches any rank needs,
+dummies where a rank has fewer), scale losses by the same global counts
+(`global_counts`) and split into the same number of mini-batches
+(`check_same_on_all_ranks`). Unsharded, each is the local value, with no collective.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rayrl.batch import Batch
+from rayrl.engines.packing import plan_fixed, plan_token_budget, split_to_count
+
+Plan = list[list[int] | None]  # row indices per micro-batch; None: a dummy to keep ranks in step
+
+
+def all_reduce(values: list[float], sharded: bool, device: Any, op: Any = None) -> list[float]:
+    """`values` summed (or reduced by `op`) over the ranks; as they are when unsharded."""
+    if not sharded:
+        return values
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=op if op is not None else dist.ReduceOp.SUM)
+    return tensor.tolist()
+
+
+def micro_batch_plan(
+    batch: Batch, micro_batch_size: int | None, max_tokens: int | None, sharded: bool, device: Any
+) -> Plan:
+    """Micro-batches of row indices, the same number on every rank."""
+    if "responses" not in batch or "input_ids" not in batch:
+        raise KeyError(
+            f"the engine needs input_ids, attention_mask and responses columns; the "
+            f"batch has {batch.keys()}."
+        )
+    lengths = batch["attention_mask"].sum(dim=-1).tolist()
+    if max_tokens:
+        bins = plan_token_budget(lengths, max_tokens)
+    else:
+        bins = plan_fixed(len(batch), micro_batch_size or len(batch))
+    count = int(all_reduce([float(len(bins))], sharded, device, op=dist.ReduceOp.MAX)[0])
+    bins = split_to_count(bins, lengths, count)
+    return [*bins, *([None] * (count - len(bins)))]
+
+
+def global_counts(mini: Batch, sharded: bool, device: Any) -> tuple[float, float]:
+    """Real response tokens and non-empty sequences of the mini-batch, all ranks."""
+    if "response_mask" in mini:
+        mask = mini["response_mask"]
+    else:
+        mask = mini["attention_mask"][:, -mini["responses"].shape[1] :]
+    per_seq = mask.to(torch.float64).sum(dim=-1)
+    tokens, seqs = all_reduce([float(per_seq.sum()), float((per_seq > 0).sum())], sharded, device)
+    return tokens, seqs
+
+
+def check_same_on_all_ranks(value: int, what: str, sharded: bool, device: Any) -> None:
+    """ValueError unless every rank has the same `value`."""
+    high, neg_low = all_reduce([float(value), -float(value)], sharded, device, op=dist.ReduceOp.MAX)
+    if high != -neg_low:
+        raise ValueError(
+            f"the {what} differs between ranks ({int(-neg_low)} to {int(high)}); give "
+            "every rank the same number of rows and the same mini_batch_size."
+        )

@@ -1,0 +1,216 @@
+"""Step replay: a step that loses a worker is brought back and run again, to the same end.
+
+`StepReplay.run(work)` runs a unit of work (a step, or the checkpoint and validation
+after it) and, when a worker dies or hangs in it:
+
+1. finds the failed ranks of every group (the error's rank, dead or silent ranks of a
+   health check: a lost node takes several at once) and counts them against
+   `trainer.max_worker_restarts` (per rank, per unit of work);
+2. brings each group with failed ranks back (`WorkerGroup.replace`: busy survivors
+   aborted, new workers in their bundles or in spares, the process group re-formed,
+   the survivors' engines rebuilt);
+3. restores the groups that hold state to the last step boundary, from the snapshot
+   taken there (`GroupSnapshot`, `trainer.step_snapshots`), or, where that is gone
+   (a lost node took it), from the last checkpoint: then the run rewinds to that
+   checkpoint's step (`Rewound`);
+4. runs the work again: the step's calls that had finished are reused, the updates of
+   the restored groups run again, with the same inputs and seeds (`StageCalls`).
+
+A snapshot of the model roles is taken at every step boundary (after the updates),
+and its time is the step's `timing_s/snapshot`. On CPU the outcome is bitwise that of
+a run without the failure. `recoveries` and `ledger` (the prompt uids each step
+trained, in order) record what happened, for the chaos harness.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from rayrl.controller.errors import WorkerCallError, WorkerError, WorkerHungError
+from rayrl.controller.recovery import GroupSnapshot, SnapshotLostError
+
+log = logging.getLogger("rayrl.trainer")
+
+
+class Rewound(Exception):  # noqa: N818 - a change of course, not an error
+    """The run went back to an earlier step (its last checkpoint): restart the loop."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"rewound to step {step}")
+        self.step = step
+
+
+class WorkerRestartLimitError(RuntimeError):
+    """A rank failed more than `trainer.max_worker_restarts` times at the same point."""
+
+
+class StepReplay:
+    """Recovery of `trainer`'s groups around each unit of work (module docstring)."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+        t = trainer.cfg.trainer
+        self.max_restarts = t.max_worker_restarts
+        self.use_snapshots = t.step_snapshots
+        self.stateful = [trainer.hybrid]  # groups whose state a step changes
+        self.snapshots: dict[str, GroupSnapshot] = {}
+        self.recoveries: list[dict] = []
+        self.ledger: list[tuple[int, list[str]]] = []
+
+    # ------------------------------------------------------------ boundaries
+    def start(self) -> None:
+        """The first boundary (a fresh or resumed run): snapshot the stateful groups."""
+        self.snapshots = self.run(self._take, "the first snapshot")
+
+    def _take(self) -> dict[str, GroupSnapshot]:
+        if not self.use_snapshots:
+            return {}
+        return {g.name: GroupSnapshot.take(g) for g in self.stateful}
+
+    def run_step(self, prompts: Any) -> dict[str, float]:
+        """One step, replayed until it completes, then the next boundary's snapshot (in
+        the same unit of work: a failure while taking it replays the step)."""
+        trainer = self.trainer
+        kl = trainer.advantage.state_dict()
+        trainer.calls.new_step()
+
+        def work() -> tuple[dict, dict]:
+            trainer.calls.new_attempt()
+            trainer.advantage.load_state_dict(kl)
+            metrics = trainer.step(prompts)
+            return metrics, self._take()
+
+        metrics, snapshots = self.run(work, f"step {prompts.meta.get('step', '?')}")
+        self.snapshots = snapshots
+        metrics["timing_s/snapshot"] = sum(s.seconds for s in snapshots.values())
+        self.ledger.append((int(prompts.meta.get("step", 0)), list(trainer.trained_uids)))
+        return metrics
+
+    @property
+    def can_undo(self) -> bool:
+        """Whether every stateful group can go back to the last boundary from memory."""
+        return all(g.name in self.snapshots for g in self.stateful)
+
+    def undo(self) -> None:
+        """Put the stateful groups back to the last boundary (an abandoned step)."""
+        for group in self.stateful:
+            self.snapshots[group.name].restore(group)
+
+    # ------------------------------------------------------------------ work
+    def run(self, work: Callable[[], Any], what: str) -> Any:
+        """`work()`, brought back and run again after each recoverable failure."""
+        failures: Counter[tuple[str, int]] = Counter()
+        while True:
+            try:
+                return work()
+            except WorkerError as err:
+                self.recover(err, what, failures)
+
+    def recover(self, err: WorkerError, what: str, failures: Counter) -> None:
+        """Bring the failed groups back and restore their state (module docstring)."""
+        if self.max_restarts <= 0 or not isinstance(err, WorkerCallError):
+            raise err
+        start = time.time()
+        failed = self._failed_ranks(err)
+        if not failed:
+            raise err  # an error in the code, not a lost worker: running again fails again
+        self._count(err, failed, failures)
+        trainer, res = self.trainer, self.trainer.cfg.resources
+        trainer.print(f"recovering from a worker failure in {what}: {_one_line(err)}")
+        replaced = []
+        for group, ranks in failed.items():
+            for done in group.replace(sorted(ranks), timeout_s=res.init_timeout_s,
+                                      retries=res.init_retries):  # fmt: skip
+                replaced.append(
+                    {"group": group.name, "rank": done.rank, "old_pid": done.old_pid,
+                     "new_pid": done.new_pid, "old_node": done.old_node, "new_node": done.new_node}
+                )  # fmt: skip
+                if done.moved:
+                    formed = f"; its process group re-formed as generation {done.generation}"
+                    trainer.print(
+                        f"WARNING: {group.name} rank {done.rank} moved from node {done.old_node} "
+                        f"to node {done.new_node}{formed if group.forms_process_group else ''}"
+                    )
+        trainer.calls.forget({g.name for g in failed})
+        record = {"what": what, "stage": err.stage, "replaced": replaced, "start": start}
+        self.recoveries.append(record)
+        try:
+            for group in self.stateful:
+                if group in failed:
+                    self._restore(group)
+        finally:
+            record["end"] = time.time()
+            record["seconds"] = record["end"] - start
+        trainer.print(f"recovered in {record['seconds']:.1f} s; running {what} again")
+
+    def _restore(self, group: Any) -> None:
+        snap = self.snapshots.get(group.name)
+        try:
+            if snap is None:
+                raise SnapshotLostError(f"{group.name}: no step snapshot (trainer.step_snapshots)")
+            snap.restore(group)
+        except SnapshotLostError as err:
+            self.snapshots.clear()
+            step = self.rewind(str(err))
+            self.snapshots = self._take()
+            raise Rewound(step) from err
+
+    def rewind(self, reason: str) -> int:
+        """Back to the last checkpoint (or the run's start) when a step cannot be
+        restored from memory; returns the step the run continues from."""
+        trainer = self.trainer
+        path = trainer.checkpoints.latest()
+        if path is not None:
+            trainer.restore(path)
+        else:
+            for group in self.stateful:  # fresh engines hold the run's first state
+                group.replace(list(range(group.world_size)))
+            trainer.restore_state(trainer.start_state)
+        trainer.run_dir.keep_metrics_until(trainer.state.global_step)
+        trainer.print(
+            f"WARNING: {reason}; rewound to {path or 'the start of the run'} "
+            f"(step {trainer.state.global_step}): the steps after it run again"
+        )
+        return trainer.state.global_step
+
+    def _failed_ranks(self, err: WorkerError) -> dict[Any, set[int]]:
+        """Failed ranks by group: the error's own when it is dead or hung, and those a
+        health check finds dead or silent (death is seen with a lag: checked a while)."""
+        groups = self.trainer.groups
+        deadline = time.monotonic() + (5.0 if not (err.dead or err.hung) else 0.0)
+        while True:
+            failed: dict[Any, set[int]] = {}
+            for group in groups:
+                ranks = set(group.check_health(timeout_s=10.0).failed)
+                if (err.dead or isinstance(err, WorkerHungError)) and err.worker.group == group.name:
+                    ranks.add(err.rank)
+                if ranks:
+                    failed[group] = ranks
+            if failed or time.monotonic() >= deadline:
+                return failed
+            time.sleep(0.5)
+
+    def _count(self, err: WorkerError, failed: dict[Any, set[int]], failures: Counter) -> None:
+        for group, ranks in failed.items():
+            for rank in ranks:
+                failures[(group.name, rank)] += 1
+                if failures[(group.name, rank)] > self.max_restarts:
+                    worker = err.worker if err.worker.group == group.name else group.describe(rank)
+                    raise WorkerRestartLimitError(
+                        f"{group.role} rank {rank} failed {failures[(group.name, rank)]} times in "
+                        f"'{err.stage}' of the same step (trainer.max_worker_restarts="
+                        f"{self.max_restarts}); stopping the run.\n  node {worker.node_id}, "
+                        f"pid {worker.pid}, worker log: {worker.log_file or '?'}\n  last "
+                        f"failure: {_one_line(err)}\n  what to do: read the worker log; a rank "
+                        "that dies at the same point each time is not a passing fault (out of "
+                        "memory? a bad batch?)"
+                    ) from err
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__

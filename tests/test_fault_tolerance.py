@@ -1,0 +1,199 @@
+"""Fault tolerance through the product path, with the real roles (PPO: the hybrid actor /
+rollout / reference and the critic in one process per rank, two ranks; the reward
+worker) and real processes killed:
+
+- a clean run is the reference;
+- on a two-node cluster, the chaos monkey SIGKILLs workers by pid at random points,
+  a hang is injected (the watchdog catches it), then a whole node is lost: the run
+  ends bitwise identical to the clean run;
+- `rayrl train` in its own process: Ctrl-C stops it with a checkpoint, a second run
+  is SIGKILLed mid-step, a third (`trainer.resume_mode=auto`) ends identical;
+- a rank that always dies hits `trainer.max_worker_restarts` and the run stops.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import ray
+
+from conftest import start_local_ray
+from rayrl.config import load_config
+from rayrl.controller.faults import Fault
+from rayrl.trainer.chaos import ChaosMonkey, compare_runs, deterministic, final_weights
+from rayrl.trainer.ppo import PPOTrainer
+from rayrl.trainer.replay import WorkerRestartLimitError
+
+pytestmark = pytest.mark.slow
+SRC = Path(__file__).resolve().parents[1] / "src"
+STEPS = 3
+RUN = [
+    "data.train_batch_size=2", "data.max_response_length=8", "actor_rollout_ref.rollout.n=2",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+    "critic.ppo_mini_batch_size=1", "critic.ppo_micro_batch_size_per_gpu=1",
+    "trainer.device=cpu", f"trainer.total_training_steps={STEPS}", "trainer.val_before_train=false",
+    "trainer.logger=[jsonl]", "trainer.save_freq=1", "trainer.resume_mode=auto",
+]  # fmt: skip
+ONE_NODE = ["trainer.n_gpus_per_node=2"]
+
+
+def _run(out: Path, extra: list[str], before_fit=None, on_step=None) -> dict:
+    cfg = load_config("ppo", [*RUN, *extra, f"trainer.output_dir={out}"])
+    printed: list[str] = []
+    trainer = PPOTrainer(cfg, print_fn=printed.append)
+    try:
+        trainer.setup()
+        helper = before_fit(trainer) if before_fit else None
+        history = trainer.fit(on_step=on_step and (lambda s, m: on_step(trainer, s)))
+    finally:
+        if helper is not None:
+            helper.stop()
+        trainer.shutdown()
+    return {
+        "history": history, "ledger": trainer.replay.ledger, "weights": final_weights(out),
+        "printed": printed, "recoveries": trainer.replay.recoveries, "helper": helper,
+        "out": out,
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    start_local_ray()
+    return _run(tmp_path_factory.mktemp("clean"), ONE_NODE)
+
+
+def _train_cmd(out: Path, address: str) -> list[str]:
+    return [
+        sys.executable, "-m", "rayrl.cli.main", "train", "-c", "ppo", *RUN, *ONE_NODE,
+        f"trainer.output_dir={out}", f"resources.address={address}",
+    ]  # fmt: skip
+
+
+def _rows(out: Path) -> list[dict]:
+    path = out / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _until(predicate, proc, timeout: float = 240.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert proc.poll() is None, f"exited with {proc.returncode}"
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def test_ctrl_c_then_a_killed_driver_then_resume_end_like_the_clean_run(clean, tmp_path):
+    from rayrl.cli.main import main
+
+    address = start_local_ray().get_runtime_context().gcs_address
+    out = tmp_path / "run"
+    first = _Driver(_train_cmd(out, address))
+    _until(lambda: len(_rows(out)) >= 1, first.proc)
+    first.proc.send_signal(signal.SIGINT)
+    assert first.proc.wait(timeout=240) == 130, first.text()[-3000:]
+    assert "stopped by Ctrl-C after step" in first.text(), first.text()[-3000:]
+    assert (out / "checkpoints" / "latest").is_file()
+
+    second = _Driver(_train_cmd(out, address))
+    _until(lambda: "resumed from" in second.text(), second.proc)
+    time.sleep(1.5)  # inside its first step
+    assert second.proc.poll() is None, second.text()[-3000:]
+    second.proc.kill()  # SIGKILL: no handler, no teardown; Ray ends the job's workers
+    second.proc.wait(timeout=60)
+    assert main(["train", "-c", "ppo", *RUN, *ONE_NODE, f"trainer.output_dir={out}"]) == 0
+    assert compare_runs(clean, {"weights": final_weights(out), "history": [], "ledger": []})[
+        "weights_identical"
+    ]
+    assert _by_step(out) == _by_step(clean["out"])  # every metric but wall-clock ones
+
+
+class _Driver:
+    """`rayrl train` in its own process; its output collected as it comes."""
+
+    def __init__(self, cmd: list[str]) -> None:
+        env = {**os.environ, "PYTHONPATH": str(SRC), "RAY_USAGE_STATS_ENABLED": "0"}
+        self.proc = subprocess.Popen(
+            cmd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        self.lines: list[str] = []
+        threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True).start()
+
+    def text(self) -> str:
+        return "".join(self.lines)
+
+
+def _by_step(out: Path) -> dict[int, dict]:
+    return {r["step"]: deterministic(r) for r in _rows(out)}
+
+
+def test_a_rank_that_always_dies_stops_the_run_at_the_restart_bound(tmp_path):
+    start_local_ray()
+
+    def always_dies(trainer):
+        trainer.hybrid.inject(Fault("compute_log_prob", "kill", ranks=(0,), times=None))
+
+    with pytest.raises(WorkerRestartLimitError) as info:
+        _run(tmp_path, ["trainer.n_gpus_per_node=1", "trainer.max_worker_restarts=1"],
+             before_fit=always_dies)  # fmt: skip
+    text = str(info.value)
+    assert "rank 0 failed 2 times in 'compute_log_prob'" in text, text
+    assert "trainer.max_worker_restarts=1" in text and "worker log: /" in text and "node " in text
+
+
+@pytest.mark.timeout(900)  # a two-node cluster and six recoveries on a loaded 2-core machine
+def test_kills_a_hang_and_a_lost_node_end_bitwise_like_the_clean_run(clean, ray_multinode, tmp_path):
+    cluster = ray_multinode([{"num_cpus": 5}, {"num_cpus": 5}])
+    head = ray.get_runtime_context().get_node_id()
+
+    def start(trainer):  # step 0: a kill by pid at a random point
+        return ChaosMonkey(trainer, seed=3, stages=["gen", "log_prob", "update"], kills=1,
+                           steps=[0]).start()  # fmt: skip
+
+    def on_step(trainer, step):
+        if step == 0:  # step 1: rank 0's critic never returns from compute_values
+            trainer.hybrid.stage_timeout_s = 3.0
+            trainer.hybrid.inject(Fault("compute_values", "hang", ranks=(0,)))
+        if step == 1:  # step 2: the node of the rank not on the head goes away mid-update
+            trainer.hybrid.stage_timeout_s = 120.0  # a checkpoint load reports no progress
+            threading.Thread(target=_lose_node, args=(cluster, trainer, head), daemon=True).start()
+
+    ray.shutdown()  # the trainer connects through resources.address, as a user would
+    chaos = _run(tmp_path, [
+        f"resources.address={cluster.address}", "trainer.nnodes=2", "trainer.n_gpus_per_node=1",
+        "resources.capacity_factor=3",  # spares SPREAD: each pool has one on either node
+    ], before_fit=start, on_step=on_step)  # fmt: skip
+    verdict = compare_runs(clean, chaos)
+    assert verdict["weights_identical"] and verdict["ledger_identical"], verdict
+    assert verdict["metrics_identical"] and not verdict["trained_twice"], verdict
+    assert len(chaos["helper"].done) == 1, chaos["printed"]  # the monkey's kill
+    text = "\n".join(chaos["printed"])
+    assert "call of 'compute_values' hung on role 'critic (in actor_rollout_ref)' rank 0" in text, text
+    assert "moved from node" in text, text  # the lost node's ranks went to spares
+    stages = [r["stage"] for r in chaos["recoveries"]]
+    assert "compute_values" in stages and len(stages) >= 3, stages
+
+
+def _lose_node(cluster, trainer, head: str) -> None:
+    """Remove the worker node once rank 1 (not on the head) is inside update_actor."""
+    group = trainer.hybrid
+    rank = next(r for r in range(group.world_size) if group.describe(r).node_id != head)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            beat = ray.get(group.actors[rank].heartbeat.remote(), timeout=5)
+        except Exception:  # noqa: BLE001 - being replaced
+            beat = {}
+        if (beat.get("busy") or "").endswith("update_actor"):
+            break
+        time.sleep(0.01)
+    node = group.describe(rank).node_id
+    cluster.remove_node(next(n for n in cluster.list_all_nodes() if n.node_id == node))

@@ -1,0 +1,79 @@
+"""StageCalls: a replayed step reuses the calls that finished and runs the updates of a
+restored group again; the stop check runs before each new call only."""
+
+from __future__ import annotations
+
+import pytest
+
+from rayrl.trainer.stage_calls import StageCalls
+
+
+class Future:
+    def __init__(self, value, fail: bool = False) -> None:
+        self.value, self.fail, self.discarded = value, fail, False
+
+    def get(self, timeout=None):
+        if self.fail:
+            raise RuntimeError("rank died")
+        return self.value
+
+    def discard(self) -> None:
+        self.discarded = True
+
+
+class Method:
+    """A group method stand-in: `.remote` counts calls; `_owner.name` is the group."""
+
+    def __init__(self, group: str, fail_first: bool = False) -> None:
+        self._owner = type("G", (), {"name": group})()
+        self.calls, self.fail_first, self.futures = 0, fail_first, []
+
+    def remote(self, x):
+        self.calls += 1
+        self.futures.append(Future(x * 10, fail=self.fail_first and self.calls == 1))
+        return self.futures[-1]
+
+
+def test_a_replay_reuses_finished_calls_and_reruns_updates_of_restored_groups():
+    calls = StageCalls()
+    gen, reward, update = Method("actor"), Method("reward", fail_first=True), Method("actor")
+    calls.new_step()
+    assert calls.run("gen", gen, 1) == 10
+    pending = calls.start("reward", reward, 2)
+    assert calls.run("update", update, 3, mutates=True) == 30
+    assert calls.mutated
+    with pytest.raises(RuntimeError):
+        pending.get()
+    calls.forget({"actor", "reward"})  # both groups were brought back and restored
+    assert reward.futures[0].discarded
+    calls.new_attempt()
+    assert calls.run("gen", gen, 1) == 10 and gen.calls == 1  # reused: it changed nothing
+    assert calls.start("reward", reward, 2).get() == 20 and reward.calls == 2
+    assert calls.run("update", update, 3, mutates=True) == 30 and update.calls == 2
+    calls.new_step()
+    assert calls.run("gen", gen, 1) == 10 and gen.calls == 2  # a new step calls again
+
+
+def test_calls_of_a_group_that_was_not_restored_are_kept():
+    calls = StageCalls()
+    gen, update = Method("actor"), Method("actor")
+    calls.run("gen", gen, 1)
+    calls.run("update", update, 1, mutates=True)
+    calls.forget({"reward"})
+    calls.new_attempt()
+    calls.run("gen", gen, 1)
+    calls.run("update", update, 1, mutates=True)
+    assert gen.calls == 1 and update.calls == 1
+
+
+def test_the_stop_check_runs_before_each_new_call_with_whether_state_changed():
+    calls = StageCalls()
+    seen: list[bool] = []
+    calls.stop_check = seen.append
+    gen, update = Method("actor"), Method("actor")
+    calls.run("gen", gen, 1)
+    calls.run("update", update, 1, mutates=True)
+    calls.run("gen", gen, 2)
+    calls.new_attempt()
+    calls.run("gen", gen, 1)  # kept: no new call, no check
+    assert seen == [False, False, True]
