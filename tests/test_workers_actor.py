@@ -103,8 +103,8 @@ def test_sharded_actor_syncs_gathered_weights_into_its_rollout_copy(ray_local, m
     tok = AutoTokenizer.from_pretrained(model_dir)
     cfg = config("trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.optim.lr=0.01")
     group, pool, kv = group_on(ActorRolloutRefWorker, 2, "actor")
-    try:
-        group.init(timeout_s=300, config=cfg, model_path=model_dir)
+    try:  # the group forms the ranks' process group, then the roles build their engines
+        group.init(timeout_s=300, backend="gloo", config=cfg, model_path=model_dir)
         assert all(i["sharded"] for i in group.device_info())
         out = group.generate(prompts(tok, 2))
         out = out.union(group.compute_log_prob(out)).union(group.compute_ref_log_prob(out))
