@@ -16,7 +16,9 @@ rollout / reference sharded over 2 ranks, the reward worker). Prints JSON lines:
   to the step's time, measured in the same steps; target 0.05).
 
 The model is a tiny Qwen2 (4 layers, hidden 256, random weights) built in `--out`.
-Usage: `python bench/chaos.py [--steps 10] [--kills 10] [--seed 0] [--out DIR]`.
+Usage: `python bench/chaos.py [--steps 10] [--kills 10] [--seed 0] [--out DIR] [--device cuda]`
+(`--device cuda`: the two ranks on two GPUs over NCCL; `recovery_s` is then issue 14's
+recovery after killing one rank mid-step).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from rayrl.trainer.ppo import PPOTrainer
 BENCH = "chaos"
 
 
-def overrides(steps: int, out: str, model: str) -> list[str]:
+def overrides(steps: int, out: str, model: str, device: str = "cpu") -> list[str]:
     return [
         f"actor_rollout_ref.model.path={model}",
         "data.train_batch_size=8", "data.max_response_length=32", "actor_rollout_ref.rollout.n=4",
@@ -47,7 +49,7 @@ def overrides(steps: int, out: str, model: str) -> list[str]:
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
-        "trainer.device=cpu", "trainer.n_gpus_per_node=2", f"trainer.total_training_steps={steps}",
+        f"trainer.device={device}", "trainer.n_gpus_per_node=2", f"trainer.total_training_steps={steps}",
         "trainer.val_before_train=false", "trainer.resume_mode=disable", "trainer.logger=[jsonl]",
         "trainer.save_freq=5", f"trainer.output_dir={out}", "trainer.seed=0",
     ]  # fmt: skip
@@ -55,7 +57,7 @@ def overrides(steps: int, out: str, model: str) -> list[str]:
 
 def run(args: argparse.Namespace, out: str, kills: int) -> dict:
     """One run; with `kills`, under the chaos monkey. `error` says why it did not finish."""
-    cfg = load_config("grpo", overrides(args.steps, out, args.model))
+    cfg = load_config("grpo", overrides(args.steps, out, args.model, args.device))
     trainer = PPOTrainer(cfg, print_fn=lambda text: print(text, file=sys.stderr))
     monkey, history, error = None, [], None
     try:
@@ -92,6 +94,8 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="cuda: the 2 ranks on 2 GPUs over NCCL (issue 14's recovery_s)")
     args = parser.parse_args()
     root = args.out or tempfile.mkdtemp(prefix="rayrl-chaos-")
     # A tiny model, big enough that each stage (weight sync included) lasts long
@@ -119,13 +123,15 @@ def main() -> None:
     emit("ledger_ok", int(ledger_ok), "bool", trained_twice=verdict["trained_twice"])
     emit("recovery_p50_s", statistics.median(recovery) if recovery else None, "s")
     emit("recovery_max_s", max(recovery) if recovery else None, "s")
+    emit("recovery_s", statistics.median(recovery) if recovery else None, "s", runs=recovery,
+         device=args.device, n_gpus=2 if args.device == "cuda" else 0)  # fmt: skip
     steps = [m["timing_s/step"] for m in clean["history"]]
     snaps = [m["timing_s/snapshot"] for m in clean["history"]]
     emit("snapshot_overhead_per_step_s", statistics.median(snaps), "s",
          target=0.05 * statistics.median(steps), better="lower")  # fmt: skip
     fractions = [s / t for s, t in zip(snaps, steps, strict=True)]
     emit("snapshot_overhead_fraction", statistics.median(fractions), "ratio", target=0.05, better="lower")
-    emit("wall_s", time.time() - start, "s", out=root, hardware=hardware())
+    emit("wall_s", time.time() - start, "s", out=root, hardware=hardware(args.device))
     ray.shutdown()
 
 
