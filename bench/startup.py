@@ -125,6 +125,7 @@ def bench_start(rounds: int) -> None:
     from rayrl.cluster.kv import KVStore
     from rayrl.cluster.pool import reserve_pools
     from rayrl.config import load_config
+    from rayrl.trainer import roles
     from rayrl.trainer.ppo import PPOTrainer
     from rayrl.trainer.resources import pools_from_config
 
@@ -143,7 +144,7 @@ def bench_start(rounds: int) -> None:
         if mode == "sequential":
             _start_one_by_one(trainer)
         else:
-            trainer._start_roles("cpu")
+            roles.start_roles(trainer, "cpu")
         took = time.perf_counter() - begin
         trainer.shutdown()
         return took
@@ -158,7 +159,7 @@ def bench_start(rounds: int) -> None:
 
 def _start_one_by_one(trainer) -> None:
     """What setup did before start_groups: create, init, then the next group."""
-    import rayrl.trainer.ppo as ppo
+    from rayrl.trainer import roles
 
     res = trainer.cfg.resources
 
@@ -167,12 +168,12 @@ def _start_one_by_one(trainer) -> None:
             group.create(timeout_s=res.create_timeout_s)
             group.init(timeout_s=res.init_timeout_s, retries=res.init_retries, **kwargs)
 
-    original = ppo.start_groups
-    ppo.start_groups = one_by_one
+    original = roles.start_groups
+    roles.start_groups = one_by_one
     try:
-        trainer._start_roles("cpu")
+        roles.start_roles(trainer, "cpu")
     finally:
-        ppo.start_groups = original
+        roles.start_groups = original
 
 
 def main() -> None:

@@ -57,7 +57,7 @@ from rayrl.controller.formation import bring_up
 from rayrl.controller.future import GroupFuture
 from rayrl.controller.health import HealthReport, Replacement, check_group
 from rayrl.controller.method import bind_methods
-from rayrl.controller.startup import PhaseFuture
+from rayrl.controller.startup import PhaseFuture, in_background
 from rayrl.controller.waiting import wait_all
 from rayrl.controller.watchdog import Watchdog
 from rayrl.controller.worker import HEALTH_GROUP, Worker, WorkerContext, find_log_file
@@ -258,33 +258,13 @@ class WorkerGroup:
         self.dist_timeout_s = dist_timeout_s
         self.pg_timeout_s = pg_timeout_s
         if not blocking:
-            return self._init_in_background(timeout_s, retries)
+            return in_background(self, "init", lambda: self._bring_up(timeout_s, retries))
         return self._bring_up(timeout_s, retries)
 
     def _bring_up(self, timeout_s: float, retries: int) -> WorkerGroup:
         bring_up(self, set(), timeout_s, retries, "init_worker")
         logger.info("initialised %s: %d workers", self.name, self.world_size)
         return self
-
-    def _init_in_background(self, timeout_s: float, retries: int) -> PhaseFuture:
-        outcome: dict[str, Any] = {}
-
-        def run() -> None:
-            try:
-                self._bring_up(timeout_s, retries)
-            except BaseException as err:  # noqa: BLE001 - raised by the PhaseFuture
-                outcome["error"] = err
-
-        thread = threading.Thread(target=run, name=f"rayrl-init-{self.name}", daemon=True)
-        thread.start()
-
-        def finish() -> WorkerGroup:
-            thread.join()
-            if "error" in outcome:
-                raise outcome["error"]
-            return self
-
-        return PhaseFuture(self, "init", finish)
 
     @contextlib.contextmanager
     def replacing(self, ranks: Iterable[int]) -> Iterator[Callable[[Iterable[int]], None]]:

@@ -12,6 +12,7 @@ is raised, the others logged.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -47,6 +48,30 @@ class PhaseFuture:
         if self._error is not None:
             raise self._error
         return self._value
+
+
+def in_background(group: Any, phase: str, work: Callable[[], Any]) -> PhaseFuture:
+    """Run `work` (a phase that waits on its own, such as the one formation path of a
+    group's init) in a thread now; the PhaseFuture's `result()` joins it and returns its
+    value or raises its error. Several groups' phases then run side by side."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = work()
+        except BaseException as err:  # noqa: BLE001 - raised by the PhaseFuture
+            outcome["error"] = err
+
+    thread = threading.Thread(target=run, name=f"rayrl-{phase}-{group.name}", daemon=True)
+    thread.start()
+
+    def finish() -> Any:
+        thread.join()
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
+
+    return PhaseFuture(group, phase, finish)
 
 
 def start_groups(

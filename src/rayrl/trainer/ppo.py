@@ -36,7 +36,7 @@ from rayrl.cluster.pool import ResourcePool, reserve_pools
 from rayrl.config.load import to_yaml
 from rayrl.config.schema import RayRLConfig
 from rayrl.config.validate import critic_enabled, ref_enabled
-from rayrl.controller import WorkerGroup, colocate, start_groups
+from rayrl.controller import WorkerGroup
 from rayrl.controller.usage import starved_stages
 from rayrl.trainer.advantage import AdvantageStage, entropy_metric, greedy_baselines, shape_rewards
 from rayrl.trainer.balance import balance_batch
@@ -54,14 +54,14 @@ from rayrl.trainer.metrics import batch_metrics, controller_overhead, timer, usa
 from rayrl.trainer.model_dir import model_dir
 from rayrl.trainer.names import check_names
 from rayrl.trainer.on_policy import separate_pass_reason
-from rayrl.trainer.ray_session import RaySession, check_debugger, connect, debug_env
+from rayrl.trainer.ray_session import RaySession, check_debugger, connect
 from rayrl.trainer.replay import Rewound, StepReplay
-from rayrl.trainer.resources import pools_from_config, resolve_device, reward_colocated
+from rayrl.trainer.resources import pools_from_config, resolve_device
+from rayrl.trainer.roles import print_placement, start_roles
 from rayrl.trainer.run_dir import RunDir
 from rayrl.trainer.stage_calls import StageCalls
 from rayrl.trainer.tracking import Tracking, check_trackers
 from rayrl.trainer.validate import Validator
-from rayrl.workers import ActorRolloutRefWorker, CriticWorker, RewardWorker
 
 log = logging.getLogger("rayrl.trainer")
 
@@ -122,82 +122,11 @@ class PPOTrainer:
         self.kv = KVStore.create(self.run)
         # All pools checked together: none is held while another waits or cannot fit.
         self.pools = reserve_pools(pools_from_config(cfg, device), self.run, res.wait_timeout_s)
-        self._start_roles(device)
+        start_roles(self, device)
         self.run_dir.write_workers(self.groups, self.session.log_dir)
-        self._print_placement()
+        print_placement(self)
         self.usage()  # start the first step's usage sampling afresh (setup is not a step)
         return self
-
-    def _start_roles(self, device: str) -> None:
-        """The hybrid actor (with the critic and, where `reward_colocated`, the reward in
-        its processes) and the reward worker, created and initialised concurrently; the
-        hybrid's ranks form a process group (the group forms it, generation by
-        generation, before the roles build engines; one rank has no peers and forms none)."""
-        cfg, res = self.cfg, self.cfg.resources
-        common = {"config": cfg, "model_path": self.model_path, "total_steps": self.total_steps()}
-        reward = (RewardWorker, {"config": cfg, "tokenizer_path": self.model_path})
-        roles = {"actor": (ActorRolloutRefWorker, {**common, "with_ref": self.use_ref})}
-        if self.use_critic:
-            roles["critic"] = (CriticWorker, common)
-        if reward_colocated(cfg, device):
-            roles["reward"] = reward
-        hybrid, init = self._group(roles, self.pools[0], "actor_rollout_ref")
-        if hybrid.world_size > 1:
-            init["backend"] = "nccl" if device == "cuda" else "gloo"
-        starts = [(hybrid, init)]
-        if "reward" not in roles:
-            starts.append(self._group({"reward": reward}, self.pools[1], "reward"))
-        start_groups(
-            starts, create_timeout_s=res.create_timeout_s, init_timeout_s=res.init_timeout_s,
-            init_retries=res.init_retries,
-        )  # fmt: skip
-        self.hybrid = hybrid
-        self.actor = hybrid.view("actor") if len(roles) > 1 else hybrid
-        self.critic = hybrid.view("critic") if self.use_critic else None
-        self.reward = hybrid.view("reward") if "reward" in roles else starts[1][0]
-
-    def _group(
-        self, roles: dict[str, tuple[type, dict]], pool: ResourcePool, name: str
-    ) -> tuple[WorkerGroup, dict]:
-        """A group for `roles` (one class, or several fused) on `pool`, and its init
-        kwargs (the process group's timeout among them); not started yet."""
-        if len(roles) == 1:
-            [(cls, init)] = roles.values()
-        else:
-            cls = colocate({role: c for role, (c, _) in roles.items()})
-            init = {role: kwargs for role, (_, kwargs) in roles.items()}
-        env = debug_env(self.cfg)
-        group = WorkerGroup(
-            cls, pool.bundles, role=name, run=self.run, kv=self.kv, pool=pool,
-            runtime_env={"env_vars": env} if env else None,
-            usage_interval_s=self.cfg.trainer.usage_interval_s,
-        )  # fmt: skip
-        self.groups.append(group)
-        group.stage_timeout_s = self.cfg.trainer.stage_timeout_s or None
-        return group, {**init, "pg_timeout_s": self.cfg.actor_rollout_ref.nccl_timeout}
-
-    def _print_placement(self) -> None:
-        for group in self.groups:
-            nodes = [str(info.get("node_id") or "?")[:8] for info in group.infos]
-            roles = list(getattr(group.worker_cls, "ROLES", ()))
-            holds = f" (roles {', '.join(roles)} in each)" if roles else ""
-            self.print(
-                f"{group.role}: {group.world_size} worker(s){holds} on node(s) {', '.join(nodes)}"
-            )
-        if self.cfg.trainer.debug:
-            import ray
-
-            for group in self.groups:
-                state = ray.get(group.actors[0].debugger_state.remote())
-                self.print(
-                    f"Ray debugger in {group.role} rank 0: RAY_DEBUG={state['RAY_DEBUG']}, "
-                    f"post-mortem {'on' if state['post_mortem'] else 'off'}, breakpoint() -> "
-                    f"{state['breakpoint'] or state['breakpointhook']}"
-                )
-            self.print(
-                "breakpoint() in a worker method pauses it; an exception stops there for "
-                "post-mortem. Attach as the README's 'Debugging workers' says."
-            )
 
     def load_data(self):
         """Tokenizer, training prompts and validation prompts (before any reservation)."""
