@@ -4,6 +4,7 @@ A run's data position is (epoch, batch index) of the next step (`TrainerState`).
 `epoch_batches` yields the batches from there to the end of the run, each epoch in
 its own seeded order, and `position_after` is the state once a batch's step is done;
 a run resumed from a checkpoint therefore sees exactly the batches it would have seen.
+`total_steps` is a run's length: `trainer.total_training_steps`, or whole batches x epochs.
 """
 
 from __future__ import annotations
@@ -14,6 +15,13 @@ from typing import Any
 
 from rayrl.batch import Batch
 from rayrl.trainer.checkpoint import TrainerState
+
+
+def total_steps(trainer_cfg: Any, rows: int, batch_size: int) -> int:
+    """`trainer.total_training_steps`, or the whole batches of `rows` x `total_epochs`."""
+    if trainer_cfg.total_training_steps is not None:
+        return trainer_cfg.total_training_steps
+    return max(1, rows // batch_size) * trainer_cfg.total_epochs
 
 
 def epoch_batches(

@@ -49,6 +49,7 @@ from rayrl.trainer.checkpoint import (
 )
 from rayrl.trainer.data import load_datasets
 from rayrl.trainer.dynamic_sampling import fill_batch
+from rayrl.trainer.epochs import total_steps
 from rayrl.trainer.interrupt import StopOnInterrupt, StopRequested
 from rayrl.trainer.metrics import batch_metrics, controller_overhead, timer, usage_metrics
 from rayrl.trainer.model_dir import model_dir
@@ -144,10 +145,7 @@ class PPOTrainer:
 
     def total_steps(self) -> int:
         """`trainer.total_training_steps`, or whole batches of the loaded dataset x epochs."""
-        t = self.cfg.trainer
-        if t.total_training_steps is not None:
-            return t.total_training_steps
-        return max(1, self.steps_per_epoch()) * t.total_epochs
+        return total_steps(self.cfg.trainer, len(self.dataset), self.cfg.data.train_batch_size)
 
     def shutdown(self) -> None:
         """Kill the run's workers, release its pools and KV store; a Ray this trainer

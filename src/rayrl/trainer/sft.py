@@ -34,7 +34,7 @@ from rayrl.trainer.checkpoint import (
     load_state,
     restore_driver_rng,
 )
-from rayrl.trainer.epochs import epoch_batches, position_after
+from rayrl.trainer.epochs import epoch_batches, position_after, total_steps
 from rayrl.trainer.model_dir import model_dir
 from rayrl.trainer.names import check_sft_names
 from rayrl.trainer.ray_session import RaySession, check_debugger, connect, debug_env
@@ -124,11 +124,8 @@ class SFTTrainer:
         return len(self.dataset) // self.cfg.data.train_batch_size
 
     def total_steps(self) -> int:
-        """`trainer.total_training_steps`, or whole batches x `trainer.total_epochs`."""
-        t = self.cfg.trainer
-        if t.total_training_steps is not None:
-            return t.total_training_steps
-        return max(1, self.steps_per_epoch()) * t.total_epochs
+        """`trainer.total_training_steps`, or whole batches of the loaded dataset x epochs."""
+        return total_steps(self.cfg.trainer, len(self.dataset), self.cfg.data.train_batch_size)
 
     def shutdown(self) -> None:
         if self.group is not None:
