@@ -105,7 +105,10 @@ def test_run_directory_checkpoints_and_validation(run_a):
     ]  # max_actor_ckpt_to_keep=3 of 4 saves  # fmt: skip
     assert (ckpts / "latest").read_text().strip() == "global_step_4"
     workers = json.loads((run_a / "workers.json").read_text())["workers"]
-    assert {w["group"] for w in workers} == {"actor_rollout_ref", "reward"}
+    # one rank on CPU: the reward scores in the actor's process (reward.colocate)
+    assert [(w["group"], sorted(w["roles"])) for w in workers] == [
+        ("actor_rollout_ref", ["actor", "reward"])
+    ]
 
 
 def test_trackers_write_their_outputs(run_a):
