@@ -171,11 +171,10 @@ def test_dashboard_port_moves_past_a_taken_one():
 def test_minimal_ray_runs_without_the_dashboard(monkeypatch):
     """A Ray without its dashboard packages (ray minimal, as on the GPU machine) starts
     without the dashboard and says so, instead of failing in ray.init."""
-    from ray._private import utils
-
+    from rayrl.cluster import ray_private
     from rayrl.trainer.ray_session import _dashboard_installed
 
     assert _dashboard_installed()  # ray[default] here
-    monkeypatch.setattr(utils, "get_dashboard_dependency_error", lambda: "No module named 'x'")
+    monkeypatch.setattr(ray_private, "dashboard_dependency_error", lambda: "No module named 'x'")
     with pytest.warns(UserWarning, match="running without it"):
         assert not _dashboard_installed()

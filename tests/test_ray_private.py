@@ -70,3 +70,18 @@ def test_internal_kv_records(ray_local):
 
 def test_no_autoscaler_on_a_plain_cluster(ray_local):
     assert ray_private.autoscaler() is None
+
+
+def test_dashboard_dependency_error_is_none_with_ray_default():
+    # this venv has ray[default]; a minimal Ray (the GPU machine's) returns the reason
+    assert ray_private.dashboard_dependency_error() is None
+
+
+def test_session_logs_dir_dashboard_url_and_actor_name_marker(ray_local):
+    logs = ray_private.session_logs_dir()
+    assert logs is None or os.path.isdir(logs)  # None when the test Ray was joined
+    url = ray_private.dashboard_url()
+    assert url is None or url.startswith("http")
+    marker = ray_private.actor_name_marker()
+    assert marker and marker.strip()  # Ray 2.60 has it; the worker prints it + role/rank
+

@@ -13,7 +13,11 @@ read, and from where:
 * the GCS internal KV (`ray.experimental.internal_kv`): rayrl's own records of which
   driver re-attached to a detached run, and the autoscaler's status and config;
 * the processes of a Ray this driver started (`ray._private.worker._global_node`),
-  stopped all at once by `stop_local_ray`.
+  stopped all at once by `stop_local_ray`;
+* whether this Ray can serve a dashboard (`ray._private.utils`): a minimal Ray cannot;
+  the dashboard's URL and this session's log directory (`ray._private.worker`); the
+  marker that makes Ray's log monitor take a line as an actor's new output prefix
+  (`ray._private.ray_constants`).
 
 Everything returns plain Python values (dicts of str/float/bool), never protobufs.
 Each function has a test in tests/test_ray_private.py.
@@ -296,3 +300,42 @@ def autoscaler() -> dict | None:
     if any(kind != format_readonly_node_type(node) for node, kind in mapping.items()):
         return {"source": "autoscaler status", "node_types": [], "max_resources": {}}
     return None
+
+
+def dashboard_dependency_error() -> str | None:
+    """Why this Ray cannot start a dashboard (a minimal install lacks its packages), or
+    None when it can."""
+    from ray._private import utils
+
+    check = getattr(utils, "get_dashboard_dependency_error", None)
+    error = check() if check else None
+    return str(error) if error else None
+
+
+def dashboard_url() -> str | None:
+    """The dashboard's URL (with its scheme) of the Ray this driver is connected to."""
+    try:
+        url = ray._private.worker.get_dashboard_url()
+    except Exception:  # noqa: BLE001 - no dashboard in this cluster
+        return None
+    if not url:
+        return None
+    return url if "://" in url else f"http://{url}"
+
+
+def session_logs_dir() -> str | None:
+    """The log directory of the Ray session this process started (None when it joined
+    one it did not start)."""
+    node = ray._private.worker._global_node
+    return node.get_logs_dir_path() if node is not None else None
+
+
+def actor_name_marker() -> str | None:
+    """The prefix that makes Ray's log monitor take a printed line as the actor's new
+    name on the driver (None on a Ray without it)."""
+    try:
+        from ray._private.ray_constants import LOG_PREFIX_ACTOR_NAME
+    except ImportError:  # pragma: no cover - a Ray without the marker
+        return None
+    return LOG_PREFIX_ACTOR_NAME
+

@@ -376,12 +376,13 @@ def _announce_log_prefix(name: str) -> None:
     with its actor-name marker as the new prefix (what Ray prints after __init__)."""
     import sys
 
-    try:
-        from ray._private.ray_constants import LOG_PREFIX_ACTOR_NAME
-    except ImportError:  # pragma: no cover - a Ray without the marker: keep its prefix
+    from rayrl.cluster import ray_private
+
+    marker = ray_private.actor_name_marker()
+    if marker is None:  # a Ray without the marker: keep its prefix
         return
     for stream in (sys.stdout, sys.stderr):
-        print(f"{LOG_PREFIX_ACTOR_NAME}{name}", file=stream, flush=True)
+        print(f"{marker}{name}", file=stream, flush=True)
 
 
 def use_cpus(num_cpus: float) -> int:

@@ -100,10 +100,9 @@ def connect(cfg: RayRLConfig) -> RaySession:
 def _dashboard_installed() -> bool:
     """False, with a warning, on a minimal Ray (no ``ray[default]``): the run goes on
     without the dashboard instead of failing at ``ray.init``."""
-    from ray._private import utils
+    from rayrl.cluster import ray_private
 
-    check = getattr(utils, "get_dashboard_dependency_error", None)
-    error = check() if check else None
+    error = ray_private.dashboard_dependency_error()
     if error:
         warnings.warn(
             f"resources.dashboard=true but this Ray cannot serve a dashboard ({error}); "
@@ -146,15 +145,12 @@ def _inherited(env: dict[str, str]) -> Iterator[None]:
 
 
 def _dashboard_url() -> str | None:
-    try:
-        url = ray._private.worker.get_dashboard_url()
-    except Exception:  # noqa: BLE001 - no dashboard in this cluster
-        return None
-    if not url:
-        return None
-    return url if "://" in url else f"http://{url}"
+    from rayrl.cluster import ray_private
+
+    return ray_private.dashboard_url()
 
 
 def _log_dir() -> str | None:
-    node = ray._private.worker._global_node
-    return node.get_logs_dir_path() if node is not None else None
+    from rayrl.cluster import ray_private
+
+    return ray_private.session_logs_dir()
