@@ -17,6 +17,7 @@ import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -32,6 +33,18 @@ ROLES = ("system", "user", "assistant", "tool")
 
 class DataError(ValueError):
     """A dataset the run cannot train on; the message gives the numbers."""
+
+
+def require_rows(data: Any, needed: int, key: str, what: str = "the dataset") -> None:
+    """Raise DataError unless `data` (with `rejected` rows and `total_rows`) has at
+    least `needed` usable rows (one batch of `key`)."""
+    if len(data) >= needed:
+        return
+    aside = f"; {len(data.rejected)} set aside, first: {data.rejected[0]}" if data.rejected else ""
+    raise DataError(
+        f"{what} has {len(data)} usable rows (of {data.total_rows}{aside}), fewer "
+        f"than one batch of {key}={needed}; add data or lower {key}"
+    )
 
 
 @dataclass(frozen=True)
@@ -187,13 +200,7 @@ class PromptDataset:
 
     def require_rows(self, needed: int, key: str = "data.train_batch_size") -> None:
         """Raise DataError unless at least `needed` rows are usable (one batch)."""
-        if len(self) >= needed:
-            return
-        aside = f"; {len(self.rejected)} set aside, first: {self.rejected[0]}" if self.rejected else ""
-        raise DataError(
-            f"the dataset has {len(self)} usable rows (of {self.total_rows}{aside}), fewer "
-            f"than one batch of {key}={needed}; add data or lower {key}"
-        )
+        require_rows(self, needed, key)
 
     def _fit(self, ids: list[int], truncation: str, filter_overlong: bool, where: object):
         limit = self.max_prompt_length

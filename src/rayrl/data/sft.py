@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from rayrl.batch import Batch
-from rayrl.data.dataset import DataError, RejectedRow, RowSource, messages_problem
+from rayrl.data.dataset import DataError, RejectedRow, RowSource, messages_problem, require_rows
 
 log = logging.getLogger(__name__)
 
@@ -151,13 +151,7 @@ class SFTDataset:
 
     def require_rows(self, needed: int, key: str = "data.train_batch_size") -> None:
         """Raise DataError unless at least `needed` rows are usable (one batch)."""
-        if len(self) >= needed:
-            return
-        aside = f"; {len(self.rejected)} set aside, first: {self.rejected[0]}" if self.rejected else ""
-        raise DataError(
-            f"the SFT data has {len(self)} usable rows (of {self.total_rows}{aside}), fewer "
-            f"than one batch of {key}={needed}; add data or lower {key}"
-        )
+        require_rows(self, needed, key, what="the SFT data")
 
     def order(self, epoch: int, seed: int, shuffle: bool = True) -> list[int]:
         """The row order of an epoch: a permutation seeded by (seed, epoch) when shuffling."""
