@@ -35,6 +35,14 @@ class DataError(ValueError):
     """A dataset the run cannot train on; the message gives the numbers."""
 
 
+def epoch_order(rows: int, epoch: int, seed: int, shuffle: bool = True) -> list[int]:
+    """Row indices of an epoch: a permutation seeded by (seed, epoch) when shuffling."""
+    indices = list(range(rows))
+    if shuffle:
+        random.Random(f"{seed}:{epoch}").shuffle(indices)
+    return indices
+
+
 def require_rows(data: Any, needed: int, key: str, what: str = "the dataset") -> None:
     """Raise DataError unless `data` (with `rejected` rows and `total_rows`) has at
     least `needed` usable rows (one batch of `key`)."""
@@ -221,10 +229,7 @@ class PromptDataset:
 
     def order(self, epoch: int, seed: int, shuffle: bool = True) -> list[int]:
         """The row order of an epoch: a permutation seeded by (seed, epoch) when shuffling."""
-        indices = list(range(len(self)))
-        if shuffle:
-            random.Random(f"{seed}:{epoch}").shuffle(indices)
-        return indices
+        return epoch_order(len(self), epoch, seed, shuffle)
 
     def collate(self, indices: Sequence[int]) -> Batch:
         """Left-padded `input_ids`, `attention_mask`, `position_ids` plus the row columns."""

@@ -22,7 +22,6 @@ stops the load with its file and row (`error`, verl's default).
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -30,7 +29,14 @@ import numpy as np
 import torch
 
 from rayrl.batch import Batch
-from rayrl.data.dataset import DataError, RejectedRow, RowSource, messages_problem, require_rows
+from rayrl.data.dataset import (
+    DataError,
+    RejectedRow,
+    RowSource,
+    epoch_order,
+    messages_problem,
+    require_rows,
+)
 
 log = logging.getLogger(__name__)
 
@@ -155,10 +161,7 @@ class SFTDataset:
 
     def order(self, epoch: int, seed: int, shuffle: bool = True) -> list[int]:
         """The row order of an epoch: a permutation seeded by (seed, epoch) when shuffling."""
-        indices = list(range(len(self)))
-        if shuffle:
-            random.Random(f"{seed}:{epoch}").shuffle(indices)
-        return indices
+        return epoch_order(len(self), epoch, seed, shuffle)
 
     def collate(self, indices: Sequence[int]) -> Batch:
         """Left-padded prompts, right-padded responses: `input_ids`, `attention_mask`,

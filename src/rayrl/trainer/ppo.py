@@ -49,7 +49,7 @@ from rayrl.trainer.checkpoint import (
 )
 from rayrl.trainer.data import load_datasets
 from rayrl.trainer.dynamic_sampling import fill_batch
-from rayrl.trainer.epochs import total_steps
+from rayrl.trainer.epochs import epoch_batches, total_steps
 from rayrl.trainer.interrupt import StopOnInterrupt, StopRequested
 from rayrl.trainer.metrics import batch_metrics, controller_overhead, timer, usage_metrics
 from rayrl.trainer.model_dir import model_dir
@@ -207,20 +207,11 @@ class PPOTrainer:
         epoch after epoch, seeded per epoch. `prompts.meta` carries `epoch` and
         `batch_index` (its index in the epoch)."""
         d, t = self.cfg.data, self.cfg.trainer
-        start = start or TrainerState()
-        step, epoch, first = start.global_step, start.epoch, start.batch
-        total = self.total_steps()
-        while step < total and (t.total_training_steps is not None or epoch < t.total_epochs):
-            batches = self.dataset.batches(
-                d.train_batch_size, epoch=epoch, seed=t.seed, shuffle=d.shuffle, start=first
-            )
-            for index, prompts in enumerate(batches, start=first):
-                if step >= total:
-                    return
-                prompts.meta.update(step=step, epoch=epoch, batch_index=index)
-                yield step, prompts
-                step += 1
-            epoch, first = epoch + 1, 0
+        return epoch_batches(
+            self.dataset, d.train_batch_size, start=start or TrainerState(),
+            total=self.total_steps(), seed=t.seed, shuffle=d.shuffle,
+            epochs=None if t.total_training_steps is not None else t.total_epochs,
+        )  # fmt: skip
 
     def _advance(self, prompts: Batch) -> None:
         """The state after the step on `prompts`: the next data position included."""
