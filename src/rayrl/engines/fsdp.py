@@ -1,7 +1,10 @@
 """FSDP2 wrapping, mixed precision and CPU offload for the training engine.
 
 `shard_model` applies ``torch.distributed.fsdp.fully_shard`` to every decoder layer
-and then to the root module, over a 1-D device mesh of all ranks. On GPU the
+and then to the root module, over a 1-D device mesh of all ranks (one rank too: then
+it is how a single GPU computes in bf16 from fp32 master weights, each weight cast
+once per forward or backward of its layer instead of at every use as autocast does;
+`ensure_process_group` gives such a process the one-rank group a mesh needs). On GPU the
 parameters are cast to bf16 for compute while the sharded fp32 parameters stay the
 master copy the optimizer updates, and gradients are reduced in fp32; on CPU
 everything stays fp32. `offload_*` / `onload_*` move parameters, gradients and
@@ -17,6 +20,7 @@ from torch import nn
 __all__ = [
     "decoder_layers",
     "dp_world_size",
+    "ensure_process_group",
     "offload_model",
     "offload_optimizer",
     "onload_model",
@@ -28,6 +32,15 @@ __all__ = [
 def dp_world_size() -> int:
     """Ranks in the default process group, or 1 when torch.distributed is not set up."""
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def ensure_process_group(device_type: str) -> None:
+    """A one-rank default process group when this process has none (an engine on one
+    device; a group of several ranks is formed by the worker group before)."""
+    if dist.is_initialized():
+        return
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -63,6 +76,7 @@ def shard_model(
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    ensure_process_group(device_type)
     mesh = init_device_mesh(device_type, (dp_world_size(),))
     if mixed_precision:
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
