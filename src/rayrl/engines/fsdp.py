@@ -109,28 +109,47 @@ def onload_model(model: nn.Module, device: torch.device) -> None:
     model.to(device)
 
 
-def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device | str) -> None:
-    """Move the state tensors (not the step counts) to ``device``.
+def _move_optimizer_state(
+    optimizer: torch.optim.Optimizer, device: torch.device | str, params: list | None = None
+) -> None:
+    """Move the state tensors (not the step counts) of ``params`` (default: all) to ``device``.
 
-    Moving from a GPU to the host copies into pinned buffers kept on the optimizer
-    (allocated once, reused every offload), so both directions run at full PCIe speed.
+    Moving from a GPU to the host copies (an FSDP2 shard's state: its local part) into
+    pinned buffers kept on the optimizer (allocated once, reused every offload), so both
+    directions run at full PCIe speed.
     """
     device = torch.device(device)
     host = optimizer.__dict__.setdefault("_rayrl_host_state", {})
-    for param, state in optimizer.state.items():
+    states = optimizer.state.items() if params is None else [
+        (p, optimizer.state[p]) for p in params if p in optimizer.state
+    ]  # fmt: skip
+    for param, state in states:
         for key, value in state.items():
             if not isinstance(value, torch.Tensor) or key == "step" or value.device == device:
                 continue
-            if device.type == "cpu" and value.is_cuda and not hasattr(value, "to_local"):
+            if device.type == "cpu" and value.device.type == "cuda":
+                local = value.to_local() if hasattr(value, "to_local") else value
                 slot = (id(param), key)
                 buffer = host.get(slot)
-                if buffer is None or buffer.shape != value.shape or buffer.dtype != value.dtype:
-                    buffer = host[slot] = _host_buffer(value)
-                state[key] = buffer.copy_(value, non_blocking=True)
+                if buffer is None or buffer.shape != local.shape or buffer.dtype != local.dtype:
+                    buffer = host[slot] = _host_buffer(local)
+                state[key] = _like(value, buffer.copy_(local, non_blocking=True))
             else:
                 state[key] = value.to(device, non_blocking=True)
     if device.type == "cpu" and torch.cuda.is_available():
         torch.cuda.synchronize()
+
+
+def _like(value: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """``local`` as ``value`` is: the same DTensor layout (an FSDP2 shard's state) or plain."""
+    if not hasattr(value, "to_local"):
+        return local
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(
+        local, value.device_mesh, value.placements, run_check=False,
+        shape=value.shape, stride=value.stride(),
+    )  # fmt: skip
 
 
 def _host_buffer(like: torch.Tensor) -> torch.Tensor:
@@ -141,14 +160,18 @@ def _host_buffer(like: torch.Tensor) -> torch.Tensor:
         return torch.empty(like.shape, dtype=like.dtype, device="cpu")
 
 
-def offload_optimizer(optimizer: torch.optim.Optimizer) -> None:
-    """Move the optimizer's state tensors (Adam moments) to host memory."""
+def offload_optimizer(optimizer: torch.optim.Optimizer, params: list | None = None) -> None:
+    """Move the optimizer's state tensors (Adam moments) of ``params`` (default: all) to
+    host memory."""
     devices = {v.device for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)}
-    _move_optimizer_state(optimizer, "cpu")
-    for device in devices:
-        _empty_cache(device)
+    _move_optimizer_state(optimizer, "cpu", params)
+    if params is None:
+        for device in devices:
+            _empty_cache(device)
 
 
-def onload_optimizer(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
-    """Move the optimizer's state tensors back to ``device``."""
-    _move_optimizer_state(optimizer, device)
+def onload_optimizer(
+    optimizer: torch.optim.Optimizer, device: torch.device, params: list | None = None
+) -> None:
+    """Move the optimizer's state tensors of ``params`` (default: all) back to ``device``."""
+    _move_optimizer_state(optimizer, device, params)

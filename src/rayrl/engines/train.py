@@ -357,8 +357,7 @@ class TrainEngine:
             self.optimizer.zero_grad(set_to_none=True)
             self.skipped_steps += 1
             return None
-        with self.residency.stepping():
-            self.optimizer.step()
+        self.residency.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.optimizer_steps += 1
         return norm
