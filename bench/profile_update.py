@@ -27,6 +27,7 @@ import argparse
 import json
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -61,6 +62,7 @@ def main() -> None:
     p.add_argument("--top", type=int, default=15)
     p.add_argument("--model-dir", default=None)
     p.add_argument("--variants", default="fsdp", help="comma-separated, see the docstring")
+    p.add_argument("--no-profile", action="store_true", help="time steps only, no profiler")
     args = p.parse_args()
     args.sft_steps = 0
     with tempfile.TemporaryDirectory() as tmp:
@@ -123,7 +125,7 @@ def run_variant(args: argparse.Namespace, path: Path, variant: str, old):
     _sync(args.device)
     plain = time.perf_counter() - start
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=activities) if not args.no_profile else nullcontext() as prof:
         start = time.perf_counter()
         metrics = engine.train_step(batch, loss, max_tokens_per_micro_batch=budget)
         _sync(args.device)
@@ -144,6 +146,8 @@ def run_variant(args: argparse.Namespace, path: Path, variant: str, old):
                   "unit": "fraction", "target": 0.4, "better": "higher"})  # fmt: skip
     emit({**base, "metric": "train_step_metrics", "value": None, "unit": "",
           "metrics": {k: v for k, v in metrics.items() if isinstance(v, float)}})  # fmt: skip
+    if args.no_profile:
+        return old
     key = "self_device_time_total" if args.device == "cuda" else "self_cpu_time_total"
     events = [e for e in prof.key_averages() if getattr(e, key, 0) > 0]
     total = sum(getattr(e, key) for e in events) or 1.0
