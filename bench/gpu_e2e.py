@@ -19,10 +19,17 @@ each ``--seqs`` (sequences per step) it reports, after ``--warmup`` steps:
   gradient norm was finite and no update was skipped),
 * ``speedup_vs_trl`` (rayrl over TRL tokens/s) where both ran.
 
-``--memory-7b`` adds a GRPO-like step of a Qwen2.5-7B-shaped random model on the
-engines directly (parameter and optimizer offload, activation checkpointing, bf16
-reference and rollout copies): reference log-probs, one actor update with the PPO
-loss, a weight sync; its peak GPU memory is ``peak_mem_gb`` with ``model`` 7b.
+``--memory-7b`` adds GRPO steps of a Qwen2.5-7B-shaped random model (bf16 weights
+drawn on the GPU and written straight to safetensors) through the same product path,
+with the memory features on: activation checkpointing, the actor's Adam moments
+offloaded to host memory (the optimizer step brings them a slice at a time), a bf16
+reference offloaded too, the native rollout at ``--gpu-mem-7b`` of the GPU, the KL
+loss; ``--seqs-7b`` sequences per step. The actor's fp32 weights stay on the GPU by
+default (``--actor-offload-7b 1`` offloads them too): on a host of 128 GiB, 30 GB of
+weights next to 60 GB of moments and the 15 GB reference left too little (the run
+with all three offloaded lost its actor process in the first update, host memory at
+103 of 125 GiB and rising; 2026-12-01). Its peak GPU memory (over every step) is ``peak_mem_gb`` with ``model`` 7b,
+with the step time and stage breakdown in the same line.
 
 Every line is also appended to ``--out`` (default bench/results/gpu_e2e-<date>.jsonl).
 TRL runs in its own process; it needs ``trl`` and ``datasets`` (a bench-only extra).
@@ -38,6 +45,7 @@ import argparse
 import datetime
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -107,8 +115,12 @@ def make_rows(tokenizer, count: int, prompt_len: int) -> list[dict]:
 
 
 # ----------------------------------------------------------------------- rayrl
-def run_rayrl(args: argparse.Namespace, model_dir: Path, rows: list[dict], seqs: int) -> dict:
-    """rayrl's GRPO through the product path (`PPOTrainer`); per-step metrics."""
+def run_rayrl(
+    args: argparse.Namespace, model_dir: Path, rows: list[dict], seqs: int,
+    extra: tuple[str, ...] = (), keep_warmup: bool = False,
+) -> dict:
+    """rayrl's GRPO through the product path (`PPOTrainer`); per-step metrics (with
+    ``extra`` overrides last; ``keep_warmup``: the peak memory over warm-up steps too)."""
     import ray
 
     from rayrl.config.load import load_config
@@ -145,6 +157,7 @@ def run_rayrl(args: argparse.Namespace, model_dir: Path, rows: list[dict], seqs:
             f"trainer.n_gpus_per_node={getattr(args, 'gpus', 1)}",
             f"trainer.total_training_steps={args.warmup + args.steps}",
             f"trainer.output_dir={tmp}/out",
+            *extra,
         ]
         if args.worker_logs and not ray.is_initialized():  # worker warnings on this console
             ray.init(address="local", include_dashboard=False, log_to_driver=True)
@@ -153,7 +166,10 @@ def run_rayrl(args: argparse.Namespace, model_dir: Path, rows: list[dict], seqs:
             history = trainer.setup().fit()
         finally:
             trainer.shutdown()
-    return summarize_rayrl(history[args.warmup :])
+    summary = summarize_rayrl(history[args.warmup :])
+    if keep_warmup:
+        summary["peak_mem_gb"] = summarize_rayrl(history)["peak_mem_gb"]
+    return summary
 
 
 def summarize_rayrl(steps: list[dict]) -> dict:
@@ -280,54 +296,38 @@ QWEN25_7B = dict(
 
 
 def memory_7b(args: argparse.Namespace, workdir: Path) -> dict:
-    """A GRPO-like step of a 7B-shaped random model on the engines; peak GPU memory."""
-    from rayrl.batch import Batch
-    from rayrl.config.schema import ActorConfig
-    from rayrl.engines.rollout import HFRolloutEngine
-    from rayrl.engines.train import TrainEngine
-    from rayrl.workers.losses import actor_loss_fn
+    """GRPO steps of a 7B-shaped random model through `PPOTrainer` with the memory
+    features on; the run's summary plus the model's size and how long writing it took."""
+    from transformers import AutoTokenizer
 
-    path = write_random_model(workdir / "q7b", {**QWEN25_7B, **(args.shape_7b or {})}, args)
     start = time.perf_counter()
-    actor = TrainEngine(
-        path, optim={"lr": 1e-6}, total_steps=10, gradient_checkpointing=True,
-        param_offload=bool(args.actor_offload_7b), optimizer_offload=True, device=args.device,
-    )  # fmt: skip
-    ref = TrainEngine(
-        path, trainable=False, dtype="bfloat16", param_offload=True, device=args.device
+    path = write_random_model(workdir / "q7b", {**QWEN25_7B, **(args.shape_7b or {})}, args)
+    written = time.perf_counter() - start
+    rows = make_rows(AutoTokenizer.from_pretrained(path), 64, args.prompt_len)
+    extra = (
+        "actor_rollout_ref.model.enable_gradient_checkpointing=true",
+        f"actor_rollout_ref.actor.fsdp_config.param_offload={bool(args.actor_offload_7b)}",
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
+        "actor_rollout_ref.ref.fsdp_config.param_offload=true",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={args.max_tokens_7b}",
+        f"actor_rollout_ref.rollout.gpu_memory_utilization={args.gpu_mem_7b}",
+        f"actor_rollout_ref.rollout.max_num_seqs={args.seqs_7b}",
+        # loading 7B on one core starved the worker's init (half the cores, at most 8)
+        f"resources.cpus_per_worker={max(1, min(8, (os.cpu_count() or 2) // 2))}",
     )
-    rollout = HFRolloutEngine(model_path=str(path), dtype="bfloat16", device=args.device)
-    if args.device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    rows, p, r = args.seqs_7b, args.prompt_len, args.response_len
-    gen = torch.Generator().manual_seed(0)
-    vocab = actor.config.vocab_size
-    ids = torch.randint(3, vocab, (rows, p + r), generator=gen)
-    mask = torch.ones_like(ids)
-    batch = Batch.from_dict({
-        "input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1),
-        "responses": ids[:, p:], "response_mask": mask[:, p:],
-        "advantages": torch.randn(rows, r, generator=gen),
-    }, meta={"temperature": 1.0})  # fmt: skip
-    # Actor and reference start equal: the reference pass gives the old log-probs too
-    # (an actor forward would only repeat it at this size).
-    ref_lp = ref.forward(batch, micro_batch_size=8)["log_probs"]
-    batch = batch.union(Batch({"old_log_probs": ref_lp, "ref_log_prob": ref_lp}))
-    update = actor.train_step(
-        batch, actor_loss_fn(ActorConfig(use_kl_loss=True), r), max_tokens_per_micro_batch=8192
-    )
-    sync_start = time.perf_counter()
-    with actor.resident():
-        rollout.update_weights(actor.rollout_weights(torch.bfloat16))
-    _sync()
-    return {
-        "peak_mem_gb": torch.cuda.max_memory_reserved() / 2**30 if args.device == "cuda" else 0,
-        "peak_alloc_gb": torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else 0,
-        "grad_finite": update.get("skipped", 1) == 0 and math.isfinite(update["grad_norm"]),
-        "weight_sync_s": time.perf_counter() - sync_start,
-        "seconds": time.perf_counter() - start,
-        "params_b": sum(p.numel() for p in actor.model.parameters()) / 1e9,
-    }
+    res = run_rayrl(args, path, rows, args.seqs_7b, extra=extra, keep_warmup=True)
+    shapes = {**QWEN25_7B, **(args.shape_7b or {})}
+    return {**res, "write_model_s": written, "params_b": _param_count(shapes) / 1e9}
+
+
+def _param_count(shape: dict) -> int:
+    """Parameters of a Qwen2 model of ``shape`` (untied head)."""
+    h, i, n = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]
+    kv = h // shape["num_attention_heads"] * shape["num_key_value_heads"]
+    layer = h * (h + 2 * kv) + (h + 2 * kv) + h * h + 3 * h * i + 2 * h
+    heads = 1 if shape.get("tie_word_embeddings") else 2
+    return n * layer + heads * shape["vocab_size"] * h + h
 
 
 def write_random_model(path: Path, shape: dict, args: argparse.Namespace) -> Path:
@@ -421,12 +421,14 @@ def main() -> None:
     p.add_argument("--rollout", default=None, help="rayrl rollout engine (default: native on cuda)")
     p.add_argument("--model-dir", default=None, help="reuse (or keep) the built model here")
     p.add_argument("--worker-logs", action="store_true", help="show rayrl workers' logs")
-    p.add_argument("--actor-offload-7b", type=int, default=1, help="7B: param_offload")
-    p.add_argument("--max-tokens", type=int, default=16384, help="rayrl tokens per micro-batch")
+    p.add_argument("--actor-offload-7b", type=int, default=0, help="7B: actor param_offload")
+    p.add_argument("--max-tokens", type=int, default=32768, help="rayrl tokens per micro-batch")
     p.add_argument("--logprob-micro", type=int, default=64, help="rayrl log-prob micro-batch")
     p.add_argument("--trl-micro", type=int, default=64, help="TRL completions per micro-step")
     p.add_argument("--memory-7b", action="store_true")
     p.add_argument("--seqs-7b", type=int, default=16)
+    p.add_argument("--max-tokens-7b", type=int, default=8192, help="7B: tokens per micro-batch")
+    p.add_argument("--gpu-mem-7b", type=float, default=0.2, help="7B: rollout's GPU share")
     p.add_argument("--shape-7b", type=json.loads, default=None, help=argparse.SUPPRESS)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--out", default=None)
@@ -465,10 +467,13 @@ def main() -> None:
         if args.memory_7b:
             res = memory_7b(args, work)
             total = torch.cuda.get_device_properties(0).total_memory / 2**30 if gpu != "cpu" else 0
-            emit({**common, "metric": "peak_mem_gb", "model": "7b", "system": "rayrl",
-                  "value": res["peak_mem_gb"], "unit": "GiB", "target": round(total, 1),
-                  "better": "lower", **{k: v for k, v in res.items() if k != "peak_mem_gb"}},
-                 out)  # fmt: skip
+            base = {**common, "model_name": "7b", "system": "rayrl", "seqs_per_step": args.seqs_7b}
+            emit({**base, "metric": "peak_mem_gb", "model": "7b", "value": res["peak_mem_gb"],
+                  "unit": "GiB", "target": round(total, 1), "better": "lower",
+                  **{k: v for k, v in res.items() if k not in ("peak_mem_gb", "response_len")},
+                  "mean_response_len": res.get("response_len")}, out)  # fmt: skip
+            emit({**base, "metric": "step_s", "model": "7b", "value": res["step_s"],
+                  "unit": "s", "better": "lower"}, out)  # fmt: skip
 
 
 if __name__ == "__main__":

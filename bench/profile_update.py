@@ -5,11 +5,20 @@ The work is `bench/gpu_e2e.py`'s update: ``--seqs`` rows of ``--prompt-len`` +
 ``--response-len`` tokens (random ids, every token real), the PPO clip loss with
 ``use_kl_loss=false``, packed micro-batches of ``--max-tokens`` tokens, one AdamW step.
 A warm-up step runs first. JSON lines: ``update_s`` and ``mfu`` of the profiled step
-(FLOPs as `perf/mfu/actor` counts them), and ``kernel`` lines: the top ``--top``
-CUDA kernels (or CPU ops on a CPU) by self time, with their share of the step's
-device time.
+(FLOPs as `perf/mfu/actor` counts them), ``update_s_plain`` / ``mfu_plain`` of a step
+without the profiler, and ``kernel`` lines: the top ``--top`` CUDA kernels (or CPU ops
+on a CPU) by self time, with their share of the step's device time.
+
+``--variants`` runs several engine set-ups one after the other on the same batch and
+old log-probs (each from the same initial weights, so the warm-up steps' ``loss`` and
+``grad_norm``, in the ``first_step`` lines, compare the set-ups' arithmetic):
+``fsdp`` (the default on a GPU: FSDP2 bf16 compute, fp32 master weights),
+``autocast`` (the unwrapped fp32 model under torch.autocast, as before), each with an
+optional ``@TOKENS`` micro-batch token budget and ``#CHUNK`` log-prob chunk size,
+e.g. ``--variants autocast,fsdp,fsdp@32768#4096``.
 
     python bench/profile_update.py [--seqs 512] [--preset qwen2.5-0.5b] [--device cuda]
+        [--variants fsdp]
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ import argparse
 import json
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -51,8 +61,31 @@ def main() -> None:
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--top", type=int, default=15)
     p.add_argument("--model-dir", default=None)
+    p.add_argument("--variants", default="fsdp", help="comma-separated, see the docstring")
+    p.add_argument("--no-profile", action="store_true", help="time steps only, no profiler")
     args = p.parse_args()
     args.sft_steps = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        path = build_model(args, Path(tmp))
+        old = None
+        for variant in args.variants.split(","):
+            old = run_variant(args, path, variant, old)
+
+
+def parse_variant(text: str, args: argparse.Namespace) -> dict:
+    """``NAME[@TOKENS][#CHUNK]`` as engine options."""
+    name, _, chunk = text.partition("#")
+    name, _, tokens = name.partition("@")
+    if name not in ("fsdp", "autocast"):
+        raise SystemExit(f"unknown variant {text!r}: use fsdp or autocast[@TOKENS][#CHUNK]")
+    return {"fsdp": name == "fsdp", "max_tokens": int(tokens or args.max_tokens),
+            "chunk": int(chunk or 1024)}  # fmt: skip
+
+
+def run_variant(args: argparse.Namespace, path: Path, variant: str, old):
+    """Profile one set-up; returns the old log-probs (computed by the first one)."""
+    import gc
+
     from torch.profiler import ProfilerActivity, profile
 
     from rayrl.batch import Batch
@@ -61,38 +94,72 @@ def main() -> None:
     from rayrl.workers.common import update_perf_metrics
     from rayrl.workers.losses import actor_loss_fn
 
-    with tempfile.TemporaryDirectory() as tmp:
-        path = build_model(args, Path(tmp))
-        engine = TrainEngine(path, optim={"lr": 1e-6}, total_steps=10, device=args.device)
-        batch = make_batch(args.seqs, args.prompt_len, args.response_len, engine.config.vocab_size)
-        old = engine.forward(batch, max_tokens_per_micro_batch=args.max_tokens)["log_probs"]
-        batch = batch.union(Batch({"old_log_probs": old}))
-        loss = actor_loss_fn(ActorConfig(use_kl_loss=False), args.response_len)
-        engine.train_step(batch, loss, max_tokens_per_micro_batch=args.max_tokens)  # warm-up
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
-        with profile(activities=activities) as prof:
-            start = time.perf_counter()
-            metrics = engine.train_step(batch, loss, max_tokens_per_micro_batch=args.max_tokens)
-            if args.device == "cuda":
-                torch.cuda.synchronize()
-            seconds = time.perf_counter() - start
-        flops = engine.train_flops(batch)
-    base = {"bench": BENCH, "preset": args.preset, "seqs": args.seqs,
+    opts = parse_variant(variant, args)
+    engine = TrainEngine(
+        path, optim={"lr": 1e-6}, total_steps=10, device=args.device,
+        fsdp=opts["fsdp"] if args.device == "cuda" else None, logit_chunk_size=opts["chunk"],
+    )  # fmt: skip
+    budget = opts["max_tokens"]
+    batch = make_batch(args.seqs, args.prompt_len, args.response_len, engine.config.vocab_size)
+    if old is None:
+        old = engine.forward(batch, max_tokens_per_micro_batch=budget)["log_probs"]
+    batch = batch.union(Batch({"old_log_probs": old}))
+    loss = actor_loss_fn(ActorConfig(use_kl_loss=False), args.response_len)
+    base = {"bench": BENCH, "preset": args.preset, "seqs": args.seqs, "variant": variant,
+            "fsdp": engine.fsdp, "max_tokens": budget, "chunk": opts["chunk"],
             "tokens": args.seqs * (args.prompt_len + args.response_len),
             "hardware": hardware(args.device)}  # fmt: skip
-    emit({**base, "metric": "update_s", "value": seconds, "unit": "s"})
-    perf = update_perf_metrics(flops, seconds, torch.device(args.device))
-    if "mfu" in perf:
-        emit({**base, "metric": "mfu", "value": perf["mfu"], "unit": "fraction",
-              "target": 0.4, "better": "higher"})  # fmt: skip
+    try:
+        first = engine.train_step(batch, loss, max_tokens_per_micro_batch=budget)  # warm-up
+    except torch.OutOfMemoryError as err:
+        emit({**base, "metric": "error", "value": None, "unit": "", "error": str(err)[:200]})
+        del engine
+        gc.collect()
+        torch.cuda.empty_cache()
+        return old
+    emit({**base, "metric": "first_step", "value": None, "unit": "",
+          "loss": first["loss"], "grad_norm": first["grad_norm"]})  # fmt: skip
+    _sync(args.device)
+    start = time.perf_counter()
+    engine.train_step(batch, loss, max_tokens_per_micro_batch=budget)
+    _sync(args.device)
+    plain = time.perf_counter() - start
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
+    with profile(activities=activities) if not args.no_profile else nullcontext() as prof:
+        start = time.perf_counter()
+        metrics = engine.train_step(batch, loss, max_tokens_per_micro_batch=budget)
+        _sync(args.device)
+        seconds = time.perf_counter() - start
+    flops = engine.train_flops(batch)
+    if args.device == "cuda":
+        base["peak_mem_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
+        torch.cuda.reset_peak_memory_stats()
+    del engine
+    gc.collect()
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
+    for name, secs in (("update_s_plain", plain), ("update_s", seconds)):
+        emit({**base, "metric": name, "value": secs, "unit": "s"})
+        perf = update_perf_metrics(flops, secs, torch.device(args.device))
+        if "mfu" in perf:
+            emit({**base, "metric": name.replace("update_s", "mfu"), "value": perf["mfu"],
+                  "unit": "fraction", "target": 0.4, "better": "higher"})  # fmt: skip
     emit({**base, "metric": "train_step_metrics", "value": None, "unit": "",
           "metrics": {k: v for k, v in metrics.items() if isinstance(v, float)}})  # fmt: skip
+    if args.no_profile:
+        return old
     key = "self_device_time_total" if args.device == "cuda" else "self_cpu_time_total"
     events = [e for e in prof.key_averages() if getattr(e, key, 0) > 0]
     total = sum(getattr(e, key) for e in events) or 1.0
     for e in sorted(events, key=lambda e: -getattr(e, key))[: args.top]:
         emit({**base, "metric": "kernel", "value": getattr(e, key) / 1e3, "unit": "ms",
               "name": e.key[:120], "calls": e.count, "share": getattr(e, key) / total})  # fmt: skip
+    return old
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
 
 
 def emit(line: dict) -> None:

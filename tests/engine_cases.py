@@ -147,3 +147,39 @@ def count_calls(module, names: tuple[str, ...]) -> list[int]:
         if hasattr(module, name):
             setattr(module, name, counting(getattr(module, name)))
     return count
+
+
+def one_rank_fsdp_worker(rank: int, model_dir: str, out_dir: str) -> None:
+    """The one-process steps of `test_engine_fsdp` with the model in FSDP2 over a
+    one-rank mesh (the engine forms the process group itself), then what reads its
+    state: full weights, streamed weights, a snapshot put back, a checkpoint loaded."""
+    import torch.distributed as dist
+
+    from rayrl.engines.train import TrainEngine
+
+    engine = TrainEngine(model_dir, optim=OPTIM, fsdp=True)
+    try:
+        assert dist.is_initialized() and dist.get_world_size() == 1 and not engine.sharded
+        a = engine.train_step(step_a_batch(), pg_loss, mini_batch_size=4, micro_batch_size=3)
+        snap = engine.snapshot()
+        engine.save(Path(out_dir) / "ckpt")
+        b = engine.train_step(step_b_batch(), pg_loss, max_tokens_per_micro_batch=STEP_B_BUDGET)
+        result = {
+            "a": a, "b": b, "weights": engine.full_state_dict(cpu_offload=True),
+            "streamed": [(k, v.clone()) for k, v in engine.rollout_weights(torch.bfloat16, 1 << 12)],
+            "forward": engine.forward(step_a_batch(), micro_batch_size=2, with_entropy=True).tensors,
+            "dtensor": hasattr(next(engine.model.parameters()), "full_tensor"),
+        }  # fmt: skip
+        engine.offload()
+        engine.onload()
+        engine.restore(snap)  # back to after step A: step B again gives the same
+        result["b_after_restore"] = engine.train_step(
+            step_b_batch(), pg_loss, max_tokens_per_micro_batch=STEP_B_BUDGET
+        )
+        engine.load(Path(out_dir) / "ckpt")
+        result["b_after_load"] = engine.train_step(
+            step_b_batch(), pg_loss, max_tokens_per_micro_batch=STEP_B_BUDGET
+        )
+        torch.save(result, Path(out_dir) / "one_rank_fsdp.pt")
+    finally:
+        dist.destroy_process_group()

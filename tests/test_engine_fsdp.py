@@ -21,6 +21,7 @@ from engine_cases import (
     STEP_A_ROWS,
     STEP_B_BUDGET,
     fsdp_worker,
+    one_rank_fsdp_worker,
     pg_loss,
     step_a_batch,
     step_b_batch,
@@ -111,3 +112,33 @@ def test_two_rank_checkpoint_loads_on_one_rank(two_rank_run, tiny_model_dir):  #
     ids = step_a_batch()["input_ids"][:3]
     with torch.no_grad():
         torch.testing.assert_close(exported(ids).logits, engine.model(ids).logits)
+
+
+@pytest.fixture(scope="module")
+def one_rank_fsdp(tiny_model_dir, tmp_path_factory):  # noqa: F811
+    out = tmp_path_factory.mktemp("fsdp1")
+    mp.spawn(one_rank_fsdp_worker, args=(str(tiny_model_dir), str(out)), nprocs=1)
+    return torch.load(out / "one_rank_fsdp.pt", weights_only=False)
+
+
+def test_fsdp_over_one_rank_matches_the_plain_engine(one_rank_fsdp, one_rank):
+    """How one GPU trains (FSDP2 on a one-rank mesh, `TrainEngine.fsdp`), here in fp32 on
+    CPU: the same steps, weights, streamed weights, forward, snapshot and checkpoint as
+    the unwrapped engine."""
+    r = one_rank_fsdp
+    engine, a, b = one_rank
+    assert r["dtensor"]
+    for mine, ref in ((r["a"], a), (r["b"], b), (r["b_after_restore"], b), (r["b_after_load"], b)):
+        assert _close(mine["loss"], ref["loss"]) and _close(mine["grad_norm"], ref["grad_norm"])
+    state = engine.model.state_dict()
+    assert set(r["weights"]) == set(state)
+    for name, value in state.items():
+        torch.testing.assert_close(r["weights"][name], value, atol=2e-5, rtol=0, msg=name)
+    streamed = dict(r["streamed"])
+    assert "model.embed_tokens.weight" in streamed and "lm_head.weight" not in streamed
+    for name, value in streamed.items():
+        assert value.dtype == torch.bfloat16
+        assert torch.equal(value, r["weights"][name].to(torch.bfloat16)), name
+    ref = engine.forward(step_a_batch(), micro_batch_size=2, with_entropy=True)
+    torch.testing.assert_close(r["forward"]["log_probs"], ref["log_probs"], atol=2e-4, rtol=0)
+    torch.testing.assert_close(r["forward"]["entropy"], ref["entropy"], atol=2e-4, rtol=0)

@@ -1,7 +1,10 @@
 """FSDP2 wrapping, mixed precision and CPU offload for the training engine.
 
 `shard_model` applies ``torch.distributed.fsdp.fully_shard`` to every decoder layer
-and then to the root module, over a 1-D device mesh of all ranks. On GPU the
+and then to the root module, over a 1-D device mesh of all ranks (one rank too: then
+it is how a single GPU computes in bf16 from fp32 master weights, each weight cast
+once per forward or backward of its layer instead of at every use as autocast does;
+`ensure_process_group` gives such a process the one-rank group a mesh needs). On GPU the
 parameters are cast to bf16 for compute while the sharded fp32 parameters stay the
 master copy the optimizer updates, and gradients are reduced in fp32; on CPU
 everything stays fp32. `offload_*` / `onload_*` move parameters, gradients and
@@ -17,6 +20,7 @@ from torch import nn
 __all__ = [
     "decoder_layers",
     "dp_world_size",
+    "ensure_process_group",
     "offload_model",
     "offload_optimizer",
     "onload_model",
@@ -28,6 +32,15 @@ __all__ = [
 def dp_world_size() -> int:
     """Ranks in the default process group, or 1 when torch.distributed is not set up."""
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def ensure_process_group(device_type: str) -> None:
+    """A one-rank default process group when this process has none (an engine on one
+    device; a group of several ranks is formed by the worker group before)."""
+    if dist.is_initialized():
+        return
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -63,6 +76,7 @@ def shard_model(
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    ensure_process_group(device_type)
     mesh = init_device_mesh(device_type, (dp_world_size(),))
     if mixed_precision:
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -95,28 +109,47 @@ def onload_model(model: nn.Module, device: torch.device) -> None:
     model.to(device)
 
 
-def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device | str) -> None:
-    """Move the state tensors (not the step counts) to ``device``.
+def _move_optimizer_state(
+    optimizer: torch.optim.Optimizer, device: torch.device | str, params: list | None = None
+) -> None:
+    """Move the state tensors (not the step counts) of ``params`` (default: all) to ``device``.
 
-    Moving from a GPU to the host copies into pinned buffers kept on the optimizer
-    (allocated once, reused every offload), so both directions run at full PCIe speed.
+    Moving from a GPU to the host copies (an FSDP2 shard's state: its local part) into
+    pinned buffers kept on the optimizer (allocated once, reused every offload), so both
+    directions run at full PCIe speed.
     """
     device = torch.device(device)
     host = optimizer.__dict__.setdefault("_rayrl_host_state", {})
-    for param, state in optimizer.state.items():
+    states = optimizer.state.items() if params is None else [
+        (p, optimizer.state[p]) for p in params if p in optimizer.state
+    ]  # fmt: skip
+    for param, state in states:
         for key, value in state.items():
             if not isinstance(value, torch.Tensor) or key == "step" or value.device == device:
                 continue
-            if device.type == "cpu" and value.is_cuda and not hasattr(value, "to_local"):
+            if device.type == "cpu" and value.device.type == "cuda":
+                local = value.to_local() if hasattr(value, "to_local") else value
                 slot = (id(param), key)
                 buffer = host.get(slot)
-                if buffer is None or buffer.shape != value.shape or buffer.dtype != value.dtype:
-                    buffer = host[slot] = _host_buffer(value)
-                state[key] = buffer.copy_(value, non_blocking=True)
+                if buffer is None or buffer.shape != local.shape or buffer.dtype != local.dtype:
+                    buffer = host[slot] = _host_buffer(local)
+                state[key] = _like(value, buffer.copy_(local, non_blocking=True))
             else:
                 state[key] = value.to(device, non_blocking=True)
     if device.type == "cpu" and torch.cuda.is_available():
         torch.cuda.synchronize()
+
+
+def _like(value: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """``local`` as ``value`` is: the same DTensor layout (an FSDP2 shard's state) or plain."""
+    if not hasattr(value, "to_local"):
+        return local
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(
+        local, value.device_mesh, value.placements, run_check=False,
+        shape=value.shape, stride=value.stride(),
+    )  # fmt: skip
 
 
 def _host_buffer(like: torch.Tensor) -> torch.Tensor:
@@ -127,14 +160,18 @@ def _host_buffer(like: torch.Tensor) -> torch.Tensor:
         return torch.empty(like.shape, dtype=like.dtype, device="cpu")
 
 
-def offload_optimizer(optimizer: torch.optim.Optimizer) -> None:
-    """Move the optimizer's state tensors (Adam moments) to host memory."""
+def offload_optimizer(optimizer: torch.optim.Optimizer, params: list | None = None) -> None:
+    """Move the optimizer's state tensors (Adam moments) of ``params`` (default: all) to
+    host memory."""
     devices = {v.device for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)}
-    _move_optimizer_state(optimizer, "cpu")
-    for device in devices:
-        _empty_cache(device)
+    _move_optimizer_state(optimizer, "cpu", params)
+    if params is None:
+        for device in devices:
+            _empty_cache(device)
 
 
-def onload_optimizer(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
-    """Move the optimizer's state tensors back to ``device``."""
-    _move_optimizer_state(optimizer, device)
+def onload_optimizer(
+    optimizer: torch.optim.Optimizer, device: torch.device, params: list | None = None
+) -> None:
+    """Move the optimizer's state tensors of ``params`` (default: all) back to ``device``."""
+    _move_optimizer_state(optimizer, device, params)

@@ -8,8 +8,10 @@ Two ways to move them:
 * by policy (verl's ``param_offload`` / ``optimizer_offload``): with
   ``param_offload`` the parameters live in host memory between engine calls and
   `resident()` brings them to the device for one call; with ``optimizer_offload`` the
-  Adam moments live in host memory except inside `stepping()` (the optimizer step), so
-  the device holds them only for the few milliseconds of the update.
+  Adam moments live in host memory, and `step()` brings them to the device a slice of
+  parameters at a time (``STEP_SLICE_BYTES`` of moments): the device never holds them
+  whole (a 7B model's are 60 GB, which with its fp32 weights and gradients would not
+  fit one 141 GB GPU). `stepping()` brings them all, for checkpoints.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from torch import nn
 
 from rayrl.engines.fsdp import offload_model, offload_optimizer, onload_model, onload_optimizer
 
-__all__ = ["Residency"]
+__all__ = ["STEP_SLICE_BYTES", "Residency"]
+
+STEP_SLICE_BYTES = 4 << 30  # Adam moments on the device at once, with optimizer_offload
 
 
 class Residency:
@@ -91,9 +95,33 @@ class Residency:
             offload_model(self.model)
             self._params_home = True
 
+    def step(self) -> None:
+        """The optimizer step. With ``optimizer_offload``, slice by slice of the
+        parameters that have gradients: a slice's moments come to the device, the
+        optimizer steps that slice (the others' gradients are hidden from it, so it
+        skips them; Adam is elementwise, so the result is one whole step's), and the
+        moments go home before the next slice."""
+        if not self.optimizer_offload:
+            self.optimizer.step()
+            return
+        params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+        grads = {p: p.grad for p in params}
+        try:
+            for part in _slices(params, STEP_SLICE_BYTES // 2):  # two moments per element
+                for p in params:
+                    p.grad = None
+                for p in part:
+                    p.grad = grads[p]
+                onload_optimizer(self.optimizer, self.device, part)
+                self.optimizer.step()
+                offload_optimizer(self.optimizer, part)
+        finally:
+            for p, grad in grads.items():
+                p.grad = grad
+
     @contextmanager
     def stepping(self) -> Iterator[None]:
-        """Optimizer state on the device for the optimizer step; back home after."""
+        """Optimizer state on the device inside the block (a checkpoint); back home after."""
         if not self.optimizer_offload:
             yield
             return
@@ -102,3 +130,16 @@ class Residency:
             yield
         finally:
             offload_optimizer(self.optimizer)
+
+
+def _slices(params: list[nn.Parameter], nbytes: int) -> Iterator[list[nn.Parameter]]:
+    """Consecutive runs of ``params`` of about ``nbytes`` each (one parameter at least)."""
+    part, size = [], 0
+    for p in params:
+        part.append(p)
+        size += p.numel() * p.element_size()
+        if size >= nbytes:
+            yield part
+            part, size = [], 0
+    if part:
+        yield part

@@ -3,7 +3,7 @@
 `TrainEngine` is what actor, reference and critic workers hold. It loads a model
 directory (a causal LM, or with ``value_head=True`` the same weights under a one-label
 token-classification head: the critic), shards it with FSDP2 when torch.distributed
-is initialised (gloo on CPU, NCCL on GPU), and offers:
+is initialised with several ranks (gloo on CPU, NCCL on GPU), and offers:
 
 * `forward(batch)`: per-token log-probs (and entropy) or values over the response
   columns, without gradients, micro-batch by micro-batch;
@@ -14,6 +14,13 @@ is initialised (gloo on CPU, NCCL on GPU), and offers:
 * `rollout_weights(dtype)`: full weights for a rollout engine, streamed in its dtype;
 * `offload()` / `onload()`, or the ``param_offload`` / ``optimizer_offload`` policies
   (`rayrl.engines.residency`); `save()` / `load()` (sharded), `export_hf()`.
+
+On one GPU, fp32 weights are wrapped in FSDP2 too, over a one-rank mesh
+(``self.fsdp``; ``self.sharded`` stays False: nothing to reduce over ranks): its
+mixed-precision policy casts each layer's weights to bf16 once per forward and
+backward, where autocast cast every weight at every use (a fifth of the update's
+device time on an H200), while the fp32 weights stay the optimizer's master copy and
+gradients accumulate in fp32. One process on a CPU stays unwrapped, in fp32.
 
 Packed rows attend per sequence (`rayrl.engines.attention`), and a causal LM's output
 head returns log-probs without materialising logits (`rayrl.engines.logprob_head`).
@@ -107,6 +114,8 @@ class TrainEngine:
         trainable: False builds no optimizer and freezes the weights (a reference
             policy): `forward` and `export_hf` work, training and checkpoints do not.
         trust_remote_code: let transformers run the model directory's own code.
+        fsdp: wrap the model in FSDP2 on one rank too (None: when it computes in bf16
+            from weights of another dtype, i.e. on a GPU); several ranks always are.
     """
 
     def __init__(
@@ -130,6 +139,7 @@ class TrainEngine:
         trust_remote_code: bool = False,
         param_offload: bool = False,
         optimizer_offload: bool = False,
+        fsdp: bool | None = None,
     ) -> None:
         self._args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self.model_path = str(model_path)
@@ -153,7 +163,10 @@ class TrainEngine:
         self.generation_config = getattr(model, "generation_config", None)
         if gradient_checkpointing:
             model.gradient_checkpointing_enable({"use_reentrant": False})
-        if self.sharded:
+        self.fsdp = self.sharded or (
+            fsdp if fsdp is not None else self.mixed_precision and _weights_dtype(model) != torch.bfloat16
+        )
+        if self.fsdp:
             shard_model(model, self.device.type, self.mixed_precision)
         elif not param_offload:
             model.to(self.device)
@@ -344,8 +357,7 @@ class TrainEngine:
             self.optimizer.zero_grad(set_to_none=True)
             self.skipped_steps += 1
             return None
-        with self.residency.stepping():
-            self.optimizer.step()
+        self.residency.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.optimizer_steps += 1
         return norm
@@ -368,7 +380,7 @@ class TrainEngine:
             micro.meta["dp_size"] = self.world_size
         autocast = (
             torch.autocast("cuda", dtype=torch.bfloat16)
-            if self.mixed_precision and not self.sharded
+            if self.mixed_precision and not self.fsdp
             else nullcontext()
         )
         with autocast:
@@ -512,3 +524,8 @@ class TrainEngine:
     def adapters_disabled(self):
         """Context in which forward passes run the base model (LoRA only)."""
         return adapters_disabled(self.model)
+
+
+def _weights_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype of the model's floating-point parameters (the first one's)."""
+    return next(p.dtype for p in model.parameters() if p.is_floating_point())

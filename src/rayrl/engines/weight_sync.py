@@ -62,8 +62,11 @@ def _gather_bucket(params: list[tuple[str, Tensor]], dtype: torch.dtype) -> list
         shard = p.detach().to_local().reshape(-1)
         local[at : at + shard.numel()].copy_(shard)
         at += size
-    gathered = torch.empty(world * local.numel(), dtype=dtype, device=local.device)
-    dist.all_gather_into_tensor(gathered, local, group=mesh.get_group())
+    if world == 1:  # FSDP2 on one rank (one GPU): the shard is the tensor
+        gathered = local
+    else:
+        gathered = torch.empty(world * local.numel(), dtype=dtype, device=local.device)
+        dist.all_gather_into_tensor(gathered, local, group=mesh.get_group())
     gathered = gathered.view(world, -1)
     out, at = [], 0
     for (name, _), shape, size in zip(params, shapes, chunk, strict=True):

@@ -313,12 +313,12 @@ def _engine_options(config: RayRLConfig) -> dict[str, Any]:
 
 def _rollout_placement(actor: TrainEngine, arr: Any) -> tuple[torch.dtype, bool]:
     """The rollout's weight dtype (bf16 on a GPU, else the actor's) and whether it needs
-    its own copy: always, except an HF rollout on an unsharded, resident actor whose
-    weights already have that dtype (then it wraps the training module itself)."""
+    its own copy: always, except an HF rollout on a resident actor not wrapped in FSDP
+    whose weights already have that dtype (then it wraps the training module itself)."""
     actor_dtype = next(actor.model.parameters()).dtype
     dtype = torch.bfloat16 if actor.device.type == "cuda" else actor_dtype
     shared = (
-        arr.rollout.name == "hf" and not actor.sharded and actor_dtype == dtype
+        arr.rollout.name == "hf" and not actor.fsdp and actor_dtype == dtype
         and not (actor.residency.param_offload and actor.device.type == "cuda")
     )  # fmt: skip
     return dtype, not shared
