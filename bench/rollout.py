@@ -19,7 +19,7 @@ matmul rate, whichever binds, summed over the prefill and every decode step.
 
     python bench/rollout.py [--device cuda|cpu] [--shape reference|tiny]
         [--engines native,rayrl_hf,hf_dynamic,hf_static] [--workloads A,B]
-        [--skip hf_dynamic@B,...] [--repeats 3] [--profile] [--tune-decode]
+        [--skip hf_dynamic@B,...] [--repeats 3] [--profile] [--tune-decode] [--sync-decode]
         [--out bench/results/rollout-DATE.jsonl]
 
 ``--profile`` adds the native engine's top CUDA kernels and GPU busy fraction;
@@ -94,6 +94,7 @@ def run_native(model, prompts, out_lens, args) -> Callable[[], None]:
     engine = NativeRolloutEngine(
         model=model, device=args.device, gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_seqs=args.max_num_seqs, max_model_len=4096 if args.shape == "reference" else 64,
+        overlap_decode=not args.sync_decode,
     )  # fmt: skip
     params = SamplingParams(max_new_tokens=int(out_lens.max()), ignore_eos=True, seed=1)
     # Warm-up on the workload itself: Triton autotuning and the CUDA graphs of the batch
@@ -264,6 +265,8 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=1, help="timed runs of the native engine")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--sync-decode", action="store_true",
+                        help="native: commit each decode step before launching the next")  # fmt: skip
     parser.add_argument("--tune-decode", action="store_true", help="sweep the decode kernel first")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -288,6 +291,7 @@ def main() -> None:
             extra = {"workload": name, "engine": engine, "generated_tokens": tokens,
                      "seconds": round(seconds, 3)}  # fmt: skip
             if engine == "native":
+                extra["overlap_decode"] = run_native.engine.overlap
                 extra.update(run_native.engine.last_stats)
                 extra["kv_cache_gb"] = round(run_native.engine.cache.nbytes / 2**30, 2)
             target = TARGETS.get(("tokens_per_s", name)) if engine == "native" else None
