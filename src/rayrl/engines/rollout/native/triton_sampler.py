@@ -32,7 +32,8 @@ from rayrl.engines.rollout.sampling import SamplingParams
 __all__ = ["fused_sample", "fused_sample_packed"]
 
 _SLICE = 8192  # vocabulary entries per program
-_BLOCK = 1024  # lanes of a program: tokens per loop iteration
+_BLOCK = 512  # lanes of a program: tokens per loop iteration (the fastest of 7
+# (slice, lanes, warps) settings on the H200: docs/benchmarks.md, rollout run 5)
 _WARPS = 4
 _GOLDEN = tl.constexpr(0x9E3779B97F4A7C15)  # the constants of sampling.py, as uint64
 _MUL1 = tl.constexpr(0xBF58476D1CE4E5B9)
