@@ -19,11 +19,14 @@ matmul rate, whichever binds, summed over the prefill and every decode step.
 
     python bench/rollout.py [--device cuda|cpu] [--shape reference|tiny]
         [--engines native,rayrl_hf,hf_dynamic,hf_static] [--workloads A,B]
-        [--skip hf_dynamic@B,...] [--repeats 3] [--profile] [--tune-decode]
+        [--skip hf_dynamic@B,...] [--repeats 3] [--profile] [--tune-decode] [--tune-sampler]
+        [--sync-decode]
         [--out bench/results/rollout-DATE.jsonl]
 
 ``--profile`` adds the native engine's top CUDA kernels and GPU busy fraction;
-``--tune-decode`` first sweeps the decode-attention kernel's launch settings.
+``--tune-decode`` / ``--tune-sampler`` first sweep the decode-attention / sampler kernel's
+launch settings. Engine ``native_sync`` is the native engine without overlapped decode
+(``--sync-decode`` turns it off for ``native`` too).
 
 ``--device cpu --shape tiny`` is a smoke run (small workloads, a tiny model).
 """
@@ -90,10 +93,11 @@ def padded(prompts: list[np.ndarray], device: str) -> tuple[torch.Tensor, torch.
 
 
 # ---------------------------------------------------------------- engines
-def run_native(model, prompts, out_lens, args) -> Callable[[], None]:
+def run_native(model, prompts, out_lens, args, overlap: bool = True) -> Callable[[], None]:
     engine = NativeRolloutEngine(
         model=model, device=args.device, gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_seqs=args.max_num_seqs, max_model_len=4096 if args.shape == "reference" else 64,
+        overlap_decode=overlap and not args.sync_decode,
     )  # fmt: skip
     params = SamplingParams(max_new_tokens=int(out_lens.max()), ignore_eos=True, seed=1)
     # Warm-up on the workload itself: Triton autotuning and the CUDA graphs of the batch
@@ -105,6 +109,11 @@ def run_native(model, prompts, out_lens, args) -> Callable[[], None]:
         engine.generate_token_ids(prompts, params, max_new_tokens=out_lens)
 
     return run
+
+
+def run_native_sync(model, prompts, out_lens, args) -> Callable[[], None]:
+    """The native engine with every decode step committed before the next is launched."""
+    return run_native(model, prompts, out_lens, args, overlap=False)
 
 
 def run_rayrl_hf(model, prompts, out_lens, args) -> Callable[[], None]:
@@ -147,6 +156,7 @@ def run_hf(cache: str):
 
 ENGINES = {
     "native": run_native,
+    "native_sync": run_native_sync,
     "rayrl_hf": run_rayrl_hf,
     "hf_dynamic": run_hf("dynamic"),
     "hf_static": run_hf("static"),
@@ -253,6 +263,20 @@ def tune_decode(out) -> None:
               "ctx1100_ms": round(ms[1], 4), "chosen": config == best}, out)  # fmt: skip
 
 
+def tune_sampler(out) -> None:
+    """Time the fused sampler's launch settings (bench/sampler_kernel.py) on workload A's
+    sampling shape; keep the fastest that draws the reference tokens, for this run."""
+    from rayrl.engines.rollout.native import triton_sampler as ts
+    from sampler_kernel import sweep
+
+    records = sweep(256, reference_05b().vocab_size, temperatures=(1.0,))
+    good = [r for r in records if r["tokens_equal_reference"]]
+    best = min(good, key=lambda r: r["value"])
+    ts._SLICE, ts._BLOCK, ts._WARPS = best["setting"]
+    for record in records:
+        emit({**record, "chosen": record is best}, out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -264,13 +288,18 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=1, help="timed runs of the native engine")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--sync-decode", action="store_true",
+                        help="native: commit each decode step before launching the next")  # fmt: skip
     parser.add_argument("--tune-decode", action="store_true", help="sweep the decode kernel first")
+    parser.add_argument("--tune-sampler", action="store_true", help="sweep the sampler kernel first")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     args.shape = args.shape or ("reference" if args.device == "cuda" else "tiny")
     out = open(args.out, "a") if args.out else None  # noqa: SIM115
     if args.tune_decode and args.device == "cuda":
         tune_decode(out)
+    if args.tune_sampler and args.device == "cuda":
+        tune_sampler(out)
     model = build_model(args.shape, args.device)
     base = {"bench": "rollout", "shape": args.shape, "hardware": hardware(args.device),
             "date": datetime.date.today().isoformat()}  # fmt: skip
@@ -282,12 +311,14 @@ def main() -> None:
             if f"{engine}@{name}" in args.skip.split(","):
                 continue
             run = ENGINES[engine](model, prompts, out_lens, args)
-            runs = [timed(run, args.device) for _ in range(args.repeats if engine == "native" else 1)]
+            runs = [timed(run, args.device) for _ in range(args.repeats if engine.startswith("native") else 1)]
             seconds, peak = sorted(runs)[len(runs) // 2]
             rates[engine] = tokens / seconds
             extra = {"workload": name, "engine": engine, "generated_tokens": tokens,
                      "seconds": round(seconds, 3)}  # fmt: skip
-            if engine == "native":
+            native = engine.startswith("native")
+            if native:
+                extra["overlap_decode"] = run_native.engine.overlap
                 extra.update(run_native.engine.last_stats)
                 extra["kv_cache_gb"] = round(run_native.engine.cache.nbytes / 2**30, 2)
             target = TARGETS.get(("tokens_per_s", name)) if engine == "native" else None
@@ -300,7 +331,7 @@ def main() -> None:
                   "workload": name, "engine": engine}, out)  # fmt: skip
             if engine == "native" and args.profile and args.device == "cuda":
                 profile_native(run, seconds, name, out)
-            if engine == "native":
+            if native:
                 run_native.engine.sleep()
                 del run_native.engine
             torch.cuda.empty_cache() if args.device == "cuda" else None

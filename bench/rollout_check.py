@@ -6,8 +6,8 @@
    chunked prefill attention, and the fused sampler against `reference_sample_tokens`.
 2. The engine on the reference shape (random weights): greedy tokens against
    transformers' greedy ``generate()`` in float32; CUDA graphs against eager; Triton
-   against torch kernels in bfloat16; sampled tokens the same in another batch order;
-   and ``sleep()`` releasing the KV cache.
+   against torch kernels in bfloat16; overlapped decode against the synchronous path;
+   sampled tokens the same in another batch order; and ``sleep()`` releasing the KV cache.
 
     python bench/rollout_check.py [--prompts 8] [--new 32]
 """
@@ -143,6 +143,7 @@ def check_engine(n_prompts: int, new: int) -> None:
         engine = NativeRolloutEngine(model=model, kernels=kernels, enforce_eager=eager, **kw)
         results[(kernels, eager)] = engine.generate_token_ids(prompts, greedy)
         if (kernels, eager) == ("triton", False):
+            check_overlap(engine, prompts, new)
             check_sampling_and_sleep(engine, prompts, new)
         del engine
         torch.cuda.empty_cache()
@@ -151,6 +152,32 @@ def check_engine(n_prompts: int, new: int) -> None:
         ta, tb = results[a].tokens, results[b].tokens
         emit(check=what, dtype="bfloat16", greedy_token_agreement=float((ta == tb).float().mean()),
              first_token_log_prob_max_err=float((results[a].log_probs[:, 0] - results[b].log_probs[:, 0]).abs().max()))  # fmt: skip
+
+
+def check_overlap(engine, prompts, new) -> None:
+    """Overlapped decode (tokens fed on the device, stops a step late) against the
+    synchronous path: seeded samples with per-row lengths, greedy with a stop token."""
+    limits = [new - (i % 5) * 3 for i in range(2 * len(prompts))]
+    free = engine.generate_token_ids(prompts, SamplingParams(do_sample=False, max_new_tokens=new,
+                                                             ignore_eos=True)).tokens  # fmt: skip
+    stop = int(free[:, 1:].flatten().mode().values)  # a frequent token: several rows stop
+    cases = {"sampled_lengths": (SamplingParams(n=2, max_new_tokens=new, ignore_eos=True, seed=3), limits),
+             "greedy_stop_token": (SamplingParams(do_sample=False, max_new_tokens=new, ignore_eos=True,
+                                                  stop_token_ids=(stop,)), None)}  # fmt: skip
+    for name, (params, lengths) in cases.items():
+        outs, stats = [], []
+        for overlap in (False, True):
+            engine.overlap = overlap
+            outs.append(engine.generate_token_ids(prompts, params, max_new_tokens=lengths))
+            stats.append(engine.last_stats)
+        a, b = outs
+        emit(check="overlap_vs_sync", case=name, dtype="bfloat16",
+             tokens_equal=bool(torch.equal(a.tokens, b.tokens)),
+             lengths_equal=bool(torch.equal(a.lengths, b.lengths)),
+             log_probs_equal=bool(torch.equal(a.log_probs, b.log_probs)),
+             stopped=int(b.stopped.sum()), overlapped_steps=stats[1]["overlapped_steps"],
+             dropped_tokens=stats[1]["dropped_tokens"])  # fmt: skip
+    engine.overlap = True
 
 
 def check_sampling_and_sleep(engine, prompts, new) -> None:

@@ -5,6 +5,8 @@ stop tokens and strings; n samples sharing one prefill; sleep/wake; weight updat
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -206,6 +208,43 @@ def test_stop_tokens_strings_and_eos(engine, tokenizer):
     enders = {stop, *engine.eos_ids}
     want = [next((i + 1 for i, t in enumerate(row) if t in enders), R) for row in free.tolist()]
     assert eos_out.lengths.tolist() == want and want != out.lengths.tolist()
+
+
+@pytest.mark.parametrize("cache_tokens", [65536, 64], ids=["roomy", "preempting"])
+def test_overlapped_decode_matches_the_synchronous_path(model_dir, tokenizer, cache_tokens):
+    """Decode steps launched before the last one's commit (input tokens fed on the device,
+    stops found a step late, the extra token dropped) give exactly the synchronous outputs:
+    greedy and seeded sampling, stop tokens, stop strings, per-row length limits, and
+    preemption (which falls back to the synchronous path)."""
+    prompts = [tokenizer.encode(t) for t in TEXTS]
+    kw = dict(model_path=model_dir, tokenizer=tokenizer, device="cpu", block_size=4,
+              max_num_seqs=16, max_num_batched_tokens=8, cpu_cache_tokens=cache_tokens)  # fmt: skip
+    sync = NativeRolloutEngine(overlap_decode=False, **kw)
+    overlap = NativeRolloutEngine(**kw)
+    free = sync.generate_token_ids(prompts, SamplingParams(do_sample=False, max_new_tokens=R,
+                                                           ignore_eos=True)).tokens  # fmt: skip
+    limits = [R - i % 4 for i in range(2 * len(prompts))]
+    drawn = SamplingParams(n=2, max_new_tokens=R, seed=3, temperature=0.9)
+    sampled = sync.generate_token_ids(prompts, drawn).tokens
+    text = tokenizer.decode(sampled[3, 2:4])  # sample 3 stops at its 4th token (or before)
+    cases = [
+        (SamplingParams(do_sample=False, max_new_tokens=R, stop_token_ids=(int(free[0, 2]),)), None),
+        (dataclasses.replace(drawn, stop=(text,)), limits),
+        (SamplingParams(n=2, max_new_tokens=R, seed=4, ignore_eos=True), limits),
+    ]
+    dropped = overlapped = 0
+    for params, max_new in cases:
+        want = sync.generate_token_ids(prompts, params, max_new_tokens=max_new)
+        got = overlap.generate_token_ids(prompts, params, max_new_tokens=max_new)
+        for key in ("tokens", "lengths", "log_probs", "stopped"):
+            assert torch.equal(getattr(got, key), getattr(want, key)), (key, params)
+        assert sync.last_stats["overlapped_steps"] == 0
+        overlapped += overlap.last_stats["overlapped_steps"]
+        dropped += overlap.last_stats["dropped_tokens"]
+        assert want.stopped.any() or params.ignore_eos
+    tight = cache_tokens == 64
+    assert overlapped > 0 and (dropped > 0 or tight)  # roomy: some stops found a step late
+    assert (overlap.last_stats["preemptions"] > 0) == tight
 
 
 def test_n_samples_share_one_prefill(model_dir, tokenizer):

@@ -96,18 +96,30 @@ def test_paged_attention_kernels(dtype, monkeypatch):
     torch.testing.assert_close(got, TorchAttention.prefill(q, kc, vc, step, 0.25), rtol=tol, atol=tol)
 
 
-def test_fused_sampler_draws_the_reference_tokens(monkeypatch):
+@pytest.mark.parametrize(
+    "slice_, block, margin",
+    [(1024, 256, None), (256, 256, 1e9), (1024, 256, 1e9)],
+    ids=["one-candidate", "many-candidates", "exact-pass"],
+)
+def test_fused_sampler_draws_the_reference_tokens(monkeypatch, slice_, block, margin):
+    """Each way the kernel finds a slice's winner: one candidate lane (the common case),
+    several candidate lanes (a huge margin, one token per lane), and the exact float64
+    pass when a lane holds two candidates (a huge margin, four tokens per lane)."""
     import rayrl.engines.rollout.native.triton_sampler as ts
     from rayrl.engines.rollout.sampling import SamplingParams, reference_sample_tokens, sample_keys
 
-    monkeypatch.setattr(ts, "_SLICE", 1024)  # several slices and blocks per row
-    monkeypatch.setattr(ts, "_BLOCK", 256)
+    monkeypatch.setattr(ts, "_SLICE", slice_)  # several slices (and blocks) per row
+    monkeypatch.setattr(ts, "_BLOCK", block)
+    if margin is not None:
+        monkeypatch.setattr(ts, "_MARGIN", margin)
     keys = sample_keys(0, 3, [f"u{i}" for i in range(4)])
     positions = torch.arange(4)
     gen = torch.Generator().manual_seed(2)
     for scale in (0.5, 4.0):
         logits = torch.randn(4, 2500, generator=gen) * scale
-        for params in (SamplingParams(do_sample=False), SamplingParams(temperature=0.7)):
+        logits[1, 7] = float("-inf")
+        for params in (SamplingParams(do_sample=False), SamplingParams(temperature=0.7),
+                       SamplingParams(temperature=1.0)):  # fmt: skip
             tokens, log_probs = ts.fused_sample(logits, keys, positions, params)
             ref_tokens, ref_log_probs = reference_sample_tokens(logits, keys, positions, params)
             assert torch.equal(tokens, ref_tokens), (scale, params)

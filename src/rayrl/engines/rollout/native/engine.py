@@ -61,6 +61,9 @@ class NativeRolloutEngine(RolloutEngine):
         max_model_len: longest prompt + response (default: the model's maximum).
         block_size: tokens per KV cache block.
         enforce_eager: never use CUDA graphs.
+        overlap_decode: plan and launch each decode step before committing the last one's
+            tokens, which stay on the device as the next step's inputs (stops are found a
+            step late; that step's token is dropped). False: commit every step first.
         cpu_cache_tokens: KV cache size in tokens on CPU.
         kernels: "auto" (Triton on CUDA, torch elsewhere), "torch" or "triton" (on CPU
             only under ``TRITON_INTERPRET=1``, for tests).
@@ -80,6 +83,7 @@ class NativeRolloutEngine(RolloutEngine):
         max_model_len: int | None = None,
         block_size: int = 16,
         enforce_eager: bool = False,
+        overlap_decode: bool = True,
         cpu_cache_tokens: int = 65536,
         kernels: str = "auto",
     ) -> None:
@@ -116,6 +120,7 @@ class NativeRolloutEngine(RolloutEngine):
         width = -(-self.max_model_len // block_size)
         self.runner = ModelRunner(self.model, self.cache, max_num_seqs, width)
         self.use_graphs = self.device.type == "cuda" and not enforce_eager
+        self.overlap = overlap_decode
         self._asleep = False
         self.last_stats: dict[str, int] = {}
 
@@ -213,33 +218,50 @@ class NativeRolloutEngine(RolloutEngine):
             table=self.runner.table_host, stop_ids=np.asarray(stop_ids, dtype=np.int64),
         )  # fmt: skip
         if sampling.stop:
-            sched.stop_check = StopStrings(self.tokenizer, sampling.stop).checker(
-                sched.tokens, sched.gen
-            )
+            sched.stop_check = StopStrings(self.tokenizer, sampling.stop).checker(sched.tokens)
         self._ensure_graphs()
-        stats = {"prefill_steps": 0, "decode_steps": 0, "run_s": 0.0}
+        stats = {"prefill_steps": 0, "decode_steps": 0, "overlapped_steps": 0, "dropped_tokens": 0,
+                 "run_s": 0.0}  # fmt: skip
         start, self.runner.sampler.wait_s = time.perf_counter(), 0.0
-        while not sched.done:
-            chunks = sched.plan_prefill()
-            if chunks:
-                result = self.runner.prefill(sched, chunks, keys, sampling)
-                samples_tokens = result[1] if result else (np.zeros(0, np.int64), np.zeros(0))
-                sched.commit_prefill(chunks, *samples_tokens)
-                stats["prefill_steps"] += 1
-                progress.tick(prefill_chunks=len(chunks))
+        pending = None  # a launched decode step whose tokens are not committed yet
+        while not sched.done or pending is not None:
+            if pending is not None and not (self.overlap and sched.can_overlap()):
+                self._commit(sched, pending, stats)
+                pending = None
                 continue
+            if pending is None:
+                chunks = sched.plan_prefill()
+                if chunks:
+                    result = self.runner.prefill(sched, chunks, keys, sampling)
+                    samples_tokens = result[1] if result else (np.zeros(0, np.int64), np.zeros(0))
+                    sched.commit_prefill(chunks, *samples_tokens)
+                    stats["prefill_steps"] += 1
+                    progress.tick(prefill_chunks=len(chunks))
+                    continue
             samples = sched.plan_decode()
             if len(samples):
-                tokens, log_probs = self.runner.decode(sched, samples, keys, sampling)
-                sched.commit_decode(samples, tokens, log_probs)
+                feed = None if pending is None else (pending.drawn[0], sched.rows_in(pending.samples, samples))
+                launch = self.runner.decode(sched, samples, keys, sampling, feed)
+                launch.at = sched.launch_decode(samples)
                 stats["decode_steps"] += 1
-                progress.tick(tokens=len(samples))
+                stats["overlapped_steps"] += feed is not None
+            else:
+                launch = None
+            if pending is not None:  # the device runs `launch` meanwhile
+                self._commit(sched, pending, stats)
+            pending = launch
         stats["run_s"] = round(time.perf_counter() - start, 4)
         # Time blocked on the device's results; the rest of `run_s` is host work that
         # the device waited for (scheduling, inputs, launches).
         stats["wait_s"] = round(self.runner.sampler.wait_s, 4)
         self.last_stats = {**stats, "preemptions": sched.preemptions}
         return sched
+
+    def _commit(self, sched: Scheduler, launch, stats: dict) -> None:
+        tokens, log_probs = self.runner.tokens_of(launch)
+        kept = sched.commit_decode(launch.samples, launch.at, tokens, log_probs)
+        stats["dropped_tokens"] += len(launch.samples) - kept
+        progress.tick(tokens=kept)
 
     def _ensure_graphs(self) -> None:
         if self.use_graphs and self.runner.graphs is None:

@@ -2,10 +2,11 @@
 
 A decode step launches a few hundred small kernels; replaying a CUDA graph launches
 them all at once. Graphs have fixed shapes and addresses, so the step's inputs live in
-one static ``[7, max_batch]`` int64 buffer (token, position, cache slot, block-table
-row, context length, sample key, sample position), and a batch of n sequences runs the
-graph of the smallest bucket >= n with the rows past n padded (context length 0 and
-cache slot -1: no attention work, no cache write). A bucket's graph is captured the
+one static ``[8, max_batch]`` int64 buffer (token, position, cache slot, block-table
+row, context length, sample key, sample position, and the row of the previous step's
+draw that holds the token when it comes from the device), and a batch of n sequences
+runs the graph of the smallest bucket >= n with the rows past n padded (context length
+0 and cache slot -1: no attention work, no cache write). A bucket's graph is captured the
 first time a batch needs it after the engine starts or wakes (all graphs share one memory
 pool), on the step's own staged inputs: the capture's warm-up forwards write the same
 cache entries the replay then writes again. `sleep` drops the graphs, since they hold the
@@ -26,7 +27,7 @@ from rayrl.engines.rollout.native.step import StepInput
 
 __all__ = ["DecodeGraphs", "graph_buckets"]
 
-_PAD = (0, 0, -1, 0, 0, 0, 0)  # per field: a padded row does no work
+_PAD = (0, 0, -1, 0, 0, 0, 0, 0)  # per field: a padded row does no work
 
 
 def graph_buckets(max_batch: int) -> list[int]:
@@ -44,7 +45,6 @@ class DecodeGraphs:
         size = self.buckets[-1]
         dev = runner.device
         self.static = torch.tensor(_PAD, dtype=torch.int64, device=dev)[:, None].repeat(1, size)
-        self.staging = torch.empty(7, size, dtype=torch.int64, pin_memory=True)
         self.rows = torch.arange(size, device=dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, Tensor] = {}
@@ -79,14 +79,20 @@ class DecodeGraphs:
         return self.buckets[bisect.bisect_left(self.buckets, batch)]
 
     def stage(self, arrays: list[np.ndarray]) -> list[Tensor]:
-        """Write a batch's host arrays (the 7 fields) into the static inputs; return them."""
+        """Write a batch's host arrays (the 8 fields) into the static inputs; return them.
+
+        The staging buffer is pinned memory from torch's caching host allocator, which
+        reuses it only once this copy is done: the host may stage the next step while the
+        device has yet to run this one.
+        """
         n = len(arrays[0])
         size = self.bucket(n)
-        host = self.staging.numpy()
+        staging = torch.empty(self.static.shape, dtype=torch.int64, pin_memory=True)
+        host = staging.numpy()
         for i, values in enumerate(arrays):
             host[i, :n] = values
             host[i, n:size] = _PAD[i]
-        self.static.copy_(self.staging, non_blocking=True)  # 7 x max_batch int64: tiny
+        self.static.copy_(staging, non_blocking=True)  # 8 x max_batch int64: tiny
         return list(self.static.unbind(0))
 
     def run(self, batch: int) -> Tensor:

@@ -4,10 +4,15 @@ The runner owns what lives on the device between steps: the block table (rows of
 KV block ids, mirrored from the scheduler's numpy table, only changed rows copied), the
 KV cache, and on CUDA the decode step's CUDA graphs (`rayrl.engines.rollout.native.graphs`).
 A step's inputs go to the device in one copy of a packed int64 array; its sampled
-tokens and log-probs come back in one copy, the step's only synchronisation.
+tokens and log-probs come back in one copy, the step's only synchronisation. A decode
+step returns once it is queued (a `Launch`): the host waits for its tokens when it
+commits them, and the next step may take its input tokens from the device (`feed`),
+so that the device runs one step while the host does the bookkeeping of the last.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -20,9 +25,22 @@ from rayrl.engines.rollout.native.scheduler import Chunk, Scheduler
 from rayrl.engines.rollout.native.step import PREFILL_TILE, StepInput
 from rayrl.engines.rollout.sampling import SamplingParams
 
-__all__ = ["ModelRunner"]
+__all__ = ["Launch", "ModelRunner"]
 
 _DECODE_FIELDS = ("input_ids", "positions", "slot_mapping", "seq_rows", "seq_lens")
+
+
+@dataclass
+class Launch:
+    """A queued decode step: its samples, their sampled tokens and log-probs on the device
+    (``drawn``, float64 ``[2, n]``), their host copy once ``ready`` has fired, and each
+    sample's token index (``at``, set when the scheduler launches the step)."""
+
+    samples: np.ndarray
+    drawn: Tensor
+    host: Tensor
+    ready: torch.cuda.Event | None
+    at: np.ndarray | None = None
 
 
 class ModelRunner:
@@ -42,9 +60,11 @@ class ModelRunner:
         if sched.dirty_rows:
             rows = sorted(sched.dirty_rows)
             sched.dirty_rows.clear()
-            index = torch.tensor(rows, device=self.device)
-            src = torch.from_numpy(self.table_host[rows])
-            self.table.index_copy_(0, index, src.to(self.device, non_blocking=True))
+            index, src = torch.tensor(rows), torch.from_numpy(self.table_host[rows])
+            if self.device.type == "cuda":  # copies that never wait for the device's queue
+                index, src = index.pin_memory(), src.pin_memory()
+            dev = self.device
+            self.table.index_copy_(0, index.to(dev, non_blocking=True), src.to(dev, non_blocking=True))
         if sched.pending_copies:
             src, dst = zip(*sched.pending_copies, strict=True)
             sched.pending_copies.clear()
@@ -106,18 +126,31 @@ class ModelRunner:
         return torch.tensor(tiles, dtype=torch.int32).to(self.device, non_blocking=True)
 
     # -------------------------------------------------------------- decode
-    def decode(self, sched: Scheduler, samples: np.ndarray, keys: np.ndarray, params: SamplingParams):
-        """One token for each of ``samples``; returns (tokens, log-probs) on the host."""
+    def decode(
+        self, sched: Scheduler, samples: np.ndarray, keys: np.ndarray, params: SamplingParams,
+        feed: tuple[Tensor, np.ndarray] | None = None,
+    ) -> Launch:  # fmt: skip
+        """Queue one token for each of ``samples``.
+
+        Args:
+            feed: ``(tokens, rows)``: take the input tokens from an earlier step's draw on
+                the device, ``tokens[rows[i]]`` for sample i, rather than from the host.
+        """
         self.sync(sched)
         host = sched.decode_inputs(samples)
         n = len(samples)
-        arrays = [host[f] for f in _DECODE_FIELDS] + [keys[samples], host["sample_positions"]]
+        rows = feed[1] if feed is not None else np.zeros(n, dtype=np.int64)
+        arrays = [host[f] for f in _DECODE_FIELDS] + [keys[samples], host["sample_positions"], rows]
         if self.graphs is not None and self.graphs.fits(n):
             tensors = self.graphs.stage(arrays)
+            if feed is not None:
+                tensors[0][:n].copy_(feed[0].index_select(0, tensors[7][:n]))
             logits = self.graphs.run(n)[:n]
-            keys_d, sample_pos = tensors[-2][:n], tensors[-1][:n]
+            keys_d, sample_pos = tensors[5][:n], tensors[6][:n]
         else:
             tensors = self._to_device(arrays)
+            if feed is not None:
+                tensors[0] = feed[0].index_select(0, tensors[7]).long()
             fields = dict(zip(_DECODE_FIELDS, tensors[:5], strict=True))
             step = StepInput(
                 **fields, block_table=self.table, decode=True,
@@ -125,7 +158,12 @@ class ModelRunner:
             )  # fmt: skip
             logits = self.model.forward(step, self.cache)
             keys_d, sample_pos = tensors[5], tensors[6]
-        return self.sampler.sample(logits, keys_d, sample_pos, params)
+        drawn = self.sampler.draw(logits, keys_d, sample_pos, params)
+        return Launch(samples, drawn, *self.sampler.fetch(drawn))
+
+    def tokens_of(self, launch: Launch) -> tuple[np.ndarray, np.ndarray]:
+        """A launched step's (tokens, log-probs) on the host; waits for the device."""
+        return self.sampler.wait(launch.host, launch.ready)
 
     def _sample(self, logits: Tensor, keys: np.ndarray, positions: np.ndarray, params):
         keys_d, pos_d = self._to_device([keys, positions])

@@ -17,6 +17,13 @@ limit, and frees its slot and blocks at once, so a waiting job can join the next
 When a decode step needs a block and none is free, the most recently admitted sample
 is preempted: its blocks are freed and it waits, first in line, to be recomputed.
 
+A decode step is *launched* (`launch_decode`: positions and counts advance, samples
+at their length limit leave the batch) before its tokens are *committed*
+(`commit_decode`: tokens written, stops checked). Between the two, the engine may plan
+and launch the next step (`can_overlap`), whose input tokens stay on the device: a
+sample that turns out to have stopped ran one step too many, and that step's token is
+dropped at its commit (never written, never counted).
+
 All per-sample state lives in numpy arrays so a decode step's bookkeeping is a few
 vectorised operations, whatever the batch size.
 """
@@ -73,7 +80,7 @@ class Scheduler:
         max_batched_tokens: int,
         table: np.ndarray,
         stop_ids: np.ndarray,
-        stop_check: Callable[[np.ndarray], np.ndarray] | None = None,
+        stop_check: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
     ) -> None:
         self.prompts, self.n = prompts, n
         total = len(prompts) * n
@@ -102,6 +109,7 @@ class Scheduler:
         self.prefilling: list[Job] = []
         self.running: dict[int, None] = {}  # insertion order = admission order
         self.preemptions = 0
+        self._where = np.zeros(total, dtype=np.int64)  # scratch of `rows_in`
         self.watermark = max(1, allocator.num_blocks // 100)
 
     @property
@@ -234,21 +242,61 @@ class Scheduler:
             "sample_positions": self.gen[samples],
         }
 
-    def commit_decode(self, samples: np.ndarray, tokens: np.ndarray, log_probs: np.ndarray) -> None:
+    def launch_decode(self, samples: np.ndarray) -> np.ndarray:
+        """The step over ``samples`` is running: advance them; return each one's token index.
+
+        Samples that reach their length limit with this token leave the batch now (they
+        end at the commit); the others carry on into the next step's plan.
+        """
+        at = self.gen[samples].copy()
         self.kv_len[samples] += 1
-        self._append(samples, tokens, log_probs)
+        self.gen[samples] = at + 1
+        for s in samples[at + 1 >= self.max_new[samples]].tolist():
+            self.running.pop(s, None)
+        return at
+
+    def commit_decode(self, samples, at, tokens: np.ndarray, log_probs: np.ndarray) -> int:
+        """Write a launched step's tokens; returns how many were kept.
+
+        A sample that ended at an earlier commit while this step was already running
+        (a stop found a step late) has its token dropped.
+        """
+        live = ~self.finished[samples]
+        if not live.all():
+            samples, at, tokens, log_probs = samples[live], at[live], tokens[live], log_probs[live]
+        self._settle(samples, at, tokens, log_probs)
+        return len(samples)
+
+    def rows_in(self, earlier: np.ndarray, samples: np.ndarray) -> np.ndarray:
+        """The index in ``earlier`` of each of ``samples`` (all of them are in it)."""
+        self._where[earlier] = np.arange(len(earlier))
+        return self._where[samples]
+
+    def can_overlap(self) -> bool:
+        """True when the next decode step can be planned before the last one's commit:
+        no prompt waits or is mid-prefill (no join), and no sample must be preempted."""
+        if self.waiting or self.prefilling:
+            return False
+        samples = np.fromiter(self.running, dtype=np.int64, count=len(self.running))
+        full = self.n_blocks[samples] * self.block_size <= self.kv_len[samples]
+        return int(full.sum()) <= self.alloc.free_blocks
 
     # ---------------------------------------------------------------- shared
     def _append(self, samples: np.ndarray, tokens: np.ndarray, log_probs: np.ndarray) -> None:
-        at = self.gen[samples]
+        at = self.gen[samples].copy()
+        self.gen[samples] = at + 1
+        self._settle(samples, at, tokens, log_probs)
+
+    def _settle(self, samples, at, tokens: np.ndarray, log_probs: np.ndarray) -> None:
+        """Token ``at[i]`` of sample ``samples[i]`` is known: store it, end stopped samples."""
         self.tokens[samples, at] = tokens
         self.log_probs[samples, at] = log_probs
-        self.gen[samples] = at + 1
         stop = np.isin(tokens, self.stop_ids) if len(self.stop_ids) else np.zeros(len(samples), bool)
         if self.stop_check is not None:
-            stop |= self.stop_check(samples)
+            stop |= self.stop_check(samples, at + 1)
         self.stopped[samples] = stop
         ended = stop | (at + 1 >= self.max_new[samples])
+        self.gen[samples[ended]] = at[ended] + 1  # a later step may have advanced it already
         for s in samples[ended].tolist():
             self._finish(s)
 

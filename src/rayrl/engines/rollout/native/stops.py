@@ -20,13 +20,14 @@ class StopStrings:
         self.tokenizer, self.strings = tokenizer, tuple(strings)
         self.window = max(len(s) for s in self.strings) + 4
 
-    def checker(self, tokens: np.ndarray, lengths: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
-        """A function of sample ids -> bool array, reading generated ``tokens[s, :lengths[s]]``."""
+    def checker(self, tokens: np.ndarray) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+        """A function of (sample ids, their lengths) -> bool array, reading the generated
+        ``tokens[s, :length]`` of each sample."""
 
-        def check(samples: np.ndarray) -> np.ndarray:
+        def check(samples: np.ndarray, lengths: np.ndarray) -> np.ndarray:
             tails = [
                 tokens[s, max(0, n - self.window) : n].tolist()
-                for s, n in zip(samples.tolist(), lengths[samples].tolist(), strict=True)
+                for s, n in zip(samples.tolist(), lengths.tolist(), strict=True)
             ]
             texts = self.tokenizer.batch_decode(tails)
             return np.array([any(x in t for x in self.strings) for t in texts], dtype=bool)
