@@ -12,8 +12,8 @@ on a CPU) by self time, with their share of the step's device time.
 ``--variants`` runs several engine set-ups one after the other on the same batch and
 old log-probs (each from the same initial weights, so the warm-up steps' ``loss`` and
 ``grad_norm``, in the ``first_step`` lines, compare the set-ups' arithmetic):
-``fsdp`` (the default on a GPU: FSDP2 bf16 compute, fp32 master weights),
-``autocast`` (the unwrapped fp32 model under torch.autocast, as before), each with an
+``fsdp`` (`fsdp_config.wrap_one_gpu`: FSDP2 bf16 compute, fp32 master weights),
+``autocast`` (the default: the unwrapped fp32 model under torch.autocast), each with an
 optional ``@TOKENS`` micro-batch token budget and ``#CHUNK`` log-prob chunk size,
 e.g. ``--variants autocast,fsdp,fsdp@32768#4096``.
 
@@ -97,7 +97,7 @@ def run_variant(args: argparse.Namespace, path: Path, variant: str, old):
     opts = parse_variant(variant, args)
     engine = TrainEngine(
         path, optim={"lr": 1e-6}, total_steps=10, device=args.device,
-        fsdp=opts["fsdp"] if args.device == "cuda" else None, logit_chunk_size=opts["chunk"],
+        fsdp=opts["fsdp"] and args.device == "cuda", logit_chunk_size=opts["chunk"],
     )  # fmt: skip
     budget = opts["max_tokens"]
     batch = make_batch(args.seqs, args.prompt_len, args.response_len, engine.config.vocab_size)

@@ -142,3 +142,17 @@ def test_fsdp_over_one_rank_matches_the_plain_engine(one_rank_fsdp, one_rank):
     ref = engine.forward(step_a_batch(), micro_batch_size=2, with_entropy=True)
     torch.testing.assert_close(r["forward"]["log_probs"], ref["log_probs"], atol=2e-4, rtol=0)
     torch.testing.assert_close(r["forward"]["entropy"], ref["entropy"], atol=2e-4, rtol=0)
+
+
+def test_wrap_one_gpu_key_reaches_the_engine():
+    """`fsdp_config.wrap_one_gpu` (default off: autocast) is what the actor's and the
+    critic's engines get as ``fsdp``."""
+    from rayrl.config.load import load_config
+    from rayrl.workers.common import engine_kwargs
+
+    for overrides, wanted in (([], False), (["actor_rollout_ref.actor.fsdp_config.wrap_one_gpu=true"], True)):
+        cfg = load_config(None, overrides, validate=False)
+        arr = cfg.actor_rollout_ref
+        assert engine_kwargs(arr.model, arr.actor.fsdp_config, 0)["fsdp"] is wanted
+    cfg = load_config(None, ["critic.model.fsdp_config.wrap_one_gpu=true"], validate=False)
+    assert engine_kwargs(cfg.critic.model, cfg.critic.model.fsdp_config, 0)["fsdp"] is True

@@ -50,6 +50,11 @@ class FSDPConfig:
     optimizer_offload: bool = False
     model_dtype: str = "fp32"  # master weights: fp32 | bf16 | fp16
     dtype: str = "bfloat16"  # compute dtype on GPU: bfloat16 (mixed precision) | float32
+    # One GPU: wrap in FSDP2 too (bf16 compute weights cast once per micro-batch, fp32
+    # master weights) instead of autocast. On an H200 (0.5B, 512 x 512 tokens) the update
+    # took 2.84 s wrapped vs 3.01 s under autocast at 32,768 tokens per micro-batch, but
+    # 4.14 s vs 3.21 s at 16,384 (docs/benchmarks.md): off by default.
+    wrap_one_gpu: bool = False
 
 
 @dataclass

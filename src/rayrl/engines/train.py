@@ -15,33 +15,18 @@ is initialised with several ranks (gloo on CPU, NCCL on GPU), and offers:
 * `offload()` / `onload()`, or the ``param_offload`` / ``optimizer_offload`` policies
   (`rayrl.engines.residency`); `save()` / `load()` (sharded), `export_hf()`.
 
-On one GPU, fp32 weights are wrapped in FSDP2 too, over a one-rank mesh
+Several ranks are always wrapped in FSDP2. One GPU computes in bf16 under autocast, or,
+with ``fsdp=True`` (``fsdp_config.wrap_one_gpu``), wrapped in FSDP2 over a one-rank mesh
 (``self.fsdp``; ``self.sharded`` stays False: nothing to reduce over ranks): its
 mixed-precision policy casts each layer's weights to bf16 once per forward and
-backward, where autocast cast every weight at every use (a fifth of the update's
-device time on an H200), while the fp32 weights stay the optimizer's master copy and
-gradients accumulate in fp32. One process on a CPU stays unwrapped, in fp32.
+backward, where autocast casts every weight at every use, while the fp32 weights stay
+the optimizer's master copy. Which is faster depends on the micro-batch size
+(docs/benchmarks.md). One process on a CPU stays unwrapped, in fp32.
 
 Packed rows attend per sequence (`rayrl.engines.attention`), and a causal LM's output
 head returns log-probs without materialising logits (`rayrl.engines.logprob_head`).
 
-**The loss contract.** ``loss_fn(outputs, micro_batch) -> (loss, metrics)`` returns this
-micro-batch's *share* of the mini-batch loss: the sum of its terms divided by the count
-of the whole mini-batch over all ranks. The engine hands those counts over in
-``micro_batch.meta`` (``global_token_count``: real response tokens, ``global_seq_count``:
-sequences with at least one, both over every micro-batch of the mini-batch and every
-rank), so ``LossAggregation(mode, global_token_count=..., global_seq_count=...)`` from
-`rayrl.algos.aggregation` is exactly right. The engine then calls ``backward()`` on each
-share as it is and *sums* the gradients over micro-batches (no division by their
-number); FSDP averages gradients over ranks, so the engine multiplies each share by the
-number of ranks before ``backward()`` to turn that average into a sum. The loss_fn must
-not scale by the number of micro-batches or ranks itself. The result: the same
-gradient, to rounding, whatever the split into micro-batches and ranks. The reported
-``loss`` metric is the mini-batch loss (shares summed over micro-batches and ranks).
-
-The loss_fn's *metrics* are shares too (a token mean is a masked sum divided by
-``global_token_count``): the engine sums them over micro-batches and ranks, so each is
-its mini-batch value whatever the split, then averages over the mini-batches.
+The loss a `train_step` takes follows `rayrl.engines.loss_contract`.
 """
 
 from __future__ import annotations
@@ -50,7 +35,7 @@ import gc
 import os
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import nullcontext
 from typing import Any
 
@@ -71,6 +56,7 @@ from rayrl.engines.fsdp import dp_world_size, shard_model
 from rayrl.engines.loading import DTYPES, has_tokenizer, load_hf_model, pick_device
 from rayrl.engines.logprob_head import install_logprob_head
 from rayrl.engines.lora import adapters_disabled, apply_lora, lora_scaling, merged_state_dict
+from rayrl.engines.loss_contract import LossFn
 from rayrl.engines.optim import (
     OptimSpec,
     build_lr_scheduler,
@@ -90,8 +76,6 @@ from rayrl.engines.weight_sync import DEFAULT_BUCKET_BYTES, rollout_weights
 from rayrl.models.flops import FlopModel
 
 __all__ = ["LossFn", "TrainEngine"]
-
-LossFn = Callable[[dict[str, Tensor], Batch], tuple[Tensor, dict[str, Any]]]
 
 
 class TrainEngine:
@@ -114,8 +98,8 @@ class TrainEngine:
         trainable: False builds no optimizer and freezes the weights (a reference
             policy): `forward` and `export_hf` work, training and checkpoints do not.
         trust_remote_code: let transformers run the model directory's own code.
-        fsdp: wrap the model in FSDP2 on one rank too (None: when it computes in bf16
-            from weights of another dtype, i.e. on a GPU); several ranks always are.
+        fsdp: wrap the model in FSDP2 on one rank too (on a GPU: bf16 compute weights
+            cast once per micro-batch instead of autocast); several ranks always are.
     """
 
     def __init__(
@@ -139,7 +123,7 @@ class TrainEngine:
         trust_remote_code: bool = False,
         param_offload: bool = False,
         optimizer_offload: bool = False,
-        fsdp: bool | None = None,
+        fsdp: bool = False,
     ) -> None:
         self._args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self.model_path = str(model_path)
@@ -163,9 +147,7 @@ class TrainEngine:
         self.generation_config = getattr(model, "generation_config", None)
         if gradient_checkpointing:
             model.gradient_checkpointing_enable({"use_reentrant": False})
-        self.fsdp = self.sharded or (
-            fsdp if fsdp is not None else self.mixed_precision and _weights_dtype(model) != torch.bfloat16
-        )
+        self.fsdp = self.sharded or fsdp
         if self.fsdp:
             shard_model(model, self.device.type, self.mixed_precision)
         elif not param_offload:
@@ -524,8 +506,3 @@ class TrainEngine:
     def adapters_disabled(self):
         """Context in which forward passes run the base model (LoRA only)."""
         return adapters_disabled(self.model)
-
-
-def _weights_dtype(model: torch.nn.Module) -> torch.dtype:
-    """The dtype of the model's floating-point parameters (the first one's)."""
-    return next(p.dtype for p in model.parameters() if p.is_floating_point())

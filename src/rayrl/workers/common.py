@@ -21,7 +21,8 @@ def engine_kwargs(model: Any, fsdp_config: Any, seed: int) -> dict[str, Any]:
     ``fsdp_config.model_dtype`` is the master weights' dtype; ``fsdp_config.dtype``
     bfloat16 turns on mixed precision (bf16 compute on GPU), float32 turns it off;
     ``param_offload`` / ``optimizer_offload`` keep parameters / Adam moments in host
-    memory between uses (`rayrl.engines.residency`).
+    memory between uses (`rayrl.engines.residency`); ``wrap_one_gpu`` wraps a one-rank
+    model in FSDP2 too (several ranks always are).
     """
     dtype = DTYPE_NAMES.get(fsdp_config.model_dtype, fsdp_config.model_dtype)
     compute = DTYPE_NAMES.get(fsdp_config.dtype, fsdp_config.dtype)
@@ -29,6 +30,7 @@ def engine_kwargs(model: Any, fsdp_config: Any, seed: int) -> dict[str, Any]:
         "dtype": dtype,
         "param_offload": bool(getattr(fsdp_config, "param_offload", False)),
         "optimizer_offload": bool(getattr(fsdp_config, "optimizer_offload", False)),
+        "fsdp": bool(getattr(fsdp_config, "wrap_one_gpu", False)),
         "attn_implementation": model.attn_implementation,
         "gradient_checkpointing": model.enable_gradient_checkpointing,
         "use_remove_padding": model.use_remove_padding,
