@@ -126,3 +126,17 @@ def pytest_sessionfinish(session, exitstatus):
 
     if ray.is_initialized():
         ray.shutdown()
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Multi-node tests last: each one stops the session's local Ray, which the next
+    local test would start again (7-16 s on 2 cores). The fault-tolerance module, whose
+    module-scoped clean run serves a local and a multi-node test, moves as one block just
+    before them."""
+
+    def order(item) -> int:
+        if item.module.__name__.endswith("test_fault_tolerance"):
+            return 1
+        return 2 if "ray_multinode" in getattr(item, "fixturenames", ()) else 0
+
+    items.sort(key=order)  # stable: the rest keep their order
