@@ -24,12 +24,16 @@ median of the per-round ratios. JSON lines (`bench`, `metric`, `value`, `unit`,
   and response tokens of a step over its time, median), `wall_s`; for rayrl also
   `ready_s` (Ray start, pools, workers and models), `stopped_s` (teardown),
   `old_log_prob_s` and `controller_overhead_s` (medians);
-- `load_avg_1m` at the start and the end (the machine is shared: read ratios with it).
+- `load_avg_1m` at the start and the end (the machine is shared: read ratios with it);
+- `stage_s` per stage (`stage`: median of steps 3-12): rayrl's `timing_s/*` always, and
+  with `--breakdown` TRL's too (`gen`: tokenize, generate, decode; `reward`; `ref`;
+  `policy_forward`; `loss`; `train_step`: generation, scoring, loss and backward), by
+  wrapping its trainer's methods.
 
 Both processes get `OMP_WAIT_POLICY=PASSIVE` unless it is set (the same thread
 behaviour on both sides; `rayrl train` sets it for its workers).
 
-    python bench/vs_trl_cpu.py [--rounds 2] [--steps 12] [--out FILE]
+    python bench/vs_trl_cpu.py [--rounds 2] [--steps 12] [--out FILE] [--breakdown]
 
 Needs TRL: `pip install -e .[bench]`.
 """
