@@ -48,9 +48,11 @@ def test_riding_columns_equal_the_separate_calls_bitwise(model_dir):
     actor.peers = {"actor": actor, "reward": reward}  # as a fused process holds them
     batch = prompts(AutoTokenizer.from_pretrained(model_dir), 4)
     plain = actor.generate(batch)
-    riding = actor.generate(with_flags(batch, BOTH))
-    timing = riding_timing(riding)
+    result = actor.generate(with_flags(batch, BOTH))
+    riding, timing = riding_timing(result)
     assert set(timing) == {"reward", "ref"} and all(t > 0 for t in timing.values())
+    assert "timing_s/ref" not in riding.meta
+    assert "timing_s/ref" in result.meta  # the call's kept result stays whole (replay)
     assert "with_ref" not in riding.meta and "with_scores" not in riding.meta
     assert "with_ref" not in batch.meta  # the prompts' own meta is left as it was
     separate = plain.union(reward.compute_score(plain)).union(actor.compute_ref_log_prob(plain))

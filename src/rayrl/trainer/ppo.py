@@ -341,7 +341,7 @@ class PPOTrainer:
             with timer(timing, "gen"):
                 batch = self.calls.run("gen", self.actor.generate, gen_prompts)
             timing["weight_sync"] = float(batch.meta.pop("timing_s/weight_sync", 0.0))
-            riding = riding_timing(batch)  # reward and ref computed by the generate call
+            batch, riding = riding_timing(batch)  # reward, ref computed by the generate call
             timing.update(riding, gen=timing["gen"] - sum(riding.values()))
             batch = self._balanced(batch, metrics, "train")
             reward_future = None

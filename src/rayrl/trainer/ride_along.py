@@ -48,10 +48,13 @@ def with_flags(prompts: Batch, flags: dict[str, bool]) -> Batch:
     return Batch(dict(prompts.tensors), dict(prompts.non_tensors), {**prompts.meta, **flags})
 
 
-def riding_timing(batch: Batch) -> dict[str, float]:
-    """The seconds the riding stages took in the worker, taken out of `batch.meta`."""
-    return {
-        stage: float(batch.meta.pop(f"timing_s/{stage}"))
-        for stage in RIDING_STAGES
-        if f"timing_s/{stage}" in batch.meta
-    }
+def riding_timing(batch: Batch) -> tuple[Batch, dict[str, float]]:
+    """`batch` without the riding stages' times in its meta, and those times (seconds in
+    the worker). A shallow copy: the call's kept result stays whole for a replayed step
+    (`trainer.stage_calls`), which then finds the same stages riding."""
+    keys = {f"timing_s/{stage}": stage for stage in RIDING_STAGES}
+    timing = {stage: float(batch.meta[key]) for key, stage in keys.items() if key in batch.meta}
+    if not timing:
+        return batch, {}
+    meta = {k: v for k, v in batch.meta.items() if k not in keys}
+    return Batch(dict(batch.tensors), dict(batch.non_tensors), meta), timing
