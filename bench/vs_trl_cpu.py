@@ -24,12 +24,16 @@ median of the per-round ratios. JSON lines (`bench`, `metric`, `value`, `unit`,
   and response tokens of a step over its time, median), `wall_s`; for rayrl also
   `ready_s` (Ray start, pools, workers and models), `stopped_s` (teardown),
   `old_log_prob_s` and `controller_overhead_s` (medians);
-- `load_avg_1m` at the start and the end (the machine is shared: read ratios with it).
+- `load_avg_1m` at the start and the end (the machine is shared: read ratios with it);
+- `stage_s` per stage (`stage`: median of steps 3-12): rayrl's `timing_s/*` always, and
+  with `--breakdown` TRL's too (`gen`: tokenize, generate, decode; `reward`; `ref`;
+  `policy_forward`; `loss`; `train_step`: generation, scoring, loss and backward), by
+  wrapping its trainer's methods.
 
 Both processes get `OMP_WAIT_POLICY=PASSIVE` unless it is set (the same thread
 behaviour on both sides; `rayrl train` sets it for its workers).
 
-    python bench/vs_trl_cpu.py [--rounds 2] [--steps 12] [--out FILE]
+    python bench/vs_trl_cpu.py [--rounds 2] [--steps 12] [--out FILE] [--breakdown]
 
 Needs TRL: `pip install -e .[bench]`.
 """
@@ -70,7 +74,7 @@ def prepare(workdir: Path, steps: int) -> tuple[Path, Path]:
 
 
 # ----------------------------------------------------------------------- rayrl
-def run_rayrl(model: Path, data: Path, steps: int, out: Path) -> dict:
+def run_rayrl(model: Path, data: Path, steps: int, out: Path, breakdown: bool = False) -> dict:
     cmd = [
         sys.executable, "-m", "rayrl.cli.main", "train", "-c", "grpo",
         f"actor_rollout_ref.model.path={model}", f"data.train_files=[{data}]",
@@ -102,12 +106,15 @@ def run_rayrl(model: Path, data: Path, steps: int, out: Path) -> dict:
         "controller_overhead_s": [r.get("timing_s/controller_overhead") for r in rows],
         "ready_s": _seconds(r"ready in ([\d.]+) s", text),
         "stopped_s": _seconds(r"stopped in ([\d.]+) s", text),
-    }
+        "stages": {k.removeprefix("timing_s/"): [r[k] for r in rows] for k in rows[0]
+                   if k.startswith("timing_s/") and k != "timing_s/step"},
+    }  # fmt: skip
 
 
 # ------------------------------------------------------------------------- TRL
-def run_trl(model: Path, data: Path, steps: int, out: Path) -> dict:
-    job = {"model": str(model), "data": str(data), "steps": steps, "out": str(out)}
+def run_trl(model: Path, data: Path, steps: int, out: Path, breakdown: bool = False) -> dict:
+    job = {"model": str(model), "data": str(data), "steps": steps, "out": str(out),
+           "breakdown": breakdown}  # fmt: skip
     start = time.perf_counter()
     done = subprocess.run(
         [sys.executable, __file__, "--trl-job", json.dumps(job)],
@@ -171,6 +178,7 @@ def trl_job(job: dict) -> None:
         model=job["model"], reward_funcs=reward, args=config, train_dataset=dataset,
         callbacks=[clock],
     )  # fmt: skip
+    stages = _trl_stage_timers(trainer) if job.get("breakdown") else None
     trainer.train()
     trainer.save_model(str(out / "trl" / "final"))
     steps = [end - begin for begin, end in zip(clock.starts, clock.ends, strict=True)]
@@ -181,7 +189,38 @@ def trl_job(job: dict) -> None:
         "tokens_per_s": [t / s for t, s in zip(tokens, steps, strict=False)],
         "completion_len": [h.get("completions/mean_length") for h in trainer.state.log_history],
     }
+    if stages is not None:
+        result["stages"] = stages
     (out / "result.json").write_text(json.dumps(result))
+
+
+def _trl_stage_timers(trainer) -> dict[str, list[float]]:
+    """Per-step seconds of TRL's stages (`--breakdown`), by wrapping the trainer's own
+    methods: `gen` (tokenize, `generate`, decode), `reward`, `ref` (the reference
+    model's log-probs), `policy_forward` (the loss's forward), `loss` (compute_loss),
+    `train_step` (generation, scoring, loss and backward: Trainer.training_step)."""
+    stages: dict[str, list[float]] = {}
+
+    def wrap(name: str, stage) -> None:
+        inner = getattr(trainer, name)
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                key = stage(args) if callable(stage) else stage
+                stages.setdefault(key, []).append(time.perf_counter() - start)
+
+        setattr(trainer, name, timed)
+
+    wrap("_generate", "gen")
+    wrap("_calculate_rewards", "reward")
+    wrap("_get_per_token_logps_and_entropies",
+         lambda args: "ref" if args[0] is trainer.ref_model else "policy_forward")  # fmt: skip
+    wrap("compute_loss", "loss")
+    wrap("training_step", "train_step")
+    return stages
 
 
 # ---------------------------------------------------------------------- report
@@ -223,6 +262,8 @@ def summarize(system: str, runs: list[dict]) -> list[dict]:
     for key in ("old_log_prob_s", "controller_overhead_s"):
         if key in runs[0]:
             line(key, [_median(r[key][STEADY]) for r in runs], "s", better="lower")
+    for stage in runs[0].get("stages") or {}:
+        line("stage_s", [_median(r["stages"][stage][STEADY]) for r in runs], "s", stage=stage)
     return lines
 
 
@@ -237,6 +278,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--out", default=None, help="append the JSON lines to this file too")
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also time TRL's stages and print both systems' stage_s lines",
+    )
     parser.add_argument("--trl-job", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.trl_job:
@@ -260,7 +306,7 @@ def main() -> None:
             order = ("rayrl", "trl") if i % 2 == 0 else ("trl", "rayrl")
             for system in order:
                 fn = run_rayrl if system == "rayrl" else run_trl
-                result = fn(model, data, args.steps, Path(tmp) / f"{system}-{i}")
+                result = fn(model, data, args.steps, Path(tmp) / f"{system}-{i}", args.breakdown)
                 if "error" in result:
                     emit({"bench": BENCH, "system": system, "metric": "error", "value": None,
                           "unit": "", "error": result["error"]})  # fmt: skip

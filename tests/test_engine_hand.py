@@ -23,7 +23,7 @@ def _per_sequence(batch: Batch):
 
 
 @pytest.mark.parametrize("packed", [True, False])
-def test_log_probs_at_temperature_07_match_a_hand_computation(tiny_model_dir, packed):  # noqa: F811
+def test_log_probs_at_temperature_07_match_a_hand_computation(tiny_model_dir, packed, pack_on_cpu):  # noqa: F811
     engine = TrainEngine(tiny_model_dir, use_remove_padding=packed, trainable=False)
     batch = ragged_batch(5, seed=11)
     batch.meta["temperature"] = 0.7

@@ -86,3 +86,15 @@ def test_packing_rejects_holes_and_offset_positions():
         pack_sequences(ids, holed, pos, response_len=3)
     with pytest.raises(ValueError, match="row 0: position_ids start at 5"):
         pack_sequences(ids, mask, pos + 5, response_len=3)
+
+
+def test_packing_pays_on_a_gpu_with_any_padding_on_a_cpu_from_a_quarter():
+    from rayrl.engines.packing import worth_packing
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    mask = torch.ones(4, 10, dtype=torch.long)
+    assert not worth_packing(mask, cpu) and not worth_packing(mask, cuda)  # no padding
+    mask[0, 0] = 0  # 2.5% padding
+    assert not worth_packing(mask, cpu) and worth_packing(mask, cuda)
+    mask[:, :3] = 0  # 30%
+    assert worth_packing(mask, cpu) and worth_packing(mask, cuda)

@@ -149,7 +149,7 @@ def test_export_hf_loads_with_transformers(tiny_model_dir, tmp_path):  # noqa: F
     assert AutoTokenizer.from_pretrained(tmp_path / "hf")("1+1=2")["input_ids"]
 
 
-def test_value_head_packed_equals_padded_and_trains(tiny_model_dir):  # noqa: F811
+def test_value_head_packed_equals_padded_and_trains(tiny_model_dir, pack_on_cpu):  # noqa: F811
     batch = ragged_batch(6, seed=11)
     packed = TrainEngine(tiny_model_dir, value_head=True, optim=OPTIM, seed=3)
     padded = TrainEngine(
@@ -235,3 +235,18 @@ def test_offloaded_optimizer_steps_slice_by_slice_as_one_step(tiny_model_dir, mo
     for (name, p), q in zip(plain.model.named_parameters(), sliced.model.parameters(), strict=True):
         assert torch.equal(p, q), name
     assert all(p.grad is None for p in sliced.model.parameters())
+
+
+def test_a_cpu_engine_packs_only_rows_with_much_padding(tiny_model_dir, monkeypatch):  # noqa: F811
+    from rayrl.engines import outputs
+
+    packs = []
+    real_pack = outputs.pack_sequences
+    monkeypatch.setattr(outputs, "pack_sequences", lambda *a: packs.append(1) or real_pack(*a))
+    engine = TrainEngine(tiny_model_dir, trainable=False)  # use_remove_padding=True
+    full = [(12, 10)] * 7
+    mostly_real = ragged_batch(8, lengths=[*full, (12, 9)])  # one pad token in 176
+    engine.forward(mostly_real)
+    assert packs == []  # ran padded: packed rows attend one at a time on a CPU
+    engine.forward(ragged_batch(8, lengths=[(3, 2)] * 4 + full[:4]))  # 34% padding
+    assert packs == [1]

@@ -9,6 +9,7 @@ import torch
 from transformers import AutoTokenizer
 
 from rayrl.batch import Batch
+from rayrl.engines import packing
 from rayrl.models import build_tiny_model
 from rayrl.trainer.on_policy import separate_pass_reason
 from rayrl.workers import ActorRolloutRefWorker
@@ -43,7 +44,12 @@ def _recording(worker):
     return seen
 
 
-def test_the_update_log_probs_are_the_separate_pass_bitwise_and_train_alike(model_dir):
+@pytest.mark.parametrize("packed", [True, False])
+def test_the_update_log_probs_are_the_separate_pass_bitwise_and_train_alike(
+    model_dir, packed, monkeypatch
+):
+    if packed:  # rows with so little padding run padded on a CPU unless told otherwise
+        monkeypatch.setattr(packing, "CPU_MIN_PADDING_TO_PACK", 0.0)
     cfg = config(*SIZES)
     assert separate_pass_reason(cfg, 8) is None
     separate = local_worker(ActorRolloutRefWorker, config=cfg, model_path=model_dir)

@@ -64,6 +64,7 @@ from rayrl.engines.optim import (
     warn_nonfinite_gradients,
 )
 from rayrl.engines.outputs import response_outputs
+from rayrl.engines.packing import worth_packing
 from rayrl.engines.rank_sync import (
     Plan,
     all_reduce,
@@ -369,7 +370,7 @@ class TrainEngine:
             outputs = response_outputs(
                 self.model,
                 rows_cpu,
-                packed=self.use_remove_padding,
+                packed=self.use_remove_padding and worth_packing(batch["attention_mask"], self.device),
                 value_head=self.value_head,
                 temperature=float(batch.meta.get("temperature", 1.0)),
                 with_entropy=with_entropy and not self.value_head,

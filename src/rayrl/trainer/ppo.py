@@ -58,6 +58,7 @@ from rayrl.trainer.on_policy import separate_pass_reason
 from rayrl.trainer.ray_session import RaySession, check_debugger, connect
 from rayrl.trainer.replay import Rewound, StepReplay
 from rayrl.trainer.resources import pools_from_config, resolve_device
+from rayrl.trainer.ride_along import riding_flags, riding_timing, with_flags
 from rayrl.trainer.roles import print_placement, start_roles
 from rayrl.trainer.run_dir import RunDir
 from rayrl.trainer.stage_calls import StageCalls
@@ -101,6 +102,7 @@ class PPOTrainer:
         self.trained_uids: list[str] = []  # prompt uids of the last update (replay ledger)
         self.replay: StepReplay | None = None
         self.stopped = False  # a Ctrl-C ended fit() early, with a checkpoint
+        self.riding: dict[str, bool] = {}  # stages the generate call computes (ride_along)
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> PPOTrainer:
@@ -124,6 +126,8 @@ class PPOTrainer:
         # All pools checked together: none is held while another waits or cannot fit.
         self.pools = reserve_pools(pools_from_config(cfg, device), self.run, res.wait_timeout_s)
         start_roles(self, device)
+        reward_in_actor = getattr(self.reward, "group", None) is self.hybrid
+        self.riding = riding_flags(cfg, self.hybrid.world_size, reward_in_actor, self.use_ref)
         self.run_dir.write_workers(self.groups, self.session.log_dir)
         print_placement(self)
         self.usage()  # start the first step's usage sampling afresh (setup is not a step)
@@ -333,11 +337,18 @@ class PPOTrainer:
         alg = self.cfg.algorithm
         started = time.time()
         with timer(timing, "step"):
+            gen_prompts = with_flags(self._balanced(prompts, metrics, "gen"), self.riding)
             with timer(timing, "gen"):
-                batch = self.calls.run("gen", self.actor.generate, self._balanced(prompts, metrics, "gen"))
+                batch = self.calls.run("gen", self.actor.generate, gen_prompts)
             timing["weight_sync"] = float(batch.meta.pop("timing_s/weight_sync", 0.0))
+            batch, riding = riding_timing(batch)  # reward, ref computed by the generate call
+            timing.update(riding, gen=timing["gen"] - sum(riding.values()))
             batch = self._balanced(batch, metrics, "train")
-            reward_future = self.calls.start("reward", self.reward.compute_score, batch)
+            reward_future = None
+            if "reward" in riding:
+                batch = self._scored(batch, None, metrics)
+            else:
+                reward_future = self.calls.start("reward", self.reward.compute_score, batch)
             if alg.filter_groups.enable:
                 with timer(timing, "dynamic_sampling"):
                     batch = self._scored(batch, reward_future.get(), metrics)
@@ -357,7 +368,7 @@ class PPOTrainer:
                     old = self.calls.run("old_log_prob", self.actor.compute_log_prob, batch)
                     batch = batch.union(old.select("old_log_probs"))
                     metrics.update(entropy_metric(self.cfg, old["entropy"], batch["response_mask"]))
-            if self.use_ref:
+            if self.use_ref and "ref" not in riding:
                 with timer(timing, "ref"):
                     batch = batch.union(self.calls.run("ref", self.actor.compute_ref_log_prob, batch))
             if self.critic is not None:
@@ -404,15 +415,20 @@ class PPOTrainer:
         """False during the critic's warm-up (`trainer.critic_warmup` first steps)."""
         return int(prompts.meta.get("step", 0)) >= self.cfg.trainer.critic_warmup
 
-    def _scored(self, batch: Batch, scores: Batch, metrics: dict[str, float]) -> Batch:
+    def _scored(self, batch: Batch, scores: Batch | None, metrics: dict[str, float]) -> Batch:
         """`batch` with its scores (overlong penalty added); failed scorings logged. The
         reward worker's metrics (`reward/score/mean`, ...) of the first scoring in a step
-        are kept: they cover every sample of the step's prompts, before any filtering."""
-        for key, value in scores.meta.get("reward_metrics", {}).items():
+        are kept: they cover every sample of the step's prompts, before any filtering.
+        `scores` None: `batch` carries them already (`trainer.ride_along`)."""
+        if scores is None:
+            reward_metrics = batch.meta.pop("reward_metrics", {})
+        else:
+            reward_metrics = scores.meta.get("reward_metrics", {})
+            batch = batch.union(
+                scores.select("token_level_scores", "scores", "reward_error", "reward_extra")
+            )
+        for key, value in reward_metrics.items():
             metrics.setdefault(key, value)
-        batch = batch.union(
-            scores.select("token_level_scores", "scores", "reward_error", "reward_extra")
-        )
         metrics.update(shape_rewards(self.cfg, batch))
         errors = [e for e in batch["reward_error"] if e is not None]
         if errors:

@@ -49,6 +49,10 @@ from rayrl.workers.losses import actor_loss_fn
 if TYPE_CHECKING:  # the engine loads in the worker (init_worker), not in the driver
     from rayrl.engines.train import TrainEngine
 
+# Prompt meta flags: stages computed in the generate call itself (`rayrl.trainer.ride_along`).
+WITH_SCORES, WITH_REF = "with_scores", "with_ref"
+RIDING_STAGES = ("reward", "ref")  # timed in the output's meta as `timing_s/<stage>`
+
 
 class ActorRolloutRefWorker(Worker):
     """Policy training, generation and reference log-probs in one process per bundle."""
@@ -181,6 +185,30 @@ class ActorRolloutRefWorker(Worker):
             self.rollout.sleep()
         out.meta["timing_s/weight_sync"] = self.last_sync_s
         self.last_sync_s = 0.0
+        return self._ride_along(out, prompts.meta)
+
+    def _ride_along(self, out: Batch, meta: dict[str, Any]) -> Batch:
+        """Meta `with_scores` / `with_ref`: the colocated reward role's scores and the
+        reference log-probs of the fresh samples, computed here by the code of the
+        separate calls, each timed into the output's meta (`timing_s/reward`, `/ref`)."""
+        stages = []
+        if meta.get(WITH_SCORES):
+            reward = getattr(self, "peers", {}).get("reward")
+            if reward is None:
+                raise RuntimeError(
+                    f"actor rank {self.rank}: generate was asked to score its samples "
+                    f"({WITH_SCORES}) but no reward role runs in this process; call the "
+                    "reward group's compute_score instead"
+                )
+            stages.append(("reward", reward.score))
+        if meta.get(WITH_REF):
+            stages.append(("ref", self._ref_log_prob))
+        for stage, fn in stages:
+            start = time.perf_counter()
+            out = out.union(fn(out))
+            out.meta[f"timing_s/{stage}"] = time.perf_counter() - start
+        for flag in (WITH_SCORES, WITH_REF):
+            out.meta.pop(flag, None)
         return out
 
     # --------------------------------------------------------------- log-probs
@@ -198,6 +226,9 @@ class ActorRolloutRefWorker(Worker):
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         """The reference policy's log-probs (`ref_log_prob`): the frozen initial model,
         or with LoRA the same model with its adapters disabled."""
+        return self._ref_log_prob(batch)
+
+    def _ref_log_prob(self, batch: Batch) -> Batch:
         sizes = forward_sizes(self.cfg.actor_rollout_ref.ref)
         batch.meta.setdefault("temperature", self.cfg.actor_rollout_ref.rollout.temperature)
         if self.lora:

@@ -53,6 +53,11 @@ class RewardWorker(Worker):
 
     @register(dispatch=DP_SPLIT)
     def compute_score(self, batch: Batch) -> Batch:
+        return self.score(batch)
+
+    def score(self, batch: Batch) -> Batch:
+        """Scores of `batch`'s responses (the actor's generate calls it directly when
+        the reward runs in its process: `rayrl.trainer.ride_along`)."""
         mask = batch["response_mask"]
         texts = self.tokenizer.batch_decode(
             [row[m.bool()].tolist() for row, m in zip(batch["responses"], mask, strict=True)],

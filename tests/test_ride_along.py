@@ -1,0 +1,95 @@
+"""Stages riding on the generate call (`rayrl.trainer.ride_along`): in a one-process run
+the reward's scores and the reference log-probs come back with the samples, equal to
+what the separate calls compute, and the product path makes no separate calls."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from transformers import AutoTokenizer
+
+from rayrl.batch_equal import tensors_equal
+from rayrl.config import load_config
+from rayrl.models import build_tiny_model
+from rayrl.trainer.ppo import PPOTrainer
+from rayrl.trainer.ride_along import riding_flags, riding_timing, with_flags
+from rayrl.workers import ActorRolloutRefWorker, RewardWorker
+from workers_cases import config, local_worker, prompts
+
+BOTH = {"with_scores": True, "with_ref": True}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "ranks", "reward_in_actor", "use_ref", "flags"),
+    [
+        ([], 1, True, True, BOTH),
+        ([], 2, True, True, {}),  # several ranks: the batch is re-balanced in between
+        ([], 1, False, True, {"with_ref": True}),  # the reward scores in its own process
+        ([], 1, True, False, {"with_scores": True}),
+        (["reward.http.url=http://localhost:1/score"], 1, True, True, {"with_ref": True}),
+        (["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc"], 1, True, True, {"with_ref": True}),
+    ],
+)
+def test_what_rides_on_generate(overrides, ranks, reward_in_actor, use_ref, flags):
+    cfg = load_config("grpo", overrides)
+    assert riding_flags(cfg, ranks, reward_in_actor, use_ref) == flags
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return str(build_tiny_model(tmp_path_factory.mktemp("ride") / "m", layers=2, hidden=32))
+
+
+def test_riding_columns_equal_the_separate_calls_bitwise(model_dir):
+    cfg = config("reward.num_workers=1")
+    actor = local_worker(ActorRolloutRefWorker, config=cfg, model_path=model_dir)
+    reward = local_worker(RewardWorker, config=cfg, tokenizer_path=model_dir)
+    actor.peers = {"actor": actor, "reward": reward}  # as a fused process holds them
+    batch = prompts(AutoTokenizer.from_pretrained(model_dir), 4)
+    plain = actor.generate(batch)
+    result = actor.generate(with_flags(batch, BOTH))
+    riding, timing = riding_timing(result)
+    assert set(timing) == {"reward", "ref"} and all(t > 0 for t in timing.values())
+    assert "timing_s/ref" not in riding.meta
+    assert "timing_s/ref" in result.meta  # the call's kept result stays whole (replay)
+    assert "with_ref" not in riding.meta and "with_scores" not in riding.meta
+    assert "with_ref" not in batch.meta  # the prompts' own meta is left as it was
+    separate = plain.union(reward.compute_score(plain)).union(actor.compute_ref_log_prob(plain))
+    assert set(riding.keys()) == set(separate.keys())
+    for key in riding.tensors:
+        assert tensors_equal(riding[key], separate[key]), key
+    assert list(riding["reward_extra"]) == list(separate["reward_extra"])
+    timed = "reward/elapsed_s/mean"  # the scoring's own time differs, nothing else
+    ours, theirs = riding.meta["reward_metrics"], separate.meta["reward_metrics"]
+    assert ours.keys() == theirs.keys() and timed in ours
+    assert {k: v for k, v in ours.items() if k != timed} == {
+        k: v for k, v in theirs.items() if k != timed
+    }
+    with pytest.raises(RuntimeError, match="no reward role runs in this process"):
+        local_worker(ActorRolloutRefWorker, config=cfg, model_path=model_dir).generate(
+            with_flags(batch, {"with_scores": True})
+        )
+
+
+def test_a_one_process_run_makes_no_separate_reward_or_ref_call(ray_local, tmp_path):
+    cfg = load_config(
+        "grpo",
+        [
+            "data.train_batch_size=2", "data.max_response_length=8",
+            "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "actor_rollout_ref.actor.use_kl_loss=true", "trainer.total_training_steps=1",
+            "trainer.device=cpu", "trainer.val_before_train=false", "trainer.export_hf=false",
+            "resources.dashboard=false", f"trainer.output_dir={tmp_path}",
+        ],
+    )  # fmt: skip
+    trainer = PPOTrainer(cfg)
+    try:
+        [metrics] = trainer.setup().fit()
+    finally:
+        trainer.shutdown()
+    assert {stage for stage, _ in trainer.calls.kept} == {"gen", "update_actor"}
+    assert trainer.riding == BOTH
+    for key in ("timing_s/gen", "timing_s/ref", "timing_s/reward", "reward/score/mean"):
+        assert math.isfinite(metrics[key]) and metrics[key] >= 0, key
+    assert metrics["timing_s/ref"] > 0 and metrics["timing_s/reward"] > 0
