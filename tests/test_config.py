@@ -219,7 +219,7 @@ def test_verl_keys_without_effect_warn_one_line_each(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2
     assert "tensor_model_parallel_size=2 has no effect in rayrl" in err[0]
-    assert "rollout.name=vllm" in err[1] and "'hf'" in err[1]
+    assert "rollout.name=vllm" in err[1] and "'auto'" in err[1]
 
 
 def test_no_config_runs_the_demo_unless_a_model_or_data_is_named(capsys):

@@ -52,7 +52,7 @@ def test_verl_meaning_of_a_grpo_line(tmp_path):
     arr = cfg.actor_rollout_ref
     assert cfg.data.train_files == [str(tmp_path / "data/gsm8k/train.parquet")]
     assert (arr.model.lora_rank, arr.model.lora_alpha) == (64, 32)
-    assert arr.rollout.name == "hf" and arr.rollout.n == 5
+    assert arr.rollout.name == "auto" and arr.rollout.n == 5
     assert arr.actor.fsdp_config.param_offload is False
     assert arr.ref.fsdp_config.param_offload is True
     assert cfg.trainer.logger == ["console", "wandb"]

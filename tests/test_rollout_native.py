@@ -328,3 +328,21 @@ def _gpt2_config():
     from transformers import GPT2Config
 
     return GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, bos_token_id=0, eos_token_id=0)
+
+
+def test_auto_picks_native_on_a_gpu_for_the_models_it_runs():
+    """`rollout.name=auto` (the default, and verl's vllm/sglang): native on CUDA for
+    Qwen2/Qwen3/Llama, hf on a CPU or for other models; a named engine stays named. The
+    model types are the ones the native engine accepts."""
+    from rayrl.config.load import load_config
+    from rayrl.engines.rollout import AUTO, pick_rollout_engine
+    from rayrl.engines.rollout.native.spec import SUPPORTED_MODEL_TYPES
+
+    assert load_config(None, [], validate=False).actor_rollout_ref.rollout.name == AUTO
+    for model_type in SUPPORTED_MODEL_TYPES:
+        assert pick_rollout_engine(AUTO, "cuda", model_type) == "native"
+        assert pick_rollout_engine(AUTO, "cpu", model_type) == "hf"
+    assert pick_rollout_engine(AUTO, "cuda", "gpt2") == "hf"
+    assert pick_rollout_engine(AUTO, "cuda", None) == "hf"
+    assert pick_rollout_engine("hf", "cuda", "qwen2") == "hf"
+    assert pick_rollout_engine("native", "cpu", "gpt2") == "native"

@@ -46,7 +46,7 @@ INERT: dict[str, str] = {
 }
 
 ROLLOUT_KEY = "actor_rollout_ref.rollout.name"
-ROLLOUT_ALIASES: dict[str, str] = {"vllm": "hf", "sglang": "hf"}
+ROLLOUT_ALIASES: dict[str, str] = {"vllm": "auto", "sglang": "auto"}
 
 
 def strip_inert(
@@ -75,6 +75,6 @@ def map_rollout_name(data: dict[str, Any]) -> list[str]:
         return []
     rollout["name"] = ROLLOUT_ALIASES[name]
     return [
-        f"{ROLLOUT_KEY}={name}: rayrl has no {name} engine; its '{rollout['name']}' "
-        "rollout engine runs instead"
+        f"{ROLLOUT_KEY}={name}: rayrl has no {name} engine; it picks its own "
+        "('auto': 'native' on a GPU for Qwen2/Qwen3/Llama models, else 'hf')"
     ]

@@ -8,7 +8,8 @@ keys accepted with no effect. Departures from verl's defaults, each for a reason
 - `trainer.logger` is `[console]`: wandb needs an account and a network.
 - `model.path` None builds the tiny demo model; `data.train_files` empty uses the
   synthetic task (verl's defaults are placeholder paths).
-- `rollout.name` is `hf` (verl has no default).
+- `rollout.name` is `auto`: rayrl's `native` engine on a GPU for the models it runs,
+  else `hf` (verl's names `vllm` / `sglang` mean `auto` too).
 
 A value written `"${group.key}"` follows that key unless set, as in verl (the critic's
 mini-batch size follows the actor's, ...). The built-in configs
@@ -129,7 +130,7 @@ class SamplingConfig:
 
 @dataclass
 class RolloutConfig:
-    name: str = "hf"  # a rayrl rollout engine; verl's vllm/sglang map onto it
+    name: str = "auto"  # auto | hf | native (auto: native on a GPU where it runs the model)
     n: int = 1  # samples per prompt
     temperature: float = 1.0
     top_p: float = 1.0

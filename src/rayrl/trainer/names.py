@@ -19,7 +19,7 @@ from rayrl.config.schema import RayRLConfig
 from rayrl.config.sft import SFTConfig
 from rayrl.data import SYNTHETIC_TASKS
 from rayrl.engines.optim import LR_SCHEDULES
-from rayrl.engines.rollout import ROLLOUT_ENGINES
+from rayrl.engines.rollout import AUTO, ROLLOUT_ENGINES
 from rayrl.trainer.data import LOADERS
 from rayrl.trainer.tracking import TRACKERS
 
@@ -46,7 +46,7 @@ def _named(cfg: RayRLConfig) -> Iterable[tuple[str, str, Registry]]:
 def check_names(cfg: RayRLConfig) -> None:
     """Raise ConfigError for the first name no registry knows."""
     for key, value, registry in _named(cfg):
-        if value not in registry:
+        if value not in registry and not (registry is ROLLOUT_ENGINES and value == AUTO):
             raise ConfigError(f"{key}={value!r}: {registry.unknown_message(value, key)}")
     task = cfg.data.synthetic_task
     if not cfg.data.train_files and task not in SYNTHETIC_TASKS:

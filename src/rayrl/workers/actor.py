@@ -29,7 +29,12 @@ from rayrl.batch import Batch
 from rayrl.config.schema import RayRLConfig
 from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
 from rayrl.engines.lora import LoraSpec
-from rayrl.engines.rollout import HFRolloutEngine, SamplingParams, make_rollout_engine
+from rayrl.engines.rollout import (
+    HFRolloutEngine,
+    SamplingParams,
+    make_rollout_engine,
+    pick_rollout_engine,
+)
 from rayrl.workers.common import (
     engine_kwargs,
     epoch_rows,
@@ -82,12 +87,15 @@ class ActorRolloutRefWorker(Worker):
         self.tokenizer = _load_tokenizer(
             arr.model.tokenizer_path or model_path, arr.model.trust_remote_code
         )
-        self.rollout_dtype, self._owns_copy = _rollout_placement(self.actor, arr)
+        self.rollout_name = pick_rollout_engine(
+            arr.rollout.name, self.actor.device.type, getattr(self.actor.config, "model_type", None)
+        )
+        self.rollout_dtype, self._owns_copy = _rollout_placement(self.actor, self.rollout_name)
         self.last_sync_s = 0.0
         if self._owns_copy:
-            dtype = {"dtype": self.rollout_dtype} if arr.rollout.name == "hf" else {}
+            dtype = {"dtype": self.rollout_dtype} if self.rollout_name == "hf" else {}
             self.rollout = make_rollout_engine(
-                arr.rollout.name, model_path=model_path, tokenizer=self.tokenizer,
+                self.rollout_name, model_path=model_path, tokenizer=self.tokenizer,
                 device=str(self.actor.device), **dtype, **_engine_options(config),
             )  # fmt: skip
             if arr.rollout.free_cache_engine:
@@ -342,14 +350,14 @@ def _engine_options(config: RayRLConfig) -> dict[str, Any]:
     }
 
 
-def _rollout_placement(actor: TrainEngine, arr: Any) -> tuple[torch.dtype, bool]:
+def _rollout_placement(actor: TrainEngine, engine: str) -> tuple[torch.dtype, bool]:
     """The rollout's weight dtype (bf16 on a GPU, else the actor's) and whether it needs
     its own copy: always, except an HF rollout on a resident actor not wrapped in FSDP
     whose weights already have that dtype (then it wraps the training module itself)."""
     actor_dtype = next(actor.model.parameters()).dtype
     dtype = torch.bfloat16 if actor.device.type == "cuda" else actor_dtype
     shared = (
-        arr.rollout.name == "hf" and not actor.fsdp and actor_dtype == dtype
+        engine == "hf" and not actor.fsdp and actor_dtype == dtype
         and not (actor.residency.param_offload and actor.device.type == "cuda")
     )  # fmt: skip
     return dtype, not shared

@@ -11,11 +11,13 @@
 """
 
 from rayrl.engines.rollout.base import (
+    AUTO,
     ROLLOUT_ENGINES,
     RolloutEngine,
     UnknownNameError,
     WeightSource,
     make_rollout_engine,
+    pick_rollout_engine,
 )
 from rayrl.engines.rollout.contract import FINISH_LENGTH, FINISH_STOP, positions_from_mask
 from rayrl.engines.rollout.hf import HFRolloutEngine
@@ -28,6 +30,7 @@ from rayrl.engines.rollout.sampling import (
 )
 
 __all__ = [
+    "AUTO",
     "FINISH_LENGTH",
     "FINISH_STOP",
     "ROLLOUT_ENGINES",
@@ -38,6 +41,7 @@ __all__ = [
     "UnknownNameError",
     "WeightSource",
     "make_rollout_engine",
+    "pick_rollout_engine",
     "positions_from_mask",
     "process_logits",
     "sample_keys",
