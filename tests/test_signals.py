@@ -1,9 +1,10 @@
 """Signals: the pool's SIGINT/SIGTERM hooks never recurse nor swallow a signal, and a
 KeyboardInterrupt handler runs before the pools go; `StopOnInterrupt`: a first Ctrl-C
-asks for a safe stop, a second stops at once. Each case runs in its own process.
-Signals are sent with `signal.raise_signal`, which runs the handler before it returns:
-os.kill to oneself may be taken by another thread and handled only after the `try`
-it was meant for (seen under load)."""
+asks for a safe stop, a second stops at once. Each case runs in its own process, which
+first puts back Python's own SIGINT handler: a process started with SIGINT ignored (a
+background job of a non-interactive shell, as a CI script may start the suite) keeps it
+ignored, and the cases are about what the hooks do over Python's usual handler.
+Signals are sent with `signal.raise_signal`, which runs the handler before it returns."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from rayrl.trainer.interrupt import StopOnInterrupt, StopRequested
 # A process with one fake live pool (teardown prints) and the pool's signal hooks.
 PRELUDE = """
 import os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as an interactive start has it
 from rayrl.cluster import pool as P
 
 class Fake:
