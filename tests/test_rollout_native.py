@@ -331,18 +331,19 @@ def _gpt2_config():
 
 
 def test_auto_picks_native_on_a_gpu_for_the_models_it_runs():
-    """`rollout.name=auto` (the default, and verl's vllm/sglang): native on CUDA for
-    Qwen2/Qwen3/Llama, hf on a CPU or for other models; a named engine stays named. The
-    model types are the ones the native engine accepts."""
+    """`rollout.name=auto` (the default, and verl's vllm/sglang): native on CUDA for a
+    model the native engine runs, hf on a CPU, for other models or for a Qwen2 with a
+    feature the engine lacks (sliding windows); a named engine stays named."""
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
     from rayrl.config.load import load_config
     from rayrl.engines.rollout import AUTO, pick_rollout_engine
-    from rayrl.engines.rollout.native.spec import SUPPORTED_MODEL_TYPES
 
     assert load_config(None, [], validate=False).actor_rollout_ref.rollout.name == AUTO
-    for model_type in SUPPORTED_MODEL_TYPES:
-        assert pick_rollout_engine(AUTO, "cuda", model_type) == "native"
-        assert pick_rollout_engine(AUTO, "cpu", model_type) == "hf"
-    assert pick_rollout_engine(AUTO, "cuda", "gpt2") == "hf"
-    assert pick_rollout_engine(AUTO, "cuda", None) == "hf"
-    assert pick_rollout_engine("hf", "cuda", "qwen2") == "hf"
-    assert pick_rollout_engine("native", "cpu", "gpt2") == "native"
+    for config in (Qwen2Config(), Qwen3Config(), LlamaConfig()):
+        assert pick_rollout_engine(AUTO, "cuda", config) == "native"
+        assert pick_rollout_engine(AUTO, "cpu", config) == "hf"
+    assert pick_rollout_engine(AUTO, "cuda", _gpt2_config()) == "hf"
+    assert pick_rollout_engine(AUTO, "cuda", Qwen2Config(use_sliding_window=True)) == "hf"
+    assert pick_rollout_engine("hf", "cuda", Qwen2Config()) == "hf"
+    assert pick_rollout_engine("native", "cpu", _gpt2_config()) == "native"

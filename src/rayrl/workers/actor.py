@@ -88,7 +88,7 @@ class ActorRolloutRefWorker(Worker):
             arr.model.tokenizer_path or model_path, arr.model.trust_remote_code
         )
         self.rollout_name = pick_rollout_engine(
-            arr.rollout.name, self.actor.device.type, getattr(self.actor.config, "model_type", None)
+            arr.rollout.name, self.actor.device.type, self.actor.config
         )
         self.rollout_dtype, self._owns_copy = _rollout_placement(self.actor, self.rollout_name)
         self.last_sync_s = 0.0

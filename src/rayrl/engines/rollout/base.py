@@ -25,7 +25,6 @@ from rayrl.engines.rollout.sampling import SamplingParams
 
 __all__ = [
     "AUTO",
-    "NATIVE_MODEL_TYPES",
     "ROLLOUT_ENGINES",
     "RolloutEngine",
     "UnknownNameError",
@@ -90,21 +89,28 @@ ROLLOUT_ENGINES: Registry[type[RolloutEngine]] = Registry(
 
 
 AUTO = "auto"
-# Model types the native engine runs (`rayrl.engines.rollout.native.spec`).
-NATIVE_MODEL_TYPES = ("qwen2", "qwen3", "llama")
 
 
-def pick_rollout_engine(name: str, device_type: str, model_type: str | None) -> str:
+def pick_rollout_engine(name: str, device_type: str, model_config: Any) -> str:
     """The engine a config's ``rollout.name`` means on this device for this model.
 
-    ``auto`` (the default) is ``native`` on a CUDA device for the model types it runs:
-    on one H200 it generated 16x (workload A) and 29x (B) faster than transformers'
-    static-cache ``generate()`` (docs/benchmarks.md); elsewhere ``hf``. Any other name
-    is used as it is.
+    ``auto`` (the default) is ``native`` on a CUDA device for a model the native engine
+    runs (its own check, `ModelSpec.from_hf_config`: Qwen2 / Qwen3 / Llama without
+    sliding windows or dynamic rope scaling): on one H200 it generated 16x (workload A)
+    and 29x (B) faster than transformers' static-cache ``generate()``
+    (docs/benchmarks.md); elsewhere ``hf``. Any other name is used as it is.
     """
     if name != AUTO:
         return name
-    return "native" if device_type == "cuda" and model_type in NATIVE_MODEL_TYPES else "hf"
+    if device_type != "cuda":
+        return "hf"
+    from rayrl.engines.rollout.native.spec import ModelSpec, UnsupportedModelError
+
+    try:
+        ModelSpec.from_hf_config(model_config)
+    except UnsupportedModelError:
+        return "hf"
+    return "native"
 
 
 def make_rollout_engine(name: str, **kwargs: Any) -> RolloutEngine:

@@ -16,11 +16,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rayrl.engines.rollout.base import NATIVE_MODEL_TYPES
-
 __all__ = ["SUPPORTED_MODEL_TYPES", "ModelSpec", "UnsupportedModelError", "rotary_tables"]
 
-SUPPORTED_MODEL_TYPES = NATIVE_MODEL_TYPES
+SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
 _HINT = "use actor_rollout_ref.rollout.name=hf, which runs any transformers causal LM"
 
 
