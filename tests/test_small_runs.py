@@ -83,13 +83,15 @@ def run_name(ray_local):
     return f"start-{uuid.uuid4().hex[:6]}"
 
 
+def _two_groups(run_name: str, ranks_b: int):
+    """Groups "a" (one rank) and "b" (``ranks_b``) of `Clocked` workers, each on its own pool."""
+    pools = (reserve(run_name, [1], {"CPU": 0.5}), reserve(f"{run_name}b", [ranks_b], {"CPU": 0.5}))
+    groups = [WorkerGroup(Clocked, p.bundles, role=r, run=run_name) for p, r in zip(pools, "ab", strict=True)]
+    return pools, groups
+
+
 def test_groups_are_created_and_initialised_side_by_side(run_name):
-    pool_a, pool_b = (
-        reserve(run_name, [1], {"CPU": 0.5}),
-        reserve(f"{run_name}b", [1], {"CPU": 0.5}),
-    )
-    a = WorkerGroup(Clocked, pool_a.bundles, role="a", run=run_name)
-    b = WorkerGroup(Clocked, pool_b.bundles, role="b", run=run_name)
+    (pool_a, pool_b), (a, b) = _two_groups(run_name, 1)
     try:
         start_groups([(a, {"seconds": 2.0}), (b, {"seconds": 2.0})],
                      create_timeout_s=120, init_timeout_s=120)  # fmt: skip
@@ -100,12 +102,7 @@ def test_groups_are_created_and_initialised_side_by_side(run_name):
 
 
 def test_a_failed_start_names_its_role_rank_and_phase_and_stops_every_group(run_name):
-    pool_a, pool_b = (
-        reserve(run_name, [1], {"CPU": 0.5}),
-        reserve(f"{run_name}b", [2], {"CPU": 0.5}),
-    )
-    a = WorkerGroup(Clocked, pool_a.bundles, role="a", run=run_name)
-    b = WorkerGroup(Clocked, pool_b.bundles, role="b", run=run_name)
+    (pool_a, pool_b), (a, b) = _two_groups(run_name, 2)
     try:
         with pytest.raises(WorkerInitError) as info:
             start_groups([(a, {}), (b, {"fail_rank": 1})], create_timeout_s=120,

@@ -169,16 +169,14 @@ def _host_buffer(like: torch.Tensor) -> torch.Tensor:
     return buffer
 
 
-def _register_pinned(buffer: torch.Tensor) -> bool:
-    """Page-lock ``buffer``'s memory in place (exact size); False if CUDA refuses."""
+def _register_pinned(buffer: torch.Tensor) -> None:
+    """Page-lock ``buffer``'s memory in place (exact size); left pageable if CUDA refuses."""
     import weakref
 
     cudart = torch.cuda.cudart()
     ptr, size = buffer.data_ptr(), buffer.numel() * buffer.element_size()
-    if int(cudart.cudaHostRegister(ptr, size, 0)) != 0:
-        return False
-    weakref.finalize(buffer, cudart.cudaHostUnregister, ptr)
-    return True
+    if int(cudart.cudaHostRegister(ptr, size, 0)) == 0:
+        weakref.finalize(buffer, cudart.cudaHostUnregister, ptr)
 
 
 def offload_optimizer(optimizer: torch.optim.Optimizer, params: list | None = None) -> None:
