@@ -315,6 +315,11 @@ def memory_7b(args: argparse.Namespace, workdir: Path) -> dict:
         f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={args.max_tokens_7b}",
         f"actor_rollout_ref.rollout.gpu_memory_utilization={args.gpu_mem_7b}",
         f"actor_rollout_ref.rollout.max_num_seqs={args.seqs_7b}",
+        f"actor_rollout_ref.actor.use_torch_compile={bool(args.compile_7b)}",
+        f"actor_rollout_ref.actor.fsdp_config.model_dtype={args.master_dtype_7b}",
+        # a step snapshot holds the whole trainable state in host memory (15 GB of bf16
+        # weights, plus the Adam moments): the earlier 7B runs' host-memory kills
+        "trainer.step_snapshots=false",
         # loading 7B on one core starved the worker's init (half the cores, at most 8)
         f"resources.cpus_per_worker={max(1, min(8, (os.cpu_count() or 2) // 2))}",
     )
@@ -431,6 +436,10 @@ def main() -> None:
     p.add_argument("--seqs-7b", type=int, default=16)
     p.add_argument("--max-tokens-7b", type=int, default=8192, help="7B: tokens per micro-batch")
     p.add_argument("--gpu-mem-7b", type=float, default=0.2, help="7B: rollout's GPU share")
+    p.add_argument("--compile-7b", type=int, default=0, help="7B: use_torch_compile (memory run)")
+    # fp32 master weights need 30 GB of weights + 61 GB of Adam moments: on the 125 GiB
+    # host, the offloaded moments, the offloaded reference and the processes did not fit
+    p.add_argument("--master-dtype-7b", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--shape-7b", type=json.loads, default=None, help=argparse.SUPPRESS)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--out", default=None)

@@ -14,8 +14,9 @@ old log-probs (each from the same initial weights, so the warm-up steps' ``loss`
 ``grad_norm``, in the ``first_step`` lines, compare the set-ups' arithmetic):
 ``fsdp`` (`fsdp_config.wrap_one_gpu`: FSDP2 bf16 compute, fp32 master weights),
 ``autocast`` (the default: the unwrapped fp32 model under torch.autocast), each with an
-optional ``@TOKENS`` micro-batch token budget and ``#CHUNK`` log-prob chunk size,
-e.g. ``--variants autocast,fsdp,fsdp@32768#4096``.
+optional ``@TOKENS`` micro-batch token budget, ``#CHUNK`` log-prob chunk size and
+``+compile`` (`rayrl.engines.regional_compile`; the warm-up step absorbs the compile),
+e.g. ``--variants autocast,fsdp,fsdp@32768#4096,fsdp@32768+compile``.
 
     python bench/profile_update.py [--seqs 512] [--preset qwen2.5-0.5b] [--device cuda]
         [--variants fsdp]
@@ -73,13 +74,16 @@ def main() -> None:
 
 
 def parse_variant(text: str, args: argparse.Namespace) -> dict:
-    """``NAME[@TOKENS][#CHUNK]`` as engine options."""
-    name, _, chunk = text.partition("#")
+    """``NAME[@TOKENS][#CHUNK][+compile]`` as engine options."""
+    body, plus, extra = text.partition("+")
+    name, _, chunk = body.partition("#")
     name, _, tokens = name.partition("@")
-    if name not in ("fsdp", "autocast"):
-        raise SystemExit(f"unknown variant {text!r}: use fsdp or autocast[@TOKENS][#CHUNK]")
+    if name not in ("fsdp", "autocast") or (plus and extra != "compile"):
+        raise SystemExit(
+            f"unknown variant {text!r}: use fsdp or autocast[@TOKENS][#CHUNK][+compile]"
+        )
     return {"fsdp": name == "fsdp", "max_tokens": int(tokens or args.max_tokens),
-            "chunk": int(chunk or 1024)}  # fmt: skip
+            "chunk": int(chunk or 1024), "compile": bool(plus)}  # fmt: skip
 
 
 def run_variant(args: argparse.Namespace, path: Path, variant: str, old):
@@ -98,6 +102,7 @@ def run_variant(args: argparse.Namespace, path: Path, variant: str, old):
     engine = TrainEngine(
         path, optim={"lr": 1e-6}, total_steps=10, device=args.device,
         fsdp=opts["fsdp"] and args.device == "cuda", logit_chunk_size=opts["chunk"],
+        torch_compile=opts["compile"],
     )  # fmt: skip
     budget = opts["max_tokens"]
     batch = make_batch(args.seqs, args.prompt_len, args.response_len, engine.config.vocab_size)
@@ -106,7 +111,8 @@ def run_variant(args: argparse.Namespace, path: Path, variant: str, old):
     batch = batch.union(Batch({"old_log_probs": old}))
     loss = actor_loss_fn(ActorConfig(use_kl_loss=False), args.response_len)
     base = {"bench": BENCH, "preset": args.preset, "seqs": args.seqs, "variant": variant,
-            "fsdp": engine.fsdp, "max_tokens": budget, "chunk": opts["chunk"],
+            "fsdp": engine.fsdp, "compiled": engine.compiled, "max_tokens": budget,
+            "chunk": opts["chunk"],
             "tokens": args.seqs * (args.prompt_len + args.response_len),
             "hardware": hardware(args.device)}  # fmt: skip
     try:

@@ -49,6 +49,7 @@ class LogProbHead(nn.Linear):
     """An ``nn.Linear`` output head that can return label log-probs and entropy."""
 
     _request: _Request | None = None
+    chunk_math: ChunkMath | None = None  # None: eager (`EAGER`)
 
     @contextmanager
     def requested(
@@ -86,6 +87,7 @@ class LogProbHead(nn.Linear):
         logp, ent = _FusedLogProbs.apply(
             flat, weight, bias, request.labels.reshape(-1).long(),
             request.temperature, request.chunk_size, request.with_entropy,
+            self.chunk_math or EAGER,
         )  # fmt: skip
         return torch.stack([logp, ent], dim=-1).reshape(*hidden.shape[:-1], 2)
 
@@ -116,12 +118,64 @@ def logprob_head_of(model: nn.Module) -> LogProbHead | None:
 
 
 def _chunk_logits(
-    hidden: Tensor, weight: Tensor, bias: Tensor | None, rows: slice, temperature: float
+    hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float
 ) -> Tensor:
-    """``logits[rows] / temperature`` in float32 (float64 for float64 inputs), fresh."""
-    z = F.linear(hidden[rows], weight, bias)
+    """``logits / temperature`` of a chunk of hidden states, in float32 (float64 for
+    float64 inputs), fresh."""
+    z = F.linear(hidden, weight, bias)
     z = z.to(torch.promote_types(z.dtype, torch.float32))
     return z.div_(temperature) if temperature != 1.0 else z
+
+
+def forward_chunk(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    labels: Tensor,
+    temperature: float,
+    with_entropy: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One chunk's ``(log p(label), log-normaliser, entropy)`` (entropy 0 without
+    ``with_entropy``), each ``[rows]`` in the logits' float dtype."""
+    z = _chunk_logits(hidden, weight, bias, temperature)
+    log_norm = torch.logsumexp(z, dim=-1)
+    logp = z.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - log_norm
+    if with_entropy:
+        ent = log_norm - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
+    else:
+        ent = torch.zeros_like(log_norm)
+    return logp, log_norm, ent
+
+
+def backward_chunk(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    labels: Tensor,
+    log_norm: Tensor,
+    temperature: float,
+    grad_logp: Tensor | None,
+    ent: Tensor | None,
+    grad_ent: Tensor | None,
+) -> Tensor:
+    """The gradient with respect to one chunk's (unscaled) logits, in ``hidden``'s
+    dtype, from the logits recomputed."""
+    log_p = _chunk_logits(hidden, weight, bias, temperature)
+    log_p.sub_(log_norm.unsqueeze(-1))
+    g = logit_grad_(log_p, labels, temperature, grad_logp=grad_logp, ent=ent, grad_ent=grad_ent)
+    return g.to(hidden.dtype)
+
+
+@dataclass(frozen=True)
+class ChunkMath:
+    """The per-chunk functions `_FusedLogProbs` calls: eager by default, or compiled
+    versions of the same (`rayrl.engines.regional_compile`)."""
+
+    forward: Any = forward_chunk
+    backward: Any = backward_chunk
+
+
+EAGER = ChunkMath()
 
 
 class _FusedLogProbs(torch.autograd.Function):
@@ -135,6 +189,7 @@ class _FusedLogProbs(torch.autograd.Function):
         temperature: float,
         chunk_size: int,
         with_entropy: bool,
+        math: ChunkMath = EAGER,
     ) -> tuple[Tensor, Tensor]:
         n, dtype = hidden.shape[0], torch.promote_types(hidden.dtype, torch.float32)
         logp = torch.empty(n, dtype=dtype, device=hidden.device)
@@ -143,14 +198,12 @@ class _FusedLogProbs(torch.autograd.Function):
         with torch.autocast(hidden.device.type, enabled=False):
             for start in range(0, n, chunk_size):
                 rows = slice(start, start + chunk_size)
-                z = _chunk_logits(hidden, weight, bias, rows, temperature)
-                log_norm[rows] = torch.logsumexp(z, dim=-1)
-                logp[rows] = z.gather(-1, labels[rows].unsqueeze(-1)).squeeze(-1) - log_norm[rows]
-                if with_entropy:
-                    p = torch.softmax(z, dim=-1)
-                    ent[rows] = log_norm[rows] - (p * z).sum(dim=-1)
+                logp[rows], log_norm[rows], ent[rows] = math.forward(
+                    hidden[rows], weight, bias, labels[rows], temperature, with_entropy
+                )
         ctx.save_for_backward(hidden, weight, bias, labels, log_norm, ent)
         ctx.temperature, ctx.chunk_size, ctx.with_entropy = temperature, chunk_size, with_entropy
+        ctx.math = math
         ctx.set_materialize_grads(False)
         if not with_entropy:
             ctx.mark_non_differentiable(ent)
@@ -169,14 +222,11 @@ class _FusedLogProbs(torch.autograd.Function):
         with torch.autocast(hidden.device.type, enabled=False):
             for start in range(0, hidden.shape[0], ctx.chunk_size):
                 rows = slice(start, start + ctx.chunk_size)
-                log_p = _chunk_logits(hidden, weight, bias, rows, ctx.temperature)
-                log_p.sub_(log_norm[rows].unsqueeze(-1))
-                g = logit_grad_(
-                    log_p, labels[rows], ctx.temperature,
-                    grad_logp=None if grad_logp is None else grad_logp[rows],
-                    ent=ent[rows] if use_ent else None,
-                    grad_ent=grad_ent[rows] if use_ent else None,
-                ).to(hidden.dtype)  # fmt: skip
+                g = ctx.math.backward(
+                    hidden[rows], weight, bias, labels[rows], log_norm[rows], ctx.temperature,
+                    None if grad_logp is None else grad_logp[rows],
+                    ent[rows] if use_ent else None, grad_ent[rows] if use_ent else None,
+                )  # fmt: skip
                 if need_h:
                     grad_h[rows] = g @ weight
                 if need_w:
@@ -185,4 +235,4 @@ class _FusedLogProbs(torch.autograd.Function):
                     grad_b += g.to(acc).sum(dim=0)
         grad_w = grad_w.to(weight.dtype) if need_w else None
         grad_b = grad_b.to(bias.dtype) if need_b else None
-        return grad_h, grad_w, grad_b, None, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None, None

@@ -72,6 +72,7 @@ from rayrl.engines.rank_sync import (
     global_counts,
     micro_batch_plan,
 )
+from rayrl.engines.regional_compile import compile_regions
 from rayrl.engines.residency import Residency
 from rayrl.engines.weight_sync import DEFAULT_BUCKET_BYTES, rollout_weights
 from rayrl.models.flops import FlopModel
@@ -101,6 +102,8 @@ class TrainEngine:
         trust_remote_code: let transformers run the model directory's own code.
         fsdp: wrap the model in FSDP2 on one rank too (on a GPU: bf16 compute weights
             cast once per micro-batch instead of autocast); several ranks always are.
+        torch_compile: on CUDA, compile the decoder layers and the log-prob head's
+            chunk math (`rayrl.engines.regional_compile`); ignored on a CPU.
     """
 
     def __init__(
@@ -125,6 +128,7 @@ class TrainEngine:
         param_offload: bool = False,
         optimizer_offload: bool = False,
         fsdp: bool = False,
+        torch_compile: bool = False,
     ) -> None:
         self._args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self.model_path = str(model_path)
@@ -153,6 +157,7 @@ class TrainEngine:
             shard_model(model, self.device.type, self.mixed_precision)
         elif not param_offload:
             model.to(self.device)
+        self.compiled = torch_compile and compile_regions(model, self.device)
         self.model = model
         self.trainable = trainable
         self.optim_spec = (
@@ -280,12 +285,10 @@ class TrainEngine:
         real tokens only, the head over response tokens only."""
         if self.flop_model is None:
             return 0.0
-        lengths = batch["attention_mask"].sum(dim=-1).tolist()
-        if "response_mask" in batch:
-            head = int(batch["response_mask"].sum())
-        else:
-            head = int(batch["attention_mask"][:, -batch["responses"].shape[1] :].sum())
-        return self.flop_model.train_flops(lengths, head)
+        mask = batch["response_mask"] if "response_mask" in batch else None  # noqa: SIM401
+        return self.flop_model.batch_train_flops(
+            batch["attention_mask"], mask, batch["responses"].shape[1]
+        )
 
     def _train_mini_batch(
         self,
@@ -361,22 +364,15 @@ class TrainEngine:
         if counts is not None:
             micro.meta["global_token_count"], micro.meta["global_seq_count"] = counts
             micro.meta["dp_size"] = self.world_size
-        autocast = (
-            torch.autocast("cuda", dtype=torch.bfloat16)
-            if self.mixed_precision and not self.fsdp
-            else nullcontext()
-        )
-        with autocast:
+        autocast = self.mixed_precision and not self.fsdp
+        packed = self.use_remove_padding and worth_packing(batch["attention_mask"], self.device)
+        with torch.autocast("cuda", dtype=torch.bfloat16) if autocast else nullcontext():
             outputs = response_outputs(
-                self.model,
-                rows_cpu,
-                packed=self.use_remove_padding and worth_packing(batch["attention_mask"], self.device),
-                value_head=self.value_head,
+                self.model, rows_cpu, packed=packed, value_head=self.value_head,
                 temperature=float(batch.meta.get("temperature", 1.0)),
                 with_entropy=with_entropy and not self.value_head,
-                chunk_size=self.logit_chunk_size,
-                device=self.device,
-            )
+                chunk_size=self.logit_chunk_size, device=self.device,
+            )  # fmt: skip
         return micro, outputs
 
     # ------------------------------------------------------ memory and state
@@ -425,18 +421,16 @@ class TrainEngine:
             torch.cuda.empty_cache()
         TrainEngine.__init__(self, **self._args)
 
+    _COUNTERS = ("skipped_steps", "optimizer_steps", "train_steps")
+
     def _counters(self) -> dict[str, int]:
-        return {
-            "skipped_steps": self.skipped_steps,
-            "optimizer_steps": self.optimizer_steps,
-            "train_steps": self.train_steps,
-        }
+        return {name: getattr(self, name) for name in self._COUNTERS}
 
     def _extra_state(self) -> dict[str, Any]:
         return {"scheduler": self.scheduler.state_dict(), **self._counters()}
 
     def _set_counters(self, values: dict[str, Any]) -> None:
-        for name in ("skipped_steps", "optimizer_steps", "train_steps"):
+        for name in self._COUNTERS:
             setattr(self, name, int(values[name]))
 
     def save(self, path: str | os.PathLike) -> None:

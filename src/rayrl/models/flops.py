@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from torch import nn
+from torch import Tensor, nn
 
 __all__ = ["PEAK_BF16_FLOPS", "FlopModel", "peak_flops"]
 
@@ -100,3 +100,14 @@ class FlopModel:
     def train_flops(self, seq_lens: Sequence[int], head_tokens: int) -> float:
         """Forward plus backward (twice the forward): ``6 x params x tokens`` + attention."""
         return 3.0 * self.forward_flops(seq_lens, head_tokens)
+
+    def batch_train_flops(
+        self, attention_mask: Tensor, response_mask: Tensor | None, response_len: int
+    ) -> float:
+        """`train_flops` of a padded batch: real tokens from ``attention_mask``, the head
+        over ``response_mask``'s tokens (default: the last ``response_len`` columns' real
+        tokens)."""
+        lengths = attention_mask.sum(dim=-1).tolist()
+        if response_mask is None:
+            response_mask = attention_mask[:, -response_len:]
+        return self.train_flops(lengths, int(response_mask.sum()))

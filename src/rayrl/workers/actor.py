@@ -74,14 +74,15 @@ class ActorRolloutRefWorker(Worker):
         lora = LoraSpec.from_model_config(arr.model)
         self.actor = TrainEngine(
             model_path, optim=optim_spec(arr.actor.optim, total_steps), total_steps=total_steps,
-            lora=lora, **engine_kwargs(arr.model, arr.actor.fsdp_config, seed),
+            lora=lora,
+            **engine_kwargs(arr.model, arr.actor.fsdp_config, seed, arr.actor.use_torch_compile),
         )  # fmt: skip
         self.lora = lora is not None
         self.ref = None
         if with_ref and not self.lora:
             self.ref = TrainEngine(
                 model_path, trainable=False,
-                **reference_kwargs(arr.model, arr.ref.fsdp_config, seed),
+                **reference_kwargs(arr.model, arr.ref.fsdp_config, seed, arr.ref.use_torch_compile),
             )  # fmt: skip
         self.with_ref = with_ref
         self.tokenizer = _load_tokenizer(

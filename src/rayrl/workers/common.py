@@ -15,14 +15,17 @@ from rayrl.engines.optim import OptimSpec
 DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-def engine_kwargs(model: Any, fsdp_config: Any, seed: int) -> dict[str, Any]:
+def engine_kwargs(
+    model: Any, fsdp_config: Any, seed: int, torch_compile: bool = False
+) -> dict[str, Any]:
     """TrainEngine keyword arguments from a model group and its ``fsdp_config``.
 
     ``fsdp_config.model_dtype`` is the master weights' dtype; ``fsdp_config.dtype``
     bfloat16 turns on mixed precision (bf16 compute on GPU), float32 turns it off;
     ``param_offload`` / ``optimizer_offload`` keep parameters / Adam moments in host
     memory between uses (`rayrl.engines.residency`); ``wrap_one_gpu`` wraps a one-rank
-    model in FSDP2 too (several ranks always are).
+    model in FSDP2 too (several ranks always are); ``torch_compile`` (a group's
+    ``use_torch_compile``) compiles layers and head on CUDA.
     """
     dtype = DTYPE_NAMES.get(fsdp_config.model_dtype, fsdp_config.model_dtype)
     compute = DTYPE_NAMES.get(fsdp_config.dtype, fsdp_config.dtype)
@@ -31,6 +34,7 @@ def engine_kwargs(model: Any, fsdp_config: Any, seed: int) -> dict[str, Any]:
         "param_offload": bool(getattr(fsdp_config, "param_offload", False)),
         "optimizer_offload": bool(getattr(fsdp_config, "optimizer_offload", False)),
         "fsdp": bool(getattr(fsdp_config, "wrap_one_gpu", False)),
+        "torch_compile": bool(torch_compile),
         "attn_implementation": model.attn_implementation,
         "gradient_checkpointing": model.enable_gradient_checkpointing,
         "use_remove_padding": model.use_remove_padding,
@@ -69,7 +73,9 @@ def optim_spec(optim: Any, total_steps: int | None) -> OptimSpec:
     )
 
 
-def reference_kwargs(model: Any, fsdp_config: Any, seed: int) -> dict[str, Any]:
+def reference_kwargs(
+    model: Any, fsdp_config: Any, seed: int, torch_compile: bool = False
+) -> dict[str, Any]:
     """TrainEngine keyword arguments of a frozen reference policy (`engine_kwargs`).
 
     ``model_dtype`` unset (None) means verl's reference default: bf16 weights where
@@ -77,9 +83,8 @@ def reference_kwargs(model: Any, fsdp_config: Any, seed: int) -> dict[str, Any]:
     there, and it halves the memory of fp32 weights nothing updates — else fp32.
     """
     explicit = fsdp_config.model_dtype is not None
-    kwargs = engine_kwargs(
-        model, _with(fsdp_config, model_dtype=fsdp_config.model_dtype or "fp32"), seed
-    )
+    dtype = fsdp_config.model_dtype or "fp32"
+    kwargs = engine_kwargs(model, _with(fsdp_config, model_dtype=dtype), seed, torch_compile)
     if not explicit and kwargs["mixed_precision"] and torch.cuda.is_available():
         kwargs["dtype"] = "bfloat16"
     kwargs["optimizer_offload"] = False

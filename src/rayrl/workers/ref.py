@@ -22,7 +22,9 @@ class ReferenceWorker(Worker):
         arr = config.actor_rollout_ref
         self.engine = TrainEngine(
             model_path, trainable=False,
-            **reference_kwargs(arr.model, arr.ref.fsdp_config, config.trainer.seed),
+            **reference_kwargs(
+                arr.model, arr.ref.fsdp_config, config.trainer.seed, arr.ref.use_torch_compile
+            ),
         )  # fmt: skip
 
     def rebuild(self) -> None:

@@ -1,0 +1,75 @@
+"""Regional torch.compile (`rayrl.engines.regional_compile`, `use_torch_compile`): the
+compiled layers and head compute what the eager ones do, generation through a compiled
+model stays eager, and a CPU run never compiles unless asked.
+
+The compiled paths run here on a CPU (inductor's C++ backend) with ``on_cpu=True``; on
+a GPU the same functions go to Triton (measured in bench/profile_update.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine_cases import ragged_batch, tiny_model_dir  # noqa: F401 (fixture)
+from rayrl.batch import Batch
+from rayrl.config.schema import ActorConfig
+from rayrl.engines.logprob_head import LogProbHead
+from rayrl.engines.regional_compile import compile_regions, compiled_chunk_math
+from rayrl.engines.train import TrainEngine
+from rayrl.workers.losses import actor_loss_fn
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_head_with_compiled_math_gives_the_same_gradients():
+    torch.manual_seed(1)
+    head = LogProbHead(16, 40)
+    h = torch.randn(1, 29, 16, requires_grad=True)
+    labels = torch.randint(0, 40, (1, 29))
+    results = []
+    for math in (None, compiled_chunk_math()):
+        head.chunk_math = math
+        with head.requested(labels, 0.9, with_entropy=True, chunk_size=8):  # 8 chunks 29
+            out = head(h)
+        loss = (out[..., 0] * 0.3 + out[..., 1] * 0.7).sum()
+        results.append((out.detach(), *torch.autograd.grad(loss, [h, head.weight])))
+    for got, want in zip(results[1], results[0], strict=True):
+        torch.testing.assert_close(got, want)
+    assert results[1][0].abs().sum() > 0
+
+
+@pytest.mark.slow
+def test_compiled_engine_trains_like_the_eager_one(tiny_model_dir):  # noqa: F811
+    """Packed micro-batches of ragged rows, entropy on: the same log-probs, loss and
+    gradient norm over two steps; and `generate` (a KV cache: the eager layers) makes
+    the same tokens."""
+    batch = ragged_batch(8, seed=3)
+    loss_fn = actor_loss_fn(ActorConfig(use_kl_loss=False, entropy_coeff=0.01), 10)
+    runs = []
+    for compiled in (False, True):
+        engine = TrainEngine(tiny_model_dir, optim={"lr": 1e-3}, total_steps=4, device="cpu")
+        if compiled:
+            assert compile_regions(engine.model, engine.device, on_cpu=True)
+        old = engine.forward(batch, max_tokens_per_micro_batch=64, with_entropy=True)
+        rows = batch.union(Batch({"old_log_probs": old["log_probs"]}))
+        steps = [
+            engine.train_step(rows, loss_fn, max_tokens_per_micro_batch=64, with_entropy=True)
+            for _ in range(2)
+        ]
+        prompt = torch.arange(3, 15).view(2, 6)
+        with torch.no_grad():
+            tokens = engine.model.generate(prompt, max_new_tokens=5, do_sample=False)
+        runs.append((old, steps, tokens))
+    (old_e, steps_e, tok_e), (old_c, steps_c, tok_c) = runs
+    torch.testing.assert_close(old_c["log_probs"], old_e["log_probs"], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(old_c["entropy"], old_e["entropy"], atol=1e-5, rtol=1e-5)
+    for a, b in zip(steps_c, steps_e, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-6)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+    assert torch.equal(tok_c, tok_e)
+
+
+def test_cpu_engines_do_not_compile_by_default(tiny_model_dir):  # noqa: F811
+    engine = TrainEngine(tiny_model_dir, device="cpu", torch_compile=True)
+    assert engine.compiled is False
+    assert not compile_regions(engine.model, engine.device)
