@@ -46,3 +46,18 @@ def test_a_snapshot_leaves_frozen_weights_out_and_survives_pickling(tiny_model_d
     snap = pickle.loads(pickle.dumps(engine.snapshot()))
     assert "model.embed_tokens.weight" not in snap["params"]
     assert snap["params"] and snap["counters"]["train_steps"] == 0
+
+
+def test_nbytes_counts_trainable_weights_and_adam_moments():
+    from rayrl.engines import snapshot
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Linear(4, 2))
+    model[1].requires_grad_(False)  # frozen: left out, as `capture` leaves it
+    weights = (8 * 4 + 4) * 4
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+    assert snapshot.nbytes(model, None) == weights
+    assert snapshot.nbytes(model, optimizer) == 3 * weights  # moments not made yet
+    model(torch.randn(3, 8)).sum().backward()
+    optimizer.step()
+    state = sum(v.numel() * v.element_size() for s in optimizer.state.values() for v in s.values())
+    assert snapshot.nbytes(model, optimizer) == weights + state  # the moments and step counts

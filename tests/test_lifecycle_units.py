@@ -12,6 +12,7 @@ import pytest
 from rayrl.cli.main import main
 from rayrl.config import load_config
 from rayrl.trainer.metrics import usage_metrics
+from rayrl.trainer.replay import _charge_to_step
 from rayrl.trainer.run_dir import RunDir
 from rayrl.trainer.tracking import TrackerUnavailable, Tracking, check_trackers
 from rayrl.trainer.validate import pass_at_k, validation_metrics
@@ -178,3 +179,9 @@ def test_minimal_ray_runs_without_the_dashboard(monkeypatch):
     monkeypatch.setattr(ray_private, "dashboard_dependency_error", lambda: "No module named 'x'")
     with pytest.warns(UserWarning, match="running without it"):
         assert not _dashboard_installed()
+
+
+def test_the_step_snapshot_is_charged_to_the_step_and_its_throughput():
+    metrics = {"timing_s/step": 1.0, "perf/throughput": 100.0}
+    _charge_to_step(metrics, 0.25)
+    assert metrics == {"timing_s/step": 1.25, "perf/throughput": 80.0, "timing_s/snapshot": 0.25}

@@ -54,6 +54,10 @@ def test_grpo_with_kl_loss_through_the_cli(ray_local, tmp_path, capsys):
     for row in steps:
         assert row["timing_s/old_log_prob"] == 0.0 and math.isfinite(row["actor/entropy"])
         assert 0 < row["timing_s/controller_overhead"] < row["timing_s/step"]
+        # the step boundary's snapshot is part of the step and of its throughput
+        assert 0 < row["timing_s/snapshot"] < row["timing_s/step"]
+        tokens_per_s = row["perf/total_num_tokens"] / row["timing_s/step"]
+        assert row["perf/throughput"] == pytest.approx(tokens_per_s, rel=1e-6)
 
 
 @pytest.mark.slow
@@ -122,3 +126,25 @@ def test_steps_and_batches_follow_the_loaded_data(tmp_path):
     assert steps == [(i, i, 4) for i in range(4)]
     epoch0 = [list(p["uid"]) for _, p in trainer.batches()][:2]
     assert epoch0 != [list(p["uid"]) for _, p in trainer.batches()][2:]  # reshuffled per epoch
+
+
+@pytest.mark.slow
+def test_step_snapshots_auto_turns_off_when_the_state_would_crowd_the_object_store(
+    ray_local, tmp_path, monkeypatch
+):
+    from rayrl.trainer import replay
+
+    monkeypatch.setattr(replay, "SNAPSHOT_STORE_SHARE", 0.0)  # any state is too large
+    printed: list[str] = []
+    cfg = load_config(
+        "grpo",
+        [*SMALL, f"trainer.output_dir={tmp_path}", "trainer.total_training_steps=1"],
+    )
+    trainer = PPOTrainer(cfg, print_fn=printed.append)
+    try:
+        history = trainer.setup().fit()
+    finally:
+        trainer.shutdown()
+    assert trainer.replay.use_snapshots is False and not trainer.replay.snapshots
+    assert any("step snapshots off" in line and "GiB" in line for line in printed)
+    assert history[-1]["timing_s/snapshot"] == 0.0

@@ -323,7 +323,11 @@ class TrainerConfig:
     usage_interval_s: float = 0.5  # CPU/GPU/memory sampling period of every worker
     stage_timeout_s: float | None = 900.0  # a call without progress this long is hung
     max_worker_restarts: int = 3  # replacements of one rank within a step; 0: no recovery
-    step_snapshots: bool = True  # state kept at every step start, for step replay
+    # state kept at every step boundary, for step replay: true | false | auto (on while
+    # the trainable state, Adam moments included, fits half of Ray's object store; a 7B
+    # model's is ~90 GB of host memory per step). Off: a lost worker rewinds to the last
+    # checkpoint
+    step_snapshots: Any = "auto"
 
 
 @dataclass

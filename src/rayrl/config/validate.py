@@ -60,6 +60,8 @@ def check_run_keys(cfg: RayRLConfig) -> None:
             "trainer.resume_mode=resume_path needs trainer.resume_from_path (a "
             "checkpoints/global_step_N directory)"
         )
+    if t.step_snapshots not in (True, False, "auto"):
+        raise ConfigError(f"trainer.step_snapshots={t.step_snapshots!r}: use true, false or auto")
     if t.save_freq == 0 or t.test_freq == 0:
         raise ConfigError(
             "trainer.save_freq and trainer.test_freq are a number of steps, or -1 for never; "

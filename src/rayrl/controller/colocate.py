@@ -88,6 +88,9 @@ class FusedWorker(Worker):
         """Every role's state, by role."""
         return {role: instance.snapshot_state() for role, instance in self.peers.items()}
 
+    def snapshot_nbytes(self) -> int:
+        return sum(instance.snapshot_nbytes() for instance in self.peers.values())
+
     def restore_state(self, state: dict[str, Any]) -> None:
         for role, instance in self.peers.items():
             instance.restore_state(state.get(role))

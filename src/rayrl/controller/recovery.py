@@ -52,6 +52,15 @@ class GroupSnapshot:
         _future(group, [done for done, _ in calls], "snapshot").get(timeout_s)
         return cls(group.name, [state for _, state in calls], time.perf_counter() - start)
 
+    @staticmethod
+    def nbytes(group: Any, timeout_s: float | None = None) -> int:
+        """What a snapshot of `group` would hold: the sum of its ranks' `snapshot_nbytes()`."""
+        refs = [
+            group.actor_handle(r, "snapshot size")._rayrl_snapshot_nbytes.remote()
+            for r in range(group.world_size)
+        ]
+        return sum(_future(group, refs, "snapshot size").get(timeout_s))
+
     def restore(self, group: Any, timeout_s: float | None = None) -> None:
         """Every rank of `group` back to this snapshot (a replaced rank included)."""
         if group.world_size != len(self.refs):

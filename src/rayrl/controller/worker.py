@@ -151,6 +151,10 @@ class Worker:
         with self._rayrl_call("snapshot"):
             return self.ctx.rank if self.ctx else 0, self.snapshot_state()
 
+    def _rayrl_snapshot_nbytes(self) -> int:
+        with self._rayrl_call("snapshot size"):
+            return int(self.snapshot_nbytes())
+
     def _rayrl_restore(self, state: Any) -> None:
         """Put back what `_rayrl_snapshot` returned."""
         with self._rayrl_call("restore"):
@@ -182,6 +186,10 @@ class Worker:
 
     def restore_state(self, state: Any) -> None:
         """Put back a `snapshot_state()` of this rank (of this or an earlier process)."""
+
+    def snapshot_nbytes(self) -> int:
+        """About how many bytes `snapshot_state()` returns (0: nothing, or small)."""
+        return 0
 
     @classmethod
     def check_init_kwargs(cls, kwargs: dict) -> None:

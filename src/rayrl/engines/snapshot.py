@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["capture", "restore"]
+__all__ = ["capture", "nbytes", "restore"]
 
 # dtypes NumPy has no type for, kept as raw bits of the same width
 _RAW = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.int8}
@@ -28,6 +28,19 @@ _RAW = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.int8}
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
+
+
+def nbytes(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> int:
+    """Bytes a `capture` of this rank holds: the trainable tensors' local parts and the
+    optimizer's state (before its first step: two moments per trainable element, as
+    AdamW will make)."""
+    weights = sum(_local(p).numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    if optimizer is None:
+        return weights
+    state = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+    if not state:
+        return 3 * weights
+    return weights + sum(_local(v).numel() * v.element_size() for v in state)
 
 
 def _to_host(t: torch.Tensor) -> tuple[np.ndarray, str, str]:

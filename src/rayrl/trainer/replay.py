@@ -17,7 +17,9 @@ after it) and, when a worker dies or hangs in it:
    the restored groups run again, with the same inputs and seeds (`StageCalls`).
 
 A snapshot of the model roles is taken at every step boundary (after the updates),
-and its time is the step's `timing_s/snapshot`. On CPU the outcome is bitwise that of
+and its time is the step's `timing_s/snapshot`, counted in `timing_s/step` and
+`perf/throughput` too (it is work every step does, as verl's step timer holds its
+checkpoint saves). On CPU the outcome is bitwise that of
 a run without the failure. `recoveries` and `ledger` (the prompt uids each step
 trained, in order) record what happened, for the chaos harness.
 """
@@ -34,6 +36,11 @@ from rayrl.controller.errors import WorkerCallError, WorkerError, WorkerHungErro
 from rayrl.controller.recovery import GroupSnapshot, SnapshotLostError
 
 log = logging.getLogger("rayrl.trainer")
+
+
+# `trainer.step_snapshots=auto` keeps snapshots while they need at most this share of
+# the object store: each step's is the whole trainable state (weights and Adam moments)
+SNAPSHOT_STORE_SHARE = 0.5
 
 
 class Rewound(Exception):  # noqa: N818 - a change of course, not an error
@@ -64,7 +71,26 @@ class StepReplay:
     # ------------------------------------------------------------ boundaries
     def start(self) -> None:
         """The first boundary (a fresh or resumed run): snapshot the stateful groups."""
+        if self.use_snapshots == "auto":
+            self.use_snapshots = self._snapshots_fit()
         self.snapshots = self.run(self._take, "the first snapshot")
+
+    def _snapshots_fit(self) -> bool:
+        """`trainer.step_snapshots=auto`: whether the stateful groups' snapshots fit
+        `SNAPSHOT_STORE_SHARE` of Ray's object store; says so when they do not."""
+        import ray
+
+        need = sum(GroupSnapshot.nbytes(g) for g in self.stateful)
+        store = ray.cluster_resources().get("object_store_memory", 0.0)
+        if need <= SNAPSHOT_STORE_SHARE * store:
+            return True
+        self.trainer.print(
+            f"step snapshots off (trainer.step_snapshots=auto): the trainable state is "
+            f"{need / 2**30:.1f} GiB, more than {SNAPSHOT_STORE_SHARE:.0%} of Ray's object "
+            f"store ({store / 2**30:.1f} GiB); a lost worker rewinds the run to its last "
+            "checkpoint (set trainer.save_freq), or set trainer.step_snapshots=true"
+        )
+        return False
 
     def _take(self) -> dict[str, GroupSnapshot]:
         if not self.use_snapshots:
@@ -86,7 +112,7 @@ class StepReplay:
 
         metrics, snapshots = self.run(work, f"step {prompts.meta.get('step', '?')}")
         self.snapshots = snapshots
-        metrics["timing_s/snapshot"] = sum(s.seconds for s in snapshots.values())
+        _charge_to_step(metrics, sum(s.seconds for s in snapshots.values()))
         self.ledger.append((int(prompts.meta.get("step", 0)), list(trainer.trained_uids)))
         return metrics
 
@@ -214,3 +240,15 @@ class StepReplay:
 def _one_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return text[0] if text else type(err).__name__
+
+
+def _charge_to_step(metrics: dict[str, float], seconds: float) -> None:
+    """Add the boundary snapshot's ``seconds`` to the step: `timing_s/snapshot`, and
+    `timing_s/step` and `perf/throughput` (tokens per second of the whole step)."""
+    metrics["timing_s/snapshot"] = seconds
+    step = metrics.get("timing_s/step")
+    if step is None:
+        return
+    metrics["timing_s/step"] = step + seconds
+    if "perf/throughput" in metrics and step + seconds > 0:
+        metrics["perf/throughput"] *= step / (step + seconds)

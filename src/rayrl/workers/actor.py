@@ -123,6 +123,12 @@ class ActorRolloutRefWorker(Worker):
         copy follows the policy) and this process's RNGs."""
         return {"actor": self.actor.snapshot(), "rng": rng_state()}
 
+    def snapshot_nbytes(self) -> int:
+        """Bytes `snapshot_state` puts in the object store from this rank."""
+        from rayrl.engines import snapshot
+
+        return snapshot.nbytes(self.actor.model, self.actor.optimizer)
+
     def restore_state(self, state: dict[str, Any]) -> None:
         self.actor.restore(state["actor"])
         set_rng_state(state["rng"])

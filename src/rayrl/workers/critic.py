@@ -40,6 +40,11 @@ class CriticWorker(Worker):
     def snapshot_state(self) -> dict:
         return {"critic": self.engine.snapshot()}
 
+    def snapshot_nbytes(self) -> int:
+        from rayrl.engines import snapshot
+
+        return snapshot.nbytes(self.engine.model, self.engine.optimizer)
+
     def restore_state(self, state: dict) -> None:
         self.engine.restore(state["critic"])
 
