@@ -317,9 +317,6 @@ def memory_7b(args: argparse.Namespace, workdir: Path) -> dict:
         f"actor_rollout_ref.rollout.max_num_seqs={args.seqs_7b}",
         f"actor_rollout_ref.actor.use_torch_compile={bool(args.compile_7b)}",
         f"actor_rollout_ref.actor.fsdp_config.model_dtype={args.master_dtype_7b}",
-        # a step snapshot holds the whole trainable state in host memory (15 GB of bf16
-        # weights, plus the Adam moments): the earlier 7B runs' host-memory kills
-        "trainer.step_snapshots=false",
         # loading 7B on one core starved the worker's init (half the cores, at most 8)
         f"resources.cpus_per_worker={max(1, min(8, (os.cpu_count() or 2) // 2))}",
     )
