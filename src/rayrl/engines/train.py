@@ -16,12 +16,12 @@ is initialised with several ranks (gloo on CPU, NCCL on GPU), and offers:
   (`rayrl.engines.residency`); `save()` / `load()` (sharded), `export_hf()`.
 
 Several ranks are always wrapped in FSDP2. One GPU computes in bf16 under autocast, or,
-with ``fsdp=True`` (``fsdp_config.wrap_one_gpu``), wrapped in FSDP2 over a one-rank mesh
-(``self.fsdp``; ``self.sharded`` stays False: nothing to reduce over ranks): its
-mixed-precision policy casts each layer's weights to bf16 once per forward and
-backward, where autocast casts every weight at every use, while the fp32 weights stay
-the optimizer's master copy. Which is faster depends on the micro-batch size
-(docs/benchmarks.md). One process on a CPU stays unwrapped, in fp32.
+with ``fsdp=True`` (``fsdp_config.wrap_one_gpu``), in FSDP2 over a one-rank mesh
+(``self.fsdp``; ``self.sharded`` stays False): each layer's weights are cast to bf16
+once per forward and backward (autocast casts every weight at every use), the fp32
+weights stay the optimizer's master copy; which is faster depends on the micro-batch
+size (docs/benchmarks.md). ``torch_compile`` compiles layers and head on CUDA
+(`rayrl.engines.regional_compile`). One process on a CPU stays unwrapped, in fp32.
 
 Packed rows attend per sequence (`rayrl.engines.attention`), and a causal LM's output
 head returns log-probs without materialising logits (`rayrl.engines.logprob_head`).
@@ -32,6 +32,7 @@ The loss a `train_step` takes follows `rayrl.engines.loss_contract`.
 from __future__ import annotations
 
 import gc
+import math
 import os
 import warnings
 from collections import defaultdict
@@ -335,10 +336,8 @@ class TrainEngine:
         """Clip, then step, unless the gradient norm is not finite (then skip and count)."""
         clip = self.optim_spec.grad_clip or float("inf")
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
-        if hasattr(norm, "full_tensor"):
-            norm = norm.full_tensor()
-        norm = float(norm)
-        if not torch.isfinite(torch.tensor(norm)):
+        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        if not math.isfinite(norm):
             warn_nonfinite_gradients(self.model, norm, self.skipped_steps + 1)
             self.optimizer.zero_grad(set_to_none=True)
             self.skipped_steps += 1
@@ -385,17 +384,14 @@ class TrainEngine:
         self.residency.onload()
 
     def resident(self):
-        """Context with the parameters on the device (with ``param_offload`` they live in
-        host memory otherwise); engine calls inside it move nothing."""
+        """Context with the parameters on the device; engine calls inside move nothing."""
         self.residency.require(optimizer=False)
         return self.residency.resident()
 
     def _require_trainable(self) -> None:
         if not self.trainable:
-            raise RuntimeError(
-                "this engine was built with trainable=False (a frozen reference model): "
-                "it has no optimizer to train or checkpoint; build it with trainable=True."
-            )
+            raise RuntimeError("this engine was built with trainable=False (a frozen reference "
+                               "model): it cannot train or checkpoint; build it trainable.")
 
     # ------------------------------------------------ recovery (step boundaries)
     def snapshot(self) -> dict[str, Any]:
