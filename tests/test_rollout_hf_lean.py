@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rayrl.engines.rollout import HFRolloutEngine, SamplingParams
-from rayrl.engines.rollout.hf_decode import can_lean_decode
+from rayrl.engines.rollout.hf_decode import can_lean_decode, decode_threads
 from rayrl.models.tiny import build_tiny_model
 from test_rollout_hf import TINY, forced_token, make_prompts
 
@@ -128,3 +128,24 @@ def test_models_the_lean_loop_cannot_run_keep_generate(engines):
     assert_same(out, lean.generate(prompts, params))
     with pytest.raises(ValueError, match="decode="):
         HFRolloutEngine(model=model, decode="fast")
+
+
+def test_a_small_model_decodes_on_one_thread(engines):
+    lean, plain = engines
+    seen = []
+    hook = lean.model.register_forward_pre_hook(lambda *_: seen.append(torch.get_num_threads()))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        params = SamplingParams(n=2, max_new_tokens=R, seed=6)
+        prompts = make_prompts(lean.tokenizer)
+        for engine in (lean, plain):
+            engine.generate(prompts, params)
+            assert torch.get_num_threads() == 2  # restored
+        assert set(seen) == {1}
+        big = torch.nn.Linear(1000, 1000)  # 1M parameters: as many threads as given
+        with decode_threads(big, torch.device("cpu")):
+            assert torch.get_num_threads() == 2
+    finally:
+        hook.remove()
+        torch.set_num_threads(threads)

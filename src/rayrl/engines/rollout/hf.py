@@ -44,7 +44,7 @@ from rayrl.engines.rollout.contract import (
     check_prompts,
     expand_samples,
 )
-from rayrl.engines.rollout.hf_decode import can_lean_decode, lean_decode
+from rayrl.engines.rollout.hf_decode import can_lean_decode, decode_threads, lean_decode
 from rayrl.engines.rollout.sampling import SamplingParams, sample_keys, sample_tokens
 from rayrl.engines.rollout.special_ids import eos_ids, pad_id
 
@@ -164,7 +164,8 @@ class HFRolloutEngine(RolloutEngine):
             none = torch.zeros(0, 0)
             out = Responses(none.long(), none.sum(1).long(), none, none.sum(1).bool())
         else:
-            out = self._generate_rows(rows, keys, sampling)
+            with decode_threads(self.model, _device_of(self.model)):
+                out = self._generate_rows(rows, keys, sampling)
         return assemble_output(rows, uids, out, sampling.max_new_tokens, self.pad_id)
 
     def _generate_rows(self, rows: Batch, keys: Tensor, sampling: SamplingParams) -> Responses:
