@@ -10,7 +10,11 @@ Every engine draws the same tokens (checked). JSON lines: per engine the median 
 per ``generate`` call, and ``lean_ratio_vs_generate`` / ``native_ratio_vs_generate``
 (median of per-round ratios, lower is better).
 
-    python bench/hf_decode.py [--rounds 30] [--threads 1] [--out FILE]
+``--sweep``: instead, the lean loop on 1 and on 2 torch threads (the one-thread rule of
+`hf_decode.decode_threads` switched off), alternated, on three model sizes (107k, 2.5M,
+24M parameters): ``decode_s`` per size and thread count, ``one_thread_ratio`` per size.
+
+    python bench/hf_decode.py [--rounds 30] [--threads 1] [--sweep] [--out FILE]
 """
 
 from __future__ import annotations
@@ -33,7 +37,10 @@ BENCH = "hf_decode"
 PROMPTS, SAMPLES, NEW_TOKENS = 8, 4, 32
 
 
-def build(workdir: Path):
+SWEEP = ((64, 2, 4, 128), (256, 4, 4, 512), (512, 8, 8, 1536))  # hidden, layers, heads, ffn
+
+
+def build(workdir: Path, shape: tuple[int, int, int, int] | None = None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rayrl.batch import Batch
@@ -42,7 +49,9 @@ def build(workdir: Path):
     from rayrl.models import build_tiny_model
 
     cfg = load_config("grpo", [])
-    path = build_tiny_model(workdir / "model", layers=2, hidden=64, seed=cfg.trainer.seed)
+    hidden, layers, heads, ffn = shape or (64, 2, 4, 128)
+    path = build_tiny_model(workdir / "model", layers=layers, hidden=hidden, heads=heads,
+                            kv_heads=2, intermediate=ffn, seed=cfg.trainer.seed)  # fmt: skip
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     rows = synthetic_rows(cfg.data.synthetic_task, PROMPTS, cfg.trainer.seed)
@@ -66,14 +75,50 @@ def engines(model, tok) -> dict:
     }  # fmt: skip
 
 
+def sweep(rounds: int, common: dict) -> list[dict]:
+    """The lean loop on 1 vs 2 threads per model size (module docstring)."""
+    from rayrl.engines.rollout import HFRolloutEngine, SamplingParams, hf_decode
+
+    hf_decode.SINGLE_THREAD_DECODE_PARAMS = 0  # the rule off: the threads given are used
+    params = SamplingParams(n=SAMPLES, max_new_tokens=NEW_TOKENS, seed=1, ignore_eos=True)
+    lines = []
+    for shape in SWEEP:
+        with tempfile.TemporaryDirectory() as tmp:
+            model, tok, batch = build(Path(tmp), shape)
+        engine = HFRolloutEngine(model=model, tokenizer=tok, cache="dynamic")
+        size = sum(p.numel() for p in model.parameters())
+        times = {1: [], 2: []}
+        for round_ in range(rounds + 1):
+            for threads in (1, 2) if round_ % 2 else (2, 1):
+                torch.set_num_threads(threads)
+                start = time.perf_counter()
+                engine.generate(batch, params)
+                if round_:  # round 0 warms up
+                    times[threads].append(time.perf_counter() - start)
+        for threads, ts in times.items():
+            lines.append({**common, "metric": "decode_s", "params": size, "threads": threads,
+                          "value": statistics.median(ts), "unit": "s", "better": "lower"})  # fmt: skip
+        ratios = [a / b for a, b in zip(times[1], times[2], strict=True)]
+        lines.append({**common, "metric": "one_thread_ratio", "params": size,
+                      "value": statistics.median(ratios), "unit": "ratio"})  # fmt: skip
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--sweep", action="store_true", help="1 vs 2 threads, three sizes")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from rayrl.engines.rollout import SamplingParams
+
+    if args.sweep:
+        common = {"bench": BENCH, "hardware": hardware(), "date": datetime.date.today().isoformat(),
+                  "load_avg_1m_start": os.getloadavg()[0]}  # fmt: skip
+        emit(sweep(args.rounds, common), args.out)
+        return
 
     with tempfile.TemporaryDirectory() as tmp:
         model, tok, batch = build(Path(tmp))
@@ -99,10 +144,14 @@ def main() -> None:
         ratios = [a / b for a, b in zip(times[name], times["generate"], strict=True)]
         lines.append({**common, "metric": f"{name}_ratio_vs_generate",
                       "value": statistics.median(ratios), "unit": "ratio", "better": "lower"})  # fmt: skip
+    emit(lines, args.out)
+
+
+def emit(lines: list[dict], out: str | None) -> None:
     for line in lines:
         print(json.dumps(line))
-    if args.out:
-        with open(args.out, "a") as f:
+    if out:
+        with open(out, "a") as f:
             f.writelines(json.dumps(line) + "\n" for line in lines)
 
 

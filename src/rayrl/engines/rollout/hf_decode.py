@@ -36,9 +36,9 @@ from rayrl.engines.rollout.sampling import SamplingParams, sample_tokens
 
 __all__ = ["SINGLE_THREAD_DECODE_PARAMS", "can_lean_decode", "decode_threads", "lean_decode"]
 
-# Below this many parameters a CPU decodes faster on one thread (bench/hf_decode.py, the
-# demo's batch, lean loop, 2 cores: 107k parameters 0.077 s on one thread vs 0.096 s on
-# two; 2.5M 0.282 vs 0.275 s; 24M 1.73 vs 1.39 s).
+# Below this many parameters a CPU decodes faster on one thread (`bench/hf_decode.py
+# --sweep`, the demo's batch, 2 cores: one thread takes 0.88x the time of two at 107k
+# parameters, 1.20x at 2.5M, 1.36x at 24M).
 SINGLE_THREAD_DECODE_PARAMS = 1_000_000
 
 # GenerationMixin methods whose behaviour `lean_decode` reproduces; a model overriding
