@@ -2,15 +2,15 @@
 
 On a small model every decode step is mostly fixed cost, and ``generate()`` adds its own
 each step (logits processors, stopping criteria lists, input preparation, output
-bookkeeping): about a quarter of the demo's generation on a CPU. `lean_decode` runs
+bookkeeping): about an eighth of the demo's generation on a CPU. `lean_decode` runs
 what ``generate()`` runs for rayrl's use of it and nothing else: one prefill forward,
 then one forward per token on a `DynamicCache`, with the seeded sampler applied
 directly to each step's float32 last-position logits and stops checked on whole
 tensors. The forwards get exactly ``generate()``'s inputs (attention mask grown by one
 column of ones, next position ids, ``logits_to_keep=1`` where the model takes it,
 finished rows fed the pad id), so the tokens, log-probs and lengths are bitwise those
-of ``generate()`` with the dynamic cache (tests/test_rollout_hf.py checks greedy,
-sampled, stop-token and stop-string runs).
+of ``generate()`` with the dynamic cache (tests/test_rollout_hf_lean.py checks greedy,
+sampled, filtered, stop-token, EOS and stop-string runs).
 
 `decode_threads` runs a small model's decode on one CPU thread: its ops are too small to
 split, and waking a second thread for each costs more than it saves.
