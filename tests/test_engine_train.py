@@ -115,12 +115,19 @@ def test_non_finite_gradient_step_is_skipped(tiny_model_dir):  # noqa: F811
     assert metrics["skipped"] == 0 and engine.skipped_steps == 2 and engine.optimizer_steps == 1
 
 
-def test_save_load_round_trip(tiny_model_dir, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("file_per_tensor", [False, True])
+def test_save_load_round_trip(tiny_model_dir, tmp_path, monkeypatch, file_per_tensor):  # noqa: F811
+    from rayrl.engines import checkpoint_io
+
+    if file_per_tensor:  # the layout of a large state on a GPU (bounded host memory)
+        monkeypatch.setattr(checkpoint_io, "ONE_FILE_MAX_BYTES", -1)
     optim = {**OPTIM, "lr_scheduler": "cosine", "warmup_steps": 1}
     batch = ragged_batch(6, seed=8)
     first = TrainEngine(tiny_model_dir, optim=optim, total_steps=5)
     first.train_step(batch, pg_loss, mini_batch_size=3)
     first.save(tmp_path / "ckpt")
+    files = list((tmp_path / "ckpt").glob("*.distcp"))
+    assert len(files) > 20 if file_per_tensor else len(files) == 1
     second = TrainEngine(tiny_model_dir, optim=optim, total_steps=5)
     second.load(tmp_path / "ckpt")
     assert torch.equal(second.forward(batch)["log_probs"], first.forward(batch)["log_probs"])

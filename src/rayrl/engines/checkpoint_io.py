@@ -2,7 +2,8 @@
 
 `save_sharded` / `load_sharded` write and read one directory with every rank's shard
 of the model and optimizer state plus small engine values (LR scheduler, counters);
-all ranks call them together. A checkpoint written with N ranks loads with M ranks:
+all ranks call them together (a rank with a large state on a GPU writes a file per
+tensor, which bounds the host memory a save takes: `ONE_FILE_MAX_BYTES`). A checkpoint written with N ranks loads with M ranks:
 DCP reshards on load. `export_hf` gathers the full weights to rank 0 and writes a
 directory that ``transformers`` loads directly (config, safetensors, generation
 config, tokenizer).
@@ -35,6 +36,14 @@ __all__ = [
     "export_hf", "full_model_state_dict", "load_sharded", "quiet_dcp", "save_sharded",
     "write_hf_dir",
 ]  # fmt: skip
+
+
+# A rank's state with more than this many bytes on an accelerator is written one file
+# per tensor instead of one file per rank: torch's FileSystemWriter keeps the host copy
+# of every device tensor of a file until the file is done, so one file held the rank's
+# whole state in host memory again (the 7B save on the H200 went from 51 to 111 GiB of
+# host memory and was killed; docs/benchmarks.md).
+ONE_FILE_MAX_BYTES = 4 * 2**30
 
 
 def _rank() -> int:
@@ -72,10 +81,19 @@ def save_sharded(
     """
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd, "extra": extra}
-    writer = dcp.FileSystemWriter(str(path), overwrite=True)
+    writer = dcp.FileSystemWriter(
+        str(path), overwrite=True, single_file_per_rank=_device_bytes(state) <= ONE_FILE_MAX_BYTES
+    )
     with quiet_dcp():
         dcp.save(state, storage_writer=writer, no_dist=not _distributed())
     _barrier()
+
+
+def _device_bytes(state: Any) -> int:
+    """Bytes of the accelerator tensors in a (nested) state dict (a DTensor: its shard)."""
+    leaves = torch.utils._pytree.tree_leaves(state)
+    local = (t.to_local() if hasattr(t, "to_local") else t for t in leaves if torch.is_tensor(t))
+    return sum(t.numel() * t.element_size() for t in local if t.device.type != "cpu")
 
 
 def load_sharded(
