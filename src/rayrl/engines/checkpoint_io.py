@@ -3,8 +3,8 @@
 `save_sharded` / `load_sharded` write and read one directory with every rank's shard
 of the model and optimizer state plus small engine values (LR scheduler, counters);
 all ranks call them together (a rank with a large state on a GPU writes a file per
-tensor, which bounds the host memory a save takes: `ONE_FILE_MAX_BYTES`). A checkpoint written with N ranks loads with M ranks:
-DCP reshards on load. `export_hf` gathers the full weights to rank 0 and writes a
+tensor, which bounds the host memory a save takes: `ONE_FILE_MAX_BYTES`). A checkpoint
+written with N ranks loads with M ranks: DCP reshards on load. `export_hf` gathers the full weights to rank 0 and writes a
 directory that ``transformers`` loads directly (config, safetensors, generation
 config, tokenizer).
 """

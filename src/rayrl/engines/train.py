@@ -376,11 +376,11 @@ class TrainEngine:
 
     # ------------------------------------------------------ memory and state
     def offload(self, params: bool = True, optimizer: bool = True) -> None:
-        """Move parameters (and gradients) and/or optimizer state to host memory."""
+        """Move parameters (and gradients) and/or optimizer state to host memory;
+        `onload` brings back whatever it moved."""
         self.residency.offload(params=params, optimizer=optimizer and self.trainable)
 
     def onload(self) -> None:
-        """Bring back to the device whatever `offload` moved away."""
         self.residency.onload()
 
     def resident(self):
@@ -400,6 +400,10 @@ class TrainEngine:
         optimizer = self.optimizer if self.trainable else None
         with self.residency.resident():
             return snapshot.capture(self.model, optimizer, self.scheduler, self._counters())
+
+    def snapshot_nbytes(self) -> int:
+        """Bytes a `snapshot()` of this rank holds (`rayrl.engines.snapshot.nbytes`)."""
+        return snapshot.nbytes(self.model, self.optimizer if self.trainable else None)
 
     def restore(self, state: dict[str, Any]) -> None:
         """Put back a `snapshot()` of this rank (taken in this process or another)."""
@@ -480,14 +484,11 @@ class TrainEngine:
         """The dtype the model computes in: bfloat16 under mixed precision, else its weights'."""
         if self.mixed_precision:
             return "bfloat16"
-        dtype = next(self.model.parameters()).dtype
-        return next(name for name, d in DTYPES.items() if d == dtype)
+        return next(n for n, d in DTYPES.items() if d == next(self.model.parameters()).dtype)
 
     def full_state_dict(self, cpu_offload: bool = False) -> dict[str, Tensor]:
         """Unsharded weights by name (fp32 master weights); a collective when sharded.
-
-        With ``cpu_offload`` only rank 0 receives them, on CPU.
-        """
+        With ``cpu_offload`` only rank 0 receives them, on CPU."""
         with self.resident():
             state = full_model_state_dict(self.model, cpu_offload=cpu_offload)
         if self.lora and state:

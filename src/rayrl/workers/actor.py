@@ -125,9 +125,7 @@ class ActorRolloutRefWorker(Worker):
 
     def snapshot_nbytes(self) -> int:
         """Bytes `snapshot_state` puts in the object store from this rank."""
-        from rayrl.engines import snapshot
-
-        return snapshot.nbytes(self.actor.model, self.actor.optimizer)
+        return self.actor.snapshot_nbytes()
 
     def restore_state(self, state: dict[str, Any]) -> None:
         self.actor.restore(state["actor"])

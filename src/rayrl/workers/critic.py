@@ -41,9 +41,7 @@ class CriticWorker(Worker):
         return {"critic": self.engine.snapshot()}
 
     def snapshot_nbytes(self) -> int:
-        from rayrl.engines import snapshot
-
-        return snapshot.nbytes(self.engine.model, self.engine.optimizer)
+        return self.engine.snapshot_nbytes()
 
     def restore_state(self, state: dict) -> None:
         self.engine.restore(state["critic"])

@@ -11,9 +11,10 @@ The KV cache is static (``cache_implementation="static"``) where the model suppo
 it; if the static path fails once, the engine logs a warning and uses the dynamic
 cache from then on. With the dynamic cache, a model that allows it decodes in
 `rayrl.engines.rollout.hf_decode.lean_decode` instead of ``generate()``: the same
-tokens with less overhead per token (``decode="generate"`` keeps ``generate()``). The engine wraps an existing module without copying
-(``HFRolloutEngine(model=train_model, tokenizer=tok)``: the hybrid engine) or loads its
-own copy (``HFRolloutEngine(model_path=...)``).
+tokens with less overhead per token (``decode="generate"`` keeps ``generate()``).
+The engine wraps an existing module without copying
+(``HFRolloutEngine(model=train_model, tokenizer=tok)``: the hybrid engine) or loads
+its own copy (``HFRolloutEngine(model_path=...)``).
 """
 
 from __future__ import annotations
