@@ -317,6 +317,9 @@ def memory_7b(args: argparse.Namespace, workdir: Path) -> dict:
         f"actor_rollout_ref.rollout.max_num_seqs={args.seqs_7b}",
         f"actor_rollout_ref.actor.use_torch_compile={bool(args.compile_7b)}",
         f"actor_rollout_ref.actor.fsdp_config.model_dtype={args.master_dtype_7b}",
+        # the GPU machine's 64 GiB disk holds the model (15 GB) and the run's checkpoint
+        # (weights + moments, 46 GB at bf16) but not an HF export besides (2026-12-01)
+        "trainer.export_hf=false",
         # loading 7B on one core starved the worker's init (half the cores, at most 8)
         f"resources.cpus_per_worker={max(1, min(8, (os.cpu_count() or 2) // 2))}",
     )
