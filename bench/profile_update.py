@@ -15,7 +15,8 @@ old log-probs (each from the same initial weights, so the warm-up steps' ``loss`
 ``fsdp`` (`fsdp_config.wrap_one_gpu`: FSDP2 bf16 compute, fp32 master weights),
 ``autocast`` (the default: the unwrapped fp32 model under torch.autocast), each with an
 optional ``@TOKENS`` micro-batch token budget, ``#CHUNK`` log-prob chunk size and
-``+compile`` (`rayrl.engines.regional_compile`; the warm-up step absorbs the compile),
+``+compile`` (`rayrl.engines.regional_compile`; the warm-up step absorbs the compile)
+or ``+compile-attn-out`` (the same with the attention call left out of the graphs),
 e.g. ``--variants autocast,fsdp,fsdp@32768#4096,fsdp@32768+compile``.
 
     python bench/profile_update.py [--seqs 512] [--preset qwen2.5-0.5b] [--device cuda]
@@ -37,6 +38,7 @@ from _common import hardware
 from gpu_e2e import build_model
 
 BENCH = "profile_update"
+COMPILE_MODES = ("compile", "compile-attn-out")
 
 
 def make_batch(seqs: int, prompt: int, response: int, vocab: int):
@@ -74,16 +76,17 @@ def main() -> None:
 
 
 def parse_variant(text: str, args: argparse.Namespace) -> dict:
-    """``NAME[@TOKENS][#CHUNK][+compile]`` as engine options."""
+    """``NAME[@TOKENS][#CHUNK][+compile|+compile-attn-out]`` as engine options."""
     body, plus, extra = text.partition("+")
     name, _, chunk = body.partition("#")
     name, _, tokens = name.partition("@")
-    if name not in ("fsdp", "autocast") or (plus and extra != "compile"):
+    if name not in ("fsdp", "autocast") or (plus and extra not in COMPILE_MODES):
         raise SystemExit(
-            f"unknown variant {text!r}: use fsdp or autocast[@TOKENS][#CHUNK][+compile]"
+            f"unknown variant {text!r}: use fsdp or autocast[@TOKENS][#CHUNK]"
+            "[+compile|+compile-attn-out]"
         )
     return {"fsdp": name == "fsdp", "max_tokens": int(tokens or args.max_tokens),
-            "chunk": int(chunk or 1024), "compile": bool(plus)}  # fmt: skip
+            "chunk": int(chunk or 1024), "compile": extra if plus else None}  # fmt: skip
 
 
 def run_variant(args: argparse.Namespace, path: Path, variant: str, old):
@@ -94,6 +97,7 @@ def run_variant(args: argparse.Namespace, path: Path, variant: str, old):
 
     from rayrl.batch import Batch
     from rayrl.config.schema import ActorConfig
+    from rayrl.engines.regional_compile import compile_regions
     from rayrl.engines.train import TrainEngine
     from rayrl.workers.common import update_perf_metrics
     from rayrl.workers.losses import actor_loss_fn
@@ -102,8 +106,10 @@ def run_variant(args: argparse.Namespace, path: Path, variant: str, old):
     engine = TrainEngine(
         path, optim={"lr": 1e-6}, total_steps=10, device=args.device,
         fsdp=opts["fsdp"] and args.device == "cuda", logit_chunk_size=opts["chunk"],
-        torch_compile=opts["compile"],
+        torch_compile=opts["compile"] == "compile",
     )  # fmt: skip
+    if opts["compile"] == "compile-attn-out":  # the attention call outside the graphs
+        engine.compiled = compile_regions(engine.model, engine.device, attention_in_graph=False)
     budget = opts["max_tokens"]
     batch = make_batch(args.seqs, args.prompt_len, args.response_len, engine.config.vocab_size)
     if old is None:

@@ -35,6 +35,9 @@ from torch import Tensor, nn
 __all__ = ["VARLEN", "attention_for", "packed_attention_kwargs", "register_varlen_attention"]
 
 VARLEN = "rayrl_varlen"
+# ``(varlen_attn, has_gqa_argument)`` once `register_varlen_attention` ran and this
+# torch has the kernel: a plain global, which ``torch.compile`` reads without a break.
+_FLASH: tuple[object, bool] | None = None
 # Attention implementations whose packed rows would attend over a dense mask.
 _DENSE_ON_PACKED = ("sdpa", "eager")
 
@@ -70,18 +73,24 @@ def packed_attention_kwargs(lengths: list[int], device: torch.device) -> dict:
 def register_varlen_attention() -> None:
     """Register `VARLEN` with transformers' attention and mask registries (once)."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
-    def mask(*args, **kwargs):
-        # A row without a padding mask (packed or not) needs no dense mask: a packed row
-        # gets its boundaries from the kwargs, an unpadded one is plain causal.
-        unpadded = kwargs.get("attention_mask") is None and kwargs.get("q_offset", 0) == 0
-        if unpadded and kwargs.get("q_length") == kwargs.get("kv_length"):
-            return None
-        return sdpa_mask(*args, **kwargs)
-
+    global _FLASH
+    _FLASH = _varlen_api()
     AttentionInterface.register(VARLEN, varlen_attention_forward)
-    AttentionMaskInterface.register(VARLEN, mask)
+    AttentionMaskInterface.register(VARLEN, varlen_mask)
+
+
+def varlen_mask(*args, **kwargs):
+    """transformers' mask function for `VARLEN`: none for an unpadded row (a packed
+    row gets its boundaries from the kwargs, an unpadded one is plain causal), else
+    ``sdpa``'s."""
+    from transformers.masking_utils import sdpa_mask
+
+    unpadded = kwargs.get("attention_mask") is None and kwargs.get("q_offset", 0) == 0
+    if unpadded and kwargs.get("q_length") == kwargs.get("kv_length"):
+        return None
+    return sdpa_mask(*args, **kwargs)
 
 
 def varlen_attention_forward(
@@ -107,7 +116,7 @@ def varlen_attention_forward(
         )
     if dropout:
         raise ValueError("rayrl_varlen attention has no dropout; the engine trains without it.")
-    if query.is_cuda and _varlen_dtype(query, key, value) is not None and _varlen_api():
+    if query.is_cuda and _varlen_dtype(query, key, value) is not None and _FLASH:
         longest = int(kwargs.get("max_length_q") or int((cu[1:] - cu[:-1]).max()))
         q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, H, D]
         out = _flash_varlen(q, k, v, cu, longest, scaling)
@@ -154,7 +163,7 @@ def _varlen_api() -> tuple[object, bool] | None:
 
 def _flash_varlen(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, longest: int, scale) -> Tensor:
     """One flash call over the packed row: ``[T, Hq, D]`` from ``[T, H, D]`` inputs."""
-    varlen_attn, has_gqa = _varlen_api()
+    varlen_attn, has_gqa = _FLASH
     dtype = _varlen_dtype(q, k, v)
     q, k, v = (t.to(dtype) for t in (q, k, v))
     extra = {}

@@ -12,9 +12,13 @@ log-sum-exp and gradient tail over ``[tokens x vocab]`` logits.
   graph serves them all), with dynamic shapes since packed micro-batches differ in
   length; a call with a KV cache (generation through the training model) runs the
   eager forward. Module hooks (FSDP2's unshard/reshard, activation checkpointing) stay
-  outside the compiled region. The attention call itself is excluded (its
-  registered implementation is re-registered behind ``torch.compiler.disable``), so
-  the flash varlen kernel runs as it is and each layer is two graphs.
+  outside the compiled region. The attention call is part of the graph: the flash
+  varlen kernel is a registered custom op (``torch_attn::_varlen_attn``) that the
+  compiler calls as it is, while rotary embeddings and the layout changes around it
+  fuse with their neighbours. Excluding it (``attention_in_graph=False``, a graph
+  break per layer) cost 0.2 s of rotary backward per update at the reference shape:
+  the gradients crossing the break are materialised in the kernel's transposed
+  layout.
 * The head: `rayrl.engines.logprob_head.ChunkMath` swapped for compiled versions of
   the same two functions; the matmuls stay cuBLAS calls, the reductions and the
   gradient tail become one or two fused kernels that read the bf16 logits once.
@@ -29,23 +33,32 @@ import functools
 import torch
 from torch import nn
 
-from rayrl.engines.attention import VARLEN, register_varlen_attention, varlen_attention_forward
+from rayrl.engines.attention import (
+    VARLEN,
+    register_varlen_attention,
+    varlen_attention_forward,
+    varlen_mask,
+)
 from rayrl.engines.fsdp import decoder_layers
 from rayrl.engines.logprob_head import ChunkMath, backward_chunk, forward_chunk, logprob_head_of
 
 __all__ = ["compile_regions", "compiled_chunk_math"]
 
 
-def compile_regions(model: nn.Module, device: torch.device, *, on_cpu: bool = False) -> bool:
+def compile_regions(
+    model: nn.Module, device: torch.device, *, on_cpu: bool = False, attention_in_graph: bool = True
+) -> bool:
     """Compile ``model``'s decoder layers and log-prob head in place, on CUDA only
-    (``on_cpu``: on a CPU too, for tests of the compiled arithmetic).
+    (``on_cpu``: on a CPU too, for tests of the compiled arithmetic;
+    ``attention_in_graph=False``: the attention call stays eager, for comparisons).
 
     Returns whether anything was compiled. Safe to call before or after FSDP2
     wrapping (hooks are outside the compiled forwards).
     """
     if device.type != "cuda" and not on_cpu:
         return False
-    _exclude_attention()
+    if not attention_in_graph and model.config._attn_implementation == VARLEN:
+        model.set_attn_implementation(_eager_varlen())
     for layer in decoder_layers(model):
         layer.forward = _dispatching_forward(type(layer).forward).__get__(layer)
     head = logprob_head_of(model)
@@ -55,12 +68,16 @@ def compile_regions(model: nn.Module, device: torch.device, *, on_cpu: bool = Fa
 
 
 @functools.cache
-def _exclude_attention() -> None:
-    """Run `VARLEN` attention outside any compiled graph (a graph break per layer)."""
+def _eager_varlen() -> str:
+    """`VARLEN` registered again under another name, run outside any compiled graph."""
     from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
 
+    name = f"{VARLEN}_eager"
     register_varlen_attention()
-    AttentionInterface.register(VARLEN, torch.compiler.disable(varlen_attention_forward))
+    AttentionInterface.register(name, torch.compiler.disable(varlen_attention_forward))
+    AttentionMaskInterface.register(name, varlen_mask)
+    return name
 
 
 @functools.cache
