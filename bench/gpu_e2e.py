@@ -429,7 +429,7 @@ def main() -> None:
     p.add_argument("--model-dir", default=None, help="reuse (or keep) the built model here")
     p.add_argument("--worker-logs", action="store_true", help="show rayrl workers' logs")
     p.add_argument("--actor-offload-7b", type=int, default=0, help="7B: actor param_offload")
-    p.add_argument("--max-tokens", type=int, default=32768, help="rayrl tokens per micro-batch")
+    p.add_argument("--max-tokens", type=int, default=65536, help="rayrl tokens per micro-batch")
     p.add_argument("--logprob-micro", type=int, default=64, help="rayrl log-prob micro-batch")
     p.add_argument("--trl-micro", type=int, default=64, help="TRL completions per micro-step")
     p.add_argument("--memory-7b", action="store_true")

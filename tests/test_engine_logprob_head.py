@@ -40,6 +40,27 @@ def test_fused_head_matches_log_softmax_and_its_gradients(bias):
     assert head(h).shape == (2, n, vocab)  # outside `requested`: the plain linear layer
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_bf16_head_on_cuda_accumulates_the_weight_gradient_in_float32():
+    """bf16 weights and hidden states on CUDA: the weight gradient is added chunk by
+    chunk into float32 by cuBLAS itself; it matches a float64 reference to bf16 rounding
+    of the inputs, not of each chunk's partial sum."""
+    torch.manual_seed(0)
+    n, hidden, vocab = 1000, 64, 3000
+    head = LogProbHead(hidden, vocab, bias=False).cuda().bfloat16()
+    h = torch.randn(n, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, vocab, (n,), device="cuda")
+    with head.requested(labels, 1.0, with_entropy=False, chunk_size=64):
+        out = head(h)
+    (grad_w,) = torch.autograd.grad(out[..., 0].sum(), [head.weight])
+    w64 = head.weight.detach().double().requires_grad_()
+    h64 = h.detach().double()
+    ref = F.linear(h64, w64).log_softmax(-1).gather(-1, labels.unsqueeze(-1)).sum()
+    (want,) = torch.autograd.grad(ref, [w64])
+    assert grad_w.dtype == torch.bfloat16
+    torch.testing.assert_close(grad_w.double(), want, atol=2e-2, rtol=2e-2)
+
+
 def test_install_keeps_names_and_tied_weights(tiny_model_dir):  # noqa: F811
     from transformers import AutoModelForCausalLM
 

@@ -166,6 +166,18 @@ def backward_chunk(
     return g.to(hidden.dtype)
 
 
+def _accumulate_matmul(acc: Tensor, a: Tensor, b: Tensor) -> None:
+    """``acc += a @ b`` with ``acc`` in float32 and ``a``, ``b`` in a half dtype: on
+    CUDA one cuBLAS call that adds the float32 product into ``acc`` (no half-precision
+    product, no cast, no separate add: at a 152k vocabulary those three passes over the
+    ``[vocab x hidden]`` gradient took ~0.1 s of a 2 s update, once per chunk);
+    elsewhere, the product cast and added."""
+    if acc.is_cuda and a.dtype != acc.dtype:
+        torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
+    else:
+        acc += (a @ b).to(acc.dtype)
+
+
 @dataclass(frozen=True)
 class ChunkMath:
     """The per-chunk functions `_FusedLogProbs` calls: eager by default, or compiled
@@ -230,7 +242,7 @@ class _FusedLogProbs(torch.autograd.Function):
                 if need_h:
                     grad_h[rows] = g @ weight
                 if need_w:
-                    grad_w += (g.t() @ hidden[rows]).to(acc)
+                    _accumulate_matmul(grad_w, g.t(), hidden[rows])
                 if need_b:
                     grad_b += g.to(acc).sum(dim=0)
         grad_w = grad_w.to(weight.dtype) if need_w else None

@@ -97,7 +97,7 @@ class TrainEngine:
         device: defaults to the current CUDA device, else CPU.
         seed: seeds the initialisation of a new value head.
         tokenizer_path: tokenizer saved by `export_hf` (default: ``model_path``).
-        logit_chunk_size: tokens per chunk of the log-softmax.
+        logit_chunk_size: tokens per chunk of the log-softmax (4096 on CUDA, else 1024).
         trainable: False builds no optimizer and freezes the weights (a reference
             policy): `forward` and `export_hf` work, training and checkpoints do not.
         trust_remote_code: let transformers run the model directory's own code.
@@ -122,7 +122,7 @@ class TrainEngine:
         device: str | torch.device | None = None,
         seed: int = 0,
         tokenizer_path: str | os.PathLike | None = None,
-        logit_chunk_size: int = 1024,
+        logit_chunk_size: int | None = None,
         trainable: bool = True,
         lora: Any = None,
         trust_remote_code: bool = False,
@@ -136,8 +136,8 @@ class TrainEngine:
         self.tokenizer_path = str(tokenizer_path or model_path)
         self.value_head = value_head
         self.use_remove_padding = use_remove_padding
-        self.logit_chunk_size = logit_chunk_size
         self.device = pick_device(device)
+        self.logit_chunk_size = logit_chunk_size or (4096 if self.device.type == "cuda" else 1024)
         self.world_size = dp_world_size()
         self.sharded = self.world_size > 1  # FSDP over one rank would change nothing
         self.mixed_precision = mixed_precision and self.device.type == "cuda"
