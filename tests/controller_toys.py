@@ -288,3 +288,39 @@ class Progressing(Worker):
     @register(dispatch=ONE_TO_ALL)
     def work(self) -> int:
         return os.getpid()
+
+
+def _slow_state(value: int) -> SlowState:
+    return SlowState(value, 0.0)
+
+
+class SlowState:
+    """A snapshot whose pickling (its copy into the object store) takes ``delay`` s."""
+
+    def __init__(self, value: int, delay: float) -> None:
+        self.value, self.delay = value, delay
+
+    def __reduce__(self):
+        time.sleep(self.delay)
+        return _slow_state, (self.value,)
+
+
+class Stateful(Worker):
+    """A value to snapshot and restore, handed to the object store slowly."""
+
+    def init_worker(self, delay: float = 0.0) -> None:
+        self.value, self.delay = 0, delay
+
+    @register(dispatch=ONE_TO_ALL)
+    def set(self, value: int) -> None:
+        self.value = value
+
+    @register(dispatch=ONE_TO_ALL)
+    def get(self) -> dict:
+        return {"value": self.value, "pid": os.getpid()}
+
+    def snapshot_state(self) -> SlowState:
+        return SlowState(self.value, self.delay)
+
+    def restore_state(self, state: SlowState) -> None:
+        self.value = state.value

@@ -3,7 +3,8 @@
 
 An init that kills its worker is retried by re-forming the group; a replaced rank and
 a rebuilt survivor, restored from a step-start snapshot, compute what they computed
-before, and an update replayed from it lands bitwise where the first one did."""
+before (after the next snapshot reused the host buffers it was captured in), and an
+update replayed from it lands bitwise where the first one did."""
 
 from __future__ import annotations
 
@@ -51,6 +52,8 @@ def test_init_retry_replacement_and_snapshots_with_the_real_roles(ray_local, mod
         actor.update_actor(batch)
         critic.update_critic(batch)
         after = (actor.compute_log_prob(batch)["old_log_probs"], critic.compute_values(batch)["values"])
+        # the next boundary's capture reuses the host buffers `snap` was copied out of
+        GroupSnapshot.take(group, previous=snap)
 
         done = group.replace(0)  # rank 0 anew, rank 1 rebuilds on generation 2
         assert done.new_pid != done.old_pid and group.generation == 2

@@ -3,6 +3,7 @@
     snap = GroupSnapshot.take(group)      # every rank's `snapshot_state()`
     ...                                   # a rank dies; group.replace(rank) re-forms
     snap.restore(group)                   # every rank back to the snapshot, new ones too
+    nxt = GroupSnapshot.take(group, previous=snap)   # the next boundary's
 
 Each rank returns its state as the result of a call, so the object sits in the object
 store of the rank's node (host RAM, not the worker's heap) and is owned by the driver,
@@ -11,12 +12,20 @@ part (its shard, when sharded) back. Only the loss of the node that holds it tak
 away; `restore` then raises SnapshotLostError and the caller falls back to the last
 checkpoint. A rank that dies while a snapshot is taken or restored raises
 WorkerCallError, as any group call does.
+
+Taking one has two phases. Every rank captures its state into host memory (the
+driver waits: the state must be copied before the next update changes it), then
+hands it over on a thread of its own (`Worker._rayrl_snapshot_publish`) while the next
+calls run: Ray's copy into the object store (gigabytes for a GPU model's weights and
+Adam moments) overlaps the next step's generation instead of adding to the step.
+The next `take` (``previous``) and `restore` wait for the hand-over first; a rank
+that died before finishing it left no snapshot (SnapshotLostError).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -40,17 +49,44 @@ class GroupSnapshot:
     group: str
     refs: list[ObjectRef]
     seconds: float
+    handed: list[ObjectRef] = field(default_factory=list)  # the ranks' hand-overs done
 
     @classmethod
-    def take(cls, group: Any, timeout_s: float | None = None) -> GroupSnapshot:
-        """Every rank's `snapshot_state()`; waits until all are stored (not fetched)."""
+    def take(
+        cls, group: Any, timeout_s: float | None = None, previous: GroupSnapshot | None = None
+    ) -> GroupSnapshot:
+        """Every rank's `snapshot_state()`, captured (waited for) and handed to the
+        object store in the background; ``previous`` (the last snapshot of `group`)
+        is waited for first, its time counted in ``seconds``."""
         start = time.perf_counter()
-        calls = [
-            group.actor_handle(r, "snapshot")._rayrl_snapshot.options(num_returns=2).remote()
+        if previous is not None:
+            previous.wait_stored(group, timeout_s)
+        captured = [
+            group.actor_handle(r, "snapshot")._rayrl_snapshot.remote()
             for r in range(group.world_size)
         ]
-        _future(group, [done for done, _ in calls], "snapshot").get(timeout_s)
-        return cls(group.name, [state for _, state in calls], time.perf_counter() - start)
+        _future(group, captured, "snapshot").get(timeout_s)
+        calls = [
+            group.actor_handle(r, "snapshot")._rayrl_snapshot_publish.options(num_returns=2).remote()
+            for r in range(group.world_size)
+        ]
+        return cls(
+            group.name, [state for _, state in calls], time.perf_counter() - start,
+            [done for done, _ in calls],
+        )  # fmt: skip
+
+    def wait_stored(self, group: Any, timeout_s: float | None = None) -> None:
+        """Until every rank's state is in the object store; SnapshotLostError when a
+        rank died before it got there."""
+        for rank, ref in enumerate(self.handed):
+            try:
+                ray.get(ref, timeout=timeout_s)  # the rank may have been replaced since
+            except (ray.exceptions.RayActorError, *LOST_ERRORS) as err:
+                raise SnapshotLostError(
+                    f"{group.name}: rank {rank} was lost while its step snapshot was being "
+                    f"stored ({type(err).__name__})"
+                ) from err
+        self.handed = []
 
     @staticmethod
     def nbytes(group: Any, timeout_s: float | None = None) -> int:
@@ -67,6 +103,7 @@ class GroupSnapshot:
             raise ValueError(
                 f"{group.name} has {group.world_size} ranks; the snapshot has {len(self.refs)}"
             )
+        self.wait_stored(group, timeout_s)
         refs = [
             group.actor_handle(r, "restore")._rayrl_restore.remote(self.refs[r])
             for r in range(group.world_size)

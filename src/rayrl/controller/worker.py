@@ -38,6 +38,8 @@ import ray
 from rayrl.cluster import ray_private
 
 HEALTH_GROUP = "rayrl_health"
+# the thread that hands a captured snapshot to the object store beside the next calls
+SNAPSHOT_GROUP = "rayrl_snapshot"
 
 
 @dataclass(frozen=True)
@@ -145,11 +147,22 @@ class Worker:
             self.rebuild()
         return self.info()
 
-    def _rayrl_snapshot(self) -> tuple[int, Any]:
-        """(rank, this rank's state at a step boundary); called with two returns, so the
-        driver waits on the small first one and owns the state without fetching it."""
+    def _rayrl_snapshot(self) -> int:
+        """Capture this rank's state at a step boundary (`snapshot_state`) for
+        `_rayrl_snapshot_publish`; returns the rank."""
         with self._rayrl_call("snapshot"):
-            return self.ctx.rank if self.ctx else 0, self.snapshot_state()
+            self._rayrl_captured = self.snapshot_state()
+            return self.ctx.rank if self.ctx else 0
+
+    @ray.method(concurrency_group=SNAPSHOT_GROUP)
+    def _rayrl_snapshot_publish(self) -> tuple[int, Any]:
+        """(rank, the state `_rayrl_snapshot` captured), on a thread of its own: called
+        with two returns, so the driver owns the state without fetching it, while Ray
+        copies it into the object store beside the next step's calls (`snapshot_state`
+        may return host buffers that its next call overwrites: the driver waits for
+        this before the next capture)."""
+        state, self._rayrl_captured = getattr(self, "_rayrl_captured", None), None
+        return self.ctx.rank if self.ctx else 0, state
 
     def _rayrl_snapshot_nbytes(self) -> int:
         with self._rayrl_call("snapshot size"):
@@ -181,7 +194,8 @@ class Worker:
         self.init_worker(**getattr(self, "_rayrl_init_kwargs", {}))
 
     def snapshot_state(self) -> Any:
-        """This rank's state to come back to (None: nothing worth keeping)."""
+        """This rank's state to come back to (None: nothing worth keeping). It may hold
+        buffers that the next call overwrites (it is copied out before then)."""
         return None
 
     def restore_state(self, state: Any) -> None:

@@ -132,7 +132,7 @@ def _move_optimizer_state(
                 slot = (id(param), key)
                 buffer = host.get(slot)
                 if buffer is None or buffer.shape != local.shape or buffer.dtype != local.dtype:
-                    buffer = host[slot] = _host_buffer(local)
+                    buffer = host[slot] = pinned_host_buffer(local)
                 state[key] = _like(value, buffer.copy_(local, non_blocking=True))
             else:
                 state[key] = value.to(device, non_blocking=True)
@@ -152,7 +152,7 @@ def _like(value: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
     )  # fmt: skip
 
 
-def _host_buffer(like: torch.Tensor) -> torch.Tensor:
+def pinned_host_buffer(like: torch.Tensor) -> torch.Tensor:
     """A host tensor shaped like ``like``, page-locked at its exact size where CUDA is
     available (pageable where that fails).
 

@@ -10,20 +10,31 @@ Sharded (FSDP2) tensors are kept as this rank's local shard, with no collective,
 replaced rank of the same world size gets exactly its own shard back. Tensors become
 NumPy arrays in host memory (bf16 as its raw 16 bits), which Ray stores without a
 pickle copy when the snapshot is returned to the driver.
+
+``capture(..., reuse=True)`` copies into host buffers kept per model from one capture
+to the next (page-locked at exact size on CUDA: one asynchronous copy per tensor and a
+single wait, instead of a blocking copy into freshly faulted pages): the arrays it
+returns change at the next reusing capture, so their consumer (the worker's snapshot
+return, copied into Ray's object store) must be done with them by then.
 """
 
 from __future__ import annotations
 
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import numpy as np
 import torch
 from torch import nn
 
+from rayrl.engines.fsdp import pinned_host_buffer
+
 __all__ = ["capture", "nbytes", "restore"]
 
 # dtypes NumPy has no type for, kept as raw bits of the same width
 _RAW = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.int8}
+# capture(reuse=True)'s host buffers, by model and tensor key
+_BUFFERS: WeakKeyDictionary[nn.Module, dict[str, torch.Tensor]] = WeakKeyDictionary()
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -43,12 +54,22 @@ def nbytes(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> int:
     return weights + sum(_local(v).numel() * v.element_size() for v in state)
 
 
-def _to_host(t: torch.Tensor) -> tuple[np.ndarray, str, str]:
-    """(array, dtype name, device) of a tensor's local part, copied to host memory."""
+def _to_host(
+    t: torch.Tensor, buffers: dict[str, torch.Tensor] | None = None, key: str = ""
+) -> tuple[np.ndarray, str, str]:
+    """(array, dtype name, device) of a tensor's local part, copied to host memory (into
+    ``buffers[key]`` when ``buffers`` is given: asynchronously from a GPU, so the
+    caller synchronises before the arrays are read)."""
     local = _local(t).detach()
     device = str(local.device)
     raw = _RAW.get(local.dtype)
-    host = local.to("cpu", copy=True)  # the live tensor keeps changing after this
+    if buffers is None:
+        host = local.to("cpu", copy=True)  # the live tensor keeps changing after this
+    else:
+        host = buffers.get(key)
+        if host is None or host.shape != local.shape or host.dtype != local.dtype:
+            host = buffers[key] = pinned_host_buffer(local)
+        host.copy_(local, non_blocking=True)
     array = (host.view(raw) if raw is not None else host).numpy()
     return array, str(local.dtype).removeprefix("torch."), device
 
@@ -65,12 +86,19 @@ def capture(
     optimizer: torch.optim.Optimizer | None,
     scheduler: Any,
     counters: dict[str, int],
+    reuse: bool = False,
 ) -> dict[str, Any]:
-    """This rank's part of the engine state (see the module docstring)."""
+    """This rank's part of the engine state (see the module docstring; ``reuse``: into
+    the model's kept host buffers)."""
     names = {id(p): n for n, p in model.named_parameters()}
+    kept = _BUFFERS.setdefault(model, {}) if reuse else None
+
+    def host(kind: str, name: str, t: torch.Tensor) -> tuple[np.ndarray, str, str]:
+        return _to_host(t, kept, f"{kind}:{name}")
+
     state: dict[str, Any] = {
-        "params": {n: _to_host(p) for n, p in model.named_parameters() if p.requires_grad},
-        "buffers": {n: _to_host(b) for n, b in _persistent_buffers(model)},
+        "params": {n: host("p", n, p) for n, p in model.named_parameters() if p.requires_grad},
+        "buffers": {n: host("b", n, b) for n, b in _persistent_buffers(model)},
         "counters": dict(counters),
         "optim": {},
         "groups": [],
@@ -78,12 +106,15 @@ def capture(
     }
     if optimizer is not None:
         for param, values in optimizer.state.items():
-            state["optim"][names[id(param)]] = {
-                k: _to_host(v) if torch.is_tensor(v) else v for k, v in values.items()
+            name = names[id(param)]
+            state["optim"][name] = {
+                k: host(f"o:{k}", name, v) if torch.is_tensor(v) else v for k, v in values.items()
             }
         state["groups"] = [
             {k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups
         ]
+    if kept is not None and torch.cuda.is_available():
+        torch.cuda.synchronize()  # the asynchronous copies into the kept buffers
     return state
 
 

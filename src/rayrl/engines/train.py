@@ -394,12 +394,12 @@ class TrainEngine:
                                "model): it cannot train or checkpoint; build it trainable.")
 
     # ------------------------------------------------ recovery (step boundaries)
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self, reuse: bool = False) -> dict[str, Any]:
         """This rank's state (its shard when sharded) in host memory: trainable weights,
-        optimizer, LR schedule and counters (`rayrl.engines.snapshot`); no collective."""
+        optimizer, LR schedule and counters (`rayrl.engines.snapshot`, ``reuse`` there)."""
         optimizer = self.optimizer if self.trainable else None
         with self.residency.resident():
-            return snapshot.capture(self.model, optimizer, self.scheduler, self._counters())
+            return snapshot.capture(self.model, optimizer, self.scheduler, self._counters(), reuse)
 
     def snapshot_nbytes(self) -> int:
         """Bytes a `snapshot()` of this rank holds (`rayrl.engines.snapshot.nbytes`)."""

@@ -19,7 +19,9 @@ after it) and, when a worker dies or hangs in it:
 A snapshot of the model roles is taken at every step boundary (after the updates),
 and its time is the step's `timing_s/snapshot`, counted in `timing_s/step` and
 `perf/throughput` too (it is work every step does, as verl's step timer holds its
-checkpoint saves). On CPU the outcome is bitwise that of
+checkpoint saves): the capture into host memory, and any wait for the last
+snapshot's copy into the object store, which otherwise overlaps the next step's
+generation (`GroupSnapshot`). On CPU the outcome is bitwise that of
 a run without the failure. `recoveries` and `ledger` (the prompt uids each step
 trained, in order) record what happened, for the chaos harness.
 """
@@ -95,7 +97,8 @@ class StepReplay:
     def _take(self) -> dict[str, GroupSnapshot]:
         if not self.use_snapshots:
             return {}
-        return {g.name: GroupSnapshot.take(g) for g in self.stateful}
+        last = self.snapshots
+        return {g.name: GroupSnapshot.take(g, previous=last.get(g.name)) for g in self.stateful}
 
     def run_step(self, prompts: Any) -> dict[str, float]:
         """One step, replayed until it completes, then the next boundary's snapshot (in
