@@ -40,6 +40,42 @@ def test_fused_head_matches_log_softmax_and_its_gradients(bias):
     assert head(h).shape == (2, n, vocab)  # outside `requested`: the plain linear layer
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_kept_logits_give_the_recomputed_gradients_without_a_second_projection(
+    monkeypatch, temperature
+):
+    """The forward keeping its logits (memory allowing) or the backward recomputing
+    them: bitwise the same outputs and gradients; kept, the backward never projects."""
+    from types import SimpleNamespace
+
+    from rayrl.engines import logprob_head
+
+    torch.manual_seed(0)
+    head = LogProbHead(16, 50, bias=True)
+    h = torch.randn(37, 16, requires_grad=True)
+    labels = torch.randint(0, 50, (37,))
+    w = torch.randn(37, 2)
+    runs = []
+    for limit in (0, 2**30):  # bytes the host may keep: none, all
+        monkeypatch.setattr(logprob_head, "KEEP_LOGITS_HOST_BYTES", limit)
+        projections = []
+
+        def linear(*args, _seen=projections):
+            _seen.append(1)
+            return F.linear(*args)
+
+        monkeypatch.setattr(logprob_head, "F", SimpleNamespace(linear=linear))
+        with head.requested(labels, temperature, with_entropy=True, chunk_size=8):
+            out = head(h)
+        forward_projections = len(projections)
+        grads = torch.autograd.grad((out * w).sum(), [h, *head.parameters()])
+        runs.append((out.detach(), *grads, forward_projections, len(projections)))
+    (*recomputed, f0, n0), (*kept, f1, n1) = runs
+    for a, b in zip(kept, recomputed, strict=True):
+        assert torch.equal(a, b)
+    assert (f0, n0) == (5, 10) and (f1, n1) == (5, 5)  # 5 chunks of 37 rows
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_bf16_head_on_cuda_accumulates_the_weight_gradient_in_float32():
     """bf16 weights and hidden states on CUDA: the weight gradient is added chunk by
@@ -74,7 +110,12 @@ def test_install_keeps_names_and_tied_weights(tiny_model_dir):  # noqa: F811
     assert all(torch.equal(after[k], before[k]) for k in before)
 
 
-def test_training_keeps_no_vocab_sized_tensor(tiny_model_dir):  # noqa: F811
+def test_training_keeps_no_vocab_sized_tensor(tiny_model_dir, monkeypatch):  # noqa: F811
+    """Without room to keep logits (`keep_logits`), nothing vocabulary-sized is saved
+    for the backward."""
+    from rayrl.engines import logprob_head
+
+    monkeypatch.setattr(logprob_head, "KEEP_LOGITS_HOST_BYTES", 0)
     engine = TrainEngine(tiny_model_dir)
     batch = ragged_batch(6, seed=4)
     vocab = engine.config.vocab_size

@@ -23,10 +23,9 @@ weights stay the optimizer's master copy; which is faster depends on the micro-b
 size (docs/benchmarks.md). ``torch_compile`` compiles layers and head on CUDA
 (`rayrl.engines.regional_compile`). One process on a CPU stays unwrapped, in fp32.
 
-Packed rows attend per sequence (`rayrl.engines.attention`), and a causal LM's output
-head returns log-probs without materialising logits (`rayrl.engines.logprob_head`).
-
-The loss a `train_step` takes follows `rayrl.engines.loss_contract`.
+Packed rows attend per sequence (`rayrl.engines.attention`), a causal LM's output head
+returns log-probs without materialising logits (`rayrl.engines.logprob_head`), and the
+loss a `train_step` takes follows `rayrl.engines.loss_contract`.
 """
 
 from __future__ import annotations
@@ -305,8 +304,8 @@ class TrainEngine:
         ``loss_metrics``; returns the engine's.
         """
         tokens, seqs = global_counts(mini, self.sharded, self.device)
-        shares: dict[str, float] = defaultdict(float)
-        shares["loss"] = 0.0
+        zero = torch.zeros((), dtype=torch.float64, device=self.device)
+        shares: dict[str, Tensor] = defaultdict(lambda: zero, loss=zero)  # on the device
         for i, rows in enumerate(plan):
             if self.sharded:  # reduce-scatter once, after the last micro-batch
                 self.model.set_requires_gradient_sync(i == len(plan) - 1)
@@ -315,13 +314,14 @@ class TrainEngine:
                 loss = sum(v.sum() for v in outputs.values()) * 0.0
             else:
                 loss, step_metrics = loss_fn(outputs, micro)
-                shares["loss"] += float(loss.detach().double())
+                shares["loss"] = shares["loss"] + loss.detach().double()
                 for key, value in step_metrics.items():
-                    shares[key] += float(torch.as_tensor(value).detach().double().sum())
+                    value = torch.as_tensor(value, dtype=torch.float64, device=self.device)
+                    shares[key] = shares[key] + value.detach().sum()
             (loss * self.world_size).backward()
             progress.tick(micro_batches=1)
         keys = sorted(shares)  # the same loss_fn on every rank: the same keys
-        summed = all_reduce([shares[k] for k in keys], self.sharded, self.device)
+        summed = all_reduce(torch.stack([shares[k] for k in keys]).tolist(), self.sharded, self.device)
         totals = dict(zip(keys, summed, strict=True))
         for key in keys:
             if key != "loss":
