@@ -60,13 +60,7 @@ from rayrl.controller.method import bind_methods
 from rayrl.controller.startup import PhaseFuture, in_background
 from rayrl.controller.waiting import wait_all
 from rayrl.controller.watchdog import Watchdog
-from rayrl.controller.worker import (
-    HEALTH_GROUP,
-    SNAPSHOT_GROUP,
-    Worker,
-    WorkerContext,
-    find_log_file,
-)
+from rayrl.controller.worker import CONCURRENCY_GROUPS, Worker, WorkerContext, find_log_file
 
 logger = logging.getLogger("rayrl.controller")
 
@@ -141,8 +135,7 @@ class WorkerGroup:
         # Guards `actors` between the driver and a HealthMonitor thread.
         self.lock = threading.RLock()
         self._replacing: set[int] = set()
-        groups = {HEALTH_GROUP: 1, SNAPSHOT_GROUP: 1}
-        self._actor_cls = ray.remote(concurrency_groups=groups)(worker_cls)
+        self._actor_cls = ray.remote(concurrency_groups=CONCURRENCY_GROUPS)(worker_cls)
         self.specs = method_specs(worker_cls)
         bind_methods(self, self.specs, reserved=set(dir(WorkerGroup)) | set(vars(self)))
 

@@ -40,6 +40,8 @@ from rayrl.cluster import ray_private
 HEALTH_GROUP = "rayrl_health"
 # the thread that hands a captured snapshot to the object store beside the next calls
 SNAPSHOT_GROUP = "rayrl_snapshot"
+# a worker actor's threads besides its calls' own: one each
+CONCURRENCY_GROUPS = {HEALTH_GROUP: 1, SNAPSHOT_GROUP: 1}
 
 
 @dataclass(frozen=True)
