@@ -108,7 +108,7 @@ def keep_logits(nbytes: int, device: torch.device) -> bool:
     then does not project again: on CUDA when they take at most `KEEP_LOGITS_SHARE` of
     the memory free now (the driver's free memory plus the allocator's unused cache),
     elsewhere up to `KEEP_LOGITS_HOST_BYTES`. At the reference shape the second
-    projection is 6% of the update's FLOPs (not counted as useful work)."""
+    projection is about 5% of the update's FLOPs (not counted as useful work)."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
@@ -143,10 +143,11 @@ def logprob_head_of(model: nn.Module) -> LogProbHead | None:
 
 def _scaled(logits: Tensor, temperature: float, fresh: bool) -> Tensor:
     """``logits / temperature`` in float32 (float64 for float64 logits); ``fresh``: the
-    logits are this call's own, so float32 ones may be scaled in place."""
+    logits are this call's own, so float32 ones may be scaled in place (else a kept
+    float32 tensor would change under its keeper)."""
     z = logits.to(torch.promote_types(logits.dtype, torch.float32))
     if temperature == 1.0:
-        return z if fresh or z is not logits else z.clone()
+        return z
     return z.div_(temperature) if fresh or z is not logits else z / temperature
 
 
