@@ -9,6 +9,7 @@ demo: setup
 
 lint: setup
 	.venv/bin/ruff check src tests bench
+	.venv/bin/ruff format --check src tests bench
 
 test: lint
 	bash scripts/run_tests.sh

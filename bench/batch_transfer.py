@@ -85,18 +85,34 @@ def run(repeats: int, warmup: int, rows: int, cols: int) -> list[dict]:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     lines = [
-        {**common, "metric": f"{name}_put_get_ms", "value": round(statistics.median(v), 3),
-         "unit": "ms"}
+        {
+            **common,
+            "metric": f"{name}_put_get_ms",
+            "value": round(statistics.median(v), 3),
+            "unit": "ms",
+        }
         for name, v in ms.items()
-    ]  # fmt: skip
+    ]
     lines.append(
-        {**common, "metric": "batch_vs_raw_ratio", "value": round(ratio("batch", "raw"), 3),
-         "unit": "x", "target": 1.2, "better": "lower"}
-    )  # fmt: skip
+        {
+            **common,
+            "metric": "batch_vs_raw_ratio",
+            "value": round(ratio("batch", "raw"), 3),
+            "unit": "x",
+            "target": 1.2,
+            "better": "lower",
+        }
+    )
     lines.append(
-        {**common, "metric": "batch_vs_numpy_ratio", "value": round(ratio("batch", "numpy"), 3),
-         "unit": "x", "target": 1.1, "better": "lower"}
-    )  # fmt: skip
+        {
+            **common,
+            "metric": "batch_vs_numpy_ratio",
+            "value": round(ratio("batch", "numpy"), 3),
+            "unit": "x",
+            "target": 1.1,
+            "better": "lower",
+        }
+    )
     return lines
 
 

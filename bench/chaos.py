@@ -44,15 +44,23 @@ BENCH = "chaos"
 def overrides(steps: int, out: str, model: str, device: str = "cpu") -> list[str]:
     return [
         f"actor_rollout_ref.model.path={model}",
-        "data.train_batch_size=8", "data.max_response_length=32", "actor_rollout_ref.rollout.n=4",
+        "data.train_batch_size=8",
+        "data.max_response_length=32",
+        "actor_rollout_ref.rollout.n=4",
         "actor_rollout_ref.actor.ppo_mini_batch_size=4",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
-        f"trainer.device={device}", "trainer.n_gpus_per_node=2", f"trainer.total_training_steps={steps}",
-        "trainer.val_before_train=false", "trainer.resume_mode=disable", "trainer.logger=[jsonl]",
-        "trainer.save_freq=5", f"trainer.output_dir={out}", "trainer.seed=0",
-    ]  # fmt: skip
+        f"trainer.device={device}",
+        "trainer.n_gpus_per_node=2",
+        f"trainer.total_training_steps={steps}",
+        "trainer.val_before_train=false",
+        "trainer.resume_mode=disable",
+        "trainer.logger=[jsonl]",
+        "trainer.save_freq=5",
+        f"trainer.output_dir={out}",
+        "trainer.seed=0",
+    ]
 
 
 def run(args: argparse.Namespace, out: str, kills: int) -> dict:
@@ -74,10 +82,13 @@ def run(args: argparse.Namespace, out: str, kills: int) -> dict:
     if error is not None:
         return {"error": error, "kills": monkey.done if monkey else []}
     return {
-        "history": history, "ledger": trainer.replay.ledger, "weights": final_weights(out),
-        "kills": monkey.done if monkey else [], "missed": monkey.missed if monkey else [],
+        "history": history,
+        "ledger": trainer.replay.ledger,
+        "weights": final_weights(out),
+        "kills": monkey.done if monkey else [],
+        "missed": monkey.missed if monkey else [],
         "recovery_s": monkey.recovery_seconds() if monkey else [],
-    }  # fmt: skip
+    }
 
 
 RESULTS = sys.stdout  # the JSON lines only: main() sends every other print to stderr
@@ -94,13 +105,19 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None)
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
-                        help="cuda: the 2 ranks on 2 GPUs over NCCL (issue 14's recovery_s)")
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        choices=["cpu", "cuda"],
+        help="cuda: the 2 ranks on 2 GPUs over NCCL (issue 14's recovery_s)",
+    )
     args = parser.parse_args()
     root = args.out or tempfile.mkdtemp(prefix="rayrl-chaos-")
     # A tiny model, big enough that each stage (weight sync included) lasts long
     # enough for a kill to land inside it on CPU.
-    args.model = str(build_tiny_model(f"{root}/model", layers=4, hidden=256, seed=0, overwrite=True))
+    args.model = str(
+        build_tiny_model(f"{root}/model", layers=4, hidden=256, seed=0, overwrite=True)
+    )
     # Ray prints a notice per killed worker on the driver's stdout, from its own thread;
     # it goes to stderr so that stdout stays one JSON object a line.
     sys.stdout = sys.stderr
@@ -109,28 +126,62 @@ def main() -> None:
     clean = run(args, f"{root}/clean", kills=0)
     chaos = run(args, f"{root}/chaos", kills=args.kills)
     kills = chaos["kills"]
-    emit("kills", len(kills), "kills", stages=[k.stage for k in kills], steps=args.steps,
-         missed=chaos.get("missed", []))  # fmt: skip
+    emit(
+        "kills",
+        len(kills),
+        "kills",
+        stages=[k.stage for k in kills],
+        steps=args.steps,
+        missed=chaos.get("missed", []),
+    )
     survived = 0 if "error" in chaos else len(kills)
-    emit("kills_survived", survived, "kills", target=args.kills, better="higher",
-         error=chaos.get("error"))  # fmt: skip
+    emit(
+        "kills_survived",
+        survived,
+        "kills",
+        target=args.kills,
+        better="higher",
+        error=chaos.get("error"),
+    )
     if "error" in chaos or "error" in clean:
         return
     verdict, recovery = compare_runs(clean, chaos), chaos["recovery_s"]
     emit("weights_identical", int(verdict["weights_identical"]), "bool", target=1, better="higher")
-    emit("metrics_identical", int(verdict["metrics_identical"]), "bool", differ=verdict["metrics_differ"])
+    emit(
+        "metrics_identical",
+        int(verdict["metrics_identical"]),
+        "bool",
+        differ=verdict["metrics_differ"],
+    )
     ledger_ok = verdict["ledger_identical"] and not verdict["trained_twice"]
     emit("ledger_ok", int(ledger_ok), "bool", trained_twice=verdict["trained_twice"])
     emit("recovery_p50_s", statistics.median(recovery) if recovery else None, "s")
     emit("recovery_max_s", max(recovery) if recovery else None, "s")
-    emit("recovery_s", statistics.median(recovery) if recovery else None, "s", runs=recovery,
-         device=args.device, n_gpus=2 if args.device == "cuda" else 0)  # fmt: skip
+    emit(
+        "recovery_s",
+        statistics.median(recovery) if recovery else None,
+        "s",
+        runs=recovery,
+        device=args.device,
+        n_gpus=2 if args.device == "cuda" else 0,
+    )
     steps = [m["timing_s/step"] for m in clean["history"]]
     snaps = [m["timing_s/snapshot"] for m in clean["history"]]
-    emit("snapshot_overhead_per_step_s", statistics.median(snaps), "s",
-         target=0.05 * statistics.median(steps), better="lower")  # fmt: skip
+    emit(
+        "snapshot_overhead_per_step_s",
+        statistics.median(snaps),
+        "s",
+        target=0.05 * statistics.median(steps),
+        better="lower",
+    )
     fractions = [s / t for s, t in zip(snaps, steps, strict=True)]
-    emit("snapshot_overhead_fraction", statistics.median(fractions), "ratio", target=0.05, better="lower")
+    emit(
+        "snapshot_overhead_fraction",
+        statistics.median(fractions),
+        "ratio",
+        target=0.05,
+        better="lower",
+    )
     emit("wall_s", time.time() - start, "s", out=root, hardware=hardware(args.device))
     ray.shutdown()
 

@@ -185,9 +185,14 @@ def bench_kv_timeouts(run: str, rounds: int) -> None:
     emit("kv_put_idle_p50_ms", statistics.median(idle), "ms", rounds=rounds)
     emit("kv_put_during_timeouts_p50_ms", statistics.median(busy), "ms", rounds=rounds)
     emit(
-        "kv_put_during_timeouts_ratio", statistics.median(ratios), "x", target=2, rounds=rounds,
-        waiters=100, keys=10_000,
-    )  # fmt: skip
+        "kv_put_during_timeouts_ratio",
+        statistics.median(ratios),
+        "x",
+        target=2,
+        rounds=rounds,
+        waiters=100,
+        keys=10_000,
+    )
 
 
 def bench_broadcast(group: WorkerGroup, rounds: int) -> None:
@@ -205,9 +210,12 @@ def bench_broadcast(group: WorkerGroup, rounds: int) -> None:
     emit("broadcast_ms", statistics.median(times["broadcast"]) * 1e3, "ms", mib=32, ranks=4)
     emit("put_once_ms", statistics.median(times["put_once"]) * 1e3, "ms", mib=32, ranks=4)
     emit(
-        "broadcast_vs_put_once_ratio", median_ratio(times["broadcast"], times["put_once"]), "x",
-        target=1.1, rounds=rounds,
-    )  # fmt: skip
+        "broadcast_vs_put_once_ratio",
+        median_ratio(times["broadcast"], times["put_once"]),
+        "x",
+        target=1.1,
+        rounds=rounds,
+    )
 
 
 def bench_dispatch(group: WorkerGroup, rounds: int) -> None:
@@ -234,13 +242,18 @@ def bench_dispatch(group: WorkerGroup, rounds: int) -> None:
     emit("raw_actor_putget_ms", med["raw"], "ms", rounds=rounds, mib=mib)
     emit("driver_putget_ms", med["putget"], "ms", rounds=rounds, mib=mib)
     emit(
-        "dispatch_vs_raw_ratio", median_ratio(times["dispatch"], times["raw"]), "x",
-        target=1.5, rounds=rounds,
-    )  # fmt: skip
+        "dispatch_vs_raw_ratio",
+        median_ratio(times["dispatch"], times["raw"]),
+        "x",
+        target=1.5,
+        rounds=rounds,
+    )
     emit(
-        "dispatch_vs_driver_putget_ratio", median_ratio(times["dispatch"], times["putget"]),
-        "x", rounds=rounds,
-    )  # fmt: skip
+        "dispatch_vs_driver_putget_ratio",
+        median_ratio(times["dispatch"], times["putget"]),
+        "x",
+        rounds=rounds,
+    )
 
 
 def bench_fit() -> None:

@@ -67,8 +67,15 @@ def child(model: str, iters: int) -> None:
         start = time.perf_counter()
         engine.train_step(batch, loss, micro_batch_size=32)
         update.append(time.perf_counter() - start)
-    print(json.dumps({"gen_s": statistics.median(gen[1:]), "update_s": statistics.median(update[1:]),
-                      "threads": torch.get_num_threads()}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "gen_s": statistics.median(gen[1:]),
+                "update_s": statistics.median(update[1:]),
+                "threads": torch.get_num_threads(),
+            }
+        )
+    )
 
 
 def _tokenizer(model: str):
@@ -82,8 +89,11 @@ def run(setting: str, model: Path, iters: int) -> dict:
     env.update(SETTINGS[setting], PYTHONPATH=str(ROOT / "src"))
     done = subprocess.run(
         [sys.executable, __file__, "--child", str(model), "--iters", str(iters)],
-        env=env, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-2000:])
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -115,15 +125,30 @@ def main() -> None:
     for name, runs in results.items():
         for key in ("gen_s", "update_s"):
             values = [r[key] for r in runs]
-            emit({"metric": key, "setting": name, "value": statistics.median(values), "unit": "s",
-                  "runs": values, "threads": runs[0]["threads"]})  # fmt: skip
+            emit(
+                {
+                    "metric": key,
+                    "setting": name,
+                    "value": statistics.median(values),
+                    "unit": "s",
+                    "runs": values,
+                    "threads": runs[0]["threads"],
+                }
+            )
     base = [r["gen_s"] + r["update_s"] for r in results["1"]]
     for name in names[1:]:
         per_round = [
             (r["gen_s"] + r["update_s"]) / b for r, b in zip(results[name], base, strict=True)
         ]
-        emit({"metric": f"{name}_vs_1_thread", "value": statistics.median(per_round),
-              "unit": "ratio", "better": "lower", "rounds": per_round})  # fmt: skip
+        emit(
+            {
+                "metric": f"{name}_vs_1_thread",
+                "value": statistics.median(per_round),
+                "unit": "ratio",
+                "better": "lower",
+                "rounds": per_round,
+            }
+        )
     emit({"metric": "load_avg_1m", "value": os.getloadavg()[0], "unit": "load", "when": "end"})
 
 

@@ -66,7 +66,14 @@ def main() -> None:
     steps, tokens = rates(result.sft_history)
     emit("sft_steps_per_s", steps, "steps/s", stage="sft", steps=len(result.sft_history))
     emit("sft_tokens_per_s", tokens, "tokens/s", stage="sft")
-    emit("wall_s", wall, "s", target=600, better="lower", **{f"{k}_s": round(v, 1) for k, v in result.seconds.items()})
+    emit(
+        "wall_s",
+        wall,
+        "s",
+        target=600,
+        better="lower",
+        **{f"{k}_s": round(v, 1) for k, v in result.seconds.items()},
+    )
 
 
 if __name__ == "__main__":

@@ -85,9 +85,14 @@ def build_engine(args: argparse.Namespace, max_len: int) -> TrainEngine:
         spec = reference_05b(max_position=max(max_len, 2048))
     else:
         spec = TinySpec(
-            layers=args.layers, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
-            intermediate=args.intermediate, vocab_size=args.vocab, max_position=max_len,
-        )  # fmt: skip
+            layers=args.layers,
+            hidden=args.hidden,
+            heads=args.heads,
+            kv_heads=args.kv_heads,
+            intermediate=args.intermediate,
+            vocab_size=args.vocab,
+            max_position=max_len,
+        )
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = spec.build(os.path.join(tmp, "model"))
         return TrainEngine(model_dir, device=args.device, attn_implementation=args.attn)

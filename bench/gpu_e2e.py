@@ -119,8 +119,12 @@ def make_rows(tokenizer, count: int, prompt_len: int) -> list[dict]:
 
 # ----------------------------------------------------------------------- rayrl
 def run_rayrl(
-    args: argparse.Namespace, model_dir: Path, rows: list[dict], seqs: int,
-    extra: tuple[str, ...] = (), keep_warmup: bool = False,
+    args: argparse.Namespace,
+    model_dir: Path,
+    rows: list[dict],
+    seqs: int,
+    extra: tuple[str, ...] = (),
+    keep_warmup: bool = False,
 ) -> dict:
     """rayrl's GRPO through the product path (`PPOTrainer`); per-step metrics (with
     ``extra`` overrides last; ``keep_warmup``: the peak memory over warm-up steps too)."""
@@ -201,8 +205,17 @@ def run_trl(args: argparse.Namespace, model_dir: Path, rows: list[dict], seqs: i
     """TRL's GRPOTrainer in a child process (its own CUDA context and memory stats)."""
     with tempfile.TemporaryDirectory() as tmp:
         job = Path(tmp) / "job.json"
-        job.write_text(json.dumps({"args": vars(args), "model": str(model_dir), "rows": rows,
-                                   "seqs": seqs, "out": f"{tmp}/result.json"}))  # fmt: skip
+        job.write_text(
+            json.dumps(
+                {
+                    "args": vars(args),
+                    "model": str(model_dir),
+                    "rows": rows,
+                    "seqs": seqs,
+                    "out": f"{tmp}/result.json",
+                }
+            )
+        )
         proc = subprocess.run([sys.executable, __file__, "--trl-job", str(job)], check=False)
         result = Path(tmp) / "result.json"
         if proc.returncode != 0 or not result.exists():
@@ -236,15 +249,30 @@ def trl_job(path: str) -> None:
 
     micro = min(seqs, a.trl_micro)
     wanted = dict(
-        output_dir=str(Path(job["out"]).parent / "trl"), per_device_train_batch_size=micro,
-        gradient_accumulation_steps=seqs // micro, num_generations=a.group,
-        max_prompt_length=a.prompt_len, max_completion_length=a.response_len,
-        generation_kwargs={"min_new_tokens": a.response_len}, temperature=1.0,
-        learning_rate=a.lr, lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=1.0,
-        warmup_steps=0, beta=0.0, bf16=a.device == "cuda", use_cpu=a.device == "cpu",
-        logging_steps=1, max_steps=a.warmup + a.steps, report_to=[], save_strategy="no",
-        use_vllm=False, seed=1, num_iterations=1,
-    )  # fmt: skip
+        output_dir=str(Path(job["out"]).parent / "trl"),
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=seqs // micro,
+        num_generations=a.group,
+        max_prompt_length=a.prompt_len,
+        max_completion_length=a.response_len,
+        generation_kwargs={"min_new_tokens": a.response_len},
+        temperature=1.0,
+        learning_rate=a.lr,
+        lr_scheduler_type="constant",
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        warmup_steps=0,
+        beta=0.0,
+        bf16=a.device == "cuda",
+        use_cpu=a.device == "cpu",
+        logging_steps=1,
+        max_steps=a.warmup + a.steps,
+        report_to=[],
+        save_strategy="no",
+        use_vllm=False,
+        seed=1,
+        num_iterations=1,
+    )
     names = {f.name for f in dataclasses.fields(GRPOConfig)}
     config = GRPOConfig(**{k: v for k, v in wanted.items() if k in names})
 
@@ -295,9 +323,14 @@ def _sync() -> None:
 
 # ------------------------------------------------------------------ 7B memory
 QWEN25_7B = dict(
-    hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-    num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False,
-)  # fmt: skip
+    hidden_size=3584,
+    intermediate_size=18944,
+    num_hidden_layers=28,
+    num_attention_heads=28,
+    num_key_value_heads=4,
+    vocab_size=152064,
+    tie_word_embeddings=False,
+)
 
 
 def memory_7b(args: argparse.Namespace, workdir: Path) -> dict:
@@ -388,24 +421,58 @@ def lines_for(system: str, seqs: int, res: dict, common: dict) -> list[dict]:
         return [{**base, "metric": "error", "value": None, "unit": "", "error": res["error"]}]
     out = [
         {**base, "metric": "step_s", "value": res["step_s"], "unit": "s", "better": "lower"},
-        {**base, "metric": "tokens_per_s_per_gpu", "value": res["tokens_per_s"],
-         "unit": "tokens/s", "better": "higher"},
-        {**base, "metric": "peak_mem_gb", "model": common["model_name"],
-         "value": res["peak_mem_gb"], "unit": "GiB", "better": "lower"},
-        {**base, "metric": "grad_norm_finite", "value": int(res["grad_finite"]), "unit": "bool",
-         "target": 1, "better": "higher", "grad_norms": res["grad_norms"]},
+        {
+            **base,
+            "metric": "tokens_per_s_per_gpu",
+            "value": res["tokens_per_s"],
+            "unit": "tokens/s",
+            "better": "higher",
+        },
+        {
+            **base,
+            "metric": "peak_mem_gb",
+            "model": common["model_name"],
+            "value": res["peak_mem_gb"],
+            "unit": "GiB",
+            "better": "lower",
+        },
+        {
+            **base,
+            "metric": "grad_norm_finite",
+            "value": int(res["grad_finite"]),
+            "unit": "bool",
+            "target": 1,
+            "better": "higher",
+            "grad_norms": res["grad_norms"],
+        },
         {**base, "metric": "response_length", "value": res.get("response_len"), "unit": "tokens"},
-    ]  # fmt: skip
+    ]
     for stage, value in res.get("stages", {}).items():
         if value is not None:
             out.append({**base, "metric": "stage_s", "stage": stage, "value": value, "unit": "s"})
     if res.get("mfu") is not None:
-        out.append({**base, "metric": "actor_mfu", "value": res["mfu"], "unit": "fraction",
-                    "target": 0.4, "better": "higher"})  # fmt: skip
+        out.append(
+            {
+                **base,
+                "metric": "actor_mfu",
+                "value": res["mfu"],
+                "unit": "fraction",
+                "target": 0.4,
+                "better": "higher",
+            }
+        )
     sync = res.get("stages", {}).get("weight_sync")
     if sync:
-        out.append({**base, "metric": "weight_sync_ms", "value": sync * 1e3, "unit": "ms",
-                    "target": 100, "better": "lower"})  # fmt: skip
+        out.append(
+            {
+                **base,
+                "metric": "weight_sync_ms",
+                "value": sync * 1e3,
+                "unit": "ms",
+                "target": 100,
+                "better": "lower",
+            }
+        )
     return out
 
 
@@ -454,10 +521,17 @@ def main() -> None:
     out = Path(args.out or Path(__file__).parent / "results" / f"{BENCH}-{date:%Y-%m-%d}.jsonl")
     out.parent.mkdir(parents=True, exist_ok=True)
     gpu = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    common = {"bench": BENCH, "device": gpu, "date": date.isoformat(timespec="seconds"),
-              "prompt_len": args.prompt_len, "response_len": args.response_len,
-              "group": args.group, "preset": args.preset, "sft_steps": args.sft_steps,
-              "model_name": "0.5b" if args.preset == "qwen2.5-0.5b" else args.preset}  # fmt: skip
+    common = {
+        "bench": BENCH,
+        "device": gpu,
+        "date": date.isoformat(timespec="seconds"),
+        "prompt_len": args.prompt_len,
+        "response_len": args.response_len,
+        "group": args.group,
+        "preset": args.preset,
+        "sft_steps": args.sft_steps,
+        "model_name": "0.5b" if args.preset == "qwen2.5-0.5b" else args.preset,
+    }
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         systems = [s for s in args.systems.split(",") if s]
@@ -475,19 +549,47 @@ def main() -> None:
                     emit(line, out)
             mine, theirs = results.get("rayrl", {}), results.get("trl", {})
             if mine.get("tokens_per_s") and theirs.get("tokens_per_s"):
-                emit({**common, "metric": "speedup_vs_trl", "seqs_per_step": seqs,
-                      "value": mine["tokens_per_s"] / theirs["tokens_per_s"], "unit": "x",
-                      "target": 10, "better": "higher"}, out)  # fmt: skip
+                emit(
+                    {
+                        **common,
+                        "metric": "speedup_vs_trl",
+                        "seqs_per_step": seqs,
+                        "value": mine["tokens_per_s"] / theirs["tokens_per_s"],
+                        "unit": "x",
+                        "target": 10,
+                        "better": "higher",
+                    },
+                    out,
+                )
         if args.memory_7b:
             res = memory_7b(args, work)
             total = torch.cuda.get_device_properties(0).total_memory / 2**30 if gpu != "cpu" else 0
             base = {**common, "model_name": "7b", "system": "rayrl", "seqs_per_step": args.seqs_7b}
-            emit({**base, "metric": "peak_mem_gb", "model": "7b", "value": res["peak_mem_gb"],
-                  "unit": "GiB", "target": round(total, 1), "better": "lower",
-                  **{k: v for k, v in res.items() if k not in ("peak_mem_gb", "response_len")},
-                  "mean_response_len": res.get("response_len")}, out)  # fmt: skip
-            emit({**base, "metric": "step_s", "model": "7b", "value": res["step_s"],
-                  "unit": "s", "better": "lower"}, out)  # fmt: skip
+            emit(
+                {
+                    **base,
+                    "metric": "peak_mem_gb",
+                    "model": "7b",
+                    "value": res["peak_mem_gb"],
+                    "unit": "GiB",
+                    "target": round(total, 1),
+                    "better": "lower",
+                    **{k: v for k, v in res.items() if k not in ("peak_mem_gb", "response_len")},
+                    "mean_response_len": res.get("response_len"),
+                },
+                out,
+            )
+            emit(
+                {
+                    **base,
+                    "metric": "step_s",
+                    "model": "7b",
+                    "value": res["step_s"],
+                    "unit": "s",
+                    "better": "lower",
+                },
+                out,
+            )
 
 
 if __name__ == "__main__":

@@ -50,17 +50,29 @@ def build(workdir: Path, shape: tuple[int, int, int, int] | None = None):
 
     cfg = load_config("grpo", [])
     hidden, layers, heads, ffn = shape or (64, 2, 4, 128)
-    path = build_tiny_model(workdir / "model", layers=layers, hidden=hidden, heads=heads,
-                            kv_heads=2, intermediate=ffn, seed=cfg.trainer.seed)  # fmt: skip
+    path = build_tiny_model(
+        workdir / "model",
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        kv_heads=2,
+        intermediate=ffn,
+        seed=cfg.trainer.seed,
+    )
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     rows = synthetic_rows(cfg.data.synthetic_task, PROMPTS, cfg.trainer.seed)
-    texts = [tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
-             for r in rows]  # fmt: skip
+    texts = [
+        tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
+        for r in rows
+    ]
     enc = tok(texts, return_tensors="pt", padding=True, padding_side="left")
     uids = np.array([f"p{i}" for i in range(PROMPTS)], dtype=object)
-    batch = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]},
-                  {"uid": uids}, {"step": 3})  # fmt: skip
+    batch = Batch(
+        {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]},
+        {"uid": uids},
+        {"step": 3},
+    )
     return model, tok, batch
 
 
@@ -70,9 +82,10 @@ def engines(model, tok) -> dict:
     return {
         "lean": HFRolloutEngine(model=model, tokenizer=tok, cache="dynamic"),
         "generate": HFRolloutEngine(model=model, tokenizer=tok, cache="dynamic", decode="generate"),
-        "native": NativeRolloutEngine(model=model, tokenizer=tok, device="cpu",
-                                      dtype=torch.float32, max_model_len=256),
-    }  # fmt: skip
+        "native": NativeRolloutEngine(
+            model=model, tokenizer=tok, device="cpu", dtype=torch.float32, max_model_len=256
+        ),
+    }
 
 
 def sweep(rounds: int, common: dict) -> list[dict]:
@@ -96,11 +109,27 @@ def sweep(rounds: int, common: dict) -> list[dict]:
                 if round_:  # round 0 warms up
                     times[threads].append(time.perf_counter() - start)
         for threads, ts in times.items():
-            lines.append({**common, "metric": "decode_s", "params": size, "threads": threads,
-                          "value": statistics.median(ts), "unit": "s", "better": "lower"})  # fmt: skip
+            lines.append(
+                {
+                    **common,
+                    "metric": "decode_s",
+                    "params": size,
+                    "threads": threads,
+                    "value": statistics.median(ts),
+                    "unit": "s",
+                    "better": "lower",
+                }
+            )
         ratios = [a / b for a, b in zip(times[1], times[2], strict=True)]
-        lines.append({**common, "metric": "one_thread_ratio", "params": size,
-                      "value": statistics.median(ratios), "unit": "ratio"})  # fmt: skip
+        lines.append(
+            {
+                **common,
+                "metric": "one_thread_ratio",
+                "params": size,
+                "value": statistics.median(ratios),
+                "unit": "ratio",
+            }
+        )
     return lines
 
 
@@ -115,8 +144,12 @@ def main() -> None:
     from rayrl.engines.rollout import SamplingParams
 
     if args.sweep:
-        common = {"bench": BENCH, "hardware": hardware(), "date": datetime.date.today().isoformat(),
-                  "load_avg_1m_start": os.getloadavg()[0]}  # fmt: skip
+        common = {
+            "bench": BENCH,
+            "hardware": hardware(),
+            "date": datetime.date.today().isoformat(),
+            "load_avg_1m_start": os.getloadavg()[0],
+        }
         emit(sweep(args.rounds, common), args.out)
         return
 
@@ -135,15 +168,36 @@ def main() -> None:
             start = time.perf_counter()
             runs[name].generate(batch, params)
             times[name].append(time.perf_counter() - start)
-    common = {"bench": BENCH, "hardware": hardware(), "threads": args.threads,
-              "date": datetime.date.today().isoformat(), "load_avg_1m_start": load_start,
-              "load_avg_1m_end": os.getloadavg()[0]}  # fmt: skip
-    lines = [{**common, "metric": "generate_s", "engine": name, "value": statistics.median(ts),
-              "unit": "s", "better": "lower"} for name, ts in times.items()]  # fmt: skip
+    common = {
+        "bench": BENCH,
+        "hardware": hardware(),
+        "threads": args.threads,
+        "date": datetime.date.today().isoformat(),
+        "load_avg_1m_start": load_start,
+        "load_avg_1m_end": os.getloadavg()[0],
+    }
+    lines = [
+        {
+            **common,
+            "metric": "generate_s",
+            "engine": name,
+            "value": statistics.median(ts),
+            "unit": "s",
+            "better": "lower",
+        }
+        for name, ts in times.items()
+    ]
     for name in ("lean", "native"):
         ratios = [a / b for a, b in zip(times[name], times["generate"], strict=True)]
-        lines.append({**common, "metric": f"{name}_ratio_vs_generate",
-                      "value": statistics.median(ratios), "unit": "ratio", "better": "lower"})  # fmt: skip
+        lines.append(
+            {
+                **common,
+                "metric": f"{name}_ratio_vs_generate",
+                "value": statistics.median(ratios),
+                "unit": "ratio",
+                "better": "lower",
+            }
+        )
     emit(lines, args.out)
 
 

@@ -27,7 +27,12 @@ BENCH = "loader"
 
 
 def emit(metric: str, value: float, unit: str, **extra) -> None:
-    print(json.dumps({"bench": BENCH, "metric": metric, "value": round(value, 4), "unit": unit, **extra}), flush=True)
+    print(
+        json.dumps(
+            {"bench": BENCH, "metric": metric, "value": round(value, 4), "unit": unit, **extra}
+        ),
+        flush=True,
+    )
 
 
 def make_files(folder: Path, rows: int, files: int) -> list[str]:
@@ -90,9 +95,10 @@ def main() -> None:
                 unit = {"rows": "rows", "time_to_first_batch_s": "s"}.get(metric, "rows/s")
                 emit(f"{name}/{metric}", value, unit, rows=args.rows, cpus=args.num_cpus)
         for metric, better in (
-            ("time_to_first_batch_s", "lower"), ("rows_per_s", "higher"),
+            ("time_to_first_batch_s", "lower"),
+            ("rows_per_s", "higher"),
             ("epoch_rows_per_s", "higher"),
-        ):  # fmt: skip
+        ):
             ratio = results["ray"][metric] / results["default"][metric]
             emit(f"ray_vs_default/{metric}", ratio, "ratio", better=better, rows=args.rows)
         ray.shutdown()

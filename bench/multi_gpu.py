@@ -53,33 +53,69 @@ def main() -> None:
     out = Path(args.out or Path(__file__).parent / "results" / f"{BENCH}-{date:%Y-%m-%d}.jsonl")
     out.parent.mkdir(parents=True, exist_ok=True)
     common = {
-        "bench": BENCH, "date": date.isoformat(timespec="seconds"), "preset": args.preset,
+        "bench": BENCH,
+        "date": date.isoformat(timespec="seconds"),
+        "preset": args.preset,
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-        "prompt_len": args.prompt_len, "response_len": args.response_len, "group": args.group,
-    }  # fmt: skip
+        "prompt_len": args.prompt_len,
+        "response_len": args.response_len,
+        "group": args.group,
+    }
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_model(args, Path(tmp))
         from transformers import AutoTokenizer
 
         rows = make_rows(AutoTokenizer.from_pretrained(model_dir), 2048, args.prompt_len)
-        runs = {"1": (1, args.seqs), "weak": (args.gpus, args.seqs * args.gpus),
-                "strong": (args.gpus, args.seqs)}  # fmt: skip
+        runs = {
+            "1": (1, args.seqs),
+            "weak": (args.gpus, args.seqs * args.gpus),
+            "strong": (args.gpus, args.seqs),
+        }
         per_gpu = {}
         for name, (gpus, seqs) in runs.items():
-            res = run_rayrl(argparse.Namespace(**{**vars(args), "gpus": gpus}), model_dir, rows, seqs)
+            res = run_rayrl(
+                argparse.Namespace(**{**vars(args), "gpus": gpus}), model_dir, rows, seqs
+            )
             per_gpu[name] = res["tokens_per_s"]  # perf/throughput is per GPU
             line = {**common, "n_gpus": gpus, "seqs_per_step": seqs}
-            emit({**line, "metric": "tokens_per_s_per_gpu", "value": per_gpu[name],
-                  "unit": "tokens/s", "step_s": res["step_s"], "stages": res["stages"],
-                  "grad_finite": res["grad_finite"]}, out)  # fmt: skip
+            emit(
+                {
+                    **line,
+                    "metric": "tokens_per_s_per_gpu",
+                    "value": per_gpu[name],
+                    "unit": "tokens/s",
+                    "step_s": res["step_s"],
+                    "stages": res["stages"],
+                    "grad_finite": res["grad_finite"],
+                },
+                out,
+            )
             sync = res["stages"].get("weight_sync")
             if gpus > 1 and sync is not None:
-                emit({**line, "metric": "weight_sync_ms", "value": sync * 1e3, "unit": "ms",
-                      "mode": name}, out)  # fmt: skip
+                emit(
+                    {
+                        **line,
+                        "metric": "weight_sync_ms",
+                        "value": sync * 1e3,
+                        "unit": "ms",
+                        "mode": name,
+                    },
+                    out,
+                )
         for mode in ("weak", "strong"):
-            emit({**common, "metric": "scaling_efficiency", "mode": mode, "n_gpus": args.gpus,
-                  "value": per_gpu[mode] / per_gpu["1"], "unit": "fraction",
-                  "target": 0.85 if mode == "weak" else None, "better": "higher"}, out)  # fmt: skip
+            emit(
+                {
+                    **common,
+                    "metric": "scaling_efficiency",
+                    "mode": mode,
+                    "n_gpus": args.gpus,
+                    "value": per_gpu[mode] / per_gpu["1"],
+                    "unit": "fraction",
+                    "target": 0.85 if mode == "weak" else None,
+                    "better": "higher",
+                },
+                out,
+            )
 
 
 if __name__ == "__main__":

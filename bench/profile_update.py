@@ -47,11 +47,17 @@ def make_batch(seqs: int, prompt: int, response: int, vocab: int):
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(3, vocab, (seqs, prompt + response), generator=gen)
     mask = torch.ones_like(ids)
-    return Batch.from_dict({
-        "input_ids": ids, "attention_mask": mask, "position_ids": mask.cumsum(-1) - 1,
-        "responses": ids[:, prompt:], "response_mask": mask[:, prompt:],
-        "advantages": torch.randn(seqs, response, generator=gen),
-    }, meta={"temperature": 1.0})  # fmt: skip
+    return Batch.from_dict(
+        {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": mask.cumsum(-1) - 1,
+            "responses": ids[:, prompt:],
+            "response_mask": mask[:, prompt:],
+            "advantages": torch.randn(seqs, response, generator=gen),
+        },
+        meta={"temperature": 1.0},
+    )
 
 
 def main() -> None:
@@ -85,8 +91,12 @@ def parse_variant(text: str, args: argparse.Namespace) -> dict:
             f"unknown variant {text!r}: use fsdp or autocast[@TOKENS][#CHUNK]"
             "[+compile|+compile-attn-out]"
         )
-    return {"fsdp": name == "fsdp", "max_tokens": int(tokens or args.max_tokens),
-            "chunk": int(chunk or 1024), "compile": extra if plus else None}  # fmt: skip
+    return {
+        "fsdp": name == "fsdp",
+        "max_tokens": int(tokens or args.max_tokens),
+        "chunk": int(chunk or 1024),
+        "compile": extra if plus else None,
+    }
 
 
 def run_variant(args: argparse.Namespace, path: Path, variant: str, old):
@@ -104,10 +114,14 @@ def run_variant(args: argparse.Namespace, path: Path, variant: str, old):
 
     opts = parse_variant(variant, args)
     engine = TrainEngine(
-        path, optim={"lr": 1e-6}, total_steps=10, device=args.device,
-        fsdp=opts["fsdp"] and args.device == "cuda", logit_chunk_size=opts["chunk"],
+        path,
+        optim={"lr": 1e-6},
+        total_steps=10,
+        device=args.device,
+        fsdp=opts["fsdp"] and args.device == "cuda",
+        logit_chunk_size=opts["chunk"],
         torch_compile=opts["compile"] == "compile",
-    )  # fmt: skip
+    )
     if opts["compile"] == "compile-attn-out":  # the attention call outside the graphs
         engine.compiled = compile_regions(engine.model, engine.device, attention_in_graph=False)
     budget = opts["max_tokens"]
@@ -116,11 +130,18 @@ def run_variant(args: argparse.Namespace, path: Path, variant: str, old):
         old = engine.forward(batch, max_tokens_per_micro_batch=budget)["log_probs"]
     batch = batch.union(Batch({"old_log_probs": old}))
     loss = actor_loss_fn(ActorConfig(use_kl_loss=False), args.response_len)
-    base = {"bench": BENCH, "preset": args.preset, "seqs": args.seqs, "variant": variant,
-            "fsdp": engine.fsdp, "compiled": engine.compiled, "max_tokens": budget,
-            "chunk": opts["chunk"],
-            "tokens": args.seqs * (args.prompt_len + args.response_len),
-            "hardware": hardware(args.device)}  # fmt: skip
+    base = {
+        "bench": BENCH,
+        "preset": args.preset,
+        "seqs": args.seqs,
+        "variant": variant,
+        "fsdp": engine.fsdp,
+        "compiled": engine.compiled,
+        "max_tokens": budget,
+        "chunk": opts["chunk"],
+        "tokens": args.seqs * (args.prompt_len + args.response_len),
+        "hardware": hardware(args.device),
+    }
     try:
         first = engine.train_step(batch, loss, max_tokens_per_micro_batch=budget)  # warm-up
     except torch.OutOfMemoryError as err:
@@ -129,8 +150,16 @@ def run_variant(args: argparse.Namespace, path: Path, variant: str, old):
         gc.collect()
         torch.cuda.empty_cache()
         return old
-    emit({**base, "metric": "first_step", "value": None, "unit": "",
-          "loss": first["loss"], "grad_norm": first["grad_norm"]})  # fmt: skip
+    emit(
+        {
+            **base,
+            "metric": "first_step",
+            "value": None,
+            "unit": "",
+            "loss": first["loss"],
+            "grad_norm": first["grad_norm"],
+        }
+    )
     _sync(args.device)
     start = time.perf_counter()
     engine.train_step(batch, loss, max_tokens_per_micro_batch=budget)
@@ -154,18 +183,42 @@ def run_variant(args: argparse.Namespace, path: Path, variant: str, old):
         emit({**base, "metric": name, "value": secs, "unit": "s"})
         perf = update_perf_metrics(flops, secs, torch.device(args.device))
         if "mfu" in perf:
-            emit({**base, "metric": name.replace("update_s", "mfu"), "value": perf["mfu"],
-                  "unit": "fraction", "target": 0.4, "better": "higher"})  # fmt: skip
-    emit({**base, "metric": "train_step_metrics", "value": None, "unit": "",
-          "metrics": {k: v for k, v in metrics.items() if isinstance(v, float)}})  # fmt: skip
+            emit(
+                {
+                    **base,
+                    "metric": name.replace("update_s", "mfu"),
+                    "value": perf["mfu"],
+                    "unit": "fraction",
+                    "target": 0.4,
+                    "better": "higher",
+                }
+            )
+    emit(
+        {
+            **base,
+            "metric": "train_step_metrics",
+            "value": None,
+            "unit": "",
+            "metrics": {k: v for k, v in metrics.items() if isinstance(v, float)},
+        }
+    )
     if args.no_profile:
         return old
     key = "self_device_time_total" if args.device == "cuda" else "self_cpu_time_total"
     events = [e for e in prof.key_averages() if getattr(e, key, 0) > 0]
     total = sum(getattr(e, key) for e in events) or 1.0
     for e in sorted(events, key=lambda e: -getattr(e, key))[: args.top]:
-        emit({**base, "metric": "kernel", "value": getattr(e, key) / 1e3, "unit": "ms",
-              "name": e.key[:120], "calls": e.count, "share": getattr(e, key) / total})  # fmt: skip
+        emit(
+            {
+                **base,
+                "metric": "kernel",
+                "value": getattr(e, key) / 1e3,
+                "unit": "ms",
+                "name": e.key[:120],
+                "calls": e.count,
+                "share": getattr(e, key) / total,
+            }
+        )
     return old
 
 

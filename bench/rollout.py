@@ -55,9 +55,11 @@ TARGETS = {("tokens_per_s", "A"): 100_000.0, "speedup_vs_hf_static": 5.0}
 def build_model(shape: str, device: str):
     from transformers import Qwen2ForCausalLM
 
-    spec = reference_05b() if shape == "reference" else TinySpec(layers=2, hidden=64, heads=4,
-                                                                 kv_heads=2, intermediate=128,
-                                                                 vocab_size=512)  # fmt: skip
+    spec = (
+        reference_05b()
+        if shape == "reference"
+        else TinySpec(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab_size=512)
+    )
     config = spec.to_config()
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     torch.manual_seed(0)
@@ -95,10 +97,13 @@ def padded(prompts: list[np.ndarray], device: str) -> tuple[torch.Tensor, torch.
 # ---------------------------------------------------------------- engines
 def run_native(model, prompts, out_lens, args, overlap: bool = True) -> Callable[[], None]:
     engine = NativeRolloutEngine(
-        model=model, device=args.device, gpu_memory_utilization=args.gpu_memory_utilization,
-        max_num_seqs=args.max_num_seqs, max_model_len=4096 if args.shape == "reference" else 64,
+        model=model,
+        device=args.device,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=4096 if args.shape == "reference" else 64,
         overlap_decode=overlap and not args.sync_decode,
-    )  # fmt: skip
+    )
     params = SamplingParams(max_new_tokens=int(out_lens.max()), ignore_eos=True, seed=1)
     # Warm-up on the workload itself: Triton autotuning and the CUDA graphs of the batch
     # sizes it passes through (captured on first use) stay out of the timed run.
@@ -139,10 +144,16 @@ def run_hf(cache: str):
         ids, mask = padded(prompts, args.device)
         new = int(out_lens.max())
         config = GenerationConfig(
-            do_sample=True, temperature=1.0, top_k=None, top_p=None, max_new_tokens=new,
-            pad_token_id=0, eos_token_id=None, disable_compile=True,
+            do_sample=True,
+            temperature=1.0,
+            top_k=None,
+            top_p=None,
+            max_new_tokens=new,
+            pad_token_id=0,
+            eos_token_id=None,
+            disable_compile=True,
             cache_implementation="static" if cache == "static" else None,
-        )  # fmt: skip
+        )
         warm = GenerationConfig(**{**config.to_dict(), "max_new_tokens": 4})
         model.generate(input_ids=ids[:4], attention_mask=mask[:4], generation_config=warm)
 
@@ -220,12 +231,28 @@ def profile_native(run: Callable[[], None], seconds: float, workload_name: str, 
     events = [e for e in prof.key_averages() if e.device_time_total > 0]
     total = sum(e.self_device_time_total for e in events) or 1
     base = {"bench": "rollout", "workload": workload_name, "engine": "native"}
-    emit({**base, "metric": "gpu_busy_fraction", "value": round(total / 1e6 / seconds, 3),
-          "unit": "fraction", "kernel_seconds": round(total / 1e6, 3)}, out)  # fmt: skip
+    emit(
+        {
+            **base,
+            "metric": "gpu_busy_fraction",
+            "value": round(total / 1e6 / seconds, 3),
+            "unit": "fraction",
+            "kernel_seconds": round(total / 1e6, 3),
+        },
+        out,
+    )
     for e in sorted(events, key=lambda e: -e.self_device_time_total)[:12]:
-        emit({**base, "metric": "profile_kernel_share",
-              "value": round(e.self_device_time_total / total, 4), "unit": "fraction",
-              "kernel": e.key[:80], "calls": e.count}, out)  # fmt: skip
+        emit(
+            {
+                **base,
+                "metric": "profile_kernel_share",
+                "value": round(e.self_device_time_total / total, 4),
+                "unit": "fraction",
+                "kernel": e.key[:80],
+                "calls": e.count,
+            },
+            out,
+        )
 
 
 def tune_decode(out) -> None:
@@ -242,9 +269,19 @@ def tune_decode(out) -> None:
     vc = torch.randn_like(kc)
     table = torch.randperm(rows * width, device="cuda", dtype=torch.int32).view(rows, width)
     q = torch.randn(rows, heads, dim, device="cuda", dtype=torch.bfloat16)
-    steps = [StepInput(None, None, None, torch.arange(rows, device="cuda"),
-                       torch.full((rows,), ctx, device="cuda"), table, None, decode=True)
-             for ctx in (384, 1100)]  # fmt: skip
+    steps = [
+        StepInput(
+            None,
+            None,
+            None,
+            torch.arange(rows, device="cuda"),
+            torch.full((rows,), ctx, device="cuda"),
+            table,
+            None,
+            decode=True,
+        )
+        for ctx in (384, 1100)
+    ]
     attention = ta.TritonAttention()
     timings = {}
     for block_n in (64, 128):
@@ -252,15 +289,27 @@ def tune_decode(out) -> None:
             for stages in (1, 2, 3):
                 config = {"BLOCK_N": block_n, "num_warps": warps, "num_stages": stages}
                 ta.DECODE_CONFIG.update(config)
-                ms = [do_bench(lambda s=s: attention.decode(q, kc, vc, s, 0.125), warmup=5, rep=20)
-                      for s in steps]  # fmt: skip
+                ms = [
+                    do_bench(lambda s=s: attention.decode(q, kc, vc, s, 0.125), warmup=5, rep=20)
+                    for s in steps
+                ]
                 timings[tuple(config.items())] = ms
     best = min(timings, key=lambda k: sum(timings[k]))
     ta.DECODE_CONFIG.update(dict(best))
     for config, ms in timings.items():
-        emit({"bench": "rollout", "metric": "decode_kernel_ms", "value": round(sum(ms), 4),
-              "unit": "ms", "config": dict(config), "ctx384_ms": round(ms[0], 4),
-              "ctx1100_ms": round(ms[1], 4), "chosen": config == best}, out)  # fmt: skip
+        emit(
+            {
+                "bench": "rollout",
+                "metric": "decode_kernel_ms",
+                "value": round(sum(ms), 4),
+                "unit": "ms",
+                "config": dict(config),
+                "ctx384_ms": round(ms[0], 4),
+                "ctx1100_ms": round(ms[1], 4),
+                "chosen": config == best,
+            },
+            out,
+        )
 
 
 def tune_sampler(out) -> None:
@@ -283,15 +332,22 @@ def main() -> None:
     parser.add_argument("--shape", choices=("reference", "tiny"), default=None)
     parser.add_argument("--engines", default="native,rayrl_hf,hf_dynamic,hf_static")
     parser.add_argument("--workloads", default="A,B")
-    parser.add_argument("--skip", default="", help="engine@workload pairs not to run, e.g. hf_dynamic@B")
+    parser.add_argument(
+        "--skip", default="", help="engine@workload pairs not to run, e.g. hf_dynamic@B"
+    )
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=1, help="timed runs of the native engine")
     parser.add_argument("--profile", action="store_true")
-    parser.add_argument("--sync-decode", action="store_true",
-                        help="native: commit each decode step before launching the next")  # fmt: skip
+    parser.add_argument(
+        "--sync-decode",
+        action="store_true",
+        help="native: commit each decode step before launching the next",
+    )
     parser.add_argument("--tune-decode", action="store_true", help="sweep the decode kernel first")
-    parser.add_argument("--tune-sampler", action="store_true", help="sweep the sampler kernel first")
+    parser.add_argument(
+        "--tune-sampler", action="store_true", help="sweep the sampler kernel first"
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     args.shape = args.shape or ("reference" if args.device == "cuda" else "tiny")
@@ -301,8 +357,12 @@ def main() -> None:
     if args.tune_sampler and args.device == "cuda":
         tune_sampler(out)
     model = build_model(args.shape, args.device)
-    base = {"bench": "rollout", "shape": args.shape, "hardware": hardware(args.device),
-            "date": datetime.date.today().isoformat()}  # fmt: skip
+    base = {
+        "bench": "rollout",
+        "shape": args.shape,
+        "hardware": hardware(args.device),
+        "date": datetime.date.today().isoformat(),
+    }
     for name in args.workloads.split(","):
         prompts, out_lens = workload(name, args.shape, model.config.vocab_size)
         tokens = int(out_lens.sum())
@@ -311,24 +371,45 @@ def main() -> None:
             if f"{engine}@{name}" in args.skip.split(","):
                 continue
             run = ENGINES[engine](model, prompts, out_lens, args)
-            runs = [timed(run, args.device) for _ in range(args.repeats if engine.startswith("native") else 1)]
+            runs = [
+                timed(run, args.device)
+                for _ in range(args.repeats if engine.startswith("native") else 1)
+            ]
             seconds, peak = sorted(runs)[len(runs) // 2]
             rates[engine] = tokens / seconds
-            extra = {"workload": name, "engine": engine, "generated_tokens": tokens,
-                     "seconds": round(seconds, 3)}  # fmt: skip
+            extra = {
+                "workload": name,
+                "engine": engine,
+                "generated_tokens": tokens,
+                "seconds": round(seconds, 3),
+            }
             native = engine.startswith("native")
             if native:
                 extra["overlap_decode"] = run_native.engine.overlap
                 extra.update(run_native.engine.last_stats)
                 extra["kv_cache_gb"] = round(run_native.engine.cache.nbytes / 2**30, 2)
             target = TARGETS.get(("tokens_per_s", name)) if engine == "native" else None
-            record = {**base, "metric": "tokens_per_s", "value": round(rates[engine], 1),
-                      "unit": "tokens/s", **extra}  # fmt: skip
+            record = {
+                **base,
+                "metric": "tokens_per_s",
+                "value": round(rates[engine], 1),
+                "unit": "tokens/s",
+                **extra,
+            }
             if target:
                 record.update(target=target, better="higher")
             emit(record, out)
-            emit({**base, "metric": "peak_mem_gb", "value": round(peak, 2), "unit": "GiB",
-                  "workload": name, "engine": engine}, out)  # fmt: skip
+            emit(
+                {
+                    **base,
+                    "metric": "peak_mem_gb",
+                    "value": round(peak, 2),
+                    "unit": "GiB",
+                    "workload": name,
+                    "engine": engine,
+                },
+                out,
+            )
             if engine == "native" and args.profile and args.device == "cuda":
                 profile_native(run, seconds, name, out)
             if native:
@@ -336,14 +417,32 @@ def main() -> None:
                 del run_native.engine
             torch.cuda.empty_cache() if args.device == "cuda" else None
         if "native" in rates and "hf_static" in rates:
-            emit({**base, "metric": "speedup_vs_hf_static", "workload": name,
-                  "value": round(rates["native"] / rates["hf_static"], 2), "unit": "x",
-                  "target": TARGETS["speedup_vs_hf_static"], "better": "higher"}, out)  # fmt: skip
+            emit(
+                {
+                    **base,
+                    "metric": "speedup_vs_hf_static",
+                    "workload": name,
+                    "value": round(rates["native"] / rates["hf_static"], 2),
+                    "unit": "x",
+                    "target": TARGETS["speedup_vs_hf_static"],
+                    "better": "higher",
+                },
+                out,
+            )
         if "native" in rates:
             ideal = tokens / roofline_seconds(model.config, prompts, out_lens)
-            emit({**base, "metric": "roofline_fraction", "workload": name, "engine": "native",
-                  "value": round(rates["native"] / ideal, 3), "unit": "fraction",
-                  "roofline_tokens_per_s": round(ideal, 1)}, out)  # fmt: skip
+            emit(
+                {
+                    **base,
+                    "metric": "roofline_fraction",
+                    "workload": name,
+                    "engine": "native",
+                    "value": round(rates["native"] / ideal, 3),
+                    "unit": "fraction",
+                    "roofline_tokens_per_s": round(ideal, 1),
+                },
+                out,
+            )
     if out:
         out.close()
 

@@ -43,12 +43,20 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def check_kernels(dtype: torch.dtype) -> None:
     dev, name = "cuda", str(dtype).split(".")[-1]
     ref, tri = TorchOps(), TritonOps()
-    x, r = torch.randn(300, 896, device=dev, dtype=dtype), torch.randn(300, 896, device=dev, dtype=dtype)
+    x, r = (
+        torch.randn(300, 896, device=dev, dtype=dtype),
+        torch.randn(300, 896, device=dev, dtype=dtype),
+    )
     w = torch.randn(896, device=dev, dtype=dtype)
     a, ar = ref.add_rms_norm(x, r.clone(), w, 1e-6)
     b, br = tri.add_rms_norm(x, r.clone(), w, 1e-6)
-    emit(check="add_rms_norm", dtype=name, rel_err=rel(b, a), residual_equal=bool(torch.equal(ar, br)),
-         mismatched=int((a != b).sum()))  # fmt: skip
+    emit(
+        check="add_rms_norm",
+        dtype=name,
+        rel_err=rel(b, a),
+        residual_equal=bool(torch.equal(ar, br)),
+        mismatched=int((a != b).sum()),
+    )
     gu = torch.randn(300, 2 * 4864, device=dev, dtype=dtype)
     a, b = ref.silu_and_mul(gu), tri.silu_and_mul(gu)
     emit(check="silu_and_mul", dtype=name, rel_err=rel(b, a), mismatched=int((a != b).sum()))
@@ -58,23 +66,45 @@ def check_kernels(dtype: torch.dtype) -> None:
     cos, sin = torch.randn(4096, d, device=dev), torch.randn(4096, d, device=dev)
     slots = torch.randperm(64 * 16, device=dev)[:300]
     slots[::7] = -1
-    for norm in (None, (torch.randn(d, device=dev, dtype=dtype), torch.randn(d, device=dev, dtype=dtype), 1e-6)):
+    for norm in (
+        None,
+        (torch.randn(d, device=dev, dtype=dtype), torch.randn(d, device=dev, dtype=dtype), 1e-6),
+    ):
         caches = [torch.zeros(64, 16, kvh, d, device=dev, dtype=dtype) for _ in range(4)]
-        qa = ref.rope_and_store(qkv, pos, cos, sin, caches[0], caches[1], slots, (heads, kvh, d), norm)
-        qb = tri.rope_and_store(qkv, pos, cos, sin, caches[2], caches[3], slots, (heads, kvh, d), norm)
-        emit(check="rope_and_store", dtype=name, qk_norm=norm is not None, rel_err=rel(qb, qa),
-             q_mismatched=int((qa != qb).sum()), k_rel_err=rel(caches[2], caches[0]),
-             v_equal=bool(torch.equal(caches[1], caches[3])))  # fmt: skip
+        qa = ref.rope_and_store(
+            qkv, pos, cos, sin, caches[0], caches[1], slots, (heads, kvh, d), norm
+        )
+        qb = tri.rope_and_store(
+            qkv, pos, cos, sin, caches[2], caches[3], slots, (heads, kvh, d), norm
+        )
+        emit(
+            check="rope_and_store",
+            dtype=name,
+            qk_norm=norm is not None,
+            rel_err=rel(qb, qa),
+            q_mismatched=int((qa != qb).sum()),
+            k_rel_err=rel(caches[2], caches[0]),
+            v_equal=bool(torch.equal(caches[1], caches[3])),
+        )
     check_attention(dtype, name)
     logits = (torch.randn(256, 151936, device=dev) * 2).to(dtype)
     keys = sample_keys(0, 1, [f"s{i}" for i in range(256)]).to(dev)
     positions = torch.arange(256, device=dev)
-    for params in (SamplingParams(do_sample=False), SamplingParams(temperature=1.0),
-                   SamplingParams(temperature=0.7)):  # fmt: skip
+    for params in (
+        SamplingParams(do_sample=False),
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.7),
+    ):
         t, lp = fused_sample(logits, keys, positions, params)
         rt, rlp = reference_sample_tokens(logits, keys, positions, params)
-        emit(check="fused_sampler", dtype=name, temperature=params.temperature, greedy=params.greedy,
-             tokens_equal=bool(torch.equal(t, rt)), log_prob_max_err=float((lp - rlp).abs().max()))  # fmt: skip
+        emit(
+            check="fused_sampler",
+            dtype=name,
+            temperature=params.temperature,
+            greedy=params.greedy,
+            tokens_equal=bool(torch.equal(t, rt)),
+            log_prob_max_err=float((lp - rlp).abs().max()),
+        )
 
 
 def check_attention(dtype: torch.dtype, name: str) -> None:
@@ -91,16 +121,35 @@ def check_attention(dtype: torch.dtype, name: str) -> None:
     live = lens > 0
     for splits in (1, 4):
         b = TritonAttention().decode(q, kc, vc, step, 0.125, splits=splits)
-        emit(check="decode_attention", dtype=name, splits=splits, rel_err=rel(b[live], a[live]),
-             empty_rows_zero=bool((b[~live] == 0).all()))  # fmt: skip
+        emit(
+            check="decode_attention",
+            dtype=name,
+            splits=splits,
+            rel_err=rel(b[live], a[live]),
+            empty_rows_zero=bool((b[~live] == 0).all()),
+        )
     q_lens, totals = [300, 17, 64, 129], [300, 500, 1000, 129]
     starts = [0, *np.cumsum(q_lens).tolist()]
     q = torch.randn(starts[-1], heads, d, device=dev, dtype=dtype)
-    tiles = torch.tensor([(i, a0) for i in range(4) for a0 in range(0, q_lens[i], PREFILL_TILE)],
-                         dtype=torch.int32, device=dev)  # fmt: skip
-    step = StepInput(None, None, None, rows[:4], torch.tensor(totals, device=dev), table, None,
-                     decode=False, q_start=torch.tensor(starts, device=dev), q_start_host=starts,
-                     seq_lens_host=totals, tiles=tiles)  # fmt: skip
+    tiles = torch.tensor(
+        [(i, a0) for i in range(4) for a0 in range(0, q_lens[i], PREFILL_TILE)],
+        dtype=torch.int32,
+        device=dev,
+    )
+    step = StepInput(
+        None,
+        None,
+        None,
+        rows[:4],
+        torch.tensor(totals, device=dev),
+        table,
+        None,
+        decode=False,
+        q_start=torch.tensor(starts, device=dev),
+        q_start_host=starts,
+        seq_lens_host=totals,
+        tiles=tiles,
+    )
     a = TorchAttention.prefill(q, kc, vc, step, 0.125)
     b = TritonAttention().prefill(q, kc, vc, step, 0.125)
     emit(check="prefill_attention", dtype=name, rel_err=rel(b, a))
@@ -126,14 +175,19 @@ def check_engine(n_prompts: int, new: int) -> None:
     for p in prompts:
         ids = torch.tensor([p], device="cuda")
         out = model.generate(ids, do_sample=False, max_new_tokens=new, pad_token_id=0)
-        hf.append(out[0, len(p):].tolist())
+        hf.append(out[0, len(p) :].tolist())
     for eager in (True, False):
         engine = NativeRolloutEngine(model=model, dtype=torch.float32, enforce_eager=eager, **kw)
         out = engine.generate_token_ids(prompts, greedy).tokens.tolist()
         same = sum(a == b for a, b in zip(out, hf, strict=True))
         agree = np.mean([np.mean(np.equal(a, b)) for a, b in zip(out, hf, strict=True)])
-        emit(check="greedy_vs_transformers", dtype="float32", graphs=not eager,
-             identical_rows=f"{same}/{len(prompts)}", token_agreement=float(agree))  # fmt: skip
+        emit(
+            check="greedy_vs_transformers",
+            dtype="float32",
+            graphs=not eager,
+            identical_rows=f"{same}/{len(prompts)}",
+            token_agreement=float(agree),
+        )
         del engine
     del model
     torch.cuda.empty_cache()
@@ -147,23 +201,41 @@ def check_engine(n_prompts: int, new: int) -> None:
             check_sampling_and_sleep(engine, prompts, new)
         del engine
         torch.cuda.empty_cache()
-    for a, b, what in ((("torch", True), ("triton", True), "triton_vs_torch_kernels"),
-                       (("triton", True), ("triton", False), "graphs_vs_eager")):  # fmt: skip
+    for a, b, what in (
+        (("torch", True), ("triton", True), "triton_vs_torch_kernels"),
+        (("triton", True), ("triton", False), "graphs_vs_eager"),
+    ):
         ta, tb = results[a].tokens, results[b].tokens
-        emit(check=what, dtype="bfloat16", greedy_token_agreement=float((ta == tb).float().mean()),
-             first_token_log_prob_max_err=float((results[a].log_probs[:, 0] - results[b].log_probs[:, 0]).abs().max()))  # fmt: skip
+        emit(
+            check=what,
+            dtype="bfloat16",
+            greedy_token_agreement=float((ta == tb).float().mean()),
+            first_token_log_prob_max_err=float(
+                (results[a].log_probs[:, 0] - results[b].log_probs[:, 0]).abs().max()
+            ),
+        )
 
 
 def check_overlap(engine, prompts, new) -> None:
     """Overlapped decode (tokens fed on the device, stops a step late) against the
     synchronous path: seeded samples with per-row lengths, greedy with a stop token."""
     limits = [new - (i % 5) * 3 for i in range(2 * len(prompts))]
-    free = engine.generate_token_ids(prompts, SamplingParams(do_sample=False, max_new_tokens=new,
-                                                             ignore_eos=True)).tokens  # fmt: skip
+    free = engine.generate_token_ids(
+        prompts, SamplingParams(do_sample=False, max_new_tokens=new, ignore_eos=True)
+    ).tokens
     stop = int(free[:, 1:].flatten().mode().values)  # a frequent token: several rows stop
-    cases = {"sampled_lengths": (SamplingParams(n=2, max_new_tokens=new, ignore_eos=True, seed=3), limits),
-             "greedy_stop_token": (SamplingParams(do_sample=False, max_new_tokens=new, ignore_eos=True,
-                                                  stop_token_ids=(stop,)), None)}  # fmt: skip
+    cases = {
+        "sampled_lengths": (
+            SamplingParams(n=2, max_new_tokens=new, ignore_eos=True, seed=3),
+            limits,
+        ),
+        "greedy_stop_token": (
+            SamplingParams(
+                do_sample=False, max_new_tokens=new, ignore_eos=True, stop_token_ids=(stop,)
+            ),
+            None,
+        ),
+    }
     for name, (params, lengths) in cases.items():
         outs, stats = [], []
         for overlap in (False, True):
@@ -171,12 +243,17 @@ def check_overlap(engine, prompts, new) -> None:
             outs.append(engine.generate_token_ids(prompts, params, max_new_tokens=lengths))
             stats.append(engine.last_stats)
         a, b = outs
-        emit(check="overlap_vs_sync", case=name, dtype="bfloat16",
-             tokens_equal=bool(torch.equal(a.tokens, b.tokens)),
-             lengths_equal=bool(torch.equal(a.lengths, b.lengths)),
-             log_probs_equal=bool(torch.equal(a.log_probs, b.log_probs)),
-             stopped=int(b.stopped.sum()), overlapped_steps=stats[1]["overlapped_steps"],
-             dropped_tokens=stats[1]["dropped_tokens"])  # fmt: skip
+        emit(
+            check="overlap_vs_sync",
+            case=name,
+            dtype="bfloat16",
+            tokens_equal=bool(torch.equal(a.tokens, b.tokens)),
+            lengths_equal=bool(torch.equal(a.lengths, b.lengths)),
+            log_probs_equal=bool(torch.equal(a.log_probs, b.log_probs)),
+            stopped=int(b.stopped.sum()),
+            overlapped_steps=stats[1]["overlapped_steps"],
+            dropped_tokens=stats[1]["dropped_tokens"],
+        )
     engine.overlap = True
 
 
@@ -187,19 +264,25 @@ def check_sampling_and_sleep(engine, prompts, new) -> None:
     order = list(range(len(prompts)))[::-1]
     rows = [2 * i + k for i in order for k in range(2)]
     rev = engine.generate_token_ids([prompts[i] for i in order], params, keys=keys[rows]).tokens
-    emit(check="sampling_other_batch_order", dtype="bfloat16",
-         token_agreement=float((rev == full[rows]).float().mean()),
-         identical_rows=f"{sum(bool(torch.equal(rev[j], full[r])) for j, r in enumerate(rows))}/{len(rows)}")  # fmt: skip
+    emit(
+        check="sampling_other_batch_order",
+        dtype="bfloat16",
+        token_agreement=float((rev == full[rows]).float().mean()),
+        identical_rows=f"{sum(bool(torch.equal(rev[j], full[r])) for j, r in enumerate(rows))}/{len(rows)}",
+    )
     torch.cuda.synchronize()
     before = torch.cuda.memory_reserved()
     engine.sleep()
     after = torch.cuda.memory_reserved()
     engine.wake()
     again = engine.generate_token_ids(prompts, params, keys=keys).tokens
-    emit(check="sleep_frees_kv_cache", cache_gb=engine.cache.nbytes / 2**30,
-         reserved_drop_gb=(before - after) / 2**30,
-         drop_fraction_of_cache=(before - after) / engine.cache.nbytes,
-         same_after_wake=bool(torch.equal(again, full)))  # fmt: skip
+    emit(
+        check="sleep_frees_kv_cache",
+        cache_gb=engine.cache.nbytes / 2**30,
+        reserved_drop_gb=(before - after) / 2**30,
+        drop_fraction_of_cache=(before - after) / engine.cache.nbytes,
+        same_after_wake=bool(torch.equal(again, full)),
+    )
 
 
 def main() -> None:

@@ -44,8 +44,10 @@ def main() -> None:
     for name, params in CASES.items():
         scale = 4.0 if "peaked" in name else 1.0  # top-p on a trained-like, peaked distribution
         logits = torch.randn(args.rows, args.vocab, generator=gen) * scale
-        assert torch.equal(sample_tokens(logits, keys, 3, params)[0],
-                           reference_sample_tokens(logits, keys, 3, params)[0])  # fmt: skip
+        assert torch.equal(
+            sample_tokens(logits, keys, 3, params)[0],
+            reference_sample_tokens(logits, keys, 3, params)[0],
+        )
         ratios, cheap_ms = [], []
         for _ in range(args.repeats):
             t0 = time.perf_counter()
@@ -55,12 +57,23 @@ def main() -> None:
             t2 = time.perf_counter()
             ratios.append((t1 - t0) / (t2 - t1))
             cheap_ms.append((t2 - t1) * 1e3)
-        print(json.dumps({
-            "bench": "sampler", "metric": "reference_over_cheap_time", "case": name,
-            "value": round(statistics.median(ratios), 2), "unit": "x", "better": "higher",
-            "rows": args.rows, "vocab": args.vocab, "threads": args.threads,
-            "cheap_ms_median": round(statistics.median(cheap_ms), 1),
-        }), flush=True)  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "bench": "sampler",
+                    "metric": "reference_over_cheap_time",
+                    "case": name,
+                    "value": round(statistics.median(ratios), 2),
+                    "unit": "x",
+                    "better": "higher",
+                    "rows": args.rows,
+                    "vocab": args.vocab,
+                    "threads": args.threads,
+                    "cheap_ms_median": round(statistics.median(cheap_ms), 1),
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -21,11 +21,20 @@ import torch
 from rayrl.engines.rollout.native import triton_sampler as ts
 from rayrl.engines.rollout.sampling import SamplingParams, reference_sample_tokens, sample_keys
 
-VARIANTS = [(8192, 1024, 4), (8192, 512, 4), (4096, 512, 4), (8192, 1024, 8), (16384, 1024, 4),
-            (4096, 1024, 4), (8192, 2048, 8)]  # fmt: skip
+VARIANTS = [
+    (8192, 1024, 4),
+    (8192, 512, 4),
+    (4096, 512, 4),
+    (8192, 1024, 8),
+    (16384, 1024, 4),
+    (4096, 1024, 4),
+    (8192, 2048, 8),
+]
 
 
-def sweep(rows: int, vocab: int, temperatures=(1.0, 0.7), baseline: str | None = None) -> list[dict]:
+def sweep(
+    rows: int, vocab: int, temperatures=(1.0, 0.7), baseline: str | None = None
+) -> list[dict]:
     """One record per (variant, temperature): kernel milliseconds, tokens equal to the reference.
     Leaves the module's launch setting as it found it."""
     from triton.testing import do_bench
@@ -37,6 +46,7 @@ def sweep(rows: int, vocab: int, temperatures=(1.0, 0.7), baseline: str | None =
     positions = torch.arange(rows, device="cuda")
     kernels = {}
     for setting in VARIANTS:
+
         def run(p, setting=setting):
             ts._SLICE, ts._BLOCK, ts._WARPS = setting
             return ts.fused_sample_packed(logits, keys, positions, p)
@@ -55,11 +65,21 @@ def sweep(rows: int, vocab: int, temperatures=(1.0, 0.7), baseline: str | None =
             same = bool(torch.equal(run(params)[0].long(), ref))
             ms = do_bench(lambda r=run, p=params: r(p), warmup=10, rep=50)
             variant = name if name == "baseline" else "slice{}_block{}_warps{}".format(*name)
-            records.append({"bench": "sampler_kernel", "metric": "sampler_kernel_ms",
-                            "value": round(ms, 4), "unit": "ms", "better": "lower",
-                            "variant": variant, "setting": None if name == "baseline" else name,
-                            "temperature": temperature, "rows": rows, "vocab": vocab,
-                            "tokens_equal_reference": same})  # fmt: skip
+            records.append(
+                {
+                    "bench": "sampler_kernel",
+                    "metric": "sampler_kernel_ms",
+                    "value": round(ms, 4),
+                    "unit": "ms",
+                    "better": "lower",
+                    "variant": variant,
+                    "setting": None if name == "baseline" else name,
+                    "temperature": temperature,
+                    "rows": rows,
+                    "vocab": vocab,
+                    "tokens_equal_reference": same,
+                }
+            )
     ts._SLICE, ts._BLOCK, ts._WARPS = saved
     return records
 

@@ -71,8 +71,9 @@ def timed_python(code: str, src: Path, *args: str) -> float:
     env = {**os.environ, "PYTHONPATH": str(src), "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_ADDRESS", None)
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True,
-                          text=True, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, check=False
+    )
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-2000:])
     return time.perf_counter() - start
@@ -93,15 +94,26 @@ def interleaved(rounds: int, a, b) -> tuple[list[float], list[float]]:
 
 def ratio_line(metric: str, new: list[float], old: list[float], what: str) -> None:
     per_round = [n / o for n, o in zip(new, old, strict=True)]
-    emit({"metric": metric, "value": statistics.median(per_round), "unit": "ratio",
-          "better": "lower", "rounds": per_round, "new_s": new, "old_s": old, "what": what})  # fmt: skip
+    emit(
+        {
+            "metric": metric,
+            "value": statistics.median(per_round),
+            "unit": "ratio",
+            "better": "lower",
+            "rounds": per_round,
+            "new_s": new,
+            "old_s": old,
+            "what": what,
+        }
+    )
 
 
 def bench_imports(rounds: int, base: Path) -> None:
     here = ROOT / "src"
     for metric, code in (("help_import_ratio", HELP), ("driver_import_ratio", DRIVER)):
-        new, old = interleaved(rounds, lambda c=code: timed_python(c, here),
-                               lambda c=code: timed_python(c, base))  # fmt: skip
+        new, old = interleaved(
+            rounds, lambda c=code: timed_python(c, here), lambda c=code: timed_python(c, base)
+        )
         ratio_line(metric, new, old, f"python -c {code!r}: this tree / {base}")
 
 
@@ -109,8 +121,13 @@ def bench_teardown(rounds: int) -> None:
     def run(mode: str) -> float:
         env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "RAY_USAGE_STATS_ENABLED": "0"}
         env.pop("RAY_ADDRESS", None)
-        done = subprocess.run([sys.executable, "-c", TEARDOWN, mode], env=env,
-                              capture_output=True, text=True, check=False)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", TEARDOWN, mode],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if done.returncode != 0:
             raise RuntimeError(done.stderr[-2000:])
         return json.loads(done.stdout.strip().splitlines()[-1])["s"]
@@ -134,8 +151,10 @@ def bench_start(rounds: int) -> None:
 
     def start(mode: str) -> float:
         colocate = "true" if mode == "colocated" else "false"
-        cfg = load_config("grpo", [f"trainer.output_dir={tmp}", f"reward.colocate={colocate}",
-                                   "trainer.device=cpu"])  # fmt: skip
+        cfg = load_config(
+            "grpo",
+            [f"trainer.output_dir={tmp}", f"reward.colocate={colocate}", "trainer.device=cpu"],
+        )
         trainer = PPOTrainer(cfg, print_fn=lambda _: None)
         trainer.load_data()
         trainer.kv = KVStore.create(trainer.run)
@@ -152,8 +171,12 @@ def bench_start(rounds: int) -> None:
     seq, conc = interleaved(rounds, lambda: start("sequential"), lambda: start("concurrent"))
     ratio_line("start_concurrent_ratio", conc, seq, "start_groups / one group after the other")
     seq, colo = interleaved(rounds, lambda: start("sequential"), lambda: start("colocated"))
-    ratio_line("start_colocated_ratio", colo, seq,
-               "actor with the reward in its process / two groups one after the other")  # fmt: skip
+    ratio_line(
+        "start_colocated_ratio",
+        colo,
+        seq,
+        "actor with the reward in its process / two groups one after the other",
+    )
     ray.shutdown()
 
 
@@ -182,8 +205,15 @@ def main() -> None:
     parser.add_argument("--base-src", default=None, help="another checkout's src for imports")
     parser.add_argument("--only", default="imports,teardown,start")
     args = parser.parse_args()
-    emit({"metric": "load_avg_1m", "value": os.getloadavg()[0], "unit": "load", "when": "start",
-          "hardware": hardware()})  # fmt: skip
+    emit(
+        {
+            "metric": "load_avg_1m",
+            "value": os.getloadavg()[0],
+            "unit": "load",
+            "when": "start",
+            "hardware": hardware(),
+        }
+    )
     only = set(args.only.split(","))
     if "imports" in only and args.base_src:
         bench_imports(args.rounds, Path(args.base_src))

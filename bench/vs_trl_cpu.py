@@ -76,20 +76,32 @@ def prepare(workdir: Path, steps: int) -> tuple[Path, Path]:
 # ----------------------------------------------------------------------- rayrl
 def run_rayrl(model: Path, data: Path, steps: int, out: Path, breakdown: bool = False) -> dict:
     cmd = [
-        sys.executable, "-m", "rayrl.cli.main", "train", "-c", "grpo",
-        f"actor_rollout_ref.model.path={model}", f"data.train_files=[{data}]",
-        "data.shuffle=false", f"data.train_batch_size={PROMPTS}",
-        f"data.max_response_length={NEW_TOKENS}", f"actor_rollout_ref.rollout.n={SAMPLES}",
-        f"actor_rollout_ref.actor.optim.lr={LR}", "actor_rollout_ref.actor.use_kl_loss=true",
+        sys.executable,
+        "-m",
+        "rayrl.cli.main",
+        "train",
+        "-c",
+        "grpo",
+        f"actor_rollout_ref.model.path={model}",
+        f"data.train_files=[{data}]",
+        "data.shuffle=false",
+        f"data.train_batch_size={PROMPTS}",
+        f"data.max_response_length={NEW_TOKENS}",
+        f"actor_rollout_ref.rollout.n={SAMPLES}",
+        f"actor_rollout_ref.actor.optim.lr={LR}",
+        "actor_rollout_ref.actor.use_kl_loss=true",
         f"actor_rollout_ref.actor.kl_loss_coef={KL}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={PROMPTS}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={PROMPTS * SAMPLES}",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={PROMPTS * SAMPLES}",
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={PROMPTS * SAMPLES}",
-        f"trainer.total_training_steps={steps}", "trainer.val_before_train=false",
-        "trainer.device=cpu", "resources.dashboard=false",
-        f"trainer.output_dir={out}", "trainer.resume_mode=disable",
-    ]  # fmt: skip
+        f"trainer.total_training_steps={steps}",
+        "trainer.val_before_train=false",
+        "trainer.device=cpu",
+        "resources.dashboard=false",
+        f"trainer.output_dir={out}",
+        "trainer.resume_mode=disable",
+    ]
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), check=False)
     wall = time.perf_counter() - start
@@ -106,20 +118,31 @@ def run_rayrl(model: Path, data: Path, steps: int, out: Path, breakdown: bool = 
         "controller_overhead_s": [r.get("timing_s/controller_overhead") for r in rows],
         "ready_s": _seconds(r"ready in ([\d.]+) s", text),
         "stopped_s": _seconds(r"stopped in ([\d.]+) s", text),
-        "stages": {k.removeprefix("timing_s/"): [r[k] for r in rows] for k in rows[0]
-                   if k.startswith("timing_s/") and k != "timing_s/step"},
-    }  # fmt: skip
+        "stages": {
+            k.removeprefix("timing_s/"): [r[k] for r in rows]
+            for k in rows[0]
+            if k.startswith("timing_s/") and k != "timing_s/step"
+        },
+    }
 
 
 # ------------------------------------------------------------------------- TRL
 def run_trl(model: Path, data: Path, steps: int, out: Path, breakdown: bool = False) -> dict:
-    job = {"model": str(model), "data": str(data), "steps": steps, "out": str(out),
-           "breakdown": breakdown}  # fmt: skip
+    job = {
+        "model": str(model),
+        "data": str(data),
+        "steps": steps,
+        "out": str(out),
+        "breakdown": breakdown,
+    }
     start = time.perf_counter()
     done = subprocess.run(
         [sys.executable, __file__, "--trl-job", json.dumps(job)],
-        capture_output=True, text=True, env=_env(), check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=_env(),
+        check=False,
+    )
     wall = time.perf_counter() - start
     result = out / "result.json"
     if done.returncode != 0 or not result.is_file():
@@ -153,14 +176,32 @@ def trl_job(job: dict) -> None:
         return [float(s["score"] if isinstance(s, dict) else s) for s in scores]
 
     config = GRPOConfig(
-        output_dir=str(out / "trl"), per_device_train_batch_size=PROMPTS * SAMPLES,
-        gradient_accumulation_steps=1, num_generations=SAMPLES,
-        max_completion_length=NEW_TOKENS, temperature=1.0, top_p=1.0, top_k=0,
-        learning_rate=LR, lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=1.0,
-        warmup_steps=0, beta=KL, loss_type="dapo", gradient_checkpointing=False,
-        use_cpu=True, bf16=False, shuffle_dataset=False, max_steps=job["steps"],
-        logging_steps=1, report_to="none", save_strategy="no", use_vllm=False, seed=1,
-    )  # fmt: skip
+        output_dir=str(out / "trl"),
+        per_device_train_batch_size=PROMPTS * SAMPLES,
+        gradient_accumulation_steps=1,
+        num_generations=SAMPLES,
+        max_completion_length=NEW_TOKENS,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        learning_rate=LR,
+        lr_scheduler_type="constant",
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        warmup_steps=0,
+        beta=KL,
+        loss_type="dapo",
+        gradient_checkpointing=False,
+        use_cpu=True,
+        bf16=False,
+        shuffle_dataset=False,
+        max_steps=job["steps"],
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        use_vllm=False,
+        seed=1,
+    )
 
     class Clock(TrainerCallback):
         def __init__(self) -> None:
@@ -175,9 +216,12 @@ def trl_job(job: dict) -> None:
 
     clock = Clock()
     trainer = GRPOTrainer(
-        model=job["model"], reward_funcs=reward, args=config, train_dataset=dataset,
+        model=job["model"],
+        reward_funcs=reward,
+        args=config,
+        train_dataset=dataset,
         callbacks=[clock],
-    )  # fmt: skip
+    )
     stages = _trl_stage_timers(trainer) if job.get("breakdown") else None
     trainer.train()
     trainer.save_model(str(out / "trl" / "final"))
@@ -216,8 +260,10 @@ def _trl_stage_timers(trainer) -> dict[str, list[float]]:
 
     wrap("_generate", "gen")
     wrap("_calculate_rewards", "reward")
-    wrap("_get_per_token_logps_and_entropies",
-         lambda args: "ref" if args[0] is trainer.ref_model else "policy_forward")  # fmt: skip
+    wrap(
+        "_get_per_token_logps_and_entropies",
+        lambda args: "ref" if args[0] is trainer.ref_model else "policy_forward",
+    )
     wrap("compute_loss", "loss")
     wrap("training_step", "train_step")
     return stages
@@ -248,13 +294,26 @@ def summarize(system: str, runs: list[dict]) -> list[dict]:
     lines = []
 
     def line(metric: str, values: list, unit: str, **extra) -> None:
-        lines.append({"bench": BENCH, "system": system, "metric": metric,
-                      "value": _median(values), "unit": unit, "runs": values, **extra})  # fmt: skip
+        lines.append(
+            {
+                "bench": BENCH,
+                "system": system,
+                "metric": metric,
+                "value": _median(values),
+                "unit": unit,
+                "runs": values,
+                **extra,
+            }
+        )
 
     line("step_s", [_median(r["steps"][STEADY]) for r in runs], "s", better="lower")
     line("first_step_s", [r["steps"][0] for r in runs], "s", better="lower")
-    line("tokens_per_s", [_median(r["tokens_per_s"][STEADY]) for r in runs], "tokens/s",
-         better="higher")  # fmt: skip
+    line(
+        "tokens_per_s",
+        [_median(r["tokens_per_s"][STEADY]) for r in runs],
+        "tokens/s",
+        better="higher",
+    )
     line("wall_s", [r["wall_s"] for r in runs], "s", better="lower")
     for key in ("ready_s", "stopped_s"):
         if key in runs[0]:
@@ -269,8 +328,15 @@ def summarize(system: str, runs: list[dict]) -> list[dict]:
 
 def ratio(metric: str, rayrl: list[float], trl: list[float], target: float) -> dict:
     per_round = [a / b for a, b in zip(rayrl, trl, strict=True)]
-    return {"bench": BENCH, "metric": metric, "value": statistics.median(per_round),
-            "unit": "ratio", "target": target, "better": "lower", "rounds": per_round}  # fmt: skip
+    return {
+        "bench": BENCH,
+        "metric": metric,
+        "value": statistics.median(per_round),
+        "unit": "ratio",
+        "target": target,
+        "better": "lower",
+        "rounds": per_round,
+    }
 
 
 def main() -> None:
@@ -297,8 +363,17 @@ def main() -> None:
         emitted.append(obj)
         print(json.dumps(obj), flush=True)
 
-    emit({"bench": BENCH, "metric": "load_avg_1m", "value": os.getloadavg()[0], "unit": "load",
-          "when": "start", "cpus": os.cpu_count(), "hardware": hardware()})  # fmt: skip
+    emit(
+        {
+            "bench": BENCH,
+            "metric": "load_avg_1m",
+            "value": os.getloadavg()[0],
+            "unit": "load",
+            "when": "start",
+            "cpus": os.cpu_count(),
+            "hardware": hardware(),
+        }
+    )
     runs: dict[str, list[dict]] = {"rayrl": [], "trl": []}
     with tempfile.TemporaryDirectory() as tmp:
         model, data = prepare(Path(tmp), args.steps)
@@ -308,8 +383,16 @@ def main() -> None:
                 fn = run_rayrl if system == "rayrl" else run_trl
                 result = fn(model, data, args.steps, Path(tmp) / f"{system}-{i}", args.breakdown)
                 if "error" in result:
-                    emit({"bench": BENCH, "system": system, "metric": "error", "value": None,
-                          "unit": "", "error": result["error"]})  # fmt: skip
+                    emit(
+                        {
+                            "bench": BENCH,
+                            "system": system,
+                            "metric": "error",
+                            "value": None,
+                            "unit": "",
+                            "error": result["error"],
+                        }
+                    )
                     sys.exit(1)
                 runs[system].append(result)
     for system, results in runs.items():
@@ -317,10 +400,23 @@ def main() -> None:
             emit(obj)
     step = {s: [_median(r["steps"][STEADY]) for r in runs[s]] for s in runs}
     emit(ratio("step_ratio_vs_trl", step["rayrl"], step["trl"], 1.0))
-    emit(ratio("wall_ratio_vs_trl", [r["wall_s"] for r in runs["rayrl"]],
-               [r["wall_s"] for r in runs["trl"]], 2.0))  # fmt: skip
-    emit({"bench": BENCH, "metric": "load_avg_1m", "value": os.getloadavg()[0], "unit": "load",
-          "when": "end"})  # fmt: skip
+    emit(
+        ratio(
+            "wall_ratio_vs_trl",
+            [r["wall_s"] for r in runs["rayrl"]],
+            [r["wall_s"] for r in runs["trl"]],
+            2.0,
+        )
+    )
+    emit(
+        {
+            "bench": BENCH,
+            "metric": "load_avg_1m",
+            "value": os.getloadavg()[0],
+            "unit": "load",
+            "when": "end",
+        }
+    )
     out_file.parent.mkdir(parents=True, exist_ok=True)
     with out_file.open("a") as f:
         for obj in emitted:

@@ -257,7 +257,9 @@ class LateRankZero(Dist):
     def __init__(self, delay_s: float = 0.0) -> None:
         self.delay_s = delay_s
 
-    def init_distributed(self, backend: str = "gloo", timeout: float = 60.0, pg_timeout=None) -> None:
+    def init_distributed(
+        self, backend: str = "gloo", timeout: float = 60.0, pg_timeout=None
+    ) -> None:
         if self.rank == 0:
             time.sleep(self.delay_s)
         super().init_distributed(backend, timeout, pg_timeout)

@@ -121,9 +121,13 @@ def fsdp_worker(rank: int, world: int, init_file: str, model_dir: str, out_dir: 
         engine.save(Path(out_dir) / "ckpt")
         engine.export_hf(Path(out_dir) / "hf")
         result = {
-            "a": metrics_a, "b": metrics_b, "forward": forward.tensors, "streamed": streamed,
-            "scatters_a": scatters_a, "fsdp_units": len(decoder_layers(engine.model)) + 1,
-        }  # fmt: skip
+            "a": metrics_a,
+            "b": metrics_b,
+            "forward": forward.tensors,
+            "streamed": streamed,
+            "scatters_a": scatters_a,
+            "fsdp_units": len(decoder_layers(engine.model)) + 1,
+        }
         if rank == 0:
             result["weights"] = weights
         torch.save(result, Path(out_dir) / f"rank{rank}.pt")
@@ -165,11 +169,17 @@ def one_rank_fsdp_worker(rank: int, model_dir: str, out_dir: str) -> None:
         engine.save(Path(out_dir) / "ckpt")
         b = engine.train_step(step_b_batch(), pg_loss, max_tokens_per_micro_batch=STEP_B_BUDGET)
         result = {
-            "a": a, "b": b, "weights": engine.full_state_dict(cpu_offload=True),
-            "streamed": [(k, v.clone()) for k, v in engine.rollout_weights(torch.bfloat16, 1 << 12)],
-            "forward": engine.forward(step_a_batch(), micro_batch_size=2, with_entropy=True).tensors,
+            "a": a,
+            "b": b,
+            "weights": engine.full_state_dict(cpu_offload=True),
+            "streamed": [
+                (k, v.clone()) for k, v in engine.rollout_weights(torch.bfloat16, 1 << 12)
+            ],
+            "forward": engine.forward(
+                step_a_batch(), micro_batch_size=2, with_entropy=True
+            ).tensors,
             "dtensor": hasattr(next(engine.model.parameters()), "full_tensor"),
-        }  # fmt: skip
+        }
         engine.offload()
         engine.onload()
         engine.restore(snap)  # back to after step A: step B again gives the same

@@ -23,27 +23,35 @@ def _actor_cfg(*overrides: str):
     return load_config(
         "grpo",
         [
-            "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2",
+            "data.train_batch_size=2",
+            "actor_rollout_ref.rollout.n=2",
             "actor_rollout_ref.actor.ppo_mini_batch_size=1",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
-            "actor_rollout_ref.actor.use_kl_loss=false", *overrides,
+            "actor_rollout_ref.actor.use_kl_loss=false",
+            *overrides,
         ],
-    )  # fmt: skip
+    )
 
 
 def test_actor_loss_is_pg_minus_entropy_bonus_plus_kl():
     cfg = _actor_cfg(
-        "actor_rollout_ref.actor.entropy_coeff=0.3", "actor_rollout_ref.actor.use_kl_loss=true",
-        "actor_rollout_ref.actor.kl_loss_coef=0.5", "actor_rollout_ref.actor.kl_loss_type=k1",
-    ).actor_rollout_ref.actor  # fmt: skip
+        "actor_rollout_ref.actor.entropy_coeff=0.3",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "actor_rollout_ref.actor.kl_loss_coef=0.5",
+        "actor_rollout_ref.actor.kl_loss_type=k1",
+    ).actor_rollout_ref.actor
     g = torch.Generator().manual_seed(0)
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
     log_probs = -torch.rand(2, 4, generator=g) - 0.1
-    mb = Batch.from_dict({
-        "response_mask": mask, "old_log_probs": log_probs.clone(),  # ratio 1: no clipping
-        "advantages": torch.randn(2, 4, generator=g), "ref_log_prob": log_probs - 0.2,
-    })  # fmt: skip
+    mb = Batch.from_dict(
+        {
+            "response_mask": mask,
+            "old_log_probs": log_probs.clone(),  # ratio 1: no clipping
+            "advantages": torch.randn(2, 4, generator=g),
+            "ref_log_prob": log_probs - 0.2,
+        }
+    )
     entropy = torch.rand(2, 4, generator=g)
     loss, metrics = actor_loss_fn(cfg)({"log_probs": log_probs, "entropy": entropy}, mb)
     real = mask.bool()
@@ -71,8 +79,10 @@ def test_loss_metrics_do_not_depend_on_the_micro_batch_size(tiny_model_dir):  # 
     for key in ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/ppo_kl"):
         for micro in (4, 1):
             assert runs[micro][key] == pytest.approx(runs[8][key], rel=1e-4, abs=1e-7), key
-    assert runs[1]["actor/pg_loss"] == pytest.approx(runs[1]["loss"] + 0.01 * runs[1][
-        "actor/entropy"] - 0.001 * runs[1]["actor/kl_loss"], rel=1e-4)  # fmt: skip
+    assert runs[1]["actor/pg_loss"] == pytest.approx(
+        runs[1]["loss"] + 0.01 * runs[1]["actor/entropy"] - 0.001 * runs[1]["actor/kl_loss"],
+        rel=1e-4,
+    )
 
 
 def _update_batch(worker: ActorRolloutRefWorker, rows: int = 4) -> Batch:
@@ -91,9 +101,12 @@ def test_update_actor_steps_per_prompt_mini_batch_and_lr_per_rl_step(tiny_model_
         "actor_rollout_ref.actor.optim.lr=0.01",
     )
     worker = local_worker(
-        ActorRolloutRefWorker, config=cfg, model_path=str(tiny_model_dir), total_steps=2,
+        ActorRolloutRefWorker,
+        config=cfg,
+        model_path=str(tiny_model_dir),
+        total_steps=2,
         with_ref=False,
-    )  # fmt: skip
+    )
     batch = _update_batch(worker)
     first = worker.update_actor(batch)
     assert worker.actor.optimizer_steps == 4

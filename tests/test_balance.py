@@ -38,7 +38,9 @@ def test_balance_batch_reorders_every_column_together():
     mask = torch.zeros(8, 10, dtype=torch.long)
     for row, n in enumerate([10, 9, 8, 7, 2, 2, 1, 1]):
         mask[row, :n] = 1
-    batch = Batch({"attention_mask": mask, "row": torch.arange(8)}, {"uid": [f"u{i}" for i in range(8)]})
+    batch = Batch(
+        {"attention_mask": mask, "row": torch.arange(8)}, {"uid": [f"u{i}" for i in range(8)]}
+    )
     out, metrics = balance_batch(batch, 2)
     assert [f"u{int(r)}" for r in out["row"]] == list(out["uid"])
     assert metrics["perf/dp_imbalance"] < metrics["perf/dp_imbalance_before"]

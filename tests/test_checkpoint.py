@@ -82,7 +82,8 @@ def test_a_save_killed_half_way_leaves_the_previous_checkpoint_loadable(tmp_path
     root, signal_file = tmp_path / "checkpoints", tmp_path / "writing"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent / "src"), str(TESTS)])}
     proc = subprocess.Popen(
-        [sys.executable, "-c", KILLED_SAVE, str(tiny_model_dir), str(root), str(signal_file)], env=env
+        [sys.executable, "-c", KILLED_SAVE, str(tiny_model_dir), str(root), str(signal_file)],
+        env=env,
     )
     try:
         deadline = time.monotonic() + 120

@@ -200,10 +200,21 @@ def test_bad_name_refused_before_ray_starts_in_seconds(tmp_path):
     env = {**os.environ, "RAY_TMPDIR": str(ray_dir)}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(
-        [sys.executable, "-m", "rayrl.cli.main", "train", "-c", "grpo",
-         "algorithm.adv_estimator=grp0", f"trainer.output_dir={tmp_path}"],
-        capture_output=True, text=True, timeout=120, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "rayrl.cli.main",
+            "train",
+            "-c",
+            "grpo",
+            "algorithm.adv_estimator=grp0",
+            f"trainer.output_dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     assert proc.returncode == 2, proc.stderr
@@ -213,9 +224,19 @@ def test_bad_name_refused_before_ray_starts_in_seconds(tmp_path):
 
 
 def test_verl_keys_without_effect_warn_one_line_each(capsys):
-    assert main(["config", "show", "-c", "grpo",
-                 "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
-                 "actor_rollout_ref.rollout.name=vllm"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "config",
+                "show",
+                "-c",
+                "grpo",
+                "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+                "actor_rollout_ref.rollout.name=vllm",
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2
     assert "tensor_model_parallel_size=2 has no effect in rayrl" in err[0]

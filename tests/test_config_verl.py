@@ -81,9 +81,14 @@ def test_verl_meaning_of_a_ppo_line(tmp_path):
 
 
 def test_verl_defaults():
-    cfg = load_config(None, ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-                             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
-                             "critic.ppo_micro_batch_size_per_gpu=4"])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+            "critic.ppo_micro_batch_size_per_gpu=4",
+        ],
+    )
     d, a = cfg.data, cfg.actor_rollout_ref
     assert (d.max_prompt_length, d.max_response_length, d.train_batch_size) == (512, 512, 1024)
     assert d.filter_overlong_prompts is False and d.truncation == "error"

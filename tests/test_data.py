@@ -84,8 +84,13 @@ def test_epoch_order_is_seeded_and_batches_resume(tokenizer):
 
 
 def _row(prompt, ground_truth="4", **extra):
-    return {"data_source": "arithmetic", "prompt": prompt, "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": ground_truth}, **extra}  # fmt: skip
+    return {
+        "data_source": "arithmetic",
+        "prompt": prompt,
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": ground_truth},
+        **extra,
+    }
 
 
 def test_each_bad_row_kind_is_set_aside_with_file_row_and_reason(tokenizer, tmp_path):
@@ -94,10 +99,14 @@ def test_each_bad_row_kind_is_set_aside_with_file_row_and_reason(tokenizer, tmp_
     good = [{"role": "user", "content": "What is 2+2?"}]
     first = write_parquet([_row(good), _row([]), _row(good, None)], tmp_path / "a.parquet")
     second = write_parquet(
-        [_row([{"role": "user", "content": "  "}]), _row(good),
-         _row([{"role": "bot", "content": "hi"}]), _row(good)],
+        [
+            _row([{"role": "user", "content": "  "}]),
+            _row(good),
+            _row([{"role": "bot", "content": "hi"}]),
+            _row(good),
+        ],
         tmp_path / "b.parquet",
-    )  # fmt: skip
+    )
     rows, sources = read_parquet_with_sources([first, second])
     ds = PromptDataset(rows, tokenizer, max_prompt_length=64, sources=sources)
     assert len(ds) == 3  # the run goes on with the good rows
@@ -116,7 +125,9 @@ def test_fewer_usable_rows_than_a_batch_fail_at_load_with_both_numbers(tokenizer
 
     rows = [_row([{"role": "user", "content": "1+1?"}]), _row([])]
     ds = PromptDataset(rows, tokenizer, max_prompt_length=64)
-    with pytest.raises(DataError, match=r"1 usable rows \(of 2; 1 set aside.*one batch of data.train_batch_size=4"):
+    with pytest.raises(
+        DataError, match=r"1 usable rows \(of 2; 1 set aside.*one batch of data.train_batch_size=4"
+    ):
         ds.require_rows(4)
 
 

@@ -18,7 +18,12 @@ pytestmark = pytest.mark.slow
 # SFT at a higher learning rate, so that 300 steps get it to answer with one of the two
 # numbers (the full demo: 800 steps at 3e-3); then 10 GRPO steps.
 SHARED = ["data.synthetic_size=256", "data.synthetic_val_size=64"]
-SFT = ["trainer.total_training_steps=300", "trainer.test_freq=-1", "trainer.save_freq=-1", "optim.lr=1e-2"]
+SFT = [
+    "trainer.total_training_steps=300",
+    "trainer.test_freq=-1",
+    "trainer.save_freq=-1",
+    "optim.lr=1e-2",
+]
 RL = ["trainer.total_training_steps=10", "trainer.test_freq=10"]
 
 
@@ -38,4 +43,7 @@ def test_demo_pipeline_reports_accuracies_and_rl_helps(ray_local, tmp_path):
     assert not (tmp_path / "base" / "checkpoints").exists()
     table = io.StringIO()
     Console(file=table, width=160).print(accuracy_table(result))
-    assert "after SFT + RL (GRPO)" in table.getvalue() and f"{100 * acc['rl']:.1f}%" in table.getvalue()
+    assert (
+        "after SFT + RL (GRPO)" in table.getvalue()
+        and f"{100 * acc['rl']:.1f}%" in table.getvalue()
+    )

@@ -60,8 +60,11 @@ def test_a_new_driver_reattaches_then_doctor_tracks_and_cleans_up(ray_local):
     subprocess.run([sys.executable, "-c", FIRST, gcs], check=True, timeout=120)
     second = subprocess.Popen(
         [sys.executable, "-c", SECOND, gcs],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert second.stdout.readline().split() == ["2", "1", "STRICT_PACK", "7", "placed"]
         assert len(ray_private.kv_get(attach_key("reattach"))["jobs"]) == 1

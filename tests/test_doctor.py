@@ -157,8 +157,11 @@ def test_doctor_honours_ray_address(ray_local):
         env = dict(os.environ, RAY_ADDRESS=gcs)
         done = subprocess.run(
             [sys.executable, "-m", "rayrl.cli.main", "doctor", "--timeout", "60"],
-            env=env, capture_output=True, text=True, timeout=180,
-        )  # fmt: skip
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert f"Ray cluster at {gcs}" in done.stdout, done.stdout + done.stderr
         assert "rayrl/env-doc/seen/0" in done.stdout
         assert "Started a local Ray instance" not in done.stderr

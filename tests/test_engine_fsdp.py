@@ -150,7 +150,10 @@ def test_wrap_one_gpu_key_reaches_the_engine():
     from rayrl.config.load import load_config
     from rayrl.workers.common import engine_kwargs
 
-    for overrides, wanted in (([], False), (["actor_rollout_ref.actor.fsdp_config.wrap_one_gpu=true"], True)):
+    for overrides, wanted in (
+        ([], False),
+        (["actor_rollout_ref.actor.fsdp_config.wrap_one_gpu=true"], True),
+    ):
         cfg = load_config(None, overrides, validate=False)
         arr = cfg.actor_rollout_ref
         assert engine_kwargs(arr.model, arr.actor.fsdp_config, 0)["fsdp"] is wanted

@@ -36,13 +36,20 @@ pytestmark = pytest.mark.slow
 SRC = Path(__file__).resolve().parents[1] / "src"
 STEPS = 3
 RUN = [
-    "data.train_batch_size=2", "data.max_response_length=8", "actor_rollout_ref.rollout.n=2",
+    "data.train_batch_size=2",
+    "data.max_response_length=8",
+    "actor_rollout_ref.rollout.n=2",
     "actor_rollout_ref.actor.ppo_mini_batch_size=1",
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
-    "critic.ppo_mini_batch_size=1", "critic.ppo_micro_batch_size_per_gpu=1",
-    "trainer.device=cpu", f"trainer.total_training_steps={STEPS}", "trainer.val_before_train=false",
-    "trainer.logger=[jsonl]", "trainer.save_freq=1", "trainer.resume_mode=auto",
-]  # fmt: skip
+    "critic.ppo_mini_batch_size=1",
+    "critic.ppo_micro_batch_size_per_gpu=1",
+    "trainer.device=cpu",
+    f"trainer.total_training_steps={STEPS}",
+    "trainer.val_before_train=false",
+    "trainer.logger=[jsonl]",
+    "trainer.save_freq=1",
+    "trainer.resume_mode=auto",
+]
 ONE_NODE = ["trainer.n_gpus_per_node=2"]
 
 
@@ -59,10 +66,14 @@ def _run(out: Path, extra: list[str], before_fit=None, on_step=None) -> dict:
             helper.stop()
         trainer.shutdown()
     return {
-        "history": history, "ledger": trainer.replay.ledger, "weights": final_weights(out),
-        "printed": printed, "recoveries": trainer.replay.recoveries, "helper": helper,
+        "history": history,
+        "ledger": trainer.replay.ledger,
+        "weights": final_weights(out),
+        "printed": printed,
+        "recoveries": trainer.replay.recoveries,
+        "helper": helper,
         "out": out,
-    }  # fmt: skip
+    }
 
 
 @pytest.fixture(scope="module")
@@ -73,9 +84,17 @@ def clean(tmp_path_factory):
 
 def _train_cmd(out: Path, address: str) -> list[str]:
     return [
-        sys.executable, "-m", "rayrl.cli.main", "train", "-c", "ppo", *RUN, *ONE_NODE,
-        f"trainer.output_dir={out}", f"resources.address={address}",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "rayrl.cli.main",
+        "train",
+        "-c",
+        "ppo",
+        *RUN,
+        *ONE_NODE,
+        f"trainer.output_dir={out}",
+        f"resources.address={address}",
+    ]
 
 
 def _rows(out: Path) -> list[dict]:
@@ -142,21 +161,27 @@ def test_a_rank_that_always_dies_stops_the_run_at_the_restart_bound(tmp_path):
         trainer.hybrid.inject(Fault("compute_log_prob", "kill", ranks=(0,), times=None))
 
     with pytest.raises(WorkerRestartLimitError) as info:
-        _run(tmp_path, ["trainer.n_gpus_per_node=1", "trainer.max_worker_restarts=1"],
-             before_fit=always_dies)  # fmt: skip
+        _run(
+            tmp_path,
+            ["trainer.n_gpus_per_node=1", "trainer.max_worker_restarts=1"],
+            before_fit=always_dies,
+        )
     text = str(info.value)
     assert "rank 0 failed 2 times in 'compute_log_prob'" in text, text
     assert "trainer.max_worker_restarts=1" in text and "worker log: /" in text and "node " in text
 
 
 @pytest.mark.timeout(900)  # a two-node cluster and six recoveries on a loaded 2-core machine
-def test_kills_a_hang_and_a_lost_node_end_bitwise_like_the_clean_run(clean, ray_multinode, tmp_path):
+def test_kills_a_hang_and_a_lost_node_end_bitwise_like_the_clean_run(
+    clean, ray_multinode, tmp_path
+):
     cluster = ray_multinode([{"num_cpus": 5}, {"num_cpus": 5}])
     head = ray.get_runtime_context().get_node_id()
 
     def start(trainer):  # step 0: a kill by pid at a random point
-        return ChaosMonkey(trainer, seed=3, stages=["gen", "log_prob", "update"], kills=1,
-                           steps=[0]).start()  # fmt: skip
+        return ChaosMonkey(
+            trainer, seed=3, stages=["gen", "log_prob", "update"], kills=1, steps=[0]
+        ).start()
 
     def on_step(trainer, step):
         if step == 0:  # step 1: rank 0's critic never returns from compute_values
@@ -167,16 +192,25 @@ def test_kills_a_hang_and_a_lost_node_end_bitwise_like_the_clean_run(clean, ray_
             threading.Thread(target=_lose_node, args=(cluster, trainer, head), daemon=True).start()
 
     ray.shutdown()  # the trainer connects through resources.address, as a user would
-    chaos = _run(tmp_path, [
-        f"resources.address={cluster.address}", "trainer.nnodes=2", "trainer.n_gpus_per_node=1",
-        "resources.capacity_factor=3",  # spares SPREAD: each pool has one on either node
-    ], before_fit=start, on_step=on_step)  # fmt: skip
+    chaos = _run(
+        tmp_path,
+        [
+            f"resources.address={cluster.address}",
+            "trainer.nnodes=2",
+            "trainer.n_gpus_per_node=1",
+            "resources.capacity_factor=3",  # spares SPREAD: each pool has one on either node
+        ],
+        before_fit=start,
+        on_step=on_step,
+    )
     verdict = compare_runs(clean, chaos)
     assert verdict["weights_identical"] and verdict["ledger_identical"], verdict
     assert verdict["metrics_identical"] and not verdict["trained_twice"], verdict
     assert len(chaos["helper"].done) == 1, chaos["printed"]  # the monkey's kill
     text = "\n".join(chaos["printed"])
-    assert "call of 'compute_values' hung on role 'critic (in actor_rollout_ref)' rank 0" in text, text
+    assert "call of 'compute_values' hung on role 'critic (in actor_rollout_ref)' rank 0" in text, (
+        text
+    )
     assert "moved from node" in text, text  # the lost node's ranks went to spares
     stages = [r["stage"] for r in chaos["recoveries"]]
     assert "compute_values" in stages and len(stages) >= 3, stages

@@ -27,16 +27,22 @@ def model_dir(tmp_path_factory):
 
 def test_init_retry_replacement_and_snapshots_with_the_real_roles(ray_local, model_dir):
     tok = AutoTokenizer.from_pretrained(model_dir)
-    cfg = config("algorithm.adv_estimator=gae", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1")
+    cfg = config(
+        "algorithm.adv_estimator=gae", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"
+    )
     fused = colocate({"actor": ActorRolloutRefWorker, "critic": CriticWorker})
     group, pool, kv = group_on(fused, 2, "hybrid")
     try:
         group.inject(Fault("init_worker", "kill", ranks=(1,)))  # this process dies in init
         first_pid = group.describe(1).pid
         group.init(
-            timeout_s=300, retries=1, backend="gloo", pg_timeout_s=120,
-            actor={"config": cfg, "model_path": model_dir}, critic={"config": cfg, "model_path": model_dir},
-        )  # fmt: skip
+            timeout_s=300,
+            retries=1,
+            backend="gloo",
+            pg_timeout_s=120,
+            actor={"config": cfg, "model_path": model_dir},
+            critic={"config": cfg, "model_path": model_dir},
+        )
         assert group.generation == 1 and group.describe(1).pid != first_pid
         actor, critic = group.view("actor"), group.view("critic")
         assert [i["sharded"] for i in actor.device_info()] == [True, True]
@@ -51,7 +57,10 @@ def test_init_retry_replacement_and_snapshots_with_the_real_roles(ray_local, mod
         snap = GroupSnapshot.take(group)
         actor.update_actor(batch)
         critic.update_critic(batch)
-        after = (actor.compute_log_prob(batch)["old_log_probs"], critic.compute_values(batch)["values"])
+        after = (
+            actor.compute_log_prob(batch)["old_log_probs"],
+            critic.compute_values(batch)["values"],
+        )
         # the next boundary's capture reuses the host buffers `snap` was copied out of
         GroupSnapshot.take(group, previous=snap)
 

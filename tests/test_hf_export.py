@@ -15,7 +15,8 @@ LORA = LoraSpec(lora_rank=4, lora_alpha=8, target_modules=("q_proj", "v_proj"))
 
 
 def test_export_of_a_lora_checkpoint_merges_adapters_in_the_training_dtype(
-    tmp_path, tiny_model_dir  # noqa: F811
+    tmp_path,
+    tiny_model_dir,  # noqa: F811
 ):
     dtype = "bfloat16"
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -41,9 +42,10 @@ def test_export_of_a_lora_checkpoint_merges_adapters_in_the_training_dtype(
     width = batch["responses"].shape[1]
     with torch.no_grad():
         logits = model(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
             position_ids=batch["position_ids"],
-        ).logits[:, -width - 1 : -1]  # fmt: skip
+        ).logits[:, -width - 1 : -1]
     got = torch.log_softmax(logits.float(), -1).gather(-1, batch["responses"].unsqueeze(-1))
     mask = batch["attention_mask"][:, -width:].bool()
     # bf16 weights: the merged W + BA is rounded once more than the engine's W x + B(A x)
@@ -51,9 +53,10 @@ def test_export_of_a_lora_checkpoint_merges_adapters_in_the_training_dtype(
     without_merge = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16)
     with torch.no_grad():
         base = without_merge(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
             position_ids=batch["position_ids"],
-        ).logits[:, -width - 1 : -1]  # fmt: skip
+        ).logits[:, -width - 1 : -1]
     assert not torch.allclose(base.float(), logits.float(), atol=0.05)  # adapters did change it
 
 

@@ -21,15 +21,25 @@ from rayrl.trainer.ppo import PPOTrainer
 pytestmark = pytest.mark.slow
 
 RUN = [
-    "data.train_batch_size=2", "data.max_response_length=8", "actor_rollout_ref.rollout.n=2",
+    "data.train_batch_size=2",
+    "data.max_response_length=8",
+    "actor_rollout_ref.rollout.n=2",
     "actor_rollout_ref.actor.ppo_mini_batch_size=1",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "trainer.device=cpu",
-    "data.synthetic_size=4", "trainer.total_epochs=2", "trainer.total_training_steps=null",
-    "data.synthetic_val_size=4", "data.val_batch_size=null",
-    "actor_rollout_ref.rollout.val_kwargs.n=2", "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
-    "actor_rollout_ref.rollout.val_kwargs.temperature=1.0", "actor_rollout_ref.actor.use_kl_loss=true",
-    "trainer.save_freq=1", "trainer.max_actor_ckpt_to_keep=3", "trainer.test_freq=2",
-]  # fmt: skip
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    "trainer.device=cpu",
+    "data.synthetic_size=4",
+    "trainer.total_epochs=2",
+    "trainer.total_training_steps=null",
+    "data.synthetic_val_size=4",
+    "data.val_batch_size=null",
+    "actor_rollout_ref.rollout.val_kwargs.n=2",
+    "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+    "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
+    "actor_rollout_ref.actor.use_kl_loss=true",
+    "trainer.save_freq=1",
+    "trainer.max_actor_ckpt_to_keep=3",
+    "trainer.test_freq=2",
+]
 TRACKERS = "trainer.logger=[console,jsonl,tensorboard,wandb,mlflow]"
 
 
@@ -48,10 +58,15 @@ def run_b(run_a, tmp_path_factory):
     policy's log-probs before shutting down, to compare with its HF export."""
     out = tmp_path_factory.mktemp("run_b")
     resume = run_a / "checkpoints" / "global_step_2"
-    cfg = load_config("grpo", [
-        *RUN, f"trainer.output_dir={out}", "trainer.resume_mode=resume_path",
-        f"trainer.resume_from_path={resume}",
-    ])  # fmt: skip
+    cfg = load_config(
+        "grpo",
+        [
+            *RUN,
+            f"trainer.output_dir={out}",
+            "trainer.resume_mode=resume_path",
+            f"trainer.resume_from_path={resume}",
+        ],
+    )
     printed: list[str] = []
     trainer = PPOTrainer(cfg, print_fn=printed.append)
     try:
@@ -86,8 +101,12 @@ def test_run_directory_checkpoints_and_validation(run_a):
     assert "val-core/arithmetic/reward/mean@2" in rows[0][0]  # before training
     for step in (2, 4):  # test_freq=2, and the last step
         row = rows[step][0]
-        for key in ("val-core/arithmetic/reward/mean@2", "val-core/arithmetic/reward/pass@2",
-                    "val-core/arithmetic/acc/mean@2", "val-aux/arithmetic/reward/pass@1"):  # fmt: skip
+        for key in (
+            "val-core/arithmetic/reward/mean@2",
+            "val-core/arithmetic/reward/pass@2",
+            "val-core/arithmetic/acc/mean@2",
+            "val-aux/arithmetic/reward/pass@1",
+        ):
             assert math.isfinite(row[key]), key
     assert "val-core/arithmetic/reward/mean@2" not in rows[3][0]
     step1 = rows[1][0]
@@ -101,8 +120,10 @@ def test_run_directory_checkpoints_and_validation(run_a):
     assert generations and {"prompt", "response", "score"} <= set(json.loads(generations[0]))
     ckpts = run_a / "checkpoints"
     assert sorted(p.name for p in ckpts.glob("global_step_*")) == [
-        "global_step_2", "global_step_3", "global_step_4",
-    ]  # max_actor_ckpt_to_keep=3 of 4 saves  # fmt: skip
+        "global_step_2",
+        "global_step_3",
+        "global_step_4",
+    ]  # max_actor_ckpt_to_keep=3 of 4 saves
     assert (ckpts / "latest").read_text().strip() == "global_step_4"
     workers = json.loads((run_a / "workers.json").read_text())["workers"]
     # one rank on CPU: the reward scores in the actor's process (reward.colocate)
@@ -146,9 +167,10 @@ def test_hf_export_loads_and_matches_the_trained_policy(run_b):
     width = probe["responses"].shape[1]
     with torch.no_grad():
         logits = model(
-            input_ids=probe["input_ids"], attention_mask=probe["attention_mask"],
+            input_ids=probe["input_ids"],
+            attention_mask=probe["attention_mask"],
             position_ids=probe["position_ids"],
-        ).logits[:, -width - 1 : -1]  # fmt: skip
+        ).logits[:, -width - 1 : -1]
     log_probs = torch.log_softmax(logits.float(), -1).gather(-1, probe["responses"].unsqueeze(-1))
     mask = probe["response_mask"].bool()
     torch.testing.assert_close(
@@ -159,14 +181,24 @@ def test_hf_export_loads_and_matches_the_trained_policy(run_b):
 def test_rayrl_export_of_the_last_checkpoint_equals_the_final_export(run_a, tmp_path):
     out = tmp_path / "exported"
     assert main(["export", str(run_a / "checkpoints" / "global_step_4"), str(out)]) == 0
-    assert (out / "model.safetensors").read_bytes() == (run_a / "hf" / "model.safetensors").read_bytes()
+    assert (out / "model.safetensors").read_bytes() == (
+        run_a / "hf" / "model.safetensors"
+    ).read_bytes()
 
 
 def test_report_writes_plots_and_html(run_a):
     assert main(["report", str(run_a)]) == 0
     report = run_a / "report"
-    for name in ("score", "val_score", "kl", "entropy", "response_length", "grad_norm",
-                 "timing", "throughput"):  # fmt: skip
+    for name in (
+        "score",
+        "val_score",
+        "kl",
+        "entropy",
+        "response_length",
+        "grad_norm",
+        "timing",
+        "throughput",
+    ):
         png = report / f"{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     page = (report / "report.html").read_text()

@@ -41,10 +41,17 @@ def test_jsonl_is_always_written_and_console_prints(tmp_path):
     tracking = Tracking(
         ["console"], tmp_path, project="p", experiment="e", config={}, print_fn=lines.append
     )
-    tracking.log({"critic/score/mean": 0.5, "val-core/x/reward/mean@1": 1.0, "nan": float("nan")}, step=3)
+    tracking.log(
+        {"critic/score/mean": 0.5, "val-core/x/reward/mean@1": 1.0, "nan": float("nan")}, step=3
+    )
     tracking.finish()
     row = json.loads((tmp_path / "metrics.jsonl").read_text())
-    assert row == {"step": 3, "critic/score/mean": 0.5, "val-core/x/reward/mean@1": 1.0, "nan": None}
+    assert row == {
+        "step": 3,
+        "critic/score/mean": 0.5,
+        "val-core/x/reward/mean@1": 1.0,
+        "nan": None,
+    }
     assert lines == ["step 3: score=0.5 val-core/x/reward/mean@1=1"]
 
 
@@ -73,8 +80,11 @@ def test_usage_metrics_and_cpu_starvation_warning():
     from rayrl.controller.usage import starved_stages
 
     stage = {"samples": 4, "cpu_util": 97.0, "cpu_util_max": 100.0, "rss_gb_max": 1.5}
-    starving = {"stages": {"actor/generate": {**stage, "gpu_util": 35.0}}, "num_cpus": 1.0,
-                "max_memory_allocated_gb": 20.0}  # fmt: skip
+    starving = {
+        "stages": {"actor/generate": {**stage, "gpu_util": 35.0}},
+        "num_cpus": 1.0,
+        "max_memory_allocated_gb": 20.0,
+    }
     busy_gpu = {"stages": {"actor/generate": {**stage, "gpu_util": 95.0}}, "num_cpus": 1.0}
     cpu_only = {"stages": {"reward/compute_score": {**stage, "gpu_util": None}}, "num_cpus": 1.0}
     warnings = starved_stages({"actor_rollout_ref": [starving, busy_gpu], "reward": [cpu_only]})
@@ -95,9 +105,11 @@ def test_checkpointed_trainer_state_restores_the_adaptive_kl_controller(tmp_path
     from rayrl.trainer.ppo import PPOTrainer
 
     overrides = [
-        f"trainer.output_dir={tmp_path}", "algorithm.use_kl_in_reward=true",
-        "algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.kl_coef=0.05",
-    ]  # fmt: skip
+        f"trainer.output_dir={tmp_path}",
+        "algorithm.use_kl_in_reward=true",
+        "algorithm.kl_ctrl.type=adaptive",
+        "algorithm.kl_ctrl.kl_coef=0.05",
+    ]
     first = PPOTrainer(load_config("grpo", overrides))
     first.advantage.kl_ctrl.update(0.5, n_steps=64)  # KL above target: the coefficient grows
     state = TrainerState(global_step=7, epoch=1, batch=3, kl_ctrl=first.advantage.state_dict())
@@ -119,12 +131,26 @@ def test_resumed_metrics_file_keeps_rows_up_to_the_checkpoint(tmp_path):
 def test_data_convert_maps_columns_to_verl_layout(tmp_path, capsys):
     src = tmp_path / "qa.jsonl"
     src.write_text(
-        json.dumps({"question": "What is 2+2?", "solution": 4, "topic": "sums"}) + "\n"
-        + json.dumps({"question": "What is 3*3?", "solution": 9, "topic": "products"}) + "\n"
-    )  # fmt: skip
+        json.dumps({"question": "What is 2+2?", "solution": 4, "topic": "sums"})
+        + "\n"
+        + json.dumps({"question": "What is 3*3?", "solution": 9, "topic": "products"})
+        + "\n"
+    )
     out = tmp_path / "qa.parquet"
-    code = main(["data", "convert", str(src), str(out), "--prompt-key", "question",
-                 "--answer-key", "solution", "--data-source", "arithmetic"])  # fmt: skip
+    code = main(
+        [
+            "data",
+            "convert",
+            str(src),
+            str(out),
+            "--prompt-key",
+            "question",
+            "--answer-key",
+            "solution",
+            "--data-source",
+            "arithmetic",
+        ]
+    )
     assert code == 0
     rows = pq.read_table(out).to_pylist()
     assert rows[1]["data_source"] == "arithmetic"
@@ -141,8 +167,15 @@ def test_data_gsm8k_writes_verl_columns_and_the_instruction(tmp_path):
     from rayrl.rewards.registry import compute_score
 
     src = tmp_path / "gsm8k.jsonl"
-    src.write_text(json.dumps({"question": "Tom has 3 apples and buys 1,000 more. How many?",
-                               "answer": "3 + 1000 = 1003\n#### 1,003"}) + "\n")  # fmt: skip
+    src.write_text(
+        json.dumps(
+            {
+                "question": "Tom has 3 apples and buys 1,000 more. How many?",
+                "answer": "3 + 1000 = 1003\n#### 1,003",
+            }
+        )
+        + "\n"
+    )
     out = tmp_path / "train.parquet"
     assert main(["data", "gsm8k", str(src), str(out)]) == 0
     (row,) = pq.read_table(out).to_pylist()
@@ -152,7 +185,12 @@ def test_data_gsm8k_writes_verl_columns_and_the_instruction(tmp_path):
     )
     assert row["reward_model"]["ground_truth"] == "1003"
     assert row["extra_info"]["split"] == "train"
-    assert compute_score(row["data_source"], "so #### 1003", row["reward_model"]["ground_truth"])["score"] == 1.0
+    assert (
+        compute_score(row["data_source"], "so #### 1003", row["reward_model"]["ground_truth"])[
+            "score"
+        ]
+        == 1.0
+    )
     assert len(PromptDataset([row], train_tokenizer(), max_prompt_length=256)) == 1
 
 

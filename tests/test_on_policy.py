@@ -101,9 +101,15 @@ def test_an_on_policy_update_of_several_mini_batches_is_refused(model_dir):
             ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=score"],
             "dynamic sampling",
         ),
-        (["algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=4",
-          "critic.ppo_micro_batch_size_per_gpu=4"], "critic"),
+        (
+            [
+                "algorithm.adv_estimator=gae",
+                "critic.ppo_mini_batch_size=4",
+                "critic.ppo_micro_batch_size_per_gpu=4",
+            ],
+            "critic",
+        ),
     ],
-)  # fmt: skip
+)
 def test_what_reads_old_log_probs_before_the_update_keeps_the_separate_pass(overrides, reason):
     assert reason in separate_pass_reason(config(*SIZES, *overrides), 8)

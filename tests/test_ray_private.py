@@ -84,4 +84,3 @@ def test_session_logs_dir_dashboard_url_and_actor_name_marker(ray_local):
     assert url is None or url.startswith("http")
     marker = ray_private.actor_name_marker()
     assert marker and marker.strip()  # Ray 2.60 has it; the worker prints it + role/rank
-

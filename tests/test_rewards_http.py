@@ -181,7 +181,9 @@ def test_an_outage_scores_zero_and_stops_only_past_the_error_rate(server, url):
     assert all("reward service outage" in r.error and "HTTP 500" in r.error for r in down)
     assert budget.stats() == {"items": 6, "errors": 2, "outages": 1}
     server.fail_times = 10  # it stays down: 6 of 10 samples failed > 0.5
-    with pytest.raises(RewardServiceError, match=r"6 of 10 samples .* \(60%\), over reward.http.max_error_rate=0.5"):
+    with pytest.raises(
+        RewardServiceError, match=r"6 of 10 samples .* \(60%\), over reward.http.max_error_rate=0.5"
+    ):
         budget.score([item("plain", "1")] * 4)
 
 
@@ -197,11 +199,14 @@ def test_reward_worker_scores_an_outage_zero_then_stops_the_run(tmp_path):
     model = build_tiny_model(tmp_path / "m", layers=1, hidden=32)
     settings = [f"reward.http.url={dead}", "reward.http.retries=0", "reward.http.timeout_s=2"]
     tolerant = local_worker(
-        RewardWorker, config=load_config("grpo", [*settings, "reward.http.max_error_rate=1.0"]),
+        RewardWorker,
+        config=load_config("grpo", [*settings, "reward.http.max_error_rate=1.0"]),
         tokenizer_path=str(model),
-    )  # fmt: skip
+    )
     batch = prompts(tolerant.tokenizer, 2)
-    batch = forced_batch(batch, token=5, length=3).union(batch.select("data_source", "ground_truth"))
+    batch = forced_batch(batch, token=5, length=3).union(
+        batch.select("data_source", "ground_truth")
+    )
     out = tolerant.compute_score(batch)
     assert out["scores"].tolist() == [0.0, 0.0]
     assert all("reward service outage" in e for e in out["reward_error"])

@@ -140,11 +140,16 @@ def test_reward_worker_runs_the_model_where_its_bundle_is_with_bounded_scores(rm
     from rayrl.workers.reward import reward_model_placement
     from workers_cases import local_worker
 
-    cfg = load_config("grpo", [
-        "reward_model.enable=true", f"reward_model.model.path={rm_dir}",
-        "reward_model.micro_batch_size_per_gpu=2", "reward_model.score_transform=tanh",
-        "reward_model.score_scale=0.01",
-    ])  # fmt: skip
+    cfg = load_config(
+        "grpo",
+        [
+            "reward_model.enable=true",
+            f"reward_model.model.path={rm_dir}",
+            "reward_model.micro_batch_size_per_gpu=2",
+            "reward_model.score_transform=tanh",
+            "reward_model.score_scale=0.01",
+        ],
+    )
     worker = local_worker(RewardWorker, config=cfg, tokenizer_path=str(rm_dir))
     assert isinstance(worker.source, BoundedScores)
     model = worker.source.source
@@ -169,7 +174,14 @@ def _reward_batch(ids: list[int]):
         return out
 
     return Batch(
-        {"responses": torch.tensor([ids]), "response_mask": torch.ones(1, len(ids), dtype=torch.long)},
-        {"data_source": obj("arithmetic"), "ground_truth": obj("19"), "extra_info": obj({}),
-         "raw_prompt": obj(PROMPTS[0])},
-    )  # fmt: skip
+        {
+            "responses": torch.tensor([ids]),
+            "response_mask": torch.ones(1, len(ids), dtype=torch.long),
+        },
+        {
+            "data_source": obj("arithmetic"),
+            "ground_truth": obj("19"),
+            "extra_info": obj({}),
+            "raw_prompt": obj(PROMPTS[0]),
+        },
+    )

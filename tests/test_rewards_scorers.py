@@ -244,8 +244,14 @@ def test_to_result_accepts_numbers_and_refuses_the_rest():
 
     from rayrl.rewards import to_result
 
-    for value, expected in [(1, 1.0), (True, 1.0), (np.bool_(False), 0.0), (np.float32(0.5), 0.5),
-                            (torch.tensor(2.0), 2.0), ({"score": np.int64(3), "acc": 1}, 3.0)]:  # fmt: skip
+    for value, expected in [
+        (1, 1.0),
+        (True, 1.0),
+        (np.bool_(False), 0.0),
+        (np.float32(0.5), 0.5),
+        (torch.tensor(2.0), 2.0),
+        ({"score": np.int64(3), "acc": 1}, 3.0),
+    ]:
         result = to_result(value, elapsed_s=0.2)
         assert (result.score, result.error, result.elapsed_s) == (expected, None, 0.2)
     assert to_result({"score": 1, "acc": 0.5, "pred": "x"}).extra == {"acc": 0.5, "pred": "x"}

@@ -28,7 +28,13 @@ BOTH = {"with_scores": True, "with_ref": True}
         ([], 1, False, True, {"with_ref": True}),  # the reward scores in its own process
         ([], 1, True, False, {"with_scores": True}),
         (["reward.http.url=http://localhost:1/score"], 1, True, True, {"with_ref": True}),
-        (["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc"], 1, True, True, {"with_ref": True}),
+        (
+            ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc"],
+            1,
+            True,
+            True,
+            {"with_ref": True},
+        ),
     ],
 )
 def test_what_rides_on_generate(overrides, ranks, reward_in_actor, use_ref, flags):
@@ -76,13 +82,19 @@ def test_a_one_process_run_makes_no_separate_reward_or_ref_call(ray_local, tmp_p
     cfg = load_config(
         "grpo",
         [
-            "data.train_batch_size=2", "data.max_response_length=8",
-            "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-            "actor_rollout_ref.actor.use_kl_loss=true", "trainer.total_training_steps=1",
-            "trainer.device=cpu", "trainer.val_before_train=false", "trainer.export_hf=false",
-            "resources.dashboard=false", f"trainer.output_dir={tmp_path}",
+            "data.train_batch_size=2",
+            "data.max_response_length=8",
+            "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "actor_rollout_ref.actor.use_kl_loss=true",
+            "trainer.total_training_steps=1",
+            "trainer.device=cpu",
+            "trainer.val_before_train=false",
+            "trainer.export_hf=false",
+            "resources.dashboard=false",
+            f"trainer.output_dir={tmp_path}",
         ],
-    )  # fmt: skip
+    )
     trainer = PPOTrainer(cfg)
     try:
         [metrics] = trainer.setup().fit()

@@ -86,7 +86,9 @@ def engine(model_dir):
 def hf_greedy(model, prompt: list[int], new: int) -> list[int]:
     """transformers' greedy ``generate()``, never stopping early (EOS may be generated)."""
     saved, model.generation_config = model.generation_config, GenerationConfig()
-    config = GenerationConfig(do_sample=False, max_new_tokens=new, eos_token_id=None, pad_token_id=0)
+    config = GenerationConfig(
+        do_sample=False, max_new_tokens=new, eos_token_id=None, pad_token_id=0
+    )
     try:
         with torch.no_grad():
             out = model.generate(torch.tensor([prompt]), generation_config=config)
@@ -116,8 +118,9 @@ def test_greedy_matches_transformers_with_continuous_batching(engine, hf_model, 
 
 def test_preemption_recomputes_and_keeps_outputs(model_dir, hf_model, tokenizer):
     prompts = [tokenizer.encode(t) for t in TEXTS[:4]]
-    tight = NativeRolloutEngine(model_path=model_dir, device="cpu", block_size=4,
-                                max_num_seqs=4, cpu_cache_tokens=48)  # fmt: skip
+    tight = NativeRolloutEngine(
+        model_path=model_dir, device="cpu", block_size=4, max_num_seqs=4, cpu_cache_tokens=48
+    )
     out = tight.generate_token_ids(prompts, SamplingParams(do_sample=False, max_new_tokens=R))
     assert tight.last_stats["preemptions"] > 0
     for row, prompt, length in zip(out.tokens, prompts, out.lengths.tolist(), strict=True):
@@ -126,15 +129,27 @@ def test_preemption_recomputes_and_keeps_outputs(model_dir, hf_model, tokenizer)
 
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
 def test_other_families_match_transformers(family, tokenizer):
-    common = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                  tie_word_embeddings=False)  # fmt: skip
+    common = dict(
+        vocab_size=320,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
     if family == "qwen3":
         config = Qwen3Config(head_dim=16, **common)
     else:  # Llama 3 rope scaling and attention biases
-        rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
-                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 64}  # fmt: skip
+        rope = {
+            "rope_type": "llama3",
+            "rope_theta": 10000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        }
         config = LlamaConfig(attention_bias=True, rope_parameters=rope, **common)
     torch.manual_seed(0)
     model = perturbed(AutoModelForCausalLM.from_config(config), seed=1)
@@ -183,14 +198,17 @@ def test_sampling_does_not_depend_on_the_batch(engine, model_dir, tokenizer):
 
 def test_stop_tokens_strings_and_eos(engine, tokenizer):
     prompts = [tokenizer.encode(t) for t in TEXTS]
-    free = engine.generate_token_ids(prompts, SamplingParams(do_sample=False, max_new_tokens=R,
-                                                             ignore_eos=True)).tokens  # fmt: skip
+    free = engine.generate_token_ids(
+        prompts, SamplingParams(do_sample=False, max_new_tokens=R, ignore_eos=True)
+    ).tokens
     stop = int(free[0, 2])
     out = engine.generate_token_ids(
-        prompts, SamplingParams(do_sample=False, max_new_tokens=R, ignore_eos=True,
-                                stop_token_ids=(stop,)),
-    )  # fmt: skip
-    for row, length, stopped, tokens in zip(free, out.lengths, out.stopped, out.tokens, strict=True):
+        prompts,
+        SamplingParams(do_sample=False, max_new_tokens=R, ignore_eos=True, stop_token_ids=(stop,)),
+    )
+    for row, length, stopped, tokens in zip(
+        free, out.lengths, out.stopped, out.tokens, strict=True
+    ):
         hits = (row == stop).nonzero()
         want = int(hits[0]) + 1 if len(hits) else R
         assert (int(length), bool(stopped)) == (want, bool(len(hits)))
@@ -217,18 +235,29 @@ def test_overlapped_decode_matches_the_synchronous_path(model_dir, tokenizer, ca
     greedy and seeded sampling, stop tokens, stop strings, per-row length limits, and
     preemption (which falls back to the synchronous path)."""
     prompts = [tokenizer.encode(t) for t in TEXTS]
-    kw = dict(model_path=model_dir, tokenizer=tokenizer, device="cpu", block_size=4,
-              max_num_seqs=16, max_num_batched_tokens=8, cpu_cache_tokens=cache_tokens)  # fmt: skip
+    kw = dict(
+        model_path=model_dir,
+        tokenizer=tokenizer,
+        device="cpu",
+        block_size=4,
+        max_num_seqs=16,
+        max_num_batched_tokens=8,
+        cpu_cache_tokens=cache_tokens,
+    )
     sync = NativeRolloutEngine(overlap_decode=False, **kw)
     overlap = NativeRolloutEngine(**kw)
-    free = sync.generate_token_ids(prompts, SamplingParams(do_sample=False, max_new_tokens=R,
-                                                           ignore_eos=True)).tokens  # fmt: skip
+    free = sync.generate_token_ids(
+        prompts, SamplingParams(do_sample=False, max_new_tokens=R, ignore_eos=True)
+    ).tokens
     limits = [R - i % 4 for i in range(2 * len(prompts))]
     drawn = SamplingParams(n=2, max_new_tokens=R, seed=3, temperature=0.9)
     sampled = sync.generate_token_ids(prompts, drawn).tokens
     text = tokenizer.decode(sampled[3, 2:4])  # sample 3 stops at its 4th token (or before)
     cases = [
-        (SamplingParams(do_sample=False, max_new_tokens=R, stop_token_ids=(int(free[0, 2]),)), None),
+        (
+            SamplingParams(do_sample=False, max_new_tokens=R, stop_token_ids=(int(free[0, 2]),)),
+            None,
+        ),
         (dataclasses.replace(drawn, stop=(text,)), limits),
         (SamplingParams(n=2, max_new_tokens=R, seed=4, ignore_eos=True), limits),
     ]
@@ -296,7 +325,9 @@ def test_update_weights_in_place(tmp_path, tokenizer):
     assert [t.data_ptr() for t in engine.weights.tensors()] == ptrs  # in place
     out = engine.generate(prompts, params)
     assert bool((out["responses"] == token).all())
-    assert torch.allclose(out["rollout_log_probs"], torch.zeros_like(out["rollout_log_probs"]), atol=1e-5)
+    assert torch.allclose(
+        out["rollout_log_probs"], torch.zeros_like(out["rollout_log_probs"]), atol=1e-5
+    )
     with pytest.raises(KeyError, match="lm_head.weight"):
         engine.update_weights({"lm_head.weigth": torch.zeros(1)})
     with pytest.raises(ValueError, match="unsharded"):

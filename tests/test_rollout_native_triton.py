@@ -28,7 +28,9 @@ def interpreter():
 
     def patched(tensor, scope):  # the interpreter's __index__ breaks on numpy 2 arrays
         original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).ravel()[0]))
+        scope.set_attr(
+            tensor, "__index__", lambda self: int(np.asarray(self.handle.data).ravel()[0])
+        )
 
     interp._patch_lang_tensor = patched
     yield
@@ -43,21 +45,36 @@ def test_elementwise_kernels(dtype):
     torch.manual_seed(0)
     ref, tri = TorchOps(), TritonOps()
     exact = dtype != torch.float32  # float32 differs by fused multiply-adds only
-    x, r, w = torch.randn(5, 48, dtype=dtype), torch.randn(5, 48, dtype=dtype), torch.randn(48, dtype=dtype)
-    (a, ar), (b, br) = ref.add_rms_norm(x, r.clone(), w, 1e-6), tri.add_rms_norm(x, r.clone(), w, 1e-6)
+    x, r, w = (
+        torch.randn(5, 48, dtype=dtype),
+        torch.randn(5, 48, dtype=dtype),
+        torch.randn(48, dtype=dtype),
+    )
+    (a, ar), (b, br) = (
+        ref.add_rms_norm(x, r.clone(), w, 1e-6),
+        tri.add_rms_norm(x, r.clone(), w, 1e-6),
+    )
     assert torch.equal(ar, br)
     torch.testing.assert_close(b, a, rtol=0 if exact else 1e-5, atol=0 if exact else 1e-5)
     gu = torch.randn(5, 80, dtype=dtype)
-    torch.testing.assert_close(tri.silu_and_mul(gu), ref.silu_and_mul(gu), rtol=0 if exact else 1e-5,
-                               atol=0 if exact else 1e-6)  # fmt: skip
+    torch.testing.assert_close(
+        tri.silu_and_mul(gu),
+        ref.silu_and_mul(gu),
+        rtol=0 if exact else 1e-5,
+        atol=0 if exact else 1e-6,
+    )
     heads, kv_heads, dim = 6, 2, 16
     qkv = torch.randn(7, (heads + 2 * kv_heads) * dim, dtype=dtype)
     pos, slots = torch.tensor([0, 3, 5, 9, 1, 2, 20]), torch.tensor([0, 5, 7, 12, -1, 30, 39])
     cos, sin = torch.randn(32, dim), torch.randn(32, dim)
     for norm in (None, (torch.randn(dim, dtype=dtype), torch.randn(dim, dtype=dtype), 1e-6)):
         caches = [torch.zeros(10, 4, kv_heads, dim, dtype=dtype) for _ in range(4)]
-        qa = ref.rope_and_store(qkv, pos, cos, sin, caches[0], caches[1], slots, (heads, kv_heads, dim), norm)
-        qb = tri.rope_and_store(qkv, pos, cos, sin, caches[2], caches[3], slots, (heads, kv_heads, dim), norm)
+        qa = ref.rope_and_store(
+            qkv, pos, cos, sin, caches[0], caches[1], slots, (heads, kv_heads, dim), norm
+        )
+        qb = tri.rope_and_store(
+            qkv, pos, cos, sin, caches[2], caches[3], slots, (heads, kv_heads, dim), norm
+        )
         tol = {"rtol": 0, "atol": 0} if exact else {"rtol": 1e-5, "atol": 1e-5}
         torch.testing.assert_close(qb, qa, **tol)
         torch.testing.assert_close(caches[2], caches[0], **tol)
@@ -78,8 +95,16 @@ def test_paged_attention_kernels(dtype, monkeypatch):
     table = torch.randperm(40).reshape(4, 10).int()
     tol = 1e-5 if dtype == torch.float32 else 2e-3
     q = torch.randn(4, heads, dim, dtype=dtype)
-    step = StepInput(None, None, None, torch.tensor([2, 0, 3, 1]), torch.tensor([1, 7, 33, 40]),
-                     table, None, decode=True)  # fmt: skip
+    step = StepInput(
+        None,
+        None,
+        None,
+        torch.tensor([2, 0, 3, 1]),
+        torch.tensor([1, 7, 33, 40]),
+        table,
+        None,
+        decode=True,
+    )
     expected = TorchAttention.decode(q, kc, vc, step, 0.25)
     for splits in (1, 3):
         got = ta.TritonAttention(block_n=16).decode(q, kc, vc, step, 0.25, splits=splits)
@@ -87,13 +112,27 @@ def test_paged_attention_kernels(dtype, monkeypatch):
     q_lens, totals = [5, 9, 10], [5, 16, 40]  # no prefix, then prefixes of 7 and 30 tokens
     starts = [0, *np.cumsum(q_lens).tolist()]
     q = torch.randn(starts[-1], heads, dim, dtype=dtype)
-    tiles = torch.tensor([(i, a) for i in range(3) for a in range(0, q_lens[i], PREFILL_TILE)],
-                         dtype=torch.int32)  # fmt: skip
-    step = StepInput(None, None, None, torch.tensor([1, 3, 0]), torch.tensor(totals), table, None,
-                     decode=False, q_start=torch.tensor(starts), q_start_host=starts,
-                     seq_lens_host=totals, tiles=tiles)  # fmt: skip
+    tiles = torch.tensor(
+        [(i, a) for i in range(3) for a in range(0, q_lens[i], PREFILL_TILE)], dtype=torch.int32
+    )
+    step = StepInput(
+        None,
+        None,
+        None,
+        torch.tensor([1, 3, 0]),
+        torch.tensor(totals),
+        table,
+        None,
+        decode=False,
+        q_start=torch.tensor(starts),
+        q_start_host=starts,
+        seq_lens_host=totals,
+        tiles=tiles,
+    )
     got = ta.TritonAttention(block_n=16).prefill(q, kc, vc, step, 0.25)
-    torch.testing.assert_close(got, TorchAttention.prefill(q, kc, vc, step, 0.25), rtol=tol, atol=tol)
+    torch.testing.assert_close(
+        got, TorchAttention.prefill(q, kc, vc, step, 0.25), rtol=tol, atol=tol
+    )
 
 
 @pytest.mark.parametrize(
@@ -118,8 +157,11 @@ def test_fused_sampler_draws_the_reference_tokens(monkeypatch, slice_, block, ma
     for scale in (0.5, 4.0):
         logits = torch.randn(4, 2500, generator=gen) * scale
         logits[1, 7] = float("-inf")
-        for params in (SamplingParams(do_sample=False), SamplingParams(temperature=0.7),
-                       SamplingParams(temperature=1.0)):  # fmt: skip
+        for params in (
+            SamplingParams(do_sample=False),
+            SamplingParams(temperature=0.7),
+            SamplingParams(temperature=1.0),
+        ):
             tokens, log_probs = ts.fused_sample(logits, keys, positions, params)
             ref_tokens, ref_log_probs = reference_sample_tokens(logits, keys, positions, params)
             assert torch.equal(tokens, ref_tokens), (scale, params)

@@ -15,10 +15,18 @@ def test_defaults_are_verls():
     cfg = load_sft_config()
     d, o, t = cfg.data, cfg.optim, cfg.trainer
     assert (d.prompt_key, d.response_key, d.max_length, d.truncation) == (
-        "question", "answer", 1024, "error"
-    )  # fmt: skip
+        "question",
+        "answer",
+        1024,
+        "error",
+    )
     assert (d.train_batch_size, d.micro_batch_size_per_gpu) == (256, 4)
-    assert (o.lr, o.betas, o.lr_scheduler, o.lr_warmup_steps_ratio) == (1e-5, [0.9, 0.95], "cosine", 0.1)
+    assert (o.lr, o.betas, o.lr_scheduler, o.lr_warmup_steps_ratio) == (
+        1e-5,
+        [0.9, 0.95],
+        "cosine",
+        0.1,
+    )
     assert (t.total_epochs, t.seed, t.resume_mode, t.max_ckpt_to_keep) == (4, 1, "auto", None)
     assert cfg.use_remove_padding is False and cfg.model.lora_rank == 0
 
@@ -27,16 +35,31 @@ def test_verl_sft_command_line_loads():
     """The overrides of verl's `examples/sft/gsm8k/run_qwen_05_peft.sh` (paths aside),
     with Hydra's `+` prefix and verl's checkpoint directory key."""
     warnings: list[str] = []
-    cfg = load_sft_config(None, [
-        "data.train_files=/data/train.parquet", "data.val_files=/data/test.parquet",
-        "data.prompt_key=extra_info", "data.response_key=extra_info", "optim.lr=1e-4",
-        "data.prompt_dict_keys=['question']", "+data.response_dict_keys=['answer']",
-        "data.micro_batch_size_per_gpu=4", "model.partial_pretrain=/models/qwen",
-        "trainer.default_local_dir=/ckpt/sft", "trainer.project_name=gsm8k-sft",
-        "trainer.experiment_name=e", "trainer.logger=console", "trainer.total_epochs=1",
-        "model.lora_rank=32", "model.lora_alpha=16", "model.target_modules=all-linear",
-        "ulysses_sequence_parallel_size=2", "use_remove_padding=true",
-    ], warn=warnings.append)  # fmt: skip
+    cfg = load_sft_config(
+        None,
+        [
+            "data.train_files=/data/train.parquet",
+            "data.val_files=/data/test.parquet",
+            "data.prompt_key=extra_info",
+            "data.response_key=extra_info",
+            "optim.lr=1e-4",
+            "data.prompt_dict_keys=['question']",
+            "+data.response_dict_keys=['answer']",
+            "data.micro_batch_size_per_gpu=4",
+            "model.partial_pretrain=/models/qwen",
+            "trainer.default_local_dir=/ckpt/sft",
+            "trainer.project_name=gsm8k-sft",
+            "trainer.experiment_name=e",
+            "trainer.logger=console",
+            "trainer.total_epochs=1",
+            "model.lora_rank=32",
+            "model.lora_alpha=16",
+            "model.target_modules=all-linear",
+            "ulysses_sequence_parallel_size=2",
+            "use_remove_padding=true",
+        ],
+        warn=warnings.append,
+    )
     assert cfg.data.train_files == ["/data/train.parquet"]
     assert cfg.data.prompt_dict_keys == ["question"] and cfg.data.response_dict_keys == ["answer"]
     assert cfg.trainer.output_dir == "/ckpt/sft" and cfg.trainer.logger == ["console"]
@@ -51,7 +74,9 @@ def test_unknown_key_names_the_closest():
     with pytest.raises(ConfigError, match="did you mean 'model.partial_pretrain'"):
         load_sft_config(None, ["model.partial_pretrained=/m"])
     notes: list[str] = []  # the key of verl's engine SFT trainer (and of rayrl train)
-    assert load_sft_config(None, ["model.path=/m"], warn=notes.append).model.partial_pretrain == "/m"
+    assert (
+        load_sft_config(None, ["model.path=/m"], warn=notes.append).model.partial_pretrain == "/m"
+    )
     assert notes == ["model.path='/m' sets model.partial_pretrain"]
 
 

@@ -28,13 +28,23 @@ def _chat(tokenizer, messages):
 def test_collated_layout_is_prompt_then_response(tokenizer):
     rows = [
         {"question": "What is 2+2?", "answer": "4"},
-        {"question": [{"role": "system", "content": "Be brief."},
-                      {"role": "user", "content": "Which is larger, 3 or 8?"}], "answer": "8"},
-    ]  # fmt: skip
+        {
+            "question": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Which is larger, 3 or 8?"},
+            ],
+            "answer": "8",
+        },
+    ]
     data = SFTDataset(rows, tokenizer)
     batch = data.collate([0, 1])
-    prompts = [_chat(tokenizer, [{"role": "user", "content": "What is 2+2?"}]), _chat(tokenizer, rows[1]["question"])]
-    responses = [tokenizer(a + tokenizer.eos_token, add_special_tokens=False)["input_ids"] for a in "48"]
+    prompts = [
+        _chat(tokenizer, [{"role": "user", "content": "What is 2+2?"}]),
+        _chat(tokenizer, rows[1]["question"]),
+    ]
+    responses = [
+        tokenizer(a + tokenizer.eos_token, add_special_tokens=False)["input_ids"] for a in "48"
+    ]
     width_p = max(map(len, prompts))
     for i in range(2):
         mask = batch["attention_mask"][i].bool()
@@ -57,9 +67,14 @@ def test_nested_columns_and_bad_rows_set_aside(tokenizer):
     ]
     sources = [RowSource("f.parquet", i) for i in range(len(rows))]
     data = SFTDataset(
-        rows, tokenizer, prompt_key="extra_info", response_key="extra_info",
-        prompt_dict_keys=["question"], response_dict_keys=["answer"], sources=sources,
-    )  # fmt: skip
+        rows,
+        tokenizer,
+        prompt_key="extra_info",
+        response_key="extra_info",
+        prompt_dict_keys=["question"],
+        response_dict_keys=["answer"],
+        sources=sources,
+    )
     assert len(data) == 1
     reasons = {r.source.row: r.reason for r in data.rejected}
     assert "no 'answer' in column 'extra_info'" in reasons[1]
@@ -68,7 +83,9 @@ def test_nested_columns_and_bad_rows_set_aside(tokenizer):
     assert "non-empty string" in reasons[4]
     assert "missing column 'extra_info'" in reasons[5]
     assert str(data.rejected[0]).startswith("f.parquet row 1:")
-    with pytest.raises(DataError, match=r"1 usable rows \(of 6; 5 set aside, first: f.parquet row 1"):
+    with pytest.raises(
+        DataError, match=r"1 usable rows \(of 6; 5 set aside, first: f.parquet row 1"
+    ):
         data.require_rows(2)
 
 
@@ -79,9 +96,15 @@ def test_truncation(tokenizer):
     with pytest.raises(DataError, match=rf"row 0: prompt {p} \+ response {r} = {p + r} tokens"):
         SFTDataset([row], tokenizer, max_length=p + r - 1)
     right = SFTDataset([row], tokenizer, max_length=p + 2, truncation="right")
-    assert right.prompt_ids[0] == full.prompt_ids[0] and right.response_ids[0] == full.response_ids[0][:2]
+    assert (
+        right.prompt_ids[0] == full.prompt_ids[0]
+        and right.response_ids[0] == full.response_ids[0][:2]
+    )
     left = SFTDataset([row], tokenizer, max_length=r + 3, truncation="left")
-    assert left.prompt_ids[0] == full.prompt_ids[0][-3:] and left.response_ids[0] == full.response_ids[0]
+    assert (
+        left.prompt_ids[0] == full.prompt_ids[0][-3:]
+        and left.response_ids[0] == full.response_ids[0]
+    )
     aside = SFTDataset([row], tokenizer, max_length=p, truncation="right")
     assert len(aside) == 0 and "fills data.max_length" in aside.rejected[0].reason
 

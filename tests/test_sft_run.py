@@ -25,15 +25,30 @@ def _config(tmp_path, model, *extra):
     rows = demonstrations("larger", 24, seed=5)
     train = write_parquet(rows[:16], tmp_path / "train.parquet")
     val = write_parquet(rows[16:], tmp_path / "val.parquet")
-    return load_sft_config(None, [
-        f"data.train_files={train}", f"data.val_files={val}", "data.train_batch_size=8",
-        "data.micro_batch_size_per_gpu=2", "data.max_length=64", f"model.partial_pretrain={model}",
-        "model.enable_gradient_checkpointing=false", "use_remove_padding=true",
-        "optim.lr=3e-3", "optim.lr_scheduler=constant", "optim.lr_warmup_steps_ratio=0",
-        "trainer.n_gpus_per_node=2", "trainer.device=cpu", "trainer.total_training_steps=10",
-        "trainer.test_freq=5", "trainer.save_freq=5", f"trainer.output_dir={tmp_path / 'run'}",
-        "trainer.logger=[]", *extra,
-    ])  # fmt: skip
+    return load_sft_config(
+        None,
+        [
+            f"data.train_files={train}",
+            f"data.val_files={val}",
+            "data.train_batch_size=8",
+            "data.micro_batch_size_per_gpu=2",
+            "data.max_length=64",
+            f"model.partial_pretrain={model}",
+            "model.enable_gradient_checkpointing=false",
+            "use_remove_padding=true",
+            "optim.lr=3e-3",
+            "optim.lr_scheduler=constant",
+            "optim.lr_warmup_steps_ratio=0",
+            "trainer.n_gpus_per_node=2",
+            "trainer.device=cpu",
+            "trainer.total_training_steps=10",
+            "trainer.test_freq=5",
+            "trainer.save_freq=5",
+            f"trainer.output_dir={tmp_path / 'run'}",
+            "trainer.logger=[]",
+            *extra,
+        ],
+    )
 
 
 def _response_nll(model, batch, with_prompt: bool = False) -> float:
@@ -42,9 +57,10 @@ def _response_nll(model, batch, with_prompt: bool = False) -> float:
     prompt in would be)."""
     with torch.no_grad():
         logits = model(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
             position_ids=batch["position_ids"],
-        ).logits.float()  # fmt: skip
+        ).logits.float()
     logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, batch["input_ids"][:, 1:, None])[..., 0]
     if with_prompt:
         mask = batch["attention_mask"][:, 1:] * batch["attention_mask"][:, :-1]
@@ -87,7 +103,9 @@ def test_sft_learns_responses_only_checkpoints_resumes_exports(ray_local, tmp_pa
     # Two more steps resume from step 10 (2 batches an epoch: epoch 5, batch 0). Step
     # 11's loss, before its update, is the exported model's response-only NLL of that
     # batch; with the prompt tokens in, the trained model's figure is far off.
-    resumed = sft(_config(tmp_path, base, "trainer.total_training_steps=12"), Console(file=io.StringIO()))
+    resumed = sft(
+        _config(tmp_path, base, "trainer.total_training_steps=12"), Console(file=io.StringIO())
+    )
     assert [m["training/global_step"] for m in resumed] == [11, 12]
     batch = next(train.batches(8, epoch=5, seed=cfg.trainer.seed, shuffle=True))
     expected = _response_nll(trained, batch)

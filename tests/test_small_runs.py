@@ -86,15 +86,19 @@ def run_name(ray_local):
 def _two_groups(run_name: str, ranks_b: int):
     """Groups "a" (one rank) and "b" (``ranks_b``) of `Clocked` workers, each on its own pool."""
     pools = (reserve(run_name, [1], {"CPU": 0.5}), reserve(f"{run_name}b", [ranks_b], {"CPU": 0.5}))
-    groups = [WorkerGroup(Clocked, p.bundles, role=r, run=run_name) for p, r in zip(pools, "ab", strict=True)]
+    groups = [
+        WorkerGroup(Clocked, p.bundles, role=r, run=run_name)
+        for p, r in zip(pools, "ab", strict=True)
+    ]
     return pools, groups
 
 
 def test_groups_are_created_and_initialised_side_by_side(run_name):
     (pool_a, pool_b), (a, b) = _two_groups(run_name, 1)
     try:
-        start_groups([(a, {"seconds": 2.0}), (b, {"seconds": 2.0})],
-                     create_timeout_s=120, init_timeout_s=120)  # fmt: skip
+        start_groups(
+            [(a, {"seconds": 2.0}), (b, {"seconds": 2.0})], create_timeout_s=120, init_timeout_s=120
+        )
         (a0, a1), (b0, b1) = a.span()[0], b.span()[0]
         assert max(a0, b0) < min(a1, b1), "the two inits did not overlap"
     finally:
@@ -105,8 +109,7 @@ def test_a_failed_start_names_its_role_rank_and_phase_and_stops_every_group(run_
     (pool_a, pool_b), (a, b) = _two_groups(run_name, 2)
     try:
         with pytest.raises(WorkerInitError) as info:
-            start_groups([(a, {}), (b, {"fail_rank": 1})], create_timeout_s=120,
-                         init_timeout_s=120)  # fmt: skip
+            start_groups([(a, {}), (b, {"fail_rank": 1})], create_timeout_s=120, init_timeout_s=120)
         err = info.value
         assert (err.phase, err.stage, err.role, err.rank) == ("init", "init_worker", "b", 1)
         assert "failed on purpose" in str(err)
@@ -119,8 +122,13 @@ def test_a_failed_start_names_its_role_rank_and_phase_and_stops_every_group(run_
 def test_worker_threads_are_the_cpus_of_its_bundle(run_name):
     pool = reserve(run_name, [1], {"CPU": 2})
     # Ray (or a cluster's environment) says 1 thread: the worker uses its bundle's 2 CPUs.
-    group = WorkerGroup(Threads, pool.bundles, role="t", run=run_name,
-                        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})  # fmt: skip
+    group = WorkerGroup(
+        Threads,
+        pool.bundles,
+        role="t",
+        run=run_name,
+        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}},
+    )
     try:
         group.create(timeout_s=120)
         assert group.threads() == [(2, "2")]

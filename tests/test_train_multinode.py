@@ -17,14 +17,25 @@ pytestmark = pytest.mark.slow
 def test_train_joins_a_two_node_cluster_and_spreads_the_actor(ray_multinode, tmp_path, capsys):
     cluster = ray_multinode([{"num_cpus": 2}, {"num_cpus": 2}])
     ray.shutdown()  # the trainer connects by itself, through resources.address
-    code = main([
-        "train", "-c", "grpo", f"resources.address={cluster.address}", "trainer.nnodes=2",
-        "trainer.n_gpus_per_node=1", "trainer.device=cpu", "trainer.total_training_steps=1",
-        "data.train_batch_size=2", "data.max_response_length=4", "actor_rollout_ref.rollout.n=2",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        "trainer.val_before_train=false", f"trainer.output_dir={tmp_path}",
-    ])  # fmt: skip
+    code = main(
+        [
+            "train",
+            "-c",
+            "grpo",
+            f"resources.address={cluster.address}",
+            "trainer.nnodes=2",
+            "trainer.n_gpus_per_node=1",
+            "trainer.device=cpu",
+            "trainer.total_training_steps=1",
+            "data.train_batch_size=2",
+            "data.max_response_length=4",
+            "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+            "trainer.val_before_train=false",
+            f"trainer.output_dir={tmp_path}",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out[-2000:]
     placed = re.search(r"actor_rollout_ref: 2 worker\(s\) on node\(s\) (\w+), (\w+)", out)
@@ -35,4 +46,3 @@ def test_train_joins_a_two_node_cluster_and_spreads_the_actor(ray_multinode, tmp
     step = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     for stage in ("gen", "train"):
         assert step[f"perf/dp_imbalance/{stage}"] <= step[f"perf/dp_imbalance_before/{stage}"]
-

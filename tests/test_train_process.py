@@ -18,11 +18,11 @@ import pytest
 pytestmark = pytest.mark.slow
 SRC = Path(__file__).resolve().parents[1] / "src"
 
-REWARD = '''
+REWARD = """
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     print("REWARD-FUNCTION-PRINT", flush=True)
     return {"score": 0.5, "acc": 0.0}
-'''
+"""
 
 
 def _free_port() -> int:
@@ -36,22 +36,35 @@ def test_dashboard_worker_prefixes_and_debugger(tmp_path):
     reward.write_text(REWARD)
     port = _free_port()
     cmd = [
-        sys.executable, "-m", "rayrl.cli.main", "train", "-c", "grpo",
+        sys.executable,
+        "-m",
+        "rayrl.cli.main",
+        "train",
+        "-c",
+        "grpo",
         "trainer.total_training_steps=1",
-        "trainer.device=cpu", "data.train_batch_size=2", "data.max_response_length=4",
-        "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-        "trainer.val_before_train=false", "trainer.export_hf=false", "trainer.debug=true",
-        f"resources.dashboard_port={port}", f"custom_reward_function.path={reward}",
+        "trainer.device=cpu",
+        "data.train_batch_size=2",
+        "data.max_response_length=4",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "trainer.val_before_train=false",
+        "trainer.export_hf=false",
+        "trainer.debug=true",
+        f"resources.dashboard_port={port}",
+        f"custom_reward_function.path={reward}",
         "reward.colocate=false",  # the reward in its own group: both groups' prefixes
         f"trainer.output_dir={tmp_path / 'run'}",
-    ]  # fmt: skip
+    ]
     env = {**os.environ, "PYTHONPATH": str(SRC), "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_ADDRESS", None)
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=280)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-3000:]
     assert f"Ray dashboard: http://127.0.0.1:{port}" in out
-    assert re.search(r"\(reward rank 0 pid=\d+[^)]*\)(\x1b\[0m)? REWARD-FUNCTION-PRINT", out), out[-3000:]
+    assert re.search(r"\(reward rank 0 pid=\d+[^)]*\)(\x1b\[0m)? REWARD-FUNCTION-PRINT", out), out[
+        -3000:
+    ]
     debugger = [line for line in out.splitlines() if line.startswith("Ray debugger in")]
     assert len(debugger) == 2, out[-3000:]  # the actor group and the reward group
     for line in debugger:

@@ -64,9 +64,13 @@ def test_grpo_with_kl_loss_through_the_cli(ray_local, tmp_path, capsys):
 def test_grpo_steps_with_the_native_rollout_engine(ray_local, tmp_path):
     cfg = load_config(
         "grpo",
-        [*SMALL, f"trainer.output_dir={tmp_path}", "actor_rollout_ref.rollout.name=native",
-         "reward.colocate=false"],
-    )  # fmt: skip
+        [
+            *SMALL,
+            f"trainer.output_dir={tmp_path}",
+            "actor_rollout_ref.rollout.name=native",
+            "reward.colocate=false",
+        ],
+    )
     trainer = PPOTrainer(cfg)
     try:
         trainer.setup()
@@ -114,11 +118,14 @@ def test_steps_and_batches_follow_the_loaded_data(tmp_path):
     cfg = load_config(
         "grpo",
         [
-            "data.train_batch_size=4", "data.synthetic_size=10", "trainer.total_epochs=2",
+            "data.train_batch_size=4",
+            "data.synthetic_size=10",
+            "trainer.total_epochs=2",
             "trainer.total_training_steps=null",
-            f"trainer.output_dir={tmp_path}", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            f"trainer.output_dir={tmp_path}",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         ],
-    )  # fmt: skip
+    )
     trainer = PPOTrainer(cfg)
     assert len(trainer.load_data()) == 10
     assert trainer.total_steps() == 4  # 2 whole batches of 4 per epoch, 2 epochs

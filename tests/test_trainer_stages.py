@@ -15,10 +15,16 @@ from rayrl.trainer.dynamic_sampling import DynamicSamplingError, fill_batch
 
 
 def _cfg(*overrides: str):
-    return load_config("grpo", ["data.train_batch_size=2", "data.max_response_length=4",
-                                "actor_rollout_ref.actor.ppo_mini_batch_size=1",
-                                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
-                                *overrides])  # fmt: skip
+    return load_config(
+        "grpo",
+        [
+            "data.train_batch_size=2",
+            "data.max_response_length=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+            *overrides,
+        ],
+    )
 
 
 def _objects(values) -> np.ndarray:
@@ -37,13 +43,19 @@ def scored_batch(uids, scores, lengths=None, finish=None, extra=None) -> Batch:
     for i, (k, s) in enumerate(zip(lengths, scores, strict=True)):
         token_scores[i, k - 1] = s
     return Batch(
-        {"response_mask": mask, "token_level_scores": token_scores,
-         "scores": torch.tensor(scores, dtype=torch.float32),
-         "input_ids": torch.arange(n * 6).reshape(n, 6)},
-        {"uid": _objects(uids), "sample_uid": _objects(f"{u}/{i}" for i, u in enumerate(uids)),
-         "finish_reason": _objects(finish or ["stop"] * n),
-         "reward_extra": _objects(extra or [{}] * n)},
-    )  # fmt: skip
+        {
+            "response_mask": mask,
+            "token_level_scores": token_scores,
+            "scores": torch.tensor(scores, dtype=torch.float32),
+            "input_ids": torch.arange(n * 6).reshape(n, 6),
+        },
+        {
+            "uid": _objects(uids),
+            "sample_uid": _objects(f"{u}/{i}" for i, u in enumerate(uids)),
+            "finish_reason": _objects(finish or ["stop"] * n),
+            "reward_extra": _objects(extra or [{}] * n),
+        },
+    )
 
 
 def test_grpo_advantages_compare_the_samples_of_each_prompt():
@@ -51,13 +63,20 @@ def test_grpo_advantages_compare_the_samples_of_each_prompt():
     AdvantageStage(_cfg())(batch)
     adv = batch["advantages"][:, 0]
     # each prompt's group on its own: (score - group mean) / group std (Bessel) = +-0.7071
-    torch.testing.assert_close(adv, torch.tensor([0.7071, -0.7071, 0.7071, -0.7071]), atol=1e-3, rtol=0)
+    torch.testing.assert_close(
+        adv, torch.tensor([0.7071, -0.7071, 0.7071, -0.7071]), atol=1e-3, rtol=0
+    )
 
 
 def test_adaptive_kl_controller_steers_the_reward_penalty():
-    cfg = _cfg("algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive",
-               "algorithm.kl_ctrl.kl_coef=0.1", "algorithm.kl_ctrl.target_kl=0.01",
-               "algorithm.kl_ctrl.horizon=10", "algorithm.kl_penalty=k1")  # fmt: skip
+    cfg = _cfg(
+        "algorithm.use_kl_in_reward=true",
+        "algorithm.kl_ctrl.type=adaptive",
+        "algorithm.kl_ctrl.kl_coef=0.1",
+        "algorithm.kl_ctrl.target_kl=0.01",
+        "algorithm.kl_ctrl.horizon=10",
+        "algorithm.kl_penalty=k1",
+    )
     stage = AdvantageStage(cfg)
     coefs = []
     for _ in range(3):
@@ -86,12 +105,19 @@ def test_remax_subtracts_each_prompts_greedy_score():
 
 
 def test_overlong_penalty_and_truncated_samples_masking():
-    cfg = _cfg("reward_model.overlong_buffer.enable=true", "reward_model.overlong_buffer.len=2",
-               "reward_model.overlong_buffer.penalty_factor=1.0",
-               "reward_model.overlong_buffer.log=true",
-               "algorithm.mask_truncated_samples=true")  # fmt: skip
-    batch = scored_batch(["a", "a", "b", "b"], [1.0, 1.0, 0.0, 1.0], lengths=[2, 3, 4, 1],
-                         finish=["stop", "stop", "length", "stop"])  # fmt: skip
+    cfg = _cfg(
+        "reward_model.overlong_buffer.enable=true",
+        "reward_model.overlong_buffer.len=2",
+        "reward_model.overlong_buffer.penalty_factor=1.0",
+        "reward_model.overlong_buffer.log=true",
+        "algorithm.mask_truncated_samples=true",
+    )
+    batch = scored_batch(
+        ["a", "a", "b", "b"],
+        [1.0, 1.0, 0.0, 1.0],
+        lengths=[2, 3, 4, 1],
+        finish=["stop", "stop", "length", "stop"],
+    )
     metrics = shape_rewards(cfg, batch)
     # L = 4, buffer 2: no penalty up to length 2, then -(length - 2) / 2
     torch.testing.assert_close(batch["scores"], torch.tensor([1.0, 0.5, -1.0, 1.0]))
@@ -103,8 +129,12 @@ def test_overlong_penalty_and_truncated_samples_masking():
 
 
 def test_dynamic_sampling_keeps_varying_groups_until_the_batch_is_full():
-    cfg = _cfg("algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc",
-               "actor_rollout_ref.rollout.n=2", "algorithm.filter_groups.max_num_gen_batches=3")
+    cfg = _cfg(
+        "algorithm.filter_groups.enable=true",
+        "algorithm.filter_groups.metric=acc",
+        "actor_rollout_ref.rollout.n=2",
+        "algorithm.filter_groups.max_num_gen_batches=3",
+    )
     acc = [{"acc": v} for v in (1, 1, 0, 1)]  # prompt a: all right (dropped); b varies
     first = scored_batch(["a", "a", "b", "b"], [1, 1, 0, 1], extra=acc)
     rounds = []
@@ -112,8 +142,9 @@ def test_dynamic_sampling_keeps_varying_groups_until_the_batch_is_full():
     def next_round(r: int) -> Batch:
         rounds.append(r)
         extra = [{"acc": v} for v in (0, 1, 0, 0, 1, 0)]
-        return scored_batch([f"c{r}", f"c{r}", f"d{r}", f"d{r}", f"e{r}", f"e{r}"],
-                            [0, 1, 0, 0, 1, 0], extra=extra)  # fmt: skip
+        return scored_batch(
+            [f"c{r}", f"c{r}", f"d{r}", f"d{r}", f"e{r}", f"e{r}"], [0, 1, 0, 0, 1, 0], extra=extra
+        )
 
     batch, metrics = fill_batch(cfg, first, next_round)
     assert rounds == [1]
@@ -123,10 +154,16 @@ def test_dynamic_sampling_keeps_varying_groups_until_the_batch_is_full():
 
 
 def test_dynamic_sampling_fails_past_its_bound_with_the_numbers():
-    cfg = _cfg("algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=score",
-               "actor_rollout_ref.rollout.n=2", "algorithm.filter_groups.max_num_gen_batches=2")
+    cfg = _cfg(
+        "algorithm.filter_groups.enable=true",
+        "algorithm.filter_groups.metric=score",
+        "actor_rollout_ref.rollout.n=2",
+        "algorithm.filter_groups.max_num_gen_batches=2",
+    )
     same = scored_batch(["a", "a", "b", "b"], [1, 1, 0, 0])
-    with pytest.raises(DynamicSamplingError, match=r"kept 0 of 2 prompt groups after 2 generation rounds"):
+    with pytest.raises(
+        DynamicSamplingError, match=r"kept 0 of 2 prompt groups after 2 generation rounds"
+    ):
         fill_batch(cfg, same, lambda r: scored_batch([f"x{r}"] * 2, [1, 1]))
 
 

@@ -22,9 +22,7 @@ def model_dir(tmp_path_factory):
 
 def test_critic_computes_values_and_learns_returns(ray_local, model_dir):
     tok = AutoTokenizer.from_pretrained(model_dir)
-    cfg = config(
-        "algorithm.adv_estimator=gae", "critic.optim.lr=0.01", "critic.ppo_epochs=4"
-    )  # fmt: skip
+    cfg = config("algorithm.adv_estimator=gae", "critic.optim.lr=0.01", "critic.ppo_epochs=4")
     group, pool, kv = group_on(CriticWorker, 1, "critic")
     try:
         group.init(timeout_s=300, config=cfg, model_path=model_dir)

@@ -26,9 +26,11 @@ __all__ = ["decode_objects", "decode_tensor", "encode_objects", "encode_tensor"]
 
 # torch warns on every tensor made over a read-only array; here that is by design.
 warnings.filterwarnings(
-    "ignore", message="The given NumPy array is not writable", category=UserWarning,
+    "ignore",
+    message="The given NumPy array is not writable",
+    category=UserWarning,
     module=__name__,
-)  # fmt: skip
+)
 
 
 def encode_tensor(t: torch.Tensor) -> tuple[torch.dtype, tuple[int, ...], np.ndarray]:

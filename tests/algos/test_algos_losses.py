@@ -168,7 +168,7 @@ def test_vf_clipfrac_counts_no_rounding_as_clipping():
     assert float(loss) == pytest.approx(0.5 * float(((vpreds - returns) ** 2).mean()), rel=1e-6)
     far = values + torch.where(torch.arange(32) < 8, 0.9, 0.1)  # a quarter outside the range
     _, metrics = value_loss(far, values, returns, mask, cliprange_value=0.5)
-    clipped = ((far.clamp(values - 0.5, values + 0.5) - returns) ** 2 > (far - returns) ** 2)
+    clipped = (far.clamp(values - 0.5, values + 0.5) - returns) ** 2 > (far - returns) ** 2
     assert float(metrics["vf_clipfrac"]) == pytest.approx(float(clipped.float().mean()))
     assert 0 < float(metrics["vf_clipfrac"]) <= 0.25
 

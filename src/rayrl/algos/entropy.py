@@ -92,11 +92,13 @@ class _LogProbEntropy(torch.autograd.Function):
             log_p = _scaled_chunk(logits, rows, dtype, ctx.temperature)
             log_p.sub_(peak[rows].unsqueeze(-1)).sub_(lse[rows].unsqueeze(-1))
             grad[rows] = logit_grad_(
-                log_p, labels[rows], ctx.temperature,
+                log_p,
+                labels[rows],
+                ctx.temperature,
                 grad_logp=None if grad_logp is None else grad_logp[rows],
                 ent=ent[rows] if use_ent else None,
                 grad_ent=grad_ent[rows] if use_ent else None,
-            )  # fmt: skip
+            )
         return grad, None, None, None, None
 
 

@@ -84,9 +84,10 @@ def load_sft_from_args(args: argparse.Namespace):
         )
     try:
         cfg = load_sft_config(
-            source, args.overrides,
+            source,
+            args.overrides,
             warn=lambda m: err.print(f"[yellow]config warning:[/] {m}", highlight=False),
-        )  # fmt: skip
+        )
         check_sft_names(cfg)
         return cfg
     except ConfigError as exc:

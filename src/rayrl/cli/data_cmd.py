@@ -21,12 +21,19 @@ def run_convert(args: argparse.Namespace) -> int:
 
     data_source = args.data_source or Path(args.input).stem
     return _write(
-        args, lambda rows: convert_rows(
-            rows, prompt_key=args.prompt_key, answer_key=args.answer_key,
-            data_source=data_source, ability=args.ability, split=args.split,
-            system=args.system, suffix=args.suffix,
-        ), read_jsonl,
-    )  # fmt: skip
+        args,
+        lambda rows: convert_rows(
+            rows,
+            prompt_key=args.prompt_key,
+            answer_key=args.answer_key,
+            data_source=data_source,
+            ability=args.ability,
+            split=args.split,
+            system=args.system,
+            suffix=args.suffix,
+        ),
+        read_jsonl,
+    )
 
 
 def run_gsm8k(args: argparse.Namespace) -> int:
@@ -56,13 +63,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("output")
     c.add_argument("--prompt-key", default="prompt", help="column with the question or messages")
     c.add_argument("--answer-key", default="answer", help="column with the ground truth")
-    c.add_argument("--data-source", default=None, help="data_source (picks the reward scorer); default: the input file's name")
+    c.add_argument(
+        "--data-source",
+        default=None,
+        help="data_source (picks the reward scorer); default: the input file's name",
+    )
     c.add_argument("--ability", default="general")
     c.add_argument("--split", default="train")
     c.add_argument("--system", default=None, help="a system message to put first")
     c.add_argument("--suffix", default="", help="text appended to each question")
     c.set_defaults(func=run_convert)
-    g = verbs.add_parser("gsm8k", help="GSM8K's JSONL (question, answer '... #### N') -> verl's columns")
+    g = verbs.add_parser(
+        "gsm8k", help="GSM8K's JSONL (question, answer '... #### N') -> verl's columns"
+    )
     g.add_argument("input")
     g.add_argument("output")
     g.add_argument("--split", default="train")

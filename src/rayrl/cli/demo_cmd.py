@@ -93,16 +93,26 @@ def stage_configs(plan: DemoPlan):
     rl_common = [*common, "trainer.export_hf=false", *plan.rl]
 
     def rl(stage: str, model: Path, *extra: str):
-        return load_config("demo", [
-            *rl_common, f"trainer.output_dir={root / stage}",
-            f"actor_rollout_ref.model.path={model}", *extra,
-        ])  # fmt: skip
+        return load_config(
+            "demo",
+            [
+                *rl_common,
+                f"trainer.output_dir={root / stage}",
+                f"actor_rollout_ref.model.path={model}",
+                *extra,
+            ],
+        )
 
     base = rl("base", root / "base-model", "trainer.val_only=true")
-    sft = load_sft_config("demo", [
-        *common, f"trainer.output_dir={root / 'sft'}",
-        f"model.partial_pretrain={root / 'base-model'}", *plan.sft,
-    ])  # fmt: skip
+    sft = load_sft_config(
+        "demo",
+        [
+            *common,
+            f"trainer.output_dir={root / 'sft'}",
+            f"model.partial_pretrain={root / 'base-model'}",
+            *plan.sft,
+        ],
+    )
     return base, sft, rl("rl", root / "sft" / "hf", "trainer.export_hf=true")
 
 
@@ -130,16 +140,28 @@ def run_pipeline(plan: DemoPlan, out: Console | None = None) -> DemoResult:
     out.rule("[bold]3/3 GRPO from the SFT model, rewarded for the right answer")
     rl_history = train(rl_cfg, out, table_rows=10)
     seconds["rl"] = time.perf_counter() - start - seconds["base"] - seconds["sft"]
-    dirs = {s: Path(c.trainer.output_dir) for s, c in (("base", base_cfg), ("sft", sft_cfg), ("rl", rl_cfg))}
-    stats = {"base": _val(dirs["base"], last=False), "sft": _val(dirs["rl"], last=False),
-             "rl": _val(dirs["rl"], last=True)}  # fmt: skip
+    dirs = {
+        s: Path(c.trainer.output_dir)
+        for s, c in (("base", base_cfg), ("sft", sft_cfg), ("rl", rl_cfg))
+    }
+    stats = {
+        "base": _val(dirs["base"], last=False),
+        "sft": _val(dirs["rl"], last=False),
+        "rl": _val(dirs["rl"], last=True),
+    }
     d = rl_cfg.data
-    val_size = len(held_out_rows(d.synthetic_task, d.synthetic_size, d.synthetic_val_size, plan.seed))
+    val_size = len(
+        held_out_rows(d.synthetic_task, d.synthetic_size, d.synthetic_val_size, plan.seed)
+    )
     return DemoResult(
-        accuracy={k: v[0] for k, v in stats.items()}, reward={k: v[1] for k, v in stats.items()},
-        val_size=val_size, seconds=seconds, sft_history=sft_history,
-        rl_history=rl_history, run_dirs=dirs,
-    )  # fmt: skip
+        accuracy={k: v[0] for k, v in stats.items()},
+        reward={k: v[1] for k, v in stats.items()},
+        val_size=val_size,
+        seconds=seconds,
+        sft_history=sft_history,
+        rl_history=rl_history,
+        run_dirs=dirs,
+    )
 
 
 def accuracy_table(result: DemoResult) -> Table:
@@ -151,9 +173,11 @@ def accuracy_table(result: DemoResult) -> Table:
     names = {"base": "base (random weights)", "sft": "after SFT", "rl": "after SFT + RL (GRPO)"}
     for stage, name in names.items():
         table.add_row(
-            name, f"{100 * result.accuracy[stage]:.1f}%", f"{result.reward[stage]:.3f}",
+            name,
+            f"{100 * result.accuracy[stage]:.1f}%",
+            f"{result.reward[stage]:.3f}",
             f"{result.seconds[stage]:.0f} s",
-        )  # fmt: skip
+        )
     return table
 
 
@@ -171,7 +195,9 @@ def run(args: argparse.Namespace) -> int:
         f"RL added {result.gain_points:+.1f} points of accuracy over SFT alone; "
         f"the whole demo took {time.perf_counter() - start:.0f} s."
     )
-    out.print(f"reports and plots: {reports[0]} and {reports[1]} (`rayrl report RUN_DIR` redraws them)")
+    out.print(
+        f"reports and plots: {reports[0]} and {reports[1]} (`rayrl report RUN_DIR` redraws them)"
+    )
     out.print(
         f"run directories: {', '.join(str(p) for p in result.run_dirs.values())}; the "
         f"final model: {result.run_dirs['rl'] / 'hf'}"
@@ -186,11 +212,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--output-dir", default="outputs/demo", help="where the run directories go")
     parser.add_argument("--seed", type=int, default=1, help="the seed of every stage")
     parser.add_argument(
-        "--sft", action="append", default=[], metavar="KEY=VALUE",
+        "--sft",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="an override of the SFT stage (`rayrl sft -c demo` keys); repeatable",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "overrides", nargs="*",
+        "overrides",
+        nargs="*",
         help="overrides of the RL stages (`rayrl train -c demo` keys), e.g. trainer.total_training_steps=30",
-    )  # fmt: skip
+    )
     parser.set_defaults(func=run)

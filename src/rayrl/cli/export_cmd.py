@@ -25,10 +25,14 @@ def run(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="write a Hugging Face model directory from a checkpoint")
-    p.add_argument("checkpoint", help="a checkpoint directory (OUTPUT_DIR/checkpoints/global_step_N)")
+    p.add_argument(
+        "checkpoint", help="a checkpoint directory (OUTPUT_DIR/checkpoints/global_step_N)"
+    )
     p.add_argument("out", help="the directory to write (replaced if it exists)")
     p.add_argument(
-        "--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        default=None,
         help="weight dtype (default: the dtype the model was trained in)",
-    )  # fmt: skip
+    )
     p.set_defaults(func=run)

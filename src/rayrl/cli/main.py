@@ -13,9 +13,17 @@ import importlib
 import sys
 
 COMMANDS = [
-    "config_cmd", "models_cmd", "demo_cmd", "doctor_cmd", "plan_cmd", "train_cmd", "sft_cmd",
-    "export_cmd", "report_cmd", "data_cmd",
-]  # fmt: skip
+    "config_cmd",
+    "models_cmd",
+    "demo_cmd",
+    "doctor_cmd",
+    "plan_cmd",
+    "train_cmd",
+    "sft_cmd",
+    "export_cmd",
+    "report_cmd",
+    "data_cmd",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

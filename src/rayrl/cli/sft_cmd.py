@@ -29,14 +29,20 @@ def sft(cfg, out=None, *, table_rows: int = 20) -> list[dict]:
 
     out = out or console()
     trainer = SFTTrainer(cfg, print_fn=lambda text: out.print(text, highlight=False))
-    out.print(f"model: {trainer.model_path}; run {trainer.run}; run directory {cfg.trainer.output_dir}")
+    out.print(
+        f"model: {trainer.model_path}; run {trainer.run}; run directory {cfg.trainer.output_dir}"
+    )
     try:
         with out.status("reserving resources and starting the SFT workers"):
             trainer.setup()
         progress = Progress(
-            TextColumn("[bold]sft"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-            TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=out,
-        )  # fmt: skip
+            TextColumn("[bold]sft"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            console=out,
+        )
         with progress:
             task = progress.add_task("sft", total=trainer.total_steps(), info="")
 

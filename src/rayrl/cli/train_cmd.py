@@ -32,7 +32,9 @@ def train(cfg, out=None, *, table_rows: int | None = None) -> list[dict]:
 
     out = out or console()
     trainer = PPOTrainer(cfg, print_fn=lambda text: out.print(text, highlight=False))
-    out.print(f"model: {trainer.model_path}; run {trainer.run}; run directory {cfg.trainer.output_dir}")
+    out.print(
+        f"model: {trainer.model_path}; run {trainer.run}; run directory {cfg.trainer.output_dir}"
+    )
     try:
         start = time.perf_counter()
         with out.status("reserving resources and starting workers"):
@@ -42,9 +44,13 @@ def train(cfg, out=None, *, table_rows: int | None = None) -> list[dict]:
             return _validate_only(trainer, out)
         total = trainer.total_steps()
         progress = Progress(
-            TextColumn("[bold]training"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-            TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=out,
-        )  # fmt: skip
+            TextColumn("[bold]training"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            console=out,
+        )
         with progress:
             task = progress.add_task("train", total=total, info="")
 

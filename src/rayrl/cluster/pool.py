@@ -266,12 +266,15 @@ class ResourcePool:
         cluster can place it (when no spare is left); None when it cannot within
         `timeout_s`. Released with the pool."""
         name = f"{self.name}/extra{len(self._extras)}"
-        pg = placement_group([dict(self.spec.bundle)], strategy="PACK", name=name,
-                             lifetime=self.spec.lifetime)  # fmt: skip
+        pg = placement_group(
+            [dict(self.spec.bundle)], strategy="PACK", name=name, lifetime=self.spec.lifetime
+        )
         ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
         if not ready:
             _remove_all([pg])
-            log.warning("pool %s: no node could take a new bundle within %.0f s", self.name, timeout_s)
+            log.warning(
+                "pool %s: no node could take a new bundle within %.0f s", self.name, timeout_s
+            )
             return None
         self._extras.append(pg)
         node = ray.util.placement_group_table(pg)["bundles_to_node_id"][0]

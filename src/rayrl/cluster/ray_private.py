@@ -338,4 +338,3 @@ def actor_name_marker() -> str | None:
     except ImportError:  # pragma: no cover - a Ray without the marker
         return None
     return LOG_PREFIX_ACTOR_NAME
-

@@ -182,9 +182,12 @@ def load_sft_config(
     """Defaults <- YAML file (a path, or a built-in name from `config/sft/`) <- dotted
     overrides, then checked (`validate_sft_config`)."""
     cfg = load_structured(
-        SFTConfig, source, overrides, lambda d, origin: _sft_user_data(d, origin, warn),
+        SFTConfig,
+        source,
+        overrides,
+        lambda d, origin: _sft_user_data(d, origin, warn),
         builtin_dir=SFT_BUILTIN_DIR,
-    )  # fmt: skip
+    )
     d = cfg.data
     d.train_files = as_str_list(d.train_files, "data.train_files")
     d.val_files = as_str_list(d.val_files, "data.val_files")
@@ -209,10 +212,16 @@ SFT_CHOICES = {
     "model.fsdp_config.dtype": ("bfloat16", "bf16", "float32", "fp32"),
 }
 SFT_POSITIVE = (
-    "trainer.nnodes", "trainer.n_gpus_per_node", "trainer.total_epochs",
-    "data.train_batch_size", "data.micro_batch_size_per_gpu", "data.max_token_len_per_gpu",
-    "data.max_length", "trainer.total_training_steps", "trainer.max_ckpt_to_keep",
-)  # fmt: skip
+    "trainer.nnodes",
+    "trainer.n_gpus_per_node",
+    "trainer.total_epochs",
+    "data.train_batch_size",
+    "data.micro_batch_size_per_gpu",
+    "data.max_token_len_per_gpu",
+    "data.max_length",
+    "trainer.total_training_steps",
+    "trainer.max_ckpt_to_keep",
+)
 
 
 def _get(cfg: Any, path: str) -> Any:
@@ -235,7 +244,9 @@ def validate_sft_config(cfg: SFTConfig) -> None:
         if getattr(d, key) == 0 or getattr(d, key) < -1:
             raise ConfigError(f"data.{key}={getattr(d, key)} must be -1 (every row) or >= 1")
     if not 0.0 <= d.synthetic_correct_rate <= 1.0:
-        raise ConfigError(f"data.synthetic_correct_rate={d.synthetic_correct_rate} must be in [0, 1]")
+        raise ConfigError(
+            f"data.synthetic_correct_rate={d.synthetic_correct_rate} must be in [0, 1]"
+        )
     if t.save_freq == 0 or t.test_freq == 0:
         raise ConfigError(
             "trainer.save_freq and trainer.test_freq are a number of steps, or -1 for never; "

@@ -114,31 +114,48 @@ def check_micro_set(cfg: RayRLConfig) -> None:
     """Each forward/backward needs a micro-batch size or a token budget (as in verl)."""
     arr = cfg.actor_rollout_ref
     rules = [
-        (f"{ACTOR}.ppo_micro_batch_size_per_gpu", arr.actor.ppo_micro_batch_size_per_gpu,
-         f"{ACTOR}.use_dynamic_bsz", arr.actor.use_dynamic_bsz),
-        ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-         arr.rollout.log_prob_micro_batch_size_per_gpu,
-         "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", arr.rollout.log_prob_use_dynamic_bsz),
+        (
+            f"{ACTOR}.ppo_micro_batch_size_per_gpu",
+            arr.actor.ppo_micro_batch_size_per_gpu,
+            f"{ACTOR}.use_dynamic_bsz",
+            arr.actor.use_dynamic_bsz,
+        ),
+        (
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+            arr.rollout.log_prob_micro_batch_size_per_gpu,
+            "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
+            arr.rollout.log_prob_use_dynamic_bsz,
+        ),
     ]
     if ref_enabled(cfg):
-        rules.append(("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
-                      arr.ref.log_prob_micro_batch_size_per_gpu,
-                      "actor_rollout_ref.ref.log_prob_use_dynamic_bsz",
-                      arr.ref.log_prob_use_dynamic_bsz))  # fmt: skip
+        rules.append(
+            (
+                "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+                arr.ref.log_prob_micro_batch_size_per_gpu,
+                "actor_rollout_ref.ref.log_prob_use_dynamic_bsz",
+                arr.ref.log_prob_use_dynamic_bsz,
+            )
+        )
     if critic_enabled(cfg):
         c = cfg.critic
-        rules.append(("critic.ppo_micro_batch_size_per_gpu", c.ppo_micro_batch_size_per_gpu,
-                      "critic.use_dynamic_bsz", c.use_dynamic_bsz))  # fmt: skip
+        rules.append(
+            (
+                "critic.ppo_micro_batch_size_per_gpu",
+                c.ppo_micro_batch_size_per_gpu,
+                "critic.use_dynamic_bsz",
+                c.use_dynamic_bsz,
+            )
+        )
     rm = cfg.reward_model
     if rm.enable:
-        rules.append(("reward_model.micro_batch_size_per_gpu", rm.micro_batch_size_per_gpu,
-                      "", False))  # fmt: skip
+        rules.append(
+            ("reward_model.micro_batch_size_per_gpu", rm.micro_batch_size_per_gpu, "", False)
+        )
     for micro_key, micro, dynamic_key, dynamic in rules:
         if micro is None and not dynamic:
             by_tokens = f" or set {dynamic_key}=true to size them by tokens" if dynamic_key else ""
             raise ConfigError(
-                f"{micro_key} is not set; set it (samples per forward pass on one GPU)"
-                f"{by_tokens}"
+                f"{micro_key} is not set; set it (samples per forward pass on one GPU){by_tokens}"
             )
 
 
@@ -215,8 +232,10 @@ def check_algorithm(cfg: RayRLConfig, n: int) -> None:
             "actor_rollout_ref.actor.kl_loss_coef)"
         )
     if alg.adv_estimator == "remax" and alg.filter_groups.enable:
-        raise ConfigError("algorithm.filter_groups (dynamic sampling) works with group "
-                          "estimators such as grpo, not remax")  # fmt: skip
+        raise ConfigError(
+            "algorithm.filter_groups (dynamic sampling) works with group "
+            "estimators such as grpo, not remax"
+        )
     if alg.filter_groups.enable:
         if not alg.filter_groups.metric:
             raise ConfigError(
@@ -255,13 +274,23 @@ def validate_config(cfg: RayRLConfig) -> None:
     actor, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
     prompts, world = cfg.data.train_batch_size, cfg.world_size
     check_batch_chain(
-        ACTOR, prompts, n, actor.ppo_mini_batch_size, actor.ppo_micro_batch_size_per_gpu,
-        world, actor.use_dynamic_bsz,
-    )  # fmt: skip
+        ACTOR,
+        prompts,
+        n,
+        actor.ppo_mini_batch_size,
+        actor.ppo_micro_batch_size_per_gpu,
+        world,
+        actor.use_dynamic_bsz,
+    )
     if critic_enabled(cfg):
         critic = cfg.critic
         check_batch_chain(
-            "critic", prompts, n, critic.ppo_mini_batch_size,
-            critic.ppo_micro_batch_size_per_gpu, world, critic.use_dynamic_bsz,
-        )  # fmt: skip
+            "critic",
+            prompts,
+            n,
+            critic.ppo_mini_batch_size,
+            critic.ppo_micro_batch_size_per_gpu,
+            world,
+            critic.use_dynamic_bsz,
+        )
     check_algorithm(cfg, n)

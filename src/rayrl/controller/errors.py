@@ -117,13 +117,18 @@ class WorkerHungError(WorkerCallError):
 
     def __init__(self, stage: str, worker: WorkerDescription, cause: str, stack: str) -> None:
         self.stack = stack
-        shown = ("\n  stack of the busy thread:\n    " + stack.rstrip().replace("\n", "\n    ")
-                 if stack else "\n  (no Python stack: the process did not answer)")  # fmt: skip
+        shown = (
+            "\n  stack of the busy thread:\n    " + stack.rstrip().replace("\n", "\n    ")
+            if stack
+            else "\n  (no Python stack: the process did not answer)"
+        )
         super().__init__(
-            stage, worker, cause + shown,
+            stage,
+            worker,
+            cause + shown,
             hint="the run treats the rank as failed: it is killed, replaced and the step "
             "replayed; raise trainer.stage_timeout_s if the call is only slow",
-        )  # fmt: skip
+        )
 
 
 class GroupTimeoutError(TimeoutError):

@@ -67,8 +67,13 @@ def bring_up(
             for rank, err in sorted(failures.items()):
                 logger.warning(
                     "%s of %s rank %d failed (attempt %d of %d), bringing it up again: %s",
-                    stage, group.name, rank, attempt, retries + 1, short_error(err),
-                )  # fmt: skip
+                    stage,
+                    group.name,
+                    rank,
+                    attempt,
+                    retries + 1,
+                    short_error(err),
+                )
             dead = {r for r, e in failures.items() if isinstance(e, DEAD_ERRORS)}
             lost = dead or set(failures)
     group.dead.difference_update(old)
@@ -104,8 +109,13 @@ def settle(group: Any, lost: set[int]) -> set[int]:
                 what = short_error(failures[r]) if r in failures else f"still in {beats[r]['busy']}"
                 logger.warning(
                     "%s rank %d: %s %.0f s after ranks %s were lost: killed, to be restored "
-                    "with them", group.name, r, what, group.abort_grace_s, sorted(lost),
-                )  # fmt: skip
+                    "with them",
+                    group.name,
+                    r,
+                    what,
+                    group.abort_grace_s,
+                    sorted(lost),
+                )
             return missing | stuck
         survivors = sorted(stuck)
         time.sleep(0.1)
@@ -177,12 +187,23 @@ def _report(group: Any, old: dict, spare: dict[int, bool]) -> list[Replacement]:
             warnings.warn(message, TopologyChangedWarning, stacklevel=4)
         logger.warning(
             "%s: replaced rank %d (pid %s -> %s, node %s -> %s), generation %d",
-            group.name, r, old[r].pid, new.pid, old[r].node_id, new.node_id, group.generation,
-        )  # fmt: skip
+            group.name,
+            r,
+            old[r].pid,
+            new.pid,
+            old[r].node_id,
+            new.node_id,
+            group.generation,
+        )
         out.append(
             Replacement(
-                r, old[r].node_id, new.node_id, old[r].pid, new.pid, group.generation,
+                r,
+                old[r].node_id,
+                new.node_id,
+                old[r].pid,
+                new.pid,
+                group.generation,
                 spare.get(r, False),
             )
-        )  # fmt: skip
+        )
     return out

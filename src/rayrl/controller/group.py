@@ -154,7 +154,9 @@ class WorkerGroup:
 
     # --- phase 1: create ----------------------------------------------------------------
 
-    def create(self, timeout_s: float = 60.0, *, blocking: bool = True) -> WorkerGroup | PhaseFuture:
+    def create(
+        self, timeout_s: float = 60.0, *, blocking: bool = True
+    ) -> WorkerGroup | PhaseFuture:
         """Place one actor per bundle and wait (bounded) until every one is alive.
 
         `blocking=False` returns once the actors are requested: a PhaseFuture whose

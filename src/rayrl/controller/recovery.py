@@ -67,13 +67,17 @@ class GroupSnapshot:
         ]
         _future(group, captured, "snapshot").get(timeout_s)
         calls = [
-            group.actor_handle(r, "snapshot")._rayrl_snapshot_publish.options(num_returns=2).remote()
+            group.actor_handle(r, "snapshot")
+            ._rayrl_snapshot_publish.options(num_returns=2)
+            .remote()
             for r in range(group.world_size)
         ]
         return cls(
-            group.name, [state for _, state in calls], time.perf_counter() - start,
+            group.name,
+            [state for _, state in calls],
+            time.perf_counter() - start,
             [done for done, _ in calls],
-        )  # fmt: skip
+        )
 
     def wait_stored(self, group: Any, timeout_s: float | None = None) -> None:
         """Until every rank's state is in the object store; SnapshotLostError when a
@@ -121,14 +125,21 @@ class GroupSnapshot:
 
 def _future(group: Any, refs: list[ObjectRef], stage: str) -> GroupFuture:
     return GroupFuture(
-        refs, list(range(group.world_size)), collect_list, stage=stage,
-        describe=group.describe, on_error=group._note_error, watchdog=group.watchdog,
-    )  # fmt: skip
+        refs,
+        list(range(group.world_size)),
+        collect_list,
+        stage=stage,
+        describe=group.describe,
+        on_error=group._note_error,
+        watchdog=group.watchdog,
+    )
 
 
 def _lost(cause: Any) -> bool:
     """Whether a task failed because an argument object was lost (Ray may wrap it)."""
     inner = getattr(cause, "cause", None)
-    return isinstance(inner, LOST_ERRORS) or "ObjectLostError" in type(cause).__name__ or (
-        "lost" in str(cause).lower() and "object" in str(cause).lower()
+    return (
+        isinstance(inner, LOST_ERRORS)
+        or "ObjectLostError" in type(cause).__name__
+        or ("lost" in str(cause).lower() and "object" in str(cause).lower())
     )

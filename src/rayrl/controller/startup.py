@@ -93,9 +93,7 @@ def start_groups(
             except Exception as err:  # noqa: BLE001 - kept, raised after the others finish
                 errors.append(err)
                 continue
-            inits.append(
-                phase.group.init(init_timeout_s, init_retries, blocking=False, **kwargs)
-            )
+            inits.append(phase.group.init(init_timeout_s, init_retries, blocking=False, **kwargs))
         for phase in inits:
             try:
                 phase.result()

@@ -127,7 +127,9 @@ class UsageSampler:
 
         cpu = rss = 0.0
         try:
-            children = self._process.children(recursive=True) if refresh else list(self._children.values())
+            children = (
+                self._process.children(recursive=True) if refresh else list(self._children.values())
+            )
         except psutil.Error:
             return 0.0, 0.0
         alive = {}

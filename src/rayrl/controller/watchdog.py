@@ -46,7 +46,9 @@ class Watchdog:
                 ray.get(ready)  # a failed rank raises here, before the others finish
                 continue
             if pending and time.monotonic() >= next_check:
-                running = [r for r, ref in zip(future.ranks, future.refs, strict=True) if ref in pending]
+                running = [
+                    r for r, ref in zip(future.ranks, future.refs, strict=True) if ref in pending
+                ]
                 self.check(future.stage, running, silent, future._describe)
                 next_check = time.monotonic() + self.check_every_s
         return ray.get(future.refs)
@@ -65,8 +67,12 @@ class Watchdog:
             if ref not in ready:
                 silent.setdefault(rank, now)
                 if now - silent[rank] > self.stage_timeout_s:
-                    self._raise(stage, rank, f"its heartbeat went unanswered for "
-                                f"{now - silent[rank]:.0f} s", actors[rank])  # fmt: skip
+                    self._raise(
+                        stage,
+                        rank,
+                        f"its heartbeat went unanswered for {now - silent[rank]:.0f} s",
+                        actors[rank],
+                    )
                 continue
             silent.pop(rank, None)
             try:
@@ -76,13 +82,14 @@ class Watchdog:
             if beat["busy"] and beat["idle_s"] > self.stage_timeout_s:
                 moved = ", ".join(f"{k} {v}" for k, v in sorted(beat["progress"].items()))
                 self._raise(
-                    stage, rank,
+                    stage,
+                    rank,
                     f"no progress in {beat['busy']} for {beat['idle_s']:.0f} s "
                     f"(trainer.stage_timeout_s={self.stage_timeout_s:g}; in it for "
                     f"{beat['busy_s']:.0f} s{', phase ' + beat['phase'] if beat['phase'] else ''}"
                     f"{', progress so far: ' + moved if moved else ''})",
                     actors[rank],
-                )  # fmt: skip
+                )
 
     def _raise(self, stage: str, rank: int, cause: str, actor: Any) -> None:
         try:

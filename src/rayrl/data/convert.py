@@ -53,10 +53,16 @@ def _messages(value: Any, system: str | None, suffix: str) -> list[dict]:
 
 
 def convert_rows(
-    rows: Iterable[dict], *, prompt_key: str = "prompt", answer_key: str = "answer",
-    data_source: str | None = None, ability: str = "general", split: str = "train",
-    system: str | None = None, suffix: str = "",
-) -> list[dict]:  # fmt: skip
+    rows: Iterable[dict],
+    *,
+    prompt_key: str = "prompt",
+    answer_key: str = "answer",
+    data_source: str | None = None,
+    ability: str = "general",
+    split: str = "train",
+    system: str | None = None,
+    suffix: str = "",
+) -> list[dict]:
     """Map rows with a question column and an answer column to verl's columns.
 
     The other columns of a row are kept in `extra_info`. `data_source` is required:
@@ -73,13 +79,15 @@ def convert_rows(
                     "name the right ones with --prompt-key / --answer-key"
                 )
         extra = {k: v for k, v in row.items() if k not in (prompt_key, answer_key)}
-        out.append({
-            "data_source": data_source,
-            "prompt": _messages(row[prompt_key], system, suffix),
-            "ability": ability,
-            "reward_model": {"style": "rule", "ground_truth": str(row[answer_key])},
-            "extra_info": {"split": split, "index": index, **extra},
-        })  # fmt: skip
+        out.append(
+            {
+                "data_source": data_source,
+                "prompt": _messages(row[prompt_key], system, suffix),
+                "ability": ability,
+                "reward_model": {"style": "rule", "ground_truth": str(row[answer_key])},
+                "extra_info": {"split": split, "index": index, **extra},
+            }
+        )
     return out
 
 
@@ -99,11 +107,18 @@ def gsm8k_rows(rows: Iterable[dict], split: str = "train") -> list[dict]:
         if "question" not in row or "answer" not in row:
             raise KeyError(f"row {index}: a GSM8K row has 'question' and 'answer' columns")
         question, answer = row["question"], row["answer"]
-        out.append({
-            "data_source": GSM8K_SOURCE,
-            "prompt": [{"role": "user", "content": f"{question} {GSM8K_INSTRUCTION}"}],
-            "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": gsm8k_answer(answer)},
-            "extra_info": {"split": split, "index": index, "answer": answer, "question": question},
-        })  # fmt: skip
+        out.append(
+            {
+                "data_source": GSM8K_SOURCE,
+                "prompt": [{"role": "user", "content": f"{question} {GSM8K_INSTRUCTION}"}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": gsm8k_answer(answer)},
+                "extra_info": {
+                    "split": split,
+                    "index": index,
+                    "answer": answer,
+                    "question": question,
+                },
+            }
+        )
     return out

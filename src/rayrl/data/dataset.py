@@ -182,8 +182,10 @@ class PromptDataset:
         if self.rejected:
             log.warning(
                 "%d of %d rows set aside (first: %s); see PromptDataset.rejected",
-                len(self.rejected), len(rows), self.rejected[0],
-            )  # fmt: skip
+                len(self.rejected),
+                len(rows),
+                self.rejected[0],
+            )
 
     def _encode(self, messages: list[dict]) -> tuple[list[int] | None, str | None]:
         """Token ids of the prompt with the chat template applied, or why there are none."""

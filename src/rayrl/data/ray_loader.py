@@ -44,13 +44,15 @@ def _tokenise(table: Any, tokenizer: Any, settings: dict) -> Any:
     ds = PromptDataset(rows, tokenizer, **settings)
     problems = {r.index: r.reason for r in ds.rejected}
     ids = dict(zip(ds.positions, ds.prompt_ids, strict=True))
-    return pa.table({
-        "uid": [_row_id(r) for r in rows],
-        "prompt_ids": [ids.get(i, []) for i in range(len(rows))],
-        "row": [json.dumps(r, default=str) for r in rows],
-        "ok": [int(i in ids) for i in range(len(rows))],
-        "problem": [problems.get(i, "") for i in range(len(rows))],
-    })  # fmt: skip
+    return pa.table(
+        {
+            "uid": [_row_id(r) for r in rows],
+            "prompt_ids": [ids.get(i, []) for i in range(len(rows))],
+            "row": [json.dumps(r, default=str) for r in rows],
+            "ok": [int(i in ids) for i in range(len(rows))],
+            "problem": [problems.get(i, "") for i in range(len(rows))],
+        }
+    )
 
 
 def _usable_in_order(table: Any, seed: int, epoch: int) -> Any:
@@ -67,11 +69,18 @@ class RayPromptLoader:
     """Training prompts read, tokenised and ordered by Ray Data (same API as PromptDataset)."""
 
     def __init__(
-        self, *, files: Sequence[str] | None = None, rows: list[dict] | None = None,
-        tokenizer: Any, max_prompt_length: int, truncation: str = "error",
-        filter_overlong: bool = True, prompt_key: str = "prompt", prefetch_batches: int = 2,
+        self,
+        *,
+        files: Sequence[str] | None = None,
+        rows: list[dict] | None = None,
+        tokenizer: Any,
+        max_prompt_length: int,
+        truncation: str = "error",
+        filter_overlong: bool = True,
+        prompt_key: str = "prompt",
+        prefetch_batches: int = 2,
         num_blocks: int = 0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         import pyarrow.compute as pc
         import ray.data
 
@@ -79,9 +88,11 @@ class RayPromptLoader:
             raise ValueError("RayPromptLoader needs either parquet files or rows")
         self.tokenizer, self.prefetch = tokenizer, prefetch_batches
         settings = {
-            "max_prompt_length": max_prompt_length, "truncation": truncation,
-            "filter_overlong": filter_overlong, "prompt_key": prompt_key,
-        }  # fmt: skip
+            "max_prompt_length": max_prompt_length,
+            "truncation": truncation,
+            "filter_overlong": filter_overlong,
+            "prompt_key": prompt_key,
+        }
         ctx = ray.data.DataContext.get_current()
         # Ray 2.60's V2 parquet reader spent 10-20 s in its file-listing task per read on
         # our 2-core machines; the V1 reader reads the same files in about a second.
@@ -93,12 +104,13 @@ class RayPromptLoader:
         # with the square of the block count; the order does not depend on the blocks.
         blocks = num_blocks or max(2, int(ray.cluster_resources().get("CPU", 2)))
         source = (
-            ray.data.read_parquet(list(files), override_num_blocks=blocks) if files
+            ray.data.read_parquet(list(files), override_num_blocks=blocks)
+            if files
             else ray.data.from_items(rows, override_num_blocks=blocks)
-        )  # fmt: skip
+        )
         self.base = source.map_batches(
             _tokenise, fn_args=(tokenizer, settings), batch_format="pyarrow"
-        ).materialize()  # fmt: skip
+        ).materialize()
         total = self.base.count()
         ok = self.base.select_columns(["ok"]).iter_batches(batch_format="pyarrow", batch_size=None)
         self._len = sum(int(pc.sum(t["ok"]).as_py() or 0) for t in ok)  # a scan, no shuffle
@@ -118,9 +130,11 @@ class RayPromptLoader:
     ) -> Iterator[Batch]:
         """Whole batches of an epoch from batch number `start` (the data position)."""
         stream = self.epoch(epoch, seed, shuffle).iter_batches(
-            batch_size=batch_size, batch_format="pyarrow", drop_last=True,
+            batch_size=batch_size,
+            batch_format="pyarrow",
+            drop_last=True,
             prefetch_batches=self.prefetch,
-        )  # fmt: skip
+        )
         for index, table in enumerate(stream):
             if index >= start:
                 yield self.collate_table(table)

@@ -105,8 +105,10 @@ class SFTDataset:
         if self.rejected:
             log.warning(
                 "%d of %d SFT rows set aside (first: %s); see SFTDataset.rejected",
-                len(self.rejected), len(rows), self.rejected[0],
-            )  # fmt: skip
+                len(self.rejected),
+                len(rows),
+                self.rejected[0],
+            )
 
     def _encode(self, row: Any) -> tuple[tuple[list[int], list[int]] | None, str | None]:
         prompt_key, prompt_nested, response_key, response_nested = self.keys
@@ -176,11 +178,15 @@ class SFTDataset:
             p, r = self.prompt_ids[i], self.response_ids[i]
             ids[row, width_p - len(p) : width_p + len(r)] = torch.tensor(p + r, dtype=torch.long)
             mask[row, width_p - len(p) : width_p + len(r)] = 1
-        return Batch({
-            "input_ids": ids, "attention_mask": mask,
-            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
-            "responses": ids[:, width_p:].clone(), "response_mask": mask[:, width_p:].clone(),
-        })  # fmt: skip
+        return Batch(
+            {
+                "input_ids": ids,
+                "attention_mask": mask,
+                "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+                "responses": ids[:, width_p:].clone(),
+                "response_mask": mask[:, width_p:].clone(),
+            }
+        )
 
     def batches(
         self, batch_size: int, *, epoch: int, seed: int, shuffle: bool = True, start: int = 0

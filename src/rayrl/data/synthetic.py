@@ -93,10 +93,12 @@ def demonstrations(
     rows = []
     for i, p in enumerate(_problems(task, size, seed)):
         right = choose.random() < correct_rate
-        rows.append({
-            "data_source": task,
-            "question": f"{p.question} {INSTRUCTION}",
-            "answer": p.answer if right else p.mistake,
-            "extra_info": {"index": i, "correct": right, "ground_truth": p.answer},
-        })  # fmt: skip
+        rows.append(
+            {
+                "data_source": task,
+                "question": f"{p.question} {INSTRUCTION}",
+                "answer": p.answer if right else p.mistake,
+                "extra_info": {"index": i, "correct": right, "ground_truth": p.answer},
+            }
+        )
     return rows

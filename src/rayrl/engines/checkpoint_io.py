@@ -33,9 +33,13 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 __all__ = [
-    "export_hf", "full_model_state_dict", "load_sharded", "quiet_dcp", "save_sharded",
+    "export_hf",
+    "full_model_state_dict",
+    "load_sharded",
+    "quiet_dcp",
+    "save_sharded",
     "write_hf_dir",
-]  # fmt: skip
+]
 
 
 # A rank's state with more than this many bytes on an accelerator is written one file

@@ -120,9 +120,11 @@ def _move_optimizer_state(
     """
     device = torch.device(device)
     host = optimizer.__dict__.setdefault("_rayrl_host_state", {})
-    states = optimizer.state.items() if params is None else [
-        (p, optimizer.state[p]) for p in params if p in optimizer.state
-    ]  # fmt: skip
+    states = (
+        optimizer.state.items()
+        if params is None
+        else [(p, optimizer.state[p]) for p in params if p in optimizer.state]
+    )
     for param, state in states:
         for key, value in state.items():
             if not isinstance(value, torch.Tensor) or key == "step" or value.device == device:
@@ -147,9 +149,13 @@ def _like(value: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     return DTensor.from_local(
-        local, value.device_mesh, value.placements, run_check=False,
-        shape=value.shape, stride=value.stride(),
-    )  # fmt: skip
+        local,
+        value.device_mesh,
+        value.placements,
+        run_check=False,
+        shape=value.shape,
+        stride=value.stride(),
+    )
 
 
 def pinned_host_buffer(like: torch.Tensor) -> torch.Tensor:

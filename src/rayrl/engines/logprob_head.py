@@ -96,10 +96,16 @@ class LogProbHead(nn.Linear):
         grad = torch.is_grad_enabled() and (flat.requires_grad or weight.requires_grad)
         nbytes = flat.shape[0] * weight.shape[0] * weight.element_size()
         logp, ent = _FusedLogProbs.apply(
-            flat, weight, bias, request.labels.reshape(-1).long(),
-            request.temperature, request.chunk_size, request.with_entropy,
-            self.chunk_math or EAGER, grad and keep_logits(nbytes, hidden.device),
-        )  # fmt: skip
+            flat,
+            weight,
+            bias,
+            request.labels.reshape(-1).long(),
+            request.temperature,
+            request.chunk_size,
+            request.with_entropy,
+            self.chunk_math or EAGER,
+            grad and keep_logits(nbytes, hidden.device),
+        )
         return torch.stack([logp, ent], dim=-1).reshape(*hidden.shape[:-1], 2)
 
 
@@ -243,9 +249,14 @@ class _FusedLogProbs(torch.autograd.Function):
             for start in range(0, n, chunk_size):
                 rows = slice(start, start + chunk_size)
                 logp[rows], log_norm[rows], ent[rows], raw = math.forward(
-                    hidden[rows], weight, bias, labels[rows], temperature, with_entropy,
+                    hidden[rows],
+                    weight,
+                    bias,
+                    labels[rows],
+                    temperature,
+                    with_entropy,
                     keep_logits,
-                )  # fmt: skip
+                )
                 ctx.kept.append(raw)
         ctx.save_for_backward(hidden, weight, bias, labels, log_norm, ent)
         ctx.temperature, ctx.chunk_size, ctx.with_entropy = temperature, chunk_size, with_entropy
@@ -270,10 +281,17 @@ class _FusedLogProbs(torch.autograd.Function):
                 rows = slice(start, start + ctx.chunk_size)
                 logits, ctx.kept[i] = ctx.kept[i], None  # freed as the backward goes
                 g = ctx.math.backward(
-                    hidden[rows], weight, bias, labels[rows], log_norm[rows], ctx.temperature,
+                    hidden[rows],
+                    weight,
+                    bias,
+                    labels[rows],
+                    log_norm[rows],
+                    ctx.temperature,
                     None if grad_logp is None else grad_logp[rows],
-                    ent[rows] if use_ent else None, grad_ent[rows] if use_ent else None, logits,
-                )  # fmt: skip
+                    ent[rows] if use_ent else None,
+                    grad_ent[rows] if use_ent else None,
+                    logits,
+                )
                 if need_h:
                     grad_h[rows] = g @ weight
                 if need_w:

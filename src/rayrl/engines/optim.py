@@ -120,9 +120,13 @@ def build_optimizer(
     if not trainable:
         raise ValueError("the model has no trainable parameters (all requires_grad=False).")
     return torch.optim.AdamW(
-        trainable, lr=spec.lr, betas=spec.betas, eps=spec.eps, weight_decay=spec.weight_decay,
+        trainable,
+        lr=spec.lr,
+        betas=spec.betas,
+        eps=spec.eps,
+        weight_decay=spec.weight_decay,
         fused=fused or None,
-    )  # fmt: skip
+    )
 
 
 def build_lr_scheduler(
@@ -162,5 +166,7 @@ def warn_nonfinite_gradients(model: torch.nn.Module, norm: float, skipped: int) 
         "gradient norm %s: optimizer step skipped (%d skipped so far). Non-finite gradients "
         "on this rank in %s. Check the loss inputs (advantages, old/ref log-probs) for NaN "
         "and lower the learning rate if the weights diverged.",
-        norm, skipped, shown or "no parameter of this rank (another rank's shard)",
-    )  # fmt: skip
+        norm,
+        skipped,
+        shown or "no parameter of this rank (another rank's shard)",
+    )

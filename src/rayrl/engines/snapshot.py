@@ -45,7 +45,9 @@ def nbytes(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> int:
     """Bytes a `capture` of this rank holds: the trainable tensors' local parts and the
     optimizer's state (before its first step: two moments per trainable element, as
     AdamW will make)."""
-    weights = sum(_local(p).numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    weights = sum(
+        _local(p).numel() * p.element_size() for p in model.parameters() if p.requires_grad
+    )
     if optimizer is None:
         return weights
     state = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]

@@ -175,9 +175,12 @@ class TrainEngine:
         self.train_steps = 0
         self.flop_model = FlopModel.of(model) if not value_head else None
         self.residency = Residency(
-            model, self.optimizer, self.device,
-            param_offload=param_offload, optimizer_offload=optimizer_offload,
-        )  # fmt: skip
+            model,
+            self.optimizer,
+            self.device,
+            param_offload=param_offload,
+            optimizer_offload=optimizer_offload,
+        )
 
     # ---------------------------------------------------------------- forward
     def forward(
@@ -321,7 +324,9 @@ class TrainEngine:
             (loss * self.world_size).backward()
             progress.tick(micro_batches=1)
         keys = sorted(shares)  # the same loss_fn on every rank: the same keys
-        summed = all_reduce(torch.stack([shares[k] for k in keys]).tolist(), self.sharded, self.device)
+        summed = all_reduce(
+            torch.stack([shares[k] for k in keys]).tolist(), self.sharded, self.device
+        )
         totals = dict(zip(keys, summed, strict=True))
         for key in keys:
             if key != "loss":
@@ -367,11 +372,15 @@ class TrainEngine:
         packed = self.use_remove_padding and worth_packing(batch["attention_mask"], self.device)
         with torch.autocast("cuda", dtype=torch.bfloat16) if autocast else nullcontext():
             outputs = response_outputs(
-                self.model, rows_cpu, packed=packed, value_head=self.value_head,
+                self.model,
+                rows_cpu,
+                packed=packed,
+                value_head=self.value_head,
                 temperature=float(batch.meta.get("temperature", 1.0)),
                 with_entropy=with_entropy and not self.value_head,
-                chunk_size=self.logit_chunk_size, device=self.device,
-            )  # fmt: skip
+                chunk_size=self.logit_chunk_size,
+                device=self.device,
+            )
         return micro, outputs
 
     # ------------------------------------------------------ memory and state
@@ -390,8 +399,10 @@ class TrainEngine:
 
     def _require_trainable(self) -> None:
         if not self.trainable:
-            raise RuntimeError("this engine was built with trainable=False (a frozen reference "
-                               "model): it cannot train or checkpoint; build it trainable.")
+            raise RuntimeError(
+                "this engine was built with trainable=False (a frozen reference "
+                "model): it cannot train or checkpoint; build it trainable."
+            )
 
     # ------------------------------------------------ recovery (step boundaries)
     def snapshot(self, reuse: bool = False) -> dict[str, Any]:

@@ -42,7 +42,9 @@ def _dim0_shard(param: Tensor) -> bool:
     return hasattr(data, "full_tensor") and tuple(data.placements) == (Shard(0),)
 
 
-def _gather_bucket(params: list[tuple[str, Tensor]], dtype: torch.dtype) -> list[tuple[str, Tensor]]:
+def _gather_bucket(
+    params: list[tuple[str, Tensor]], dtype: torch.dtype
+) -> list[tuple[str, Tensor]]:
     """Full tensors of dim-0 shards on one mesh, with ONE all-gather for the bucket.
 
     Each rank packs its shards, cast to ``dtype`` and padded to the chunk size

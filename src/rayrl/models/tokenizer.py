@@ -71,8 +71,18 @@ _STORY = (
     "{name} reads {a} pages every day for {b} days. How many pages does {pronoun_l} read?",
     "A shop sells {item} for {a} dollars each. {name} buys {b}. How much does {pronoun_l} pay?",
 )
-_NAMES = {"Tom": "He", "Ben": "He", "Sam": "He", "Max": "He", "Leo": "He",
-          "Anna": "She", "Lily": "She", "Mia": "She", "Zoe": "She", "Ivy": "She"}  # fmt: skip
+_NAMES = {
+    "Tom": "He",
+    "Ben": "He",
+    "Sam": "He",
+    "Max": "He",
+    "Leo": "He",
+    "Anna": "She",
+    "Lily": "She",
+    "Mia": "She",
+    "Zoe": "She",
+    "Ivy": "She",
+}
 _ITEMS = ("apples", "books", "cookies", "eggs", "pencils", "marbles", "tickets", "coins")
 
 

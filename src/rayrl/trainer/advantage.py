@@ -72,17 +72,26 @@ class AdvantageStage:
         mask, rewards = batch["response_mask"], batch["token_level_scores"]
         if alg.use_kl_in_reward:
             rewards, kl = apply_kl_penalty(
-                rewards, batch["old_log_probs"], batch["ref_log_prob"], mask,
-                self.kl_ctrl.value, estimator=alg.kl_penalty,
-            )  # fmt: skip
+                rewards,
+                batch["old_log_probs"],
+                batch["ref_log_prob"],
+                mask,
+                self.kl_ctrl.value,
+                estimator=alg.kl_penalty,
+            )
             self.kl_ctrl.update(float(kl["reward_kl_penalty"]), n_steps=len(batch))
             metrics.update({f"actor/{k}": float(v) for k, v in kl.items()})
         adv, returns = compute_advantages(
-            alg.adv_estimator, token_level_rewards=rewards, response_mask=mask,
-            index=batch["uid"], values=batch.tensors.get("values"),
-            reward_baselines=batch.tensors.get("reward_baselines"), gamma=alg.gamma,
-            lam=alg.lam, norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
-        )  # fmt: skip
+            alg.adv_estimator,
+            token_level_rewards=rewards,
+            response_mask=mask,
+            index=batch["uid"],
+            values=batch.tensors.get("values"),
+            reward_baselines=batch.tensors.get("reward_baselines"),
+            gamma=alg.gamma,
+            lam=alg.lam,
+            norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
+        )
         batch["token_level_rewards"], batch["advantages"], batch["returns"] = rewards, adv, returns
         metrics["critic/advantages/mean"] = float(masked_mean(adv, mask))
         metrics["critic/returns/mean"] = float(masked_mean(returns, mask))

@@ -90,7 +90,9 @@ class ChaosMonkey:
     def _loop(self) -> None:
         while not self._stop.is_set() and len(self.done) < self.kills:
             step = self.trainer.state.global_step  # the step in progress
-            allowed = (self.steps is None or step in self.steps) and step < self.trainer.total_steps()
+            allowed = (
+                self.steps is None or step in self.steps
+            ) and step < self.trainer.total_steps()
             if not allowed or self.done and self.done[-1].step >= step or not self.trainer.replay:
                 time.sleep(0.05)
                 continue
@@ -98,8 +100,14 @@ class ChaosMonkey:
             kill = self._try(step, stage)
             if kill is not None:
                 self.done.append(kill)
-                log.warning("chaos: killed %s rank %d (pid %d) in %s of step %d",
-                            kill.group, kill.rank, kill.pid, kill.stage, step)  # fmt: skip
+                log.warning(
+                    "chaos: killed %s rank %d (pid %d) in %s of step %d",
+                    kill.group,
+                    kill.rank,
+                    kill.pid,
+                    kill.stage,
+                    step,
+                )
             else:
                 self.missed.append((step, stage))
 
@@ -167,10 +175,14 @@ def compare_runs(clean: dict, chaos: dict) -> dict[str, Any]:
     a, b = clean["weights"], chaos["weights"]
     same_weights = a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     rows = list(zip(clean["history"], chaos["history"], strict=False))
-    differ = sorted({
-        k for x, y in rows for k in deterministic(x).keys() | deterministic(y).keys()
-        if not _same(x.get(k), y.get(k))
-    })  # fmt: skip
+    differ = sorted(
+        {
+            k
+            for x, y in rows
+            for k in deterministic(x).keys() | deterministic(y).keys()
+            if not _same(x.get(k), y.get(k))
+        }
+    )
     uids = [u for _, step_uids in chaos["ledger"] for u in step_uids]
     return {
         "weights_identical": same_weights,

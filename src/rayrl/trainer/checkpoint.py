@@ -59,7 +59,11 @@ class TrainerState:
 
 def driver_rng() -> dict[str, Any]:
     """The controller process's RNGs (Python, NumPy, torch CPU)."""
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
 
 
 def restore_driver_rng(state: dict[str, Any]) -> None:

@@ -23,9 +23,14 @@ LOADERS: Registry[Callable[..., Any]] = Registry("data loader", config_key="data
 def _dataset(rows: list[dict], tokenizer: Any, cfg: RayRLConfig, sources=None) -> PromptDataset:
     d = cfg.data
     return PromptDataset(
-        rows, tokenizer, max_prompt_length=d.max_prompt_length, truncation=d.truncation,
-        filter_overlong=d.filter_overlong_prompts, prompt_key=d.prompt_key, sources=sources,
-    )  # fmt: skip
+        rows,
+        tokenizer,
+        max_prompt_length=d.max_prompt_length,
+        truncation=d.truncation,
+        filter_overlong=d.filter_overlong_prompts,
+        prompt_key=d.prompt_key,
+        sources=sources,
+    )
 
 
 def _files_dataset(files: Any, tokenizer: Any, cfg: RayRLConfig) -> PromptDataset:
@@ -38,7 +43,9 @@ def default_loader(cfg: RayRLConfig, tokenizer: Any) -> PromptDataset:
     d = cfg.data
     if d.train_files:
         return _files_dataset(d.train_files, tokenizer, cfg)
-    return _dataset(synthetic_rows(d.synthetic_task, d.synthetic_size, cfg.trainer.seed), tokenizer, cfg)
+    return _dataset(
+        synthetic_rows(d.synthetic_task, d.synthetic_size, cfg.trainer.seed), tokenizer, cfg
+    )
 
 
 @LOADERS.register("ray")
@@ -49,11 +56,15 @@ def ray_loader(cfg: RayRLConfig, tokenizer: Any):
     files = [d.train_files] if isinstance(d.train_files, str) else list(d.train_files)
     rows = None if files else synthetic_rows(d.synthetic_task, d.synthetic_size, cfg.trainer.seed)
     return RayPromptLoader(
-        files=files or None, rows=rows, tokenizer=tokenizer,
-        max_prompt_length=d.max_prompt_length, truncation=d.truncation,
-        filter_overlong=d.filter_overlong_prompts, prompt_key=d.prompt_key,
+        files=files or None,
+        rows=rows,
+        tokenizer=tokenizer,
+        max_prompt_length=d.max_prompt_length,
+        truncation=d.truncation,
+        filter_overlong=d.filter_overlong_prompts,
+        prompt_key=d.prompt_key,
         num_blocks=d.dataloader_num_workers,
-    )  # fmt: skip
+    )
 
 
 def synthetic_val_rows(cfg: RayRLConfig) -> list[dict]:

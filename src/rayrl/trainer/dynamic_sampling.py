@@ -96,7 +96,9 @@ def concat_left_padded(parts: list[Batch]) -> Batch:
     attention mask is zero."""
     tensors = {}
     for key in parts[0].tensors:
-        width = max(p.tensors[key].shape[-1] for p in parts) if parts[0].tensors[key].dim() > 1 else 0
+        width = (
+            max(p.tensors[key].shape[-1] for p in parts) if parts[0].tensors[key].dim() > 1 else 0
+        )
         cols = []
         for p in parts:
             t = p.tensors[key]

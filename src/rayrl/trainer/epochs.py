@@ -25,9 +25,15 @@ def total_steps(trainer_cfg: Any, rows: int, batch_size: int) -> int:
 
 
 def epoch_batches(
-    dataset: Any, batch_size: int, *, start: TrainerState, total: int, epochs: int | None,
-    seed: int, shuffle: bool,
-) -> Iterator[tuple[int, Batch]]:  # fmt: skip
+    dataset: Any,
+    batch_size: int,
+    *,
+    start: TrainerState,
+    total: int,
+    epochs: int | None,
+    seed: int,
+    shuffle: bool,
+) -> Iterator[tuple[int, Batch]]:
     """(step, batch) from `start` until `total` steps (or `epochs` epochs, when given).
     Each batch's meta carries `step`, `epoch` and `batch_index` (its index in the epoch)."""
     step, epoch, first = start.global_step, start.epoch, start.batch

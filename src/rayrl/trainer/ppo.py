@@ -212,10 +212,14 @@ class PPOTrainer:
         `batch_index` (its index in the epoch)."""
         d, t = self.cfg.data, self.cfg.trainer
         return epoch_batches(
-            self.dataset, d.train_batch_size, start=start or TrainerState(),
-            total=self.total_steps(), seed=t.seed, shuffle=d.shuffle,
+            self.dataset,
+            d.train_batch_size,
+            start=start or TrainerState(),
+            total=self.total_steps(),
+            seed=t.seed,
+            shuffle=d.shuffle,
             epochs=None if t.total_training_steps is not None else t.total_epochs,
-        )  # fmt: skip
+        )
 
     def _advance(self, prompts: Batch) -> None:
         """The state after the step on `prompts`: the next data position included."""
@@ -233,12 +237,18 @@ class PPOTrainer:
         Ctrl-C stops at a safe point with a checkpoint (`self.stopped` then)."""
         t = self.cfg.trainer
         self.resume()
-        self.start_state = replace(self.state, rng=driver_rng(), kl_ctrl=self.advantage.state_dict())
+        self.start_state = replace(
+            self.state, rng=driver_rng(), kl_ctrl=self.advantage.state_dict()
+        )
         total, history = self.total_steps(), []
         tracking = Tracking(
-            t.logger, self.run_dir.root, project=t.project_name, experiment=t.experiment_name,
-            config=_config_dict(self.cfg), print_fn=self.print,
-        )  # fmt: skip
+            t.logger,
+            self.run_dir.root,
+            project=t.project_name,
+            experiment=t.experiment_name,
+            config=_config_dict(self.cfg),
+            print_fn=self.print,
+        )
         validator = Validator(self, self.val_dataset) if self.val_dataset else None
         replay = self.replay = StepReplay(self)
         try:
@@ -277,9 +287,12 @@ class PPOTrainer:
                     interrupt.check()
                     metrics = replay.run_step(prompts)
                     self._advance(prompts)
-                    metrics.update(replay.run(
-                        lambda p=prompts: self._after_step(p, total, validator), "checkpoint and validation"
-                    ))  # fmt: skip
+                    metrics.update(
+                        replay.run(
+                            lambda p=prompts: self._after_step(p, total, validator),
+                            "checkpoint and validation",
+                        )
+                    )
                     tracking.log(metrics, step=self.state.global_step)
                     history.append(metrics)
                     if on_step:
@@ -370,7 +383,9 @@ class PPOTrainer:
                     metrics.update(entropy_metric(self.cfg, old["entropy"], batch["response_mask"]))
             if self.use_ref and "ref" not in riding:
                 with timer(timing, "ref"):
-                    batch = batch.union(self.calls.run("ref", self.actor.compute_ref_log_prob, batch))
+                    batch = batch.union(
+                        self.calls.run("ref", self.actor.compute_ref_log_prob, batch)
+                    )
             if self.critic is not None:
                 with timer(timing, "values"):
                     batch = batch.union(self.calls.run("values", self.critic.compute_values, batch))
@@ -383,7 +398,9 @@ class PPOTrainer:
             if self.critic is not None:
                 with timer(timing, "update_critic"):
                     metrics.update(
-                        self.calls.run("update_critic", self.critic.update_critic, batch, mutates=True)
+                        self.calls.run(
+                            "update_critic", self.critic.update_critic, batch, mutates=True
+                        )
                     )
             self.trained_uids = sorted(set(batch["uid"]))
             if self._actor_learns(prompts):
@@ -434,8 +451,10 @@ class PPOTrainer:
         if errors:
             log.warning(
                 "reward: %d of %d samples failed to score and count 0 (first: %s)",
-                len(errors), len(batch), errors[0],
-            )  # fmt: skip
+                len(errors),
+                len(batch),
+                errors[0],
+            )
         return batch
 
     def _greedy_baselines(self, prompts: Batch, batch: Batch):
@@ -458,7 +477,9 @@ class PPOTrainer:
         fresh["uid"] = np.array([f"{u}@{round_}" for u in fresh["uid"]], dtype=object)
         fresh.meta.update(prompts.meta)
         batch = self.calls.run("gen_extra", self.actor.generate, fresh)
-        return self._scored(batch, self.calls.run("reward_extra", self.reward.compute_score, batch), metrics)
+        return self._scored(
+            batch, self.calls.run("reward_extra", self.reward.compute_score, batch), metrics
+        )
 
 
 def _keep(cfg: RayRLConfig) -> int | None:

@@ -82,9 +82,11 @@ def connect(cfg: RayRLConfig) -> RaySession:
             dashboard = res.dashboard and _dashboard_installed()
             port = free_port(res.dashboard_host, res.dashboard_port) if dashboard else None
             kwargs.update(
-                address="local", include_dashboard=dashboard,
-                dashboard_host=res.dashboard_host, dashboard_port=port or res.dashboard_port,
-            )  # fmt: skip
+                address="local",
+                include_dashboard=dashboard,
+                dashboard_host=res.dashboard_host,
+                dashboard_port=port or res.dashboard_port,
+            )
         with _inherited(WORKER_ENV if not address else {}):
             ray.init(**kwargs)
         started = not address

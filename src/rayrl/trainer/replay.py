@@ -152,12 +152,19 @@ class StepReplay:
         trainer.print(f"recovering from a worker failure in {what}: {_one_line(err)}")
         replaced = []
         for group, ranks in failed.items():
-            for done in group.replace(sorted(ranks), timeout_s=res.init_timeout_s,
-                                      retries=res.init_retries):  # fmt: skip
+            for done in group.replace(
+                sorted(ranks), timeout_s=res.init_timeout_s, retries=res.init_retries
+            ):
                 replaced.append(
-                    {"group": group.name, "rank": done.rank, "old_pid": done.old_pid,
-                     "new_pid": done.new_pid, "old_node": done.old_node, "new_node": done.new_node}
-                )  # fmt: skip
+                    {
+                        "group": group.name,
+                        "rank": done.rank,
+                        "old_pid": done.old_pid,
+                        "new_pid": done.new_pid,
+                        "old_node": done.old_node,
+                        "new_node": done.new_node,
+                    }
+                )
                 if done.moved:
                     formed = f"; its process group re-formed as generation {done.generation}"
                     trainer.print(
@@ -215,7 +222,9 @@ class StepReplay:
             failed: dict[Any, set[int]] = {}
             for group in groups:
                 ranks = set(group.check_health(timeout_s=10.0).failed)
-                if (err.dead or isinstance(err, WorkerHungError)) and err.worker.group == group.name:
+                if (
+                    err.dead or isinstance(err, WorkerHungError)
+                ) and err.worker.group == group.name:
                     ranks.add(err.rank)
                 if ranks:
                     failed[group] = ranks

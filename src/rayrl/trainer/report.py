@@ -17,18 +17,33 @@ from rayrl.trainer.run_dir import RunDir, read_metrics
 PANELS: dict[str, tuple[str, str, list[str]]] = {
     "score": ("Training score", "score", ["critic/score/mean"]),
     "val_score": ("Validation score", "score", ["val-core/"]),
-    "kl": ("KL to the reference", "KL", ["actor/kl_loss", "actor/reward_kl_penalty", "actor/ppo_kl"]),
+    "kl": (
+        "KL to the reference",
+        "KL",
+        ["actor/kl_loss", "actor/reward_kl_penalty", "actor/ppo_kl"],
+    ),
     "entropy": ("Entropy", "nats/token", ["actor/entropy", "actor/entropy_loss"]),
     "response_length": ("Response length", "tokens", ["response_length/mean"]),
     "loss": ("SFT loss (response tokens)", "nats/token", ["train/loss", "val/loss"]),
-    "grad_norm": ("Gradient norm", "norm", ["actor/grad_norm", "critic/grad_norm", "train/grad_norm"]),
+    "grad_norm": (
+        "Gradient norm",
+        "norm",
+        ["actor/grad_norm", "critic/grad_norm", "train/grad_norm"],
+    ),
     "throughput": ("Throughput per GPU", "tokens/s", ["perf/throughput"]),
 }
 STAGE_PREFIX = "timing_s/"
 
 
 def _series(rows: list[dict], names: list[str]) -> dict[str, tuple[list[int], list[float]]]:
-    keys = sorted({k for r in rows for k in r if any(k == n or (n.endswith("/") and k.startswith(n)) for n in names)})
+    keys = sorted(
+        {
+            k
+            for r in rows
+            for k in r
+            if any(k == n or (n.endswith("/") and k.startswith(n)) for n in names)
+        }
+    )
     out = {}
     for key in keys:
         points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
@@ -56,7 +71,9 @@ def _timing_plot(path: Path, rows: list[dict]) -> bool:
     import matplotlib.pyplot as plt
 
     rows = [r for r in rows if any(k.startswith(STAGE_PREFIX) for k in r)]
-    stages = sorted({k for r in rows for k in r if k.startswith(STAGE_PREFIX) and k != "timing_s/step"})
+    stages = sorted(
+        {k for r in rows for k in r if k.startswith(STAGE_PREFIX) and k != "timing_s/step"}
+    )
     if not stages:
         return False
     steps = [r["step"] for r in rows]

@@ -31,9 +31,11 @@ def reward_colocated(cfg: RayRLConfig, device: str) -> bool:
     calls then queue behind the actor's (scoring a batch takes milliseconds) and one
     worker process fewer starts."""
     return (
-        cfg.reward.colocate and device == "cpu" and cfg.world_size == 1
+        cfg.reward.colocate
+        and device == "cpu"
+        and cfg.world_size == 1
         and not cfg.reward_model.enable
-    )  # fmt: skip
+    )
 
 
 def pools_from_config(cfg: RayRLConfig, device: str) -> list[PoolSpec]:
@@ -63,8 +65,11 @@ def pools_from_config(cfg: RayRLConfig, device: str) -> list[PoolSpec]:
         reward_bundle["GPU"] = 1.0
     pools.append(
         PoolSpec(
-            name="reward", per_node=[1], bundle=reward_bundle, strategy="PACK",
+            name="reward",
+            per_node=[1],
+            bundle=reward_bundle,
+            strategy="PACK",
             capacity_factor=res.capacity_factor,
         )
-    )  # fmt: skip
+    )
     return pools

@@ -41,9 +41,11 @@ def start_roles(trainer: Any, device: str) -> None:
     if "reward" not in roles:
         starts.append(_new_group(trainer, {"reward": reward}, trainer.pools[1], "reward"))
     start_groups(
-        starts, create_timeout_s=res.create_timeout_s, init_timeout_s=res.init_timeout_s,
+        starts,
+        create_timeout_s=res.create_timeout_s,
+        init_timeout_s=res.init_timeout_s,
         init_retries=res.init_retries,
-    )  # fmt: skip
+    )
     trainer.hybrid = hybrid
     trainer.actor = hybrid.view("actor") if len(roles) > 1 else hybrid
     trainer.critic = hybrid.view("critic") if trainer.use_critic else None
@@ -62,10 +64,15 @@ def _new_group(
         init = {role: kwargs for role, (_, kwargs) in roles.items()}
     env = debug_env(trainer.cfg)
     group = WorkerGroup(
-        cls, pool.bundles, role=name, run=trainer.run, kv=trainer.kv, pool=pool,
+        cls,
+        pool.bundles,
+        role=name,
+        run=trainer.run,
+        kv=trainer.kv,
+        pool=pool,
         runtime_env={"env_vars": env} if env else None,
         usage_interval_s=trainer.cfg.trainer.usage_interval_s,
-    )  # fmt: skip
+    )
     trainer.groups.append(group)
     group.stage_timeout_s = trainer.cfg.trainer.stage_timeout_s or None
     return group, {**init, "pg_timeout_s": trainer.cfg.actor_rollout_ref.nccl_timeout}

@@ -1,16 +1,16 @@
 """The run directory: where everything a training run makes is kept.
 
-    OUTPUT_DIR/
-      config.yaml               the resolved config of the run
-      metrics.jsonl             one JSON object per step (every metric, with "step")
-      workers.json              each worker's roles, rank, node, pid, Ray log file,
-                                torch threads and init span (when its init ran)
-      checkpoints/global_step_N/  actor/ (critic/) shards + trainer_state.pt; `latest`
-      hf/                       the final Hugging Face export
-      val_generations/step_N.jsonl  example validation generations
-      tensorboard/, wandb/, mlruns/  tracker outputs, when those trackers are on
-      report/                   `rayrl report`'s plots and report.html
-      tiny-model/               the demo's model, when no model path is given
+OUTPUT_DIR/
+  config.yaml               the resolved config of the run
+  metrics.jsonl             one JSON object per step (every metric, with "step")
+  workers.json              each worker's roles, rank, node, pid, Ray log file,
+                            torch threads and init span (when its init ran)
+  checkpoints/global_step_N/  actor/ (critic/) shards + trainer_state.pt; `latest`
+  hf/                       the final Hugging Face export
+  val_generations/step_N.jsonl  example validation generations
+  tensorboard/, wandb/, mlruns/  tracker outputs, when those trackers are on
+  report/                   `rayrl report`'s plots and report.html
+  tiny-model/               the demo's model, when no model path is given
 """
 
 from __future__ import annotations

@@ -53,10 +53,13 @@ def sft_pool(cfg: SFTConfig, device: str) -> PoolSpec:
     res = cfg.resources
     bundle = {"CPU": float(res.cpus_per_worker), **({"GPU": 1.0} if device == "cuda" else {})}
     return PoolSpec(
-        name="sft", per_node=[cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes, bundle=bundle,
-        strategy="STRICT_PACK", capacity_factor=res.capacity_factor,
+        name="sft",
+        per_node=[cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes,
+        bundle=bundle,
+        strategy="STRICT_PACK",
+        capacity_factor=res.capacity_factor,
         loader_workers=res.loader_workers,
-    )  # fmt: skip
+    )
 
 
 class SFTTrainer:
@@ -105,16 +108,24 @@ class SFTTrainer:
         self.pools = reserve_pools([sft_pool(cfg, device)], self.run, res.wait_timeout_s)
         env = debug_env(cfg)
         self.group = WorkerGroup(
-            SFTWorker, self.pools[0].bundles, role="sft", run=self.run, kv=self.kv,
-            pool=self.pools[0], runtime_env={"env_vars": env} if env else None,
-        )  # fmt: skip
+            SFTWorker,
+            self.pools[0].bundles,
+            role="sft",
+            run=self.run,
+            kv=self.kv,
+            pool=self.pools[0],
+            runtime_env={"env_vars": env} if env else None,
+        )
         self.group.create(timeout_s=res.create_timeout_s)
         self.group.init(
-            timeout_s=res.init_timeout_s, retries=res.init_retries, config=cfg,
-            model_path=self.model_path, total_steps=self.total_steps(),
+            timeout_s=res.init_timeout_s,
+            retries=res.init_retries,
+            config=cfg,
+            model_path=self.model_path,
+            total_steps=self.total_steps(),
             backend=("nccl" if device == "cuda" else "gloo") if self.group.world_size > 1 else None,
             pg_timeout_s=PG_TIMEOUT_S,
-        )  # fmt: skip
+        )
         self.run_dir.write_workers([self.group], self.session.log_dir)
         nodes = ", ".join(str(i.get("node_id") or "?")[:8] for i in self.group.infos)
         self.print(f"sft: {self.group.world_size} worker(s) on node(s) {nodes}")
@@ -162,9 +173,13 @@ class SFTTrainer:
         self.resume()
         total, history = self.total_steps(), []
         tracking = Tracking(
-            t.logger, self.run_dir.root, project=t.project_name, experiment=t.experiment_name,
-            config=_config_dict(self.cfg), print_fn=self.print,
-        )  # fmt: skip
+            t.logger,
+            self.run_dir.root,
+            project=t.project_name,
+            experiment=t.experiment_name,
+            config=_config_dict(self.cfg),
+            print_fn=self.print,
+        )
         epochs = None if t.total_training_steps is not None else t.total_epochs
         try:
             if self.state.global_step >= total:
@@ -173,9 +188,14 @@ class SFTTrainer:
                     f"{total}; set trainer.resume_mode=disable or another trainer.output_dir"
                 )
             batches = epoch_batches(
-                self.dataset, d.train_batch_size, start=self.state, total=total, epochs=epochs,
-                seed=t.seed, shuffle=d.shuffle,
-            )  # fmt: skip
+                self.dataset,
+                d.train_batch_size,
+                start=self.state,
+                total=total,
+                epochs=epochs,
+                seed=t.seed,
+                shuffle=d.shuffle,
+            )
             for step, batch in batches:
                 metrics = self.step(batch)
                 self.state = position_after(self.state, batch, self.steps_per_epoch())
@@ -196,10 +216,13 @@ class SFTTrainer:
         metrics = self.group.train_batch(batch)
         seconds = time.perf_counter() - start
         tokens = float(batch["attention_mask"].sum())
-        metrics.update({
-            "timing_s/step": seconds, "perf/total_num_tokens": tokens,
-            "perf/throughput": tokens / (seconds * self.group.world_size),  # per GPU, as verl
-        })  # fmt: skip
+        metrics.update(
+            {
+                "timing_s/step": seconds,
+                "perf/total_num_tokens": tokens,
+                "perf/throughput": tokens / (seconds * self.group.world_size),  # per GPU, as verl
+            }
+        )
         return metrics
 
     def _after_step(self, batch: Batch, total: int) -> dict[str, float]:

@@ -20,11 +20,17 @@ from rayrl.data.synthetic import demonstrations, held_out_rows
 def _dataset(cfg: SFTConfig, tokenizer: Any, rows: list[dict], sources=None) -> SFTDataset:
     d = cfg.data
     return SFTDataset(
-        rows, tokenizer, prompt_key=d.prompt_key, response_key=d.response_key,
-        prompt_dict_keys=d.prompt_dict_keys, response_dict_keys=d.response_dict_keys,
-        max_length=d.max_length, truncation=d.truncation,
-        chat_template_kwargs=d.apply_chat_template_kwargs, sources=sources,
-    )  # fmt: skip
+        rows,
+        tokenizer,
+        prompt_key=d.prompt_key,
+        response_key=d.response_key,
+        prompt_dict_keys=d.prompt_dict_keys,
+        response_dict_keys=d.response_dict_keys,
+        max_length=d.max_length,
+        truncation=d.truncation,
+        chat_template_kwargs=d.apply_chat_template_kwargs,
+        sources=sources,
+    )
 
 
 def _files(cfg: SFTConfig, tokenizer: Any, files: list[str], limit: int) -> SFTDataset:

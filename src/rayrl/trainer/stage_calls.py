@@ -67,7 +67,9 @@ class StageCalls:
         """`method(*args, **kwargs)` (a group method), or its kept result."""
         return self.start(stage, method, *args, mutates=mutates, **kwargs).get()
 
-    def start(self, stage: str, method: Any, *args: Any, mutates: bool = False, **kwargs: Any) -> _Started:
+    def start(
+        self, stage: str, method: Any, *args: Any, mutates: bool = False, **kwargs: Any
+    ) -> _Started:
         """`method.remote(*args, **kwargs)`, or the kept call; `.get()` the result."""
         key = (stage, self.counts[stage])
         self.counts[stage] += 1

@@ -134,9 +134,12 @@ class WandbTracker:
         import wandb
 
         self.run = wandb.init(
-            project=project, name=experiment, config=config, dir=str(run_dir),
+            project=project,
+            name=experiment,
+            config=config,
+            dir=str(run_dir),
             mode=os.environ.get("WANDB_MODE", "offline"),
-        )  # fmt: skip
+        )
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)
@@ -185,15 +188,24 @@ class Tracking:
     """Every tracker the config names, plus metrics.jsonl; `log` fans out to them."""
 
     def __init__(
-        self, names: list[str], run_dir: Path, *, project: str, experiment: str,
-        config: dict, print_fn: Callable[[str], None] = print,
-    ) -> None:  # fmt: skip
+        self,
+        names: list[str],
+        run_dir: Path,
+        *,
+        project: str,
+        experiment: str,
+        config: dict,
+        print_fn: Callable[[str], None] = print,
+    ) -> None:
         check_trackers(names)
         ordered = ["jsonl", *[n for n in dict.fromkeys(names) if n != "jsonl"]]
         kwargs = {
-            "run_dir": Path(run_dir), "project": project, "experiment": experiment,
-            "config": config, "print_fn": print_fn,
-        }  # fmt: skip
+            "run_dir": Path(run_dir),
+            "project": project,
+            "experiment": experiment,
+            "config": config,
+            "print_fn": print_fn,
+        }
         self.trackers: list[Any] = []
         try:
             for name in ordered:

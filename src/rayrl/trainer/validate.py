@@ -60,7 +60,9 @@ def validation_metrics(samples: list[dict[str, Any]], n: int) -> dict[str, float
             out[f"{prefix}/{key}/mean@{n}"] = _mean(values)
         if n > 1:
             right = [sum(_correct(s) for s in g) for g in groups]
-            out[f"{core}/reward/pass@{n}"] = _mean([pass_at_k(len(g), c, n) for g, c in zip(groups, right, strict=True)])
+            out[f"{core}/reward/pass@{n}"] = _mean(
+                [pass_at_k(len(g), c, n) for g, c in zip(groups, right, strict=True)]
+            )
             k = 1
             while k < n:
                 out[f"{aux}/reward/pass@{k}"] = _mean(
@@ -79,9 +81,10 @@ def _extra_keys(groups: list[list[dict]]) -> list[str]:
     keys = set(samples[0]["extra"]) if samples else set()
     for s in samples:
         keys &= {
-            k for k, v in s["extra"].items()
+            k
+            for k, v in s["extra"].items()
             if isinstance(v, numbers.Real) and math.isfinite(float(v))
-        }  # fmt: skip
+        }
     return sorted(keys)
 
 
@@ -116,19 +119,25 @@ class Validator:
         out = self.trainer.actor.generate(prompts)
         scores = self.trainer.reward.compute_score(out)
         texts = self.trainer.tokenizer.batch_decode(
-            [row[m.bool()].tolist() for row, m in zip(out["responses"], out["response_mask"], strict=True)],
+            [
+                row[m.bool()].tolist()
+                for row, m in zip(out["responses"], out["response_mask"], strict=True)
+            ],
             skip_special_tokens=True,
         )
         extras = list(scores["reward_extra"]) if "reward_extra" in scores else [{}] * len(out)
         return [
             {
-                "data_source": out["data_source"][i], "uid": out["uid"][i],
-                "score": float(scores["scores"][i]), "extra": extras[i] or {},
-                "prompt": out["raw_prompt"][i], "response": texts[i],
+                "data_source": out["data_source"][i],
+                "uid": out["uid"][i],
+                "score": float(scores["scores"][i]),
+                "extra": extras[i] or {},
+                "prompt": out["raw_prompt"][i],
+                "response": texts[i],
                 "ground_truth": out["ground_truth"][i],
             }
             for i in range(len(out))
-        ]  # fmt: skip
+        ]
 
     def _write_examples(self, samples: list[dict], step: int) -> None:
         if self.examples <= 0:

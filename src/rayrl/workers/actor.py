@@ -63,9 +63,13 @@ class ActorRolloutRefWorker(Worker):
     """Policy training, generation and reference log-probs in one process per bundle."""
 
     def init_worker(
-        self, config: RayRLConfig, model_path: str, *,
-        total_steps: int | None = None, with_ref: bool = True,
-    ) -> None:  # fmt: skip
+        self,
+        config: RayRLConfig,
+        model_path: str,
+        *,
+        total_steps: int | None = None,
+        with_ref: bool = True,
+    ) -> None:
         """Build the engines; the group formed the process group (FSDP uses it) already."""
         from rayrl.engines.train import TrainEngine  # in the worker only
 
@@ -73,17 +77,20 @@ class ActorRolloutRefWorker(Worker):
         arr, seed = config.actor_rollout_ref, config.trainer.seed
         lora = LoraSpec.from_model_config(arr.model)
         self.actor = TrainEngine(
-            model_path, optim=optim_spec(arr.actor.optim, total_steps), total_steps=total_steps,
+            model_path,
+            optim=optim_spec(arr.actor.optim, total_steps),
+            total_steps=total_steps,
             lora=lora,
             **engine_kwargs(arr.model, arr.actor.fsdp_config, seed, arr.actor.use_torch_compile),
-        )  # fmt: skip
+        )
         self.lora = lora is not None
         self.ref = None
         if with_ref and not self.lora:
             self.ref = TrainEngine(
-                model_path, trainable=False,
+                model_path,
+                trainable=False,
                 **reference_kwargs(arr.model, arr.ref.fsdp_config, seed, arr.ref.use_torch_compile),
-            )  # fmt: skip
+            )
         self.with_ref = with_ref
         self.tokenizer = _load_tokenizer(
             arr.model.tokenizer_path or model_path, arr.model.trust_remote_code
@@ -96,9 +103,13 @@ class ActorRolloutRefWorker(Worker):
         if self._owns_copy:
             dtype = {"dtype": self.rollout_dtype} if self.rollout_name == "hf" else {}
             self.rollout = make_rollout_engine(
-                self.rollout_name, model_path=model_path, tokenizer=self.tokenizer,
-                device=str(self.actor.device), **dtype, **_engine_options(config),
-            )  # fmt: skip
+                self.rollout_name,
+                model_path=model_path,
+                tokenizer=self.tokenizer,
+                device=str(self.actor.device),
+                **dtype,
+                **_engine_options(config),
+            )
             if arr.rollout.free_cache_engine:
                 self.rollout.sleep()  # the KV cache is taken only while generating
         else:
@@ -113,7 +124,9 @@ class ActorRolloutRefWorker(Worker):
         CPU its KV cache is dynamic: a static one was re-sized for every new prompt
         length (about 10% of the demo's generation)."""
         cache = "static" if self.actor.device.type == "cuda" else "dynamic"
-        self.rollout = HFRolloutEngine(model=self.actor.model, tokenizer=self.tokenizer, cache=cache)
+        self.rollout = HFRolloutEngine(
+            model=self.actor.model, tokenizer=self.tokenizer, cache=cache
+        )
         if self.cfg.actor_rollout_ref.rollout.free_cache_engine:
             self.rollout.sleep()  # the KV cache is taken only while generating
 
@@ -152,9 +165,14 @@ class ActorRolloutRefWorker(Worker):
         r = rollout.val_kwargs if validate else rollout
         if greedy:
             return SamplingParams(
-                n=1, temperature=0.0, top_p=1.0, top_k=0, do_sample=False,
-                max_new_tokens=self.cfg.data.max_response_length, seed=self.cfg.trainer.seed,
-            )  # fmt: skip
+                n=1,
+                temperature=0.0,
+                top_p=1.0,
+                top_k=0,
+                do_sample=False,
+                max_new_tokens=self.cfg.data.max_response_length,
+                seed=self.cfg.trainer.seed,
+            )
         return SamplingParams(
             n=r.n,
             temperature=r.temperature,
@@ -284,13 +302,17 @@ class ActorRolloutRefWorker(Worker):
             rows = epoch_rows(batch, epoch, a.shuffle, self.cfg.trainer.seed, self.rank)
             metrics.append(
                 self.actor.train_step(
-                    rows, self.loss_fn, mini_batch_size=mini,
+                    rows,
+                    self.loss_fn,
+                    mini_batch_size=mini,
                     micro_batch_size=None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu,
-                    max_tokens_per_micro_batch=a.ppo_max_token_len_per_gpu if a.use_dynamic_bsz else None,
+                    max_tokens_per_micro_batch=a.ppo_max_token_len_per_gpu
+                    if a.use_dynamic_bsz
+                    else None,
                     with_entropy=a.entropy_coeff != 0 or on_policy,
                     step_lr=epoch == a.ppo_epochs - 1,
                 )
-            )  # fmt: skip
+            )
         flops = sum(m.pop("flops", 0.0) for m in metrics)
         perf = update_perf_metrics(flops, time.perf_counter() - start, self.actor.device)
         self._stale = self._owns_copy
@@ -298,8 +320,12 @@ class ActorRolloutRefWorker(Worker):
         if a.use_kl_loss:
             out["actor/kl_coef"] = a.kl_loss_coef
         out = {f"actor/{k}" if "/" not in k else k: v for k, v in out.items()}
-        out.update({f"perf/{k}/actor" if k in ("mfu", "tflops") else f"perf/{k}": v
-                    for k, v in perf.items()})  # fmt: skip
+        out.update(
+            {
+                f"perf/{k}/actor" if k in ("mfu", "tflops") else f"perf/{k}": v
+                for k, v in perf.items()
+            }
+        )
         return out
 
     # ------------------------------------------------------------- checkpoints
@@ -331,14 +357,17 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch=ONE_TO_ALL)
     def device_info(self) -> dict[str, Any]:
         return {
-            "device": str(self.actor.device), "sharded": self.actor.sharded, "pid": os.getpid(),
-            "rollout": type(self.rollout).__name__, "rollout_asleep": self.rollout.is_asleep,
+            "device": str(self.actor.device),
+            "sharded": self.actor.sharded,
+            "pid": os.getpid(),
+            "rollout": type(self.rollout).__name__,
+            "rollout_asleep": self.rollout.is_asleep,
             "param_offload": self.actor.residency.param_offload,
             "optimizer_offload": self.actor.residency.optimizer_offload,
             "rollout_owns_copy": self._owns_copy,
             "rollout_cache": getattr(self.rollout, "cache", None),  # HF engine's KV cache
             "rollout_dtype": str(self.rollout_dtype).removeprefix("torch."),
-        }  # fmt: skip
+        }
 
 
 def _engine_options(config: RayRLConfig) -> dict[str, Any]:
@@ -362,9 +391,11 @@ def _rollout_placement(actor: TrainEngine, engine: str) -> tuple[torch.dtype, bo
     actor_dtype = next(actor.model.parameters()).dtype
     dtype = torch.bfloat16 if actor.device.type == "cuda" else actor_dtype
     shared = (
-        engine == "hf" and not actor.fsdp and actor_dtype == dtype
+        engine == "hf"
+        and not actor.fsdp
+        and actor_dtype == dtype
         and not (actor.residency.param_offload and actor.device.type == "cuda")
-    )  # fmt: skip
+    )
     return dtype, not shared
 
 

@@ -32,9 +32,12 @@ class CriticWorker(Worker):
         kwargs = engine_kwargs(c.model, c.model.fsdp_config, config.trainer.seed)
         kwargs["tokenizer_path"] = c.model.tokenizer_path or model_path
         self.engine = TrainEngine(
-            c.model.path or model_path, value_head=True,
-            optim=optim_spec(c.optim, total_steps), total_steps=total_steps, **kwargs,
-        )  # fmt: skip
+            c.model.path or model_path,
+            value_head=True,
+            optim=optim_spec(c.optim, total_steps),
+            total_steps=total_steps,
+            **kwargs,
+        )
         self.loss_fn = critic_loss_fn(c, config.data.max_response_length)
 
     def snapshot_state(self) -> dict:
@@ -53,7 +56,9 @@ class CriticWorker(Worker):
     def compute_values(self, batch: Batch) -> Batch:
         c = self.cfg.critic
         if c.use_dynamic_bsz:
-            out = self.engine.forward(batch, max_tokens_per_micro_batch=c.forward_max_token_len_per_gpu)
+            out = self.engine.forward(
+                batch, max_tokens_per_micro_batch=c.forward_max_token_len_per_gpu
+            )
         else:
             out = self.engine.forward(batch, micro_batch_size=c.forward_micro_batch_size_per_gpu)
         return Batch({"values": out["values"]})
@@ -65,13 +70,16 @@ class CriticWorker(Worker):
         metrics = [
             self.engine.train_step(
                 epoch_rows(batch, epoch, c.shuffle, self.cfg.trainer.seed, self.rank),
-                self.loss_fn, mini_batch_size=mini,
+                self.loss_fn,
+                mini_batch_size=mini,
                 micro_batch_size=None if c.use_dynamic_bsz else c.ppo_micro_batch_size_per_gpu,
-                max_tokens_per_micro_batch=c.ppo_max_token_len_per_gpu if c.use_dynamic_bsz else None,
+                max_tokens_per_micro_batch=c.ppo_max_token_len_per_gpu
+                if c.use_dynamic_bsz
+                else None,
                 step_lr=epoch == c.ppo_epochs - 1,
             )
             for epoch in range(c.ppo_epochs)
-        ]  # fmt: skip
+        ]
         out = mean_metrics(metrics, None)
         return {k if "/" in k else f"critic/{k}": v for k, v in out.items()}
 

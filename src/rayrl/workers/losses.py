@@ -72,14 +72,22 @@ def actor_loss_fn(
         weights, metrics = None, {}
         if is_level is not None and "rollout_log_probs" in mb:
             weights, tis = truncated_is_weights(
-                old, mb["rollout_log_probs"], mask,
-                cap=correction.rollout_is_threshold, level=is_level,
-            )  # fmt: skip
+                old,
+                mb["rollout_log_probs"],
+                mask,
+                cap=correction.rollout_is_threshold,
+                level=is_level,
+            )
             metrics.update({f"actor/{k}": _token_share(v, mask, mb) for k, v in tis.items()})
         pg_loss, pg = policy(
-            log_prob, old, mb["advantages"], mask,
-            config=clip, agg=agg, is_weights=weights,
-        )  # fmt: skip
+            log_prob,
+            old,
+            mb["advantages"],
+            mask,
+            config=clip,
+            agg=agg,
+            is_weights=weights,
+        )
         loss = pg_loss
         metrics["actor/pg_loss"] = _item(pg_loss)
         metrics.update({f"actor/{k}": _token_share(v, mask, mb) for k, v in pg.items()})
@@ -89,9 +97,7 @@ def actor_loss_fn(
                 loss = loss - cfg.entropy_coeff * entropy
             metrics["actor/entropy"] = _item(entropy)
         if cfg.use_kl_loss:
-            kl, _ = kl_loss(
-                log_prob, mb["ref_log_prob"], mask, estimator=cfg.kl_loss_type, agg=agg
-            )
+            kl, _ = kl_loss(log_prob, mb["ref_log_prob"], mask, estimator=cfg.kl_loss_type, agg=agg)
             loss = loss + cfg.kl_loss_coef * kl
             metrics["actor/kl_loss"] = _item(kl)
         return loss, metrics
@@ -106,9 +112,13 @@ def critic_loss_fn(cfg: CriticConfig, max_response_length: int | None = None):
         mask = mb["response_mask"]
         agg = _aggregation(cfg.loss_agg_mode, mb, max_response_length)
         loss, vm = value_loss(
-            outputs["values"], mb["values"], mb["returns"], mask,
-            cliprange_value=cfg.cliprange_value, agg=agg,
-        )  # fmt: skip
+            outputs["values"],
+            mb["values"],
+            mb["returns"],
+            mask,
+            cliprange_value=cfg.cliprange_value,
+            agg=agg,
+        )
         metrics = {"critic/vf_loss": _item(loss)}
         metrics.update({f"critic/{k}": _token_share(v, mask, mb) for k, v in vm.items()})
         return loss, metrics

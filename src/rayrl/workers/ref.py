@@ -21,11 +21,12 @@ class ReferenceWorker(Worker):
         self.cfg = config
         arr = config.actor_rollout_ref
         self.engine = TrainEngine(
-            model_path, trainable=False,
+            model_path,
+            trainable=False,
             **reference_kwargs(
                 arr.model, arr.ref.fsdp_config, config.trainer.seed, arr.ref.use_torch_compile
             ),
-        )  # fmt: skip
+        )
 
     def rebuild(self) -> None:
         """The frozen weights sharded anew (nothing to restore)."""

@@ -40,9 +40,12 @@ class RewardWorker(Worker):
 
             device, dtype = reward_model_placement()
             model = ModelReward(
-                rm.model.path, device=device, dtype=dtype,
-                micro_batch_size=rm.micro_batch_size_per_gpu, max_length=rm.max_length,
-            )  # fmt: skip
+                rm.model.path,
+                device=device,
+                dtype=dtype,
+                micro_batch_size=rm.micro_batch_size_per_gpu,
+                max_length=rm.max_length,
+            )
             self.source = BoundedScores(model, rm.score_transform, rm.score_scale)
         elif r.http.url:
             service = HTTPReward(r.http.url, timeout_s=r.http.timeout_s, retries=r.http.retries)
@@ -64,11 +67,12 @@ class RewardWorker(Worker):
             skip_special_tokens=True,
         )
         items = make_items(
-            list(batch["data_source"]), texts,
+            list(batch["data_source"]),
+            texts,
             [{"ground_truth": gt} for gt in batch["ground_truth"]],
             list(batch["extra_info"]) if "extra_info" in batch else None,
             list(batch["raw_prompt"]) if "raw_prompt" in batch else None,
-        )  # fmt: skip
+        )
         results: list[RewardResult] = self.source.score(items)
         return scores_to_batch(results, mask)
 
@@ -101,7 +105,9 @@ def scores_to_batch(results: list[RewardResult], response_mask: torch.Tensor) ->
     metrics = {f"reward/{k}": v for k, v in summarize(results).items()}
     return Batch(
         {"token_level_scores": token_scores, "scores": scores},
-        {"reward_error": _column([r.error for r in results]),
-         "reward_extra": _column([dict(r.extra) for r in results])},
+        {
+            "reward_error": _column([r.error for r in results]),
+            "reward_extra": _column([dict(r.extra) for r in results]),
+        },
         meta={"reward_metrics": metrics},
-    )  # fmt: skip
+    )

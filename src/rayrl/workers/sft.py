@@ -38,10 +38,16 @@ def sft_optim_spec(optim: Any, total_steps: int) -> OptimSpec:
     if warmup < 0:
         warmup = int(optim.lr_warmup_steps_ratio * total_steps)
     return OptimSpec(
-        lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay,
-        lr_scheduler=optim.lr_scheduler, warmup_steps=warmup, min_lr_ratio=optim.min_lr_ratio,
-        num_cycles=optim.num_cycles, grad_clip=optim.clip_grad,
-    )  # fmt: skip
+        lr=optim.lr,
+        betas=tuple(optim.betas),
+        eps=optim.eps,
+        weight_decay=optim.weight_decay,
+        lr_scheduler=optim.lr_scheduler,
+        warmup_steps=warmup,
+        min_lr_ratio=optim.min_lr_ratio,
+        num_cycles=optim.num_cycles,
+        grad_clip=optim.clip_grad,
+    )
 
 
 def sft_engine_kwargs(cfg: SFTConfig) -> dict[str, Any]:
@@ -52,12 +58,15 @@ def sft_engine_kwargs(cfg: SFTConfig) -> dict[str, Any]:
     return {
         "dtype": DTYPE_NAMES.get(fsdp.model_dtype, fsdp.model_dtype),
         "mixed_precision": DTYPE_NAMES.get(fsdp.dtype, fsdp.dtype) == "bfloat16",
-        "param_offload": offload, "optimizer_offload": offload,
+        "param_offload": offload,
+        "optimizer_offload": offload,
         "attn_implementation": m.attn_implementation,
         "gradient_checkpointing": m.enable_gradient_checkpointing,
-        "use_remove_padding": cfg.use_remove_padding, "seed": cfg.trainer.seed,
-        "trust_remote_code": m.trust_remote_code, "lora": LoraSpec.from_model_config(m),
-    }  # fmt: skip
+        "use_remove_padding": cfg.use_remove_padding,
+        "seed": cfg.trainer.seed,
+        "trust_remote_code": m.trust_remote_code,
+        "lora": LoraSpec.from_model_config(m),
+    }
 
 
 class SFTWorker(Worker):
@@ -69,9 +78,11 @@ class SFTWorker(Worker):
         from rayrl.engines.train import TrainEngine  # in the worker only
 
         self.engine = TrainEngine(
-            model_path, optim=sft_optim_spec(config.optim, total_steps), total_steps=total_steps,
+            model_path,
+            optim=sft_optim_spec(config.optim, total_steps),
+            total_steps=total_steps,
             **sft_engine_kwargs(config),
-        )  # fmt: skip
+        )
         self.loss_fn = sft_loss_fn()
 
     def rebuild(self) -> None:
@@ -92,7 +103,9 @@ class SFTWorker(Worker):
             torch.cuda.reset_peak_memory_stats(self.engine.device)
         start = time.perf_counter()
         out = self.engine.train_step(batch, self.loss_fn, **self._sizes())
-        perf = update_perf_metrics(out.pop("flops"), time.perf_counter() - start, self.engine.device)
+        perf = update_perf_metrics(
+            out.pop("flops"), time.perf_counter() - start, self.engine.device
+        )
         metrics = {f"train/{k}": out[k] for k in ("loss", "grad_norm", "lr", "skipped_steps")}
         metrics.update({f"perf/{k}": v for k, v in perf.items()})
         return metrics

@@ -111,9 +111,14 @@ def lean_decode(
     inputs, step_positions = ids, positions
     for step in range(sampling.max_new_tokens):
         out = model(
-            input_ids=inputs, attention_mask=mask, position_ids=step_positions,
-            past_key_values=cache, use_cache=True, return_dict=True, **extra,
-        )  # fmt: skip
+            input_ids=inputs,
+            attention_mask=mask,
+            position_ids=step_positions,
+            past_key_values=cache,
+            use_cache=True,
+            return_dict=True,
+            **extra,
+        )
         scores = out.logits[:, -1].to(copy=True, dtype=torch.float32)
         del out
         chosen, chosen_lp = sample_tokens(scores, keys, step, sampling)

@@ -175,8 +175,6 @@ def uniform_noise_at(keys: Tensor, positions: Tensor | int, token_ids: Tensor) -
     return (bits.to(torch.float64) + 0.5) * _TWO_POW_M53
 
 
-
-
 def process_logits(logits: Tensor, params: SamplingParams) -> Tensor:
     """Float32 logits of the sampling distribution: temperature, then top-k, then top-p.
 

@@ -33,7 +33,9 @@ class TorchAttention:
         return self.prefill(q, k_cache, v_cache, step, scale)
 
     @staticmethod
-    def decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, step: StepInput, scale: float) -> Tensor:
+    def decode(
+        q: Tensor, k_cache: Tensor, v_cache: Tensor, step: StepInput, scale: float
+    ) -> Tensor:
         """q [B, H, D], one query per sequence at the end of its context -> [B, H, D]."""
         n, heads, dim = q.shape
         block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -50,13 +52,19 @@ class TorchAttention:
         values = v_cache.view(-1, kv_heads, dim)[slots].masked_fill(dead, 0).transpose(1, 2)
         live = live | (pos == 0)  # an empty (padding) row attends to a zero vector
         out = F.scaled_dot_product_attention(
-            q.unsqueeze(2), keys, values, attn_mask=live[:, None, None, :], scale=scale,
+            q.unsqueeze(2),
+            keys,
+            values,
+            attn_mask=live[:, None, None, :],
+            scale=scale,
             enable_gqa=heads != kv_heads,
-        )  # fmt: skip
+        )
         return out.squeeze(2)
 
     @staticmethod
-    def prefill(q: Tensor, k_cache: Tensor, v_cache: Tensor, step: StepInput, scale: float) -> Tensor:
+    def prefill(
+        q: Tensor, k_cache: Tensor, v_cache: Tensor, step: StepInput, scale: float
+    ) -> Tensor:
         """q [T, H, D], chunks of several sequences; causal over prefix + chunk -> [T, H, D]."""
         block_size, kv_heads, dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
         heads = q.shape[1]
@@ -77,9 +85,14 @@ class TorchAttention:
                 q_pos = torch.arange(total - (b - a), total, device=q.device)
                 mask, causal = pos.unsqueeze(0) <= q_pos.unsqueeze(1), False
             out[a:b] = F.scaled_dot_product_attention(
-                queries, keys, values, attn_mask=mask, is_causal=causal, scale=scale,
+                queries,
+                keys,
+                values,
+                attn_mask=mask,
+                is_causal=causal,
+                scale=scale,
                 enable_gqa=heads != kv_heads,
-            ).transpose(0, 1)  # fmt: skip
+            ).transpose(0, 1)
         return out
 
 
@@ -96,7 +109,9 @@ def choose_kernels(kernels: str, device: torch.device, head_dim: int) -> str:
     """Resolve ``"auto"``: Triton on CUDA when it imports and the head size suits it
     (a power of two, at least 16), torch otherwise."""
     if kernels not in ("auto", "torch", "triton"):
-        raise ValueError(f"native rollout engine: kernels={kernels!r} is not auto, torch or triton.")
+        raise ValueError(
+            f"native rollout engine: kernels={kernels!r} is not auto, torch or triton."
+        )
     if kernels != "auto":
         return kernels
     if torch.device(device).type != "cuda" or head_dim < 16 or head_dim & (head_dim - 1):

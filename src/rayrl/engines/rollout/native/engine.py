@@ -93,7 +93,9 @@ class NativeRolloutEngine(RolloutEngine):
                 "(an HF model directory to load)."
             )
         if not 0 < gpu_memory_utilization <= 1:
-            raise ValueError(f"{WHERE}: gpu_memory_utilization={gpu_memory_utilization} must be in (0, 1].")
+            raise ValueError(
+                f"{WHERE}: gpu_memory_utilization={gpu_memory_utilization} must be in (0, 1]."
+            )
         config, gen_config, tokenizer, device = _sources(model, model_path, tokenizer, device)
         self.device = torch.device(device)
         self.dtype = _dtype(dtype, self.device)
@@ -111,11 +113,14 @@ class NativeRolloutEngine(RolloutEngine):
         self.kernels = choose_kernels(kernels, self.device, self.spec.head_dim)
         self.model = NativeModel(self.spec, self.weights, cos, sin, self.kernels)
         blocks = cache_blocks_for(
-            self.spec, self.dtype, block_size, device=self.device,
+            self.spec,
+            self.dtype,
+            block_size,
+            device=self.device,
             gpu_memory_utilization=gpu_memory_utilization,
             engine_bytes=self.weights.nbytes() + self._activation_bytes(),
             cpu_cache_tokens=cpu_cache_tokens,
-        )  # fmt: skip
+        )
         self.cache = KVCache(self.spec, blocks, block_size, self.dtype, self.device)
         width = -(-self.max_model_len // block_size)
         self.runner = ModelRunner(self.model, self.cache, max_num_seqs, width)
@@ -200,7 +205,9 @@ class NativeRolloutEngine(RolloutEngine):
     def _check_lengths(self, prompts: list[np.ndarray], limits: np.ndarray, n: int) -> None:
         for i, p in enumerate(prompts):
             if len(p) == 0:
-                raise ValueError(f"{WHERE}.generate: prompt {i} is empty; give every prompt a token.")
+                raise ValueError(
+                    f"{WHERE}.generate: prompt {i} is empty; give every prompt a token."
+                )
             longest = len(p) + int(limits[i * n : (i + 1) * n].max())
             if longest > self.max_model_len:
                 raise ValueError(
@@ -213,15 +220,25 @@ class NativeRolloutEngine(RolloutEngine):
         stop_ids = [] if sampling.ignore_eos else list(self.eos_ids)
         stop_ids += [i for i in sampling.stop_token_ids if i not in stop_ids]
         sched = Scheduler(
-            prompts, sampling.n, limits, allocator=BlockAllocator(self.cache.num_blocks),
-            block_size=self.block_size, max_batched_tokens=self.max_num_batched_tokens,
-            table=self.runner.table_host, stop_ids=np.asarray(stop_ids, dtype=np.int64),
-        )  # fmt: skip
+            prompts,
+            sampling.n,
+            limits,
+            allocator=BlockAllocator(self.cache.num_blocks),
+            block_size=self.block_size,
+            max_batched_tokens=self.max_num_batched_tokens,
+            table=self.runner.table_host,
+            stop_ids=np.asarray(stop_ids, dtype=np.int64),
+        )
         if sampling.stop:
             sched.stop_check = StopStrings(self.tokenizer, sampling.stop).checker(sched.tokens)
         self._ensure_graphs()
-        stats = {"prefill_steps": 0, "decode_steps": 0, "overlapped_steps": 0, "dropped_tokens": 0,
-                 "run_s": 0.0}  # fmt: skip
+        stats = {
+            "prefill_steps": 0,
+            "decode_steps": 0,
+            "overlapped_steps": 0,
+            "dropped_tokens": 0,
+            "run_s": 0.0,
+        }
         start, self.runner.sampler.wait_s = time.perf_counter(), 0.0
         pending = None  # a launched decode step whose tokens are not committed yet
         while not sched.done or pending is not None:
@@ -240,7 +257,11 @@ class NativeRolloutEngine(RolloutEngine):
                     continue
             samples = sched.plan_decode()
             if len(samples):
-                feed = None if pending is None else (pending.drawn[0], sched.rows_in(pending.samples, samples))
+                feed = (
+                    None
+                    if pending is None
+                    else (pending.drawn[0], sched.rows_in(pending.samples, samples))
+                )
                 launch = self.runner.decode(sched, samples, keys, sampling, feed)
                 launch.at = sched.launch_decode(samples)
                 stats["decode_steps"] += 1

@@ -53,9 +53,15 @@ class DecodeGraphs:
     def _step(self, batch: int) -> StepInput:
         s = self.static[:, :batch]
         return StepInput(
-            input_ids=s[0], positions=s[1], slot_mapping=s[2], seq_rows=s[3], seq_lens=s[4],
-            block_table=self.runner.table, logits_rows=self.rows[:batch], decode=True,
-        )  # fmt: skip
+            input_ids=s[0],
+            positions=s[1],
+            slot_mapping=s[2],
+            seq_rows=s[3],
+            seq_lens=s[4],
+            block_table=self.runner.table,
+            logits_rows=self.rows[:batch],
+            decode=True,
+        )
 
     def _capture(self, batch: int, pool):
         model, cache = self.runner.model, self.runner.cache

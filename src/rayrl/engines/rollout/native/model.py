@@ -52,9 +52,16 @@ class NativeModel:
             qk_norm = None if layer.q_norm is None else (layer.q_norm, layer.k_norm, s.rms_eps)
             k_cache, v_cache = cache.layer(i)
             q = ops.rope_and_store(
-                qkv, step.positions, self.cos, self.sin, k_cache, v_cache, step.slot_mapping,
-                shape, qk_norm,
-            )  # fmt: skip
+                qkv,
+                step.positions,
+                self.cos,
+                self.sin,
+                k_cache,
+                v_cache,
+                step.slot_mapping,
+                shape,
+                qk_norm,
+            )
             attn = self.attention(q, k_cache, v_cache, step, self.scale)
             hidden = F.linear(attn.reshape(n, s.q_size), layer.o, layer.o_bias)
             hidden, residual = ops.add_rms_norm(hidden, residual, layer.post_norm, s.rms_eps)

@@ -68,7 +68,10 @@ class TorchOps:
         k = qkv[:, q_size : q_size + kv_size].view(n, kv_heads, head_dim)
         v = qkv[:, q_size + kv_size :].view(n, kv_heads, head_dim)
         if qk_norm is not None:
-            q, k = self.rms_norm(q, qk_norm[0], qk_norm[2]), self.rms_norm(k, qk_norm[1], qk_norm[2])
+            q, k = (
+                self.rms_norm(q, qk_norm[0], qk_norm[2]),
+                self.rms_norm(k, qk_norm[1], qk_norm[2]),
+            )
         c = cos[positions].to(qkv.dtype).unsqueeze(1)
         s = sin[positions].to(qkv.dtype).unsqueeze(1)
         q = q * c + _rotate_half(q) * s

@@ -64,7 +64,9 @@ class ModelRunner:
             if self.device.type == "cuda":  # copies that never wait for the device's queue
                 index, src = index.pin_memory(), src.pin_memory()
             dev = self.device
-            self.table.index_copy_(0, index.to(dev, non_blocking=True), src.to(dev, non_blocking=True))
+            self.table.index_copy_(
+                0, index.to(dev, non_blocking=True), src.to(dev, non_blocking=True)
+            )
         if sched.pending_copies:
             src, dst = zip(*sched.pending_copies, strict=True)
             sched.pending_copies.clear()
@@ -76,7 +78,9 @@ class ModelRunner:
         return list(packed.to(self.device).unbind(0))
 
     # ------------------------------------------------------------- prefill
-    def prefill(self, sched: Scheduler, chunks: list[Chunk], keys: np.ndarray, params: SamplingParams):
+    def prefill(
+        self, sched: Scheduler, chunks: list[Chunk], keys: np.ndarray, params: SamplingParams
+    ):
         """Run the chunks; sample the first token of every sample whose prompt completed."""
         self.sync(sched)
         bs = sched.block_size
@@ -95,17 +99,24 @@ class ModelRunner:
         blocks = self.table_host[row_of_token, positions // bs].astype(np.int64)
         slots = blocks * bs + positions % bs
         input_ids, positions_d, slots_d = self._to_device([np.concatenate(ids), positions, slots])
-        meta = torch.tensor(
-            [*q_start, *lens, *rows, *last], dtype=torch.int64
-        ).to(self.device, non_blocking=True)
+        meta = torch.tensor([*q_start, *lens, *rows, *last], dtype=torch.int64).to(
+            self.device, non_blocking=True
+        )
         s = len(chunks)
         step = StepInput(
-            input_ids=input_ids, positions=positions_d, slot_mapping=slots_d,
-            q_start=meta[: s + 1], seq_lens=meta[s + 1 : 2 * s + 1],
-            seq_rows=meta[2 * s + 1 : 3 * s + 1], logits_rows=meta[3 * s + 1 :],
-            block_table=self.table, decode=False, q_start_host=q_start, seq_lens_host=lens,
+            input_ids=input_ids,
+            positions=positions_d,
+            slot_mapping=slots_d,
+            q_start=meta[: s + 1],
+            seq_lens=meta[s + 1 : 2 * s + 1],
+            seq_rows=meta[2 * s + 1 : 3 * s + 1],
+            logits_rows=meta[3 * s + 1 :],
+            block_table=self.table,
+            decode=False,
+            q_start_host=q_start,
+            seq_lens_host=lens,
             tiles=self._tiles(q_start),
-        )  # fmt: skip
+        )
         if not last:
             self.model.forward(step, self.cache)
             return None
@@ -127,9 +138,13 @@ class ModelRunner:
 
     # -------------------------------------------------------------- decode
     def decode(
-        self, sched: Scheduler, samples: np.ndarray, keys: np.ndarray, params: SamplingParams,
+        self,
+        sched: Scheduler,
+        samples: np.ndarray,
+        keys: np.ndarray,
+        params: SamplingParams,
         feed: tuple[Tensor, np.ndarray] | None = None,
-    ) -> Launch:  # fmt: skip
+    ) -> Launch:
         """Queue one token for each of ``samples``.
 
         Args:
@@ -153,9 +168,11 @@ class ModelRunner:
                 tensors[0] = feed[0].index_select(0, tensors[7]).long()
             fields = dict(zip(_DECODE_FIELDS, tensors[:5], strict=True))
             step = StepInput(
-                **fields, block_table=self.table, decode=True,
+                **fields,
+                block_table=self.table,
+                decode=True,
                 logits_rows=torch.arange(n, device=self.device),
-            )  # fmt: skip
+            )
             logits = self.model.forward(step, self.cache)
             keys_d, sample_pos = tensors[5], tensors[6]
         drawn = self.sampler.draw(logits, keys_d, sample_pos, params)

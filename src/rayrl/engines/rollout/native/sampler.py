@@ -34,7 +34,9 @@ class DeviceSampler:
             self.fused = fused_sample_packed
         self.wait_s = 0.0  # time spent waiting for the device's results
 
-    def draw(self, logits: Tensor, keys: Tensor, positions: Tensor, params: SamplingParams) -> Tensor:
+    def draw(
+        self, logits: Tensor, keys: Tensor, positions: Tensor, params: SamplingParams
+    ) -> Tensor:
         """float64 ``[2, B]`` on the logits' device: token ids, then their log-probs."""
         plain = params.greedy or (params.top_k <= 0 and params.top_p >= 1.0)
         if self.fused is not None and plain:

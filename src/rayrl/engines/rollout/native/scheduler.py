@@ -141,7 +141,10 @@ class Scheduler:
         extra = forks if length % self.block_size else 0
         busy = bool(self.running or self.prefilling)
         reserve = self.watermark if busy else 0
-        if len(self.free_slots) < len(job.samples) or self.alloc.free_blocks < need + extra + reserve:
+        if (
+            len(self.free_slots) < len(job.samples)
+            or self.alloc.free_blocks < need + extra + reserve
+        ):
             if not busy:
                 raise RuntimeError(
                     f"native rollout engine: a prompt of {length} tokens with {forks + 1} "
@@ -159,7 +162,9 @@ class Scheduler:
         self._set_row(int(self.slot[job.samples[0]]), job.blocks)
         return True
 
-    def commit_prefill(self, chunks: list[Chunk], tokens: np.ndarray, log_probs: np.ndarray) -> None:
+    def commit_prefill(
+        self, chunks: list[Chunk], tokens: np.ndarray, log_probs: np.ndarray
+    ) -> None:
         """Advance the chunks; fork finished jobs and append their first sampled tokens.
 
         ``tokens`` / ``log_probs`` hold one entry per sample of each completing chunk's
@@ -291,7 +296,9 @@ class Scheduler:
         """Token ``at[i]`` of sample ``samples[i]`` is known: store it, end stopped samples."""
         self.tokens[samples, at] = tokens
         self.log_probs[samples, at] = log_probs
-        stop = np.isin(tokens, self.stop_ids) if len(self.stop_ids) else np.zeros(len(samples), bool)
+        stop = (
+            np.isin(tokens, self.stop_ids) if len(self.stop_ids) else np.zeros(len(samples), bool)
+        )
         if self.stop_check is not None:
             stop |= self.stop_check(samples, at + 1)
         self.stopped[samples] = stop

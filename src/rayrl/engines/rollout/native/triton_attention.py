@@ -43,12 +43,34 @@ def decode_splits(batch: int, kv_heads: int) -> int:
 
 @triton.jit
 def _decode_kernel(
-    Q, K, V, BT, ROWS, LENS, OUT, LSE, scale,
-    stride_q_t, stride_q_h, stride_k_b, stride_k_s, stride_k_h, stride_bt,
-    stride_o_t, stride_o_s, stride_o_h, stride_l_t, stride_l_s,
-    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
-    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr,
-):  # fmt: skip
+    Q,
+    K,
+    V,
+    BT,
+    ROWS,
+    LENS,
+    OUT,
+    LSE,
+    scale,
+    stride_q_t,
+    stride_q_h,
+    stride_k_b,
+    stride_k_s,
+    stride_k_h,
+    stride_bt,
+    stride_o_t,
+    stride_o_s,
+    stride_o_h,
+    stride_l_t,
+    stride_l_s,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    D: tl.constexpr,
+    BS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLITS: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     seq = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -64,8 +86,9 @@ def _decode_kernel(
     heads = kvh * GROUP + g
     q = tl.load(
         Q + seq * stride_q_t + heads[:, None] * stride_q_h + d[None, :],
-        mask=g[:, None] < GROUP, other=0.0,
-    )  # fmt: skip
+        mask=g[:, None] < GROUP,
+        other=0.0,
+    )
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     acc_l = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D], tl.float32)
@@ -95,9 +118,20 @@ def _decode_kernel(
 
 @triton.jit
 def _merge_kernel(
-    PART, LSE, OUT, stride_p_t, stride_p_s, stride_p_h, stride_l_t, stride_l_s,
-    stride_o_t, stride_o_h, SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, D: tl.constexpr,
-):  # fmt: skip
+    PART,
+    LSE,
+    OUT,
+    stride_p_t,
+    stride_p_s,
+    stride_p_h,
+    stride_l_t,
+    stride_l_s,
+    stride_o_t,
+    stride_o_h,
+    SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    D: tl.constexpr,
+):
     seq = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     s = tl.arange(0, SPLITS_PAD)
@@ -109,8 +143,9 @@ def _merge_kernel(
     w = tl.exp(lse - top)
     part = tl.load(
         PART + seq * stride_p_t + s[:, None] * stride_p_s + h * stride_p_h + d[None, :],
-        mask=live[:, None], other=0.0,
-    ).to(tl.float32)  # fmt: skip
+        mask=live[:, None],
+        other=0.0,
+    ).to(tl.float32)
     total = tl.sum(w, axis=0)
     out = tl.sum(part * w[:, None], axis=0) / tl.where(total == 0.0, 1.0, total)
     tl.store(OUT + seq * stride_o_t + h * stride_o_h + d, out.to(OUT.dtype.element_ty))
@@ -118,12 +153,31 @@ def _merge_kernel(
 
 @triton.jit
 def _prefill_kernel(
-    Q, K, V, OUT, BT, ROWS, LENS, QSTART, TILES, scale,
-    stride_q_t, stride_q_h, stride_k_b, stride_k_s, stride_k_h, stride_bt,
-    stride_o_t, stride_o_h,
-    GROUP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-):  # fmt: skip
+    Q,
+    K,
+    V,
+    OUT,
+    BT,
+    ROWS,
+    LENS,
+    QSTART,
+    TILES,
+    scale,
+    stride_q_t,
+    stride_q_h,
+    stride_k_b,
+    stride_k_s,
+    stride_k_h,
+    stride_bt,
+    stride_o_t,
+    stride_o_h,
+    GROUP: tl.constexpr,
+    D: tl.constexpr,
+    BS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     tile = tl.program_id(0)
     h = tl.program_id(1)
     kvh = h // GROUP
@@ -141,8 +195,9 @@ def _prefill_kernel(
     tokens = (q_lo + i).to(tl.int64)
     q = tl.load(
         Q + tokens[:, None] * stride_q_t + h * stride_q_h + d[None, :],
-        mask=q_valid[:, None], other=0.0,
-    )  # fmt: skip
+        mask=q_valid[:, None],
+        other=0.0,
+    )
     q_pos = prefix + i
     hi = tl.minimum(total, prefix + first + BLOCK_M)
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -182,9 +237,14 @@ class TritonAttention:
         return self.prefill(q, k_cache, v_cache, step, scale)
 
     def decode(
-        self, q: Tensor, k_cache: Tensor, v_cache: Tensor, step: StepInput, scale: float,
+        self,
+        q: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        step: StepInput,
+        scale: float,
         splits: int | None = None,
-    ) -> Tensor:  # fmt: skip
+    ) -> Tensor:
         n, heads, dim = q.shape
         block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
         group = heads // kv_heads
@@ -199,19 +259,50 @@ class TritonAttention:
             lse = torch.empty(n, splits, heads, dtype=torch.float32, device=q.device)
         table = step.block_table
         _decode_kernel[(n, kv_heads, splits)](
-            q, k_cache, v_cache, table, step.seq_rows, step.seq_lens, part, lse, scale,
-            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            table.stride(0), part.stride(0), part.stride(1), part.stride(2),
-            lse.stride(0), lse.stride(1) if splits > 1 else 0,
-            GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=dim, BS=block_size,
-            SPLITS=splits, PRECISION=_precision(q), **DECODE_CONFIG,
-        )  # fmt: skip
+            q,
+            k_cache,
+            v_cache,
+            table,
+            step.seq_rows,
+            step.seq_lens,
+            part,
+            lse,
+            scale,
+            q.stride(0),
+            q.stride(1),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            table.stride(0),
+            part.stride(0),
+            part.stride(1),
+            part.stride(2),
+            lse.stride(0),
+            lse.stride(1) if splits > 1 else 0,
+            GROUP=group,
+            GROUP_PAD=max(16, triton.next_power_of_2(group)),
+            D=dim,
+            BS=block_size,
+            SPLITS=splits,
+            PRECISION=_precision(q),
+            **DECODE_CONFIG,
+        )
         if splits > 1:
             _merge_kernel[(n, heads)](
-                part, lse, out, part.stride(0), part.stride(1), part.stride(2),
-                lse.stride(0), lse.stride(1), out.stride(0), out.stride(1),
-                SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits), D=dim,
-            )  # fmt: skip
+                part,
+                lse,
+                out,
+                part.stride(0),
+                part.stride(1),
+                part.stride(2),
+                lse.stride(0),
+                lse.stride(1),
+                out.stride(0),
+                out.stride(1),
+                SPLITS=splits,
+                SPLITS_PAD=triton.next_power_of_2(splits),
+                D=dim,
+            )
         return out
 
     def prefill(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, step: StepInput, scale: float):
@@ -223,12 +314,31 @@ class TritonAttention:
             return out
         table = step.block_table
         _prefill_kernel[(tiles.shape[0], heads)](
-            q, k_cache, v_cache, out, table, step.seq_rows, step.seq_lens, step.q_start, tiles,
-            scale, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
-            k_cache.stride(2), table.stride(0), out.stride(0), out.stride(1),
-            GROUP=heads // kv_heads, D=dim, BS=block_size, BLOCK_M=self.block_m,
-            BLOCK_N=self.block_n, PRECISION=_precision(q),
-        )  # fmt: skip
+            q,
+            k_cache,
+            v_cache,
+            out,
+            table,
+            step.seq_rows,
+            step.seq_lens,
+            step.q_start,
+            tiles,
+            scale,
+            q.stride(0),
+            q.stride(1),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            table.stride(0),
+            out.stride(0),
+            out.stride(1),
+            GROUP=heads // kv_heads,
+            D=dim,
+            BS=block_size,
+            BLOCK_M=self.block_m,
+            BLOCK_N=self.block_n,
+            PRECISION=_precision(q),
+        )
         return out
 
 

@@ -25,9 +25,18 @@ __all__ = ["TritonOps"]
 
 @triton.jit
 def _rms_norm_kernel(
-    X, R, W, Y, stride_x, stride_r, stride_y, n_cols, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
+    X,
+    R,
+    W,
+    Y,
+    stride_x,
+    stride_r,
+    stride_y,
+    n_cols,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -71,11 +80,29 @@ def _head_norm(x1, x2, W, offs, eps, D: tl.constexpr, dtype: tl.constexpr):
 
 @triton.jit
 def _rope_store_kernel(
-    QKV, POS, COS, SIN, QOUT, KC, VC, SLOTS, QNW, KNW,
-    stride_qkv, stride_qo_t, stride_qo_h, stride_c_slot, stride_c_head, eps,
-    HEADS: tl.constexpr, KV_HEADS: tl.constexpr, H_PAD: tl.constexpr, KV_PAD: tl.constexpr,
-    D: tl.constexpr, HAS_QK_NORM: tl.constexpr,
-):  # fmt: skip
+    QKV,
+    POS,
+    COS,
+    SIN,
+    QOUT,
+    KC,
+    VC,
+    SLOTS,
+    QNW,
+    KNW,
+    stride_qkv,
+    stride_qo_t,
+    stride_qo_h,
+    stride_c_slot,
+    stride_c_head,
+    eps,
+    HEADS: tl.constexpr,
+    KV_HEADS: tl.constexpr,
+    H_PAD: tl.constexpr,
+    KV_PAD: tl.constexpr,
+    D: tl.constexpr,
+    HAS_QK_NORM: tl.constexpr,
+):
     """One token: every q, k and v head of it."""
     t = tl.program_id(0).to(tl.int64)
     half: tl.constexpr = D // 2
@@ -156,11 +183,29 @@ class TritonOps(TorchOps):
         vc = v_cache.view(-1, kv_heads, head_dim)
         qn, kn, eps = qk_norm if qk_norm is not None else (q, q, 0.0)
         _rope_store_kernel[(n,)](
-            qkv, positions, cos, sin, q, kc, vc, slot_mapping, qn, kn,
-            qkv.stride(0), q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), eps,
-            HEADS=heads, KV_HEADS=kv_heads, H_PAD=triton.next_power_of_2(heads),
-            KV_PAD=triton.next_power_of_2(kv_heads), D=head_dim, HAS_QK_NORM=qk_norm is not None,
-        )  # fmt: skip
+            qkv,
+            positions,
+            cos,
+            sin,
+            q,
+            kc,
+            vc,
+            slot_mapping,
+            qn,
+            kn,
+            qkv.stride(0),
+            q.stride(0),
+            q.stride(1),
+            kc.stride(0),
+            kc.stride(1),
+            eps,
+            HEADS=heads,
+            KV_HEADS=kv_heads,
+            H_PAD=triton.next_power_of_2(heads),
+            KV_PAD=triton.next_power_of_2(kv_heads),
+            D=head_dim,
+            HAS_QK_NORM=qk_norm is not None,
+        )
         return q
 
     @staticmethod
@@ -182,7 +227,16 @@ def _norm(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float) -> Ten
     r2 = residual.view(-1, shape[-1]) if residual is not None else x2
     if x2.shape[0]:
         _rms_norm_kernel[(x2.shape[0],)](
-            x2, r2, weight, out, x2.stride(0), r2.stride(0), out.stride(0), shape[-1], eps,
-            HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(shape[-1]),
-        )  # fmt: skip
+            x2,
+            r2,
+            weight,
+            out,
+            x2.stride(0),
+            r2.stride(0),
+            out.stride(0),
+            shape[-1],
+            eps,
+            HAS_RESIDUAL=residual is not None,
+            BLOCK=triton.next_power_of_2(shape[-1]),
+        )
     return out.view(shape)

@@ -84,8 +84,16 @@ def _scores(LOGITS, tokens, live, temperature, SCALE: tl.constexpr):
 
 
 @triton.jit
-def _exact_slice(LOGITS, seed, lo, vocab, temperature, SCALE: tl.constexpr, SLICE: tl.constexpr,
-                 BLOCK: tl.constexpr):  # fmt: skip
+def _exact_slice(
+    LOGITS,
+    seed,
+    lo,
+    vocab,
+    temperature,
+    SCALE: tl.constexpr,
+    SLICE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """(best float64 key, its token) over the slice, every key exact (the rare path)."""
     lanes = tl.arange(0, BLOCK)
     best = tl.full([BLOCK], float("-inf"), tl.float64)
@@ -105,10 +113,23 @@ def _exact_slice(LOGITS, seed, lo, vocab, temperature, SCALE: tl.constexpr, SLIC
 
 @triton.jit
 def _sample_kernel(
-    LOGITS, KEYS, POSITIONS, BEST, BEST_AT, MAX, SUM, stride_row, vocab, temperature, margin,
-    GREEDY: tl.constexpr, SCALE: tl.constexpr, SLICE: tl.constexpr, BLOCK: tl.constexpr,
+    LOGITS,
+    KEYS,
+    POSITIONS,
+    BEST,
+    BEST_AT,
+    MAX,
+    SUM,
+    stride_row,
+    vocab,
+    temperature,
+    margin,
+    GREEDY: tl.constexpr,
+    SCALE: tl.constexpr,
+    SLICE: tl.constexpr,
+    BLOCK: tl.constexpr,
     PARTS: tl.constexpr,
-):  # fmt: skip
+):
     row = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
     LOGITS += row * stride_row
@@ -176,9 +197,19 @@ def _sample_kernel(
 
 @triton.jit
 def _combine_kernel(
-    LOGITS, BEST, BEST_AT, MAX, SUM, OUT, stride_row, rows, temperature,
-    SCALE: tl.constexpr, PARTS: tl.constexpr, PARTS_PAD: tl.constexpr,
-):  # fmt: skip
+    LOGITS,
+    BEST,
+    BEST_AT,
+    MAX,
+    SUM,
+    OUT,
+    stride_row,
+    rows,
+    temperature,
+    SCALE: tl.constexpr,
+    PARTS: tl.constexpr,
+    PARTS_PAD: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     p = tl.arange(0, PARTS_PAD)
     live = p < PARTS
@@ -215,14 +246,38 @@ def fused_sample_packed(
     temperature = 1.0 if greedy else float(params.temperature)
     scale = temperature != 1.0  # x / 1.0 == x: skip the division
     _sample_kernel[(rows, parts)](
-        logits, keys, positions, best, best_at, run_max, run_sum, logits.stride(0), vocab,
-        temperature, _MARGIN, GREEDY=greedy, SCALE=scale, SLICE=_SLICE, BLOCK=_BLOCK, PARTS=parts,
+        logits,
+        keys,
+        positions,
+        best,
+        best_at,
+        run_max,
+        run_sum,
+        logits.stride(0),
+        vocab,
+        temperature,
+        _MARGIN,
+        GREEDY=greedy,
+        SCALE=scale,
+        SLICE=_SLICE,
+        BLOCK=_BLOCK,
+        PARTS=parts,
         num_warps=_WARPS,
-    )  # fmt: skip
+    )
     _combine_kernel[(rows,)](
-        logits, best, best_at, run_max, run_sum, out, logits.stride(0), rows, temperature,
-        SCALE=scale, PARTS=parts, PARTS_PAD=triton.next_power_of_2(parts),
-    )  # fmt: skip
+        logits,
+        best,
+        best_at,
+        run_max,
+        run_sum,
+        out,
+        logits.stride(0),
+        rows,
+        temperature,
+        SCALE=scale,
+        PARTS=parts,
+        PARTS_PAD=triton.next_power_of_2(parts),
+    )
     return out
 
 

@@ -80,7 +80,11 @@ class NativeWeights:
             p = f"model.layers.{i}."
             out[p + "input_layernorm.weight"] = layer.input_norm
             out[p + "post_attention_layernorm.weight"] = layer.post_norm
-            for name, rows in (("q", slice(0, q)), ("k", slice(q, q + kv)), ("v", slice(q + kv, None))):
+            for name, rows in (
+                ("q", slice(0, q)),
+                ("k", slice(q, q + kv)),
+                ("v", slice(q + kv, None)),
+            ):
                 out[f"{p}self_attn.{name}_proj.weight"] = layer.qkv[rows]
                 if layer.qkv_bias is not None:
                     out[f"{p}self_attn.{name}_proj.bias"] = layer.qkv_bias[rows]
