@@ -58,7 +58,7 @@ from rayrl.algos.masked import (
     masked_whiten,
     token_and_seq_counts,
 )
-from rayrl.algos.registry import Registry, UnknownNameError
+from rayrl.registry import Registry, UnknownNameError
 
 __all__ = [
     "ADV_ESTIMATORS",

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from rayrl.algos.groups import group_stats
 from rayrl.algos.masked import masked_whiten
-from rayrl.algos.registry import Registry
+from rayrl.registry import Registry
 
 __all__ = [
     "ADV_ESTIMATORS",

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rayrl.algos.registry import Registry
+from rayrl.registry import Registry
 
 __all__ = ["AGG_MODES", "LossAggregation", "aggregate_loss"]
 

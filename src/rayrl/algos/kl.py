@@ -32,7 +32,7 @@ from torch import Tensor
 from rayrl.algos.advantages import token_rewards
 from rayrl.algos.aggregation import LossAggregation
 from rayrl.algos.masked import masked_mean
-from rayrl.algos.registry import Registry
+from rayrl.registry import Registry
 
 __all__ = [
     "KL_CONTROLLERS",

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from rayrl.algos.aggregation import LossAggregation
 from rayrl.algos.masked import masked_mean
-from rayrl.algos.registry import Registry
+from rayrl.registry import Registry
 
 __all__ = [
     "POLICY_LOSSES",

@@ -11,7 +11,6 @@ string or a list; cross-field rules run last (`rayrl.config.validate`).
 from __future__ import annotations
 
 import difflib
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import is_dataclass
 from pathlib import Path
@@ -21,21 +20,11 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rayrl.config.compat import map_rollout_name, strip_inert
+from rayrl.config.errors import ConfigError
+from rayrl.config.errors import warn as _warn
 from rayrl.config.schema import RayRLConfig, schema_fields
 
 BUILTIN_DIR = Path(__file__).resolve().parent
-
-
-class ConfigError(ValueError):
-    """A config that cannot run: the message says which key and what to do."""
-
-
-class ConfigWarning(UserWarning):
-    """A config key accepted for verl compatibility that has no effect in rayrl."""
-
-
-def _warn(message: str) -> None:
-    warnings.warn(message, ConfigWarning, stacklevel=3)
 
 
 def builtin_configs(builtin_dir: Path = BUILTIN_DIR) -> list[str]:

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from rayrl.config.compat import strip_inert
+from rayrl.config.errors import ConfigError
+from rayrl.config.errors import warn as _warn
 from rayrl.config.load import (
-    ConfigError,
-    _warn,
     as_str_list,
     check_keys,
     load_structured,

@@ -9,7 +9,7 @@ data-parallel ranks, and each rank's share splits into micro-batches of
 
 from __future__ import annotations
 
-from rayrl.config.load import ConfigError
+from rayrl.config.errors import ConfigError
 from rayrl.config.schema import RayRLConfig
 
 ACTOR = "actor_rollout_ref.actor"

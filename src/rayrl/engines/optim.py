@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from rayrl.algos.registry import Registry
+from rayrl.registry import Registry
 
 logger = logging.getLogger(__name__)
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rayrl.algos.registry import Registry
 from rayrl.config.schema import RayRLConfig
 from rayrl.data import DataError, PromptDataset, read_parquet_with_sources, synthetic_rows
 from rayrl.data.synthetic import held_out_rows
+from rayrl.registry import Registry
 
 LOADERS: Registry[Callable[..., Any]] = Registry("data loader", config_key="data.loader")
 

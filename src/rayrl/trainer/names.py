@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from rayrl.algos import ADV_ESTIMATORS, AGG_MODES, KL_CONTROLLERS, KL_ESTIMATORS, POLICY_LOSSES
-from rayrl.algos.registry import Registry
-from rayrl.config.load import ConfigError
+from rayrl.config.errors import ConfigError
 from rayrl.config.schema import RayRLConfig
 from rayrl.config.sft import SFTConfig
 from rayrl.data import SYNTHETIC_TASKS
 from rayrl.engines.optim import LR_SCHEDULES
 from rayrl.engines.rollout import AUTO, ROLLOUT_ENGINES
+from rayrl.registry import Registry
 from rayrl.trainer.data import LOADERS
 from rayrl.trainer.tracking import TRACKERS
 

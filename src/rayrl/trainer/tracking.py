@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rayrl.algos.registry import Registry
+from rayrl.registry import Registry
 
 TRACKERS: Registry[type] = Registry("tracker", config_key="trainer.logger")
 

@@ -19,9 +19,9 @@ from typing import Any, TypeAlias
 
 from torch import Tensor
 
-from rayrl.algos.registry import Registry, UnknownNameError
 from rayrl.batch import Batch
 from rayrl.engines.rollout.sampling import SamplingParams
+from rayrl.registry import Registry, UnknownNameError
 
 __all__ = [
     "AUTO",

@@ -17,12 +17,22 @@ from torch import Tensor
 
 from rayrl.engines.rollout.native.attention import make_attention
 from rayrl.engines.rollout.native.kv_cache import KVCache
-from rayrl.engines.rollout.native.ops import make_ops
+from rayrl.engines.rollout.native.ops import TorchOps
 from rayrl.engines.rollout.native.spec import ModelSpec
 from rayrl.engines.rollout.native.step import StepInput
 from rayrl.engines.rollout.native.weights import NativeWeights
 
-__all__ = ["NativeModel"]
+__all__ = ["NativeModel", "make_ops"]
+
+
+def make_ops(kernels: str) -> TorchOps:
+    """`TritonOps` for ``kernels="triton"`` (imported only then: Triton is optional),
+    `TorchOps` for ``"torch"``."""
+    if kernels == "triton":
+        from rayrl.engines.rollout.native.triton_ops import TritonOps
+
+        return TritonOps()
+    return TorchOps()
 
 
 class NativeModel:

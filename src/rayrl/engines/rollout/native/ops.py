@@ -6,8 +6,9 @@ in the model dtype), so that on CPU in float32 the native forward agrees with
 transformers to the last few bits and greedy decoding picks the same tokens.
 
 `TorchOps` is the CPU implementation and the reference the Triton kernels
-(`rayrl.engines.rollout.native.triton_ops`) are checked against; `make_ops` picks one
-by the engine's ``kernels`` setting.
+(`rayrl.engines.rollout.native.triton_ops`) are checked against; the model
+(`rayrl.engines.rollout.native.model.make_ops`) picks one by the engine's ``kernels``
+setting.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["TorchOps", "make_ops"]
+__all__ = ["TorchOps"]
 
 
 class TorchOps:
@@ -91,12 +92,3 @@ class TorchOps:
 def _rotate_half(x: Tensor) -> Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def make_ops(kernels: str) -> TorchOps:
-    """`TritonOps` for ``kernels="triton"``, `TorchOps` for ``"torch"``."""
-    if kernels == "triton":
-        from rayrl.engines.rollout.native.triton_ops import TritonOps
-
-        return TritonOps()
-    return TorchOps()
