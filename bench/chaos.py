@@ -37,6 +37,7 @@ from rayrl.config import load_config
 from rayrl.models import build_tiny_model
 from rayrl.trainer.chaos import ChaosMonkey, compare_runs, final_weights
 from rayrl.trainer.ppo import PPOTrainer
+from rayrl.trainer.run import Run
 
 BENCH = "chaos"
 
@@ -66,24 +67,24 @@ def overrides(steps: int, out: str, model: str, device: str = "cpu") -> list[str
 def run(args: argparse.Namespace, out: str, kills: int) -> dict:
     """One run; with `kills`, under the chaos monkey. `error` says why it did not finish."""
     cfg = load_config("grpo", overrides(args.steps, out, args.model, args.device))
-    trainer = PPOTrainer(cfg, print_fn=lambda text: print(text, file=sys.stderr))
+    training = Run(PPOTrainer(cfg, print_fn=lambda text: print(text, file=sys.stderr)))
     monkey, history, error = None, [], None
     try:
-        trainer.setup()
+        training.setup()
         if kills:
-            monkey = ChaosMonkey(trainer, seed=args.seed, kills=kills).start()
-        history = trainer.fit()
+            monkey = ChaosMonkey(training, seed=args.seed, kills=kills).start()
+        history = training.fit()
     except Exception as err:  # noqa: BLE001 - a run that did not survive is a result here
         error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
     finally:
         if monkey is not None:
             monkey.stop()
-        trainer.shutdown()
+        training.shutdown()
     if error is not None:
         return {"error": error, "kills": monkey.done if monkey else []}
     return {
         "history": history,
-        "ledger": trainer.replay.ledger,
+        "ledger": training.replay.ledger,
         "weights": final_weights(out),
         "kills": monkey.done if monkey else [],
         "missed": monkey.missed if monkey else [],

@@ -133,6 +133,7 @@ def run_rayrl(
     from rayrl.config.load import load_config
     from rayrl.data.dataset import write_parquet
     from rayrl.trainer.ppo import PPOTrainer
+    from rayrl.trainer.run import Run
 
     prompts = seqs // args.group
     with tempfile.TemporaryDirectory() as tmp:
@@ -170,11 +171,11 @@ def run_rayrl(
         ]
         if args.worker_logs and not ray.is_initialized():  # worker warnings on this console
             ray.init(address="local", include_dashboard=False, log_to_driver=True)
-        trainer = PPOTrainer(load_config(None, overrides))
+        run = Run(PPOTrainer(load_config(None, overrides)))
         try:
-            history = trainer.setup().fit()
+            history = run.setup().fit()
         finally:
-            trainer.shutdown()
+            run.shutdown()
     summary = summarize_rayrl(history[args.warmup :])
     if keep_warmup:
         summary["peak_mem_gb"] = summarize_rayrl(history)["peak_mem_gb"]

@@ -145,6 +145,7 @@ def bench_start(rounds: int) -> None:
     from rayrl.trainer import roles
     from rayrl.trainer.ppo import PPOTrainer
     from rayrl.trainer.resources import pools_from_config
+    from rayrl.trainer.run import Run
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     tmp = Path(tempfile.mkdtemp())
@@ -155,17 +156,18 @@ def bench_start(rounds: int) -> None:
             "grpo",
             [f"trainer.output_dir={tmp}", f"reward.colocate={colocate}", "trainer.device=cpu"],
         )
-        trainer = PPOTrainer(cfg, print_fn=lambda _: None)
-        trainer.load_data()
-        trainer.kv = KVStore.create(trainer.run)
-        trainer.pools = reserve_pools(pools_from_config(cfg, "cpu"), trainer.run)
+        run = Run(PPOTrainer(cfg, print_fn=lambda _: None))
+        run.data = run.trainer.load_data()
+        run.kv = KVStore.create(run.name)
+        run.pools = reserve_pools(pools_from_config(cfg, "cpu"), run.name)
+        env = roles.group_env(cfg, run.name, run.kv, run.trainer.pg_timeout_s)
         begin = time.perf_counter()
         if mode == "sequential":
-            _start_one_by_one(trainer)
+            _start_one_by_one(run, env)
         else:
-            roles.start_roles(trainer, "cpu")
+            run.groups = run.trainer.start(run.pools, env, "cpu", run.total_steps())
         took = time.perf_counter() - begin
-        trainer.shutdown()
+        run.shutdown()
         return took
 
     seq, conc = interleaved(rounds, lambda: start("sequential"), lambda: start("concurrent"))
@@ -180,11 +182,11 @@ def bench_start(rounds: int) -> None:
     ray.shutdown()
 
 
-def _start_one_by_one(trainer) -> None:
+def _start_one_by_one(run, env) -> None:
     """What setup did before start_groups: create, init, then the next group."""
     from rayrl.trainer import roles
 
-    res = trainer.cfg.resources
+    res = run.cfg.resources
 
     def one_by_one(groups, **_):
         for group, kwargs in groups:
@@ -194,7 +196,7 @@ def _start_one_by_one(trainer) -> None:
     original = roles.start_groups
     roles.start_groups = one_by_one
     try:
-        roles.start_roles(trainer, "cpu")
+        run.groups = run.trainer.start(run.pools, env, "cpu", run.total_steps())
     finally:
         roles.start_groups = original
 

@@ -13,6 +13,7 @@ from rayrl.batch import Batch
 from rayrl.config import load_config
 from rayrl.engines.train import TrainEngine
 from rayrl.workers import ActorRolloutRefWorker
+from rayrl.workers.context import StepContext
 from rayrl.workers.losses import actor_loss_fn
 from workers_cases import local_worker
 
@@ -108,9 +109,9 @@ def test_update_actor_steps_per_prompt_mini_batch_and_lr_per_rl_step(tiny_model_
         with_ref=False,
     )
     batch = _update_batch(worker)
-    first = worker.update_actor(batch)
+    first = worker.update_actor(batch, StepContext(step=0))
     assert worker.actor.optimizer_steps == 4
-    second = worker.update_actor(batch)
+    second = worker.update_actor(batch, StepContext(step=1))
     assert worker.actor.optimizer_steps == 8
     assert first["actor/lr"] == pytest.approx(0.01)
     assert second["actor/lr"] == pytest.approx(0.005)

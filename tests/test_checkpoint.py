@@ -14,14 +14,16 @@ import pytest
 import torch
 
 from engine_cases import tiny_model_dir  # noqa: F401 (fixture)
-from rayrl.trainer.checkpoint import CheckpointManager, TrainerState, load_state
+from rayrl.trainer.checkpoint import CheckpointManager, load_states
+from rayrl.trainer.state import Progress
 
 TESTS = Path(__file__).resolve().parent
 
 
 def _save(manager: CheckpointManager, step: int, payload: str = "x") -> Path:
     return manager.save(
-        TrainerState(global_step=step, epoch=1, batch=step),
+        step,
+        {"progress": Progress(global_step=step, epoch=1, batch=step).state_dict()},
         lambda tmp: (tmp / "actor").mkdir() or (tmp / "actor" / "w.txt").write_text(payload),
     )
 
@@ -36,11 +38,27 @@ def test_latest_retention_and_resume_choices(tmp_path):
     assert manager.resolve("auto") == tmp_path / "checkpoints" / "global_step_3"
     assert manager.resolve("disable") is None
     chosen = manager.resolve("resume_path", tmp_path / "checkpoints" / "global_step_2")
-    assert load_state(chosen).global_step == 2
+    assert load_states(chosen)["progress"]["global_step"] == 2
     with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
         manager.resolve("resume_path", tmp_path / "checkpoints" / "global_step_1")
     _save(manager, 3, payload="again")  # saving a step again replaces it
     assert (manager.latest() / "actor" / "w.txt").read_text() == "again"
+
+
+def test_checkpoints_of_the_flat_state_layout_still_load(tmp_path):
+    """trainer_state.pt written before the state came in parts: one flat dict."""
+    step = tmp_path / "global_step_4"
+    step.mkdir()
+    torch.save(
+        {"global_step": 4, "epoch": 1, "batch": 2, "kl_ctrl": {"kl_ctrl": 0.1}, "rng": {}},
+        step / "trainer_state.pt",
+    )
+    states = load_states(step)
+    assert states["progress"] == {"global_step": 4, "epoch": 1, "batch": 2}
+    assert states["advantage"] == {"kl_ctrl": 0.1} and states["rng"] == {}
+    progress = Progress()
+    progress.load_state_dict(states["progress"])
+    assert progress == Progress(4, 1, 2, 0)
 
 
 def test_a_stale_latest_marker_falls_back_to_the_newest_complete_step(tmp_path):
@@ -55,13 +73,13 @@ import sys, time
 from pathlib import Path
 import torch
 from rayrl.engines.train import TrainEngine
-from rayrl.trainer.checkpoint import CheckpointManager, TrainerState
+from rayrl.trainer.checkpoint import CheckpointManager
 
 model, root, signal_file = sys.argv[1:4]
 torch.manual_seed(0)
 engine = TrainEngine(model, optim={"lr": 1e-3})
 manager = CheckpointManager(root)
-manager.save(TrainerState(global_step=1), lambda tmp: engine.save(tmp / "actor"))
+manager.save(1, {}, lambda tmp: engine.save(tmp / "actor"))
 torch.save({k: v.clone() for k, v in engine.model.state_dict().items()}, Path(root) / "weights1.pt")
 with torch.no_grad():
     for p in engine.model.parameters():
@@ -72,7 +90,7 @@ def write_then_hang(tmp):
     Path(signal_file).write_text(str(tmp))
     time.sleep(120)
 
-manager.save(TrainerState(global_step=2), write_then_hang)
+manager.save(2, {}, write_then_hang)
 """
 
 
@@ -106,6 +124,6 @@ def test_a_save_killed_half_way_leaves_the_previous_checkpoint_loadable(tmp_path
     saved = torch.load(root / "weights1.pt")
     for name, value in engine.model.state_dict().items():
         assert torch.equal(value, saved[name]), name
-    manager.save(TrainerState(global_step=2), lambda tmp: engine.save(tmp / "actor"))
+    manager.save(2, {}, lambda tmp: engine.save(tmp / "actor"))
     assert not partial.exists()  # the next save clears what the killed one left
     assert manager.latest() == root / "global_step_2"

@@ -135,11 +135,12 @@ def test_trainer_refuses_too_little_data_before_reserving_anything(tmp_path):
     from rayrl.config import load_config
     from rayrl.data import DataError
     from rayrl.trainer.ppo import PPOTrainer
+    from rayrl.trainer.run import Run
 
     model = build_tiny_model(tmp_path / "m", layers=1, hidden=32)
     data = write_parquet([_row([{"role": "user", "content": "1+1?"}])] * 3, tmp_path / "t.parquet")
     cfg = load_config("grpo", [f"actor_rollout_ref.model.path={model}", f"data.train_files={data}"])
-    trainer = PPOTrainer(cfg)
+    run = Run(PPOTrainer(cfg))
     with pytest.raises(DataError, match=r"3 usable rows \(of 3\).*data.train_batch_size=8"):
-        trainer.setup()
-    assert trainer.pools == [] and trainer.kv is None and trainer.groups == []
+        run.setup()
+    assert run.pools == [] and run.kv is None and run.groups == []

@@ -26,8 +26,7 @@ def _per_sequence(batch: Batch):
 def test_log_probs_at_temperature_07_match_a_hand_computation(tiny_model_dir, packed, pack_on_cpu):  # noqa: F811
     engine = TrainEngine(tiny_model_dir, use_remove_padding=packed, trainable=False)
     batch = ragged_batch(5, seed=11)
-    batch.meta["temperature"] = 0.7
-    got = engine.forward(batch, micro_batch_size=2, with_entropy=True)
+    got = engine.forward(batch, micro_batch_size=2, with_entropy=True, temperature=0.7)
     hand_lp = torch.zeros_like(got["log_probs"])
     hand_ent = torch.zeros_like(got["entropy"])
     for i, ids, start in _per_sequence(batch):

@@ -116,6 +116,7 @@ def test_training_keeps_no_vocab_sized_tensor(tiny_model_dir, monkeypatch):  # n
     from rayrl.engines import logprob_head
 
     monkeypatch.setattr(logprob_head, "KEEP_LOGITS_HOST_BYTES", 0)
+    monkeypatch.setattr(logprob_head, "KEEP_LOGITS_SHARE", 0.0)  # on CUDA: no room either
     engine = TrainEngine(tiny_model_dir)
     batch = ragged_batch(6, seed=4)
     vocab = engine.config.vocab_size
@@ -126,6 +127,13 @@ def test_training_keeps_no_vocab_sized_tensor(tiny_model_dir, monkeypatch):  # n
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
-        out = response_outputs(engine.model, batch, packed=True, with_entropy=True, temperature=0.7)
+        out = response_outputs(
+            engine.model,
+            batch,
+            packed=True,
+            with_entropy=True,
+            temperature=0.7,
+            device=engine.device,  # the batch moves where the model is (a GPU, when there is one)
+        )
     (out["log_probs"].sum() + out["entropy"].sum()).backward()
     assert saved and not [s for s in saved if s[-1:] == (vocab,)]  # no logits, no softmax

@@ -41,14 +41,12 @@ def _grad_recorder(engine: TrainEngine) -> dict[str, torch.Tensor]:
 
 def test_packed_and_padded_log_probs_equal_the_reference(tiny_model_dir):  # noqa: F811
     batch = ragged_batch(7, seed=3)
-    batch.meta["temperature"] = 0.7
     packed = TrainEngine(tiny_model_dir, use_remove_padding=True, logit_chunk_size=5)
     padded = TrainEngine(tiny_model_dir, use_remove_padding=False)
-    out_packed = packed.forward(batch, micro_batch_size=3, with_entropy=True)
-    out_padded = padded.forward(batch, micro_batch_size=7, with_entropy=True)
+    out_packed = packed.forward(batch, micro_batch_size=3, with_entropy=True, temperature=0.7)
+    out_padded = padded.forward(batch, micro_batch_size=7, with_entropy=True, temperature=0.7)
     torch.testing.assert_close(out_packed["log_probs"], out_padded["log_probs"], atol=1e-5, rtol=0)
     torch.testing.assert_close(out_packed["entropy"], out_padded["entropy"], atol=1e-5, rtol=0)
-    batch.meta["temperature"] = 1.0
     reference = _reference_log_probs(padded, batch)
     torch.testing.assert_close(packed.forward(batch)["log_probs"], reference, atol=1e-5, rtol=0)
     assert (out_packed["log_probs"][batch["response_mask"] == 0] == 0).all()

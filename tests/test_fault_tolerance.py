@@ -31,6 +31,7 @@ from rayrl.controller.faults import Fault
 from rayrl.trainer.chaos import ChaosMonkey, compare_runs, deterministic, final_weights
 from rayrl.trainer.ppo import PPOTrainer
 from rayrl.trainer.replay import WorkerRestartLimitError
+from rayrl.trainer.run import Run
 
 pytestmark = pytest.mark.slow
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -56,21 +57,22 @@ ONE_NODE = ["trainer.n_gpus_per_node=2"]
 def _run(out: Path, extra: list[str], before_fit=None, on_step=None) -> dict:
     cfg = load_config("ppo", [*RUN, *extra, f"trainer.output_dir={out}"])
     printed: list[str] = []
-    trainer = PPOTrainer(cfg, print_fn=printed.append)
+    run = Run(PPOTrainer(cfg, print_fn=printed.append))
+    helper = None
     try:
-        trainer.setup()
-        helper = before_fit(trainer) if before_fit else None
-        history = trainer.fit(on_step=on_step and (lambda s, m: on_step(trainer, s)))
+        run.setup()
+        helper = before_fit(run) if before_fit else None
+        history = run.fit(on_step=on_step and (lambda s, m: on_step(run, s)))
     finally:
         if helper is not None:
             helper.stop()
-        trainer.shutdown()
+        run.shutdown()
     return {
         "history": history,
-        "ledger": trainer.replay.ledger,
+        "ledger": run.replay.ledger,
         "weights": final_weights(out),
         "printed": printed,
-        "recoveries": trainer.replay.recoveries,
+        "recoveries": run.replay.recoveries,
         "helper": helper,
         "out": out,
     }
@@ -157,8 +159,8 @@ def _by_step(out: Path) -> dict[int, dict]:
 def test_a_rank_that_always_dies_stops_the_run_at_the_restart_bound(tmp_path):
     start_local_ray()
 
-    def always_dies(trainer):
-        trainer.hybrid.inject(Fault("compute_log_prob", "kill", ranks=(0,), times=None))
+    def always_dies(run):
+        run.trainer.roles.hybrid.inject(Fault("compute_log_prob", "kill", ranks=(0,), times=None))
 
     with pytest.raises(WorkerRestartLimitError) as info:
         _run(
@@ -178,18 +180,19 @@ def test_kills_a_hang_and_a_lost_node_end_bitwise_like_the_clean_run(
     cluster = ray_multinode([{"num_cpus": 5}, {"num_cpus": 5}])
     head = ray.get_runtime_context().get_node_id()
 
-    def start(trainer):  # step 0: a kill by pid at a random point
+    def start(run):  # step 0: a kill by pid at a random point
         return ChaosMonkey(
-            trainer, seed=3, stages=["gen", "log_prob", "update"], kills=1, steps=[0]
+            run, seed=3, stages=["gen", "log_prob", "update"], kills=1, steps=[0]
         ).start()
 
-    def on_step(trainer, step):
+    def on_step(run, step):
+        hybrid = run.trainer.roles.hybrid
         if step == 0:  # step 1: rank 0's critic never returns from compute_values
-            trainer.hybrid.stage_timeout_s = 3.0
-            trainer.hybrid.inject(Fault("compute_values", "hang", ranks=(0,)))
+            hybrid.stage_timeout_s = 3.0
+            hybrid.inject(Fault("compute_values", "hang", ranks=(0,)))
         if step == 1:  # step 2: the node of the rank not on the head goes away mid-update
-            trainer.hybrid.stage_timeout_s = 120.0  # a checkpoint load reports no progress
-            threading.Thread(target=_lose_node, args=(cluster, trainer, head), daemon=True).start()
+            hybrid.stage_timeout_s = 120.0  # a checkpoint load reports no progress
+            threading.Thread(target=_lose_node, args=(cluster, hybrid, head), daemon=True).start()
 
     ray.shutdown()  # the trainer connects through resources.address, as a user would
     chaos = _run(
@@ -216,9 +219,8 @@ def test_kills_a_hang_and_a_lost_node_end_bitwise_like_the_clean_run(
     assert "compute_values" in stages and len(stages) >= 3, stages
 
 
-def _lose_node(cluster, trainer, head: str) -> None:
+def _lose_node(cluster, group, head: str) -> None:
     """Remove the worker node once rank 1 (not on the head) is inside update_actor."""
-    group = trainer.hybrid
     rank = next(r for r in range(group.world_size) if group.describe(r).node_id != head)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

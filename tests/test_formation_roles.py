@@ -15,7 +15,15 @@ from transformers import AutoTokenizer
 from rayrl.controller import Fault, GroupSnapshot, colocate
 from rayrl.models import build_tiny_model
 from rayrl.workers import ActorRolloutRefWorker, CriticWorker
-from workers_cases import close, config, forced_batch, group_on, prompts
+from workers_cases import (
+    close,
+    config,
+    forced_batch,
+    group_on,
+    prompts,
+    update_actor,
+    update_critic,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -55,8 +63,8 @@ def test_init_retry_replacement_and_snapshots_with_the_real_roles(ray_local, mod
         batch["returns"] = torch.ones(4, 6)
         batch = batch.union(critic.compute_values(batch))
         snap = GroupSnapshot.take(group)
-        actor.update_actor(batch)
-        critic.update_critic(batch)
+        update_actor(actor, batch)
+        update_critic(critic, batch)
         after = (
             actor.compute_log_prob(batch)["old_log_probs"],
             critic.compute_values(batch)["values"],
@@ -70,8 +78,8 @@ def test_init_retry_replacement_and_snapshots_with_the_real_roles(ray_local, mod
         assert torch.equal(actor.compute_log_prob(batch)["old_log_probs"], batch["old_log_probs"])
         assert torch.equal(actor.compute_ref_log_prob(batch)["ref_log_prob"], batch["ref_log_prob"])
         assert torch.equal(critic.compute_values(batch)["values"], batch["values"])
-        actor.update_actor(batch)  # the same update again, from the same state
-        critic.update_critic(batch)
+        update_actor(actor, batch)  # the same update again, from the same state
+        update_critic(critic, batch)
         assert torch.equal(actor.compute_log_prob(batch)["old_log_probs"], after[0])
         assert torch.equal(critic.compute_values(batch)["values"], after[1])
     finally:

@@ -17,6 +17,8 @@ from conftest import start_local_ray
 from rayrl.cli.main import main
 from rayrl.config import load_config
 from rayrl.trainer.ppo import PPOTrainer
+from rayrl.trainer.run import Run
+from rayrl.workers.context import StepContext
 
 pytestmark = pytest.mark.slow
 
@@ -68,15 +70,16 @@ def run_b(run_a, tmp_path_factory):
         ],
     )
     printed: list[str] = []
-    trainer = PPOTrainer(cfg, print_fn=printed.append)
+    run = Run(PPOTrainer(cfg, print_fn=printed.append))
     try:
-        history = trainer.setup().fit()
-        prompts = trainer.dataset.collate([0, 1])
+        history = run.setup().fit()
+        actor = run.trainer.roles.actor
+        prompts = run.data.dataset.collate([0, 1])
         prompts.meta["step"] = 99
-        probe = trainer.actor.generate(prompts)
-        probe = probe.union(trainer.actor.compute_log_prob(probe).select("old_log_probs"))
+        probe = actor.generate(prompts, StepContext(step=99)).batch
+        probe = probe.union(actor.compute_log_prob(probe).select("old_log_probs"))
     finally:
-        trainer.shutdown()
+        run.shutdown()
     return {"dir": out, "history": history, "printed": printed, "probe": probe}
 
 

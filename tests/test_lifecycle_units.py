@@ -27,13 +27,14 @@ def test_a_missing_tracker_package_names_the_extra(monkeypatch):
 
 def test_the_trainer_checks_trackers_before_reserving_anything(monkeypatch, tmp_path):
     from rayrl.trainer.ppo import PPOTrainer
+    from rayrl.trainer.run import Run
 
     monkeypatch.setitem(sys.modules, "mlflow", None)
     cfg = load_config("grpo", [f"trainer.output_dir={tmp_path}", "trainer.logger=[mlflow]"])
-    trainer = PPOTrainer(cfg)
+    run = Run(PPOTrainer(cfg))
     with pytest.raises(TrackerUnavailable, match=r"rayrl\[mlflow\]"):
-        trainer.setup()
-    assert trainer.pools == [] and trainer.session is None
+        run.setup()
+    assert run.pools == [] and run.session is None
 
 
 def test_jsonl_is_always_written_and_console_prints(tmp_path):
@@ -100,9 +101,11 @@ def test_usage_metrics_and_cpu_starvation_warning():
     assert "perf/gpu_util/reward" not in metrics
 
 
-def test_checkpointed_trainer_state_restores_the_adaptive_kl_controller(tmp_path):
-    from rayrl.trainer.checkpoint import CheckpointManager, TrainerState, load_state
+def test_checkpointed_driver_parts_restore_the_adaptive_kl_controller(tmp_path):
+    from rayrl.trainer.checkpoint import CheckpointManager, load_states
     from rayrl.trainer.ppo import PPOTrainer
+    from rayrl.trainer.run import Run
+    from rayrl.trainer.state import Progress, capture, restore
 
     overrides = [
         f"trainer.output_dir={tmp_path}",
@@ -110,15 +113,16 @@ def test_checkpointed_trainer_state_restores_the_adaptive_kl_controller(tmp_path
         "algorithm.kl_ctrl.type=adaptive",
         "algorithm.kl_ctrl.kl_coef=0.05",
     ]
-    first = PPOTrainer(load_config("grpo", overrides))
-    first.advantage.kl_ctrl.update(0.5, n_steps=64)  # KL above target: the coefficient grows
-    state = TrainerState(global_step=7, epoch=1, batch=3, kl_ctrl=first.advantage.state_dict())
-    path = CheckpointManager(tmp_path / "ckpt").save(state, lambda tmp: None)  # no workers
-    second = PPOTrainer(load_config("grpo", overrides))
-    assert second.advantage.kl_ctrl.value == 0.05
-    second.restore_state(load_state(path))
-    assert second.advantage.kl_ctrl.value == first.advantage.kl_ctrl.value > 0.05
-    assert (second.state.global_step, second.state.epoch, second.state.batch) == (7, 1, 3)
+    first = Run(PPOTrainer(load_config("grpo", overrides)))
+    first.trainer.advantage.kl_ctrl.update(0.5, n_steps=64)  # KL above target: it grows
+    first.progress.load_state_dict(Progress(7, 1, 3, 24).state_dict())
+    path = CheckpointManager(tmp_path / "ckpt").save(7, capture(first.parts()), lambda tmp: None)
+    second = Run(PPOTrainer(load_config("grpo", overrides)))
+    assert second.trainer.advantage.kl_ctrl.value == 0.05
+    restore(second.parts(), load_states(path))  # the driver's part of `Run.restore`
+    assert second.trainer.advantage.kl_ctrl.value == first.trainer.advantage.kl_ctrl.value
+    assert second.trainer.advantage.kl_ctrl.value > 0.05
+    assert second.progress == Progress(7, 1, 3, 24)
 
 
 def test_resumed_metrics_file_keeps_rows_up_to_the_checkpoint(tmp_path):

@@ -13,7 +13,8 @@ from rayrl.engines import packing
 from rayrl.models import build_tiny_model
 from rayrl.trainer.on_policy import separate_pass_reason
 from rayrl.workers import ActorRolloutRefWorker
-from workers_cases import config, local_worker, prompts
+from rayrl.workers import actor as actor_module
+from workers_cases import config, generate, local_worker, prompts, update_actor
 
 # 4 prompts x 2 samples: one mini-batch of 8; the passes split it differently
 # (log-probs 3 rows at a time, the update 4), so the packed rows differ too.
@@ -31,16 +32,22 @@ def model_dir(tmp_path_factory):
     return str(build_tiny_model(tmp_path_factory.mktemp("onp") / "m", layers=2, hidden=32))
 
 
-def _recording(worker):
-    """Wrap the worker's loss so that it keeps each micro-batch's detached log-probs."""
-    seen, loss_fn = {}, worker.loss_fn
+def _recording(monkeypatch):
+    """Wrap the actor's loss so that it keeps each micro-batch's detached log-probs."""
+    seen, factory = {}, actor_module.actor_loss_fn
 
-    def record(outputs, mb):
-        for row, values in zip(mb["row"].tolist(), outputs["log_probs"].detach(), strict=True):
-            seen[row] = values.clone()
-        return loss_fn(outputs, mb)
+    def recording_factory(*args, **kwargs):
+        loss_fn = factory(*args, **kwargs)
 
-    worker.loss_fn = record
+        def record(outputs, mb):
+            log_probs = outputs["log_probs"].detach()
+            for row, values in zip(mb["row"].tolist(), log_probs, strict=True):
+                seen[row] = values.clone()
+            return loss_fn(outputs, mb)
+
+        return record
+
+    monkeypatch.setattr(actor_module, "actor_loss_fn", recording_factory)
     return seen
 
 
@@ -54,7 +61,7 @@ def test_the_update_log_probs_are_the_separate_pass_bitwise_and_train_alike(
     assert separate_pass_reason(cfg, 8) is None
     separate = local_worker(ActorRolloutRefWorker, config=cfg, model_path=model_dir)
     shortcut = local_worker(ActorRolloutRefWorker, config=cfg, model_path=model_dir)
-    batch = separate.generate(prompts(AutoTokenizer.from_pretrained(model_dir), 4))
+    batch = generate(separate, prompts(AutoTokenizer.from_pretrained(model_dir), 4))
     batch["advantages"] = torch.randn(
         batch["responses"].shape, generator=torch.Generator().manual_seed(0)
     )
@@ -62,14 +69,12 @@ def test_the_update_log_probs_are_the_separate_pass_bitwise_and_train_alike(
     batch = batch.union(separate.compute_ref_log_prob(batch))
     old = separate.compute_log_prob(batch)["old_log_probs"]
 
-    seen = _recording(shortcut)
-    on_policy = batch.select(*batch.keys())
-    on_policy.meta["on_policy"] = True
-    got = shortcut.update_actor(on_policy)
+    seen = _recording(monkeypatch)
+    got = update_actor(shortcut, batch.select(*batch.keys()), on_policy=True)
     used = torch.stack([seen[row] for row in range(len(batch))])
     assert torch.equal(used, old), (used - old).abs().max()  # bitwise, same weights
 
-    want = separate.update_actor(batch.union(Batch({"old_log_probs": old})))
+    want = update_actor(separate, batch.union(Batch({"old_log_probs": old})))
     for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/ppo_kl"):
         assert got[key] == want[key], key
     assert got["actor/pg_clipfrac"] == want["actor/pg_clipfrac"] == 0.0
@@ -83,11 +88,10 @@ def test_the_update_log_probs_are_the_separate_pass_bitwise_and_train_alike(
 def test_an_on_policy_update_of_several_mini_batches_is_refused(model_dir):
     cfg = config(*SIZES, "actor_rollout_ref.actor.ppo_mini_batch_size=2")
     worker = local_worker(ActorRolloutRefWorker, config=cfg, model_path=model_dir)
-    batch = worker.generate(prompts(AutoTokenizer.from_pretrained(model_dir), 4))
+    batch = generate(worker, prompts(AutoTokenizer.from_pretrained(model_dir), 4))
     batch["advantages"] = torch.zeros(batch["responses"].shape)
-    batch.meta["on_policy"] = True
     with pytest.raises(ValueError, match="one PPO epoch over one mini-batch"):
-        worker.update_actor(batch)
+        update_actor(worker, batch, on_policy=True)
 
 
 @pytest.mark.parametrize(

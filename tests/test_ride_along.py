@@ -12,34 +12,38 @@ from transformers import AutoTokenizer
 from rayrl.batch_equal import tensors_equal
 from rayrl.config import load_config
 from rayrl.models import build_tiny_model
+from rayrl.rewards.items import summarize
 from rayrl.trainer.ppo import PPOTrainer
-from rayrl.trainer.ride_along import riding_flags, riding_timing, with_flags
+from rayrl.trainer.ride_along import Riding, riding_stages
+from rayrl.trainer.run import Run
 from rayrl.workers import ActorRolloutRefWorker, RewardWorker
+from rayrl.workers.context import StepContext
+from rayrl.workers.reward import rewards_from_batch
 from workers_cases import config, local_worker, prompts
 
-BOTH = {"with_scores": True, "with_ref": True}
+BOTH = Riding(scores=True, ref=True)
 
 
 @pytest.mark.parametrize(
     ("overrides", "ranks", "reward_in_actor", "use_ref", "flags"),
     [
         ([], 1, True, True, BOTH),
-        ([], 2, True, True, {}),  # several ranks: the batch is re-balanced in between
-        ([], 1, False, True, {"with_ref": True}),  # the reward scores in its own process
-        ([], 1, True, False, {"with_scores": True}),
-        (["reward.http.url=http://localhost:1/score"], 1, True, True, {"with_ref": True}),
+        ([], 2, True, True, Riding()),  # several ranks: the batch is re-balanced in between
+        ([], 1, False, True, Riding(ref=True)),  # the reward scores in its own process
+        ([], 1, True, False, Riding(scores=True)),
+        (["reward.http.url=http://localhost:1/score"], 1, True, True, Riding(ref=True)),
         (
             ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc"],
             1,
             True,
             True,
-            {"with_ref": True},
+            Riding(ref=True),
         ),
     ],
 )
 def test_what_rides_on_generate(overrides, ranks, reward_in_actor, use_ref, flags):
     cfg = load_config("grpo", overrides)
-    assert riding_flags(cfg, ranks, reward_in_actor, use_ref) == flags
+    assert riding_stages(cfg, ranks, reward_in_actor, use_ref) == flags
 
 
 @pytest.fixture(scope="module")
@@ -53,28 +57,28 @@ def test_riding_columns_equal_the_separate_calls_bitwise(model_dir):
     reward = local_worker(RewardWorker, config=cfg, tokenizer_path=model_dir)
     actor.peers = {"actor": actor, "reward": reward}  # as a fused process holds them
     batch = prompts(AutoTokenizer.from_pretrained(model_dir), 4)
-    plain = actor.generate(batch)
-    result = actor.generate(with_flags(batch, BOTH))
-    riding, timing = riding_timing(result)
-    assert set(timing) == {"reward", "ref"} and all(t > 0 for t in timing.values())
-    assert "timing_s/ref" not in riding.meta
-    assert "timing_s/ref" in result.meta  # the call's kept result stays whole (replay)
-    assert "with_ref" not in riding.meta and "with_scores" not in riding.meta
-    assert "with_ref" not in batch.meta  # the prompts' own meta is left as it was
+    meta = dict(batch.meta)
+    plain = actor.generate(batch, StepContext()).batch
+    result = actor.generate(batch, StepContext(with_scores=True, with_ref=True))
+    riding, timing = result.batch, result.timing
+    assert set(timing) == {"weight_sync", "reward", "ref"}
+    assert timing["reward"] > 0 and timing["ref"] > 0
+    assert riding.meta == plain.meta and batch.meta == meta  # options never enter the meta
     separate = plain.union(reward.compute_score(plain)).union(actor.compute_ref_log_prob(plain))
     assert set(riding.keys()) == set(separate.keys())
+    timed = "reward_elapsed_s"  # the scoring's own time differs, nothing else
     for key in riding.tensors:
-        assert tensors_equal(riding[key], separate[key]), key
+        if key != timed:
+            assert tensors_equal(riding[key], separate[key]), key
     assert list(riding["reward_extra"]) == list(separate["reward_extra"])
-    timed = "reward/elapsed_s/mean"  # the scoring's own time differs, nothing else
-    ours, theirs = riding.meta["reward_metrics"], separate.meta["reward_metrics"]
-    assert ours.keys() == theirs.keys() and timed in ours
-    assert {k: v for k, v in ours.items() if k != timed} == {
-        k: v for k, v in theirs.items() if k != timed
+    ours, theirs = (summarize(rewards_from_batch(b)) for b in (riding, separate))
+    assert ours.keys() == theirs.keys() and "elapsed_s/mean" in ours
+    assert {k: v for k, v in ours.items() if k != "elapsed_s/mean"} == {
+        k: v for k, v in theirs.items() if k != "elapsed_s/mean"
     }
     with pytest.raises(RuntimeError, match="no reward role runs in this process"):
         local_worker(ActorRolloutRefWorker, config=cfg, model_path=model_dir).generate(
-            with_flags(batch, {"with_scores": True})
+            batch, StepContext(with_scores=True)
         )
 
 
@@ -95,13 +99,13 @@ def test_a_one_process_run_makes_no_separate_reward_or_ref_call(ray_local, tmp_p
             f"trainer.output_dir={tmp_path}",
         ],
     )
-    trainer = PPOTrainer(cfg)
+    run = Run(PPOTrainer(cfg))
     try:
-        [metrics] = trainer.setup().fit()
+        [metrics] = run.setup().fit()
     finally:
-        trainer.shutdown()
-    assert {stage for stage, _ in trainer.calls.kept} == {"gen", "update_actor"}
-    assert trainer.riding == BOTH
+        run.shutdown()
+    assert {stage for stage, _ in run.calls.kept} == {"gen", "update_actor"}
+    assert run.trainer.riding == BOTH
     for key in ("timing_s/gen", "timing_s/ref", "timing_s/reward", "reward/score/mean"):
         assert math.isfinite(metrics[key]) and metrics[key] >= 0, key
     assert metrics["timing_s/ref"] > 0 and metrics["timing_s/reward"] > 0

@@ -11,6 +11,7 @@ import pytest
 from rayrl.cli.main import main
 from rayrl.config import load_config
 from rayrl.trainer.ppo import PPOTrainer
+from rayrl.trainer.run import Run
 
 SMALL = [
     "data.train_batch_size=2",
@@ -71,17 +72,17 @@ def test_grpo_steps_with_the_native_rollout_engine(ray_local, tmp_path):
             "reward.colocate=false",
         ],
     )
-    trainer = PPOTrainer(cfg)
+    run = Run(PPOTrainer(cfg))
     try:
-        trainer.setup()
-        assert trainer.actor.device_info()[0]["rollout"] == "NativeRolloutEngine"
-        assert [g.role for g in trainer.groups] == ["actor_rollout_ref", "reward"]
+        run.setup()
+        assert run.trainer.roles.actor.device_info()[0]["rollout"] == "NativeRolloutEngine"
+        assert [g.role for g in run.groups] == ["actor_rollout_ref", "reward"]
         # started side by side: the reward's init began before the actor's ended
-        (_, actor_end), (reward_start, _) = (g.infos[0]["init_span"] for g in trainer.groups)
+        (_, actor_end), (reward_start, _) = (g.infos[0]["init_span"] for g in run.groups)
         assert reward_start < actor_end
-        history = trainer.fit()
+        history = run.fit()
     finally:
-        trainer.shutdown()
+        run.shutdown()
     assert len(history) == 2
     for metrics in history:
         for key in ("actor/pg_loss", "timing_s/gen", "response_length/mean", "critic/score/mean"):
@@ -95,10 +96,11 @@ def test_ppo_with_gae_critic_and_kl_in_reward(ray_local, tmp_path):
     )
     trainer = PPOTrainer(cfg)
     assert trainer.use_critic and trainer.use_ref
+    run = Run(trainer)
     try:
-        history = trainer.setup().fit()
+        history = run.setup().fit()
     finally:
-        trainer.shutdown()
+        run.shutdown()
     assert len(history) == 2
     for metrics in history:
         for key in (
@@ -126,13 +128,14 @@ def test_steps_and_batches_follow_the_loaded_data(tmp_path):
             "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         ],
     )
-    trainer = PPOTrainer(cfg)
-    assert len(trainer.load_data()) == 10
-    assert trainer.total_steps() == 4  # 2 whole batches of 4 per epoch, 2 epochs
-    steps = [(step, prompts.meta["step"], len(prompts)) for step, prompts in trainer.batches()]
+    run = Run(PPOTrainer(cfg))
+    run.data = run.trainer.load_data()
+    assert len(run.data.dataset) == 10
+    assert run.total_steps() == 4  # 2 whole batches of 4 per epoch, 2 epochs
+    steps = [(step, prompts.meta["step"], len(prompts)) for step, prompts in run.batches()]
     assert steps == [(i, i, 4) for i in range(4)]
-    epoch0 = [list(p["uid"]) for _, p in trainer.batches()][:2]
-    assert epoch0 != [list(p["uid"]) for _, p in trainer.batches()][2:]  # reshuffled per epoch
+    epoch0 = [list(p["uid"]) for _, p in run.batches()][:2]
+    assert epoch0 != [list(p["uid"]) for _, p in run.batches()][2:]  # reshuffled per epoch
 
 
 @pytest.mark.slow
@@ -147,11 +150,11 @@ def test_step_snapshots_auto_turns_off_when_the_state_would_crowd_the_object_sto
         "grpo",
         [*SMALL, f"trainer.output_dir={tmp_path}", "trainer.total_training_steps=1"],
     )
-    trainer = PPOTrainer(cfg, print_fn=printed.append)
+    run = Run(PPOTrainer(cfg, print_fn=printed.append))
     try:
-        history = trainer.setup().fit()
+        history = run.setup().fit()
     finally:
-        trainer.shutdown()
-    assert trainer.replay.use_snapshots is False and not trainer.replay.snapshots
+        run.shutdown()
+    assert run.replay.use_snapshots is False and not run.replay.snapshots
     assert any("step snapshots off" in line and "GiB" in line for line in printed)
     assert history[-1]["timing_s/snapshot"] == 0.0

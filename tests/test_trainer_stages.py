@@ -174,5 +174,5 @@ def test_critic_warmup_holds_the_actor_for_its_steps(tmp_path):
     model = build_tiny_model(tmp_path / "m", layers=1, hidden=32)
     cfg = load_config("ppo", [f"actor_rollout_ref.model.path={model}", "trainer.critic_warmup=2"])
     trainer = PPOTrainer(cfg)
-    learns = [trainer._actor_learns(Batch(meta={"step": s})) for s in range(4)]
+    learns = [trainer.actor_learns(step) for step in range(4)]
     assert learns == [False, False, True, True]

@@ -8,7 +8,7 @@ from transformers import AutoTokenizer
 
 from rayrl.models import build_tiny_model
 from rayrl.workers import ActorRolloutRefWorker
-from workers_cases import close, config, forced_batch, group_on, prompts
+from workers_cases import close, config, forced_batch, generate, group_on, prompts, update_actor
 
 TOKEN = 77
 
@@ -31,7 +31,7 @@ def test_hybrid_actor_generates_updates_and_generates_with_new_weights(ray_local
     group, pool, kv = group_on(ActorRolloutRefWorker, 1, "actor")
     try:
         group.init(timeout_s=300, config=cfg, model_path=model_dir)
-        out = group.generate(prompts(tok, 2))
+        out = generate(group, prompts(tok, 2))
         assert len(out) == 4 and out["responses"].shape == (4, 6)
         assert list(out["sample_uid"]) == ["p0/0", "p0/1", "p1/0", "p1/1"]
         old = group.compute_log_prob(out)
@@ -42,17 +42,17 @@ def test_hybrid_actor_generates_updates_and_generates_with_new_weights(ray_local
         torch.testing.assert_close(
             old["old_log_probs"][mask], out["rollout_log_probs"][mask], atol=1e-4, rtol=1e-4
         )
-        greedy = group.generate(prompts(tok, 2, validate=True))
+        greedy = generate(group, prompts(tok, 2), "validate")
         assert not (greedy["responses"] == TOKEN).all()
 
         train = forced_batch(prompts(tok, 2).repeat(2), TOKEN, 6)
         train = train.union(group.compute_log_prob(train).select("old_log_probs"))
         train["advantages"] = torch.ones(4, 6)
-        metrics = group.update_actor(train)
+        metrics = update_actor(group, train)
         assert metrics["actor/skipped"] == 0 and metrics["actor/grad_norm"] > 0
         assert metrics["perf/tflops/actor"] > 0 and "perf/mfu/actor" not in metrics  # CPU
 
-        greedy = group.generate(prompts(tok, 2, step=1, validate=True))
+        greedy = generate(group, prompts(tok, 2, step=1), "validate")
         assert (greedy["responses"] == TOKEN).all(), greedy["responses"]
         info = group.device_info()[0]
         assert info["sharded"] is False
@@ -81,7 +81,7 @@ def test_actor_with_the_native_rollout_engine(ray_local, model_dir):
         group.init(timeout_s=300, config=cfg, model_path=model_dir)
         info = group.device_info()[0]
         assert info["rollout"] == "NativeRolloutEngine" and info["rollout_asleep"]
-        out = group.generate(prompts(tok, 2))
+        out = generate(group, prompts(tok, 2))
         assert len(out) == 4 and out["responses"].shape == (4, 6)
         old = group.compute_log_prob(out)
         mask = out["response_mask"].bool()
@@ -91,8 +91,8 @@ def test_actor_with_the_native_rollout_engine(ray_local, model_dir):
         train = forced_batch(prompts(tok, 2).repeat(2), TOKEN, 6)
         train = train.union(group.compute_log_prob(train).select("old_log_probs"))
         train["advantages"] = torch.ones(4, 6)
-        assert group.update_actor(train)["actor/skipped"] == 0
-        greedy = group.generate(prompts(tok, 2, step=1, validate=True))
+        assert update_actor(group, train)["actor/skipped"] == 0
+        greedy = generate(group, prompts(tok, 2, step=1), "validate")
         assert (greedy["responses"] == TOKEN).all(), greedy["responses"]
     finally:
         close(group, pool, kv)
@@ -106,12 +106,12 @@ def test_sharded_actor_syncs_gathered_weights_into_its_rollout_copy(ray_local, m
     try:  # the group forms the ranks' process group, then the roles build their engines
         group.init(timeout_s=300, backend="gloo", config=cfg, model_path=model_dir)
         assert all(i["sharded"] for i in group.device_info())
-        out = group.generate(prompts(tok, 2))
+        out = generate(group, prompts(tok, 2))
         out = out.union(group.compute_log_prob(out)).union(group.compute_ref_log_prob(out))
         out["advantages"] = torch.randn(4, 6, generator=torch.Generator().manual_seed(0))
-        metrics = group.update_actor(out.select(*[k for k in out.tensors if k != "entropy"]))
+        metrics = update_actor(group, out.select(*[k for k in out.tensors if k != "entropy"]))
         assert metrics["actor/skipped"] == 0
-        after = group.generate(prompts(tok, 2, step=1))
+        after = generate(group, prompts(tok, 2, step=1))
         new = group.compute_log_prob(after)
         mask = after["response_mask"].bool()
         # The rollout copy now holds the updated (gathered) weights.

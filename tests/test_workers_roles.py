@@ -12,7 +12,15 @@ from rayrl.batch import Batch
 from rayrl.controller import colocate
 from rayrl.models import build_tiny_model
 from rayrl.workers import ActorRolloutRefWorker, CriticWorker, ReferenceWorker, RewardWorker
-from workers_cases import close, config, forced_batch, group_on, prompts
+from workers_cases import (
+    close,
+    config,
+    forced_batch,
+    generate,
+    group_on,
+    prompts,
+    update_critic,
+)
 
 
 @pytest.fixture(scope="module")
@@ -30,10 +38,10 @@ def test_critic_computes_values_and_learns_returns(ray_local, model_dir):
         values = group.compute_values(batch)["values"]
         assert values.shape == (4, 6)
         batch["values"], batch["returns"] = values, torch.ones(4, 6)
-        first = group.update_critic(batch)["critic/vf_loss"]
+        first = update_critic(group, batch)["critic/vf_loss"]
         for _ in range(3):
             batch["values"] = group.compute_values(batch)["values"]
-            last = group.update_critic(batch)["critic/vf_loss"]
+            last = update_critic(group, batch)["critic/vf_loss"]
         assert last < first / 2
     finally:
         close(group, pool, kv)
@@ -115,7 +123,7 @@ def test_actor_and_critic_colocated_in_one_process(ray_local, model_dir):
             critic={"config": cfg, "model_path": model_dir},
         )
         actor, critic = group.view("actor"), group.view("critic")
-        out = actor.generate(prompts(tok, 2))
+        out = generate(actor, prompts(tok, 2))
         values = critic.compute_values(out)["values"]
         assert values.shape == out["responses"].shape
         assert actor.device_info()[0]["pid"] == group.describe(0).pid
@@ -131,7 +139,7 @@ def test_standalone_reference_matches_the_colocated_one(ray_local, model_dir):
     try:
         actor.init(timeout_s=300, config=cfg, model_path=model_dir)
         ref.init(timeout_s=300, backend="gloo", config=cfg, model_path=model_dir)
-        out = actor.generate(prompts(tok, 3))  # 6 samples over 2 reference ranks
+        out = generate(actor, prompts(tok, 3))  # 6 samples over 2 reference ranks
         mask = out["response_mask"].bool()
         colocated = actor.compute_ref_log_prob(out)["ref_log_prob"]
         standalone = ref.compute_ref_log_prob(out)["ref_log_prob"]

@@ -12,6 +12,7 @@ from rayrl.cluster.pool import PoolSpec, ResourcePool
 from rayrl.config import load_config
 from rayrl.controller import WorkerGroup
 from rayrl.data import PromptDataset, synthetic_rows
+from rayrl.workers.context import StepContext
 
 BASE = [
     "data.train_batch_size=2",
@@ -59,11 +60,25 @@ def close(group, pool, kv) -> None:
     kv.shutdown()
 
 
-def prompts(tokenizer, n: int, step: int = 0, validate: bool = False) -> Batch:
+def prompts(tokenizer, n: int, step: int = 0) -> Batch:
     ds = PromptDataset(synthetic_rows(size=n, seed=1), tokenizer, max_prompt_length=64)
     batch = ds.collate(list(range(n)))
-    batch.meta.update(step=step, validate=validate)
+    batch.meta.update(step=step)
     return batch
+
+
+def generate(group, batch: Batch, sampling: str = "train") -> Batch:
+    """A group's (or worker's) samples of `batch` at its meta step, as `sampling` says."""
+    ctx = StepContext(step=int(batch.meta.get("step", 0)), sampling=sampling)
+    return group.generate(batch, ctx).batch
+
+
+def update_actor(group, batch: Batch, step: int = 0, on_policy: bool = False) -> dict:
+    return group.update_actor(batch, StepContext(step=step, on_policy=on_policy))
+
+
+def update_critic(group, batch: Batch, step: int = 0) -> dict:
+    return group.update_critic(batch, StepContext(step=step))
 
 
 def forced_batch(prompt_batch: Batch, token: int, length: int) -> Batch:

@@ -69,6 +69,8 @@ def load_from_args(args: argparse.Namespace):
 def load_sft_from_args(args: argparse.Namespace):
     """`rayrl sft`'s validated config (`rayrl.config.sft`); with no -c, model or data,
     the built-in `demo` SFT config. Exits 2 with the message on a ConfigError."""
+    from rich.console import Console
+
     from rayrl.config import ConfigError
     from rayrl.config.sft import load_sft_config
     from rayrl.trainer.names import check_sft_names

@@ -7,6 +7,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from rayrl.cli.common import add_config_args, console, load_sft_from_args
+from rayrl.cli.running import Stopped, run_trainer
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -23,40 +24,18 @@ COLUMNS = {
 
 def sft(cfg, out=None, *, table_rows: int = 20) -> list[dict]:
     """Run SFT for `cfg` with a progress bar; returns the per-step metrics."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
     from rayrl.trainer.sft import SFTTrainer
 
     out = out or console()
     trainer = SFTTrainer(cfg, print_fn=lambda text: out.print(text, highlight=False))
-    out.print(
-        f"model: {trainer.model_path}; run {trainer.run}; run directory {cfg.trainer.output_dir}"
+    run, history = run_trainer(
+        trainer, out, label="sft", info=lambda metrics: f"loss {metrics['train/loss']:.3f}"
     )
-    try:
-        with out.status("reserving resources and starting the SFT workers"):
-            trainer.setup()
-        progress = Progress(
-            TextColumn("[bold]sft"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
-            TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(),
-            console=out,
-        )
-        with progress:
-            task = progress.add_task("sft", total=trainer.total_steps(), info="")
-
-            def on_step(step: int, metrics: dict) -> None:
-                progress.update(task, completed=step + 1, info=f"loss {metrics['train/loss']:.3f}")
-
-            history = trainer.fit(on_step=on_step)
-    finally:
-        trainer.shutdown()
     out.print(metrics_table(history, table_rows))
     if cfg.trainer.export_hf:
         out.print(
-            f"model: {trainer.run_dir.hf}; start RL from it with `rayrl train "
-            f"actor_rollout_ref.model.path={trainer.run_dir.hf} ...`"
+            f"model: {run.run_dir.hf}; start RL from it with `rayrl train "
+            f"actor_rollout_ref.model.path={run.run_dir.hf} ...`"
         )
     return history
 
@@ -85,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
     except (DataError, FileNotFoundError) as exc:  # raised at load, before Ray starts
         console(stderr=True).print(f"[bold red]data error:[/] {exc}", highlight=False)
         return 2
+    except Stopped:
+        return 130  # the shell's code for a run ended by Ctrl-C
     return 0
 
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import time
 from typing import TYPE_CHECKING
 
 from rayrl.cli.common import add_config_args, console, load_from_args
+from rayrl.cli.running import Stopped, run_trainer
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -26,67 +26,35 @@ COLUMNS = {
 def train(cfg, out=None, *, table_rows: int | None = None) -> list[dict]:
     """Run training for `cfg`; shows progress and returns the per-step metrics (the
     table at the end: every step, or `table_rows` of them)."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
     from rayrl.trainer.ppo import PPOTrainer
 
     out = out or console()
     trainer = PPOTrainer(cfg, print_fn=lambda text: out.print(text, highlight=False))
-    out.print(
-        f"model: {trainer.model_path}; run {trainer.run}; run directory {cfg.trainer.output_dir}"
+    val: dict[str, float] = {}
+
+    def info(metrics: dict) -> str:
+        val.update({k: v for k, v in metrics.items() if k.startswith("val-core/")})
+        text = f"score {metrics['critic/score/mean']:.3f}"
+        acc = [v for k, v in val.items() if "/acc/mean@" in k]
+        if acc:
+            text += f", val acc {sum(acc) / len(acc):.3f}"
+        return text
+
+    run, history = run_trainer(
+        trainer, out, label="training", info=info, validate_only=cfg.trainer.val_only
     )
-    try:
-        start = time.perf_counter()
-        with out.status("reserving resources and starting workers"):
-            trainer.setup()
-        out.print(f"ready in {time.perf_counter() - start:.2f} s (Ray, pools, workers, models)")
-        if cfg.trainer.val_only:
-            return _validate_only(trainer, out)
-        total = trainer.total_steps()
-        progress = Progress(
-            TextColumn("[bold]training"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
-            TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(),
-            console=out,
-        )
-        with progress:
-            task = progress.add_task("train", total=total, info="")
-
-            val: dict[str, float] = {}
-
-            def on_step(step: int, metrics: dict) -> None:
-                val.update({k: v for k, v in metrics.items() if k.startswith("val-core/")})
-                info = f"score {metrics['critic/score/mean']:.3f}"
-                acc = [v for k, v in val.items() if "/acc/mean@" in k]
-                if acc:
-                    info += f", val acc {sum(acc) / len(acc):.3f}"
-                progress.update(task, completed=step + 1, info=info)
-
-            history = trainer.fit(on_step=on_step)
-    finally:
-        start = time.perf_counter()
-        trainer.shutdown()
-        out.print(f"stopped in {time.perf_counter() - start:.2f} s (workers, pools, Ray)")
+    if cfg.trainer.val_only:
+        return _print_validation(run, out)
     if history:
         out.print(metrics_table(history, table_rows))
-    if trainer.stopped:
-        raise Stopped(trainer.state.global_step)
     return history
 
 
-class Stopped(Exception):  # noqa: N818 - the user's request, not an error
-    """The run stopped early on Ctrl-C, after writing a checkpoint."""
-
-
-def _validate_only(trainer, out) -> list[dict]:
-    """`trainer.val_only`: validate, print the validation metrics; no steps."""
+def _print_validation(run, out) -> list[dict]:
+    """`trainer.val_only`: print the validation metrics the run logged; no steps."""
     from rayrl.trainer.run_dir import read_metrics
 
-    with out.status("validating"):
-        trainer.fit()
-    last = read_metrics(trainer.run_dir.metrics)[-1]
+    last = read_metrics(run.run_dir.metrics)[-1]
     for key, value in last.items():
         if key.startswith("val-core/"):
             out.print(f"{key} = {value:.4g}", highlight=False)

@@ -190,11 +190,12 @@ class TrainEngine:
         micro_batch_size: int | None = None,
         max_tokens_per_micro_batch: int | None = None,
         with_entropy: bool = False,
+        temperature: float = 1.0,
     ) -> Batch:
         """Log-probs (``log_probs``, optionally ``entropy``) or ``values``, no gradients.
 
         ``batch`` holds ``input_ids``, ``attention_mask``, ``responses`` and optionally
-        ``position_ids``; ``batch.meta["temperature"]`` (default 1) scales the logits.
+        ``position_ids``; ``temperature`` scales the logits (the sampling temperature).
         Returns a Batch of ``[b, R]`` float32 CPU tensors in the input's row order.
         """
         self.residency.require(optimizer=False)
@@ -207,7 +208,7 @@ class TrainEngine:
         parts, order = [], []
         with torch.no_grad(), self.residency.resident():
             for rows in plan:
-                _, outputs = self._run(batch, rows, with_entropy)
+                _, outputs = self._run(batch, rows, with_entropy, temperature=temperature)
                 if rows is not None:
                     parts.append({k: v.cpu() for k, v in outputs.items()})
                     order.extend(rows)
@@ -228,6 +229,7 @@ class TrainEngine:
         max_tokens_per_micro_batch: int | None = None,
         with_entropy: bool = False,
         step_lr: bool = True,
+        temperature: float = 1.0,
     ) -> dict[str, float]:
         """One training step: an optimizer step per mini-batch, then one LR-schedule step.
 
@@ -243,6 +245,7 @@ class TrainEngine:
             step_lr: advance the LR schedule after this call. A caller that makes
                 several calls per schedule step (PPO epochs of one RL step) passes
                 True on the last only.
+            temperature: scales the logits (the sampling temperature).
 
         Returns:
             ``loss`` (mini-batch loss), ``grad_norm`` (applied steps), ``lr``,
@@ -266,7 +269,9 @@ class TrainEngine:
                 plan = micro_batch_plan(
                     mini, micro_batch_size, max_tokens_per_micro_batch, self.sharded, self.device
                 )
-                values = self._train_mini_batch(mini, plan, loss_fn, with_entropy, loss_metrics)
+                values = self._train_mini_batch(
+                    mini, plan, loss_fn, with_entropy, loss_metrics, temperature
+                )
                 for key, value in values.items():
                     metrics[key].append(value)
         if step_lr:
@@ -300,6 +305,7 @@ class TrainEngine:
         loss_fn: LossFn,
         with_entropy: bool,
         loss_metrics: dict[str, list[float]],
+        temperature: float = 1.0,
     ) -> dict[str, float]:
         """Accumulate gradients over ``plan``'s micro-batches, then clip and step.
 
@@ -312,7 +318,9 @@ class TrainEngine:
         for i, rows in enumerate(plan):
             if self.sharded:  # reduce-scatter once, after the last micro-batch
                 self.model.set_requires_gradient_sync(i == len(plan) - 1)
-            micro, outputs = self._run(mini, rows, with_entropy, counts=(tokens, seqs))
+            micro, outputs = self._run(
+                mini, rows, with_entropy, counts=(tokens, seqs), temperature=temperature
+            )
             if rows is None:  # a dummy: same collectives as a real micro-batch, zero gradient
                 loss = sum(v.sum() for v in outputs.values()) * 0.0
             else:
@@ -360,6 +368,7 @@ class TrainEngine:
         with_entropy: bool,
         *,
         counts: tuple[float, float] | None = None,
+        temperature: float = 1.0,
     ) -> tuple[Batch, dict[str, Tensor]]:
         """The micro-batch of ``rows`` (row 0 for a dummy) and its outputs; with
         ``counts`` (training) the micro-batch moves to the device for ``loss_fn``."""
@@ -376,7 +385,7 @@ class TrainEngine:
                 rows_cpu,
                 packed=packed,
                 value_head=self.value_head,
-                temperature=float(batch.meta.get("temperature", 1.0)),
+                temperature=float(temperature),
                 with_entropy=with_entropy and not self.value_head,
                 chunk_size=self.logit_chunk_size,
                 device=self.device,

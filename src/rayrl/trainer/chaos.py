@@ -1,7 +1,7 @@
 """Chaos: SIGKILL worker processes by pid at random points of a run, and compare.
 
-    monkey = ChaosMonkey(trainer, seed=0, stages=["gen", "update"], kills=2).start()
-    trainer.fit()
+    monkey = ChaosMonkey(run, seed=0, stages=["gen", "update"], kills=2).start()
+    run.fit()
     monkey.stop()          # monkey.done: what was killed, where and when
 
 The monkey is a driver thread. For each kill it draws a stage (generation, weight
@@ -59,9 +59,10 @@ class Kill:
 
 @dataclass
 class ChaosMonkey:
-    """Kills `kills` workers of `trainer`'s run at random `stages` (see the module doc)."""
+    """Kills `kills` workers of a PPO `run` (`rayrl.trainer.run.Run`) at random `stages`
+    (see the module doc). It reads the run's progress and replay, and its trainer's roles."""
 
-    trainer: Any
+    run: Any
     seed: int = 0
     stages: list[str] = field(default_factory=lambda: list(POINTS))
     kills: int = 10
@@ -89,11 +90,9 @@ class ChaosMonkey:
 
     def _loop(self) -> None:
         while not self._stop.is_set() and len(self.done) < self.kills:
-            step = self.trainer.state.global_step  # the step in progress
-            allowed = (
-                self.steps is None or step in self.steps
-            ) and step < self.trainer.total_steps()
-            if not allowed or self.done and self.done[-1].step >= step or not self.trainer.replay:
+            step = self.run.progress.global_step  # the step in progress
+            allowed = (self.steps is None or step in self.steps) and step < self.run.total_steps()
+            if not allowed or self.done and self.done[-1].step >= step or not self.run.replay:
                 time.sleep(0.05)
                 continue
             stage = self.rng.choice(self.stages)  # a new point each step, hit or missed
@@ -117,10 +116,11 @@ class ChaosMonkey:
         A hybrid point seen to have passed (a short weight sync between two polls) moves
         the kill forward to the allowed point the rank is in now, in the same step."""
         role, method, phase = POINTS[stage]
-        group = self.trainer.hybrid if role == "hybrid" else self.trainer.reward
+        roles = self.run.trainer.roles
+        group = roles.hybrid if role == "hybrid" else roles.reward
         rank = self.rng.randrange(group.world_size)
         wait_s = self.rng.uniform(0, self.jitter_s)
-        while not self._stop.is_set() and self.trainer.state.global_step == step:
+        while not self._stop.is_set() and self.run.progress.global_step == step:
             actor = group.actors[rank]
             try:
                 beat = ray.get(actor.heartbeat.remote(), timeout=2.0) if actor else None
@@ -149,7 +149,7 @@ class ChaosMonkey:
 
     def recovery_seconds(self) -> list[float]:
         """For each kill, seconds from the kill to the end of the recovery after it."""
-        ends = sorted(r["end"] for r in self.trainer.replay.recoveries if "end" in r)
+        ends = sorted(r["end"] for r in self.run.replay.recoveries if "end" in r)
         out = []
         for kill in self.done:
             after = [e for e in ends if e >= kill.time]

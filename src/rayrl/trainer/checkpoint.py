@@ -7,13 +7,14 @@
       latest           "global_step_6": written last, after the rename
 
 `CheckpointManager.save` has the roles write into a temporary directory, writes the
-trainer state (step, epoch, data position, the driver's RNGs, the KL controller) last,
+driver's state (`trainer_state.pt`: each `Stateful` part's `state_dict()`, by name:
+the run's progress and RNGs, the trainer's own parts such as the KL controller) last,
 renames the directory into place and only then rewrites `latest`. A save that dies
 half-way leaves a `.tmp-*` directory that no reader takes for a checkpoint (the next
 save removes it); the previous checkpoint stays the latest. Only the newest
 `max_to_keep` step directories are kept.
 
-A checkpoint is a step boundary: restoring one (the roles' `load`, then the state)
+A checkpoint is a step boundary: restoring one (the roles' `load`, then the parts)
 puts a run exactly where it was after that step, which is also what fault
 tolerance needs to replay a step.
 """
@@ -21,56 +22,18 @@ tolerance needs to replay a step.
 from __future__ import annotations
 
 import os
-import random
 import re
 import shutil
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 LATEST = "latest"
 STATE_FILE = "trainer_state.pt"
-
-
-@dataclass
-class TrainerState:
-    """Where a run stands after `global_step` steps.
-
-    `epoch` and `batch` are the data position of the *next* step: batch `batch` of
-    epoch `epoch` (an epoch that was just finished is recorded as the next one's
-    batch 0, so a resume never skips or repeats an epoch).
-    """
-
-    global_step: int = 0
-    epoch: int = 0
-    batch: int = 0
-    kl_ctrl: dict | None = None
-    rng: dict[str, Any] = field(default_factory=dict)
-
-    def describe(self) -> str:
-        return f"step {self.global_step}, next epoch {self.epoch} batch {self.batch}"
-
-
-def driver_rng() -> dict[str, Any]:
-    """The controller process's RNGs (Python, NumPy, torch CPU)."""
-    return {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-    }
-
-
-def restore_driver_rng(state: dict[str, Any]) -> None:
-    if state:
-        random.setstate(state["python"])
-        np.random.set_state(state["numpy"])
-        torch.set_rng_state(state["torch"])
 
 
 def step_of(path: Path) -> int | None:
@@ -83,15 +46,26 @@ def is_complete(path: Path) -> bool:
     return step_of(path) is not None and (path / STATE_FILE).is_file()
 
 
-def load_state(path: str | os.PathLike) -> TrainerState:
-    """The trainer state of a checkpoint directory."""
+def load_states(path: str | os.PathLike) -> dict[str, dict[str, Any]]:
+    """The driver parts' states of a checkpoint directory, by part name."""
     file = Path(path) / STATE_FILE
     if not file.is_file():
         raise FileNotFoundError(
             f"{path} is not a complete rayrl checkpoint (no {STATE_FILE}); pass a "
             "checkpoints/global_step_N directory of a finished save"
         )
-    return TrainerState(**torch.load(file, weights_only=False))
+    return _upgrade(torch.load(file, weights_only=False))
+
+
+def _upgrade(states: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Checkpoints written before the state came in parts held one flat dict."""
+    if "progress" in states:
+        return states
+    progress = {k: states[k] for k in ("global_step", "epoch", "batch")}
+    upgraded = {"progress": progress, "rng": states.get("rng") or {}}
+    if states.get("kl_ctrl") is not None:
+        upgraded["advantage"] = states["kl_ctrl"]
+    return upgraded
 
 
 class CheckpointManager:
@@ -132,19 +106,20 @@ class CheckpointManager:
             )
         return Path(path)
 
-    def save(self, state: TrainerState, write: Callable[[Path], None]) -> Path:
-        """Write checkpoint `global_step_<state.global_step>` atomically.
+    def save(self, step: int, states: dict[str, Any], write: Callable[[Path], None]) -> Path:
+        """Write checkpoint `global_step_<step>` atomically.
 
-        `write(tmp_dir)` has the roles write their parts; then the trainer state goes
-        in, the directory is renamed into place, `latest` is updated, old ones pruned.
+        `write(tmp_dir)` has the roles write their parts; then the driver parts'
+        `states` go in, the directory is renamed into place, `latest` is updated, and
+        old ones are pruned.
         """
         self.root.mkdir(parents=True, exist_ok=True)
         self.clean_partial()
-        name = f"global_step_{state.global_step}"
+        name = f"global_step_{step}"
         tmp = self.root / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
         write(tmp)
-        torch.save(asdict(state), tmp / STATE_FILE)
+        torch.save(states, tmp / STATE_FILE)
         final = self.root / name
         if final.exists():  # the same step saved again (a run restarted without resume)
             shutil.rmtree(final)

@@ -1,8 +1,8 @@
 """Walking a dataset epoch by epoch from a data position, as checkpoints record it.
 
-A run's data position is (epoch, batch index) of the next step (`TrainerState`).
+A run's data position is (epoch, batch index) of the next step (`Progress`).
 `epoch_batches` yields the batches from there to the end of the run, each epoch in
-its own seeded order, and `position_after` is the state once a batch's step is done;
+its own seeded order; `Progress.advanced` is the position once a batch's step is done;
 a run resumed from a checkpoint therefore sees exactly the batches it would have seen.
 `total_steps` is a run's length: `trainer.total_training_steps`, or whole batches x epochs.
 """
@@ -10,11 +10,10 @@ a run resumed from a checkpoint therefore sees exactly the batches it would have
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import Any
 
 from rayrl.batch import Batch
-from rayrl.trainer.checkpoint import TrainerState
+from rayrl.trainer.state import Progress
 
 
 def total_steps(trainer_cfg: Any, rows: int, batch_size: int) -> int:
@@ -28,7 +27,7 @@ def epoch_batches(
     dataset: Any,
     batch_size: int,
     *,
-    start: TrainerState,
+    start: Progress,
     total: int,
     epochs: int | None,
     seed: int,
@@ -46,11 +45,3 @@ def epoch_batches(
             yield step, batch
             step += 1
         epoch, first = epoch + 1, 0
-
-
-def position_after(state: TrainerState, batch: Batch, steps_per_epoch: int) -> TrainerState:
-    """The state after the step on `batch`: its step count and the next data position."""
-    epoch, index = batch.meta["epoch"], batch.meta["batch_index"] + 1
-    if index >= steps_per_epoch:
-        epoch, index = epoch + 1, 0
-    return replace(state, global_step=batch.meta["step"] + 1, epoch=epoch, batch=index)

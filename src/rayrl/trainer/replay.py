@@ -32,10 +32,13 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from rayrl.controller.errors import WorkerCallError, WorkerError, WorkerHungError
 from rayrl.controller.recovery import GroupSnapshot, SnapshotLostError
+from rayrl.trainer.stage_calls import StageCalls
+from rayrl.trainer.state import Stateful, capture, restore
 
 log = logging.getLogger("rayrl.trainer")
 
@@ -57,15 +60,59 @@ class WorkerRestartLimitError(RuntimeError):
     """A rank failed more than `trainer.max_worker_restarts` times at the same point."""
 
 
-class StepReplay:
-    """Recovery of `trainer`'s groups around each unit of work (module docstring)."""
+class Group(Protocol):
+    """What replay needs of a worker group (`rayrl.controller.WorkerGroup`)."""
 
-    def __init__(self, trainer: Any) -> None:
-        self.trainer = trainer
-        t = trainer.cfg.trainer
-        self.max_restarts = t.max_worker_restarts
-        self.use_snapshots = t.step_snapshots
-        self.stateful = [trainer.hybrid]  # groups whose state a step changes
+    name: str
+    role: str
+    world_size: int
+    forms_process_group: bool
+
+    def check_health(self, timeout_s: float = ...) -> Any: ...
+
+    def replace(self, ranks: list[int], timeout_s: float = ..., retries: int = ...) -> Any: ...
+
+    def describe(self, rank: int) -> Any: ...
+
+
+@dataclass(frozen=True)
+class ReplayPolicy:
+    """How hard replay tries (`trainer.max_worker_restarts`, `trainer.step_snapshots`)
+    and how long a replacement may take to start (`resources.init_timeout_s`,
+    `resources.init_retries`)."""
+
+    max_restarts: int = 3
+    snapshots: bool | str = "auto"
+    init_timeout_s: float = 600.0
+    init_retries: int = 1
+
+
+class StepReplay:
+    """Recovery of a run's groups around each unit of work (module docstring).
+
+    Args:
+        groups: every group of the run (health checks look at all of them).
+        stateful: the groups whose state a step changes (snapshots, restores).
+        calls: the step's kept calls (`StageCalls`), reused by a replayed step.
+        policy: restart limit, snapshot mode, replacement timeouts.
+        rewind: called when a group cannot be restored from memory (its snapshot is
+            lost): puts the run back at its last checkpoint (or its start) and returns
+            the step it continues from.
+        print_fn: receives the run's messages.
+    """
+
+    def __init__(
+        self,
+        groups: list[Group],
+        stateful: list[Group],
+        calls: StageCalls,
+        policy: ReplayPolicy,
+        rewind: Callable[[str], int],
+        print_fn: Callable[[str], None] = print,
+    ) -> None:
+        self.groups, self.stateful, self.calls = groups, stateful, calls
+        self.policy, self.rewind, self.print = policy, rewind, print_fn
+        self.use_snapshots = policy.snapshots
         self.snapshots: dict[str, GroupSnapshot] = {}
         self.recoveries: list[dict] = []
         self.ledger: list[tuple[int, list[str]]] = []
@@ -86,7 +133,7 @@ class StepReplay:
         store = ray.cluster_resources().get("object_store_memory", 0.0)
         if need <= SNAPSHOT_STORE_SHARE * store:
             return True
-        self.trainer.print(
+        self.print(
             f"step snapshots off (trainer.step_snapshots=auto): the trainable state is "
             f"{need / 2**30:.1f} GiB, more than {SNAPSHOT_STORE_SHARE:.0%} of Ray's object "
             f"store ({store / 2**30:.1f} GiB); a lost worker rewinds the run to its last "
@@ -100,23 +147,26 @@ class StepReplay:
         last = self.snapshots
         return {g.name: GroupSnapshot.take(g, previous=last.get(g.name)) for g in self.stateful}
 
-    def run_step(self, prompts: Any) -> dict[str, float]:
-        """One step, replayed until it completes, then the next boundary's snapshot (in
-        the same unit of work: a failure while taking it replays the step)."""
-        trainer = self.trainer
-        kl = trainer.advantage.state_dict()
-        trainer.calls.new_step()
+    def run_step(
+        self, step: int, work: Callable[[], tuple[dict, list[str]]], parts: dict[str, Stateful]
+    ) -> dict[str, float]:
+        """Step `step`: `work()` returns its metrics and the prompt uids it trained; it
+        is replayed until it completes, each attempt from the same driver state
+        (`parts`, captured here), then the next boundary's snapshot is taken (in the
+        same unit of work: a failure while taking it replays the step)."""
+        before = capture(parts)
+        self.calls.new_step()
 
-        def work() -> tuple[dict, dict]:
-            trainer.calls.new_attempt()
-            trainer.advantage.load_state_dict(kl)
-            metrics = trainer.step(prompts)
-            return metrics, self._take()
+        def attempt() -> tuple[dict, list[str], dict]:
+            self.calls.new_attempt()
+            restore(parts, before)
+            metrics, trained = work()
+            return metrics, trained, self._take()
 
-        metrics, snapshots = self.run(work, f"step {prompts.meta.get('step', '?')}")
+        metrics, trained, snapshots = self.run(attempt, f"step {step}")
         self.snapshots = snapshots
         _charge_to_step(metrics, sum(s.seconds for s in snapshots.values()))
-        self.ledger.append((int(prompts.meta.get("step", 0)), list(trainer.trained_uids)))
+        self.ledger.append((step, list(trained)))
         return metrics
 
     @property
@@ -141,37 +191,18 @@ class StepReplay:
 
     def recover(self, err: WorkerError, what: str, failures: Counter) -> None:
         """Bring the failed groups back and restore their state (module docstring)."""
-        if self.max_restarts <= 0 or not isinstance(err, WorkerCallError):
+        if self.policy.max_restarts <= 0 or not isinstance(err, WorkerCallError):
             raise err
         start = time.time()
         failed = self._failed_ranks(err)
         if not failed:
             raise err  # an error in the code, not a lost worker: running again fails again
         self._count(err, failed, failures)
-        trainer, res = self.trainer, self.trainer.cfg.resources
-        trainer.print(f"recovering from a worker failure in {what}: {_one_line(err)}")
+        self.print(f"recovering from a worker failure in {what}: {_one_line(err)}")
         replaced = []
         for group, ranks in failed.items():
-            for done in group.replace(
-                sorted(ranks), timeout_s=res.init_timeout_s, retries=res.init_retries
-            ):
-                replaced.append(
-                    {
-                        "group": group.name,
-                        "rank": done.rank,
-                        "old_pid": done.old_pid,
-                        "new_pid": done.new_pid,
-                        "old_node": done.old_node,
-                        "new_node": done.new_node,
-                    }
-                )
-                if done.moved:
-                    formed = f"; its process group re-formed as generation {done.generation}"
-                    trainer.print(
-                        f"WARNING: {group.name} rank {done.rank} moved from node {done.old_node} "
-                        f"to node {done.new_node}{formed if group.forms_process_group else ''}"
-                    )
-        trainer.calls.forget({g.name for g in failed})
+            replaced.extend(self._replace(group, sorted(ranks)))
+        self.calls.forget({g.name for g in failed})
         record = {"what": what, "stage": err.stage, "replaced": replaced, "start": start}
         self.recoveries.append(record)
         try:
@@ -181,9 +212,34 @@ class StepReplay:
         finally:
             record["end"] = time.time()
             record["seconds"] = record["end"] - start
-        trainer.print(f"recovered in {record['seconds']:.1f} s; running {what} again")
+        self.print(f"recovered in {record['seconds']:.1f} s; running {what} again")
 
-    def _restore(self, group: Any) -> None:
+    def _replace(self, group: Group, ranks: list[int]) -> list[dict]:
+        """Replace `ranks` of `group`; what was replaced, and a warning for each move."""
+        replaced = []
+        policy = self.policy
+        for done in group.replace(
+            ranks, timeout_s=policy.init_timeout_s, retries=policy.init_retries
+        ):
+            replaced.append(
+                {
+                    "group": group.name,
+                    "rank": done.rank,
+                    "old_pid": done.old_pid,
+                    "new_pid": done.new_pid,
+                    "old_node": done.old_node,
+                    "new_node": done.new_node,
+                }
+            )
+            if done.moved:
+                formed = f"; its process group re-formed as generation {done.generation}"
+                self.print(
+                    f"WARNING: {group.name} rank {done.rank} moved from node {done.old_node} "
+                    f"to node {done.new_node}{formed if group.forms_process_group else ''}"
+                )
+        return replaced
+
+    def _restore(self, group: Group) -> None:
         snap = self.snapshots.get(group.name)
         try:
             if snap is None:
@@ -195,32 +251,13 @@ class StepReplay:
             self.snapshots = self._take()
             raise Rewound(step) from err
 
-    def rewind(self, reason: str) -> int:
-        """Back to the last checkpoint (or the run's start) when a step cannot be
-        restored from memory; returns the step the run continues from."""
-        trainer = self.trainer
-        path = trainer.checkpoints.latest()
-        if path is not None:
-            trainer.restore(path)
-        else:
-            for group in self.stateful:  # fresh engines hold the run's first state
-                group.replace(list(range(group.world_size)))
-            trainer.restore_state(trainer.start_state)
-        trainer.run_dir.keep_metrics_until(trainer.state.global_step)
-        trainer.print(
-            f"WARNING: {reason}; rewound to {path or 'the start of the run'} "
-            f"(step {trainer.state.global_step}): the steps after it run again"
-        )
-        return trainer.state.global_step
-
     def _failed_ranks(self, err: WorkerError) -> dict[Any, set[int]]:
         """Failed ranks by group: the error's own when it is dead or hung, and those a
         health check finds dead or silent (death is seen with a lag: checked a while)."""
-        groups = self.trainer.groups
         deadline = time.monotonic() + (5.0 if not (err.dead or err.hung) else 0.0)
         while True:
             failed: dict[Any, set[int]] = {}
-            for group in groups:
+            for group in self.groups:
                 ranks = set(group.check_health(timeout_s=10.0).failed)
                 if (
                     err.dead or isinstance(err, WorkerHungError)
@@ -233,15 +270,16 @@ class StepReplay:
             time.sleep(0.5)
 
     def _count(self, err: WorkerError, failed: dict[Any, set[int]], failures: Counter) -> None:
+        limit = self.policy.max_restarts
         for group, ranks in failed.items():
             for rank in ranks:
                 failures[(group.name, rank)] += 1
-                if failures[(group.name, rank)] > self.max_restarts:
+                if failures[(group.name, rank)] > limit:
                     worker = err.worker if err.worker.group == group.name else group.describe(rank)
                     raise WorkerRestartLimitError(
                         f"{group.role} rank {rank} failed {failures[(group.name, rank)]} times in "
                         f"'{err.stage}' of the same step (trainer.max_worker_restarts="
-                        f"{self.max_restarts}); stopping the run.\n  node {worker.node_id}, "
+                        f"{limit}); stopping the run.\n  node {worker.node_id}, "
                         f"pid {worker.pid}, worker log: {worker.log_file or '?'}\n  last "
                         f"failure: {_one_line(err)}\n  what to do: read the worker log; a rank "
                         "that dies at the same point each time is not a passing fault (out of "

@@ -5,55 +5,97 @@ The hybrid group holds the actor (rollout and reference in its engine), the crit
 the algorithm has one, and, on a CPU-only run of one actor rank (`reward_colocated`), the
 reward; otherwise the reward has its own small group. Both start at once
 (`controller.start_groups`); the hybrid's ranks form a process group through the group's
-one formation path.
+one formation path. `start_roles` returns the started groups as a `Roles` value.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
+from rayrl.cluster.kv import KVStore
 from rayrl.cluster.pool import ResourcePool
+from rayrl.config.schema import RayRLConfig
 from rayrl.controller import WorkerGroup, colocate, start_groups
 from rayrl.trainer.ray_session import debug_env
 from rayrl.trainer.resources import reward_colocated
 from rayrl.workers import ActorRolloutRefWorker, CriticWorker, RewardWorker
 
-__all__ = ["print_placement", "start_roles"]
+__all__ = ["GroupEnv", "Roles", "new_group", "print_placement", "start_roles"]
 
 
-def start_roles(trainer: Any, device: str) -> None:
-    """`trainer`'s hybrid actor (with the critic and, where `reward_colocated`, the reward in
-    its processes) and the reward worker, created and initialised concurrently; the
-    hybrid's ranks form a process group (the group forms it, generation by
-    generation, before the roles build engines; one rank has no peers and forms none)."""
-    cfg, res = trainer.cfg, trainer.cfg.resources
-    common = {"config": cfg, "model_path": trainer.model_path, "total_steps": trainer.total_steps()}
-    reward = (RewardWorker, {"config": cfg, "tokenizer_path": trainer.model_path})
-    roles = {"actor": (ActorRolloutRefWorker, {**common, "with_ref": trainer.use_ref})}
-    if trainer.use_critic:
+@dataclass(frozen=True)
+class GroupEnv:
+    """What every group of a run is made with: the run's name and KV store, the
+    process-group timeout and the watchdog's and usage sampler's settings."""
+
+    run: str
+    kv: KVStore
+    debug_env: dict[str, str] = field(default_factory=dict)
+    usage_interval_s: float = 0.5
+    stage_timeout_s: float | None = None
+    pg_timeout_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Roles:
+    """A PPO run's started roles: the hybrid group, the views the step calls through
+    (the actor, the critic or None, the reward), and every group the run owns."""
+
+    hybrid: WorkerGroup
+    actor: Any  # the hybrid group, or its actor view when roles are fused
+    critic: Any | None
+    reward: Any
+    groups: list[WorkerGroup]
+
+
+def start_roles(
+    cfg: RayRLConfig,
+    env: GroupEnv,
+    pools: list[ResourcePool],
+    device: str,
+    *,
+    model_path: str,
+    total_steps: int,
+    use_ref: bool,
+    use_critic: bool,
+) -> Roles:
+    """The hybrid actor (with the critic and, where `reward_colocated`, the reward in its
+    processes) and the reward worker, created and initialised concurrently; the hybrid's
+    ranks form a process group (the group forms it, generation by generation, before
+    the roles build engines; one rank has no peers and forms none)."""
+    res = cfg.resources
+    common = {"config": cfg, "model_path": model_path, "total_steps": total_steps}
+    reward = (RewardWorker, {"config": cfg, "tokenizer_path": model_path})
+    roles = {"actor": (ActorRolloutRefWorker, {**common, "with_ref": use_ref})}
+    if use_critic:
         roles["critic"] = (CriticWorker, common)
     if reward_colocated(cfg, device):
         roles["reward"] = reward
-    hybrid, init = _new_group(trainer, roles, trainer.pools[0], "actor_rollout_ref")
+    hybrid, init = new_group(roles, pools[0], "actor_rollout_ref", env)
     if hybrid.world_size > 1:
         init["backend"] = "nccl" if device == "cuda" else "gloo"
     starts = [(hybrid, init)]
     if "reward" not in roles:
-        starts.append(_new_group(trainer, {"reward": reward}, trainer.pools[1], "reward"))
+        starts.append(new_group({"reward": reward}, pools[1], "reward", env))
     start_groups(
         starts,
         create_timeout_s=res.create_timeout_s,
         init_timeout_s=res.init_timeout_s,
         init_retries=res.init_retries,
     )
-    trainer.hybrid = hybrid
-    trainer.actor = hybrid.view("actor") if len(roles) > 1 else hybrid
-    trainer.critic = hybrid.view("critic") if trainer.use_critic else None
-    trainer.reward = hybrid.view("reward") if "reward" in roles else starts[1][0]
+    return Roles(
+        hybrid=hybrid,
+        actor=hybrid.view("actor") if len(roles) > 1 else hybrid,
+        critic=hybrid.view("critic") if use_critic else None,
+        reward=hybrid.view("reward") if "reward" in roles else starts[1][0],
+        groups=[group for group, _ in starts],
+    )
 
 
-def _new_group(
-    trainer: Any, roles: dict[str, tuple[type, dict]], pool: ResourcePool, name: str
+def new_group(
+    roles: dict[str, tuple[type, dict]], pool: ResourcePool, name: str, env: GroupEnv
 ) -> tuple[WorkerGroup, dict]:
     """A group for `roles` (one class, or several fused) on `pool`, and its init
     kwargs (the process group's timeout among them); not started yet."""
@@ -62,42 +104,53 @@ def _new_group(
     else:
         cls = colocate({role: c for role, (c, _) in roles.items()})
         init = {role: kwargs for role, (_, kwargs) in roles.items()}
-    env = debug_env(trainer.cfg)
     group = WorkerGroup(
         cls,
         pool.bundles,
         role=name,
-        run=trainer.run,
-        kv=trainer.kv,
+        run=env.run,
+        kv=env.kv,
         pool=pool,
-        runtime_env={"env_vars": env} if env else None,
-        usage_interval_s=trainer.cfg.trainer.usage_interval_s,
+        runtime_env={"env_vars": env.debug_env} if env.debug_env else None,
+        usage_interval_s=env.usage_interval_s,
     )
-    trainer.groups.append(group)
-    group.stage_timeout_s = trainer.cfg.trainer.stage_timeout_s or None
-    return group, {**init, "pg_timeout_s": trainer.cfg.actor_rollout_ref.nccl_timeout}
+    group.stage_timeout_s = env.stage_timeout_s
+    return group, {**init, "pg_timeout_s": env.pg_timeout_s}
 
 
-def print_placement(trainer: Any) -> None:
+def group_env(cfg: Any, run: str, kv: KVStore, pg_timeout_s: float | None) -> GroupEnv:
+    """A run's `GroupEnv` from its config (`rayrl train`'s or `rayrl sft`'s)."""
+    t = cfg.trainer
+    return GroupEnv(
+        run=run,
+        kv=kv,
+        debug_env=debug_env(cfg),
+        usage_interval_s=getattr(t, "usage_interval_s", 0.5),
+        stage_timeout_s=getattr(t, "stage_timeout_s", None) or None,
+        pg_timeout_s=pg_timeout_s,
+    )
+
+
+def print_placement(
+    groups: list[WorkerGroup], debug: bool, print_fn: Callable[[str], None]
+) -> None:
     """Where each group runs (and, with `trainer.debug`, each group's debugger state)."""
-    for group in trainer.groups:
+    for group in groups:
         nodes = [str(info.get("node_id") or "?")[:8] for info in group.infos]
         roles = list(getattr(group.worker_cls, "ROLES", ()))
         holds = f" (roles {', '.join(roles)} in each)" if roles else ""
-        trainer.print(
-            f"{group.role}: {group.world_size} worker(s){holds} on node(s) {', '.join(nodes)}"
-        )
-    if trainer.cfg.trainer.debug:
+        print_fn(f"{group.role}: {group.world_size} worker(s){holds} on node(s) {', '.join(nodes)}")
+    if debug:
         import ray
 
-        for group in trainer.groups:
+        for group in groups:
             state = ray.get(group.actors[0].debugger_state.remote())
-            trainer.print(
+            print_fn(
                 f"Ray debugger in {group.role} rank 0: RAY_DEBUG={state['RAY_DEBUG']}, "
                 f"post-mortem {'on' if state['post_mortem'] else 'off'}, breakpoint() -> "
                 f"{state['breakpoint'] or state['breakpointhook']}"
             )
-        trainer.print(
+        print_fn(
             "breakpoint() in a worker method pauses it; an exception stops there for "
             "post-mortem. Attach as the README's 'Debugging workers' says."
         )

@@ -23,10 +23,12 @@ import math
 import numbers
 import statistics
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rayrl.batch import Batch
+from rayrl.workers.context import StageResult, StepContext
 
 
 def _correct(sample: dict) -> bool:
@@ -93,32 +95,55 @@ def _mean(values: list[float]) -> float:
 
 
 class Validator:
-    """Runs validation for a trainer: its actor and reward groups, a prompt dataset."""
+    """Validation of a policy on a prompt dataset.
 
-    def __init__(self, trainer: Any, dataset: Any) -> None:
-        self.trainer, self.dataset = trainer, dataset
-        cfg = trainer.cfg
-        self.n = cfg.actor_rollout_ref.rollout.val_kwargs.n
-        self.batch_size = cfg.data.val_batch_size or max(len(dataset), 1)
-        self.examples = cfg.trainer.val_examples
-        self.out_dir = trainer.run_dir.val_generations
+    Args:
+        dataset: the validation prompts (`collate(indices) -> Batch`, `len()`).
+        generate: a group method `(prompts, StepContext) -> StageResult` (the actor's).
+        score: a group method `(samples) -> Batch` with `scores` and `reward_extra`
+            (the reward's).
+        decode: token ids -> text (the tokenizer's `batch_decode`).
+        n: samples per prompt (`rollout.val_kwargs.n`).
+        batch_size: prompts per generate call (`data.val_batch_size`; None: all).
+        examples: generations written per validation (`trainer.val_examples`).
+        out_dir: where they go (`val_generations/` of the run directory).
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        generate: Callable[[Batch, StepContext], StageResult],
+        score: Callable[[Batch], Batch],
+        decode: Callable[..., list[str]],
+        *,
+        n: int,
+        batch_size: int | None,
+        examples: int,
+        out_dir: Path,
+    ) -> None:
+        self.dataset, self.generate, self.score, self.decode = dataset, generate, score, decode
+        self.n = n
+        self.batch_size = batch_size or max(len(dataset), 1)
+        self.examples = examples
+        self.out_dir = Path(out_dir)
 
     def run(self, step: int) -> dict[str, float]:
         """Validate the current policy; `step` is the global step it has trained."""
         samples: list[dict] = []
         order = list(range(len(self.dataset)))
+        ctx = StepContext(step=step, sampling="validate")
         for start in range(0, len(order), self.batch_size):
             prompts = self.dataset.collate(order[start : start + self.batch_size])
             prompts.non_tensors["uid"][:] = [f"val/{u}" for u in prompts["uid"]]
-            prompts.meta.update(step=step, validate=True)
-            samples.extend(self._score(prompts))
+            prompts.meta["step"] = step
+            samples.extend(self._score(prompts, ctx))
         self._write_examples(samples, step)
         return validation_metrics(samples, self.n)
 
-    def _score(self, prompts: Batch) -> list[dict]:
-        out = self.trainer.actor.generate(prompts)
-        scores = self.trainer.reward.compute_score(out)
-        texts = self.trainer.tokenizer.batch_decode(
+    def _score(self, prompts: Batch, ctx: StepContext) -> list[dict]:
+        out = self.generate(prompts, ctx).batch
+        scores = self.score(out)
+        texts = self.decode(
             [
                 row[m.bool()].tolist()
                 for row, m in zip(out["responses"], out["response_mask"], strict=True)
@@ -142,8 +167,8 @@ class Validator:
     def _write_examples(self, samples: list[dict], step: int) -> None:
         if self.examples <= 0:
             return
-        Path(self.out_dir).mkdir(parents=True, exist_ok=True)
-        with open(Path(self.out_dir) / f"step_{step}.jsonl", "w") as f:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.out_dir / f"step_{step}.jsonl", "w") as f:
             for s in samples[: self.examples]:
                 f.write(json.dumps({"step": step, **s}, default=_plain) + "\n")
 

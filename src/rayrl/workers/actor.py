@@ -33,7 +33,7 @@ from rayrl.engines.rollout import (
     HFRolloutEngine,
     SamplingParams,
     make_rollout_engine,
-    pick_rollout_engine,
+    resolve_rollout,
 )
 from rayrl.workers.common import (
     engine_kwargs,
@@ -49,14 +49,11 @@ from rayrl.workers.common import (
     set_rng_state,
     update_perf_metrics,
 )
+from rayrl.workers.context import StageResult, StepContext, collect_stage
 from rayrl.workers.losses import actor_loss_fn
 
 if TYPE_CHECKING:  # the engine loads in the worker (init_worker), not in the driver
     from rayrl.engines.train import TrainEngine
-
-# Prompt meta flags: stages computed in the generate call itself (`rayrl.trainer.ride_along`).
-WITH_SCORES, WITH_REF = "with_scores", "with_ref"
-RIDING_STAGES = ("reward", "ref")  # timed in the output's meta as `timing_s/<stage>`
 
 
 class ActorRolloutRefWorker(Worker):
@@ -95,11 +92,12 @@ class ActorRolloutRefWorker(Worker):
         self.tokenizer = _load_tokenizer(
             arr.model.tokenizer_path or model_path, arr.model.trust_remote_code
         )
-        self.rollout_name = pick_rollout_engine(
-            arr.rollout.name, self.actor.device.type, self.actor.config
+        # The engine and its options, resolved once (`auto` -> the engine that runs here).
+        self.rollout_choice = resolve_rollout(
+            arr.rollout, config.data, self.actor.device.type, self.actor.config
         )
+        self.rollout_name = self.rollout_choice.name
         self.rollout_dtype, self._owns_copy = _rollout_placement(self.actor, self.rollout_name)
-        self.last_sync_s = 0.0
         if self._owns_copy:
             dtype = {"dtype": self.rollout_dtype} if self.rollout_name == "hf" else {}
             self.rollout = make_rollout_engine(
@@ -108,16 +106,13 @@ class ActorRolloutRefWorker(Worker):
                 tokenizer=self.tokenizer,
                 device=str(self.actor.device),
                 **dtype,
-                **_engine_options(config),
+                **self.rollout_choice.options,
             )
             if arr.rollout.free_cache_engine:
                 self.rollout.sleep()  # the KV cache is taken only while generating
         else:
             self._wrap_rollout()
         self._stale = self._owns_copy
-        self.loss_fn = actor_loss_fn(
-            arr.actor, config.data.max_response_length, config.algorithm.rollout_correction
-        )
 
     def _wrap_rollout(self) -> None:
         """The rollout engine on the training module itself (the unsharded hybrid). On a
@@ -158,12 +153,13 @@ class ActorRolloutRefWorker(Worker):
             self._wrap_rollout()
 
     # ---------------------------------------------------------------- rollout
-    def sampling_params(self, validate: bool = False, greedy: bool = False) -> SamplingParams:
+    def sampling_params(self, mode: str = "train") -> SamplingParams:
         """Training sampling (`rollout.*`), validation sampling (`rollout.val_kwargs.*`),
-        or one greedy response per prompt (ReMax's baseline)."""
+        or one greedy response per prompt (ReMax's baseline): `StepContext.sampling`."""
         rollout = self.cfg.actor_rollout_ref.rollout
+        validate = mode == "validate"
         r = rollout.val_kwargs if validate else rollout
-        if greedy:
+        if mode == "greedy":
             return SamplingParams(
                 n=1,
                 temperature=0.0,
@@ -184,62 +180,58 @@ class ActorRolloutRefWorker(Worker):
             seed=self.cfg.trainer.seed,
         )
 
-    def _sync_rollout_weights(self) -> None:
-        """Stream the updated weights into the rollout's copy (in its dtype, bucketed)."""
+    def _sync_rollout_weights(self) -> float:
+        """Stream the updated weights into the rollout's copy (in its dtype, bucketed);
+        the seconds it took (0 when the copy was current)."""
         if not self._stale:
-            return
+            return 0.0
         start = time.perf_counter()
         with self.actor.resident(), progress.phase("weight_sync"):
             self.rollout.update_weights(self.actor.rollout_weights(self.rollout_dtype))
         if self.actor.device.type == "cuda":
             torch.cuda.synchronize(self.actor.device)
-        self.last_sync_s = time.perf_counter() - start
         self._stale = False
+        return time.perf_counter() - start
 
-    @register(dispatch=DP_SPLIT)
-    def generate(self, prompts: Batch) -> Batch:
-        """n samples per prompt (interleaved), with rollout log-probs and finish reasons;
-        meta `validate` samples as validation does, meta `greedy` one greedy response.
+    @register(dispatch=DP_SPLIT, collect=collect_stage)
+    def generate(self, prompts: Batch, ctx: StepContext) -> StageResult:
+        """n samples per prompt (interleaved), with rollout log-probs and finish reasons,
+        sampled as `ctx.sampling` says; timed stages: `weight_sync` and what rides along
+        (`ctx.with_scores`, `ctx.with_ref`).
 
         With ``rollout.free_cache_engine`` the engine's KV cache is released after each
         generation (verl's semantics) and reacquired before the next.
         """
-        self._sync_rollout_weights()
-        params = self.sampling_params(
-            validate=bool(prompts.meta.get("validate", False)),
-            greedy=bool(prompts.meta.get("greedy", False)),
-        )
+        timing = {"weight_sync": self._sync_rollout_weights()}
+        params = self.sampling_params(ctx.sampling)
         if self.rollout.is_asleep:
             self.rollout.wake()
         out = self.rollout.generate(prompts, params)
         if self.cfg.actor_rollout_ref.rollout.free_cache_engine:
             self.rollout.sleep()
-        out.meta["timing_s/weight_sync"] = self.last_sync_s
-        self.last_sync_s = 0.0
-        return self._ride_along(out, prompts.meta)
+        out = self._ride_along(out, ctx, timing)
+        return StageResult(out, timing)
 
-    def _ride_along(self, out: Batch, meta: dict[str, Any]) -> Batch:
-        """Meta `with_scores` / `with_ref`: the colocated reward role's scores and the
+    def _ride_along(self, out: Batch, ctx: StepContext, timing: dict[str, float]) -> Batch:
+        """`ctx.with_scores` / `ctx.with_ref`: the colocated reward role's scores and the
         reference log-probs of the fresh samples, computed here by the code of the
-        separate calls, each timed into the output's meta (`timing_s/reward`, `/ref`)."""
+        separate calls, each timed into ``timing`` (`reward`, `ref`)."""
         stages = []
-        if meta.get(WITH_SCORES):
+        if ctx.with_scores:
             reward = getattr(self, "peers", {}).get("reward")
             if reward is None:
                 raise RuntimeError(
                     f"actor rank {self.rank}: generate was asked to score its samples "
-                    f"({WITH_SCORES}) but no reward role runs in this process; call the "
-                    "reward group's compute_score instead"
+                    "(StepContext.with_scores) but no reward role runs in this process; "
+                    "call the reward group's compute_score instead"
                 )
             stages.append(("reward", reward.score))
-        if meta.get(WITH_REF):
+        if ctx.with_ref:
             stages.append(("ref", self._ref_log_prob))
         for stage, fn in stages:
             start = time.perf_counter()
             out = out.union(fn(out))
-            out.meta[f"timing_s/{stage}"] = time.perf_counter() - start
-        for flag in (WITH_SCORES, WITH_REF):
-            out.meta.pop(flag, None)
+            timing[stage] = time.perf_counter() - start
         return out
 
     # --------------------------------------------------------------- log-probs
@@ -247,10 +239,11 @@ class ActorRolloutRefWorker(Worker):
     def compute_log_prob(self, batch: Batch) -> Batch:
         """The current policy's log-probs of the sampled responses (`old_log_probs`)."""
         r = self.cfg.actor_rollout_ref.rollout
-        batch.meta.setdefault("temperature", r.temperature)
         # Entropy comes from the same fused chunk pass (no second read of the logits);
         # the trainer reports it as `actor/entropy`, as verl does.
-        out = self.actor.forward(batch, with_entropy=True, **forward_sizes(r))
+        out = self.actor.forward(
+            batch, with_entropy=True, temperature=r.temperature, **forward_sizes(r)
+        )
         return Batch({"old_log_probs": out["log_probs"], "entropy": out["entropy"]})
 
     @register(dispatch=DP_SPLIT)
@@ -261,7 +254,7 @@ class ActorRolloutRefWorker(Worker):
 
     def _ref_log_prob(self, batch: Batch) -> Batch:
         sizes = forward_sizes(self.cfg.actor_rollout_ref.ref)
-        batch.meta.setdefault("temperature", self.cfg.actor_rollout_ref.rollout.temperature)
+        sizes["temperature"] = self.cfg.actor_rollout_ref.rollout.temperature
         if self.lora:
             with self.actor.adapters_disabled():
                 out = self.actor.forward(batch, **sizes)
@@ -276,43 +269,26 @@ class ActorRolloutRefWorker(Worker):
 
     # ------------------------------------------------------------------ update
     @register(dispatch=DP_SPLIT, collect=mean_metrics)
-    def update_actor(self, batch: Batch) -> dict[str, float]:
+    def update_actor(self, batch: Batch, ctx: StepContext) -> dict[str, float]:
         """PPO epochs over mini-batches of `ppo_mini_batch_size` x n samples (this rank's
         share of each); one LR-schedule step per call (an RL step). Metrics are each
         mini-batch's value, averaged over mini-batches and epochs.
 
-        With meta `on_policy` (`rayrl.trainer.on_policy`: one epoch, one mini-batch) the
+        With `ctx.on_policy` (`rayrl.trainer.on_policy`: one epoch, one mini-batch) the
         batch has no `old_log_probs`: the loss takes the forward's own, detached, and
         the forward also reports `actor/entropy`."""
         a, n = self.cfg.actor_rollout_ref.actor, self.cfg.actor_rollout_ref.rollout.n
         mini = per_rank_mini_batch(a.ppo_mini_batch_size * n, self.world_size, len(batch))
-        on_policy = bool(batch.meta.get("on_policy", False))
-        if on_policy and (a.ppo_epochs != 1 or mini < len(batch)):
+        if ctx.on_policy and (a.ppo_epochs != 1 or mini < len(batch)):
             raise ValueError(
                 f"actor rank {self.rank}: an on-policy update needs one PPO epoch over one "
                 f"mini-batch; got {a.ppo_epochs} epoch(s), mini-batches of {mini} of "
                 f"{len(batch)} rows: compute old_log_probs with compute_log_prob first"
             )
-        batch.meta.setdefault("temperature", self.cfg.actor_rollout_ref.rollout.temperature)
-        metrics: list[dict[str, float]] = []
         if self.actor.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.actor.device)
         start = time.perf_counter()
-        for epoch in range(a.ppo_epochs):
-            rows = epoch_rows(batch, epoch, a.shuffle, self.cfg.trainer.seed, self.rank)
-            metrics.append(
-                self.actor.train_step(
-                    rows,
-                    self.loss_fn,
-                    mini_batch_size=mini,
-                    micro_batch_size=None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu,
-                    max_tokens_per_micro_batch=a.ppo_max_token_len_per_gpu
-                    if a.use_dynamic_bsz
-                    else None,
-                    with_entropy=a.entropy_coeff != 0 or on_policy,
-                    step_lr=epoch == a.ppo_epochs - 1,
-                )
-            )
+        metrics = self._train_epochs(batch, ctx, mini)
         flops = sum(m.pop("flops", 0.0) for m in metrics)
         perf = update_perf_metrics(flops, time.perf_counter() - start, self.actor.device)
         self._stale = self._owns_copy
@@ -320,13 +296,39 @@ class ActorRolloutRefWorker(Worker):
         if a.use_kl_loss:
             out["actor/kl_coef"] = a.kl_loss_coef
         out = {f"actor/{k}" if "/" not in k else k: v for k, v in out.items()}
-        out.update(
-            {
-                f"perf/{k}/actor" if k in ("mfu", "tflops") else f"perf/{k}": v
-                for k, v in perf.items()
-            }
-        )
+        for key, value in perf.items():
+            out[f"perf/{key}/actor" if key in ("mfu", "tflops") else f"perf/{key}"] = value
         return out
+
+    def _train_epochs(self, batch: Batch, ctx: StepContext, mini: int) -> list[dict[str, float]]:
+        """`ppo_epochs` passes of `train_step` over this rank's rows (reshuffled per epoch
+        when `actor.shuffle`); each pass's metrics."""
+        arr = self.cfg.actor_rollout_ref
+        a = arr.actor
+        loss_fn = actor_loss_fn(
+            a,
+            self.cfg.data.max_response_length,
+            self.cfg.algorithm.rollout_correction,
+            on_policy=ctx.on_policy,
+        )
+        metrics = []
+        for epoch in range(a.ppo_epochs):
+            rows = epoch_rows(batch, ctx.step, epoch, a.shuffle, self.cfg.trainer.seed, self.rank)
+            metrics.append(
+                self.actor.train_step(
+                    rows,
+                    loss_fn,
+                    mini_batch_size=mini,
+                    micro_batch_size=None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu,
+                    max_tokens_per_micro_batch=a.ppo_max_token_len_per_gpu
+                    if a.use_dynamic_bsz
+                    else None,
+                    with_entropy=a.entropy_coeff != 0 or ctx.on_policy,
+                    step_lr=epoch == a.ppo_epochs - 1,
+                    temperature=arr.rollout.temperature,
+                )
+            )
+        return metrics
 
     # ------------------------------------------------------------- checkpoints
     @register(dispatch=ONE_TO_ALL)
@@ -368,20 +370,6 @@ class ActorRolloutRefWorker(Worker):
             "rollout_cache": getattr(self.rollout, "cache", None),  # HF engine's KV cache
             "rollout_dtype": str(self.rollout_dtype).removeprefix("torch."),
         }
-
-
-def _engine_options(config: RayRLConfig) -> dict[str, Any]:
-    """Constructor options of the configured rollout engine beyond model and tokenizer."""
-    r, data = config.actor_rollout_ref.rollout, config.data
-    if r.name != "native":
-        return {}
-    return {
-        "gpu_memory_utilization": r.gpu_memory_utilization,
-        "max_num_seqs": r.max_num_seqs,
-        "max_num_batched_tokens": r.max_num_batched_tokens,
-        "enforce_eager": r.enforce_eager,
-        "max_model_len": r.max_model_len or data.max_prompt_length + data.max_response_length,
-    }
 
 
 def _rollout_placement(actor: TrainEngine, engine: str) -> tuple[torch.dtype, bool]:

@@ -191,12 +191,11 @@ def per_rank_mini_batch(mini_batch_samples: int, world_size: int, local_rows: in
     return per_rank
 
 
-def epoch_rows(batch: Batch, epoch: int, shuffle: bool, seed: int, rank: int) -> Batch:
-    """This rank's rows for one PPO epoch: as they are, or (``shuffle``) permuted by a
-    generator seeded from (seed, step, epoch, rank), so mini-batches differ per epoch
-    and a replayed step draws the same ones."""
+def epoch_rows(batch: Batch, step: int, epoch: int, shuffle: bool, seed: int, rank: int) -> Batch:
+    """This rank's rows for one PPO epoch of `step`: as they are, or (``shuffle``)
+    permuted by a generator seeded from (seed, step, epoch, rank), so mini-batches differ
+    per epoch and a replayed step draws the same ones."""
     if not shuffle:
         return batch
-    step = int(batch.meta.get("step", 0))
     generator = torch.Generator().manual_seed(hash((seed, step, epoch, rank)) & (2**63 - 1))
     return batch.index(torch.randperm(len(batch), generator=generator).tolist())

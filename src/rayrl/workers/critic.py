@@ -16,6 +16,7 @@ from rayrl.workers.common import (
     per_rank_mini_batch,
     save_rng,
 )
+from rayrl.workers.context import StepContext
 from rayrl.workers.losses import critic_loss_fn
 
 
@@ -64,12 +65,14 @@ class CriticWorker(Worker):
         return Batch({"values": out["values"]})
 
     @register(dispatch=DP_SPLIT, collect=mean_metrics)
-    def update_critic(self, batch: Batch) -> dict[str, float]:
+    def update_critic(self, batch: Batch, ctx: StepContext) -> dict[str, float]:
+        """`ppo_epochs` passes over mini-batches of `ppo_mini_batch_size` x n samples of
+        the clipped value loss; metrics averaged over mini-batches and epochs."""
         c, n = self.cfg.critic, self.cfg.actor_rollout_ref.rollout.n
         mini = per_rank_mini_batch(c.ppo_mini_batch_size * n, self.world_size, len(batch))
         metrics = [
             self.engine.train_step(
-                epoch_rows(batch, epoch, c.shuffle, self.cfg.trainer.seed, self.rank),
+                epoch_rows(batch, ctx.step, epoch, c.shuffle, self.cfg.trainer.seed, self.rank),
                 self.loss_fn,
                 mini_batch_size=mini,
                 micro_batch_size=None if c.use_dynamic_bsz else c.ppo_micro_batch_size_per_gpu,

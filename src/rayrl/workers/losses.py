@@ -51,10 +51,13 @@ def actor_loss_fn(
     cfg: ActorConfig,
     max_response_length: int | None = None,
     correction: RolloutCorrectionConfig | None = None,
+    *,
+    on_policy: bool = False,
 ):
     """PPO-family policy loss + optional entropy bonus + optional KL-to-reference loss,
     with truncated importance weights against the rollout's log-probs when
-    ``correction.rollout_is`` names a level (token or sequence)."""
+    ``correction.rollout_is`` names a level (token or sequence). ``on_policy``: the
+    batch has no ``old_log_probs``; this forward's own (detached) stand in for them."""
     policy = POLICY_LOSSES.get(cfg.policy_loss.loss_mode)
     is_level = correction.rollout_is if correction is not None else None
     clip = PolicyLossConfig(
@@ -68,7 +71,7 @@ def actor_loss_fn(
         agg = _aggregation(cfg.loss_agg_mode, mb, max_response_length)
         log_prob = outputs["log_probs"]
         # On-policy (one epoch, one mini-batch): this forward's log-probs are the old ones.
-        old = log_prob.detach() if mb.meta.get("on_policy") else mb["old_log_probs"]
+        old = log_prob.detach() if on_policy else mb["old_log_probs"]
         weights, metrics = None, {}
         if is_level is not None and "rollout_log_probs" in mb:
             weights, tis = truncated_is_weights(

@@ -35,6 +35,7 @@ class ReferenceWorker(Worker):
     @register(dispatch=DP_SPLIT)
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         arr = self.cfg.actor_rollout_ref
-        batch.meta.setdefault("temperature", arr.rollout.temperature)
-        out = self.engine.forward(batch, **forward_sizes(arr.ref))
+        out = self.engine.forward(
+            batch, temperature=arr.rollout.temperature, **forward_sizes(arr.ref)
+        )
         return Batch({"ref_log_prob": out["log_probs"]})

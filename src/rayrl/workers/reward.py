@@ -7,8 +7,10 @@ stops the run only once more than `reward.http.max_error_rate` of the samples sc
 so far have failed. The reward model runs on the GPU its bundle reserves, in bf16,
 with its scores optionally clipped or tanh-bounded (`reward_model.score_transform`).
 The result carries `token_level_scores` [b, R] (the score at each response's last
-token), `scores` [b], `reward_error` and `reward_extra` (the function's extra values,
-such as `acc`) columns, and batch metrics in its meta.
+token), `scores` [b], `reward_elapsed_s` [b], `reward_error` and `reward_extra` (the
+function's extra values, such as `acc`) columns: one row per sample, from which the
+trainer computes the step's reward metrics (`rewards_from_batch`, then
+`rayrl.rewards.items.summarize`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from rayrl.config.schema import RayRLConfig
 from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
 from rayrl.rewards import HTTPReward, RewardPool, RewardResult, spec_from_config
 from rayrl.rewards.budget import BoundedScores, ErrorBudget
-from rayrl.rewards.items import make_items, summarize
+from rayrl.rewards.items import make_items
 
 
 class RewardWorker(Worker):
@@ -96,18 +98,35 @@ def _column(values: list) -> np.ndarray:
 
 
 def scores_to_batch(results: list[RewardResult], response_mask: torch.Tensor) -> Batch:
-    """Scores on each response's last real token, with errors and extras kept per row."""
+    """Scores on each response's last real token, with errors, extras and scoring times
+    kept per row."""
     scores = torch.tensor([r.score for r in results], dtype=torch.float32)
     token_scores = torch.zeros(response_mask.shape, dtype=torch.float32)
     lengths = response_mask.sum(-1).long()
     rows = torch.nonzero(lengths > 0).squeeze(-1)
     token_scores[rows, lengths[rows] - 1] = scores[rows]
-    metrics = {f"reward/{k}": v for k, v in summarize(results).items()}
     return Batch(
-        {"token_level_scores": token_scores, "scores": scores},
+        {
+            "token_level_scores": token_scores,
+            "scores": scores,
+            "reward_elapsed_s": torch.tensor([r.elapsed_s for r in results], dtype=torch.float64),
+        },
         {
             "reward_error": _column([r.error for r in results]),
             "reward_extra": _column([dict(r.extra) for r in results]),
         },
-        meta={"reward_metrics": metrics},
     )
+
+
+def rewards_from_batch(batch: Batch) -> list[RewardResult]:
+    """The per-sample results `scores_to_batch` stored in ``batch``'s columns."""
+    elapsed = batch["reward_elapsed_s"].tolist() if "reward_elapsed_s" in batch else None
+    return [
+        RewardResult(
+            score=float(batch["scores"][i]),
+            extra=dict(batch["reward_extra"][i] or {}),
+            error=batch["reward_error"][i],
+            elapsed_s=elapsed[i] if elapsed is not None else 0.0,
+        )
+        for i in range(len(batch))
+    ]

@@ -12,12 +12,14 @@
 
 from rayrl.engines.rollout.base import (
     AUTO,
+    AUTO_ORDER,
     ROLLOUT_ENGINES,
+    RolloutChoice,
     RolloutEngine,
     UnknownNameError,
     WeightSource,
     make_rollout_engine,
-    pick_rollout_engine,
+    resolve_rollout,
 )
 from rayrl.engines.rollout.contract import FINISH_LENGTH, FINISH_STOP, positions_from_mask
 from rayrl.engines.rollout.hf import HFRolloutEngine
@@ -31,17 +33,19 @@ from rayrl.engines.rollout.sampling import (
 
 __all__ = [
     "AUTO",
+    "AUTO_ORDER",
     "FINISH_LENGTH",
     "FINISH_STOP",
     "ROLLOUT_ENGINES",
     "HFRolloutEngine",
     "NativeRolloutEngine",
+    "RolloutChoice",
     "RolloutEngine",
     "SamplingParams",
     "UnknownNameError",
     "WeightSource",
     "make_rollout_engine",
-    "pick_rollout_engine",
+    "resolve_rollout",
     "positions_from_mask",
     "process_logits",
     "sample_keys",

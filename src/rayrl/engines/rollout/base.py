@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from torch import Tensor
@@ -25,12 +26,14 @@ from rayrl.registry import Registry, UnknownNameError
 
 __all__ = [
     "AUTO",
+    "AUTO_ORDER",
     "ROLLOUT_ENGINES",
+    "RolloutChoice",
     "RolloutEngine",
     "UnknownNameError",
     "WeightSource",
     "make_rollout_engine",
-    "pick_rollout_engine",
+    "resolve_rollout",
 ]
 
 WeightSource: TypeAlias = Mapping[str, Tensor] | Iterable[tuple[str, Tensor]]
@@ -82,6 +85,18 @@ class RolloutEngine(ABC):
     def is_asleep(self) -> bool:
         """True between `sleep` and `wake`; `generate` refuses to run then."""
 
+    @classmethod
+    def unsupported_reason(cls, device_type: str, model_config: Any) -> str | None:
+        """Why ``rollout.name=auto`` should not pick this engine for the model of
+        ``model_config`` on ``device_type``, or None when it should."""
+        return None
+
+    @classmethod
+    def config_options(cls, rollout: Any, data: Any) -> dict[str, Any]:
+        """This engine's constructor options from a config's ``rollout`` and ``data``
+        groups (beyond model, tokenizer, device and dtype)."""
+        return {}
+
 
 ROLLOUT_ENGINES: Registry[type[RolloutEngine]] = Registry(
     "rollout engine", config_key="actor_rollout_ref.rollout.name"
@@ -89,28 +104,48 @@ ROLLOUT_ENGINES: Registry[type[RolloutEngine]] = Registry(
 
 
 AUTO = "auto"
+# `auto` takes the first of these engines that runs the model on the device.
+AUTO_ORDER = ("native", "hf")
 
 
-def pick_rollout_engine(name: str, device_type: str, model_config: Any) -> str:
-    """The engine a config's ``rollout.name`` means on this device for this model.
+@dataclass(frozen=True)
+class RolloutChoice:
+    """The engine a config's ``rollout`` group resolves to, with that engine's options.
 
-    ``auto`` (the default) is ``native`` on a CUDA device for a model the native engine
-    runs (its own check, `ModelSpec.from_hf_config`: Qwen2 / Qwen3 / Llama without
-    sliding windows or dynamic rope scaling): on one H200 it generated 16x (workload A)
-    and 29x (B) faster than transformers' static-cache ``generate()``
-    (docs/benchmarks.md); elsewhere ``hf``. Any other name is used as it is.
+    ``name`` is concrete (never ``auto``); ``options`` are the engine constructor's
+    keyword arguments beyond model, tokenizer, device and dtype, read from the config
+    by the chosen engine (`RolloutEngine.config_options`); ``reason`` says why ``auto``
+    chose it (empty when the config named the engine).
     """
-    if name != AUTO:
-        return name
-    if device_type != "cuda":
-        return "hf"
-    from rayrl.engines.rollout.native.spec import ModelSpec, UnsupportedModelError
 
-    try:
-        ModelSpec.from_hf_config(model_config)
-    except UnsupportedModelError:
-        return "hf"
-    return "native"
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)
+    reason: str = ""
+
+
+def resolve_rollout(rollout: Any, data: Any, device_type: str, model_config: Any) -> RolloutChoice:
+    """The engine and its options for a config's ``rollout`` group (verl's keys) and
+    ``data`` group, on ``device_type`` for the model of ``model_config``: resolved once,
+    here, so that ``auto`` and the explicit name take the same path.
+
+    ``auto`` (the default) is the first engine of `AUTO_ORDER` that runs the model on
+    the device (`RolloutEngine.unsupported_reason`): ``native`` on CUDA for the models
+    it implements, else ``hf``. Any other name is used as it is (an unknown one fails
+    with a "did you mean").
+    """
+    reason = ""
+    name = rollout.name
+    if name == AUTO:
+        skipped = []
+        for candidate in AUTO_ORDER:
+            why_not = ROLLOUT_ENGINES.get(candidate).unsupported_reason(device_type, model_config)
+            if why_not is None:
+                name = candidate
+                break
+            skipped.append(f"not {candidate}: {why_not}")
+        reason = f"auto on {device_type}: {name}" + (f" ({'; '.join(skipped)})" if skipped else "")
+    engine = ROLLOUT_ENGINES.get(name)
+    return RolloutChoice(name, engine.config_options(rollout, data), reason)
 
 
 def make_rollout_engine(name: str, **kwargs: Any) -> RolloutEngine:

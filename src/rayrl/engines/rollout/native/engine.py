@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,7 +33,7 @@ from rayrl.engines.rollout.native.kv_cache import BlockAllocator, KVCache, cache
 from rayrl.engines.rollout.native.model import NativeModel
 from rayrl.engines.rollout.native.runner import ModelRunner
 from rayrl.engines.rollout.native.scheduler import Scheduler
-from rayrl.engines.rollout.native.spec import ModelSpec, rotary_tables
+from rayrl.engines.rollout.native.spec import ModelSpec, UnsupportedModelError, rotary_tables
 from rayrl.engines.rollout.native.stops import StopStrings
 from rayrl.engines.rollout.native.weights import NativeWeights, read_safetensors
 from rayrl.engines.rollout.sampling import SamplingParams, sample_keys
@@ -128,6 +129,31 @@ class NativeRolloutEngine(RolloutEngine):
         self.overlap = overlap_decode
         self._asleep = False
         self.last_stats: dict[str, int] = {}
+
+    @classmethod
+    def unsupported_reason(cls, device_type: str, model_config: Any) -> str | None:
+        """``auto`` picks this engine on CUDA for the models `ModelSpec` implements
+        (Qwen2 / Qwen3 / Llama without sliding windows or dynamic rope scaling)."""
+        if device_type != "cuda":
+            return f"its kernels and CUDA graphs are for GPUs, not {device_type}"
+        try:
+            ModelSpec.from_hf_config(model_config)
+        except UnsupportedModelError as err:
+            return str(err)
+        return None
+
+    @classmethod
+    def config_options(cls, rollout: Any, data: Any) -> dict[str, Any]:
+        """verl's vLLM keys of the ``rollout`` group; the longest sequence defaults to
+        the longest prompt plus the longest response."""
+        return {
+            "gpu_memory_utilization": rollout.gpu_memory_utilization,
+            "max_num_seqs": rollout.max_num_seqs,
+            "max_num_batched_tokens": rollout.max_num_batched_tokens,
+            "enforce_eager": rollout.enforce_eager,
+            "max_model_len": rollout.max_model_len
+            or data.max_prompt_length + data.max_response_length,
+        }
 
     def _load_all(self, state) -> None:
         seen = []

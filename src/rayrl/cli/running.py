@@ -1,0 +1,61 @@
+"""Running a trainer from the command line: set up with a status line, train under a
+progress bar, always shut down, and say how long starting and stopping took."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+class Stopped(Exception):  # noqa: N818 - the user's request, not an error
+    """The run stopped early on Ctrl-C, after writing a checkpoint."""
+
+
+def run_trainer(
+    trainer: Any,
+    out: Any,
+    *,
+    label: str,
+    info: Callable[[dict], str],
+    validate_only: bool = False,
+) -> tuple[Any, list[dict]]:
+    """`Run(trainer)` set up, fitted under a progress bar labelled `label` (each step's
+    text from `info(metrics)`; none with `validate_only`), and shut down; the run and
+    its per-step metrics. Raises `Stopped` after a Ctrl-C that ended the run early."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from rayrl.trainer.run import Run
+
+    run = Run(trainer, print_fn=lambda text: out.print(text, highlight=False))
+    out.print(f"model: {trainer.model_path}; run {run.name}; run directory {run.run_dir.root}")
+    try:
+        start = time.perf_counter()
+        with out.status("reserving resources and starting workers"):
+            run.setup()
+        out.print(f"ready in {time.perf_counter() - start:.2f} s (Ray, pools, workers, models)")
+        if validate_only:
+            with out.status("validating"):
+                return run, run.fit()
+        progress = Progress(
+            TextColumn(f"[bold]{label}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            console=out,
+        )
+        with progress:
+            task = progress.add_task(label, total=run.total_steps(), info="")
+
+            def on_step(step: int, metrics: dict) -> None:
+                progress.update(task, completed=step + 1, info=info(metrics))
+
+            history = run.fit(on_step=on_step)
+    finally:
+        start = time.perf_counter()
+        run.shutdown()
+        out.print(f"stopped in {time.perf_counter() - start:.2f} s (workers, pools, Ray)")
+    if run.stopped:
+        raise Stopped(run.progress.global_step)
+    return run, history

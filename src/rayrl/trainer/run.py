@@ -1,0 +1,347 @@
+"""One run lifecycle for every trainer: set up, resume, step, save, validate, export, stop.
+
+    run = Run(PPOTrainer(cfg))        # or SFTTrainer(cfg), or any `Trainer`
+    try:
+        run.setup()                   # data, Ray, pools (checked together), roles
+        history = run.fit()           # resume, steps, checkpoints, validation, export
+    finally:
+        run.shutdown()                # workers, pools, KV store; a Ray started here
+
+`setup` checks the trackers and the debugger, writes the run directory's config, loads
+the data (before anything is reserved, so bad data fails first), starts or joins Ray,
+reserves every pool the trainer asks for in one check (bounded waits, clear errors)
+and has the trainer start its roles.
+
+`fit` resumes (`trainer.resume_mode`: the roles load their state, the driver's parts
+theirs), then walks the data epoch by epoch from the saved position; each step runs
+under step replay (`rayrl.trainer.replay`: a lost or hung worker is replaced and the
+step run again, to the same end), then the checkpoint and validation when due. A
+first Ctrl-C stops at a safe point with a checkpoint (`rayrl.trainer.interrupt`).
+Metrics go to the trackers (`rayrl.trainer.tracking`) and `metrics.jsonl`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from rayrl.batch import Batch
+from rayrl.cluster import ray_private
+from rayrl.cluster.kv import KVStore
+from rayrl.cluster.pool import ResourcePool, reserve_pools
+from rayrl.config.load import to_yaml
+from rayrl.controller import WorkerGroup
+from rayrl.controller.usage import starved_stages
+from rayrl.trainer.checkpoint import CheckpointManager, load_states
+from rayrl.trainer.contract import TrainData, Trainer
+from rayrl.trainer.epochs import epoch_batches, total_steps
+from rayrl.trainer.interrupt import StopOnInterrupt, StopRequested
+from rayrl.trainer.metrics import controller_overhead, usage_metrics
+from rayrl.trainer.ray_session import RaySession, check_debugger, connect
+from rayrl.trainer.replay import ReplayPolicy, Rewound, StepReplay
+from rayrl.trainer.resources import resolve_device
+from rayrl.trainer.roles import group_env, print_placement
+from rayrl.trainer.run_dir import RunDir
+from rayrl.trainer.stage_calls import StageCalls
+from rayrl.trainer.state import DriverRNG, Progress, Stateful, capture, restore
+from rayrl.trainer.tracking import Tracking, check_trackers
+
+log = logging.getLogger("rayrl.trainer")
+
+
+class Run:
+    """The lifecycle of one training run of `trainer` (module docstring).
+
+    `print_fn` receives the run's messages (resume, dashboard, placement, warnings).
+    """
+
+    def __init__(self, trainer: Trainer, print_fn: Callable[[str], None] | None = None) -> None:
+        self.trainer = trainer
+        self.cfg = trainer.cfg
+        self.print = print_fn or trainer.print
+        t = self.cfg.trainer
+        self.name = f"{t.experiment_name}-{trainer.kind}-{uuid.uuid4().hex[:6]}"
+        self.run_dir = RunDir(Path(t.output_dir))
+        self.checkpoints = CheckpointManager(self.run_dir.checkpoints, trainer.max_ckpt_to_keep)
+        self.progress = Progress()
+        self.data: TrainData | None = None
+        self.session: RaySession | None = None
+        self.kv: KVStore | None = None
+        self.pools: list[ResourcePool] = []
+        self.groups: list[WorkerGroup] = []
+        self.calls = StageCalls()  # the step's group calls, reused by a replay
+        self.replay: StepReplay | None = None
+        self.stopped = False  # a Ctrl-C ended fit() early, with a checkpoint
+        self._start_states: dict[str, dict] = {}
+        self._step_span: tuple[float, float] | None = None
+        self._warned: set[str] = set()
+
+    # ------------------------------------------------------------------ setup
+    def setup(self) -> Run:
+        """Check trackers and data, start or join Ray, reserve the pools (bounded waits,
+        clear errors) and start the trainer's roles."""
+        cfg, trainer = self.cfg, self.trainer
+        check_trackers(cfg.trainer.logger)
+        check_debugger(cfg)
+        self.run_dir.prepare(to_yaml(cfg))
+        if not trainer.data_needs_ray:
+            self.data = trainer.load_data()
+        self.session = connect(cfg)
+        if self.session.dashboard_url:
+            self.print(f"Ray dashboard: {self.session.dashboard_url}")
+        if trainer.data_needs_ray:
+            self.data = trainer.load_data()
+        import ray
+
+        device = resolve_device(cfg, ray.cluster_resources().get("GPU", 0))
+        self.kv = KVStore.create(self.name)
+        # All pools checked together: none is held while another waits or cannot fit.
+        specs = trainer.pool_specs(device)
+        self.pools = reserve_pools(specs, self.name, cfg.resources.wait_timeout_s)
+        env = group_env(cfg, self.name, self.kv, trainer.pg_timeout_s)
+        self.groups = trainer.start(self.pools, env, device, self.total_steps())
+        self.run_dir.write_workers(self.groups, self.session.log_dir)
+        print_placement(self.groups, cfg.trainer.debug, self.print)
+        self.usage()  # start the first step's usage sampling afresh (setup is not a step)
+        return self
+
+    def total_steps(self) -> int:
+        """`trainer.total_training_steps`, or whole batches of the dataset x epochs."""
+        data = self._data()
+        return total_steps(self.cfg.trainer, len(data.dataset), data.batch_size)
+
+    def steps_per_epoch(self) -> int:
+        data = self._data()
+        return len(data.dataset) // data.batch_size
+
+    def _data(self) -> TrainData:
+        if self.data is None:
+            raise RuntimeError("the run's data is not loaded yet: call Run.setup() first")
+        return self.data
+
+    def shutdown(self) -> None:
+        """Kill the run's workers, release its pools and KV store; a Ray this run
+        started stops too, all its processes at once (`ray_private.stop_local_ray`)."""
+        local = self.session is not None and self.session.started_here
+        for group in self.groups:
+            group.shutdown()
+        for pool in self.pools:
+            pool.teardown()
+        if self.kv is not None:  # no need to see the store gone when Ray stops next
+            self.kv.shutdown(**({"wait_s": 0.0} if local else {}))
+        if local:
+            ray_private.stop_local_ray()
+            self.session = None
+
+    # ------------------------------------------------------- checkpoint/resume
+    def parts(self) -> dict[str, Stateful]:
+        """The driver's state a checkpoint keeps: the run's and the trainer's parts."""
+        return {"progress": self.progress, "rng": DriverRNG(), **self.trainer.parts()}
+
+    def save_checkpoint(self) -> Path:
+        """Checkpoint the run as it stands after `progress.global_step` steps."""
+        return self.checkpoints.save(
+            self.progress.global_step, capture(self.parts()), self.trainer.save
+        )
+
+    def restore(self, path: str | Path) -> Progress:
+        """Put every role and the driver's parts back to a checkpoint's step boundary."""
+        self.trainer.load(Path(path))
+        restore(self.parts(), load_states(path))
+        return self.progress
+
+    def resume(self) -> Path | None:
+        """Apply `trainer.resume_mode`; metrics.jsonl keeps the rows up to the resumed step."""
+        t = self.cfg.trainer
+        path = self.checkpoints.resolve(t.resume_mode, t.resume_from_path)
+        if path is None:
+            self.progress.load_state_dict(Progress().state_dict())
+            self.run_dir.metrics.unlink(missing_ok=True)
+            return None
+        progress = self.restore(path)
+        self.run_dir.keep_metrics_until(progress.global_step)
+        self.print(f"resumed from {path} ({progress.describe()})")
+        return path
+
+    def rewind(self, reason: str) -> int:
+        """Back to the last checkpoint (or the run's start) when a step cannot be
+        restored from memory; returns the step the run continues from."""
+        path = self.checkpoints.latest()
+        if path is not None:
+            self.restore(path)
+        else:
+            for group in self.trainer.stateful_groups():  # fresh engines: the first state
+                group.replace(list(range(group.world_size)))
+            restore(self.parts(), self._start_states)
+        step = self.progress.global_step
+        self.run_dir.keep_metrics_until(step)
+        self.print(
+            f"WARNING: {reason}; rewound to {path or 'the start of the run'} "
+            f"(step {step}): the steps after it run again"
+        )
+        return step
+
+    # ------------------------------------------------------------------- loop
+    def batches(self) -> Iterator[tuple[int, Batch]]:
+        """(step, batch) from the current data position to the end of the run, epoch
+        after epoch, seeded per epoch; each batch's meta carries `step`, `epoch` and
+        `batch_index` (its index in the epoch)."""
+        data, t = self._data(), self.cfg.trainer
+        return epoch_batches(
+            data.dataset,
+            data.batch_size,
+            start=self.progress,
+            total=self.total_steps(),
+            seed=t.seed,
+            shuffle=data.shuffle,
+            epochs=None if t.total_training_steps is not None else t.total_epochs,
+        )
+
+    def fit(self, on_step: Callable[[int, dict], None] | None = None) -> list[dict]:
+        """Resume, validate, train to the end with checkpoints and tracking, export.
+
+        Worker failures are recovered and the step replayed (`trainer.replay`); a first
+        Ctrl-C stops at a safe point with a checkpoint (`self.stopped` then)."""
+        self.resume()
+        self._start_states = capture(self.parts())
+        history: list[dict] = []
+        tracking = self._tracking()
+        replay = self.replay = self._replay()
+        try:
+            with StopOnInterrupt(self.print) as interrupt:
+                self.calls.stop_check = lambda mutated: interrupt.check(mutated, replay.can_undo)
+                try:
+                    replay.start()
+                    self._train(tracking, history, on_step, interrupt)
+                except StopRequested:
+                    self._stop_safely()
+        finally:
+            self.calls.stop_check = lambda mutated: None
+            tracking.finish()
+        return history
+
+    def _tracking(self) -> Tracking:
+        t = self.cfg.trainer
+        return Tracking(
+            t.logger,
+            self.run_dir.root,
+            project=t.project_name,
+            experiment=t.experiment_name,
+            config=_config_dict(self.cfg),
+            print_fn=self.print,
+        )
+
+    def _replay(self) -> StepReplay:
+        t, res = self.cfg.trainer, self.cfg.resources
+        policy = ReplayPolicy(
+            max_restarts=getattr(t, "max_worker_restarts", 0),
+            snapshots=getattr(t, "step_snapshots", False),
+            init_timeout_s=res.init_timeout_s,
+            init_retries=res.init_retries,
+        )
+        stateful = self.trainer.stateful_groups()
+        return StepReplay(self.groups, stateful, self.calls, policy, self.rewind, self.print)
+
+    def _train(self, tracking: Tracking, history: list[dict], on_step, interrupt) -> None:
+        """Validation before training, the steps with what follows each, the export; each
+        under recovery. A rewind to a checkpoint (a lost snapshot) continues from there."""
+        t, replay = self.cfg.trainer, self.replay
+        validates = self._data().val is not None
+        if getattr(t, "val_only", False):  # verl's trainer.val_only: validate, then stop
+            if not validates:
+                raise ValueError("trainer.val_only=true needs validation data (data.val_files)")
+            step = self.progress.global_step
+            tracking.log(replay.run(lambda: self.trainer.validate(step), "validation"), step=step)
+            return
+        total = self.total_steps()
+        if self.progress.global_step >= total:
+            self.print(
+                f"nothing to train: the checkpoint is at step {self.progress.global_step} of "
+                f"{total}; set trainer.resume_mode=disable or another trainer.output_dir to "
+                "start over"
+            )
+        elif validates and getattr(t, "val_before_train", False) and self.progress.global_step == 0:
+            tracking.log(replay.run(lambda: self.trainer.validate(0), "validation"), step=0)
+        while True:
+            try:
+                for step, batch in self.batches():
+                    interrupt.check()
+                    metrics = self._step(step, batch)
+                    tracking.log(metrics, step=self.progress.global_step)
+                    history.append(metrics)
+                    if on_step:
+                        on_step(step, metrics)
+                if t.export_hf:
+                    replay.run(lambda: self.trainer.export(self.run_dir.hf), "export")
+                return
+            except Rewound as rewound:
+                history[:] = [m for m in history if m["training/global_step"] <= rewound.step]
+
+    def _step(self, step: int, batch: Batch) -> dict[str, float]:
+        """One step under replay, the data position advanced, then (under replay too)
+        usage, validation and a checkpoint when due; the step's metrics."""
+
+        def work() -> tuple[dict, list[str]]:
+            started = time.time()
+            metrics, trained = self.trainer.step(batch, self.calls)
+            self._step_span = (started, time.time())  # the overhead comes with the usage
+            return metrics, trained
+
+        metrics = self.replay.run_step(step, work, self.parts())
+        self.progress.advance(batch.meta, self._data().batch_size, self.steps_per_epoch())
+        metrics.update(
+            self.replay.run(lambda: self._after_step(batch), "checkpoint and validation")
+        )
+        return metrics
+
+    def _after_step(self, batch: Batch) -> dict[str, float]:
+        """Usage, validation when due, a checkpoint when due; their metrics."""
+        t, done = self.cfg.trainer, self.progress.global_step
+        metrics = self.usage()
+        metrics.update({"training/global_step": done, "training/epoch": batch.meta["epoch"]})
+        last = done == self.total_steps()
+        every = t.test_freq > 0
+        at_end = last and (every or self.trainer.validate_at_end)
+        if self._data().val is not None and ((every and done % t.test_freq == 0) or at_end):
+            metrics.update(self.trainer.validate(done))
+        if last or (t.save_freq > 0 and done % t.save_freq == 0):
+            self.save_checkpoint()
+        return metrics
+
+    def _stop_safely(self) -> None:
+        """After a first Ctrl-C: the step abandoned (its state undone from the snapshot)
+        or finished, then a checkpoint of the step boundary the run stands at."""
+        if self.calls.mutated and self.replay.can_undo:
+            self.replay.undo()
+        path = self.save_checkpoint()
+        self.stopped = True
+        self.print(
+            f"stopped by Ctrl-C after step {self.progress.global_step}; checkpoint {path}. "
+            "Run the same command again to resume (trainer.resume_mode=auto)."
+        )
+
+    def usage(self) -> dict[str, float]:
+        """Usage metrics of every group since the last call (with the last step's
+        `timing_s/controller_overhead`); warns of CPU starvation, once per stage."""
+        reports = {group.role: group.usage() for group in self.groups}
+        span, self._step_span = self._step_span, None
+        for warning in starved_stages(reports):
+            key = warning.split(":", 1)[0]
+            if key not in self._warned:
+                self._warned.add(key)
+                log.warning(warning)
+                self.print(f"WARNING: {warning}")
+        metrics = usage_metrics(reports)
+        if span is not None:
+            metrics["timing_s/controller_overhead"] = controller_overhead(reports, *span)
+        return metrics
+
+
+def _config_dict(cfg: Any) -> dict:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.structured(cfg))

@@ -1,0 +1,145 @@
+"""Step replay on its own (`rayrl.trainer.replay.StepReplay`), with no trainer: a toy
+stateful group on real Ray, a worker process SIGKILLed mid-step, and the step run again
+from the step boundary's snapshot, the driver's parts and the kept calls."""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+from pathlib import Path
+
+import pytest
+
+from rayrl.cluster.kv import KVStore
+from rayrl.cluster.pool import PoolSpec, ResourcePool
+from rayrl.controller import ONE_TO_ALL, Worker, WorkerGroup, register
+from rayrl.trainer.replay import ReplayPolicy, Rewound, StepReplay, WorkerRestartLimitError
+from rayrl.trainer.stage_calls import StageCalls
+
+
+class Counter(Worker):
+    """A value per rank that steps change; dies on purpose where a marker file says."""
+
+    def init_worker(self) -> None:
+        self.value = 0
+
+    @register(dispatch=ONE_TO_ALL)
+    def add(self, amount: int) -> int:
+        self.value += amount
+        return self.value
+
+    @register(dispatch=ONE_TO_ALL)
+    def read(self, die_once_at: str = "") -> int:
+        """The value; SIGKILLs this process first when rank 1 finds `die_once_at` absent
+        (creating it, so the replacement lives)."""
+        if die_once_at and self.rank == 1 and not os.path.exists(die_once_at):
+            Path(die_once_at).touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return self.value
+
+    @register(dispatch=ONE_TO_ALL)
+    def always_die(self) -> None:
+        if self.rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def snapshot_state(self) -> int:
+        return self.value
+
+    def restore_state(self, state: int) -> None:
+        self.value = state
+
+
+class Tally:
+    """A driver-side part that a step changes."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def state_dict(self) -> dict:
+        return {"count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.count = state["count"]
+
+
+@pytest.fixture
+def counters(ray_local):
+    run = f"replay-{uuid.uuid4().hex[:6]}"
+    pool = ResourcePool(PoolSpec("counter", per_node=[2], bundle={"CPU": 0.5}), run)
+    pool.bootstrap(timeout_s=60)
+    kv = KVStore.create(run)
+    group = WorkerGroup(Counter, pool.bundles, role="counter", run=run, kv=kv, pool=pool)
+    group.create(timeout_s=180)
+    group.init(timeout_s=180)
+    try:
+        yield group
+    finally:
+        group.shutdown()
+        pool.teardown()
+        kv.shutdown()
+
+
+def _replay(group, calls, snapshots=True, max_restarts=2, rewind=None, printed=None):
+    policy = ReplayPolicy(max_restarts=max_restarts, snapshots=snapshots, init_timeout_s=180)
+    rewound = rewind or (lambda reason: pytest.fail(f"unexpected rewind: {reason}"))
+    say = printed.append if printed is not None else (lambda text: None)
+    return StepReplay([group], [group], calls, policy, rewound, say)
+
+
+def test_a_killed_rank_is_replaced_and_the_step_runs_again_from_its_boundary(counters, tmp_path):
+    calls, tally, printed = StageCalls(), Tally(), []
+    replay = _replay(counters, calls, printed=printed)
+    replay.start()
+    marker = str(tmp_path / "died")
+    pid_before = counters.describe(1).pid
+
+    def step():
+        tally.count += 1  # driver state the step changes: put back before each attempt
+        added = calls.run("add", counters.add, 5, mutates=True)
+        seen = calls.run("read", counters.read, marker)  # rank 1 dies here, once
+        return {"added": added, "seen": seen}, ["p0", "p1"]
+
+    metrics = replay.run_step(0, step, {"tally": tally})
+    # restored to the boundary (0) and the update ran again: 5, not 10
+    assert metrics["added"] == [5, 5] and metrics["seen"] == [5, 5]
+    assert counters.read() == [5, 5]
+    assert tally.count == 1  # one attempt's worth, not two
+    assert counters.describe(1).pid != pid_before
+    assert replay.ledger == [(0, ["p0", "p1"])]
+    [record] = replay.recoveries
+    assert record["stage"] == "read" and record["replaced"][0]["rank"] == 1
+    assert any("recovering from a worker failure in step 0" in line for line in printed)
+    assert "timing_s/snapshot" in metrics
+
+    # the next step starts from the new boundary
+    metrics = replay.run_step(1, lambda: ({"added": counters.add(1)}, []), {})
+    assert metrics["added"] == [6, 6]
+
+
+def test_without_a_snapshot_the_run_rewinds(counters, tmp_path):
+    calls, rewinds = StageCalls(), []
+
+    def rewind(reason: str) -> int:
+        rewinds.append(reason)
+        return 3
+
+    replay = _replay(counters, calls, snapshots=False, rewind=rewind)
+    replay.start()
+    marker = str(tmp_path / "died")
+
+    def step():
+        calls.run("add", counters.add, 1, mutates=True)
+        return {"seen": calls.run("read", counters.read, marker)}, []
+
+    with pytest.raises(Rewound) as info:
+        replay.run_step(4, step, {})
+    assert info.value.step == 3 and rewinds and "no step snapshot" in rewinds[0]
+
+
+def test_a_rank_that_always_dies_stops_at_the_restart_limit(counters):
+    calls = StageCalls()
+    replay = _replay(counters, calls, max_restarts=1)
+    replay.start()
+    with pytest.raises(WorkerRestartLimitError, match="rank 1 failed 2 times in 'always_die'"):
+        replay.run_step(0, lambda: (calls.run("die", counters.always_die) or {}, []), {})
