@@ -31,7 +31,6 @@ from rayrl.cluster.spec import PoolSpec
 from rayrl.config.schema import RayRLConfig
 from rayrl.config.validate import critic_enabled, ref_enabled
 from rayrl.controller import WorkerGroup
-from rayrl.rewards.items import summarize
 from rayrl.trainer.advantage import AdvantageStage, entropy_metric, greedy_baselines, shape_rewards
 from rayrl.trainer.balance import balance_batch
 from rayrl.trainer.contract import TrainData
@@ -48,7 +47,7 @@ from rayrl.trainer.stage_calls import StageCalls
 from rayrl.trainer.state import Stateful
 from rayrl.trainer.validate import Validator
 from rayrl.workers.context import StepContext
-from rayrl.workers.reward import rewards_from_batch
+from rayrl.workers.reward import reward_metrics
 
 log = logging.getLogger("rayrl.trainer")
 
@@ -298,8 +297,8 @@ class PPOTrainer:
         if scores is not None:
             columns = ("token_level_scores", "scores", "reward_elapsed_s")
             batch = batch.union(scores.select(*columns, "reward_error", "reward_extra"))
-        for key, value in summarize(rewards_from_batch(batch)).items():
-            metrics.setdefault(f"reward/{key}", value)
+        for key, value in reward_metrics(batch).items():
+            metrics.setdefault(key, value)
         metrics.update(shape_rewards(self.cfg, batch))
         errors = [e for e in batch["reward_error"] if e is not None]
         if errors:

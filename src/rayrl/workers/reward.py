@@ -9,8 +9,7 @@ with its scores optionally clipped or tanh-bounded (`reward_model.score_transfor
 The result carries `token_level_scores` [b, R] (the score at each response's last
 token), `scores` [b], `reward_elapsed_s` [b], `reward_error` and `reward_extra` (the
 function's extra values, such as `acc`) columns: one row per sample, from which the
-trainer computes the step's reward metrics (`rewards_from_batch`, then
-`rayrl.rewards.items.summarize`).
+trainer computes the step's reward metrics (`reward_metrics`).
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from rayrl.config.schema import RayRLConfig
 from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
 from rayrl.rewards import HTTPReward, RewardPool, RewardResult, spec_from_config
 from rayrl.rewards.budget import BoundedScores, ErrorBudget
-from rayrl.rewards.items import make_items
+from rayrl.rewards.items import make_items, summarize
 
 
 class RewardWorker(Worker):
@@ -116,6 +115,12 @@ def scores_to_batch(results: list[RewardResult], response_mask: torch.Tensor) ->
             "reward_extra": _column([dict(r.extra) for r in results]),
         },
     )
+
+
+def reward_metrics(batch: Batch) -> dict[str, float]:
+    """The scoring's metrics over ``batch``'s rows (`reward/score/mean`, `reward/errors`,
+    `reward/elapsed_s/mean`, `reward/<extra>/mean`), from `scores_to_batch`'s columns."""
+    return {f"reward/{k}": v for k, v in summarize(rewards_from_batch(batch)).items()}
 
 
 def rewards_from_batch(batch: Batch) -> list[RewardResult]:
