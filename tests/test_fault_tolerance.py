@@ -6,7 +6,7 @@ worker) and real processes killed:
 - on a two-node cluster, the chaos monkey SIGKILLs workers by pid at random points,
   a hang is injected (the watchdog catches it), then a whole node is lost: the run
   ends bitwise identical to the clean run;
-- `rayrl train` in its own process: Ctrl-C stops it with a checkpoint, a second run
+- `rayrl train` in its own process: SIGTERM stops it with a checkpoint, a second run
   is SIGKILLed mid-step, a third (`trainer.resume_mode=auto`) ends identical;
 - a rank that always dies hits `trainer.max_worker_restarts` and the run stops.
 """
@@ -112,16 +112,21 @@ def _until(predicate, proc, timeout: float = 240.0) -> None:
         time.sleep(0.2)
 
 
-def test_ctrl_c_then_a_killed_driver_then_resume_end_like_the_clean_run(clean, tmp_path):
+def test_sigterm_then_a_killed_driver_then_resume_end_like_the_clean_run(clean, tmp_path):
+    """SIGTERM (how Slurm and Kubernetes stop a job) gets a first Ctrl-C's safe stop with a
+    checkpoint; a second run on the same directory meanwhile is refused, naming the first."""
     from rayrl.cli.main import main
 
     address = start_local_ray().get_runtime_context().gcs_address
     out = tmp_path / "run"
     first = _Driver(_train_cmd(out, address))
     _until(lambda: len(_rows(out)) >= 1, first.proc)
-    first.proc.send_signal(signal.SIGINT)
-    assert first.proc.wait(timeout=240) == 130, first.text()[-3000:]
-    assert "stopped by Ctrl-C after step" in first.text(), first.text()[-3000:]
+    rival = subprocess.run(_train_cmd(out, address), capture_output=True, text=True, timeout=240)
+    assert rival.returncode == 2, rival.stdout[-2000:] + rival.stderr[-2000:]
+    assert f"pid {first.proc.pid}" in rival.stderr and "in use by another run" in rival.stderr
+    first.proc.send_signal(signal.SIGTERM)
+    assert first.proc.wait(timeout=240) == 143, first.text()[-3000:]
+    assert "stopped by SIGTERM after step" in first.text(), first.text()[-3000:]
     assert (out / "checkpoints" / "latest").is_file()
 
     second = _Driver(_train_cmd(out, address))

@@ -211,6 +211,46 @@ def test_dashboard_port_moves_past_a_taken_one():
     assert free_port("127.0.0.1", taken) == taken  # released: the configured port again
 
 
+DASHBOARD_START = """
+import socket, sys, time
+from rayrl.trainer.ray_session import reserve_dashboard_port
+with reserve_dashboard_port("127.0.0.1", int(sys.argv[1]), listen_timeout_s=10) as port:
+    time.sleep(0.5)  # both have looked by now, were the choice not serialised
+    server = socket.socket()
+    server.bind(("127.0.0.1", port))  # what the dashboard does, after ray.init returns
+    server.listen()
+print(port, flush=True)
+time.sleep(3)  # keep listening while the other one chooses
+"""
+
+
+def test_two_runs_started_together_get_different_dashboard_ports():
+    """Two local Rays started at once both found 8265 free, and the second died when its
+    dashboard could not bind it: choosing the port is serialised until the first listens."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        wanted = probe.getsockname()[1]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", DASHBOARD_START, str(wanted)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    ports = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err[-2000:]
+        ports.append(int(out.split()[0]))
+    assert wanted in ports and len(set(ports)) == 2, ports
+
+
 def test_minimal_ray_runs_without_the_dashboard(monkeypatch):
     """A Ray without its dashboard packages (ray minimal, as on the GPU machine) starts
     without the dashboard and says so, instead of failing in ray.init."""

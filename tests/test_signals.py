@@ -115,3 +115,18 @@ def test_first_ctrl_c_asks_for_a_safe_stop_and_the_second_stops_at_once():
             signal.raise_signal(signal.SIGINT)
         assert signal.getsignal(signal.SIGINT) is before  # given back at once
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_sigterm_asks_for_the_same_safe_stop_and_a_second_exits_143():
+    said: list[str] = []
+    before = signal.getsignal(signal.SIGTERM)
+    with StopOnInterrupt(said.append) as stop:
+        signal.raise_signal(signal.SIGTERM)
+        assert stop.requested and stop.exit_code == 143 and "SIGTERM again" in said[0]
+        with pytest.raises(StopRequested):
+            stop.check()
+        with pytest.raises(SystemExit) as info:
+            signal.raise_signal(signal.SIGTERM)
+        assert info.value.code == 143
+        assert signal.getsignal(signal.SIGTERM) is before
+    assert signal.getsignal(signal.SIGTERM) is before

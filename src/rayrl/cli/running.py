@@ -9,7 +9,12 @@ from typing import Any
 
 
 class Stopped(Exception):  # noqa: N818 - the user's request, not an error
-    """The run stopped early on Ctrl-C, after writing a checkpoint."""
+    """The run stopped early on Ctrl-C or SIGTERM, after writing a checkpoint;
+    `exit_code` is the shell's code for that signal (130, 143)."""
+
+    def __init__(self, step: int, exit_code: int) -> None:
+        super().__init__(f"stopped after step {step}")
+        self.step, self.exit_code = step, exit_code
 
 
 def run_trainer(
@@ -53,9 +58,41 @@ def run_trainer(
 
             history = run.fit(on_step=on_step)
     finally:
-        start = time.perf_counter()
+        start, started = time.perf_counter(), bool(run.session or run.pools or run.groups)
         run.shutdown()
-        out.print(f"stopped in {time.perf_counter() - start:.2f} s (workers, pools, Ray)")
+        if started:  # nothing to say when the run failed before anything started
+            out.print(f"stopped in {time.perf_counter() - start:.2f} s (workers, pools, Ray)")
     if run.stopped:
-        raise Stopped(run.progress.global_step)
+        raise Stopped(run.progress.global_step, run.exit_code)
     return run, history
+
+
+def exit_code_of(work: Callable[[], Any]) -> int:
+    """Run `work` (a command's training); the exit code, with errors a user can act on
+    printed as one line instead of a traceback: bad data, an unusable run directory, a
+    checkpoint that cannot be resumed (2: nothing trained yet), a checkpoint that
+    cannot be written (1), a stop by Ctrl-C or SIGTERM (130, 143)."""
+    from rayrl.cli.common import console
+    from rayrl.data import DataError
+    from rayrl.trainer.checkpoint import CheckpointWriteError
+    from rayrl.trainer.resume import ResumeError
+    from rayrl.trainer.run import RunDirError
+    from rayrl.trainer.run_lock import RunDirLockedError
+
+    kinds = [
+        (DataError, "data error", 2),
+        ((RunDirError, RunDirLockedError), "run directory error", 2),
+        (ResumeError, "resume error", 2),
+        (CheckpointWriteError, "checkpoint error", 1),
+    ]
+    try:
+        work()
+    except Stopped as stopped:
+        return stopped.exit_code
+    except Exception as exc:
+        for types, label, code in kinds:
+            if isinstance(exc, types):
+                console(stderr=True).print(f"[bold red]{label}:[/] {exc}", highlight=False)
+                return code
+        raise
+    return 0

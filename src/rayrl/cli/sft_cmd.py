@@ -7,7 +7,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from rayrl.cli.common import add_config_args, console, load_sft_from_args
-from rayrl.cli.running import Stopped, run_trainer
+from rayrl.cli.running import exit_code_of, run_trainer
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -56,17 +56,8 @@ def metrics_table(history: list[dict], rows: int) -> Table:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rayrl.data import DataError
-
     cfg = load_sft_from_args(args)
-    try:
-        sft(cfg)
-    except (DataError, FileNotFoundError) as exc:  # raised at load, before Ray starts
-        console(stderr=True).print(f"[bold red]data error:[/] {exc}", highlight=False)
-        return 2
-    except Stopped:
-        return 130  # the shell's code for a run ended by Ctrl-C
-    return 0
+    return exit_code_of(lambda: sft(cfg))
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -6,7 +6,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from rayrl.cli.common import add_config_args, console, load_from_args
-from rayrl.cli.running import Stopped, run_trainer
+from rayrl.cli.running import exit_code_of, run_trainer
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -81,17 +81,8 @@ def metrics_table(history: list[dict], rows: int | None = None) -> Table:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rayrl.data import DataError
-
     cfg = load_from_args(args)
-    try:
-        train(cfg)
-    except DataError as exc:  # raised at load, before any resource is reserved
-        console(stderr=True).print(f"[bold red]data error:[/] {exc}", highlight=False)
-        return 2
-    except Stopped:
-        return 130  # the shell's code for a run ended by Ctrl-C
-    return 0
+    return exit_code_of(lambda: train(cfg))
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -308,6 +308,9 @@ class TrainerConfig:
     experiment_name: str = "gsm8k"
     resume_mode: str = "auto"  # auto | disable | resume_path
     resume_from_path: str | None = None
+    # what a resume does when the run differs from its checkpoint's (model, data files,
+    # batch geometry, algorithm): strict refuses, warn goes on saying what changed
+    resume_check: str = "strict"
     save_freq: int = -1
     test_freq: int = -1
     val_before_train: bool = True

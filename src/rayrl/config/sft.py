@@ -132,6 +132,7 @@ class SFTTrainerConfig:
     max_ckpt_to_keep: int | None = None
     resume_mode: str = "auto"  # auto | disable | resume_path
     resume_from_path: str | None = None
+    resume_check: str = "strict"  # strict | warn: a resume of a run that differs
     export_hf: bool = True  # hf/ at the end: a model directory `rayrl train` starts from
     log_worker_output: bool = True
     debug: bool = False
@@ -206,6 +207,7 @@ def load_sft_config(
 SFT_CHOICES = {
     "trainer.device": ("auto", "cpu", "cuda"),
     "trainer.resume_mode": ("auto", "disable", "resume_path"),
+    "trainer.resume_check": ("strict", "warn"),
     "trainer.debugger": ("vscode", "cli"),
     "data.truncation": ("error", "left", "right"),
     "model.fsdp_config.model_dtype": ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16"),

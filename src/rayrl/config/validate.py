@@ -19,6 +19,7 @@ COMPUTE_DTYPES = ("bfloat16", "bf16", "float32", "fp32")
 CHOICES = {
     "trainer.device": ("auto", "cpu", "cuda"),
     "trainer.resume_mode": ("auto", "disable", "resume_path"),
+    "trainer.resume_check": ("strict", "warn"),
     "data.truncation": ("error", "left", "right"),
     "actor_rollout_ref.actor.fsdp_config.model_dtype": MODEL_DTYPES,
     "actor_rollout_ref.actor.fsdp_config.dtype": COMPUTE_DTYPES,

@@ -35,6 +35,10 @@ class DataError(ValueError):
     """A dataset the run cannot train on; the message gives the numbers."""
 
 
+class DataFileNotFoundError(DataError, FileNotFoundError):
+    """A data file named in the config does not exist."""
+
+
 def epoch_order(rows: int, epoch: int, seed: int, shuffle: bool = True) -> list[int]:
     """Row indices of an epoch: a permutation seeded by (seed, epoch) when shuffling."""
     indices = list(range(rows))
@@ -87,7 +91,9 @@ def read_parquet_with_sources(
     sources: list[RowSource] = []
     for path in paths:
         if not Path(path).is_file():
-            raise FileNotFoundError(f"data file {path} not found (data.train_files / val_files)")
+            raise DataFileNotFoundError(
+                f"data file {path} not found (data.train_files / val_files)"
+            )
         table = pq.read_table(path).to_pylist()
         rows.extend(table)
         sources.extend(RowSource(str(path), i) for i in range(len(table)))

@@ -21,6 +21,7 @@ tolerance needs to replay a step.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -30,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from rayrl.trainer.manifest import write_manifest
 
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 LATEST = "latest"
@@ -66,6 +69,27 @@ def _upgrade(states: dict[str, Any]) -> dict[str, dict[str, Any]]:
     if states.get("kl_ctrl") is not None:
         upgraded["advantage"] = states["kl_ctrl"]
     return upgraded
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (a full disk, a read-only filesystem)."""
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _out_of_space(err: BaseException) -> bool:
+    """Whether `err` (or what it wraps, or its text: a worker's error arrives as text)
+    says the disk is full."""
+    while err is not None:
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+            return True
+        text = str(err)
+        if "No space left on device" in text or "unexpected pos" in text:
+            return True  # torch's zip writer on a full disk says the latter
+        err = err.__cause__ or err.__context__
+    return False
 
 
 class CheckpointManager:
@@ -106,20 +130,36 @@ class CheckpointManager:
             )
         return Path(path)
 
-    def save(self, step: int, states: dict[str, Any], write: Callable[[Path], None]) -> Path:
+    def save(
+        self,
+        step: int,
+        states: dict[str, Any],
+        write: Callable[[Path], None],
+        fingerprint: dict[str, Any] | None = None,
+    ) -> Path:
         """Write checkpoint `global_step_<step>` atomically.
 
         `write(tmp_dir)` has the roles write their parts; then the driver parts'
-        `states` go in, the directory is renamed into place, `latest` is updated, and
-        old ones are pruned.
+        `states` and the manifest (every file, and the run's `fingerprint`) go in, the
+        directory is renamed into place, `latest` is updated, and old ones are pruned.
+        A full disk or a read-only filesystem raises CheckpointWriteError with the path
+        and the bytes needed; the partial directory is removed, the last checkpoint stays.
         """
         self.root.mkdir(parents=True, exist_ok=True)
         self.clean_partial()
+        self._check_space()
         name = f"global_step_{step}"
         tmp = self.root / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
-        write(tmp)
-        torch.save(states, tmp / STATE_FILE)
+        try:
+            tmp.mkdir()
+            write(tmp)
+            torch.save(states, tmp / STATE_FILE)
+            write_manifest(tmp, fingerprint or {})
+        except Exception as err:
+            named = self._write_error(tmp, err)
+            if named is err:
+                raise
+            raise named from err
         final = self.root / name
         if final.exists():  # the same step saved again (a run restarted without resume)
             shutil.rmtree(final)
@@ -127,6 +167,41 @@ class CheckpointManager:
         _write_atomic(self.root / LATEST, name + "\n")
         self.prune()
         return final
+
+    def _check_space(self) -> None:
+        """Refuse to start a save that cannot fit: the last checkpoint's size is the
+        estimate of the next one's."""
+        last = self.latest()
+        if last is None:
+            return
+        need, free = _dir_bytes(last), shutil.disk_usage(self.root).free
+        if need > free:
+            raise CheckpointWriteError(
+                f"not enough space for a checkpoint under {self.root}: about {need:,} bytes "
+                f"needed (the size of {last.name}), {free:,} free. Free space there, keep "
+                "fewer checkpoints (trainer.max_actor_ckpt_to_keep), or set "
+                "trainer.output_dir to a larger disk"
+            )
+
+    def _write_error(self, tmp: Path, err: Exception) -> Exception:
+        """A CheckpointWriteError for a full disk or a read-only filesystem (the partial
+        directory removed); any other error as it is."""
+        written = _dir_bytes(tmp) if tmp.exists() else 0
+        shutil.rmtree(tmp, ignore_errors=True)
+        free = shutil.disk_usage(self.root).free
+        if _out_of_space(err):
+            return CheckpointWriteError(
+                f"the disk under {self.root} is full: the checkpoint ran out of space after "
+                f"{written:,} bytes ({free:,} free now; it needs more than that). Free space "
+                "there or set trainer.output_dir to a larger disk; the last complete "
+                f"checkpoint ({self.latest() or 'none'}) is intact"
+            )
+        if isinstance(err, OSError) and err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            return CheckpointWriteError(
+                f"cannot write a checkpoint under {self.root}: {err.strerror} "
+                f"({err.filename}); set trainer.output_dir to a writable directory"
+            )
+        return err
 
     def prune(self) -> list[Path]:
         """Remove all but the newest `max_to_keep` complete checkpoints."""

@@ -75,6 +75,11 @@ class Trainer(Protocol):
         """Driver-side state beyond the run's own progress and RNGs."""
         ...
 
+    def fingerprint(self) -> dict[str, Any]:
+        """What must not change between a run and its resume (the model, the data files,
+        the batch geometry, the algorithm), JSON-serialisable; kept with checkpoints."""
+        ...
+
     def step(self, batch: Batch, calls: StageCalls) -> tuple[dict[str, float], list[str]]:
         """One step on `batch`, its group calls made through `calls`; its metrics and
         the prompt uids it trained (the replay ledger)."""

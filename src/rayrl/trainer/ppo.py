@@ -36,6 +36,7 @@ from rayrl.trainer.balance import balance_batch
 from rayrl.trainer.contract import TrainData
 from rayrl.trainer.data import load_datasets
 from rayrl.trainer.dynamic_sampling import fill_batch
+from rayrl.trainer.manifest import data_identity, model_identity
 from rayrl.trainer.metrics import batch_metrics, timer
 from rayrl.trainer.model_dir import model_dir
 from rayrl.trainer.names import check_names
@@ -154,6 +155,20 @@ class PPOTrainer:
 
     def parts(self) -> dict[str, Stateful]:
         return {"advantage": self.advantage}
+
+    def fingerprint(self) -> dict:
+        cfg = self.cfg
+        d, arr, alg = cfg.data, cfg.actor_rollout_ref, cfg.algorithm
+        return {
+            "model": model_identity(self.model_path),
+            "train_files": data_identity(d.train_files) or f"synthetic:{d.synthetic_task}",
+            "data.train_batch_size": d.train_batch_size,
+            "rollout.n": arr.rollout.n,
+            "actor.ppo_mini_batch_size": arr.actor.ppo_mini_batch_size,
+            "algorithm.adv_estimator": alg.adv_estimator,
+            "actor.policy_loss.loss_mode": arr.actor.policy_loss.loss_mode,
+            "critic": self.use_critic,
+        }
 
     def save(self, path: Path) -> None:
         roles = self._roles()

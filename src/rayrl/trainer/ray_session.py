@@ -78,17 +78,9 @@ def connect(cfg: RayRLConfig) -> RaySession:
         address = resolve_address(None, res.address)  # resources.address, or RAY_ADDRESS
         if address:
             kwargs["address"] = address
-        else:
-            dashboard = res.dashboard and _dashboard_installed()
-            port = free_port(res.dashboard_host, res.dashboard_port) if dashboard else None
-            kwargs.update(
-                address="local",
-                include_dashboard=dashboard,
-                dashboard_host=res.dashboard_host,
-                dashboard_port=port or res.dashboard_port,
-            )
-        with _inherited(WORKER_ENV if not address else {}):
             ray.init(**kwargs)
+        else:
+            _start_local(kwargs, res)
         started = not address
     ctx = ray.get_runtime_context()
     return RaySession(
@@ -97,6 +89,59 @@ def connect(cfg: RayRLConfig) -> RaySession:
         started_here=started,
         log_dir=_log_dir(),
     )
+
+
+def _start_local(kwargs: dict, res) -> None:
+    """Start a local Ray; with its dashboard, on a port no concurrent start takes too
+    (`reserve_dashboard_port`)."""
+    kwargs.update(address="local", include_dashboard=False)
+    if not (res.dashboard and _dashboard_installed()):
+        with _inherited(WORKER_ENV):
+            ray.init(**kwargs)
+        return
+    with reserve_dashboard_port(res.dashboard_host, res.dashboard_port) as port:
+        kwargs.update(include_dashboard=True, dashboard_host=res.dashboard_host)
+        kwargs["dashboard_port"] = port
+        with _inherited(WORKER_ENV):
+            ray.init(**kwargs)
+
+
+@contextmanager
+def reserve_dashboard_port(host: str, wanted: int, listen_timeout_s: float = 20.0):
+    """A free dashboard port (``wanted``, or the next free one above), chosen under a
+    host-wide lock that is held until something listens there (the dashboard binds
+    after ``ray.init`` returns) or ``listen_timeout_s`` passed: two runs started
+    together otherwise both find the port free and the second dies when its dashboard
+    cannot bind it."""
+    import fcntl
+    import tempfile
+    from pathlib import Path
+
+    lock = Path(tempfile.gettempdir()) / "rayrl-dashboard-port.lock"
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            port = free_port(host, wanted)
+            yield port
+            _wait_listening(host, port, listen_timeout_s)
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _wait_listening(host: str, port: int, timeout_s: float) -> bool:
+    """Whether something accepts connections on (host, port) within ``timeout_s``."""
+    import socket
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.settimeout(0.5)
+            if sock.connect_ex((host, port)) == 0:
+                return True
+        time.sleep(0.1)
+    log.warning("nothing listens on dashboard port %d after %.0f s", port, timeout_s)
+    return False
 
 
 def _dashboard_installed() -> bool:

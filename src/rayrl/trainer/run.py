@@ -22,6 +22,7 @@ Metrics go to the trackers (`rayrl.trainer.tracking`) and `metrics.jsonl`.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -44,13 +45,19 @@ from rayrl.trainer.metrics import controller_overhead, usage_metrics
 from rayrl.trainer.ray_session import RaySession, check_debugger, connect
 from rayrl.trainer.replay import ReplayPolicy, Rewound, StepReplay
 from rayrl.trainer.resources import resolve_device
+from rayrl.trainer.resume import check_fingerprint, intact_checkpoint, reposition, restore_from
 from rayrl.trainer.roles import group_env, print_placement
 from rayrl.trainer.run_dir import RunDir
+from rayrl.trainer.run_lock import RunLock
 from rayrl.trainer.stage_calls import StageCalls
 from rayrl.trainer.state import DriverRNG, Progress, Stateful, capture, restore
 from rayrl.trainer.tracking import Tracking, check_trackers
 
 log = logging.getLogger("rayrl.trainer")
+
+
+class RunDirError(RuntimeError):
+    """The run directory cannot be written (read-only, no permission, not a directory)."""
 
 
 class Run:
@@ -75,7 +82,9 @@ class Run:
         self.groups: list[WorkerGroup] = []
         self.calls = StageCalls()  # the step's group calls, reused by a replay
         self.replay: StepReplay | None = None
-        self.stopped = False  # a Ctrl-C ended fit() early, with a checkpoint
+        self.lock = RunLock(self.run_dir.root)
+        self.stopped = False  # a Ctrl-C or SIGTERM ended fit() early, with a checkpoint
+        self.exit_code = 0  # the shell's code for how it stopped (130, 143)
         self._start_states: dict[str, dict] = {}
         self._step_span: tuple[float, float] | None = None
         self._warned: set[str] = set()
@@ -87,7 +96,7 @@ class Run:
         cfg, trainer = self.cfg, self.trainer
         check_trackers(cfg.trainer.logger)
         check_debugger(cfg)
-        self.run_dir.prepare(to_yaml(cfg))
+        self._claim_run_dir()
         if not trainer.data_needs_ray:
             self.data = trainer.load_data()
         self.session = connect(cfg)
@@ -108,6 +117,19 @@ class Run:
         print_placement(self.groups, cfg.trainer.debug, self.print)
         self.usage()  # start the first step's usage sampling afresh (setup is not a step)
         return self
+
+    def _claim_run_dir(self) -> None:
+        """Lock the run directory for this run (`run_lock`) and write its config there."""
+        root = self.run_dir.root
+        try:
+            self.lock.acquire(self.name)
+            self.run_dir.prepare(to_yaml(self.cfg))
+        except OSError as err:
+            raise RunDirError(
+                f"cannot write the run directory trainer.output_dir={root}: "
+                f"{err.strerror or err} ({err.filename or root}); set trainer.output_dir to "
+                "a directory this user can write"
+            ) from None
 
     def total_steps(self) -> int:
         """`trainer.total_training_steps`, or whole batches of the dataset x epochs."""
@@ -136,6 +158,7 @@ class Run:
         if local:
             ray_private.stop_local_ray()
             self.session = None
+        self.lock.release()
 
     # ------------------------------------------------------- checkpoint/resume
     def parts(self) -> dict[str, Stateful]:
@@ -145,8 +168,15 @@ class Run:
     def save_checkpoint(self) -> Path:
         """Checkpoint the run as it stands after `progress.global_step` steps."""
         return self.checkpoints.save(
-            self.progress.global_step, capture(self.parts()), self.trainer.save
+            self.progress.global_step,
+            capture(self.parts()),
+            self.trainer.save,
+            fingerprint=self.fingerprint(),
         )
+
+    def fingerprint(self) -> dict:
+        """What must not change between this run and its resume (as JSON would store it)."""
+        return json.loads(json.dumps(self.trainer.fingerprint(), default=str))
 
     def restore(self, path: str | Path) -> Progress:
         """Put every role and the driver's parts back to a checkpoint's step boundary."""
@@ -155,14 +185,18 @@ class Run:
         return self.progress
 
     def resume(self) -> Path | None:
-        """Apply `trainer.resume_mode`; metrics.jsonl keeps the rows up to the resumed step."""
+        """Apply `trainer.resume_mode` (`rayrl.trainer.resume`: a damaged checkpoint named,
+        the run's fingerprint checked); metrics.jsonl keeps the rows up to the resumed step."""
         t = self.cfg.trainer
         path = self.checkpoints.resolve(t.resume_mode, t.resume_from_path)
         if path is None:
             self.progress.load_state_dict(Progress().state_dict())
             self.run_dir.metrics.unlink(missing_ok=True)
             return None
-        progress = self.restore(path)
+        path = intact_checkpoint(self.checkpoints, path, t.resume_mode, self.print)
+        check_fingerprint(path, self.fingerprint(), t.resume_check, self.print)
+        progress = restore_from(self, path)
+        reposition(progress, self._data().batch_size, self.print)
         self.run_dir.keep_metrics_until(progress.global_step)
         self.print(f"resumed from {path} ({progress.describe()})")
         return path
@@ -218,7 +252,7 @@ class Run:
                     replay.start()
                     self._train(tracking, history, on_step, interrupt)
                 except StopRequested:
-                    self._stop_safely()
+                    self._stop_safely(interrupt)
         finally:
             self.calls.stop_check = lambda mutated: None
             tracking.finish()
@@ -312,15 +346,16 @@ class Run:
             self.save_checkpoint()
         return metrics
 
-    def _stop_safely(self) -> None:
-        """After a first Ctrl-C: the step abandoned (its state undone from the snapshot)
-        or finished, then a checkpoint of the step boundary the run stands at."""
+    def _stop_safely(self, interrupt: StopOnInterrupt) -> None:
+        """After a first Ctrl-C or SIGTERM: the step abandoned (its state undone from the
+        snapshot) or finished, then a checkpoint of the step boundary the run stands at."""
         if self.calls.mutated and self.replay.can_undo:
             self.replay.undo()
         path = self.save_checkpoint()
-        self.stopped = True
+        self.stopped, self.exit_code = True, interrupt.exit_code
+        name = "SIGTERM" if interrupt.exit_code == 143 else "Ctrl-C"
         self.print(
-            f"stopped by Ctrl-C after step {self.progress.global_step}; checkpoint {path}. "
+            f"stopped by {name} after step {self.progress.global_step}; checkpoint {path}. "
             "Run the same command again to resume (trainer.resume_mode=auto)."
         )
 

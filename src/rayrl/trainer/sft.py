@@ -24,6 +24,7 @@ from rayrl.cluster.spec import PoolSpec
 from rayrl.config.sft import SFTConfig
 from rayrl.controller import WorkerGroup
 from rayrl.trainer.contract import TrainData
+from rayrl.trainer.manifest import data_identity, model_identity
 from rayrl.trainer.model_dir import model_dir
 from rayrl.trainer.names import check_sft_names
 from rayrl.trainer.roles import GroupEnv, new_group
@@ -110,6 +111,15 @@ class SFTTrainer:
 
     def parts(self) -> dict[str, Stateful]:
         return {}
+
+    def fingerprint(self) -> dict:
+        d = self.cfg.data
+        return {
+            "model": model_identity(self.model_path),
+            "train_files": data_identity(d.train_files) or f"synthetic:{d.synthetic_task}",
+            "data.train_batch_size": d.train_batch_size,
+            "model.lora_rank": self.cfg.model.lora_rank,
+        }
 
     def save(self, path: Path) -> None:
         self._group().save(str(path))

@@ -38,6 +38,7 @@ class Progress:
     in rows (`batch` x the batch size it was counted with), so a run resumed with
     another `data.train_batch_size` continues at the same row of the epoch (an epoch
     just finished is the next one's position 0: a resume never skips or repeats one).
+    A checkpoint from before rows were counted loads with `sample` -1 (unknown).
     """
 
     global_step: int = 0
@@ -65,7 +66,7 @@ class Progress:
         self.global_step = int(state["global_step"])
         self.epoch = int(state["epoch"])
         self.batch = int(state["batch"])
-        self.sample = int(state.get("sample", 0))
+        self.sample = int(state.get("sample", -1))
 
 
 class DriverRNG:
