@@ -190,3 +190,28 @@ def test_a_full_disk_during_a_checkpoint_is_named_and_the_last_one_stays(tmp_pat
     finally:
         _umount(root)
         time.sleep(0.1)
+
+
+def test_a_stop_inside_a_step_puts_the_drivers_parts_back_to_the_steps_start(tmp_path):
+    """A Ctrl-C or SIGTERM inside a step abandons it: the workers' state goes back to the
+    step's start, and so must the driver's (the adaptive KL controller the step's
+    advantage stage already moved), or the checkpoint holds half a step."""
+    from rayrl.trainer.interrupt import StopOnInterrupt
+    from rayrl.trainer.state import capture
+
+    run = _run(
+        tmp_path,
+        "algorithm.use_kl_in_reward=true",
+        "algorithm.kl_ctrl.type=adaptive",
+        "algorithm.kl_ctrl.kl_coef=0.05",
+    )
+    kl = run.trainer.advantage.kl_ctrl
+    run.replay = type("NoSnapshots", (), {"can_undo": False})()
+    run._step_states = capture(run.parts())  # what Run._step keeps as a step starts
+    kl.update(0.5, n_steps=64)  # the step's advantage stage moved it
+    assert kl.value != 0.05
+    saved: list[dict] = []
+    run.save_checkpoint = lambda: saved.append(capture(run.parts())) or tmp_path
+    run._stop_safely(StopOnInterrupt())
+    assert kl.value == 0.05 and saved[0]["advantage"] == {"kl_ctrl": {"value": 0.05}}
+    assert run.stopped

@@ -86,6 +86,7 @@ class Run:
         self.stopped = False  # a Ctrl-C or SIGTERM ended fit() early, with a checkpoint
         self.exit_code = 0  # the shell's code for how it stopped (130, 143)
         self._start_states: dict[str, dict] = {}
+        self._step_states: dict[str, dict] | None = None  # driver parts at the step's start
         self._step_span: tuple[float, float] | None = None
         self._warned: set[str] = set()
 
@@ -325,7 +326,9 @@ class Run:
             self._step_span = (started, time.time())  # the overhead comes with the usage
             return metrics, trained
 
+        self._step_states = capture(self.parts())
         metrics = self.replay.run_step(step, work, self.parts())
+        self._step_states = None  # the step is done: a stop now keeps it
         self.progress.advance(batch.meta, self._data().batch_size, self.steps_per_epoch())
         metrics.update(
             self.replay.run(lambda: self._after_step(batch), "checkpoint and validation")
@@ -349,8 +352,10 @@ class Run:
     def _stop_safely(self, interrupt: StopOnInterrupt) -> None:
         """After a first Ctrl-C or SIGTERM: the step abandoned (its state undone from the
         snapshot) or finished, then a checkpoint of the step boundary the run stands at."""
-        if self.calls.mutated and self.replay.can_undo:
-            self.replay.undo()
+        if self._step_states is not None:  # stopped inside a step: abandon it
+            if self.calls.mutated and self.replay.can_undo:
+                self.replay.undo()
+            restore(self.parts(), self._step_states)  # the KL controller, for one
         path = self.save_checkpoint()
         self.stopped, self.exit_code = True, interrupt.exit_code
         name = "SIGTERM" if interrupt.exit_code == 143 else "Ctrl-C"
