@@ -1,7 +1,7 @@
 """Benchmark: rollout throughput of the native engine against rayrl's HF engine and transformers.
 
-Workloads (issue 12), on the reference shape of DESIGN.md (Qwen2.5-0.5B config, random
-weights, bf16 on CUDA), prompts of random token ids, sampling at temperature 1:
+Workloads (issue 12), on the reference shape (docs/benchmarks.md: Qwen2.5-0.5B config,
+random weights, bf16 on CUDA), prompts of random token ids, sampling at temperature 1:
 
 - A: 256 prompts of 256 tokens, 256 new tokens each (EOS ignored).
 - B: 256 sequences, prompt and output lengths uniform in [100, 1024] (numpy seed 0).

@@ -244,7 +244,7 @@ def test_verl_keys_without_effect_warn_one_line_each(capsys):
 
 
 def test_no_config_runs_the_demo_unless_a_model_or_data_is_named(capsys):
-    # DESIGN.md: every command that takes a config works with none (the demo's config);
+    # Every command that takes a config works with none (the demo's config);
     # naming a model or train files starts from verl's defaults instead.
     assert main(["config", "show"]) == 0
     captured = capsys.readouterr()

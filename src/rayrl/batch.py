@@ -2,7 +2,10 @@
 
 A Batch holds tensor columns that share one leading batch dimension, non-tensor
 columns (numpy arrays, usually 1-D object arrays of strings or nested Python values)
-of the same length, and a `meta` dict of per-batch values (temperature, step, ...).
+of the same length, and a `meta` dict that describes the rows (the step they belong
+to, their epoch and position; inside the training engine, a micro-batch's global
+token counts). Options of a call travel beside the Batch, never in `meta`
+(`rayrl.workers.context.StepContext`).
 Row operations (slicing, gathering, chunking, padding, repeating) act on every
 column at once and return views where that is cheap.
 

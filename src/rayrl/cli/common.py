@@ -103,7 +103,8 @@ SFT_DEMO_TRIGGERS = ("model.partial_pretrain", "data.train_files")
 
 def _names_model_or_data(overrides: list[str], triggers: tuple[str, ...] = DEMO_TRIGGERS) -> bool:
     """Whether the command line names a model or training data (then verl's defaults
-    apply; otherwise a command with no -c runs the demo's config, as DESIGN.md asks)."""
+    apply; otherwise a command with no -c runs the demo's config: every command that
+    takes a config works with none)."""
     return any(o.split("=", 1)[0].lstrip("+") in triggers for o in overrides)
 
 

@@ -52,9 +52,8 @@ class FSDPConfig:
     model_dtype: str = "fp32"  # master weights: fp32 | bf16 | fp16
     dtype: str = "bfloat16"  # compute dtype on GPU: bfloat16 (mixed precision) | float32
     # One GPU: wrap in FSDP2 too (bf16 compute weights cast once per micro-batch, fp32
-    # master weights) instead of autocast. On an H200 (0.5B, 512 x 512 tokens) the update
-    # took 2.84 s wrapped vs 3.01 s under autocast at 32,768 tokens per micro-batch, but
-    # 4.14 s vs 3.21 s at 16,384 (docs/benchmarks.md): off by default.
+    # master weights) instead of autocast. Faster than autocast at large micro-batches,
+    # slower at verl's default token budget (docs/benchmarks.md): off by default.
     wrap_one_gpu: bool = False
 
 
@@ -118,8 +117,8 @@ class ActorConfig:
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
     # on CUDA: compile each decoder layer and the log-prob head's chunk math (regional
-    # torch.compile; 2.89 -> 1.98 s for the 0.5B update of 512 x 512 tokens on an H200,
-    # docs/benchmarks.md); ignored on a CPU, where compile time would dominate
+    # torch.compile, `rayrl.engines.regional_compile`; figures in docs/benchmarks.md);
+    # ignored on a CPU, where compile time would dominate
     use_torch_compile: bool = True
 
 

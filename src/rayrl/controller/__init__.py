@@ -1,8 +1,10 @@
 """Controller layer: Worker, WorkerGroup, dispatch modes, colocation, health, replacement,
 step-boundary snapshots, the progress watchdog and fault injection.
 
-The driver talks to groups of workers as if each group were one object; see DESIGN.md.
-Imports only the cluster layer and leaves (batch); knows nothing of RL.
+The driver talks to a group of workers as if it were one object: a call on the group
+is dispatched over its ranks as the method's `@register` contract says, and the
+ranks' results are collected into one value (docs/design.md, "Worker groups and
+dispatch"). Imports only the cluster layer and leaves (batch); knows nothing of RL.
 """
 
 from rayrl.controller.colocate import FusedWorker, RoleView, colocate

@@ -94,8 +94,8 @@ class RayPromptLoader:
             "prompt_key": prompt_key,
         }
         ctx = ray.data.DataContext.get_current()
-        # Ray 2.60's V2 parquet reader spent 10-20 s in its file-listing task per read on
-        # our 2-core machines; the V1 reader reads the same files in about a second.
+        # Ray 2.60's V2 parquet reader spends far longer in its file-listing task per read
+        # than the V1 reader takes for the same files (docs/benchmarks.md).
         ctx.use_datasource_v2 = False
         ctx.enable_progress_bars = False
         ctx.execution_options.preserve_order = True  # blocks in sorted order, always

@@ -45,8 +45,8 @@ __all__ = [
 # A rank's state with more than this many bytes on an accelerator is written one file
 # per tensor instead of one file per rank: torch's FileSystemWriter keeps the host copy
 # of every device tensor of a file until the file is done, so one file held the rank's
-# whole state in host memory again (the 7B save on the H200 went from 51 to 111 GiB of
-# host memory and was killed; docs/benchmarks.md).
+# whole state in host memory again (a 7B save ran its host out of memory:
+# docs/benchmarks.md).
 ONE_FILE_MAX_BYTES = 4 * 2**30
 
 

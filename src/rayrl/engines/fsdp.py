@@ -165,9 +165,9 @@ def pinned_host_buffer(like: torch.Tensor) -> torch.Tensor:
     Not ``pin_memory=True``: torch's caching host allocator rounds every pinned block up
     to a power of two: by our count the Adam moments of a Qwen2.5-7B-shaped model, 61 GB,
     take 116 GB pinned per parameter (an MLP weight's 272 MB moment is a 512 MB block),
-    and the 7B run on our 125 GiB H200 host was killed by Ray's memory monitor in its
-    first update with host memory at 104-119 GiB. The buffer is registered with
-    ``cudaHostRegister`` instead (exact size), and unregistered when it is freed.
+    more than the host of a one-GPU 7B run holds (docs/benchmarks.md). The buffer is
+    registered with ``cudaHostRegister`` instead (exact size), and unregistered when
+    it is freed.
     """
     buffer = torch.empty(like.shape, dtype=like.dtype, device="cpu")
     if buffer.numel() and torch.cuda.is_available():

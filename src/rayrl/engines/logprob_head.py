@@ -205,8 +205,9 @@ def backward_chunk(
 def _accumulate_matmul(acc: Tensor, a: Tensor, b: Tensor) -> None:
     """``acc += a @ b`` with ``acc`` in float32 and ``a``, ``b`` in a half dtype: on
     CUDA one cuBLAS call that adds the float32 product into ``acc`` (no half-precision
-    product, no cast, no separate add: at a 152k vocabulary those three passes over the
-    ``[vocab x hidden]`` gradient took ~0.1 s of a 2 s update, once per chunk);
+    product, no cast, no separate add: three passes over the ``[vocab x hidden]``
+    gradient per chunk, a visible share of an update at a 152k vocabulary:
+    docs/benchmarks.md);
     elsewhere, the product cast and added."""
     if acc.is_cuda and a.dtype != acc.dtype:
         torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)

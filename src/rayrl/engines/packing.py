@@ -9,11 +9,12 @@ Two concerns of turning a rank's batch into model calls:
   micro-batches (FSDP runs collectives in every forward and backward, so ranks must
   make the same number of model calls).
 * **Packing** a micro-batch: pad tokens are dropped and the rows' real tokens are
-  concatenated into one row whose position ids restart at 0 for every sequence.
-  transformers (5.x) sees the restarts in `position_ids` (with no attention mask) and
-  builds a block-diagonal causal mask, so sequences never attend to each other and no
-  FLOP goes to padding. `ResponseIndex` records where each response token's logit
-  sits in the model input, so results scatter back to ``[batch, response_len]``.
+  concatenated into one row whose position ids restart at 0 for every sequence. The
+  attention is told where each sequence starts (`rayrl.engines.attention`: varlen
+  attention in place of ``sdpa``, never a dense block-diagonal mask), so sequences
+  never attend to each other and no FLOP goes to padding. `ResponseIndex` records
+  where each response token's logit sits in the model input, so results scatter back
+  to ``[batch, response_len]``.
   Packing pays where padding is worth dropping (`worth_packing`): on a GPU (one varlen
   kernel) whenever there is any; on a CPU, where packed rows attend one sequence at a
   time, only when padding is a large share of the batch.
@@ -41,9 +42,9 @@ __all__ = [
     "worth_packing",
 ]
 
-# On a CPU, packed rows attend one sequence at a time (`rayrl.engines.attention`): a
-# forward and backward of the demo's 32 rows ran as fast or faster padded with 3-23% of
-# their tokens padding (and 5-18% faster in `rayrl train` at 3%), so pack from a quarter.
+# On a CPU, packed rows attend one sequence at a time (`rayrl.engines.attention`), which
+# costs more than a little padding: rows pack only from a quarter of their tokens
+# padding (measured on the demo's rows: docs/benchmarks.md).
 CPU_MIN_PADDING_TO_PACK = 0.25
 
 

@@ -2,10 +2,10 @@
 the log-prob head's per-chunk math.
 
 What the compiler buys is fusion of the elementwise work between the matmuls, which
-at the reference shape (Qwen2.5-0.5B, 32k-token micro-batches) takes about two thirds
-of the update's device time in eager mode: RMSNorm's float32 round trip, rotary
-embeddings, SiLU-and-multiply, residual adds, and in the head the float32 cast,
-log-sum-exp and gradient tail over ``[tokens x vocab]`` logits.
+in eager mode takes most of an update's device time at the reference shape
+(docs/benchmarks.md): RMSNorm's float32 round trip, rotary embeddings,
+SiLU-and-multiply, residual adds, and in the head the float32 cast, log-sum-exp and
+gradient tail over ``[tokens x vocab]`` logits.
 
 * Decoder layers: each layer's ``forward`` (not its ``__call__``) is replaced by one
   compiled function shared by every layer (modules are inlined as inputs, so one
@@ -16,8 +16,8 @@ log-sum-exp and gradient tail over ``[tokens x vocab]`` logits.
   varlen kernel is a registered custom op (``torch_attn::_varlen_attn``) that the
   compiler calls as it is, while rotary embeddings and the layout changes around it
   fuse with their neighbours. Excluding it (``attention_in_graph=False``, a graph
-  break per layer) made the update at the reference shape 2.15 s instead of 1.97 s on
-  an H200 (docs/benchmarks.md), the rotary backward alone 93.5 ms instead of 67.2.
+  break per layer) makes the update slower, the rotary backward most of all
+  (docs/benchmarks.md, session 5).
 * The head: `rayrl.engines.logprob_head.ChunkMath` swapped for compiled versions of
   the same two functions; the matmuls stay cuBLAS calls, the reductions and the
   gradient tail become one or two fused kernels that read the bf16 logits once.

@@ -49,8 +49,9 @@ def _gather_bucket(
 
     Each rank packs its shards, cast to ``dtype`` and padded to the chunk size
     (``ceil(rows / world)`` rows, as FSDP2's ``torch.chunk`` split), into one buffer; after
-    the gather, a tensor is its ranks' chunks in order, cut to its row count. One
-    collective per bucket instead of one per parameter: about 0.5 ms of latency each.
+    the gather, a tensor is its ranks' chunks in order, cut to its row count. A
+    collective's latency is paid once per bucket, not once per parameter
+    (docs/benchmarks.md).
     """
     import torch.distributed as dist
 

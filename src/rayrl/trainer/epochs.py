@@ -2,7 +2,7 @@
 
 A run's data position is (epoch, batch index) of the next step (`Progress`).
 `epoch_batches` yields the batches from there to the end of the run, each epoch in
-its own seeded order; `Progress.advanced` is the position once a batch's step is done;
+its own seeded order; `Progress.advance` moves the position past a batch's step;
 a run resumed from a checkpoint therefore sees exactly the batches it would have seen.
 `total_steps` is a run's length: `trainer.total_training_steps`, or whole batches x epochs.
 """

@@ -1,8 +1,9 @@
 """Step metrics with verl's names: batch statistics, reward extras, stage timing, usage.
 
-- `batch_metrics`: `critic/score/mean`, `response_length/*`, `reward/errors` (the
-  reward worker adds `reward/<key>/mean` for every numeric extra key a reward
-  function returns in its dict, verl's `{"score": ..., "acc": ...}`);
+- `batch_metrics`: `critic/score/mean`, `response_length/*`, `reward/errors`
+  (`rayrl.workers.reward.reward_metrics` adds `reward/<key>/mean` for every numeric
+  extra key a reward function returns in its dict, verl's `{"score": ..., "acc": ...}`,
+  from the reward's per-row columns);
 - `timer`: adds a stage's wall time to `timing_s/<stage>`;
 - `controller_overhead`: the part of a step when no worker was in a method, i.e. the
   controller's own time on the step's critical path (`timing_s/controller_overhead`);

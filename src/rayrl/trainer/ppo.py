@@ -7,7 +7,8 @@ critic.compute_values (GAE) -> advantages on the controller (`rayrl.trainer.adva
 scores are awaited first and further rounds of prompts are generated until the batch
 is full (`rayrl.trainer.dynamic_sampling`); ReMax adds a greedy rollout per prompt as
 its baseline. Each stage is timed (`timing_s/<stage>`); metrics use verl's names.
-Every worker call carries a `StepContext` (its step, how to sample, what rides along).
+The calls that sample or update (generate, update_critic, update_actor) carry a
+`StepContext`: the step, how to sample, what rides along, whether the update is on-policy.
 
 Everything around the steps (resume, checkpoints, validation when due, tracking,
 export, step replay, Ctrl-C) is the run's (`rayrl.trainer.run.Run`):

@@ -5,10 +5,10 @@
   this machine only; an SSH tunnel reaches it from elsewhere). Its processes, workers
   included, inherit `WORKER_ENV` (unless the environment sets those variables): OpenMP
   threads that sleep at a barrier instead of spinning. A worker runs as many torch
-  threads as its bundle has CPUs; spinning threads on CPUs that other processes need
-  (the driver, Ray's own, other work) made a tiny model's generation 30 to 80 times
-  slower than one thread on a busy 2-core machine, where sleeping ones kept up with
-  one thread (`bench/cpu_threads.py`).
+  threads as its bundle has CPUs; threads spinning on CPUs that other processes need
+  (the driver, Ray's own, other work) slow a small model's generation down many times
+  over on a busy machine, where sleeping ones keep up with one thread
+  (`bench/cpu_threads.py`; figures in docs/benchmarks.md).
 - `resources.address=auto` or `HOST:PORT` (or `RAY_ADDRESS`): joins a running cluster (`ray start
   --head` on one machine, `ray start --address=HOST:PORT` on the others).
 - `trainer.log_worker_output`: worker prints reach the driver, each line prefixed

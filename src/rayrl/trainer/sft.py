@@ -1,13 +1,13 @@
-"""Supervised fine-tuning on the controller: reserve, start the SFT ranks, then step.
+"""Supervised fine-tuning: the `Trainer` of `rayrl sft` (its pool, its ranks, its step).
 
 `SFTTrainer` is `rayrl sft`: one pool of `nnodes x n_gpus_per_node` bundles holds one
 `SFTWorker` per rank (FSDP2 over them, gloo on CPU, NCCL on GPU). Each step sends a
 batch of `data.train_batch_size` (prompt, response) pairs, split over the ranks, for
 one optimizer step on the response tokens' negative log-likelihood. Around the steps
-it keeps what `rayrl train` keeps (`trainer.run_dir`): the resolved config,
-metrics.jsonl and the trackers, atomic checkpoints with resume (`trainer.resume_mode`),
-the validation loss (`val/loss`, every `trainer.test_freq` steps and at the end), and
-at the end `hf/`, a model directory that `rayrl train
+`rayrl.trainer.run.Run` keeps what it keeps for `rayrl train` (`trainer.run_dir`): the
+resolved config, metrics.jsonl and the trackers, atomic checkpoints with resume
+(`trainer.resume_mode`), the validation loss (`val/loss`, every `trainer.test_freq`
+steps and at the end), and at the end `hf/`, a model directory that `rayrl train
 actor_rollout_ref.model.path=OUTPUT_DIR/hf` starts from. Metric names are verl's
 (`train/loss`, `train/lr`, `val/loss`).
 """

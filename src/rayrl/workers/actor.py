@@ -116,8 +116,8 @@ class ActorRolloutRefWorker(Worker):
 
     def _wrap_rollout(self) -> None:
         """The rollout engine on the training module itself (the unsharded hybrid). On a
-        CPU its KV cache is dynamic: a static one was re-sized for every new prompt
-        length (about 10% of the demo's generation)."""
+        CPU its KV cache is dynamic: a static one is re-sized for every new prompt
+        length, which costs generation time (docs/benchmarks.md)."""
         cache = "static" if self.actor.device.type == "cuda" else "dynamic"
         self.rollout = HFRolloutEngine(
             model=self.actor.model, tokenizer=self.tokenizer, cache=cache

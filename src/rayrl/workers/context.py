@@ -1,8 +1,9 @@
 """What a role's call needs to know besides its rows, and what comes back besides them.
 
-The trainer passes a `StepContext` to every stage call as a broadcast argument (each
-rank gets the same value): which step the rows belong to, how to sample, and which
-extra stages the call computes on the same rows. A worker never reads such options
+The trainer passes a `StepContext` to the stage calls that need options (generate and
+the updates) as a broadcast argument (each rank gets the same value): which step the
+rows belong to, how to sample, which extra stages the call computes on the same rows,
+and whether an update computes the old log-probs itself. A worker never reads such options
 from the Batch: `Batch.meta` only describes the data (its step, epoch and position).
 
 A call that measures its own stages returns a `StageResult`: the rows, and the seconds

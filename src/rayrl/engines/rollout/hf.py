@@ -271,7 +271,7 @@ class HFRolloutEngine(RolloutEngine):
         """On a GPU, drop generation memory: the static cache's sizing, Python garbage,
         the CUDA allocator cache. On a CPU there is no device memory to give back: the
         engine only marks itself asleep (a full ``gc.collect`` and a fresh static cache
-        cost about 0.2 s of a 0.4 s demo step there)."""
+        there took about half of a small step: docs/benchmarks.md, run C)."""
         if self._asleep:
             return
         self._asleep = True

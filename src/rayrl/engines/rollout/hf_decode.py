@@ -36,9 +36,9 @@ from rayrl.engines.rollout.sampling import SamplingParams, sample_tokens
 
 __all__ = ["SINGLE_THREAD_DECODE_PARAMS", "can_lean_decode", "decode_threads", "lean_decode"]
 
-# Below this many parameters a CPU decodes faster on one thread (`bench/hf_decode.py
-# --sweep`, the demo's batch, 2 cores: one thread takes 0.88x the time of two at 107k
-# parameters, 1.20x at 2.5M, 1.36x at 24M).
+# Below this many parameters a CPU decodes faster on one thread: a tiny model's ops are
+# too small to split, and waking a second thread costs more than it saves
+# (`bench/hf_decode.py --sweep`; figures in docs/benchmarks.md).
 SINGLE_THREAD_DECODE_PARAMS = 1_000_000
 
 # GenerationMixin methods whose behaviour `lean_decode` reproduces; a model overriding

@@ -67,8 +67,8 @@ _MUL2 = _signed(0x94D049BB133111EB)
 _POSITION_SALT = _signed(0xD6E8FEB86659FD93)
 _TWO_POW_M53 = 2.0**-53
 # Elements (rows x tokens) hashed at a time over the whole vocabulary: on CPU a chunk's
-# int64 buffers stay in the L2 cache (5x faster than whole-tensor passes); on GPU big
-# chunks keep launches few.
+# int64 buffers stay in the L2 cache (much faster than whole-tensor passes:
+# docs/benchmarks.md); on GPU big chunks keep launches few.
 _NOISE_CHUNK_ELEMENTS = {"cpu": 1 << 16}
 _NOISE_CHUNK_DEFAULT = 1 << 24
 _TOP_P_FIRST_CANDIDATES = 64  # top-p looks at this many tokens first, doubling as needed

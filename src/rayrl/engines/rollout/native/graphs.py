@@ -11,8 +11,8 @@ first time a batch needs it after the engine starts or wakes (all graphs share o
 pool), on the step's own staged inputs: the capture's warm-up forwards write the same
 cache entries the replay then writes again. `sleep` drops the graphs, since they hold the
 KV cache's address, so capturing only the buckets a rollout uses (one or a few when the
-responses end together) keeps the per-step cost of a hybrid engine small; capturing all
-of them up front took about a second per step at 1024 sequences.
+responses end together) keeps the per-step cost of a hybrid engine small, where
+capturing every bucket at each wake cost a large share of a step (docs/benchmarks.md).
 """
 
 from __future__ import annotations

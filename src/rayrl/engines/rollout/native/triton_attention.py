@@ -31,8 +31,8 @@ __all__ = ["DECODE_CONFIG", "TritonAttention", "decode_splits"]
 
 _SMS = 132  # streaming multiprocessors of an H100/H200; only sizes the split heuristic
 # Launch settings of the decode kernel (tokens per iteration, warps, pipeline stages):
-# the fastest of 12 on an H200 at 256 sequences of 384 and 1100 tokens (bench/rollout.py
-# --tune-decode, 2026-11-30).
+# the fastest of the settings `bench/rollout.py --tune-decode` swept on an H200
+# (docs/benchmarks.md, rollout run 3).
 DECODE_CONFIG = {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2}
 
 
