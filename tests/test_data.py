@@ -144,3 +144,49 @@ def test_trainer_refuses_too_little_data_before_reserving_anything(tmp_path):
     with pytest.raises(DataError, match=r"3 usable rows \(of 3\).*data.train_batch_size=8"):
         run.setup()
     assert run.pools == [] and run.kv is None and run.groups == []
+
+
+def test_every_row_set_aside_is_listed_in_the_run_directory(tmp_path):
+    """Not only the first bad row on the console: all of them in rejected_rows.jsonl,
+    a summary by reason on screen, and the file named when too few rows are left."""
+    import json
+
+    from rayrl.config import load_config
+    from rayrl.data import DataError
+    from rayrl.trainer.ppo import PPOTrainer
+    from rayrl.trainer.run import Run
+
+    model = build_tiny_model(tmp_path / "m", layers=1, hidden=32)
+    good = _row([{"role": "user", "content": "1+1?"}])
+    rows = [good, _row([]), good, _row([{"role": "user", "content": " "}]), good, _row([])]
+    data = write_parquet(rows, tmp_path / "t.parquet")
+    said: list[str] = []
+
+    def run(batch: int) -> Run:
+        cfg = load_config(
+            "grpo",
+            [
+                f"actor_rollout_ref.model.path={model}",
+                f"data.train_files={data}",
+                f"data.train_batch_size={batch}",
+                f"actor_rollout_ref.actor.ppo_mini_batch_size={batch}",
+                f"trainer.output_dir={tmp_path / 'out'}",
+            ],
+        )
+        return Run(PPOTrainer(cfg, print_fn=said.append))
+
+    small = run(2)
+    small.run_dir.prepare("")
+    assert len(small._load_data().dataset) == 3
+    listed = [json.loads(line) for line in small.run_dir.rejected_rows.read_text().splitlines()]
+    assert [(r["split"], r["file"], r["row"]) for r in listed] == [
+        ("train", str(data), 1),
+        ("train", str(data), 3),
+        ("train", str(data), 5),
+    ]
+    assert all(r["reason"] for r in listed)
+    [warning] = said
+    assert "3 of 6 train rows set aside" in warning and "rejected_rows.jsonl" in warning
+    assert "2 x 'prompt' has no messages (" in warning and "t.parquet row 5" in warning
+    with pytest.raises(DataError, match=r"fewer than one batch.*listed in .*rejected_rows"):
+        run(8)._load_data()

@@ -186,8 +186,8 @@ class PromptDataset:
             self.positions.append(i)
         self.uids = [f"p{i}" for i in self.positions]  # stable prompt ids (seed sampling)
         if self.rejected:
-            log.warning(
-                "%d of %d rows set aside (first: %s); see PromptDataset.rejected",
+            log.info(
+                "%d of %d rows set aside (first: %s); each is in .rejected",
                 len(self.rejected),
                 len(rows),
                 self.rejected[0],

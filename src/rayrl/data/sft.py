@@ -103,8 +103,8 @@ class SFTDataset:
             self.prompt_ids.append(pair[0])
             self.response_ids.append(pair[1])
         if self.rejected:
-            log.warning(
-                "%d of %d SFT rows set aside (first: %s); see SFTDataset.rejected",
+            log.info(
+                "%d of %d SFT rows set aside (first: %s); each is in .rejected",
                 len(self.rejected),
                 len(rows),
                 self.rejected[0],

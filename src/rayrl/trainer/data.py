@@ -74,17 +74,22 @@ def synthetic_val_rows(cfg: RayRLConfig) -> list[dict]:
     return held_out_rows(d.synthetic_task, d.synthetic_size, d.synthetic_val_size, cfg.trainer.seed)
 
 
+def require_batch(train: Any, batch_size: int) -> None:
+    """DataError unless the training data holds at least one batch of usable rows."""
+    if hasattr(train, "require_rows"):
+        train.require_rows(batch_size)  # names the rows set aside, if any
+    elif len(train) < batch_size:
+        raise DataError(
+            f"the training data has {len(train)} usable row(s), fewer than one batch of "
+            f"data.train_batch_size={batch_size}; add data or lower data.train_batch_size"
+        )
+
+
 def load_datasets(cfg: RayRLConfig, tokenizer: Any) -> tuple[Any, PromptDataset | None]:
-    """(training prompts, validation prompts or None)."""
+    """(training prompts, validation prompts or None); whether they fill a batch is the
+    run's check (`require_batch`), after it has listed the rows set aside."""
     d = cfg.data
     train = LOADERS.get(d.loader)(cfg, tokenizer)
-    if isinstance(train, PromptDataset):
-        train.require_rows(d.train_batch_size)  # names the rows set aside, if any
-    elif len(train) < d.train_batch_size:
-        raise DataError(
-            f"the training data has {len(train)} usable prompt(s), fewer than one batch of "
-            f"data.train_batch_size={d.train_batch_size}; add data or lower data.train_batch_size"
-        )
     if d.val_files:
         val = _files_dataset(d.val_files, tokenizer, cfg)
     elif not d.train_files and d.synthetic_val_size > 0:

@@ -37,8 +37,11 @@ from rayrl.cluster.pool import ResourcePool, reserve_pools
 from rayrl.config.load import to_yaml
 from rayrl.controller import WorkerGroup
 from rayrl.controller.usage import starved_stages
+from rayrl.data import DataError
+from rayrl.data.rejected import summarize_rejected, write_rejected
 from rayrl.trainer.checkpoint import CheckpointManager, load_states
 from rayrl.trainer.contract import TrainData, Trainer
+from rayrl.trainer.data import require_batch
 from rayrl.trainer.epochs import epoch_batches, total_steps
 from rayrl.trainer.interrupt import StopOnInterrupt, StopRequested
 from rayrl.trainer.metrics import controller_overhead, usage_metrics
@@ -99,12 +102,12 @@ class Run:
         check_debugger(cfg)
         self._claim_run_dir()
         if not trainer.data_needs_ray:
-            self.data = trainer.load_data()
+            self.data = self._load_data()
         self.session = connect(cfg)
         if self.session.dashboard_url:
             self.print(f"Ray dashboard: {self.session.dashboard_url}")
         if trainer.data_needs_ray:
-            self.data = trainer.load_data()
+            self.data = self._load_data()
         import ray
 
         device = resolve_device(cfg, ray.cluster_resources().get("GPU", 0))
@@ -131,6 +134,40 @@ class Run:
                 f"{err.strerror or err} ({err.filename or root}); set trainer.output_dir to "
                 "a directory this user can write"
             ) from None
+
+    def _load_data(self) -> TrainData:
+        """The trainer's data; every row set aside listed in the run directory
+        (`rejected_rows.jsonl`) and summarised by reason; at least one batch usable."""
+        data = self.trainer.load_data()
+        listed = self._report_rejected(data)
+        try:
+            require_batch(data.dataset, data.batch_size)
+        except DataError as err:
+            where = f" (the rows set aside are listed in {listed})" if listed else ""
+            raise DataError(f"{err}{where}") from None
+        return data
+
+    def _report_rejected(self, data: TrainData) -> Path | None:
+        """Write the rows set aside to `rejected_rows.jsonl` and say what they were; the
+        file's path, or None when no row was set aside."""
+        splits = {
+            split: dataset.rejected
+            for split, dataset in (("train", data.dataset), ("val", data.val))
+            if isinstance(getattr(dataset, "rejected", None), list)
+        }
+        path = self.run_dir.rejected_rows
+        if not write_rejected(path, splits):
+            return None
+        totals = {"train": data.dataset, "val": data.val}
+        for split, rows in splits.items():
+            if rows:
+                total = getattr(totals[split], "total_rows", "?")
+                summary = "\n  ".join(summarize_rejected(rows))
+                self.print(
+                    f"WARNING: {len(rows)} of {total} {split} rows set aside (every one "
+                    f"listed in {path}):\n  {summary}"
+                )
+        return path
 
     def total_steps(self) -> int:
         """`trainer.total_training_steps`, or whole batches of the dataset x epochs."""

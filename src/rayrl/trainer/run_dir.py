@@ -3,6 +3,7 @@
 OUTPUT_DIR/
   config.yaml               the resolved config of the run
   metrics.jsonl             one JSON object per step (every metric, with "step")
+  rejected_rows.jsonl       every data row set aside at load: split, file, row, reason
   workers.json              each worker's roles, rank, node, pid, Ray log file,
                             torch threads and init span (when its init ran)
   checkpoints/global_step_N/  actor/ (critic/) shards + trainer_state.pt; `latest`
@@ -44,6 +45,10 @@ class RunDir:
     @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
+
+    @property
+    def rejected_rows(self) -> Path:
+        return self.root / "rejected_rows.jsonl"
 
     @property
     def hf(self) -> Path:

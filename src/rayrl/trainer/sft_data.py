@@ -58,8 +58,8 @@ def synthetic_sft_rows(cfg: SFTConfig) -> tuple[list[dict], list[dict]]:
 
 
 def load_sft_datasets(cfg: SFTConfig, tokenizer: Any) -> tuple[SFTDataset, SFTDataset | None]:
-    """(training pairs, validation pairs or None); DataError when fewer usable training
-    rows than one batch."""
+    """(training pairs, validation pairs or None); whether they fill a batch is the run's
+    check (`rayrl.trainer.data.require_batch`), after it has listed the rows set aside."""
     d = cfg.data
     if d.train_files:
         train = _files(cfg, tokenizer, d.train_files, d.train_max_samples)
@@ -68,5 +68,4 @@ def load_sft_datasets(cfg: SFTConfig, tokenizer: Any) -> tuple[SFTDataset, SFTDa
         train_rows, val_rows = synthetic_sft_rows(cfg)
         train = _dataset(cfg, tokenizer, train_rows)
         val = _dataset(cfg, tokenizer, val_rows) if val_rows else None
-    train.require_rows(d.train_batch_size)
     return train, (val if val is not None and len(val) else None)
