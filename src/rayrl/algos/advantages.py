@@ -236,10 +236,10 @@ def gpg_advantages(
     Model Reasoning"): score minus its group's mean, scaled up by ``alpha``.
 
     ``A_i = alpha * (s_i - mean of s over i's group) / f_norm`` with
-    ``alpha = B / (number of responses in the batch whose score is non-zero)`` (at least
-    1): the paper's correction ``B / (B - M)`` for the ``M`` responses that carry no
-    gradient, estimated as verl does, from the zero scores. No std division; a group
-    holding a single response has a mean of 0. Advantages and returns are equal.
+    ``alpha = B / (number of responses in the batch whose score is non-zero)`` (that
+    number taken as at least 1), as verl computes the paper's batch correction
+    ``B / (B - M)``: ``M`` counted as the responses scored zero. No std division; a
+    group holding a single response has a mean of 0. Advantages and returns are equal.
     """
     scores = sequence_scores(token_level_rewards)
     stats = group_stats(scores, index)
