@@ -95,9 +95,7 @@ class OptimConfig:
 
 @dataclass
 class PolicyLossConfig:
-    loss_mode: str = (
-        "vanilla"  # vanilla (PPO clip) | gspo | reinforce | gpg | geo_mean | cispo | sapo
-    )
+    loss_mode: str = "vanilla"  # vanilla (PPO) | gspo | reinforce | gpg | geo_mean | cispo | sapo
 
 
 @dataclass
