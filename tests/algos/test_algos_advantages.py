@@ -193,6 +193,8 @@ def test_every_estimator_zeroes_padding_and_stays_finite(case):
         index=case.group_index(2),
         values=case.randn(),
         reward_baselines=case.randn(case.batch),
+        old_log_probs=-case.randn().abs(),
+        sum_pi_squared=case.randn().abs().clamp(max=1),
         gamma=0.99,
         lam=0.95,
     )

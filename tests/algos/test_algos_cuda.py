@@ -25,6 +25,7 @@ from rayrl.algos import (
     kl_loss,
     log_probs_and_entropy,
     overlong_penalty,
+    pf_ppo_weights,
     truncated_is_weights,
     value_loss,
 )
@@ -55,6 +56,7 @@ def _inputs(device: str) -> dict:
         "lp": torch.randn(batch, length, generator=gen) * 0.5,
         "old": torch.randn(batch, length, generator=gen) * 0.5,
         "ids": torch.randint(0, 5, (batch, length), generator=gen),
+        "spi": torch.rand(batch, length, generator=gen),
     }
     return {k: v.to(device) for k, v in cpu.items()}
 
@@ -72,6 +74,8 @@ def _everything(device: str) -> dict[str, torch.Tensor]:
             index=index,
             values=t["values"],
             reward_baselines=t["baselines"],
+            old_log_probs=-t["old"].abs(),
+            sum_pi_squared=t["spi"],
             gamma=0.99,
             lam=0.95,
         )
@@ -93,6 +97,7 @@ def _everything(device: str) -> dict[str, torch.Tensor]:
     out["overlong"] = overlong_penalty(t["mask"].sum(-1), 16, 4)
     out["truncated"] = find_truncated(t["ids"], t["mask"], [0, 1])
     out["keep"] = filter_groups(index, t["rewards"].sum(-1).round()).keep
+    out["pf_ppo"] = pf_ppo_weights(t["rewards"].sum(-1), "pow", 2.0)
     return {k: v.detach().float().cpu() for k, v in out.items()}
 
 

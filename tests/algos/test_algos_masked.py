@@ -14,6 +14,7 @@ from rayrl.algos import (
     ADV_ESTIMATORS,
     AGG_MODES,
     KL_ESTIMATORS,
+    PF_PPO_WEIGHTS,
     POLICY_LOSSES,
     Registry,
     UnknownNameError,
@@ -105,8 +106,19 @@ def test_built_in_registries_hold_the_documented_names():
         "reinforce_plus_plus",
         "reinforce_plus_plus_baseline",
         "remax",
+        "gpg",
+        "optimal_token_baseline",
     }
-    assert set(POLICY_LOSSES.names()) == {"ppo", "gspo", "reinforce"}
+    assert set(POLICY_LOSSES.names()) == {
+        "ppo",
+        "gspo",
+        "reinforce",
+        "geo_mean",
+        "cispo",
+        "sapo",
+    }
+    assert POLICY_LOSSES.canonical("gpg") == "reinforce"
+    assert PF_PPO_WEIGHTS.names() == ["pow", "max_min", "max_random"]
     assert AGG_MODES.names() == [
         "token-mean",
         "seq-mean-token-sum",

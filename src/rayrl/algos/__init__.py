@@ -4,8 +4,12 @@ Tensors are ``[batch, response_len]`` with a ``response_mask`` (1 for real respo
 tokens); nothing here knows about Ray, workers or models.
 
 - :mod:`~rayrl.algos.advantages`: ``ADV_ESTIMATORS`` (gae, grpo, dr_grpo, rloo,
-  reinforce_plus_plus, reinforce_plus_plus_baseline, remax) and ``compute_advantages``.
-- :mod:`~rayrl.algos.losses`: ``POLICY_LOSSES`` (ppo, gspo, reinforce) and ``value_loss``.
+  reinforce_plus_plus, reinforce_plus_plus_baseline, remax, gpg) and
+  ``compute_advantages``; :mod:`~rayrl.algos.token_baseline` registers
+  optimal_token_baseline.
+- :mod:`~rayrl.algos.losses`: ``POLICY_LOSSES`` (ppo, gspo, reinforce/gpg, geo_mean,
+  cispo, sapo) and ``value_loss``.
+- :mod:`~rayrl.algos.pf_ppo`: PF-PPO's score-weighted resampling of a batch.
 - :mod:`~rayrl.algos.aggregation`: loss aggregation modes that keep a mini-batch's loss
   and gradient independent of micro-batch and data-parallel splits (read its docstring).
 - :mod:`~rayrl.algos.correction`: truncated importance weights for rollout/training
@@ -21,6 +25,7 @@ from rayrl.algos.advantages import (
     compute_advantages,
     dr_grpo_advantages,
     gae_advantages,
+    gpg_advantages,
     grpo_advantages,
     reinforce_plus_plus_advantages,
     reinforce_plus_plus_baseline_advantages,
@@ -46,9 +51,12 @@ from rayrl.algos.kl import (
 from rayrl.algos.losses import (
     POLICY_LOSSES,
     PolicyLossConfig,
+    cispo_policy_loss,
+    geo_mean_policy_loss,
     gspo_policy_loss,
     ppo_policy_loss,
     reinforce_policy_loss,
+    sapo_policy_loss,
     value_loss,
 )
 from rayrl.algos.masked import (
@@ -58,6 +66,8 @@ from rayrl.algos.masked import (
     masked_whiten,
     token_and_seq_counts,
 )
+from rayrl.algos.pf_ppo import PF_PPO_WEIGHTS, pf_ppo_resample, pf_ppo_weights
+from rayrl.algos.token_baseline import optimal_token_baseline_advantages, path_variance_weights
 from rayrl.registry import Registry, UnknownNameError
 
 __all__ = [
@@ -65,6 +75,7 @@ __all__ = [
     "AGG_MODES",
     "KL_CONTROLLERS",
     "KL_ESTIMATORS",
+    "PF_PPO_WEIGHTS",
     "POLICY_LOSSES",
     "AdaptiveKLController",
     "FixedKLController",
@@ -74,12 +85,15 @@ __all__ = [
     "UnknownNameError",
     "aggregate_loss",
     "apply_kl_penalty",
+    "cispo_policy_loss",
     "compute_advantages",
     "dr_grpo_advantages",
     "entropy_from_logits",
     "filter_groups",
     "find_truncated",
     "gae_advantages",
+    "geo_mean_policy_loss",
+    "gpg_advantages",
     "grpo_advantages",
     "gspo_policy_loss",
     "kl_divergence",
@@ -92,13 +106,18 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "optimal_token_baseline_advantages",
     "overlong_penalty",
+    "path_variance_weights",
+    "pf_ppo_resample",
+    "pf_ppo_weights",
     "ppo_policy_loss",
     "reinforce_plus_plus_advantages",
     "reinforce_plus_plus_baseline_advantages",
     "reinforce_policy_loss",
     "remax_advantages",
     "rloo_advantages",
+    "sapo_policy_loss",
     "sequence_scores",
     "token_and_seq_counts",
     "token_rewards",

@@ -1,4 +1,5 @@
-"""Advantage estimators: GAE, GRPO (and Dr.GRPO), RLOO, REINFORCE++, REINFORCE++-baseline, ReMax.
+"""Advantage estimators: GAE, GRPO (and Dr.GRPO), RLOO, REINFORCE++, REINFORCE++-baseline,
+ReMax, GPG (and the optimal token baseline, in :mod:`rayrl.algos.token_baseline`).
 
 Every estimator is registered in :data:`ADV_ESTIMATORS` under the name a config uses
 (``algorithm.adv_estimator: grpo``) and returns ``(advantages, returns)``, both
@@ -42,6 +43,7 @@ __all__ = [
     "discounted_returns",
     "dr_grpo_advantages",
     "gae_advantages",
+    "gpg_advantages",
     "grpo_advantages",
     "reinforce_plus_plus_advantages",
     "reinforce_plus_plus_baseline_advantages",
@@ -224,6 +226,28 @@ def remax_advantages(
     baseline = _broadcast(reward_baselines.to(returns.dtype), response_mask)
     advantages = returns - baseline
     return advantages, returns
+
+
+@ADV_ESTIMATORS.register("gpg", needs_critic=False)
+def gpg_advantages(
+    token_level_rewards: Tensor, response_mask: Tensor, index: Any, f_norm: float = 1.0
+) -> tuple[Tensor, Tensor]:
+    """GPG (Chu et al. 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline for
+    Model Reasoning"): score minus its group's mean, scaled up by ``alpha``.
+
+    ``A_i = alpha * (s_i - mean of s over i's group) / f_norm`` with
+    ``alpha = B / (number of responses in the batch whose score is non-zero)`` (that
+    number taken as at least 1), as verl computes the paper's batch correction
+    ``B / (B - M)``: ``M`` counted as the responses scored zero. No std division; a
+    group holding a single response has a mean of 0. Advantages and returns are equal.
+    """
+    scores = sequence_scores(token_level_rewards)
+    stats = group_stats(scores, index)
+    mean = torch.where(stats.size <= 1, torch.zeros_like(stats.mean), stats.mean)
+    nonzero = torch.count_nonzero(scores).clamp(min=1).to(scores.dtype)
+    alpha = scores.shape[0] / nonzero
+    advantages = _broadcast(alpha * (scores - mean) / f_norm, response_mask)
+    return advantages, advantages
 
 
 def compute_advantages(name: str, **inputs: Any) -> tuple[Tensor, Tensor]:

@@ -180,8 +180,8 @@ def load_config(
 ) -> RayRLConfig:
     """Defaults <- YAML file (a path or a built-in name) <- dotted overrides, then validated.
 
-    ``warn`` receives one line per verl key that has no effect in rayrl (default: a
-    `ConfigWarning`).
+    ``warn`` receives one line per verl key or setting that has no effect in rayrl
+    (default: a `ConfigWarning`).
     """
     cfg = load_structured(
         RayRLConfig, source, overrides, lambda data, origin: _user_data(data, origin, warn)
@@ -190,7 +190,7 @@ def load_config(
     if validate:
         from rayrl.config.validate import validate_config
 
-        validate_config(cfg)
+        validate_config(cfg, warn)
     return cfg
 
 

@@ -94,7 +94,7 @@ class OptimConfig:
 
 @dataclass
 class PolicyLossConfig:
-    loss_mode: str = "vanilla"  # vanilla (PPO clip) | gspo | reinforce
+    loss_mode: str = "vanilla"  # vanilla (PPO) | gspo | reinforce | gpg | geo_mean | cispo | sapo
 
 
 @dataclass
@@ -112,6 +112,8 @@ class ActorConfig:
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2  # DAPO's clip-higher: e.g. 0.28
     clip_ratio_c: float = 3.0
+    tau_pos: float = 1.0  # SAPO's gate temperature where the advantage is positive
+    tau_neg: float = 1.05  # ... and where it is not
     entropy_coeff: float = 0.0
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
@@ -279,6 +281,12 @@ class RolloutCorrectionConfig:
 
 
 @dataclass
+class PFPPOConfig:
+    reweight_method: str = "pow"  # pow | max_min | max_random
+    weight_pow: float = 2.0  # the exponent of `pow`
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = "gae"
     gamma: float = 1.0
@@ -290,6 +298,8 @@ class AlgorithmConfig:
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     mask_truncated_samples: bool = False  # DAPO: no loss on responses cut at the length limit
+    use_pf_ppo: bool = False  # PF-PPO: resample the batch by score after GAE (verl: gae only)
+    pf_ppo: PFPPOConfig = field(default_factory=PFPPOConfig)
 
 
 @dataclass

@@ -9,7 +9,10 @@ data-parallel ranks, and each rank's share splits into micro-batches of
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rayrl.config.errors import ConfigError
+from rayrl.config.errors import warn as _warn
 from rayrl.config.schema import RayRLConfig
 
 ACTOR = "actor_rollout_ref.actor"
@@ -219,9 +222,34 @@ def ref_enabled(cfg: RayRLConfig) -> bool:
     return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
 
 
-def check_algorithm(cfg: RayRLConfig, n: int) -> None:
+GROUP_ESTIMATORS = ("grpo", "rloo", "dr_grpo", "gpg", "optimal_token_baseline")
+
+
+def check_new_algorithms(cfg: RayRLConfig, warn: Callable[[str], None] = _warn) -> None:
+    """The optimal token baseline's inputs, SAPO's temperatures, PF-PPO's estimator."""
+    alg, actor = cfg.algorithm, cfg.actor_rollout_ref.actor
+    if alg.adv_estimator == "optimal_token_baseline":
+        raise ConfigError(
+            "algorithm.adv_estimator=optimal_token_baseline needs each token's sum of squared "
+            "probabilities over the vocabulary (verl's actor.calculate_sum_pi_squared), which "
+            "rayrl's actor does not compute yet; use grpo, rloo or gpg"
+        )
+    if actor.policy_loss.loss_mode == "sapo" and min(actor.tau_pos, actor.tau_neg) <= 0:
+        raise ConfigError(
+            f"{ACTOR}.tau_pos={actor.tau_pos} and {ACTOR}.tau_neg={actor.tau_neg} are SAPO's "
+            "gate temperatures and must be > 0 (verl's defaults: 1.0 and 1.05)"
+        )
+    if alg.use_pf_ppo and alg.adv_estimator != "gae":
+        warn(
+            f"algorithm.use_pf_ppo=true has no effect with algorithm.adv_estimator="
+            f"{alg.adv_estimator}: PF-PPO resamples the batch after GAE advantages only, as in verl"
+        )
+
+
+def check_algorithm(cfg: RayRLConfig, n: int, warn: Callable[[str], None] = _warn) -> None:
     alg = cfg.algorithm
-    if alg.adv_estimator in ("grpo", "rloo", "dr_grpo") and n < 2:
+    check_new_algorithms(cfg, warn)
+    if alg.adv_estimator in GROUP_ESTIMATORS and n < 2:
         raise ConfigError(
             f"algorithm.adv_estimator={alg.adv_estimator} compares the samples of one "
             f"prompt, but actor_rollout_ref.rollout.n={n}; set rollout.n to 2 or more"
@@ -265,8 +293,9 @@ def check_algorithm(cfg: RayRLConfig, n: int) -> None:
         )
 
 
-def validate_config(cfg: RayRLConfig) -> None:
-    """Raise ConfigError for the first rule the config breaks."""
+def validate_config(cfg: RayRLConfig, warn: Callable[[str], None] = _warn) -> None:
+    """Raise ConfigError for the first rule the config breaks; ``warn`` gets one line per
+    setting that has no effect (default: a `ConfigWarning`)."""
     check_choices(cfg)
     check_positive(cfg)
     check_micro_set(cfg)
@@ -294,4 +323,4 @@ def validate_config(cfg: RayRLConfig) -> None:
             world,
             critic.use_dynamic_bsz,
         )
-    check_algorithm(cfg, n)
+    check_algorithm(cfg, n, warn)

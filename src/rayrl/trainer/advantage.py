@@ -1,27 +1,35 @@
 """The step's stages on the controller between scoring and the updates: reward shaping,
-truncation masking, the KL penalty with its controller, and advantages.
+truncation masking, the KL penalty with its controller, advantages, and PF-PPO.
 
 `shape_rewards` adds DAPO's soft overlong penalty to the scores as soon as they arrive
 (so dynamic sampling and the metrics see the reward the policy is trained on).
 `AdvantageStage` then masks responses cut at the length limit (DAPO), subtracts the KL
 penalty whose coefficient the `algorithm.kl_ctrl` controller steers (fixed or
 adaptive), and runs the configured estimator over prompt groups (`uid`), with each
-prompt's greedy reward as the baseline for ReMax. All of it is plain tensor work: no
-Ray, no workers.
+prompt's greedy reward as the baseline for ReMax. With `algorithm.use_pf_ppo` (and GAE,
+as in verl) it then resamples the batch's rows by score (PF-PPO), drawing from a stream
+seeded by the run's seed and the step, so a replayed step draws the same rows. All of it
+is plain tensor work: no Ray, no workers.
 """
 
 from __future__ import annotations
+
+import inspect
+import random
 
 import numpy as np
 import torch
 
 from rayrl.algos import (
+    ADV_ESTIMATORS,
     aggregate_loss,
     apply_kl_penalty,
     compute_advantages,
     make_kl_controller,
     masked_mean,
     overlong_penalty,
+    pf_ppo_resample,
+    truncated_is_weights,
 )
 from rayrl.batch import Batch
 from rayrl.config.schema import RayRLConfig
@@ -91,11 +99,58 @@ class AdvantageStage:
             gamma=alg.gamma,
             lam=alg.lam,
             norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
+            old_log_probs=batch.tensors.get("old_log_probs"),
+            sum_pi_squared=batch.tensors.get("sum_pi_squared"),
+            rollout_is_weights=self._rollout_is_weights(batch),
         )
         batch["token_level_rewards"], batch["advantages"], batch["returns"] = rewards, adv, returns
-        metrics["critic/advantages/mean"] = float(masked_mean(adv, mask))
-        metrics["critic/returns/mean"] = float(masked_mean(returns, mask))
+        if alg.use_pf_ppo and alg.adv_estimator == "gae":
+            metrics.update(self._pf_ppo(batch))
+        mask = batch["response_mask"]
+        metrics["critic/advantages/mean"] = float(masked_mean(batch["advantages"], mask))
+        metrics["critic/returns/mean"] = float(masked_mean(batch["returns"], mask))
         return metrics
+
+    def _rollout_is_weights(self, batch: Batch) -> torch.Tensor | None:
+        """The truncated importance weights of `algorithm.rollout_correction`, for the
+        estimators that take them (the optimal token baseline); None when off."""
+        rc, estimator = self.cfg.algorithm.rollout_correction, self.cfg.algorithm.adv_estimator
+        takes = inspect.signature(ADV_ESTIMATORS.get(estimator)).parameters
+        needed = {"old_log_probs", "rollout_log_probs"}
+        if (
+            rc.rollout_is is None
+            or "rollout_is_weights" not in takes
+            or not needed <= set(batch.keys())
+        ):
+            return None
+        weights, _ = truncated_is_weights(
+            batch["old_log_probs"],
+            batch["rollout_log_probs"],
+            batch["response_mask"],
+            cap=rc.rollout_is_threshold,
+            level=rc.rollout_is,
+        )
+        return weights
+
+    def _pf_ppo(self, batch: Batch) -> dict[str, float]:
+        """PF-PPO: the batch's rows replaced, in place, by a draw with replacement weighted
+        by each response's score (`algorithm.pf_ppo`), seeded by run seed and step."""
+        if "step" not in batch.meta:
+            raise ValueError("PF-PPO resampling needs the batch's meta 'step' (the training step)")
+        pf, step = self.cfg.algorithm.pf_ppo, int(batch.meta["step"])
+        seed = random.Random(f"{self.cfg.trainer.seed}:pf_ppo:{step}").getrandbits(63)
+        rows = pf_ppo_resample(
+            batch["token_level_scores"].sum(dim=-1),
+            pf.reweight_method,
+            pf.weight_pow,
+            generator=torch.Generator().manual_seed(seed),
+        )
+        drawn = batch.index(rows)
+        batch.tensors.clear()
+        batch.tensors.update(drawn.tensors)
+        batch.non_tensors.clear()
+        batch.non_tensors.update(drawn.non_tensors)
+        return {"pf_ppo/unique_fraction": len(set(rows.tolist())) / max(len(rows), 1)}
 
     def _mask_truncated(self, batch: Batch) -> dict[str, float]:
         """DAPO: responses cut at the length limit take no part in the loss."""

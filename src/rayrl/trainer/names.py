@@ -1,18 +1,25 @@
 """Names in a config that pick a registered implementation, checked before Ray starts.
 
 `check_names(cfg)` looks every such name up in the registry that serves it (advantage
-estimators, policy losses, KL estimators and controllers, loss aggregations, LR
-schedules, rollout engines, trackers, synthetic tasks) and raises `ConfigError` with
-the key, a "did you mean" and the valid names. It runs when the command line loads
-a config and again when a trainer is built, so a misspelt name costs seconds, not a
-cluster start. `check_sft_names` does the same for `rayrl sft`'s config.
+estimators, policy losses, KL estimators and controllers, PF-PPO reweight methods, loss
+aggregations, LR schedules, rollout engines, trackers, synthetic tasks) and raises
+`ConfigError` with the key, a "did you mean" and the valid names. It runs when the
+command line loads a config and again when a trainer is built, so a misspelt name costs
+seconds, not a cluster start. `check_sft_names` does the same for `rayrl sft`'s config.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from rayrl.algos import ADV_ESTIMATORS, AGG_MODES, KL_CONTROLLERS, KL_ESTIMATORS, POLICY_LOSSES
+from rayrl.algos import (
+    ADV_ESTIMATORS,
+    AGG_MODES,
+    KL_CONTROLLERS,
+    KL_ESTIMATORS,
+    PF_PPO_WEIGHTS,
+    POLICY_LOSSES,
+)
 from rayrl.config.errors import ConfigError
 from rayrl.config.schema import RayRLConfig
 from rayrl.config.sft import SFTConfig
@@ -31,6 +38,7 @@ def _named(cfg: RayRLConfig) -> Iterable[tuple[str, str, Registry]]:
     yield "algorithm.adv_estimator", alg.adv_estimator, ADV_ESTIMATORS
     yield "algorithm.kl_penalty", alg.kl_penalty, KL_ESTIMATORS
     yield "algorithm.kl_ctrl.type", alg.kl_ctrl.type, KL_CONTROLLERS
+    yield "algorithm.pf_ppo.reweight_method", alg.pf_ppo.reweight_method, PF_PPO_WEIGHTS
     yield f"{actor}.policy_loss.loss_mode", arr.actor.policy_loss.loss_mode, POLICY_LOSSES
     yield f"{actor}.kl_loss_type", arr.actor.kl_loss_type, KL_ESTIMATORS
     yield f"{actor}.loss_agg_mode", arr.actor.loss_agg_mode, AGG_MODES

@@ -64,6 +64,8 @@ def actor_loss_fn(
         clip_ratio_low=cfg.clip_ratio_low,
         clip_ratio_high=cfg.clip_ratio_high,
         clip_ratio_c=cfg.clip_ratio_c,
+        tau_pos=cfg.tau_pos,
+        tau_neg=cfg.tau_neg,
     )
 
     def loss_fn(outputs: dict[str, Tensor], mb: Batch) -> tuple[Tensor, dict[str, float]]:
