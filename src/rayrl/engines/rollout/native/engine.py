@@ -143,9 +143,11 @@ class NativeRolloutEngine(RolloutEngine):
             engine_bytes=self.weights.nbytes() + self._activation_bytes(),
             cpu_cache_tokens=cpu_cache_tokens,
         )
-        if self.tp:  # the same blocks on every rank: they run the same schedule
+        if self.tp:  # the same blocks and settings on every rank: the same schedule
             count = torch.tensor([blocks], dtype=torch.int64, device=self.device)
             blocks = int(self.tp.all_reduce(count, dist.ReduceOp.MIN).item())
+            settings = (block_size, max_num_seqs, max_num_batched_tokens, self.max_model_len)
+            self.tp.agree(_digest(repr((settings, overlap_decode)).encode()), "engine settings")
         self.cache = KVCache(self.local_spec, blocks, block_size, self.dtype, self.device)
         width = -(-self.max_model_len // block_size)
         sampler = SplitVocabSampler(self.tp) if self.tp else None
@@ -373,12 +375,15 @@ def _tensor_parallel(spec: ModelSpec, tp_size: int, tp_group, device) -> TensorP
 
 def _fingerprint(prompts: list[np.ndarray], keys: np.ndarray, limits: np.ndarray, sampling) -> int:
     """A 64-bit digest of a generate call's inputs (the TP ranks must agree on them)."""
-    digest = hashlib.blake2b(repr(sampling).encode(), digest_size=8)
-    for p in prompts:
-        digest.update(len(p).to_bytes(8, "little"))
-        digest.update(p.tobytes())
-    digest.update(keys.tobytes())
-    digest.update(limits.tobytes())
+    lengths = np.asarray([len(p) for p in prompts], dtype=np.int64)
+    parts = [repr(sampling).encode(), lengths.tobytes(), *(p.tobytes() for p in prompts)]
+    return _digest(*parts, keys.tobytes(), limits.tobytes())
+
+
+def _digest(*parts: bytes) -> int:
+    digest = hashlib.blake2b(digest_size=8)
+    for part in parts:
+        digest.update(part)
     return int.from_bytes(digest.digest(), "little", signed=True)
 
 
