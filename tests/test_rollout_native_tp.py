@@ -3,7 +3,7 @@
 One spawn runs every case (processes are slow to start on a loaded machine): a tiny
 Qwen2 (KV heads split, tied embeddings) greedy, sampled at temperature 1 and with
 top-k + top-p; a small Qwen3-shaped model (hidden 256, 4 layers, 8 heads, 2 KV heads,
-an odd vocabulary split unevenly); a Llama with one KV head (replicated on both ranks,
+an odd vocabulary split unevenly) greedy and sampled; a Llama with one KV head (replicated on both ranks,
 attention biases, untied head) built from an HF module; weight updates with whole
 tensors and through the sharded stream from an FSDP2 training engine; and a call whose
 prompts differ between the ranks. The parent runs the same at TP=1 and compares.
@@ -23,7 +23,7 @@ from rayrl.engines.rollout.native.spec import ModelSpec
 from rayrl.engines.rollout.native.tp import ReplicaLayout, make_tp_groups
 from rayrl.engines.rollout.native.tp_weights import _piece, _rows_held
 from rayrl.models.tiny import build_tiny_model
-from tp_cases import CASES, SMALL, outputs, perturbed, tp_worker
+from tp_cases import CASES, CASES_OF, SMALL, outputs, perturbed, tp_worker
 
 TINY = dict(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab_size=320)
 
@@ -93,16 +93,15 @@ def _assert_same(got: dict, ref: dict) -> None:
 def test_tp2_matches_one_rank(two_ranks, model_dirs):
     rank0, rank1 = two_ranks
     assert [(r["replica"], r["tp_rank"]) for r in two_ranks] == [(0, 0), (0, 1)]
-    greedy = {"greedy": CASES["greedy"]}
-    for key in ("tiny", "qwen3", "llama_mqa"):
-        ref = _one_rank(model_dirs[key], CASES if key == "tiny" else greedy)
+    for key, cases in CASES_OF.items():
+        ref = _one_rank(model_dirs[key], {k: CASES[k] for k in cases})
         _assert_same(rank0[key], ref)
         for case in ref:  # both ranks return the very same output
             pairs = zip(rank0[key][case], rank1[key][case], strict=True)
             assert all(torch.equal(a, b) for a, b in pairs), (key, case)
     # each rank caches only its KV heads: 1 of 2 (tiny, qwen3); the one KV head (llama)
     assert [rank0[k + "_kv_heads"] for k in ("tiny", "qwen3", "llama_mqa")] == [1, 1, 1]
-    assert rank0["tiny"]["sampled"][0].shape[0] == 10  # 5 prompts x n=2
+    assert rank0["qwen3"]["sampled"][0].shape[0] == 10  # 5 prompts x n=2
 
 
 @pytest.mark.slow
@@ -187,9 +186,18 @@ def test_replica_layout_and_one_rank_groups():
         make_tp_groups(2, 2)
 
 
-def test_engine_refuses_tp_without_a_group(model_dirs):
+def test_engine_refuses_tp_without_a_group():
+    config = LlamaConfig(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        vocab_size=64,
+        max_position_embeddings=64,
+    )
+    model = AutoModelForCausalLM.from_config(config)
     with pytest.raises(ValueError, match="tp_size=2 needs tp_group="):
-        NativeRolloutEngine(model_path=model_dirs["tiny"], tp_size=2, **SMALL)
+        NativeRolloutEngine(model=model, tp_size=2, **SMALL)
 
 
 @pytest.mark.parametrize(("world", "tp"), [(2, 2), (3, 1), (4, 2), (8, 4)])

@@ -25,6 +25,12 @@ CASES = {
     ),
 }
 
+CASES_OF = {
+    "tiny": tuple(CASES),
+    "qwen3": ("greedy", "sampled"),
+    "llama_mqa": ("greedy",),
+}
+
 
 def perturbed(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     """Larger random weights (and non-zero biases), so outputs vary token to token."""
@@ -60,7 +66,7 @@ def tp_worker(rank: int, init_file: str, dirs: dict[str, str], out_dir: str) -> 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
         groups = make_tp_groups(2, 2)
-        tp = dict(tp_size=2, tp_group=groups.group, **SMALL)
+        tp = dict(**groups.engine_options, **SMALL)
         result = {"replica": groups.replica, "tp_rank": groups.tp_rank}
         engines = {}
         for key in ("tiny", "qwen3", "llama_mqa"):
@@ -71,7 +77,7 @@ def tp_worker(rank: int, init_file: str, dirs: dict[str, str], out_dir: str) -> 
                 engine = NativeRolloutEngine(model=hf, tokenizer=None, **tp)
             else:  # from the files: each rank reads its parts
                 engine = NativeRolloutEngine(model_path=dirs[key], **tp)
-            cases = CASES if key == "tiny" else {"greedy": CASES["greedy"]}
+            cases = {k: CASES[k] for k in CASES_OF[key]}
             result[key] = outputs(engine, cases)
             result[key + "_kv_heads"] = engine.cache.data.shape[-2]
             engines[key] = engine

@@ -12,7 +12,7 @@ Running a replica (what the worker and the controller do):
 
 - every rank of the world calls `make_tp_groups` once, in the same order, after the
   world is formed (again after the world is re-formed: groups of an older world are
-  dead), and builds its engine with ``tp_group=groups.group``;
+  dead), and builds its engine with ``**groups.engine_options``;
 - the prompts of a step split into ``W / tp`` chunks, one per replica (`ReplicaLayout`);
   every rank of replica ``i`` gets chunk ``i``, the same rows in the same order, with
   the same sampling parameters, seed and step (the sample keys come from them), and
@@ -92,6 +92,11 @@ class TPGroups:
     @property
     def tp_rank(self) -> int:
         return self.layout.tp_rank(self.rank)
+
+    @property
+    def engine_options(self) -> dict:
+        """``NativeRolloutEngine`` arguments of this rank: ``tp_size`` and ``tp_group``."""
+        return {"tp_size": self.layout.tp_size, "tp_group": self.group}
 
 
 def make_tp_groups(world_size: int, tp_size: int) -> TPGroups:
