@@ -128,7 +128,8 @@ class NativeRolloutEngine(RolloutEngine):
         self.weights = NativeWeights(self.spec, self.dtype, self.device, shard)
         self.local_spec = self.weights.spec  # this rank's slice (the spec without TP)
         if model_path:  # tensor-parallel: each rank reads its parts of the files only
-            self._load_all(read_safetensors(model_path, shard and shard.part), sharded=True)
+            parts = read_safetensors(model_path, shard and shard.part)
+            self._load_all(parts, sharded=shard is not None)
         else:
             self._load_all(model.state_dict().items())
         cos, sin = rotary_tables(config, self.max_model_len, self.device)
