@@ -20,13 +20,18 @@ matmul rate, whichever binds, summed over the prefill and every decode step.
     python bench/rollout.py [--device cuda|cpu] [--shape reference|tiny]
         [--engines native,rayrl_hf,hf_dynamic,hf_static] [--workloads A,B]
         [--skip hf_dynamic@B,...] [--repeats 3] [--profile] [--tune-decode] [--tune-sampler]
-        [--sync-decode]
+        [--sync-decode] [--tp N]
         [--out bench/results/rollout-DATE.jsonl]
 
 ``--profile`` adds the native engine's top CUDA kernels and GPU busy fraction;
 ``--tune-decode`` / ``--tune-sampler`` first sweep the decode-attention / sampler kernel's
 launch settings. Engine ``native_sync`` is the native engine without overlapped decode
 (``--sync-decode`` turns it off for ``native`` too).
+
+``--tp N`` splits the native engine's model over N GPUs (tensor parallelism: one
+process a GPU, NCCL; gloo on CPU), one replica running the whole workload; rank 0
+reports, and the roofline counts the N GPUs' bandwidth and matmul rate. ``--tp 1`` (the
+default) is the one-GPU engine, whose code issues no collective.
 
 ``--device cpu --shape tiny`` is a smoke run (small workloads, a tiny model).
 """
@@ -36,20 +41,26 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
+import socket
 import time
 from collections.abc import Callable
 
 import numpy as np
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from _common import hardware
 from rayrl.batch import Batch
 from rayrl.engines.rollout import HFRolloutEngine, NativeRolloutEngine, SamplingParams
+from rayrl.engines.rollout.native.tp import make_tp_groups
 from rayrl.models.tiny import TinySpec, reference_05b
 
 HBM_BYTES_PER_S = 4.3e12  # measured on the H200 here (../shared/gpu/README.md)
 MATMUL_FLOPS = 790e12  # bf16, measured there on an 8192^3 product
 TARGETS = {("tokens_per_s", "A"): 100_000.0, "speedup_vs_hf_static": 5.0}
+QUIET = {"on": False}  # TP ranks past 0 run the workload but report nothing
 
 
 def build_model(shape: str, device: str):
@@ -103,6 +114,8 @@ def run_native(model, prompts, out_lens, args, overlap: bool = True) -> Callable
         max_num_seqs=args.max_num_seqs,
         max_model_len=4096 if args.shape == "reference" else 64,
         overlap_decode=overlap and not args.sync_decode,
+        tp_size=args.tp,
+        tp_group=getattr(args, "tp_group", None),
     )
     params = SamplingParams(max_new_tokens=int(out_lens.max()), ignore_eos=True, seed=1)
     # Warm-up on the workload itself: Triton autotuning and the CUDA graphs of the batch
@@ -175,8 +188,9 @@ ENGINES = {
 
 
 # ---------------------------------------------------------------- roofline
-def roofline_seconds(config, prompts, out_lens) -> float:
-    """Ideal time: prefill at the matmul rate; each decode step at max(bytes/BW, flops/rate)."""
+def roofline_seconds(config, prompts, out_lens, gpus: int = 1) -> float:
+    """Ideal time: prefill at the matmul rate; each decode step at max(bytes/BW, flops/rate),
+    with the bandwidth and rate of ``gpus`` GPUs (a tensor-parallel replica)."""
     hidden, layers, inter = config.hidden_size, config.num_hidden_layers, config.intermediate_size
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     head_dim = hidden // heads
@@ -196,11 +210,13 @@ def roofline_seconds(config, prompts, out_lens) -> float:
         flops = 2 * (body + head) * live.sum() + attn_q * ctx.sum()
         bytes_ = weight_bytes + kv_per_token * ctx.sum()
         total += max(bytes_ / HBM_BYTES_PER_S, flops / MATMUL_FLOPS)
-    return total
+    return total / gpus
 
 
 # ---------------------------------------------------------------- main
 def emit(record: dict, out) -> None:
+    if QUIET["on"]:
+        return
     line = json.dumps(record)
     print(line, flush=True)
     if out:
@@ -348,10 +364,41 @@ def main() -> None:
     parser.add_argument(
         "--tune-sampler", action="store_true", help="sweep the sampler kernel first"
     )
+    parser.add_argument(
+        "--tp", type=int, default=1, help="native: GPUs the model is split over (processes)"
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     args.shape = args.shape or ("reference" if args.device == "cuda" else "tiny")
-    out = open(args.out, "a") if args.out else None  # noqa: SIM115
+    if args.tp > 1 and not set(args.engines.split(",")) <= {"native", "native_sync"}:
+        parser.error("--tp above 1 runs the native engines only: --engines native,native_sync")
+    if args.tp == 1:
+        run_bench(args, args.out)
+        return
+    with socket.socket() as s:  # a free port for the TP group's rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(tp_rank, args=(args, port), nprocs=args.tp)
+
+
+def tp_rank(rank: int, args: argparse.Namespace, port: int) -> None:
+    """One process of a ``--tp`` run: its GPU, the TP group, the benchmark (rank 0 reports)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if args.device == "cuda":
+        torch.cuda.set_device(rank)  # "cuda" is this GPU from here on
+    backend = "nccl" if args.device == "cuda" else "gloo"
+    dist.init_process_group(backend, rank=rank, world_size=args.tp)
+    try:
+        args.tp_group = make_tp_groups(args.tp, args.tp).group
+        QUIET["on"] = rank > 0
+        run_bench(args, args.out if rank == 0 else None)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_bench(args: argparse.Namespace, out_path: str | None) -> None:
+    """Every workload on every engine asked for; JSON lines printed and added to ``out_path``."""
+    out = open(out_path, "a") if out_path else None  # noqa: SIM115
     if args.tune_decode and args.device == "cuda":
         tune_decode(out)
     if args.tune_sampler and args.device == "cuda":
@@ -360,6 +407,7 @@ def main() -> None:
     base = {
         "bench": "rollout",
         "shape": args.shape,
+        "tp": args.tp,
         "hardware": hardware(args.device),
         "date": datetime.date.today().isoformat(),
     }
@@ -430,7 +478,7 @@ def main() -> None:
                 out,
             )
         if "native" in rates:
-            ideal = tokens / roofline_seconds(model.config, prompts, out_lens)
+            ideal = tokens / roofline_seconds(model.config, prompts, out_lens, args.tp)
             emit(
                 {
                     **base,

@@ -231,7 +231,7 @@ def test_verl_keys_without_effect_warn_one_line_each(capsys):
                 "show",
                 "-c",
                 "grpo",
-                "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+                "actor_rollout_ref.rollout.data_parallel_size=2",
                 "actor_rollout_ref.rollout.name=vllm",
             ]
         )
@@ -239,7 +239,7 @@ def test_verl_keys_without_effect_warn_one_line_each(capsys):
     )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2
-    assert "tensor_model_parallel_size=2 has no effect in rayrl" in err[0]
+    assert "data_parallel_size=2 has no effect in rayrl" in err[0]
     assert "rollout.name=vllm" in err[1] and "'auto'" in err[1]
 
 
@@ -253,3 +253,12 @@ def test_no_config_runs_the_demo_unless_a_model_or_data_is_named(capsys):
     assert main(["config", "show", "data.train_files=/d/train.parquet", *verl]) == 0
     captured = capsys.readouterr()
     assert "train_batch_size: 1024\n" in captured.out and "demo config" not in captured.err
+
+
+def test_rollout_tensor_parallel_size_must_fit_a_node():
+    key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+    assert load_config("grpo").actor_rollout_ref.rollout.tensor_model_parallel_size == 1
+    cfg = load_config("grpo", [f"{key}=2", "trainer.n_gpus_per_node=4"])
+    assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == 2
+    with pytest.raises(ConfigError, match="tensor_model_parallel_size=3 must .* divide"):
+        load_config("grpo", [f"{key}=3", "trainer.n_gpus_per_node=4"])

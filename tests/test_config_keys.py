@@ -18,7 +18,9 @@ from rayrl.config.sft import SFTConfig
 SRC = Path(__file__).resolve().parent.parent / "src" / "rayrl"
 
 # Keys another piece of work is wiring right now; each must leave this set when read.
-PENDING: set[str] = set()
+# The rollout's tensor-parallel size: the native engine takes it (tp_size, tp_group from
+# rayrl.engines.rollout.native.tp.make_tp_groups); the actor worker passes it on next.
+PENDING: set[str] = {"actor_rollout_ref.rollout.tensor_model_parallel_size"}
 
 
 def leaf_paths(schema: type = RayRLConfig) -> list[str]:

@@ -47,12 +47,14 @@ def test_verl_meaning_of_a_grpo_line(tmp_path):
     with pytest.warns(UserWarning) as caught:
         cfg = load_config(None, verl_overrides(script, str(tmp_path)))
     warned = " ".join(str(w.message) for w in caught)
-    for key in ("tensor_model_parallel_size", "load_format", "layered_summon", "rollout.name"):
+    for key in ("load_format", "layered_summon", "rollout.name"):
         assert key in warned
+    assert "tensor_model_parallel_size" not in warned  # verl's key takes effect
     arr = cfg.actor_rollout_ref
     assert cfg.data.train_files == [str(tmp_path / "data/gsm8k/train.parquet")]
     assert (arr.model.lora_rank, arr.model.lora_alpha) == (64, 32)
     assert arr.rollout.name == "auto" and arr.rollout.n == 5
+    assert arr.rollout.tensor_model_parallel_size == 2
     assert arr.actor.fsdp_config.param_offload is False
     assert arr.ref.fsdp_config.param_offload is True
     assert cfg.trainer.logger == ["console", "wandb"]

@@ -1,7 +1,7 @@
 """verl keys that rayrl accepts without acting on them, and verl values it maps.
 
-verl command lines carry keys for features rayrl does not have (vLLM tensor
-parallelism, weight load formats, async or multi-turn rollout, Ulysses sequence
+verl command lines carry keys for features rayrl does not have (vLLM data, expert
+and pipeline parallelism, weight load formats, async or multi-turn rollout, Ulysses sequence
 parallelism, ...). Rather than refusing the whole line, `strip_inert` removes those
 keys and returns one warning each, saying that the key has no effect in rayrl and why.
 A key listed here is not in the schema; a group listed here takes all its sub-keys.
@@ -14,12 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
-_NO_TP = "rayrl's rollout engines run one model copy per GPU (no tensor parallelism)"
+_NO_TP = "rayrl's rollout has tensor parallelism only (tensor_model_parallel_size)"
 _NO_SP = "rayrl has no Ulysses sequence parallelism"
 _VLLM = "a vLLM/SGLang engine setting; rayrl's rollout engines do not use it"
 
 INERT: dict[str, str] = {
-    "actor_rollout_ref.rollout.tensor_model_parallel_size": _NO_TP,
     "actor_rollout_ref.rollout.data_parallel_size": _NO_TP,
     "actor_rollout_ref.rollout.expert_parallel_size": _NO_TP,
     "actor_rollout_ref.rollout.pipeline_model_parallel_size": _NO_TP,

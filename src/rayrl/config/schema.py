@@ -156,6 +156,11 @@ class RolloutConfig:
     enforce_eager: bool = False
     max_model_len: int | None = None
     free_cache_engine: bool = True
+    # native engine: GPUs one model copy is split over (tensor parallelism; verl's key, not
+    # effective for hf). verl's yaml says 2, and verl then refuses one-GPU runs; rayrl
+    # keeps 1 so a run that fits one GPU needs no setting (TP changes speed and memory,
+    # not the samples: rayrl.engines.rollout.native.tp)
+    tensor_model_parallel_size: int = 1
 
 
 @dataclass

@@ -191,8 +191,15 @@ def check_batch_chain(
 
 
 def check_rollout(cfg: RayRLConfig) -> None:
-    """The native engine's memory share and length limit fit the data."""
+    """The native engine's memory share, length limit and tensor-parallel size fit."""
     r, data = cfg.actor_rollout_ref.rollout, cfg.data
+    tp, per_node = r.tensor_model_parallel_size, cfg.trainer.n_gpus_per_node
+    if tp < 1 or per_node % tp:
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} must be at least 1 and "
+            f"divide trainer.n_gpus_per_node={per_node}: the rollout's {cfg.world_size} ranks form "
+            f"replicas of {tp} GPUs of one node each; use a divisor of {per_node}"
+        )
     if not 0 < r.gpu_memory_utilization <= 1:
         raise ConfigError(
             f"actor_rollout_ref.rollout.gpu_memory_utilization={r.gpu_memory_utilization} must be "

@@ -4,7 +4,9 @@ Files, one concept each: `spec` (the model family), `weights` (fused HF tensors)
 `ops` / `attention` (torch paths), `triton_ops` / `triton_attention` /
 `triton_sampler` (CUDA kernels), `model` (the forward), `kv_cache`, `scheduler`
 (continuous batching), `runner` (device steps), `graphs` (CUDA graphs), `sampler`,
-`stops`, `engine`.
+`stops`, `engine`; tensor parallelism: `shards` (who holds what), `tp` (replicas, groups,
+lockstep), `tp_sampler` (sampling over a split vocabulary), `tp_weights` (the sharded
+weight stream from FSDP2).
 """
 
 from rayrl.engines.rollout.native.engine import NativeRolloutEngine

@@ -9,11 +9,18 @@ norm/rotary/activation kernels in Triton on CUDA (plain torch on CPU), the decod
 step captured in CUDA graphs for a set of batch sizes (`graphs`), and sampling on the
 device with the HF engine's seeded draws (`sampler`). Same interface and output
 contract as the ``hf`` engine; ``make_rollout_engine("native", model_path=...)``.
+
+With ``tp_size`` > 1 the model is split over the ranks of ``tp_group`` (tensor
+parallelism: `shards` says who holds what, `tp` how replicas form and run in lockstep,
+`tp_sampler` how a token is drawn over the split vocabulary): each rank holds its
+slice of the weights and its KV heads' cache, and every rank of the group returns the
+same tokens as one unsplit engine would.
 """
 
 from __future__ import annotations
 
 import gc
+import hashlib
 import logging
 import time
 from collections.abc import Sequence
@@ -22,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from rayrl import progress
@@ -35,6 +43,8 @@ from rayrl.engines.rollout.native.runner import ModelRunner
 from rayrl.engines.rollout.native.scheduler import Scheduler
 from rayrl.engines.rollout.native.spec import ModelSpec, UnsupportedModelError, rotary_tables
 from rayrl.engines.rollout.native.stops import StopStrings
+from rayrl.engines.rollout.native.tp import TensorParallel
+from rayrl.engines.rollout.native.tp_sampler import SplitVocabSampler
 from rayrl.engines.rollout.native.weights import NativeWeights, read_safetensors
 from rayrl.engines.rollout.sampling import SamplingParams, sample_keys
 from rayrl.engines.rollout.special_ids import eos_ids, pad_id
@@ -68,6 +78,11 @@ class NativeRolloutEngine(RolloutEngine):
         cpu_cache_tokens: KV cache size in tokens on CPU.
         kernels: "auto" (Triton on CUDA, torch elsewhere), "torch" or "triton" (on CPU
             only under ``TRITON_INTERPRET=1``, for tests).
+        tp_size: ranks the model is split over (``actor_rollout_ref.rollout.
+            tensor_model_parallel_size``); more than 1 needs ``tp_group``.
+        tp_group: the torch.distributed group of this rank's replica
+            (`rayrl.engines.rollout.native.tp.make_tp_groups`); every rank of it builds
+            its engine with the same arguments and makes the same calls.
     """
 
     def __init__(
@@ -87,6 +102,8 @@ class NativeRolloutEngine(RolloutEngine):
         overlap_decode: bool = True,
         cpu_cache_tokens: int = 65536,
         kernels: str = "auto",
+        tp_size: int = 1,
+        tp_group=None,
     ) -> None:
         if (model is None) == (model_path is None):
             raise ValueError(
@@ -101,20 +118,26 @@ class NativeRolloutEngine(RolloutEngine):
         self.device = torch.device(device)
         self.dtype = _dtype(dtype, self.device)
         self.spec = ModelSpec.from_hf_config(config)
+        self.tp = _tensor_parallel(self.spec, tp_size, tp_group, self.device)
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids(gen_config, config, tokenizer)
         self.pad_id = pad_id(gen_config, tokenizer, self.eos_ids, WHERE)
         self.max_model_len = int(max_model_len or self.spec.max_positions)
         self.block_size, self.max_num_seqs = block_size, max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.weights = NativeWeights(self.spec, self.dtype, self.device)
-        state = read_safetensors(model_path) if model_path else model.state_dict().items()
-        self._load_all(state)
+        shard = self.tp.shard if self.tp else None
+        self.weights = NativeWeights(self.spec, self.dtype, self.device, shard)
+        self.local_spec = self.weights.spec  # this rank's slice (the spec without TP)
+        if model_path:  # tensor-parallel: each rank reads its parts of the files only
+            parts = read_safetensors(model_path, shard and shard.part)
+            self._load_all(parts, sharded=shard is not None)
+        else:
+            self._load_all(model.state_dict().items())
         cos, sin = rotary_tables(config, self.max_model_len, self.device)
         self.kernels = choose_kernels(kernels, self.device, self.spec.head_dim)
-        self.model = NativeModel(self.spec, self.weights, cos, sin, self.kernels)
+        self.model = NativeModel(self.local_spec, self.weights, cos, sin, self.kernels, self.tp)
         blocks = cache_blocks_for(
-            self.spec,
+            self.local_spec,
             self.dtype,
             block_size,
             device=self.device,
@@ -122,9 +145,15 @@ class NativeRolloutEngine(RolloutEngine):
             engine_bytes=self.weights.nbytes() + self._activation_bytes(),
             cpu_cache_tokens=cpu_cache_tokens,
         )
-        self.cache = KVCache(self.spec, blocks, block_size, self.dtype, self.device)
+        if self.tp:  # the same blocks and settings on every rank: the same schedule
+            count = torch.tensor([blocks], dtype=torch.int64, device=self.device)
+            blocks = int(self.tp.all_reduce(count, dist.ReduceOp.MIN).item())
+            settings = (block_size, max_num_seqs, max_num_batched_tokens, self.max_model_len)
+            self.tp.agree(_digest(repr((settings, overlap_decode)).encode()), "engine settings")
+        self.cache = KVCache(self.local_spec, blocks, block_size, self.dtype, self.device)
         width = -(-self.max_model_len // block_size)
-        self.runner = ModelRunner(self.model, self.cache, max_num_seqs, width)
+        sampler = SplitVocabSampler(self.tp) if self.tp else None
+        self.runner = ModelRunner(self.model, self.cache, max_num_seqs, width, sampler)
         self.use_graphs = self.device.type == "cuda" and not enforce_eager
         self.overlap = overlap_decode
         self._asleep = False
@@ -155,9 +184,9 @@ class NativeRolloutEngine(RolloutEngine):
             or data.max_prompt_length + data.max_response_length,
         }
 
-    def _load_all(self, state) -> None:
+    def _load_all(self, state, sharded: bool = False) -> None:
         seen = []
-        self.weights.load(((seen.append(n) or n, t) for n, t in state), WHERE)
+        self.weights.load(((seen.append(n) or n, t) for n, t in state), WHERE, sharded)
         missing = set(self.weights.names) - set(seen)
         if self.spec.tie_embeddings:
             missing.discard("lm_head.weight")
@@ -168,10 +197,11 @@ class NativeRolloutEngine(RolloutEngine):
             )
 
     def _activation_bytes(self) -> int:
-        """Upper bound of the memory a step needs besides weights and cache."""
-        s, size = self.spec, torch.empty((), dtype=self.dtype).element_size()
+        """Upper bound of the memory a step needs besides weights and cache (the logits
+        of the whole vocabulary: tensor-parallel top-k / top-p gathers them)."""
+        s, size = self.local_spec, torch.empty((), dtype=self.dtype).element_size()
         per_token = 5 * s.hidden + 2 * s.q_size + 2 * s.kv_size + 3 * s.intermediate
-        logits = self.max_num_seqs * s.vocab * (size + 16)  # logits, float copies, sampler
+        logits = self.max_num_seqs * self.spec.vocab * (size + 16)  # logits, copies, sampler
         return self.max_num_batched_tokens * per_token * size + logits + (256 << 20)
 
     # ------------------------------------------------------------------ generate
@@ -215,11 +245,14 @@ class NativeRolloutEngine(RolloutEngine):
         if max_new_tokens is not None:
             limits = np.asarray(max_new_tokens, dtype=np.int64).reshape(n_rows)
         arrays = [np.asarray(p, dtype=np.int64) for p in prompts]
+        keys = np.asarray(keys, dtype=np.int64)
+        if self.tp:  # before anything that could end one rank's call but not another's
+            self.tp.agree(_fingerprint(arrays, keys, limits, sampling), "prompts or sampling")
         self._check_lengths(arrays, limits, sampling.n)
         if n_rows == 0:
             empty = torch.zeros(0, 0)
             return Responses(empty.long(), empty.sum(1).long(), empty, empty.sum(1).bool())
-        sched = self._run(arrays, sampling, np.asarray(keys, dtype=np.int64), limits)
+        sched = self._run(arrays, sampling, keys, limits)
         width = int(sched.gen.max())
         return Responses(
             tokens=torch.from_numpy(sched.tokens[:, :width].copy()),
@@ -317,14 +350,18 @@ class NativeRolloutEngine(RolloutEngine):
             self.runner.graphs = DecodeGraphs(self.runner, self.max_num_seqs)
 
     # ------------------------------------------------------------------ weights
-    def update_weights(self, weights: WeightSource) -> int:
+    def update_weights(self, weights: WeightSource, *, sharded: bool = False) -> int:
         """Copy HF-named tensors into the engine's weights in place (converted to its dtype).
+
+        Tensor-parallel, every rank of the group is updated, each on its own: whole
+        tensors are narrowed to the rank's part before the copy; with ``sharded`` the
+        tensors are the rank's parts already (`rayrl.engines.rollout.native.tp_weights`).
 
         Raises:
             KeyError: a name the model does not have (with the closest names it has).
             ValueError: a tensor whose shape differs from the model's.
         """
-        return self.weights.load(weights, f"{WHERE}.update_weights")
+        return self.weights.load(weights, f"{WHERE}.update_weights", sharded)
 
     # ------------------------------------------------------------------ memory
     def sleep(self) -> None:
@@ -346,6 +383,35 @@ class NativeRolloutEngine(RolloutEngine):
     @property
     def is_asleep(self) -> bool:
         return self._asleep
+
+
+def _tensor_parallel(spec: ModelSpec, tp_size: int, tp_group, device) -> TensorParallel | None:
+    """This rank's `TensorParallel` (None for one rank: no collective is ever issued)."""
+    if tp_group is None:
+        if tp_size != 1:
+            raise ValueError(
+                f"{WHERE}: tp_size={tp_size} needs tp_group=, this rank's replica group "
+                "from rayrl.engines.rollout.native.tp.make_tp_groups."
+            )
+        return None
+    size = dist.get_world_size(tp_group)
+    if size != tp_size:
+        raise ValueError(f"{WHERE}: tp_size={tp_size} but tp_group has {size} ranks.")
+    return TensorParallel(spec, tp_group, device) if size > 1 else None
+
+
+def _fingerprint(prompts: list[np.ndarray], keys: np.ndarray, limits: np.ndarray, sampling) -> int:
+    """A 64-bit digest of a generate call's inputs (the TP ranks must agree on them)."""
+    lengths = np.asarray([len(p) for p in prompts], dtype=np.int64)
+    parts = [repr(sampling).encode(), lengths.tobytes(), *(p.tobytes() for p in prompts)]
+    return _digest(*parts, keys.tobytes(), limits.tobytes())
+
+
+def _digest(*parts: bytes) -> int:
+    digest = hashlib.blake2b(digest_size=8)
+    for part in parts:
+        digest.update(part)
+    return int.from_bytes(digest.digest(), "little", signed=True)
 
 
 def _dtype(dtype, device: torch.device) -> torch.dtype:

@@ -5,6 +5,12 @@ add+RMSNorm, one qkv matmul, rotary embedding fused with the KV-cache write, pag
 attention, the output projection, fused add+RMSNorm, one gate_up matmul, SiLU-and-mul,
 the down projection; a final norm and the LM head on the rows whose logits are asked
 for only. The operations come from `ops` (torch, or Triton on CUDA) and `attention`.
+
+Split over tensor-parallel ranks (``tp``), the same code runs the rank's slice (its
+heads, KV heads, MLP columns, vocabulary rows: `rayrl.engines.rollout.native.shards`),
+with an all-reduce (sum over the ranks) after the masked embedding lookup and after
+every layer's output and down projections; the logits are the rank's vocabulary rows.
+Without ``tp`` no collective is issued.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from rayrl.engines.rollout.native.kv_cache import KVCache
 from rayrl.engines.rollout.native.ops import TorchOps
 from rayrl.engines.rollout.native.spec import ModelSpec
 from rayrl.engines.rollout.native.step import StepInput
+from rayrl.engines.rollout.native.tp import TensorParallel
 from rayrl.engines.rollout.native.weights import NativeWeights
 
 __all__ = ["NativeModel", "make_ops"]
@@ -39,21 +46,31 @@ class NativeModel:
     """Weights, rotary tables and the kernels to run them; `forward` maps a step to logits."""
 
     def __init__(
-        self, spec: ModelSpec, weights: NativeWeights, cos: Tensor, sin: Tensor, kernels: str
+        self,
+        spec: ModelSpec,
+        weights: NativeWeights,
+        cos: Tensor,
+        sin: Tensor,
+        kernels: str,
+        tp: TensorParallel | None = None,
     ) -> None:
         self.spec, self.weights, self.cos, self.sin = spec, weights, cos, sin
         self.kernels = kernels  # "torch" or "triton"
         self.ops = make_ops(kernels)
         self.attention = make_attention(kernels)
         self.scale = 1.0 / math.sqrt(spec.head_dim)
+        self.tp = tp  # spec and weights are then this rank's slice
+        self._reduce = tp.all_reduce if tp is not None else _unchanged
+        self._adds_o_bias = tp is None or tp.rank == 0  # added once, before the sum
 
     @torch.inference_mode()
     def forward(self, step: StepInput, cache: KVCache) -> Tensor:
-        """Logits [len(step.logits_rows), vocab] in the model dtype."""
-        s, w, ops = self.spec, self.weights, self.ops
+        """Logits [len(step.logits_rows), vocab] in the model dtype (tensor-parallel: of
+        this rank's vocabulary rows)."""
+        s, w, ops, reduce = self.spec, self.weights, self.ops, self._reduce
         shape = (s.heads, s.kv_heads, s.head_dim)
         n = step.input_ids.shape[0]
-        residual = F.embedding(step.input_ids, w.embed)
+        residual = self._embed(step.input_ids)
         hidden = ops.rms_norm(residual, w.layers[0].input_norm, s.rms_eps)
         for i, layer in enumerate(w.layers):
             if i > 0:
@@ -73,9 +90,26 @@ class NativeModel:
                 qk_norm,
             )
             attn = self.attention(q, k_cache, v_cache, step, self.scale)
-            hidden = F.linear(attn.reshape(n, s.q_size), layer.o, layer.o_bias)
+            o_bias = layer.o_bias if self._adds_o_bias else None
+            hidden = reduce(F.linear(attn.reshape(n, s.q_size), layer.o, o_bias))
             hidden, residual = ops.add_rms_norm(hidden, residual, layer.post_norm, s.rms_eps)
             hidden = F.linear(ops.silu_and_mul(F.linear(hidden, layer.gate_up)), layer.down)
+            hidden = reduce(hidden)
         rows = step.logits_rows
         hidden, _ = ops.add_rms_norm(hidden[rows], residual[rows], w.final_norm, s.rms_eps)
         return F.linear(hidden, w.lm_head)
+
+    def _embed(self, ids: Tensor) -> Tensor:
+        """Embedding rows; tensor-parallel: each rank looks up the ids in its vocabulary
+        rows (zeros for the others), and the sum over ranks has every row exactly."""
+        if self.tp is None:
+            return F.embedding(ids, self.weights.embed)
+        lo, hi = self.tp.shard.vocab_rows
+        local = ids - lo
+        outside = (local < 0) | (local >= hi - lo)
+        rows = F.embedding(local.masked_fill(outside, 0), self.weights.embed)
+        return self.tp.all_reduce(rows.masked_fill_(outside.unsqueeze(-1), 0))
+
+
+def _unchanged(x: Tensor) -> Tensor:
+    return x

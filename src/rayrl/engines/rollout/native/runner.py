@@ -46,12 +46,21 @@ class Launch:
 class ModelRunner:
     """Device side of generation for one model and one KV cache."""
 
-    def __init__(self, model: NativeModel, cache: KVCache, max_seqs: int, table_width: int) -> None:
+    def __init__(
+        self,
+        model: NativeModel,
+        cache: KVCache,
+        max_seqs: int,
+        table_width: int,
+        sampler: DeviceSampler | None = None,
+    ) -> None:
+        """``sampler``: default a `DeviceSampler` for the model's kernels (tensor-parallel:
+        the engine passes one that samples over the split vocabulary)."""
         self.model, self.cache = model, cache
         self.device = model.weights.device
         self.table_host = np.zeros((max_seqs, table_width), dtype=np.int32)
         self.table = torch.zeros(max_seqs, table_width, dtype=torch.int32, device=self.device)
-        self.sampler = DeviceSampler(model.kernels)
+        self.sampler = sampler if sampler is not None else DeviceSampler(model.kernels)
         self.graphs = None  # set by the engine on CUDA (DecodeGraphs)
 
     # --------------------------------------------------------------- sync

@@ -6,19 +6,24 @@ maps every HF parameter name (``model.layers.3.self_attn.k_proj.weight``) to the
 the fused tensor it lives in, so loading a checkpoint and `update_weights` from the
 training model are the same in-place ``view.copy_(tensor)``, with any dtype or device
 conversion done by the copy.
+
+Split over tensor-parallel ranks (`rayrl.engines.rollout.native.shards`), the tensors
+have the shapes of the rank's slice (``spec`` is the slice's), and a whole HF tensor is
+narrowed to the rank's part before the copy; `read_safetensors` can read the parts only.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from rayrl.engines.rollout.native.shards import Part, TPShard
 from rayrl.engines.rollout.native.spec import ModelSpec
 
 __all__ = ["LayerWeights", "NativeWeights", "read_safetensors"]
@@ -41,9 +46,21 @@ class LayerWeights:
 
 
 class NativeWeights:
-    """All parameters of one model, allocated once (uninitialised) on `device` in `dtype`."""
+    """All parameters of one model, allocated once (uninitialised) on `device` in `dtype`.
 
-    def __init__(self, spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> None:
+    With ``shard`` (tensor parallelism), the parameters of that rank's slice:
+    ``shard.local_spec()`` sizes them.
+    """
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        dtype: torch.dtype,
+        device: torch.device,
+        shard: TPShard | None = None,
+    ) -> None:
+        self.shard = shard if shard is not None and shard.size > 1 else None
+        spec = self.shard.local_spec() if self.shard else spec
         self.spec, self.dtype, self.device = spec, dtype, torch.device(device)
 
         def empty(*shape: int) -> Tensor:
@@ -120,9 +137,26 @@ class NativeWeights:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors())
 
+    def full_shape(self, name: str) -> tuple[int, ...]:
+        """The shape of the whole HF tensor ``name`` (this rank's part, widened)."""
+        shape = list(self._targets[name].shape)
+        part = self.shard.part(name) if self.shard else None
+        if part is not None:
+            shape[part.dim] = part.full
+        return tuple(shape)
+
     @torch.no_grad()
-    def load(self, items: Mapping[str, Tensor] | Iterable[tuple[str, Tensor]], where: str) -> int:
+    def load(
+        self,
+        items: Mapping[str, Tensor] | Iterable[tuple[str, Tensor]],
+        where: str,
+        sharded: bool = False,
+    ) -> int:
         """Copy HF-named tensors into place; return how many were copied.
+
+        Args:
+            sharded: the tensors are this rank's parts already (`TPShard.part`), not
+                whole tensors to narrow.
 
         Raises:
             KeyError: a name the model does not have (with the closest names it has).
@@ -140,18 +174,28 @@ class NativeWeights:
                     f"{where}: the model has no tensor {name!r}; closest names: {close}. "
                     "Pass unwrapped (HF) parameter names."
                 )
-            if tuple(tensor.shape) != tuple(target.shape):
+            expected = tuple(target.shape) if sharded else self.full_shape(name)
+            if tuple(tensor.shape) != expected:
+                what = "this rank's part of it" if sharded else "the whole tensor"
                 raise ValueError(
-                    f"{where}: {name!r} has shape {tuple(tensor.shape)} but the model's is "
-                    f"{tuple(target.shape)}; pass full (unsharded) tensors."
+                    f"{where}: {name!r} has shape {tuple(tensor.shape)} but {what} is "
+                    f"{expected}; pass full (unsharded) tensors, or with sharded=True this "
+                    "rank's tensor-parallel parts."
                 )
+            if self.shard is not None and not sharded:
+                tensor = self.shard.take(name, tensor)
             target.copy_(tensor.detach())
             copied += 1
         return copied
 
 
-def read_safetensors(model_dir: str | Path) -> Iterator[tuple[str, Tensor]]:
-    """Every tensor of an HF model directory's safetensors files, one at a time (CPU)."""
+def read_safetensors(
+    model_dir: str | Path, part: Callable[[str], Part | None] | None = None
+) -> Iterator[tuple[str, Tensor]]:
+    """Every tensor of an HF model directory's safetensors files, one at a time (CPU).
+
+    With ``part`` (`TPShard.part`), only each tensor's part is read from the file.
+    """
     from safetensors import safe_open
 
     model_dir = Path(model_dir)
@@ -169,4 +213,10 @@ def read_safetensors(model_dir: str | Path) -> Iterator[tuple[str, Tensor]]:
     for path in paths:
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a Mapping)
-                yield name, f.get_tensor(name)
+                where = part(name) if part is not None else None
+                if where is None:
+                    yield name, f.get_tensor(name)
+                else:
+                    rows = slice(where.start, where.stop)
+                    index = (rows,) if where.dim == 0 else (slice(None), rows)
+                    yield name, f.get_slice(name)[index]
