@@ -190,3 +190,21 @@ def test_every_row_set_aside_is_listed_in_the_run_directory(tmp_path):
     assert "2 x 'prompt' has no messages (" in warning and "t.parquet row 5" in warning
     with pytest.raises(DataError, match=r"fewer than one batch.*listed in .*rejected_rows"):
         run(8)._load_data()
+
+
+def test_a_model_directory_without_a_tokenizer_is_named_at_load(tmp_path):
+    """transformers builds an empty tokenizer from such a directory, and every row was
+    then set aside with advice about the data; the missing tokenizer is said first."""
+    from rayrl.config import load_config
+    from rayrl.models.loading import TOKENIZER_FILES, TokenizerMissingError
+    from rayrl.trainer.ppo import PPOTrainer
+
+    model = build_tiny_model(tmp_path / "m", layers=1, hidden=32)
+    for path in model.iterdir():
+        if path.name in TOKENIZER_FILES or path.name.startswith(("tokenizer", "special_tokens")):
+            path.unlink()
+    cfg = load_config("grpo", [f"actor_rollout_ref.model.path={model}"])
+    with pytest.raises(
+        TokenizerMissingError, match=r"actor_rollout_ref.model.path=.* no tokenizer"
+    ):
+        PPOTrainer(cfg).load_data()

@@ -250,3 +250,31 @@ def test_compute_advantages_errors_are_actionable():
         compute_advantages("gpro", token_level_rewards=torch.ones(2, 3), response_mask=mask)
     assert ADV_ESTIMATORS.info("gae")["needs_critic"] is True
     assert ADV_ESTIMATORS.info("grpo")["needs_critic"] is False
+
+
+def test_huge_rewards_keep_their_learning_signal():
+    """A reward of 1e30 on half the samples: float32 squared deviations overflowed, every
+    std became inf and every GRPO advantage 0; the group sums run in float64."""
+    from rayrl.algos import compute_advantages
+
+    mask = torch.ones(4, 3)
+    rewards = torch.zeros(4, 3)
+    rewards[[0, 2], -1] = 1e30
+    adv, _ = compute_advantages(
+        "grpo", token_level_rewards=rewards, response_mask=mask, index=["a", "a", "b", "b"]
+    )
+    assert torch.isfinite(adv).all()
+    expected = torch.tensor([1.0, -1.0, 1.0, -1.0]) / 2**0.5  # +-(d / (d * sqrt 2))
+    torch.testing.assert_close(adv[:, 0], expected, rtol=1e-5, atol=0)
+
+
+def test_scores_beyond_float32_fail_and_extreme_ones_are_told():
+    from rayrl.rewards.result import to_result
+    from rayrl.trainer.advantage import warn_extreme_scores
+
+    assert to_result(1e300).error and "beyond float32" in to_result(1e300).error
+    assert to_result(1e30).ok and to_result(1e30).score == 1e30
+    said: list[str] = []
+    assert not warn_extreme_scores(torch.tensor([0.0, 1.0, -3.0]), said.append)
+    assert warn_extreme_scores(torch.tensor([0.0, 1e30, 1.0]), said.append)
+    assert "1 of 3 scores are beyond" in said[0] and "1e+30" in said[0]

@@ -62,7 +62,12 @@ class GroupStats:
 
 
 def group_stats(scores: Tensor, index: Any) -> GroupStats:
-    """Group size, mean, std and sum of ``scores`` ``[batch]``, gathered back per sample."""
+    """Group size, mean, std and sum of ``scores`` ``[batch]``, gathered back per sample.
+
+    The sums run in float64 whatever the scores' dtype: squared deviations of float32
+    scores overflow from about 1e19 on (a reward of 1e30 made every std infinite and
+    every GRPO advantage 0), and float64 keeps them exact far beyond any sane reward.
+    """
     if scores.dim() != 1:
         raise ValueError(f"scores must be 1-D [batch], got shape {tuple(scores.shape)}")
     ids, num_groups = group_ids(index, device=scores.device)
@@ -71,11 +76,17 @@ def group_stats(scores: Tensor, index: Any) -> GroupStats:
             f"group index has {ids.shape[0]} entries but there are {scores.shape[0]} scores;"
             " pass one prompt uid per response"
         )
-    zeros = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device)
-    counts = zeros.index_add(0, ids, torch.ones_like(scores))
-    sums = zeros.index_add(0, ids, scores)
+    wide = scores.double() if scores.is_floating_point() else scores
+    zeros = torch.zeros(num_groups, dtype=wide.dtype, device=scores.device)
+    counts = zeros.index_add(0, ids, torch.ones_like(wide))
+    sums = zeros.index_add(0, ids, wide)
     means = sums / counts
-    squares = zeros.index_add(0, ids, (scores - means[ids]) ** 2)
+    squares = zeros.index_add(0, ids, (wide - means[ids]) ** 2)
     var = torch.where(counts > 1, squares / (counts - 1).clamp(min=1), torch.zeros_like(counts))
-    size = counts[ids]
-    return GroupStats(size=size, mean=means[ids], std=var.sqrt()[ids], total=sums[ids])
+    dtype = scores.dtype
+    return GroupStats(
+        size=counts[ids].to(dtype),
+        mean=means[ids].to(dtype),
+        std=var.sqrt()[ids].to(dtype),
+        total=sums[ids].to(dtype),
+    )

@@ -74,6 +74,7 @@ def exit_code_of(work: Callable[[], Any]) -> int:
     cannot be written (1), a stop by Ctrl-C or SIGTERM (130, 143)."""
     from rayrl.cli.common import console
     from rayrl.data import DataError
+    from rayrl.models.loading import TokenizerMissingError
     from rayrl.trainer.checkpoint import CheckpointWriteError
     from rayrl.trainer.resume import ResumeError
     from rayrl.trainer.run import RunDirError
@@ -81,6 +82,7 @@ def exit_code_of(work: Callable[[], Any]) -> int:
 
     kinds = [
         (DataError, "data error", 2),
+        (TokenizerMissingError, "model error", 2),
         ((RunDirError, RunDirLockedError), "run directory error", 2),
         (ResumeError, "resume error", 2),
         (CheckpointWriteError, "checkpoint error", 1),

@@ -36,6 +36,9 @@ class RewardResult:
         return self.error is None
 
 
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 def failed(error: str, elapsed_s: float = 0.0) -> RewardResult:
     """A failed call: score 0.0 with `error`."""
     return RewardResult(score=0.0, error=error, elapsed_s=elapsed_s)
@@ -66,6 +69,8 @@ def to_result(value: Any, elapsed_s: float = 0.0) -> RewardResult:
         )
     if not math.isfinite(number):
         return failed(f"reward function returned a non-finite score ({number})", elapsed_s)
+    if abs(number) > FLOAT32_MAX:  # scores travel as float32: it would become inf
+        return failed(f"reward function returned a score beyond float32 ({number:g})", elapsed_s)
     return RewardResult(score=number, extra=extra, elapsed_s=elapsed_s)
 
 

@@ -55,6 +55,24 @@ def shape_rewards(cfg: RayRLConfig, batch: Batch) -> dict[str, float]:
     return {"reward/overlong_penalty/mean": float(penalty.mean())} if buffer.log else {}
 
 
+# Scores this large are almost always a bug in the reward function (or a unit mix-up).
+EXTREME_SCORE = 1e4
+
+
+def warn_extreme_scores(scores: torch.Tensor, print_fn) -> bool:
+    """Say so (a WARNING line) when some scores are beyond +-`EXTREME_SCORE`: GRPO's group
+    statistics cope, but GAE, the KL penalty's balance and the logged rewards do not."""
+    extreme = scores.abs() > EXTREME_SCORE
+    if not bool(extreme.any()):
+        return False
+    print_fn(
+        f"WARNING: reward: {int(extreme.sum())} of {len(scores)} scores are beyond "
+        f"+-{EXTREME_SCORE:g} (largest magnitude {float(scores.abs().max()):.3g}); check "
+        "the reward function's scale (custom_reward_function.path)"
+    )
+    return True
+
+
 def greedy_baselines(batch: Batch, greedy: Batch) -> torch.Tensor:
     """Each sample's ReMax baseline ``[batch]``: the score of its prompt's greedy response."""
     by_uid = dict(zip(greedy["uid"], greedy["scores"].tolist(), strict=True))

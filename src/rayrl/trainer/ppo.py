@@ -32,7 +32,14 @@ from rayrl.cluster.spec import PoolSpec
 from rayrl.config.schema import RayRLConfig
 from rayrl.config.validate import critic_enabled, ref_enabled
 from rayrl.controller import WorkerGroup
-from rayrl.trainer.advantage import AdvantageStage, entropy_metric, greedy_baselines, shape_rewards
+from rayrl.models.loading import load_tokenizer
+from rayrl.trainer.advantage import (
+    AdvantageStage,
+    entropy_metric,
+    greedy_baselines,
+    shape_rewards,
+    warn_extreme_scores,
+)
 from rayrl.trainer.balance import balance_batch
 from rayrl.trainer.contract import TrainData
 from rayrl.trainer.data import load_datasets
@@ -82,6 +89,7 @@ class PPOTrainer:
         self.roles: Roles | None = None
         self.riding = Riding()  # stages the generate call computes (ride_along)
         self.validator: Validator | None = None
+        self._warned_extreme = False
 
     # ------------------------------------------------------------ the contract
     @property
@@ -104,11 +112,12 @@ class PPOTrainer:
 
     def load_data(self) -> TrainData:
         """Tokenizer, training prompts and validation prompts (before any reservation)."""
-        from transformers import AutoTokenizer
-
         model, d = self.cfg.actor_rollout_ref.model, self.cfg.data
-        self.tokenizer = AutoTokenizer.from_pretrained(
-            model.tokenizer_path or self.model_path, trust_remote_code=model.trust_remote_code
+        key = "actor_rollout_ref.model." + ("tokenizer_path" if model.tokenizer_path else "path")
+        self.tokenizer = load_tokenizer(
+            model.tokenizer_path or self.model_path,
+            key=key,
+            trust_remote_code=model.trust_remote_code,
         )
         train, val = load_datasets(self.cfg, self.tokenizer)
         self.data = TrainData(train, d.train_batch_size, d.shuffle, val)
@@ -315,6 +324,8 @@ class PPOTrainer:
             batch = batch.union(scores.select(*columns, "reward_error", "reward_extra"))
         for key, value in reward_metrics(batch).items():
             metrics.setdefault(key, value)
+        if not self._warned_extreme:  # once a run: the reward's scale is the user's to fix
+            self._warned_extreme = warn_extreme_scores(batch["scores"], self.print)
         metrics.update(shape_rewards(self.cfg, batch))
         errors = [e for e in batch["reward_error"] if e is not None]
         if errors:

@@ -23,6 +23,7 @@ from rayrl.cluster.pool import ResourcePool
 from rayrl.cluster.spec import PoolSpec
 from rayrl.config.sft import SFTConfig
 from rayrl.controller import WorkerGroup
+from rayrl.models.loading import load_tokenizer
 from rayrl.trainer.contract import TrainData
 from rayrl.trainer.manifest import data_identity, model_identity
 from rayrl.trainer.model_dir import model_dir
@@ -76,12 +77,12 @@ class SFTTrainer:
 
     def load_data(self) -> TrainData:
         """Tokenizer and the (prompt, response) pairs, before anything is reserved."""
-        from transformers import AutoTokenizer
-
         from rayrl.trainer.sft_data import load_sft_datasets
 
-        tokenizer = AutoTokenizer.from_pretrained(
-            self.model_path, trust_remote_code=self.cfg.model.trust_remote_code
+        tokenizer = load_tokenizer(
+            self.model_path,
+            key="model.partial_pretrain",
+            trust_remote_code=self.cfg.model.trust_remote_code,
         )
         train, val = load_sft_datasets(self.cfg, tokenizer)
         d = self.cfg.data
