@@ -145,3 +145,29 @@ def test_training_log_probs_use_the_rollout_temperature(tiny_model_dir):  # noqa
     hand = _hand_log_probs(worker.actor.model, batch, 0.7)
     torch.testing.assert_close(got, hand.float(), atol=2e-5, rtol=0)
     assert not torch.allclose(got, _hand_log_probs(worker.actor.model, batch, 1.0).float())
+
+
+def test_the_actor_loss_reads_its_own_clip_bounds_and_the_old_log_probs():
+    """Clip-higher as configured (0.2 below, 0.28 above: not swapped), and the ratio
+    taken against the old log-probs it is given (not against itself, ratio 1)."""
+    import math
+
+    cfg = _actor_cfg(
+        "actor_rollout_ref.actor.clip_ratio_low=0.2",
+        "actor_rollout_ref.actor.clip_ratio_high=0.28",
+        "actor_rollout_ref.actor.entropy_coeff=0",
+    ).actor_rollout_ref.actor
+    ratios = torch.tensor([[1.25, 1.5, 0.5]], dtype=torch.float64)
+    mb = Batch.from_dict(
+        {
+            "response_mask": torch.ones(1, 3),
+            "old_log_probs": torch.zeros(1, 3, dtype=torch.float64),
+            "advantages": torch.tensor([[1.0, 1.0, -1.0]], dtype=torch.float64),
+        }
+    )
+    loss, _ = actor_loss_fn(cfg)({"log_probs": ratios.log()}, mb)
+    # -min(r A, clip(r, 0.8, 1.28) A) per token: -1.25, -1.28, +0.8; token mean
+    assert float(loss) == pytest.approx((-1.25 - 1.28 + 0.8) / 3, abs=1e-9)
+    on_policy, _ = actor_loss_fn(cfg, on_policy=True)({"log_probs": ratios.log()}, mb)
+    assert float(on_policy) == pytest.approx(-1 / 3, abs=1e-9)  # ratio 1: -mean(A)
+    assert not math.isclose(float(loss), float(on_policy))

@@ -121,19 +121,23 @@ def test_save_load_round_trip(tiny_model_dir, tmp_path, monkeypatch, file_per_te
         monkeypatch.setattr(checkpoint_io, "ONE_FILE_MAX_BYTES", -1)
     optim = {**OPTIM, "lr_scheduler": "cosine", "warmup_steps": 1}
     batch = ragged_batch(6, seed=8)
-    first = TrainEngine(tiny_model_dir, optim=optim, total_steps=5)
-    first.train_step(batch, pg_loss, mini_batch_size=3)
+    first = TrainEngine(tiny_model_dir, optim=optim, total_steps=6)
+    for _ in range(2):  # past the warm-up: the schedule's position matters from here
+        first.train_step(batch, pg_loss, mini_batch_size=3)
     first.save(tmp_path / "ckpt")
     files = list((tmp_path / "ckpt").glob("*.distcp"))
     assert len(files) > 20 if file_per_tensor else len(files) == 1
-    second = TrainEngine(tiny_model_dir, optim=optim, total_steps=5)
+    second = TrainEngine(tiny_model_dir, optim=optim, total_steps=6)
     second.load(tmp_path / "ckpt")
     assert torch.equal(second.forward(batch)["log_probs"], first.forward(batch)["log_probs"])
     assert second.scheduler.get_last_lr() == first.scheduler.get_last_lr()
-    assert (second.train_steps, second.optimizer_steps) == (1, 2)
-    # The optimizer state came back too: one more identical step stays identical.
-    first.train_step(batch, pg_loss)
-    second.train_step(batch, pg_loss)
+    assert (second.train_steps, second.optimizer_steps) == (2, 4)
+    # The optimizer and the LR schedule came back too: the next steps stay identical,
+    # each at the learning rate the uninterrupted engine uses (a schedule restarted
+    # from its first step would use other ones).
+    for _ in range(2):
+        lrs = first.train_step(batch, pg_loss)["lr"], second.train_step(batch, pg_loss)["lr"]
+        assert lrs[0] == lrs[1], lrs
     for key, value in first.model.state_dict().items():
         assert torch.equal(second.model.state_dict()[key], value), key
     with pytest.raises(FileNotFoundError, match="not a rayrl engine checkpoint"):

@@ -143,3 +143,21 @@ def test_a_rank_that_always_dies_stops_at_the_restart_limit(counters):
     replay.start()
     with pytest.raises(WorkerRestartLimitError, match="rank 1 failed 2 times in 'always_die'"):
         replay.run_step(0, lambda: (calls.run("die", counters.always_die) or {}, []), {})
+
+
+def test_a_fault_in_a_later_step_restores_that_steps_boundary(counters, tmp_path):
+    """Replay after a fault in step 1 goes back to the boundary after step 0, not to the
+    first snapshot: 5 + 3, not 3 (nor 5 + 3 + 3)."""
+    calls = StageCalls()
+    replay = _replay(counters, calls)
+    replay.start()
+    replay.run_step(0, lambda: ({"added": calls.run("add", counters.add, 5, mutates=True)}, []), {})
+    marker = str(tmp_path / "died")
+
+    def step():
+        added = calls.run("add", counters.add, 3, mutates=True)
+        return {"added": added, "seen": calls.run("read", counters.read, marker)}, []
+
+    metrics = replay.run_step(1, step, {})
+    assert len(replay.recoveries) == 1
+    assert metrics["seen"] == [8, 8] and counters.read() == [8, 8]

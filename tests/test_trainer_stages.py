@@ -176,3 +176,37 @@ def test_critic_warmup_holds_the_actor_for_its_steps(tmp_path):
     trainer = PPOTrainer(cfg)
     learns = [trainer.actor_learns(step) for step in range(4)]
     assert learns == [False, False, True, True]
+
+
+def test_with_the_kl_penalty_in_the_reward_advantages_come_from_the_penalised_rewards():
+    """GAE must see the rewards after the KL penalty, not the raw scores: a per-token
+    penalty that differs between samples changes their advantages."""
+    from rayrl.algos import compute_advantages
+
+    cfg = load_config(
+        "ppo",
+        [
+            "data.train_batch_size=2",
+            "data.max_response_length=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+            "critic.ppo_mini_batch_size=1",
+            "critic.ppo_micro_batch_size_per_gpu=1",
+            "algorithm.use_kl_in_reward=true",
+            "algorithm.kl_ctrl.kl_coef=0.5",
+            "algorithm.kl_penalty=k1",
+        ],
+    )
+    batch = scored_batch(["a", "a", "b", "b"], [1.0, 0.0, 5.0, 3.0])
+    batch["values"] = torch.zeros(4, 4)
+    batch["old_log_probs"] = torch.full((4, 4), -1.0)
+    batch["ref_log_prob"] = torch.tensor([[-1.0] * 4, [-2.0] * 4, [-1.5] * 4, [-1.0] * 4])
+    AdvantageStage(cfg)(batch)
+    penalised = batch["token_level_rewards"]
+    assert not torch.equal(penalised, batch["token_level_scores"])
+    kwargs = dict(response_mask=batch["response_mask"], index=batch["uid"], values=batch["values"])
+    kwargs.update(gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam)
+    want, _ = compute_advantages("gae", token_level_rewards=penalised, **kwargs)
+    raw, _ = compute_advantages("gae", token_level_rewards=batch["token_level_scores"], **kwargs)
+    torch.testing.assert_close(batch["advantages"], want)
+    assert not torch.allclose(batch["advantages"], raw)
