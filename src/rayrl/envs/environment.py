@@ -101,7 +101,8 @@ class Environment:
         self.episode = episode
 
     def step(self, conversation: list[dict[str, Any]], message: str) -> StepResult:
-        """The answer to the model's last ``message`` (``conversation`` holds it too)."""
+        """The answer to the model's last ``message``; ``conversation`` is the episode so
+        far, the prompt's messages first and this message (as plain text) last."""
         raise NotImplementedError(f"{type(self).__name__} has no step()")
 
     def close(self) -> dict[str, float]:

@@ -31,7 +31,7 @@ from rayrl.envs.tool import Tool, ToolResult, as_result
 
 __all__ = ["STATUSES", "ToolEvent", "ToolSession", "Toolbox"]
 
-OK, ERROR, TIMEOUT, INVALID, MALFORMED, UNKNOWN, SKIPPED = (
+OK, ERROR, TIMEOUT, INVALID, MALFORMED, UNKNOWN, SKIPPED, CLOSE_ERROR = (
     "ok",
     "error",
     "timeout",
@@ -39,8 +39,9 @@ OK, ERROR, TIMEOUT, INVALID, MALFORMED, UNKNOWN, SKIPPED = (
     "malformed",
     "unknown_tool",
     "skipped",
+    "close_error",  # a tool's reward() or release() raised at the episode's end
 )
-STATUSES = (OK, ERROR, TIMEOUT, INVALID, MALFORMED, UNKNOWN, SKIPPED)
+STATUSES = (OK, ERROR, TIMEOUT, INVALID, MALFORMED, UNKNOWN, SKIPPED, CLOSE_ERROR)
 
 
 @dataclass
@@ -163,7 +164,7 @@ class ToolSession:
     def close(self) -> dict[str, float]:
         """End the episode: each used tool's reward (those that give one), then release.
 
-        A tool whose ``reward`` or ``release`` raises is skipped (an ``error`` event).
+        A tool whose ``reward`` or ``release`` raises is skipped (a ``close_error`` event).
         """
         rewards: dict[str, float] = {}
         for name, state in list(self.states.items()):
@@ -172,7 +173,8 @@ class ToolSession:
                 try:
                     value = getattr(tool, step)(state)
                 except Exception as err:
-                    self.events.append(ToolEvent(name, ERROR, message=f"{step}: {_describe(err)}"))
+                    message = f"{step}: {_describe(err)}"
+                    self.events.append(ToolEvent(name, CLOSE_ERROR, message=message))
                     continue
                 if step == "reward" and value is not None:
                     rewards[name] = float(value)
