@@ -40,12 +40,18 @@ def test_chatml_tool_turns(tokenizer):
     fmt = TurnFormat(tokenizer)
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     obs = fmt.observation([{"role": "tool", "content": "42"}], last_token=im_end)
-    assert text_of(tokenizer, obs.tokens) == "\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        text_of(tokenizer, obs.tokens)
+        == "\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"
+    )
     # A turn that ended on a stop string (no EOS) gets the closing too.
     closed = fmt.observation([{"role": "tool", "content": "42"}], last_token=None)
     assert text_of(tokenizer, closed.tokens).startswith("<|im_end|>\n<|im_start|>tool\n42")
     user = fmt.observation([{"role": "user", "content": "try again"}], last_token=im_end)
-    assert text_of(tokenizer, user.tokens) == "\n<|im_start|>user\ntry again<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        text_of(tokenizer, user.tokens)
+        == "\n<|im_start|>user\ntry again<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_qwen_style_tool_responses_share_a_user_turn(tokenizer):
