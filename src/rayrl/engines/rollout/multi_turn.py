@@ -189,7 +189,11 @@ class MultiTurnRollout:
             max_user_turns=self.config.max_user_turns,
             env_timeout_s=self.config.env_timeout_s,
         )
-        out = self._decode(prompts, rows, keys, sampling, episodes)
+        if len(rows):
+            out = self._decode(prompts, rows, keys, sampling, episodes)
+        else:
+            none = torch.zeros(0, 0)
+            out = Responses(none.long(), none.sum(1).long(), none, none.sum(1).bool())
         masks = [
             episodes.finish(i, out.tokens[i, : out.lengths[i]].numpy()) for i in range(len(rows))
         ]
