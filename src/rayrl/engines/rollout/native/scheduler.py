@@ -136,11 +136,6 @@ class Scheduler:
     def done(self) -> bool:
         return not (self.waiting or self.prefilling or self.running or self.parked)
 
-    @property
-    def busy(self) -> bool:
-        """True while some sample can make progress without the driver's help."""
-        return bool(self.waiting or self.prefilling or self.running)
-
     # ----------------------------------------------------------------- prefill
     def plan_prefill(self) -> list[Chunk]:
         """Chunks for a prefill step (empty: run a decode step instead)."""
