@@ -15,6 +15,9 @@ tokens with less overhead per token (``decode="generate"`` keeps ``generate()``)
 The engine wraps an existing module without copying
 (``HFRolloutEngine(model=train_model, tokenizer=tok)``: the hybrid engine) or loads
 its own copy (``HFRolloutEngine(model_path=...)``).
+
+Multi-turn episodes (`generate_turns`) decode in rounds over one dynamic cache
+(`rayrl.engines.rollout.multi_turn_hf`).
 """
 
 from __future__ import annotations
@@ -46,8 +49,11 @@ from rayrl.engines.rollout.contract import (
     expand_samples,
 )
 from rayrl.engines.rollout.hf_decode import can_lean_decode, decode_threads, lean_decode
+from rayrl.engines.rollout.multi_turn_hf import decode_turns
+from rayrl.engines.rollout.native.stops import StopStrings
 from rayrl.engines.rollout.sampling import SamplingParams, sample_keys, sample_tokens
 from rayrl.engines.rollout.special_ids import eos_ids, pad_id
+from rayrl.engines.rollout.turns import TurnDriver
 
 __all__ = ["HFRolloutEngine"]
 
@@ -228,6 +234,35 @@ class HFRolloutEngine(RolloutEngine):
             tracker.done, tracker.stop_len, torch.full_like(tracker.stop_len, steps)
         )
         return Responses(tokens, lengths, log_probs, tracker.done)
+
+    def generate_turns(
+        self, rows: Batch, keys: Tensor, sampling: SamplingParams, turns: TurnDriver
+    ) -> Responses:
+        """Multi-turn episodes for already expanded sample ``rows`` (left-padded
+        ``input_ids`` / ``attention_mask`` / ``position_ids``), one sampler key each;
+        ``turns`` is told of every turn end (`rayrl.engines.rollout.turns`). The
+        responses hold the appended tokens too, with log-prob 0."""
+        if self._asleep:
+            raise RuntimeError(
+                "HFRolloutEngine.generate_turns: the engine is asleep; call wake() first."
+            )
+        if not can_lean_decode(self.model):
+            raise NotImplementedError(
+                f"HFRolloutEngine: multi-turn rollout needs a decoder-only transformers model "
+                f"that takes past_key_values and position_ids; {type(self.model).__name__} "
+                "does not. Use a Qwen2/Qwen3/Llama-style model, or a single-turn rollout."
+            )
+        if sampling.stop and self.tokenizer is None:
+            raise ValueError("HFRolloutEngine.generate_turns: stop strings need a tokenizer.")
+        device = _device_of(self.model)
+        columns = ("input_ids", "attention_mask", "position_ids")
+        inputs = {name: rows.tensors[name].to(device) for name in columns}
+        stops = StopStrings(self.tokenizer, sampling.stop) if sampling.stop else None
+        stop_ids = self._stop_ids(sampling, device)
+        with decode_threads(self.model, device), _generation_mode(self.model):
+            return decode_turns(
+                self.model, inputs, keys.to(device), sampling, stop_ids, stops, self.pad_id, turns
+            )
 
     def _stop_ids(self, sampling: SamplingParams, device: torch.device) -> Tensor:
         ids = [] if sampling.ignore_eos else list(self.eos_ids)

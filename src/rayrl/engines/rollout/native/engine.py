@@ -15,6 +15,11 @@ parallelism: `shards` says who holds what, `tp` how replicas form and run in loc
 `tp_sampler` how a token is drawn over the split vocabulary): each rank holds its
 slice of the weights and its KV heads' cache, and every rank of the group returns the
 same tokens as one unsplit engine would.
+
+Multi-turn episodes (`generate_token_ids` with a `TurnDriver`): a sample whose turn
+ends leaves the running set while the driver works (its tools run); the others keep
+decoding, and it rejoins with the driver's tokens prefilled onto its own KV cache
+(`scheduler`).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from rayrl.engines.rollout.native.tp_sampler import SplitVocabSampler
 from rayrl.engines.rollout.native.weights import NativeWeights, read_safetensors
 from rayrl.engines.rollout.sampling import SamplingParams, sample_keys
 from rayrl.engines.rollout.special_ids import eos_ids, pad_id
+from rayrl.engines.rollout.turns import Continuation, TurnDriver
 
 __all__ = ["NativeRolloutEngine"]
 
@@ -222,6 +228,7 @@ class NativeRolloutEngine(RolloutEngine):
         *,
         keys: np.ndarray | None = None,
         max_new_tokens: Sequence[int] | None = None,
+        turns: TurnDriver | None = None,
     ) -> Responses:
         """Generate from unpadded token-id prompts; rows as in `generate` (samples adjacent).
 
@@ -229,6 +236,9 @@ class NativeRolloutEngine(RolloutEngine):
             keys: one int64 sample key per output row (default: from ``sampling.seed``,
                 step 0 and uids ``f"{i}/{k}"``).
             max_new_tokens: a length limit per output row (default: ``sampling.max_new_tokens``).
+            turns: multi-turn episodes: the driver told of every turn end (see
+                `rayrl.engines.rollout.turns`). The responses then hold the appended
+                tokens too (log-prob 0), and the length limit counts them.
         """
         if self._asleep:
             raise RuntimeError(f"{WHERE}.generate: the engine is asleep; call wake() first.")
@@ -236,6 +246,12 @@ class NativeRolloutEngine(RolloutEngine):
             raise ValueError(
                 f"{WHERE}.generate: stop strings need a tokenizer; build the engine with "
                 "tokenizer=... or drop SamplingParams.stop."
+            )
+        if self.tp and turns is not None:
+            raise NotImplementedError(
+                f"{WHERE}.generate: multi-turn episodes with tensor parallelism (tp_size="
+                f"{self.tp.size}) are not supported yet; use "
+                "actor_rollout_ref.rollout.tensor_model_parallel_size=1 for agent rollouts"
             )
         n_rows = len(prompts) * sampling.n
         if keys is None:
@@ -252,7 +268,7 @@ class NativeRolloutEngine(RolloutEngine):
         if n_rows == 0:
             empty = torch.zeros(0, 0)
             return Responses(empty.long(), empty.sum(1).long(), empty, empty.sum(1).bool())
-        sched = self._run(arrays, sampling, keys, limits)
+        sched = self._run(arrays, sampling, keys, limits, turns)
         width = int(sched.gen.max())
         return Responses(
             tokens=torch.from_numpy(sched.tokens[:, :width].copy()),
@@ -275,7 +291,9 @@ class NativeRolloutEngine(RolloutEngine):
                     "it, lower max_new_tokens, or build the engine with a larger max_model_len."
                 )
 
-    def _run(self, prompts, sampling: SamplingParams, keys: np.ndarray, limits) -> Scheduler:
+    def _run(
+        self, prompts, sampling: SamplingParams, keys: np.ndarray, limits, turns=None
+    ) -> Scheduler:
         stop_ids = [] if sampling.ignore_eos else list(self.eos_ids)
         stop_ids += [i for i in sampling.stop_token_ids if i not in stop_ids]
         sched = Scheduler(
@@ -289,7 +307,12 @@ class NativeRolloutEngine(RolloutEngine):
             stop_ids=np.asarray(stop_ids, dtype=np.int64),
         )
         if sampling.stop:
-            sched.stop_check = StopStrings(self.tokenizer, sampling.stop).checker(sched.tokens)
+            stops = StopStrings(self.tokenizer, sampling.stop)
+            sched.stop_check = stops.checker(sched.tokens, sched.turn_start)
+        if turns is not None:
+            sched.on_turn_end = lambda s: turns.turn_ended(
+                s, sched.tokens[s, : sched.gen[s]].copy()
+            )
         self._ensure_graphs()
         stats = {
             "prefill_steps": 0,
@@ -300,7 +323,11 @@ class NativeRolloutEngine(RolloutEngine):
         }
         start, self.runner.sampler.wait_s = time.perf_counter(), 0.0
         pending = None  # a launched decode step whose tokens are not committed yet
+        idle = False  # the last pass found nothing to run: only the driver can help
         while not sched.done or pending is not None:
+            if turns is not None and sched.parked:
+                _continue_turns(sched, turns.take_ready(wait=idle and pending is None))
+            idle = False
             if pending is not None and not (self.overlap and sched.can_overlap()):
                 self._commit(sched, pending, stats)
                 pending = None
@@ -327,6 +354,7 @@ class NativeRolloutEngine(RolloutEngine):
                 stats["overlapped_steps"] += feed is not None
             else:
                 launch = None
+                idle = pending is None
             if pending is not None:  # the device runs `launch` meanwhile
                 self._commit(sched, pending, stats)
             pending = launch
@@ -335,6 +363,8 @@ class NativeRolloutEngine(RolloutEngine):
         # the device waited for (scheduling, inputs, launches).
         stats["wait_s"] = round(self.runner.sampler.wait_s, 4)
         self.last_stats = {**stats, "preemptions": sched.preemptions}
+        if turns is not None:
+            self.last_stats.update(resumed_turns=sched.resumes, reclaimed_kv=sched.reclaimed)
         return sched
 
     def _commit(self, sched: Scheduler, launch, stats: dict) -> None:
@@ -412,6 +442,15 @@ def _digest(*parts: bytes) -> int:
     for part in parts:
         digest.update(part)
     return int.from_bytes(digest.digest(), "little", signed=True)
+
+
+def _continue_turns(sched: Scheduler, answers: list[Continuation]) -> None:
+    """Apply a turn driver's answers: resume each sample with its tokens, or end it."""
+    for answer in answers:
+        if answer.tokens is None:
+            sched.finish_parked(answer.sample, answer.stopped)
+        else:
+            sched.resume(answer.sample, np.asarray(answer.tokens, dtype=np.int64))
 
 
 def _dtype(dtype, device: torch.device) -> torch.dtype:

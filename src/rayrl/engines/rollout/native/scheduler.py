@@ -24,6 +24,19 @@ and launch the next step (`can_overlap`), whose input tokens stay on the device:
 sample that turns out to have stopped ran one step too many, and that step's token is
 dropped at its commit (never written, never counted).
 
+Multi-turn episodes (``on_turn_end`` set): a sample that stops with room left is
+*parked* instead of finished: it leaves the running set and gives back its sequence
+slot, but keeps its KV blocks, and ``on_turn_end(sample)`` is called. Other samples
+keep decoding meanwhile. The driver later either `resume`s it with tokens to append
+(a tool's response and the turn separators), which become a prefill job that starts
+where the sample's cache ends (so only the new tokens are computed), or ends it
+(`finish_parked`). A token of a parked sample that an overlapped step drew a step
+late is dropped, as for a finished one. When KV blocks run short, parked samples (and
+resumed jobs still waiting) give theirs up first (`_reclaim`); such a sample is then
+recomputed from its prompt and everything in its response, like a preempted one.
+Responses hold the appended tokens too: ``tokens[s, :gen[s]]`` is the whole
+multi-turn continuation, and a sampled token's position is its column there.
+
 All per-sample state lives in numpy arrays so a decode step's bookkeeping is a few
 vectorised operations, whatever the batch size.
 """
@@ -111,10 +124,17 @@ class Scheduler:
         self.preemptions = 0
         self._where = np.zeros(total, dtype=np.int64)  # scratch of `rows_in`
         self.watermark = max(1, allocator.num_blocks // 100)
+        # Multi-turn episodes (see the module docstring).
+        self.on_turn_end: Callable[[int], None] | None = None
+        self.parked: dict[int, None] = {}  # park order: the last one gives its KV first
+        self.paused = np.zeros(total, dtype=bool)  # parked, or resumed and not yet prefilled
+        self.turn_start = np.zeros(total, dtype=np.int64)  # first column of the current turn
+        self.resumes = 0
+        self.reclaimed = 0
 
     @property
     def done(self) -> bool:
-        return not (self.waiting or self.prefilling or self.running)
+        return not (self.waiting or self.prefilling or self.running or self.parked)
 
     # ----------------------------------------------------------------- prefill
     def plan_prefill(self) -> list[Chunk]:
@@ -129,23 +149,30 @@ class Scheduler:
         while budget > 0 and self.waiting and self._admit(self.waiting[0]):
             job = self.waiting.popleft()
             self.prefilling.append(job)
-            take = min(len(job.tokens), budget)
-            chunks.append(Chunk(job, 0, take, int(self.slot[job.samples[0]])))
+            take = min(len(job.tokens) - job.done, budget)  # a resumed job starts past 0
+            chunks.append(Chunk(job, job.done, take, int(self.slot[job.samples[0]])))
             budget -= take
         return chunks
 
     def _admit(self, job: Job) -> bool:
-        """Reserve slots and blocks for ``job``; False (nothing taken) if they do not fit."""
+        """Reserve slots and blocks for ``job``; False (nothing taken) if they do not fit.
+
+        A resumed job already holds the blocks of its cached prefix (``job.blocks``) and
+        needs only the rest.
+        """
         length, forks = len(job.tokens), len(job.samples) - 1
-        need = -(-length // self.block_size)
+        need = -(-length // self.block_size) - len(job.blocks)
         extra = forks if length % self.block_size else 0
         busy = bool(self.running or self.prefilling)
         reserve = self.watermark if busy else 0
+        if not busy and self.alloc.free_blocks < need + extra:
+            self._reclaim(need + extra, keep=job)
+            need = -(-length // self.block_size) - len(job.blocks)  # it may have lost its own
         if (
             len(self.free_slots) < len(job.samples)
             or self.alloc.free_blocks < need + extra + reserve
         ):
-            if not busy:
+            if not busy and not self.parked:
                 raise RuntimeError(
                     f"native rollout engine: a prompt of {length} tokens with {forks + 1} "
                     f"samples needs {need + extra} KV blocks of {self.block_size} tokens and "
@@ -155,7 +182,7 @@ class Scheduler:
                     "shorten the prompts."
                 )
             return False
-        job.blocks = self.alloc.allocate(need)
+        job.blocks = job.blocks + self.alloc.allocate(need)
         job.fork_blocks = self.alloc.allocate(extra)
         for s in job.samples:
             self.slot[s] = self.free_slots.pop()
@@ -208,6 +235,7 @@ class Scheduler:
         for s in job.samples:
             self.kv_len[s] = length
             self.running[s] = None
+        self.paused[job.samples] = False
 
     # ------------------------------------------------------------------ decode
     def plan_decode(self) -> np.ndarray:
@@ -225,6 +253,8 @@ class Scheduler:
                     self.table[self.slot[s], self.n_blocks[s] - 1] = block[0]
                     self.dirty_rows.add(int(self.slot[s]))
                     break
+                if self._reclaim(1):
+                    continue
                 victim = next(reversed(self.running))
                 self._preempt(victim)
                 if victim == s:
@@ -263,10 +293,10 @@ class Scheduler:
     def commit_decode(self, samples, at, tokens: np.ndarray, log_probs: np.ndarray) -> int:
         """Write a launched step's tokens; returns how many were kept.
 
-        A sample that ended at an earlier commit while this step was already running
-        (a stop found a step late) has its token dropped.
+        A sample that ended (or was parked) at an earlier commit while this step was
+        already running (a stop found a step late) has its token dropped.
         """
-        live = ~self.finished[samples]
+        live = ~(self.finished[samples] | self.paused[samples])
         if not live.all():
             samples, at, tokens, log_probs = samples[live], at[live], tokens[live], log_probs[live]
         self._settle(samples, at, tokens, log_probs)
@@ -302,22 +332,105 @@ class Scheduler:
         if self.stop_check is not None:
             stop |= self.stop_check(samples, at + 1)
         self.stopped[samples] = stop
-        ended = stop | (at + 1 >= self.max_new[samples])
+        room = at + 1 < self.max_new[samples]
+        ended = stop | ~room
         self.gen[samples[ended]] = at[ended] + 1  # a later step may have advanced it already
-        for s in samples[ended].tolist():
+        park = stop & room if self.on_turn_end is not None else np.zeros(len(samples), bool)
+        for s in samples[ended & ~park].tolist():
             self._finish(s)
+        for s in samples[park].tolist():
+            self._park(s)
 
     def _finish(self, sample: int) -> None:
         self.finished[sample] = True
         self._release(sample)
 
     def _release(self, sample: int) -> None:
+        self._release_blocks(sample)
+        self._release_slot(sample)
+        self.running.pop(sample, None)
+
+    def _release_blocks(self, sample: int) -> None:
         self.alloc.release(self.blocks[sample])
         self.blocks[sample] = []
         self.n_blocks[sample] = 0
-        self.free_slots.append(int(self.slot[sample]))
-        self.slot[sample] = -1
+
+    def _release_slot(self, sample: int) -> None:
+        if self.slot[sample] >= 0:
+            self.free_slots.append(int(self.slot[sample]))
+            self.slot[sample] = -1
+
+    # ------------------------------------------------------------ multi-turn
+    def _park(self, sample: int) -> None:
+        """The sample's turn ended: out of the running set, slot freed, KV kept."""
         self.running.pop(sample, None)
+        self._release_slot(sample)
+        self.paused[sample] = True
+        self.parked[sample] = None
+        self.on_turn_end(sample)
+
+    def resume(self, sample: int, tokens: np.ndarray) -> None:
+        """Append ``tokens`` to a parked sample's response; it rejoins after a prefill
+        of what its cache lacks (those tokens, and its last sampled one if the cache
+        does not hold it yet). The appended tokens' log-probs are 0.
+
+        Raises:
+            ValueError: the sample is not parked, or the tokens leave no room in its
+                length limit for one more sampled token.
+        """
+        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        at, count = int(self.gen[sample]), len(tokens)
+        if sample not in self.parked:
+            raise ValueError(f"native rollout engine: sample {sample} is not waiting for a turn.")
+        if count == 0 or at + count >= self.max_new[sample]:
+            raise ValueError(
+                f"native rollout engine: sample {sample} has {at} of {self.max_new[sample]} "
+                f"response tokens; appending {count} must leave room for one more."
+            )
+        del self.parked[sample]
+        self.tokens[sample, at : at + count] = tokens
+        self.log_probs[sample, at : at + count] = 0.0
+        self.gen[sample] = at + count
+        self.turn_start[sample] = at + count
+        prompt = self.prompts[sample // self.n]
+        sequence = np.concatenate([prompt, self.tokens[sample, : at + count]])
+        job = Job(sequence, [sample], done=int(self.kv_len[sample]), blocks=self.blocks[sample])
+        self.blocks[sample] = []
+        self.n_blocks[sample] = 0
+        self.waiting.appendleft(job)  # it holds KV blocks: let it use them first
+        self.resumes += 1
+
+    def finish_parked(self, sample: int, stopped: bool) -> None:
+        """End a parked sample's episode (``stopped``: finish reason stop, else length)."""
+        del self.parked[sample]
+        self.paused[sample] = False
+        self.stopped[sample] = stopped
+        self.finished[sample] = True
+        self._release_blocks(sample)
+
+    def _reclaim(self, needed: int, keep: Job | None = None) -> bool:
+        """Free KV blocks of parked samples, then of resumed jobs still waiting (the
+        most recent first), until ``needed`` blocks are free; True if it got there.
+        Each one that gives its blocks up is recomputed from the start when it runs."""
+        for sample in reversed(list(self.parked)):
+            if self.alloc.free_blocks >= needed:
+                return True
+            if self.blocks[sample]:
+                self._release_blocks(sample)
+                self.kv_len[sample] = 0
+                self.reclaimed += 1
+        for job in reversed(self.waiting):
+            if self.alloc.free_blocks >= needed:
+                return True
+            if job.blocks and job is not keep:
+                self.alloc.release(job.blocks)
+                job.blocks, job.done = [], 0
+                self.reclaimed += 1
+        if keep is not None and keep.blocks and self.alloc.free_blocks < needed:
+            self.alloc.release(keep.blocks)  # the job itself: recompute it whole
+            keep.blocks, keep.done = [], 0
+            self.reclaimed += 1
+        return self.alloc.free_blocks >= needed
 
     def _preempt(self, sample: int) -> None:
         """Free ``sample``'s cache; it waits first in line to recompute prompt + output."""

@@ -20,14 +20,19 @@ class StopStrings:
         self.tokenizer, self.strings = tokenizer, tuple(strings)
         self.window = max(len(s) for s in self.strings) + 4
 
-    def checker(self, tokens: np.ndarray) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    def checker(
+        self, tokens: np.ndarray, starts: np.ndarray | None = None
+    ) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
         """A function of (sample ids, their lengths) -> bool array, reading the generated
-        ``tokens[s, :length]`` of each sample."""
+        ``tokens[s, :length]`` of each sample, from ``starts[s]`` on if given (a
+        multi-turn response: only the current turn's tokens, never an appended tool
+        response, can complete a stop string)."""
 
         def check(samples: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+            first = np.zeros(len(samples), np.int64) if starts is None else starts[samples]
             tails = [
-                tokens[s, max(0, n - self.window) : n].tolist()
-                for s, n in zip(samples.tolist(), lengths.tolist(), strict=True)
+                tokens[s, max(int(f), n - self.window) : n].tolist()
+                for s, n, f in zip(samples.tolist(), lengths.tolist(), first, strict=True)
             ]
             texts = self.tokenizer.batch_decode(tails)
             return np.array([any(x in t for x in self.strings) for t in texts], dtype=bool)

@@ -1,0 +1,351 @@
+"""Multi-turn rollout: episodes of model turns and tool (or environment) answers.
+
+`MultiTurnRollout(engine, tools=..., config=MultiTurnConfig(...)).generate(prompts,
+sampling)` takes the same prompt batch as an engine's ``generate`` and returns the
+same Batch contract (`rayrl.engines.rollout.contract`), where each response is a
+whole episode:
+
+- ``responses`` are exactly the tokens the model sampled plus the tokens appended
+  for tool responses and turn separators (`TurnFormat`), in order; a chat is never
+  re-tokenised, so the trainer scores the very tokens the model saw;
+- ``response_mask`` is 1 on sampled tokens only, 0 on every appended one;
+  ``attention_mask`` covers both; ``rollout_log_probs`` are the sampled tokens'
+  (0 on appended ones);
+- ``finish_reason`` is ``stop`` (the episode ended) or ``length`` (the response limit
+  cut a turn, or an observation did not fit: the context limit).
+
+and, per sample, ``num_turns`` (verl's count: assistant turns + observations + 1),
+``tool_stats`` (per configured tool: calls, errors, timeouts, latency_s),
+``multi_turn_events`` (malformed calls, unknown tools, bad arguments, calls over the
+per-turn limit, environment errors and timeouts, truncated observations),
+``turn_scores`` (rewards the environment gave per turn), ``tool_rewards`` (rewards
+tools gave at the end, by tool) and ``trajectory`` (the conversation: the prompt's
+messages, each assistant message with its parsed tool calls, each observation as the
+model saw it), for the reward function. `multi_turn_metrics` sums them up as verl's
+metrics.
+
+The environment of a row is its ``agent_name`` column (verl's; ``tool_agent``,
+``single_turn_agent``, a registered or dotted-path environment), else
+``config.environment``; its tools' per-episode arguments come from
+``extra_info.tools_kwargs``. Every sample is seeded from (seed, step, sample uid) as
+in single-turn rollouts, a sampled token's position being its column in the
+response, so an episode replays alone, in any batch, in any process (given tools
+that answer the same).
+
+The engine decides how turns interleave: the native engine parks a sample waiting
+for its tools and keeps decoding the others (continuous batching), the HF engine
+decodes in rounds (`rayrl.engines.rollout.multi_turn_hf`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from rayrl.batch import Batch
+from rayrl.engines.rollout.contract import (
+    Responses,
+    assemble_output,
+    check_prompts,
+    expand_samples,
+)
+from rayrl.engines.rollout.hf import HFRolloutEngine
+from rayrl.engines.rollout.multi_turn_episodes import EVENT_KEYS, Episodes, EpisodeState
+from rayrl.engines.rollout.multi_turn_format import TurnFormat
+from rayrl.engines.rollout.native import NativeRolloutEngine
+from rayrl.engines.rollout.sampling import SamplingParams, sample_keys
+from rayrl.envs import (
+    Environment,
+    Episode,
+    Tool,
+    Toolbox,
+    ToolRunner,
+    build_tools,
+    episode_fields,
+    make_environment,
+    make_parser,
+)
+from rayrl.envs.toolbox import CLOSE_ERROR, OK, TIMEOUT
+
+__all__ = ["MultiTurnConfig", "MultiTurnRollout", "multi_turn_metrics"]
+
+
+@dataclass
+class MultiTurnConfig:
+    """How episodes run (verl's ``actor_rollout_ref.rollout.multi_turn`` names).
+
+    Attributes:
+        format: the tool-call format (a ``TOOL_PARSERS`` name; verl's ``format``).
+        environment: the environment of rows without an ``agent_name``.
+        environment_config: settings given to every environment.
+        max_assistant_turns: assistant turns per episode at most (None: no limit).
+        max_user_turns: observations per episode at most (None: no limit).
+        max_parallel_calls: tool calls run per assistant turn at most.
+        max_tool_response_tokens: tokens of each observation message at most (cut and
+            marked; None: no limit).
+        tool_response_truncate_side: ``left``, ``right`` or ``middle`` (verl's).
+        tool_timeout_s: a tool call's timeout, unless the tool sets its own.
+        env_timeout_s: an environment step's timeout (all of one turn's calls).
+        max_concurrent_tools: tool calls running at once at most, over all episodes.
+        stop_at_tool_call_end: end a turn at the first complete tool call (hermes:
+            ``</tool_call>``) rather than at EOS.
+        chat_template_kwargs: extra arguments of the chat template.
+    """
+
+    format: str = "hermes"
+    environment: str = "tools"
+    environment_config: dict[str, Any] = field(default_factory=dict)
+    max_assistant_turns: int | None = None
+    max_user_turns: int | None = None
+    max_parallel_calls: int = 1
+    max_tool_response_tokens: int | None = 256
+    tool_response_truncate_side: str = "middle"
+    tool_timeout_s: float = 30.0
+    env_timeout_s: float = 600.0
+    max_concurrent_tools: int = 16
+    stop_at_tool_call_end: bool = False
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("max_assistant_turns", "max_user_turns"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"multi_turn.{name}={value} must be >= 1 (or null: no limit).")
+        if self.tool_timeout_s <= 0 or self.env_timeout_s <= 0:
+            raise ValueError("multi_turn: tool_timeout_s and env_timeout_s must be > 0.")
+
+
+class MultiTurnRollout:
+    """Multi-turn episodes on a rollout engine (see the module docstring).
+
+    Args:
+        engine: an `HFRolloutEngine` or a `NativeRolloutEngine`.
+        tools: tools, or config entries for `rayrl.envs.build_tools`.
+        config: the episode settings.
+        tokenizer: the model's tokenizer (default: the engine's).
+    """
+
+    def __init__(
+        self,
+        engine: HFRolloutEngine | NativeRolloutEngine,
+        tools: Iterable[Tool | Any] = (),
+        config: MultiTurnConfig | None = None,
+        tokenizer=None,
+    ) -> None:
+        if not isinstance(engine, HFRolloutEngine | NativeRolloutEngine):
+            raise TypeError(
+                f"multi-turn rollout runs on the hf or native engine, not {type(engine).__name__}."
+            )
+        self.engine = engine
+        self.config = config or MultiTurnConfig()
+        self.tokenizer = tokenizer or engine.tokenizer
+        if self.tokenizer is None:
+            raise ValueError(
+                "multi-turn rollout needs the model's tokenizer (to parse turns and format "
+                "tool responses); build the engine with tokenizer=... or pass tokenizer=."
+            )
+        c = self.config
+        self.parser = make_parser(
+            c.format, **({"stop_at_call_end": True} if c.stop_at_tool_call_end else {})
+        )
+        runner = ToolRunner(c.max_concurrent_tools, default_timeout_s=c.tool_timeout_s)
+        self.toolbox = Toolbox.of(
+            build_tools(tools), runner=runner, max_parallel_calls=c.max_parallel_calls
+        )
+        self.format = TurnFormat(
+            self.tokenizer,
+            max_message_tokens=c.max_tool_response_tokens,
+            truncate_side=c.tool_response_truncate_side,
+            template_kwargs=c.chat_template_kwargs,
+        )
+        self.format.pieces(("tool",))  # a template that cannot render tool turns fails here
+        self._environment(c.environment)  # an unknown environment fails here, not per row
+        self.last_stats: dict[str, float] = {}
+
+    @property
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """The tools' OpenAI schemas, for the prompt's chat template (``tools=``)."""
+        return self.toolbox.schemas
+
+    # -------------------------------------------------------------- generate
+    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        """Episodes for ``sampling.n`` samples of each prompt (module docstring)."""
+        prompts = check_prompts(prompts, "MultiTurnRollout.generate")
+        rows, uids = expand_samples(prompts, sampling.n)
+        keys = sample_keys(sampling.seed, int(prompts.meta["step"]), uids)
+        sampling = self._turn_sampling(sampling)
+        start = time.perf_counter()
+        episodes = Episodes(
+            [self._episode(rows, i, uid) for i, uid in enumerate(uids)],
+            self.format,
+            eos_ids=self.engine.eos_ids,
+            width=sampling.max_new_tokens,
+            max_assistant_turns=self.config.max_assistant_turns,
+            max_user_turns=self.config.max_user_turns,
+            env_timeout_s=self.config.env_timeout_s,
+        )
+        if len(rows):
+            out = self._decode(prompts, rows, keys, sampling, episodes)
+        else:
+            none = torch.zeros(0, 0)
+            out = Responses(none.long(), none.sum(1).long(), none, none.sum(1).bool())
+        masks = [
+            episodes.finish(i, out.tokens[i, : out.lengths[i]].numpy()) for i in range(len(rows))
+        ]
+        closing = self._close(episodes)
+        batch = assemble_output(rows, uids, out, sampling.max_new_tokens, self.engine.pad_id)
+        self._fill(batch, episodes, masks, closing)
+        self.last_stats = {
+            "multi_turn/rollout_s": time.perf_counter() - start,
+            "timing_s/tools": episodes.busy_s,
+            "multi_turn/env_steps": float(episodes.turns_handled),
+        }
+        return batch
+
+    def _turn_sampling(self, sampling: SamplingParams) -> SamplingParams:
+        stops = tuple(s for s in self.parser.stop if s not in sampling.stop)
+        return replace(sampling, stop=sampling.stop + stops) if stops else sampling
+
+    def _decode(self, prompts, rows, keys, sampling, episodes) -> Responses:
+        if isinstance(self.engine, NativeRolloutEngine):
+            ids, mask = prompts.tensors["input_ids"], prompts.tensors["attention_mask"].bool()
+            token_lists = [row[m].tolist() for row, m in zip(ids, mask, strict=True)]
+            return self.engine.generate_token_ids(
+                token_lists, sampling, keys=keys.numpy(), turns=episodes
+            )
+        return self.engine.generate_turns(rows, keys, sampling, episodes)
+
+    def _episode(self, rows: Batch, i: int, uid: str) -> EpisodeState:
+        row = {k: v[i] for k, v in rows.non_tensors.items()}
+        agent, tools_kwargs = episode_fields(row)
+        extra = row.get("extra_info") if isinstance(row.get("extra_info"), Mapping) else {}
+        messages = _messages(row.get("raw_prompt"))
+        if messages is None:
+            ids = rows.tensors["input_ids"][i][rows.tensors["attention_mask"][i].bool()]
+            messages = [{"role": "user", "content": self.format.decode(ids.tolist())}]
+        episode = Episode(uid, messages, dict(extra), tools_kwargs, row.get("data_source"))
+        state = EpisodeState(None, [dict(m) for m in messages])
+        try:
+            env = self._environment(agent or self.config.environment)
+            env.reset(episode)
+        except Exception as err:  # a broken row or environment: a single-turn sample
+            state.events["env_errors"] += 1
+            state.errors.append(f"environment {agent or self.config.environment!r}: {err}")
+            return state
+        state.env = env
+        return state
+
+    def _environment(self, name: str) -> Environment:
+        return make_environment(
+            name, config=self.config.environment_config, toolbox=self.toolbox, parser=self.parser
+        )
+
+    def _close(self, episodes: Episodes) -> list[dict[str, float]]:
+        """Close every environment (under the step timeout); the rewards they give."""
+        futures = [
+            None if s.env is None else episodes.runner.submit(s.env.close, name="env-close")
+            for s in episodes.states
+        ]
+        rewards = []
+        for state, future in zip(episodes.states, futures, strict=True):
+            outcome = None if future is None else future.result()
+            if outcome is not None and not outcome.ok:
+                state.events["env_errors"] += 1
+                state.errors.append(f"environment close: {outcome.error or 'timed out'}")
+            value = outcome.value if outcome is not None and outcome.ok else None
+            rewards.append(dict(value) if isinstance(value, Mapping) else {})
+        return rewards
+
+    def _fill(self, batch: Batch, episodes: Episodes, masks, rewards) -> None:
+        width = batch.tensors["responses"].shape[1]
+        sampled = torch.zeros(len(masks), width, dtype=batch.tensors["response_mask"].dtype)
+        for i, mask in enumerate(masks):
+            sampled[i, : len(mask)] = torch.from_numpy(mask[:width])
+        batch.tensors["response_mask"] = batch.tensors["response_mask"] * sampled
+        batch.tensors["rollout_log_probs"] = batch.tensors["rollout_log_probs"] * sampled
+        states = episodes.states
+        tool_names = list(self.toolbox.tools)
+        columns = {
+            "num_turns": [s.assistant_turns + s.user_turns + 1 for s in states],
+            "tool_stats": [_tool_stats(s.env, tool_names) for s in states],
+            "multi_turn_events": [_events(s) for s in states],
+            "turn_scores": [list(s.turn_scores) for s in states],
+            "tool_rewards": rewards,
+            "trajectory": [s.conversation for s in states],
+        }
+        for name, values in columns.items():
+            column = np.empty(len(states), dtype=object)
+            column[:] = values
+            batch.non_tensors[name] = column
+
+
+def _messages(raw: Any) -> list[dict[str, Any]] | None:
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        return [{"role": "user", "content": raw}]
+    try:
+        messages = [dict(m) for m in raw]
+    except (TypeError, ValueError):
+        return None
+    return messages if all("role" in m for m in messages) else None
+
+
+def _tool_stats(env: Environment | None, names: Sequence[str]) -> dict[str, dict[str, float]]:
+    stats = {n: {"calls": 0, "errors": 0, "timeouts": 0, "latency_s": 0.0} for n in names}
+    for event in env.events if env is not None else ():
+        entry = stats.get(event.tool or "")
+        if entry is None or event.status == CLOSE_ERROR:
+            continue
+        entry["calls"] += 1
+        entry["errors"] += event.status not in (OK, TIMEOUT)
+        entry["timeouts"] += event.status == TIMEOUT
+        entry["latency_s"] += event.latency_s
+    return stats
+
+
+def _events(state: EpisodeState) -> dict[str, int]:
+    """The episode's own events plus its tool calls' failures that name no tool's stats
+    (malformed calls, unknown tools, bad arguments, calls over the per-turn limit)."""
+    events = dict(state.events)
+    for event in state.env.events if state.env is not None else ():
+        if event.status in events:
+            events[event.status] += 1
+        elif event.status == CLOSE_ERROR:
+            events["env_errors"] += 1
+    return events
+
+
+def multi_turn_metrics(batch: Batch, stats: Mapping[str, float] | None = None) -> dict[str, float]:
+    """verl-named metrics of a multi-turn rollout's output (and its ``last_stats``):
+    ``multi_turn/num_turns/{mean,max,min}``, ``tool/<name>/{calls,errors,timeouts}``
+    (sums), ``tool/<name>/latency_s`` (mean per call), ``multi_turn/<event>`` (sums),
+    ``timing_s/tools``."""
+    turns = np.asarray(batch.non_tensors["num_turns"], dtype=np.float64)
+    metrics = {
+        "multi_turn/num_turns/mean": float(turns.mean()) if len(turns) else 0.0,
+        "multi_turn/num_turns/max": float(turns.max()) if len(turns) else 0.0,
+        "multi_turn/num_turns/min": float(turns.min()) if len(turns) else 0.0,
+    }
+    totals: dict[str, dict[str, float]] = {}
+    for per_sample in batch.non_tensors["tool_stats"]:
+        for name, entry in per_sample.items():
+            total = totals.setdefault(name, dict.fromkeys(entry, 0.0))
+            for key, value in entry.items():
+                total[key] += value
+    for name, total in totals.items():
+        for key in ("calls", "errors", "timeouts"):
+            metrics[f"tool/{name}/{key}"] = float(total[key])
+        metrics[f"tool/{name}/latency_s"] = total["latency_s"] / max(total["calls"], 1.0)
+    for key in EVENT_KEYS:
+        metrics[f"multi_turn/{key}"] = float(
+            sum(e[key] for e in batch.non_tensors["multi_turn_events"])
+        )
+    if stats:
+        metrics.update({k: float(v) for k, v in stats.items()})
+    return metrics

@@ -1,0 +1,9 @@
+"""Built-in tools, registered in ``TOOLS`` on import: ``calculator``,
+``code_interpreter`` (alias ``python``), ``search``, ``gsm8k_answer``."""
+
+from rayrl.envs.builtin.calculator import Calculator
+from rayrl.envs.builtin.gsm8k import Gsm8kAnswer
+from rayrl.envs.builtin.python_code import PythonInterpreter
+from rayrl.envs.builtin.search import BM25, LocalSearch
+
+__all__ = ["BM25", "Calculator", "Gsm8kAnswer", "LocalSearch", "PythonInterpreter"]

@@ -1,0 +1,169 @@
+"""Loading user classes and tools named in a config.
+
+`load_object(spec)` imports what a spec names:
+
+- ``"package.module:Name"`` or ``"package.module.Name"`` (verl's ``class_name``);
+- ``"/path/to/file.py:Name"`` or a ``(path, name)`` pair (the file is imported as a
+  fresh module, as reward files are).
+
+`build_tool(spec)` makes one `Tool` from a config entry:
+
+- a registered tool name (``"calculator"``) or a spec of a `Tool` subclass, a function
+  (wrapped in a `FunctionTool`) or a ready `Tool` object;
+- a mapping ``{"name" | "class_name": ..., "config": {...}, "tool_schema": {...}}``:
+  verl's tool YAML entry (``rayrl.envs.verl`` maps verl's own tool classes to the
+  built-ins and adapts classes written against verl's ``BaseTool``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from rayrl.envs.registry import TOOLS
+from rayrl.envs.tool import FunctionTool, Tool
+
+__all__ = ["LoadError", "build_tool", "build_tools", "load_object"]
+
+
+class LoadError(ValueError):
+    """A class, function or tool named in a config could not be loaded."""
+
+
+def load_object(spec: str | tuple[str, str] | list, kind: str = "object") -> Any:
+    """The object a spec names (see the module docstring); LoadError says what to fix."""
+    if isinstance(spec, tuple | list):
+        if len(spec) != 2:
+            raise LoadError(f"{kind} spec {spec!r}: give (path, name).")
+        return _from_file(Path(spec[0]), str(spec[1]), kind)
+    text = str(spec).strip()
+    if ":" in text:
+        where, name = text.rsplit(":", 1)
+    elif "." in text and not text.endswith(".py"):
+        where, name = text.rsplit(".", 1)
+    else:
+        raise LoadError(
+            f"{kind} {text!r} is neither a registered name nor 'module.Name', "
+            "'module:Name' or '/path/file.py:Name'."
+        )
+    if where.endswith(".py") or os.sep in where:
+        return _from_file(Path(where), name, kind)
+    try:
+        module = importlib.import_module(where)
+    except Exception as err:
+        raise LoadError(
+            f"{kind} {text!r}: importing module {where!r} failed ({type(err).__name__}: {err}). "
+            "Is it installed, or on PYTHONPATH of every worker?"
+        ) from err
+    return _attribute(module, name, f"module {where}", kind)
+
+
+def _from_file(file: Path, name: str, kind: str) -> Any:
+    file = file.expanduser().absolute()
+    if not file.is_file():
+        raise LoadError(f"{kind}: no such file {file} (working directory {Path.cwd()}).")
+    digest = hashlib.sha1(str(file).encode()).hexdigest()[:10]
+    module_name = f"rayrl_user_env_{file.stem}_{digest}"
+    module = sys.modules.get(module_name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(module_name, file)
+        if spec is None or spec.loader is None:
+            raise LoadError(f"{kind}: {file} is not an importable Python file (use a .py file).")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as err:
+            sys.modules.pop(module_name, None)
+            raise LoadError(
+                f"{kind}: importing {file} failed: {type(err).__name__}: {err}"
+            ) from err
+    return _attribute(module, name, str(file), kind)
+
+
+def _attribute(module: Any, name: str, where: str, kind: str) -> Any:
+    if hasattr(module, name):
+        return getattr(module, name)
+    defined = [k for k in vars(module) if not k.startswith("_")]
+    close = difflib.get_close_matches(name, defined, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise LoadError(f"{kind}: {where} defines no {name!r}.{hint}")
+
+
+def build_tool(spec: Any) -> Tool:
+    """One tool from a config entry (see the module docstring)."""
+    if isinstance(spec, Tool):
+        return spec
+    if isinstance(spec, Mapping):
+        return _from_mapping(spec)
+    if isinstance(spec, str) and (spec in TOOLS or not any(c in spec for c in ".:/")):
+        return TOOLS.get(spec)()  # an unknown bare name: a did-you-mean error
+    return instantiate_tool(load_object(spec, "tool"), {}, None, where=str(spec))
+
+
+def build_tools(specs: Iterable[Any]) -> list[Tool]:
+    """Tools from a list of config entries; two tools with one name is an error."""
+    tools = [build_tool(spec) for spec in specs]
+    seen: dict[str, Tool] = {}
+    for tool in tools:
+        if tool.name in seen:
+            raise LoadError(
+                f"two tools are named {tool.name!r} ({seen[tool.name]!r}, {tool!r}); tool names "
+                "must be unique: rename one in its tool_schema.function.name."
+            )
+        seen[tool.name] = tool
+    return tools
+
+
+def _from_mapping(entry: Mapping[str, Any]) -> Tool:
+    from rayrl.envs import verl
+
+    target = entry.get("class_name") or entry.get("name") or entry.get("class")
+    if not target:
+        raise LoadError(
+            f"tool entry {dict(entry)!r} names no tool: give 'name' (a registered tool) or "
+            "'class_name' (a class by dotted path)."
+        )
+    config = dict(entry.get("config") or {})
+    schema = entry.get("tool_schema") or entry.get("schema")
+    verl.check_tool_type(config, target)
+    target = verl.BUILTIN_FOR_CLASS.get(target, target)
+    if target in TOOLS or not any(c in str(target) for c in ".:/"):
+        return TOOLS.get(target)(config=config, schema=schema)
+    return instantiate_tool(load_object(target, "tool"), config, schema, where=str(target))
+
+
+def instantiate_tool(obj: Any, config: dict, schema: Any, *, where: str) -> Tool:
+    """A `Tool` from a loaded class, function or object (verl ``BaseTool`` adapted)."""
+    from rayrl.envs import verl
+
+    if isinstance(obj, Tool):
+        return obj
+    if inspect.isclass(obj) and issubclass(obj, Tool):
+        return obj(config=config, schema=schema)
+    if inspect.isclass(obj) and verl.is_verl_tool_class(obj):
+        return verl.VerlTool.of(obj, config, schema)
+    if callable(obj) and not inspect.isclass(obj):
+        return FunctionTool(obj, **_function_options(config, schema))
+    raise LoadError(
+        f"tool {where}: {obj!r} is not a rayrl.envs.Tool subclass, a function, or a class "
+        "with verl's BaseTool methods (async create/execute/release)."
+    )
+
+
+def _function_options(config: dict, schema: Any) -> dict[str, Any]:
+    from rayrl.envs.tool import split_schema
+
+    options: dict[str, Any] = {"timeout_s": config.get("timeout_s")}
+    if schema:
+        name, description, parameters = split_schema(schema)
+        options.update(name=name, description=description, parameters=parameters)
+    return options

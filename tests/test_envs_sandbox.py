@@ -1,0 +1,180 @@
+"""The code sandbox with real child processes: an infinite loop, a fork bomb, a 10 GB
+allocation, writes outside the working directory, the trainer's secrets, a connection
+to 127.0.0.1, a process that escapes its group: each fails inside the sandbox, the
+result says so, and the test process (the trainer) is unharmed."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from rayrl.envs import Sandbox, SandboxLimits, build_tool
+from rayrl.envs.sandbox import _pids_of
+
+ROOT = os.geteuid() == 0
+needs_root = pytest.mark.skipif(not ROOT, reason="uid, mount and PID isolation need root here")
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    return Sandbox(SandboxLimits(timeout_s=3.0, max_processes=8, memory_bytes=512 << 20))
+
+
+def run(sandbox: Sandbox, code: str):
+    result = sandbox.run_python(textwrap.dedent(code))
+    assert result.error is None, result.error
+    return result
+
+
+def trainer_is_healthy():
+    done = subprocess.run([sys.executable, "-c", "print(6 * 7)"], capture_output=True, text=True)
+    assert done.stdout.strip() == "42"
+
+
+def test_runs_code_and_reports_isolation(sandbox):
+    result = run(sandbox, "print('hello', sum(range(10)))")
+    assert result.ok and result.stdout == "hello 45\n"
+    if ROOT:
+        assert result.isolation["user"].startswith("uid ")
+        assert "network namespace" in result.isolation["network"]
+        assert "PID namespace" in result.isolation["processes"]
+        assert "private tmpfs" in result.isolation["filesystem"]
+
+
+def test_infinite_loop_is_killed_at_the_timeout(sandbox):
+    start = time.perf_counter()
+    result = run(sandbox, "while True: pass")
+    assert result.timed_out and not result.ok
+    assert time.perf_counter() - start < 10
+    assert "time limit" in result.summary()
+    trainer_is_healthy()
+
+
+def test_fork_bomb_stops_at_the_process_limit(sandbox):
+    code = """
+        import os, time
+        made = 0
+        for _ in range(10_000):
+            try:
+                if os.fork() == 0:
+                    time.sleep(60)
+                    os._exit(0)
+                made += 1
+            except OSError:
+                break
+        print("forked", made, flush=True)
+        time.sleep(60)
+    """
+    result = run(sandbox, code)
+    assert result.timed_out
+    made = int(result.stdout.split()[1])
+    assert made < sandbox.limits.max_processes  # RLIMIT_NPROC stopped it
+    if ROOT:
+        uid = int(result.isolation["user"].split()[1])
+        assert _pids_of(uid) == []  # every process of the run is gone
+    trainer_is_healthy()
+
+
+def test_ten_gigabytes_cannot_be_allocated(sandbox):
+    result = run(sandbox, "x = bytearray(10 * 1024**3)\nprint('allocated')")
+    assert result.exit_code == 1 and "MemoryError" in result.stderr
+    assert "allocated" not in result.stdout
+    trainer_is_healthy()
+
+
+@needs_root
+def test_writes_outside_the_working_directory_fail(sandbox, tmp_path):
+    victim_dir = tmp_path / "open"
+    victim_dir.mkdir()
+    victim_dir.chmod(0o777)  # even a world-writable host directory under /tmp
+    repo_file = os.path.join(os.path.dirname(__file__), "SANDBOX_ESCAPE")
+    code = f"""
+        import os
+        for path in [{str(victim_dir / "owned")!r}, {repo_file!r}, "/etc/passwd"]:
+            try:
+                with open(path, "a") as f:
+                    f.write("pwned")
+                print("wrote", path)
+            except OSError as err:
+                print("refused", path, type(err).__name__)
+        open("inside.txt", "w").write("fine")
+        print("inside", open("inside.txt").read())
+    """
+    result = run(sandbox, code)
+    assert "inside fine" in result.stdout
+    assert f"refused {repo_file} PermissionError" in result.stdout
+    assert "refused /etc/passwd PermissionError" in result.stdout
+    assert not (victim_dir / "owned").exists()  # hidden by the private tmpfs
+    assert not os.path.exists(repo_file)
+    with open("/etc/passwd") as passwd:
+        assert "pwned" not in passwd.read()
+
+
+def test_trainer_secrets_are_not_visible(sandbox, monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "fake-secret-do-not-leak")
+    code = f"""
+        import os
+        print(sorted(os.environ))
+        print(os.environ.get("AWS_SECRET_ACCESS_KEY"))
+        try:
+            print(open("/proc/{os.getpid()}/environ", "rb").read())
+        except OSError as err:
+            print("refused", type(err).__name__)
+    """
+    result = run(sandbox, code)
+    assert "fake-secret-do-not-leak" not in result.stdout + result.stderr
+    assert "AWS_SECRET_ACCESS_KEY" not in result.stdout
+    assert "refused" in result.stdout
+
+
+@needs_root
+def test_no_network_not_even_loopback(sandbox):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    try:
+        code = f"""
+            import socket
+            try:
+                socket.create_connection(("127.0.0.1", {port}), timeout=2)
+                print("connected")
+            except OSError as err:
+                print("refused", err)
+        """
+        result = run(sandbox, code)
+    finally:
+        server.close()
+    assert "connected" not in result.stdout and "refused" in result.stdout
+
+
+@needs_root
+def test_a_process_that_leaves_the_group_dies_with_the_run(sandbox):
+    code = """
+        import os, time
+        if os.fork() == 0:
+            os.setsid()
+            time.sleep(120)
+            os._exit(0)
+        print("parent done", flush=True)
+    """
+    result = run(sandbox, code)
+    assert result.ok
+    uid = int(result.isolation["user"].split()[1])
+    assert _pids_of(uid) == []
+
+
+def test_output_is_truncated_and_the_code_tool_summarises():
+    box = Sandbox(SandboxLimits(timeout_s=5.0, max_output_bytes=100))
+    result = box.run_python("print('x' * 100_000)")
+    assert result.ok and result.stdout_truncated and len(result.stdout) == 100
+    tool = build_tool({"name": "code_interpreter", "config": {"timeout_s": 5}})
+    assert tool.execute({"code": "print(2 ** 20)"}, None).strip() == "1048576"
+    failed = tool.execute({"code": "raise ValueError('bad input')"}, None)
+    assert "ValueError: bad input" in failed and "Exit code 1" in failed
