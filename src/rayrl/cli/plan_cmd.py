@@ -18,7 +18,7 @@ EXIT = {"fits": 0, "busy": 1, "scale": 1, "never": 2}
 def plan(args: argparse.Namespace) -> int:
     from rayrl.cluster.guard import assess, render_plan
     from rayrl.cluster.inspect import connect, resolve_address, snapshot
-    from rayrl.trainer.resources import pools_from_config, resolve_device
+    from rayrl.trainer.resources import node_cpus, pools_from_config, resolve_device
 
     cfg = load_from_args(args)
     out = console()
@@ -26,7 +26,7 @@ def plan(args: argparse.Namespace) -> int:
         state = snapshot()
         gpus = sum(node.get("GPU", 0.0) for node in state.totals.values())
         device = resolve_device(cfg, gpus)
-        pools = pools_from_config(cfg, device)
+        pools = pools_from_config(cfg, device, node_cpus(state.totals, device))
         out.print(f"cluster {address}: {len(state.nodes)} node(s); device {device}")
         out.print(render_plan(pools, state))
         return EXIT[assess(pools, state).status]

@@ -355,7 +355,10 @@ class ResourcesConfig:
     capacity_factor: float = 1.0
     init_timeout_s: float = 600.0
     init_retries: int = 1
-    cpus_per_worker: int = 1
+    # CPUs of each model worker's bundle: a number, or auto (GPU runs: about two thirds of
+    # a node's CPUs shared among its GPU workers, the rest left to Ray, the driver and
+    # the reward; CPU-only runs: 1, each rank being its own worker)
+    cpus_per_worker: Any = "auto"
     loader_workers: int = 0
     dashboard: bool = True  # when rayrl starts Ray: the Ray dashboard, URL printed
     dashboard_host: str = "127.0.0.1"  # 0.0.0.0 exposes it to the network

@@ -33,6 +33,7 @@ from rayrl.config.load import (
     load_structured,
 )
 from rayrl.config.schema import ResourcesConfig
+from rayrl.config.validate import check_cpus_per_worker
 
 SFT_BUILTIN_DIR = Path(__file__).resolve().parent / "sft"
 
@@ -241,6 +242,7 @@ def validate_sft_config(cfg: SFTConfig) -> None:
         value = _get(cfg, path)
         if value is not None and value < 1:
             raise ConfigError(f"{path}={value} must be at least 1")
+    check_cpus_per_worker(cfg.resources.cpus_per_worker)
     d, t = cfg.data, cfg.trainer
     for key in ("train_max_samples", "val_max_samples"):
         if getattr(d, key) == 0 or getattr(d, key) < -1:

@@ -10,6 +10,7 @@ data-parallel ranks, and each rank's share splits into micro-batches of
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from rayrl.config.errors import ConfigError
 from rayrl.config.errors import warn as _warn
@@ -111,6 +112,17 @@ def check_positive(cfg: RayRLConfig) -> None:
         raise ConfigError(
             f"resources.capacity_factor={cfg.resources.capacity_factor} must be >= 1.0 "
             "(1.0 reserves no spare bundles; 1.25 reserves a spare for every 4 workers)"
+        )
+    check_cpus_per_worker(cfg.resources.cpus_per_worker)
+
+
+def check_cpus_per_worker(value: Any) -> None:
+    """`resources.cpus_per_worker` is `auto` or a whole number of CPUs, at least 1."""
+    if value == "auto":
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 1:
+        raise ConfigError(
+            f"resources.cpus_per_worker={value!r} must be auto or a number of CPUs >= 1"
         )
 
 

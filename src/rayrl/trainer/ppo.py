@@ -49,7 +49,7 @@ from rayrl.trainer.metrics import batch_metrics, timer
 from rayrl.trainer.model_dir import model_dir
 from rayrl.trainer.names import check_names
 from rayrl.trainer.on_policy import separate_pass_reason
-from rayrl.trainer.resources import pools_from_config
+from rayrl.trainer.resources import cluster_node_cpus, pools_from_config
 from rayrl.trainer.ride_along import Riding, riding_stages
 from rayrl.trainer.roles import GroupEnv, Roles, start_roles
 from rayrl.trainer.stage_calls import StageCalls
@@ -124,7 +124,7 @@ class PPOTrainer:
         return self.data
 
     def pool_specs(self, device: str) -> list[PoolSpec]:
-        return pools_from_config(self.cfg, device)
+        return pools_from_config(self.cfg, device, cluster_node_cpus(device))
 
     def start(
         self, pools: list[ResourcePool], env: GroupEnv, device: str, total_steps: int
