@@ -93,19 +93,49 @@ def _empty_cache(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def offload_model(model: nn.Module) -> None:
+def offload_model(model: nn.Module, frozen: bool = False) -> None:
     """Move parameters and gradients to host memory (works on FSDP2-sharded models).
 
-    ``Module.to`` moves gradients too and keeps parameter objects (FSDP2's DTensors
-    are swapped in place), so the optimizer's references stay valid.
+    From a GPU, plain (unsharded) parameters go into page-locked host buffers kept on
+    the module (allocated once, at their exact size), so both directions run at full
+    PCIe speed; a ``frozen`` model's weights (a reference policy) are copied there once
+    and later offloads only drop the device copy. FSDP2's DTensors, buffers and
+    gradients move with ``Module.to``. Parameter objects stay the same, so the
+    optimizer's references stay valid.
     """
     device = next(model.parameters()).device
+    if device.type == "cuda":
+        _park_plain_parameters(model, frozen)
+        torch.cuda.synchronize(device)  # the host copies are complete before anyone reads
     model.to("cpu")
     _empty_cache(device)
 
 
+def _park_plain_parameters(model: nn.Module, frozen: bool) -> None:
+    host = model.__dict__.setdefault("_rayrl_host_params", {})
+    for param in model.parameters():
+        if hasattr(param, "to_local") or param.device.type != "cuda":
+            continue  # FSDP2's DTensors: Module.to
+        buffer = host.get(id(param))
+        fresh = buffer is None or buffer.shape != param.shape or buffer.dtype != param.dtype
+        if fresh:
+            buffer = host[id(param)] = pinned_host_buffer(param.data)
+        if fresh or not frozen:
+            buffer.copy_(param.data, non_blocking=True)
+        if param.grad is not None:
+            param.grad = param.grad.to("cpu")
+        param.data = buffer
+
+
 def onload_model(model: nn.Module, device: torch.device) -> None:
-    """Move parameters and gradients back to ``device``."""
+    """Move parameters and gradients back to ``device`` (from page-locked buffers where
+    `offload_model` parked them: asynchronous copies)."""
+    if torch.device(device).type == "cuda":
+        host = model.__dict__.get("_rayrl_host_params", {})
+        for param in model.parameters():
+            buffer = host.get(id(param))
+            if buffer is not None and param.data_ptr() == buffer.data_ptr():
+                param.data = param.data.to(device, non_blocking=True)
     model.to(device)
 
 
