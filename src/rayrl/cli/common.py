@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -27,22 +27,38 @@ def add_config_args(
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.seed=3")
 
 
+def checked_config(source, overrides, warn):
+    """`rayrl train`'s config for a config file (or built-in name, or None) and dotted
+    overrides: loaded, validated and its registry names checked. The path every command
+    that takes a config goes through (`bench/verl_compat.py` calls it too); raises
+    ConfigError."""
+    from rayrl.config import load_config
+    from rayrl.trainer.names import check_names
+
+    cfg = load_config(source, overrides, warn=warn)
+    check_names(cfg)
+    return cfg
+
+
+def checked_sft_config(source, overrides, warn):
+    """`rayrl sft`'s config, as `checked_config` (`rayrl.config.sft`)."""
+    from rayrl.config.sft import load_sft_config
+    from rayrl.trainer.names import check_sft_names
+
+    cfg = load_sft_config(source, overrides, warn=warn)
+    check_sft_names(cfg)
+    return cfg
+
+
 def load_from_args(args: argparse.Namespace):
     """The validated config the arguments describe, its registry names checked too.
 
     Keys accepted without effect print one warning line each; a ConfigError exits 2
     with its message.
     """
-    from rich.console import Console
+    from rayrl.config import ConfigError
 
-    from rayrl.config import ConfigError, load_config
-    from rayrl.trainer.names import check_names
-
-    err = Console(stderr=True, soft_wrap=True)
-
-    def warn(message: str) -> None:
-        err.print(f"[yellow]config warning:[/] {message}", highlight=False)
-
+    err = console(stderr=True)
     source = args.config
     if source is None and not _names_model_or_data(args.overrides):
         source = "grpo"
@@ -52,9 +68,7 @@ def load_from_args(args: argparse.Namespace):
             highlight=False,
         )
     try:
-        cfg = load_config(source, args.overrides, warn=warn)
-        check_names(cfg)
-        return cfg
+        return checked_config(source, args.overrides, _warner(err))
     except ConfigError as exc:
         hint = (
             "\n(no -c given: verl's defaults apply; `-c grpo` or `-c ppo` start from the "
@@ -62,18 +76,15 @@ def load_from_args(args: argparse.Namespace):
             if args.config is None and source is None
             else ""
         )
-        err.print(f"[bold red]config error:[/] {exc}{hint}", highlight=False)
-        sys.exit(2)
+        _refuse(err, exc, hint)
 
 
 def load_sft_from_args(args: argparse.Namespace):
     """`rayrl sft`'s validated config (`rayrl.config.sft`); with no -c, model or data,
     the built-in `demo` SFT config. Exits 2 with the message on a ConfigError."""
     from rayrl.config import ConfigError
-    from rayrl.config.sft import load_sft_config
-    from rayrl.trainer.names import check_sft_names
 
-    err = Console(stderr=True, soft_wrap=True)
+    err = console(stderr=True)
     source = args.config
     if source is None and not _names_model_or_data(args.overrides, SFT_DEMO_TRIGGERS):
         source = "demo"
@@ -83,20 +94,29 @@ def load_sft_from_args(args: argparse.Namespace):
             highlight=False,
         )
     try:
-        cfg = load_sft_config(
-            source,
-            args.overrides,
-            warn=lambda m: err.print(f"[yellow]config warning:[/] {m}", highlight=False),
-        )
-        check_sft_names(cfg)
-        return cfg
+        return checked_sft_config(source, args.overrides, _warner(err))
     except ConfigError as exc:
-        err.print(f"[bold red]config error:[/] {exc}", highlight=False)
-        sys.exit(2)
+        _refuse(err, exc)
+
+
+def _warner(err: Console):
+    from rich.markup import escape
+
+    def warn(message: str) -> None:
+        err.print(f"[yellow]config warning:[/] {escape(message)}", highlight=False)
+
+    return warn
+
+
+def _refuse(err: Console, exc: Exception, hint: str = "") -> NoReturn:
+    from rich.markup import escape
+
+    err.print(f"[bold red]config error:[/] {escape(str(exc))}{escape(hint)}", highlight=False)
+    sys.exit(2)
 
 
 DEMO_TRIGGERS = ("actor_rollout_ref.model.path", "data.train_files")
-SFT_DEMO_TRIGGERS = ("model.partial_pretrain", "data.train_files")
+SFT_DEMO_TRIGGERS = ("model.partial_pretrain", "model.path", "data.train_files")
 
 
 def _names_model_or_data(overrides: list[str], triggers: tuple[str, ...] = DEMO_TRIGGERS) -> bool:

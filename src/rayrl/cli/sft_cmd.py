@@ -77,13 +77,19 @@ def metrics_table(history: list[dict], rows: int) -> Table:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.markup import escape
+
     from rayrl.data import DataError
+    from rayrl.trainer.tracking import TrackerUnavailable
 
     cfg = load_sft_from_args(args)
     try:
         sft(cfg)
     except (DataError, FileNotFoundError) as exc:  # raised at load, before Ray starts
-        console(stderr=True).print(f"[bold red]data error:[/] {exc}", highlight=False)
+        console(stderr=True).print(f"[bold red]data error:[/] {escape(str(exc))}", highlight=False)
+        return 2
+    except TrackerUnavailable as exc:  # raised before Ray starts
+        console(stderr=True).print(f"[bold red]tracker error:[/] {escape(str(exc))}")
         return 2
     return 0
 

@@ -113,13 +113,19 @@ def metrics_table(history: list[dict], rows: int | None = None) -> Table:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.markup import escape
+
     from rayrl.data import DataError
+    from rayrl.trainer.tracking import TrackerUnavailable
 
     cfg = load_from_args(args)
     try:
         train(cfg)
     except DataError as exc:  # raised at load, before any resource is reserved
-        console(stderr=True).print(f"[bold red]data error:[/] {exc}", highlight=False)
+        console(stderr=True).print(f"[bold red]data error:[/] {escape(str(exc))}", highlight=False)
+        return 2
+    except TrackerUnavailable as exc:  # raised before Ray starts
+        console(stderr=True).print(f"[bold red]tracker error:[/] {escape(str(exc))}")
         return 2
     except Stopped:
         return 130  # the shell's code for a run ended by Ctrl-C

@@ -38,6 +38,7 @@ class DataConfig:
     truncation: str = "error"  # error | left | right
     filter_overlong_prompts: bool = False
     shuffle: bool = True
+    seed: int | None = None  # the shuffle's seed; None: trainer.seed (verl: unseeded)
     dataloader_num_workers: int = 8
     synthetic_task: str = "arithmetic"  # used when train_files is empty
     synthetic_size: int = 512
@@ -56,6 +57,7 @@ class FSDPConfig:
     # took 2.84 s wrapped vs 3.01 s under autocast at 32,768 tokens per micro-batch, but
     # 4.14 s vs 3.21 s at 16,384 (docs/benchmarks.md): off by default.
     wrap_one_gpu: bool = False
+    fsdp_size: int = -1  # ranks sharing one copy of the model; -1: all of them (no HSDP)
 
 
 @dataclass
@@ -64,6 +66,7 @@ class RefFSDPConfig:
     # None (verl's default): bf16 weights where compute is bf16 on a GPU, else fp32
     model_dtype: str | None = None
     dtype: str = "bfloat16"
+    fsdp_size: int = -1
 
 
 @dataclass
@@ -104,14 +107,16 @@ class ActorConfig:
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     ppo_mini_batch_size: int = 256  # prompts per mini-batch (times rollout.n samples)
     ppo_micro_batch_size_per_gpu: int | None = None  # samples per forward/backward
+    ppo_micro_batch_size: int | None = None  # verl's deprecated size for all GPUs together
     use_dynamic_bsz: bool = False
     ppo_max_token_len_per_gpu: int = 16384  # token budget of a micro-batch (dynamic)
     ppo_epochs: int = 1
     shuffle: bool = False  # reshuffle the rows before each epoch's mini-batches
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     loss_agg_mode: str = "token-mean"
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2  # DAPO's clip-higher: e.g. 0.28
+    clip_ratio: float = 0.2  # both bounds, unless clip_ratio_low / clip_ratio_high are set
+    clip_ratio_low: float = "${.clip_ratio}"  # type: ignore[assignment]
+    clip_ratio_high: float = "${.clip_ratio}"  # type: ignore[assignment]  # DAPO: e.g. 0.28
     clip_ratio_c: float = 3.0
     entropy_coeff: float = 0.0
     use_kl_loss: bool = False
@@ -141,7 +146,11 @@ class RolloutConfig:
     top_k: int = -1
     do_sample: bool = True
     ignore_eos: bool = False  # training responses run to max_response_length (benchmarks)
+    # the rollout's log-probs of its samples are kept (rollout correction needs them) and
+    # compared with the actor's: training/rollout_probs_diff_* metrics
+    calculate_log_probs: bool = True
     log_prob_micro_batch_size_per_gpu: int | None = None
+    log_prob_micro_batch_size: int | None = None  # verl's deprecated size for all GPUs
     log_prob_use_dynamic_bsz: bool = f"${{{_ACTOR}.use_dynamic_bsz}}"  # type: ignore[assignment]
     log_prob_max_token_len_per_gpu: int = f"${{{_ACTOR}.ppo_max_token_len_per_gpu}}"  # type: ignore[assignment]
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
@@ -162,6 +171,7 @@ class RefConfig:
     enable: bool | None = None  # None: on when a KL term needs it
     fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
     log_prob_micro_batch_size_per_gpu: int | None = None
+    log_prob_micro_batch_size: int | None = None  # verl's deprecated size for all GPUs
     log_prob_use_dynamic_bsz: bool = f"${{{_ACTOR}.use_dynamic_bsz}}"  # type: ignore[assignment]
     log_prob_max_token_len_per_gpu: int = f"${{{_ACTOR}.ppo_max_token_len_per_gpu}}"  # type: ignore[assignment]
     use_torch_compile: bool = f"${{{_ACTOR}.use_torch_compile}}"  # type: ignore[assignment]
@@ -199,6 +209,9 @@ class CriticConfig:
     ppo_mini_batch_size: int = f"${{{_ACTOR}.ppo_mini_batch_size}}"  # type: ignore[assignment]
     ppo_micro_batch_size_per_gpu: int | None = None
     forward_micro_batch_size_per_gpu: int | None = "${.ppo_micro_batch_size_per_gpu}"  # type: ignore[assignment]
+    # verl's deprecated sizes for all GPUs together
+    ppo_micro_batch_size: int | None = None
+    forward_micro_batch_size: int | None = "${.ppo_micro_batch_size}"  # type: ignore[assignment]
     use_dynamic_bsz: bool = f"${{{_ACTOR}.use_dynamic_bsz}}"  # type: ignore[assignment]
     ppo_max_token_len_per_gpu: int = 32768
     forward_max_token_len_per_gpu: int = "${.ppo_max_token_len_per_gpu}"  # type: ignore[assignment]
@@ -212,6 +225,7 @@ class CriticConfig:
 class CustomRewardFunctionConfig:
     path: str | None = None  # a Python file with compute_score(...); None: built-in scorers
     name: str = "compute_score"
+    reward_kwargs: dict = field(default_factory=dict)  # extra keyword arguments of every call
 
 
 @dataclass
@@ -225,6 +239,7 @@ class OverlongBufferConfig:
     len: int = 0  # the last `len` tokens before max_response_length ramp the penalty
     penalty_factor: float = 0.0
     log: bool = False  # report reward/overlong_penalty/mean
+    max_resp_len: int = "${data.max_response_length}"  # type: ignore[assignment]  # the limit
 
 
 @dataclass
@@ -232,6 +247,7 @@ class RewardModelConfig:
     enable: bool = False
     model: RewardModelPathConfig = field(default_factory=RewardModelPathConfig)
     micro_batch_size_per_gpu: int | None = None
+    micro_batch_size: int | None = None  # verl's deprecated size for all GPUs together
     max_length: int | None = None
     score_transform: str = "none"  # none | clip | tanh (of the reward model's score)
     score_scale: float = 1.0  # clip to +-scale, or scale * tanh(score / scale)
@@ -247,12 +263,27 @@ class RewardHTTPConfig:
 
 
 @dataclass
-class RewardConfig:
-    """rayrl's reward sources beyond verl's: a remote service, the scoring processes."""
+class RewardManagerConfig:
+    """How a reward function is called (verl's reward managers, `rayrl.rewards.managers`):
+    naive or prime (one sample per call, in reward.num_workers processes), dapo (as naive,
+    and a plain-number score is also reported as `acc`), batch (one call with the lists
+    of a whole batch: compute_score(data_sources, solution_strs, ground_truths, extra_infos))."""
 
+    name: str = "naive"
+
+
+@dataclass
+class RewardConfig:
+    """How rewards are computed: verl 0.9.1's `reward.*` keys (the manager, the scoring
+    processes, extra arguments) and rayrl's own (a remote service, timeouts, placement).
+    verl's `reward.custom_reward_function` and `reward.reward_model` are the top-level
+    `custom_reward_function` and `reward_model` groups here (`rayrl.config.compat`)."""
+
+    reward_manager: RewardManagerConfig = field(default_factory=RewardManagerConfig)
+    reward_kwargs: dict = field(default_factory=dict)  # extra keyword arguments of every call
     http: RewardHTTPConfig = field(default_factory=RewardHTTPConfig)
-    timeout_s: float = 10.0  # per call of a rule-based function
-    num_workers: int = 2
+    timeout_s: float = 10.0  # per call of a rule-based function (x samples for batch)
+    num_workers: int = 2  # scoring processes of each reward worker
     # On a CPU-only run of one actor rank with a rule-based or HTTP reward, score in the
     # actor's process (its bundle gets the reward's CPU) instead of a process of its own.
     colocate: bool = True

@@ -51,7 +51,13 @@ from rayrl.trainer.data import load_datasets
 from rayrl.trainer.dynamic_sampling import fill_batch
 from rayrl.trainer.epochs import epoch_batches, total_steps
 from rayrl.trainer.interrupt import StopOnInterrupt, StopRequested
-from rayrl.trainer.metrics import batch_metrics, controller_overhead, timer, usage_metrics
+from rayrl.trainer.metrics import (
+    batch_metrics,
+    controller_overhead,
+    rollout_probs_diff,
+    timer,
+    usage_metrics,
+)
 from rayrl.trainer.model_dir import model_dir
 from rayrl.trainer.names import check_names
 from rayrl.trainer.on_policy import separate_pass_reason
@@ -216,7 +222,7 @@ class PPOTrainer:
             d.train_batch_size,
             start=start or TrainerState(),
             total=self.total_steps(),
-            seed=t.seed,
+            seed=t.seed if d.seed is None else d.seed,
             shuffle=d.shuffle,
             epochs=None if t.total_training_steps is not None else t.total_epochs,
         )
@@ -381,6 +387,8 @@ class PPOTrainer:
                     old = self.calls.run("old_log_prob", self.actor.compute_log_prob, batch)
                     batch = batch.union(old.select("old_log_probs"))
                     metrics.update(entropy_metric(self.cfg, old["entropy"], batch["response_mask"]))
+                    if self.cfg.actor_rollout_ref.rollout.calculate_log_probs:
+                        metrics.update(rollout_probs_diff(batch))
             if self.use_ref and "ref" not in riding:
                 with timer(timing, "ref"):
                     batch = batch.union(
