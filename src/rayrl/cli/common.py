@@ -59,9 +59,8 @@ def load_from_args(args: argparse.Namespace):
     from rayrl.config import ConfigError
 
     err = console(stderr=True)
-    source = args.config
-    if source is None and not _names_model_or_data(args.overrides):
-        source = "grpo"
+    source = config_source(args.config, args.overrides, DEMO_TRIGGERS, "grpo")
+    if source is not None and args.config is None:
         err.print(
             "[dim]no -c, model path or train files given: the built-in demo config 'grpo' "
             "(tiny model, synthetic task); set any of them to start from verl's defaults[/]",
@@ -85,9 +84,8 @@ def load_sft_from_args(args: argparse.Namespace):
     from rayrl.config import ConfigError
 
     err = console(stderr=True)
-    source = args.config
-    if source is None and not _names_model_or_data(args.overrides, SFT_DEMO_TRIGGERS):
-        source = "demo"
+    source = config_source(args.config, args.overrides, SFT_DEMO_TRIGGERS, "demo")
+    if source is not None and args.config is None:
         err.print(
             "[dim]no -c, model (model.partial_pretrain) or train files given: the built-in "
             "SFT config 'demo' (tiny model, synthetic demonstrations)[/]",
@@ -117,6 +115,16 @@ def _refuse(err: Console, exc: Exception, hint: str = "") -> NoReturn:
 
 DEMO_TRIGGERS = ("actor_rollout_ref.model.path", "data.train_files")
 SFT_DEMO_TRIGGERS = ("model.partial_pretrain", "model.path", "data.train_files")
+
+
+def config_source(
+    config: str | None, overrides: list[str], triggers: tuple[str, ...], demo: str
+) -> str | None:
+    """The config a command starts from: `-c`'s; with none, the built-in `demo` config
+    unless the command line names a model or training data (then verl's defaults: None)."""
+    if config is None and not _names_model_or_data(overrides, triggers):
+        return demo
+    return config
 
 
 def _names_model_or_data(overrides: list[str], triggers: tuple[str, ...] = DEMO_TRIGGERS) -> bool:

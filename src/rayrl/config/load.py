@@ -172,6 +172,7 @@ def load_yaml(path: Path) -> dict[str, Any]:
 
 
 _TABLE = rule_table(RULES, RayRLConfig)
+REWARD_MODEL_MICRO_BATCH = 8  # sequences per reward-model forward when none is given
 
 
 def _user_data(data: dict[str, Any], origin: str, warn: Callable[[str], None]) -> dict:
@@ -269,6 +270,9 @@ def normalize(cfg: RayRLConfig, warn: Callable[[str], None] = _warn) -> None:
     """Give the keys that accept several forms their one typed form (verl's deprecated
     global micro-batch sizes become per-GPU ones, with a note)."""
     resolve_global_micro_batches(cfg, cfg.world_size, warn, lambda key: _dynamic(cfg, key))
+    rm = cfg.reward_model
+    if rm.micro_batch_size_per_gpu is None:  # verl 0.9.1's reward model has no such key
+        rm.micro_batch_size_per_gpu = REWARD_MODEL_MICRO_BATCH
     cfg.data.train_files = as_str_list(cfg.data.train_files, "data.train_files")
     cfg.data.val_files = as_str_list(cfg.data.val_files, "data.val_files")
     cfg.trainer.logger = as_str_list(cfg.trainer.logger, "trainer.logger")

@@ -246,7 +246,7 @@ class OverlongBufferConfig:
 class RewardModelConfig:
     enable: bool = False
     model: RewardModelPathConfig = field(default_factory=RewardModelPathConfig)
-    micro_batch_size_per_gpu: int | None = None
+    micro_batch_size_per_gpu: int | None = None  # None: 8 sequences per forward pass
     micro_batch_size: int | None = None  # verl's deprecated size for all GPUs together
     max_length: int | None = None
     score_transform: str = "none"  # none | clip | tanh (of the reward model's score)

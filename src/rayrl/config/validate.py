@@ -146,11 +146,6 @@ def check_micro_set(cfg: RayRLConfig) -> None:
                 c.use_dynamic_bsz,
             )
         )
-    rm = cfg.reward_model
-    if rm.enable:
-        rules.append(
-            ("reward_model.micro_batch_size_per_gpu", rm.micro_batch_size_per_gpu, "", False)
-        )
     for micro_key, micro, dynamic_key, dynamic in rules:
         if micro is None and not dynamic:
             by_tokens = f" or set {dynamic_key}=true to size them by tokens" if dynamic_key else ""

@@ -78,6 +78,10 @@ def _fsdp_config(group: str) -> dict[str, Rule]:
         f"{group}.qat": Inert(QAT + " settings (off)"),
         f"{group}.qat.enable": Only((False,), QAT),
         f"{group}.turbo_config": Inert(TURBO),
+        f"{group}.mixed_precision": Inert(
+            "FSDP1's mixed-precision dict: rayrl computes in fsdp_config.dtype with master "
+            "weights in fsdp_config.model_dtype and reduces gradients in float32"
+        ),
     }
 
 
@@ -343,6 +347,17 @@ REWARD: dict[str, Rule] = {
     "reward_model.model.external_lib": Only((None,), "importing a model library"),
     "reward_model.model.trust_remote_code": Only((None, False), "reward models with remote code"),
     "reward_model.strategy": STRATEGY,
+    "reward_model.use_reward_loop": Inert(
+        "verl's switch between its reward paths; rayrl scores in its reward role"
+    ),
+    "reward_model.sandbox_fusion": Moved("reward.sandbox_fusion", unset=(None,)),
+    "reward_model.model.use_remove_padding": Inert("the reward model scores padded batches"),
+    "reward_model.model.fsdp_config": Inert(
+        "the reward model runs unsharded, in bf16 on its GPU (fp32 on a CPU)"
+    ),
+    "reward_model.model.input_tokenizer": Inert(
+        "responses are decoded with the actor's tokenizer and re-tokenised with the reward model's"
+    ),
     "reward_model.launch_reward_fn_async": Inert(
         "rewards are scored beside the next stages anyway"
     ),

@@ -68,10 +68,9 @@ RULES: dict[str, Rule] = {
     "model.external_lib": Inert("import your model's package in a custom module of your own"),
     "model.fsdp_config.wrap_policy": Inert("rayrl wraps each decoder layer"),
     "data.balance_dp_token": Inert("rayrl splits each batch evenly by rows"),
-    "data.micro_batch_size": Only(
-        (None,),
-        "verl's deprecated global micro_batch_size",
-        hint="set data.micro_batch_size_per_gpu",
+    "data.micro_batch_size": Inert(
+        "verl's fsdp_sft_trainer does not read it either: data.micro_batch_size_per_gpu "
+        "sets the micro-batch"
     ),
     "data.chat_template": Only((None,), "custom chat templates"),
     "data.custom_cls.path": Only((None,), "custom dataset classes"),
