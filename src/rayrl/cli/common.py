@@ -33,9 +33,10 @@ def checked_config(source, overrides, warn):
     that takes a config goes through (`bench/verl_compat.py` calls it too); raises
     ConfigError."""
     from rayrl.config import load_config
-    from rayrl.trainer.names import check_names
 
     cfg = load_config(source, overrides, warn=warn)
+    from rayrl.trainer.names import check_names  # imports torch: after the cheap checks
+
     check_names(cfg)
     return cfg
 
@@ -43,9 +44,10 @@ def checked_config(source, overrides, warn):
 def checked_sft_config(source, overrides, warn):
     """`rayrl sft`'s config, as `checked_config` (`rayrl.config.sft`)."""
     from rayrl.config.sft import load_sft_config
-    from rayrl.trainer.names import check_sft_names
 
     cfg = load_sft_config(source, overrides, warn=warn)
+    from rayrl.trainer.names import check_sft_names  # imports torch: after the cheap checks
+
     check_sft_names(cfg)
     return cfg
 

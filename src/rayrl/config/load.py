@@ -35,6 +35,7 @@ from rayrl.config.errors import warn as _warn
 from rayrl.config.schema import RayRLConfig, schema_fields
 
 BUILTIN_DIR = Path(__file__).resolve().parent
+PARSE_ERRORS = (yaml.YAMLError, OmegaConfBaseException, ValueError)
 
 
 def builtin_configs(builtin_dir: Path = BUILTIN_DIR) -> list[str]:
@@ -143,17 +144,21 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
     # Hydra's `+key=value` / `++key=value` (add or force a key, as verl scripts write
     # them) set the key like `key=value`: every key here is in the schema.
     plain = [o.lstrip("+") for o in overrides]
-    for override in plain:
+    try:
+        return OmegaConf.to_container(OmegaConf.from_dotlist(plain))
+    except PARSE_ERRORS:
+        pass
+    for override in plain:  # which one does not parse
         try:
             OmegaConf.from_dotlist([override])
-        except (yaml.YAMLError, OmegaConfBaseException, ValueError) as exc:
+        except PARSE_ERRORS as exc:
             key, text = override.split("=", 1)
             reason = getattr(exc, "problem", None) or str(exc).strip().splitlines()[0]
             raise ConfigError(
                 f"cannot parse the value of config key '{key}': {text!r} ({reason}); values "
                 "are YAML: quote strings with special characters, close [lists] and {maps}"
             ) from None
-    return OmegaConf.to_container(OmegaConf.from_dotlist(plain))
+    raise AssertionError("the overrides parse one by one but not together")
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
@@ -175,8 +180,9 @@ _TABLE = rule_table(RULES, RayRLConfig)
 REWARD_MODEL_MICRO_BATCH = 8  # sequences per reward-model forward when none is given
 
 
-def _user_data(data: dict[str, Any], origin: str, warn: Callable[[str], None]) -> dict:
-    """verl compatibility (`rayrl.config.compat`: rollout names, moved keys, keys
+def source_data(data: dict[str, Any], origin: str, warn: Callable[[str], None]) -> dict:
+    """What `load_config` does with one source's nested dict before merging it: verl
+    compatibility (`rayrl.config.compat`: rollout names, moved keys, keys
     without effect, refused features), then known keys only."""
     try:
         data = apply_rules(data, _TABLE, warn)
@@ -235,7 +241,7 @@ def load_config(
     `ConfigWarning`).
     """
     cfg = load_structured(
-        RayRLConfig, source, overrides, lambda data, origin: _user_data(data, origin, warn)
+        RayRLConfig, source, overrides, lambda data, origin: source_data(data, origin, warn)
     )
     normalize(cfg, warn)
     if validate:

@@ -139,7 +139,8 @@ class SFTConfig:
 _TABLE = rule_table(RULES, SFTConfig)
 
 
-def _sft_user_data(data: dict, origin: str, warn: Callable[[str], None]) -> dict:
+def sft_source_data(data: dict, origin: str, warn: Callable[[str], None]) -> dict:
+    """What `load_sft_config` does with one source before merging it (`source_data`)."""
     try:
         data = apply_rules(data, _TABLE, warn)
     except ConfigError as exc:
@@ -161,7 +162,7 @@ def load_sft_config(
         SFTConfig,
         source,
         overrides,
-        lambda d, origin: _sft_user_data(d, origin, warn),
+        lambda d, origin: sft_source_data(d, origin, warn),
         builtin_dir=SFT_BUILTIN_DIR,
     )
     d = cfg.data

@@ -143,7 +143,7 @@ def apply_rules(data: dict[str, Any], table: RuleTable, warn: Callable[[str], No
         if not table.in_schema(target):
             found = table.match(target, moved=False)
             if found is not None:
-                _drop(target, value, found, dropped)
+                _drop(path, value, found, dropped)  # named as the user wrote it
                 continue
         if target in origin and origin[target][1] != value:
             first, first_value = origin[target]
