@@ -18,8 +18,11 @@ refusal reasons ranked by how many commands they stop (`metric` `refusals`). A k
 
     python bench/verl_compat.py DIR [DIR ...] [--home /home/user]
 
-Export the scripts of a repository first, e.g.
-`git --git-dir=MIRROR archive HEAD examples recipe | tar -x -C DIR`.
+A command that names a verl config file (`--config-path`, `--config-name`) is loaded
+with that file as `-c FILE` (its Hydra `defaults: [ppo_trainer, _self_]` are rayrl's
+defaults); the file is looked up in the exported repository. Export the scripts and
+config files of a repository first, e.g. `git --git-dir=MIRROR archive HEAD $(git
+--git-dir=MIRROR ls-tree -r --name-only HEAD | grep -E '[.](sh|yaml)$') | tar -x -C DIR`.
 """
 
 from __future__ import annotations
@@ -95,8 +98,29 @@ def backend(kind: str, flags: dict[str, str], overrides: list[str]) -> str:
     return "megatron" if megatron else "fsdp"
 
 
-def check(kind: str, flags: dict[str, str], overrides: list[str]) -> tuple[bool, str, int]:
-    """(accepted, refusal reason, number of config warnings) of one command."""
+def config_file(flags: dict[str, str], root: Path, script: Path) -> Path | None:
+    """The YAML file `--config-path` / `--config-name` name, found in the exported
+    repository `root` (the scripts' `$(pwd)` is its top; a relative path is Hydra's:
+    from `verl/trainer/`, where main_ppo lives, or from the script's folder)."""
+    name = flags.get("config-name", "").removesuffix(".yaml")
+    path = flags.get("config-path", "")
+    if path.startswith(ENV["PWD"]):
+        path = path[len(ENV["PWD"]) :].lstrip("/")
+    parts = Path(path).parts
+    tails = [Path(*parts[k:]) if parts[k:] else Path() for k in range(len(parts) + 1)]
+    for tail in tails:  # `${BASEDIR}/recipe/x/config` is `x/config` in the recipe repo
+        for base in (root, root / "verl" / "trainer", script.parent):
+            candidate = base / tail / f"{name}.yaml"
+            if candidate.is_file():
+                return candidate.resolve()
+    return None
+
+
+def check(
+    kind: str, flags: dict[str, str], overrides: list[str], source: Path | None
+) -> tuple[bool, str, int]:
+    """(accepted, refusal reason, number of config warnings) of one command; `source`:
+    the verl config file it names, which rayrl reads as `-c FILE`."""
     from rayrl.cli.common import (
         DEMO_TRIGGERS,
         SFT_DEMO_TRIGGERS,
@@ -107,8 +131,10 @@ def check(kind: str, flags: dict[str, str], overrides: list[str]) -> tuple[bool,
     from rayrl.config import ConfigError
 
     name = flags.get("config-name", "").removesuffix(".yaml")
-    if name and name not in ("ppo_trainer", "sft_trainer", "sft_trainer_engine"):
-        return False, f"verl Hydra config file --config-name={name}", 0
+    if "megatron" in name:
+        return False, f"Megatron-LM training (--config-name={name})", 0
+    if name and name not in ("ppo_trainer", "sft_trainer", "sft_trainer_engine") and not source:
+        return False, f"verl Hydra config file --config-name={name} (not found)", 0
     messages: list[str] = []
     if kind == "main_ppo":
         load, triggers, demo = checked_config, DEMO_TRIGGERS, "grpo"
@@ -117,7 +143,8 @@ def check(kind: str, flags: dict[str, str], overrides: list[str]) -> tuple[bool,
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            load(config_source(None, overrides, triggers, demo), overrides, messages.append)
+            start = str(source) if source else config_source(None, overrides, triggers, demo)
+            load(start, overrides, messages.append)
     except ConfigError as exc:
         return False, str(exc), len(messages)
     return True, "", len(messages)
@@ -131,8 +158,8 @@ def reason_class(message: str) -> str:
     m = re.search(r"^([\w.]+)=.*: rayrl does not support ([^;(]+)", message)
     if m:
         return f"unsupported: {m.group(2).strip()} ({m.group(1)})"
-    if message.startswith("verl Hydra config file"):
-        return message
+    if message.startswith(("verl Hydra config file", "Megatron-LM")):
+        return re.sub(r"=.*\)", ")", message)
     text = re.sub(r"'[^']*'", "'...'", message)
     text = re.sub(r"\d+", "N", text)
     return text.split(";")[0][:120]
@@ -149,7 +176,11 @@ def main() -> int:
             for kind, words in trainer_commands(path, args.home):
                 flags, overrides = split_hydra(words)
                 full = f"{kind}/{backend(kind, flags, overrides)}".rstrip("/")
-                accepted, reason, warned = check(kind, flags, overrides)
+                name = flags.get("config-name", "").removesuffix(".yaml")
+                source = None
+                if name and name not in ("ppo_trainer", "sft_trainer", "sft_trainer_engine"):
+                    source = config_file(flags, root, path)
+                accepted, reason, warned = check(kind, flags, overrides, source)
                 row = {
                     "bench": BENCH,
                     "script": str(path.relative_to(root.parent)),

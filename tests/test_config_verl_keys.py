@@ -363,3 +363,23 @@ def test_a_malformed_value_is_a_config_error_naming_key_and_text(tmp_path):
     bad.write_text("trainer:\n  seed: [1\n")
     with pytest.raises(ConfigError, match="bad.yaml is not a valid YAML config"):
         load_config(bad)
+
+
+def test_calculate_log_probs_reports_how_far_rollout_and_actor_probabilities_are():
+    """What `rollout.calculate_log_probs` turns on: verl's training/rollout_probs_diff_*."""
+    import torch
+
+    from rayrl.batch import Batch
+    from rayrl.trainer.metrics import rollout_probs_diff
+
+    actor = torch.log(torch.tensor([[0.5, 0.25, 0.9], [0.1, 0.2, 0.3]]))
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    same = Batch({"rollout_log_probs": actor, "old_log_probs": actor, "response_mask": mask})
+    metrics = rollout_probs_diff(same)
+    assert metrics["training/rollout_probs_diff_max"] == 0.0
+    assert metrics["training/rollout_actor_probs_pearson_corr"] == pytest.approx(1.0)
+    shifted = torch.log(torch.tensor([[0.6, 0.25, 0.1], [0.1, 0.2, 0.3]]))
+    off = Batch({"rollout_log_probs": shifted, "old_log_probs": actor, "response_mask": mask})
+    metrics = rollout_probs_diff(off)  # the masked 0.9 vs 0.1 does not count
+    assert metrics["training/rollout_probs_diff_max"] == pytest.approx(0.1)
+    assert metrics["training/rollout_probs_diff_mean"] == pytest.approx(0.1 / 5)

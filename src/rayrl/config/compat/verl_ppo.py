@@ -400,6 +400,17 @@ TRAINER: dict[str, Rule] = {
     "trainer.v1.trainer_mode": Only(("sync",), "asynchronous trainer modes"),
 }
 
+# A verl config file of one's own: Hydra's settings, and a defaults list that starts
+# from verl's ppo_trainer (rayrl's schema defaults are verl's).
+HYDRA: dict[str, Rule] = {
+    "hydra": Inert("Hydra's own settings (search paths, run directories)"),
+    "defaults": Only(
+        (["ppo_trainer", "_self_"], ["ppo_trainer"], ["_self_"]),
+        "Hydra defaults lists other than [ppo_trainer, _self_]",
+        hint="put the settings of the other config files in this one",
+    ),
+}
+
 OTHER: dict[str, Rule] = {
     "global_profiler": Inert(PROFILER),
     "transfer_queue": Inert("batches move through Ray's object store"),
@@ -423,5 +434,6 @@ RULES: dict[str, Rule] = {
     **REWARD,
     **ALGORITHM,
     **TRAINER,
+    **HYDRA,
     **OTHER,
 }
