@@ -158,8 +158,10 @@ def reason_class(message: str) -> str:
     m = re.search(r"^([\w.]+)=.*: rayrl does not support ([^;(]+)", message)
     if m:
         return f"unsupported: {m.group(2).strip()} ({m.group(1)})"
-    if message.startswith(("verl Hydra config file", "Megatron-LM")):
-        return re.sub(r"=.*\)", ")", message)
+    if message.startswith("Megatron-LM"):
+        return "Megatron-LM training (--config-name=*megatron*)"
+    if message.startswith("verl Hydra config file"):
+        return message
     text = re.sub(r"'[^']*'", "'...'", message)
     text = re.sub(r"\d+", "N", text)
     return text.split(";")[0][:120]
