@@ -10,6 +10,11 @@ keys accepted with no effect. Departures from verl's defaults, each for a reason
   synthetic task (verl's defaults are placeholder paths).
 - `rollout.name` is `auto`: rayrl's `native` engine on a GPU for the models it runs,
   else `hf` (verl's names `vllm` / `sglang` mean `auto` too).
+- `data.seed` None seeds the data order from `trainer.seed` (verl: unseeded).
+- `reward.num_workers` is 2 (verl 0.9.1: 8) and `trainer.val_examples`, verl's
+  `trainer.log_val_generations`, is 8 (verl: 0).
+- `trainer.output_dir` is the run directory; verl's `trainer.default_local_dir` sets it
+  (checkpoints go to its `checkpoints/global_step_N`, verl's to `global_step_N`).
 
 A value written `"${group.key}"` follows that key unless set, as in verl (the critic's
 mini-batch size follows the actor's, ...). The built-in configs
@@ -283,7 +288,9 @@ class RewardConfig:
     reward_kwargs: dict = field(default_factory=dict)  # extra keyword arguments of every call
     http: RewardHTTPConfig = field(default_factory=RewardHTTPConfig)
     timeout_s: float = 10.0  # per call of a rule-based function (x samples for batch)
-    num_workers: int = 2  # scoring processes of each reward worker
+    # scoring processes of each reward worker (verl's default 8 is sized for a GPU node;
+    # verl's older name: reward_model.num_workers)
+    num_workers: int = 2
     # On a CPU-only run of one actor rank with a rule-based or HTTP reward, score in the
     # actor's process (its bundle gets the reward's CPU) instead of a process of its own.
     colocate: bool = True
@@ -346,7 +353,9 @@ class TrainerConfig:
     max_actor_ckpt_to_keep: int | None = None
     max_critic_ckpt_to_keep: int | None = None
     logger: Any = field(default_factory=lambda: ["console"])  # a name or a list
-    val_examples: int = 8  # example generations written per validation (val_generations/)
+    # example generations written per validation (val_generations/); verl's name:
+    # trainer.log_val_generations (verl's default 0 logs none)
+    val_examples: int = 8
     export_hf: bool = True  # write hf/ (a transformers model directory) at the end
     log_worker_output: bool = True  # worker prints reach the driver, prefixed role/rank
     debug: bool = False  # Ray distributed debugger: breakpoint() in workers, post-mortem
