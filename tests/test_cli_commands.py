@@ -139,6 +139,7 @@ def test_plan_and_doctor_report_on_the_cluster(gcs):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # a run in a process of its own, on a loaded 2-core machine
 def test_train_runs_a_step_and_keeps_a_checkpoint(rl_run):
     run, done = rl_run
     assert done.returncode == 0, done.stderr[-3000:]
@@ -149,6 +150,7 @@ def test_train_runs_a_step_and_keeps_a_checkpoint(rl_run):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # a run in a process of its own, on a loaded 2-core machine
 def test_report_and_export_read_the_run(rl_run, tmp_path):
     run, done = rl_run
     assert done.returncode == 0, done.stderr[-3000:]
@@ -161,6 +163,7 @@ def test_report_and_export_read_the_run(rl_run, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # a run in a process of its own, on a loaded 2-core machine
 def test_sft_trains_with_verls_sft_keys(tmp_path, tiny_model, gsm8k_parquet, gcs):
     """The keys of verl's examples/sft/gsm8k scripts (prompt and response inside
     extra_info), two steps."""

@@ -31,6 +31,7 @@ SFT = [
 RL = ["trainer.total_training_steps=10", "trainer.test_freq=10"]
 
 
+@pytest.mark.timeout(1200)  # three stages in a process of their own, on a loaded 2-core machine
 def test_demo_reports_accuracies_and_rl_helps(tmp_path):
     gcs = start_local_ray().get_runtime_context().gcs_address
     sft = [f"--sft={o}" for o in [*SHARED, *SFT, f"resources.address={gcs}"]]
