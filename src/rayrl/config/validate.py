@@ -162,11 +162,6 @@ def check_micro_set(cfg: RayRLConfig) -> None:
                 c.use_dynamic_bsz,
             )
         )
-    rm = cfg.reward_model
-    if rm.enable:
-        rules.append(
-            ("reward_model.micro_batch_size_per_gpu", rm.micro_batch_size_per_gpu, "", False)
-        )
     for micro_key, micro, dynamic_key, dynamic in rules:
         if micro is None and not dynamic:
             by_tokens = f" or set {dynamic_key}=true to size them by tokens" if dynamic_key else ""
@@ -224,6 +219,54 @@ def check_rollout(cfg: RayRLConfig) -> None:
             f"data.max_prompt_length + data.max_response_length = {longest}; raise it or leave "
             "it unset (null) to use that sum"
         )
+
+
+def check_fsdp_size(key: str, size: int, world: int) -> None:
+    """rayrl shards a model over all its ranks: `fsdp_size` is -1 or the world size."""
+    if size not in (-1, world):
+        raise ConfigError(
+            f"{key}={size}: rayrl shards each model over all {world} ranks (trainer.nnodes x "
+            f"trainer.n_gpus_per_node); set {key} to -1 or {world}. Sharding within groups "
+            f"of {size} ranks, replicated across groups (HSDP), is not supported"
+        )
+
+
+def check_fsdp_sizes(cfg: RayRLConfig) -> None:
+    arr = cfg.actor_rollout_ref
+    for key, group in (
+        (f"{ACTOR}.fsdp_config", arr.actor.fsdp_config),
+        ("actor_rollout_ref.ref.fsdp_config", arr.ref.fsdp_config),
+        ("critic.model.fsdp_config", cfg.critic.model.fsdp_config),
+    ):
+        check_fsdp_size(f"{key}.fsdp_size", group.fsdp_size, cfg.world_size)
+
+
+VISION_CONFIG_KEYS = ("vision_config", "visual", "vision_tower")
+
+
+def check_text_only(cfg: RayRLConfig) -> None:
+    """Refuse a vision-language model before anything starts: rayrl trains text-only
+    causal LMs. A local model directory is judged by its config.json."""
+    import json
+    from pathlib import Path
+
+    for key, path in (
+        ("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path),
+        ("critic.model.path", cfg.critic.model.path),
+    ):
+        config = Path(path).expanduser() / "config.json" if path else None
+        if config is None or not config.is_file():
+            continue
+        try:
+            model = json.loads(config.read_text())
+        except (OSError, ValueError):
+            continue
+        found = [k for k in VISION_CONFIG_KEYS if k in model]
+        if found:
+            raise ConfigError(
+                f"{key}={path} is a vision-language model ({config} has {found[0]}); rayrl "
+                "trains text-only causal LMs: vision-language training is not supported"
+            )
 
 
 def critic_enabled(cfg: RayRLConfig) -> bool:
@@ -297,10 +340,18 @@ def check_algorithm(cfg: RayRLConfig, n: int, warn: Callable[[str], None] = _war
                 f"{cfg.data.train_batch_size}; a generation round draws at least a batch"
             )
     buffer = cfg.reward_model.overlong_buffer
-    if buffer.enable and not 0 < buffer.len <= cfg.data.max_response_length:
+    if buffer.enable and not 0 < buffer.len <= buffer.max_resp_len:
         raise ConfigError(
             f"reward_model.overlong_buffer.len={buffer.len} must be in (0, "
-            f"data.max_response_length={cfg.data.max_response_length}]"
+            f"reward_model.overlong_buffer.max_resp_len={buffer.max_resp_len}] (the length "
+            "limit the penalty counts back from; default data.max_response_length)"
+        )
+    rollout = cfg.actor_rollout_ref.rollout
+    if alg.rollout_correction.rollout_is is not None and not rollout.calculate_log_probs:
+        raise ConfigError(
+            f"algorithm.rollout_correction.rollout_is={alg.rollout_correction.rollout_is} "
+            "weights samples by the rollout's log-probs, which "
+            "actor_rollout_ref.rollout.calculate_log_probs=false drops; set it to true"
         )
     if cfg.reward_model.enable and not cfg.reward_model.model.path:
         raise ConfigError("reward_model.enable=true needs reward_model.model.path")
@@ -320,6 +371,8 @@ def validate_config(cfg: RayRLConfig, warn: Callable[[str], None] = _warn) -> No
     check_micro_set(cfg)
     check_rollout(cfg)
     check_run_keys(cfg)
+    check_fsdp_sizes(cfg)
+    check_text_only(cfg)
     actor, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
     prompts, world = cfg.data.train_batch_size, cfg.world_size
     check_batch_chain(

@@ -27,6 +27,7 @@ from rayrl.data import SYNTHETIC_TASKS
 from rayrl.engines.optim import LR_SCHEDULES
 from rayrl.engines.rollout import AUTO, ROLLOUT_ENGINES
 from rayrl.registry import Registry
+from rayrl.rewards.managers import REWARD_MANAGERS
 from rayrl.trainer.data import LOADERS
 from rayrl.trainer.tracking import TRACKERS
 
@@ -47,6 +48,7 @@ def _named(cfg: RayRLConfig) -> Iterable[tuple[str, str, Registry]]:
     yield "critic.optim.lr_scheduler_type", cfg.critic.optim.lr_scheduler_type, LR_SCHEDULES
     yield "actor_rollout_ref.rollout.name", arr.rollout.name, ROLLOUT_ENGINES
     yield "data.loader", cfg.data.loader, LOADERS
+    yield "reward.reward_manager.name", cfg.reward.reward_manager.name, REWARD_MANAGERS
     for tracker in cfg.trainer.logger:
         yield "trainer.logger", tracker, TRACKERS
 

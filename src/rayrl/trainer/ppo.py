@@ -45,7 +45,7 @@ from rayrl.trainer.contract import TrainData
 from rayrl.trainer.data import load_datasets
 from rayrl.trainer.dynamic_sampling import fill_batch
 from rayrl.trainer.manifest import data_identity, model_identity
-from rayrl.trainer.metrics import batch_metrics, timer
+from rayrl.trainer.metrics import batch_metrics, rollout_probs_diff, timer
 from rayrl.trainer.model_dir import model_dir
 from rayrl.trainer.names import check_names
 from rayrl.trainer.on_policy import separate_pass_reason
@@ -120,7 +120,8 @@ class PPOTrainer:
             trust_remote_code=model.trust_remote_code,
         )
         train, val = load_datasets(self.cfg, self.tokenizer)
-        self.data = TrainData(train, d.train_batch_size, d.shuffle, val)
+        seed = self.cfg.trainer.seed if d.seed is None else d.seed  # verl's data.seed
+        self.data = TrainData(train, d.train_batch_size, d.shuffle, val, seed=seed)
         return self.data
 
     def pool_specs(self, device: str) -> list[PoolSpec]:
@@ -277,6 +278,8 @@ class PPOTrainer:
                 old = calls.run("old_log_prob", roles.actor.compute_log_prob, batch)
                 batch = batch.union(old.select("old_log_probs"))
                 metrics.update(entropy_metric(self.cfg, old["entropy"], batch["response_mask"]))
+                if self.cfg.actor_rollout_ref.rollout.calculate_log_probs:
+                    metrics.update(rollout_probs_diff(batch))
         if self.use_ref and not self.riding.ref:
             with timer(timing, "ref"):
                 batch = batch.union(calls.run("ref", roles.actor.compute_ref_log_prob, batch))

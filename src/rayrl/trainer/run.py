@@ -264,7 +264,7 @@ class Run:
             data.batch_size,
             start=self.progress,
             total=self.total_steps(),
-            seed=t.seed,
+            seed=t.seed if data.seed is None else data.seed,
             shuffle=data.shuffle,
             epochs=None if t.total_training_steps is not None else t.total_epochs,
         )
