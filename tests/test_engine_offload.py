@@ -10,10 +10,13 @@ import torch
 from engine_cases import pg_loss, ragged_batch, tiny_model_dir  # noqa: F401 (fixture)
 from rayrl.engines.train import TrainEngine
 
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+CUDA = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+pytestmark = CUDA
 
 
-@CUDA
 def test_an_offloaded_reference_matches_a_resident_one_from_pinned_buffers(tiny_model_dir):  # noqa: F811
     batch = ragged_batch(6, seed=3)
     resident = TrainEngine(tiny_model_dir, trainable=False, device="cuda")
@@ -29,7 +32,6 @@ def test_an_offloaded_reference_matches_a_resident_one_from_pinned_buffers(tiny_
         assert all(p.device.type == "cpu" for p in parked.model.parameters())
 
 
-@CUDA
 def test_an_offloaded_actor_trains_like_a_resident_one(tiny_model_dir):  # noqa: F811
     batch = ragged_batch(6, seed=4)
     optim = {"lr": 1e-3}

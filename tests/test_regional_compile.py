@@ -38,7 +38,10 @@ def test_head_with_compiled_math_gives_the_same_gradients():
     assert results[1][0].abs().sum() > 0
 
 
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+CUDA = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
 
 
 @pytest.mark.slow

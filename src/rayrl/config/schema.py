@@ -133,6 +133,13 @@ class ActorConfig:
     # ignored on a CPU, where compile time would dominate
     use_torch_compile: bool = True
 
+    def __post_init__(self) -> None:
+        # Built in Python (not through load_config, which resolves the interpolation):
+        # the bounds follow clip_ratio as they do in a loaded config.
+        for name in ("clip_ratio_low", "clip_ratio_high"):
+            if getattr(self, name) == "${.clip_ratio}":
+                setattr(self, name, self.clip_ratio)
+
 
 @dataclass
 class SamplingConfig:
