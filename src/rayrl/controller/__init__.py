@@ -1,5 +1,6 @@
 """Controller layer: Worker, WorkerGroup, dispatch modes, colocation, health, replacement,
-step-boundary snapshots, the progress watchdog and fault injection.
+step-boundary snapshots, the progress watchdog, and what runs around each call inside a
+worker (busy tracking, call hooks: `rayrl.controller.calls`).
 
 The driver talks to groups of workers as if each group were one object; see DESIGN.md.
 Imports only the cluster layer and leaves (batch); knows nothing of RL.
@@ -27,7 +28,6 @@ from rayrl.controller.errors import (
     WorkerHungError,
     WorkerInitError,
 )
-from rayrl.controller.faults import Fault
 from rayrl.controller.future import GroupFuture
 from rayrl.controller.group import WorkerGroup
 from rayrl.controller.health import HealthMonitor, HealthReport, Replacement, TopologyChangedWarning
@@ -42,7 +42,6 @@ __all__ = [
     "RANK_ZERO",
     "CallPlan",
     "DPState",
-    "Fault",
     "FusedWorker",
     "FutureArgumentError",
     "GroupFuture",

@@ -16,6 +16,8 @@ point (the miss is recorded in `missed`).
 `compare_runs` then checks a run that was killed against a clean run of the same seed:
 final weights bitwise, every deterministic per-step metric, and the ledger of prompt
 uids each step trained (none lost, none trained twice).
+
+What the monkey reads from the trainer is all in `TrainerView`.
 """
 
 from __future__ import annotations
@@ -57,6 +59,34 @@ class Kill:
     time: float
 
 
+class TrainerView:
+    """Everything the monkey reads from a PPO trainer, in one place: the step in
+    progress, the last step, whether the run is under way, its hybrid and reward
+    groups (WorkerGroup-like: `world_size`, `actors`, `name`) and when recoveries ended."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+
+    def step(self) -> int:
+        """The step in progress."""
+        return self.trainer.state.global_step
+
+    def total_steps(self) -> int:
+        return self.trainer.total_steps()
+
+    def started(self) -> bool:
+        """Whether the training loop runs (its step replay is set up)."""
+        return bool(self.trainer.replay)
+
+    def group(self, name: str) -> Any:
+        """The "hybrid" group (actor, rollout, reference, critic) or the "reward" one."""
+        return self.trainer.hybrid if name == "hybrid" else self.trainer.reward
+
+    def recovery_ends(self) -> list[float]:
+        """When each recovery of the run ended (wall clock), in order."""
+        return sorted(r["end"] for r in self.trainer.replay.recoveries if "end" in r)
+
+
 @dataclass
 class ChaosMonkey:
     """Kills `kills` workers of `trainer`'s run at random `stages` (see the module doc)."""
@@ -76,6 +106,7 @@ class ChaosMonkey:
         if unknown:
             raise ValueError(f"unknown chaos stages {unknown}; known: {sorted(POINTS)}")
         self.rng = random.Random(self.seed)
+        self.view = TrainerView(self.trainer)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="rayrl-chaos", daemon=True)
 
@@ -89,11 +120,9 @@ class ChaosMonkey:
 
     def _loop(self) -> None:
         while not self._stop.is_set() and len(self.done) < self.kills:
-            step = self.trainer.state.global_step  # the step in progress
-            allowed = (
-                self.steps is None or step in self.steps
-            ) and step < self.trainer.total_steps()
-            if not allowed or self.done and self.done[-1].step >= step or not self.trainer.replay:
+            step = self.view.step()
+            allowed = (self.steps is None or step in self.steps) and step < self.view.total_steps()
+            if not allowed or self.done and self.done[-1].step >= step or not self.view.started():
                 time.sleep(0.05)
                 continue
             stage = self.rng.choice(self.stages)  # a new point each step, hit or missed
@@ -117,10 +146,10 @@ class ChaosMonkey:
         A hybrid point seen to have passed (a short weight sync between two polls) moves
         the kill forward to the allowed point the rank is in now, in the same step."""
         role, method, phase = POINTS[stage]
-        group = self.trainer.hybrid if role == "hybrid" else self.trainer.reward
+        group = self.view.group(role)
         rank = self.rng.randrange(group.world_size)
         wait_s = self.rng.uniform(0, self.jitter_s)
-        while not self._stop.is_set() and self.trainer.state.global_step == step:
+        while not self._stop.is_set() and self.view.step() == step:
             actor = group.actors[rank]
             try:
                 beat = ray.get(actor.heartbeat.remote(), timeout=2.0) if actor else None
@@ -149,7 +178,7 @@ class ChaosMonkey:
 
     def recovery_seconds(self) -> list[float]:
         """For each kill, seconds from the kill to the end of the recovery after it."""
-        ends = sorted(r["end"] for r in self.trainer.replay.recoveries if "end" in r)
+        ends = self.view.recovery_ends()
         out = []
         for kill in self.done:
             after = [e for e in ends if e >= kill.time]
