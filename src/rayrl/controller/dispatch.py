@@ -24,11 +24,7 @@ world_size)` says what a mode makes of one (see `rayrl.controller.future`).
 
 from __future__ import annotations
 
-import functools
-import inspect
 import sys
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -163,44 +159,19 @@ def register(
     your own); `collect` overrides the mode's collect (a name such as "list" or a
     function `(outputs, state) -> value`); `blocking=False` makes a plain call return
     a GroupFuture. Extra `options` go to Ray's `.options()` for this method.
+
+    It only attaches the contract (a MethodSpec) and returns the method itself: what
+    runs around each call inside the worker (busy tracking, call hooks) is the
+    Worker's part (`rayrl.controller.calls`).
     """
     mode = get_dispatch_mode(dispatch)
     collect_fn = get_collector(collect, mode)
 
     def decorate(fn: Callable) -> Callable:
-        wrapped = fn if inspect.iscoroutinefunction(fn) else _track_busy(fn)
-        setattr(wrapped, SPEC_ATTR, MethodSpec(fn.__name__, mode, collect_fn, blocking, options))
-        return wrapped
+        setattr(fn, SPEC_ATTR, MethodSpec(fn.__name__, mode, collect_fn, blocking, options))
+        return fn
 
     return decorate
-
-
-def _track_busy(fn: Callable) -> Callable:
-    """Record which registered method a worker is in and on which thread, for
-    `Worker.heartbeat`, the watchdog (which restarts the progress clock here) and the
-    usage sampler (which also samples as the method ends: short stages count too), and
-    when it ran (`usage.record_call`: the controller's overhead is the time between).
-    A fault armed for this method (`rayrl.controller.faults`) fires first."""
-
-    @functools.wraps(fn)
-    def tracked(self: Any, *args: Any, **kwargs: Any) -> Any:
-        from rayrl import progress
-        from rayrl.controller.faults import fire
-
-        progress.begin()
-        start = time.time()
-        self._rayrl_busy = (fn.__name__, start, threading.get_ident())
-        try:
-            fire(fn.__name__)
-            return fn(self, *args, **kwargs)
-        finally:
-            from rayrl.controller.usage import record_call, sample_now
-
-            record_call(start, time.time())
-            sample_now()
-            self._rayrl_busy = None
-
-    return tracked
 
 
 def method_specs(cls: type) -> dict[str, MethodSpec]:
