@@ -1,8 +1,7 @@
 """verl keys that rayrl accepts without acting on them, and verl values it maps.
 
 verl command lines carry keys for features rayrl does not have (vLLM tensor
-parallelism, weight load formats, async or multi-turn rollout, Ulysses sequence
-parallelism, ...). Rather than refusing the whole line, `strip_inert` removes those
+parallelism, weight load formats, async or multi-turn rollout, ...). Rather than refusing the whole line, `strip_inert` removes those
 keys and returns one warning each, saying that the key has no effect in rayrl and why.
 A key listed here is not in the schema; a group listed here takes all its sub-keys.
 
@@ -15,7 +14,6 @@ from __future__ import annotations
 from typing import Any
 
 _NO_TP = "rayrl's rollout engines run one model copy per GPU (no tensor parallelism)"
-_NO_SP = "rayrl has no Ulysses sequence parallelism"
 _VLLM = "a vLLM/SGLang engine setting; rayrl's rollout engines do not use it"
 
 INERT: dict[str, str] = {
@@ -29,9 +27,6 @@ INERT: dict[str, str] = {
     "actor_rollout_ref.rollout.multi_turn": "rayrl has no multi-turn or tool rollouts",
     "actor_rollout_ref.rollout.enable_chunked_prefill": _VLLM,
     "actor_rollout_ref.rollout.engine_kwargs": _VLLM,
-    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": _NO_SP,
-    "actor_rollout_ref.ref.ulysses_sequence_parallel_size": _NO_SP,
-    "critic.ulysses_sequence_parallel_size": _NO_SP,
     "actor_rollout_ref.model.use_shm": "models load from their directory as they are",
     "actor_rollout_ref.model.use_fused_kernels": "rayrl computes log-probs in chunks its own way",
     "actor_rollout_ref.model.use_liger": "rayrl does not use Liger kernels",

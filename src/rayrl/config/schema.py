@@ -56,6 +56,9 @@ class FSDPConfig:
     # took 2.84 s wrapped vs 3.01 s under autocast at 32,768 tokens per micro-batch, but
     # 4.14 s vs 3.21 s at 16,384 (docs/benchmarks.md): off by default.
     wrap_one_gpu: bool = False
+    # ranks per sharding group: -1 shards over every rank; a divisor of the world below it
+    # (e.g. trainer.n_gpus_per_node) shards within groups and replicates across them (HSDP)
+    fsdp_size: int = -1
 
 
 @dataclass
@@ -64,6 +67,8 @@ class RefFSDPConfig:
     # None (verl's default): bf16 weights where compute is bf16 on a GPU, else fp32
     model_dtype: str | None = None
     dtype: str = "bfloat16"
+    # as the actor's: the reference then takes its shards from the actor's load as they are
+    fsdp_size: int = f"${{{_ACTOR}.fsdp_config.fsdp_size}}"  # type: ignore[assignment]
 
 
 @dataclass
@@ -121,6 +126,9 @@ class ActorConfig:
     # torch.compile; 2.89 -> 1.98 s for the 0.5B update of 512 x 512 tokens on an H200,
     # docs/benchmarks.md); ignored on a CPU, where compile time would dominate
     use_torch_compile: bool = True
+    # ranks that split each packed row's tokens (Ulysses; 1: off): must divide the world
+    # and the model's attention heads; the data-parallel size is the world over it
+    ulysses_sequence_parallel_size: int = 1
 
 
 @dataclass
@@ -165,6 +173,7 @@ class RefConfig:
     log_prob_use_dynamic_bsz: bool = f"${{{_ACTOR}.use_dynamic_bsz}}"  # type: ignore[assignment]
     log_prob_max_token_len_per_gpu: int = f"${{{_ACTOR}.ppo_max_token_len_per_gpu}}"  # type: ignore[assignment]
     use_torch_compile: bool = f"${{{_ACTOR}.use_torch_compile}}"  # type: ignore[assignment]
+    ulysses_sequence_parallel_size: int = f"${{{_ACTOR}.ulysses_sequence_parallel_size}}"  # type: ignore[assignment]
 
 
 @dataclass
@@ -206,6 +215,7 @@ class CriticConfig:
     shuffle: bool = f"${{{_ACTOR}.shuffle}}"  # type: ignore[assignment]
     cliprange_value: float = 0.5
     loss_agg_mode: str = f"${{{_ACTOR}.loss_agg_mode}}"  # type: ignore[assignment]
+    ulysses_sequence_parallel_size: int = 1
 
 
 @dataclass
