@@ -122,3 +122,94 @@ def mixed_rows_error(engine) -> str:
     except ValueError as err:
         return str(err)
     return ""
+
+
+# ------------------------------------------------------------------- load once
+def write_random_checkpoint(path: Path, params: float) -> int:
+    """A Qwen2-shaped model directory of about ``params`` parameters (hidden 2048, as many
+    layers as it takes) with constant bf16 weights (a value per tensor: what is measured
+    is memory, and drawing random numbers would take minutes on two cores), written into
+    shards of about 512 MB as they are made; returns the parameter count."""
+    import json
+
+    from transformers import Qwen2Config
+
+    from rayrl.engines.loading import build_empty_model
+
+    per_layer, embeddings = 46_399_488, 2 * 32000 * 2048
+    config = Qwen2Config(
+        hidden_size=2048,
+        intermediate_size=5504,
+        num_hidden_layers=max(1, round((params - embeddings) / per_layer)),
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        vocab_size=32000,
+        tie_word_embeddings=False,
+        dtype="bfloat16",
+    )
+    path.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(path)
+    model = build_empty_model(str(path), False, "bfloat16", "sdpa")
+    shard: dict[str, torch.Tensor] = {}
+    weight_map: dict[str, str] = {}
+    count = 0
+    for i, (name, p) in enumerate(model.named_parameters()):  # never the whole model at once
+        shard[name] = torch.full(p.shape, 0.01 * (i % 7 + 1), dtype=torch.bfloat16)
+        count += p.numel()
+        if sum(t.numel() * 2 for t in shard.values()) >= 2**29:
+            _write_shard(path, shard, weight_map)
+    _write_shard(path, shard, weight_map)
+    index = {"metadata": {"total_size": 2 * count}, "weight_map": weight_map}
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    return count
+
+
+def _write_shard(path: Path, shard: dict, weight_map: dict) -> None:
+    from safetensors.torch import save_file
+
+    if shard:
+        name = f"model-{len(set(weight_map.values())) + 1:05d}.safetensors"
+        save_file(shard, str(path / name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, name))
+        shard.clear()
+
+
+def _status(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def load_once_worker(rank: int, world: int, init_file: str, model_dir: str, out_dir: str) -> None:
+    """Build the engine (fp32 master weights, sharded over ``world`` gloo ranks) and
+    record this process's resident memory before and its peak during the build."""
+    import torch.distributed as dist
+
+    from rayrl.engines.train import TrainEngine
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        reset = True
+        try:  # the peak from here on, not since the process started
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            reset = False
+        before = _status("VmRSS:")
+        engine = TrainEngine(model_dir, dtype="float32")
+        peak = _status("VmHWM:")
+        local = sum(p.to_local().numel() * 4 for p in engine.model.parameters())
+        result = {
+            "before": before,
+            "peak": peak,
+            "reset": reset,
+            "local_bytes": local,
+            "report": engine.load_report,
+        }
+        torch.save(result, Path(out_dir) / f"load{rank}.pt")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()

@@ -98,13 +98,16 @@ class MeshSpec:
 
     def describe(self) -> str:
         """One line: the sharding mesh and the data split."""
-        if self.hybrid:
+        if self.world == 1:
+            fsdp = "one rank, nothing sharded"
+        elif self.hybrid:
             fsdp = (
-                f"HSDP [replicate {self.replicate} x shard {self.shard}] (shard within "
-                f"{self.shard} consecutive ranks, replicate across {self.replicate} groups)"
+                f"HSDP, shard {self.shard} x replicate {self.replicate} (each group of "
+                f"{self.shard} consecutive ranks shards the model; {self.replicate} groups "
+                "replicate it)"
             )
         else:
-            fsdp = f"FSDP [shard {self.shard}]"
+            fsdp = f"FSDP, shard {self.shard} (every rank holds 1/{self.shard})"
         data = f"data parallel {self.dp} x Ulysses SP {self.sp}"
         return f"{self.world} rank(s): {fsdp}; {data}"
 

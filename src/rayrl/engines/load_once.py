@@ -4,10 +4,11 @@ The training engine builds its model on the meta device (`rayrl.engines.loading`
 shards it, allocates each rank's shards on its device (`materialize`), then fills them:
 
 * `load_checkpoint`: rank 0 alone reads the checkpoint, a tensor at a time in its saved
-  dtype (`rayrl.engines.weights_read`), and broadcasts it; every rank casts it to the
-  training dtype and keeps its own shard. Host memory never holds a whole copy of the
-  model on any rank (on a GPU, only the tensor being read), storage is read once per
-  start, not once per rank. A value head the checkpoint lacks (a critic started from a
+  dtype (`rayrl.engines.weights_read`), and hands each rank its shard of it: broadcast
+  to the first rank of every sharding group (under HSDP one per node), scattered within
+  each group; every rank casts its shard to the training dtype as it stores it. Host
+  memory never holds a whole copy of the model on any rank (on a GPU, only the tensor
+  being read), storage is read once per start, not once per rank. A value head the checkpoint lacks (a critic started from a
   policy) is drawn on rank 0 from the engine's seed, so every world size gets the same.
 * `copy_weights`: the same from another engine's model in this process (the reference
   policy from the actor's load): shard to shard where both are laid out alike, else a
@@ -147,8 +148,8 @@ def weight_plan(
 
 
 def _place(target: Tensor, full: Tensor) -> None:
-    """Copy the full tensor (cast) into ``target``: its local shard when sharded."""
-    full = full.to(target.dtype)
+    """Copy the full tensor into ``target`` (its local shard when sharded), cast as it
+    is copied: no cast copy of the full tensor."""
     if hasattr(target, "to_local"):
         from torch.distributed.tensor import distribute_tensor
 
@@ -183,17 +184,68 @@ def load_checkpoint(
         for name, target in _tensors(model):
             entry = plan[name]
             shape = tuple(target.shape)
+            dtype = entry.dtype if entry else torch.float32
+            full = None
             if source:
                 full = reader.read(name) if entry else _drawn_head(shape, generator, std)
                 full = full.to(device)
+            if not sharded:
+                _place(target, full)
+            elif _dim0_shard(target):
+                _scatter(target, full, shape, dtype, device)
             else:
-                dtype = entry.dtype if entry else torch.float32
-                full = torch.empty(shape, dtype=dtype, device=device)
-            if sharded:
+                if full is None:
+                    full = torch.empty(shape, dtype=dtype, device=device)
                 dist.broadcast(full, src=0)
-            _place(target, full)
+                _place(target, full)
             del full
         return reader.bytes_read
+
+
+def _dim0_shard(target: Tensor) -> bool:
+    """An FSDP2 shard: dim 0 split over the mesh's last dimension, replicated over any
+    other (HSDP), on a mesh whose first rank is global rank 0 (the reader)."""
+    if not hasattr(target, "to_local"):
+        return False
+    from torch.distributed.tensor import Replicate, Shard
+
+    *outer, last = target.placements
+    first = int(target.device_mesh.mesh.flatten()[0])
+    return last == Shard(0) and all(p == Replicate() for p in outer) and first == 0
+
+
+def _scatter(
+    target: Tensor, full: Tensor | None, shape: tuple, dtype: torch.dtype, device: torch.device
+) -> None:
+    """Give each rank its dim-0 shard of the tensor rank 0 holds: broadcast to the first
+    rank of each sharding group (one per replica; under HSDP, one per node), then
+    scatter within each group. A rank receives its shard, not the whole tensor."""
+    mesh = target.device_mesh
+    last = mesh.ndim - 1
+    leader = mesh.get_local_rank(last) == 0
+    if mesh.ndim > 1 and leader:
+        if full is None:
+            full = torch.empty(shape, dtype=dtype, device=device)
+        for dim in range(last):
+            dist.broadcast(full, group=mesh.get_group(dim), group_src=0)
+    ranks = mesh.size(last)
+    rows = -(-shape[0] // ranks)  # torch.chunk's split, as FSDP2's
+    piece = torch.empty((rows, *shape[1:]), dtype=dtype, device=device)
+    parts = None
+    if leader:
+        parts = [_padded(c, rows) for c in full.split(rows)]
+        parts += [torch.zeros_like(piece) for _ in range(ranks - len(parts))]
+    dist.scatter(piece, parts, group=mesh.get_group(last), group_src=0)
+    local = target.to_local()
+    local.copy_(piece[: local.shape[0]])
+
+
+def _padded(chunk: Tensor, rows: int) -> Tensor:
+    if chunk.shape[0] == rows:
+        return chunk.contiguous()
+    out = chunk.new_zeros((rows, *chunk.shape[1:]))
+    out[: chunk.shape[0]] = chunk
+    return out
 
 
 def _same_layout(a: Tensor, b: Tensor) -> bool:
