@@ -35,8 +35,8 @@ Layout and loading, for models past one GPU:
   the same rows: the engine's ``dp_rank`` / ``dp_size`` say which rows a rank takes
   (`rayrl.engines.mesh`). Loss, gradients and metrics do not depend on either split;
 * the model is built on the meta device, sharded, and filled from one read of the
-  checkpoint by rank 0, broadcast a tensor at a time in the dtype it was saved in
-  (`rayrl.engines.load_once`); ``weights_from`` fills it from another engine's model
+  checkpoint by rank 0, handed out as shards a tensor at a time in the dtype it was
+  saved in (`rayrl.engines.load_once`); ``weights_from`` fills it from another engine's model
   instead (the reference from the actor's load). ``load_report`` says what the start
   read and the peak host memory of a node. LoRA models load whole with transformers.
 """
@@ -206,7 +206,11 @@ class TrainEngine:
             weights_from,
         )
         self._fill(model, fill, param_offload, start)
-        self.compiled = torch_compile and compile_regions(model, self.device)
+        # Ulysses' exchanges stay eager: the attention call, with its collectives, outside
+        # the compiled layer graph (not run on a GPU yet inside it)
+        self.compiled = torch_compile and compile_regions(
+            model, self.device, attention_in_graph=self.sp is None
+        )
         self.model = model
         self.trainable = trainable
         self.optim_spec = (
