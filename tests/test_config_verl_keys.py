@@ -326,12 +326,17 @@ def test_global_micro_batch_sizes_follow_verls_rule_with_a_note():
         load_config(None, ["actor_rollout_ref.actor.ppo_micro_batch_size=4", *MICRO[1:]])
 
 
-def test_fsdp_size_is_all_ranks_or_refused_by_name():
+def test_fsdp_size_is_a_divisor_of_the_world_or_refused_by_name():
+    """verl's fsdp_size: -1 (all ranks) or a sharding group size dividing the world
+    (hybrid sharding); anything else is refused naming the key."""
     for size in (-1, 1):
         load_config("grpo", [f"actor_rollout_ref.actor.fsdp_config.fsdp_size={size}"])
-    with pytest.raises(ConfigError, match=r"actor_rollout_ref.ref.fsdp_config.fsdp_size=2.*HSDP"):
+    load_config(
+        "grpo", ["trainer.n_gpus_per_node=4", "actor_rollout_ref.ref.fsdp_config.fsdp_size=2"]
+    )
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref.ref.fsdp_config.fsdp_size=3"):
         load_config(
-            "grpo", ["trainer.n_gpus_per_node=4", "actor_rollout_ref.ref.fsdp_config.fsdp_size=2"]
+            "grpo", ["trainer.n_gpus_per_node=4", "actor_rollout_ref.ref.fsdp_config.fsdp_size=3"]
         )
 
 

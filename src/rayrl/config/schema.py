@@ -61,7 +61,9 @@ class FSDPConfig:
     # master weights) instead of autocast. Faster than autocast at large micro-batches,
     # slower at verl's default token budget (docs/benchmarks.md): off by default.
     wrap_one_gpu: bool = False
-    fsdp_size: int = -1  # ranks sharing one copy of the model; -1: all of them (no HSDP)
+    # ranks per sharding group: -1 shards over every rank; a divisor of the world below it
+    # (e.g. trainer.n_gpus_per_node) shards within groups and replicates across them (HSDP)
+    fsdp_size: int = -1
 
 
 @dataclass
@@ -70,7 +72,8 @@ class RefFSDPConfig:
     # None (verl's default): bf16 weights where compute is bf16 on a GPU, else fp32
     model_dtype: str | None = None
     dtype: str = "bfloat16"
-    fsdp_size: int = -1
+    # as the actor's: the reference then takes its shards from the actor's load as they are
+    fsdp_size: int = f"${{{_ACTOR}.fsdp_config.fsdp_size}}"  # type: ignore[assignment]
 
 
 @dataclass
@@ -132,13 +135,9 @@ class ActorConfig:
     # torch.compile, `rayrl.engines.regional_compile`; figures in docs/benchmarks.md);
     # ignored on a CPU, where compile time would dominate
     use_torch_compile: bool = True
-
-    def __post_init__(self) -> None:
-        # Built in Python (not through load_config, which resolves the interpolation):
-        # the bounds follow clip_ratio as they do in a loaded config.
-        for name in ("clip_ratio_low", "clip_ratio_high"):
-            if getattr(self, name) == "${.clip_ratio}":
-                setattr(self, name, self.clip_ratio)
+    # ranks that split each packed row's tokens (Ulysses; 1: off): must divide the world
+    # and the model's attention heads; the data-parallel size is the world over it
+    ulysses_sequence_parallel_size: int = 1
 
 
 @dataclass
@@ -193,6 +192,7 @@ class RefConfig:
     log_prob_use_dynamic_bsz: bool = f"${{{_ACTOR}.use_dynamic_bsz}}"  # type: ignore[assignment]
     log_prob_max_token_len_per_gpu: int = f"${{{_ACTOR}.ppo_max_token_len_per_gpu}}"  # type: ignore[assignment]
     use_torch_compile: bool = f"${{{_ACTOR}.use_torch_compile}}"  # type: ignore[assignment]
+    ulysses_sequence_parallel_size: int = f"${{{_ACTOR}.ulysses_sequence_parallel_size}}"  # type: ignore[assignment]
 
 
 @dataclass
@@ -237,6 +237,7 @@ class CriticConfig:
     shuffle: bool = f"${{{_ACTOR}.shuffle}}"  # type: ignore[assignment]
     cliprange_value: float = 0.5
     loss_agg_mode: str = f"${{{_ACTOR}.loss_agg_mode}}"  # type: ignore[assignment]
+    ulysses_sequence_parallel_size: int = 1
 
 
 @dataclass

@@ -14,6 +14,7 @@ from typing import Any
 
 from rayrl.config.errors import ConfigError
 from rayrl.config.errors import warn as _warn
+from rayrl.config.layout import MeshError, MeshSpec, check_heads
 from rayrl.config.schema import RayRLConfig
 
 ACTOR = "actor_rollout_ref.actor"
@@ -184,7 +185,8 @@ def check_batch_chain(
     if samples % world:
         raise ConfigError(
             f"a mini-batch of {mini} prompts x rollout.n={n} = {samples} samples does not "
-            f"split over {world} data-parallel ranks (trainer.nnodes x trainer.n_gpus_per_node); "
+            f"split over {world} data-parallel ranks (trainer.nnodes x trainer.n_gpus_per_node "
+            "/ ulysses_sequence_parallel_size); "
             f"{samples} % {world} = {samples % world}"
         )
     per_rank = samples // world
@@ -231,16 +233,6 @@ def check_fsdp_size(key: str, size: int, world: int) -> None:
         )
 
 
-def check_fsdp_sizes(cfg: RayRLConfig) -> None:
-    arr = cfg.actor_rollout_ref
-    for key, group in (
-        (f"{ACTOR}.fsdp_config", arr.actor.fsdp_config),
-        ("actor_rollout_ref.ref.fsdp_config", arr.ref.fsdp_config),
-        ("critic.model.fsdp_config", cfg.critic.model.fsdp_config),
-    ):
-        check_fsdp_size(f"{key}.fsdp_size", group.fsdp_size, cfg.world_size)
-
-
 VISION_CONFIG_KEYS = ("vision_config", "visual", "vision_tower")
 
 
@@ -267,6 +259,94 @@ def check_text_only(cfg: RayRLConfig) -> None:
                 f"{key}={path} is a vision-language model ({config} has {found[0]}); rayrl "
                 "trains text-only causal LMs: vision-language training is not supported"
             )
+
+
+def model_heads(path: str | None) -> tuple[int, int] | None:
+    """(attention heads, key/value heads) from a local model directory's config.json, or
+    None when there is none to read (the engine checks again when it loads)."""
+    import json
+    import os
+
+    file = os.path.join(path, "config.json") if path else ""
+    if not file or not os.path.isfile(file):
+        return None
+    try:
+        with open(file) as f:
+            config = json.load(f)
+        heads = int(config["num_attention_heads"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return heads, int(config.get("num_key_value_heads") or heads)
+
+
+def parallel_roles(cfg: RayRLConfig) -> list[tuple[str, int, int, str, bool, str | None]]:
+    """Per training role: (key prefix, Ulysses size, fsdp_size, its fsdp_config key,
+    packing on, model path)."""
+    arr = cfg.actor_rollout_ref
+    path, packed = arr.model.path, arr.model.use_remove_padding
+    roles = [
+        (
+            ACTOR,
+            arr.actor.ulysses_sequence_parallel_size,
+            arr.actor.fsdp_config.fsdp_size,
+            f"{ACTOR}.fsdp_config",
+            packed,
+            path,
+        ),
+    ]
+    if ref_enabled(cfg):
+        ref = arr.ref
+        roles.append(
+            (
+                "actor_rollout_ref.ref",
+                ref.ulysses_sequence_parallel_size,
+                ref.fsdp_config.fsdp_size,
+                "actor_rollout_ref.ref.fsdp_config",
+                packed,
+                path,
+            )
+        )
+    if critic_enabled(cfg):
+        c = cfg.critic
+        roles.append(
+            (
+                "critic",
+                c.ulysses_sequence_parallel_size,
+                c.model.fsdp_config.fsdp_size,
+                "critic.model.fsdp_config",
+                c.model.use_remove_padding,
+                c.model.path or path,
+            )
+        )
+    return roles
+
+
+def check_parallel(cfg: RayRLConfig) -> None:
+    """Each role's Ulysses size and sharding-group size fit the world, its packing and
+    its model's attention heads."""
+    world = cfg.world_size
+    for role, sp, fsdp_size, fsdp_key, packed, path in parallel_roles(cfg):
+        try:
+            MeshSpec(world, sp, fsdp_size)
+        except MeshError as err:
+            text = str(err).replace(
+                "ulysses_sequence_parallel_size", f"{role}.ulysses_sequence_parallel_size"
+            )
+            raise ConfigError(
+                text.replace("fsdp_config.fsdp_size", f"{fsdp_key}.fsdp_size")
+            ) from None
+        if sp > 1 and not packed:
+            model = "critic.model" if role == "critic" else "actor_rollout_ref.model"
+            raise ConfigError(
+                f"{role}.ulysses_sequence_parallel_size={sp} splits packed rows between ranks; "
+                f"set {model}.use_remove_padding=true"
+            )
+        heads = model_heads(path) if sp > 1 else None
+        if heads is not None:
+            try:
+                check_heads(*heads, sp, path)
+            except MeshError as err:
+                raise ConfigError(str(err).replace("ulysses", f"{role}.ulysses", 1)) from None
 
 
 def critic_enabled(cfg: RayRLConfig) -> bool:
@@ -371,7 +451,7 @@ def validate_config(cfg: RayRLConfig, warn: Callable[[str], None] = _warn) -> No
     check_micro_set(cfg)
     check_rollout(cfg)
     check_run_keys(cfg)
-    check_fsdp_sizes(cfg)
+    check_parallel(cfg)
     check_text_only(cfg)
     actor, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
     prompts, world = cfg.data.train_batch_size, cfg.world_size
@@ -381,7 +461,7 @@ def validate_config(cfg: RayRLConfig, warn: Callable[[str], None] = _warn) -> No
         n,
         actor.ppo_mini_batch_size,
         actor.ppo_micro_batch_size_per_gpu,
-        world,
+        world // actor.ulysses_sequence_parallel_size,
         actor.use_dynamic_bsz,
     )
     if critic_enabled(cfg):
@@ -392,7 +472,7 @@ def validate_config(cfg: RayRLConfig, warn: Callable[[str], None] = _warn) -> No
             n,
             critic.ppo_mini_batch_size,
             critic.ppo_micro_batch_size_per_gpu,
-            world,
+            world // critic.ulysses_sequence_parallel_size,
             critic.use_dynamic_bsz,
         )
     check_algorithm(cfg, n, warn)

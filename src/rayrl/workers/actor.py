@@ -78,7 +78,13 @@ class ActorRolloutRefWorker(Worker):
             optim=optim_spec(arr.actor.optim, total_steps),
             total_steps=total_steps,
             lora=lora,
-            **engine_kwargs(arr.model, arr.actor.fsdp_config, seed, arr.actor.use_torch_compile),
+            **engine_kwargs(
+                arr.model,
+                arr.actor.fsdp_config,
+                seed,
+                arr.actor.use_torch_compile,
+                arr.actor.ulysses_sequence_parallel_size,
+            ),
         )
         self.lora = lora is not None
         self.ref = None
@@ -86,7 +92,14 @@ class ActorRolloutRefWorker(Worker):
             self.ref = TrainEngine(
                 model_path,
                 trainable=False,
-                **reference_kwargs(arr.model, arr.ref.fsdp_config, seed, arr.ref.use_torch_compile),
+                weights_from=self.actor,  # the actor's load, not a second read
+                **reference_kwargs(
+                    arr.model,
+                    arr.ref.fsdp_config,
+                    seed,
+                    arr.ref.use_torch_compile,
+                    arr.ref.ulysses_sequence_parallel_size,
+                ),
             )
         self.with_ref = with_ref
         self.tokenizer = _load_tokenizer(

@@ -30,7 +30,9 @@ class CriticWorker(Worker):
 
         self.cfg = config
         c = config.critic
-        kwargs = engine_kwargs(c.model, c.model.fsdp_config, config.trainer.seed)
+        kwargs = engine_kwargs(
+            c.model, c.model.fsdp_config, config.trainer.seed, sp=c.ulysses_sequence_parallel_size
+        )
         kwargs["tokenizer_path"] = c.model.tokenizer_path or model_path
         self.engine = TrainEngine(
             c.model.path or model_path,

@@ -24,7 +24,11 @@ class ReferenceWorker(Worker):
             model_path,
             trainable=False,
             **reference_kwargs(
-                arr.model, arr.ref.fsdp_config, config.trainer.seed, arr.ref.use_torch_compile
+                arr.model,
+                arr.ref.fsdp_config,
+                config.trainer.seed,
+                arr.ref.use_torch_compile,
+                arr.ref.ulysses_sequence_parallel_size,
             ),
         )
 

@@ -14,7 +14,11 @@ ARR = "actor_rollout_ref"
 
 # -- reasons shared by several keys ---------------------------------------------------
 NO_TP = "rayrl's rollout has tensor parallelism only (tensor_model_parallel_size)"
-NO_SP = "rayrl has no Ulysses sequence parallelism"
+NO_SP = "rayrl sft has no Ulysses sequence parallelism (rayrl train has)"
+SP_ROLE = (
+    "rayrl reads the role's own ulysses_sequence_parallel_size (actor, ref, critic), "
+    "not the fsdp_config copy"
+)
 VLLM = "a vLLM/SGLang engine setting; rayrl's rollout engines do not use it"
 PROFILER = "rayrl has no profiler hooks (timing_s/* and perf/* metrics are always on)"
 SEEDED = "every random draw is seeded from trainer.seed, the step and the sample id"
@@ -62,7 +66,7 @@ def _fsdp_config(group: str) -> dict[str, Rule]:
         f"{group}.use_orig_params": Inert(ENGINE),
         f"{group}.seed": Inert(SEEDED),
         f"{group}.full_determinism": Inert("rayrl's CPU runs are bitwise reproducible anyway"),
-        f"{group}.ulysses_sequence_parallel_size": Inert(NO_SP),
+        f"{group}.ulysses_sequence_parallel_size": Inert(SP_ROLE),
         f"{group}.entropy_from_logits_with_chunking": Inert(CHUNKED),
         f"{group}.entropy_from_logits_chunk_size": Inert(CHUNKED),
         f"{group}.entropy_checkpointing": Inert(CHUNKED),
@@ -132,7 +136,6 @@ def _role_common(group: str) -> dict[str, Rule]:
         f"{group}.strategy": STRATEGY,
         f"{group}.megatron": Only((None, {}), "Megatron-LM training", hint=STRATEGY.hint),
         f"{group}.profiler": Inert(PROFILER),
-        f"{group}.ulysses_sequence_parallel_size": Inert(NO_SP),
         f"{group}.entropy_from_logits_with_chunking": Inert(CHUNKED),
         f"{group}.entropy_from_logits_chunk_size": Inert(CHUNKED),
         f"{group}.entropy_checkpointing": Inert(CHUNKED),
