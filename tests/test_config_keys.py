@@ -22,7 +22,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "rayrl"
 # The rollout's tensor-parallel size: the native engine takes it (tp_size, tp_group from
 # rayrl.engines.rollout.native.tp.make_tp_groups); the actor worker passes it on next.
 # rayrl sft's fsdp_size: checked at load (-1 or the world size: SFT shards over all ranks).
-PENDING: set[str] = {"actor_rollout_ref.rollout.tensor_model_parallel_size"}
+PENDING: set[str] = set()
 SFT_PENDING: set[str] = {"model.fsdp_config.fsdp_size"}
 # verl's deprecated global micro-batch sizes: the config layer turns them into the
 # per-GPU keys (`rayrl.config.compat.micro_batch`), which the code reads.

@@ -158,6 +158,9 @@ class RoleView:
     def _note_error(self, rank: int, err: BaseException) -> None:
         self.group._note_error(rank, err)
 
+    def data_layout(self, name: str | None) -> Any:
+        return self.group.data_layout(name)
+
     @property
     def watchdog(self) -> Any:
         return self.group.watchdog

@@ -145,12 +145,14 @@ class MethodSpec:
     collect: CollectFn
     blocking: bool = True
     options: dict = field(default_factory=dict)
+    layout: str | None = None  # the group's data layout it follows (`controller.layout`)
 
 
 def register(
     dispatch: str = ONE_TO_ALL,
     collect: str | CollectFn | None = None,
     blocking: bool = True,
+    layout: str | None = None,
     **options: Any,
 ) -> Callable:
     """Mark a Worker method as callable on a WorkerGroup with this dispatch and collect.
@@ -158,7 +160,10 @@ def register(
     `dispatch` names a registered mode (ONE_TO_ALL, ALL_TO_ALL, DP_SPLIT, RANK_ZERO or
     your own); `collect` overrides the mode's collect (a name such as "list" or a
     function `(outputs, state) -> value`); `blocking=False` makes a plain call return
-    a GroupFuture. Extra `options` go to Ray's `.options()` for this method.
+    a GroupFuture. `layout` (DP_SPLIT only) names the group's data layout the call
+    follows: ranks that share a part get the same rows, and each part's output comes
+    from its first rank (`rayrl.controller.layout`). Extra `options` go to Ray's
+    `.options()` for this method.
 
     It only attaches the contract (a MethodSpec) and returns the method itself: what
     runs around each call inside the worker (busy tracking, call hooks) is the
@@ -166,9 +171,12 @@ def register(
     """
     mode = get_dispatch_mode(dispatch)
     collect_fn = get_collector(collect, mode)
+    if layout is not None and dispatch != DP_SPLIT:
+        raise ValueError(f"layout={layout!r} applies to DP_SPLIT methods only, not {dispatch}")
 
     def decorate(fn: Callable) -> Callable:
-        setattr(fn, SPEC_ATTR, MethodSpec(fn.__name__, mode, collect_fn, blocking, options))
+        spec = MethodSpec(fn.__name__, mode, collect_fn, blocking, options, layout)
+        setattr(fn, SPEC_ATTR, spec)
         return fn
 
     return decorate
@@ -270,6 +278,15 @@ def _dp_split(world_size: int, args: tuple, kwargs: dict) -> CallPlan:
     per_args = [tuple(c[r] for c in cols) for r in range(world_size)]
     per_kwargs = [{k: c[r] for k, c in kcols.items()} for r in range(world_size)]
     return CallPlan(per_args, per_kwargs, state)
+
+
+def split_by_layout(layout: Any, args: tuple, kwargs: dict) -> CallPlan:
+    """DP_SPLIT over a `DataLayout`: the rows split into one chunk per part, every rank
+    given its part's chunk (non-Batch arguments go whole to every rank)."""
+    plan = _dp_split(layout.parts, args, kwargs)
+    per_args = [plan.args[part] for part in layout.part_of]
+    per_kwargs = [plan.kwargs[part] for part in layout.part_of]
+    return CallPlan(per_args, per_kwargs, plan.state)
 
 
 def collect_dp(outputs: list, state: Any) -> Any:

@@ -55,6 +55,7 @@ from rayrl.controller.errors import (
 )
 from rayrl.controller.formation import bring_up
 from rayrl.controller.health import HealthReport, Replacement, check_group
+from rayrl.controller.layout import DataLayout
 from rayrl.controller.method import bind_methods
 from rayrl.controller.startup import PhaseFuture, in_background
 from rayrl.controller.waiting import wait_all
@@ -128,6 +129,9 @@ class WorkerGroup:
         self.abort_grace_s = 10.0  # survivors' time to end their call after a loss
         self.placement_timeout_s = 30.0  # for a new bundle when the pool has no spare left
         self.stage_timeout_s: float | None = None  # watchdog: longest call without progress
+        # which ranks share the rows of a DP_SPLIT call, by the layout name its method
+        # follows (`rayrl.controller.layout`); unnamed layouts split over every rank
+        self.data_layouts: dict[str, DataLayout] = {}
         self.call_hooks: list[CallHook] = []  # installed in every worker started from now on
         self._init_kwargs: dict | None = None
         self.dead: set[int] = set()
@@ -335,6 +339,10 @@ class WorkerGroup:
             bundle=bundle_label(bundle) if bundle else "",
             group=self.name,
         )
+
+    def data_layout(self, name: str | None) -> DataLayout | None:
+        """The data layout `name` (None: none set, split over every rank)."""
+        return self.data_layouts.get(name) if name else None
 
     def _note_error(self, rank: int, err: BaseException) -> None:
         if isinstance(err, DEAD_ERRORS):

@@ -17,9 +17,10 @@ from typing import Any, Protocol
 import ray
 from ray import ObjectRef
 
-from rayrl.controller.dispatch import CallPlan, MethodSpec, collect_dp
+from rayrl.controller.dispatch import CallPlan, MethodSpec, collect_dp, split_by_layout
 from rayrl.controller.errors import WorkerCallError, WorkerDescription
 from rayrl.controller.future import GroupFuture, adapt_arguments
+from rayrl.controller.layout import DataLayout
 
 
 class Caller(Protocol):
@@ -32,6 +33,8 @@ class Caller(Protocol):
     def describe(self, rank: int) -> WorkerDescription: ...
 
     def _note_error(self, rank: int, err: BaseException) -> None: ...
+
+    def data_layout(self, name: str | None) -> DataLayout | None: ...
 
     @property
     def watchdog(self) -> Any: ...
@@ -58,6 +61,9 @@ class GroupMethod:
     def remote(self, *args: Any, **kwargs: Any) -> GroupFuture:
         """Start the call on every rank it dispatches to and return a GroupFuture."""
         owner, spec = self._owner, self.spec
+        layout = owner.data_layout(spec.layout)
+        if layout is not None and not layout.trivial:
+            return self._remote_by_layout(layout, args, kwargs)
         args, kwargs, inputs, adapters = adapt_arguments(spec.mode, owner.world_size, args, kwargs)
         plan = share_broadcast(spec.mode.dispatch(owner.world_size, args, kwargs))
         refs = []
@@ -81,6 +87,50 @@ class GroupMethod:
             adapters=adapters,
             watchdog=owner.watchdog,
         )
+
+    def _remote_by_layout(self, layout: DataLayout, args: tuple, kwargs: dict) -> GroupFuture:
+        """DP_SPLIT over a data layout: one chunk per part, the same chunk for the ranks
+        of a part (stored once), the output taken from each part's first rank. Future
+        arguments are collected here first: their chunks follow another split."""
+        owner, spec = self._owner, self.spec
+        args = tuple(a.get() if isinstance(a, GroupFuture) else a for a in args)
+        kwargs = {k: v.get() if isinstance(v, GroupFuture) else v for k, v in kwargs.items()}
+        plan = share_parts(split_by_layout(layout, args, kwargs), layout)
+        refs = []
+        for rank in plan.ranks:
+            try:
+                refs.append(owner._invoke(rank, spec, plan.args[rank], plan.kwargs[rank]))
+            except WorkerCallError:
+                raise
+            except Exception as err:  # noqa: BLE001 - e.g. an argument Ray cannot pickle
+                raise WorkerCallError(spec.name, owner.describe(rank), err) from err
+        return GroupFuture(
+            refs,
+            plan.ranks,
+            spec.collect,
+            plan.state,
+            stage=spec.name,
+            describe=owner.describe,
+            on_error=owner._note_error,
+            watchdog=owner.watchdog,
+            keep=layout.leaders,
+        )
+
+
+def share_parts(plan: CallPlan, layout: DataLayout) -> CallPlan:
+    """Each part's large arguments stored once for all its ranks (`ray.put`)."""
+    stored: dict[int, Any] = {}
+
+    def once(value: Any) -> Any:
+        if id(value) not in stored:
+            stored[id(value)] = ray.put(value) if nbytes_at_least(value, INLINE_BYTES) else value
+        return stored[id(value)]
+
+    if layout.parts == len(layout.part_of):
+        return plan
+    args = [tuple(once(a) for a in plan.args[r]) for r in plan.ranks]
+    kwargs = [{k: once(v) for k, v in (plan.kwargs[r] or {}).items()} for r in plan.ranks]
+    return CallPlan(args, kwargs, plan.state)
 
 
 def bind_methods(owner: Caller, specs: dict[str, MethodSpec], reserved: set[str]) -> None:

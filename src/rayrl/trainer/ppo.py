@@ -257,13 +257,12 @@ class PPOTrainer:
         roles = self._roles()
         gen_ctx = ctx.but(with_scores=self.riding.scores, with_ref=self.riding.ref)
         with timer(timing, "gen"):
-            result = calls.run(
-                "gen", roles.actor.generate, self._balanced(prompts, metrics, "gen"), gen_ctx
-            )
+            prompts = self._balanced(prompts, metrics, "gen", self._parts("rollout"))
+            result = calls.run("gen", roles.actor.generate, prompts, gen_ctx)
         riding = {k: v for k, v in result.timing.items() if k != "weight_sync"}
         timing.update(riding, weight_sync=result.timing.get("weight_sync", 0.0))
         timing["gen"] -= sum(riding.values())
-        return self._balanced(result.batch, metrics, "train")
+        return self._balanced(result.batch, metrics, "train", self._parts("train"))
 
     def _log_probs(
         self, batch: Batch, ctx: StepContext, calls: StageCalls, timing: dict, metrics: dict
@@ -306,14 +305,20 @@ class PPOTrainer:
         """False during the critic's warm-up (`trainer.critic_warmup` first steps)."""
         return step >= self.cfg.trainer.critic_warmup
 
-    def _balanced(self, batch: Batch, metrics: dict[str, float], stage: str) -> Batch:
-        """`trainer.balance_batch`: rows reordered so each data-parallel rank's chunk holds
+    def _parts(self, layout: str) -> int:
+        """How many chunks a call following data layout `layout` splits its rows into: the
+        data-parallel groups (sequence-parallel groups or rollout replicas share one)."""
+        found = self._roles().hybrid.data_layout(layout)
+        return found.parts if found is not None else self._roles().hybrid.world_size
+
+    def _balanced(self, batch: Batch, metrics: dict[str, float], stage: str, parts: int) -> Batch:
+        """`trainer.balance_batch`: rows reordered so each data-parallel part's chunk holds
         about the same number of tokens (prompts before generation, whole sequences
-        after it), with the imbalance (heaviest rank / mean) before and after."""
+        after it), with the imbalance (heaviest part / mean) before and after."""
         t = self.cfg.trainer
         if not t.balance_batch:
             return batch
-        batch, found = balance_batch(batch, t.nnodes * t.n_gpus_per_node)
+        batch, found = balance_batch(batch, parts)
         metrics.update({f"{k}/{stage}": v for k, v in found.items()})
         return batch
 
