@@ -363,7 +363,9 @@ class TrainerConfig:
     total_epochs: int = 30
     critic_warmup: int = 0  # steps that train only the critic
     balance_batch: bool = True  # reorder rows so every data-parallel rank gets ~equal tokens
-    output_dir: str = "outputs/demo"
+    # one directory per experiment (as verl's checkpoints/${project}/${experiment}): two
+    # experiments never share one by default; the same one run again resumes there
+    output_dir: str = "outputs/${.project_name}/${.experiment_name}"
     project_name: str = "verl_examples"
     experiment_name: str = "gsm8k"
     resume_mode: str = "auto"  # auto | disable | resume_path

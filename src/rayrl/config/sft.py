@@ -107,7 +107,7 @@ class SFTTrainerConfig:
     seed: int = 1
     total_epochs: int = 4
     total_training_steps: int | None = None  # None: total_epochs over the data
-    output_dir: str = "outputs/sft"
+    output_dir: str = "outputs/${.project_name}/${.experiment_name}"  # one per experiment
     project_name: str = "gsm8k-sft"
     experiment_name: str = "test"
     logger: Any = field(default_factory=lambda: ["console"])
