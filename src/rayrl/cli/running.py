@@ -70,11 +70,13 @@ def run_trainer(
 def exit_code_of(work: Callable[[], Any]) -> int:
     """Run `work` (a command's training); the exit code, with errors a user can act on
     printed as one line instead of a traceback: bad data, an unusable run directory, a
-    checkpoint that cannot be resumed (2: nothing trained yet), a checkpoint that
-    cannot be written (1), a stop by Ctrl-C or SIGTERM (130, 143)."""
+    checkpoint that cannot be resumed, resources that cannot be had (2: nothing
+    trained yet), a checkpoint that cannot be written (1), a stop by Ctrl-C or SIGTERM
+    (130, 143)."""
     from rich.markup import escape
 
     from rayrl.cli.common import console
+    from rayrl.cluster.guard import ResourceError
     from rayrl.data import DataError
     from rayrl.models.loading import TokenizerMissingError
     from rayrl.trainer.checkpoint import CheckpointWriteError
@@ -90,6 +92,7 @@ def exit_code_of(work: Callable[[], Any]) -> int:
         (ResumeError, "resume error", 2),
         (CheckpointWriteError, "checkpoint error", 1),
         (TrackerUnavailable, "tracker error", 2),
+        (ResourceError, "resources error", 2),
     ]
     try:
         work()
