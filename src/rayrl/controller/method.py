@@ -66,36 +66,21 @@ class GroupMethod:
             return self._remote_by_layout(layout, args, kwargs)
         args, kwargs, inputs, adapters = adapt_arguments(spec.mode, owner.world_size, args, kwargs)
         plan = share_broadcast(spec.mode.dispatch(owner.world_size, args, kwargs))
-        refs = []
-        for rank in plan.ranks:
-            try:
-                refs.append(owner._invoke(rank, spec, plan.args[rank], plan.kwargs[rank]))
-            except WorkerCallError:
-                raise
-            except Exception as err:  # noqa: BLE001 - e.g. an argument Ray cannot pickle
-                raise WorkerCallError(spec.name, owner.describe(rank), err) from err
-        return GroupFuture(
-            refs,
-            plan.ranks,
-            spec.collect,
-            plan.state,
-            split=spec.collect is collect_dp,
-            stage=spec.name,
-            describe=owner.describe,
-            on_error=owner._note_error,
-            inputs=inputs,
-            adapters=adapters,
-            watchdog=owner.watchdog,
-        )
+        return self._start(plan, split=spec.collect is collect_dp, inputs=inputs, adapters=adapters)
 
     def _remote_by_layout(self, layout: DataLayout, args: tuple, kwargs: dict) -> GroupFuture:
         """DP_SPLIT over a data layout: one chunk per part, the same chunk for the ranks
         of a part (stored once), the output taken from each part's first rank. Future
         arguments are collected here first: their chunks follow another split."""
-        owner, spec = self._owner, self.spec
         args = tuple(a.get() if isinstance(a, GroupFuture) else a for a in args)
         kwargs = {k: v.get() if isinstance(v, GroupFuture) else v for k, v in kwargs.items()}
         plan = share_parts(split_by_layout(layout, args, kwargs), layout)
+        return self._start(plan, keep=layout.leaders)
+
+    def _start(self, plan: CallPlan, **future: Any) -> GroupFuture:
+        """Invoke every rank of `plan`; the GroupFuture of the call (`future`: its extra
+        arguments). An argument Ray cannot send fails as this rank's call."""
+        owner, spec = self._owner, self.spec
         refs = []
         for rank in plan.ranks:
             try:
@@ -113,7 +98,7 @@ class GroupMethod:
             describe=owner.describe,
             on_error=owner._note_error,
             watchdog=owner.watchdog,
-            keep=layout.leaders,
+            **future,
         )
 
 

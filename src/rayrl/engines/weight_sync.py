@@ -16,7 +16,7 @@ once, under their first name.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -28,7 +28,7 @@ __all__ = ["DEFAULT_BUCKET_BYTES", "rollout_weights"]
 DEFAULT_BUCKET_BYTES = 512 << 20
 
 
-def _full(param: Tensor, dtype: torch.dtype) -> Tensor:
+def full_tensor(param: Tensor, dtype: torch.dtype) -> Tensor:
     """The whole tensor in ``dtype``: cast the local shard, then gather (a collective)."""
     data = param.detach()
     if hasattr(data, "full_tensor"):  # a DTensor (FSDP2 shard)
@@ -95,25 +95,46 @@ def rollout_weights(
     gather is a collective). FSDP2 parameters of a bucket are gathered together
     (`_gather_bucket`); any other parameter alone, in order.
     """
-    pending: list[tuple[str, Tensor]] = []  # dim-0 shards on one mesh, not yet gathered
+    return stream_buckets(
+        model,
+        dtype,
+        bucket_bytes,
+        bucket=lambda params: _gather_bucket(params, dtype),
+        single=lambda name, param: full_tensor(param, dtype),
+    )
+
+
+def stream_buckets(
+    model: nn.Module,
+    dtype: torch.dtype,
+    bucket_bytes: int,
+    *,
+    bucket: Callable[[list[tuple[str, Tensor]]], list[tuple[str, Tensor]]],
+    single: Callable[[str, Tensor], Tensor],
+    shardable: Callable[[Tensor], bool] = _dim0_shard,
+) -> Iterator[tuple[str, Tensor]]:
+    """``(name, tensor)`` for every parameter in order: `shardable` parameters of one mesh
+    in buckets of about ``bucket_bytes`` (in ``dtype``), each bucket turned into its
+    tensors by one `bucket` call (a collective), any other parameter by `single`."""
+    pending: list[tuple[str, Tensor]] = []  # dim-0 shards on one mesh, not yet sent
     size = 0
 
     def flush() -> list[tuple[str, Tensor]]:
         nonlocal pending, size
-        done = _gather_bucket(pending, dtype) if pending else []
+        done = bucket(pending) if pending else []
         pending, size = [], 0
         if done:
             progress.tick(weight_buckets=1)  # the watchdog sees the sync move
         return done
 
     for name, param in model.named_parameters():
-        if _dim0_shard(param) and (not pending or param.device_mesh is pending[0][1].device_mesh):
+        if shardable(param) and (not pending or param.device_mesh is pending[0][1].device_mesh):
             pending.append((name, param))
             size += param.numel() * dtype.itemsize
             if size >= bucket_bytes:
                 yield from flush()
             continue
         yield from flush()
-        yield name, _full(param, dtype)
+        yield name, single(name, param)
         progress.tick(weight_tensors=1)
     yield from flush()

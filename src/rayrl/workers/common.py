@@ -57,7 +57,8 @@ def forward_sizes(group: Any) -> dict[str, int | None]:
 
 
 def optim_spec(optim: Any, total_steps: int | None) -> OptimSpec:
-    """The engine's optimizer settings from a config's ``optim`` group (verl's names).
+    """The engine's optimizer settings from a config's ``optim`` group (verl's names:
+    ``lr_scheduler_type`` in `rayrl train`'s groups, ``lr_scheduler`` in `rayrl sft`'s).
 
     ``lr_warmup_steps`` < 0 means ``lr_warmup_steps_ratio`` x the run's steps.
     """
@@ -69,7 +70,7 @@ def optim_spec(optim: Any, total_steps: int | None) -> OptimSpec:
         betas=tuple(optim.betas),
         eps=optim.eps,
         weight_decay=optim.weight_decay,
-        lr_scheduler=optim.lr_scheduler_type,
+        lr_scheduler=getattr(optim, "lr_scheduler_type", None) or optim.lr_scheduler,
         warmup_steps=warmup,
         min_lr_ratio=optim.min_lr_ratio,
         num_cycles=optim.num_cycles,
