@@ -6,6 +6,7 @@ folder is put on PYTHONPATH before Ray starts (toy worker classes live in test f
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -45,9 +46,25 @@ def start_local_ray():
         if ray.get_runtime_context().gcs_address == _state.get("local_gcs"):
             return ray
         ray.shutdown()
-    ctx = ray.init(**LOCAL_RAY)
+    with _gpus_unhidden_for_ray():
+        ctx = ray.init(**LOCAL_RAY)
     _state["local_gcs"] = ctx.address_info["gcs_address"]
     return ray
+
+
+@contextlib.contextmanager
+def _gpus_unhidden_for_ray():
+    """A GPU machine's first test pass hides the GPU (CUDA_VISIBLE_DEVICES=""), and Ray
+    refuses 4 logical GPUs next to an empty device list: the raylet starts without the
+    variable (workers on bundles without GPUs get an empty list from Ray itself)."""
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES") == ""
+    if hidden:
+        del os.environ["CUDA_VISIBLE_DEVICES"]
+    try:
+        yield
+    finally:
+        if hidden:
+            os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
 _state: dict = {}
@@ -75,12 +92,13 @@ def ray_multinode():
     def make(nodes: list[dict]) -> Cluster:
         if ray.is_initialized():
             ray.shutdown()
-        cluster = Cluster(
-            initialize_head=True, head_node_args={**nodes[0], "include_dashboard": False}
-        )
-        for spec in nodes[1:]:
-            cluster.add_node(**spec)
-        cluster.wait_for_nodes()
+        with _gpus_unhidden_for_ray():
+            cluster = Cluster(
+                initialize_head=True, head_node_args={**nodes[0], "include_dashboard": False}
+            )
+            for spec in nodes[1:]:
+                cluster.add_node(**spec)
+            cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=False)
         made.append(cluster)
         return cluster
