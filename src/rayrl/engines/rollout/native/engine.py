@@ -58,6 +58,9 @@ from rayrl.engines.rollout.turns import Continuation, TurnDriver
 __all__ = ["NativeRolloutEngine"]
 
 logger = logging.getLogger(__name__)
+# The KV cache holds at most this many times what max_num_seqs full-length sequences
+# use: room for samples parked between turns (multi-turn) beside the running ones.
+CACHE_HEADROOM = 2
 WHERE = "NativeRolloutEngine"
 
 
@@ -150,6 +153,7 @@ class NativeRolloutEngine(RolloutEngine):
             gpu_memory_utilization=gpu_memory_utilization,
             engine_bytes=self.weights.nbytes() + self._activation_bytes(),
             cpu_cache_tokens=cpu_cache_tokens,
+            max_blocks=CACHE_HEADROOM * max_num_seqs * -(-self.max_model_len // block_size),
         )
         if self.tp:  # the same blocks and settings on every rank: the same schedule
             count = torch.tensor([blocks], dtype=torch.int64, device=self.device)

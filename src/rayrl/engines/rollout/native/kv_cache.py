@@ -104,11 +104,14 @@ def cache_blocks_for(
     gpu_memory_utilization: float,
     engine_bytes: int,
     cpu_cache_tokens: int,
+    max_blocks: int | None = None,
 ) -> int:
     """Number of KV blocks to allocate.
 
     On CUDA: ``utilization * total memory - engine_bytes`` (the engine's weights plus its
-    peak activations), capped by what is free now, in blocks. Elsewhere: room for
+    peak activations), capped by what is free now, in blocks, and by ``max_blocks``
+    (what the engine's sequences can ever use: allocating more only costs time at every
+    wake, as the cache is freed between rollouts). Elsewhere: room for
     ``cpu_cache_tokens`` tokens.
 
     Raises:
@@ -120,6 +123,8 @@ def cache_blocks_for(
     free, total = torch.cuda.mem_get_info(device)
     budget = min(gpu_memory_utilization * total - engine_bytes, free - (256 << 20))
     blocks = int(budget // per_block)
+    if max_blocks is not None and blocks > max_blocks:
+        blocks = max_blocks
     if blocks < 1:
         raise RuntimeError(
             f"native rollout engine: no room for a KV cache on {device}: "
