@@ -121,10 +121,14 @@ def test_sigterm_then_a_killed_driver_then_resume_end_like_the_clean_run(clean, 
     out = tmp_path / "run"
     first = _Driver(_train_cmd(out, address))
     _until(lambda: len(_rows(out)) >= 1, first.proc)
+    # Paused (alive, holding its lock) while the rival starts: on a loaded machine the
+    # rival's start took longer than the first run's remaining steps.
+    first.proc.send_signal(signal.SIGSTOP)
     rival = subprocess.run(_train_cmd(out, address), capture_output=True, text=True, timeout=240)
     assert rival.returncode == 2, rival.stdout[-2000:] + rival.stderr[-2000:]
     assert f"pid {first.proc.pid}" in rival.stderr and "in use by another run" in rival.stderr
-    first.proc.send_signal(signal.SIGTERM)
+    first.proc.send_signal(signal.SIGTERM)  # pending until it continues
+    first.proc.send_signal(signal.SIGCONT)
     assert first.proc.wait(timeout=240) == 143, first.text()[-3000:]
     assert "stopped by SIGTERM after step" in first.text(), first.text()[-3000:]
     assert (out / "checkpoints" / "latest").is_file()

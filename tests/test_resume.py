@@ -96,6 +96,19 @@ def test_a_changed_run_is_refused_listing_what_changed(tmp_path):
     assert len(said) == 1
 
 
+def test_the_same_model_files_elsewhere_resume_and_other_files_in_place_do_not(tmp_path):
+    files = {"model.safetensors": {"size": 10, "crc32": 1}}
+    saved = {"model": {"path": "/runs/a/model", "files": files}}
+    path = _save(CheckpointManager(tmp_path), 3, fingerprint=saved)
+    moved = {"model": {"path": "/runs/b/model", "files": files}}
+    check_fingerprint(path, moved, "strict", print)  # copied or moved: the same model
+    other = {
+        "model": {"path": "/runs/a/model", "files": {"model.safetensors": {"size": 10, "crc32": 2}}}
+    }
+    with pytest.raises(ResumeError, match="crc32"):
+        check_fingerprint(path, other, "strict", print)
+
+
 def test_the_data_position_survives_a_batch_size_change():
     said: list[str] = []
     progress = Progress(global_step=10, epoch=1, batch=10, sample=80)  # batches of 8

@@ -81,7 +81,19 @@ def check_files(step_dir: Path) -> None:
 def fingerprint_changes(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
     """`key: saved -> now` for every fingerprint key whose value differs."""
     keys = sorted(set(saved) | set(now))
-    return [f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in keys if saved.get(k) != now.get(k)]
+    return [
+        f"{k}: {saved.get(k)!r} -> {now.get(k)!r}"
+        for k in keys
+        if _comparable(saved.get(k)) != _comparable(now.get(k))
+    ]
+
+
+def _comparable(value: Any) -> Any:
+    """A model directory is known by its files where they were read: the same model
+    copied or moved elsewhere resumes; its path counts only when no files were read."""
+    if isinstance(value, dict) and "files" in value:
+        return {k: v for k, v in value.items() if k != "path"}
+    return value
 
 
 def model_identity(path: str) -> dict[str, Any]:
