@@ -24,7 +24,33 @@ def add_config_args(
         help=f"YAML config file or a built-in name ({builtins}); default: the demo's config "
         f"({default}) unless a model path or train files are given, then verl's defaults",
     )
+    parser.add_argument(
+        "--config-path",
+        "-cp",
+        default=None,
+        help="Hydra's flag (verl scripts): the folder of --config-name's file",
+    )
+    parser.add_argument(
+        "--config-name",
+        "-cn",
+        default=None,
+        help="Hydra's flag (verl scripts): a config file NAME(.yaml) in --config-path",
+    )
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.seed=3")
+
+
+def config_source(args: argparse.Namespace) -> str | None:
+    """The config file the arguments name: `-c FILE`, or verl's Hydra flags
+    `--config-path DIR --config-name NAME` (the file DIR/NAME.yaml)."""
+    from pathlib import Path
+
+    name, folder = getattr(args, "config_name", None), getattr(args, "config_path", None)
+    if name is None:
+        return args.config
+    if args.config is not None:
+        sys.exit("rayrl: give -c FILE or --config-path/--config-name, not both")
+    file = Path(folder or ".") / name
+    return str(file) if file.suffix in (".yaml", ".yml") else f"{file}.yaml"
 
 
 def load_from_args(args: argparse.Namespace):
@@ -43,7 +69,7 @@ def load_from_args(args: argparse.Namespace):
     def warn(message: str) -> None:
         err.print(f"[yellow]config warning:[/] {message}", highlight=False)
 
-    source = args.config
+    source = config_source(args)
     if source is None and not _names_model_or_data(args.overrides):
         source = "grpo"
         err.print(
@@ -76,7 +102,7 @@ def load_sft_from_args(args: argparse.Namespace):
     from rayrl.trainer.names import check_sft_names
 
     err = Console(stderr=True, soft_wrap=True)
-    source = args.config
+    source = config_source(args)
     if source is None and not _names_model_or_data(args.overrides, SFT_DEMO_TRIGGERS):
         source = "demo"
         err.print(

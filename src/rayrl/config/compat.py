@@ -1,7 +1,7 @@
 """verl keys that rayrl accepts without acting on them, and verl values it maps.
 
 verl command lines carry keys for features rayrl does not have (vLLM data, expert
-and pipeline parallelism, weight load formats, async or multi-turn rollout, Ulysses sequence
+and pipeline parallelism, weight load formats, async rollout, Ulysses sequence
 parallelism, ...). Rather than refusing the whole line, `strip_inert` removes those
 keys and returns one warning each, saying that the key has no effect in rayrl and why.
 A key listed here is not in the schema; a group listed here takes all its sub-keys.
@@ -25,7 +25,6 @@ INERT: dict[str, str] = {
     "actor_rollout_ref.rollout.load_format": "rollout weights come from the training engine",
     "actor_rollout_ref.rollout.layered_summon": "rollout weights come from the training engine",
     "actor_rollout_ref.rollout.mode": "rayrl's rollout runs synchronously inside each step",
-    "actor_rollout_ref.rollout.multi_turn": "rayrl has no multi-turn or tool rollouts",
     "actor_rollout_ref.rollout.enable_chunked_prefill": _VLLM,
     "actor_rollout_ref.rollout.engine_kwargs": _VLLM,
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": _NO_SP,
@@ -40,6 +39,13 @@ INERT: dict[str, str] = {
     "actor_rollout_ref.hybrid_engine": (
         "rayrl always runs actor, rollout and reference in one process"
     ),
+    "actor_rollout_ref.rollout.multi_stage_wake_up": _VLLM,
+    "actor_rollout_ref.rollout.over_sample_rate": (
+        "rayrl waits for every sample of a step (no rollout is aborted)"
+    ),
+    "global_profiler": "rayrl's profiling is its own (bench/profile_update.py, timing_s/*)",
+    "hydra": "Hydra's own settings (search paths, run directories)",
+    "defaults": "Hydra's defaults list: rayrl's defaults are verl's ppo_trainer",
     "data.return_raw_chat": "rayrl always keeps the raw chat messages (raw_prompt)",
     "trainer.use_legacy_worker_impl": "rayrl has one worker implementation",
 }

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from rayrl.config.errors import ConfigError
 from rayrl.config.errors import warn as _warn
+from rayrl.config.multi_turn import check_multi_turn
 from rayrl.config.schema import RayRLConfig
 
 ACTOR = "actor_rollout_ref.actor"
@@ -307,6 +308,8 @@ def validate_config(cfg: RayRLConfig, warn: Callable[[str], None] = _warn) -> No
     check_positive(cfg)
     check_micro_set(cfg)
     check_rollout(cfg)
+    r = cfg.actor_rollout_ref.rollout
+    check_multi_turn(r.multi_turn, r.n, r.tensor_model_parallel_size)
     check_run_keys(cfg)
     actor, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
     prompts, world = cfg.data.train_batch_size, cfg.world_size
