@@ -6,6 +6,7 @@ on a real multi-turn rollout (it finds a corrupted token and a loss on a tool to
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -199,3 +200,26 @@ def test_the_reward_sees_the_episode_in_extra_info(tiny):
         assert info["trajectory"][0]["role"] == "user" and info["turn_scores"] == []
         assert info["rollout_reward_scores"] == {} and "question" in info
     assert "trajectory" not in batch["extra_info"][0]  # the batch's own column is untouched
+
+
+def test_report_plots_turns_and_tool_calls(tmp_path):
+    from rayrl.trainer.report import write_report
+
+    rows = [
+        {
+            "step": step,
+            "multi_turn/num_turns/mean": 2.0 + step / 2,
+            "multi_turn/num_turns/max": 4.0,
+            "tool/calculator/calls": 3.0 * step,
+            "tool/calculator/errors": 0.0,
+            "tool/calculator/latency_s": 0.01,
+            "timing_s/gen": 1.0,
+            "timing_s/tools": 0.5,
+            "timing_s/step": 2.0,
+        }
+        for step in (1, 2, 3)
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page = write_report(tmp_path).read_text()
+    assert (tmp_path / "report/turns.png").is_file() and 'src="turns.png"' in page
+    assert (tmp_path / "report/tool_calls.png").is_file() and 'src="tool_calls.png"' in page
