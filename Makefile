@@ -15,4 +15,4 @@ test: lint
 	bash scripts/run_tests.sh
 
 test-fast: setup
-	bash scripts/run_tests.sh -m "not slow"
+	MARK="not slow" bash scripts/run_tests.sh

@@ -1,7 +1,7 @@
 """Chaos harness: a seeded GRPO run on CPU, workers SIGKILLed by pid, against a clean run.
 
 Runs the same config twice on one local Ray (8 logical CPUs, no dashboard): once
-clean, once with `rayrl.trainer.chaos.ChaosMonkey` killing `--kills` worker processes
+clean, once with `rayrl.testing.chaos.ChaosMonkey` killing `--kills` worker processes
 (at most one per step) at random points: generation, weight sync, reward, log-prob,
 update. Both go through `PPOTrainer.fit` with the real roles (the hybrid actor /
 rollout / reference sharded over 2 ranks, the reward worker). Prints JSON lines:
@@ -43,7 +43,7 @@ from _agent_env import ENVIRONMENT, end_turns_often
 from _common import hardware
 from rayrl.config import load_config
 from rayrl.models import build_tiny_model
-from rayrl.trainer.chaos import DEFAULT_STAGES, POINTS, ChaosMonkey, compare_runs, final_weights
+from rayrl.testing.chaos import DEFAULT_STAGES, POINTS, ChaosMonkey, compare_runs, final_weights
 from rayrl.trainer.ppo import PPOTrainer
 from rayrl.trainer.run import Run
 

@@ -24,8 +24,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `rayrl train`'s Ray (ray_session)
 # Triton's CPU interpreter (test_rollout_native_triton.py) needs TRITON_INTERPRET before
 # anything imports Triton (transformers does, when Triton is installed): set it first,
-# on machines without an NVIDIA driver.
-if not os.path.exists("/dev/nvidiactl"):
+# where no GPU is visible (on a GPU the kernels must run for real). Checking CUDA this
+# way initialises no CUDA context.
+import torch  # noqa: E402
+
+if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, str(TESTS))
 

@@ -22,7 +22,7 @@ from rayrl.config import load_config
 from rayrl.data import write_parquet
 from rayrl.envs import load_object
 from rayrl.models import build_tiny_model
-from rayrl.trainer.chaos import ChaosMonkey, compare_runs, final_weights
+from rayrl.testing.chaos import ChaosMonkey, compare_runs, final_weights
 from rayrl.trainer.ppo import PPOTrainer
 from rayrl.trainer.run import Run
 

@@ -54,7 +54,7 @@ def test_yaml_file_then_overrides_win(tmp_path):
         ),
         ("trainer.sed=1", "trainer.sed", "trainer.seed"),
         ("actor.optim.lr=1", "actor", "actor_rollout_ref.actor.optim.lr"),
-        ("seed=3", "seed", "trainer.seed"),
+        ("seed=3", "seed", "data.seed' or 'trainer.seed"),
         (
             "actor_rollout_ref.rollout.temprature=0.5",
             "actor_rollout_ref.rollout.temprature",

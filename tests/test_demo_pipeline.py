@@ -1,22 +1,26 @@
-"""`rayrl demo`'s pipeline at a reduced size, on the real roles: the base model is
-validated, SFT's HF export starts the RL run, the three accuracies are reported, and
-RL moves the held-out reward the right way. (The demo's full-size gain, >= 15 points,
-is what `bench/e2e_cpu.py` measures.)"""
+"""`rayrl demo` at a reduced size, run as a user runs it (its own process, joining the
+session's local Ray), on the real roles: the base model is validated, SFT's HF export
+starts the RL run, the table of the three accuracies is printed, and RL moves the
+held-out reward the right way. (The demo's full-size gain, >= 15 points, is what
+`bench/e2e_cpu.py` measures.)"""
 
 from __future__ import annotations
 
-import io
+import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
-from rich.console import Console
 
-from rayrl.cli.demo_cmd import DemoPlan, accuracy_table, run_pipeline
+from conftest import start_local_ray
+from rayrl.cli.demo_cmd import _val
 
 pytestmark = pytest.mark.slow
 
 # SFT at a higher learning rate, so that 300 steps get it to answer with one of the two
-# numbers (the full demo: 800 steps at 3e-3); then 10 GRPO steps.
+# numbers (the full demo: 800 steps at 3e-3); then 10 GRPO steps. SHARED goes to both.
 SHARED = ["data.synthetic_size=256", "data.synthetic_val_size=64"]
 SFT = [
     "trainer.total_training_steps=300",
@@ -27,23 +31,46 @@ SFT = [
 RL = ["trainer.total_training_steps=10", "trainer.test_freq=10"]
 
 
-def test_demo_pipeline_reports_accuracies_and_rl_helps(ray_local, tmp_path):
-    plan = DemoPlan(tmp_path, seed=1, shared=SHARED, sft=SFT, rl=RL)
-    text = io.StringIO()
-    result = run_pipeline(plan, Console(file=text, width=160))
-    acc, reward = result.accuracy, result.reward
-    assert set(acc) == {"base", "sft", "rl"} and all(0.0 <= a <= 1.0 for a in acc.values())
-    assert acc["base"] == 0.0  # random weights answer nothing
-    assert reward["rl"] > reward["sft"], (acc, reward)  # RL's direction on held-out questions
-    assert len(result.sft_history) == 300 and len(result.rl_history) == 10
-    assert all(math.isfinite(m["actor/pg_loss"]) for m in result.rl_history)
+@pytest.mark.timeout(1200)  # three stages in a process of their own, on a loaded 2-core machine
+def test_demo_reports_accuracies_and_rl_helps(tmp_path):
+    gcs = start_local_ray().get_runtime_context().gcs_address
+    sft = [f"--sft={o}" for o in [*SHARED, *SFT, f"resources.address={gcs}"]]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rayrl.cli.main",
+            "demo",
+            "--output-dir",
+            str(tmp_path),
+            "--seed",
+            "1",
+            *sft,
+            *SHARED,
+            *RL,
+            f"resources.address={gcs}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=os.environ,
+    )
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-4000:]
+    acc = {
+        "base": _val(tmp_path / "base", last=False),
+        "sft": _val(tmp_path / "rl", last=False),
+        "rl": _val(tmp_path / "rl", last=True),
+    }
+    assert all(0.0 <= a <= 1.0 for a, _ in acc.values())
+    assert acc["base"][0] == 0.0  # random weights answer nothing
+    assert acc["rl"][1] > acc["sft"][1], acc  # RL's direction on held-out questions
+    sft_rows = (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()
+    rl_rows = [json.loads(r) for r in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
+    assert len(sft_rows) == 300 and len([r for r in rl_rows if "actor/pg_loss" in r]) == 10
+    assert all(math.isfinite(r["actor/pg_loss"]) for r in rl_rows if "actor/pg_loss" in r)
     # The RL stage started from SFT's export; the base stage only validated.
     rl_config = (tmp_path / "rl" / "config.yaml").read_text()
     assert f"path: {tmp_path / 'sft' / 'hf'}" in rl_config
     assert not (tmp_path / "base" / "checkpoints").exists()
-    table = io.StringIO()
-    Console(file=table, width=160).print(accuracy_table(result))
-    assert (
-        "after SFT + RL (GRPO)" in table.getvalue()
-        and f"{100 * acc['rl']:.1f}%" in table.getvalue()
-    )
+    assert "after SFT + RL (GRPO)" in done.stdout and f"{100 * acc['rl'][0]:.1f}%" in done.stdout
+    assert (tmp_path / "rl" / "report" / "report.html").is_file()

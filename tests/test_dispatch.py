@@ -99,7 +99,7 @@ def test_non_blocking_calls_return_group_futures(groups):
     a = groups[0]
     fut = a.whoami(blocking=False)
     assert isinstance(fut, GroupFuture) and len(fut.refs) == 4
-    assert [i["rank"] for i in a.ray_get(fut)] == [0, 1, 2, 3]
+    assert [i["rank"] for i in fut.get()] == [0, 1, 2, 3]
     fut = a.later(4)  # registered with blocking=False
     assert isinstance(fut, GroupFuture)
     assert fut.get() == [40] * 4

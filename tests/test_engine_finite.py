@@ -51,12 +51,12 @@ def test_rl_path_gives_finite_gradients(wide_vocab_dir):
     params = SamplingParams(n=4, temperature=0.7, top_k=50, top_p=0.9, max_new_tokens=RESPONSE)
     out = rollout.generate(_prompts(tok), params)
     assert int(out["responses"].max()) >= len(tok)  # ids past the tokenizer were sampled
-    out.meta["temperature"] = 0.7
-    old = engine.forward(out, micro_batch_size=4)["log_probs"]
+    old = engine.forward(out, micro_batch_size=4, temperature=0.7)["log_probs"]
     mask = out["response_mask"]
     assert torch.isfinite(old).all() and torch.isfinite(out["rollout_log_probs"]).all()
     correction = RolloutCorrectionConfig(rollout_is="token", rollout_is_threshold=2.0)
-    loss_fn = actor_loss_fn(ActorConfig(use_kl_loss=True), RESPONSE, correction)
+    actor = ActorConfig(use_kl_loss=True, clip_ratio_low=0.2, clip_ratio_high=0.2)
+    loss_fn = actor_loss_fn(actor, RESPONSE, correction)
     for scores in (torch.zeros(len(out)), torch.randn(len(out))):
         rewards = torch.zeros(mask.shape)
         rewards[torch.arange(len(out)), mask.sum(-1) - 1] = scores

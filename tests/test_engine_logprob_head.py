@@ -76,6 +76,7 @@ def test_kept_logits_give_the_recomputed_gradients_without_a_second_projection(
     assert (f0, n0) == (5, 10) and (f1, n1) == (5, 5)  # 5 chunks of 37 rows
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_bf16_head_on_cuda_accumulates_the_weight_gradient_in_float32():
     """bf16 weights and hidden states on CUDA: the weight gradient is added chunk by

@@ -27,8 +27,8 @@ import ray
 
 from conftest import start_local_ray
 from rayrl.config import load_config
-from rayrl.controller.faults import Fault
-from rayrl.trainer.chaos import ChaosMonkey, compare_runs, deterministic, final_weights
+from rayrl.testing.chaos import ChaosMonkey, compare_runs, deterministic, final_weights
+from rayrl.testing.faults import Fault, inject
 from rayrl.trainer.ppo import PPOTrainer
 from rayrl.trainer.replay import WorkerRestartLimitError
 from rayrl.trainer.run import Run
@@ -165,7 +165,7 @@ def test_a_rank_that_always_dies_stops_the_run_at_the_restart_bound(tmp_path):
     start_local_ray()
 
     def always_dies(run):
-        run.trainer.roles.hybrid.inject(Fault("compute_log_prob", "kill", ranks=(0,), times=None))
+        inject(run.trainer.roles.hybrid, Fault("compute_log_prob", "kill", ranks=(0,), times=None))
 
     with pytest.raises(WorkerRestartLimitError) as info:
         _run(
@@ -194,7 +194,7 @@ def test_kills_a_hang_and_a_lost_node_end_bitwise_like_the_clean_run(
         hybrid = run.trainer.roles.hybrid
         if step == 0:  # step 1: rank 0's critic never returns from compute_values
             hybrid.stage_timeout_s = 3.0
-            hybrid.inject(Fault("compute_values", "hang", ranks=(0,)))
+            inject(hybrid, Fault("compute_values", "hang", ranks=(0,)))
         if step == 1:  # step 2: the node of the rank not on the head goes away mid-update
             hybrid.stage_timeout_s = 120.0  # a checkpoint load reports no progress
             threading.Thread(target=_lose_node, args=(cluster, hybrid, head), daemon=True).start()

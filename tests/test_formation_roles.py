@@ -12,8 +12,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from rayrl.controller import Fault, GroupSnapshot, colocate
+from rayrl.controller import GroupSnapshot, colocate
 from rayrl.models import build_tiny_model
+from rayrl.testing.faults import Fault, inject
 from rayrl.workers import ActorRolloutRefWorker, CriticWorker
 from workers_cases import (
     close,
@@ -41,7 +42,7 @@ def test_init_retry_replacement_and_snapshots_with_the_real_roles(ray_local, mod
     fused = colocate({"actor": ActorRolloutRefWorker, "critic": CriticWorker})
     group, pool, kv = group_on(fused, 2, "hybrid")
     try:
-        group.inject(Fault("init_worker", "kill", ranks=(1,)))  # this process dies in init
+        inject(group, Fault("init_worker", "kill", ranks=(1,)))  # this process dies in init
         first_pid = group.describe(1).pid
         group.init(
             timeout_s=300,

@@ -9,6 +9,7 @@ import re
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -192,20 +193,17 @@ def test_timeout_with_empty_namespace(kv, ns):
 def test_hundred_concurrent_waiters(kv, ns):
     before = kv.stats()
 
-    async def main():
-        shared = [kv.wait_async("go", 30, namespace=ns) for _ in range(100)]
-        own = [kv.wait_async(f"own/{i}", 30, namespace=ns) for i in range(100)]
-        tasks = [asyncio.ensure_future(w) for w in shared + own]
+    keys = ["go"] * 100 + [f"own/{i}" for i in range(100)]
+    with ThreadPoolExecutor(max_workers=len(keys)) as pool:  # one blocked caller each
+        waits = [pool.submit(kv.wait, key, 30, namespace=ns) for key in keys]
         deadline = time.monotonic() + 20
         while kv.stats()["pending_waiters"] < before["pending_waiters"] + 200:
             assert time.monotonic() < deadline, kv.stats()
-            await asyncio.sleep(0.02)
-        await kv.put_async("go", "all", namespace=ns)
+            time.sleep(0.02)
+        kv.put("go", "all", namespace=ns)
         for i in range(100):
             kv.put(f"own/{i}", i, namespace=ns)
-        return await asyncio.gather(*tasks)
-
-    results = asyncio.run(main())
+        results = [w.result(timeout=60) for w in waits]
     assert results[:100] == ["all"] * 100
     assert results[100:] == list(range(100))
     after = kv.stats()
@@ -225,7 +223,6 @@ def test_large_value_goes_through_object_ref(kv, ns, writer):
     assert kv.info("small", namespace=ns)["stored_as"] == "inline"
     np.testing.assert_array_equal(kv.get("big", namespace=ns), big)
     np.testing.assert_array_equal(kv.wait("big", 5, namespace=ns), big)
-    np.testing.assert_array_equal(asyncio.run(kv.wait_async("big", 5, namespace=ns)), big)
     np.testing.assert_array_equal(ray.get(writer.get.remote(kv, "big", ns)), big)
     stats = kv.stats()
     assert stats["ref_values"] - before["ref_values"] == 1
@@ -239,7 +236,6 @@ def test_large_value_threshold_is_configurable(kv, ns):
     tiny.put("s", "a string longer than sixteen bytes", namespace=ns)
     assert kv.info("s", namespace=ns)["stored_as"] == "ref"
     assert kv.get("s", namespace=ns) == "a string longer than sixteen bytes"
-    assert asyncio.run(kv.get_async("s", namespace=ns)) == "a string longer than sixteen bytes"
     tiny.put("t", "short", namespace=ns)
     assert kv.info("t", namespace=ns)["stored_as"] == "inline"
 

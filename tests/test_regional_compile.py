@@ -38,7 +38,10 @@ def test_head_with_compiled_math_gives_the_same_gradients():
     assert results[1][0].abs().sum() > 0
 
 
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+CUDA = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
 
 
 @pytest.mark.slow
@@ -54,7 +57,10 @@ def test_compiled_engine_trains_like_the_eager_one(tiny_model_dir, device, atten
     tolerances there)."""
     tol = {"atol": 1e-5, "rtol": 1e-5} if device == "cpu" else {"atol": 2e-2, "rtol": 2e-2}
     batch = ragged_batch(8, seed=3)
-    loss_fn = actor_loss_fn(ActorConfig(use_kl_loss=False, entropy_coeff=0.01), 10)
+    actor = ActorConfig(
+        use_kl_loss=False, entropy_coeff=0.01, clip_ratio_low=0.2, clip_ratio_high=0.2
+    )
+    loss_fn = actor_loss_fn(actor, 10)
     runs = []
     for compiled in (False, True):
         engine = TrainEngine(tiny_model_dir, optim={"lr": 1e-3}, total_steps=4, device=device)

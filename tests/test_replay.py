@@ -81,16 +81,21 @@ def counters(ray_local):
 
 
 def _replay(group, calls, snapshots=True, max_restarts=2, rewind=None, printed=None):
+    """A started StepReplay whose first snapshot is stored (a rank killed before its
+    snapshot reached the object store leaves none: that is the rewind's case)."""
     policy = ReplayPolicy(max_restarts=max_restarts, snapshots=snapshots, init_timeout_s=180)
     rewound = rewind or (lambda reason: pytest.fail(f"unexpected rewind: {reason}"))
     say = printed.append if printed is not None else (lambda text: None)
-    return StepReplay([group], [group], calls, policy, rewound, say)
+    replay = StepReplay([group], [group], calls, policy, rewound, say)
+    replay.start()
+    for snapshot in replay.snapshots.values():
+        snapshot.wait_stored(group)
+    return replay
 
 
 def test_a_killed_rank_is_replaced_and_the_step_runs_again_from_its_boundary(counters, tmp_path):
     calls, tally, printed = StageCalls(), Tally(), []
     replay = _replay(counters, calls, printed=printed)
-    replay.start()
     marker = str(tmp_path / "died")
     pid_before = counters.describe(1).pid
 
@@ -125,7 +130,6 @@ def test_without_a_snapshot_the_run_rewinds(counters, tmp_path):
         return 3
 
     replay = _replay(counters, calls, snapshots=False, rewind=rewind)
-    replay.start()
     marker = str(tmp_path / "died")
 
     def step():
@@ -140,7 +144,6 @@ def test_without_a_snapshot_the_run_rewinds(counters, tmp_path):
 def test_a_rank_that_always_dies_stops_at_the_restart_limit(counters):
     calls = StageCalls()
     replay = _replay(counters, calls, max_restarts=1)
-    replay.start()
     with pytest.raises(WorkerRestartLimitError, match="rank 1 failed 2 times in 'always_die'"):
         replay.run_step(0, lambda: (calls.run("die", counters.always_die) or {}, []), {})
 
@@ -150,7 +153,6 @@ def test_a_fault_in_a_later_step_restores_that_steps_boundary(counters, tmp_path
     first snapshot: 5 + 3, not 3 (nor 5 + 3 + 3)."""
     calls = StageCalls()
     replay = _replay(counters, calls)
-    replay.start()
     replay.run_step(0, lambda: ({"added": calls.run("add", counters.add, 5, mutates=True)}, []), {})
     marker = str(tmp_path / "died")
 

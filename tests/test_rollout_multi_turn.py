@@ -404,6 +404,7 @@ def test_environments_by_agent_name_and_their_failures(engines, tmp_path):
         MultiTurnRollout(object(), [])
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_native_engine_on_cuda_matches_cpu(engines, agent_dir):
     """bf16 weights, Triton kernels, CUDA graphs and overlapped decode steps: the same

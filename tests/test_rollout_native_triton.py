@@ -8,12 +8,18 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
+if torch.cuda.is_available():  # the interpreter would take over every kernel of the process
+    pytest.skip(
+        "interpreter tests; on a GPU the kernels run for real in the native engine's CUDA "
+        "tests (tests marked cuda) and bench/rollout_check.py",
+        allow_module_level=True,
+    )
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
 triton = pytest.importorskip("triton")
 
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 

@@ -229,7 +229,7 @@ def test_rollout_ignore_eos_reaches_training_sampling_only():
 
     def params(overrides, validate):
         worker = SimpleNamespace(cfg=load_config("grpo", overrides))
-        return ActorRolloutRefWorker.sampling_params(worker, validate=validate)
+        return ActorRolloutRefWorker.sampling_params(worker, "validate" if validate else "train")
 
     assert not params([], validate=False).ignore_eos
     assert params(["actor_rollout_ref.rollout.ignore_eos=true"], validate=False).ignore_eos

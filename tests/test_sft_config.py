@@ -77,7 +77,7 @@ def test_unknown_key_names_the_closest():
     assert (
         load_sft_config(None, ["model.path=/m"], warn=notes.append).model.partial_pretrain == "/m"
     )
-    assert notes == ["model.path='/m' sets model.partial_pretrain"]
+    assert notes == ["model.path='/m' sets model.partial_pretrain: the model to fine-tune"]
 
 
 def test_batch_split_is_checked_with_numbers():

@@ -162,6 +162,31 @@ def test_the_reward_joins_the_actor_process_only_where_safe(tmp_path, overrides,
     assert not reward_colocated(cfg, "cuda")
 
 
+def test_cpus_per_worker_auto_shares_a_gpu_nodes_cpus_among_its_workers(tmp_path):
+    """`resources.cpus_per_worker=auto` (the default): on the GPU host of 16 CPUs and one
+    GPU a worker gets 10 CPUs (it had 1 and was CPU-starved in generation); 8 GPUs on
+    128 CPUs get 10 each; a CPU-only run keeps 1 per rank; a number is taken as it is."""
+    from rayrl.config import ConfigError
+    from rayrl.trainer.resources import cpus_per_worker, node_cpus
+
+    one_gpu = load_config("grpo", [f"trainer.output_dir={tmp_path}", "trainer.n_gpus_per_node=1"])
+    assert one_gpu.resources.cpus_per_worker == "auto"
+    assert cpus_per_worker(one_gpu, "cuda", 16) == 10.0
+    assert pools_from_config(one_gpu, "cuda", 16)[0].bundle == {"CPU": 10.0, "GPU": 1.0}
+    assert cpus_per_worker(one_gpu, "cpu", 16) == 1.0
+    assert cpus_per_worker(one_gpu, "cuda", None) == 1.0  # no node known: the old default
+    eight = load_config("grpo", ["trainer.n_gpus_per_node=8"], validate=False)
+    assert cpus_per_worker(eight, "cuda", 128) == 10.0
+    assert cpus_per_worker(eight, "cuda", 4) == 1.0  # never below one
+    fixed = load_config("grpo", [f"trainer.output_dir={tmp_path}", "resources.cpus_per_worker=3"])
+    assert cpus_per_worker(fixed, "cuda", 16) == 3.0
+    totals = {"a": {"CPU": 16.0, "GPU": 1.0}, "b": {"CPU": 64.0, "GPU": 2.0}, "c": {"CPU": 4.0}}
+    assert node_cpus(totals, "cuda") == 16.0 and node_cpus(totals, "cpu") == 4.0
+    for bad in ("0", "many"):
+        with pytest.raises(ConfigError, match="must be auto or a number of CPUs"):
+            load_config("grpo", [f"resources.cpus_per_worker={bad}"])
+
+
 def test_the_ray_a_run_starts_runs_sleeping_omp_threads_and_stops_with_every_process():
     out = json.loads(
         _python(
@@ -176,7 +201,9 @@ def test_the_ray_a_run_starts_runs_sleeping_omp_threads_and_stops_with_every_pro
             "    def env(self): return os.getpid(), os.environ.get('OMP_WAIT_POLICY')\n"
             "a = A.remote()\n"
             "pid, policy = ray.get(a.env.remote())\n"
-            "pids = ray_private.local_ray_pids() + [pid]\n"
+            "from ray._private import worker\n"
+            "ray_procs = worker._global_node.all_processes.values()  # the Ray started here\n"
+            "pids = [i.process.pid for infos in ray_procs for i in infos] + [pid]\n"
             "start = time.monotonic(); stopped = ray_private.stop_local_ray()\n"
             "took = time.monotonic() - start\n"
             "def alive(pid):\n"

@@ -12,7 +12,7 @@ import pytest
 from controller_toys import Progressing, reserve
 from rayrl.controller import WorkerGroup
 from rayrl.controller.errors import WorkerHungError
-from rayrl.controller.faults import Fault
+from rayrl.testing.faults import Fault, inject
 
 
 def test_a_call_without_progress_is_reported_with_its_stack_then_replaced(ray_local):
@@ -24,7 +24,7 @@ def test_a_call_without_progress_is_reported_with_its_stack_then_replaced(ray_lo
             group.stage_timeout_s = 1.5
             assert group.ticking(3.0) == [0, 1]  # twice the deadline, but moving
             pids = group.work()
-            group.inject(Fault("work", "hang", ranks=(1,)))
+            inject(group, Fault("work", "hang", ranks=(1,)))
             start = time.monotonic()
             with pytest.raises(WorkerHungError) as info:
                 group.work()

@@ -122,3 +122,50 @@ def test_sharded_actor_syncs_gathered_weights_into_its_rollout_copy(ray_local, m
         assert not torch.allclose(new["old_log_probs"][mask], ref["ref_log_prob"][mask])
     finally:
         close(group, pool, kv)
+
+
+@pytest.mark.slow
+def test_two_ranks_as_one_sequence_parallel_group_and_one_tensor_parallel_replica(
+    ray_local, model_dir
+):
+    """Two actor ranks with `ulysses_sequence_parallel_size=2` and a native rollout of
+    `tensor_model_parallel_size=2`: both layouts make the ranks one part (the same rows
+    to each, one output taken), and generation, log-probs and an update go through."""
+    from rayrl.trainer.roles import set_data_layouts
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    cfg = config(
+        "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.actor.optim.lr=0.01",
+        "actor_rollout_ref.model.use_remove_padding=true",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+        "actor_rollout_ref.rollout.name=native",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+    )
+    group, pool, kv = group_on(ActorRolloutRefWorker, 2, "actor")
+    try:
+        group.init(timeout_s=300, backend="gloo", config=cfg, model_path=model_dir)
+        set_data_layouts(group, [group])
+        assert {name: layout.part_of for name, layout in group.data_layouts.items()} == {
+            "train": (0, 0),
+            "ref": (0, 0),
+            "rollout": (0, 0),
+        }
+        out = generate(group, prompts(tok, 2))
+        assert len(out) == 4  # one replica's output, not one per rank
+        old = group.compute_log_prob(out)
+        mask = out["response_mask"].bool()
+        torch.testing.assert_close(
+            old["old_log_probs"][mask], out["rollout_log_probs"][mask], atol=1e-4, rtol=1e-4
+        )
+        out = out.union(old.select("old_log_probs")).union(group.compute_ref_log_prob(out))
+        out["advantages"] = torch.randn(4, 6, generator=torch.Generator().manual_seed(0))
+        assert update_actor(group, out)["actor/skipped"] == 0
+        after = generate(group, prompts(tok, 2, step=1))  # the TP parts of the new weights
+        new = group.compute_log_prob(after)["old_log_probs"]
+        mask = after["response_mask"].bool()
+        torch.testing.assert_close(
+            new[mask], after["rollout_log_probs"][mask], atol=1e-4, rtol=1e-4
+        )
+    finally:
+        close(group, pool, kv)

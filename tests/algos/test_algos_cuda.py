@@ -34,6 +34,7 @@ try:
     import pytest
 
     needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+    pytestmark = pytest.mark.cuda
 except ImportError:  # script mode on a machine without pytest
 
     def needs_cuda(fn):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -39,7 +39,7 @@ def add_config_args(
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.seed=3")
 
 
-def config_source(args: argparse.Namespace) -> str | None:
+def config_file(args: argparse.Namespace) -> str | None:
     """The config file the arguments name: `-c FILE`, or verl's Hydra flags
     `--config-path DIR --config-name NAME` (the file DIR/NAME.yaml)."""
     from pathlib import Path
@@ -53,34 +53,50 @@ def config_source(args: argparse.Namespace) -> str | None:
     return str(file) if file.suffix in (".yaml", ".yml") else f"{file}.yaml"
 
 
+def checked_config(source, overrides, warn):
+    """`rayrl train`'s config for a config file (or built-in name, or None) and dotted
+    overrides: loaded, validated and its registry names checked. The path every command
+    that takes a config goes through (`bench/verl_compat.py` calls it too); raises
+    ConfigError."""
+    from rayrl.config import load_config
+
+    cfg = load_config(source, overrides, warn=warn)
+    from rayrl.trainer.names import check_names  # imports torch: after the cheap checks
+
+    check_names(cfg)
+    return cfg
+
+
+def checked_sft_config(source, overrides, warn):
+    """`rayrl sft`'s config, as `checked_config` (`rayrl.config.sft`)."""
+    from rayrl.config.sft import load_sft_config
+
+    cfg = load_sft_config(source, overrides, warn=warn)
+    from rayrl.trainer.names import check_sft_names  # imports torch: after the cheap checks
+
+    check_sft_names(cfg)
+    return cfg
+
+
 def load_from_args(args: argparse.Namespace):
     """The validated config the arguments describe, its registry names checked too.
 
     Keys accepted without effect print one warning line each; a ConfigError exits 2
     with its message.
     """
-    from rich.console import Console
+    from rayrl.config import ConfigError
 
-    from rayrl.config import ConfigError, load_config
-    from rayrl.trainer.names import check_names
-
-    err = Console(stderr=True, soft_wrap=True)
-
-    def warn(message: str) -> None:
-        err.print(f"[yellow]config warning:[/] {message}", highlight=False)
-
-    source = config_source(args)
-    if source is None and not _names_model_or_data(args.overrides):
-        source = "grpo"
+    err = console(stderr=True)
+    file = config_file(args)
+    source = config_source(file, args.overrides, DEMO_TRIGGERS, "grpo")
+    if source is not None and file is None:
         err.print(
             "[dim]no -c, model path or train files given: the built-in demo config 'grpo' "
             "(tiny model, synthetic task); set any of them to start from verl's defaults[/]",
             highlight=False,
         )
     try:
-        cfg = load_config(source, args.overrides, warn=warn)
-        check_names(cfg)
-        return cfg
+        return checked_config(source, args.overrides, _warner(err))
     except ConfigError as exc:
         hint = (
             "\n(no -c given: verl's defaults apply; `-c grpo` or `-c ppo` start from the "
@@ -88,43 +104,58 @@ def load_from_args(args: argparse.Namespace):
             if args.config is None and source is None
             else ""
         )
-        err.print(f"[bold red]config error:[/] {exc}{hint}", highlight=False)
-        sys.exit(2)
+        _refuse(err, exc, hint)
 
 
 def load_sft_from_args(args: argparse.Namespace):
     """`rayrl sft`'s validated config (`rayrl.config.sft`); with no -c, model or data,
     the built-in `demo` SFT config. Exits 2 with the message on a ConfigError."""
-    from rich.console import Console
 
     from rayrl.config import ConfigError
-    from rayrl.config.sft import load_sft_config
-    from rayrl.trainer.names import check_sft_names
 
-    err = Console(stderr=True, soft_wrap=True)
-    source = config_source(args)
-    if source is None and not _names_model_or_data(args.overrides, SFT_DEMO_TRIGGERS):
-        source = "demo"
+    err = console(stderr=True)
+    file = config_file(args)
+    source = config_source(file, args.overrides, SFT_DEMO_TRIGGERS, "demo")
+    if source is not None and file is None:
         err.print(
             "[dim]no -c, model (model.partial_pretrain) or train files given: the built-in "
             "SFT config 'demo' (tiny model, synthetic demonstrations)[/]",
             highlight=False,
         )
     try:
-        cfg = load_sft_config(
-            source,
-            args.overrides,
-            warn=lambda m: err.print(f"[yellow]config warning:[/] {m}", highlight=False),
-        )
-        check_sft_names(cfg)
-        return cfg
+        return checked_sft_config(source, args.overrides, _warner(err))
     except ConfigError as exc:
-        err.print(f"[bold red]config error:[/] {exc}", highlight=False)
-        sys.exit(2)
+        _refuse(err, exc)
+
+
+def _warner(err: Console):
+    from rich.markup import escape
+
+    def warn(message: str) -> None:
+        err.print(f"[yellow]config warning:[/] {escape(message)}", highlight=False)
+
+    return warn
+
+
+def _refuse(err: Console, exc: Exception, hint: str = "") -> NoReturn:
+    from rich.markup import escape
+
+    err.print(f"[bold red]config error:[/] {escape(str(exc))}{escape(hint)}", highlight=False)
+    sys.exit(2)
 
 
 DEMO_TRIGGERS = ("actor_rollout_ref.model.path", "data.train_files")
-SFT_DEMO_TRIGGERS = ("model.partial_pretrain", "data.train_files")
+SFT_DEMO_TRIGGERS = ("model.partial_pretrain", "model.path", "data.train_files")
+
+
+def config_source(
+    config: str | None, overrides: list[str], triggers: tuple[str, ...], demo: str
+) -> str | None:
+    """The config a command starts from: `-c`'s; with none, the built-in `demo` config
+    unless the command line names a model or training data (then verl's defaults: None)."""
+    if config is None and not _names_model_or_data(overrides, triggers):
+        return demo
+    return config
 
 
 def _names_model_or_data(overrides: list[str], triggers: tuple[str, ...] = DEMO_TRIGGERS) -> bool:

@@ -70,15 +70,20 @@ def run_trainer(
 def exit_code_of(work: Callable[[], Any]) -> int:
     """Run `work` (a command's training); the exit code, with errors a user can act on
     printed as one line instead of a traceback: bad data, an unusable run directory, a
-    checkpoint that cannot be resumed (2: nothing trained yet), a checkpoint that
-    cannot be written (1), a stop by Ctrl-C or SIGTERM (130, 143)."""
+    checkpoint that cannot be resumed, resources that cannot be had (2: nothing
+    trained yet), a checkpoint that cannot be written (1), a stop by Ctrl-C or SIGTERM
+    (130, 143)."""
+    from rich.markup import escape
+
     from rayrl.cli.common import console
+    from rayrl.cluster.guard import ResourceError
     from rayrl.data import DataError
     from rayrl.models.loading import TokenizerMissingError
     from rayrl.trainer.checkpoint import CheckpointWriteError
     from rayrl.trainer.resume import ResumeError
     from rayrl.trainer.run import RunDirError
     from rayrl.trainer.run_lock import RunDirLockedError
+    from rayrl.trainer.tracking import TrackerUnavailable
 
     kinds = [
         (DataError, "data error", 2),
@@ -86,6 +91,8 @@ def exit_code_of(work: Callable[[], Any]) -> int:
         ((RunDirError, RunDirLockedError), "run directory error", 2),
         (ResumeError, "resume error", 2),
         (CheckpointWriteError, "checkpoint error", 1),
+        (TrackerUnavailable, "tracker error", 2),
+        (ResourceError, "resources error", 2),
     ]
     try:
         work()
@@ -94,7 +101,8 @@ def exit_code_of(work: Callable[[], Any]) -> int:
     except Exception as exc:
         for types, label, code in kinds:
             if isinstance(exc, types):
-                console(stderr=True).print(f"[bold red]{label}:[/] {exc}", highlight=False)
+                text = escape(str(exc))  # paths and values may hold [brackets]
+                console(stderr=True).print(f"[bold red]{label}:[/] {text}", highlight=False)
                 return code
         raise
     return 0

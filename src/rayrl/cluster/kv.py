@@ -19,7 +19,6 @@ the writer. Small values live in the server and survive their writers.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import pickle
 import time
@@ -204,38 +203,6 @@ class KVStore:
         wait_p99_ms (arrival to wake-up), pending_waiters, keys per namespace, ref values."""
         return self._call("stats", what="stats")
 
-    # -- async API (for async actors and drivers) --------------------------------------
-
-    async def put_async(
-        self, key: str, value: Any, *, namespace: str = DEFAULT_NAMESPACE, writer: str | None = None
-    ) -> None:
-        """Awaitable `put`."""
-        request = self._put_request(key, value, namespace, writer)
-        await self._acall("put", request, what=f"put {key!r}")
-
-    async def get_async(
-        self, key: str, default: Any = None, *, namespace: str = DEFAULT_NAMESPACE
-    ) -> Any:
-        """Awaitable `get`."""
-        _check_key(key, namespace)
-        found, payload, is_ref = await self._acall("get", (namespace, key), what=f"get {key!r}")
-        if not found:
-            return default
-        return await self._aunbox(payload, is_ref, namespace, key)
-
-    async def wait_async(
-        self, key: str, timeout: float, *, namespace: str = DEFAULT_NAMESPACE
-    ) -> Any:
-        """Awaitable `wait`: parks without blocking the caller's event loop."""
-        _check_key(key, namespace)
-        timeout = _check_timeout(timeout)
-        status, payload, is_ref = await self._acall(
-            "wait", (namespace, key, timeout), what=f"wait {key!r}", timeout=timeout + RPC_TIMEOUT_S
-        )
-        if status == "timeout":
-            raise KVTimeoutError.from_report(self.run, namespace, key, timeout, payload)
-        return await self._aunbox(payload, is_ref, namespace, key)
-
     # -- internals -------------------------------------------------------------------
 
     def _put_request(self, key: str, value: Any, namespace: str, writer: str | None) -> tuple:
@@ -256,15 +223,6 @@ class KVStore:
             info = self._call("info", namespace, key, what=f"info {key!r}")
             raise self._lost(namespace, key, err, info) from err
 
-    async def _aunbox(self, payload: Any, is_ref: bool, namespace: str, key: str) -> Any:
-        if not is_ref:
-            return payload
-        try:
-            return await self._aresolve(payload, RPC_TIMEOUT_S, f"fetch the large value of {key!r}")
-        except ObjectLostError as err:
-            info = await self._acall("info", namespace, key, what=f"info {key!r}")
-            raise self._lost(namespace, key, err, info) from err
-
     def _lost(self, namespace: str, key: str, err: Exception, info: dict | None) -> KVStoreError:
         info = info or {}
         return KVStoreError(
@@ -278,24 +236,12 @@ class KVStore:
         ref = getattr(self._actor, method).remote(*args)
         return self._resolve(ref, timeout, what)
 
-    async def _acall(self, method: str, *args: Any, what: str, timeout: float = RPC_TIMEOUT_S):
-        ref = getattr(self._actor, method).remote(*args)
-        return await self._aresolve(ref, timeout, what)
-
     def _resolve(self, ref: Any, timeout: float, what: str) -> Any:
         try:
             return ray.get(ref, timeout=timeout)
         except RayActorError as err:
             raise self._dead(what, err) from err
         except GetTimeoutError as err:
-            raise self._silent(what, timeout) from err
-
-    async def _aresolve(self, ref: Any, timeout: float, what: str) -> Any:
-        try:
-            return await asyncio.wait_for(_awaited(ref), timeout)
-        except RayActorError as err:
-            raise self._dead(what, err) from err
-        except asyncio.TimeoutError as err:
             raise self._silent(what, timeout) from err
 
     def _dead(self, what: str, err: Exception) -> KVStoreError:
@@ -312,10 +258,6 @@ class KVStore:
             f"Its server {actor_name(self.run)!r} may be overloaded or its node unreachable; "
             "check `ray status` and `rayrl doctor`."
         )
-
-
-async def _awaited(ref: Any) -> Any:
-    return await ref
 
 
 def estimate_size(value: Any, key: str = "") -> int:

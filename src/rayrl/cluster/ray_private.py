@@ -172,17 +172,6 @@ def _logs_dir() -> str:
 # --- the processes of a Ray this driver started -------------------------------------------
 
 
-def local_ray_pids() -> list[int]:
-    """Pids of the Ray processes this driver started (raylet, GCS, dashboard, ...);
-    empty when it joined a cluster started elsewhere."""
-    from ray._private import worker as ray_worker
-
-    node = ray_worker._global_node
-    if node is None:
-        return []
-    return [info.process.pid for infos in node.all_processes.values() for info in infos]
-
-
 def stop_local_ray(grace_s: float = 0.5) -> bool:
     """Disconnect the driver and stop the Ray it started, quickly: the raylet first (it
     stops its workers; it hangs if the GCS goes first), then every other Ray process at

@@ -2,8 +2,10 @@
 
 `load_config("grpo.yaml", ["actor_rollout_ref.actor.optim.lr=1e-6"])` returns a typed
 `RayRLConfig`. With no file the defaults are verl's (`rayrl.config.schema`). Unknown
-keys are errors that name the key and the closest valid one; verl keys rayrl accepts
-without acting on them are dropped with a one-line warning each (`rayrl.config.compat`);
+keys are errors that name the key and the closest valid one; verl's other spellings of
+a key move to it, and verl keys rayrl accepts without acting on them are dropped with
+a one-line warning each (`rayrl.config.compat`); a value that does not parse names its
+key;
 wrong types name the key and the expected type; file lists and the logger accept a
 string or a list; cross-field rules run last (`rayrl.config.validate`).
 """
@@ -11,20 +13,29 @@ string or a list; cross-field rules run last (`rayrl.config.validate`).
 from __future__ import annotations
 
 import difflib
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import is_dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rayrl.config.compat import map_rollout_name, strip_inert
+from rayrl.config.compat import (
+    apply_rules,
+    map_rollout_name,
+    resolve_global_micro_batches,
+    rule_table,
+)
+from rayrl.config.compat.verl_ppo import RULES
 from rayrl.config.errors import ConfigError
 from rayrl.config.errors import warn as _warn
 from rayrl.config.schema import RayRLConfig, schema_fields
 
 BUILTIN_DIR = Path(__file__).resolve().parent
+PARSE_ERRORS = (yaml.YAMLError, OmegaConfBaseException, ValueError)
 
 
 def builtin_configs(builtin_dir: Path = BUILTIN_DIR) -> list[str]:
@@ -58,7 +69,8 @@ def all_paths(cls: type = RayRLConfig, prefix: str = "") -> list[str]:
 
 
 def suggest(path: str, cls: type = RayRLConfig) -> str | None:
-    """The valid key of schema `cls` closest to a misspelt or misplaced dotted key."""
+    """The valid key of schema `cls` closest to a misspelt or misplaced dotted key (a
+    few keys, "'a' or 'b'", when several end with it)."""
     paths = all_paths(cls)
     leaf = path.split(".")[-1]
     by_suffix = [p for p in paths if p.endswith("." + path)]
@@ -67,6 +79,8 @@ def suggest(path: str, cls: type = RayRLConfig) -> str | None:
     by_suffix = by_suffix or [p for p in paths if p.split(".")[-1] == leaf]
     if len(by_suffix) == 1:
         return by_suffix[0]
+    if 1 < len(by_suffix) <= 3:
+        return "' or '".join(sorted(by_suffix, key=lambda p: (p.count("."), p)))
     close = difflib.get_close_matches(path, paths, n=1, cutoff=0.6)
     if close:
         return close[0]
@@ -122,22 +136,69 @@ def _merge(base: Any, data: dict[str, Any], origin: str) -> Any:
 
 
 def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
-    """Dotted `key=value` overrides to a nested dict; values are parsed as YAML."""
+    """Dotted `key=value` overrides to a nested dict; values are parsed as YAML. A value
+    that does not parse is a ConfigError naming the key and the text."""
     bad = [o for o in overrides if "=" not in o]
     if bad:
         raise ConfigError(f"override '{bad[0]}' is not of the form key=value (e.g. trainer.seed=3)")
     # Hydra's `+key=value` / `++key=value` (add or force a key, as verl scripts write
     # them) set the key like `key=value`: every key here is in the schema.
     plain = [o.lstrip("+") for o in overrides]
-    return OmegaConf.to_container(OmegaConf.from_dotlist(plain))
+    try:
+        return OmegaConf.to_container(OmegaConf.from_dotlist(plain))
+    except PARSE_ERRORS:
+        pass
+    for override in plain:  # which one does not parse
+        try:
+            OmegaConf.from_dotlist([override])
+        except PARSE_ERRORS as exc:
+            key, text = override.split("=", 1)
+            reason = getattr(exc, "problem", None) or str(exc).strip().splitlines()[0]
+            raise ConfigError(
+                f"cannot parse the value of config key '{key}': {text!r} ({reason}); values "
+                "are YAML: quote strings with special characters, close [lists] and {maps}"
+            ) from None
+    raise AssertionError("the overrides parse one by one but not together")
 
 
-def _user_data(data: dict[str, Any], origin: str, warn: Callable[[str], None]) -> dict:
-    """verl compatibility (inert keys dropped, rollout names mapped), then known keys only."""
-    for message in [*strip_inert(data), *map_rollout_name(data)]:
+def load_yaml(path: Path) -> dict[str, Any]:
+    """A YAML config file as a nested dict; a file that does not parse is a ConfigError
+    naming the file and the place."""
+    try:
+        data = OmegaConf.to_container(OmegaConf.load(path)) or {}
+    except (yaml.YAMLError, OmegaConfBaseException) as exc:
+        reason = " ".join(str(exc).split())
+        raise ConfigError(f"{path} is not a valid YAML config: {reason}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{path}: a config file holds a mapping of groups, got {type(data).__name__}"
+        )
+    return data
+
+
+_TABLE = rule_table(RULES, RayRLConfig)
+REWARD_MODEL_MICRO_BATCH = 8  # sequences per reward-model forward when none is given
+
+
+def source_data(data: dict[str, Any], origin: str, warn: Callable[[str], None]) -> dict:
+    """What `load_config` does with one source's nested dict before merging it: verl
+    compatibility (`rayrl.config.compat`: rollout names, moved keys, keys
+    without effect, refused features), then known keys only."""
+    try:
+        data = apply_rules(data, _TABLE, warn)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} (in {origin})") from None
+    for message in map_rollout_name(data):
         warn(message)
     check_keys(data, origin=origin)
     return data
+
+
+@functools.cache
+def _structured(schema: type) -> Any:
+    """The schema's defaults as an OmegaConf config, built once (0.4 s on a loaded
+    2-core machine); merges copy it, never change it."""
+    return OmegaConf.structured(schema)
 
 
 def load_structured(
@@ -150,14 +211,10 @@ def load_structured(
     """An instance of the dataclass `schema`: its defaults <- YAML file (a path or a
     built-in name in `builtin_dir`) <- dotted overrides. `user_data(data, origin)`
     checks (and may rewrite) each source's nested dict before it is merged."""
-    merged = OmegaConf.structured(schema)
+    merged = _structured(schema)
     if source is not None:
         path = resolve_source(source, builtin_dir)
-        data = OmegaConf.to_container(OmegaConf.load(path)) or {}
-        if not isinstance(data, dict):
-            raise ConfigError(
-                f"{path}: a config file holds a mapping of groups, got {type(data).__name__}"
-            )
+        data = load_yaml(path)
         merged = _merge(merged, user_data(data, str(path)), str(path))
     if overrides:
         data = user_data(parse_overrides(overrides), "command-line overrides")
@@ -184,9 +241,9 @@ def load_config(
     (default: a `ConfigWarning`).
     """
     cfg = load_structured(
-        RayRLConfig, source, overrides, lambda data, origin: _user_data(data, origin, warn)
+        RayRLConfig, source, overrides, lambda data, origin: source_data(data, origin, warn)
     )
-    normalize(cfg)
+    normalize(cfg, warn)
     if validate:
         from rayrl.config.validate import validate_config
 
@@ -204,8 +261,24 @@ def as_str_list(value: Any, key: str) -> list[str]:
     return list(items)
 
 
-def normalize(cfg: RayRLConfig) -> None:
-    """Give the keys that accept several forms their one typed form."""
+def _dynamic(cfg: RayRLConfig, key: str) -> bool:
+    """Whether the role of a deprecated micro-batch key sizes its micro-batches by tokens."""
+    arr = cfg.actor_rollout_ref
+    return {
+        "actor_rollout_ref.actor": arr.actor.use_dynamic_bsz,
+        "actor_rollout_ref.rollout": arr.rollout.log_prob_use_dynamic_bsz,
+        "actor_rollout_ref.ref": arr.ref.log_prob_use_dynamic_bsz,
+        "critic": cfg.critic.use_dynamic_bsz,
+    }.get(key.rsplit(".", 1)[0], False)
+
+
+def normalize(cfg: RayRLConfig, warn: Callable[[str], None] = _warn) -> None:
+    """Give the keys that accept several forms their one typed form (verl's deprecated
+    global micro-batch sizes become per-GPU ones, with a note)."""
+    resolve_global_micro_batches(cfg, cfg.world_size, warn, lambda key: _dynamic(cfg, key))
+    rm = cfg.reward_model
+    if rm.micro_batch_size_per_gpu is None:  # verl 0.9.1's reward model has no such key
+        rm.micro_batch_size_per_gpu = REWARD_MODEL_MICRO_BATCH
     cfg.data.train_files = as_str_list(cfg.data.train_files, "data.train_files")
     cfg.data.val_files = as_str_list(cfg.data.val_files, "data.val_files")
     cfg.trainer.logger = as_str_list(cfg.trainer.logger, "trainer.logger")

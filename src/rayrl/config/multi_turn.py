@@ -11,14 +11,15 @@ verl's names, defaults and meaning, each acted on:
 - `tool_config_path`: verl's tool YAML (a `tools:` list of `{class_name, config,
   tool_schema}`); `function_tool_path`: a Python file whose module-level
   `rayrl.envs.function_tool` objects are tools;
-- `use_inference_chat_template`: rayrl trains on the exact tokens of the rollout, which
-  is verl's `false`; `true` (re-render the chat for training) is refused;
 - `tokenization_sanity_check_mode`: `strict` (and `ignore_strippable`) check every
   step that the tokens trained on are the rollout's (`rollout/token_mismatch`, a
   warning naming the first sample that differs), `disable` skips the check;
-- `num_repeat_rollouts`: samples per prompt are `rollout.n`; only null (or n) is valid;
 - `agent.default_agent_loop`: the environment of rows without an `agent_name` column
   (verl's default `single_turn_agent`: rows must say `tool_agent` to use tools).
+
+verl's `use_inference_chat_template` (only `false`: rayrl trains on the exact tokens the
+rollout sampled and appended) and `num_repeat_rollouts` (only null: samples per prompt
+are `rollout.n`) are compat rules (`rayrl.config.compat.verl_ppo`).
 
 rayrl's own keys, beside verl's: `tools` (tools by registered name, `module:Name`,
 `/path/file.py:Name` or verl-style entries, added to the tool file's), `tool_timeout_s`,
@@ -49,10 +50,8 @@ class MultiTurnConfig:
     max_parallel_calls: int = 1
     max_tool_response_length: int = 256
     tool_response_truncate_side: str = "middle"
-    use_inference_chat_template: bool = False
     tokenization_sanity_check_mode: str = "strict"
     format: str = "hermes"
-    num_repeat_rollouts: int | None = None
     # rayrl's own
     tools: list[Any] = field(default_factory=list)
     tool_timeout_s: float = 30.0
@@ -67,7 +66,7 @@ class AgentConfig:
     default_agent_loop: str = "single_turn_agent"
 
 
-def check_multi_turn(mt: MultiTurnConfig, n: int, tensor_parallel: int) -> None:
+def check_multi_turn(mt: MultiTurnConfig, tensor_parallel: int) -> None:
     """Raise ConfigError for the first multi-turn setting that cannot run."""
     for name in ("max_assistant_turns", "max_user_turns"):
         value = getattr(mt, name)
@@ -88,17 +87,6 @@ def check_multi_turn(mt: MultiTurnConfig, n: int, tensor_parallel: int) -> None:
         raise ConfigError(
             f"{KEY}.tokenization_sanity_check_mode={mt.tokenization_sanity_check_mode!r} is "
             f"not one of {', '.join(SANITY_MODES)}"
-        )
-    if mt.use_inference_chat_template:
-        raise ConfigError(
-            f"{KEY}.use_inference_chat_template=true re-renders each chat for training; rayrl "
-            "always trains on the exact tokens the rollout sampled and appended (verl's "
-            "false): drop the key"
-        )
-    if mt.num_repeat_rollouts not in (None, n):
-        raise ConfigError(
-            f"{KEY}.num_repeat_rollouts={mt.num_repeat_rollouts}: the samples per prompt are "
-            f"actor_rollout_ref.rollout.n={n}; leave it null or set rollout.n instead"
         )
     if not isinstance(mt.tools, list):
         raise ConfigError(f"{KEY}.tools must be a list of tools; got {mt.tools!r}")

@@ -10,6 +10,11 @@ keys accepted with no effect. Departures from verl's defaults, each for a reason
   synthetic task (verl's defaults are placeholder paths).
 - `rollout.name` is `auto`: rayrl's `native` engine on a GPU for the models it runs,
   else `hf` (verl's names `vllm` / `sglang` mean `auto` too).
+- `data.seed` None seeds the data order from `trainer.seed` (verl: unseeded).
+- `reward.num_workers` is 2 (verl 0.9.1: 8) and `trainer.val_examples`, verl's
+  `trainer.log_val_generations`, is 8 (verl: 0).
+- `trainer.output_dir` is the run directory; verl's `trainer.default_local_dir` sets it
+  (checkpoints go to its `checkpoints/global_step_N`, verl's to `global_step_N`).
 
 A value written `"${group.key}"` follows that key unless set, as in verl (the critic's
 mini-batch size follows the actor's, ...). The built-in configs
@@ -40,6 +45,7 @@ class DataConfig:
     truncation: str = "error"  # error | left | right
     filter_overlong_prompts: bool = False
     shuffle: bool = True
+    seed: int | None = None  # the shuffle's seed; None: trainer.seed (verl: unseeded)
     dataloader_num_workers: int = 8
     synthetic_task: str = "arithmetic"  # used when train_files is empty
     synthetic_size: int = 512
@@ -57,6 +63,9 @@ class FSDPConfig:
     # master weights) instead of autocast. Faster than autocast at large micro-batches,
     # slower at verl's default token budget (docs/benchmarks.md): off by default.
     wrap_one_gpu: bool = False
+    # ranks per sharding group: -1 shards over every rank; a divisor of the world below it
+    # (e.g. trainer.n_gpus_per_node) shards within groups and replicates across them (HSDP)
+    fsdp_size: int = -1
 
 
 @dataclass
@@ -65,6 +74,8 @@ class RefFSDPConfig:
     # None (verl's default): bf16 weights where compute is bf16 on a GPU, else fp32
     model_dtype: str | None = None
     dtype: str = "bfloat16"
+    # as the actor's: the reference then takes its shards from the actor's load as they are
+    fsdp_size: int = f"${{{_ACTOR}.fsdp_config.fsdp_size}}"  # type: ignore[assignment]
 
 
 @dataclass
@@ -105,14 +116,16 @@ class ActorConfig:
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     ppo_mini_batch_size: int = 256  # prompts per mini-batch (times rollout.n samples)
     ppo_micro_batch_size_per_gpu: int | None = None  # samples per forward/backward
+    ppo_micro_batch_size: int | None = None  # verl's deprecated size for all GPUs together
     use_dynamic_bsz: bool = False
     ppo_max_token_len_per_gpu: int = 16384  # token budget of a micro-batch (dynamic)
     ppo_epochs: int = 1
     shuffle: bool = False  # reshuffle the rows before each epoch's mini-batches
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     loss_agg_mode: str = "token-mean"
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2  # DAPO's clip-higher: e.g. 0.28
+    clip_ratio: float = 0.2  # both bounds, unless clip_ratio_low / clip_ratio_high are set
+    clip_ratio_low: float = "${.clip_ratio}"  # type: ignore[assignment]
+    clip_ratio_high: float = "${.clip_ratio}"  # type: ignore[assignment]  # DAPO: e.g. 0.28
     clip_ratio_c: float = 3.0
     tau_pos: float = 1.0  # SAPO's gate temperature where the advantage is positive
     tau_neg: float = 1.05  # ... and where it is not
@@ -124,6 +137,9 @@ class ActorConfig:
     # torch.compile, `rayrl.engines.regional_compile`; figures in docs/benchmarks.md);
     # ignored on a CPU, where compile time would dominate
     use_torch_compile: bool = True
+    # ranks that split each packed row's tokens (Ulysses; 1: off): must divide the world
+    # and the model's attention heads; the data-parallel size is the world over it
+    ulysses_sequence_parallel_size: int = 1
 
 
 @dataclass
@@ -144,7 +160,11 @@ class RolloutConfig:
     top_k: int = -1
     do_sample: bool = True
     ignore_eos: bool = False  # training responses run to max_response_length (benchmarks)
+    # the rollout's log-probs of its samples are kept (rollout correction needs them) and
+    # compared with the actor's: training/rollout_probs_diff_* metrics
+    calculate_log_probs: bool = True
     log_prob_micro_batch_size_per_gpu: int | None = None
+    log_prob_micro_batch_size: int | None = None  # verl's deprecated size for all GPUs
     log_prob_use_dynamic_bsz: bool = f"${{{_ACTOR}.use_dynamic_bsz}}"  # type: ignore[assignment]
     log_prob_max_token_len_per_gpu: int = f"${{{_ACTOR}.ppo_max_token_len_per_gpu}}"  # type: ignore[assignment]
     val_kwargs: SamplingConfig = field(default_factory=SamplingConfig)
@@ -173,9 +193,11 @@ class RefConfig:
     enable: bool | None = None  # None: on when a KL term needs it
     fsdp_config: RefFSDPConfig = field(default_factory=RefFSDPConfig)
     log_prob_micro_batch_size_per_gpu: int | None = None
+    log_prob_micro_batch_size: int | None = None  # verl's deprecated size for all GPUs
     log_prob_use_dynamic_bsz: bool = f"${{{_ACTOR}.use_dynamic_bsz}}"  # type: ignore[assignment]
     log_prob_max_token_len_per_gpu: int = f"${{{_ACTOR}.ppo_max_token_len_per_gpu}}"  # type: ignore[assignment]
     use_torch_compile: bool = f"${{{_ACTOR}.use_torch_compile}}"  # type: ignore[assignment]
+    ulysses_sequence_parallel_size: int = f"${{{_ACTOR}.ulysses_sequence_parallel_size}}"  # type: ignore[assignment]
 
 
 @dataclass
@@ -210,6 +232,9 @@ class CriticConfig:
     ppo_mini_batch_size: int = f"${{{_ACTOR}.ppo_mini_batch_size}}"  # type: ignore[assignment]
     ppo_micro_batch_size_per_gpu: int | None = None
     forward_micro_batch_size_per_gpu: int | None = "${.ppo_micro_batch_size_per_gpu}"  # type: ignore[assignment]
+    # verl's deprecated sizes for all GPUs together
+    ppo_micro_batch_size: int | None = None
+    forward_micro_batch_size: int | None = "${.ppo_micro_batch_size}"  # type: ignore[assignment]
     use_dynamic_bsz: bool = f"${{{_ACTOR}.use_dynamic_bsz}}"  # type: ignore[assignment]
     ppo_max_token_len_per_gpu: int = 32768
     forward_max_token_len_per_gpu: int = "${.ppo_max_token_len_per_gpu}"  # type: ignore[assignment]
@@ -217,12 +242,14 @@ class CriticConfig:
     shuffle: bool = f"${{{_ACTOR}.shuffle}}"  # type: ignore[assignment]
     cliprange_value: float = 0.5
     loss_agg_mode: str = f"${{{_ACTOR}.loss_agg_mode}}"  # type: ignore[assignment]
+    ulysses_sequence_parallel_size: int = 1
 
 
 @dataclass
 class CustomRewardFunctionConfig:
     path: str | None = None  # a Python file with compute_score(...); None: built-in scorers
     name: str = "compute_score"
+    reward_kwargs: dict = field(default_factory=dict)  # extra keyword arguments of every call
 
 
 @dataclass
@@ -236,13 +263,15 @@ class OverlongBufferConfig:
     len: int = 0  # the last `len` tokens before max_response_length ramp the penalty
     penalty_factor: float = 0.0
     log: bool = False  # report reward/overlong_penalty/mean
+    max_resp_len: int = "${data.max_response_length}"  # type: ignore[assignment]  # the limit
 
 
 @dataclass
 class RewardModelConfig:
     enable: bool = False
     model: RewardModelPathConfig = field(default_factory=RewardModelPathConfig)
-    micro_batch_size_per_gpu: int | None = None
+    micro_batch_size_per_gpu: int | None = None  # None: 8 sequences per forward pass
+    micro_batch_size: int | None = None  # verl's deprecated size for all GPUs together
     max_length: int | None = None
     score_transform: str = "none"  # none | clip | tanh (of the reward model's score)
     score_scale: float = 1.0  # clip to +-scale, or scale * tanh(score / scale)
@@ -258,11 +287,28 @@ class RewardHTTPConfig:
 
 
 @dataclass
-class RewardConfig:
-    """rayrl's reward sources beyond verl's: a remote service, the scoring processes."""
+class RewardManagerConfig:
+    """How a reward function is called (verl's reward managers, `rayrl.rewards.managers`):
+    naive or prime (one sample per call, in reward.num_workers processes), dapo (as naive,
+    and a plain-number score is also reported as `acc`), batch (one call with the lists
+    of a whole batch: compute_score(data_sources, solution_strs, ground_truths, extra_infos))."""
 
+    name: str = "naive"
+
+
+@dataclass
+class RewardConfig:
+    """How rewards are computed: verl 0.9.1's `reward.*` keys (the manager, the scoring
+    processes, extra arguments) and rayrl's own (a remote service, timeouts, placement).
+    verl's `reward.custom_reward_function` and `reward.reward_model` are the top-level
+    `custom_reward_function` and `reward_model` groups here (`rayrl.config.compat`)."""
+
+    reward_manager: RewardManagerConfig = field(default_factory=RewardManagerConfig)
+    reward_kwargs: dict = field(default_factory=dict)  # extra keyword arguments of every call
     http: RewardHTTPConfig = field(default_factory=RewardHTTPConfig)
-    timeout_s: float = 10.0  # per call of a rule-based function
+    timeout_s: float = 10.0  # per call of a rule-based function (x samples for batch)
+    # scoring processes of each reward worker (verl's default 8 is sized for a GPU node;
+    # verl's older name: reward_model.num_workers)
     num_workers: int = 2
     # On a CPU-only run of one actor rank with a rule-based or HTTP reward, score in the
     # actor's process (its bundle gets the reward's CPU) instead of a process of its own.
@@ -322,7 +368,9 @@ class TrainerConfig:
     total_epochs: int = 30
     critic_warmup: int = 0  # steps that train only the critic
     balance_batch: bool = True  # reorder rows so every data-parallel rank gets ~equal tokens
-    output_dir: str = "outputs/demo"
+    # one directory per experiment (as verl's checkpoints/${project}/${experiment}): two
+    # experiments never share one by default; the same one run again resumes there
+    output_dir: str = "outputs/${.project_name}/${.experiment_name}"
     project_name: str = "verl_examples"
     experiment_name: str = "gsm8k"
     resume_mode: str = "auto"  # auto | disable | resume_path
@@ -337,7 +385,9 @@ class TrainerConfig:
     max_actor_ckpt_to_keep: int | None = None
     max_critic_ckpt_to_keep: int | None = None
     logger: Any = field(default_factory=lambda: ["console"])  # a name or a list
-    val_examples: int = 8  # example generations written per validation (val_generations/)
+    # example generations written per validation (val_generations/); verl's name:
+    # trainer.log_val_generations (verl's default 0 logs none)
+    val_examples: int = 8
     export_hf: bool = True  # write hf/ (a transformers model directory) at the end
     log_worker_output: bool = True  # worker prints reach the driver, prefixed role/rank
     debug: bool = False  # Ray distributed debugger: breakpoint() in workers, post-mortem
@@ -360,7 +410,10 @@ class ResourcesConfig:
     capacity_factor: float = 1.0
     init_timeout_s: float = 600.0
     init_retries: int = 1
-    cpus_per_worker: int = 1
+    # CPUs of each model worker's bundle: a number, or auto (GPU runs: about two thirds of
+    # a node's CPUs shared among its GPU workers, the rest left to Ray, the driver and
+    # the reward; CPU-only runs: 1, each rank being its own worker)
+    cpus_per_worker: Any = "auto"
     loader_workers: int = 0
     dashboard: bool = True  # when rayrl starts Ray: the Ray dashboard, URL printed
     dashboard_host: str = "127.0.0.1"  # 0.0.0.0 exposes it to the network

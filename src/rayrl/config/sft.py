@@ -7,9 +7,10 @@ Supervised fine-tuning has its own schema, with the names and defaults of verl's
 `model.partial_pretrain`, `model.lora_rank`, `optim.lr`, `optim.lr_scheduler`,
 `trainer.total_epochs`, `trainer.max_ckpt_to_keep`, ... It is loaded and checked like
 `rayrl train`'s (`rayrl.config.load`): unknown keys are errors with a "did you mean",
-verl keys for features rayrl lacks are dropped with a one-line warning (`SFT_INERT`),
-verl's `trainer.default_local_dir` sets the run directory, `trainer.output_dir`, and
-`model.path` (verl's engine SFT trainer, `rayrl train`) sets `model.partial_pretrain`.
+verl keys for features rayrl lacks are dropped with a one-line warning, verl's
+`trainer.default_local_dir` sets the run directory, `trainer.output_dir`, and verl
+0.9.1's engine SFT trainer's names (`model.path`, `engine.*`, `optim.lr_scheduler_type`)
+set rayrl's (`rayrl.config.compat.verl_sft`).
 
 Departures from verl's defaults: `model.partial_pretrain` None builds the tiny demo
 model and empty `data.train_files` trains on demonstrations of a synthetic task (the
@@ -24,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rayrl.config.compat import strip_inert
+from rayrl.config.compat import apply_rules, rule_table
+from rayrl.config.compat.verl_sft import RULES
 from rayrl.config.errors import ConfigError
 from rayrl.config.errors import warn as _warn
 from rayrl.config.load import (
@@ -33,28 +35,9 @@ from rayrl.config.load import (
     load_structured,
 )
 from rayrl.config.schema import ResourcesConfig
+from rayrl.config.validate import check_cpus_per_worker, check_fsdp_size
 
 SFT_BUILTIN_DIR = Path(__file__).resolve().parent / "sft"
-
-_NO_SP = "rayrl has no Ulysses sequence parallelism"
-SFT_INERT: dict[str, str] = {
-    "ulysses_sequence_parallel_size": _NO_SP,
-    "model.use_liger": "rayrl does not use Liger kernels",
-    "model.use_shm": "models load from their directory as they are",
-    "data.use_shm": "data files are read where they are",
-    "model.strategy": "rayrl always shards with FSDP2",
-    "model.external_lib": "import your model's package in a custom module of your own",
-    "model.fsdp_config.wrap_policy": "rayrl wraps each decoder layer",
-    "data.balance_dp_token": "rayrl splits each batch evenly by rows",
-    "trainer.default_hdfs_dir": "rayrl writes checkpoints to trainer.output_dir only",
-    "trainer.checkpoint": "checkpoints always hold the model, optimizer and trainer state",
-}
-# Other names of keys (the value moves over, with a note): verl's checkpoint directory,
-# and the model key of verl's engine-based SFT trainer and of `rayrl train`.
-SFT_RENAMED: dict[str, str] = {
-    "trainer.default_local_dir": "trainer.output_dir",
-    "model.path": "model.partial_pretrain",
-}
 
 
 @dataclass
@@ -99,6 +82,7 @@ class SFTFSDPConfig:
     dtype: str = "bfloat16"  # compute dtype on GPU: bfloat16 (mixed precision) | float32
     cpu_offload: bool = False  # with offload_params: weights and optimizer in host memory
     offload_params: bool = False
+    fsdp_size: int = -1  # ranks sharing one copy of the model; -1: all of them (no HSDP)
 
 
 @dataclass
@@ -135,7 +119,7 @@ class SFTTrainerConfig:
     seed: int = 1
     total_epochs: int = 4
     total_training_steps: int | None = None  # None: total_epochs over the data
-    output_dir: str = "outputs/sft"
+    output_dir: str = "outputs/${.project_name}/${.experiment_name}"  # one per experiment
     project_name: str = "gsm8k-sft"
     experiment_name: str = "test"
     logger: Any = field(default_factory=lambda: ["console"])
@@ -165,22 +149,15 @@ class SFTConfig:
         return self.trainer.nnodes * self.trainer.n_gpus_per_node
 
 
-def _move_renamed(data: dict[str, Any]) -> list[str]:
-    """verl's names of keys rayrl calls otherwise: the value moves to rayrl's key."""
-    notes = []
-    for old, new in SFT_RENAMED.items():
-        group, key = old.rsplit(".", 1)
-        section = data.get(group)
-        if isinstance(section, dict) and key in section:
-            value = section.pop(key)
-            section[new.rsplit(".", 1)[1]] = value
-            notes.append(f"{old}={value!r} sets {new}")
-    return notes
+_TABLE = rule_table(RULES, SFTConfig)
 
 
-def _sft_user_data(data: dict, origin: str, warn: Callable[[str], None]) -> dict:
-    for message in [*strip_inert(data, inert=SFT_INERT), *_move_renamed(data)]:
-        warn(message)
+def sft_source_data(data: dict, origin: str, warn: Callable[[str], None]) -> dict:
+    """What `load_sft_config` does with one source before merging it (`source_data`)."""
+    try:
+        data = apply_rules(data, _TABLE, warn)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} (in {origin})") from None
     check_keys(data, SFTConfig, origin=origin)
     return data
 
@@ -198,7 +175,7 @@ def load_sft_config(
         SFTConfig,
         source,
         overrides,
-        lambda d, origin: _sft_user_data(d, origin, warn),
+        lambda d, origin: sft_source_data(d, origin, warn),
         builtin_dir=SFT_BUILTIN_DIR,
     )
     d = cfg.data
@@ -253,6 +230,7 @@ def validate_sft_config(cfg: SFTConfig) -> None:
         value = _get(cfg, path)
         if value is not None and value < 1:
             raise ConfigError(f"{path}={value} must be at least 1")
+    check_cpus_per_worker(cfg.resources.cpus_per_worker)
     d, t = cfg.data, cfg.trainer
     for key in ("train_max_samples", "val_max_samples"):
         if getattr(d, key) == 0 or getattr(d, key) < -1:
@@ -271,6 +249,7 @@ def validate_sft_config(cfg: SFTConfig) -> None:
             "trainer.resume_mode=resume_path needs trainer.resume_from_path (a "
             "checkpoints/global_step_N directory)"
         )
+    check_fsdp_size("model.fsdp_config.fsdp_size", cfg.model.fsdp_config.fsdp_size, cfg.world_size)
     _check_batch(cfg)
 
 

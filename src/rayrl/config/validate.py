@@ -10,9 +10,11 @@ data-parallel ranks, and each rank's share splits into micro-batches of
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from rayrl.config.errors import ConfigError
 from rayrl.config.errors import warn as _warn
+from rayrl.config.layout import MeshError, MeshSpec, check_heads
 from rayrl.config.multi_turn import check_multi_turn
 from rayrl.config.schema import RayRLConfig
 
@@ -113,6 +115,17 @@ def check_positive(cfg: RayRLConfig) -> None:
             f"resources.capacity_factor={cfg.resources.capacity_factor} must be >= 1.0 "
             "(1.0 reserves no spare bundles; 1.25 reserves a spare for every 4 workers)"
         )
+    check_cpus_per_worker(cfg.resources.cpus_per_worker)
+
+
+def check_cpus_per_worker(value: Any) -> None:
+    """`resources.cpus_per_worker` is `auto` or a whole number of CPUs, at least 1."""
+    if value == "auto":
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 1:
+        raise ConfigError(
+            f"resources.cpus_per_worker={value!r} must be auto or a number of CPUs >= 1"
+        )
 
 
 def check_micro_set(cfg: RayRLConfig) -> None:
@@ -151,11 +164,6 @@ def check_micro_set(cfg: RayRLConfig) -> None:
                 c.use_dynamic_bsz,
             )
         )
-    rm = cfg.reward_model
-    if rm.enable:
-        rules.append(
-            ("reward_model.micro_batch_size_per_gpu", rm.micro_batch_size_per_gpu, "", False)
-        )
     for micro_key, micro, dynamic_key, dynamic in rules:
         if micro is None and not dynamic:
             by_tokens = f" or set {dynamic_key}=true to size them by tokens" if dynamic_key else ""
@@ -178,7 +186,8 @@ def check_batch_chain(
     if samples % world:
         raise ConfigError(
             f"a mini-batch of {mini} prompts x rollout.n={n} = {samples} samples does not "
-            f"split over {world} data-parallel ranks (trainer.nnodes x trainer.n_gpus_per_node); "
+            f"split over {world} data-parallel ranks (trainer.nnodes x trainer.n_gpus_per_node "
+            "/ ulysses_sequence_parallel_size); "
             f"{samples} % {world} = {samples % world}"
         )
     per_rank = samples // world
@@ -213,6 +222,132 @@ def check_rollout(cfg: RayRLConfig) -> None:
             f"data.max_prompt_length + data.max_response_length = {longest}; raise it or leave "
             "it unset (null) to use that sum"
         )
+
+
+def check_fsdp_size(key: str, size: int, world: int) -> None:
+    """rayrl shards a model over all its ranks: `fsdp_size` is -1 or the world size."""
+    if size not in (-1, world):
+        raise ConfigError(
+            f"{key}={size}: rayrl shards each model over all {world} ranks (trainer.nnodes x "
+            f"trainer.n_gpus_per_node); set {key} to -1 or {world}. Sharding within groups "
+            f"of {size} ranks, replicated across groups (HSDP), is not supported"
+        )
+
+
+VISION_CONFIG_KEYS = ("vision_config", "visual", "vision_tower")
+
+
+def check_text_only(cfg: RayRLConfig) -> None:
+    """Refuse a vision-language model before anything starts: rayrl trains text-only
+    causal LMs. A local model directory is judged by its config.json."""
+    import json
+    from pathlib import Path
+
+    for key, path in (
+        ("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path),
+        ("critic.model.path", cfg.critic.model.path),
+    ):
+        config = Path(path).expanduser() / "config.json" if path else None
+        if config is None or not config.is_file():
+            continue
+        try:
+            model = json.loads(config.read_text())
+        except (OSError, ValueError):
+            continue
+        found = [k for k in VISION_CONFIG_KEYS if k in model]
+        if found:
+            raise ConfigError(
+                f"{key}={path} is a vision-language model ({config} has {found[0]}); rayrl "
+                "trains text-only causal LMs: vision-language training is not supported"
+            )
+
+
+def model_heads(path: str | None) -> tuple[int, int] | None:
+    """(attention heads, key/value heads) from a local model directory's config.json, or
+    None when there is none to read (the engine checks again when it loads)."""
+    import json
+    import os
+
+    file = os.path.join(path, "config.json") if path else ""
+    if not file or not os.path.isfile(file):
+        return None
+    try:
+        with open(file) as f:
+            config = json.load(f)
+        heads = int(config["num_attention_heads"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return heads, int(config.get("num_key_value_heads") or heads)
+
+
+def parallel_roles(cfg: RayRLConfig) -> list[tuple[str, int, int, str, bool, str | None]]:
+    """Per training role: (key prefix, Ulysses size, fsdp_size, its fsdp_config key,
+    packing on, model path)."""
+    arr = cfg.actor_rollout_ref
+    path, packed = arr.model.path, arr.model.use_remove_padding
+    roles = [
+        (
+            ACTOR,
+            arr.actor.ulysses_sequence_parallel_size,
+            arr.actor.fsdp_config.fsdp_size,
+            f"{ACTOR}.fsdp_config",
+            packed,
+            path,
+        ),
+    ]
+    if ref_enabled(cfg):
+        ref = arr.ref
+        roles.append(
+            (
+                "actor_rollout_ref.ref",
+                ref.ulysses_sequence_parallel_size,
+                ref.fsdp_config.fsdp_size,
+                "actor_rollout_ref.ref.fsdp_config",
+                packed,
+                path,
+            )
+        )
+    if critic_enabled(cfg):
+        c = cfg.critic
+        roles.append(
+            (
+                "critic",
+                c.ulysses_sequence_parallel_size,
+                c.model.fsdp_config.fsdp_size,
+                "critic.model.fsdp_config",
+                c.model.use_remove_padding,
+                c.model.path or path,
+            )
+        )
+    return roles
+
+
+def check_parallel(cfg: RayRLConfig) -> None:
+    """Each role's Ulysses size and sharding-group size fit the world, its packing and
+    its model's attention heads."""
+    world = cfg.world_size
+    for role, sp, fsdp_size, fsdp_key, packed, path in parallel_roles(cfg):
+        try:
+            MeshSpec(world, sp, fsdp_size)
+        except MeshError as err:
+            text = str(err).replace(
+                "ulysses_sequence_parallel_size", f"{role}.ulysses_sequence_parallel_size"
+            )
+            raise ConfigError(
+                text.replace("fsdp_config.fsdp_size", f"{fsdp_key}.fsdp_size")
+            ) from None
+        if sp > 1 and not packed:
+            model = "critic.model" if role == "critic" else "actor_rollout_ref.model"
+            raise ConfigError(
+                f"{role}.ulysses_sequence_parallel_size={sp} splits packed rows between ranks; "
+                f"set {model}.use_remove_padding=true"
+            )
+        heads = model_heads(path) if sp > 1 else None
+        if heads is not None:
+            try:
+                check_heads(*heads, sp, path)
+            except MeshError as err:
+                raise ConfigError(str(err).replace("ulysses", f"{role}.ulysses", 1)) from None
 
 
 def critic_enabled(cfg: RayRLConfig) -> bool:
@@ -286,10 +421,18 @@ def check_algorithm(cfg: RayRLConfig, n: int, warn: Callable[[str], None] = _war
                 f"{cfg.data.train_batch_size}; a generation round draws at least a batch"
             )
     buffer = cfg.reward_model.overlong_buffer
-    if buffer.enable and not 0 < buffer.len <= cfg.data.max_response_length:
+    if buffer.enable and not 0 < buffer.len <= buffer.max_resp_len:
         raise ConfigError(
             f"reward_model.overlong_buffer.len={buffer.len} must be in (0, "
-            f"data.max_response_length={cfg.data.max_response_length}]"
+            f"reward_model.overlong_buffer.max_resp_len={buffer.max_resp_len}] (the length "
+            "limit the penalty counts back from; default data.max_response_length)"
+        )
+    rollout = cfg.actor_rollout_ref.rollout
+    if alg.rollout_correction.rollout_is is not None and not rollout.calculate_log_probs:
+        raise ConfigError(
+            f"algorithm.rollout_correction.rollout_is={alg.rollout_correction.rollout_is} "
+            "weights samples by the rollout's log-probs, which "
+            "actor_rollout_ref.rollout.calculate_log_probs=false drops; set it to true"
         )
     if cfg.reward_model.enable and not cfg.reward_model.model.path:
         raise ConfigError("reward_model.enable=true needs reward_model.model.path")
@@ -309,8 +452,10 @@ def validate_config(cfg: RayRLConfig, warn: Callable[[str], None] = _warn) -> No
     check_micro_set(cfg)
     check_rollout(cfg)
     r = cfg.actor_rollout_ref.rollout
-    check_multi_turn(r.multi_turn, r.n, r.tensor_model_parallel_size)
+    check_multi_turn(r.multi_turn, r.tensor_model_parallel_size)
     check_run_keys(cfg)
+    check_parallel(cfg)
+    check_text_only(cfg)
     actor, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
     prompts, world = cfg.data.train_batch_size, cfg.world_size
     check_batch_chain(
@@ -319,7 +464,7 @@ def validate_config(cfg: RayRLConfig, warn: Callable[[str], None] = _warn) -> No
         n,
         actor.ppo_mini_batch_size,
         actor.ppo_micro_batch_size_per_gpu,
-        world,
+        world // actor.ulysses_sequence_parallel_size,
         actor.use_dynamic_bsz,
     )
     if critic_enabled(cfg):
@@ -330,7 +475,7 @@ def validate_config(cfg: RayRLConfig, warn: Callable[[str], None] = _warn) -> No
             n,
             critic.ppo_mini_batch_size,
             critic.ppo_micro_batch_size_per_gpu,
-            world,
+            world // critic.ulysses_sequence_parallel_size,
             critic.use_dynamic_bsz,
         )
     check_algorithm(cfg, n, warn)

@@ -1,5 +1,6 @@
 """Controller layer: Worker, WorkerGroup, dispatch modes, colocation, health, replacement,
-step-boundary snapshots, the progress watchdog and fault injection.
+step-boundary snapshots, the progress watchdog, and what runs around each call inside a
+worker (busy tracking, call hooks: `rayrl.controller.calls`).
 
 The driver talks to a group of workers as if it were one object: a call on the group
 is dispatched over its ranks as the method's `@register` contract says, and the
@@ -29,7 +30,6 @@ from rayrl.controller.errors import (
     WorkerHungError,
     WorkerInitError,
 )
-from rayrl.controller.faults import Fault
 from rayrl.controller.future import GroupFuture
 from rayrl.controller.group import WorkerGroup
 from rayrl.controller.health import HealthMonitor, HealthReport, Replacement, TopologyChangedWarning
@@ -44,7 +44,6 @@ __all__ = [
     "RANK_ZERO",
     "CallPlan",
     "DPState",
-    "Fault",
     "FusedWorker",
     "FutureArgumentError",
     "GroupFuture",

@@ -42,10 +42,10 @@ class FusedWorker(Worker):
         for instance in self.peers.values():
             instance.peers = self.peers
 
-    def _rayrl_setup(self, ctx: WorkerContext) -> dict:
+    def _rayrl_setup(self, ctx: WorkerContext, call_hooks: tuple = ()) -> dict:
         for role, instance in self.peers.items():
             instance._rayrl_setup(replace(ctx, role=role))
-        return super()._rayrl_setup(ctx)
+        return super()._rayrl_setup(ctx, call_hooks)  # hooks belong to the process: once
 
     def _rayrl_set_context(self, ctx: WorkerContext) -> dict:
         for role, instance in self.peers.items():
@@ -157,6 +157,9 @@ class RoleView:
 
     def _note_error(self, rank: int, err: BaseException) -> None:
         self.group._note_error(rank, err)
+
+    def data_layout(self, name: str | None) -> Any:
+        return self.group.data_layout(name)
 
     @property
     def watchdog(self) -> Any:

@@ -24,11 +24,7 @@ world_size)` says what a mode makes of one (see `rayrl.controller.future`).
 
 from __future__ import annotations
 
-import functools
-import inspect
 import sys
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -149,12 +145,14 @@ class MethodSpec:
     collect: CollectFn
     blocking: bool = True
     options: dict = field(default_factory=dict)
+    layout: str | None = None  # the group's data layout it follows (`controller.layout`)
 
 
 def register(
     dispatch: str = ONE_TO_ALL,
     collect: str | CollectFn | None = None,
     blocking: bool = True,
+    layout: str | None = None,
     **options: Any,
 ) -> Callable:
     """Mark a Worker method as callable on a WorkerGroup with this dispatch and collect.
@@ -162,45 +160,26 @@ def register(
     `dispatch` names a registered mode (ONE_TO_ALL, ALL_TO_ALL, DP_SPLIT, RANK_ZERO or
     your own); `collect` overrides the mode's collect (a name such as "list" or a
     function `(outputs, state) -> value`); `blocking=False` makes a plain call return
-    a GroupFuture. Extra `options` go to Ray's `.options()` for this method.
+    a GroupFuture. `layout` (DP_SPLIT only) names the group's data layout the call
+    follows: ranks that share a part get the same rows, and each part's output comes
+    from its first rank (`rayrl.controller.layout`). Extra `options` go to Ray's
+    `.options()` for this method.
+
+    It only attaches the contract (a MethodSpec) and returns the method itself: what
+    runs around each call inside the worker (busy tracking, call hooks) is the
+    Worker's part (`rayrl.controller.calls`).
     """
     mode = get_dispatch_mode(dispatch)
     collect_fn = get_collector(collect, mode)
+    if layout is not None and dispatch != DP_SPLIT:
+        raise ValueError(f"layout={layout!r} applies to DP_SPLIT methods only, not {dispatch}")
 
     def decorate(fn: Callable) -> Callable:
-        wrapped = fn if inspect.iscoroutinefunction(fn) else _track_busy(fn)
-        setattr(wrapped, SPEC_ATTR, MethodSpec(fn.__name__, mode, collect_fn, blocking, options))
-        return wrapped
+        spec = MethodSpec(fn.__name__, mode, collect_fn, blocking, options, layout)
+        setattr(fn, SPEC_ATTR, spec)
+        return fn
 
     return decorate
-
-
-def _track_busy(fn: Callable) -> Callable:
-    """Record which registered method a worker is in and on which thread, for
-    `Worker.heartbeat`, the watchdog (which restarts the progress clock here) and the
-    usage sampler (which also samples as the method ends: short stages count too), and
-    when it ran (`usage.record_call`: the controller's overhead is the time between).
-    A fault armed for this method (`rayrl.controller.faults`) fires first."""
-
-    @functools.wraps(fn)
-    def tracked(self: Any, *args: Any, **kwargs: Any) -> Any:
-        from rayrl import progress
-        from rayrl.controller.faults import fire
-
-        progress.begin()
-        start = time.time()
-        self._rayrl_busy = (fn.__name__, start, threading.get_ident())
-        try:
-            fire(fn.__name__)
-            return fn(self, *args, **kwargs)
-        finally:
-            from rayrl.controller.usage import record_call, sample_now
-
-            record_call(start, time.time())
-            sample_now()
-            self._rayrl_busy = None
-
-    return tracked
 
 
 def method_specs(cls: type) -> dict[str, MethodSpec]:
@@ -299,6 +278,15 @@ def _dp_split(world_size: int, args: tuple, kwargs: dict) -> CallPlan:
     per_args = [tuple(c[r] for c in cols) for r in range(world_size)]
     per_kwargs = [{k: c[r] for k, c in kcols.items()} for r in range(world_size)]
     return CallPlan(per_args, per_kwargs, state)
+
+
+def split_by_layout(layout: Any, args: tuple, kwargs: dict) -> CallPlan:
+    """DP_SPLIT over a `DataLayout`: the rows split into one chunk per part, every rank
+    given its part's chunk (non-Batch arguments go whole to every rank)."""
+    plan = _dp_split(layout.parts, args, kwargs)
+    per_args = [plan.args[part] for part in layout.part_of]
+    per_kwargs = [plan.kwargs[part] for part in layout.part_of]
+    return CallPlan(per_args, per_kwargs, plan.state)
 
 
 def collect_dp(outputs: list, state: Any) -> Any:

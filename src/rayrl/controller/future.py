@@ -75,6 +75,7 @@ class GroupFuture:
         inputs: list[GroupFuture] | None = None,
         adapters: list[tuple[str, ObjectRef]] | None = None,
         watchdog: Any = None,
+        keep: list[int] | None = None,
     ) -> None:
         self.refs = refs
         self.ranks = ranks
@@ -87,6 +88,7 @@ class GroupFuture:
         self.inputs = list(inputs or [])
         self.adapters = list(adapters or [])
         self.watchdog = watchdog
+        self.keep = None if keep is None else set(keep)  # ranks whose outputs are collected
 
     def __repr__(self) -> str:
         return f"GroupFuture({self.stage!r}, ranks={self.ranks})"
@@ -117,6 +119,10 @@ class GroupFuture:
         except Exception as err:  # noqa: BLE001 - translated to the failing rank below
             self._raise_for_rank(err)
         state = ray.get(self.state) if isinstance(self.state, ObjectRef) else self.state
+        if self.keep is not None:  # a data layout: one output per part (its first rank)
+            outputs = [
+                out for rank, out in zip(self.ranks, outputs, strict=True) if rank in self.keep
+            ]
         return self.collect(outputs, state)
 
     def discard(self) -> None:

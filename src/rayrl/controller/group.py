@@ -11,7 +11,7 @@ Life of a group, each phase with its own timeout and its own error::
     fut = group.log_prob.remote(batch)          # non-blocking: a GroupFuture
     report = group.check_health(timeout_s=5)    # dead or silent ranks
     group.replace(rank)                         # explicit, logged replacement
-    group.inject(Fault("update", "kill"))       # a fault on purpose (controller.faults)
+    group.add_call_hook(hook)                   # run in each worker call (controller.calls)
     group.shutdown()
 
 Actors are created with `max_restarts=0`: Ray never restarts a worker behind the
@@ -41,6 +41,7 @@ from ray import ObjectRef
 
 from rayrl.cluster import ray_private
 from rayrl.cluster.bundle import Bundle
+from rayrl.controller.calls import CallHook
 from rayrl.controller.dispatch import MethodSpec, method_specs
 from rayrl.controller.errors import (
     DEAD_ERRORS,
@@ -52,10 +53,9 @@ from rayrl.controller.errors import (
     short_error,
     timeout_text,
 )
-from rayrl.controller.faults import Fault
 from rayrl.controller.formation import bring_up
-from rayrl.controller.future import GroupFuture
 from rayrl.controller.health import HealthReport, Replacement, check_group
+from rayrl.controller.layout import DataLayout
 from rayrl.controller.method import bind_methods
 from rayrl.controller.startup import PhaseFuture, in_background
 from rayrl.controller.waiting import wait_all
@@ -129,7 +129,10 @@ class WorkerGroup:
         self.abort_grace_s = 10.0  # survivors' time to end their call after a loss
         self.placement_timeout_s = 30.0  # for a new bundle when the pool has no spare left
         self.stage_timeout_s: float | None = None  # watchdog: longest call without progress
-        self.faults: list[Fault] = []  # armed in every new worker (inject with times=None)
+        # which ranks share the rows of a DP_SPLIT call, by the layout name its method
+        # follows (`rayrl.controller.layout`); unnamed layouts split over every rank
+        self.data_layouts: dict[str, DataLayout] = {}
+        self.call_hooks: list[CallHook] = []  # installed in every worker started from now on
         self._init_kwargs: dict | None = None
         self.dead: set[int] = set()
         # Guards `actors` between the driver and a HealthMonitor thread.
@@ -191,7 +194,6 @@ class WorkerGroup:
             scope=self.scope,
             usage_interval_s=self.usage_interval_s,
             num_cpus=float(self.bundles[rank].resources.get("CPU", 0.0)),
-            faults=tuple(self.faults),
         )
 
     def _spawn(self, rank: int) -> ObjectRef:
@@ -217,7 +219,7 @@ class WorkerGroup:
         with self.lock:
             self.actors[rank] = actor
         self.infos[rank] = {"node_id": bundle.node_id}
-        return self.actors[rank]._rayrl_setup.remote(self._context(rank))
+        return self.actors[rank]._rayrl_setup.remote(self._context(rank), tuple(self.call_hooks))
 
     def _collect_setup(self, pending: dict[int, ObjectRef], timeout_s: float) -> dict:
         results, failures = wait_all(pending, timeout_s)
@@ -338,6 +340,10 @@ class WorkerGroup:
             group=self.name,
         )
 
+    def data_layout(self, name: str | None) -> DataLayout | None:
+        """The data layout `name` (None: none set, split over every rank)."""
+        return self.data_layouts.get(name) if name else None
+
     def _note_error(self, rank: int, err: BaseException) -> None:
         if isinstance(err, DEAD_ERRORS):
             self.dead.add(rank)
@@ -349,11 +355,6 @@ class WorkerGroup:
         if not self.stage_timeout_s:
             return None
         return Watchdog(self, self.stage_timeout_s)
-
-    @staticmethod
-    def ray_get(future: GroupFuture, timeout: float | None = None) -> Any:
-        """Collect a GroupFuture (same as `future.get()`)."""
-        return future.get(timeout)
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call a registered method by name (same as `getattr(group, method)(...)`)."""
@@ -417,13 +418,17 @@ class WorkerGroup:
             return done[rank]
         return [done[r] for r in sorted(done)]
 
-    def inject(self, fault: Fault) -> None:
-        """Arm `fault` in the workers now running (`rayrl.controller.faults`); a fault
-        with `times=None` is armed in every worker that replaces one, too."""
-        if fault.times is None:
-            self.faults.append(fault)
-        refs = [a._rayrl_arm.remote([fault]) for a in self.actors if a is not None]
-        ray.get(refs, timeout=30)
+    def add_call_hook(
+        self, hook: CallHook, *, new_workers: bool = True, timeout_s: float = 30.0
+    ) -> None:
+        """Install `hook` (see `rayrl.controller.calls`) in every worker running now,
+        busy or not, and, with `new_workers`, in every worker the group starts later
+        (replacements, init retries). Each process runs its own copy of the hook."""
+        if new_workers:
+            self.call_hooks.append(hook)
+        with self.lock:
+            actors = [a for a in self.actors if a is not None]
+        ray.get([a._rayrl_add_call_hooks.remote([hook]) for a in actors], timeout=timeout_s)
 
     # --- teardown -----------------------------------------------------------------------
 

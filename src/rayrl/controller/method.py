@@ -17,9 +17,10 @@ from typing import Any, Protocol
 import ray
 from ray import ObjectRef
 
-from rayrl.controller.dispatch import CallPlan, MethodSpec, collect_dp
+from rayrl.controller.dispatch import CallPlan, MethodSpec, collect_dp, split_by_layout
 from rayrl.controller.errors import WorkerCallError, WorkerDescription
 from rayrl.controller.future import GroupFuture, adapt_arguments
+from rayrl.controller.layout import DataLayout
 
 
 class Caller(Protocol):
@@ -32,6 +33,8 @@ class Caller(Protocol):
     def describe(self, rank: int) -> WorkerDescription: ...
 
     def _note_error(self, rank: int, err: BaseException) -> None: ...
+
+    def data_layout(self, name: str | None) -> DataLayout | None: ...
 
     @property
     def watchdog(self) -> Any: ...
@@ -58,8 +61,26 @@ class GroupMethod:
     def remote(self, *args: Any, **kwargs: Any) -> GroupFuture:
         """Start the call on every rank it dispatches to and return a GroupFuture."""
         owner, spec = self._owner, self.spec
+        layout = owner.data_layout(spec.layout)
+        if layout is not None and not layout.trivial:
+            return self._remote_by_layout(layout, args, kwargs)
         args, kwargs, inputs, adapters = adapt_arguments(spec.mode, owner.world_size, args, kwargs)
         plan = share_broadcast(spec.mode.dispatch(owner.world_size, args, kwargs))
+        return self._start(plan, split=spec.collect is collect_dp, inputs=inputs, adapters=adapters)
+
+    def _remote_by_layout(self, layout: DataLayout, args: tuple, kwargs: dict) -> GroupFuture:
+        """DP_SPLIT over a data layout: one chunk per part, the same chunk for the ranks
+        of a part (stored once), the output taken from each part's first rank. Future
+        arguments are collected here first: their chunks follow another split."""
+        args = tuple(a.get() if isinstance(a, GroupFuture) else a for a in args)
+        kwargs = {k: v.get() if isinstance(v, GroupFuture) else v for k, v in kwargs.items()}
+        plan = share_parts(split_by_layout(layout, args, kwargs), layout)
+        return self._start(plan, keep=layout.leaders)
+
+    def _start(self, plan: CallPlan, **future: Any) -> GroupFuture:
+        """Invoke every rank of `plan`; the GroupFuture of the call (`future`: its extra
+        arguments). An argument Ray cannot send fails as this rank's call."""
+        owner, spec = self._owner, self.spec
         refs = []
         for rank in plan.ranks:
             try:
@@ -73,14 +94,28 @@ class GroupMethod:
             plan.ranks,
             spec.collect,
             plan.state,
-            split=spec.collect is collect_dp,
             stage=spec.name,
             describe=owner.describe,
             on_error=owner._note_error,
-            inputs=inputs,
-            adapters=adapters,
             watchdog=owner.watchdog,
+            **future,
         )
+
+
+def share_parts(plan: CallPlan, layout: DataLayout) -> CallPlan:
+    """Each part's large arguments stored once for all its ranks (`ray.put`)."""
+    stored: dict[int, Any] = {}
+
+    def once(value: Any) -> Any:
+        if id(value) not in stored:
+            stored[id(value)] = ray.put(value) if nbytes_at_least(value, INLINE_BYTES) else value
+        return stored[id(value)]
+
+    if layout.parts == len(layout.part_of):
+        return plan
+    args = [tuple(once(a) for a in plan.args[r]) for r in plan.ranks]
+    kwargs = [{k: once(v) for k, v in (plan.kwargs[r] or {}).items()} for r in plan.ranks]
+    return CallPlan(args, kwargs, plan.state)
 
 
 def bind_methods(owner: Caller, specs: dict[str, MethodSpec], reserved: set[str]) -> None:

@@ -4,7 +4,7 @@ One `UsageSampler` thread per worker process wakes every `interval_s`, reads the
 process's CPU use (its children included: a reward worker's scoring processes count),
 its resident memory and, when the process uses CUDA, the GPU's utilisation, and adds
 the sample to every stage running at that moment. A stage is `role/method`: the
-registered method a worker instance is in (`_rayrl_busy`, set by `@register`), so the
+registered method a worker instance is in (`_rayrl_busy`, set by `calls.running`), so the
 roles fused in one process (actor, critic) are told apart. Every registered method
 also takes a sample as it ends, so a stage shorter than the period is measured too.
 

@@ -4,7 +4,10 @@ A Worker knows where it stands (group, role, rank, world size, local rank, node,
 Ray log file) and how to join its group's `torch.distributed` process group through
 KV discovery, so no MASTER_ADDR/MASTER_PORT is needed. Subclasses override
 `init_worker(**kwargs)` for their one-time setup (model load) and mark the methods a
-group may call with `@register` (see `rayrl.controller.dispatch`).
+group may call with `@register` (see `rayrl.controller.dispatch`). Each call enters the
+worker through `rayrl.controller.calls`: it is marked busy (heartbeat, watchdog, usage
+sampler) and runs the call hooks installed in the process; a subclass's registered
+methods are wrapped for it once, when the class is defined (`__init_subclass__`).
 
 The group creates the actor, then hands it a WorkerContext (`_rayrl_setup`); the
 constructor is free for the subclass's own arguments. The group, not the subclass,
@@ -25,17 +28,16 @@ from __future__ import annotations
 import os
 import socket
 import sys
-import threading
 import time
 import traceback
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import ray
 
 from rayrl.cluster import ray_private
+from rayrl.controller import calls
+from rayrl.controller.calls import running
 
 HEALTH_GROUP = "rayrl_health"
 # the thread that hands a captured snapshot to the object store beside the next calls
@@ -60,7 +62,6 @@ class WorkerContext:
     scope: str = ""  # discovery keys live under it: unique to one WorkerGroup object
     usage_interval_s: float = 0.5  # resource-usage sampling period (0 disables it)
     num_cpus: float = 0.0  # CPUs of the worker's bundle (0: unknown, threads left as they are)
-    faults: tuple = ()  # faults armed in every worker of the group (controller.faults)
 
 
 def ray_log_file() -> str:
@@ -83,10 +84,15 @@ class Worker:
 
     ctx: WorkerContext | None = None
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        calls.track(cls)  # each registered method's calls run inside calls.running
+
     # --- set by the group ---------------------------------------------------------------
 
-    def _rayrl_setup(self, ctx: WorkerContext) -> dict:
-        """Receive this worker's context (create phase); returns `info()`."""
+    def _rayrl_setup(self, ctx: WorkerContext, call_hooks: tuple = ()) -> dict:
+        """Receive this worker's context and install the group's call hooks in this
+        process (create phase); returns `info()`."""
         self.ctx = ctx
         self._rayrl_busy: tuple[str, float, int] | None = None
         if ctx.num_cpus > 0:
@@ -95,10 +101,7 @@ class Worker:
             from rayrl.controller.usage import process_sampler
 
             process_sampler(ctx.usage_interval_s).track(self)
-        if ctx.faults:
-            from rayrl.controller.faults import arm
-
-            arm(list(ctx.faults), ctx.rank)
+        calls.add_call_hooks(call_hooks)
         _announce_log_prefix(f"{ctx.role} rank {ctx.rank}")
         return self.info()
 
@@ -107,27 +110,12 @@ class Worker:
         self.ctx = ctx
         return self.info()
 
-    @contextmanager
-    def _rayrl_call(self, name: str) -> Iterator[None]:
-        """Mark this worker busy in `name` (on this thread) while the block runs."""
-        from rayrl import progress
-
-        progress.begin()
-        self._rayrl_busy = (name, time.time(), threading.get_ident())
-        try:
-            yield
-        finally:
-            self._rayrl_busy = None
-
     def _rayrl_init(self, kwargs: dict) -> dict:
         """Run `init_worker(**kwargs)` (init phase); returns `info()`."""
-        from rayrl.controller.faults import fire
-
         self._rayrl_init_kwargs = dict(kwargs)
         start = time.time()
         try:
-            with self._rayrl_call("init_worker"):
-                fire("init_worker")
+            with running(self, "init_worker"):
                 self.init_worker(**kwargs)
         finally:
             self._rayrl_init_span = (start, time.time())
@@ -138,21 +126,21 @@ class Worker:
     ) -> dict:
         """Leave the current process group and join generation `ctx.generation`."""
         self.ctx = ctx
-        with self._rayrl_call("init_distributed"):
+        with running(self, "init_distributed"):
             self.destroy_distributed()
             self.init_distributed(backend, timeout=timeout, pg_timeout=pg_timeout)
         return self.info()
 
     def _rayrl_rebuild(self) -> dict:
         """After the process group re-formed: rebuild what was bound to the old one."""
-        with self._rayrl_call("rebuild"):
+        with running(self, "rebuild"):
             self.rebuild()
         return self.info()
 
     def _rayrl_snapshot(self) -> int:
         """Capture this rank's state at a step boundary (`snapshot_state`) for
         `_rayrl_snapshot_publish`; returns the rank."""
-        with self._rayrl_call("snapshot"):
+        with running(self, "snapshot"):
             self._rayrl_captured = self.snapshot_state()
             return self.ctx.rank if self.ctx else 0
 
@@ -167,20 +155,19 @@ class Worker:
         return self.ctx.rank if self.ctx else 0, state
 
     def _rayrl_snapshot_nbytes(self) -> int:
-        with self._rayrl_call("snapshot size"):
+        with running(self, "snapshot size"):
             return int(self.snapshot_nbytes())
 
     def _rayrl_restore(self, state: Any) -> None:
         """Put back what `_rayrl_snapshot` returned."""
-        with self._rayrl_call("restore"):
+        with running(self, "restore"):
             self.restore_state(state)
 
     @ray.method(concurrency_group=HEALTH_GROUP)
-    def _rayrl_arm(self, faults: list) -> int:
-        """Arm faults in this process (`rayrl.controller.faults`); returns how many are armed."""
-        from rayrl.controller.faults import arm
-
-        return arm(faults, self.ctx.rank if self.ctx else 0)
+    def _rayrl_add_call_hooks(self, hooks: list) -> int:
+        """Install call hooks in this process (`rayrl.controller.calls`), on the health
+        thread so that a busy worker takes them too; returns how many are installed."""
+        return calls.add_call_hooks(hooks)
 
     # --- for subclasses -----------------------------------------------------------------
 
@@ -435,8 +422,3 @@ def _distributed_initialized() -> bool:
 
     dist = sys.modules.get("torch.distributed")
     return bool(dist and dist.is_available() and dist.is_initialized())
-
-
-def with_generation(ctx: WorkerContext, generation: int) -> WorkerContext:
-    """A copy of `ctx` at another discovery generation."""
-    return replace(ctx, generation=generation)

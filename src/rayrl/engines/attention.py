@@ -17,7 +17,10 @@ implementation, ``rayrl_varlen``, through transformers' public registries
 * elsewhere (CPU, fp32) each sequence attends on its own (causal ``sdpa`` per slice):
   ``sum L^2``, never the whole row;
 * any call without boundaries (generation with a padding mask, padded rows) is plain
-  ``sdpa``, and no dense mask is built for an unpadded row.
+  ``sdpa``, and no dense mask is built for an unpadded row;
+* an attention module of a sequence-parallel engine (`rayrl.engines.ulysses`) holds a
+  ``1/sp`` share of the packed row's tokens: the call trades it for a share of the heads
+  over the whole row (all-to-all), attends as above, and trades back.
 
 The model is loaded with ``attn_implementation="rayrl_varlen"`` (`attention_for`), so
 the modeling code itself is untouched.
@@ -31,6 +34,8 @@ from functools import cache
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from rayrl.engines.ulysses import attend, group_of
 
 __all__ = ["VARLEN", "attention_for", "packed_attention_kwargs", "register_varlen_attention"]
 
@@ -108,6 +113,9 @@ def varlen_attention_forward(
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     cu = kwargs.get("cu_seq_lens_q")
+    sp = group_of(module)
+    if sp is not None:
+        return _sequence_parallel(sp, query, key, value, cu, kwargs, dropout, scaling), None
     if cu is None and attention_mask is None and query.shape[0] == 1:
         cu, kwargs = _boundaries_from_positions(kwargs)
     if cu is None or query.shape[0] != 1:
@@ -116,13 +124,35 @@ def varlen_attention_forward(
         )
     if dropout:
         raise ValueError("rayrl_varlen attention has no dropout; the engine trains without it.")
+    return _varlen(query, key, value, cu, kwargs.get("max_length_q"), scaling).unsqueeze(0), None
+
+
+def _varlen(query: Tensor, key: Tensor, value: Tensor, cu: Tensor, longest, scaling) -> Tensor:
+    """Causal attention of each sequence of a packed row: ``[T, Hq, D]`` from ``[1, H, T,
+    D]`` inputs; one flash call on CUDA in a half dtype, else sequence by sequence."""
     if query.is_cuda and _varlen_dtype(query, key, value) is not None and _FLASH:
-        longest = int(kwargs.get("max_length_q") or int((cu[1:] - cu[:-1]).max()))
+        longest = int(longest or int((cu[1:] - cu[:-1]).max()))
         q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, H, D]
-        out = _flash_varlen(q, k, v, cu, longest, scaling)
-    else:
-        out = _per_sequence(query, key, value, cu, scaling)
-    return out.unsqueeze(0), None
+        return _flash_varlen(q, k, v, cu, longest, scaling)
+    return _per_sequence(query, key, value, cu, scaling)
+
+
+def _sequence_parallel(sp, query, key, value, cu, kwargs: dict, dropout: float, scaling) -> Tensor:
+    """A Ulysses rank's attention (`rayrl.engines.ulysses.attend`): its tokens in, the
+    whole row attended per sequence with heads split over the group, its tokens out."""
+    if cu is None or query.shape[0] != 1:
+        raise ValueError(
+            "a sequence-parallel model attends only packed rows with their boundaries "
+            "(cu_seq_lens_q); run it through the training engine"
+        )
+    if dropout:
+        raise ValueError("rayrl_varlen attention has no dropout; the engine trains without it.")
+    longest = kwargs.get("max_length_q")
+
+    def whole_row(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return _varlen(q, k, v, cu, longest, scaling).unsqueeze(0)
+
+    return attend(sp, query, key, value, whole_row)
 
 
 def _boundaries_from_positions(kwargs: dict) -> tuple[Tensor | None, dict]:

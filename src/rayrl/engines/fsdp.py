@@ -1,7 +1,8 @@
 """FSDP2 wrapping, mixed precision and CPU offload for the training engine.
 
 `shard_model` applies ``torch.distributed.fsdp.fully_shard`` to every decoder layer
-and then to the root module, over a 1-D device mesh of all ranks (one rank too: then
+and then to the root module, over the engine's mesh (`rayrl.engines.mesh`: 1-D over
+all ranks, or 2-D for hybrid sharding) or a 1-D mesh of all ranks (one rank too: then
 it is how a single GPU computes in bf16 from fp32 master weights, each weight cast
 once per forward or backward of its layer instead of at every use as autocast does;
 `ensure_process_group` gives such a process the one-rank group a mesh needs). On GPU the
@@ -13,11 +14,14 @@ optimizer state between the device and host memory between phases.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from torch import nn
 
 __all__ = [
+    "attention_modules",
     "decoder_layers",
     "dp_world_size",
     "ensure_process_group",
@@ -62,22 +66,32 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return list(max(lists, key=len))
 
 
+def attention_modules(model: nn.Module) -> list[nn.Module]:
+    """Each decoder layer's attention module (its ``self_attn``)."""
+    return [layer.self_attn for layer in decoder_layers(model) if hasattr(layer, "self_attn")]
+
+
 def shard_model(
     model: nn.Module,
     device_type: str,
     mixed_precision: bool,
     reshard_after_forward: bool = True,
+    mesh: Any = None,
 ) -> nn.Module:
-    """Apply FSDP2 to each decoder layer and the root over all ranks; returns the model.
+    """Apply FSDP2 to each decoder layer and the root; returns the model.
 
-    With ``mixed_precision`` (GPU), compute runs in bf16 with fp32 master weights and
-    fp32 gradient reduction. FSDP moves each rank's shard to the mesh's device.
+    ``mesh``: a 1-D device mesh (shard over its ranks) or a 2-D ``[replicate, shard]``
+    one (HSDP: `rayrl.engines.mesh`); default, 1-D over all ranks. With
+    ``mixed_precision`` (GPU), compute runs in bf16 with fp32 master weights and fp32
+    gradient reduction. FSDP moves each rank's shard to the mesh's device (a model on
+    the meta device stays there, sharded, until ``to_empty``).
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     ensure_process_group(device_type)
-    mesh = init_device_mesh(device_type, (dp_world_size(),))
+    if mesh is None:
+        mesh = init_device_mesh(device_type, (dp_world_size(),))
     if mixed_precision:
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     else:
@@ -93,19 +107,49 @@ def _empty_cache(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def offload_model(model: nn.Module) -> None:
+def offload_model(model: nn.Module, frozen: bool = False) -> None:
     """Move parameters and gradients to host memory (works on FSDP2-sharded models).
 
-    ``Module.to`` moves gradients too and keeps parameter objects (FSDP2's DTensors
-    are swapped in place), so the optimizer's references stay valid.
+    From a GPU, plain (unsharded) parameters go into page-locked host buffers kept on
+    the module (allocated once, at their exact size), so both directions run at full
+    PCIe speed; a ``frozen`` model's weights (a reference policy) are copied there once
+    and later offloads only drop the device copy. FSDP2's DTensors, buffers and
+    gradients move with ``Module.to``. Parameter objects stay the same, so the
+    optimizer's references stay valid.
     """
     device = next(model.parameters()).device
+    if device.type == "cuda":
+        _park_plain_parameters(model, frozen)
+        torch.cuda.synchronize(device)  # the host copies are complete before anyone reads
     model.to("cpu")
     _empty_cache(device)
 
 
+def _park_plain_parameters(model: nn.Module, frozen: bool) -> None:
+    host = model.__dict__.setdefault("_rayrl_host_params", {})
+    for param in model.parameters():
+        if hasattr(param, "to_local") or param.device.type != "cuda":
+            continue  # FSDP2's DTensors: Module.to
+        buffer = host.get(id(param))
+        fresh = buffer is None or buffer.shape != param.shape or buffer.dtype != param.dtype
+        if fresh:
+            buffer = host[id(param)] = pinned_host_buffer(param.data)
+        if fresh or not frozen:
+            buffer.copy_(param.data, non_blocking=True)
+        if param.grad is not None:
+            param.grad = param.grad.to("cpu")
+        param.data = buffer
+
+
 def onload_model(model: nn.Module, device: torch.device) -> None:
-    """Move parameters and gradients back to ``device``."""
+    """Move parameters and gradients back to ``device`` (from page-locked buffers where
+    `offload_model` parked them: asynchronous copies)."""
+    if torch.device(device).type == "cuda":
+        host = model.__dict__.get("_rayrl_host_params", {})
+        for param in model.parameters():
+            buffer = host.get(id(param))
+            if buffer is not None and param.data_ptr() == buffer.data_ptr():
+                param.data = param.data.to(device, non_blocking=True)
     model.to(device)
 
 

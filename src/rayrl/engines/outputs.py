@@ -9,7 +9,8 @@ Only the positions that predict response tokens reach the output head
 `rayrl.engines.logprob_head.LogProbHead` (the training engine installs one) returns
 log-probs and entropy from hidden states chunk by chunk, so no ``[tokens x vocab]``
 logits exist; other models' logits go through the chunked log-softmax of
-`rayrl.algos.entropy`.
+`rayrl.algos.entropy`. A sequence-parallel model (`rayrl.engines.ulysses`) runs this
+rank's share of the packed row and gathers every rank's outputs.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from rayrl.batch import Batch
 from rayrl.engines.attention import packed_attention_kwargs
 from rayrl.engines.logprob_head import logprob_head_of
 from rayrl.engines.packing import ResponseIndex, pack_sequences, padded_response_index
+from rayrl.engines.ulysses import SPGroup, gather_kept, split_packed
 
 __all__ = ["MODEL_INPUTS", "default_position_ids", "response_outputs"]
 
@@ -76,6 +78,7 @@ def response_outputs(
     with_entropy: bool = False,
     chunk_size: int = 1024,
     device: torch.device | str | None = None,
+    sp: SPGroup | None = None,
 ) -> dict[str, Tensor]:
     """Run ``model`` on one micro-batch.
 
@@ -96,11 +99,18 @@ def response_outputs(
         with_entropy: also return ``entropy``.
         chunk_size: tokens per chunk of the log-softmax.
         device: where the model runs.
+        sp: the Ulysses group of a sequence-parallel model: the micro-batch is packed
+            and this rank runs its share of the row (`rayrl.engines.ulysses`); every
+            rank of the group returns the whole micro-batch's outputs.
 
     Returns:
         ``{"log_probs": ..., "entropy": ...}`` or ``{"values": ...}``, each ``[b, R]``.
     """
     device = torch.device(device) if device is not None else micro["input_ids"].device
+    if sp is not None:
+        return _sequence_parallel_outputs(
+            model, micro, sp, value_head, temperature, with_entropy, chunk_size, device
+        )
     # A micro-batch without padding gains nothing from packing: run its rows as they are.
     packed = packed and not bool(micro["attention_mask"].bool().all())
     inputs, index = _model_inputs(micro, packed, device)
@@ -141,3 +151,50 @@ def _token_log_probs(
     if with_entropy:
         return log_probs_and_entropy(logits, labels, temperature, chunk_size)
     return log_probs_from_logits(logits, labels, temperature, chunk_size), None
+
+
+def _sequence_parallel_outputs(
+    model: nn.Module,
+    micro: Batch,
+    sp: SPGroup,
+    value_head: bool,
+    temperature: float,
+    with_entropy: bool,
+    chunk_size: int,
+    device: torch.device,
+) -> dict[str, Tensor]:
+    """`response_outputs` on a Ulysses rank: the packed row split (`split_packed`), this
+    rank's kept positions through the model and the head, every rank's gathered."""
+    ids, mask = micro["input_ids"], micro["attention_mask"]
+    positions = micro["position_ids"] if "position_ids" in micro else default_position_ids(mask)
+    packed = pack_sequences(ids, mask, positions, micro["responses"].shape[1])
+    lengths = [n for n in mask.sum(dim=1).tolist() if n > 0]
+    part = split_packed(
+        packed.input_ids, packed.position_ids, lengths, packed.response.logit_index, sp
+    )
+    inputs = {
+        "input_ids": part.input_ids.to(device, non_blocking=True),
+        "position_ids": part.position_ids.to(device, non_blocking=True),
+        **packed_attention_kwargs(part.lengths, device),
+    }
+    index = ResponseIndex(
+        valid=packed.response.valid.to(device, non_blocking=True),
+        logit_index=packed.response.logit_index.to(device, non_blocking=True),
+        labels=packed.response.labels,
+    )
+    if value_head:
+        scores = model(**inputs, use_cache=False).logits[0, :, 0]
+        row = gather_kept(scores, [scores.shape[0]] * sp.size, sp)
+        return {"values": _place(row[index.logit_index], index, packed=True)}
+    keep = part.keep.to(device, non_blocking=True)
+    labels = packed.response.labels[part.keep_mask].to(device, non_blocking=True)
+    log_probs, entropy = _token_log_probs(
+        model, inputs, keep, labels, True, temperature, with_entropy, chunk_size
+    )
+    if entropy is None:
+        entropy = torch.zeros_like(log_probs)
+    every = gather_kept(torch.stack([log_probs, entropy], dim=-1), part.counts, sp)
+    result = {"log_probs": _place(every[:, 0], index, packed=True)}
+    if with_entropy:
+        result["entropy"] = _place(every[:, 1], index, packed=True)
+    return result

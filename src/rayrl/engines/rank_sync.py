@@ -3,7 +3,7 @@
 FSDP runs collectives in every forward and backward, so the ranks must make the same
 number of model calls (`micro_batch_plan`: the most micro-batches any rank needs,
 dummies where a rank has fewer), scale losses by the same global counts
-(`global_counts`) and split into the same number of mini-batches
+(`global_counts`, each data-parallel group's rows counted once) and split into the same number of mini-batches
 (`check_same_on_all_ranks`). Unsharded, each is the local value, with no collective.
 """
 
@@ -48,14 +48,21 @@ def micro_batch_plan(
     return [*bins, *([None] * (count - len(bins)))]
 
 
-def global_counts(mini: Batch, sharded: bool, device: Any) -> tuple[float, float]:
-    """Real response tokens and non-empty sequences of the mini-batch, all ranks."""
+def global_counts(
+    mini: Batch, sharded: bool, device: Any, counted: bool = True
+) -> tuple[float, float]:
+    """Real response tokens and non-empty sequences of the mini-batch, all ranks.
+
+    ``counted`` False: this rank's rows are another rank's too (the ranks of a
+    sequence-parallel group hold the same rows; only the first of them counts).
+    """
     if "response_mask" in mini:
         mask = mini["response_mask"]
     else:
         mask = mini["attention_mask"][:, -mini["responses"].shape[1] :]
     per_seq = mask.to(torch.float64).sum(dim=-1)
-    tokens, seqs = all_reduce([float(per_seq.sum()), float((per_seq > 0).sum())], sharded, device)
+    local = [float(per_seq.sum()), float((per_seq > 0).sum())] if counted else [0.0, 0.0]
+    tokens, seqs = all_reduce(local, sharded, device)
     return tokens, seqs
 
 

@@ -46,8 +46,9 @@ class Residency:
         self.optimizer_offload = optimizer_offload and optimizer is not None
         self.explicit = {"params": False, "optimizer": False}
         self._params_home = False  # parameters in host memory by policy
+        self.frozen = optimizer is None  # a reference policy: its weights never change
         if param_offload:
-            offload_model(model)
+            offload_model(model, self.frozen)
             self._params_home = True
 
     # --------------------------------------------------------------- explicit
@@ -55,7 +56,7 @@ class Residency:
         """Move parameters (and gradients) and/or optimizer state to host memory."""
         if params and not self.explicit["params"]:
             if not self._params_home:
-                offload_model(self.model)
+                offload_model(self.model, self.frozen)
             self.explicit["params"] = True
         if optimizer and self.optimizer is not None and not self.explicit["optimizer"]:
             offload_optimizer(self.optimizer)
@@ -92,7 +93,7 @@ class Residency:
         try:
             yield
         finally:
-            offload_model(self.model)
+            offload_model(self.model, self.frozen)
             self._params_home = True
 
     def step(self) -> None:

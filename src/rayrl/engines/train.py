@@ -26,6 +26,19 @@ size (docs/benchmarks.md). ``torch_compile`` compiles layers and head on CUDA
 Packed rows attend per sequence (`rayrl.engines.attention`), a causal LM's output head
 returns log-probs without materialising logits (`rayrl.engines.logprob_head`), and the
 loss a `train_step` takes follows `rayrl.engines.loss_contract`.
+
+Layout and loading, for models past one GPU:
+
+* the ranks shard the model flat or, with ``fsdp_size`` below the world size, within
+  groups and replicated across them (HSDP); ``ulysses_sequence_parallel_size`` ranks
+  split each packed row's tokens between them (`rayrl.engines.ulysses`) and must get
+  the same rows: the engine's ``dp_rank`` / ``dp_size`` say which rows a rank takes
+  (`rayrl.engines.mesh`). Loss, gradients and metrics do not depend on either split;
+* the model is built on the meta device, sharded, and filled from one read of the
+  checkpoint by rank 0, handed out as shards a tensor at a time in the dtype it was
+  saved in (`rayrl.engines.load_once`); ``weights_from`` fills it from another engine's model
+  instead (the reference from the actor's load). ``load_report`` says what the start
+  read and the peak host memory of a node. LoRA models load whole with transformers.
 """
 
 from __future__ import annotations
@@ -33,30 +46,48 @@ from __future__ import annotations
 import gc
 import math
 import os
+import time
 import warnings
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from rayrl import progress
 from rayrl.batch import Batch
 from rayrl.engines import snapshot
-from rayrl.engines.attention import attention_for
+from rayrl.engines.attention import VARLEN, attention_for
 from rayrl.engines.checkpoint_io import (
     export_hf,
     full_model_state_dict,
     load_sharded,
     save_sharded,
 )
-from rayrl.engines.fsdp import dp_world_size, shard_model
-from rayrl.engines.loading import DTYPES, has_tokenizer, load_hf_model, pick_device
+from rayrl.engines.fsdp import attention_modules, dp_world_size, ensure_process_group, shard_model
+from rayrl.engines.load_once import (
+    LoadReport,
+    copy_weights,
+    load_checkpoint,
+    materialize,
+    node_peak_gb,
+    weight_file_bytes,
+    weight_plan,
+)
+from rayrl.engines.loading import (
+    DTYPES,
+    build_empty_model,
+    has_tokenizer,
+    load_hf_model,
+    pick_device,
+)
 from rayrl.engines.logprob_head import install_logprob_head
 from rayrl.engines.lora import adapters_disabled, apply_lora, lora_scaling, merged_state_dict
 from rayrl.engines.loss_contract import LossFn
+from rayrl.engines.mesh import MeshError, MeshSpec, TrainMesh, check_heads
 from rayrl.engines.optim import (
     OptimSpec,
     build_lr_scheduler,
@@ -74,10 +105,15 @@ from rayrl.engines.rank_sync import (
 )
 from rayrl.engines.regional_compile import compile_regions
 from rayrl.engines.residency import Residency
+from rayrl.engines.ulysses import SPGroup, attach, check_same_rows
 from rayrl.engines.weight_sync import DEFAULT_BUCKET_BYTES, rollout_weights
+from rayrl.engines.weights_read import CheckpointIndex
 from rayrl.models.flops import FlopModel
 
 __all__ = ["LossFn", "TrainEngine"]
+
+# Fills an empty model's weights on a device; returns (LoadReport.source, bytes read).
+Filler = Callable[[torch.nn.Module, torch.device], tuple[str, int]]
 
 
 class TrainEngine:
@@ -104,6 +140,18 @@ class TrainEngine:
             cast once per micro-batch instead of autocast); several ranks always are.
         torch_compile: on CUDA, compile the decoder layers and the log-prob head's
             chunk math (`rayrl.engines.regional_compile`); ignored on a CPU.
+        ulysses_sequence_parallel_size: ranks that split each packed row's tokens
+            (1: off); divides the world and the model's attention heads.
+        fsdp_size: ranks per sharding group; -1 all of them, a divisor of the world
+            below it shards within groups and replicates across them (HSDP).
+        weights_from: another engine in this process whose model has the same names
+            and shapes: its weights are copied (cast to ``dtype``), nothing is read.
+            Building a sharded engine, or rebuilding one, is a collective.
+
+    Attributes beyond the arguments: ``dp_rank``, ``dp_size`` (the data-parallel rank:
+    ranks of one sequence-parallel group share it and need the same rows), ``sp_rank``,
+    ``sp_size``, ``mesh`` (`rayrl.engines.mesh.TrainMesh`, None unwrapped) and
+    ``load_report`` (`rayrl.engines.load_once.LoadReport`).
     """
 
     def __init__(
@@ -129,6 +177,9 @@ class TrainEngine:
         optimizer_offload: bool = False,
         fsdp: bool = False,
         torch_compile: bool = False,
+        ulysses_sequence_parallel_size: int = 1,
+        fsdp_size: int = -1,
+        weights_from: TrainEngine | None = None,
     ) -> None:
         self._args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self.model_path = str(model_path)
@@ -139,25 +190,27 @@ class TrainEngine:
         self.logit_chunk_size = logit_chunk_size or (4096 if self.device.type == "cuda" else 1024)
         self.world_size = dp_world_size()
         self.sharded = self.world_size > 1  # FSDP over one rank would change nothing
-        self.mixed_precision = mixed_precision and self.device.type == "cuda"
-        attn = attention_for(attn_implementation, packed=use_remove_padding)
-        model = load_hf_model(self.model_path, value_head, dtype, attn, seed, trust_remote_code)
-        self.architecture = type(model).__name__
-        if not value_head:
-            install_logprob_head(model)
-        self.lora = lora is not None
-        if self.lora:
-            model = apply_lora(model, lora)
-        self.config = model.config
-        self.generation_config = getattr(model, "generation_config", None)
-        if gradient_checkpointing:
-            model.gradient_checkpointing_enable({"use_reentrant": False})
         self.fsdp = self.sharded or fsdp
-        if self.fsdp:
-            shard_model(model, self.device.type, self.mixed_precision)
-        elif not param_offload:
-            model.to(self.device)
-        self.compiled = torch_compile and compile_regions(model, self.device)
+        self.mixed_precision = mixed_precision and self.device.type == "cuda"
+        self._build_mesh(ulysses_sequence_parallel_size, fsdp_size)
+        attn = attention_for(attn_implementation, packed=use_remove_padding or self.sp_size > 1)
+        start = time.perf_counter()
+        model, fill = self._build_model(
+            value_head,
+            dtype,
+            attn,
+            seed,
+            trust_remote_code,
+            lora,
+            gradient_checkpointing,
+            weights_from,
+        )
+        self._fill(model, fill, param_offload, start)
+        # Ulysses' exchanges stay eager: the attention call, with its collectives, outside
+        # the compiled layer graph (not run on a GPU yet inside it)
+        self.compiled = torch_compile and compile_regions(
+            model, self.device, attention_in_graph=self.sp is None
+        )
         self.model = model
         self.trainable = trainable
         self.optim_spec = (
@@ -182,6 +235,126 @@ class TrainEngine:
             optimizer_offload=optimizer_offload,
         )
 
+    # ------------------------------------------------------------- building
+    def _build_mesh(self, sp: int, fsdp_size: int) -> None:
+        """The layout of ranks (`rayrl.engines.mesh`): sharding mesh, SP and DP ranks."""
+        self.mesh_spec = MeshSpec(self.world_size, sp, fsdp_size)
+        self.mesh = None
+        if self.fsdp:
+            ensure_process_group(self.device.type)
+            self.mesh = TrainMesh(self.mesh_spec, dist.get_rank(), self.device.type)
+        rank = dist.get_rank() if self.mesh is not None else 0
+        self.sp_size, self.dp_size = self.mesh_spec.sp, self.mesh_spec.dp
+        self.sp_rank, self.dp_rank = self.mesh_spec.sp_rank(rank), self.mesh_spec.dp_rank(rank)
+        self.sp = None
+        if self.sp_size > 1:
+            self.sp = SPGroup(self.mesh.sp_group, self.sp_size, self.sp_rank)
+
+    def _build_model(
+        self,
+        value_head: bool,
+        dtype: str,
+        attn: str,
+        seed: int,
+        trust_remote_code: bool,
+        lora: Any,
+        gradient_checkpointing: bool,
+        weights_from: TrainEngine | None,
+    ) -> tuple[torch.nn.Module, Filler | None]:
+        """The model, sharded when `fsdp`, and how to fill it: built on the meta device
+        with a `Filler` for its weights, or (LoRA, or a checkpoint whose names do not
+        map) loaded whole by transformers in this process, with None."""
+        fill = None
+        if lora is None:
+            model = build_empty_model(self.model_path, value_head, dtype, attn, trust_remote_code)
+            fill = self._filler(model, value_head, weights_from, seed)
+        if fill is None:
+            model = load_hf_model(self.model_path, value_head, dtype, attn, seed, trust_remote_code)
+        self.architecture = type(model).__name__
+        if self.sp is not None:
+            self._check_sequence_parallel(model.config, attn)
+        if not value_head:
+            install_logprob_head(model)
+        self.lora = lora is not None
+        if self.lora:
+            model = apply_lora(model, lora)
+        self.config = model.config
+        self.generation_config = getattr(model, "generation_config", None)
+        if gradient_checkpointing:
+            model.gradient_checkpointing_enable({"use_reentrant": False})
+        if self.fsdp:
+            shard_model(model, self.device.type, self.mixed_precision, mesh=self.mesh.fsdp)
+        if self.sp is not None:
+            attach(model, self.sp, attention_modules(model))
+        return model, fill
+
+    def _check_sequence_parallel(self, config: Any, attn: str) -> None:
+        """MeshError unless Ulysses can split this model's heads and attention."""
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        check_heads(heads, kv_heads, self.sp_size, self.model_path)
+        if attn != VARLEN:
+            raise MeshError(
+                f"ulysses_sequence_parallel_size={self.sp_size} needs rayrl's varlen attention "
+                f"(attn_implementation sdpa or eager), not {attn!r}"
+            )
+
+    def _filler(
+        self,
+        model: torch.nn.Module,
+        value_head: bool,
+        weights_from: TrainEngine | None,
+        seed: int,
+    ) -> Filler | None:
+        """How to fill the empty ``model``: from ``weights_from``'s model, else from one
+        read of the checkpoint; None (with a warning) when the checkpoint's names or
+        shapes do not map onto the model's."""
+        if weights_from is not None:
+
+            def from_engine(target: torch.nn.Module, home: torch.device) -> tuple[str, int]:
+                with weights_from.resident():
+                    copy_weights(target, weights_from.model)
+                return "engine", 0
+
+            return from_engine
+        try:
+            index = CheckpointIndex.of(self.model_path)
+        except FileNotFoundError as err:
+            reason = str(err)
+        else:
+            plan = weight_plan(model, index, value_head)
+            if not isinstance(plan, str):
+
+                def from_checkpoint(target: torch.nn.Module, home: torch.device) -> tuple[str, int]:
+                    read = load_checkpoint(target, plan, index, home, self.sharded, seed)
+                    return "checkpoint", read
+
+                return from_checkpoint
+            reason = plan
+        warnings.warn(
+            f"{self.model_path}: {reason}; every rank loads the whole model with "
+            "transformers instead of one read shared by all ranks",
+            stacklevel=4,
+        )
+        return None
+
+    def _fill(
+        self, model: torch.nn.Module, fill: Filler | None, param_offload: bool, start: float
+    ) -> None:
+        """Allocate and fill an empty ``model`` (``fill``), or place a loaded one; then
+        `load_report` (a collective when sharded)."""
+        home = self.device if self.fsdp or not param_offload else torch.device("cpu")
+        if fill is None:
+            source, read = "from_pretrained", weight_file_bytes(self.model_path)
+            if not self.fsdp:
+                model.to(home)
+        else:
+            materialize(model, home)
+            source, read = fill(model, home)
+        total = all_reduce([float(read)], self.sharded, self.device)[0]
+        seconds = time.perf_counter() - start
+        self.load_report = LoadReport(source, int(total), seconds, node_peak_gb(self.sharded))
+
     # ---------------------------------------------------------------- forward
     def forward(
         self,
@@ -201,6 +374,8 @@ class TrainEngine:
         self.residency.require(optimizer=False)
         if len(batch) == 0:
             raise ValueError("forward got an empty batch; every rank needs rows.")
+        if self.sp is not None:
+            check_same_rows(batch["input_ids"], self.sp, self.device, "forward")
         plan = micro_batch_plan(
             batch, micro_batch_size, max_tokens_per_micro_batch, self.sharded, self.device
         )
@@ -257,6 +432,8 @@ class TrainEngine:
         self.residency.require(optimizer=True)
         if len(batch) == 0:
             raise ValueError("train_step got an empty batch; every rank needs rows.")
+        if self.sp is not None:
+            check_same_rows(batch["input_ids"], self.sp, self.device, "train_step")
         minis = batch.split(mini_batch_size or len(batch))
         check_same_on_all_ranks(len(minis), "number of mini-batches", self.sharded, self.device)
         self.model.train()
@@ -312,7 +489,8 @@ class TrainEngine:
         Appends ``loss_fn``'s metrics, summed over micro-batches and ranks, to
         ``loss_metrics``; returns the engine's.
         """
-        tokens, seqs = global_counts(mini, self.sharded, self.device)
+        counted = self.sp_rank == 0  # an SP group's ranks hold the same rows
+        tokens, seqs = global_counts(mini, self.sharded, self.device, counted)
         zero = torch.zeros((), dtype=torch.float64, device=self.device)
         shares: dict[str, Tensor] = defaultdict(lambda: zero, loss=zero)  # on the device
         for i, rows in enumerate(plan):
@@ -332,9 +510,8 @@ class TrainEngine:
             (loss * self.world_size).backward()
             progress.tick(micro_batches=1)
         keys = sorted(shares)  # the same loss_fn on every rank: the same keys
-        summed = all_reduce(
-            torch.stack([shares[k] for k in keys]).tolist(), self.sharded, self.device
-        )
+        local = torch.stack([shares[k] for k in keys]) * float(counted)
+        summed = all_reduce(local.tolist(), self.sharded, self.device)
         totals = dict(zip(keys, summed, strict=True))
         for key in keys:
             if key != "loss":
@@ -376,9 +553,10 @@ class TrainEngine:
         micro = rows_cpu.to(self.device) if counts is not None else rows_cpu
         if counts is not None:
             micro.meta["global_token_count"], micro.meta["global_seq_count"] = counts
-            micro.meta["dp_size"] = self.world_size
+            micro.meta["dp_size"] = self.dp_size
         autocast = self.mixed_precision and not self.fsdp
         packed = self.use_remove_padding and worth_packing(batch["attention_mask"], self.device)
+        packed = packed or self.sp is not None  # Ulysses splits a packed row
         with torch.autocast("cuda", dtype=torch.bfloat16) if autocast else nullcontext():
             outputs = response_outputs(
                 self.model,
@@ -389,6 +567,7 @@ class TrainEngine:
                 with_entropy=with_entropy and not self.value_head,
                 chunk_size=self.logit_chunk_size,
                 device=self.device,
+                sp=self.sp,
             )
         return micro, outputs
 

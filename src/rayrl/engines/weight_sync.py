@@ -5,7 +5,9 @@ a bucket at a time.
 pairs that a rollout engine's ``update_weights`` consumes as they come. A sharded
 (FSDP2) parameter is cast to the rollout dtype *before* it is all-gathered, so the
 gather moves bf16, not fp32, and no rank ever holds more than one bucket of gathered
-tensors (``bucket_bytes``): never the whole fp32 state. An unsharded parameter is cast
+tensors (``bucket_bytes``): never the whole fp32 state. Under hybrid sharding the gather runs
+within a rank's sharding group (its replicas hold the same shards), so it stays inside a
+node. An unsharded parameter is cast
 (or, when it already has the dtype, handed over as it is, without a copy).
 
 Names are the model's own (FSDP2 keeps Hugging Face names); tied parameters appear
@@ -14,7 +16,7 @@ once, under their first name.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -26,7 +28,7 @@ __all__ = ["DEFAULT_BUCKET_BYTES", "rollout_weights"]
 DEFAULT_BUCKET_BYTES = 512 << 20
 
 
-def _full(param: Tensor, dtype: torch.dtype) -> Tensor:
+def full_tensor(param: Tensor, dtype: torch.dtype) -> Tensor:
     """The whole tensor in ``dtype``: cast the local shard, then gather (a collective)."""
     data = param.detach()
     if hasattr(data, "full_tensor"):  # a DTensor (FSDP2 shard)
@@ -35,11 +37,15 @@ def _full(param: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 def _dim0_shard(param: Tensor) -> bool:
-    """An FSDP2 parameter: a DTensor on a 1-D mesh, sharded on dim 0 as ``torch.chunk``."""
-    from torch.distributed.tensor import Shard
+    """An FSDP2 parameter: a DTensor sharded on dim 0 as ``torch.chunk`` over its mesh's
+    last dimension, replicated over any other (HSDP's ``[replicate, shard]``)."""
+    from torch.distributed.tensor import Replicate, Shard
 
     data = param.detach()
-    return hasattr(data, "full_tensor") and tuple(data.placements) == (Shard(0),)
+    if not hasattr(data, "full_tensor"):
+        return False
+    *outer, last = data.placements
+    return last == Shard(0) and all(p == Replicate() for p in outer)
 
 
 def _gather_bucket(
@@ -56,7 +62,8 @@ def _gather_bucket(
     import torch.distributed as dist
 
     mesh = params[0][1].device_mesh
-    world = mesh.size()
+    shard_dim = mesh.ndim - 1  # replicas (HSDP) hold the same shards: gather within one
+    world = mesh.size(shard_dim)
     shapes = [p.shape for _, p in params]
     chunk = [-(-shape[0] // world) * (shape[1:].numel()) for shape in shapes]
     local = torch.zeros(sum(chunk), dtype=dtype, device=params[0][1].to_local().device)
@@ -69,7 +76,7 @@ def _gather_bucket(
         gathered = local
     else:
         gathered = torch.empty(world * local.numel(), dtype=dtype, device=local.device)
-        dist.all_gather_into_tensor(gathered, local, group=mesh.get_group())
+        dist.all_gather_into_tensor(gathered, local, group=mesh.get_group(shard_dim))
     gathered = gathered.view(world, -1)
     out, at = [], 0
     for (name, _), shape, size in zip(params, shapes, chunk, strict=True):
@@ -88,25 +95,46 @@ def rollout_weights(
     gather is a collective). FSDP2 parameters of a bucket are gathered together
     (`_gather_bucket`); any other parameter alone, in order.
     """
-    pending: list[tuple[str, Tensor]] = []  # dim-0 shards on one mesh, not yet gathered
+    return stream_buckets(
+        model,
+        dtype,
+        bucket_bytes,
+        bucket=lambda params: _gather_bucket(params, dtype),
+        single=lambda name, param: full_tensor(param, dtype),
+    )
+
+
+def stream_buckets(
+    model: nn.Module,
+    dtype: torch.dtype,
+    bucket_bytes: int,
+    *,
+    bucket: Callable[[list[tuple[str, Tensor]]], list[tuple[str, Tensor]]],
+    single: Callable[[str, Tensor], Tensor],
+    shardable: Callable[[Tensor], bool] = _dim0_shard,
+) -> Iterator[tuple[str, Tensor]]:
+    """``(name, tensor)`` for every parameter in order: `shardable` parameters of one mesh
+    in buckets of about ``bucket_bytes`` (in ``dtype``), each bucket turned into its
+    tensors by one `bucket` call (a collective), any other parameter by `single`."""
+    pending: list[tuple[str, Tensor]] = []  # dim-0 shards on one mesh, not yet sent
     size = 0
 
     def flush() -> list[tuple[str, Tensor]]:
         nonlocal pending, size
-        done = _gather_bucket(pending, dtype) if pending else []
+        done = bucket(pending) if pending else []
         pending, size = [], 0
         if done:
             progress.tick(weight_buckets=1)  # the watchdog sees the sync move
         return done
 
     for name, param in model.named_parameters():
-        if _dim0_shard(param) and (not pending or param.device_mesh is pending[0][1].device_mesh):
+        if shardable(param) and (not pending or param.device_mesh is pending[0][1].device_mesh):
             pending.append((name, param))
             size += param.numel() * dtype.itemsize
             if size >= bucket_bytes:
                 yield from flush()
             continue
         yield from flush()
-        yield name, _full(param, dtype)
+        yield name, single(name, param)
         progress.tick(weight_tensors=1)
     yield from flush()

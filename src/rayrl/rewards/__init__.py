@@ -4,6 +4,8 @@
   and a default `compute_score(data_source, solution_str, ground_truth, extra_info)`;
 - `load_function`: a user file's `compute_score` (verl's signature), checked;
 - `RewardPool`: runs a reward function in spawned processes with a per-call timeout;
+- `REWARD_MANAGERS` / `make_scorer`: verl's reward managers (naive, prime, dapo, batch):
+  how the function is called;
 - `HTTPReward`: a client for a remote reward service;
 - `ModelReward`: a sequence-classification reward model (imported lazily: torch);
 - `make_items` / `summarize`: items from dataset rows, metrics from results.
@@ -25,6 +27,7 @@ from rayrl.rewards.loader import (
     resolve_function,
     spec_from_config,
 )
+from rayrl.rewards.managers import REWARD_MANAGERS, make_scorer
 from rayrl.rewards.pool import RewardPool, RewardPoolError
 from rayrl.rewards.registry import (
     UnknownDataSourceError,
@@ -41,6 +44,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FunctionSpec",
     "HTTPReward",
+    "REWARD_MANAGERS",
     "ModelReward",
     "RewardFunctionError",
     "RewardPool",
@@ -54,6 +58,7 @@ __all__ = [
     "known_sources",
     "load_function",
     "make_items",
+    "make_scorer",
     "register_scorer",
     "resolve_function",
     "spec_from_config",

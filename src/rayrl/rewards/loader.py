@@ -8,7 +8,13 @@ pool sends specs, not functions, to its spawned processes:
 
 - None or "default": `registry.compute_score`, dispatching on data_source;
 - a registered data_source name ("gsm8k"): that scorer for every sample;
-- a `(path, name)` pair: `load_function(path, name)`.
+- a `(path, name)` pair: `load_function(path, name)`;
+- `(path or None, name, kwargs)`: either of the above, called with the extra keyword
+  arguments `kwargs` (verl's `reward_kwargs`).
+
+`resolve_function(spec, batched=True)` gives a function of whole batches (verl's batch
+reward manager): a user function taking `data_sources, solution_strs, ground_truths,
+extra_infos`, or the per-sample one called sample by sample.
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ PARAMS = ("data_source", "solution_str", "ground_truth", "extra_info")
 DEFAULT_NAME = "compute_score"
 
 RewardFunction = Callable[..., float | dict]
-FunctionSpec = str | tuple[str, str] | None
+# None, a built-in name, (path, name), or (path or None, name, extra keyword arguments)
+FunctionSpec = str | tuple[str, str] | tuple[str | None, str, dict] | None
 
 
 class RewardFunctionError(ValueError):
@@ -43,6 +50,12 @@ def load_function(path: str | os.PathLike, name: str = DEFAULT_NAME) -> RewardFu
     missing or fails to import, the function is missing, or its signature cannot take
     the four arguments `data_source, solution_str, ground_truth, extra_info` by name.
     """
+    fn = _load_unchecked(path, name)
+    check_signature(fn, where=f"{Path(path).expanduser().absolute()}:{name}")
+    return fn
+
+
+def _load_unchecked(path: str | os.PathLike, name: str) -> RewardFunction:
     file = Path(path).expanduser().absolute()
     if not file.is_file():
         raise RewardFunctionError(
@@ -61,40 +74,42 @@ def load_function(path: str | os.PathLike, name: str = DEFAULT_NAME) -> RewardFu
         )
     if not callable(fn):
         raise RewardFunctionError(f"{file}: {name!r} is a {type(fn).__name__}, not a function.")
-    check_signature(fn, where=f"{file}:{name}")
     return fn
 
 
-def check_signature(fn: Callable, where: str = "reward function") -> None:
-    """Raise RewardFunctionError unless `fn` accepts the four reward arguments by name.
+def check_signature(
+    fn: Callable, where: str = "reward function", params: tuple[str, ...] = PARAMS
+) -> None:
+    """Raise RewardFunctionError unless `fn` accepts the reward arguments `params` by name
+    (default: the four per-sample ones; `BATCH_PARAMS` for a batched function).
 
-    Each of data_source, solution_str, ground_truth, extra_info must be a parameter
-    passable by keyword, or `fn` must take **kwargs; any other parameter needs a default.
+    Each of them must be a parameter passable by keyword, or `fn` must take **kwargs;
+    any other parameter needs a default.
     """
     try:
-        params = inspect.signature(fn).parameters
+        found = inspect.signature(fn).parameters
     except (TypeError, ValueError) as exc:
         raise RewardFunctionError(f"{where}: cannot read its signature ({exc}).") from None
     kinds = inspect.Parameter
     by_name = (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)
-    has_kwargs = any(p.kind is kinds.VAR_KEYWORD for p in params.values())
-    missing = [n for n in PARAMS if not (n in params and params[n].kind in by_name)]
+    has_kwargs = any(p.kind is kinds.VAR_KEYWORD for p in found.values())
+    missing = [n for n in params if not (n in found and found[n].kind in by_name)]
     if missing and not has_kwargs:
         raise RewardFunctionError(
-            f"{where} must accept {', '.join(PARAMS)} by name (or **kwargs); "
+            f"{where} must accept {', '.join(params)} by name (or **kwargs); "
             f"missing or positional-only: {missing}. Its signature is {inspect.signature(fn)}. "
-            f"Expected e.g. def compute_score({', '.join(PARAMS)}=None)."
+            f"Expected e.g. def compute_score({', '.join(params)}=None)."
         )
     required = [
         p.name
-        for p in params.values()
-        if p.name not in PARAMS
+        for p in found.values()
+        if p.name not in params
         and p.default is kinds.empty
         and p.kind not in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD)
     ]
     if required:
         raise RewardFunctionError(
-            f"{where}: parameters {required} have no default, but only {', '.join(PARAMS)} "
+            f"{where}: parameters {required} have no default, but only {', '.join(params)} "
             "are passed. Give them defaults."
         )
 
@@ -115,22 +130,100 @@ class BuiltinScorer:
         return f"BuiltinScorer({self.source!r})"
 
 
-def resolve_function(spec: FunctionSpec) -> RewardFunction:
-    """The reward function a spec names (see the module docstring)."""
+BATCH_PARAMS = ("data_sources", "solution_strs", "ground_truths", "extra_infos")
+
+
+class BatchedCalls:
+    """A picklable batched reward function that scores each sample with a per-sample
+    one (the built-in scorers under `reward_manager=batch`)."""
+
+    def __init__(self, fn: RewardFunction) -> None:
+        self.fn = fn
+
+    def __call__(self, data_sources, solution_strs, ground_truths, extra_infos=None, **kwargs):
+        infos = extra_infos if extra_infos is not None else [None] * len(data_sources)
+        return [
+            self.fn(data_source=d, solution_str=s, ground_truth=g, extra_info=e, **kwargs)
+            for d, s, g, e in zip(data_sources, solution_strs, ground_truths, infos, strict=True)
+        ]
+
+    def __repr__(self) -> str:
+        return f"BatchedCalls({self.fn!r})"
+
+
+class WithKwargs:
+    """A reward function called with extra keyword arguments (verl's `reward_kwargs`);
+    picklable when the function is."""
+
+    def __init__(self, fn: RewardFunction, kwargs: dict[str, Any]) -> None:
+        self.fn, self.kwargs = fn, dict(kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **{**kwargs, **self.kwargs})
+
+
+def resolve_function(spec: FunctionSpec, batched: bool = False) -> RewardFunction:
+    """The reward function a spec names (see the module docstring). With `batched`, the
+    function takes the lists of a whole batch (`BATCH_PARAMS`) and returns one score per
+    sample; the built-in scorers are called one sample at a time behind it."""
+    kwargs: dict[str, Any] = {}
+    if isinstance(spec, tuple | list) and len(spec) == 3:
+        path, name, kwargs = spec
+        spec = (path, name) if path else None
     if spec is None or spec == "default":
-        return registry.compute_score
-    if isinstance(spec, str):
-        return BuiltinScorer(spec)
-    if isinstance(spec, tuple | list) and len(spec) == 2:
-        return load_function(spec[0], spec[1] or DEFAULT_NAME)
-    raise RewardFunctionError(
-        f"reward function spec {spec!r} is not None, a built-in name or a (path, name) pair."
-    )
+        fn: RewardFunction = registry.compute_score
+    elif isinstance(spec, str):
+        fn = BuiltinScorer(spec)
+    elif isinstance(spec, tuple | list) and len(spec) == 2:
+        return _user_function(spec[0], spec[1] or DEFAULT_NAME, batched, dict(kwargs))
+    else:
+        raise RewardFunctionError(
+            f"reward function spec {spec!r} is not None, a built-in name or a (path, name) pair."
+        )
+    if kwargs:
+        raise RewardFunctionError(
+            f"reward_kwargs {sorted(kwargs)} were given, but the built-in scorers take no "
+            "extra arguments; they are for a compute_score of your own "
+            "(custom_reward_function.path)"
+        )
+    return BatchedCalls(fn) if batched else fn
 
 
-def spec_from_config(path: str | None, name: str = DEFAULT_NAME) -> FunctionSpec:
-    """The function spec of config `custom_reward_function.{path,name}`: a file, else the registry."""
-    return (str(Path(path).expanduser().absolute()), name or DEFAULT_NAME) if path else None
+def _user_function(path: str, name: str, batched: bool, kwargs: dict) -> RewardFunction:
+    """A user file's function, its signature checked for how it is called."""
+    if not batched:
+        fn = load_function(path, name)
+    else:
+        fn = _load_unchecked(path, name)
+        check_signature(fn, where=f"{path}:{name}", params=BATCH_PARAMS)
+    if kwargs:
+        check_accepts(fn, list(kwargs), where=f"{path}:{name}")
+        return WithKwargs(fn, kwargs)
+    return fn
+
+
+def check_accepts(fn: Callable, names: list[str], where: str) -> None:
+    """Raise RewardFunctionError unless `fn` takes each of `names` by keyword."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    missing = [n for n in names if n not in params]
+    if missing:
+        raise RewardFunctionError(
+            f"{where} takes no argument {missing} (from reward_kwargs); its signature is "
+            f"{inspect.signature(fn)}"
+        )
+
+
+def spec_from_config(
+    path: str | None, name: str = DEFAULT_NAME, kwargs: dict[str, Any] | None = None
+) -> FunctionSpec:
+    """The function spec of config `custom_reward_function.{path,name}` (a file, else the
+    registry), with the extra keyword arguments of every call (`reward_kwargs`)."""
+    file = str(Path(path).expanduser().absolute()) if path else None
+    if kwargs:
+        return (file, name or DEFAULT_NAME, dict(kwargs))
+    return (file, name or DEFAULT_NAME) if file else None
 
 
 def _import_file(file: Path) -> Any:

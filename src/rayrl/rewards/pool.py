@@ -11,7 +11,10 @@ killed and replaced; the sample gets score 0.0 and an error.
 Processes are spawned, so the function travels as a picklable spec (see
 `loader.resolve_function`): None for the built-in registry, a registered data_source
 name, or a `(path, name)` pair of a user file. The spec is resolved once in the caller
-too, so a bad file fails at construction with a clear error. As with any spawned
+too, so a bad file fails at construction with a clear error. With `batched=True` (verl's
+batch reward manager) the function takes the lists of a whole `score` call at once, in
+one worker, within `timeout_s` per sample; a failed call fails each of its samples.
+As with any spawned
 process, a script that makes a pool needs an `if __name__ == "__main__":` guard, and a
 scorer added with `register_scorer` reaches the workers only if the module registering
 it is imported by the reward function's module.
@@ -25,13 +28,13 @@ import signal
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing import get_context, util
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from rayrl.rewards.loader import PARAMS, FunctionSpec, resolve_function
+from rayrl.rewards.loader import BATCH_PARAMS, PARAMS, FunctionSpec, resolve_function
 from rayrl.rewards.result import RewardResult, failed, to_result
 
 
@@ -63,6 +66,7 @@ class RewardPool:
         num_workers: int = 2,
         timeout_s: float = 10.0,
         start_timeout_s: float = 120.0,
+        batched: bool = False,
     ) -> None:
         if num_workers < 1 or timeout_s <= 0:
             raise ValueError(
@@ -70,8 +74,10 @@ class RewardPool:
                 f"num_workers={num_workers}, timeout_s={timeout_s} (reward.num_workers, "
                 "reward.timeout_s)."
             )
-        resolve_function(fn_spec)  # raise here, in the caller, if the spec is bad
+        resolve_function(fn_spec, batched)  # raise here, in the caller, if the spec is bad
         self.fn_spec, self.timeout_s, self.start_timeout_s = fn_spec, timeout_s, start_timeout_s
+        self.batched = batched
+        self._call_timeout_s = timeout_s
         self.calls = self.errors = self.timeouts = self.restarts = 0
         self._ctx = get_context("spawn")
         self._workers = [self._spawn() for _ in range(num_workers)]
@@ -99,13 +105,38 @@ class RewardPool:
                 raise ValueError(
                     f"RewardPool.score: item {i} lacks {missing}; keys: {sorted(item)}"
                 )
-        results: list[RewardResult | None] = [None] * len(items)
-        pending = deque(range(len(items)))
+        calls = [{k: item.get(k) for k in PARAMS} for item in items]
+        if self.batched:
+            results = self._batch_results(items, calls)
+        else:
+            results = self._run(calls, self.timeout_s)
+        self.calls += len(items)
+        self.errors += sum(r.error is not None for r in results)
+        return results
+
+    def _batch_results(self, items: list[dict], calls: list[dict]) -> list[RewardResult]:
+        """One call with the lists of every item; its failure fails each item."""
+        if not items:
+            return []
+        batch = {
+            plural: [c[k] for c in calls] for k, plural in zip(PARAMS, BATCH_PARAMS, strict=True)
+        }
+        (out,) = self._run([batch], self.timeout_s * len(items))
+        if isinstance(out, RewardResult):  # the call failed as a whole
+            return [replace(out) for _ in items]
+        return out
+
+    def _run(self, calls: list[dict[str, Any]], timeout_s: float) -> list[Any]:
+        """Each call's answer (a RewardResult, or the list a batched call returns), the
+        calls spread over the workers, each bounded by `timeout_s`."""
+        self._call_timeout_s = timeout_s
+        results: list[Any] = [None] * len(calls)
+        pending = deque(range(len(calls)))
         try:
             while pending or any(w.index is not None for w in self._workers):
                 for worker in self._workers:
                     if pending and worker.ready and worker.index is None:
-                        self._dispatch(worker, pending.popleft(), items, results)
+                        self._dispatch(worker, pending.popleft(), calls, results)
                 ready = wait([w.conn for w in self._workers], timeout=self._wait_s())
                 for slot, worker in enumerate(self._workers):
                     if worker.conn in ready:
@@ -115,9 +146,7 @@ class RewardPool:
             for slot, worker in enumerate(self._workers):
                 if worker.index is not None and not self._closed:
                     self._replace(slot)
-        self.calls += len(items)
-        self.errors += sum(r.error is not None for r in results)
-        return results  # type: ignore[return-value]  # every slot is filled
+        return results
 
     def close(self) -> None:
         """Stop the worker processes (idempotent)."""
@@ -133,7 +162,9 @@ class RewardPool:
     def _spawn(self) -> _Worker:
         parent, child = self._ctx.Pipe()
         process = self._ctx.Process(
-            target=_worker_main, args=(self.fn_spec, child, os.getpid()), name="rayrl-reward"
+            target=_worker_main,
+            args=(self.fn_spec, child, os.getpid(), self.batched),
+            name="rayrl-reward",
         )
         process.start()
         child.close()
@@ -144,10 +175,9 @@ class RewardPool:
         self._workers[slot] = self._spawn()
         self.restarts += 1
 
-    def _dispatch(self, worker: _Worker, index: int, items: list[dict], results: list) -> None:
-        kwargs = {k: items[index].get(k) for k in PARAMS}
+    def _dispatch(self, worker: _Worker, index: int, calls: list[dict], results: list) -> None:
         try:
-            worker.conn.send((index, kwargs))  # pickles fully before writing anything
+            worker.conn.send((index, calls[index]))  # pickles fully before writing anything
         except Exception as exc:  # e.g. an extra_info value that cannot be pickled
             results[index] = failed(f"sample could not be sent to a reward worker: {exc!r}")
             return
@@ -158,7 +188,7 @@ class RewardPool:
         deadlines = []
         for w in self._workers:
             if w.index is not None:
-                deadlines.append(w.since + self.timeout_s)
+                deadlines.append(w.since + self._call_timeout_s)
             elif not w.ready:
                 deadlines.append(w.since + self.start_timeout_s)
         return max(0.0, min(deadlines) - time.monotonic()) if deadlines else 1.0
@@ -191,17 +221,18 @@ class RewardPool:
         if kind == "ready":
             worker.ready = True
             return
-        result: RewardResult = payload
-        result.elapsed_s = time.monotonic() - worker.since
-        results[worker.index] = result
+        elapsed = time.monotonic() - worker.since
+        for result in payload if isinstance(payload, list) else [payload]:
+            result.elapsed_s = elapsed
+        results[worker.index] = payload
         worker.index = None
 
     def _expire(self, results: list) -> None:
         now = time.monotonic()
         for slot, worker in enumerate(self._workers):
-            if worker.index is not None and now - worker.since >= self.timeout_s:
+            if worker.index is not None and now - worker.since >= self._call_timeout_s:
                 results[worker.index] = failed(
-                    f"timed out after {self.timeout_s:g} s", now - worker.since
+                    f"timed out after {self._call_timeout_s:g} s", now - worker.since
                 )
                 self.timeouts += 1
                 self._replace(slot)
@@ -214,13 +245,13 @@ class RewardPool:
                 )
 
 
-def _worker_main(spec: FunctionSpec, conn: Connection, parent_pid: int) -> None:
-    """Worker process: load the function, then score samples until told to stop."""
+def _worker_main(spec: FunctionSpec, conn: Connection, parent_pid: int, batched: bool) -> None:
+    """Worker process: load the function, then score samples (or batches) until told to stop."""
     if hasattr(os, "setpgrp"):
         os.setpgrp()  # lead a process group, so a kill also reaches what the function started
     threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
     try:
-        fn = resolve_function(spec)
+        fn = resolve_function(spec, batched)
     except BaseException as exc:
         conn.send(("load_error", f"{type(exc).__name__}: {exc}"))
         return
@@ -234,13 +265,24 @@ def _worker_main(spec: FunctionSpec, conn: Connection, parent_pid: int) -> None:
             return
         _, kwargs = message
         try:
-            result = to_result(fn(**kwargs))
+            result = _batch_to_results(fn(**kwargs), kwargs) if batched else to_result(fn(**kwargs))
         except BaseException as exc:
             result = failed(f"{type(exc).__name__}: {exc}")
         try:
             conn.send(("result", result))
         except Exception as exc:  # e.g. an extra metric that cannot be pickled
             conn.send(("result", failed(f"result could not be sent back: {exc!r}")))
+
+
+def _batch_to_results(out: Any, kwargs: dict[str, list]) -> list[RewardResult] | RewardResult:
+    """A batched function's answer: one score (number or dict) per sample, in order."""
+    n = len(kwargs[BATCH_PARAMS[0]])
+    if hasattr(out, "tolist"):  # a numpy array or a tensor of scores
+        out = out.tolist()
+    if not isinstance(out, list | tuple) or len(out) != n:
+        got = f"{len(out)} values" if isinstance(out, list | tuple) else type(out).__name__
+        return failed(f"a batched reward function must return a list of {n} scores; got {got}")
+    return [to_result(value) for value in out]
 
 
 def _exit_with_parent(parent_pid: int) -> None:

@@ -44,9 +44,9 @@ def shape_rewards(cfg: RayRLConfig, batch: Batch) -> dict[str, float]:
         return {}
     mask = batch["response_mask"]
     lengths = mask.sum(-1)
-    penalty = overlong_penalty(
-        lengths, cfg.data.max_response_length, buffer.len, buffer.penalty_factor
-    ).to(batch["scores"].dtype)
+    penalty = overlong_penalty(lengths, buffer.max_resp_len, buffer.len, buffer.penalty_factor).to(
+        batch["scores"].dtype
+    )
     last = (lengths - 1).clamp(min=0).long()
     rows = torch.nonzero(lengths > 0).squeeze(-1)
     scores = batch["token_level_scores"].clone()

@@ -27,12 +27,14 @@ from rayrl.trainer.state import Stateful
 @dataclass
 class TrainData:
     """A trainer's data: the training set (`batches`, `collate`, `len`), the rows per
-    step, whether each epoch is shuffled, and the validation set (None: no validation)."""
+    step, whether each epoch is shuffled, the validation set (None: no validation) and
+    the seed of the epochs' order (None: `trainer.seed`)."""
 
     dataset: Any
     batch_size: int
     shuffle: bool = True
     val: Any | None = None
+    seed: int | None = None
 
 
 class Trainer(Protocol):

@@ -38,6 +38,29 @@ def batch_metrics(batch: Batch, lengths) -> dict[str, float]:
     }
 
 
+def rollout_probs_diff(batch: Batch) -> dict[str, float]:
+    """How far the rollout's token probabilities are from the actor's on the same
+    tokens (`actor_rollout_ref.rollout.calculate_log_probs`, verl's names): the max,
+    mean and std of |p_rollout - p_actor| over response tokens, and the Pearson
+    correlation of the two. Nothing when there is no response token."""
+    import torch
+
+    mask = batch["response_mask"].bool()
+    if not mask.any():
+        return {}
+    rollout = batch["rollout_log_probs"][mask].double().exp()
+    actor = batch["old_log_probs"][mask].double().exp()
+    diff = (rollout - actor).abs()
+    pair = torch.stack([rollout, actor])
+    corr = torch.corrcoef(pair)[0, 1] if rollout.numel() > 1 else torch.tensor(float("nan"))
+    return {
+        "training/rollout_probs_diff_max": float(diff.max()),
+        "training/rollout_probs_diff_mean": float(diff.mean()),
+        "training/rollout_probs_diff_std": float(diff.std(unbiased=False)),
+        "training/rollout_actor_probs_pearson_corr": float(corr),
+    }
+
+
 @contextmanager
 def timer(timing: dict[str, float], name: str) -> Iterator[None]:
     start = time.perf_counter()

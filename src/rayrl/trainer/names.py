@@ -29,6 +29,7 @@ from rayrl.engines.optim import LR_SCHEDULES
 from rayrl.engines.rollout import AUTO, ROLLOUT_ENGINES
 from rayrl.envs import ENVIRONMENTS, TOOL_PARSERS
 from rayrl.registry import Registry
+from rayrl.rewards.managers import REWARD_MANAGERS
 from rayrl.trainer.data import LOADERS
 from rayrl.trainer.tracking import TRACKERS
 
@@ -49,6 +50,7 @@ def _named(cfg: RayRLConfig) -> Iterable[tuple[str, str, Registry]]:
     yield "critic.optim.lr_scheduler_type", cfg.critic.optim.lr_scheduler_type, LR_SCHEDULES
     yield "actor_rollout_ref.rollout.name", arr.rollout.name, ROLLOUT_ENGINES
     yield "data.loader", cfg.data.loader, LOADERS
+    yield "reward.reward_manager.name", cfg.reward.reward_manager.name, REWARD_MANAGERS
     multi_turn, agent = arr.rollout.multi_turn, arr.rollout.agent.default_agent_loop
     yield "actor_rollout_ref.rollout.multi_turn.format", multi_turn.format, TOOL_PARSERS
     if not any(c in agent for c in ".:/"):  # else a user's class, loaded by the workers

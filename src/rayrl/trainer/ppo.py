@@ -48,11 +48,11 @@ from rayrl.trainer.data import load_datasets
 from rayrl.trainer.dynamic_sampling import fill_batch
 from rayrl.trainer.episodes import episode_metrics, is_multi_turn, token_check
 from rayrl.trainer.manifest import data_identity, model_identity
-from rayrl.trainer.metrics import batch_metrics, timer
+from rayrl.trainer.metrics import batch_metrics, rollout_probs_diff, timer
 from rayrl.trainer.model_dir import model_dir
 from rayrl.trainer.names import check_names
 from rayrl.trainer.on_policy import separate_pass_reason
-from rayrl.trainer.resources import pools_from_config
+from rayrl.trainer.resources import cluster_node_cpus, pools_from_config
 from rayrl.trainer.ride_along import Riding, riding_stages
 from rayrl.trainer.roles import GroupEnv, Roles, start_roles
 from rayrl.trainer.stage_calls import StageCalls
@@ -123,11 +123,12 @@ class PPOTrainer:
             trust_remote_code=model.trust_remote_code,
         )
         train, val = load_datasets(self.cfg, self.tokenizer)
-        self.data = TrainData(train, d.train_batch_size, d.shuffle, val)
+        seed = self.cfg.trainer.seed if d.seed is None else d.seed  # verl's data.seed
+        self.data = TrainData(train, d.train_batch_size, d.shuffle, val, seed=seed)
         return self.data
 
     def pool_specs(self, device: str) -> list[PoolSpec]:
-        return pools_from_config(self.cfg, device)
+        return pools_from_config(self.cfg, device, cluster_node_cpus(device))
 
     def start(
         self, pools: list[ResourcePool], env: GroupEnv, device: str, total_steps: int
@@ -261,9 +262,8 @@ class PPOTrainer:
         roles = self._roles()
         gen_ctx = ctx.but(with_scores=self.riding.scores, with_ref=self.riding.ref)
         with timer(timing, "gen"):
-            result = calls.run(
-                "gen", roles.actor.generate, self._balanced(prompts, metrics, "gen"), gen_ctx
-            )
+            prompts = self._balanced(prompts, metrics, "gen", self._parts("rollout"))
+            result = calls.run("gen", roles.actor.generate, prompts, gen_ctx)
         within = ("weight_sync", "tools")  # tools run during the generation
         riding = {k: v for k, v in result.timing.items() if k not in within}
         timing.update(riding, weight_sync=result.timing.get("weight_sync", 0.0))
@@ -272,7 +272,7 @@ class PPOTrainer:
         timing["gen"] -= sum(riding.values())
         if is_multi_turn(result.batch):
             metrics.update(episode_metrics(result.batch))
-        return self._balanced(result.batch, metrics, "train")
+        return self._balanced(result.batch, metrics, "train", self._parts("train"))
 
     def _checked_tokens(self, batch: Batch) -> dict[str, float]:
         """The token check of the rows about to be trained (`rayrl.trainer.episodes`),
@@ -303,6 +303,8 @@ class PPOTrainer:
                 old = calls.run("old_log_prob", roles.actor.compute_log_prob, batch)
                 batch = batch.union(old.select("old_log_probs"))
                 metrics.update(entropy_metric(self.cfg, old["entropy"], batch["response_mask"]))
+                if self.cfg.actor_rollout_ref.rollout.calculate_log_probs:
+                    metrics.update(rollout_probs_diff(batch))
         if self.use_ref and not self.riding.ref:
             with timer(timing, "ref"):
                 batch = batch.union(calls.run("ref", roles.actor.compute_ref_log_prob, batch))
@@ -329,14 +331,20 @@ class PPOTrainer:
         """False during the critic's warm-up (`trainer.critic_warmup` first steps)."""
         return step >= self.cfg.trainer.critic_warmup
 
-    def _balanced(self, batch: Batch, metrics: dict[str, float], stage: str) -> Batch:
-        """`trainer.balance_batch`: rows reordered so each data-parallel rank's chunk holds
+    def _parts(self, layout: str) -> int:
+        """How many chunks a call following data layout `layout` splits its rows into: the
+        data-parallel groups (sequence-parallel groups or rollout replicas share one)."""
+        found = self._roles().hybrid.data_layout(layout)
+        return found.parts if found is not None else self._roles().hybrid.world_size
+
+    def _balanced(self, batch: Batch, metrics: dict[str, float], stage: str, parts: int) -> Batch:
+        """`trainer.balance_batch`: rows reordered so each data-parallel part's chunk holds
         about the same number of tokens (prompts before generation, whole sequences
-        after it), with the imbalance (heaviest rank / mean) before and after."""
+        after it), with the imbalance (heaviest part / mean) before and after."""
         t = self.cfg.trainer
         if not t.balance_batch:
             return batch
-        batch, found = balance_batch(batch, t.nnodes * t.n_gpus_per_node)
+        batch, found = balance_batch(batch, parts)
         metrics.update({f"{k}/{stage}": v for k, v in found.items()})
         return batch
 

@@ -38,12 +38,50 @@ def reward_colocated(cfg: RayRLConfig, device: str) -> bool:
     )
 
 
-def pools_from_config(cfg: RayRLConfig, device: str) -> list[PoolSpec]:
+# `resources.cpus_per_worker=auto` on a GPU node: this share of its CPUs goes to the GPU
+# workers (a third stays with Ray's own processes, the driver and the reward); too few
+# CPUs starve a GPU worker's host side (kernel launches, the rollout's scheduler).
+WORKER_CPU_SHARE = 0.65
+
+
+def cpus_per_worker(cfg, device: str, node_cpus: float | None) -> float:
+    """The CPUs of one model worker's bundle: `resources.cpus_per_worker`, or for `auto`
+    on a GPU run `WORKER_CPU_SHARE` of a node's CPUs (`node_cpus`: the smallest node
+    that would hold workers; None when unknown) split among its `n_gpus_per_node`
+    workers, at least 1; 1 on a CPU-only run."""
+    value = cfg.resources.cpus_per_worker
+    if value != "auto":
+        return float(value)
+    if device != "cuda" or not node_cpus:
+        return 1.0
+    return float(max(1, int(node_cpus * WORKER_CPU_SHARE // cfg.trainer.n_gpus_per_node)))
+
+
+def node_cpus(totals: dict[str, dict[str, float]], device: str) -> float | None:
+    """CPUs of the smallest node that can hold workers (one with GPUs on a GPU run),
+    from per-node resource totals; None when no node qualifies."""
+    cpus = [r.get("CPU", 0.0) for r in totals.values() if device != "cuda" or r.get("GPU", 0.0) > 0]
+    return min(cpus) if cpus else None
+
+
+def cluster_node_cpus(device: str) -> float | None:
+    """`node_cpus` of the Ray cluster this process is connected to."""
+    import ray
+
+    totals = {n["NodeID"]: n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")}
+    return node_cpus(totals, device)
+
+
+def pools_from_config(
+    cfg: RayRLConfig, device: str, node_cpu_count: float | None = None
+) -> list[PoolSpec]:
     """One pool for the model roles (nnodes x n_gpus_per_node bundles), one for rewards
-    unless the reward is colocated with the actor (then the actor's bundle gets its CPU)."""
+    unless the reward is colocated with the actor (then the actor's bundle gets its CPU).
+    `node_cpu_count` sizes `resources.cpus_per_worker=auto` (`cpus_per_worker`)."""
     res = cfg.resources
     colocated = reward_colocated(cfg, device)
-    bundle: dict[str, float] = {"CPU": res.cpus_per_worker + (REWARD_CPUS if colocated else 0.0)}
+    worker_cpus = cpus_per_worker(cfg, device, node_cpu_count)
+    bundle: dict[str, float] = {"CPU": worker_cpus + (REWARD_CPUS if colocated else 0.0)}
     if device == "cuda":
         bundle["GPU"] = 1.0
     pools = [

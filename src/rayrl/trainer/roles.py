@@ -18,6 +18,7 @@ from rayrl.cluster.kv import KVStore
 from rayrl.cluster.pool import ResourcePool
 from rayrl.config.schema import RayRLConfig
 from rayrl.controller import WorkerGroup, colocate, start_groups
+from rayrl.controller.layout import DataLayout
 from rayrl.trainer.ray_session import debug_env
 from rayrl.trainer.resources import reward_colocated
 from rayrl.workers import ActorRolloutRefWorker, CriticWorker, RewardWorker
@@ -85,13 +86,27 @@ def start_roles(
         init_timeout_s=res.init_timeout_s,
         init_retries=res.init_retries,
     )
-    return Roles(
+    started = Roles(
         hybrid=hybrid,
         actor=hybrid.view("actor") if len(roles) > 1 else hybrid,
         critic=hybrid.view("critic") if use_critic else None,
         reward=hybrid.view("reward") if "reward" in roles else starts[1][0],
         groups=[group for group, _ in starts],
     )
+    set_data_layouts(hybrid, [started.actor, started.critic])
+    return started
+
+
+def set_data_layouts(group: WorkerGroup, roles: list[Any]) -> None:
+    """The group's data layouts (`rayrl.controller.layout`) from what each role's ranks
+    report (`data_parts`: which part of the rows each rank takes, by layout name): ranks
+    of a sequence-parallel group or a tensor-parallel replica share theirs."""
+    for role in roles:
+        if role is None:
+            continue
+        reports = role.data_parts()
+        for name in reports[0]:
+            group.data_layouts[name] = DataLayout(tuple(int(r[name]) for r in reports))
 
 
 def new_group(

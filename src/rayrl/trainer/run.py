@@ -50,17 +50,13 @@ from rayrl.trainer.replay import ReplayPolicy, Rewound, StepReplay
 from rayrl.trainer.resources import resolve_device
 from rayrl.trainer.resume import check_fingerprint, intact_checkpoint, reposition, restore_from
 from rayrl.trainer.roles import group_env, print_placement
-from rayrl.trainer.run_dir import RunDir
+from rayrl.trainer.run_dir import RunDir, RunDirError
 from rayrl.trainer.run_lock import RunLock
 from rayrl.trainer.stage_calls import StageCalls
 from rayrl.trainer.state import DriverRNG, Progress, Stateful, capture, restore
 from rayrl.trainer.tracking import Tracking, check_trackers
 
 log = logging.getLogger("rayrl.trainer")
-
-
-class RunDirError(RuntimeError):
-    """The run directory cannot be written (read-only, no permission, not a directory)."""
 
 
 class Run:
@@ -268,7 +264,7 @@ class Run:
             data.batch_size,
             start=self.progress,
             total=self.total_steps(),
-            seed=t.seed,
+            seed=t.seed if data.seed is None else data.seed,
             shuffle=data.shuffle,
             epochs=None if t.total_training_steps is not None else t.total_epochs,
         )

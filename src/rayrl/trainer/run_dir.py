@@ -21,6 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+
+class RunDirError(RuntimeError):
+    """The run directory cannot be written (read-only, no permission, not a directory)."""
+
+
 INFO_KEYS = ("node_id", "host", "pid", "log_file", "threads", "init_span")  # of Worker.info()
 
 

@@ -28,6 +28,7 @@ from rayrl.trainer.contract import TrainData
 from rayrl.trainer.manifest import data_identity, model_identity
 from rayrl.trainer.model_dir import model_dir
 from rayrl.trainer.names import check_sft_names
+from rayrl.trainer.resources import cluster_node_cpus, cpus_per_worker
 from rayrl.trainer.roles import GroupEnv, new_group
 from rayrl.trainer.stage_calls import StageCalls
 from rayrl.trainer.state import Stateful
@@ -40,10 +41,11 @@ __all__ = ["PG_TIMEOUT_S", "SFTTrainer", "sft_pool"]
 PG_TIMEOUT_S = 600.0
 
 
-def sft_pool(cfg: SFTConfig, device: str) -> PoolSpec:
+def sft_pool(cfg: SFTConfig, device: str, node_cpu_count: float | None = None) -> PoolSpec:
     """One bundle per rank: `n_gpus_per_node` on each of `nnodes` nodes."""
     res = cfg.resources
-    bundle = {"CPU": float(res.cpus_per_worker), **({"GPU": 1.0} if device == "cuda" else {})}
+    cpus = cpus_per_worker(cfg, device, node_cpu_count)
+    bundle = {"CPU": cpus, **({"GPU": 1.0} if device == "cuda" else {})}
     return PoolSpec(
         name="sft",
         per_node=[cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes,
@@ -90,7 +92,7 @@ class SFTTrainer:
         return self.data
 
     def pool_specs(self, device: str) -> list[PoolSpec]:
-        return [sft_pool(self.cfg, device)]
+        return [sft_pool(self.cfg, device, cluster_node_cpus(device))]
 
     def start(
         self, pools: list[ResourcePool], env: GroupEnv, device: str, total_steps: int

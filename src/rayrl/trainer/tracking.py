@@ -8,7 +8,9 @@ it is allowed and changes nothing). The others:
 - `wandb`: offline by default (a run under `wandb/`, `wandb sync` uploads it later);
   `WANDB_MODE=online` in the environment logs online;
 - `mlflow`: a local file store under `mlruns/` (`mlflow ui --backend-store-uri
-  OUTPUT_DIR/mlruns`) unless `MLFLOW_TRACKING_URI` points elsewhere.
+  OUTPUT_DIR/mlruns`) unless `MLFLOW_TRACKING_URI` points elsewhere;
+- `swanlab`: a local run under `swanlog/` by default (verl's `SWANLAB_LOG_DIR` and
+  `SWANLAB_MODE` change the directory and the mode: `online` uploads).
 
 `check_trackers` imports each tracker's package up front: a missing one is a
 `TrackerUnavailable` that names the extra to install, raised before Ray starts.
@@ -33,6 +35,7 @@ PACKAGES = {
     "tensorboard": ("tensorboard", "tensorboard"),
     "wandb": ("wandb", "wandb"),
     "mlflow": ("mlflow", "mlflow"),
+    "swanlab": ("swanlab", "swanlab"),
 }
 
 
@@ -172,6 +175,28 @@ class MlflowTracker:
 
     def finish(self) -> None:
         self.mlflow.end_run()
+
+
+@TRACKERS.register("swanlab")
+class SwanlabTracker:
+    def __init__(
+        self, run_dir: Path, project: str, experiment: str, config: dict, **_: Any
+    ) -> None:
+        import swanlab
+
+        self.run = swanlab.init(
+            project=project,
+            name=experiment,
+            config=config,
+            log_dir=os.environ.get("SWANLAB_LOG_DIR", str(run_dir / "swanlog")),
+            mode=os.environ.get("SWANLAB_MODE", "local"),
+        )
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.run.log(metrics, step=step)
+
+    def finish(self) -> None:
+        self.run.finish()
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict[str, str]:

@@ -21,6 +21,7 @@ once per worker, each row's environment is its ``agent_name``.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -40,6 +41,8 @@ from rayrl.engines.rollout import (
     resolve_rollout,
 )
 from rayrl.engines.rollout.multi_turn import MultiTurnRollout
+from rayrl.engines.rollout.native.tp import make_tp_groups
+from rayrl.engines.rollout.native.tp_weights import tp_rollout_weights
 from rayrl.workers.agent import configured_tools, episode_config
 from rayrl.workers.common import (
     engine_kwargs,
@@ -57,6 +60,8 @@ from rayrl.workers.common import (
 )
 from rayrl.workers.context import StageResult, StepContext, collect_stage
 from rayrl.workers.losses import actor_loss_fn
+
+log = logging.getLogger("rayrl.workers")
 
 if TYPE_CHECKING:  # the engine loads in the worker (init_worker), not in the driver
     from rayrl.engines.train import TrainEngine
@@ -84,7 +89,13 @@ class ActorRolloutRefWorker(Worker):
             optim=optim_spec(arr.actor.optim, total_steps),
             total_steps=total_steps,
             lora=lora,
-            **engine_kwargs(arr.model, arr.actor.fsdp_config, seed, arr.actor.use_torch_compile),
+            **engine_kwargs(
+                arr.model,
+                arr.actor.fsdp_config,
+                seed,
+                arr.actor.use_torch_compile,
+                arr.actor.ulysses_sequence_parallel_size,
+            ),
         )
         self.lora = lora is not None
         self.ref = None
@@ -92,7 +103,14 @@ class ActorRolloutRefWorker(Worker):
             self.ref = TrainEngine(
                 model_path,
                 trainable=False,
-                **reference_kwargs(arr.model, arr.ref.fsdp_config, seed, arr.ref.use_torch_compile),
+                weights_from=self.actor,  # the actor's load, not a second read
+                **reference_kwargs(
+                    arr.model,
+                    arr.ref.fsdp_config,
+                    seed,
+                    arr.ref.use_torch_compile,
+                    arr.ref.ulysses_sequence_parallel_size,
+                ),
             )
         self.with_ref = with_ref
         self.tokenizer = _load_tokenizer(
@@ -104,18 +122,10 @@ class ActorRolloutRefWorker(Worker):
         )
         self.rollout_name = self.rollout_choice.name
         self.rollout_dtype, self._owns_copy = _rollout_placement(self.actor, self.rollout_name)
+        self.model_path = model_path
+        self.tp = self._tensor_parallel_size()
         if self._owns_copy:
-            dtype = {"dtype": self.rollout_dtype} if self.rollout_name == "hf" else {}
-            self.rollout = make_rollout_engine(
-                self.rollout_name,
-                model_path=model_path,
-                tokenizer=self.tokenizer,
-                device=str(self.actor.device),
-                **dtype,
-                **self.rollout_choice.options,
-            )
-            if arr.rollout.free_cache_engine:
-                self.rollout.sleep()  # the KV cache is taken only while generating
+            self._build_rollout()
         else:
             self._wrap_rollout()
         self._stale = self._owns_copy
@@ -130,6 +140,50 @@ class ActorRolloutRefWorker(Worker):
                 self.rollout, self.tools, episode_config(self.cfg), tokenizer=self.tokenizer
             )
         return self._episodes
+
+    def _tensor_parallel_size(self) -> int:
+        """`rollout.tensor_model_parallel_size` for the native engine (it splits the model
+        over that many ranks); the hf engine runs a whole copy per rank and ignores it."""
+        tp = self.cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
+        if tp > 1 and self.rollout_name != "native":
+            if self.rank == 0:
+                log.warning(
+                    "actor_rollout_ref.rollout.tensor_model_parallel_size=%d has no effect on "
+                    "the %s rollout engine (one whole model per rank); the native engine splits "
+                    "the model",
+                    tp,
+                    self.rollout_name,
+                )
+            return 1
+        return tp
+
+    def _build_rollout(self) -> None:
+        """The rollout engine with its own copy of the weights; tensor-parallel replicas
+        cut from the group's process group (again after it re-forms: the old groups die)."""
+        options = dict(self.rollout_choice.options)
+        if self.tp > 1:
+            self.tp_groups = make_tp_groups(self.world_size, self.tp)
+            options.update(self.tp_groups.engine_options)
+        dtype = {"dtype": self.rollout_dtype} if self.rollout_name == "hf" else {}
+        self.rollout = make_rollout_engine(
+            self.rollout_name,
+            model_path=self.model_path,
+            tokenizer=self.tokenizer,
+            device=str(self.actor.device),
+            **dtype,
+            **options,
+        )
+        if self.cfg.actor_rollout_ref.rollout.free_cache_engine:
+            self.rollout.sleep()  # the KV cache is taken only while generating
+
+    @register(dispatch=ONE_TO_ALL)
+    def data_parts(self) -> dict[str, int]:
+        """This rank's part of each data layout its calls follow (`controller.layout`):
+        ranks of a sequence-parallel group share the training rows (`train`, `ref`),
+        ranks of a tensor-parallel rollout replica the prompts (`rollout`)."""
+        ref = self.ref if self.ref is not None else self.actor
+        replica = self.rank // self.tp
+        return {"train": self.actor.dp_rank, "ref": ref.dp_rank, "rollout": replica}
 
     def _wrap_rollout(self) -> None:
         """The rollout engine on the training module itself (the unsharded hybrid). On a
@@ -165,6 +219,8 @@ class ActorRolloutRefWorker(Worker):
         if self.ref is not None:
             self.ref.rebuild()
         if self._owns_copy:
+            if self.tp > 1:  # the replicas' groups belonged to the old process group
+                self._build_rollout()
             self._stale = True
         else:
             self._wrap_rollout()
@@ -204,13 +260,19 @@ class ActorRolloutRefWorker(Worker):
             return 0.0
         start = time.perf_counter()
         with self.actor.resident(), progress.phase("weight_sync"):
-            self.rollout.update_weights(self.actor.rollout_weights(self.rollout_dtype))
+            if self.tp > 1 and not self.lora:  # each rank receives only its TP part
+                parts = tp_rollout_weights(
+                    self.actor.model, self.rollout_dtype, self.rollout.spec, self.tp
+                )
+                self.rollout.update_weights(parts, sharded=True)
+            else:
+                self.rollout.update_weights(self.actor.rollout_weights(self.rollout_dtype))
         if self.actor.device.type == "cuda":
             torch.cuda.synchronize(self.actor.device)
         self._stale = False
         return time.perf_counter() - start
 
-    @register(dispatch=DP_SPLIT, collect=collect_stage)
+    @register(dispatch=DP_SPLIT, collect=collect_stage, layout="rollout")
     def generate(self, prompts: Batch, ctx: StepContext) -> StageResult:
         """n samples per prompt (interleaved), with rollout log-probs and finish reasons,
         sampled as `ctx.sampling` says; timed stages: `weight_sync` and what rides along
@@ -259,7 +321,7 @@ class ActorRolloutRefWorker(Worker):
         return out
 
     # --------------------------------------------------------------- log-probs
-    @register(dispatch=DP_SPLIT)
+    @register(dispatch=DP_SPLIT, layout="train")
     def compute_log_prob(self, batch: Batch) -> Batch:
         """The current policy's log-probs of the sampled responses (`old_log_probs`)."""
         r = self.cfg.actor_rollout_ref.rollout
@@ -270,7 +332,7 @@ class ActorRolloutRefWorker(Worker):
         )
         return Batch({"old_log_probs": out["log_probs"], "entropy": out["entropy"]})
 
-    @register(dispatch=DP_SPLIT)
+    @register(dispatch=DP_SPLIT, layout="ref")
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         """The reference policy's log-probs (`ref_log_prob`): the frozen initial model,
         or with LoRA the same model with its adapters disabled."""
@@ -292,7 +354,7 @@ class ActorRolloutRefWorker(Worker):
         return Batch({"ref_log_prob": out["log_probs"]})
 
     # ------------------------------------------------------------------ update
-    @register(dispatch=DP_SPLIT, collect=mean_metrics)
+    @register(dispatch=DP_SPLIT, collect=mean_metrics, layout="train")
     def update_actor(self, batch: Batch, ctx: StepContext) -> dict[str, float]:
         """PPO epochs over mini-batches of `ppo_mini_batch_size` x n samples (this rank's
         share of each); one LR-schedule step per call (an RL step). Metrics are each
@@ -302,7 +364,7 @@ class ActorRolloutRefWorker(Worker):
         batch has no `old_log_probs`: the loss takes the forward's own, detached, and
         the forward also reports `actor/entropy`."""
         a, n = self.cfg.actor_rollout_ref.actor, self.cfg.actor_rollout_ref.rollout.n
-        mini = per_rank_mini_batch(a.ppo_mini_batch_size * n, self.world_size, len(batch))
+        mini = per_rank_mini_batch(a.ppo_mini_batch_size * n, self.actor.dp_size, len(batch))
         if ctx.on_policy and (a.ppo_epochs != 1 or mini < len(batch)):
             raise ValueError(
                 f"actor rank {self.rank}: an on-policy update needs one PPO epoch over one "

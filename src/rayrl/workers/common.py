@@ -16,7 +16,7 @@ DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def engine_kwargs(
-    model: Any, fsdp_config: Any, seed: int, torch_compile: bool = False
+    model: Any, fsdp_config: Any, seed: int, torch_compile: bool = False, sp: int = 1
 ) -> dict[str, Any]:
     """TrainEngine keyword arguments from a model group and its ``fsdp_config``.
 
@@ -24,8 +24,10 @@ def engine_kwargs(
     bfloat16 turns on mixed precision (bf16 compute on GPU), float32 turns it off;
     ``param_offload`` / ``optimizer_offload`` keep parameters / Adam moments in host
     memory between uses (`rayrl.engines.residency`); ``wrap_one_gpu`` wraps a one-rank
-    model in FSDP2 too (several ranks always are); ``torch_compile`` (a group's
-    ``use_torch_compile``) compiles layers and head on CUDA.
+    model in FSDP2 too (several ranks always are); ``fsdp_size`` sets the sharding groups
+    (HSDP below the world size); ``torch_compile`` (a group's ``use_torch_compile``)
+    compiles layers and head on CUDA; ``sp`` is the role's
+    ``ulysses_sequence_parallel_size``.
     """
     dtype = DTYPE_NAMES.get(fsdp_config.model_dtype, fsdp_config.model_dtype)
     compute = DTYPE_NAMES.get(fsdp_config.dtype, fsdp_config.dtype)
@@ -34,6 +36,8 @@ def engine_kwargs(
         "param_offload": bool(getattr(fsdp_config, "param_offload", False)),
         "optimizer_offload": bool(getattr(fsdp_config, "optimizer_offload", False)),
         "fsdp": bool(getattr(fsdp_config, "wrap_one_gpu", False)),
+        "fsdp_size": int(getattr(fsdp_config, "fsdp_size", -1)),
+        "ulysses_sequence_parallel_size": int(sp),
         "torch_compile": bool(torch_compile),
         "attn_implementation": model.attn_implementation,
         "gradient_checkpointing": model.enable_gradient_checkpointing,
@@ -53,7 +57,8 @@ def forward_sizes(group: Any) -> dict[str, int | None]:
 
 
 def optim_spec(optim: Any, total_steps: int | None) -> OptimSpec:
-    """The engine's optimizer settings from a config's ``optim`` group (verl's names).
+    """The engine's optimizer settings from a config's ``optim`` group (verl's names:
+    ``lr_scheduler_type`` in `rayrl train`'s groups, ``lr_scheduler`` in `rayrl sft`'s).
 
     ``lr_warmup_steps`` < 0 means ``lr_warmup_steps_ratio`` x the run's steps.
     """
@@ -65,7 +70,7 @@ def optim_spec(optim: Any, total_steps: int | None) -> OptimSpec:
         betas=tuple(optim.betas),
         eps=optim.eps,
         weight_decay=optim.weight_decay,
-        lr_scheduler=optim.lr_scheduler_type,
+        lr_scheduler=getattr(optim, "lr_scheduler_type", None) or optim.lr_scheduler,
         warmup_steps=warmup,
         min_lr_ratio=optim.min_lr_ratio,
         num_cycles=optim.num_cycles,
@@ -74,7 +79,7 @@ def optim_spec(optim: Any, total_steps: int | None) -> OptimSpec:
 
 
 def reference_kwargs(
-    model: Any, fsdp_config: Any, seed: int, torch_compile: bool = False
+    model: Any, fsdp_config: Any, seed: int, torch_compile: bool = False, sp: int = 1
 ) -> dict[str, Any]:
     """TrainEngine keyword arguments of a frozen reference policy (`engine_kwargs`).
 
@@ -84,7 +89,7 @@ def reference_kwargs(
     """
     explicit = fsdp_config.model_dtype is not None
     dtype = fsdp_config.model_dtype or "fp32"
-    kwargs = engine_kwargs(model, _with(fsdp_config, model_dtype=dtype), seed, torch_compile)
+    kwargs = engine_kwargs(model, _with(fsdp_config, model_dtype=dtype), seed, torch_compile, sp)
     if not explicit and kwargs["mixed_precision"] and torch.cuda.is_available():
         kwargs["dtype"] = "bfloat16"
     kwargs["optimizer_offload"] = False

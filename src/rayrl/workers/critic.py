@@ -30,7 +30,9 @@ class CriticWorker(Worker):
 
         self.cfg = config
         c = config.critic
-        kwargs = engine_kwargs(c.model, c.model.fsdp_config, config.trainer.seed)
+        kwargs = engine_kwargs(
+            c.model, c.model.fsdp_config, config.trainer.seed, sp=c.ulysses_sequence_parallel_size
+        )
         kwargs["tokenizer_path"] = c.model.tokenizer_path or model_path
         self.engine = TrainEngine(
             c.model.path or model_path,
@@ -53,7 +55,13 @@ class CriticWorker(Worker):
     def rebuild(self) -> None:
         self.engine.rebuild()
 
-    @register(dispatch=DP_SPLIT)
+    @register(dispatch=ONE_TO_ALL)
+    def data_parts(self) -> dict[str, int]:
+        """This rank's part of the `critic` data layout (`controller.layout`): the ranks of
+        a sequence-parallel group share the rows."""
+        return {"critic": self.engine.dp_rank}
+
+    @register(dispatch=DP_SPLIT, layout="critic")
     def compute_values(self, batch: Batch) -> Batch:
         c = self.cfg.critic
         if c.use_dynamic_bsz:
@@ -64,12 +72,12 @@ class CriticWorker(Worker):
             out = self.engine.forward(batch, micro_batch_size=c.forward_micro_batch_size_per_gpu)
         return Batch({"values": out["values"]})
 
-    @register(dispatch=DP_SPLIT, collect=mean_metrics)
+    @register(dispatch=DP_SPLIT, collect=mean_metrics, layout="critic")
     def update_critic(self, batch: Batch, ctx: StepContext) -> dict[str, float]:
         """`ppo_epochs` passes over mini-batches of `ppo_mini_batch_size` x n samples of
         the clipped value loss; metrics averaged over mini-batches and epochs."""
         c, n = self.cfg.critic, self.cfg.actor_rollout_ref.rollout.n
-        mini = per_rank_mini_batch(c.ppo_mini_batch_size * n, self.world_size, len(batch))
+        mini = per_rank_mini_batch(c.ppo_mini_batch_size * n, self.engine.dp_size, len(batch))
         metrics = [
             self.engine.train_step(
                 epoch_rows(batch, ctx.step, epoch, c.shuffle, self.cfg.trainer.seed, self.rank),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from rayrl.batch import Batch
 from rayrl.config.schema import RayRLConfig
-from rayrl.controller import DP_SPLIT, Worker, register
+from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
 from rayrl.workers.common import forward_sizes, reference_kwargs
 
 
@@ -24,7 +24,11 @@ class ReferenceWorker(Worker):
             model_path,
             trainable=False,
             **reference_kwargs(
-                arr.model, arr.ref.fsdp_config, config.trainer.seed, arr.ref.use_torch_compile
+                arr.model,
+                arr.ref.fsdp_config,
+                config.trainer.seed,
+                arr.ref.use_torch_compile,
+                arr.ref.ulysses_sequence_parallel_size,
             ),
         )
 
@@ -32,7 +36,12 @@ class ReferenceWorker(Worker):
         """The frozen weights sharded anew (nothing to restore)."""
         self.engine.rebuild()
 
-    @register(dispatch=DP_SPLIT)
+    @register(dispatch=ONE_TO_ALL)
+    def data_parts(self) -> dict[str, int]:
+        """This rank's part of the `ref` data layout (`controller.layout`)."""
+        return {"ref": self.engine.dp_rank}
+
+    @register(dispatch=DP_SPLIT, layout="ref")
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         arr = self.cfg.actor_rollout_ref
         out = self.engine.forward(

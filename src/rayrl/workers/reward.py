@@ -27,7 +27,7 @@ import torch
 from rayrl.batch import Batch
 from rayrl.config.schema import RayRLConfig
 from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
-from rayrl.rewards import HTTPReward, RewardPool, RewardResult, spec_from_config
+from rayrl.rewards import HTTPReward, RewardPool, RewardResult, make_scorer, spec_from_config
 from rayrl.rewards.budget import BoundedScores, ErrorBudget
 from rayrl.rewards.items import make_items, summarize
 
@@ -59,8 +59,8 @@ class RewardWorker(Worker):
             service = HTTPReward(r.http.url, timeout_s=r.http.timeout_s, retries=r.http.retries)
             self.source = ErrorBudget(service, r.http.max_error_rate)
         else:
-            spec = spec_from_config(fn.path, fn.name)
-            self.source = RewardPool(spec, num_workers=r.num_workers, timeout_s=r.timeout_s)
+            spec = spec_from_config(fn.path, fn.name, {**r.reward_kwargs, **fn.reward_kwargs})
+            self.source = make_scorer(r.reward_manager.name, spec, r.num_workers, r.timeout_s)
 
     @register(dispatch=DP_SPLIT)
     def compute_score(self, batch: Batch) -> Batch:

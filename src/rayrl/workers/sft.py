@@ -21,33 +21,15 @@ from rayrl.batch import Batch
 from rayrl.config.sft import SFTConfig
 from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
 from rayrl.engines.lora import LoraSpec
-from rayrl.engines.optim import OptimSpec
 from rayrl.workers.common import (
     DTYPE_NAMES,
     load_rng,
     mean_metrics,
+    optim_spec,
     save_rng,
     update_perf_metrics,
 )
 from rayrl.workers.losses import sft_loss_fn
-
-
-def sft_optim_spec(optim: Any, total_steps: int) -> OptimSpec:
-    """AdamW and the LR schedule from `rayrl sft`'s ``optim`` group (verl's names)."""
-    warmup = optim.lr_warmup_steps
-    if warmup < 0:
-        warmup = int(optim.lr_warmup_steps_ratio * total_steps)
-    return OptimSpec(
-        lr=optim.lr,
-        betas=tuple(optim.betas),
-        eps=optim.eps,
-        weight_decay=optim.weight_decay,
-        lr_scheduler=optim.lr_scheduler,
-        warmup_steps=warmup,
-        min_lr_ratio=optim.min_lr_ratio,
-        num_cycles=optim.num_cycles,
-        grad_clip=optim.clip_grad,
-    )
 
 
 def sft_engine_kwargs(cfg: SFTConfig) -> dict[str, Any]:
@@ -79,7 +61,7 @@ class SFTWorker(Worker):
 
         self.engine = TrainEngine(
             model_path,
-            optim=sft_optim_spec(config.optim, total_steps),
+            optim=optim_spec(config.optim, total_steps),
             total_steps=total_steps,
             **sft_engine_kwargs(config),
         )

@@ -36,10 +36,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from rayrl import progress
 from rayrl.engines.rollout.native.shards import TPShard
 from rayrl.engines.rollout.native.spec import ModelSpec
-from rayrl.engines.weight_sync import DEFAULT_BUCKET_BYTES
+from rayrl.engines.weight_sync import DEFAULT_BUCKET_BYTES, full_tensor, stream_buckets
 
 __all__ = ["tp_rollout_weights"]
 
@@ -60,30 +59,14 @@ def tp_rollout_weights(
     """
     shards = [TPShard(spec, tp_size, t) for t in range(tp_size)]
     mine = shards[(dist.get_rank() if dist.is_initialized() else 0) % tp_size]
-    pending: list[tuple[str, Tensor]] = []
-    size = 0
-
-    def flush() -> list[tuple[str, Tensor]]:
-        nonlocal pending, size
-        done = _exchange(pending, dtype, shards) if pending else []
-        pending, size = [], 0
-        if done:
-            progress.tick(weight_buckets=1)
-        return done
-
-    for name, param in model.named_parameters():
-        if _dim0_shard(param) and (not pending or param.device_mesh is pending[0][1].device_mesh):
-            pending.append((name, param))
-            size += param.numel() * dtype.itemsize
-            if size >= bucket_bytes:
-                yield from flush()
-            continue
-        yield from flush()
-        data = param.detach()
-        whole = data.full_tensor() if hasattr(data, "full_tensor") else data
-        yield name, mine.take(name, whole.to(dtype)).contiguous()
-        progress.tick(weight_tensors=1)
-    yield from flush()
+    return stream_buckets(
+        model,
+        dtype,
+        bucket_bytes,
+        bucket=lambda params: _exchange(params, dtype, shards),
+        single=lambda name, param: mine.take(name, full_tensor(param, dtype)).contiguous(),
+        shardable=_dim0_shard,
+    )
 
 
 def _dim0_shard(param: Tensor) -> bool:

@@ -17,6 +17,8 @@ point (the miss is recorded in `missed`).
 `compare_runs` then checks a run that was killed against a clean run of the same seed:
 final weights bitwise, every deterministic per-step metric, and the ledger of prompt
 uids each step trained (none lost, none trained twice).
+
+What the monkey reads from the run is all in `RunView`.
 """
 
 from __future__ import annotations
@@ -61,6 +63,36 @@ class Kill:
     time: float
 
 
+class RunView:
+    """Everything the monkey reads from a PPO run (`rayrl.trainer.run.Run` of a
+    `PPOTrainer`), in one place: the step in progress, the last step, whether the run is
+    under way, its hybrid and reward groups (WorkerGroup-like: `world_size`, `actors`,
+    `name`) and when recoveries ended."""
+
+    def __init__(self, run: Any) -> None:
+        self.run = run
+
+    def step(self) -> int:
+        """The step in progress."""
+        return self.run.progress.global_step
+
+    def total_steps(self) -> int:
+        return self.run.total_steps()
+
+    def started(self) -> bool:
+        """Whether the training loop runs (its step replay is set up)."""
+        return bool(self.run.replay)
+
+    def group(self, name: str) -> Any:
+        """The "hybrid" group (actor, rollout, reference, critic) or the "reward" one."""
+        roles = self.run.trainer.roles
+        return roles.hybrid if name == "hybrid" else roles.reward
+
+    def recovery_ends(self) -> list[float]:
+        """When each recovery of the run ended (wall clock), in order."""
+        return sorted(r["end"] for r in self.run.replay.recoveries if "end" in r)
+
+
 @dataclass
 class ChaosMonkey:
     """Kills `kills` workers of a PPO `run` (`rayrl.trainer.run.Run`) at random `stages`
@@ -81,6 +113,7 @@ class ChaosMonkey:
         if unknown:
             raise ValueError(f"unknown chaos stages {unknown}; known: {sorted(POINTS)}")
         self.rng = random.Random(self.seed)
+        self.view = RunView(self.run)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="rayrl-chaos", daemon=True)
 
@@ -94,9 +127,9 @@ class ChaosMonkey:
 
     def _loop(self) -> None:
         while not self._stop.is_set() and len(self.done) < self.kills:
-            step = self.run.progress.global_step  # the step in progress
-            allowed = (self.steps is None or step in self.steps) and step < self.run.total_steps()
-            if not allowed or self.done and self.done[-1].step >= step or not self.run.replay:
+            step = self.view.step()
+            allowed = (self.steps is None or step in self.steps) and step < self.view.total_steps()
+            if not allowed or self.done and self.done[-1].step >= step or not self.view.started():
                 time.sleep(0.05)
                 continue
             stage = self.rng.choice(self.stages)  # a new point each step, hit or missed
@@ -120,11 +153,10 @@ class ChaosMonkey:
         A hybrid point seen to have passed (a short weight sync between two polls) moves
         the kill forward to the allowed point the rank is in now, in the same step."""
         role, method, phase = POINTS[stage]
-        roles = self.run.trainer.roles
-        group = roles.hybrid if role == "hybrid" else roles.reward
+        group = self.view.group(role)
         rank = self.rng.randrange(group.world_size)
         wait_s = self.rng.uniform(0, self.jitter_s)
-        while not self._stop.is_set() and self.run.progress.global_step == step:
+        while not self._stop.is_set() and self.view.step() == step:
             actor = group.actors[rank]
             try:
                 beat = ray.get(actor.heartbeat.remote(), timeout=2.0) if actor else None
@@ -153,7 +185,7 @@ class ChaosMonkey:
 
     def recovery_seconds(self) -> list[float]:
         """For each kill, seconds from the kill to the end of the recovery after it."""
-        ends = sorted(r["end"] for r in self.run.replay.recoveries if "end" in r)
+        ends = self.view.recovery_ends()
         out = []
         for kill in self.done:
             after = [e for e in ends if e >= kill.time]

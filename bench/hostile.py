@@ -1,0 +1,301 @@
+"""The hostile trial, replayed as a user would meet it: `rayrl train` in its own process,
+real signals, a full disk, a read-only directory, a damaged checkpoint, bad data.
+
+Each case runs the product command and checks what a user needs: a clear message
+naming what to do, nothing lost, the documented exit code. Prints one JSON object per
+case (`case`, `handled`, `detail`) and a summary line (`cases`, `cases_handled`).
+The full-disk and read-only cases mount small tmpfs filesystems and need root; they
+are reported as skipped otherwise.
+
+    python bench/hostile.py [--only NAME ...] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+BASE = [
+    "-c",
+    "grpo",
+    "trainer.device=cpu",
+    "trainer.logger=[jsonl]",
+    "trainer.val_before_train=false",
+    "trainer.export_hf=false",
+    "trainer.total_training_steps=2",
+    "data.train_batch_size=4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "actor_rollout_ref.rollout.n=2",
+    "data.max_response_length=8",
+    "resources.dashboard=false",
+]
+
+
+def train(out: Path, *extra: str, wait: bool = True, timeout: float = 600):
+    """`rayrl train` with the small base settings in `out`; the finished process (or the
+    running one with `wait=False`)."""
+    env = {**os.environ, "PYTHONPATH": str(SRC), "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    cmd = [sys.executable, "-m", "rayrl.cli.main", "train", *BASE]
+    cmd += [f"trainer.output_dir={out}", *extra]
+    if not wait:
+        return subprocess.Popen(
+            cmd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+    return subprocess.run(cmd, env=env, text=True, capture_output=True, timeout=timeout)
+
+
+def text(done) -> str:
+    return (done.stdout or "") + (done.stderr or "")
+
+
+def rows(out: Path) -> list[dict]:
+    path = out / "metrics.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def until(predicate: Callable[[], bool], timeout: float = 300) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.3)
+    return False
+
+
+def verdict(handled: bool, detail: str) -> dict:
+    return {"handled": bool(handled), "detail": detail}
+
+
+# --------------------------------------------------------------------------- cases
+def same_output_dir(tmp: Path) -> dict:
+    out = tmp / "run"
+    first = train(out, "trainer.total_training_steps=6", wait=False)
+    try:
+        until(lambda: len(rows(out)) >= 1)
+        second = train(out)
+        named = f"pid {first.pid}" in text(second) and "in use by another run" in text(second)
+        return verdict(second.returncode == 2 and named, text(second)[-400:])
+    finally:
+        first.kill()
+        first.wait()
+
+
+def resume_other_model(tmp: Path) -> dict:
+    out = tmp / "run"
+    first = train(out, "trainer.save_freq=1")
+    from rayrl.models import build_tiny_model
+
+    other = build_tiny_model(tmp / "other", layers=2, hidden=32, seed=9)
+    second = train(out, f"actor_rollout_ref.model.path={other}")
+    ok = first.returncode == 0 and second.returncode == 2 and "model" in text(second)
+    return verdict(ok and "differs from the one that wrote" in text(second), text(second)[-400:])
+
+
+def resume_other_batch_size(tmp: Path) -> dict:
+    out = tmp / "run"
+    train(out, "trainer.save_freq=1", "trainer.total_training_steps=1")
+    refused = train(out, "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8")
+    said = "data.train_batch_size: 4 -> 8" in text(refused)
+    moved = train(
+        out,
+        "data.train_batch_size=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "trainer.resume_check=warn",
+        "trainer.total_training_steps=3",
+    )
+    kept = "row 4 of epoch 0) is batch 2 of 2 rows" in text(moved)
+    ok = refused.returncode == 2 and said and moved.returncode == 0 and kept
+    return verdict(ok, text(refused)[-200:] + " | " + text(moved)[-300:])
+
+
+def reward_always_fails(tmp: Path) -> dict:
+    fn = tmp / "bad_reward.py"
+    fn.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return None\n"
+    )
+    done = train(tmp / "run", f"custom_reward_function.path={fn}", "trainer.total_training_steps=3")
+    stopped = done.returncode != 0 and "reward" in text(done).lower() and "failed" in text(done)
+    return verdict(stopped, text(done)[-400:])
+
+
+def huge_reward(tmp: Path) -> dict:
+    fn = tmp / "huge.py"
+    fn.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return 1e30 if len(solution_str) % 2 else 0.0\n"
+    )
+    out = tmp / "run"
+    done = train(out, f"custom_reward_function.path={fn}")
+    warned = "scores are beyond" in text(done)
+    moved = any(abs(r.get("actor/pg_loss", 0.0)) > 0 for r in rows(out))
+    return verdict(done.returncode == 0 and warned and moved, text(done)[-300:])
+
+
+def sigterm(tmp: Path) -> dict:
+    out = tmp / "run"
+    proc = train(out, "trainer.total_training_steps=8", "trainer.save_freq=5", wait=False)
+    until(lambda: len(rows(out)) >= 2)
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=300)[0]
+    saved = (out / "checkpoints" / "latest").is_file()
+    ok = proc.returncode == 143 and "stopped by SIGTERM after step" in output and saved
+    return verdict(ok, output[-300:])
+
+
+def _mount_tmpfs(path: Path, options: str) -> bool:
+    if os.geteuid() != 0:
+        return False
+    path.mkdir(parents=True, exist_ok=True)
+    return (
+        subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)]).returncode == 0
+    )
+
+
+def disk_full(tmp: Path) -> dict:
+    small = tmp / "small"
+    if not _mount_tmpfs(small, "size=3m"):
+        return {"skipped": "needs root to mount a small tmpfs"}
+    try:
+        done = train(small / "run", "trainer.save_freq=1")
+        said = "is full" in text(done) or "not enough space" in text(done)
+        clean = (
+            not list((small / "run" / "checkpoints").glob(".tmp-*"))
+            if (small / "run" / "checkpoints").exists()
+            else True
+        )
+        return verdict(done.returncode == 1 and said and clean, text(done)[-400:])
+    finally:
+        subprocess.run(["umount", "-l", str(small)])
+
+
+def dashboard_race(tmp: Path) -> dict:
+    procs = [train(tmp / f"run{i}", "resources.dashboard=true", wait=False) for i in range(2)]
+    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    ok = all(p.returncode == 0 for p in procs)
+    return verdict(ok, " | ".join(o[-200:] for o in outputs))
+
+
+def corrupted_checkpoint(tmp: Path) -> dict:
+    out = tmp / "run"
+    train(out, "trainer.save_freq=1", "trainer.total_training_steps=2")
+    shard = next((out / "checkpoints" / "global_step_2" / "actor").rglob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    done = train(out, "trainer.total_training_steps=3")
+    named = shard.name in text(done) and "global_step_1" in text(done)
+    return verdict(done.returncode == 0 and named, text(done)[-400:])
+
+
+def no_tokenizer(tmp: Path) -> dict:
+    from rayrl.models import build_tiny_model
+
+    model = build_tiny_model(tmp / "m", layers=1, hidden=32)
+    for path in list(model.iterdir()):
+        if path.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
+            path.unlink()
+    done = train(tmp / "run", f"actor_rollout_ref.model.path={model}")
+    return verdict(done.returncode == 2 and "no tokenizer files" in text(done), text(done)[-300:])
+
+
+def bad_numbers(tmp: Path) -> dict:
+    lr = train(tmp / "a", "actor_rollout_ref.actor.optim.lr=-1e-5")
+    greedy = train(tmp / "b", "actor_rollout_ref.rollout.temperature=0")
+    ok = lr.returncode == 2 and "optim.lr" in text(lr) and greedy.returncode == 0
+    return verdict(ok, text(lr)[-200:] + " | " + text(greedy)[-200:])
+
+
+def read_only_dir(tmp: Path) -> dict:
+    ro = tmp / "ro"
+    if not _mount_tmpfs(ro, "ro,size=1m"):
+        return {"skipped": "needs root to mount a read-only tmpfs"}
+    try:
+        done = train(ro / "run")
+        said = "cannot write the run directory" in text(done) and "Traceback" not in text(done)
+        return verdict(done.returncode == 2 and said, text(done)[-300:])
+    finally:
+        subprocess.run(["umount", "-l", str(ro)])
+
+
+def bad_rows(tmp: Path) -> dict:
+    from rayrl.data import synthetic_rows, write_parquet
+
+    rows_ = synthetic_rows(size=12, seed=1)
+    for i in (2, 5, 9):
+        rows_[i]["prompt"] = []
+    data = write_parquet(rows_, tmp / "train.parquet")
+    out = tmp / "run"
+    done = train(out, f"data.train_files={data}")
+    listed = (
+        (out / "rejected_rows.jsonl").read_text().splitlines()
+        if (out / "rejected_rows.jsonl").exists()
+        else []
+    )
+    ok = done.returncode == 0 and len(listed) == 3 and "3 x 'prompt' has no messages" in text(done)
+    return verdict(ok, text(done)[-300:])
+
+
+CASES: dict[str, Callable[[Path], dict]] = {
+    "same_output_dir": same_output_dir,
+    "resume_other_model": resume_other_model,
+    "resume_other_batch_size": resume_other_batch_size,
+    "reward_always_fails": reward_always_fails,
+    "huge_reward": huge_reward,
+    "sigterm": sigterm,
+    "disk_full": disk_full,
+    "dashboard_race": dashboard_race,
+    "corrupted_checkpoint": corrupted_checkpoint,
+    "no_tokenizer": no_tokenizer,
+    "bad_numbers": bad_numbers,
+    "read_only_dir": read_only_dir,
+    "bad_rows": bad_rows,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", nargs="*", default=None, choices=sorted(CASES))
+    parser.add_argument("--keep", default=None, help="run directories go here (kept)")
+    args = parser.parse_args()
+    sys.path.insert(0, str(SRC))
+    handled = total = 0
+    for name in args.only or list(CASES):
+        tmp = Path(tempfile.mkdtemp(prefix=f"hostile-{name}-", dir=args.keep))
+        start = time.time()
+        try:
+            result = CASES[name](tmp)
+        except Exception as err:  # noqa: BLE001 - a case that crashed is a result
+            result = verdict(False, f"{type(err).__name__}: {err}")
+        result.update(bench="hostile", case=name, seconds=round(time.time() - start, 1))
+        print(json.dumps(result), flush=True)
+        if "skipped" not in result:
+            total += 1
+            handled += result["handled"]
+        if args.keep is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print(
+        json.dumps(
+            {
+                "bench": "hostile",
+                "metric": "cases_handled",
+                "value": handled,
+                "cases": total,
+                "target": total,
+                "better": "higher",
+            }
+        ),
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()

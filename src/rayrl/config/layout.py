@@ -1,0 +1,131 @@
+"""How a training world's ranks split: FSDP sharding groups (flat or hybrid) and Ulysses
+sequence-parallel groups; plain arithmetic, no torch.
+
+* **Sharding** (`MeshSpec.fsdp_size`, verl's ``fsdp_config.fsdp_size``): parameters,
+  gradients and optimizer state are sharded over groups of ``fsdp_size`` consecutive
+  ranks and replicated across those groups (HSDP: ``[replicate, shard]``, a 2-D mesh).
+  With ranks placed node by node, ``fsdp_size`` = GPUs per node keeps every per-layer
+  all-gather and reduce-scatter inside a node; only the gradient all-reduce of the
+  replicas crosses nodes, once per mini-batch. ``-1`` (or the world size) is flat FSDP
+  over every rank (a 1-D mesh).
+* **Data** (`MeshSpec.sp`, verl's ``ulysses_sequence_parallel_size``): ``sp``
+  consecutive ranks form one sequence-parallel group that holds the same rows and
+  splits each packed row's tokens between them; the ``world / sp`` groups are the
+  data-parallel ranks (``dp_rank``, ``dp_size``).
+
+Sharding does not depend on the data split: every rank holds a shard of the same model,
+SP ranks included. The config's validation, ``rayrl plan`` and the training engine's
+device meshes (`rayrl.engines.mesh`) all read their layout from `MeshSpec`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["MeshError", "MeshSpec", "check_heads"]
+
+
+class MeshError(ValueError):
+    """A layout the world, the model or the config cannot have; the message says which key."""
+
+
+@dataclass(frozen=True)
+class MeshSpec:
+    """How ``world`` ranks split into sharding groups and sequence-parallel groups.
+
+    Args:
+        world: ranks of the process group.
+        sp: Ulysses sequence-parallel size (1: off); must divide ``world``.
+        fsdp_size: ranks per sharding group; -1 (or ``world``) shards over all of them,
+            a divisor of ``world`` below it replicates across ``world / fsdp_size`` groups.
+    """
+
+    world: int
+    sp: int = 1
+    fsdp_size: int = -1
+
+    def __post_init__(self) -> None:
+        if self.world < 1:
+            raise MeshError(f"the world has {self.world} ranks; it needs at least one")
+        if self.sp < 1 or self.world % self.sp:
+            raise MeshError(
+                f"ulysses_sequence_parallel_size={self.sp} must be at least 1 and divide the "
+                f"{self.world} ranks (trainer.nnodes x trainer.n_gpus_per_node); pick a divisor "
+                f"of {self.world}"
+            )
+        if self.fsdp_size == 0 or self.fsdp_size < -1:
+            raise MeshError(
+                f"fsdp_config.fsdp_size={self.fsdp_size}: use -1 (shard over every rank) or a "
+                f"number of ranks per sharding group"
+            )
+        if self.fsdp_size > 0 and (self.fsdp_size > self.world or self.world % self.fsdp_size):
+            raise MeshError(
+                f"fsdp_config.fsdp_size={self.fsdp_size} must divide the {self.world} ranks "
+                f"(e.g. the GPUs per node, to shard within a node and replicate across nodes), "
+                "or be -1 to shard over all of them"
+            )
+
+    @property
+    def shard(self) -> int:
+        """Ranks per sharding group."""
+        return self.world if self.fsdp_size == -1 else self.fsdp_size
+
+    @property
+    def replicate(self) -> int:
+        """Sharding groups (replicas of the sharded state)."""
+        return self.world // self.shard
+
+    @property
+    def hybrid(self) -> bool:
+        """Sharded within groups and replicated across them (HSDP)."""
+        return self.replicate > 1
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel ranks: groups of ``sp`` ranks that hold the same rows."""
+        return self.world // self.sp
+
+    def dp_rank(self, rank: int) -> int:
+        return rank // self.sp
+
+    def sp_rank(self, rank: int) -> int:
+        return rank % self.sp
+
+    def sp_ranks(self, rank: int) -> list[int]:
+        """The ranks of ``rank``'s sequence-parallel group."""
+        first = self.dp_rank(rank) * self.sp
+        return list(range(first, first + self.sp))
+
+    def describe(self) -> str:
+        """One line: the sharding mesh and the data split."""
+        if self.world == 1:
+            fsdp = "one rank, nothing sharded"
+        elif self.hybrid:
+            fsdp = (
+                f"HSDP, shard {self.shard} x replicate {self.replicate} (each group of "
+                f"{self.shard} consecutive ranks shards the model; {self.replicate} groups "
+                "replicate it)"
+            )
+        else:
+            fsdp = f"FSDP, shard {self.shard} (every rank holds 1/{self.shard})"
+        data = f"data parallel {self.dp} x Ulysses SP {self.sp}"
+        return f"{self.world} rank(s): {fsdp}; {data}"
+
+
+def check_heads(num_heads: int, num_kv_heads: int, sp: int, where: str = "") -> None:
+    """MeshError unless Ulysses can split the attention heads over ``sp`` ranks: the query
+    heads must divide by ``sp``, and the KV heads divide by it or divide it (then each is
+    repeated to ``sp``)."""
+    if sp <= 1:
+        return
+    at = f" ({where})" if where else ""
+    if num_heads % sp:
+        raise MeshError(
+            f"ulysses_sequence_parallel_size={sp}{at} must divide the model's "
+            f"{num_heads} attention heads; pick a divisor of {num_heads}"
+        )
+    if num_kv_heads % sp and sp % num_kv_heads:
+        raise MeshError(
+            f"ulysses_sequence_parallel_size={sp}{at} and the model's {num_kv_heads} key/value "
+            f"heads: one must divide the other"
+        )

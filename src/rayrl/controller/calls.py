@@ -1,0 +1,114 @@
+"""Calls entering a worker: what runs around each one inside the worker's process.
+
+Every call a group makes on a worker (a registered method, and the group's own calls:
+`init_worker`, `init_distributed`, `rebuild`, `snapshot`, `restore`) runs inside
+`running(worker, name)`, which
+
+- marks the worker busy in `name` on this thread (`_rayrl_busy`: `Worker.heartbeat`,
+  the watchdog's stack capture and the usage sampler read it) and restarts the
+  progress clock (`rayrl.progress`, which the watchdog measures);
+- for a registered method, records when it ran (`usage.record_call`: the driver's
+  overhead is the time between calls) and takes a usage sample as it ends, so a stage
+  shorter than the sampling period is measured too;
+- runs the call hooks installed in this process.
+
+`Worker.__init_subclass__` wraps each registered method of a class once (`track`),
+so `@register` itself only states the method's contract. Coroutine methods run on an
+event loop and are left as they are.
+
+Call hooks are an extension point: a hook is a picklable callable
+`hook(worker, name)` that runs at the start of each call, on the call's thread, after
+the worker is marked busy (a hook that blocks is seen by the watchdog like the call
+it delays). It returns None, or a context manager that is entered then and exited
+when the call ends. `worker` is the instance the call runs on (in a fused worker, the
+role's instance for a registered method, the fused worker for the group's own
+calls). Install hooks in a group's workers with `WorkerGroup.add_call_hook`::
+
+    class Profile:                      # profile one method on rank 0
+        def __call__(self, worker, name):
+            if name == "update_actor" and worker.rank == 0:
+                return torch.profiler.profile(...)
+
+    group.add_call_hook(Profile())      # every worker now, and every one started later
+
+Uses: tracing or profiling chosen calls, logging, stopping one rank in the debugger
+at a given call, injecting faults in tests (`rayrl.testing.faults`). Each process
+holds its own copy of a hook, so a hook may keep per-process state.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from typing import Any
+
+from rayrl import progress
+from rayrl.controller import usage
+from rayrl.controller.dispatch import method_specs
+
+CallHook = Callable[[Any, str], "AbstractContextManager | None"]
+
+TRACKED_ATTR = "__rayrl_tracked__"
+
+# The call hooks installed in this process, in the order they run.
+_HOOKS: list[CallHook] = []
+_HOOKS_LOCK = threading.Lock()
+
+
+@contextmanager
+def running(worker: Any, name: str, *, record: bool = False) -> Iterator[None]:
+    """Run the block as call `name` of `worker` (see the module docstring); `record`:
+    a registered method's call, recorded for the usage report."""
+    progress.begin()
+    start = time.time()
+    worker._rayrl_busy = (name, start, threading.get_ident())
+    try:
+        with ExitStack() as around:
+            for hook in tuple(_HOOKS):
+                entered = hook(worker, name)
+                if entered is not None:
+                    around.enter_context(entered)
+            yield
+    finally:
+        if record:
+            usage.record_call(start, time.time())
+            usage.sample_now()
+        worker._rayrl_busy = None
+
+
+def track(cls: type) -> None:
+    """Wrap each registered method of `cls` (inherited ones included) that is not
+    wrapped yet, so that its calls run inside `running`."""
+    for name in method_specs(cls):
+        fn = inspect.getattr_static(cls, name)
+        if not inspect.isfunction(fn) or getattr(fn, TRACKED_ATTR, False):
+            continue
+        if inspect.iscoroutinefunction(fn):
+            continue
+        setattr(cls, name, _tracked(fn))
+
+
+def _tracked(fn: Callable) -> Callable:
+    name = fn.__name__
+
+    @functools.wraps(fn)  # keeps the MethodSpec and any Ray method options
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with running(self, name, record=True):
+            return fn(self, *args, **kwargs)
+
+    setattr(call, TRACKED_ATTR, True)
+    return call
+
+
+def add_call_hooks(hooks: Iterable[CallHook]) -> int:
+    """Install `hooks` in this process (one already installed is not added twice);
+    returns how many are installed."""
+    with _HOOKS_LOCK:
+        for hook in hooks:
+            if not any(hook is known for known in _HOOKS):
+                _HOOKS.append(hook)
+        return len(_HOOKS)
