@@ -16,7 +16,13 @@ rollout / reference sharded over 2 ranks, the reward worker). Prints JSON lines:
   to the step's time, measured in the same steps; target 0.05).
 
 The model is a tiny Qwen2 (4 layers, hidden 256, random weights) built in `--out`.
-Usage: `python bench/chaos.py [--steps 10] [--kills 10] [--seed 0] [--out DIR] [--device cuda]`
+
+`--agent`: multi-turn episodes (`rollout.multi_turn.enable`), each assistant turn
+answered by a tool call of 0.3 s (`bench/_agent_env.py`: the random model ends a turn
+about every 8 tokens, two tool calls an episode), and the kills may also land while
+an episode's tools run (stage `tools`); `--stages` picks the kill points.
+Usage: `python bench/chaos.py [--steps 10] [--kills 10] [--seed 0] [--out DIR] [--device cuda]
+[--agent] [--stages gen,tools,...]`
 (`--device cuda`: the two ranks on two GPUs over NCCL; `recovery_s` is then issue 14's
 recovery after killing one rank mid-step).
 """
@@ -29,17 +35,26 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import ray
 
+from _agent_env import ENVIRONMENT, end_turns_often
 from _common import hardware
 from rayrl.config import load_config
 from rayrl.models import build_tiny_model
-from rayrl.testing.chaos import ChaosMonkey, compare_runs, final_weights
+from rayrl.testing.chaos import DEFAULT_STAGES, POINTS, ChaosMonkey, compare_runs, final_weights
 from rayrl.trainer.ppo import PPOTrainer
 from rayrl.trainer.run import Run
 
 BENCH = "chaos"
+AGENT = [  # multi-turn episodes whose every turn runs a 0.3 s tool (bench/_agent_env.py)
+    "actor_rollout_ref.rollout.multi_turn.enable=true",
+    f"actor_rollout_ref.rollout.agent.default_agent_loop={Path(__file__).parent / '_agent_env.py'}"
+    f":{ENVIRONMENT}",
+    "actor_rollout_ref.rollout.multi_turn.environment_config.latency_s=0.3",
+    "actor_rollout_ref.rollout.multi_turn.environment_config.calls=2",
+]
 
 
 def overrides(steps: int, out: str, model: str, device: str = "cpu") -> list[str]:
@@ -66,13 +81,15 @@ def overrides(steps: int, out: str, model: str, device: str = "cpu") -> list[str
 
 def run(args: argparse.Namespace, out: str, kills: int) -> dict:
     """One run; with `kills`, under the chaos monkey. `error` says why it did not finish."""
-    cfg = load_config("grpo", overrides(args.steps, out, args.model, args.device))
+    extra = AGENT if args.agent else []
+    cfg = load_config("grpo", [*overrides(args.steps, out, args.model, args.device), *extra])
     training = Run(PPOTrainer(cfg, print_fn=lambda text: print(text, file=sys.stderr)))
     monkey, history, error = None, [], None
     try:
         training.setup()
         if kills:
-            monkey = ChaosMonkey(training, seed=args.seed, kills=kills).start()
+            stages = args.stages.split(",")
+            monkey = ChaosMonkey(training, seed=args.seed, stages=stages, kills=kills).start()
         history = training.fit()
     except Exception as err:  # noqa: BLE001 - a run that did not survive is a result here
         error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
@@ -112,13 +129,23 @@ def main() -> None:
         choices=["cpu", "cuda"],
         help="cuda: the 2 ranks on 2 GPUs over NCCL (issue 14's recovery_s)",
     )
+    parser.add_argument("--agent", action="store_true", help="multi-turn episodes with tools")
+    parser.add_argument(
+        "--stages",
+        default=None,
+        help=f"kill points, comma-separated, of {', '.join(POINTS)} (default: all; "
+        "tools with --agent only)",
+    )
     args = parser.parse_args()
+    args.stages = args.stages or ",".join(POINTS if args.agent else DEFAULT_STAGES)
     root = args.out or tempfile.mkdtemp(prefix="rayrl-chaos-")
     # A tiny model, big enough that each stage (weight sync included) lasts long
     # enough for a kill to land inside it on CPU.
     args.model = str(
         build_tiny_model(f"{root}/model", layers=4, hidden=256, seed=0, overwrite=True)
     )
+    if args.agent:
+        end_turns_often(args.model, share=1 / 8)
     # Ray prints a notice per killed worker on the driver's stdout, from its own thread;
     # it goes to stderr so that stdout stays one JSON object a line.
     sys.stdout = sys.stderr

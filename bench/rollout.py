@@ -5,6 +5,9 @@ random weights, bf16 on CUDA), prompts of random token ids, sampling at temperat
 
 - A: 256 prompts of 256 tokens, 256 new tokens each (EOS ignored).
 - B: 256 sequences, prompt and output lengths uniform in [100, 1024] (numpy seed 0).
+- M: multi-turn agent episodes, up to 4 tool calls of 50 ms each, on the native
+  engine, against single-turn decoding of the same tokens (`bench/rollout_agent.py`:
+  its records and their targets).
 
 Engines, in one run on one model object: ``native`` (NativeRolloutEngine, per-sequence
 output lengths), ``rayrl_hf`` (HFRolloutEngine), ``hf_dynamic`` and ``hf_static``
@@ -18,7 +21,7 @@ roofline is the time a step needs at the machine's measured HBM bandwidth or bf1
 matmul rate, whichever binds, summed over the prefill and every decode step.
 
     python bench/rollout.py [--device cuda|cpu] [--shape reference|tiny]
-        [--engines native,rayrl_hf,hf_dynamic,hf_static] [--workloads A,B]
+        [--engines native,rayrl_hf,hf_dynamic,hf_static] [--workloads A,B,M]
         [--skip hf_dynamic@B,...] [--repeats 3] [--profile] [--tune-decode] [--tune-sampler]
         [--sync-decode] [--tp N]
         [--out bench/results/rollout-DATE.jsonl]
@@ -56,6 +59,7 @@ from rayrl.batch import Batch
 from rayrl.engines.rollout import HFRolloutEngine, NativeRolloutEngine, SamplingParams
 from rayrl.engines.rollout.native.tp import make_tp_groups
 from rayrl.models.tiny import TinySpec, reference_05b
+from rollout_agent import run_multi_turn
 
 HBM_BYTES_PER_S = 4.3e12  # measured on the H200 here (../shared/gpu/README.md)
 MATMUL_FLOPS = 790e12  # bf16, measured there on an 8192^3 product
@@ -372,6 +376,8 @@ def main() -> None:
     args.shape = args.shape or ("reference" if args.device == "cuda" else "tiny")
     if args.tp > 1 and not set(args.engines.split(",")) <= {"native", "native_sync"}:
         parser.error("--tp above 1 runs the native engines only: --engines native,native_sync")
+    if args.tp > 1 and "M" in args.workloads.split(","):
+        parser.error("workload M (multi-turn) runs on one-GPU replicas only: --tp 1")
     if args.tp == 1:
         run_bench(args, args.out)
         return
@@ -412,6 +418,9 @@ def run_bench(args: argparse.Namespace, out_path: str | None) -> None:
         "date": datetime.date.today().isoformat(),
     }
     for name in args.workloads.split(","):
+        if name == "M":
+            run_multi_turn(model, args, base, lambda record: emit(record, out))
+            continue
         prompts, out_lens = workload(name, args.shape, model.config.vocab_size)
         tokens = int(out_lens.sum())
         rates = {}

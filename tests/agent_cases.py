@@ -206,9 +206,11 @@ def episode_tokens(
     return ids, targets
 
 
-def train_agent_model(out_dir: Path, max_steps: int = 1500) -> Path:
-    """Build and train the tool-using tiny model (module docstring); return its directory."""
-    corpus = [s.prompt for s in SCRIPTS.values()] + [t for s in SCRIPTS.values() for t in s.turns]
+def train_agent_model(out_dir: Path, max_steps: int = 1500, names: tuple[str, ...] = ()) -> Path:
+    """Build and train the tool-using tiny model (module docstring) on the scripts
+    ``names`` (default: all); return its directory."""
+    scripts = [SCRIPTS[n] for n in names] if names else list(SCRIPTS.values())
+    corpus = [s.prompt for s in scripts] + [t for s in scripts for t in s.turns]
     path = build_tiny_model(
         out_dir,
         layers=2,
@@ -224,7 +226,7 @@ def train_agent_model(out_dir: Path, max_steps: int = 1500) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(path)
     fmt = TurnFormat(tokenizer, max_message_tokens=MAX_TOOL_RESPONSE_TOKENS)
     tools = make_tools(Handshake(signalled=True))
-    examples = [episode_tokens(tokenizer, fmt, s, tools) for s in SCRIPTS.values()]
+    examples = [episode_tokens(tokenizer, fmt, s, tools) for s in scripts]
     width = max(len(ids) for ids, _ in examples)
     ids = torch.full((len(examples), width), tokenizer.pad_token_id, dtype=torch.long)
     mask = torch.zeros_like(ids)

@@ -61,7 +61,7 @@ def test_demo_reports_accuracies_and_rl_helps(tmp_path):
         "sft": _val(tmp_path / "rl", last=False),
         "rl": _val(tmp_path / "rl", last=True),
     }
-    assert all(0.0 <= a <= 1.0 for a, _ in acc.values())
+    assert all(0.0 <= a <= 1.0 for a, *_ in acc.values())
     assert acc["base"][0] == 0.0  # random weights answer nothing
     assert acc["rl"][1] > acc["sft"][1], acc  # RL's direction on held-out questions
     sft_rows = (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()

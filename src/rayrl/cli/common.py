@@ -24,7 +24,33 @@ def add_config_args(
         help=f"YAML config file or a built-in name ({builtins}); default: the demo's config "
         f"({default}) unless a model path or train files are given, then verl's defaults",
     )
+    parser.add_argument(
+        "--config-path",
+        "-cp",
+        default=None,
+        help="Hydra's flag (verl scripts): the folder of --config-name's file",
+    )
+    parser.add_argument(
+        "--config-name",
+        "-cn",
+        default=None,
+        help="Hydra's flag (verl scripts): a config file NAME(.yaml) in --config-path",
+    )
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.seed=3")
+
+
+def config_file(args: argparse.Namespace) -> str | None:
+    """The config file the arguments name: `-c FILE`, or verl's Hydra flags
+    `--config-path DIR --config-name NAME` (the file DIR/NAME.yaml)."""
+    from pathlib import Path
+
+    name, folder = getattr(args, "config_name", None), getattr(args, "config_path", None)
+    if name is None:
+        return args.config
+    if args.config is not None:
+        sys.exit("rayrl: give -c FILE or --config-path/--config-name, not both")
+    file = Path(folder or ".") / name
+    return str(file) if file.suffix in (".yaml", ".yml") else f"{file}.yaml"
 
 
 def checked_config(source, overrides, warn):
@@ -61,8 +87,9 @@ def load_from_args(args: argparse.Namespace):
     from rayrl.config import ConfigError
 
     err = console(stderr=True)
-    source = config_source(args.config, args.overrides, DEMO_TRIGGERS, "grpo")
-    if source is not None and args.config is None:
+    file = config_file(args)
+    source = config_source(file, args.overrides, DEMO_TRIGGERS, "grpo")
+    if source is not None and file is None:
         err.print(
             "[dim]no -c, model path or train files given: the built-in demo config 'grpo' "
             "(tiny model, synthetic task); set any of them to start from verl's defaults[/]",
@@ -87,8 +114,9 @@ def load_sft_from_args(args: argparse.Namespace):
     from rayrl.config import ConfigError
 
     err = console(stderr=True)
-    source = config_source(args.config, args.overrides, SFT_DEMO_TRIGGERS, "demo")
-    if source is not None and args.config is None:
+    file = config_file(args)
+    source = config_source(file, args.overrides, SFT_DEMO_TRIGGERS, "demo")
+    if source is not None and file is None:
         err.print(
             "[dim]no -c, model (model.partial_pretrain) or train files given: the built-in "
             "SFT config 'demo' (tiny model, synthetic demonstrations)[/]",

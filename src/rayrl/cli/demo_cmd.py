@@ -15,6 +15,14 @@ built-in `demo` configs, in `OUTPUT_DIR/<stage>` run directories:
    whose validation before training is the accuracy after SFT.
 
 `run_pipeline` runs them (also for `bench/e2e_cpu.py` and the tests, at other sizes).
+
+`rayrl demo --task tools` runs the same three stages on an agent task with the
+built-in `demo_tools` configs: `multiply` ("What is 457*823?"), which the tiny model
+cannot do but a `calculator` tool can. SFT learns from whole conversations that use
+the tool right 30% of the time (otherwise the demonstrator guesses a rounded product);
+multi-turn GRPO, rewarded for the exact product, then teaches the model to call the
+tool and copy its answer. Its tokenizer also learns the tool-call text, so a call
+takes few tokens (`bench/e2e_agent_cpu.py` runs it too).
 """
 
 from __future__ import annotations
@@ -33,7 +41,27 @@ if TYPE_CHECKING:
     from rich.table import Table
 
 ACC_KEY = re.compile(r"^val-core/[^/]+/acc/mean@\d+$")
+TOOL_CALLS_KEY = "val-aux/multi_turn/tool_calls/mean"
 REWARD_KEY = re.compile(r"^val-core/[^/]+/reward/mean@\d+$")
+
+
+@dataclass(frozen=True)
+class DemoTask:
+    """A demo task: the built-in configs of its stages (`rayrl train -c <rl>`, `rayrl
+    sft -c <sft>`), what it is, and whether its tokenizer learns tool-call text."""
+
+    rl: str
+    sft: str
+    title: str
+    tools: bool = False
+
+
+TASKS = {
+    "larger": DemoTask("demo", "demo", "which of two numbers is larger"),
+    "tools": DemoTask(
+        "demo_tools", "demo_tools", "multiply two 3-digit numbers with a calculator", True
+    ),
+}
 
 
 @dataclass
@@ -51,6 +79,7 @@ class DemoPlan:
     sft: list[str] = field(default_factory=list)
     rl: list[str] = field(default_factory=list)
     quiet: bool = True  # no per-step console lines (the progress bars show the steps)
+    task: str = "larger"  # a TASKS name
 
 
 @dataclass
@@ -62,6 +91,7 @@ class DemoResult:
     sft_history: list[dict]
     rl_history: list[dict]
     run_dirs: dict[str, Path]
+    tool_calls: dict[str, float] = field(default_factory=dict)  # stage -> per episode
 
     @property
     def gain_points(self) -> float:
@@ -69,8 +99,9 @@ class DemoResult:
         return 100.0 * (self.accuracy["rl"] - self.accuracy["sft"])
 
 
-def _val(path: Path, last: bool) -> tuple[float, float]:
-    """(accuracy, mean reward) of a run directory's first or last validation."""
+def _val(path: Path, last: bool) -> tuple[float, float, float | None]:
+    """(accuracy, mean reward, tool calls per episode or None) of a run directory's
+    first or last validation."""
     from rayrl.trainer.run_dir import read_metrics
 
     rows = [r for r in read_metrics(path) if any(ACC_KEY.match(k) for k in r)]
@@ -78,7 +109,8 @@ def _val(path: Path, last: bool) -> tuple[float, float]:
         raise RuntimeError(f"{path}/metrics.jsonl has no validation accuracy")
     row = rows[-1] if last else rows[0]
     acc = next(v for k, v in row.items() if ACC_KEY.match(k))
-    return float(acc), float(next(v for k, v in row.items() if REWARD_KEY.match(k)))
+    reward = next(v for k, v in row.items() if REWARD_KEY.match(k))
+    return float(acc), float(reward), row.get(TOOL_CALLS_KEY)
 
 
 def stage_configs(plan: DemoPlan):
@@ -86,7 +118,7 @@ def stage_configs(plan: DemoPlan):
     from rayrl.config import load_config
     from rayrl.config.sft import load_sft_config
 
-    root = plan.output_dir
+    root, task = plan.output_dir, TASKS[plan.task]
     common = [f"trainer.seed={plan.seed}", "trainer.resume_mode=disable", *plan.shared]
     if plan.quiet:
         common.append("trainer.logger=[]")
@@ -94,7 +126,7 @@ def stage_configs(plan: DemoPlan):
 
     def rl(stage: str, model: Path, *extra: str):
         return load_config(
-            "demo",
+            task.rl,
             [
                 *rl_common,
                 f"trainer.output_dir={root / stage}",
@@ -105,7 +137,7 @@ def stage_configs(plan: DemoPlan):
 
     base = rl("base", root / "base-model", "trainer.val_only=true")
     sft = load_sft_config(
-        "demo",
+        task.sft,
         [
             *common,
             f"trainer.output_dir={root / 'sft'}",
@@ -127,7 +159,10 @@ def run_pipeline(plan: DemoPlan, out: Console | None = None) -> DemoResult:
 
     out = out or console()
     base_cfg, sft_cfg, rl_cfg = stage_configs(plan)
-    build_tiny_model(plan.output_dir / "base-model", **DEMO_MODEL, seed=plan.seed, overwrite=True)
+    corpus = tool_corpus(sft_cfg.data.synthetic_task) if TASKS[plan.task].tools else None
+    build_tiny_model(
+        plan.output_dir / "base-model", **DEMO_MODEL, seed=plan.seed, corpus=corpus, overwrite=True
+    )
     seconds: dict[str, float] = {}
     start = time.perf_counter()
     out.rule("[bold]1/3 the base model (random weights): validation only")
@@ -161,7 +196,19 @@ def run_pipeline(plan: DemoPlan, out: Console | None = None) -> DemoResult:
         sft_history=sft_history,
         rl_history=rl_history,
         run_dirs=dirs,
+        tool_calls={k: v[2] for k, v in stats.items() if v[2] is not None},
     )
+
+
+def tool_corpus(task: str, size: int = 256) -> list[str]:
+    """The tiny tokenizer's built-in corpus plus the text of right demonstrations of a
+    tool task (questions, tool calls, answers), so that a call takes few tokens."""
+    from rayrl.data.synthetic import demonstrations
+    from rayrl.models.tokenizer import default_corpus
+
+    rows = demonstrations(task, size, seed=0, correct_rate=1.0)
+    texts = [m["content"] for row in rows for m in row["messages"]]
+    return default_corpus() + texts
 
 
 def accuracy_table(result: DemoResult) -> Table:
@@ -170,13 +217,17 @@ def accuracy_table(result: DemoResult) -> Table:
     table = Table(title=f"validation: greedy, {result.val_size} held-out questions")
     for column in ("model", "accuracy", "mean reward", "stage time"):
         table.add_column(column, justify="left" if column == "model" else "right")
+    if result.tool_calls:
+        table.add_column("tool calls / episode", justify="right")
     names = {"base": "base (random weights)", "sft": "after SFT", "rl": "after SFT + RL (GRPO)"}
     for stage, name in names.items():
+        calls = result.tool_calls.get(stage)
         table.add_row(
             name,
             f"{100 * result.accuracy[stage]:.1f}%",
             f"{result.reward[stage]:.3f}",
             f"{result.seconds[stage]:.0f} s",
+            *(["-" if calls is None else f"{calls:.2f}"] if result.tool_calls else []),
         )
     return table
 
@@ -185,7 +236,8 @@ def run(args: argparse.Namespace) -> int:
     from rayrl.trainer.report import write_report
 
     out = console()
-    plan = DemoPlan(Path(args.output_dir), seed=args.seed, sft=args.sft, rl=args.overrides)
+    output = args.output_dir or f"outputs/demo{'' if args.task == 'larger' else '_' + args.task}"
+    plan = DemoPlan(Path(output), seed=args.seed, sft=args.sft, rl=args.overrides, task=args.task)
     start = time.perf_counter()
     result = run_pipeline(plan, out)
     reports = [write_report(result.run_dirs[s]) for s in ("sft", "rl")]
@@ -209,7 +261,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "demo", help="SFT then GRPO on a synthetic task with a tiny model, on a local Ray"
     )
-    parser.add_argument("--output-dir", default="outputs/demo", help="where the run directories go")
+    parser.add_argument(
+        "--output-dir",
+        default=None,
+        help="where the run directories go (default: outputs/demo, outputs/demo_tools)",
+    )
+    parser.add_argument(
+        "--task",
+        choices=sorted(TASKS),
+        default="larger",
+        help="larger: which of two numbers is larger; tools: multiply two 3-digit numbers "
+        "with a calculator tool (multi-turn SFT and GRPO)",
+    )
     parser.add_argument("--seed", type=int, default=1, help="the seed of every stage")
     parser.add_argument(
         "--sft",

@@ -27,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rayrl.config.multi_turn import AgentConfig, MultiTurnConfig
+
 _ACTOR = "actor_rollout_ref.actor"
 
 
@@ -181,6 +183,9 @@ class RolloutConfig:
     # keeps 1 so a run that fits one GPU needs no setting (TP changes speed and memory,
     # not the samples: rayrl.engines.rollout.native.tp)
     tensor_model_parallel_size: int = 1
+    # agents: multi-turn episodes with tools (verl's keys; `rayrl.config.multi_turn`)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
 
 
 @dataclass

@@ -41,6 +41,17 @@ SFT_BUILTIN_DIR = Path(__file__).resolve().parent / "sft"
 
 
 @dataclass
+class SFTMultiturnConfig:
+    """verl's multi-turn SFT (`data.multiturn.*`): rows hold whole conversations (a
+    list of chat messages under `messages_key`, tool schemas under `tools_key`); the loss
+    covers the assistant messages only."""
+
+    enable: bool = False
+    messages_key: str = "messages"
+    tools_key: str = "tools"
+
+
+@dataclass
 class SFTDataConfig:
     train_files: Any = field(default_factory=list)  # a path or a list; empty: synthetic task
     val_files: Any = field(default_factory=list)
@@ -62,6 +73,7 @@ class SFTDataConfig:
     synthetic_size: int = 512
     synthetic_val_size: int = 64  # held-out rows (when no val_files)
     synthetic_correct_rate: float = 1.0  # share of demonstrations that are right
+    multiturn: SFTMultiturnConfig = field(default_factory=SFTMultiturnConfig)
 
 
 @dataclass

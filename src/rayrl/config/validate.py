@@ -15,6 +15,7 @@ from typing import Any
 from rayrl.config.errors import ConfigError
 from rayrl.config.errors import warn as _warn
 from rayrl.config.layout import MeshError, MeshSpec, check_heads
+from rayrl.config.multi_turn import check_multi_turn
 from rayrl.config.schema import RayRLConfig
 
 ACTOR = "actor_rollout_ref.actor"
@@ -450,6 +451,8 @@ def validate_config(cfg: RayRLConfig, warn: Callable[[str], None] = _warn) -> No
     check_positive(cfg)
     check_micro_set(cfg)
     check_rollout(cfg)
+    r = cfg.actor_rollout_ref.rollout
+    check_multi_turn(r.multi_turn, r.tensor_model_parallel_size)
     check_run_keys(cfg)
     check_parallel(cfg)
     check_text_only(cfg)

@@ -8,6 +8,12 @@ the count is logged. A row is set aside when a column is missing, the prompt is 
 non-empty list of messages, a message has an unknown role (not system, user, assistant
 or tool) or empty content, the ground truth is null, the chat template fails on it, or
 its prompt is longer than `max_prompt_length` under `filter_overlong_prompts`.
+
+Agent rows (multi-turn rollouts) keep verl's columns: `agent_name` (the environment of
+the row's episodes, else the dataset's `default_agent`) is carried into the batch, and
+`extra_info.tools_kwargs` with `extra_info`. Given the rollout's tool schemas (`tools`),
+a row whose agent uses tools has them rendered into its prompt by the chat template
+(`tools=`), as the model will see them; a `single_turn_agent` row has none.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from rayrl.batch import Batch
 log = logging.getLogger(__name__)
 REQUIRED = ("data_source", "reward_model")
 ROLES = ("system", "user", "assistant", "tool")
+SINGLE_TURN_AGENTS = ("single_turn_agent", "single_turn")
 
 
 class DataError(ValueError):
@@ -162,9 +169,13 @@ class PromptDataset:
         filter_overlong: bool = True,
         prompt_key: str = "prompt",
         sources: Sequence[RowSource] | None = None,
+        tools: Sequence[dict] | None = None,
+        default_agent: str | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.max_prompt_length = max_prompt_length
+        self.tools = list(tools) if tools else None
+        self.default_agent = default_agent
         self.rows: list[dict] = []
         self.prompt_ids: list[list[int]] = []
         self.positions: list[int] = []  # index of each kept row in the input
@@ -175,7 +186,7 @@ class PromptDataset:
             problem = _row_problem(row, prompt_key)
             ids = None
             if not problem:
-                ids, problem = self._encode(row[prompt_key])
+                ids, problem = self._encode(row[prompt_key], self._tools_of(row))
             if ids is not None and len(ids) > max_prompt_length:
                 ids, problem = self._fit(ids, truncation, filter_overlong, source or f"row {i}")
             if problem:
@@ -193,11 +204,29 @@ class PromptDataset:
                 self.rejected[0],
             )
 
-    def _encode(self, messages: list[dict]) -> tuple[list[int] | None, str | None]:
+    def agent_of(self, row: dict) -> str | None:
+        """The row's environment: its `agent_name` column (or `extra_info.agent_name`,
+        as `rayrl.envs.episode_fields` reads it), else the dataset's default."""
+        extra = row.get("extra_info")
+        named = row.get("agent_name") or (
+            extra.get("agent_name") if isinstance(extra, dict) else None
+        )
+        return str(named) if named else self.default_agent
+
+    def _tools_of(self, row: dict) -> list[dict] | None:
+        """The tool schemas the row's prompt shows (none for a single-turn agent)."""
+        if not self.tools or self.agent_of(row) in SINGLE_TURN_AGENTS:
+            return None
+        return self.tools
+
+    def _encode(
+        self, messages: list[dict], tools: list[dict] | None = None
+    ) -> tuple[list[int] | None, str | None]:
         """Token ids of the prompt with the chat template applied, or why there are none."""
+        extra = {"tools": tools} if tools else {}
         try:
             text = self.tokenizer.apply_chat_template(
-                list(messages), tokenize=False, add_generation_prompt=True
+                list(messages), tokenize=False, add_generation_prompt=True, **extra
             )
         except Exception as exc:  # noqa: BLE001 - a template's own error, kept as the reason
             return None, f"the chat template failed: {type(exc).__name__}: {exc}"
@@ -210,6 +239,7 @@ class PromptDataset:
         """A dataset of rows tokenised elsewhere (e.g. by Ray Data tasks), ready to collate."""
         self = cls.__new__(cls)
         self.tokenizer, self.rows, self.prompt_ids, self.uids = tokenizer, rows, prompt_ids, uids
+        self.tools, self.default_agent = None, None
         self.positions, self.rejected = list(range(len(rows))), []
         self.max_prompt_length = max((len(p) for p in prompt_ids), default=0)
         return self
@@ -257,15 +287,18 @@ class PromptDataset:
             out[:] = [fn(i) for i in indices]
             return out
 
+        non_tensors = {
+            "uid": column(lambda i: self.uids[i]),
+            "data_source": column(lambda i: self.rows[i]["data_source"]),
+            "ground_truth": column(lambda i: self.rows[i]["reward_model"]["ground_truth"]),
+            "extra_info": column(lambda i: self.rows[i].get("extra_info") or {}),
+            "raw_prompt": column(lambda i: self.rows[i]["prompt"]),
+        }
+        if self.default_agent or any(r.get("agent_name") for r in self.rows):
+            non_tensors["agent_name"] = column(lambda i: self.agent_of(self.rows[i]))
         return Batch(
             tensors={"input_ids": ids, "attention_mask": mask, "position_ids": position_ids},
-            non_tensors={
-                "uid": column(lambda i: self.uids[i]),
-                "data_source": column(lambda i: self.rows[i]["data_source"]),
-                "ground_truth": column(lambda i: self.rows[i]["reward_model"]["ground_truth"]),
-                "extra_info": column(lambda i: self.rows[i].get("extra_info") or {}),
-                "raw_prompt": column(lambda i: self.rows[i]["prompt"]),
-            },
+            non_tensors=non_tensors,
         )
 
     def batches(

@@ -80,6 +80,8 @@ class RayPromptLoader:
         prompt_key: str = "prompt",
         prefetch_batches: int = 2,
         num_blocks: int = 0,
+        tools: Sequence[dict] | None = None,
+        default_agent: str | None = None,
     ) -> None:
         import pyarrow.compute as pc
         import ray.data
@@ -92,7 +94,10 @@ class RayPromptLoader:
             "truncation": truncation,
             "filter_overlong": filter_overlong,
             "prompt_key": prompt_key,
+            "tools": list(tools) if tools else None,
+            "default_agent": default_agent,
         }
+        self.default_agent = default_agent
         ctx = ray.data.DataContext.get_current()
         # Ray 2.60's V2 parquet reader spends far longer in its file-listing task per read
         # than the V1 reader takes for the same files (docs/benchmarks.md).
@@ -144,4 +149,5 @@ class RayPromptLoader:
         prompt_ids = table.column("prompt_ids").to_pylist()
         uids = table.column("uid").to_pylist()
         ds = PromptDataset.tokenized(rows, prompt_ids, uids, self.tokenizer)
+        ds.default_agent = self.default_agent
         return ds.collate(range(len(rows)))

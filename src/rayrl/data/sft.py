@@ -9,9 +9,18 @@ generation prompt (as `rayrl train` renders prompts), the response is followed b
 tokenizer's end-of-sequence token (so the model learns to stop), and the two are
 tokenized apart, as they are when a policy generates.
 
+Multi-turn rows (`multiturn=True`, verl's `data.multiturn`): the `messages_key` column
+holds a whole conversation (system, user, assistant and tool messages; tool schemas in
+the `tools_key` column go to the chat template) and the loss covers the assistant
+messages only, each up to its end-of-turn token: the conversation is rendered one
+message at a time (every render must extend the previous one), each piece tokenised on
+its own and the pieces concatenated, as a multi-turn rollout lays out its tokens. The
+prompt is everything before the first assistant message.
+
 A collated batch has the layout of a rollout: left-padded prompt, right-padded
 response, `responses` and `response_mask`; the engine computes log-probs over the
-response columns only, so the loss covers response tokens and nothing else.
+response columns only, so the loss covers response tokens where `response_mask` is 1
+and nothing else.
 
 Rows that cannot be used are set aside with their file, row number and reason (a
 missing key, an empty prompt or response, malformed messages, a response truncation
@@ -67,6 +76,13 @@ def _messages(prompt: Any, key: str) -> tuple[list[dict] | None, str | None]:
     return (None, problem) if problem else (messages, None)
 
 
+def _turn_mask(ids: list[int], special: set[int]) -> list[int]:
+    """1 on an assistant message's tokens up to its last special token (its end of turn;
+    what the template adds after it, such as a newline, is not the model's to write)."""
+    last = max((k for k, t in enumerate(ids) if t in special), default=len(ids) - 1)
+    return [1] * (last + 1) + [0] * (len(ids) - last - 1)
+
+
 class SFTDataset:
     """Tokenized (prompt, response) pairs; unusable rows set aside in `rejected`."""
 
@@ -83,25 +99,32 @@ class SFTDataset:
         truncation: str = "error",
         chat_template_kwargs: dict | None = None,
         sources: Sequence[RowSource] | None = None,
+        multiturn: bool = False,
+        messages_key: str = "messages",
+        tools_key: str = "tools",
     ) -> None:
         self.tokenizer = tokenizer
         self.max_length, self.truncation = max_length, truncation
         self.keys = (prompt_key, tuple(prompt_dict_keys), response_key, tuple(response_dict_keys))
+        self.multiturn, self.messages_key, self.tools_key = multiturn, messages_key, tools_key
         self.template_kwargs = dict(chat_template_kwargs or {})
         self.prompt_ids: list[list[int]] = []
         self.response_ids: list[list[int]] = []
+        self.response_masks: list[list[int]] = []  # 1: trained (assistant tokens)
         self.rejected: list[RejectedRow] = []
         self.total_rows = len(rows)
+        encode = self._encode_conversation if multiturn else self._encode_pair
         for i, row in enumerate(rows):
             source = sources[i] if sources is not None else None
-            pair, problem = self._encode(row)
-            if pair is not None:
-                pair, problem = self._fit(*pair, source or f"row {i}")
+            triple, problem = encode(row)
+            if triple is not None:
+                triple, problem = self._fit(*triple, source or f"row {i}")
             if problem:
                 self.rejected.append(RejectedRow(i, problem, source))
                 continue
-            self.prompt_ids.append(pair[0])
-            self.response_ids.append(pair[1])
+            self.prompt_ids.append(triple[0])
+            self.response_ids.append(triple[1])
+            self.response_masks.append(triple[2])
         if self.rejected:
             log.info(
                 "%d of %d SFT rows set aside (first: %s); each is in .rejected",
@@ -110,7 +133,7 @@ class SFTDataset:
                 self.rejected[0],
             )
 
-    def _encode(self, row: Any) -> tuple[tuple[list[int], list[int]] | None, str | None]:
+    def _encode_pair(self, row: Any) -> tuple[tuple | None, str | None]:
         prompt_key, prompt_nested, response_key, response_nested = self.keys
         prompt, problem = _field(row, prompt_key, prompt_nested)
         if problem:
@@ -132,13 +155,71 @@ class SFTDataset:
         eos = self.tokenizer.eos_token or ""
         encode = self.tokenizer
         prompt_ids = encode(text, add_special_tokens=False)["input_ids"]
-        return (prompt_ids, encode(response + eos, add_special_tokens=False)["input_ids"]), None
+        response_ids = encode(response + eos, add_special_tokens=False)["input_ids"]
+        return (prompt_ids, response_ids, [1] * len(response_ids)), None
 
-    def _fit(self, prompt: list[int], response: list[int], where: object):
-        """Apply `data.truncation` to a pair over `max_length` tokens."""
+    def _encode_conversation(self, row: Any) -> tuple[tuple | None, str | None]:
+        """(prompt ids, response ids, response mask) of a multi-turn row (module doc)."""
+        messages, problem = _field(row, self.messages_key, ())
+        if problem:
+            return None, problem
+        messages, problem = _messages(messages, self.messages_key)
+        if problem:
+            return None, problem
+        roles = [m["role"] for m in messages]
+        if "assistant" not in roles or roles.index("assistant") == 0:
+            return None, f"'{self.messages_key}' has no assistant message after a prompt"
+        tools = row.get(self.tools_key) if isinstance(row, dict) else None
+        try:
+            pieces = self._pieces(list(messages), list(tools) if tools else None)
+        except Exception as exc:  # noqa: BLE001 - a template's own error, kept as the reason
+            return None, f"the chat template failed: {type(exc).__name__}: {exc}"
+        if isinstance(pieces, str):
+            return None, pieces
+        encode = self.tokenizer
+        prompt_ids = encode(pieces[0][0], add_special_tokens=False)["input_ids"]
+        response, mask = [], []
+        for text, trained in pieces[1:]:
+            ids = encode(text, add_special_tokens=False)["input_ids"]
+            response += ids
+            mask += (
+                _turn_mask(ids, set(self.tokenizer.all_special_ids)) if trained else [0] * len(ids)
+            )
+        return (prompt_ids, response, mask), None
+
+    def _pieces(self, messages: list[dict], tools: list | None) -> list[tuple[str, bool]] | str:
+        """The conversation's text in pieces (text, is an assistant message): the prompt
+        first; or why the template cannot render it message by message."""
+        kwargs = {**self.template_kwargs, **({"tools": tools} if tools else {})}
+
+        def render(upto: int, generation: bool) -> str:
+            return self.tokenizer.apply_chat_template(
+                messages[:upto], tokenize=False, add_generation_prompt=generation, **kwargs
+            )
+
+        first = [m["role"] for m in messages].index("assistant")
+        done = render(first, True)
+        pieces = [(done, False)]
+        for k in range(first, len(messages)):
+            trained = messages[k]["role"] == "assistant"
+            steps = [(render(k, True), False)] if trained else []
+            for text, piece_trained in [*steps, (render(k + 1, False), trained)]:
+                if not text.startswith(done):
+                    return (
+                        f"the chat template does not render message {k} "
+                        f"({messages[k]['role']}) as a continuation of the messages before "
+                        "it; multi-turn SFT needs a template that renders turn by turn"
+                    )
+                if len(text) > len(done):
+                    pieces.append((text[len(done) :], piece_trained))
+                done = text
+        return pieces
+
+    def _fit(self, prompt: list[int], response: list[int], mask: list[int], where: object):
+        """Apply `data.truncation` to a row over `max_length` tokens (the mask with it)."""
         limit, total = self.max_length, len(prompt) + len(response)
         if total <= limit:
-            return (prompt, response), None
+            return (prompt, response, mask), None
         if self.truncation == "error":
             raise DataError(
                 f"{where}: prompt {len(prompt)} + response {len(response)} = {total} tokens is "
@@ -148,11 +229,13 @@ class SFTDataset:
         if self.truncation == "left":  # the prompt's start goes first, then the response's
             cut = total - limit
             if cut < len(prompt):
-                return (prompt[cut:], response), None
-            return ([], response[cut - len(prompt) :]), None
+                return (prompt[cut:], response, mask), None
+            keep = cut - len(prompt)
+            return ([], response[keep:], mask[keep:]), None
         if len(prompt) >= limit:
             return None, f"the prompt alone ({len(prompt)} tokens) fills data.max_length={limit}"
-        return (prompt, response[: limit - len(prompt)]), None
+        keep = limit - len(prompt)
+        return (prompt, response[:keep], mask[:keep]), None
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
@@ -174,17 +257,19 @@ class SFTDataset:
         width_r = max(len(self.response_ids[i]) for i in indices)
         ids = torch.full((len(indices), width_p + width_r), pad, dtype=torch.long)
         mask = torch.zeros_like(ids)
+        trained = torch.zeros((len(indices), width_r), dtype=torch.long)
         for row, i in enumerate(indices):
             p, r = self.prompt_ids[i], self.response_ids[i]
             ids[row, width_p - len(p) : width_p + len(r)] = torch.tensor(p + r, dtype=torch.long)
             mask[row, width_p - len(p) : width_p + len(r)] = 1
+            trained[row, : len(r)] = torch.tensor(self.response_masks[i], dtype=torch.long)
         return Batch(
             {
                 "input_ids": ids,
                 "attention_mask": mask,
                 "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
                 "responses": ids[:, width_p:].clone(),
-                "response_mask": mask[:, width_p:].clone(),
+                "response_mask": trained,
             }
         )
 

@@ -2,26 +2,38 @@
 
 - `arithmetic`: "What is 12+7?" with ground truth "19".
 - `larger`: "Which is larger, 31 or 47?" with ground truth "47" (numbers 0-49).
+- `multiply`: "What is 457*823?" with ground truth "376111" (factors 317-999, so the
+  product has six digits): a task for an agent. Its rows name verl's `tool_agent`
+  (`agent_name`), so a multi-turn rollout lets the model call the `calculator` tool;
+  a tiny model cannot multiply, but can learn to call the tool and copy its answer.
 
-Both are scored by the built-in `arithmetic` scorer (the last number of the response
-must equal the ground truth). Rows are deterministic for a seed.
+`arithmetic` and `larger` are scored by the built-in `arithmetic` scorer (the last
+number of the response must equal the ground truth), `multiply` by the `multiply`
+scorer (1 for the exact product, else 0). Rows are deterministic for a seed.
 
 `demonstrations` gives supervised (prompt, response) rows for the same questions, in
 the columns of verl's SFT trainer (`question`, `answer`), from a demonstrator that is
 right with probability `correct_rate` and otherwise makes the task's typical mistake
 (`larger`: it names the smaller number; `arithmetic`: it is off by one). The demo
 fine-tunes on such imperfect demonstrations, then lets RL with the exact reward do
-better than the demonstrator.
+better than the demonstrator. The demonstrations of `multiply` are conversations
+(`messages`, for multi-turn SFT): right ones call the calculator with the two factors
+and copy its answer; the mistake is to answer at once with a guess (the product with
+its last three digits rounded away, the way one estimates).
 """
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
 INSTRUCTION = "Answer with the number only."
 LARGER_MAX = 49
+FACTORS = (317, 999)  # 317 * 317 = 100489: every product has six digits
+TOOL_AGENT = "tool_agent"  # verl's agent_name of an episode with tools
+CALCULATOR = "calculator"
 
 
 @dataclass(frozen=True)
@@ -45,10 +57,18 @@ def _larger(rng: random.Random) -> Problem:
     return Problem(f"Which is larger, {a} or {b}?", str(max(a, b)), str(min(a, b)))
 
 
+def _multiply(rng: random.Random) -> Problem:
+    a, b = rng.randint(*FACTORS), rng.randint(*FACTORS)
+    product = a * b
+    return Problem(f"What is {a}*{b}?", str(product), str(round(product, -3)))
+
+
 SYNTHETIC_TASKS: dict[str, Callable[[random.Random], Problem]] = {
     "arithmetic": _arithmetic,
     "larger": _larger,
+    "multiply": _multiply,
 }
+TOOL_TASKS = ("multiply",)  # tasks whose rows run the tool agent
 
 
 def _problems(task: str, size: int, seed: int) -> list[Problem]:
@@ -63,6 +83,7 @@ def _problems(task: str, size: int, seed: int) -> list[Problem]:
 
 def synthetic_rows(task: str = "arithmetic", size: int = 512, seed: int = 0) -> list[dict]:
     """`size` prompt rows of a synthetic task, the same for the same seed."""
+    agent = {"agent_name": TOOL_AGENT} if task in TOOL_TASKS else {}
     return [
         {
             "data_source": task,
@@ -70,8 +91,28 @@ def synthetic_rows(task: str = "arithmetic", size: int = 512, seed: int = 0) -> 
             "ability": "math",
             "reward_model": {"style": "rule", "ground_truth": p.answer},
             "extra_info": {"index": i, "question": p.question},
+            **agent,
         }
         for i, p in enumerate(_problems(task, size, seed))
+    ]
+
+
+def tool_call(name: str, **arguments) -> str:
+    """One tool call as the model writes it (hermes: JSON inside <tool_call> tags)."""
+    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
+
+
+def conversation(p: Problem, right: bool) -> list[dict]:
+    """A `multiply` demonstration: the calculator called and its answer copied, or a guess."""
+    user = {"role": "user", "content": f"{p.question} {INSTRUCTION}"}
+    if not right:
+        return [user, {"role": "assistant", "content": p.mistake}]
+    expression = p.question.removeprefix("What is ").removesuffix("?")
+    return [
+        user,
+        {"role": "assistant", "content": tool_call(CALCULATOR, expression=expression)},
+        {"role": "tool", "name": CALCULATOR, "content": p.answer},
+        {"role": "assistant", "content": p.answer},
     ]
 
 
@@ -88,17 +129,19 @@ def demonstrations(
 ) -> list[dict]:
     """SFT rows (`question`, `answer`) for the questions of `synthetic_rows(task, size,
     seed)`: each answer is right with probability `correct_rate`, else the task's
-    typical mistake. `extra_info.correct` says which."""
+    typical mistake. `extra_info.correct` says which. A tool task's rows also have the
+    whole conversation under `messages` (`conversation`)."""
     choose = random.Random(f"{seed}:demonstrations")
     rows = []
     for i, p in enumerate(_problems(task, size, seed)):
         right = choose.random() < correct_rate
-        rows.append(
-            {
-                "data_source": task,
-                "question": f"{p.question} {INSTRUCTION}",
-                "answer": p.answer if right else p.mistake,
-                "extra_info": {"index": i, "correct": right, "ground_truth": p.answer},
-            }
-        )
+        row = {
+            "data_source": task,
+            "question": f"{p.question} {INSTRUCTION}",
+            "answer": p.answer if right else p.mistake,
+            "extra_info": {"index": i, "correct": right, "ground_truth": p.answer},
+        }
+        if task in TOOL_TASKS:
+            row["messages"] = conversation(p, right)
+        rows.append(row)
     return rows

@@ -25,7 +25,13 @@ from rayrl.envs.environment import (
     ToolEnvironment,
     make_environment,
 )
-from rayrl.envs.loader import LoadError, build_tool, build_tools, load_object
+from rayrl.envs.loader import (
+    LoadError,
+    build_tool,
+    build_tools,
+    load_function_tools,
+    load_object,
+)
 from rayrl.envs.parsers import HermesParser, ParsedMessage, ToolCall, ToolCallParser, make_parser
 from rayrl.envs.registry import ENVIRONMENTS, TOOL_PARSERS, TOOLS
 from rayrl.envs.runner import CallOutcome, ToolRunner
@@ -66,6 +72,7 @@ __all__ = [
     "check_arguments",
     "episode_fields",
     "function_tool",
+    "load_function_tools",
     "load_object",
     "load_tool_config",
     "make_environment",

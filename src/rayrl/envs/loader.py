@@ -13,6 +13,9 @@
 - a mapping ``{"name" | "class_name": ..., "config": {...}, "tool_schema": {...}}``:
   verl's tool YAML entry (``rayrl.envs.verl`` maps verl's own tool classes to the
   built-ins and adapts classes written against verl's ``BaseTool``).
+
+`load_function_tools(path)` imports a Python file (verl's ``function_tool_path``) and
+returns the tools it defines at module level: the objects ``@function_tool`` made.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Any
 from rayrl.envs.registry import TOOLS
 from rayrl.envs.tool import FunctionTool, Tool
 
-__all__ = ["LoadError", "build_tool", "build_tools", "load_object"]
+__all__ = ["LoadError", "build_tool", "build_tools", "load_function_tools", "load_object"]
 
 
 class LoadError(ValueError):
@@ -66,7 +69,23 @@ def load_object(spec: str | tuple[str, str] | list, kind: str = "object") -> Any
     return _attribute(module, name, f"module {where}", kind)
 
 
+def load_function_tools(path: str | Path) -> list[Tool]:
+    """The `Tool` objects a Python file defines at module level (see the module docstring)."""
+    module = _import_file(Path(path), "function_tool_path")
+    tools = [value for value in vars(module).values() if isinstance(value, Tool)]
+    if not tools:
+        raise LoadError(
+            f"function_tool_path: {path} defines no tools; decorate functions with "
+            "@rayrl.envs.function_tool (a module-level FunctionTool each)."
+        )
+    return tools
+
+
 def _from_file(file: Path, name: str, kind: str) -> Any:
+    return _attribute(_import_file(file, kind), name, str(file.expanduser().absolute()), kind)
+
+
+def _import_file(file: Path, kind: str) -> Any:
     file = file.expanduser().absolute()
     if not file.is_file():
         raise LoadError(f"{kind}: no such file {file} (working directory {Path.cwd()}).")
@@ -86,7 +105,7 @@ def _from_file(file: Path, name: str, kind: str) -> Any:
             raise LoadError(
                 f"{kind}: importing {file} failed: {type(err).__name__}: {err}"
             ) from err
-    return _attribute(module, name, str(file), kind)
+    return module
 
 
 def _attribute(module: Any, name: str, where: str, kind: str) -> Any:

@@ -3,6 +3,7 @@
 The final answer is the last number in the response. Reward 1.0 when it equals the
 ground truth, 0.1 when the response does end in a well-formed number that is wrong
 (so a tiny policy first learns the format, then the sums), 0.0 when it has no number.
+`compute_exact` (the `multiply` agent task) gives 1.0 for the right number, else 0.0.
 """
 
 from __future__ import annotations
@@ -30,3 +31,10 @@ def compute_score(
         return {"score": 0.0, "acc": 0.0}
     correct = value == parse_number(ground_truth)
     return {"score": correct_score if correct else format_score, "acc": float(correct)}
+
+
+def compute_exact(
+    solution_str: str, ground_truth: Any, extra_info: dict | None = None
+) -> dict[str, float]:
+    """1.0 when the last number of the response is the ground truth, else 0.0."""
+    return compute_score(solution_str, ground_truth, extra_info, format_score=0.0)

@@ -84,3 +84,4 @@ register_scorer(
 register_scorer("countdown", "Jiayi-Pan/Countdown-Tasks-3to4")(countdown.compute_score)
 # The synthetic tasks (`rayrl.data.synthetic`): the answer is a number.
 register_scorer("arithmetic", "rayrl/arithmetic", "larger")(arithmetic.compute_score)
+register_scorer("multiply")(arithmetic.compute_exact)

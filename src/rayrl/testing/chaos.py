@@ -5,9 +5,10 @@
     monkey.stop()          # monkey.done: what was killed, where and when
 
 The monkey is a driver thread. For each kill it draws a stage (generation, weight
-sync, reward, log-prob, update) and a rank of the group that runs it, watches that
-rank's heartbeat (its health thread reports the method it is in and the sub-phase,
-such as `weight_sync`), and once the rank is inside that point of the current step it
+sync, tool calls of a multi-turn generation, reward, log-prob, update) and a rank of
+the group that runs it, watches that rank's heartbeat (its health thread reports the
+method it is in and the sub-phase, such as `weight_sync`, or `tools` while an
+episode's environment step runs), and once the rank is inside that point of the current step it
 waits a random moment and sends SIGKILL to its pid, as an OOM killer or a lost
 machine would. It kills at most once per step. When the rank is seen in a later call
 of the step than the point drawn (a short weight sync passed between two polls), it
@@ -40,12 +41,15 @@ log = logging.getLogger("rayrl.chaos")
 POINTS: dict[str, tuple[str, str, str | None]] = {
     "gen": ("hybrid", "generate", None),
     "weight_sync": ("hybrid", "generate", "weight_sync"),
+    "tools": ("hybrid", "generate", "tools"),  # multi-turn: an environment step runs
     "reward": ("reward", "compute_score", None),
     "log_prob": ("hybrid", "compute_log_prob", None),
     "update": ("hybrid", "update_actor", None),
 }
+# Every run has these; `tools` only multi-turn runs with environment steps.
+DEFAULT_STAGES = tuple(stage for stage in POINTS if stage != "tools")
 # The hybrid group's points in the order a step reaches them (reward runs beside log-prob).
-HYBRID_ORDER = ("weight_sync", "gen", "log_prob", "update")
+HYBRID_ORDER = ("weight_sync", "gen", "tools", "log_prob", "update")
 CLOCK_METRICS = ("timing_s/", "perf/", "reward/elapsed_s/")
 
 
@@ -96,7 +100,7 @@ class ChaosMonkey:
 
     run: Any
     seed: int = 0
-    stages: list[str] = field(default_factory=lambda: list(POINTS))
+    stages: list[str] = field(default_factory=lambda: list(DEFAULT_STAGES))
     kills: int = 10
     steps: list[int] | None = None  # the steps it may kill in (None: any)
     poll_s: float = 0.005

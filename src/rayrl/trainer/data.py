@@ -5,10 +5,13 @@ loader `data.loader` names: `default` (every row read and tokenised in the drive
 or `ray` (Ray Data reads, tokenises and shuffles in parallel and streams batches).
 Validation prompts come from `data.val_files`; without them, a run on the synthetic
 task validates on its held-out split (rows the training split does not contain).
+With multi-turn rollouts on, prompts show the configured tools' schemas through the
+chat template and carry their rows' `agent_name` (`rayrl.workers.agent`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -16,8 +19,17 @@ from rayrl.config.schema import RayRLConfig
 from rayrl.data import DataError, PromptDataset, read_parquet_with_sources, synthetic_rows
 from rayrl.data.synthetic import held_out_rows
 from rayrl.registry import Registry
+from rayrl.workers.agent import default_agent, tool_schemas
 
+log = logging.getLogger("rayrl.trainer")
 LOADERS: Registry[Callable[..., Any]] = Registry("data loader", config_key="data.loader")
+
+
+def _agent_settings(cfg: RayRLConfig) -> dict[str, Any]:
+    """The tool schemas and default agent of the prompts (none with single-turn rollouts)."""
+    if not cfg.actor_rollout_ref.rollout.multi_turn.enable:
+        return {}
+    return {"tools": tool_schemas(cfg), "default_agent": default_agent(cfg)}
 
 
 def _dataset(rows: list[dict], tokenizer: Any, cfg: RayRLConfig, sources=None) -> PromptDataset:
@@ -30,6 +42,7 @@ def _dataset(rows: list[dict], tokenizer: Any, cfg: RayRLConfig, sources=None) -
         filter_overlong=d.filter_overlong_prompts,
         prompt_key=d.prompt_key,
         sources=sources,
+        **_agent_settings(cfg),
     )
 
 
@@ -64,6 +77,7 @@ def ray_loader(cfg: RayRLConfig, tokenizer: Any):
         filter_overlong=d.filter_overlong_prompts,
         prompt_key=d.prompt_key,
         num_blocks=d.dataloader_num_workers,
+        **_agent_settings(cfg),
     )
 
 
@@ -85,11 +99,28 @@ def require_batch(train: Any, batch_size: int) -> None:
         )
 
 
+def _warn_single_turn_rows(cfg: RayRLConfig, train: Any) -> None:
+    """Multi-turn on, yet every row would run verl's single-turn agent: say how to change it."""
+    agent = default_agent(cfg)
+    rows = getattr(train, "rows", None)
+    if agent not in ("single_turn_agent", "single_turn") or not rows:
+        return
+    if not any(getattr(train, "agent_of", lambda r: agent)(r) != agent for r in rows):
+        log.warning(
+            "multi_turn.enable=true but no training row names an agent_name, and "
+            "actor_rollout_ref.rollout.agent.default_agent_loop=%s: every episode is one "
+            "turn without tools. Give rows agent_name='tool_agent' (verl's) or set "
+            "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
+            agent,
+        )
+
+
 def load_datasets(cfg: RayRLConfig, tokenizer: Any) -> tuple[Any, PromptDataset | None]:
     """(training prompts, validation prompts or None); whether they fill a batch is the
     run's check (`require_batch`), after it has listed the rows set aside."""
     d = cfg.data
     train = LOADERS.get(d.loader)(cfg, tokenizer)
+    _warn_single_turn_rows(cfg, train)
     if d.val_files:
         val = _files_dataset(d.val_files, tokenizer, cfg)
     elif not d.train_files and d.synthetic_val_size > 0:

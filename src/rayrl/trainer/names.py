@@ -2,7 +2,8 @@
 
 `check_names(cfg)` looks every such name up in the registry that serves it (advantage
 estimators, policy losses, KL estimators and controllers, PF-PPO reweight methods, loss
-aggregations, LR schedules, rollout engines, trackers, synthetic tasks) and raises
+aggregations, LR schedules, rollout engines, tool-call formats, environments, trackers,
+synthetic tasks) and raises
 `ConfigError` with the key, a "did you mean" and the valid names. It runs when the
 command line loads a config and again when a trainer is built, so a misspelt name costs
 seconds, not a cluster start. `check_sft_names` does the same for `rayrl sft`'s config.
@@ -26,6 +27,7 @@ from rayrl.config.sft import SFTConfig
 from rayrl.data import SYNTHETIC_TASKS
 from rayrl.engines.optim import LR_SCHEDULES
 from rayrl.engines.rollout import AUTO, ROLLOUT_ENGINES
+from rayrl.envs import ENVIRONMENTS, TOOL_PARSERS
 from rayrl.registry import Registry
 from rayrl.rewards.managers import REWARD_MANAGERS
 from rayrl.trainer.data import LOADERS
@@ -49,6 +51,10 @@ def _named(cfg: RayRLConfig) -> Iterable[tuple[str, str, Registry]]:
     yield "actor_rollout_ref.rollout.name", arr.rollout.name, ROLLOUT_ENGINES
     yield "data.loader", cfg.data.loader, LOADERS
     yield "reward.reward_manager.name", cfg.reward.reward_manager.name, REWARD_MANAGERS
+    multi_turn, agent = arr.rollout.multi_turn, arr.rollout.agent.default_agent_loop
+    yield "actor_rollout_ref.rollout.multi_turn.format", multi_turn.format, TOOL_PARSERS
+    if not any(c in agent for c in ".:/"):  # else a user's class, loaded by the workers
+        yield "actor_rollout_ref.rollout.agent.default_agent_loop", agent, ENVIRONMENTS
     for tracker in cfg.trainer.logger:
         yield "trainer.logger", tracker, TRACKERS
 

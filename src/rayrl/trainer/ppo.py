@@ -9,6 +9,8 @@ is full (`rayrl.trainer.dynamic_sampling`); ReMax adds a greedy rollout per prom
 its baseline. Each stage is timed (`timing_s/<stage>`); metrics use verl's names.
 The calls that sample or update (generate, update_critic, update_actor) carry a
 `StepContext`: the step, how to sample, what rides along, whether the update is on-policy.
+A multi-turn step (`rollout.multi_turn.enable`) adds the episodes' metrics and, before
+the updates, the token check of what the actor trains on (`rayrl.trainer.episodes`).
 
 Everything around the steps (resume, checkpoints, validation when due, tracking,
 export, step replay, Ctrl-C) is the run's (`rayrl.trainer.run.Run`):
@@ -44,6 +46,7 @@ from rayrl.trainer.balance import balance_batch
 from rayrl.trainer.contract import TrainData
 from rayrl.trainer.data import load_datasets
 from rayrl.trainer.dynamic_sampling import fill_batch
+from rayrl.trainer.episodes import episode_metrics, is_multi_turn, token_check
 from rayrl.trainer.manifest import data_identity, model_identity
 from rayrl.trainer.metrics import batch_metrics, rollout_probs_diff, timer
 from rayrl.trainer.model_dir import model_dir
@@ -240,6 +243,8 @@ class PPOTrainer:
             lengths = batch["response_mask"].sum(-1).float()
             with timer(timing, "adv"):
                 metrics.update(self.advantage(batch))
+            if is_multi_turn(batch):
+                metrics.update(self._checked_tokens(batch))
             self._updates(batch, ctx, calls, timing, metrics)
         metrics.update(batch_metrics(batch, lengths))
         metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
@@ -259,10 +264,31 @@ class PPOTrainer:
         with timer(timing, "gen"):
             prompts = self._balanced(prompts, metrics, "gen", self._parts("rollout"))
             result = calls.run("gen", roles.actor.generate, prompts, gen_ctx)
-        riding = {k: v for k, v in result.timing.items() if k != "weight_sync"}
+        within = ("weight_sync", "tools")  # tools run during the generation
+        riding = {k: v for k, v in result.timing.items() if k not in within}
         timing.update(riding, weight_sync=result.timing.get("weight_sync", 0.0))
+        if "tools" in result.timing:
+            timing["tools"] = result.timing["tools"]
         timing["gen"] -= sum(riding.values())
+        if is_multi_turn(result.batch):
+            metrics.update(episode_metrics(result.batch))
         return self._balanced(result.batch, metrics, "train", self._parts("train"))
+
+    def _checked_tokens(self, batch: Batch) -> dict[str, float]:
+        """The token check of the rows about to be trained (`rayrl.trainer.episodes`),
+        unless `multi_turn.tokenization_sanity_check_mode=disable`; a mismatch is logged."""
+        mode = self.cfg.actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode
+        if mode == "disable":
+            return {}
+        checked, first = token_check(batch)
+        if first is not None:
+            log.warning(
+                "rollout/token_mismatch=%d: the tokens trained on differ from the rollout's "
+                "record (%s); this is a bug in rayrl, please report it",
+                int(checked["rollout/token_mismatch"]),
+                first,
+            )
+        return checked
 
     def _log_probs(
         self, batch: Batch, ctx: StepContext, calls: StageCalls, timing: dict, metrics: dict

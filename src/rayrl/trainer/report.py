@@ -2,12 +2,14 @@
 
 Reads `metrics.jsonl` and `config.yaml` and writes, under `RUN_DIR/report/`, one PNG
 per panel (score, validation score, KL, entropy, response length, SFT loss, gradient
-norm, time per stage stacked, throughput) and `report.html` showing them with the config.
+norm, time per stage stacked, throughput; for multi-turn runs the turns per episode and
+the tool calls per tool and step) and `report.html` showing them with the config.
 Panels whose metrics the run did not log are left out and listed in the page.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import html
 from pathlib import Path
 
@@ -31,19 +33,27 @@ PANELS: dict[str, tuple[str, str, list[str]]] = {
         ["actor/grad_norm", "critic/grad_norm", "train/grad_norm"],
     ),
     "throughput": ("Throughput per GPU", "tokens/s", ["perf/throughput"]),
+    "turns": (
+        "Turns per episode (multi-turn)",
+        "turns",
+        ["multi_turn/num_turns/mean", "multi_turn/num_turns/max", "val-aux/multi_turn/num_turns/"],
+    ),
+    "tool_calls": ("Tool calls per step", "calls", ["tool/*/calls", "tool/*/errors"]),
 }
 STAGE_PREFIX = "timing_s/"
+# Stages that overlap others (tools run during generation): not stacked with them.
+OVERLAPPING = ("timing_s/step", "timing_s/tools")
+
+
+def _matches(key: str, name: str) -> bool:
+    """A metric name, a prefix ending in "/", or a pattern with "*" (`tool/*/calls`)."""
+    if "*" in name:
+        return fnmatch.fnmatchcase(key, name)
+    return key == name or (name.endswith("/") and key.startswith(name))
 
 
 def _series(rows: list[dict], names: list[str]) -> dict[str, tuple[list[int], list[float]]]:
-    keys = sorted(
-        {
-            k
-            for r in rows
-            for k in r
-            if any(k == n or (n.endswith("/") and k.startswith(n)) for n in names)
-        }
-    )
+    keys = sorted({k for r in rows for k in r if any(_matches(k, n) for n in names)})
     out = {}
     for key in keys:
         points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
@@ -67,12 +77,13 @@ def _line_plot(path: Path, title: str, ylabel: str, series: dict) -> None:
 
 
 def _timing_plot(path: Path, rows: list[dict]) -> bool:
-    """Stacked bars of each step's stage times (the total `timing_s/step` left out)."""
+    """Stacked bars of each step's stage times (the total `timing_s/step` and the tools'
+    time within the generation left out)."""
     import matplotlib.pyplot as plt
 
     rows = [r for r in rows if any(k.startswith(STAGE_PREFIX) for k in r)]
     stages = sorted(
-        {k for r in rows for k in r if k.startswith(STAGE_PREFIX) and k != "timing_s/step"}
+        {k for r in rows for k in r if k.startswith(STAGE_PREFIX) and k not in OVERLAPPING}
     )
     if not stages:
         return False

@@ -4,7 +4,9 @@ From `data.train_files` / `data.val_files` (parquet, verl's SFT columns, the fir
 `train_max_samples` / `val_max_samples` rows when set); with no train files, from
 demonstrations of the synthetic task `data.synthetic_task` (right at the rate
 `data.synthetic_correct_rate`), validated on the task's held-out questions with right
-answers.
+answers. With `data.multiturn.enable` rows are conversations (`messages_key`); the
+synthetic task's demonstrations then are whole conversations (a tool task's tool calls
+and tool responses included), its held-out rows the right ones.
 """
 
 from __future__ import annotations
@@ -14,7 +16,13 @@ from typing import Any
 from rayrl.config.sft import SFTConfig
 from rayrl.data import read_parquet_with_sources
 from rayrl.data.sft import SFTDataset
-from rayrl.data.synthetic import demonstrations, held_out_rows
+from rayrl.data.synthetic import (
+    TOOL_TASKS,
+    Problem,
+    conversation,
+    demonstrations,
+    held_out_rows,
+)
 
 
 def _dataset(cfg: SFTConfig, tokenizer: Any, rows: list[dict], sources=None) -> SFTDataset:
@@ -30,6 +38,9 @@ def _dataset(cfg: SFTConfig, tokenizer: Any, rows: list[dict], sources=None) -> 
         truncation=d.truncation,
         chat_template_kwargs=d.apply_chat_template_kwargs,
         sources=sources,
+        multiturn=d.multiturn.enable,
+        messages_key=d.multiturn.messages_key,
+        tools_key=d.multiturn.tools_key,
     )
 
 
@@ -46,6 +57,8 @@ def synthetic_sft_rows(cfg: SFTConfig) -> tuple[list[dict], list[dict]]:
     d, seed = cfg.data, cfg.trainer.seed
     train = demonstrations(d.synthetic_task, d.synthetic_size, seed, d.synthetic_correct_rate)
     held_out = held_out_rows(d.synthetic_task, d.synthetic_size, d.synthetic_val_size, seed)
+    if d.multiturn.enable:
+        return _conversations(cfg, train, held_out)
     val = [
         {"question": r["prompt"][0]["content"], "answer": r["reward_model"]["ground_truth"]}
         for r in held_out
@@ -55,6 +68,29 @@ def synthetic_sft_rows(cfg: SFTConfig) -> tuple[list[dict], list[dict]]:
         [{rename.get(k, k): v for k, v in row.items()} for row in train],
         [{rename[k]: v for k, v in row.items()} for row in val],
     )
+
+
+def _conversations(cfg: SFTConfig, train: list[dict], held_out: list[dict]):
+    """The synthetic demonstrations and right held-out answers as conversations."""
+    key = cfg.data.multiturn.messages_key
+    tool_task = cfg.data.synthetic_task in TOOL_TASKS
+
+    def chat(question: str, answer: str) -> list[dict]:
+        return [
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": answer},
+        ]
+
+    demos = [{key: r.get("messages") or chat(r["question"], r["answer"])} for r in train]
+    val = []
+    for row in held_out:
+        answer = row["reward_model"]["ground_truth"]
+        if tool_task:  # the right use of the tool
+            messages = conversation(Problem(row["extra_info"]["question"], answer, answer), True)
+        else:
+            messages = chat(row["prompt"][0]["content"], answer)
+        val.append({key: messages})
+    return demos, val
 
 
 def load_sft_datasets(cfg: SFTConfig, tokenizer: Any) -> tuple[SFTDataset, SFTDataset | None]:

@@ -12,8 +12,12 @@ Samples are seeded by (seed, step, uid) like training ones, with uids of their o
   in `val-aux/<source>/reward/`: `std@n`, `best@n`, `worst@n` and `pass@k` for the
   powers of two k < n; other numeric reward keys as `val-aux/<source>/<key>/mean@n`.
 
+Multi-turn rollouts add `val-aux/multi_turn/num_turns/mean` and
+`val-aux/multi_turn/tool_calls/mean` (tool calls per episode).
+
 The first `trainer.val_examples` generations of each validation are written to
-`val_generations/step_<N>.jsonl` in the run directory.
+`val_generations/step_<N>.jsonl` in the run directory (with their trajectories, for
+multi-turn rollouts).
 """
 
 from __future__ import annotations
@@ -138,7 +142,12 @@ class Validator:
             prompts.meta["step"] = step
             samples.extend(self._score(prompts, ctx))
         self._write_examples(samples, step)
-        return validation_metrics(samples, self.n)
+        metrics = validation_metrics(samples, self.n)
+        if samples and "tool_calls" in samples[0]:
+            for key in ("num_turns", "tool_calls"):
+                values = [float(s[key]) for s in samples]
+                metrics[f"val-aux/multi_turn/{key}/mean"] = _mean(values)
+        return metrics
 
     def _score(self, prompts: Batch, ctx: StepContext) -> list[dict]:
         out = self.generate(prompts, ctx).batch
@@ -151,7 +160,7 @@ class Validator:
             skip_special_tokens=True,
         )
         extras = list(scores["reward_extra"]) if "reward_extra" in scores else [{}] * len(out)
-        return [
+        samples = [
             {
                 "data_source": out["data_source"][i],
                 "uid": out["uid"][i],
@@ -163,6 +172,12 @@ class Validator:
             }
             for i in range(len(out))
         ]
+        if "num_turns" in out.non_tensors:
+            for i, sample in enumerate(samples):
+                sample["num_turns"] = int(out["num_turns"][i])
+                sample["tool_calls"] = sum(e["calls"] for e in out["tool_stats"][i].values())
+                sample["trajectory"] = out["trajectory"][i]
+        return samples
 
     def _write_examples(self, samples: list[dict], step: int) -> None:
         if self.examples <= 0:

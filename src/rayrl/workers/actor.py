@@ -13,6 +13,10 @@ verl); with LoRA it is the same model with its adapters disabled: no second copy
 ``actor.fsdp_config.param_offload`` (``ref.fsdp_config.param_offload``) keeps the
 actor's (reference's) weights in host memory between calls, ``optimizer_offload`` the
 Adam moments outside the optimizer step.
+
+With ``rollout.multi_turn.enable`` generation runs episodes of model turns and tool
+answers over the same rollout engine (`rayrl.workers.agent`): the tools are loaded
+once per worker, each row's environment is its ``agent_name``.
 """
 
 from __future__ import annotations
@@ -36,8 +40,10 @@ from rayrl.engines.rollout import (
     make_rollout_engine,
     resolve_rollout,
 )
+from rayrl.engines.rollout.multi_turn import MultiTurnRollout
 from rayrl.engines.rollout.native.tp import make_tp_groups
 from rayrl.engines.rollout.native.tp_weights import tp_rollout_weights
+from rayrl.workers.agent import configured_tools, episode_config
 from rayrl.workers.common import (
     engine_kwargs,
     epoch_rows,
@@ -123,6 +129,17 @@ class ActorRolloutRefWorker(Worker):
         else:
             self._wrap_rollout()
         self._stale = self._owns_copy
+        self.tools = configured_tools(config)  # once per worker (none: single-turn)
+        self._episodes: MultiTurnRollout | None = None
+
+    def _multi_turn(self) -> MultiTurnRollout:
+        """The multi-turn rollout over the current rollout engine (a rebuild may have
+        wrapped a new one); the tools are the worker's, loaded once."""
+        if self._episodes is None or self._episodes.engine is not self.rollout:
+            self._episodes = MultiTurnRollout(
+                self.rollout, self.tools, episode_config(self.cfg), tokenizer=self.tokenizer
+            )
+        return self._episodes
 
     def _tensor_parallel_size(self) -> int:
         """`rollout.tensor_model_parallel_size` for the native engine (it splits the model
@@ -259,7 +276,9 @@ class ActorRolloutRefWorker(Worker):
     def generate(self, prompts: Batch, ctx: StepContext) -> StageResult:
         """n samples per prompt (interleaved), with rollout log-probs and finish reasons,
         sampled as `ctx.sampling` says; timed stages: `weight_sync` and what rides along
-        (`ctx.with_scores`, `ctx.with_ref`).
+        (`ctx.with_scores`, `ctx.with_ref`). With multi-turn rollouts each sample is an
+        episode (`rayrl.engines.rollout.multi_turn`: its per-sample columns come along)
+        and `tools` is the time some environment step ran (within the generation).
 
         With ``rollout.free_cache_engine`` the engine's KV cache is released after each
         generation (verl's semantics) and reacquired before the next.
@@ -268,7 +287,12 @@ class ActorRolloutRefWorker(Worker):
         params = self.sampling_params(ctx.sampling)
         if self.rollout.is_asleep:
             self.rollout.wake()
-        out = self.rollout.generate(prompts, params)
+        if self.cfg.actor_rollout_ref.rollout.multi_turn.enable:
+            episodes = self._multi_turn()
+            out = episodes.generate(prompts, params)
+            timing["tools"] = episodes.last_stats["timing_s/tools"]
+        else:
+            out = self.rollout.generate(prompts, params)
         if self.cfg.actor_rollout_ref.rollout.free_cache_engine:
             self.rollout.sleep()
         out = self._ride_along(out, ctx, timing)

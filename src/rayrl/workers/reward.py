@@ -10,6 +10,13 @@ The result carries `token_level_scores` [b, R] (the score at each response's las
 token), `scores` [b], `reward_elapsed_s` [b], `reward_error` and `reward_extra` (the
 function's extra values, such as `acc`) columns: one row per sample, from which the
 trainer computes the step's reward metrics (`reward_metrics`).
+
+A multi-turn episode is scored on the text the model wrote (its sampled tokens, turn
+by turn); its `extra_info` (a copy) also holds `num_turns` and
+`rollout_reward_scores` (the rewards its tools gave, verl's names), `turn_scores`
+(the environment's per-turn rewards) and `trajectory` (the messages: the prompt, each
+assistant message with its parsed tool calls, each tool response as the model saw it),
+so a `compute_score(data_source, solution_str, ground_truth, extra_info)` may use them.
 """
 
 from __future__ import annotations
@@ -71,7 +78,7 @@ class RewardWorker(Worker):
             list(batch["data_source"]),
             texts,
             [{"ground_truth": gt} for gt in batch["ground_truth"]],
-            list(batch["extra_info"]) if "extra_info" in batch else None,
+            episode_extra_info(batch),
             list(batch["raw_prompt"]) if "raw_prompt" in batch else None,
         )
         results: list[RewardResult] = self.source.score(items)
@@ -81,6 +88,30 @@ class RewardWorker(Worker):
     def stats(self) -> dict:
         stats = getattr(self.source, "stats", None)
         return stats() if callable(stats) else {}
+
+
+EPISODE_EXTRAS = {  # extra_info key -> the multi-turn rollout's column
+    "num_turns": "num_turns",
+    "rollout_reward_scores": "tool_rewards",
+    "turn_scores": "turn_scores",
+    "trajectory": "trajectory",
+}
+
+
+def episode_extra_info(batch: Batch) -> list | None:
+    """Each row's `extra_info`, with its episode's columns added for a multi-turn rollout
+    (`EPISODE_EXTRAS`; a copy: the batch's own column is left as it is)."""
+    extras = list(batch["extra_info"]) if "extra_info" in batch else None
+    if "num_turns" not in batch.non_tensors:
+        return extras
+    out = []
+    for i in range(len(batch)):
+        info = dict(extras[i] or {}) if extras is not None else {}
+        for key, column in EPISODE_EXTRAS.items():
+            if column in batch.non_tensors:
+                info[key] = batch[column][i]
+        out.append(info)
+    return out
 
 
 def reward_model_placement() -> tuple[str, torch.dtype]:

@@ -1,7 +1,7 @@
 """verl compatibility: verl's keys and values that are not rayrl's own spelling.
 
 verl command lines and configs carry keys for features rayrl does not have (vLLM
-tensor parallelism, profilers, Megatron, multi-turn rollouts, ...), older and newer
+tensor parallelism, profilers, Megatron, ...), older and newer
 names of one setting (verl 0.9.1's `reward.*` section beside `reward_model.*` and
 `custom_reward_function`, `trainer.default_local_dir`, `optim.warmup_style`, ...), and
 deprecated global micro-batch sizes. `apply_rules` maps each source (a YAML file, the

@@ -186,8 +186,16 @@ ROLLOUT: dict[str, Rule] = {
     f"{ARR}.rollout.mode": Inert("rayrl's rollout runs synchronously inside each step"),
     f"{ARR}.rollout.nnodes": Inert("the rollout runs on the actor's GPUs (hybrid engine)"),
     f"{ARR}.rollout.n_gpus_per_node": Inert("the rollout runs on the actor's GPUs (hybrid engine)"),
-    f"{ARR}.rollout.multi_turn": Inert("rayrl has no multi-turn or tool rollouts"),
-    f"{ARR}.rollout.multi_turn.enable": Only((False,), "multi-turn or tool rollouts"),
+    f"{ARR}.rollout.multi_turn.use_inference_chat_template": Only(
+        (False,),
+        "re-rendering each multi-turn chat for training",
+        hint="rayrl always trains on the exact tokens the rollout sampled and appended",
+    ),
+    f"{ARR}.rollout.multi_turn.num_repeat_rollouts": Only(
+        (None,),
+        "repeated rollouts of one sample (verl's CollabLLM recipe)",
+        hint="samples per prompt are actor_rollout_ref.rollout.n",
+    ),
     f"{ARR}.rollout.enable_chunked_prefill": Inert("the native engine always prefills in chunks"),
     f"{ARR}.rollout.enable_prefix_caching": Inert(
         "the native engine shares one prefill among a prompt's n samples"
@@ -214,11 +222,12 @@ ROLLOUT: dict[str, Rule] = {
     f"{ARR}.rollout.disable_log_stats": Inert(VLLM),
     f"{ARR}.rollout.skip_tokenizer_init": Inert(VLLM),
     f"{ARR}.rollout.multi_stage_wake_up": Inert(VLLM),
-    f"{ARR}.rollout.over_sample_rate": Only((0, 0.0), "over-sampling (aborting slow rollouts)"),
+    f"{ARR}.rollout.over_sample_rate": Inert(
+        "rayrl waits for every sample of a step (no slow rollout is aborted)"
+    ),
     f"{ARR}.rollout.router_config_path": Inert("rayrl routes no requests between replicas"),
-    f"{ARR}.rollout.agent": Inert("rayrl has no agent loop: a rollout is one generate call"),
-    f"{ARR}.rollout.agent.default_agent_loop": Only(
-        ("single_turn_agent",), "agent loops other than single-turn"
+    f"{ARR}.rollout.agent": Inert(
+        "rayrl's episodes run in each actor's rollout (no agent-loop workers or servers)"
     ),
     f"{ARR}.rollout.agent.agent_loop_config_path": Only((None,), "agent loop configs"),
     f"{ARR}.rollout.agent.custom_async_server.path": Only((None,), "custom rollout servers"),
@@ -260,8 +269,12 @@ DATA: dict[str, Rule] = {
     "data.reward_fn_key": Only(
         ("data_source",), "choosing the reward function by another column than data_source"
     ),
-    "data.tool_config_path": Only((None,), "tool calling"),
-    "data.function_tool_path": Only((None,), "tool calling"),
+    "data.tool_config_path": Inert(
+        "prompts show the tools of actor_rollout_ref.rollout.multi_turn (tool_config_path)"
+    ),
+    "data.function_tool_path": Inert(
+        "prompts show the tools of actor_rollout_ref.rollout.multi_turn (function_tool_path)"
+    ),
     "data.return_raw_input_ids": Inert("rayrl keeps what each stage needs"),
     "data.return_raw_chat": Inert("rayrl always keeps the raw chat messages (raw_prompt)"),
     "data.return_full_prompt": Inert("rayrl keeps what each stage needs"),

@@ -4,9 +4,10 @@
 `data.prompt_key`, `optim.lr_scheduler`, ...). verl 0.9.1's engine-based SFT trainer
 (`verl.trainer.sft_trainer`, `sft_trainer_engine.yaml`) renamed some of them
 (`model.path`, `engine.*`, `optim.lr_scheduler_type`); both spellings work here. Its
-multi-turn `messages` data is not what `rayrl sft` reads: those keys are accepted and
-have no effect (the prompt and response columns are `data.prompt_key` and
-`data.response_key`).
+multi-turn keys (`data.messages_key`, `data.tools_key`) are the legacy trainer's
+`data.multiturn.*`, which `rayrl sft` reads (conversations with
+`data.multiturn.enable=true`; otherwise (prompt, response) pairs from `data.prompt_key`
+and `data.response_key`).
 """
 
 from __future__ import annotations
@@ -23,10 +24,8 @@ from rayrl.config.compat.verl_ppo import (
     _model,
 )
 
-PAIRS = (
-    "rayrl sft reads (prompt, response) pairs from data.prompt_key and data.response_key; "
-    "multi-turn message columns are not read"
-)
+CONVERSATIONS = "conversation rows need data.multiturn.enable=true"
+TEMPLATE = "rayrl renders each conversation with the model's chat template as it is"
 
 RULES: dict[str, Rule] = {
     # verl 0.9.1's engine SFT trainer's names
@@ -48,11 +47,13 @@ RULES: dict[str, Rule] = {
     ),
     "optim.zero_indexed_step": Inert("rayrl's schedules count steps from 0"),
     "optim.override_optimizer_config": Only((None, {}), "optimizer constructor overrides"),
-    "data.messages_key": Inert(PAIRS),
-    "data.tools_key": Inert(PAIRS),
-    "data.enable_thinking_key": Inert(PAIRS),
-    "data.enable_thinking_default": Inert(PAIRS),
-    "data.ignore_input_ids_mismatch": Inert(PAIRS),
+    "data.messages_key": Moved("data.multiturn.messages_key", note=CONVERSATIONS),
+    "data.tools_key": Moved("data.multiturn.tools_key", note=CONVERSATIONS),
+    "data.enable_thinking_key": Inert(TEMPLATE),
+    "data.enable_thinking_default": Inert(TEMPLATE),
+    "data.ignore_input_ids_mismatch": Inert(
+        "rayrl tokenises a conversation message by message and trains on exactly those ids"
+    ),
     "data.pad_mode": Inert("rows are packed with use_remove_padding, else padded"),
     "data.num_workers": Inert("the SFT data is tokenised in the driver"),
     "checkpoint": Inert(CKPT),
@@ -75,10 +76,7 @@ RULES: dict[str, Rule] = {
     "data.chat_template": Only((None,), "custom chat templates"),
     "data.custom_cls.path": Only((None,), "custom dataset classes"),
     "data.custom_cls.name": Inert("a custom dataset class name (data.custom_cls.path is unset)"),
-    "data.multiturn": Inert(PAIRS),
-    "data.multiturn.enable": Only(
-        (False,), "multi-turn SFT data", hint="give (prompt, response) columns"
-    ),
+    "data.multiturn.enable_thinking_key": Inert(TEMPLATE),
     "trainer.default_local_dir": Moved("trainer.output_dir", note=RUN_DIR),
     "trainer.default_hdfs_dir": Inert("rayrl writes checkpoints to trainer.output_dir only"),
     "trainer.checkpoint": Inert(CKPT),

@@ -19,9 +19,11 @@ and, per sample, ``num_turns`` (verl's count: assistant turns + observations + 1
 ``multi_turn_events`` (malformed calls, unknown tools, bad arguments, calls over the
 per-turn limit, environment errors and timeouts, truncated observations),
 ``turn_scores`` (rewards the environment gave per turn), ``tool_rewards`` (rewards
-tools gave at the end, by tool) and ``trajectory`` (the conversation: the prompt's
+tools gave at the end, by tool), ``trajectory`` (the conversation: the prompt's
 messages, each assistant message with its parsed tool calls, each observation as the
-model saw it), for the reward function. `multi_turn_metrics` sums them up as verl's
+model saw it), for the reward function, and the episode's own record of its response
+(``rollout_token_ids``, ``rollout_sampled``: 1 on sampled tokens), built turn by turn
+apart from the engine's output, for the trainer's token check. `multi_turn_metrics` sums them up as verl's
 metrics.
 
 The environment of a row is its ``agent_name`` column (verl's; ``tool_agent``,
@@ -278,9 +280,13 @@ class MultiTurnRollout:
             "tool_rewards": rewards,
             "trajectory": [s.conversation for s in states],
         }
+        records = [s.recorded() for s in states]
+        columns["rollout_token_ids"] = [tokens for tokens, _ in records]
+        columns["rollout_sampled"] = [sampled for _, sampled in records]
         for name, values in columns.items():
             column = np.empty(len(states), dtype=object)
-            column[:] = values
+            for i, value in enumerate(values):  # one object each, whatever their shapes
+                column[i] = value
             batch.non_tensors[name] = column
 
 

@@ -15,6 +15,12 @@ no tool call, for the tool environment), at ``max_assistant_turns`` assistant tu
 observation would leave no room for another sampled token in the response limit (the
 context limit: prompt plus response). The engine ends it with ``length`` when the
 response limit cuts a turn short.
+
+Each episode keeps its own record of its response, piece by piece: the tokens of every
+turn as the engine reported them, and every observation's tokens as appended
+(`EpisodeState.record`). The trainer compares it with the tokens it trains on
+(``rollout/token_mismatch``). While any environment step runs, the process's progress
+phase is ``tools`` (`rayrl.progress`: the worker's heartbeat shows it).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from rayrl import progress
 from rayrl.engines.rollout.multi_turn_format import TurnFormat
 from rayrl.engines.rollout.turns import Continuation
 from rayrl.envs import Environment, StepResult, ToolRunner
@@ -60,6 +67,15 @@ class EpisodeState:
     turn_scores: list[float] = field(default_factory=list)
     events: dict[str, int] = field(default_factory=lambda: dict.fromkeys(EVENT_KEYS, 0))
     errors: list[str] = field(default_factory=list)
+    record: list[tuple[np.ndarray, bool]] = field(default_factory=list)  # (tokens, sampled)
+
+    def recorded(self) -> tuple[np.ndarray, np.ndarray]:
+        """The response as recorded piece by piece: its tokens, and 1 where sampled."""
+        if not self.record:
+            return np.zeros(0, np.int64), np.zeros(0, np.uint8)
+        tokens = np.concatenate([np.asarray(t, np.int64) for t, _ in self.record])
+        sampled = np.concatenate([np.full(len(t), int(s), np.uint8) for t, s in self.record])
+        return tokens, sampled
 
 
 class Episodes:
@@ -95,6 +111,7 @@ class Episodes:
         self._ready: queue.Queue[Continuation] = queue.Queue()
         self._lock = threading.Lock()
         self._busy, self._busy_since, self.busy_s = 0, 0.0, 0.0
+        self._phase = None  # the `tools` progress phase while steps run
         self.turns_handled = 0
 
     # ------------------------------------------------------------ TurnDriver
@@ -107,6 +124,7 @@ class Episodes:
         last = int(turn[-1]) if len(turn) else None
         state.assistant_turns += 1
         state.recorded_until = length
+        state.record.append((np.array(turn, dtype=np.int64), True))
         limit = self.max_assistant_turns
         if state.env is None or (limit is not None and state.assistant_turns >= limit):
             state.conversation.append({"role": "assistant", "content": text})
@@ -166,6 +184,7 @@ class Episodes:
             return Continuation(sample, None, False)  # no room: the context limit
         state.user_turns += 1
         state.appended.append((length, len(observation.tokens)))
+        state.record.append((np.array(observation.tokens, dtype=np.int64), False))
         state.turn_start = length + len(observation.tokens)
         state.conversation.extend(observation.messages)
         state.events["truncated_observations"] += observation.truncated
@@ -195,6 +214,8 @@ class Episodes:
         with self._lock:
             if self._busy == 0:
                 self._busy_since = time.perf_counter()
+                self._phase = progress.phase("tools")
+                self._phase.__enter__()
             self._busy += 1
 
     def _finished(self) -> None:
@@ -203,6 +224,8 @@ class Episodes:
             self.turns_handled += 1
             if self._busy == 0:
                 self.busy_s += time.perf_counter() - self._busy_since
+                self._phase.__exit__(None, None, None)
+                self._phase = None
 
     # --------------------------------------------------------------- the end
     def finish(self, sample: int, response: np.ndarray) -> np.ndarray:
@@ -213,7 +236,9 @@ class Episodes:
         if length > max(state.turn_start, state.recorded_until):
             state.assistant_turns += 1
             state.recorded_until = length
-            state.conversation.append(_said(self.fmt.decode(response[state.turn_start : length])))
+            tail = np.array(response[state.turn_start : length], dtype=np.int64)
+            state.record.append((tail, True))
+            state.conversation.append(_said(self.fmt.decode(tail)))
         mask = np.ones(length, dtype=np.int64)
         for start, count in state.appended:
             mask[start : start + count] = 0

@@ -1,0 +1,218 @@
+"""The multi-turn workload of `bench/rollout.py` (``--workloads M``): agent episodes with
+tools on the native engine, against single-turn decoding of the same tokens.
+
+256 prompts of 256 random token ids (tiny shape: 8 of 16); a random model's turn ends
+at an EOS id, a 1/64 share of its vocabulary (tiny: 1/8), so turns last about 64
+tokens (8); every turn end is a tool call of 50 ms (`bench/_agent_env.py`'s
+`LatencyEnvironment`, through the real `MultiTurnRollout`: parked samples, observation
+tokens appended in the chat format, continued with a prefill onto their own KV cache)
+and up to 4 calls per episode, in a response of at most 512 tokens (tiny: 64), sampled
+and appended together. The same engine then decodes, single-turn and ignoring EOS, as
+many tokens per row as each episode sampled.
+
+Records (JSON lines, `workload: M`): `tokens_per_s` (sampled tokens of the episodes
+per second of the multi-turn rollout), `single_turn_tokens_per_s` (the same tokens per
+row in one turn, no tools), `multi_turn_vs_single_turn` (their ratio; target 0.7),
+and `busy_fraction_during_tools`: of the moments when some tool ran (sampled every
+5 ms), the share in which the engine was decoding (its committed-token count moved),
+and on CUDA also NVML's GPU utilisation averaged over those moments
+(`gpu_utilization_during_tools`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import torch
+
+from _agent_env import LatencyEnvironment
+from rayrl import progress
+from rayrl.batch import Batch
+from rayrl.engines.rollout import NativeRolloutEngine, SamplingParams, positions_from_mask
+from rayrl.engines.rollout.multi_turn import MultiTurnConfig, MultiTurnRollout
+from rayrl.models.tokenizer import train_tokenizer
+
+TOOL_LATENCY_S = 0.05
+MAX_CALLS = 4
+TARGET_RATIO = 0.7
+
+
+def shape_of(shape: str) -> dict:
+    if shape == "tiny":
+        return {"n": 8, "prompt": 16, "response": 64, "eos_share": 1 / 8}
+    return {"n": 256, "prompt": 256, "response": 512, "eos_share": 1 / 64}
+
+
+class BusyProbe:
+    """Samples, every `period_s`, whether a tool runs (the `tools` progress phase the
+    multi-turn driver sets) and whether the engine moved since the last sample."""
+
+    def __init__(self, cuda: bool, period_s: float = 0.005) -> None:
+        self.cuda, self.period_s = cuda, period_s
+        self.tool_samples, self.busy_samples, self.gpu_util = 0, 0, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> BusyProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        last = progress.state()["counts"].get("tokens", 0)
+        while not self._stop.wait(self.period_s):
+            state = progress.state()
+            tokens = state["counts"].get("tokens", 0)
+            if state["phase"] == "tools":
+                self.tool_samples += 1
+                self.busy_samples += tokens != last
+                if self.cuda:
+                    self.gpu_util.append(_utilization())
+            last = tokens
+
+    def fractions(self) -> tuple[float | None, float | None]:
+        busy = self.busy_samples / self.tool_samples if self.tool_samples else None
+        util = [u for u in self.gpu_util if u is not None]
+        return busy, (sum(util) / len(util) / 100 if util else None)
+
+
+def _utilization() -> float | None:
+    try:
+        return float(torch.cuda.utilization())
+    except Exception:  # noqa: BLE001 - NVML (pynvml) missing: no utilisation figure
+        return None
+
+
+def run_multi_turn(model, args, base: dict, emit) -> None:
+    """The M workload on the native engine; records through `emit`."""
+    s = shape_of(args.shape)
+    vocab = model.config.vocab_size
+    eos = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = list(range(3, vocab, round(1 / s["eos_share"])))
+    try:
+        _episodes(model, args, base, emit, s)
+    finally:
+        model.generation_config.eos_token_id = eos
+
+
+def _episodes(model, args, base: dict, emit, s: dict) -> None:
+    vocab = model.config.vocab_size
+    tokenizer = train_tokenizer(model_max_length=s["prompt"] + s["response"])
+    engine = NativeRolloutEngine(
+        model=model,
+        tokenizer=tokenizer,
+        device=args.device,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=s["prompt"] + s["response"],
+    )
+    config = MultiTurnConfig(
+        environment=LatencyEnvironment,
+        environment_config={"latency_s": TOOL_LATENCY_S, "calls": MAX_CALLS},
+        max_concurrent_tools=s["n"],
+    )
+    runner = MultiTurnRollout(engine, [], config)
+    prompts = _prompts(s, vocab)
+    sampling = SamplingParams(max_new_tokens=s["response"], seed=1)
+    runner.generate(prompts, sampling)  # warm-up: kernels tuned, graphs captured
+    with BusyProbe(args.device == "cuda") as probe:
+        seconds, out = _timed(lambda: runner.generate(prompts, sampling), args.device)
+    sampled = out["response_mask"].sum(-1).numpy().astype(np.int64)
+    calls = float(np.mean([sum(m["role"] == "tool" for m in t) for t in out["trajectory"]]))
+    turns = float(np.mean(out["num_turns"]))
+    rows = [
+        p[m.bool()].tolist()
+        for p, m in zip(prompts["input_ids"], prompts["attention_mask"], strict=True)
+    ]
+    flat = SamplingParams(max_new_tokens=int(sampled.max()), ignore_eos=True, seed=1)
+    engine.generate_token_ids(rows, flat, max_new_tokens=sampled)  # warm-up
+    single_s, _ = _timed(
+        lambda: engine.generate_token_ids(rows, flat, max_new_tokens=sampled), args.device
+    )
+    rate, single = sampled.sum() / seconds, sampled.sum() / single_s
+    busy, util = probe.fractions()
+    extra = {
+        **base,
+        "workload": "M",
+        "engine": "native",
+        "tool_latency_s": TOOL_LATENCY_S,
+        "max_tool_calls": MAX_CALLS,
+    }
+    emit(
+        {
+            **extra,
+            "metric": "tokens_per_s",
+            "value": round(float(rate), 1),
+            "unit": "tokens/s",
+            "sampled_tokens": int(sampled.sum()),
+            "seconds": round(seconds, 3),
+            "num_turns_mean": round(turns, 2),
+            "tool_seconds": round(runner.last_stats["timing_s/tools"], 3),
+            "tool_calls_mean": round(calls, 2),
+            **engine.last_stats,
+        }
+    )
+    emit(
+        {
+            **extra,
+            "metric": "single_turn_tokens_per_s",
+            "value": round(float(single), 1),
+            "unit": "tokens/s",
+            "seconds": round(single_s, 3),
+        }
+    )
+    emit(
+        {
+            **extra,
+            "metric": "multi_turn_vs_single_turn",
+            "value": round(float(rate / single), 3),
+            "unit": "ratio",
+            "target": TARGET_RATIO,
+            "better": "higher",
+        }
+    )
+    emit(
+        {
+            **extra,
+            "metric": "busy_fraction_during_tools",
+            "value": None if busy is None else round(busy, 3),
+            "unit": "fraction",
+            "samples": probe.tool_samples,
+            "measure": "engine committed tokens",
+        }
+    )
+    if args.device == "cuda":
+        emit(
+            {
+                **extra,
+                "metric": "gpu_utilization_during_tools",
+                "value": None if util is None else round(util, 3),
+                "unit": "fraction",
+                "measure": "NVML utilization, sampled while a tool ran",
+            }
+        )
+    engine.sleep()
+
+
+def _prompts(s: dict, vocab: int) -> Batch:
+    rng = np.random.default_rng(0)
+    ids = torch.from_numpy(rng.integers(10, vocab, (s["n"], s["prompt"]))).long()
+    mask = torch.ones_like(ids)
+    uids = [f"m{i}" for i in range(s["n"])]
+    columns = {"input_ids": ids, "attention_mask": mask, "position_ids": positions_from_mask(mask)}
+    return Batch.from_dict({**columns, "uid": uids}, meta={"step": 0})
+
+
+def _timed(fn, device: str):
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, out

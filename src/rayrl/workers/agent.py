@@ -1,0 +1,82 @@
+"""The agent side of the actor: the configured tools and the multi-turn rollout settings.
+
+With `actor_rollout_ref.rollout.multi_turn.enable` the actor generates through
+`rayrl.engines.rollout.multi_turn.MultiTurnRollout` over its rollout engine. Its tools
+come, once per worker, from the config (`configured_tools`): verl's tool YAML
+(`multi_turn.tool_config_path`), verl's function-tool file (`function_tool_path`)
+and rayrl's `multi_turn.tools` list, in that order; two tools with one name are an
+error. The driver loads the same tools before anything is reserved, to render their
+schemas into the prompts (`tool_schemas`) and to fail early on a bad tool config.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rayrl.config.multi_turn import KEY
+from rayrl.config.schema import RayRLConfig
+from rayrl.engines.rollout.multi_turn import MultiTurnConfig as EpisodeConfig
+from rayrl.envs import (
+    LoadError,
+    Tool,
+    build_tools,
+    load_function_tools,
+    load_tool_config,
+)
+
+
+class ToolConfigError(ValueError):
+    """The tools the config names cannot be loaded; the message names the key."""
+
+
+def configured_tools(cfg: RayRLConfig) -> list[Tool]:
+    """Fresh tool objects of the config (see the module docstring); none when multi-turn
+    rollouts are off."""
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if not mt.enable:
+        return []
+    try:
+        entries: list[Any] = []
+        if mt.tool_config_path:
+            entries += load_tool_config(mt.tool_config_path)
+        if mt.function_tool_path:
+            entries += load_function_tools(mt.function_tool_path)
+        entries += [dict(e) if isinstance(e, dict) else e for e in mt.tools]
+        return build_tools(entries)
+    except (LoadError, ValueError, TypeError, KeyError) as err:
+        raise ToolConfigError(
+            f"{KEY}: the tools of tool_config_path={mt.tool_config_path!r}, "
+            f"function_tool_path={mt.function_tool_path!r} and tools={list(mt.tools)!r} "
+            f"could not be loaded: {err}"
+        ) from err
+
+
+def tool_schemas(cfg: RayRLConfig) -> list[dict[str, Any]]:
+    """The OpenAI schemas of the configured tools, for the prompts' chat template."""
+    return [tool.schema for tool in configured_tools(cfg)]
+
+
+def default_agent(cfg: RayRLConfig) -> str | None:
+    """The environment of rows without an `agent_name` (None: multi-turn is off)."""
+    r = cfg.actor_rollout_ref.rollout
+    return r.agent.default_agent_loop if r.multi_turn.enable else None
+
+
+def episode_config(cfg: RayRLConfig) -> EpisodeConfig:
+    """The multi-turn rollout's settings from `actor_rollout_ref.rollout.multi_turn`."""
+    r = cfg.actor_rollout_ref.rollout
+    mt = r.multi_turn
+    return EpisodeConfig(
+        format=mt.format,
+        environment=r.agent.default_agent_loop,
+        environment_config=dict(mt.environment_config),
+        max_assistant_turns=mt.max_assistant_turns,
+        max_user_turns=mt.max_user_turns,
+        max_parallel_calls=mt.max_parallel_calls,
+        max_tool_response_tokens=mt.max_tool_response_length,
+        tool_response_truncate_side=mt.tool_response_truncate_side,
+        tool_timeout_s=mt.tool_timeout_s,
+        env_timeout_s=mt.env_timeout_s,
+        max_concurrent_tools=mt.max_concurrent_tools,
+        stop_at_tool_call_end=mt.stop_at_tool_call_end,
+    )
