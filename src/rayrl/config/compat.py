@@ -1,7 +1,7 @@
 """verl keys that rayrl accepts without acting on them, and verl values it maps.
 
 verl command lines carry keys for features rayrl does not have (vLLM tensor
-parallelism, weight load formats, async or multi-turn rollout, Ulysses sequence
+parallelism, weight load formats, multi-turn rollout, Ulysses sequence
 parallelism, ...). Rather than refusing the whole line, `strip_inert` removes those
 keys and returns one warning each, saying that the key has no effect in rayrl and why.
 A key listed here is not in the schema; a group listed here takes all its sub-keys.
@@ -25,7 +25,6 @@ INERT: dict[str, str] = {
     "actor_rollout_ref.rollout.pipeline_model_parallel_size": _NO_TP,
     "actor_rollout_ref.rollout.load_format": "rollout weights come from the training engine",
     "actor_rollout_ref.rollout.layered_summon": "rollout weights come from the training engine",
-    "actor_rollout_ref.rollout.mode": "rayrl's rollout runs synchronously inside each step",
     "actor_rollout_ref.rollout.multi_turn": "rayrl has no multi-turn or tool rollouts",
     "actor_rollout_ref.rollout.enable_chunked_prefill": _VLLM,
     "actor_rollout_ref.rollout.engine_kwargs": _VLLM,

@@ -150,6 +150,9 @@ class Run:
         """Kill the run's workers, release its pools and KV store; a Ray this run
         started stops too, all its processes at once (`ray_private.stop_local_ray`)."""
         local = self.session is not None and self.session.started_here
+        stop = getattr(self.trainer, "shutdown", None)  # what a trainer runs beside its groups
+        if stop is not None:
+            stop()
         for group in self.groups:
             group.shutdown()
         for pool in self.pools:
