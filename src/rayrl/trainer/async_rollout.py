@@ -51,6 +51,7 @@ from rayrl.workers.rollout import ReplicaCall, ReplicaResult, RolloutWorker
 log = logging.getLogger("rayrl.trainer")
 
 POLL_S = 0.05
+NODE_CHECK_S = 1.0  # how often idle replicas' nodes are checked (a busy one fails its call)
 
 
 class NoReplicaError(RuntimeError):
@@ -130,6 +131,7 @@ class RolloutManager:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="rayrl-rollouts", daemon=True)
         self._last_live = time.monotonic()
+        self._nodes_checked = 0.0
 
     # -------------------------------------------------------------- lifecycle
     def start(self, pool: ResourcePool) -> None:
@@ -158,6 +160,10 @@ class RolloutManager:
             self._thread.join(timeout=10)
         with self.lock:
             for replica in self.replicas:
+                self.events.append(
+                    {"event": "stopped", "replica": replica.name, "node": replica.node}
+                    | {"time": time.time(), "calls": replica.calls}
+                )
                 replica.group.shutdown()
                 _remove(replica.slot.pg)
             self.replicas.clear()
@@ -237,12 +243,23 @@ class RolloutManager:
         while not self._stop.is_set():
             try:
                 with self.lock:
+                    self._check_nodes()
                     self._dispatch()
                 self._collect()
             except Exception as err:  # noqa: BLE001 - raised in the trainer's thread
                 log.exception("rollout manager stopped")
                 self.error = err
                 return
+
+    def _check_nodes(self) -> None:
+        """Replicas whose node is gone, noticed while they wait for work."""
+        now = time.monotonic()
+        if now - self._nodes_checked < NODE_CHECK_S:
+            return
+        self._nodes_checked = now
+        alive = _alive_nodes()
+        for replica in [r for r in self.replicas if r.call is None and r.node not in alive]:
+            self._lost(replica, RuntimeError(f"node {replica.node} is gone"))
 
     def _dispatch(self) -> None:
         if self.published is None:

@@ -95,12 +95,13 @@ def rollout_bundle(cfg: RayRLConfig, device: str) -> dict[str, float]:
 
 def rollout_pool_spec(cfg: RayRLConfig, device: str) -> PoolSpec:
     """The rollout replicas of `rollout.mode=async`: `rollout.n_gpus_per_node` per node
-    on `rollout.nnodes` nodes, PACKed rather than pinned to nodes, so that a replica's
-    bundle lost with its node can be placed again wherever the cluster has room."""
+    on `rollout.nnodes` nodes, each node's bundles pinned to it (STRICT_PACK): a bundle
+    lost with its node is never placed again behind the run's back; the rollout manager
+    asks for a bundle of its own instead (`rayrl.trainer.async_rollout`)."""
     pool = cfg.rollout
     return PoolSpec(
         name=ROLLOUT_POOL,
         per_node=[pool.n_gpus_per_node] * pool.nnodes,
         bundle=rollout_bundle(cfg, device),
-        strategy="PACK",
+        strategy="STRICT_PACK",
     )
