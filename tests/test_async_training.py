@@ -29,6 +29,7 @@ from rayrl.models import build_tiny_model
 from rayrl.trainer.async_ppo import AsyncPPOTrainer
 from rayrl.trainer.chaos import ChaosMonkey, deterministic, final_weights
 from rayrl.trainer.ppo import PPOTrainer
+from rayrl.trainer.report import write_report
 from rayrl.trainer.run import Run
 
 pytestmark = pytest.mark.slow
@@ -109,6 +110,10 @@ def test_staleness_zero_is_the_synchronous_run_bitwise_and_resumes_exactly(
     assert rest[0]["timing_s/weight_publish"] > 0 and rest[0]["async/weight_sync_ms"] > 0
     ledger = run.trainer.queue.ledger
     assert ledger.count(0) == 6 and sum(ledger.requeued.values()) == 0
+    # `rayrl report` plots the async metrics
+    report = write_report(out).parent
+    for name in ("async_staleness", "async_queue", "async_idle"):
+        assert (report / f"{name}.png").read_bytes()[:4] == b"\x89PNG", name
 
 
 class ReplicaKiller:

@@ -124,6 +124,7 @@ class RolloutManager:
         self.error: BaseException | None = None
         self.events: list[dict] = []  # replicas lost and joined, for reports and tests
         self.sync_seconds: list[float] = []  # offer fetch times since the last metrics()
+        self.gen_seconds: list[float] = []  # replicas' generation per call, likewise
         self._pending: dict[Any, PlacementGroup] = {}  # ready ref -> requested slot
         self._starting = 0
         self._names = 0
@@ -323,6 +324,7 @@ class RolloutManager:
             return
         if not result.aborted:
             replica.calls += 1
+            self.gen_seconds.append(result.timing.get("gen", 0.0))
         self.queue.complete(item, result.batch, result.versions)
 
     def _offer_done(self, replica: Replica, ref: Any) -> None:
@@ -438,7 +440,8 @@ class RolloutManager:
 
     def metrics(self, since: float, until: float) -> dict[str, float]:
         """`async/replicas`, `async/weight_sync_ms` (the mean offer time since the last
-        call) and `perf/rollout_idle_fraction` (the share of the replicas' time from
+        call), `async/rollout_call_s` (the mean generation time of a replica call since
+        then) and `perf/rollout_idle_fraction` (the share of the replicas' time from
         `since` to `until` with no call running)."""
         with self.lock:
             busy = alive = 0.0
@@ -456,6 +459,9 @@ class RolloutManager:
             if self.sync_seconds:
                 out["async/weight_sync_ms"] = 1000 * sum(self.sync_seconds) / len(self.sync_seconds)
                 self.sync_seconds = []
+            if self.gen_seconds:
+                out["async/rollout_call_s"] = sum(self.gen_seconds) / len(self.gen_seconds)
+                self.gen_seconds = []
             return out
 
     def usage(self) -> list[dict]:

@@ -2,7 +2,8 @@
 
 Reads `metrics.jsonl` and `config.yaml` and writes, under `RUN_DIR/report/`, one PNG
 per panel (score, validation score, KL, entropy, response length, SFT loss, gradient
-norm, time per stage stacked, throughput) and `report.html` showing them with the config.
+norm, time per stage stacked, throughput; for asynchronous runs the staleness of the
+trained tokens, the sample queue and the idle fractions of trainer and replicas) and `report.html` showing them with the config.
 Panels whose metrics the run did not log are left out and listed in the page.
 """
 
@@ -31,6 +32,22 @@ PANELS: dict[str, tuple[str, str, list[str]]] = {
         ["actor/grad_norm", "critic/grad_norm", "train/grad_norm"],
     ),
     "throughput": ("Throughput per GPU", "tokens/s", ["perf/throughput"]),
+    # asynchronous training (`rollout.mode=async`)
+    "async_staleness": (
+        "Staleness of the trained tokens",
+        "policy versions",
+        ["async/staleness/mean", "async/staleness/max"],
+    ),
+    "async_queue": (
+        "Sample queue",
+        "prompts",
+        ["async/queue_size", "async/dropped", "async/requeued", "async/replicas"],
+    ),
+    "async_idle": (
+        "Idle fractions",
+        "fraction of the step",
+        ["perf/train_idle_fraction", "perf/rollout_idle_fraction"],
+    ),
 }
 STAGE_PREFIX = "timing_s/"
 
