@@ -54,5 +54,8 @@ class Ledger:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The trained pairs as `state` has them; the re-queue counts never go back (a
+        prompt generated again was work done, whatever the run restores)."""
         self.trained = {int(e): set(uids) for e, uids in state.get("trained", {}).items()}
-        self.requeued = Counter(state.get("requeued", {}))
+        saved = Counter(state.get("requeued", {}))
+        self.requeued = Counter({r: max(saved[r], self.requeued[r]) for r in saved | self.requeued})

@@ -313,7 +313,7 @@ class SampleQueue:
             self.next_seq = int(state["next_seq"])
             self.fed_through = int(state["fed_through"])
             self.steps_done = steps_done
-            self.dropped = int(state.get("dropped", 0))
+            self.dropped = max(self.dropped, int(state.get("dropped", 0)))  # counts go on
             self.cond.notify_all()
 
 

@@ -51,6 +51,7 @@ from rayrl.workers.rollout import ReplicaCall, ReplicaResult, RolloutWorker
 log = logging.getLogger("rayrl.trainer")
 
 POLL_S = 0.05
+MAX_FAILED_STARTS = 3  # new replicas failing to start in a row before the run stops
 NODE_CHECK_S = 1.0  # how often idle replicas' nodes are checked (a busy one fails its call)
 
 
@@ -127,7 +128,9 @@ class RolloutManager:
         self.gen_seconds: list[float] = []  # replicas' generation per call, likewise
         self._pending: dict[Any, PlacementGroup] = {}  # ready ref -> requested slot
         self._starting = 0
+        self._failed_starts = 0
         self._names = 0
+        self._slots = 0
         self._shape: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="rayrl-rollouts", daemon=True)
@@ -371,7 +374,8 @@ class RolloutManager:
         """Ask for bundles until replicas, replicas starting and bundles asked for
         reach `max_replicas`."""
         while len(self.replicas) + self._starting + len(self._pending) < self.max_replicas:
-            name = f"rayrl/{self.env.run}/{ROLLOUT_POOL}/slot{self._names}-{len(self._pending)}"
+            self._slots += 1
+            name = f"rayrl/{self.env.run}/{ROLLOUT_POOL}/slot{self._slots}"
             pg = placement_group([dict(self._shape)], strategy="PACK", name=name)
             self._pending[pg.ready()] = pg
 
@@ -396,13 +400,20 @@ class RolloutManager:
                 group.shutdown()
                 with self.lock:
                     self._starting -= 1
+                    self._failed_starts += 1
                     _remove(slot.pg)
                     self.print(f"WARNING: a new rollout replica failed to start: {_one_line(err)}")
-                    if not self._stop.is_set():
+                    if self._failed_starts >= MAX_FAILED_STARTS:
+                        self.error = RuntimeError(
+                            f"{self._failed_starts} new rollout replicas in a row failed to "
+                            f"start; the last: {_one_line(err)} (see its worker log)"
+                        )
+                    elif not self._stop.is_set():
                         self._want_more()
                 return
             with self.lock:
                 self._starting -= 1
+                self._failed_starts = 0
                 if self._stop.is_set():
                     group.shutdown()
                     return
