@@ -8,6 +8,9 @@ The same GRPO config runs in rounds, alternately:
 - `sync`: the hybrid engine, generation and training in one process (`rollout.mode=sync`,
   as `rayrl train` runs it: the reward in the same process, whose bundle then holds two
   CPUs and trains on two threads);
+- `sync1`: the same with the reward in a process of its own (`reward.colocate=false`),
+  so that training runs on one thread as the async trainer's does: the comparison
+  that isolates what overlapping generation with training gains;
 - `async`: one rollout replica in a process of its own and one training process, a
   CPU each (`rollout.mode=async`, `async_training.staleness_threshold` 1 by default,
   without partial rollouts: verl's one-step-off-policy; the reward in a light process
@@ -16,9 +19,10 @@ The same GRPO config runs in rounds, alternately:
 
 Throughput is trained samples (prompts x rollout.n) per second of wall time from the
 end of the first step to the end of the last, start-up and the first step left out.
-Prints JSON lines: `sync_samples_per_s` and `async_samples_per_s` (medians over the
-rounds), `samples_per_s_ratio_vs_sync` (target 1.3), and the async run's staleness,
-waits and idle fractions. `--device cuda` puts both processes on one GPU, each on half
+Prints JSON lines: `sync_samples_per_s`, `sync1_samples_per_s` and
+`async_samples_per_s` (medians over the rounds), `samples_per_s_ratio_vs_sync` (target
+1.3) and `samples_per_s_ratio_vs_sync1`, and the async run's staleness, waits and idle
+fractions. `--device cuda` puts both processes on one GPU, each on half
 of it (`resources.gpus_per_worker=0.5`, `rollout.gpus_per_replica=0.5`).
 
 Usage: `python bench/async_cpu.py [--rounds 2] [--steps 6] [--device cpu|cuda]
@@ -117,7 +121,7 @@ def one_run(args: argparse.Namespace, mode: str, out: str) -> dict:
     from rayrl.trainer.ppo import PPOTrainer
     from rayrl.trainer.run import Run
 
-    extra = async_overrides(args) if mode == "async" else []
+    extra = {"async": async_overrides(args), "sync1": ["reward.colocate=false"]}.get(mode, [])
     cfg = load_config("grpo", [*overrides(args, args.model, out), *extra])
     cls = AsyncPPOTrainer if mode == "async" else PPOTrainer
     run = Run(cls(cfg, print_fn=lambda text: print(text, file=sys.stderr)))
@@ -169,9 +173,9 @@ def main() -> None:
 
     gpus = {"num_gpus": 1} if args.device == "cuda" else {}
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, **gpus)
-    runs: dict[str, list[dict]] = {"sync": [], "async": []}
+    runs: dict[str, list[dict]] = {"sync": [], "sync1": [], "async": []}
     for round_ in range(args.rounds):
-        for mode in ("sync", "async"):
+        for mode in runs:
             result = one_run(args, mode, str(root / f"{mode}{round_}"))
             runs[mode].append(result)
             print(
@@ -197,9 +201,12 @@ def main() -> None:
     emit("samples_per_s_ratio_vs_sync", fast / sync, "ratio", target=1.3, better="higher", **setup)
     history = [m for r in runs["async"] for m in r["history"]]
     sync_history = [m for r in runs["sync"] for m in r["history"]]
+    sync1_history = [m for r in runs["sync1"] for m in r["history"]]
     emit("response_length_mean", mean_of(sync_history, "response_length/mean"), "tokens")
     emit("sync_gen_s", mean_of(sync_history, "timing_s/gen"), "s", run="sync")
     emit("sync_update_actor_s", mean_of(sync_history, "timing_s/update_actor"), "s", run="sync")
+    emit("sync1_gen_s", mean_of(sync1_history, "timing_s/gen"), "s", run="sync1")
+    emit("sync1_update_actor_s", mean_of(sync1_history, "timing_s/update_actor"), "s", run="sync1")
     emit("async_update_actor_s", mean_of(history, "timing_s/update_actor"), "s", run="async")
     emit("response_length_clip_ratio", mean_of(sync_history, "response_length/clip_ratio"), "")
     for key, unit in (

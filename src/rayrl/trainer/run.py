@@ -152,7 +152,10 @@ class Run:
         local = self.session is not None and self.session.started_here
         stop = getattr(self.trainer, "shutdown", None)  # what a trainer runs beside its groups
         if stop is not None:
-            stop()
+            try:
+                stop()
+            except Exception:  # noqa: BLE001 - the groups and pools are released anyway
+                log.exception("the trainer's own shutdown failed")
         for group in self.groups:
             group.shutdown()
         for pool in self.pools:

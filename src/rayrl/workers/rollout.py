@@ -159,11 +159,6 @@ class RolloutWorker(Worker):
             self._offer = (version, buckets)  # offers arrive in order: the last one wins
         return time.perf_counter() - start
 
-    @register(dispatch=ONE_TO_ALL, collect="first")
-    def held_version(self) -> int:
-        """The policy version the engine holds now."""
-        return self.version
-
     def _offered(self) -> int | None:
         with self._lock:
             return None if self._offer is None else self._offer[0]
