@@ -15,6 +15,14 @@ rollout / reference sharded over 2 ranks, the reward worker). Prints JSON lines:
   `target` 5% of the median step) and `snapshot_overhead_fraction` (its median ratio
   to the step's time, measured in the same steps; target 0.05).
 
+With `--async` the run is asynchronous (`rollout.mode=async`, staleness 1, partial
+rollouts, two rollout replicas beside the two training ranks): the monkey kills
+training ranks in reward, log-prob and update calls, and as many rollout replicas in
+the middle of generation; an async run is not bitwise repeatable, so there is no clean
+run, and what is checked is the ledger (`ledger_ok`: every prompt of the steps trained
+exactly once, none lost or twice), with `requeued` (prompts generated again) and the
+replicas lost and joined.
+
 The model is a tiny Qwen2 (4 layers, hidden 256, random weights) built in `--out`.
 
 `--agent`: multi-turn episodes (`rollout.multi_turn.enable`), each assistant turn
@@ -22,7 +30,7 @@ answered by a tool call of 0.3 s (`bench/_agent_env.py`: the random model ends a
 about every 8 tokens, two tool calls an episode), and the kills may also land while
 an episode's tools run (stage `tools`); `--stages` picks the kill points.
 Usage: `python bench/chaos.py [--steps 10] [--kills 10] [--seed 0] [--out DIR] [--device cuda]
-[--agent] [--stages gen,tools,...]`
+[--agent] [--stages gen,tools,...] [--async]`
 (`--device cuda`: the two ranks on two GPUs over NCCL; `recovery_s` is then issue 14's
 recovery after killing one rank mid-step).
 """
@@ -77,6 +85,120 @@ def overrides(steps: int, out: str, model: str, device: str = "cpu") -> list[str
         f"trainer.output_dir={out}",
         "trainer.seed=0",
     ]
+
+
+ASYNC = [
+    "actor_rollout_ref.rollout.mode=async",
+    "rollout.n_gpus_per_node=2",
+    "async_training.staleness_threshold=1",
+    "async_training.trigger_parameter_sync_step=1",
+    "async_training.partial_rollout=true",
+    "async_training.prompts_per_call=2",
+]
+
+
+class ReplicaKiller:
+    """SIGKILLs a random rollout replica of an async run while it generates, at most
+    once a step, `kills` times (the replicas' own chaos monkey)."""
+
+    def __init__(self, run, seed: int, kills: int) -> None:
+        import random
+        import threading
+
+        self.run, self.kills, self.rng = run, kills, random.Random(seed + 1)
+        self.done: list[dict] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        import os
+        import signal
+
+        while not self._stop.is_set() and len(self.done) < self.kills:
+            time.sleep(0.01)
+            step = self.run.progress.global_step
+            if self.done and self.done[-1]["step"] >= step:
+                continue
+            replicas = list(self.run.trainer.rollouts.replicas)
+            if not replicas:
+                continue
+            actor = self.rng.choice(replicas).group.actors[0]
+            try:
+                beat = ray.get(actor.heartbeat.remote(), timeout=2.0) if actor else None
+            except Exception:  # noqa: BLE001 - being replaced: look again
+                continue
+            if beat and (beat.get("busy") or "").endswith("generate"):
+                os.kill(beat["pid"], signal.SIGKILL)
+                self.done.append({"step": step, "pid": beat["pid"], "time": time.time()})
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+def run_async(args: argparse.Namespace, out: str) -> dict:
+    """An async run under both monkeys; what the ledger says."""
+    from rayrl.trainer.async_ppo import AsyncPPOTrainer
+
+    cfg = load_config("grpo", [*overrides(args.steps, out, args.model, args.device), *ASYNC])
+    training = Run(AsyncPPOTrainer(cfg, print_fn=lambda text: print(text, file=sys.stderr)))
+    monkey = killer = None
+    history, error = [], None
+    try:
+        training.setup()
+        stages = ["reward", "log_prob", "update"]
+        monkey = ChaosMonkey(training, seed=args.seed, stages=stages, kills=args.kills).start()
+        killer = ReplicaKiller(training, args.seed, args.kills)
+        history = training.fit()
+    except Exception as err:  # noqa: BLE001 - a run that did not survive is a result here
+        error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    finally:
+        for helper in (monkey, killer):
+            if helper is not None:
+                helper.stop()
+        training.shutdown()
+    trainer = training.trainer
+    trained = [u for _, uids in (training.replay.ledger if training.replay else []) for u in uids]
+    return {
+        "error": error,
+        "history": history,
+        "kills": (monkey.done if monkey else []) + (killer.done if killer else []),
+        "trained": trained,
+        "epoch_counts": {e: len(u) for e, u in trainer.queue.ledger.trained.items()},
+        "requeued": dict(trainer.queue.ledger.requeued),
+        "events": [e["event"] for e in trainer.rollouts.events] if trainer.rollouts else [],
+        "batch": cfg.data.train_batch_size,
+    }
+
+
+def main_async(args: argparse.Namespace, root: str, start: float) -> None:
+    chaos = run_async(args, f"{root}/async")
+    kills = chaos["kills"]
+    emit("kills", len(kills), "kills", steps=args.steps, mode="async")
+    survived = 0 if chaos["error"] else len(kills)
+    emit(
+        "kills_survived",
+        survived,
+        "kills",
+        target=2 * args.kills,
+        better="higher",
+        error=chaos["error"],
+    )
+    trained = chaos["trained"]
+    whole = len(chaos["history"]) == args.steps and len(trained) == args.steps * chaos["batch"]
+    ledger_ok = whole and len(set(trained)) == len(trained)
+    emit(
+        "ledger_ok",
+        int(ledger_ok),
+        "bool",
+        target=1,
+        better="higher",
+        epoch_counts=chaos["epoch_counts"],
+        requeued=chaos["requeued"],
+        replicas=chaos["events"],
+    )
+    emit("wall_s", time.time() - start, "s", out=root, hardware=hardware(args.device))
 
 
 def run(args: argparse.Namespace, out: str, kills: int) -> dict:
@@ -136,6 +258,12 @@ def main() -> None:
         help=f"kill points, comma-separated, of {', '.join(POINTS)} (default: all; "
         "tools with --agent only)",
     )
+    parser.add_argument(
+        "--async",
+        dest="async_mode",
+        action="store_true",
+        help="an asynchronous run: training ranks and rollout replicas killed, the ledger checked",
+    )
     args = parser.parse_args()
     args.stages = args.stages or ",".join(POINTS if args.agent else DEFAULT_STAGES)
     root = args.out or tempfile.mkdtemp(prefix="rayrl-chaos-")
@@ -151,6 +279,10 @@ def main() -> None:
     sys.stdout = sys.stderr
     ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
     start = time.time()
+    if args.async_mode:
+        main_async(args, root, start)
+        ray.shutdown()
+        return
     clean = run(args, f"{root}/clean", kills=0)
     chaos = run(args, f"{root}/chaos", kills=args.kills)
     kills = chaos["kills"]

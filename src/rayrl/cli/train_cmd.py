@@ -26,10 +26,12 @@ COLUMNS = {
 def train(cfg, out=None, *, table_rows: int | None = None) -> list[dict]:
     """Run training for `cfg`; shows progress and returns the per-step metrics (the
     table at the end: every step, or `table_rows` of them)."""
+    from rayrl.trainer.async_ppo import AsyncPPOTrainer
     from rayrl.trainer.ppo import PPOTrainer
 
     out = out or console()
-    trainer = PPOTrainer(cfg, print_fn=lambda text: out.print(text, highlight=False))
+    trainer_cls = AsyncPPOTrainer if cfg.asynchronous else PPOTrainer
+    trainer = trainer_cls(cfg, print_fn=lambda text: out.print(text, highlight=False))
     val: dict[str, float] = {}
 
     def info(metrics: dict) -> str:

@@ -186,6 +186,10 @@ class RolloutConfig:
     # agents: multi-turn episodes with tools (verl's keys; `rayrl.config.multi_turn`)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    # sync: generation inside each step, on the training workers (the hybrid engine);
+    # async: rollout replicas on a pool of their own generate while the trainer trains
+    # (the top-level `rollout` and `async_training` groups; `rayrl.trainer.async_ppo`)
+    mode: str = "sync"
 
 
 @dataclass
@@ -414,10 +418,51 @@ class ResourcesConfig:
     # a node's CPUs shared among its GPU workers, the rest left to Ray, the driver and
     # the reward; CPU-only runs: 1, each rank being its own worker)
     cpus_per_worker: Any = "auto"
+    # the GPU share of each training worker's bundle: 0.5 lets a rollout replica of
+    # `rollout.mode=async` (rollout.gpus_per_replica=0.5) share its GPU
+    gpus_per_worker: float = 1.0
     loader_workers: int = 0
     dashboard: bool = True  # when rayrl starts Ray: the Ray dashboard, URL printed
     dashboard_host: str = "127.0.0.1"  # 0.0.0.0 exposes it to the network
     dashboard_port: int = 8265
+
+
+@dataclass
+class RolloutPoolConfig:
+    """The pool of rollout replicas under `actor_rollout_ref.rollout.mode=async`: verl
+    0.9.1's top-level `rollout` group (its fully_async_policy and one_step_off_policy
+    recipes), one replica per GPU (a process per replica on a CPU), plus rayrl's keys
+    for fractional bundles and elastic growth."""
+
+    nnodes: int = 1
+    # replicas per node. 0 (the default): no pool of its own, and rollout.mode=async
+    # means what it means in verl's main_ppo (the rollout serves the steps, agent loops
+    # included: in rayrl the synchronous hybrid engine); >= 1 makes it asynchronous
+    # training, as verl's fully_async_policy and one_step_off_policy recipes do
+    n_gpus_per_node: int = 0
+    gpus_per_replica: float = 1.0  # a fraction shares a GPU (0.5: beside the trainer)
+    cpus_per_replica: int = 1
+    # replicas the pool grows to when the cluster has room for more (a node joins, an
+    # autoscaler adds one); None: nnodes x n_gpus_per_node
+    max_replicas: int | None = None
+
+
+@dataclass
+class AsyncTrainingConfig:
+    """verl 0.9.1's `async_training` group (experimental/fully_async_policy), read
+    under `actor_rollout_ref.rollout.mode=async` (`rayrl.trainer.async_ppo`)."""
+
+    # How far behind the trainer a sample's policy may be: samples of policy version v
+    # train at step s only if s - v <= ceil(staleness_threshold) (with
+    # trigger_parameter_sync_step N > 1: N x (ceil + 1) - 1); a fraction, as verl's,
+    # lets that share of a batch be generated ahead of each policy version
+    staleness_threshold: float = 0.1
+    trigger_parameter_sync_step: int = 4  # trainer steps per weight update of the replicas
+    # new weights reach sequences in flight: true, they continue under them (each token
+    # keeps the version that sampled it); false, they finish under their own version,
+    # and are aborted and re-queued when they could no longer be trained
+    partial_rollout: bool = True
+    prompts_per_call: int | None = None  # rayrl: prompts per replica call; None: a batch / replicas
 
 
 @dataclass
@@ -433,10 +478,18 @@ class RayRLConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    rollout: RolloutPoolConfig = field(default_factory=RolloutPoolConfig)
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
 
     @property
     def world_size(self) -> int:
         return self.trainer.nnodes * self.trainer.n_gpus_per_node
+
+    @property
+    def asynchronous(self) -> bool:
+        """Asynchronous training: `actor_rollout_ref.rollout.mode=async` with a rollout
+        pool of its own (`rollout.n_gpus_per_node` >= 1)."""
+        return self.actor_rollout_ref.rollout.mode == "async" and self.rollout.n_gpus_per_node > 0
 
 
 def schema_fields(cls: Any) -> dict[str, Any]:

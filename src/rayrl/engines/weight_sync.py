@@ -12,18 +12,32 @@ node. An unsharded parameter is cast
 
 Names are the model's own (FSDP2 keeps Hugging Face names); tied parameters appear
 once, under their first name.
+
+Rollout replicas in other processes (`rollout.mode=async`) take the same stream
+packed: `pack_buckets` copies consecutive tensors of one dtype into one flat host
+buffer of about ``bucket_bytes`` (one object to move per bucket, whatever the number
+of tensors) and `unpack_bucket` gives the ``(name, tensor)`` pairs back as views of it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from rayrl import progress
 
-__all__ = ["DEFAULT_BUCKET_BYTES", "rollout_weights"]
+__all__ = [
+    "DEFAULT_BUCKET_BYTES",
+    "PackedBucket",
+    "PublishedWeights",
+    "pack_buckets",
+    "rollout_weights",
+    "unpack_bucket",
+]
 
 DEFAULT_BUCKET_BYTES = 512 << 20
 
@@ -138,3 +152,67 @@ def stream_buckets(
         yield name, single(name, param)
         progress.tick(weight_tensors=1)
     yield from flush()
+
+
+@dataclass
+class PackedBucket:
+    """Tensors of one dtype in one flat host buffer, in order: what crosses processes."""
+
+    names: list[str]
+    shapes: list[tuple[int, ...]]
+    flat: Tensor  # 1-D, on the CPU: every tensor's elements, one after another
+
+    @property
+    def nbytes(self) -> int:
+        return self.flat.numel() * self.flat.element_size()
+
+
+@dataclass
+class PublishedWeights:
+    """One policy version, published for rollout replicas in other processes: a handle
+    per packed bucket (Ray object references, opaque here), their bytes, and how they
+    travel (``object_store``: each replica fetches the buckets itself; a broadcast over
+    a collective group between the trainer and the replicas would be another)."""
+
+    refs: list[Any]
+    nbytes: int
+    transport: str = "object_store"
+
+
+def pack_buckets(
+    weights: Iterable[tuple[str, Tensor]], bucket_bytes: int = DEFAULT_BUCKET_BYTES
+) -> Iterator[PackedBucket]:
+    """``weights`` (e.g. `rollout_weights`) packed into flat host buffers of about
+    ``bucket_bytes``; a new bucket starts where the dtype changes or the bucket is full.
+    A tensor larger than ``bucket_bytes`` makes a bucket of its own."""
+    names: list[str] = []
+    tensors: list[Tensor] = []
+    size = 0
+
+    def flush() -> PackedBucket:
+        nonlocal names, tensors, size
+        flat = torch.cat([t.detach().reshape(-1).to("cpu") for t in tensors])
+        bucket = PackedBucket(names, [tuple(t.shape) for t in tensors], flat)
+        names, tensors, size = [], [], 0
+        return bucket
+
+    for name, tensor in weights:
+        nbytes = tensor.numel() * tensor.element_size()
+        if tensors and (tensor.dtype != tensors[0].dtype or size + nbytes > bucket_bytes):
+            yield flush()
+        names.append(name)
+        tensors.append(tensor)
+        size += nbytes
+    if tensors:
+        yield flush()
+
+
+def unpack_bucket(bucket: PackedBucket) -> Iterator[tuple[str, Tensor]]:
+    """``(name, tensor)`` of a `PackedBucket`, each a view of its flat buffer."""
+    at = 0
+    for name, shape in zip(bucket.names, bucket.shapes, strict=True):
+        count = 1
+        for dim in shape:
+            count *= dim
+        yield name, bucket.flat[at : at + count].view(shape)
+        at += count

@@ -102,3 +102,6 @@ class Trainer(Protocol):
     def export(self, path: Path) -> None:
         """Write the final model as a Hugging Face directory at `path`."""
         ...
+
+    # Optional: `shutdown()`, which `Run.shutdown` calls before it kills the groups, for
+    # what a trainer runs beside them (the async trainer's rollout manager and replicas).

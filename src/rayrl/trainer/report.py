@@ -3,7 +3,9 @@
 Reads `metrics.jsonl` and `config.yaml` and writes, under `RUN_DIR/report/`, one PNG
 per panel (score, validation score, KL, entropy, response length, SFT loss, gradient
 norm, time per stage stacked, throughput; for multi-turn runs the turns per episode and
-the tool calls per tool and step) and `report.html` showing them with the config.
+the tool calls per tool and step; for asynchronous runs the staleness of the trained
+tokens, the sample queue and the idle fractions of trainer and replicas) and
+`report.html` showing them with the config.
 Panels whose metrics the run did not log are left out and listed in the page.
 """
 
@@ -39,6 +41,22 @@ PANELS: dict[str, tuple[str, str, list[str]]] = {
         ["multi_turn/num_turns/mean", "multi_turn/num_turns/max", "val-aux/multi_turn/num_turns/"],
     ),
     "tool_calls": ("Tool calls per step", "calls", ["tool/*/calls", "tool/*/errors"]),
+    # asynchronous training (`rollout.mode=async`)
+    "async_staleness": (
+        "Staleness of the trained tokens",
+        "policy versions",
+        ["async/staleness/mean", "async/staleness/max"],
+    ),
+    "async_queue": (
+        "Sample queue",
+        "prompts",
+        ["async/queue_size", "async/dropped", "async/requeued", "async/replicas"],
+    ),
+    "async_idle": (
+        "Idle fractions",
+        "fraction of the step",
+        ["perf/train_idle_fraction", "perf/rollout_idle_fraction"],
+    ),
 }
 STAGE_PREFIX = "timing_s/"
 # Stages that overlap others (tools run during generation): not stacked with them.

@@ -1,7 +1,9 @@
 """What a run asks of the cluster: the resource pools a config implies.
 
 The actor, rollout, reference and critic roles share one pool (the hybrid engine:
-one process per bundle holds them); the rule-based reward runs in a small CPU pool,
+one process per bundle holds them); under `actor_rollout_ref.rollout.mode=async` the
+rollout replicas have a pool of their own too (`rollout_pool_spec`, last in the
+list); the rule-based reward runs in a small CPU pool,
 or, on a CPU-only run of one actor rank (`reward_colocated`), in the actor's process,
 whose bundle then holds the reward's CPU too. The pools reserve spare bundles by
 `resources.capacity_factor`, where replacements of the workers of a lost node go.
@@ -83,7 +85,7 @@ def pools_from_config(
     worker_cpus = cpus_per_worker(cfg, device, node_cpu_count)
     bundle: dict[str, float] = {"CPU": worker_cpus + (REWARD_CPUS if colocated else 0.0)}
     if device == "cuda":
-        bundle["GPU"] = 1.0
+        bundle["GPU"] = res.gpus_per_worker
     pools = [
         PoolSpec(
             name="actor_rollout_ref",
@@ -94,20 +96,50 @@ def pools_from_config(
             loader_workers=res.loader_workers,
         )
     ]
-    if colocated:
-        return pools
-    # The reward worker's scoring processes are light: one reserved CPU for all of them.
-    # It gets spares too, so that a lost node that held it is survived like any other.
+    if not colocated:
+        pools.append(_reward_pool(cfg, device))
+    if cfg.asynchronous:
+        pools.append(rollout_pool_spec(cfg, device))
+    return pools
+
+
+def _reward_pool(cfg: RayRLConfig, device: str) -> PoolSpec:
+    """The reward worker's scoring processes are light: one reserved CPU for all of
+    them. It gets spares too, so that a lost node that held it is survived like any other."""
     reward_bundle: dict[str, float] = {"CPU": REWARD_CPUS}
     if cfg.reward_model.enable and device == "cuda":
         reward_bundle["GPU"] = 1.0
-    pools.append(
-        PoolSpec(
-            name="reward",
-            per_node=[1],
-            bundle=reward_bundle,
-            strategy="PACK",
-            capacity_factor=res.capacity_factor,
-        )
+    return PoolSpec(
+        name="reward",
+        per_node=[1],
+        bundle=reward_bundle,
+        strategy="PACK",
+        capacity_factor=cfg.resources.capacity_factor,
     )
-    return pools
+
+
+ROLLOUT_POOL = "rollout"
+
+
+def rollout_bundle(cfg: RayRLConfig, device: str) -> dict[str, float]:
+    """One rollout replica's bundle: `rollout.cpus_per_replica` CPUs and, on a GPU,
+    `rollout.gpus_per_replica` of one."""
+    pool = cfg.rollout
+    bundle: dict[str, float] = {"CPU": float(pool.cpus_per_replica)}
+    if device == "cuda":
+        bundle["GPU"] = pool.gpus_per_replica
+    return bundle
+
+
+def rollout_pool_spec(cfg: RayRLConfig, device: str) -> PoolSpec:
+    """The rollout replicas of `rollout.mode=async`: `rollout.n_gpus_per_node` per node
+    on `rollout.nnodes` nodes, each node's bundles pinned to it (STRICT_PACK): a bundle
+    lost with its node is never placed again behind the run's back; the rollout manager
+    asks for a bundle of its own instead (`rayrl.trainer.async_rollout`)."""
+    pool = cfg.rollout
+    return PoolSpec(
+        name=ROLLOUT_POOL,
+        per_node=[pool.n_gpus_per_node] * pool.nnodes,
+        bundle=rollout_bundle(cfg, device),
+        strategy="STRICT_PACK",
+    )

@@ -183,6 +183,12 @@ class Run:
         """Kill the run's workers, release its pools and KV store; a Ray this run
         started stops too, all its processes at once (`ray_private.stop_local_ray`)."""
         local = self.session is not None and self.session.started_here
+        stop = getattr(self.trainer, "shutdown", None)  # what a trainer runs beside its groups
+        if stop is not None:
+            try:
+                stop()
+            except Exception:  # noqa: BLE001 - the groups and pools are released anyway
+                log.exception("the trainer's own shutdown failed")
         for group in self.groups:
             group.shutdown()
         for pool in self.pools:

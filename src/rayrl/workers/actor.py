@@ -43,6 +43,7 @@ from rayrl.engines.rollout import (
 from rayrl.engines.rollout.multi_turn import MultiTurnRollout
 from rayrl.engines.rollout.native.tp import make_tp_groups
 from rayrl.engines.rollout.native.tp_weights import tp_rollout_weights
+from rayrl.engines.weight_sync import PublishedWeights, pack_buckets
 from rayrl.workers.agent import configured_tools, episode_config
 from rayrl.workers.common import (
     engine_kwargs,
@@ -229,29 +230,7 @@ class ActorRolloutRefWorker(Worker):
     def sampling_params(self, mode: str = "train") -> SamplingParams:
         """Training sampling (`rollout.*`), validation sampling (`rollout.val_kwargs.*`),
         or one greedy response per prompt (ReMax's baseline): `StepContext.sampling`."""
-        rollout = self.cfg.actor_rollout_ref.rollout
-        validate = mode == "validate"
-        r = rollout.val_kwargs if validate else rollout
-        if mode == "greedy":
-            return SamplingParams(
-                n=1,
-                temperature=0.0,
-                top_p=1.0,
-                top_k=0,
-                do_sample=False,
-                max_new_tokens=self.cfg.data.max_response_length,
-                seed=self.cfg.trainer.seed,
-            )
-        return SamplingParams(
-            n=r.n,
-            temperature=r.temperature,
-            top_p=r.top_p,
-            top_k=max(r.top_k, 0),
-            max_new_tokens=self.cfg.data.max_response_length,
-            do_sample=r.do_sample and r.temperature > 0,
-            ignore_eos=rollout.ignore_eos and not validate,
-            seed=self.cfg.trainer.seed,
-        )
+        return sampling_params(self.cfg, mode)
 
     def _sync_rollout_weights(self) -> float:
         """Stream the updated weights into the rollout's copy (in its dtype, bucketed);
@@ -271,6 +250,32 @@ class ActorRolloutRefWorker(Worker):
             torch.cuda.synchronize(self.actor.device)
         self._stale = False
         return time.perf_counter() - start
+
+    @register(dispatch=ONE_TO_ALL, collect="first")
+    def publish_weights(self, transport: str = "object_store") -> PublishedWeights | None:
+        """The policy's full weights for rollout replicas in other processes
+        (`rollout.mode=async`): in the rollout dtype (bf16 on a GPU, the training dtype
+        on a CPU), packed a bucket at a time (`weight_sync.pack_buckets`) and put into
+        the object store, where every replica fetches them. Every rank takes part in
+        the gathers; rank 0 returns the handle, the others None."""
+        if transport != "object_store":
+            raise ValueError(
+                f"actor rank {self.rank}: weight transport {transport!r} is not available; "
+                "rollout replicas take weights through the object store (object_store)"
+            )
+        import ray
+
+        with self.actor.resident(), progress.phase("weight_sync"):
+            stream = self.actor.rollout_weights(self.rollout_dtype)
+            if self.rank != 0:
+                for _ in stream:  # each bucket's gather is a collective
+                    pass
+                return None
+            refs, nbytes = [], 0
+            for bucket in pack_buckets(stream):
+                refs.append(ray.put(bucket))
+                nbytes += bucket.nbytes
+        return PublishedWeights(refs, nbytes, transport)
 
     @register(dispatch=DP_SPLIT, collect=collect_stage, layout="rollout")
     def generate(self, prompts: Batch, ctx: StepContext) -> StageResult:
@@ -456,6 +461,34 @@ class ActorRolloutRefWorker(Worker):
             "rollout_cache": getattr(self.rollout, "cache", None),  # HF engine's KV cache
             "rollout_dtype": str(self.rollout_dtype).removeprefix("torch."),
         }
+
+
+def sampling_params(cfg: RayRLConfig, mode: str = "train") -> SamplingParams:
+    """How a generate call samples: the training settings (`rollout.*`), validation's
+    (`rollout.val_kwargs.*`) or one greedy response per prompt (`StepContext.sampling`)."""
+    rollout = cfg.actor_rollout_ref.rollout
+    validate = mode == "validate"
+    r = rollout.val_kwargs if validate else rollout
+    if mode == "greedy":
+        return SamplingParams(
+            n=1,
+            temperature=0.0,
+            top_p=1.0,
+            top_k=0,
+            do_sample=False,
+            max_new_tokens=cfg.data.max_response_length,
+            seed=cfg.trainer.seed,
+        )
+    return SamplingParams(
+        n=r.n,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=max(r.top_k, 0),
+        max_new_tokens=cfg.data.max_response_length,
+        do_sample=r.do_sample and r.temperature > 0,
+        ignore_eos=rollout.ignore_eos and not validate,
+        seed=cfg.trainer.seed,
+    )
 
 
 def _rollout_placement(actor: TrainEngine, engine: str) -> tuple[torch.dtype, bool]:

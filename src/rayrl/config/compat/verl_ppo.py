@@ -183,7 +183,6 @@ ROLLOUT: dict[str, Rule] = {
     f"{ARR}.rollout.pipeline_model_parallel_size": Inert(NO_TP),
     f"{ARR}.rollout.load_format": Inert("rollout weights come from the training engine"),
     f"{ARR}.rollout.layered_summon": Inert("rollout weights come from the training engine"),
-    f"{ARR}.rollout.mode": Inert("rayrl's rollout runs synchronously inside each step"),
     f"{ARR}.rollout.nnodes": Inert("the rollout runs on the actor's GPUs (hybrid engine)"),
     f"{ARR}.rollout.n_gpus_per_node": Inert("the rollout runs on the actor's GPUs (hybrid engine)"),
     f"{ARR}.rollout.multi_turn.use_inference_chat_template": Only(

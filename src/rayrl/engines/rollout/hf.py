@@ -18,6 +18,11 @@ its own copy (``HFRolloutEngine(model_path=...)``).
 
 Multi-turn episodes (`generate_turns`) decode in rounds over one dynamic cache
 (`rayrl.engines.rollout.multi_turn_hf`).
+
+``decode_hook`` (None by default), when set, is called with the response position
+``t`` after each decode step's tokens were drawn and before the next forward: an
+asynchronous rollout replica swaps newly arrived weights in there (`update_weights`;
+the tokens from ``t + 1`` are drawn under them) or raises to abandon the call.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import contextlib
 import difflib
 import gc
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 from torch import Tensor, nn
@@ -70,8 +75,15 @@ class _SeededSampler(LogitsProcessor):
     Records the log-prob of every chosen token (one ``[N]`` tensor per decode step).
     """
 
-    def __init__(self, keys: Tensor, prompt_len: int, params: SamplingParams) -> None:
+    def __init__(
+        self,
+        keys: Tensor,
+        prompt_len: int,
+        params: SamplingParams,
+        on_token: Callable[[int], None] | None = None,
+    ) -> None:
         self.keys, self.prompt_len, self.params = keys, prompt_len, params
+        self.on_token = on_token
         self.log_probs: list[Tensor] = []
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
@@ -79,6 +91,8 @@ class _SeededSampler(LogitsProcessor):
         tokens, log_probs = sample_tokens(scores, self.keys, position, self.params)
         self.log_probs.append(log_probs)
         progress.tick(tokens=len(tokens))
+        if self.on_token is not None:
+            self.on_token(position)
         return scores.scatter_(-1, tokens.unsqueeze(-1), float("inf"))
 
 
@@ -149,6 +163,7 @@ class HFRolloutEngine(RolloutEngine):
         self.cache = cache
         self.compile = compile
         self.lean = decode == "auto" and can_lean_decode(model)
+        self.decode_hook: Callable[[int], None] | None = None  # see the module docstring
         self._asleep = False
         gen_config = getattr(model, "generation_config", None)
         self.eos_ids = eos_ids(gen_config, getattr(model, "config", None), tokenizer)
@@ -208,9 +223,16 @@ class HFRolloutEngine(RolloutEngine):
         if cache == "dynamic" and self.lean and not self.compile:
             with _generation_mode(self.model):
                 return lean_decode(
-                    self.model, inputs, keys.to(device), sampling, stop_ids, strings, self.pad_id
+                    self.model,
+                    inputs,
+                    keys.to(device),
+                    sampling,
+                    stop_ids,
+                    strings,
+                    self.pad_id,
+                    on_token=self.decode_hook,
                 )
-        sampler = _SeededSampler(keys.to(device), prompt_len, sampling)
+        sampler = _SeededSampler(keys.to(device), prompt_len, sampling, self.decode_hook)
         tracker = _FinishTracker(len(rows), prompt_len, stop_ids, strings)
         config = GenerationConfig(
             do_sample=False,

@@ -1,0 +1,233 @@
+"""RolloutWorker: one rollout replica of asynchronous training (`rollout.mode=async`).
+
+A replica holds a rollout engine and nothing else: no optimizer, no reference, no
+process group. It generates with the newest policy version it holds; new versions
+arrive beside its calls (`offer_weights` runs on a thread of its own, so the fetch
+from the object store overlaps generation) and are swapped in:
+
+- before each `generate` call, when one arrived since the last;
+- inside a call, between two decode steps of the `hf` engine, when the call says
+  `partial_rollout`: the sequences in flight go on under the new weights and each
+  token keeps the version that sampled it (`ReplicaResult.versions`);
+- without `partial_rollout`, a call whose samples could no longer be trained once the
+  new version is out (`ReplicaCall.max_lag`) stops at the next decode step and
+  returns `aborted`: the driver re-queues its prompts.
+
+Samples are seeded by (seed, step, sample uid) exactly as the hybrid engine's
+(`rayrl.engines.rollout.sampling`), so a replica holding the same weights draws the
+same tokens as the synchronous run.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+import torch
+
+from rayrl import progress
+from rayrl.batch import Batch
+from rayrl.config.schema import RayRLConfig
+from rayrl.controller import ONE_TO_ALL, Worker, register
+from rayrl.controller.worker import SNAPSHOT_GROUP
+from rayrl.engines.rollout import HFRolloutEngine, make_rollout_engine, resolve_rollout
+from rayrl.engines.weight_sync import PackedBucket, PublishedWeights, unpack_bucket
+from rayrl.workers.actor import sampling_params
+from rayrl.workers.common import DTYPE_NAMES
+
+__all__ = ["ReplicaCall", "ReplicaResult", "RolloutWorker", "token_versions"]
+
+
+@dataclass(frozen=True)
+class ReplicaCall:
+    """How one `generate` call of a replica runs.
+
+    Args:
+        step: the step the prompts were fed for (seeds the samples, as in sync runs).
+        partial_rollout: newer weights arriving mid-call are swapped in between decode
+            steps (else the call keeps its version, or aborts: `max_lag`).
+        max_lag: the largest version lag a sample may have when it trains; without
+            `partial_rollout`, a call whose version is more than this behind a newer
+            one that arrived is aborted.
+    """
+
+    step: int
+    partial_rollout: bool = False
+    max_lag: int = 0
+
+
+@dataclass
+class ReplicaResult:
+    """What a `generate` call returns: the samples (None when aborted), the policy
+    version of each response token ([rows, R], int64), and the worker's timings."""
+
+    batch: Batch | None
+    versions: torch.Tensor | None
+    first_version: int
+    last_version: int
+    aborted: bool = False
+    timing: dict[str, float] = field(default_factory=dict)
+
+
+class _Aborted(Exception):  # noqa: N818 - a control-flow signal inside the decode loop
+    """Raised by the decode hook: the call's samples could no longer be trained."""
+
+
+class RolloutWorker(Worker):
+    """A rollout engine with its own copy of the policy, updated by version."""
+
+    def init_worker(self, config: RayRLConfig, model_path: str, version: int = 0) -> None:
+        """Build the engine (`rollout.name`, resolved as the hybrid engine resolves it)
+        from `model_path`, whose weights are policy version `version`."""
+        from transformers import AutoConfig
+
+        from rayrl.engines.loading import pick_device
+
+        self.cfg = config
+        arr = config.actor_rollout_ref
+        device = pick_device(None)
+        model_config = AutoConfig.from_pretrained(
+            model_path, trust_remote_code=arr.model.trust_remote_code
+        )
+        tokenizer = _tokenizer(arr.model.tokenizer_path or model_path, arr.model)
+        choice = resolve_rollout(arr.rollout, config.data, device.type, model_config)
+        if choice.name == "hf":
+            # the hybrid engine's own setup: the module as the training engine loads it,
+            # the dynamic KV cache on a CPU (`ActorRolloutRefWorker._wrap_rollout`)
+            cache = "static" if device.type == "cuda" else "dynamic"
+            model = self._load_model(model_path, device)
+            self.engine = HFRolloutEngine(model=model, tokenizer=tokenizer, cache=cache)
+        else:
+            self.engine = make_rollout_engine(
+                choice.name,
+                model_path=model_path,
+                tokenizer=tokenizer,
+                device=str(device),
+                **choice.options,
+            )
+        self.engine_name = choice.name
+        self.version = version
+        self._lock = threading.Lock()
+        self._offer: tuple[int, list[PackedBucket]] | None = None
+
+    def _load_model(self, model_path: str, device: torch.device) -> torch.nn.Module:
+        """The policy module as the training engine builds it (same loader, attention
+        implementation and output head), so its forward computes what the hybrid
+        engine's rollout computes on the same weights."""
+        from rayrl.engines.attention import attention_for
+        from rayrl.engines.loading import load_hf_model
+        from rayrl.engines.logprob_head import install_logprob_head
+
+        arr = self.cfg.actor_rollout_ref
+        attn = attention_for(arr.model.attn_implementation, packed=arr.model.use_remove_padding)
+        model = load_hf_model(
+            model_path,
+            value_head=False,
+            dtype=self._dtype(device),
+            attn_implementation=attn,
+            seed=self.cfg.trainer.seed,
+            trust_remote_code=arr.model.trust_remote_code,
+        )
+        install_logprob_head(model)
+        return model.to(device).eval()
+
+    def _dtype(self, device: torch.device) -> str:
+        """bf16 on a GPU (the hybrid engine's rollout copy), else the training dtype, so
+        that a CPU replica computes what the synchronous run's rollout computes."""
+        if device.type == "cuda":
+            return "bfloat16"
+        name = self.cfg.actor_rollout_ref.actor.fsdp_config.model_dtype
+        return DTYPE_NAMES.get(name, name)
+
+    # ------------------------------------------------------------------ weights
+    @ray.method(concurrency_group=SNAPSHOT_GROUP)
+    def offer_weights(self, version: int, published: PublishedWeights) -> float:
+        """Fetch policy `version` (the trainer's `publish_weights`) on a thread of its
+        own, beside the running call; it is swapped in at the next point `generate`
+        allows (module docstring). Returns the fetch's seconds."""
+        if published.transport != "object_store":
+            raise ValueError(
+                f"rollout replica {self.group}: weight transport {published.transport!r} is "
+                "not available here (object_store is)"
+            )
+        start = time.perf_counter()
+        buckets = ray.get(list(published.refs))
+        with self._lock:
+            self._offer = (version, buckets)  # offers arrive in order: the last one wins
+        return time.perf_counter() - start
+
+    def _offered(self) -> int | None:
+        with self._lock:
+            return None if self._offer is None else self._offer[0]
+
+    def _swap(self) -> float:
+        """Load the last offered version into the engine (a lower one too: a run put
+        back to an earlier step publishes its policy again); its seconds (0: none)."""
+        with self._lock:
+            offer, self._offer = self._offer, None
+        if offer is None or offer[0] == self.version:
+            return 0.0
+        start = time.perf_counter()
+        version, buckets = offer
+        with progress.phase("weight_sync"):
+            for bucket in buckets:
+                self.engine.update_weights(unpack_bucket(bucket))
+        self.version = version
+        return time.perf_counter() - start
+
+    # ----------------------------------------------------------------- generate
+    @register(dispatch=ONE_TO_ALL, collect="first")
+    def generate(self, prompts: Batch, call: ReplicaCall) -> ReplicaResult:
+        """`rollout.n` samples per prompt under the newest weights (module docstring)."""
+        timing = {"weight_sync": self._swap()}
+        first = self.version
+        switches: list[tuple[int, int]] = []  # (response position, version from there on)
+
+        def between_tokens(position: int) -> None:
+            offered = self._offered()
+            if offered is None or offered == self.version:
+                return
+            if call.partial_rollout:
+                timing["weight_sync"] += self._swap()
+                switches.append((position + 1, self.version))
+            elif offered - first > call.max_lag:
+                raise _Aborted
+
+        if isinstance(self.engine, HFRolloutEngine):
+            self.engine.decode_hook = between_tokens
+        meta = dict(prompts.meta, step=call.step)
+        prompts = Batch(prompts.tensors, prompts.non_tensors, meta)
+        start = time.perf_counter()
+        try:
+            if self.engine.is_asleep:
+                self.engine.wake()
+            out = self.engine.generate(prompts, sampling_params(self.cfg, "train"))
+        except _Aborted:
+            timing["gen"] = time.perf_counter() - start
+            return ReplicaResult(None, None, first, self.version, aborted=True, timing=timing)
+        finally:
+            if isinstance(self.engine, HFRolloutEngine):
+                self.engine.decode_hook = None
+        timing["gen"] = time.perf_counter() - start
+        versions = token_versions(len(out), out["responses"].shape[1], first, switches)
+        return ReplicaResult(out, versions, first, self.version, timing=timing)
+
+
+def token_versions(
+    rows: int, width: int, first: int, switches: list[tuple[int, int]]
+) -> torch.Tensor:
+    """[rows, width] the policy version of each response position: `first`, then each
+    (position, version) switch from its position on."""
+    versions = torch.full((rows, width), first, dtype=torch.int64)
+    for position, version in switches:
+        versions[:, position:] = version
+    return versions
+
+
+def _tokenizer(path: str, model: Any):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=model.trust_remote_code)
