@@ -21,12 +21,15 @@ def test_an_offloaded_reference_matches_a_resident_one_from_pinned_buffers(tiny_
     batch = ragged_batch(6, seed=3)
     resident = TrainEngine(tiny_model_dir, trainable=False, device="cuda")
     parked = TrainEngine(tiny_model_dir, trainable=False, device="cuda", param_offload=True)
+    assert all(p.device.type == "cpu" for p in parked.model.parameters())
+    torch.testing.assert_close(  # the first call onloads, then parks the weights
+        parked.forward(batch)["log_probs"], resident.forward(batch)["log_probs"]
+    )
     params = list(parked.model.parameters())
-    assert all(p.device.type == "cpu" for p in params)
     # page-locked where CUDA can register the buffer (small ones sharing a page cannot)
     assert max(params, key=lambda p: p.numel()).is_pinned()
     pointers = [p.data_ptr() for p in params]
-    for _ in range(2):  # the second offload reuses the same buffers, copying nothing
+    for _ in range(2):  # later offloads reuse the same buffers, copying nothing
         torch.testing.assert_close(
             parked.forward(batch)["log_probs"], resident.forward(batch)["log_probs"]
         )

@@ -256,7 +256,8 @@ class AsyncPPOTrainer(PPOTrainer):
     ) -> Batch:
         """The step's batch from the queue (`timing_s/wait_for_batch`), its per-token
         staleness, balanced across ranks as the synchronous step's samples are."""
-        self._balanced(prompts, metrics, "gen")  # the same imbalance metrics as a sync step
+        # the same imbalance metrics as a synchronous step
+        self._balanced(prompts, metrics, "gen", self._parts("rollout"))
         wait_s = self.cfg.trainer.stage_timeout_s
 
         def check() -> None:
@@ -269,7 +270,7 @@ class AsyncPPOTrainer(PPOTrainer):
         batch = Batch(batch.tensors, batch.non_tensors, dict(prompts.meta))
         versions = torch.cat([p.versions for p in taken])
         metrics.update(staleness_metrics(ctx.step, versions, batch["response_mask"]))
-        return self._balanced(batch, metrics, "train")
+        return self._balanced(batch, metrics, "train", self._parts("train"))
 
     def _async_metrics(self, metrics: dict, timing: dict) -> dict[str, float]:
         now = time.time()
