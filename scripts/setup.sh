@@ -16,3 +16,10 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
   touch "$stamp"
 fi
+# verl 0.9.1's wheel, read by the tests that compare rayrl's algorithms with verl's own
+# functions (tests/algos/verl_core_algos.py); without a package index they skip.
+if ! ls .cache/verl/verl-0.9.1-*.whl >/dev/null 2>&1; then
+  mkdir -p .cache/verl
+  .venv/bin/python -m pip download --quiet --disable-pip-version-check --no-deps verl==0.9.1 \
+    -d .cache/verl >/dev/null 2>&1 || echo "setup: verl 0.9.1's wheel not downloaded: its parity tests will skip"
+fi
