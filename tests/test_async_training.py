@@ -26,7 +26,8 @@ import torch
 
 from rayrl.config import load_config
 from rayrl.models import build_tiny_model
-from rayrl.testing.chaos import ChaosMonkey, deterministic, final_weights
+from rayrl.testing.chaos import deterministic, final_weights
+from rayrl.testing.faults import Fault, inject
 from rayrl.trainer.async_ppo import AsyncPPOTrainer
 from rayrl.trainer.ppo import PPOTrainer
 from rayrl.trainer.report import write_report
@@ -147,15 +148,6 @@ class ReplicaKiller:
         self._thread.join(timeout=10)
 
 
-class Both:
-    def __init__(self, *helpers) -> None:
-        self.helpers = helpers
-
-    def stop(self) -> None:
-        for helper in self.helpers:
-            helper.stop()
-
-
 def test_a_killed_replica_and_a_killed_trainer_rank_lose_and_repeat_no_prompt(
     ray_local, model, tmp_path
 ):
@@ -170,11 +162,17 @@ def test_a_killed_replica_and_a_killed_trainer_rank_lose_and_repeat_no_prompt(
         "trainer.resume_mode=disable",
     ]
 
-    def helpers(run: Run) -> Both:
-        monkey = ChaosMonkey(run, seed=0, stages=["update"], kills=1, steps=[3]).start()
-        return Both(ReplicaKiller(run, after_step=1), monkey)
+    def kill_in_update(run: Run, step: int) -> None:  # step 3: trainer rank 0 in its update
+        if step == 2:
+            inject(run.trainer.roles.hybrid, Fault("update_actor", "kill", ranks=(0,)))
 
-    run, history, printed = fit(model, tmp_path / "run", extra, helper=helpers)
+    run, history, printed = fit(
+        model,
+        tmp_path / "run",
+        extra,
+        helper=lambda run: ReplicaKiller(run, after_step=1),
+        on_step=kill_in_update,
+    )
     assert len(history) == steps
     trainer = run.trainer
     events = [e["event"] for e in trainer.rollouts.events]
