@@ -439,10 +439,14 @@ def check_algorithm(cfg: RayRLConfig, n: int, warn: Callable[[str], None] = _war
         raise ConfigError("reward_model.enable=true needs reward_model.model.path")
     if cfg.reward_model.score_scale <= 0:
         raise ConfigError(f"reward_model.score_scale={cfg.reward_model.score_scale} must be > 0")
-    if not 0.0 <= cfg.reward.http.max_error_rate <= 1.0:
-        raise ConfigError(
-            f"reward.http.max_error_rate={cfg.reward.http.max_error_rate} must be in [0, 1]"
-        )
+    rates = {"reward.max_error_rate": cfg.reward.max_error_rate}
+    rates["reward.http.max_error_rate"] = cfg.reward.http.max_error_rate
+    for key, rate in rates.items():
+        if rate is not None and not 0.0 <= rate <= 1.0:
+            raise ConfigError(
+                f"{key}={rate} must be in [0, 1] (the failed fraction of the samples "
+                "scored so far that stops the run; 1.0 never stops)"
+            )
 
 
 def check_async(cfg: RayRLConfig, warn: Callable[[str], None]) -> None:
