@@ -168,7 +168,9 @@ def test_the_config_names_the_policy_of_each_reward_kind(reward_file):
     model = load_config("grpo", ["reward_model.enable=true", "reward_model.model.path=/rm"])
     assert error_policy(model)[2] == "reward model /rm"
     for key in ("reward.max_error_rate", "reward.http.max_error_rate"):
-        with pytest.raises(ConfigError, match=rf"{key}=-0.1 must be in \[0, 1\]"):
+        with pytest.raises(
+            ConfigError, match=rf"{key}=-0.1 is out of range: use a value in \[0, 1\]"
+        ):
             load_config("grpo", [f"{key}=-0.1"])
 
 
