@@ -125,7 +125,8 @@ def reward_always_fails(tmp: Path) -> dict:
         "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return None\n"
     )
     done = train(tmp / "run", f"custom_reward_function.path={fn}", "trainer.total_training_steps=3")
-    stopped = done.returncode != 0 and "reward" in text(done).lower() and "failed" in text(done)
+    said = "reward error:" in text(done) and "Traceback" not in text(done)
+    stopped = done.returncode == 1 and said and str(fn) in text(done)
     return verdict(stopped, text(done)[-400:])
 
 
@@ -210,7 +211,8 @@ def no_tokenizer(tmp: Path) -> dict:
 def bad_numbers(tmp: Path) -> dict:
     lr = train(tmp / "a", "actor_rollout_ref.actor.optim.lr=-1e-5")
     greedy = train(tmp / "b", "actor_rollout_ref.rollout.temperature=0")
-    ok = lr.returncode == 2 and "optim.lr" in text(lr) and greedy.returncode == 0
+    named = "actor_rollout_ref.actor.optim.lr=-1e-05 is out of range" in text(lr)
+    ok = lr.returncode == 2 and named and greedy.returncode == 0
     return verdict(ok, text(lr)[-200:] + " | " + text(greedy)[-200:])
 
 

@@ -64,8 +64,16 @@ def test_checkpoints_of_the_flat_state_layout_still_load(tmp_path):
 def test_a_stale_latest_marker_falls_back_to_the_newest_complete_step(tmp_path):
     manager = CheckpointManager(tmp_path)
     _save(manager, 1)
+    assert manager.stale_marker() is None
     (tmp_path / "latest").write_text("global_step_9\n")  # points at nothing
     assert manager.latest() == tmp_path / "global_step_1"
+    said = manager.stale_marker()  # the fallback is said, naming both steps
+    assert said.startswith(f"{tmp_path / 'latest'} names 'global_step_9', which is missing")
+    assert f"{tmp_path / 'global_step_1'}, is used instead" in said
+    for path in (tmp_path / "global_step_1").rglob("*"):
+        if path.is_file():
+            path.unlink()  # no complete step left
+    assert "no complete checkpoint is left" in manager.stale_marker()
 
 
 KILLED_SAVE = """

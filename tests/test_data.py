@@ -70,6 +70,9 @@ def test_malformed_and_overlong_rows_are_set_aside_with_reasons(tokenizer):
         PromptDataset([long], tokenizer, max_prompt_length=64, filter_overlong=False)
     left = PromptDataset([long], tokenizer, max_prompt_length=64, truncation="left")
     assert len(left.prompt_ids[0]) == 64 and left.prompt_ids[0][-3:] == ds.prompt_ids[0][-3:]
+    assert ds.truncated == 0
+    cut = PromptDataset([rows[0], long, long], tokenizer, max_prompt_length=64, truncation="left")
+    assert cut.truncated == 2 and len(cut) == 3  # counted for the run's summary line
 
 
 def test_epoch_order_is_seeded_and_batches_resume(tokenizer):

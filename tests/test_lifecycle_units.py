@@ -267,3 +267,42 @@ def test_the_step_snapshot_is_charged_to_the_step_and_its_throughput():
     metrics = {"timing_s/step": 1.0, "perf/throughput": 100.0}
     _charge_to_step(metrics, 0.25)
     assert metrics == {"timing_s/step": 1.25, "perf/throughput": 80.0, "timing_s/snapshot": 0.25}
+
+
+def test_worker_prefixes_lose_their_colours_only_when_output_is_redirected(monkeypatch):
+    import logging
+    import os
+
+    from rayrl.trainer.ray_session import RAY_COLOURED_LOGGERS, plain_worker_prefixes
+
+    class Stream:
+        def __init__(self, tty: bool) -> None:
+            self.tty = tty
+
+        def isatty(self) -> bool:
+            return self.tty
+
+    loggers = [logging.getLogger(name) for name in ("ray", *RAY_COLOURED_LOGGERS)]
+    for logger in loggers:  # the filters are the process's: put back as they were
+        monkeypatch.setattr(logger, "filters", list(logger.filters))
+    monkeypatch.delenv("RAY_COLOR_PREFIX", raising=False)
+    assert not plain_worker_prefixes((Stream(True), Stream(True)))  # a terminal: colours
+    assert "RAY_COLOR_PREFIX" not in os.environ
+    assert plain_worker_prefixes((Stream(True), Stream(False)))  # stderr to a file
+    assert os.environ["RAY_COLOR_PREFIX"] == "0"
+    monkeypatch.setenv("RAY_COLOR_PREFIX", "1")  # the user's choice is kept
+    assert not plain_worker_prefixes((Stream(False), Stream(False)))
+    assert os.environ["RAY_COLOR_PREFIX"] == "1"
+    # Ray's own coloured line (ray.init's dashboard URL) comes out plain
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    worker_log = logging.getLogger(RAY_COLOURED_LOGGERS[0])
+    worker_log.addHandler(handler)
+    try:
+        worker_log.warning(
+            "View the dashboard at %s%s%s", "\x1b[1m\x1b[32m", "http://h:1", "\x1b[39m"
+        )
+    finally:
+        worker_log.removeHandler(handler)
+    assert seen == ["View the dashboard at http://h:1"]

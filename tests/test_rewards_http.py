@@ -171,7 +171,7 @@ def test_protocol_violations_are_errors(server, url):
 
 
 def test_an_outage_scores_zero_and_stops_only_past_the_error_rate(server, url):
-    from rayrl.rewards.budget import ErrorBudget
+    from rayrl.rewards.budget import ErrorBudget, RewardErrorRateError
 
     budget = ErrorBudget(HTTPReward(url, timeout_s=5, retries=0), max_error_rate=0.5)
     assert [r.score for r in budget.score([item("plain", "1")] * 4)] == [1.0] * 4
@@ -182,7 +182,7 @@ def test_an_outage_scores_zero_and_stops_only_past_the_error_rate(server, url):
     assert budget.stats() == {"items": 6, "errors": 2, "outages": 1}
     server.fail_times = 10  # it stays down: 6 of 10 samples failed > 0.5
     with pytest.raises(
-        RewardServiceError, match=r"6 of 10 samples .* \(60%\), over reward.http.max_error_rate=0.5"
+        RewardErrorRateError, match=r"6 of 10 samples .* \(60%\), over reward.max_error_rate=0.5"
     ):
         budget.score([item("plain", "1")] * 4)
 
@@ -190,6 +190,7 @@ def test_an_outage_scores_zero_and_stops_only_past_the_error_rate(server, url):
 def test_reward_worker_scores_an_outage_zero_then_stops_the_run(tmp_path):
     from rayrl.config import load_config
     from rayrl.models import build_tiny_model
+    from rayrl.rewards.budget import RewardErrorRateError
     from rayrl.workers import RewardWorker
     from workers_cases import forced_batch, local_worker, prompts
 
@@ -213,5 +214,9 @@ def test_reward_worker_scores_an_outage_zero_then_stops_the_run(tmp_path):
     strict = local_worker(
         RewardWorker, config=load_config("grpo", settings), tokenizer_path=str(model)
     )
-    with pytest.raises(RewardServiceError, match="2 of 2 samples scored so far failed"):
+    with pytest.raises(RewardErrorRateError, match=r"HTTP reward .* failed on 2 of 2 samples"):
         strict.compute_score(batch)
+    own = load_config("grpo", [*settings, "reward.http.max_error_rate=0.4"])
+    own_rate = local_worker(RewardWorker, config=own, tokenizer_path=str(model))
+    with pytest.raises(RewardErrorRateError, match=r"over reward.http.max_error_rate=0.4"):
+        own_rate.compute_score(batch)

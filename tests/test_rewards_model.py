@@ -151,8 +151,8 @@ def test_reward_worker_runs_the_model_where_its_bundle_is_with_bounded_scores(rm
         ],
     )
     worker = local_worker(RewardWorker, config=cfg, tokenizer_path=str(rm_dir))
-    assert isinstance(worker.source, BoundedScores)
-    model = worker.source.source
+    assert isinstance(worker.source.source, BoundedScores)  # under the error budget
+    model = worker.source.source.source
     expected = ("cuda", torch.bfloat16) if torch.cuda.is_available() else ("cpu", torch.float32)
     assert (model.device.type, model.dtype) == expected
     assert reward_model_placement()[1] == expected[1]
@@ -185,3 +185,17 @@ def _reward_batch(ids: list[int]):
             "raw_prompt": obj(PROMPTS[0]),
         },
     )
+
+
+def test_non_finite_scores_fail_and_count_against_the_error_rate(rm_dir):
+    from rayrl.rewards.budget import BoundedScores, ErrorBudget, RewardErrorRateError
+
+    broken = ModelReward(rm_dir, micro_batch_size=2)
+    with torch.no_grad():
+        broken.model.score.weight.fill_(float("nan"))
+    items = [{"prompt": p, "solution_str": r} for p, r in zip(PROMPTS, RESPONSES, strict=True)]
+    results = broken.score(items)
+    assert all(r.score == 0.0 and "non-finite score (nan)" in r.error for r in results)
+    budget = ErrorBudget(BoundedScores(broken, "tanh", 1.0), 0.5, reward=f"reward model {rm_dir}")
+    with pytest.raises(RewardErrorRateError, match=r"reward model .* failed on 3 of 3 samples"):
+        budget.score(items)

@@ -71,14 +71,16 @@ def exit_code_of(work: Callable[[], Any]) -> int:
     """Run `work` (a command's training); the exit code, with errors a user can act on
     printed as one line instead of a traceback: bad data, an unusable run directory, a
     checkpoint that cannot be resumed, resources that cannot be had (2: nothing
-    trained yet), a checkpoint that cannot be written (1), a stop by Ctrl-C or SIGTERM
-    (130, 143)."""
+    trained yet), a checkpoint that cannot be written or a reward failing past its error
+    rate (1), a stop by Ctrl-C or SIGTERM (130, 143). A reward's error, raised in a
+    worker, is found inside the worker error that carries it."""
     from rich.markup import escape
 
     from rayrl.cli.common import console
     from rayrl.cluster.guard import ResourceError
     from rayrl.data import DataError
     from rayrl.models.loading import TokenizerMissingError
+    from rayrl.rewards.budget import RewardErrorRateError
     from rayrl.trainer.checkpoint import CheckpointWriteError
     from rayrl.trainer.resume import ResumeError
     from rayrl.trainer.run import RunDirError
@@ -93,6 +95,7 @@ def exit_code_of(work: Callable[[], Any]) -> int:
         (CheckpointWriteError, "checkpoint error", 1),
         (TrackerUnavailable, "tracker error", 2),
         (ResourceError, "resources error", 2),
+        (RewardErrorRateError, "reward error", 1),
     ]
     try:
         work()
@@ -100,9 +103,24 @@ def exit_code_of(work: Callable[[], Any]) -> int:
         return stopped.exit_code
     except Exception as exc:
         for types, label, code in kinds:
-            if isinstance(exc, types):
-                text = escape(str(exc))  # paths and values may hold [brackets]
+            found = _innermost(exc, types)
+            if found is not None:
+                text = escape(str(found))  # paths and values may hold [brackets]
                 console(stderr=True).print(f"[bold red]{label}:[/] {text}", highlight=False)
                 return code
         raise
     return 0
+
+
+def _innermost(exc: BaseException, types: Any) -> BaseException | None:
+    """The innermost of `exc` and its causes (a worker error's `cause`, Ray's remote
+    error's `cause`, `raise ... from`) that is of `types`: the error as raised, not Ray's
+    copy that carries the remote traceback in its text."""
+    found, seen = None, set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, types):
+            found = exc
+        inner = getattr(exc, "cause", None)
+        exc = inner if isinstance(inner, BaseException) else exc.__cause__
+    return found

@@ -287,7 +287,8 @@ class RewardHTTPConfig:
     url: str | None = None
     timeout_s: float = 30.0
     retries: int = 3
-    max_error_rate: float = 0.5  # failed fraction of the samples so far that stops the run
+    # the HTTP service's own budget; None: reward.max_error_rate
+    max_error_rate: float | None = None
 
 
 @dataclass
@@ -310,6 +311,10 @@ class RewardConfig:
     reward_manager: RewardManagerConfig = field(default_factory=RewardManagerConfig)
     reward_kwargs: dict = field(default_factory=dict)  # extra keyword arguments of every call
     http: RewardHTTPConfig = field(default_factory=RewardHTTPConfig)
+    # The failed fraction of the samples scored so far (a function that raised, hung or
+    # returned no finite number; an HTTP outage; a reward model's NaN) past which the
+    # run stops (rayrl.rewards.budget); 1.0: never stop, failed samples score 0.
+    max_error_rate: float = 0.5
     timeout_s: float = 10.0  # per call of a rule-based function (x samples for batch)
     # scoring processes of each reward worker (verl's default 8 is sized for a GPU node;
     # verl's older name: reward_model.num_workers)

@@ -16,6 +16,7 @@ from rayrl.config.errors import ConfigError
 from rayrl.config.errors import warn as _warn
 from rayrl.config.layout import MeshError, MeshSpec, check_heads
 from rayrl.config.multi_turn import check_multi_turn
+from rayrl.config.ranges import check_ranges
 from rayrl.config.schema import RayRLConfig
 
 ACTOR = "actor_rollout_ref.actor"
@@ -59,10 +60,6 @@ def check_run_keys(cfg: RayRLConfig) -> None:
     """Checkpoint, resume and validation keys of the trainer group (tracker names are
     checked with the other registry names, `rayrl.trainer.names`)."""
     t = cfg.trainer
-    for key in ("max_actor_ckpt_to_keep", "max_critic_ckpt_to_keep"):
-        keep = getattr(t, key)
-        if keep is not None and keep < 1:
-            raise ConfigError(f"trainer.{key}={keep} must be at least 1 (or null: keep all)")
     if t.resume_mode == "resume_path" and not t.resume_from_path:
         raise ConfigError(
             "trainer.resume_mode=resume_path needs trainer.resume_from_path (a "
@@ -70,52 +67,16 @@ def check_run_keys(cfg: RayRLConfig) -> None:
         )
     if t.step_snapshots not in (True, False, "auto"):
         raise ConfigError(f"trainer.step_snapshots={t.step_snapshots!r}: use true, false or auto")
-    if t.save_freq == 0 or t.test_freq == 0:
-        raise ConfigError(
-            "trainer.save_freq and trainer.test_freq are a number of steps, or -1 for never; "
-            f"got save_freq={t.save_freq}, test_freq={t.test_freq}"
-        )
-    if cfg.actor_rollout_ref.rollout.val_kwargs.n < 1:
-        raise ConfigError("actor_rollout_ref.rollout.val_kwargs.n must be at least 1")
     if cfg.data.loader == "ray" and cfg.algorithm.filter_groups.enable:
         raise ConfigError(
             "algorithm.filter_groups (dynamic sampling) draws extra prompts at random, which "
             "the streaming data.loader=ray cannot; use data.loader=default with it"
         )
-    vbs = cfg.data.val_batch_size
-    if vbs is not None and vbs < 1:
-        raise ConfigError(f"data.val_batch_size={vbs} must be at least 1 (or null: all at once)")
 
 
-def check_positive(cfg: RayRLConfig) -> None:
-    for path in (
-        "trainer.nnodes",
-        "trainer.n_gpus_per_node",
-        "data.train_batch_size",
-        "data.max_prompt_length",
-        "data.max_response_length",
-        "actor_rollout_ref.rollout.n",
-        "actor_rollout_ref.rollout.max_num_seqs",
-        "actor_rollout_ref.rollout.max_num_batched_tokens",
-        "actor_rollout_ref.actor.ppo_mini_batch_size",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
-        "actor_rollout_ref.actor.ppo_epochs",
-        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
-        "critic.ppo_micro_batch_size_per_gpu",
-        "critic.forward_micro_batch_size_per_gpu",
-        "reward_model.micro_batch_size_per_gpu",
-        "data.gen_batch_size",
-    ):
-        value = _get(cfg, path)
-        if value is not None and value < 1:
-            raise ConfigError(f"{path}={value} must be at least 1")
-    if cfg.resources.capacity_factor < 1.0:
-        raise ConfigError(
-            f"resources.capacity_factor={cfg.resources.capacity_factor} must be >= 1.0 "
-            "(1.0 reserves no spare bundles; 1.25 reserves a spare for every 4 workers)"
-        )
+def check_numeric(cfg: RayRLConfig) -> None:
+    """Every numeric key in its range (`rayrl.config.ranges`), and the CPUs per worker."""
+    check_ranges(cfg)
     check_cpus_per_worker(cfg.resources.cpus_per_worker)
 
 
@@ -210,11 +171,6 @@ def check_rollout(cfg: RayRLConfig) -> None:
             f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} must be at least 1 and "
             f"divide trainer.n_gpus_per_node={per_node}: the rollout's {cfg.world_size} ranks form "
             f"replicas of {tp} GPUs of one node each; use a divisor of {per_node}"
-        )
-    if not 0 < r.gpu_memory_utilization <= 1:
-        raise ConfigError(
-            f"actor_rollout_ref.rollout.gpu_memory_utilization={r.gpu_memory_utilization} must be "
-            "in (0, 1]: the share of each GPU the rollout engine may use (e.g. 0.5)"
         )
     longest = data.max_prompt_length + data.max_response_length
     if r.max_model_len is not None and r.max_model_len < longest:
@@ -437,12 +393,6 @@ def check_algorithm(cfg: RayRLConfig, n: int, warn: Callable[[str], None] = _war
         )
     if cfg.reward_model.enable and not cfg.reward_model.model.path:
         raise ConfigError("reward_model.enable=true needs reward_model.model.path")
-    if cfg.reward_model.score_scale <= 0:
-        raise ConfigError(f"reward_model.score_scale={cfg.reward_model.score_scale} must be > 0")
-    if not 0.0 <= cfg.reward.http.max_error_rate <= 1.0:
-        raise ConfigError(
-            f"reward.http.max_error_rate={cfg.reward.http.max_error_rate} must be in [0, 1]"
-        )
 
 
 def check_async(cfg: RayRLConfig, warn: Callable[[str], None]) -> None:
@@ -517,7 +467,7 @@ def validate_config(cfg: RayRLConfig, warn: Callable[[str], None] = _warn) -> No
     setting that has no effect (default: a `ConfigWarning`)."""
     check_choices(cfg)
     check_async(cfg, warn)
-    check_positive(cfg)
+    check_numeric(cfg)
     check_micro_set(cfg)
     check_rollout(cfg)
     r = cfg.actor_rollout_ref.rollout

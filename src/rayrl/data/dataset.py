@@ -180,6 +180,7 @@ class PromptDataset:
         self.prompt_ids: list[list[int]] = []
         self.positions: list[int] = []  # index of each kept row in the input
         self.rejected: list[RejectedRow] = []
+        self.truncated = 0  # prompts cut to max_prompt_length (data.truncation=left|right)
         self.total_rows = len(rows)
         for i, row in enumerate(rows):
             source = sources[i] if sources is not None else None
@@ -240,7 +241,7 @@ class PromptDataset:
         self = cls.__new__(cls)
         self.tokenizer, self.rows, self.prompt_ids, self.uids = tokenizer, rows, prompt_ids, uids
         self.tools, self.default_agent = None, None
-        self.positions, self.rejected = list(range(len(rows))), []
+        self.positions, self.rejected, self.truncated = list(range(len(rows))), [], 0
         self.max_prompt_length = max((len(p) for p in prompt_ids), default=0)
         return self
 
@@ -250,10 +251,9 @@ class PromptDataset:
 
     def _fit(self, ids: list[int], truncation: str, filter_overlong: bool, where: object):
         limit = self.max_prompt_length
-        if truncation == "left":
-            return ids[-limit:], None
-        if truncation == "right":
-            return ids[:limit], None
+        if truncation in ("left", "right"):
+            self.truncated += 1
+            return (ids[-limit:] if truncation == "left" else ids[:limit]), None
         reason = f"prompt of {len(ids)} tokens is over data.max_prompt_length={limit}"
         if filter_overlong:
             return ids, reason

@@ -1,11 +1,17 @@
-"""Reward sources that fail: an error budget, and bounds on reward-model scores.
+"""Reward sources that fail: one error budget for every reward kind, and bounds on
+reward-model scores.
 
-`ErrorBudget` wraps a remote source (the HTTP service). When the source raises (the
-service is down, times out after its retries, or breaks the protocol), every item of
-that call scores 0 with the reason, is counted and logged, and training goes on. Once
-the failed items exceed `max_error_rate` of all items scored so far, it raises
-`RewardServiceError` with both numbers: an outage that persists stops the run instead
-of training on zeros.
+`ErrorBudget` wraps any reward source (a reward function through its manager, the
+HTTP service, a reward model). A sample fails when its function raised, hung past
+`reward.timeout_s`, or returned no finite number (NaN, None, a string); when the HTTP
+service is down (after its retries) every item of that call fails. A failed sample
+scores 0 with its reason, is counted (`reward/errors`) and training goes on. Once the
+failed samples exceed `max_error_rate` of all samples scored so far (validation
+included), `score` raises `RewardErrorRateError` naming the reward, both counts, the
+first failures' reasons and what to do: a reward that fails persistently stops the
+run instead of training on zeros. The rate is `reward.max_error_rate` (default 0.5;
+1.0 never stops); `reward.http.max_error_rate`, when set, overrides it for the HTTP
+service.
 
 `transform_score` bounds a reward model's raw output (`clip` to +-scale or
 `tanh`-squash it to (-scale, scale)) so that one extreme score cannot blow up the
@@ -24,29 +30,46 @@ from rayrl.rewards.result import RewardResult, failed
 log = logging.getLogger(__name__)
 
 SCORE_TRANSFORMS = ("none", "clip", "tanh")
+RATE_KEY = "reward.max_error_rate"
+FIRST_FAILURES = 3  # failures the error quotes, the first of the run
 
 
 class Source(Protocol):
     def score(self, items: list[dict[str, Any]]) -> list[RewardResult]: ...
 
 
+class RewardErrorRateError(RuntimeError):
+    """More samples failed to score than the error budget allows; the run stops."""
+
+
 class ErrorBudget:
     """Score through `source`, tolerating failures up to `max_error_rate` of all items.
 
     Args:
-        source: a reward source whose `score` may raise `RewardServiceError`.
+        source: any reward source; a `RewardServiceError` it raises (an HTTP outage)
+            fails every item of that call.
         max_error_rate: the largest fraction of items (over the run so far) that may
-            fail before `score` raises.
+            fail before `score` raises `RewardErrorRateError`.
         key: the config key of the rate, named in the error.
+        reward: the reward in words, named in the error (e.g. the function's file and
+            name, the service's URL).
+        advice: what to check first, in the error's "what to do".
     """
 
     def __init__(
-        self, source: Source, max_error_rate: float, key: str = "reward.http.max_error_rate"
+        self,
+        source: Source,
+        max_error_rate: float,
+        key: str = RATE_KEY,
+        reward: str = "the reward",
+        advice: str = "fix the reward",
     ) -> None:
         if not 0.0 <= max_error_rate <= 1.0:
             raise ValueError(f"{key}={max_error_rate} must be in [0, 1]")
         self.source, self.max_error_rate, self.key = source, max_error_rate, key
+        self.reward, self.advice = reward, advice
         self.items = self.errors = self.outages = 0
+        self.first: list[str] = []  # the run's first failures, as quoted in the error
 
     def score(self, items: list[dict[str, Any]]) -> list[RewardResult]:
         try:
@@ -55,24 +78,56 @@ class ErrorBudget:
             self.outages += 1
             log.warning("reward outage, %d items score 0: %s", len(items), exc)
             results = [failed(f"reward service outage: {exc}") for _ in items]
-        self.items += len(items)
-        self.errors += sum(not r.ok for r in results)
+        self._note(items, results)
         if self.items and self.errors / self.items > self.max_error_rate:
-            raise RewardServiceError(
-                f"{self.errors} of {self.items} samples scored so far failed "
-                f"({self.errors / self.items:.0%}), over {self.key}={self.max_error_rate}; "
-                f"last error: {_last_error(results)}. Check the reward service, or raise "
-                f"{self.key} to tolerate more."
-            )
+            raise RewardErrorRateError(self._message())
         return results
 
+    def _note(self, items: list[dict[str, Any]], results: list[RewardResult]) -> None:
+        for position, (item, result) in enumerate(zip(items, results, strict=True)):
+            if result.ok:
+                continue
+            if len(self.first) < FIRST_FAILURES:
+                self.first.append(
+                    f"sample {self.items + position} {_describe(item)}: {result.error}"
+                )
+            self.errors += 1
+        self.items += len(items)
+
+    def _message(self) -> str:
+        quoted = "\n".join(f"    {line}" for line in self.first)
+        return (
+            f"{self.reward} failed on {self.errors} of {self.items} samples scored so far "
+            f"({self.errors / self.items:.0%}), over {self.key}={self.max_error_rate}; "
+            f"the run stops rather than train on zero rewards.\n  first failures:\n{quoted}\n"
+            f"  what to do: {self.advice}; or raise {self.key} (up to 1.0: never stop) "
+            "to train on, failed samples scoring 0."
+        )
+
     def stats(self) -> dict[str, float]:
-        return {"items": self.items, "errors": self.errors, "outages": self.outages}
+        stats = getattr(self.source, "stats", None)
+        inner = stats() if callable(stats) else {}
+        return {**inner, "items": self.items, "errors": self.errors, "outages": self.outages}
+
+    def close(self) -> None:
+        close = getattr(self.source, "close", None)
+        if callable(close):
+            close()
 
 
-def _last_error(results: list[RewardResult]) -> str:
-    errors = [r.error for r in results if r.error]
-    return errors[-1] if errors else "(none in the last call)"
+def _describe(item: dict[str, Any]) -> str:
+    """A failed sample in brief: its data source, ground truth and response's start."""
+    response = str(item.get("solution_str", ""))
+    response = response if len(response) <= 40 else response[:37] + "..."
+    return (
+        f"(data_source={item.get('data_source')!r}, ground_truth="
+        f"{_short(item.get('ground_truth'))}, response={response!r})"
+    )
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def transform_score(score: float, transform: str, scale: float) -> float:

@@ -10,6 +10,7 @@ or right padding, and pad ids that also occur inside the text, give the same sco
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from rayrl.rewards.result import RewardResult
+from rayrl.rewards.result import RewardResult, failed
 
 Messages = list[dict[str, str]]
 
@@ -88,7 +89,12 @@ class ModelReward:
         started = time.monotonic()
         scores = self.score_chats([i["prompt"] for i in items], [i["solution_str"] for i in items])
         each = (time.monotonic() - started) / max(1, len(items))
-        return [RewardResult(score=s, elapsed_s=each) for s in scores]
+        return [
+            RewardResult(score=s, elapsed_s=each)
+            if math.isfinite(s)
+            else failed(f"reward model returned a non-finite score ({s})", each)
+            for s in scores
+        ]
 
     def render(self, prompt: Messages | str, response: str) -> str:
         """The text of a conversation ending in `response` as the assistant turn."""

@@ -116,6 +116,23 @@ class CheckpointManager:
         steps = self.steps()
         return steps[-1] if steps else None
 
+    def stale_marker(self) -> str | None:
+        """A warning when `latest` names a step that is gone or incomplete (deleted by
+        hand, say), naming it and the checkpoint `latest()` falls back to; else None."""
+        marker = self.root / LATEST
+        if not marker.is_file():
+            return None
+        named = marker.read_text().strip()
+        if is_complete(self.root / named):
+            return None
+        steps = self.steps()
+        fallback = (
+            f"the newest complete checkpoint, {steps[-1]}, is used instead"
+            if steps
+            else "no complete checkpoint is left: the run starts from step 0"
+        )
+        return f"{marker} names {named!r}, which is missing or incomplete; {fallback}"
+
     def resolve(self, mode: str, path: str | os.PathLike | None = None) -> Path | None:
         """`trainer.resume_mode`: "auto" (the latest checkpoint here, if any), "disable",
         or "resume_path" (`trainer.resume_from_path`, a global_step_N directory)."""

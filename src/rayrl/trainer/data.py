@@ -4,7 +4,8 @@ Training prompts come from `data.train_files` (or the synthetic task) through th
 loader `data.loader` names: `default` (every row read and tokenised in the driver)
 or `ray` (Ray Data reads, tokenises and shuffles in parallel and streams batches).
 Validation prompts come from `data.val_files`; without them, a run on the synthetic
-task validates on its held-out split (rows the training split does not contain).
+task validates on its held-out split (rows the training split does not contain), and
+a run on files of its own does not validate, saying so once (`no_validation_notice`).
 With multi-turn rollouts on, prompts show the configured tools' schemas through the
 chat template and carry their rows' `agent_name` (`rayrl.workers.agent`).
 """
@@ -113,6 +114,37 @@ def _warn_single_turn_rows(cfg: RayRLConfig, train: Any) -> None:
             "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
             agent,
         )
+
+
+def no_validation_notice(cfg: Any) -> str | None:
+    """The line a run prints when validation was asked for (`trainer.val_before_train`
+    or `trainer.test_freq`) but it has no validation prompts: training files of its own
+    and no `data.val_files` (the synthetic held-out split is not of its task)."""
+    t, d = cfg.trainer, cfg.data
+    asked = getattr(t, "val_before_train", False) or getattr(t, "test_freq", -1) > 0
+    if not asked or not d.train_files or d.val_files:
+        return None
+    return (
+        "no validation: data.val_files is not set (the synthetic task's held-out split "
+        "serves only runs on the synthetic task); set data.val_files to validate on "
+        "held-out prompts of your own"
+    )
+
+
+def truncation_notes(data: Any, d: Any) -> list[str]:
+    """One line per split whose prompts `data.truncation=left|right` cut to
+    `data.max_prompt_length`: how many of how many, and which end went."""
+    notes = []
+    for split, dataset in (("train", data.dataset), ("val", data.val)):
+        cut = getattr(dataset, "truncated", 0)
+        if cut:
+            total = getattr(dataset, "total_rows", "?")
+            end = "start" if d.truncation == "left" else "end"
+            notes.append(
+                f"NOTE: data.truncation={d.truncation} cut {cut} of {total} {split} prompts "
+                f"to data.max_prompt_length={d.max_prompt_length} tokens (their {end} dropped)"
+            )
+    return notes
 
 
 def load_datasets(cfg: RayRLConfig, tokenizer: Any) -> tuple[Any, PromptDataset | None]:

@@ -12,7 +12,9 @@
 - `resources.address=auto` or `HOST:PORT` (or `RAY_ADDRESS`): joins a running cluster (`ray start
   --head` on one machine, `ray start --address=HOST:PORT` on the others).
 - `trainer.log_worker_output`: worker prints reach the driver, each line prefixed
-  with the worker's role and rank (`(actor_rollout_ref rank 0 pid=...)`).
+  with the worker's role and rank (`(actor_rollout_ref rank 0 pid=...)`); the prefix
+  has no colour codes when the driver's output is not a terminal (a log file, a pipe:
+  `plain_worker_prefixes`).
 - `trainer.debug`: Ray's distributed debugger in every worker: `breakpoint()` pauses
   a worker method, and an exception in one stops there for post-mortem inspection.
   `trainer.debugger=vscode` (debugpy; attach with the VS Code "Ray Distributed
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -71,6 +74,7 @@ def connect(cfg: RayRLConfig) -> RaySession:
     res, t = cfg.resources, cfg.trainer
     started = False
     if not ray.is_initialized():
+        plain_worker_prefixes()
         kwargs: dict = {"log_to_driver": t.log_worker_output}
         env = debug_env(cfg)
         if env:
@@ -89,6 +93,54 @@ def connect(cfg: RayRLConfig) -> RaySession:
         started_here=started,
         log_dir=_log_dir(),
     )
+
+
+def plain_worker_prefixes(streams: tuple = ()) -> bool:
+    """Plain text from Ray when the driver's stdout or stderr (or ``streams``) is not a
+    terminal, so that redirected logs hold no ANSI colour codes: the worker-output
+    prefixes (Ray's driver reads `RAY_COLOR_PREFIX`, 0: no colour, at each line it
+    prints; a value the environment already sets is kept) and Ray's own log lines (its
+    "View the dashboard at" line is coloured; `_PlainText`). Whether it turned them off."""
+    import sys
+
+    streams = streams or (sys.stdout, sys.stderr)
+    if all(_is_tty(s) for s in streams):
+        return False
+    ray_logger = logging.getLogger("ray")
+    if not any(isinstance(f, _PlainText) for f in ray_logger.filters):
+        ray_logger.addFilter(_PlainText())
+        for name in RAY_COLOURED_LOGGERS:  # a logger's filters see only its own records
+            logging.getLogger(name).addFilter(_PlainText())
+    if "RAY_COLOR_PREFIX" in os.environ:
+        return False
+    os.environ["RAY_COLOR_PREFIX"] = "0"
+    return True
+
+
+# Ray's loggers that colour their messages (`ray.init`'s dashboard line).
+RAY_COLOURED_LOGGERS = ("ray._private.worker",)
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+class _PlainText(logging.Filter):
+    """Strips ANSI escape sequences from a record's message and arguments."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str):
+            record.msg = ANSI_ESCAPE.sub("", record.msg)
+        if isinstance(record.args, tuple):
+            record.args = tuple(
+                ANSI_ESCAPE.sub("", a) if isinstance(a, str) else a for a in record.args
+            )
+        return True
+
+
+def _is_tty(stream) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty()) if callable(isatty) else False
+    except (OSError, ValueError):  # a closed stream
+        return False
 
 
 def _start_local(kwargs: dict, res) -> None:

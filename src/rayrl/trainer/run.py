@@ -41,7 +41,7 @@ from rayrl.data import DataError
 from rayrl.data.rejected import summarize_rejected, write_rejected
 from rayrl.trainer.checkpoint import CheckpointManager, load_states
 from rayrl.trainer.contract import TrainData, Trainer
-from rayrl.trainer.data import require_batch
+from rayrl.trainer.data import no_validation_notice, require_batch, truncation_notes
 from rayrl.trainer.epochs import epoch_batches, total_steps
 from rayrl.trainer.interrupt import StopOnInterrupt, StopRequested
 from rayrl.trainer.metrics import controller_overhead, usage_metrics
@@ -136,6 +136,8 @@ class Run:
         (`rejected_rows.jsonl`) and summarised by reason; at least one batch usable."""
         data = self.trainer.load_data()
         listed = self._report_rejected(data)
+        for line in truncation_notes(data, self.cfg.data):
+            self.print(line)
         try:
             require_batch(data.dataset, data.batch_size)
         except DataError as err:
@@ -228,6 +230,9 @@ class Run:
         """Apply `trainer.resume_mode` (`rayrl.trainer.resume`: a damaged checkpoint named,
         the run's fingerprint checked); metrics.jsonl keeps the rows up to the resumed step."""
         t = self.cfg.trainer
+        stale = self.checkpoints.stale_marker() if t.resume_mode == "auto" else None
+        if stale:
+            self.print(f"WARNING: {stale}")
         path = self.checkpoints.resolve(t.resume_mode, t.resume_from_path)
         if path is None:
             self.progress.load_state_dict(Progress().state_dict())
@@ -325,6 +330,9 @@ class Run:
         under recovery. A rewind to a checkpoint (a lost snapshot) continues from there."""
         t, replay = self.cfg.trainer, self.replay
         validates = self._data().val is not None
+        notice = None if validates else no_validation_notice(self.cfg)
+        if notice:
+            self.print(notice)
         if getattr(t, "val_only", False):  # verl's trainer.val_only: validate, then stop
             if not validates:
                 raise ValueError("trainer.val_only=true needs validation data (data.val_files)")

@@ -50,6 +50,7 @@ from rayrl.workers.common import (
     epoch_rows,
     forward_sizes,
     load_rng,
+    logprob_temperature,
     mean_metrics,
     optim_spec,
     per_rank_mini_batch,
@@ -333,7 +334,7 @@ class ActorRolloutRefWorker(Worker):
         # Entropy comes from the same fused chunk pass (no second read of the logits);
         # the trainer reports it as `actor/entropy`, as verl does.
         out = self.actor.forward(
-            batch, with_entropy=True, temperature=r.temperature, **forward_sizes(r)
+            batch, with_entropy=True, temperature=logprob_temperature(r), **forward_sizes(r)
         )
         return Batch({"old_log_probs": out["log_probs"], "entropy": out["entropy"]})
 
@@ -345,7 +346,7 @@ class ActorRolloutRefWorker(Worker):
 
     def _ref_log_prob(self, batch: Batch) -> Batch:
         sizes = forward_sizes(self.cfg.actor_rollout_ref.ref)
-        sizes["temperature"] = self.cfg.actor_rollout_ref.rollout.temperature
+        sizes["temperature"] = logprob_temperature(self.cfg.actor_rollout_ref.rollout)
         if self.lora:
             with self.actor.adapters_disabled():
                 out = self.actor.forward(batch, **sizes)
@@ -416,7 +417,7 @@ class ActorRolloutRefWorker(Worker):
                     else None,
                     with_entropy=a.entropy_coeff != 0 or ctx.on_policy,
                     step_lr=epoch == a.ppo_epochs - 1,
-                    temperature=arr.rollout.temperature,
+                    temperature=logprob_temperature(arr.rollout),
                 )
             )
         return metrics

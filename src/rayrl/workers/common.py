@@ -56,6 +56,17 @@ def forward_sizes(group: Any) -> dict[str, int | None]:
     return {"micro_batch_size": group.log_prob_micro_batch_size_per_gpu}
 
 
+def logprob_temperature(rollout: Any) -> float:
+    """The temperature the actor and reference compute log-probs at: the rollout's, or 1
+    when the rollout decodes greedily (``temperature=0`` or ``do_sample=false``). A greedy
+    rollout takes the argmax of the raw logits and records their temperature-1 log-probs
+    (`rayrl.engines.rollout.sampling`), as vLLM reports raw log-probs for verl's
+    ``temperature=0``; the trainer's log-probs are of the same distribution, not a
+    division by zero."""
+    greedy = rollout.temperature == 0 or not rollout.do_sample
+    return 1.0 if greedy else float(rollout.temperature)
+
+
 def optim_spec(optim: Any, total_steps: int | None) -> OptimSpec:
     """The engine's optimizer settings from a config's ``optim`` group (verl's names:
     ``lr_scheduler_type`` in `rayrl train`'s groups, ``lr_scheduler`` in `rayrl sft`'s).

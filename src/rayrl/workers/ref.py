@@ -9,7 +9,7 @@ from __future__ import annotations
 from rayrl.batch import Batch
 from rayrl.config.schema import RayRLConfig
 from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
-from rayrl.workers.common import forward_sizes, reference_kwargs
+from rayrl.workers.common import forward_sizes, logprob_temperature, reference_kwargs
 
 
 class ReferenceWorker(Worker):
@@ -45,6 +45,6 @@ class ReferenceWorker(Worker):
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         arr = self.cfg.actor_rollout_ref
         out = self.engine.forward(
-            batch, temperature=arr.rollout.temperature, **forward_sizes(arr.ref)
+            batch, temperature=logprob_temperature(arr.rollout), **forward_sizes(arr.ref)
         )
         return Batch({"ref_log_prob": out["log_probs"]})

@@ -1,10 +1,12 @@
 """Reward: scores responses with a rule-based function (a timeout-safe process pool),
 a remote HTTP service, or a reward model, and puts the score on the last token.
 
-A function that raises or hangs scores 0 and is counted (`reward/errors`); the run
-goes on. An outage of the HTTP service scores its items 0 too, counted and logged, and
-stops the run only once more than `reward.http.max_error_rate` of the samples scored
-so far have failed. The reward model runs on the GPU its bundle reserves, in bf16,
+A sample whose function raises, hangs or returns no finite number scores 0 and is
+counted (`reward/errors`); an outage of the HTTP service scores its items 0 too, and a
+reward model's non-finite score. The run goes on until more than
+`reward.max_error_rate` of the samples scored so far have failed, whatever the reward
+kind (`rayrl.rewards.budget`); then it stops naming the reward, the counts and the
+first failures. The reward model runs on the GPU its bundle reserves, in bf16,
 with its scores optionally clipped or tanh-bounded (`reward_model.score_transform`).
 The result carries `token_level_scores` [b, R] (the score at each response's last
 token), `scores` [b], `reward_elapsed_s` [b], `reward_error` and `reward_extra` (the
@@ -21,14 +23,16 @@ so a `compute_score(data_source, solution_str, ground_truth, extra_info)` may us
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
 from rayrl.batch import Batch
 from rayrl.config.schema import RayRLConfig
 from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
-from rayrl.rewards import HTTPReward, RewardPool, RewardResult, make_scorer, spec_from_config
-from rayrl.rewards.budget import BoundedScores, ErrorBudget
+from rayrl.rewards import HTTPReward, RewardResult, make_scorer, spec_from_config
+from rayrl.rewards.budget import RATE_KEY, BoundedScores, ErrorBudget
 from rayrl.rewards.items import make_items, summarize
 
 
@@ -38,29 +42,10 @@ class RewardWorker(Worker):
     def init_worker(self, config: RayRLConfig, tokenizer_path: str) -> None:
         from transformers import AutoTokenizer
 
-        r, rm, fn = config.reward, config.reward_model, config.custom_reward_function
         self.tokenizer = AutoTokenizer.from_pretrained(
             tokenizer_path, trust_remote_code=config.actor_rollout_ref.model.trust_remote_code
         )
-        self.source: RewardPool | ErrorBudget | BoundedScores
-        if rm.enable:
-            from rayrl.rewards import ModelReward
-
-            device, dtype = reward_model_placement()
-            model = ModelReward(
-                rm.model.path,
-                device=device,
-                dtype=dtype,
-                micro_batch_size=rm.micro_batch_size_per_gpu,
-                max_length=rm.max_length,
-            )
-            self.source = BoundedScores(model, rm.score_transform, rm.score_scale)
-        elif r.http.url:
-            service = HTTPReward(r.http.url, timeout_s=r.http.timeout_s, retries=r.http.retries)
-            self.source = ErrorBudget(service, r.http.max_error_rate)
-        else:
-            spec = spec_from_config(fn.path, fn.name, {**r.reward_kwargs, **fn.reward_kwargs})
-            self.source = make_scorer(r.reward_manager.name, spec, r.num_workers, r.timeout_s)
+        self.source = ErrorBudget(make_source(config), *error_policy(config))
 
     @register(dispatch=DP_SPLIT)
     def compute_score(self, batch: Batch) -> Batch:
@@ -86,8 +71,56 @@ class RewardWorker(Worker):
 
     @register(dispatch=ONE_TO_ALL)
     def stats(self) -> dict:
-        stats = getattr(self.source, "stats", None)
-        return stats() if callable(stats) else {}
+        return self.source.stats()
+
+
+def make_source(config: RayRLConfig) -> Any:
+    """The reward source the config's reward group names: a reward model, the HTTP
+    service, or a function (a user's file or the built-in scorers) through its manager."""
+    r, rm, fn = config.reward, config.reward_model, config.custom_reward_function
+    if rm.enable:
+        from rayrl.rewards import ModelReward
+
+        device, dtype = reward_model_placement()
+        model = ModelReward(
+            rm.model.path,
+            device=device,
+            dtype=dtype,
+            micro_batch_size=rm.micro_batch_size_per_gpu,
+            max_length=rm.max_length,
+        )
+        return BoundedScores(model, rm.score_transform, rm.score_scale)
+    if r.http.url:
+        return HTTPReward(r.http.url, timeout_s=r.http.timeout_s, retries=r.http.retries)
+    spec = spec_from_config(fn.path, fn.name, {**r.reward_kwargs, **fn.reward_kwargs})
+    return make_scorer(r.reward_manager.name, spec, r.num_workers, r.timeout_s)
+
+
+def error_policy(config: RayRLConfig) -> tuple[float, str, str, str]:
+    """The error budget of the config's reward: (rate, its key, the reward in words,
+    what to check first), for `ErrorBudget`."""
+    r, rm, fn = config.reward, config.reward_model, config.custom_reward_function
+    rate, key = r.max_error_rate, RATE_KEY
+    if rm.enable:
+        return rate, key, f"reward model {rm.model.path}", "check the reward model's scores"
+    if r.http.url:
+        if r.http.max_error_rate is not None:
+            rate, key = r.http.max_error_rate, "reward.http.max_error_rate"
+        return rate, key, f"HTTP reward {r.http.url}", "check the reward service"
+    manager = r.reward_manager.name
+    if fn.path:
+        reward = (
+            f"reward function {fn.name or 'compute_score'} in {fn.path} "
+            f"(custom_reward_function.path/name, reward manager {manager})"
+        )
+        advice = (
+            "fix the function (call it on one of the samples above: it must return a "
+            "finite number, or a dict with a numeric 'score', within reward.timeout_s)"
+        )
+    else:
+        reward = f"the built-in reward scorers (reward manager {manager})"
+        advice = "check each row's data_source and ground_truth against the built-in scorers"
+    return rate, key, reward, advice
 
 
 EPISODE_EXTRAS = {  # extra_info key -> the multi-turn rollout's column
