@@ -51,6 +51,9 @@ class DataConfig:
     synthetic_size: int = 512
     synthetic_val_size: int = 32  # held-out rows of the synthetic task (when no val_files)
     loader: str = "default"  # default (in memory) | ray (Ray Data: parallel read, streamed)
+    # extra arguments of the chat template for prompts and multi-turn episodes
+    # (e.g. {reasoning_effort: medium} for gpt-oss, {enable_thinking: false} for Qwen3)
+    apply_chat_template_kwargs: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -89,6 +92,13 @@ class ModelConfig:
     lora_rank: int = 0  # 0 disables LoRA
     lora_alpha: int = 16
     target_modules: Any = "all-linear"  # "all-linear" or a list of module names
+    exclude_modules: Any = None  # modules without adapters: a regex or a list of names
+    # values set on the HF model config of every role that builds this model (actor,
+    # reference, rollout; the critic's own): `rayrl.models.config_overrides`
+    override_config: dict = field(default_factory=dict)
+    # a Jinja chat template that replaces the tokenizer's for prompts and multi-turn
+    # episodes (the exported hf/ directory keeps the model's own)
+    custom_chat_template: str | None = None
 
 
 @dataclass
@@ -222,6 +232,7 @@ class CriticModelConfig:
     enable_gradient_checkpointing: bool = True
     use_remove_padding: bool = False
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    override_config: dict = field(default_factory=dict)  # set on the critic's HF config
 
 
 def _critic_optim() -> OptimConfig:

@@ -95,6 +95,8 @@ class SFTModelConfig:
     lora_rank: int = 0  # 0 disables LoRA
     lora_alpha: int = 16
     target_modules: Any = "all-linear"
+    exclude_modules: Any = None  # modules without adapters: a regex or a list of names
+    override_config: dict = field(default_factory=dict)  # set on the HF model config
 
 
 @dataclass

@@ -42,6 +42,7 @@ def _dataset(rows: list[dict], tokenizer: Any, cfg: RayRLConfig, sources=None) -
         filter_overlong=d.filter_overlong_prompts,
         prompt_key=d.prompt_key,
         sources=sources,
+        chat_template_kwargs=d.apply_chat_template_kwargs,
         **_agent_settings(cfg),
     )
 
@@ -77,6 +78,7 @@ def ray_loader(cfg: RayRLConfig, tokenizer: Any):
         filter_overlong=d.filter_overlong_prompts,
         prompt_key=d.prompt_key,
         num_blocks=d.dataloader_num_workers,
+        chat_template_kwargs=d.apply_chat_template_kwargs,
         **_agent_settings(cfg),
     )
 

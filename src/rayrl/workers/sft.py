@@ -47,6 +47,7 @@ def sft_engine_kwargs(cfg: SFTConfig) -> dict[str, Any]:
         "use_remove_padding": cfg.use_remove_padding,
         "seed": cfg.trainer.seed,
         "trust_remote_code": m.trust_remote_code,
+        "config_overrides": dict(m.override_config),
         "lora": LoraSpec.from_model_config(m),
     }
 

@@ -114,7 +114,6 @@ def _model(group: str) -> dict[str, Rule]:
         f"{group}.external_lib": Only(
             (None,), "importing a model library", hint="import it in your reward or model module"
         ),
-        f"{group}.override_config": Only(({},), "model config overrides"),
         f"{group}.enable_activation_offload": Inert("rayrl has no activation offload"),
         f"{group}.exclude_modules": Only((None,), "LoRA exclude_modules"),
         f"{group}.use_liger": Inert("rayrl does not use Liger kernels"),
@@ -290,7 +289,6 @@ DATA: dict[str, Rule] = {
     ),
     "data.custom_cls.path": Only((None,), "custom dataset classes"),
     "data.custom_cls.name": Inert("a custom dataset class name (data.custom_cls.path is unset)"),
-    "data.apply_chat_template_kwargs": Only(({},), "chat template arguments for RL prompts"),
 }
 
 CRITIC: dict[str, Rule] = {
