@@ -13,8 +13,8 @@ verl command line sets it, and checked where it takes effect.
 from __future__ import annotations
 
 import pytest
-from engine_cases import tiny_model_dir  # noqa: F401 (fixture)
 
+from engine_cases import tiny_model_dir  # noqa: F401 (fixture)
 from rayrl.config import load_config
 from rayrl.data import write_parquet
 from rayrl.engines.lora import LoraSpec, apply_lora
