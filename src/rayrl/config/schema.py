@@ -33,6 +33,14 @@ _ACTOR = "actor_rollout_ref.actor"
 
 
 @dataclass
+class CustomDatasetConfig:
+    """A dataset class of one's own (verl's `data.custom_cls`, `rayrl.data.custom`)."""
+
+    path: str | None = None  # a Python file (or pkg://module) defining the class
+    name: str | None = None  # the class's name in it
+
+
+@dataclass
 class DataConfig:
     train_files: Any = field(default_factory=list)  # a path or a list; empty: synthetic task
     val_files: Any = field(default_factory=list)
@@ -54,6 +62,7 @@ class DataConfig:
     # extra arguments of the chat template for prompts and multi-turn episodes
     # (e.g. {reasoning_effort: medium} for gpt-oss, {enable_thinking: false} for Qwen3)
     apply_chat_template_kwargs: dict = field(default_factory=dict)
+    custom_cls: CustomDatasetConfig = field(default_factory=CustomDatasetConfig)
 
 
 @dataclass

@@ -82,6 +82,16 @@ def check_run_keys(cfg: RayRLConfig) -> None:
             "algorithm.filter_groups (dynamic sampling) draws extra prompts at random, which "
             "the streaming data.loader=ray cannot; use data.loader=default with it"
         )
+    custom = cfg.data.custom_cls
+    if custom.path is not None and not custom.name:
+        raise ConfigError(f"data.custom_cls.path={custom.path!r} needs data.custom_cls.name")
+    if custom.path is not None and cfg.data.loader == "ray":
+        raise ConfigError(
+            "data.custom_cls (a dataset class of one's own) builds its rows in the driver; "
+            "the streaming data.loader=ray reads parquet files itself: use data.loader=default"
+        )
+    if custom.path is not None and not cfg.data.train_files:
+        raise ConfigError("data.custom_cls needs data.train_files (the files given to the class)")
     vbs = cfg.data.val_batch_size
     if vbs is not None and vbs < 1:
         raise ConfigError(f"data.val_batch_size={vbs} must be at least 1 (or null: all at once)")

@@ -176,6 +176,7 @@ class PromptDataset:
     ) -> None:
         self.tokenizer = tokenizer
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.prompt_key = prompt_key
         self.max_prompt_length = max_prompt_length
         self.tools = list(tools) if tools else None
         self.default_agent = default_agent
@@ -297,7 +298,7 @@ class PromptDataset:
             "data_source": column(lambda i: self.rows[i]["data_source"]),
             "ground_truth": column(lambda i: self.rows[i]["reward_model"]["ground_truth"]),
             "extra_info": column(lambda i: self.rows[i].get("extra_info") or {}),
-            "raw_prompt": column(lambda i: self.rows[i]["prompt"]),
+            "raw_prompt": column(lambda i: self.rows[i][getattr(self, "prompt_key", "prompt")]),
         }
         if self.default_agent or any(r.get("agent_name") for r in self.rows):
             non_tensors["agent_name"] = column(lambda i: self.agent_of(self.rows[i]))

@@ -287,8 +287,6 @@ DATA: dict[str, Rule] = {
     "data.trust_remote_code": Inert(
         "the tokenizer follows actor_rollout_ref.model.trust_remote_code"
     ),
-    "data.custom_cls.path": Only((None,), "custom dataset classes"),
-    "data.custom_cls.name": Inert("a custom dataset class name (data.custom_cls.path is unset)"),
 }
 
 CRITIC: dict[str, Rule] = {
