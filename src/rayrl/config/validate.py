@@ -236,13 +236,12 @@ def check_rollout(cfg: RayRLConfig) -> None:
 
 
 def check_fsdp_size(key: str, size: int, world: int) -> None:
-    """rayrl shards a model over all its ranks: `fsdp_size` is -1 or the world size."""
-    if size not in (-1, world):
-        raise ConfigError(
-            f"{key}={size}: rayrl shards each model over all {world} ranks (trainer.nnodes x "
-            f"trainer.n_gpus_per_node); set {key} to -1 or {world}. Sharding within groups "
-            f"of {size} ranks, replicated across groups (HSDP), is not supported"
-        )
+    """`fsdp_size` (the `fsdp_config` group `key` names) is -1, at least the world
+    (sharding over every rank), or a divisor of the world (HSDP: `MeshSpec`)."""
+    try:
+        MeshSpec(world, 1, size)
+    except MeshError as err:
+        raise ConfigError(str(err).replace("fsdp_config.fsdp_size", key)) from None
 
 
 VISION_CONFIG_KEYS = ("vision_config", "visual", "vision_tower")

@@ -42,6 +42,7 @@ def sft_engine_kwargs(cfg: SFTConfig) -> dict[str, Any]:
         "mixed_precision": DTYPE_NAMES.get(fsdp.dtype, fsdp.dtype) == "bfloat16",
         "param_offload": offload,
         "optimizer_offload": offload,
+        "fsdp_size": fsdp.fsdp_size,
         "attn_implementation": m.attn_implementation,
         "gradient_checkpointing": m.enable_gradient_checkpointing,
         "use_remove_padding": cfg.use_remove_padding,

@@ -217,6 +217,13 @@ ROLLOUT: dict[str, Rule] = {
         hint="rayrl's are of the sampling distribution (temperature, top-k, top-p applied)",
     ),
     f"{ARR}.rollout.scheduling_policy": Inert(VLLM),
+    # verl's SGLang HTTP server settings (its rollout config's `server`), and the older
+    # switch to that server, which verl 0.9.1 reads no more
+    f"{ARR}.rollout.server": Inert(VLLM),
+    f"{ARR}.rollout.sglang_rollout_mode": Inert(
+        "verl's old switch to an SGLang HTTP server (verl 0.9.1 does not read it either); "
+        "rayrl's rollout engines run inside its workers"
+    ),
     f"{ARR}.rollout.disable_log_stats": Inert(VLLM),
     f"{ARR}.rollout.skip_tokenizer_init": Inert(VLLM),
     f"{ARR}.rollout.multi_stage_wake_up": Inert(VLLM),
