@@ -21,9 +21,8 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "rayrl"
 # Keys another piece of work is wiring right now; each must leave this set when read.
 # The rollout's tensor-parallel size: the native engine takes it (tp_size, tp_group from
 # rayrl.engines.rollout.native.tp.make_tp_groups); the actor worker passes it on next.
-# rayrl sft's fsdp_size: checked at load (-1 or the world size: SFT shards over all ranks).
 PENDING: set[str] = set()
-SFT_PENDING: set[str] = {"model.fsdp_config.fsdp_size"}
+SFT_PENDING: set[str] = set()
 # verl's deprecated global micro-batch sizes: the config layer turns them into the
 # per-GPU keys (`rayrl.config.compat.micro_batch`), which the code reads.
 RESOLVED_AT_LOAD = set(GLOBAL_MICRO_BATCH)

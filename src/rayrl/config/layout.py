@@ -6,8 +6,8 @@ sequence-parallel groups; plain arithmetic, no torch.
   ranks and replicated across those groups (HSDP: ``[replicate, shard]``, a 2-D mesh).
   With ranks placed node by node, ``fsdp_size`` = GPUs per node keeps every per-layer
   all-gather and reduce-scatter inside a node; only the gradient all-reduce of the
-  replicas crosses nodes, once per mini-batch. ``-1`` (or the world size) is flat FSDP
-  over every rank (a 1-D mesh).
+  replicas crosses nodes, once per mini-batch. ``-1`` (or the world size, or more, as
+  in verl) is flat FSDP over every rank (a 1-D mesh).
 * **Data** (`MeshSpec.sp`, verl's ``ulysses_sequence_parallel_size``): ``sp``
   consecutive ranks form one sequence-parallel group that holds the same rows and
   splits each packed row's tokens between them; the ``world / sp`` groups are the
@@ -36,8 +36,9 @@ class MeshSpec:
     Args:
         world: ranks of the process group.
         sp: Ulysses sequence-parallel size (1: off); must divide ``world``.
-        fsdp_size: ranks per sharding group; -1 (or ``world``) shards over all of them,
-            a divisor of ``world`` below it replicates across ``world / fsdp_size`` groups.
+        fsdp_size: ranks per sharding group; -1 (or ``world`` or more, as in verl)
+            shards over all of them, a divisor of ``world`` below it replicates across
+            ``world / fsdp_size`` groups.
     """
 
     world: int
@@ -58,17 +59,17 @@ class MeshSpec:
                 f"fsdp_config.fsdp_size={self.fsdp_size}: use -1 (shard over every rank) or a "
                 f"number of ranks per sharding group"
             )
-        if self.fsdp_size > 0 and (self.fsdp_size > self.world or self.world % self.fsdp_size):
+        if 0 < self.fsdp_size < self.world and self.world % self.fsdp_size:
             raise MeshError(
                 f"fsdp_config.fsdp_size={self.fsdp_size} must divide the {self.world} ranks "
                 f"(e.g. the GPUs per node, to shard within a node and replicate across nodes), "
-                "or be -1 to shard over all of them"
+                "or be -1 (or at least the world size) to shard over all of them"
             )
 
     @property
     def shard(self) -> int:
         """Ranks per sharding group."""
-        return self.world if self.fsdp_size == -1 else self.fsdp_size
+        return self.world if self.fsdp_size == -1 else min(self.fsdp_size, self.world)
 
     @property
     def replicate(self) -> int:

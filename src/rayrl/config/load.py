@@ -25,6 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from rayrl.config.compat import (
     apply_rules,
+    map_bool_frequencies,
     map_rollout_name,
     resolve_global_micro_batches,
     rule_table,
@@ -190,6 +191,7 @@ def source_data(data: dict[str, Any], origin: str, warn: Callable[[str], None]) 
         raise ConfigError(f"{exc} (in {origin})") from None
     for message in map_rollout_name(data):
         warn(message)
+    map_bool_frequencies(data)
     check_keys(data, origin=origin)
     return data
 

@@ -33,6 +33,14 @@ _ACTOR = "actor_rollout_ref.actor"
 
 
 @dataclass
+class CustomDatasetConfig:
+    """A dataset class of one's own (verl's `data.custom_cls`, `rayrl.data.custom`)."""
+
+    path: str | None = None  # a Python file (or pkg://module) defining the class
+    name: str | None = None  # the class's name in it
+
+
+@dataclass
 class DataConfig:
     train_files: Any = field(default_factory=list)  # a path or a list; empty: synthetic task
     val_files: Any = field(default_factory=list)
@@ -51,6 +59,10 @@ class DataConfig:
     synthetic_size: int = 512
     synthetic_val_size: int = 32  # held-out rows of the synthetic task (when no val_files)
     loader: str = "default"  # default (in memory) | ray (Ray Data: parallel read, streamed)
+    # extra arguments of the chat template for prompts and multi-turn episodes
+    # (e.g. {reasoning_effort: medium} for gpt-oss, {enable_thinking: false} for Qwen3)
+    apply_chat_template_kwargs: dict = field(default_factory=dict)
+    custom_cls: CustomDatasetConfig = field(default_factory=CustomDatasetConfig)
 
 
 @dataclass
@@ -89,6 +101,13 @@ class ModelConfig:
     lora_rank: int = 0  # 0 disables LoRA
     lora_alpha: int = 16
     target_modules: Any = "all-linear"  # "all-linear" or a list of module names
+    exclude_modules: Any = None  # modules without adapters: a regex or a list of names
+    # values set on the HF model config of every role that builds this model (actor,
+    # reference, rollout; the critic's own): `rayrl.models.config_overrides`
+    override_config: dict = field(default_factory=dict)
+    # a Jinja chat template that replaces the tokenizer's for prompts and multi-turn
+    # episodes (the exported hf/ directory keeps the model's own)
+    custom_chat_template: str | None = None
 
 
 @dataclass
@@ -222,6 +241,7 @@ class CriticModelConfig:
     enable_gradient_checkpointing: bool = True
     use_remove_padding: bool = False
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    override_config: dict = field(default_factory=dict)  # set on the critic's HF config
 
 
 def _critic_optim() -> OptimConfig:

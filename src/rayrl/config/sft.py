@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rayrl.config.compat import apply_rules, rule_table
+from rayrl.config.compat import apply_rules, map_bool_frequencies, rule_table
 from rayrl.config.compat.verl_sft import RULES
 from rayrl.config.errors import ConfigError
 from rayrl.config.errors import warn as _warn
@@ -38,6 +38,7 @@ from rayrl.config.schema import ResourcesConfig
 from rayrl.config.validate import check_cpus_per_worker, check_fsdp_size
 
 SFT_BUILTIN_DIR = Path(__file__).resolve().parent / "sft"
+EACH_EPOCH = "after_each_epoch"  # a save or validation frequency: the steps of an epoch
 
 
 @dataclass
@@ -82,7 +83,9 @@ class SFTFSDPConfig:
     dtype: str = "bfloat16"  # compute dtype on GPU: bfloat16 (mixed precision) | float32
     cpu_offload: bool = False  # with offload_params: weights and optimizer in host memory
     offload_params: bool = False
-    fsdp_size: int = -1  # ranks sharing one copy of the model; -1: all of them (no HSDP)
+    # ranks per sharding group: -1 (or the world or more) all of them; a divisor of the
+    # world below it shards within groups and replicates across them (HSDP)
+    fsdp_size: int = -1
 
 
 @dataclass
@@ -95,6 +98,8 @@ class SFTModelConfig:
     lora_rank: int = 0  # 0 disables LoRA
     lora_alpha: int = 16
     target_modules: Any = "all-linear"
+    exclude_modules: Any = None  # modules without adapters: a regex or a list of names
+    override_config: dict = field(default_factory=dict)  # set on the HF model config
 
 
 @dataclass
@@ -123,8 +128,9 @@ class SFTTrainerConfig:
     project_name: str = "gsm8k-sft"
     experiment_name: str = "test"
     logger: Any = field(default_factory=lambda: ["console"])
-    save_freq: int = -1
-    test_freq: int = -1  # validation loss every N steps (and at the end) when val data exist
+    # every N steps, or after_each_epoch (verl's SFT trainer's word); -1: never
+    save_freq: Any = -1
+    test_freq: Any = -1  # validation loss every N steps (and at the end) when val data exist
     max_ckpt_to_keep: int | None = None
     resume_mode: str = "auto"  # auto | disable | resume_path
     resume_from_path: str | None = None
@@ -158,6 +164,7 @@ def sft_source_data(data: dict, origin: str, warn: Callable[[str], None]) -> dic
         data = apply_rules(data, _TABLE, warn)
     except ConfigError as exc:
         raise ConfigError(f"{exc} (in {origin})") from None
+    map_bool_frequencies(data)
     check_keys(data, SFTConfig, origin=origin)
     return data
 
@@ -239,11 +246,12 @@ def validate_sft_config(cfg: SFTConfig) -> None:
         raise ConfigError(
             f"data.synthetic_correct_rate={d.synthetic_correct_rate} must be in [0, 1]"
         )
-    if t.save_freq == 0 or t.test_freq == 0:
-        raise ConfigError(
-            "trainer.save_freq and trainer.test_freq are a number of steps, or -1 for never; "
-            f"got save_freq={t.save_freq}, test_freq={t.test_freq}"
-        )
+    for key in ("save_freq", "test_freq"):
+        value = getattr(t, key)
+        if value != EACH_EPOCH and (type(value) is not int or value == 0 or value < -1):
+            raise ConfigError(
+                f"trainer.{key}={value!r}: a number of steps, {EACH_EPOCH}, or -1 for never"
+            )
     if t.resume_mode == "resume_path" and not t.resume_from_path:
         raise ConfigError(
             "trainer.resume_mode=resume_path needs trainer.resume_from_path (a "

@@ -72,6 +72,16 @@ def check_run_keys(cfg: RayRLConfig) -> None:
             "algorithm.filter_groups (dynamic sampling) draws extra prompts at random, which "
             "the streaming data.loader=ray cannot; use data.loader=default with it"
         )
+    custom = cfg.data.custom_cls
+    if custom.path is not None and not custom.name:
+        raise ConfigError(f"data.custom_cls.path={custom.path!r} needs data.custom_cls.name")
+    if custom.path is not None and cfg.data.loader == "ray":
+        raise ConfigError(
+            "data.custom_cls (a dataset class of one's own) builds its rows in the driver; "
+            "the streaming data.loader=ray reads parquet files itself: use data.loader=default"
+        )
+    if custom.path is not None and not cfg.data.train_files:
+        raise ConfigError("data.custom_cls needs data.train_files (the files given to the class)")
 
 
 def check_numeric(cfg: RayRLConfig) -> None:
@@ -182,13 +192,12 @@ def check_rollout(cfg: RayRLConfig) -> None:
 
 
 def check_fsdp_size(key: str, size: int, world: int) -> None:
-    """rayrl shards a model over all its ranks: `fsdp_size` is -1 or the world size."""
-    if size not in (-1, world):
-        raise ConfigError(
-            f"{key}={size}: rayrl shards each model over all {world} ranks (trainer.nnodes x "
-            f"trainer.n_gpus_per_node); set {key} to -1 or {world}. Sharding within groups "
-            f"of {size} ranks, replicated across groups (HSDP), is not supported"
-        )
+    """`fsdp_size` (the `fsdp_config` group `key` names) is -1, at least the world
+    (sharding over every rank), or a divisor of the world (HSDP: `MeshSpec`)."""
+    try:
+        MeshSpec(world, 1, size)
+    except MeshError as err:
+        raise ConfigError(str(err).replace("fsdp_config.fsdp_size", key)) from None
 
 
 VISION_CONFIG_KEYS = ("vision_config", "visual", "vision_tower")

@@ -157,7 +157,8 @@ def messages_problem(messages: object, prompt_key: str) -> str | None:
 
 
 class PromptDataset:
-    """Tokenized prompts (chat template applied) with over-long and malformed rows set aside."""
+    """Tokenized prompts (chat template applied, with `chat_template_kwargs`: verl's
+    `data.apply_chat_template_kwargs`) with over-long and malformed rows set aside."""
 
     def __init__(
         self,
@@ -171,8 +172,11 @@ class PromptDataset:
         sources: Sequence[RowSource] | None = None,
         tools: Sequence[dict] | None = None,
         default_agent: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.prompt_key = prompt_key
         self.max_prompt_length = max_prompt_length
         self.tools = list(tools) if tools else None
         self.default_agent = default_agent
@@ -224,7 +228,9 @@ class PromptDataset:
         self, messages: list[dict], tools: list[dict] | None = None
     ) -> tuple[list[int] | None, str | None]:
         """Token ids of the prompt with the chat template applied, or why there are none."""
-        extra = {"tools": tools} if tools else {}
+        extra = dict(self.chat_template_kwargs)
+        if tools:
+            extra["tools"] = tools
         try:
             text = self.tokenizer.apply_chat_template(
                 list(messages), tokenize=False, add_generation_prompt=True, **extra
@@ -292,7 +298,7 @@ class PromptDataset:
             "data_source": column(lambda i: self.rows[i]["data_source"]),
             "ground_truth": column(lambda i: self.rows[i]["reward_model"]["ground_truth"]),
             "extra_info": column(lambda i: self.rows[i].get("extra_info") or {}),
-            "raw_prompt": column(lambda i: self.rows[i]["prompt"]),
+            "raw_prompt": column(lambda i: self.rows[i][getattr(self, "prompt_key", "prompt")]),
         }
         if self.default_agent or any(r.get("agent_name") for r in self.rows):
             non_tensors["agent_name"] = column(lambda i: self.agent_of(self.rows[i]))

@@ -82,6 +82,7 @@ class RayPromptLoader:
         num_blocks: int = 0,
         tools: Sequence[dict] | None = None,
         default_agent: str | None = None,
+        chat_template_kwargs: dict | None = None,
     ) -> None:
         import pyarrow.compute as pc
         import ray.data
@@ -96,6 +97,7 @@ class RayPromptLoader:
             "prompt_key": prompt_key,
             "tools": list(tools) if tools else None,
             "default_agent": default_agent,
+            "chat_template_kwargs": dict(chat_template_kwargs or {}),
         }
         self.default_agent = default_agent
         ctx = ray.data.DataContext.get_current()

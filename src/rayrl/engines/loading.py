@@ -40,9 +40,14 @@ def has_tokenizer(path: str) -> bool:
     return any(os.path.isfile(os.path.join(path, n)) for n in names)
 
 
-def load_config(path: str, dtype: str, trust_remote_code: bool = False):
-    """The model directory's config and the torch dtype of ``dtype`` ("auto": float32)."""
+def load_config(
+    path: str, dtype: str, trust_remote_code: bool = False, config_overrides: dict | None = None
+):
+    """The model directory's config, with verl's ``override_config`` values set on it
+    (`rayrl.models.config_overrides`), and the torch dtype of ``dtype`` ("auto": float32)."""
     from transformers import AutoConfig
+
+    from rayrl.models.config_overrides import apply_config_overrides
 
     if dtype == "auto":
         dtype = "float32"
@@ -53,7 +58,9 @@ def load_config(path: str, dtype: str, trust_remote_code: bool = False):
             f"{path} has no config.json; pass a Hugging Face model directory "
             "(`rayrl models tiny` builds one)."
         )
-    return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code), DTYPES[dtype]
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    apply_config_overrides(config, config_overrides, "model.override_config")
+    return config, DTYPES[dtype]
 
 
 def build_empty_model(
@@ -62,14 +69,15 @@ def build_empty_model(
     dtype: str,
     attn_implementation: str,
     trust_remote_code: bool = False,
+    config_overrides: dict | None = None,
 ) -> nn.Module:
-    """The model of ``path``'s config with its parameters on the meta device (``dtype``)
-    and its buffers in host memory; dropout off, as `load_hf_model`'s. Its generation
+    """The model of ``path``'s config (``config_overrides`` set on it) with its parameters
+    on the meta device (``dtype``) and its buffers in host memory; dropout off, as `load_hf_model`'s. Its generation
     config is the directory's, when it has one."""
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, GenerationConfig
 
-    config, torch_dtype = load_config(path, dtype, trust_remote_code)
+    config, torch_dtype = load_config(path, dtype, trust_remote_code, config_overrides)
     kwargs = {
         "dtype": torch_dtype,
         "attn_implementation": attn_implementation,
@@ -95,8 +103,10 @@ def load_hf_model(
     attn_implementation: str,
     seed: int,
     trust_remote_code: bool = False,
+    config_overrides: dict | None = None,
 ) -> nn.Module:
-    """A causal LM, or a one-label token-classification model (``value_head``), on CPU.
+    """A causal LM, or a one-label token-classification model (``value_head``), on CPU,
+    built from ``path``'s config with ``config_overrides`` set on it.
 
     Dropout is switched off (RL needs the same log-probs in every pass); a value head
     missing from the checkpoint is initialised from ``seed``, so every rank and every
@@ -104,7 +114,7 @@ def load_hf_model(
     """
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
-    config, torch_dtype = load_config(path, dtype, trust_remote_code)
+    config, torch_dtype = load_config(path, dtype, trust_remote_code, config_overrides)
     kwargs = {
         "config": config,
         "dtype": torch_dtype,

@@ -25,12 +25,15 @@ _PREFIX = "base_model.model."
 @dataclass(frozen=True)
 class LoraSpec:
     """LoRA settings, named as verl's model keys (``lora_rank``, ``lora_alpha``,
-    ``target_modules``: a list of module names, or ``"all-linear"``)."""
+    ``target_modules``: a list of module names, or ``"all-linear"``; ``exclude_modules``:
+    modules left without adapters, a regex over module names or a list of names, as
+    peft's ``exclude_modules``)."""
 
     lora_rank: int
     lora_alpha: int = 16
     target_modules: str | tuple[str, ...] = "all-linear"
     dropout: float = 0.0
+    exclude_modules: str | tuple[str, ...] | None = None
 
     @classmethod
     def from_model_config(cls, model: Any) -> LoraSpec | None:
@@ -38,10 +41,14 @@ class LoraSpec:
         if model.lora_rank <= 0:
             return None
         modules = model.target_modules
+        exclude = getattr(model, "exclude_modules", None)
         return cls(
             lora_rank=int(model.lora_rank),
             lora_alpha=int(model.lora_alpha),
             target_modules=modules if isinstance(modules, str) else tuple(modules),
+            exclude_modules=exclude
+            if exclude is None or isinstance(exclude, str)
+            else tuple(exclude),
         )
 
 
@@ -53,8 +60,9 @@ def apply_lora(model: nn.Module, lora: LoraSpec) -> nn.Module:
         raise ImportError(
             "actor_rollout_ref.model.lora_rank > 0 needs peft: pip install 'rayrl[peft]'"
         ) from exc
-    modules = lora.target_modules
+    modules, exclude = lora.target_modules, lora.exclude_modules
     config = LoraConfig(
+        exclude_modules=exclude if exclude is None or isinstance(exclude, str) else list(exclude),
         r=int(lora.lora_rank),
         lora_alpha=int(lora.lora_alpha),
         lora_dropout=float(lora.dropout),

@@ -136,6 +136,8 @@ class TrainEngine:
         trainable: False builds no optimizer and freezes the weights (a reference
             policy): `forward` and `export_hf` work, training and checkpoints do not.
         trust_remote_code: let transformers run the model directory's own code.
+        config_overrides: values set on the model's HF config before it is built
+            (verl's ``model.override_config``, `rayrl.models.config_overrides`).
         fsdp: wrap the model in FSDP2 on one rank too (on a GPU: bf16 compute weights
             cast once per micro-batch instead of autocast); several ranks always are.
         torch_compile: on CUDA, compile the decoder layers and the log-prob head's
@@ -180,11 +182,13 @@ class TrainEngine:
         ulysses_sequence_parallel_size: int = 1,
         fsdp_size: int = -1,
         weights_from: TrainEngine | None = None,
+        config_overrides: dict | None = None,
     ) -> None:
         self._args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self.model_path = str(model_path)
         self.tokenizer_path = str(tokenizer_path or model_path)
         self.value_head = value_head
+        self.config_overrides = dict(config_overrides or {})
         self.use_remove_padding = use_remove_padding
         self.device = pick_device(device)
         self.logit_chunk_size = logit_chunk_size or (4096 if self.device.type == "cuda" else 1024)
@@ -266,10 +270,25 @@ class TrainEngine:
         map) loaded whole by transformers in this process, with None."""
         fill = None
         if lora is None:
-            model = build_empty_model(self.model_path, value_head, dtype, attn, trust_remote_code)
+            model = build_empty_model(
+                self.model_path,
+                value_head,
+                dtype,
+                attn,
+                trust_remote_code,
+                self.config_overrides,
+            )
             fill = self._filler(model, value_head, weights_from, seed)
         if fill is None:
-            model = load_hf_model(self.model_path, value_head, dtype, attn, seed, trust_remote_code)
+            model = load_hf_model(
+                self.model_path,
+                value_head,
+                dtype,
+                attn,
+                seed,
+                trust_remote_code,
+                self.config_overrides,
+            )
         self.architecture = type(model).__name__
         if self.sp is not None:
             self._check_sequence_parallel(model.config, attn)

@@ -19,9 +19,13 @@ class TokenizerMissingError(FileNotFoundError):
     """A model directory has no tokenizer files."""
 
 
-def load_tokenizer(path: str | Path, *, key: str, trust_remote_code: bool = False) -> Any:
-    """The tokenizer of the model directory (or hub name) `path`; `key` is the config key
-    that named it, for the error when a local directory holds no tokenizer."""
+def load_tokenizer(
+    path: str | Path, *, key: str, trust_remote_code: bool = False, chat_template: str | None = None
+) -> Any:
+    """The tokenizer of the model directory (or hub name) `path`, its chat template
+    replaced by `chat_template` when given (verl's `model.custom_chat_template`); `key`
+    is the config key that named it, for the error when a local directory holds no
+    tokenizer."""
     from transformers import AutoTokenizer
 
     local = Path(path)
@@ -35,4 +39,11 @@ def load_tokenizer(path: str | Path, *, key: str, trust_remote_code: bool = Fals
     tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
     if len(tokenizer) == 0:
         raise TokenizerMissingError(f"{key}={path}: the tokenizer loaded there has no tokens")
+    return with_chat_template(tokenizer, chat_template)
+
+
+def with_chat_template(tokenizer: Any, chat_template: str | None) -> Any:
+    """`tokenizer` with its chat template replaced by `chat_template` (None: kept)."""
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
     return tokenizer

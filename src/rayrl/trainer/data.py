@@ -3,9 +3,11 @@
 Training prompts come from `data.train_files` (or the synthetic task) through the
 loader `data.loader` names: `default` (every row read and tokenised in the driver)
 or `ray` (Ray Data reads, tokenises and shuffles in parallel and streams batches).
-Validation prompts come from `data.val_files`; without them, a run on the synthetic
-task validates on its held-out split (rows the training split does not contain), and
-a run on files of its own does not validate, saying so once (`no_validation_notice`).
+With `data.custom_cls` set, a dataset class of one's own reads both file lists
+(`rayrl.data.custom`: verl's contract). Validation prompts come from `data.val_files`;
+without them, a run on the synthetic task validates on its held-out split (rows the
+training split does not contain), and a run on files of its own does not validate,
+saying so once (`no_validation_notice`).
 With multi-turn rollouts on, prompts show the configured tools' schemas through the
 chat template and carry their rows' `agent_name` (`rayrl.workers.agent`).
 """
@@ -18,6 +20,7 @@ from typing import Any
 
 from rayrl.config.schema import RayRLConfig
 from rayrl.data import DataError, PromptDataset, read_parquet_with_sources, synthetic_rows
+from rayrl.data.custom import build_custom_dataset, custom_rows
 from rayrl.data.synthetic import held_out_rows
 from rayrl.registry import Registry
 from rayrl.workers.agent import default_agent, tool_schemas
@@ -43,12 +46,34 @@ def _dataset(rows: list[dict], tokenizer: Any, cfg: RayRLConfig, sources=None) -
         filter_overlong=d.filter_overlong_prompts,
         prompt_key=d.prompt_key,
         sources=sources,
+        chat_template_kwargs=d.apply_chat_template_kwargs,
         **_agent_settings(cfg),
     )
 
 
 def _files_dataset(files: Any, tokenizer: Any, cfg: RayRLConfig) -> PromptDataset:
+    if cfg.data.custom_cls.path is not None:
+        return _custom_dataset(files, tokenizer, cfg)
     rows, sources = read_parquet_with_sources(files)
+    return _dataset(rows, tokenizer, cfg, sources)
+
+
+def _custom_dataset(files: Any, tokenizer: Any, cfg: RayRLConfig) -> PromptDataset:
+    """The rows of the user's dataset class (`data.custom_cls`) on `files`."""
+    from dataclasses import asdict
+
+    from omegaconf import OmegaConf
+
+    from rayrl.envs.loader import load_object
+
+    c = cfg.data.custom_cls
+    where = f"data.custom_cls {c.path}:{c.name}"
+    spec = f"{c.path.removeprefix('pkg://')}:{c.name}" if c.path.startswith("pkg://") else None
+    cls = load_object(spec or (c.path, c.name), kind="data.custom_cls")
+    files = [files] if isinstance(files, str) else list(files)
+    data_config = OmegaConf.create(asdict(cfg.data))
+    dataset = build_custom_dataset(cls, files, tokenizer, data_config, where)
+    rows, sources = custom_rows(dataset, cfg.data.prompt_key, where)
     return _dataset(rows, tokenizer, cfg, sources)
 
 
@@ -78,6 +103,7 @@ def ray_loader(cfg: RayRLConfig, tokenizer: Any):
         filter_overlong=d.filter_overlong_prompts,
         prompt_key=d.prompt_key,
         num_blocks=d.dataloader_num_workers,
+        chat_template_kwargs=d.apply_chat_template_kwargs,
         **_agent_settings(cfg),
     )
 

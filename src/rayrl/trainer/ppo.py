@@ -121,6 +121,7 @@ class PPOTrainer:
             model.tokenizer_path or self.model_path,
             key=key,
             trust_remote_code=model.trust_remote_code,
+            chat_template=model.custom_chat_template,
         )
         train, val = load_datasets(self.cfg, self.tokenizer)
         seed = self.cfg.trainer.seed if d.seed is None else d.seed  # verl's data.seed

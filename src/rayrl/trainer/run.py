@@ -176,6 +176,11 @@ class Run:
         data = self._data()
         return len(data.dataset) // data.batch_size
 
+    def _steps(self, freq: int | str) -> int:
+        """A save or validation frequency in steps (`rayrl sft`'s after_each_epoch, as
+        verl's SFT trainer: the steps of an epoch)."""
+        return self.steps_per_epoch() if freq == "after_each_epoch" else int(freq)
+
     def _data(self) -> TrainData:
         if self.data is None:
             raise RuntimeError("the run's data is not loaded yet: call Run.setup() first")
@@ -388,11 +393,12 @@ class Run:
         metrics = self.usage()
         metrics.update({"training/global_step": done, "training/epoch": batch.meta["epoch"]})
         last = done == self.total_steps()
-        every = t.test_freq > 0
+        test_freq, save_freq = self._steps(t.test_freq), self._steps(t.save_freq)
+        every = test_freq > 0
         at_end = last and (every or self.trainer.validate_at_end)
-        if self._data().val is not None and ((every and done % t.test_freq == 0) or at_end):
+        if self._data().val is not None and ((every and done % test_freq == 0) or at_end):
             metrics.update(self.trainer.validate(done))
-        if last or (t.save_freq > 0 and done % t.save_freq == 0):
+        if last or (save_freq > 0 and done % save_freq == 0):
             self.save_checkpoint()
         return metrics
 

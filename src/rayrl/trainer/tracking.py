@@ -9,6 +9,9 @@ it is allowed and changes nothing). The others:
   `WANDB_MODE=online` in the environment logs online;
 - `mlflow`: a local file store under `mlruns/` (`mlflow ui --backend-store-uri
   OUTPUT_DIR/mlruns`) unless `MLFLOW_TRACKING_URI` points elsewhere;
+- `file`: verl's file logger: `{"step": N, "data": {metrics}}` lines in
+  `$VERL_FILE_LOGGER_PATH`, else `${VERL_FILE_LOGGER_ROOT:-.}/PROJECT/EXPERIMENT.jsonl`
+  (truncated at the start of a run, as verl's);
 - `swanlab`: a local run under `swanlog/` by default (verl's `SWANLAB_LOG_DIR` and
   `SWANLAB_MODE` change the directory and the mode: `online` uploads).
 
@@ -80,6 +83,29 @@ class JsonlTracker:
     def log(self, metrics: dict[str, float], step: int) -> None:
         row = {"step": step, **{k: v if math.isfinite(v) else None for k, v in metrics.items()}}
         self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+
+    def finish(self) -> None:
+        self.file.close()
+
+
+@TRACKERS.register("file")
+class FileTracker:
+    """verl's `file` logger: one `{"step": N, "data": {...}}` line per step, at verl's
+    path (see the module docstring; NaN and inf as null)."""
+
+    def __init__(self, project: str, experiment: str, **_: Any) -> None:
+        path = os.environ.get("VERL_FILE_LOGGER_PATH")
+        if path is None:
+            root = os.path.expanduser(os.environ.get("VERL_FILE_LOGGER_ROOT", "."))
+            path = os.path.join(root, project, f"{experiment}.jsonl")
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = open(self.path, "w")  # noqa: SIM115 - closed in finish()
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        data = {k: v if math.isfinite(v) else None for k, v in metrics.items()}
+        self.file.write(json.dumps({"step": step, "data": data}) + "\n")
         self.file.flush()
 
     def finish(self) -> None:

@@ -44,6 +44,7 @@ from rayrl.engines.rollout.multi_turn import MultiTurnRollout
 from rayrl.engines.rollout.native.tp import make_tp_groups
 from rayrl.engines.rollout.native.tp_weights import tp_rollout_weights
 from rayrl.engines.weight_sync import PublishedWeights, pack_buckets
+from rayrl.models.loading import with_chat_template
 from rayrl.workers.agent import configured_tools, episode_config
 from rayrl.workers.common import (
     engine_kwargs,
@@ -115,8 +116,9 @@ class ActorRolloutRefWorker(Worker):
                 ),
             )
         self.with_ref = with_ref
-        self.tokenizer = _load_tokenizer(
-            arr.model.tokenizer_path or model_path, arr.model.trust_remote_code
+        self.tokenizer = with_chat_template(
+            _load_tokenizer(arr.model.tokenizer_path or model_path, arr.model.trust_remote_code),
+            arr.model.custom_chat_template,
         )
         # The engine and its options, resolved once (`auto` -> the engine that runs here).
         self.rollout_choice = resolve_rollout(
@@ -172,6 +174,7 @@ class ActorRolloutRefWorker(Worker):
             model_path=self.model_path,
             tokenizer=self.tokenizer,
             device=str(self.actor.device),
+            config_overrides=self.actor.config_overrides,
             **dtype,
             **options,
         )

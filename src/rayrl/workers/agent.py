@@ -79,4 +79,5 @@ def episode_config(cfg: RayRLConfig) -> EpisodeConfig:
         env_timeout_s=mt.env_timeout_s,
         max_concurrent_tools=mt.max_concurrent_tools,
         stop_at_tool_call_end=mt.stop_at_tool_call_end,
+        chat_template_kwargs=dict(cfg.data.apply_chat_template_kwargs),
     )

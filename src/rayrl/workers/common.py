@@ -46,6 +46,7 @@ def engine_kwargs(
         "seed": seed,
         "tokenizer_path": model.tokenizer_path,
         "trust_remote_code": model.trust_remote_code,
+        "config_overrides": dict(getattr(model, "override_config", None) or {}),
     }
 
 

@@ -35,6 +35,8 @@ from rayrl.controller import ONE_TO_ALL, Worker, register
 from rayrl.controller.worker import SNAPSHOT_GROUP
 from rayrl.engines.rollout import HFRolloutEngine, make_rollout_engine, resolve_rollout
 from rayrl.engines.weight_sync import PackedBucket, PublishedWeights, unpack_bucket
+from rayrl.models.config_overrides import apply_config_overrides
+from rayrl.models.loading import with_chat_template
 from rayrl.workers.actor import sampling_params
 from rayrl.workers.common import DTYPE_NAMES
 
@@ -92,6 +94,8 @@ class RolloutWorker(Worker):
         model_config = AutoConfig.from_pretrained(
             model_path, trust_remote_code=arr.model.trust_remote_code
         )
+        overrides = dict(arr.model.override_config)
+        apply_config_overrides(model_config, overrides, "actor_rollout_ref.model.override_config")
         tokenizer = _tokenizer(arr.model.tokenizer_path or model_path, arr.model)
         choice = resolve_rollout(arr.rollout, config.data, device.type, model_config)
         if choice.name == "hf":
@@ -106,6 +110,7 @@ class RolloutWorker(Worker):
                 model_path=model_path,
                 tokenizer=tokenizer,
                 device=str(device),
+                config_overrides=overrides,
                 **choice.options,
             )
         self.engine_name = choice.name
@@ -130,6 +135,7 @@ class RolloutWorker(Worker):
             attn_implementation=attn,
             seed=self.cfg.trainer.seed,
             trust_remote_code=arr.model.trust_remote_code,
+            config_overrides=dict(arr.model.override_config),
         )
         install_logprob_head(model)
         return model.to(device).eval()
@@ -230,4 +236,5 @@ def token_versions(
 def _tokenizer(path: str, model: Any):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path, trust_remote_code=model.trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=model.trust_remote_code)
+    return with_chat_template(tokenizer, model.custom_chat_template)

@@ -42,11 +42,13 @@ def sft_engine_kwargs(cfg: SFTConfig) -> dict[str, Any]:
         "mixed_precision": DTYPE_NAMES.get(fsdp.dtype, fsdp.dtype) == "bfloat16",
         "param_offload": offload,
         "optimizer_offload": offload,
+        "fsdp_size": fsdp.fsdp_size,
         "attn_implementation": m.attn_implementation,
         "gradient_checkpointing": m.enable_gradient_checkpointing,
         "use_remove_padding": cfg.use_remove_padding,
         "seed": cfg.trainer.seed,
         "trust_remote_code": m.trust_remote_code,
+        "config_overrides": dict(m.override_config),
         "lora": LoraSpec.from_model_config(m),
     }
 

@@ -17,7 +17,12 @@ from dataclasses import fields, is_dataclass
 
 from rayrl.config.compat.micro_batch import GLOBAL_MICRO_BATCH, resolve_global_micro_batches
 from rayrl.config.compat.rules import Inert, Moved, Only, Rule, RuleTable, apply_rules
-from rayrl.config.compat.values import ROLLOUT_ALIASES, ROLLOUT_KEY, map_rollout_name
+from rayrl.config.compat.values import (
+    ROLLOUT_ALIASES,
+    ROLLOUT_KEY,
+    map_bool_frequencies,
+    map_rollout_name,
+)
 
 __all__ = [
     "GLOBAL_MICRO_BATCH",
@@ -29,6 +34,7 @@ __all__ = [
     "Rule",
     "RuleTable",
     "apply_rules",
+    "map_bool_frequencies",
     "map_rollout_name",
     "resolve_global_micro_batches",
     "rule_table",

@@ -1,4 +1,5 @@
-"""verl values that rayrl spells otherwise: the rollout engine names."""
+"""verl values that rayrl spells otherwise: the rollout engine names, and booleans given
+as save or validation frequencies."""
 
 from __future__ import annotations
 
@@ -19,3 +20,18 @@ def map_rollout_name(data: dict[str, Any]) -> list[str]:
         f"{ROLLOUT_KEY}={name}: rayrl has no {name} engine; it picks its own "
         "('auto': 'native' on a GPU for Qwen2/Qwen3/Llama models, else 'hf')"
     ]
+
+
+FREQUENCY_KEYS = ("save_freq", "test_freq")
+
+
+def map_bool_frequencies(data: dict[str, Any]) -> None:
+    """`trainer.save_freq` / `test_freq` given as a boolean (verl's scripts pass
+    `test_freq=$VAL_BEFORE_TRAIN`), as verl reads it: `freq > 0 and step % freq == 0`
+    makes false never (-1) and true every step (1)."""
+    trainer = data.get("trainer")
+    if not isinstance(trainer, dict):
+        return
+    for key in FREQUENCY_KEYS:
+        if isinstance(trainer.get(key), bool):
+            trainer[key] = 1 if trainer[key] else -1

@@ -114,7 +114,6 @@ def _model(group: str) -> dict[str, Rule]:
         f"{group}.external_lib": Only(
             (None,), "importing a model library", hint="import it in your reward or model module"
         ),
-        f"{group}.override_config": Only(({},), "model config overrides"),
         f"{group}.enable_activation_offload": Inert("rayrl has no activation offload"),
         f"{group}.exclude_modules": Only((None,), "LoRA exclude_modules"),
         f"{group}.use_liger": Inert("rayrl does not use Liger kernels"),
@@ -218,6 +217,13 @@ ROLLOUT: dict[str, Rule] = {
         hint="rayrl's are of the sampling distribution (temperature, top-k, top-p applied)",
     ),
     f"{ARR}.rollout.scheduling_policy": Inert(VLLM),
+    # verl's SGLang HTTP server settings (its rollout config's `server`), and the older
+    # switch to that server, which verl 0.9.1 reads no more
+    f"{ARR}.rollout.server": Inert(VLLM),
+    f"{ARR}.rollout.sglang_rollout_mode": Inert(
+        "verl's old switch to an SGLang HTTP server (verl 0.9.1 does not read it either); "
+        "rayrl's rollout engines run inside its workers"
+    ),
     f"{ARR}.rollout.disable_log_stats": Inert(VLLM),
     f"{ARR}.rollout.skip_tokenizer_init": Inert(VLLM),
     f"{ARR}.rollout.multi_stage_wake_up": Inert(VLLM),
@@ -288,9 +294,6 @@ DATA: dict[str, Rule] = {
     "data.trust_remote_code": Inert(
         "the tokenizer follows actor_rollout_ref.model.trust_remote_code"
     ),
-    "data.custom_cls.path": Only((None,), "custom dataset classes"),
-    "data.custom_cls.name": Inert("a custom dataset class name (data.custom_cls.path is unset)"),
-    "data.apply_chat_template_kwargs": Only(({},), "chat template arguments for RL prompts"),
 }
 
 CRITIC: dict[str, Rule] = {

@@ -130,6 +130,8 @@ class HFRolloutEngine(RolloutEngine):
         compile: let transformers compile the decode step (static cache on GPU only).
         decode: "auto" (the lean loop with the dynamic cache where the model allows it,
             `hf_decode.can_lean_decode`) or "generate" (always ``model.generate()``).
+        config_overrides: values set on the config of the `model_path` model before it
+            loads (verl's ``model.override_config``, `rayrl.models.config_overrides`).
     """
 
     def __init__(
@@ -143,6 +145,7 @@ class HFRolloutEngine(RolloutEngine):
         cache: str = "static",
         compile: bool = False,
         decode: str = "auto",
+        config_overrides: dict | None = None,
     ) -> None:
         if (model is None) == (model_path is None):
             raise ValueError(
@@ -156,7 +159,7 @@ class HFRolloutEngine(RolloutEngine):
         if decode not in DECODE_LOOPS:
             raise ValueError(f"HFRolloutEngine: decode={decode!r} is not one of {DECODE_LOOPS}.")
         if model_path is not None:
-            model, tokenizer = _load(model_path, tokenizer, dtype, device)
+            model, tokenizer = _load(model_path, tokenizer, dtype, device, config_overrides)
         self.model = model
         self.tokenizer = tokenizer
         self.owns_weights = model_path is not None
@@ -350,16 +353,21 @@ class HFRolloutEngine(RolloutEngine):
 
 
 # ---------------------------------------------------------------------- helpers
-def _load(path: str, tokenizer, dtype, device):
-    """Load an HF causal LM (and its tokenizer unless given) from a directory."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _load(path: str, tokenizer, dtype, device, config_overrides=None):
+    """Load an HF causal LM (and its tokenizer unless given) from a directory, its config
+    with ``config_overrides`` set on it."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from rayrl.models.config_overrides import apply_config_overrides
 
     if isinstance(dtype, str) and dtype != "auto":
         dtype = getattr(torch, dtype)
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "auto")
+        config = AutoConfig.from_pretrained(path)
+        apply_config_overrides(config, config_overrides, "model.override_config")
+        model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype or "auto")
     except OSError as err:
         raise OSError(
             f"HFRolloutEngine: cannot load a model from {path!r} ({err}); pass a local HF "

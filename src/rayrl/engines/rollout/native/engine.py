@@ -92,6 +92,8 @@ class NativeRolloutEngine(RolloutEngine):
         tp_group: the torch.distributed group of this rank's replica
             (`rayrl.engines.rollout.native.tp.make_tp_groups`); every rank of it builds
             its engine with the same arguments and makes the same calls.
+        config_overrides: values set on the config loaded from ``model_path`` (verl's
+            ``model.override_config``, `rayrl.models.config_overrides`).
     """
 
     def __init__(
@@ -113,6 +115,7 @@ class NativeRolloutEngine(RolloutEngine):
         kernels: str = "auto",
         tp_size: int = 1,
         tp_group=None,
+        config_overrides: dict | None = None,
     ) -> None:
         if (model is None) == (model_path is None):
             raise ValueError(
@@ -123,7 +126,9 @@ class NativeRolloutEngine(RolloutEngine):
             raise ValueError(
                 f"{WHERE}: gpu_memory_utilization={gpu_memory_utilization} must be in (0, 1]."
             )
-        config, gen_config, tokenizer, device = _sources(model, model_path, tokenizer, device)
+        config, gen_config, tokenizer, device = _sources(
+            model, model_path, tokenizer, device, config_overrides
+        )
         self.device = torch.device(device)
         self.dtype = _dtype(dtype, self.device)
         self.spec = ModelSpec.from_hf_config(config)
@@ -463,8 +468,9 @@ def _dtype(dtype, device: torch.device) -> torch.dtype:
     return getattr(torch, dtype) if isinstance(dtype, str) else dtype
 
 
-def _sources(model, model_path, tokenizer, device):
-    """(config, generation config, tokenizer, device) from a module or a directory."""
+def _sources(model, model_path, tokenizer, device, config_overrides=None):
+    """(config, generation config, tokenizer, device) from a module or a directory (its
+    config with ``config_overrides`` set on it)."""
     if model is not None:
         if device is None:
             device = next(iter(model.parameters())).device
@@ -478,6 +484,9 @@ def _sources(model, model_path, tokenizer, device):
             f"{WHERE}: cannot load a model config from {model_path!r} ({err}); pass a local HF "
             "model directory (config.json + safetensors weights)."
         ) from err
+    from rayrl.models.config_overrides import apply_config_overrides
+
+    apply_config_overrides(config, config_overrides, "model.override_config")
     gen_config = None
     if (Path(model_path) / "generation_config.json").exists():
         gen_config = GenerationConfig.from_pretrained(model_path)
