@@ -61,7 +61,7 @@ def test_bootstrap_spares_split_and_idempotent_teardown(ray_local):
     assert len(bundles) == 3 and len(pool.spares) == 1
     assert [b.index for b in bundles] == [0, 1, 2]
     assert all(b.pool == "rayrl/t1/actor" and not b.spare for b in bundles)
-    assert sorted(_live_groups("rayrl/t1/actor")) == ["rayrl/t1/actor/0", "rayrl/t1/actor/spares"]
+    assert sorted(_live_groups("rayrl/t1/actor")) == ["rayrl/t1/actor/0", "rayrl/t1/actor/spares0"]
     node = bundles[0].node_id
     task = _where.options(scheduling_strategy=bundles[1].scheduling_strategy())
     assert ray.get(task.remote(), timeout=60) == node

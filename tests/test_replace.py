@@ -123,6 +123,14 @@ def test_2x2_on_two_nodes_all_reduces_then_moves_a_lost_nodes_ranks_to_spares(ra
             assert [a["generation"] for a in after] == [1] * 4
             assert group.all_reduce() == [10.0] * 4
             assert all(b.node_id != kept for b in pool.spares)  # both spares there were used
+            # the lost node's groups were removed: none is left for Ray to place again
+            # (while one is, Ray's GCS and dashboard agent use about a core between them)
+            states = {
+                t["name"]: t["state"]
+                for t in ray.util.placement_group_table().values()
+                if t["name"].startswith(pool.name + "/")
+            }
+            assert not {"RESCHEDULING", "PENDING"} & set(states.values()), states
     finally:
         kv.shutdown()
         pool.teardown()

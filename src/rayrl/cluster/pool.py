@@ -59,7 +59,8 @@ class ResourcePool:
         self.run = run
         self.name = f"rayrl/{run}/{spec.name}"
         self._groups: list[PlacementGroup] = []
-        self._spare_group: PlacementGroup | None = None
+        # one group per node holding spares (so that a lost node's can be removed whole)
+        self._spare_groups: list[PlacementGroup] = []
         self._bundles: list[Bundle] = []
         self._spares: list[Bundle] = []
         self._extras: list[PlacementGroup] = []  # placed after losses, when spares ran out
@@ -96,7 +97,7 @@ class ResourcePool:
         verdict = check([self.spec], timeout_s)
         deadline = _placement_deadline(start, timeout_s)
         self._reserve_active(verdict, deadline)
-        self._reserve_spares(deadline)
+        self._reserve_spares(verdict, deadline)
         return self._finish()
 
     def _reserve_active(self, verdict: Verdict, deadline: float) -> None:
@@ -105,18 +106,28 @@ class ResourcePool:
         self._await_ready(groups, [], deadline)
         self._groups = groups
 
-    def _reserve_spares(self, deadline: float) -> None:
-        """Create the spare group once active groups are placed, so a spare can never
-        take a slot a pinned group needs."""
-        if self.spec.num_spares:
+    def _reserve_spares(self, verdict: Verdict, deadline: float) -> None:
+        """Create the spare groups once active groups are placed, so a spare can never
+        take a slot a pinned group needs: one group per node, pinned where the guard
+        placed that node's spares (a lost node's spare group is then removed whole,
+        `release_lost`); one SPREAD group where the guard placed none."""
+        if not self.spec.num_spares:
+            return
+        placed = sorted(verdict.per_node(self.spec.name, spares=True).items())
+        if sum(count for _, count in placed) != self.spec.num_spares:
             spare = self._new_group("spares", self.spec.num_spares, "SPREAD", self._groups)
-            self._await_ready([spare], self._groups, deadline)
-            self._spare_group = spare
+            groups = [spare]
+        else:
+            groups = []
+            for i, (node, count) in enumerate(placed):
+                made = self._groups + groups
+                groups.append(self._new_group(f"spares{i}", count, "STRICT_PACK", made, node))
+        self._await_ready(groups, self._groups, deadline)
+        self._spare_groups = groups
 
     def _finish(self) -> list[Bundle]:
-        groups, spare = self._groups, self._spare_group
-        self._bundles = sorted(self._read(groups, spare=False), key=_rank_key)
-        self._spares = sorted(self._read([spare], spare=True), key=_rank_key) if spare else []
+        self._bundles = sorted(self._read(self._groups, spare=False), key=_rank_key)
+        self._spares = sorted(self._read(self._spare_groups, spare=True), key=_rank_key)
         if self.spec.lifetime != "detached":
             _register(self)
         log.info(
@@ -154,13 +165,12 @@ class ResourcePool:
                 f"{full}/<i> are not there); pools found: {known or 'none'}. Pass "
                 "'<run>/<pool>' as the earlier driver named them."
             )
-        spare = next((g for g in found if g.name == f"{full}/spares"), None)
-        pool = cls(_spec_of(parts[2], active, spare), parts[1])
+        spares = [g for g in found if g.name.rsplit("/", 1)[1].startswith("spares")]
+        pool = cls(_spec_of(parts[2], active, spares), parts[1])
         pool._groups = [_handle(g) for g in active]
-        pool._spare_group = _handle(spare) if spare is not None else None
+        pool._spare_groups = [_handle(g) for g in spares]
         pool._bundles = sorted(pool._read(pool._groups, spare=False), key=_rank_key)
-        if pool._spare_group is not None:
-            pool._spares = sorted(pool._read([pool._spare_group], spare=True), key=_rank_key)
+        pool._spares = sorted(pool._read(pool._spare_groups, spare=True), key=_rank_key)
         record_attachment(pool.run)
         log.info("attached to pool %s: %d bundles", pool.name, len(pool._bundles))
         return pool
@@ -244,12 +254,13 @@ class ResourcePool:
 
         Returns None when no spare is left (or none is on a live node).
         """
-        if not self._spares or self._spare_group is None:
+        alive = self.release_lost()
+        if not self._spares:
             return None
-        nodes = ray.util.placement_group_table(self._spare_group)["bundles_to_node_id"]
-        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
         for b in self._spares:
-            b.node_id = nodes.get(b.index, b.node_id)
+            b.node_id = ray.util.placement_group_table(b.pg)["bundles_to_node_id"].get(
+                b.index, b.node_id
+            )
         live = [b for b in self._spares if b.node_id in alive]
         choice = next((b for b in live if b.node_id != avoid_node), live[0] if live else None)
         if choice is None:
@@ -260,6 +271,31 @@ class ResourcePool:
             "pool %s: spare bundle %d on node %s taken", self.name, choice.index, choice.node_id[:8]
         )
         return choice
+
+    def release_lost(self) -> set[str]:
+        """Remove the pool's placement groups that have no bundle on a live node (a lost
+        node's pinned groups, its spares, a bundle placed there after a loss): left
+        behind, Ray keeps trying to place them again, and while they exist its GCS and
+        dashboard agent use about a CPU core between them. Spares in them are dropped.
+        A group with bundles on a live node as well stays. Returns the live node ids."""
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        lost = []
+        for pg in self._groups + self._spare_groups + self._extras:
+            try:
+                nodes = set(ray.util.placement_group_table(pg)["bundles_to_node_id"].values())
+            except Exception:  # noqa: BLE001 - already removed
+                continue
+            if nodes and not nodes & alive:
+                lost.append(pg)
+        if lost:
+            _remove_all(lost)
+            gone = {pg.id for pg in lost}
+            self._groups = [g for g in self._groups if g.id not in gone]
+            self._spare_groups = [g for g in self._spare_groups if g.id not in gone]
+            self._extras = [g for g in self._extras if g.id not in gone]
+            self._spares = [b for b in self._spares if b.pg.id not in gone]
+            log.info("pool %s: removed %d placement group(s) of lost nodes", self.name, len(lost))
+        return alive
 
     def reserve_extra(self, timeout_s: float = 30.0) -> Bundle | None:
         """A new bundle of the pool's shape, in a placement group of its own, wherever the
@@ -304,8 +340,8 @@ class ResourcePool:
     def teardown(self) -> None:
         """Release every placement group of the pool. Safe to call more than once."""
         _LIVE.pop(id(self), None)
-        groups = self._groups + ([self._spare_group] if self._spare_group else []) + self._extras
-        self._groups, self._spare_group, self._bundles, self._spares = [], None, [], []
+        groups = self._groups + self._spare_groups + self._extras
+        self._groups, self._spare_groups, self._bundles, self._spares = [], [], [], []
         self._extras = []
         if not groups:
             return
@@ -336,7 +372,7 @@ def reserve_pools(specs: list[PoolSpec], run: str, timeout_s: float = 60.0) -> l
         for pool in pools:
             pool._reserve_active(verdict, deadline)
         for pool in pools:
-            pool._reserve_spares(deadline)
+            pool._reserve_spares(verdict, deadline)
     except BaseException:
         for pool in pools:
             pool.teardown()
@@ -351,11 +387,11 @@ def _placement_deadline(start: float, timeout_s: float) -> float:
     return time.monotonic() + wait_s
 
 
-def _spec_of(name: str, active: list[GroupInfo], spare: GroupInfo | None) -> PoolSpec:
+def _spec_of(name: str, active: list[GroupInfo], spare_groups: list[GroupInfo]) -> PoolSpec:
     """The PoolSpec a detached pool was reserved with, read back from its groups."""
     strategy = active[0].strategy
     per_node = [len(g.bundles) for g in active]
-    spares = len(spare.bundles) if spare is not None else 0
+    spares = sum(len(g.bundles) for g in spare_groups)
     return PoolSpec(
         name,
         per_node if strategy == "STRICT_PACK" else [sum(per_node)],
