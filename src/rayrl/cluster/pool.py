@@ -97,7 +97,7 @@ class ResourcePool:
         verdict = check([self.spec], timeout_s)
         deadline = _placement_deadline(start, timeout_s)
         self._reserve_active(verdict, deadline)
-        self._reserve_spares(verdict, deadline)
+        self._reserve_spares(deadline)
         return self._finish()
 
     def _reserve_active(self, verdict: Verdict, deadline: float) -> None:
@@ -106,22 +106,24 @@ class ResourcePool:
         self._await_ready(groups, [], deadline)
         self._groups = groups
 
-    def _reserve_spares(self, verdict: Verdict, deadline: float) -> None:
+    def _reserve_spares(self, deadline: float) -> None:
         """Create the spare groups once active groups are placed, so a spare can never
-        take a slot a pinned group needs: one group per node, pinned where the guard
-        placed that node's spares (a lost node's spare group is then removed whole,
-        `release_lost`); one SPREAD group where the guard placed none."""
+        take a slot a pinned group needs. Ray spreads them where there is room (one
+        SPREAD group); that group is then re-made as one group per node, pinned where
+        Ray put its bundles, so that a lost node's spares go with it whole
+        (`release_lost`) instead of keeping Ray busy placing them again."""
         if not self.spec.num_spares:
             return
-        placed = sorted(verdict.per_node(self.spec.name, spares=True).items())
-        if sum(count for _, count in placed) != self.spec.num_spares:
-            spare = self._new_group("spares", self.spec.num_spares, "SPREAD", self._groups)
-            groups = [spare]
-        else:
-            groups = []
-            for i, (node, count) in enumerate(placed):
-                made = self._groups + groups
-                groups.append(self._new_group(f"spares{i}", count, "STRICT_PACK", made, node))
+        spread = self._new_group("spares", self.spec.num_spares, "SPREAD", self._groups)
+        self._await_ready([spread], self._groups, deadline)
+        counts: dict[str, int] = {}
+        for node in ray.util.placement_group_table(spread)["bundles_to_node_id"].values():
+            counts[node] = counts.get(node, 0) + 1
+        _remove_all([spread])
+        groups: list[PlacementGroup] = []
+        for i, (node, count) in enumerate(sorted(counts.items())):
+            made = self._groups + groups
+            groups.append(self._new_group(f"spares{i}", count, "STRICT_PACK", made, node))
         self._await_ready(groups, self._groups, deadline)
         self._spare_groups = groups
 
@@ -372,7 +374,7 @@ def reserve_pools(specs: list[PoolSpec], run: str, timeout_s: float = 60.0) -> l
         for pool in pools:
             pool._reserve_active(verdict, deadline)
         for pool in pools:
-            pool._reserve_spares(verdict, deadline)
+            pool._reserve_spares(deadline)
     except BaseException:
         for pool in pools:
             pool.teardown()
