@@ -27,7 +27,13 @@ import ray
 
 from conftest import start_local_ray
 from rayrl.config import load_config
-from rayrl.testing.chaos import ChaosMonkey, compare_runs, deterministic, final_weights
+from rayrl.testing.chaos import (
+    ChaosMonkey,
+    compare_runs,
+    deterministic,
+    engine_numerics_close,
+    final_weights,
+)
 from rayrl.testing.faults import Fault, inject
 from rayrl.trainer.ppo import PPOTrainer
 from rayrl.trainer.replay import WorkerRestartLimitError
@@ -143,7 +149,10 @@ def test_sigterm_then_a_killed_driver_then_resume_end_like_the_clean_run(clean, 
     assert compare_runs(clean, {"weights": final_weights(out), "history": [], "ledger": []})[
         "weights_identical"
     ]
-    assert _by_step(out) == _by_step(clean["out"])  # every metric but wall-clock ones
+    # every metric but wall-clock ones; the engine's probability diagnostics within 1e-6
+    assert _by_step(out) == _by_step(clean["out"])
+    rows = {r["step"]: r for r in _rows(clean["out"])}
+    assert all(engine_numerics_close(rows[r["step"]], r) for r in _rows(out))
 
 
 class _Driver:
@@ -218,6 +227,7 @@ def test_kills_a_hang_and_a_lost_node_end_bitwise_like_the_clean_run(
     verdict = compare_runs(clean, chaos)
     assert verdict["weights_identical"] and verdict["ledger_identical"], verdict
     assert verdict["metrics_identical"] and not verdict["trained_twice"], verdict
+    assert verdict["engine_numerics_close"], verdict
     assert len(chaos["helper"].done) == 1, chaos["printed"]  # the monkey's kill
     text = "\n".join(chaos["printed"])
     assert "call of 'compute_values' hung on role 'critic (in actor_rollout_ref)' rank 0" in text, (

@@ -51,6 +51,13 @@ DEFAULT_STAGES = tuple(stage for stage in POINTS if stage != "tools")
 # The hybrid group's points in the order a step reaches them (reward runs beside log-prob).
 HYBRID_ORDER = ("weight_sync", "gen", "tools", "log_prob", "update")
 CLOCK_METRICS = ("timing_s/", "perf/", "reward/elapsed_s/")
+# How far the rollout engine's token probabilities are from the actor's
+# (`rollout.calculate_log_probs`): a replaced worker's fresh engine computes them with
+# float32 rounding of its own (differences of about 1e-10 in probability), while the
+# tokens it samples, and everything trained from them, stay bitwise the same. Compared
+# within ENGINE_TOLERANCE, not bitwise.
+ENGINE_NUMERICS = ("training/rollout_probs_diff_", "training/rollout_actor_probs_pearson_corr")
+ENGINE_TOLERANCE = 1e-6
 
 
 @dataclass
@@ -200,8 +207,17 @@ def _at(beat: dict, method: str, phase: str | None) -> bool:
 
 
 def deterministic(metrics: dict) -> dict:
-    """A step's metrics without the wall-clock ones."""
-    return {k: v for k, v in metrics.items() if not k.startswith(CLOCK_METRICS)}
+    """A step's metrics without the wall-clock ones and the engine-numerics ones."""
+    return {k: v for k, v in metrics.items() if not k.startswith(CLOCK_METRICS + ENGINE_NUMERICS)}
+
+
+def engine_numerics_close(a: dict, b: dict) -> bool:
+    """Two steps' `ENGINE_NUMERICS` metrics agree within `ENGINE_TOLERANCE`."""
+    keys = {k for k in a.keys() | b.keys() if k.startswith(ENGINE_NUMERICS)}
+    return all(
+        k in a and k in b and (_same(a[k], b[k]) or abs(a[k] - b[k]) <= ENGINE_TOLERANCE)
+        for k in keys
+    )
 
 
 def compare_runs(clean: dict, chaos: dict) -> dict[str, Any]:
@@ -224,6 +240,7 @@ def compare_runs(clean: dict, chaos: dict) -> dict[str, Any]:
         "weights_identical": same_weights,
         "metrics_identical": len(clean["history"]) == len(chaos["history"]) and not differ,
         "metrics_differ": differ,
+        "engine_numerics_close": all(engine_numerics_close(x, y) for x, y in rows),
         "ledger_identical": clean["ledger"] == chaos["ledger"],
         "trained_twice": sorted({u for u in uids if uids.count(u) > 1}),
     }
