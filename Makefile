@@ -1,5 +1,5 @@
 # The two commands of the README: `make demo` and `make test`. Both set everything up.
-.PHONY: setup demo test test-fast lint
+.PHONY: setup demo test test-fast test-all lint
 
 setup:
 	@bash scripts/setup.sh
@@ -12,7 +12,10 @@ lint: setup
 	.venv/bin/ruff format --check src tests bench
 
 test: lint
-	bash scripts/run_tests.sh
+	MARK="not soak" bash scripts/run_tests.sh
 
 test-fast: setup
-	MARK="not slow" bash scripts/run_tests.sh
+	MARK="not slow and not soak" bash scripts/run_tests.sh
+
+test-all: lint
+	bash scripts/run_tests.sh

@@ -257,6 +257,9 @@ class ResourcePool:
         Returns None when no spare is left (or none is on a live node).
         """
         alive = self.release_lost()
+        for other in list(_LIVE.values()):  # the run's other pools lost groups there too
+            if other is not self:
+                other.release_lost()
         if not self._spares:
             return None
         for b in self._spares:
