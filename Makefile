@@ -12,10 +12,10 @@ lint: setup
 	.venv/bin/ruff format --check src tests bench
 
 test: lint
-	MARK="not soak" bash scripts/run_tests.sh
+	MARK="not slow or command" bash scripts/run_tests.sh
 
 test-fast: setup
-	MARK="not slow and not soak" bash scripts/run_tests.sh
+	MARK="not slow" bash scripts/run_tests.sh
 
 test-all: lint
 	bash scripts/run_tests.sh

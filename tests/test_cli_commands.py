@@ -18,6 +18,8 @@ import pytest
 
 from conftest import start_local_ray
 
+pytestmark = pytest.mark.command  # the README's commands, run as a user runs them
+
 GSM8K_ROWS = [
     {
         "question": f"Tom has {a} apples and buys {b} more. How many now?",

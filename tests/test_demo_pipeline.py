@@ -17,7 +17,7 @@ import pytest
 from conftest import start_local_ray
 from rayrl.cli.demo_cmd import _val
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.command]
 
 # SFT at a higher learning rate, so that 300 steps get it to answer with one of the two
 # numbers (the full demo: 800 steps at 3e-3); then 10 GRPO steps. SHARED goes to both.

@@ -82,6 +82,7 @@ def test_riding_columns_equal_the_separate_calls_bitwise(model_dir):
         )
 
 
+@pytest.mark.slow
 def test_a_one_process_run_makes_no_separate_reward_or_ref_call(ray_local, tmp_path):
     cfg = load_config(
         "grpo",

@@ -131,6 +131,7 @@ def test_actor_and_critic_colocated_in_one_process(ray_local, model_dir):
         close(group, pool, kv)
 
 
+@pytest.mark.slow
 def test_standalone_reference_matches_the_colocated_one(ray_local, model_dir):
     tok = AutoTokenizer.from_pretrained(model_dir)
     cfg = config()
