@@ -31,14 +31,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from rayrl.envs.errors import LoadError
 from rayrl.envs.registry import TOOLS
 from rayrl.envs.tool import FunctionTool, Tool
 
 __all__ = ["LoadError", "build_tool", "build_tools", "load_function_tools", "load_object"]
-
-
-class LoadError(ValueError):
-    """A class, function or tool named in a config could not be loaded."""
 
 
 def load_object(spec: str | tuple[str, str] | list, kind: str = "object") -> Any:

@@ -46,7 +46,7 @@ def load_tool_config(path: str | Path) -> list[dict[str, Any]]:
     """The tool entries of a verl tool YAML file (a ``tools:`` list)."""
     import yaml  # PyYAML comes with omegaconf, a rayrl dependency
 
-    from rayrl.envs.loader import LoadError
+    from rayrl.envs.errors import LoadError
 
     file = Path(path).expanduser()
     if not file.is_file():
@@ -69,7 +69,7 @@ def load_tool_config(path: str | Path) -> list[dict[str, Any]]:
 
 def check_tool_type(config: Mapping[str, Any], target: str) -> None:
     """Refuse verl tool types other than ``native`` (MCP servers are not run here)."""
-    from rayrl.envs.loader import LoadError
+    from rayrl.envs.errors import LoadError
 
     kind = str(config.get("type", "native")).lower()
     if kind != "native":

@@ -1,0 +1,5 @@
+"""The error a tool or environment named in a config raises when it cannot be loaded."""
+
+
+class LoadError(ValueError):
+    """A class, function or tool named in a config could not be loaded."""
