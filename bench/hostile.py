@@ -83,10 +83,12 @@ def same_output_dir(tmp: Path) -> dict:
     first = train(out, "trainer.total_training_steps=6", wait=False)
     try:
         until(lambda: len(rows(out)) >= 1)
+        first.send_signal(signal.SIGSTOP)  # alive, holding its lock, while the second starts
         second = train(out)
         named = f"pid {first.pid}" in text(second) and "in use by another run" in text(second)
         return verdict(second.returncode == 2 and named, text(second)[-400:])
     finally:
+        first.send_signal(signal.SIGCONT)
         first.kill()
         first.wait()
 
