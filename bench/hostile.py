@@ -141,7 +141,14 @@ def huge_reward(tmp: Path) -> dict:
     out = tmp / "run"
     done = train(out, f"custom_reward_function.path={fn}")
     warned = "scores are beyond" in text(done)
-    moved = any(abs(r.get("actor/pg_loss", 0.0)) > 0 for r in rows(out))
+    # GRPO's advantages are the scores standardised within each prompt's group, so
+    # they keep their usual size however large the scores; the update moves the
+    # weights. (The on-policy pg_loss of a group of two with equal lengths is exactly
+    # 0 at any scale: +a and -a average out; its gradient does not.)
+    moved = any(
+        r.get("critic/advantages/max", 0.0) > 0.1 and r.get("actor/grad_norm", 0.0) > 0
+        for r in rows(out)
+    )
     return verdict(done.returncode == 0 and warned and moved, text(done)[-300:])
 
 

@@ -68,6 +68,17 @@ def test_grpo_advantages_compare_the_samples_of_each_prompt():
     )
 
 
+def test_huge_scores_keep_the_advantages_and_their_logged_spread():
+    """Scores of 1e30 on some samples: the stage's advantages and the metrics that show
+    them (verl's critic/advantages/mean, max, min) keep their usual size."""
+    batch = scored_batch(["a", "a", "b", "b"], [1e30, 0.0, 0.0, 0.0])
+    metrics = AdvantageStage(_cfg())(batch)
+    assert metrics["critic/advantages/max"] == pytest.approx(0.7071, abs=1e-3)
+    assert metrics["critic/advantages/min"] == pytest.approx(-0.7071, abs=1e-3)
+    assert metrics["critic/returns/max"] == pytest.approx(0.7071, abs=1e-3)
+    assert abs(metrics["critic/advantages/mean"]) < 1e-6
+
+
 def test_adaptive_kl_controller_steers_the_reward_penalty():
     cfg = _cfg(
         "algorithm.use_kl_in_reward=true",

@@ -26,7 +26,6 @@ from rayrl.algos import (
     apply_kl_penalty,
     compute_advantages,
     make_kl_controller,
-    masked_mean,
     overlong_penalty,
     pf_ppo_resample,
     truncated_is_weights,
@@ -34,6 +33,7 @@ from rayrl.algos import (
 from rayrl.batch import Batch
 from rayrl.config.schema import RayRLConfig
 from rayrl.engines.rollout.contract import FINISH_LENGTH
+from rayrl.trainer.metrics import spread
 
 
 def shape_rewards(cfg: RayRLConfig, batch: Batch) -> dict[str, float]:
@@ -125,8 +125,8 @@ class AdvantageStage:
         if alg.use_pf_ppo and alg.adv_estimator == "gae":
             metrics.update(self._pf_ppo(batch))
         mask = batch["response_mask"]
-        metrics["critic/advantages/mean"] = float(masked_mean(batch["advantages"], mask))
-        metrics["critic/returns/mean"] = float(masked_mean(batch["returns"], mask))
+        metrics.update(spread("critic/advantages", batch["advantages"], mask))
+        metrics.update(spread("critic/returns", batch["returns"], mask))
         return metrics
 
     def _rollout_is_weights(self, batch: Batch) -> torch.Tensor | None:

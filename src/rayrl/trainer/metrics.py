@@ -1,6 +1,7 @@
 """Step metrics with verl's names: batch statistics, reward extras, stage timing, usage.
 
-- `batch_metrics`: `critic/score/mean`, `response_length/*`, `reward/errors`
+- `batch_metrics`: `critic/score/*`, `critic/rewards/*`, `response_length/*` (mean, max,
+  min, as verl logs them), `reward/errors`
   (`rayrl.workers.reward.reward_metrics` adds `reward/<key>/mean` for every numeric
   extra key a reward function returns in its dict, verl's `{"score": ..., "acc": ...}`,
   from the reward's per-row columns);
@@ -30,11 +31,26 @@ def batch_metrics(batch: Batch, lengths) -> dict[str, float]:
     errors = sum(e is not None for e in batch["reward_error"])
     finish = list(batch["finish_reason"])
     return {
-        "critic/score/mean": float(batch["scores"].mean()),
-        "critic/rewards/mean": float(batch["token_level_rewards"].sum(-1).mean()),
-        "response_length/mean": float(lengths.mean()),
+        **spread("critic/score", batch["scores"]),
+        **spread("critic/rewards", batch["token_level_rewards"].sum(-1)),
+        **spread("response_length", lengths.float()),
         "response_length/clip_ratio": finish.count("length") / max(len(finish), 1),
         "reward/errors": float(errors),
+    }
+
+
+def spread(name: str, values, mask=None) -> dict[str, float]:
+    """`<name>/mean`, `/max` and `/min` of `values` (over `mask`'s positions when
+    given), as verl logs them; nothing when no position is left."""
+    if mask is not None:
+        values = values[mask.bool()]
+    if values.numel() == 0:
+        return {}
+    values = values.double()
+    return {
+        f"{name}/mean": float(values.mean()),
+        f"{name}/max": float(values.max()),
+        f"{name}/min": float(values.min()),
     }
 
 
