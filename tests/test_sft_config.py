@@ -57,6 +57,7 @@ def test_verl_sft_command_line_loads():
             "model.target_modules=all-linear",
             "ulysses_sequence_parallel_size=2",
             "use_remove_padding=true",
+            "trainer.n_gpus_per_node=2",
         ],
         warn=warnings.append,
     )
@@ -64,7 +65,7 @@ def test_verl_sft_command_line_loads():
     assert cfg.data.prompt_dict_keys == ["question"] and cfg.data.response_dict_keys == ["answer"]
     assert cfg.trainer.output_dir == "/ckpt/sft" and cfg.trainer.logger == ["console"]
     assert cfg.model.partial_pretrain == "/models/qwen" and cfg.model.lora_rank == 32
-    assert any("ulysses_sequence_parallel_size" in w and "no effect" in w for w in warnings)
+    assert cfg.ulysses_sequence_parallel_size == 2 and cfg.dp_size == 1
     assert any("default_local_dir" in w and "trainer.output_dir" in w for w in warnings)
 
 
@@ -102,3 +103,33 @@ def test_builtin_demo_config():
     assert cfg.data.synthetic_task == "larger" and 0 < cfg.data.synthetic_correct_rate < 0.5
     with pytest.raises(ConfigError, match="built-in configs: demo"):
         load_sft_config("no-such-config")
+
+
+def test_sequence_parallel_size_is_checked_and_takes_verl_engine_spelling():
+    """The batch splits over data-parallel ranks (world / Ulysses size); Ulysses needs
+    packed rows and a divisor of the world; verl 0.9.1's engine key sets the same."""
+    base = ["use_remove_padding=true", "trainer.n_gpus_per_node=8"]
+    cfg = load_sft_config(
+        None,
+        [
+            *base,
+            "ulysses_sequence_parallel_size=2",
+            "data.train_batch_size=256",
+            "data.micro_batch_size_per_gpu=64",
+        ],
+    )
+    assert cfg.dp_size == 4  # 256 / 4 = 64 rows a data-parallel rank: one micro-batch
+    notes: list[str] = []
+    engine = load_sft_config(
+        None, [*base, "engine.ulysses_sequence_parallel_size=4"], warn=notes.append
+    )
+    assert engine.ulysses_sequence_parallel_size == 4
+    with pytest.raises(ConfigError, match="set use_remove_padding=true"):
+        load_sft_config(None, ["trainer.n_gpus_per_node=2", "ulysses_sequence_parallel_size=2"])
+    with pytest.raises(ConfigError, match="ulysses_sequence_parallel_size=3 must .* divide"):
+        load_sft_config(None, [*base, "ulysses_sequence_parallel_size=3"])
+
+
+def test_an_npu_device_is_refused_by_name():
+    with pytest.raises(ConfigError, match="Ascend NPUs are not supported"):
+        load_sft_config(None, ["trainer.device=npu"])

@@ -115,3 +115,28 @@ def test_sft_learns_responses_only_checkpoints_resumes_exports(ray_local, tmp_pa
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 13))
     assert all(math.isfinite(m["train/loss"]) for m in resumed)
+
+
+def test_sft_with_sequence_parallel_ranks_trains_like_one_rank(ray_local, tmp_path):
+    """Two ranks in one Ulysses group (`ulysses_sequence_parallel_size=2`, verl's key)
+    take the same rows and split their tokens: step 1's loss is the hand-computed NLL of
+    the whole first batch, and the losses follow a one-rank run's."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rayrl.models import build_tiny_model
+    from rayrl.trainer.sft_data import load_sft_datasets
+
+    base = build_tiny_model(tmp_path / "base", seed=3)
+    common = ["trainer.total_training_steps=3", "trainer.test_freq=-1", "trainer.save_freq=-1"]
+    split = _config(tmp_path / "sp", base, "ulysses_sequence_parallel_size=2", *common)
+    assert split.dp_size == 1
+    one = _config(tmp_path / "one", base, "trainer.n_gpus_per_node=1", *common)
+    sp_losses = [m["train/loss"] for m in sft(split, Console(file=io.StringIO()))]
+    one_losses = [m["train/loss"] for m in sft(one, Console(file=io.StringIO()))]
+
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    train, _ = load_sft_datasets(split, tokenizer)
+    first = next(train.batches(8, epoch=0, seed=split.trainer.seed, shuffle=True))
+    model = AutoModelForCausalLM.from_pretrained(base).eval()
+    assert sp_losses[0] == pytest.approx(_response_nll(model, first), rel=1e-4)
+    assert sp_losses == pytest.approx(one_losses, rel=1e-4)

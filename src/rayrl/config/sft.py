@@ -35,7 +35,7 @@ from rayrl.config.load import (
     load_structured,
 )
 from rayrl.config.schema import ResourcesConfig
-from rayrl.config.validate import check_cpus_per_worker, check_fsdp_size
+from rayrl.config.validate import check_choice, check_cpus_per_worker, check_role_parallel
 
 SFT_BUILTIN_DIR = Path(__file__).resolve().parent / "sft"
 EACH_EPOCH = "after_each_epoch"  # a save or validation frequency: the steps of an epoch
@@ -147,12 +147,19 @@ class SFTConfig:
     model: SFTModelConfig = field(default_factory=SFTModelConfig)
     optim: SFTOptimConfig = field(default_factory=SFTOptimConfig)
     use_remove_padding: bool = False  # sequence packing
+    # Ulysses: ranks that split each packed row's tokens (verl's top-level key)
+    ulysses_sequence_parallel_size: int = 1
     trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
 
     @property
     def world_size(self) -> int:
         return self.trainer.nnodes * self.trainer.n_gpus_per_node
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel ranks: the ranks of a sequence-parallel group share their rows."""
+        return self.world_size // max(self.ulysses_sequence_parallel_size, 1)
 
 
 _TABLE = rule_table(RULES, SFTConfig)
@@ -231,8 +238,7 @@ def _get(cfg: Any, path: str) -> Any:
 def validate_sft_config(cfg: SFTConfig) -> None:
     """Raise ConfigError for the first rule the config breaks, with the numbers."""
     for path, allowed in SFT_CHOICES.items():
-        if _get(cfg, path) not in allowed:
-            raise ConfigError(f"{path}={_get(cfg, path)!r} is not one of {', '.join(allowed)}")
+        check_choice(path, _get(cfg, path), allowed)
     for path in SFT_POSITIVE:
         value = _get(cfg, path)
         if value is not None and value < 1:
@@ -257,17 +263,27 @@ def validate_sft_config(cfg: SFTConfig) -> None:
             "trainer.resume_mode=resume_path needs trainer.resume_from_path (a "
             "checkpoints/global_step_N directory)"
         )
-    check_fsdp_size("model.fsdp_config.fsdp_size", cfg.model.fsdp_config.fsdp_size, cfg.world_size)
+    check_role_parallel(
+        cfg.world_size,
+        "ulysses_sequence_parallel_size",
+        cfg.ulysses_sequence_parallel_size,
+        "model.fsdp_config.fsdp_size",
+        cfg.model.fsdp_config.fsdp_size,
+        "use_remove_padding",
+        cfg.use_remove_padding,
+        cfg.model.partial_pretrain,
+    )
     _check_batch(cfg)
 
 
 def _check_batch(cfg: SFTConfig) -> None:
     """The batch splits evenly over the ranks, and each rank's share into micro-batches."""
-    d, world = cfg.data, cfg.world_size
+    d, world = cfg.data, cfg.dp_size
     if d.train_batch_size % world:
         raise ConfigError(
             f"data.train_batch_size={d.train_batch_size} does not split over {world} "
-            f"data-parallel ranks (trainer.nnodes x trainer.n_gpus_per_node); "
+            f"data-parallel ranks (trainer.nnodes x trainer.n_gpus_per_node / "
+            f"ulysses_sequence_parallel_size); "
             f"{d.train_batch_size} % {world} = {d.train_batch_size % world}"
         )
     per_rank = d.train_batch_size // world

@@ -48,12 +48,27 @@ def _get(cfg: RayRLConfig, path: str):
     return obj
 
 
+# What a value that is not a choice means, where rayrl can say more than "not one of".
+CHOICE_NOTES = {
+    ("trainer.device", "npu"): "rayrl runs on NVIDIA GPUs (cuda) and CPUs; Ascend NPUs are "
+    "not supported",
+    ("trainer.device", "xpu"): "rayrl runs on NVIDIA GPUs (cuda) and CPUs; Intel XPUs are "
+    "not supported",
+}
+
+
+def check_choice(path: str, value, allowed: tuple) -> None:
+    """ConfigError naming the key, the value and the choices, unless `value` is one."""
+    if value in allowed:
+        return
+    names = ", ".join(str(a) for a in allowed)
+    note = CHOICE_NOTES.get((path, value))
+    raise ConfigError(f"{path}={value!r} is not one of {names}" + (f": {note}" if note else ""))
+
+
 def check_choices(cfg: RayRLConfig) -> None:
     for path, allowed in CHOICES.items():
-        value = _get(cfg, path)
-        if value not in allowed:
-            names = ", ".join(str(a) for a in allowed)
-            raise ConfigError(f"{path}={value!r} is not one of {names}")
+        check_choice(path, _get(cfg, path), allowed)
 
 
 def check_run_keys(cfg: RayRLConfig) -> None:
@@ -291,29 +306,46 @@ def parallel_roles(cfg: RayRLConfig) -> list[tuple[str, int, int, str, bool, str
 def check_parallel(cfg: RayRLConfig) -> None:
     """Each role's Ulysses size and sharding-group size fit the world, its packing and
     its model's attention heads."""
-    world = cfg.world_size
     for role, sp, fsdp_size, fsdp_key, packed, path in parallel_roles(cfg):
+        model = "critic.model" if role == "critic" else "actor_rollout_ref.model"
+        check_role_parallel(
+            cfg.world_size,
+            f"{role}.ulysses_sequence_parallel_size",
+            sp,
+            f"{fsdp_key}.fsdp_size",
+            fsdp_size,
+            f"{model}.use_remove_padding",
+            packed,
+            path,
+        )
+
+
+def check_role_parallel(
+    world: int,
+    sp_key: str,
+    sp: int,
+    fsdp_key: str,
+    fsdp_size: int,
+    packing_key: str,
+    packed: bool,
+    path: str | None,
+) -> None:
+    """ConfigError, naming the keys, unless a role's Ulysses size (`sp_key`) and
+    sharding-group size (`fsdp_key`) fit the world, its packing and its model's heads."""
+    try:
+        MeshSpec(world, sp, fsdp_size)
+    except MeshError as err:
+        text = str(err).replace("ulysses_sequence_parallel_size", sp_key)
+        raise ConfigError(text.replace("fsdp_config.fsdp_size", fsdp_key)) from None
+    if sp > 1 and not packed:
+        raise ConfigError(f"{sp_key}={sp} splits packed rows between ranks; set {packing_key}=true")
+    heads = model_heads(path) if sp > 1 and path else None
+    if heads is not None:
         try:
-            MeshSpec(world, sp, fsdp_size)
+            check_heads(*heads, sp, path)
         except MeshError as err:
-            text = str(err).replace(
-                "ulysses_sequence_parallel_size", f"{role}.ulysses_sequence_parallel_size"
-            )
-            raise ConfigError(
-                text.replace("fsdp_config.fsdp_size", f"{fsdp_key}.fsdp_size")
-            ) from None
-        if sp > 1 and not packed:
-            model = "critic.model" if role == "critic" else "actor_rollout_ref.model"
-            raise ConfigError(
-                f"{role}.ulysses_sequence_parallel_size={sp} splits packed rows between ranks; "
-                f"set {model}.use_remove_padding=true"
-            )
-        heads = model_heads(path) if sp > 1 else None
-        if heads is not None:
-            try:
-                check_heads(*heads, sp, path)
-            except MeshError as err:
-                raise ConfigError(str(err).replace("ulysses", f"{role}.ulysses", 1)) from None
+            text = str(err)
+            raise ConfigError(text.replace("ulysses_sequence_parallel_size", sp_key, 1)) from None
 
 
 def critic_enabled(cfg: RayRLConfig) -> bool:

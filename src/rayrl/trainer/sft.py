@@ -29,7 +29,7 @@ from rayrl.trainer.manifest import data_identity, model_identity
 from rayrl.trainer.model_dir import model_dir
 from rayrl.trainer.names import check_sft_names
 from rayrl.trainer.resources import cluster_node_cpus, cpus_per_worker
-from rayrl.trainer.roles import GroupEnv, new_group
+from rayrl.trainer.roles import GroupEnv, new_group, set_data_layouts
 from rayrl.trainer.stage_calls import StageCalls
 from rayrl.trainer.state import Stateful
 from rayrl.workers.sft import SFTWorker
@@ -106,6 +106,7 @@ class SFTTrainer:
         if group.world_size > 1:
             init["backend"] = backend
         group.init(timeout_s=res.init_timeout_s, retries=res.init_retries, **init)
+        set_data_layouts(group, [group])  # sequence-parallel ranks share their rows
         self.group = group
         return [group]
 

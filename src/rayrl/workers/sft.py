@@ -2,7 +2,9 @@
 pairs, with the checkpoints and HF export of an RL actor.
 
 Each rank holds a `TrainEngine` (FSDP2 over the group's process group, packing with
-`use_remove_padding`, micro-batches or a token budget, LoRA with `model.lora_rank`).
+`use_remove_padding`, Ulysses sequence parallelism with `ulysses_sequence_parallel_size`
+(the ranks of one sequence-parallel group take the same rows), micro-batches or a token
+budget, LoRA with `model.lora_rank`).
 `train_batch` is one optimizer step on the rank's share of a batch, with the loss of
 `rayrl.workers.losses.sft_loss_fn`; `nll` gives per-row sums for the validation loss.
 Checkpoints go under `<step dir>/actor`, the layout `rayrl train` and `rayrl export`
@@ -46,6 +48,7 @@ def sft_engine_kwargs(cfg: SFTConfig) -> dict[str, Any]:
         "attn_implementation": m.attn_implementation,
         "gradient_checkpointing": m.enable_gradient_checkpointing,
         "use_remove_padding": cfg.use_remove_padding,
+        "ulysses_sequence_parallel_size": cfg.ulysses_sequence_parallel_size,
         "seed": cfg.trainer.seed,
         "trust_remote_code": m.trust_remote_code,
         "config_overrides": dict(m.override_config),
@@ -79,7 +82,13 @@ class SFTWorker(Worker):
             return {"max_tokens_per_micro_batch": d.max_token_len_per_gpu}
         return {"micro_batch_size": d.micro_batch_size_per_gpu}
 
-    @register(dispatch=DP_SPLIT, collect=mean_metrics)
+    @register(dispatch=ONE_TO_ALL)
+    def data_parts(self) -> dict[str, int]:
+        """This rank's part of the rows (`controller.layout`): the ranks of a
+        sequence-parallel group share theirs."""
+        return {"train": self.engine.dp_rank}
+
+    @register(dispatch=DP_SPLIT, collect=mean_metrics, layout="train")
     def train_batch(self, batch: Batch) -> dict[str, float]:
         """One optimizer step on this rank's rows; `train/loss` is the batch's token-mean
         negative log-likelihood of the responses (all ranks), `train/lr` the LR used."""
@@ -94,7 +103,7 @@ class SFTWorker(Worker):
         metrics.update({f"perf/{k}": v for k, v in perf.items()})
         return metrics
 
-    @register(dispatch=DP_SPLIT)
+    @register(dispatch=DP_SPLIT, layout="train")
     def nll(self, batch: Batch) -> Batch:
         """Per row: the summed negative log-likelihood of its response and its token count."""
         out = self.engine.forward(batch, **self._sizes())

@@ -14,7 +14,6 @@ ARR = "actor_rollout_ref"
 
 # -- reasons shared by several keys ---------------------------------------------------
 NO_TP = "rayrl's rollout has tensor parallelism only (tensor_model_parallel_size)"
-NO_SP = "rayrl sft has no Ulysses sequence parallelism (rayrl train has)"
 SP_ROLE = (
     "rayrl reads the role's own ulysses_sequence_parallel_size (actor, ref, critic), "
     "not the fsdp_config copy"

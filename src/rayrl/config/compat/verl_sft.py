@@ -16,7 +16,6 @@ from rayrl.config.compat.rules import Inert, Moved, Only, Rule
 from rayrl.config.compat.verl_ppo import (
     CKPT,
     DEPRECATED,
-    NO_SP,
     PROFILER,
     RUN_DIR,
     STRATEGY,
@@ -61,7 +60,9 @@ RULES: dict[str, Rule] = {
     "trainer.profile_interval": Inert(PROFILER),
     "profiler": Inert(PROFILER),
     # verl's fsdp_sft_trainer keys rayrl has no use for
-    "ulysses_sequence_parallel_size": Inert(NO_SP),
+    "model.fsdp_config.ulysses_sequence_parallel_size": Moved(
+        "ulysses_sequence_parallel_size", note="verl 0.9.1's engine.ulysses_sequence_parallel_size"
+    ),
     "model.use_liger": Inert("rayrl does not use Liger kernels"),
     "model.use_shm": Inert("models load from their directory as they are"),
     "data.use_shm": Inert("data files are read where they are"),
