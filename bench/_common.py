@@ -1,12 +1,16 @@
-"""What the bench scripts share: a description of the machine a figure was measured on.
+"""What the bench scripts share: a description of the machine a figure was measured on,
+and the JSON line each figure is printed as.
 
 The scripts run as `python bench/<name>.py`, so this folder is on `sys.path`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+import sys
+from typing import Any, TextIO
 
 
 def hardware(device: str = "cpu") -> str:
@@ -23,3 +27,14 @@ def hardware(device: str = "cpu") -> str:
 
         gpu = torch.cuda.get_device_name()
     return f"{model}, {os.cpu_count()} cores, {gpu}"
+
+
+def emit_line(
+    bench: str, metric: str, value: Any, unit: str, *, stream: TextIO | None = None, **extra
+) -> None:
+    """Print one figure as a JSON line (`bench`, `metric`, `value`, `unit`, then `extra`)
+    to `stream` (stdout by default); a float value is rounded to 4 decimals."""
+    if isinstance(value, float):
+        value = round(value, 4)
+    row = {"bench": bench, "metric": metric, "value": value, "unit": unit, **extra}
+    print(json.dumps(row), file=stream or sys.stdout, flush=True)

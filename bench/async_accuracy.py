@@ -20,21 +20,19 @@ and one more RL run: several minutes a seed on 2 CPU cores.
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from _common import hardware
+from _common import emit_line, hardware
 
 BENCH = "async_accuracy"
 RESULTS = sys.stdout
 
 
-def emit(metric: str, value: float, unit: str, **extra) -> None:
-    row = {"bench": BENCH, "metric": metric, "value": round(value, 4), "unit": unit, **extra}
-    print(json.dumps(row), file=RESULTS, flush=True)
+emit = functools.partial(emit_line, BENCH, stream=RESULTS)
 
 
 def async_rl(root: Path, seed: int, staleness: float, extra: list[str], out) -> float:

@@ -32,22 +32,20 @@ Usage: `python bench/async_cpu.py [--rounds 2] [--steps 6] [--device cpu|cuda]
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _common import hardware
+from _common import emit_line, hardware
 
 BENCH = "async_cpu"
 RESULTS = sys.stdout
 
 
-def emit(metric: str, value: float, unit: str, **extra) -> None:
-    row = {"bench": BENCH, "metric": metric, "value": round(value, 4), "unit": unit, **extra}
-    print(json.dumps(row), file=RESULTS, flush=True)
+emit = functools.partial(emit_line, BENCH, stream=RESULTS)
 
 
 def long_tail_model(out: Path, layers: int, hidden: int, eos_shift: float) -> str:

@@ -38,7 +38,7 @@ recovery after killing one rank mid-step).
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import statistics
 import sys
 import tempfile
@@ -48,7 +48,7 @@ from pathlib import Path
 import ray
 
 from _agent_env import ENVIRONMENT, end_turns_often
-from _common import hardware
+from _common import emit_line, hardware
 from rayrl.config import load_config
 from rayrl.models import build_tiny_model
 from rayrl.testing.chaos import DEFAULT_STAGES, POINTS, ChaosMonkey, compare_runs, final_weights
@@ -234,9 +234,7 @@ def run(args: argparse.Namespace, out: str, kills: int) -> dict:
 RESULTS = sys.stdout  # the JSON lines only: main() sends every other print to stderr
 
 
-def emit(metric: str, value: float, unit: str, **extra) -> None:
-    line = json.dumps({"bench": BENCH, "metric": metric, "value": value, "unit": unit, **extra})
-    print(line, file=RESULTS, flush=True)
+emit = functools.partial(emit_line, BENCH, stream=RESULTS)
 
 
 def main() -> None:

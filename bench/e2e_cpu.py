@@ -20,17 +20,17 @@ The demo's own output goes to stderr. Usage: `python bench/e2e_cpu.py [--seed 1]
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import tempfile
 import time
 from pathlib import Path
 
+from _common import emit_line
+
 BENCH = "e2e_cpu"
 
 
-def emit(metric: str, value: float, unit: str, **extra) -> None:
-    row = {"bench": BENCH, "metric": metric, "value": round(value, 4), "unit": unit, **extra}
-    print(json.dumps(row), flush=True)
+emit = functools.partial(emit_line, BENCH)
 
 
 def rates(history: list[dict]) -> tuple[float, float]:

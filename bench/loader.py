@@ -17,22 +17,18 @@ own local Ray (`--num-cpus`, no dashboard). Usage:
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import os
 import tempfile
 import time
 from pathlib import Path
 
+from _common import emit_line
+
 BENCH = "loader"
 
 
-def emit(metric: str, value: float, unit: str, **extra) -> None:
-    print(
-        json.dumps(
-            {"bench": BENCH, "metric": metric, "value": round(value, 4), "unit": unit, **extra}
-        ),
-        flush=True,
-    )
+emit = functools.partial(emit_line, BENCH)
 
 
 def make_files(folder: Path, rows: int, files: int) -> list[str]:

@@ -21,14 +21,14 @@ so settings can be compared run by run.
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _common import hardware
+from _common import emit_line, hardware
 from rayrl.config import load_config
 from rayrl.trainer.ppo import PPOTrainer
 from rayrl.trainer.run import Run
@@ -87,8 +87,7 @@ class ProfileCall:
         return around()
 
 
-def emit(metric: str, value, unit: str, **extra) -> None:
-    print(json.dumps({"bench": BENCH, "metric": metric, "value": value, "unit": unit, **extra}))
+emit = functools.partial(emit_line, BENCH)
 
 
 def main() -> None:
