@@ -288,6 +288,30 @@ def test_n_samples_share_one_prefill(model_dir, tokenizer):
     assert len({tuple(r) for r in out.tokens[:4].tolist()}) > 1  # the 4 samples differ
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_sleep_on_cuda_gives_back_the_cache_and_the_graphs_at_once(model_dir, tokenizer):
+    """`sleep` after a generation that captured CUDA graphs gives back everything the
+    wake and the generation took (the KV cache, the graphs' pool), with no garbage
+    collection: allocated memory returns to what it was asleep before (the first round
+    leaves cuBLAS's per-stream workspaces, which stay), and the tokens stay the same."""
+    engine = NativeRolloutEngine(model_path=model_dir, device="cuda", max_num_seqs=8)
+    params = SamplingParams(n=2, max_new_tokens=R, seed=3, ignore_eos=True)
+    first = engine.generate(make_prompts(tokenizer), params)
+    engine.sleep()
+    torch.cuda.synchronize()
+    asleep = torch.cuda.memory_allocated()
+    engine.wake()
+    cache = engine.cache.data.nbytes
+    again = engine.generate(make_prompts(tokenizer), params)
+    assert engine.runner.graphs is not None and engine.runner.graphs.graphs  # captured
+    assert torch.cuda.memory_allocated() >= asleep + cache
+    engine.sleep()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() <= asleep
+    assert torch.equal(again["responses"], first["responses"])
+
+
 def test_sleep_frees_the_cache_and_wake_restores_it(engine, tokenizer):
     prompts = make_prompts(tokenizer)
     params = SamplingParams(n=2, max_new_tokens=R, seed=2)

@@ -24,7 +24,6 @@ decoding, and it rejoins with the driver's tokens prefilled onto its own KV cach
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import logging
 import time
@@ -404,13 +403,17 @@ class NativeRolloutEngine(RolloutEngine):
 
     # ------------------------------------------------------------------ memory
     def sleep(self) -> None:
-        """Free the KV cache and the CUDA graphs (weights stay); `wake` reallocates."""
+        """Free the KV cache and the CUDA graphs (weights stay); `wake` reallocates.
+
+        Both go by reference count, the moment the engine drops them (nothing else holds
+        them, and they hold no cycle), so no garbage collection runs here: a full
+        `gc.collect` in a worker that has loaded torch, transformers and Ray walks every
+        object it has, which cost most of a small step (docs/benchmarks.md)."""
         if self._asleep:
             return
         self._asleep = True
         self.runner.graphs = None
         self.cache.free()
-        gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
