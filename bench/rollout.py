@@ -5,6 +5,8 @@ random weights, bf16 on CUDA), prompts of random token ids, sampling at temperat
 
 - A: 256 prompts of 256 tokens, 256 new tokens each (EOS ignored).
 - B: 256 sequences, prompt and output lengths uniform in [100, 1024] (numpy seed 0).
+- C: long contexts (reasoning length): 64 prompts of 1,024 tokens, output lengths
+  uniform in [4096, 8192] (numpy seed 0).
 - M: multi-turn agent episodes, up to 4 tool calls of 50 ms each, on the native
   engine, against single-turn decoding of the same tokens (`bench/rollout_agent.py`:
   its records and their targets).
@@ -21,7 +23,7 @@ roofline is the time a step needs at the machine's measured HBM bandwidth or bf1
 matmul rate, whichever binds, summed over the prefill and every decode step.
 
     python bench/rollout.py [--device cuda|cpu] [--shape reference|tiny]
-        [--engines native,rayrl_hf,hf_dynamic,hf_static] [--workloads A,B,M]
+        [--engines native,rayrl_hf,hf_dynamic,hf_static] [--workloads A,B,C,M]
         [--skip hf_dynamic@B,...] [--repeats 3] [--profile] [--tune-decode] [--tune-sampler]
         [--sync-decode] [--tp N]
         [--out bench/results/rollout-DATE.jsonl]
@@ -85,13 +87,16 @@ def build_model(shape: str, device: str):
 
 
 def workload(name: str, shape: str, vocab: int) -> tuple[list[np.ndarray], np.ndarray]:
-    """Prompts (token ids) and output lengths of workload A or B."""
+    """Prompts (token ids) and output lengths of workload A, B or C."""
     rng = np.random.default_rng(0)
     tiny = shape == "tiny"
     n = 8 if tiny else 256
     if name == "A":
         p_len, o_len = (16, 16) if tiny else (256, 256)
         prompt_lens, out_lens = np.full(n, p_len), np.full(n, o_len)
+    elif name == "C":  # reasoning length: 64 prompts of 1k tokens, 4k-8k tokens out
+        n, p_len, (lo, hi) = (4, 16, (16, 48)) if tiny else (64, 1024, (4096, 8192))
+        prompt_lens, out_lens = np.full(n, p_len), rng.integers(lo, hi + 1, n)
     else:
         lo, hi = (4, 24) if tiny else (100, 1024)
         prompt_lens, out_lens = rng.integers(lo, hi + 1, n), rng.integers(lo, hi + 1, n)
@@ -110,13 +115,20 @@ def padded(prompts: list[np.ndarray], device: str) -> tuple[torch.Tensor, torch.
 
 
 # ---------------------------------------------------------------- engines
+def max_model_len(prompts: list[np.ndarray], out_lens: np.ndarray, shape: str) -> int:
+    """4096 tokens for the reference shape (64 for the tiny one), or the workload's
+    longest sequence rounded up to 64 where that is longer (workload C)."""
+    longest = max(len(p) for p in prompts) + int(out_lens.max())
+    return max(4096 if shape == "reference" else 64, -(-longest // 64) * 64)
+
+
 def run_native(model, prompts, out_lens, args, overlap: bool = True) -> Callable[[], None]:
     engine = NativeRolloutEngine(
         model=model,
         device=args.device,
         gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_seqs=args.max_num_seqs,
-        max_model_len=4096 if args.shape == "reference" else 64,
+        max_model_len=max_model_len(prompts, out_lens, args.shape),
         overlap_decode=overlap and not args.sync_decode,
         tp_size=args.tp,
         tp_group=getattr(args, "tp_group", None),
