@@ -20,7 +20,7 @@ or ``+compile-attn-out`` (the same with the attention call left out of the graph
 e.g. ``--variants autocast,fsdp,fsdp@32768#4096,fsdp@32768+compile``.
 
     python bench/profile_update.py [--seqs 512] [--preset qwen2.5-0.5b] [--device cuda]
-        [--variants fsdp]
+        [--variants fsdp] [--prompt-len 256 --response-len 256] [--checkpointing]
 """
 
 from __future__ import annotations
@@ -72,6 +72,12 @@ def main() -> None:
     p.add_argument("--model-dir", default=None)
     p.add_argument("--variants", default="fsdp", help="comma-separated, see the docstring")
     p.add_argument("--no-profile", action="store_true", help="time steps only, no profiler")
+    p.add_argument(
+        "--checkpointing",
+        action="store_true",
+        help="activation checkpointing (long sequences: e.g. --seqs 8 --prompt-len 1024 "
+        "--response-len 15360 --max-tokens 16384)",
+    )
     args = p.parse_args()
     args.sft_steps = 0
     with tempfile.TemporaryDirectory() as tmp:
@@ -106,7 +112,7 @@ def run_variant(args: argparse.Namespace, path: Path, variant: str, old):
     from torch.profiler import ProfilerActivity, profile
 
     from rayrl.batch import Batch
-    from rayrl.config.schema import ActorConfig
+    from rayrl.config import load_config
     from rayrl.engines.regional_compile import compile_regions
     from rayrl.engines.train import TrainEngine
     from rayrl.workers.common import update_perf_metrics
@@ -121,6 +127,7 @@ def run_variant(args: argparse.Namespace, path: Path, variant: str, old):
         fsdp=opts["fsdp"] and args.device == "cuda",
         logit_chunk_size=opts["chunk"],
         torch_compile=opts["compile"] == "compile",
+        gradient_checkpointing=args.checkpointing,
     )
     if opts["compile"] == "compile-attn-out":  # the attention call outside the graphs
         engine.compiled = compile_regions(engine.model, engine.device, attention_in_graph=False)
@@ -129,7 +136,10 @@ def run_variant(args: argparse.Namespace, path: Path, variant: str, old):
     if old is None:
         old = engine.forward(batch, max_tokens_per_micro_batch=budget)["log_probs"]
     batch = batch.union(Batch({"old_log_probs": old}))
-    loss = actor_loss_fn(ActorConfig(use_kl_loss=False), args.response_len)
+    actor = load_config(
+        "grpo", ["actor_rollout_ref.actor.use_kl_loss=false"]
+    ).actor_rollout_ref.actor
+    loss = actor_loss_fn(actor, args.response_len)
     base = {
         "bench": BENCH,
         "preset": args.preset,
@@ -140,6 +150,8 @@ def run_variant(args: argparse.Namespace, path: Path, variant: str, old):
         "max_tokens": budget,
         "chunk": opts["chunk"],
         "tokens": args.seqs * (args.prompt_len + args.response_len),
+        "sequence_len": args.prompt_len + args.response_len,
+        "checkpointing": args.checkpointing,
         "hardware": hardware(args.device),
     }
     try:
