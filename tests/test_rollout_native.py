@@ -327,6 +327,23 @@ def test_sleep_frees_the_cache_and_wake_restores_it(engine, tokenizer):
     assert torch.equal(engine.generate(prompts, params)["responses"], before["responses"])
 
 
+def test_without_loading_the_weights_a_complete_update_fills_them(model_dir, hf_model, tokenizer):
+    """`load_weights=False` reads the directory's config and tokenizer only: generating
+    is refused until `update_weights` has set every weight (a hybrid actor's first
+    sync), and then the engine samples as one that read the checkpoint."""
+    loaded = NativeRolloutEngine(model_path=model_dir, **SMALL)
+    empty = NativeRolloutEngine(model_path=model_dir, load_weights=False, **SMALL)
+    prompts = make_prompts(tokenizer)
+    params = SamplingParams(n=2, max_new_tokens=R, seed=4)
+    state = list(hf_model.state_dict().items())
+    empty.update_weights(state[:3])
+    with pytest.raises(RuntimeError, match="never set .*update_weights"):
+        empty.generate(prompts, params)
+    empty.update_weights(state[3:])
+    out = empty.generate(prompts, params)
+    assert torch.equal(out["responses"], loaded.generate(prompts, params)["responses"])
+
+
 def test_update_weights_in_place(tmp_path, tokenizer):
     path = build_tiny_model(tmp_path / "untied", tie_embeddings=False, **TINY)
     engine = make_rollout_engine("native", model_path=str(path), **SMALL)

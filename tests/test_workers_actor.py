@@ -65,8 +65,9 @@ def test_hybrid_actor_generates_updates_and_generates_with_new_weights(ray_local
 
 @pytest.mark.slow  # ~13 s on a loaded 2-core machine
 def test_actor_with_the_native_rollout_engine(ray_local, model_dir):
-    """rollout.name=native: the engine owns a copy, refreshed from the actor after updates;
-    its KV cache is released between generations (free_cache_engine)."""
+    """rollout.name=native: the engine owns a copy, filled from the actor's load by the
+    first weight sync (not read from disk) and refreshed after updates; its KV cache is
+    released between generations (free_cache_engine)."""
     tok = AutoTokenizer.from_pretrained(model_dir)
     cfg = config(
         "actor_rollout_ref.rollout.name=native",
@@ -81,7 +82,9 @@ def test_actor_with_the_native_rollout_engine(ray_local, model_dir):
         group.init(timeout_s=300, config=cfg, model_path=model_dir)
         info = group.device_info()[0]
         assert info["rollout"] == "NativeRolloutEngine" and info["rollout_asleep"]
+        assert info["rollout_weights_unset"] > 0  # not read from disk: the sync fills them
         out = generate(group, prompts(tok, 2))
+        assert group.device_info()[0]["rollout_weights_unset"] == 0
         assert len(out) == 4 and out["responses"].shape == (4, 6)
         old = group.compute_log_prob(out)
         mask = out["response_mask"].bool()

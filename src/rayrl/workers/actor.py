@@ -163,12 +163,17 @@ class ActorRolloutRefWorker(Worker):
 
     def _build_rollout(self) -> None:
         """The rollout engine with its own copy of the weights; tensor-parallel replicas
-        cut from the group's process group (again after it re-forms: the old groups die)."""
+        cut from the group's process group (again after it re-forms: the old groups die).
+        The native engine reads only the model's config and tokenizer: its weights come
+        from the training engine's load through the first weight sync (the copy starts
+        stale), so the checkpoint is read once."""
         options = dict(self.rollout_choice.options)
         if self.tp > 1:
             self.tp_groups = make_tp_groups(self.world_size, self.tp)
             options.update(self.tp_groups.engine_options)
         dtype = {"dtype": self.rollout_dtype} if self.rollout_name == "hf" else {}
+        if self.rollout_name == "native":  # filled by the first weight sync, not from disk
+            options["load_weights"] = False
         self.rollout = make_rollout_engine(
             self.rollout_name,
             model_path=self.model_path,
@@ -464,6 +469,7 @@ class ActorRolloutRefWorker(Worker):
             "rollout_owns_copy": self._owns_copy,
             "rollout_cache": getattr(self.rollout, "cache", None),  # HF engine's KV cache
             "rollout_dtype": str(self.rollout_dtype).removeprefix("torch."),
+            "rollout_weights_unset": getattr(self.rollout, "weights_unset", 0),
         }
 
 

@@ -93,6 +93,10 @@ class NativeRolloutEngine(RolloutEngine):
             its engine with the same arguments and makes the same calls.
         config_overrides: values set on the config loaded from ``model_path`` (verl's
             ``model.override_config``, `rayrl.models.config_overrides`).
+        load_weights: False: read only ``model_path``'s config and tokenizer, not its
+            weights, which a complete `update_weights` must then fill before the first
+            `generate` (a hybrid actor's first weight sync does: the checkpoint is read
+            once, by the training engine).
     """
 
     def __init__(
@@ -115,6 +119,7 @@ class NativeRolloutEngine(RolloutEngine):
         tp_size: int = 1,
         tp_group=None,
         config_overrides: dict | None = None,
+        load_weights: bool = True,
     ) -> None:
         if (model is None) == (model_path is None):
             raise ValueError(
@@ -141,7 +146,10 @@ class NativeRolloutEngine(RolloutEngine):
         shard = self.tp.shard if self.tp else None
         self.weights = NativeWeights(self.spec, self.dtype, self.device, shard)
         self.local_spec = self.weights.spec  # this rank's slice (the spec without TP)
-        if model_path:  # tensor-parallel: each rank reads its parts of the files only
+        self._unset: set[str] = set()  # weights no load has filled yet
+        if model_path and not load_weights:
+            self._unset = self._needed()
+        elif model_path:  # tensor-parallel: each rank reads its parts of the files only
             parts = read_safetensors(model_path, shard and shard.part)
             self._load_all(parts, sharded=shard is not None)
         else:
@@ -198,12 +206,17 @@ class NativeRolloutEngine(RolloutEngine):
             or data.max_prompt_length + data.max_response_length,
         }
 
+    def _needed(self) -> set[str]:
+        """The names a complete load fills."""
+        names = set(self.weights.names)
+        if self.spec.tie_embeddings:
+            names.discard("lm_head.weight")
+        return names
+
     def _load_all(self, state, sharded: bool = False) -> None:
         seen = []
         self.weights.load(((seen.append(n) or n, t) for n, t in state), WHERE, sharded)
-        missing = set(self.weights.names) - set(seen)
-        if self.spec.tie_embeddings:
-            missing.discard("lm_head.weight")
+        missing = self._needed() - set(seen)
         if missing:
             raise KeyError(
                 f"{WHERE}: the checkpoint lacks {len(missing)} tensors the model needs, e.g. "
@@ -250,6 +263,12 @@ class NativeRolloutEngine(RolloutEngine):
         """
         if self._asleep:
             raise RuntimeError(f"{WHERE}.generate: the engine is asleep; call wake() first.")
+        if self._unset:
+            raise RuntimeError(
+                f"{WHERE}.generate: {len(self._unset)} weights were never set (built with "
+                f"load_weights=False), e.g. {sorted(self._unset)[:3]}; call update_weights "
+                "with the whole model first."
+            )
         if sampling.stop and self.tokenizer is None:
             raise ValueError(
                 f"{WHERE}.generate: stop strings need a tokenizer; build the engine with "
@@ -399,7 +418,15 @@ class NativeRolloutEngine(RolloutEngine):
             KeyError: a name the model does not have (with the closest names it has).
             ValueError: a tensor whose shape differs from the model's.
         """
-        return self.weights.load(weights, f"{WHERE}.update_weights", sharded)
+        if not self._unset:
+            return self.weights.load(weights, f"{WHERE}.update_weights", sharded)
+        seen: list[str] = []
+        pairs = weights.items() if isinstance(weights, dict) else weights
+        copied = self.weights.load(
+            ((seen.append(n) or n, t) for n, t in pairs), f"{WHERE}.update_weights", sharded
+        )
+        self._unset -= set(seen)
+        return copied
 
     # ------------------------------------------------------------------ memory
     def sleep(self) -> None:
@@ -425,6 +452,11 @@ class NativeRolloutEngine(RolloutEngine):
     @property
     def is_asleep(self) -> bool:
         return self._asleep
+
+    @property
+    def weights_unset(self) -> int:
+        """Weights no load has filled yet (built with ``load_weights=False``)."""
+        return len(self._unset)
 
 
 def _tensor_parallel(spec: ModelSpec, tp_size: int, tp_group, device) -> TensorParallel | None:
