@@ -163,3 +163,15 @@ def test_a_fault_in_a_later_step_restores_that_steps_boundary(counters, tmp_path
     metrics = replay.run_step(1, step, {})
     assert len(replay.recoveries) == 1
     assert metrics["seen"] == [8, 8] and counters.read() == [8, 8]
+
+
+def test_snapshots_are_weighed_node_by_node():
+    """`step_snapshots=auto`: each node's ranks' snapshots against that node's own object
+    store (they go there), not the cluster's sum against the cluster's total."""
+    from rayrl.trainer.replay import nodes_over
+
+    stores = {"a": 10.0, "b": 10.0}
+    assert nodes_over({"a": 4, "b": 4}, stores, 0.5) == {}
+    # 9 bytes fit half of the cluster's 20, but node a holds 6 of them in its 10
+    assert nodes_over({"a": 6, "b": 3}, stores, 0.5) == {"a": (6, 10.0)}
+    assert nodes_over({"?": 6}, {"a": 10.0, "b": 40.0}, 0.5) == {"?": (6, 10.0)}

@@ -95,11 +95,16 @@ class GroupSnapshot:
     @staticmethod
     def nbytes(group: Any, timeout_s: float | None = None) -> int:
         """What a snapshot of `group` would hold: the sum of its ranks' `snapshot_nbytes()`."""
+        return sum(GroupSnapshot.rank_nbytes(group, timeout_s))
+
+    @staticmethod
+    def rank_nbytes(group: Any, timeout_s: float | None = None) -> list[int]:
+        """Each rank's `snapshot_nbytes()`: what its snapshot puts in its node's store."""
         refs = [
             group.actor_handle(r, "snapshot size")._rayrl_snapshot_nbytes.remote()
             for r in range(group.world_size)
         ]
-        return sum(_future(group, refs, "snapshot size").get(timeout_s))
+        return list(_future(group, refs, "snapshot size").get(timeout_s))
 
     def restore(self, group: Any, timeout_s: float | None = None) -> None:
         """Every rank of `group` back to this snapshot (a replaced rank included)."""

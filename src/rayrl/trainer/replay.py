@@ -48,6 +48,21 @@ log = logging.getLogger("rayrl.trainer")
 SNAPSHOT_STORE_SHARE = 0.5
 
 
+def nodes_over(
+    need: dict[str, int], stores: dict[str, float], share: float
+) -> dict[str, tuple[int, float]]:
+    """The nodes whose snapshot bytes (`need`, by node id) exceed `share` of their object
+    store (`stores`, by node id), with both figures. Bytes on nodes of unknown id ("?")
+    are weighed against the smallest store."""
+    out = {}
+    smallest = min(stores.values(), default=0.0)
+    for node, nbytes in need.items():
+        store = stores.get(node, smallest)
+        if nbytes > share * store:
+            out[node] = (nbytes, store)
+    return out
+
+
 class Rewound(Exception):  # noqa: N818 - a change of course, not an error
     """The run went back to an earlier step (its last checkpoint): restart the loop."""
 
@@ -125,19 +140,32 @@ class StepReplay:
         self.snapshots = self.run(self._take, "the first snapshot")
 
     def _snapshots_fit(self) -> bool:
-        """`trainer.step_snapshots=auto`: whether the stateful groups' snapshots fit
-        `SNAPSHOT_STORE_SHARE` of Ray's object store; says so when they do not."""
+        """`trainer.step_snapshots=auto`: whether every node's share of the stateful
+        groups' snapshots (each rank's goes into its own node's object store) fits
+        `SNAPSHOT_STORE_SHARE` of that node's store; says which node does not."""
         import ray
 
-        need = sum(GroupSnapshot.nbytes(g) for g in self.stateful)
-        store = ray.cluster_resources().get("object_store_memory", 0.0)
-        if need <= SNAPSHOT_STORE_SHARE * store:
+        need: Counter[str] = Counter()
+        for group in self.stateful:
+            infos = getattr(group, "infos", None) or [{}] * group.world_size
+            for rank, nbytes in enumerate(GroupSnapshot.rank_nbytes(group)):
+                need[str(infos[rank].get("node_id") or "?")] += nbytes
+        stores = {
+            str(node["NodeID"]): node["Resources"].get("object_store_memory", 0.0)
+            for node in ray.nodes()
+            if node.get("Alive")
+        }
+        over = nodes_over(need, stores, SNAPSHOT_STORE_SHARE)
+        if not over:
             return True
+        node, (needs, store) = next(iter(over.items()))
         self.print(
-            f"step snapshots off (trainer.step_snapshots=auto): the trainable state is "
-            f"{need / 2**30:.1f} GiB, more than {SNAPSHOT_STORE_SHARE:.0%} of Ray's object "
-            f"store ({store / 2**30:.1f} GiB); a lost worker rewinds the run to its last "
-            "checkpoint (set trainer.save_freq), or set trainer.step_snapshots=true"
+            f"step snapshots off (trainer.step_snapshots=auto): node {node[:8]}'s ranks hold "
+            f"{needs / 2**30:.1f} GiB of trainable state, more than "
+            f"{SNAPSHOT_STORE_SHARE:.0%} of its object store ({store / 2**30:.1f} GiB)"
+            + (f", and {len(over) - 1} more node(s) likewise" if len(over) > 1 else "")
+            + "; a lost worker rewinds the run to its last checkpoint (set "
+            "trainer.save_freq), or set trainer.step_snapshots=true"
         )
         return False
 
