@@ -255,10 +255,19 @@ def test_no_config_runs_the_demo_unless_a_model_or_data_is_named(capsys):
     assert "train_batch_size: 1024\n" in captured.out and "demo config" not in captured.err
 
 
-def test_rollout_tensor_parallel_size_must_fit_a_node():
+def test_rollout_tensor_parallel_size_must_fit_a_node_or_whole_nodes():
     key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
     assert load_config("grpo").actor_rollout_ref.rollout.tensor_model_parallel_size == 1
     cfg = load_config("grpo", [f"{key}=2", "trainer.n_gpus_per_node=4"])
     assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == 2
     with pytest.raises(ConfigError, match="tensor_model_parallel_size=3 must .* divide"):
         load_config("grpo", [f"{key}=3", "trainer.n_gpus_per_node=4"])
+    # Replicas of whole nodes, as verl's (a 70B model at TP=16 on nodes of 8 GPUs).
+    nodes = ["trainer.n_gpus_per_node=8", "trainer.nnodes=4", "data.train_batch_size=32"]
+    nodes += ["actor_rollout_ref.actor.ppo_mini_batch_size=32"]
+    assert load_config("grpo", [f"{key}=16", *nodes]).world_size == 32
+    for tp, nnodes in ((12, 4), (16, 3)):  # not whole nodes; not dividing the ranks
+        with pytest.raises(ConfigError, match=f"tensor_model_parallel_size={tp} must"):
+            load_config(
+                "grpo", [f"{key}={tp}", "trainer.n_gpus_per_node=8", f"trainer.nnodes={nnodes}"]
+            )

@@ -66,7 +66,7 @@ class AgentConfig:
     default_agent_loop: str = "single_turn_agent"
 
 
-def check_multi_turn(mt: MultiTurnConfig, tensor_parallel: int) -> None:
+def check_multi_turn(mt: MultiTurnConfig) -> None:
     """Raise ConfigError for the first multi-turn setting that cannot run."""
     for name in ("max_assistant_turns", "max_user_turns"):
         value = getattr(mt, name)
@@ -90,9 +90,3 @@ def check_multi_turn(mt: MultiTurnConfig, tensor_parallel: int) -> None:
         )
     if not isinstance(mt.tools, list):
         raise ConfigError(f"{KEY}.tools must be a list of tools; got {mt.tools!r}")
-    if mt.enable and tensor_parallel > 1:
-        raise ConfigError(
-            f"{KEY}.enable=true with actor_rollout_ref.rollout.tensor_model_parallel_size="
-            f"{tensor_parallel}: multi-turn rollouts run on one-GPU replicas only; set "
-            "tensor_model_parallel_size=1"
-        )

@@ -172,15 +172,24 @@ def check_batch_chain(
         )
 
 
-def check_rollout(cfg: RayRLConfig) -> None:
-    """The native engine's memory share, length limit and tensor-parallel size fit."""
+def check_rollout(cfg: RayRLConfig, warn: Callable[[str], None] = _warn) -> None:
+    """The native engine's memory share, length limit and tensor-parallel size fit; a
+    tensor-parallel size the hf engine would ignore is said."""
     r, data = cfg.actor_rollout_ref.rollout, cfg.data
     tp, per_node = r.tensor_model_parallel_size, cfg.trainer.n_gpus_per_node
-    if tp < 1 or per_node % tp:
+    whole_nodes = tp > per_node and tp % per_node == 0 and cfg.world_size % tp == 0
+    if tp < 1 or (per_node % tp and not whole_nodes):
         raise ConfigError(
             f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} must be at least 1 and "
-            f"divide trainer.n_gpus_per_node={per_node}: the rollout's {cfg.world_size} ranks form "
-            f"replicas of {tp} GPUs of one node each; use a divisor of {per_node}"
+            f"divide trainer.n_gpus_per_node={per_node} (replicas of {tp} GPUs of one node), "
+            f"or be a multiple of it that divides the rollout's {cfg.world_size} ranks "
+            f"(replicas of whole nodes, as verl's); use a divisor of {per_node}"
+        )
+    if tp > 1 and r.name == "hf":
+        warn(
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} has no effect with "
+            "rollout.name=hf: the hf engine has no tensor parallelism (each rank holds the "
+            f"whole model); rollout.name=native splits the model over {tp} ranks"
         )
     longest = data.max_prompt_length + data.max_response_length
     if r.max_model_len is not None and r.max_model_len < longest:
@@ -478,9 +487,8 @@ def validate_config(cfg: RayRLConfig, warn: Callable[[str], None] = _warn) -> No
     check_async(cfg, warn)
     check_numeric(cfg)
     check_micro_set(cfg)
-    check_rollout(cfg)
-    r = cfg.actor_rollout_ref.rollout
-    check_multi_turn(r.multi_turn, r.tensor_model_parallel_size)
+    check_rollout(cfg, warn)
+    check_multi_turn(cfg.actor_rollout_ref.rollout.multi_turn)
     check_run_keys(cfg)
     check_parallel(cfg)
     check_text_only(cfg)
