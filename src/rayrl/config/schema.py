@@ -414,6 +414,9 @@ class TrainerConfig:
     max_actor_ckpt_to_keep: int | None = None
     max_critic_ckpt_to_keep: int | None = None
     logger: Any = field(default_factory=lambda: ["console"])  # a name or a list
+    # the tensorboard tracker's event directory; None: $TENSORBOARD_DIR (verl's), else
+    # OUTPUT_DIR/tensorboard
+    tensorboard_dir: str | None = None
     # example generations written per validation (val_generations/); verl's name:
     # trainer.log_val_generations (verl's default 0 logs none)
     val_examples: int = 8
