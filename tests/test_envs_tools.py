@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from rayrl.config import load_config
 from rayrl.envs import (
     ENVIRONMENTS,
     TOOLS,
@@ -44,6 +45,18 @@ def call_text(name: str, arguments) -> str:
 
 
 # ---------------------------------------------------------------- parsing
+def test_verls_qwen_formats_are_hermes():
+    """verl's SGLang-era `multi_turn.format=qwen` (SGLang's qwen25 parser) is the hermes
+    format: the same parser, the same calls."""
+    text = "Sure. " + call_text("calculator", {"expression": "1+2"})
+    want = make_parser("hermes").parse(text)
+    for name in ("qwen", "qwen25"):
+        parser = make_parser(name)
+        assert isinstance(parser, HermesParser)
+        assert parser.parse(text) == want
+    load_config("grpo", [f"actor_rollout_ref.rollout.multi_turn.format={name}"])
+
+
 def test_hermes_parses_calls_and_reports_malformed_ones():
     parser = make_parser("hermes")
     text = (

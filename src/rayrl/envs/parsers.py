@@ -8,7 +8,8 @@ model gets an error observation instead of silence. Parsers register in
 
 ``hermes`` (Qwen2.5, Qwen3, Hermes and most open chat models): each call is
 ``<tool_call>{"name": "...", "arguments": {...}}</tool_call>``; ``arguments`` may also be
-a JSON string holding the object.
+a JSON string holding the object. ``qwen`` and ``qwen25`` are its aliases: the names
+verl's SGLang rollout gave SGLang's Qwen 2.5 function-call parser, whose format this is.
 
 A parser may name stop strings (`ToolCallParser.stop`): the rollout then ends an
 assistant turn there as well as at EOS. Hermes models end a turn with EOS after their
@@ -62,7 +63,7 @@ class ToolCallParser:
         raise NotImplementedError
 
 
-@TOOL_PARSERS.register("hermes")
+@TOOL_PARSERS.register("hermes", aliases=("qwen", "qwen25"))
 class HermesParser(ToolCallParser):
     """``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` calls (see the module)."""
 

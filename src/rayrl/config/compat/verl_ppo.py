@@ -262,6 +262,12 @@ MODEL: dict[str, Rule] = {
         "rayrl does not load saved adapters: LoRA starts from fresh adapters"
     ),
     f"{ARR}.hybrid_engine": Inert("rayrl always runs actor, rollout and reference in one process"),
+    # Not in verl's config (verl reads no such key); an example script still sets it.
+    f"{ARR}.model.torch_dtype": Inert(
+        "verl's config has no such key and verl never reads it; rayrl's dtypes are "
+        "actor.fsdp_config.model_dtype (master weights) and fsdp_config.dtype (compute), "
+        "and the rollout's weights are bf16 on a GPU"
+    ),
 }
 
 DATA: dict[str, Rule] = {
