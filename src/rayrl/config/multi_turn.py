@@ -11,6 +11,10 @@ verl's names, defaults and meaning, each acted on:
 - `tool_config_path`: verl's tool YAML (a `tools:` list of `{class_name, config,
   tool_schema}`); `function_tool_path`: a Python file whose module-level
   `rayrl.envs.function_tool` objects are tools;
+- `interaction_config_path`: verl's interaction YAML (an `interaction:` list of
+  `{name, class_name, config}`): a simulated user that answers each message without
+  tool calls, picked per row by `extra_info.interaction_kwargs.name`
+  (`rayrl.envs.interaction`; verl's GSM8K interaction is built in);
 - `tokenization_sanity_check_mode`: `strict` (and `ignore_strippable`) check every
   step that the tokens trained on are the rollout's (`rollout/token_mismatch`, a
   warning naming the first sample that differs), `disable` skips the check;
@@ -46,6 +50,7 @@ class MultiTurnConfig:
     max_assistant_turns: int | None = None
     tool_config_path: str | None = None
     function_tool_path: str | None = None
+    interaction_config_path: str | None = None
     max_user_turns: int | None = None
     max_parallel_calls: int = 1
     max_tool_response_length: int = 256

@@ -23,7 +23,7 @@ from rayrl.data import DataError, PromptDataset, read_parquet_with_sources, synt
 from rayrl.data.custom import build_custom_dataset, custom_rows
 from rayrl.data.synthetic import held_out_rows
 from rayrl.registry import Registry
-from rayrl.workers.agent import default_agent, tool_schemas
+from rayrl.workers.agent import configured_interactions, default_agent, tool_schemas
 
 log = logging.getLogger("rayrl.trainer")
 LOADERS: Registry[Callable[..., Any]] = Registry("data loader", config_key="data.loader")
@@ -33,6 +33,7 @@ def _agent_settings(cfg: RayRLConfig) -> dict[str, Any]:
     """The tool schemas and default agent of the prompts (none with single-turn rollouts)."""
     if not cfg.actor_rollout_ref.rollout.multi_turn.enable:
         return {}
+    configured_interactions(cfg)  # a bad interaction config fails here, before any reservation
     return {"tools": tool_schemas(cfg), "default_agent": default_agent(cfg)}
 
 

@@ -137,6 +137,8 @@ class MultiTurnRollout:
         tools: tools, or config entries for `rayrl.envs.build_tools`.
         config: the episode settings.
         tokenizer: the model's tokenizer (default: the engine's).
+        interactions: simulated users by name (verl's interactions,
+            `rayrl.envs.interaction`), for the environments that take them.
     """
 
     def __init__(
@@ -145,6 +147,7 @@ class MultiTurnRollout:
         tools: Iterable[Tool | Any] = (),
         config: MultiTurnConfig | None = None,
         tokenizer=None,
+        interactions: Mapping[str, Any] | None = None,
     ) -> None:
         if not isinstance(engine, HFRolloutEngine | NativeRolloutEngine):
             raise TypeError(
@@ -152,6 +155,7 @@ class MultiTurnRollout:
             )
         self.engine = engine
         self.config = config or MultiTurnConfig()
+        self.interactions = dict(interactions or {})
         self.tokenizer = tokenizer or engine.tokenizer
         if self.tokenizer is None:
             raise ValueError(
@@ -281,7 +285,11 @@ class MultiTurnRollout:
 
     def _environment(self, name: str) -> Environment:
         return make_environment(
-            name, config=self.config.environment_config, toolbox=self.toolbox, parser=self.parser
+            name,
+            config=self.config.environment_config,
+            toolbox=self.toolbox,
+            parser=self.parser,
+            interactions=self.interactions,
         )
 
     def _close(self, episodes: Episodes) -> list[dict[str, float]]:
