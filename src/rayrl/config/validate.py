@@ -297,6 +297,18 @@ def parallel_roles(cfg: RayRLConfig) -> list[tuple[str, int, int, str, bool, str
     return roles
 
 
+def check_lora(cfg: RayRLConfig) -> None:
+    """`model.lora_alpha` is > 0 when LoRA is on (`lora_rank` > 0); with LoRA off it is
+    not read, so verl's scripts that set both to 0 load."""
+    model = cfg.actor_rollout_ref.model
+    if model.lora_rank > 0 and model.lora_alpha <= 0:
+        raise ConfigError(
+            f"actor_rollout_ref.model.lora_alpha={model.lora_alpha} with lora_rank="
+            f"{model.lora_rank}: LoRA's scale would be 0 and the adapters would change "
+            "nothing; use a value > 0 (verl's default 16)"
+        )
+
+
 def check_parallel(cfg: RayRLConfig) -> None:
     """Each role's Ulysses size and sharding-group size fit the world, its packing and
     its model's attention heads."""
@@ -490,6 +502,7 @@ def validate_config(cfg: RayRLConfig, warn: Callable[[str], None] = _warn) -> No
     check_rollout(cfg, warn)
     check_multi_turn(cfg.actor_rollout_ref.rollout.multi_turn)
     check_run_keys(cfg)
+    check_lora(cfg)
     check_parallel(cfg)
     check_text_only(cfg)
     actor, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
