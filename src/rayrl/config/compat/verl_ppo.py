@@ -417,6 +417,11 @@ TRAINER: dict[str, Rule] = {
     "trainer.use_v1": Inert("rayrl has one trainer"),
     "trainer.v1": Inert("verl's v1 trainer settings; rayrl has one synchronous trainer"),
     "trainer.v1.trainer_mode": Only(("sync",), "asynchronous trainer modes"),
+    # Added with Hydra's `+` by a verl recipe (DeepEyes); no verl tracker reads it.
+    "trainer.rl_logging_board_dir": Inert(
+        "the directory of an RL Logging Board tracker, which neither verl nor rayrl has; "
+        "metrics go to the trackers of trainer.logger"
+    ),
 }
 
 # A verl config file of one's own: Hydra's settings, and a defaults list that starts
