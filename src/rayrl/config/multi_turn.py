@@ -7,7 +7,7 @@ verl's names, defaults and meaning, each acted on:
 - `max_assistant_turns` / `max_user_turns` (null: no limit), `max_parallel_calls`
   (tool calls run per assistant turn), `max_tool_response_length` (tokens of each
   tool response, cut on `tool_response_truncate_side`: left, middle or right),
-  `format` (the tool-call format: hermes);
+  `format` (the tool-call format: hermes, alias qwen / qwen25, or gpt-oss);
 - `tool_config_path`: verl's tool YAML (a `tools:` list of `{class_name, config,
   tool_schema}`); `function_tool_path`: a Python file whose module-level
   `rayrl.envs.function_tool` objects are tools;

@@ -175,6 +175,7 @@ class MultiTurnRollout:
             max_message_tokens=c.max_tool_response_tokens,
             truncate_side=c.tool_response_truncate_side,
             template_kwargs=c.chat_template_kwargs,
+            keep_special_tokens=self.parser.keeps_special_tokens,
         )
         self.format.pieces(("tool",))  # a template that cannot render tool turns fails here
         self._environment(c.environment)  # an unknown environment fails here, not per row
