@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from rayrl.cli.main import main
 from rayrl.config import ConfigError, RayRLConfig, load_config, to_yaml
@@ -140,9 +141,18 @@ def test_critic_chain_checked_only_when_critic_runs():
         load_config("ppo", bad_critic)
 
 
-def test_grpo_needs_several_samples_and_choices_are_checked():
-    with pytest.raises(ConfigError, match="rollout.n=1"):
+def test_grpo_with_one_sample_warns_and_choices_are_checked():
+    """rollout.n=1 with a group estimator loads, as in verl (each sample's advantage is
+    its score: `grpo_advantages` of one-sample groups), with a warning."""
+    from rayrl.algos.advantages import grpo_advantages
+    from rayrl.config.errors import ConfigWarning
+
+    with pytest.warns(ConfigWarning, match="rollout.n=1: each group holds one sample"):
         load_config("grpo", ["actor_rollout_ref.rollout.n=1"])
+    scores = torch.zeros(3, 4)
+    scores[:, -1] = torch.tensor([0.5, -1.0, 2.0])
+    advantages, _ = grpo_advantages(scores, torch.ones(3, 4), ["a", "b", "c"])
+    torch.testing.assert_close(advantages[:, 0], torch.tensor([0.5, -1.0, 2.0]), atol=1e-5, rtol=0)
     with pytest.raises(ConfigError, match="truncation='middle' is not one of error, left, right"):
         load_config("grpo", ["data.truncation=middle"])
     with pytest.raises(ConfigError, match="capacity_factor=0.5"):

@@ -380,9 +380,11 @@ def check_algorithm(cfg: RayRLConfig, n: int, warn: Callable[[str], None] = _war
     alg = cfg.algorithm
     check_new_algorithms(cfg, warn)
     if alg.adv_estimator in GROUP_ESTIMATORS and n < 2:
-        raise ConfigError(
+        warn(
             f"algorithm.adv_estimator={alg.adv_estimator} compares the samples of one "
-            f"prompt, but actor_rollout_ref.rollout.n={n}; set rollout.n to 2 or more"
+            f"prompt, but actor_rollout_ref.rollout.n={n}: each group holds one sample, whose "
+            "advantage is then its own score (no baseline), as in verl; set rollout.n to 2 or "
+            "more for group-relative advantages"
         )
     if alg.kl_ctrl.type == "adaptive" and not alg.use_kl_in_reward:
         raise ConfigError(
