@@ -363,6 +363,8 @@ class FilterGroupsConfig:
 class RolloutCorrectionConfig:
     rollout_is: str | None = None  # None | token | sequence
     rollout_is_threshold: float = 2.0
+    # verl's: divide the weights by their mean over the training batch (mean 1)
+    rollout_is_batch_normalize: bool = False
 
 
 @dataclass

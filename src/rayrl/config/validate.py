@@ -417,6 +417,13 @@ def check_algorithm(cfg: RayRLConfig, n: int, warn: Callable[[str], None] = _war
             "limit the penalty counts back from; default data.max_response_length)"
         )
     rollout = cfg.actor_rollout_ref.rollout
+    rc = alg.rollout_correction
+    if rc.rollout_is_batch_normalize and rc.rollout_is is None:
+        raise ConfigError(
+            "algorithm.rollout_correction.rollout_is_batch_normalize=true normalises the "
+            "importance weights, which are off (rollout_is is null); set rollout_is to token "
+            "or sequence, or drop rollout_is_batch_normalize"
+        )
     if alg.rollout_correction.rollout_is is not None and not rollout.calculate_log_probs:
         raise ConfigError(
             f"algorithm.rollout_correction.rollout_is={alg.rollout_correction.rollout_is} "

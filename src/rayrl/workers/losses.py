@@ -84,6 +84,8 @@ def actor_loss_fn(
                 level=is_level,
             )
             metrics.update({f"actor/{k}": _token_share(v, mask, mb) for k, v in tis.items()})
+            if "rollout_is_norm" in mb:  # rollout_is_batch_normalize: the batch's mean
+                weights = weights / mb["rollout_is_norm"].to(weights.dtype)[:, None]
         pg_loss, pg = policy(
             log_prob,
             old,

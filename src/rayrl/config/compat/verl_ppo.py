@@ -393,9 +393,6 @@ ALGORITHM: dict[str, Rule] = {
     "algorithm.rollout_correction.loss_type": Only(
         ("ppo_clip",), "rollout-correction losses other than ppo_clip"
     ),
-    "algorithm.rollout_correction.rollout_is_batch_normalize": Only(
-        (False,), "batch-normalised rollout importance weights"
-    ),
     "algorithm.filter_groups.max_inflight_gen_batches": Inert(
         "dynamic sampling generates one round at a time"
     ),
