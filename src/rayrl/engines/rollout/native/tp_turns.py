@@ -13,6 +13,9 @@ same points on every rank (they follow from the shared schedule):
   schedule has nothing else to run, waits for one), broadcasts how many there are and,
   when there are some, the answers themselves; every rank returns TP rank 0's list,
   so every rank resumes or ends the same samples with the same tokens at the same step.
+  A wait lasts at most ``WAIT_SLICE_S`` (then an empty list: the engine's loop comes
+  back and waits again), so that the other ranks never sit in one collective for as
+  long as a slow tool runs (NCCL would time the collective out).
 
 A driver that fails on TP rank 0 is reported to the other ranks (they raise too,
 naming it) rather than leaving them waiting in a collective. The ranks other than 0
@@ -20,6 +23,8 @@ hand their engine `FollowerTurns`: it is never asked for anything.
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 
@@ -29,6 +34,7 @@ from rayrl.engines.rollout.turns import Continuation, TurnDriver
 __all__ = ["FollowerTurns", "LockstepTurns"]
 
 _FAILED = -1
+WAIT_SLICE_S = 5.0
 
 
 class FollowerTurns:
@@ -59,7 +65,7 @@ class LockstepTurns:
         if not self.leads:
             return self._receive()
         try:
-            answers = self.driver.take_ready(wait)
+            answers = self._poll() if wait else self.driver.take_ready(False)
         except BaseException as err:
             self.tp.broadcast_count(_FAILED)
             self.tp.broadcast_object(f"{type(err).__name__}: {err}")
@@ -68,6 +74,15 @@ class LockstepTurns:
         if answers:
             self.tp.broadcast_object([_plain(a) for a in answers])
         return answers
+
+    def _poll(self) -> list[Continuation]:
+        """TP rank 0's answers, waiting for one at most `WAIT_SLICE_S`."""
+        deadline = time.monotonic() + WAIT_SLICE_S
+        while True:
+            answers = self.driver.take_ready(False)
+            if answers or time.monotonic() >= deadline:
+                return answers
+            time.sleep(0.002)
 
     def _receive(self) -> list[Continuation]:
         count = self.tp.broadcast_count(0)
