@@ -214,9 +214,6 @@ def test_keys_verls_scripts_set_outside_its_config_load_with_a_warning():
     said.clear()
     source_data(parse_overrides(["+trainer.rl_logging_board_dir=/tmp/board"]), "t", said.append)
     assert any("rl_logging_board_dir" in line and "neither verl nor rayrl" in line for line in said)
-    with pytest.raises(ConfigError, match="rayrl does not support custom data samplers"):
-        load_config(None, [*MICRO, "data.sampler.class_path=pkg://my.samplers"])
-    load_config(None, [*MICRO, "data.sampler.class_path=null", "data.sampler.class_name=null"])
 
 
 def test_megatron_and_vision_language_are_refused_with_their_names(tmp_path):

@@ -41,6 +41,15 @@ class CustomDatasetConfig:
 
 
 @dataclass
+class SamplerConfig:
+    """A sampler class of one's own (`data.sampler` of verl versions other than 0.9.1,
+    `rayrl.data.sampler`): the order of the training rows."""
+
+    class_path: str | None = None  # a Python file (or pkg://module) defining the class
+    class_name: str | None = None  # the class's name in it
+
+
+@dataclass
 class DataConfig:
     train_files: Any = field(default_factory=list)  # a path or a list; empty: synthetic task
     val_files: Any = field(default_factory=list)
@@ -63,6 +72,7 @@ class DataConfig:
     # (e.g. {reasoning_effort: medium} for gpt-oss, {enable_thinking: false} for Qwen3)
     apply_chat_template_kwargs: dict = field(default_factory=dict)
     custom_cls: CustomDatasetConfig = field(default_factory=CustomDatasetConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
 
 
 @dataclass

@@ -297,6 +297,24 @@ def parallel_roles(cfg: RayRLConfig) -> list[tuple[str, int, int, str, bool, str
     return roles
 
 
+def check_sampler(cfg: RayRLConfig) -> None:
+    """`data.sampler` names a class (path and name) and orders the in-memory loader's rows."""
+    d = cfg.data
+    if not d.sampler.class_path and not d.sampler.class_name:
+        return
+    if not d.sampler.class_path or not d.sampler.class_name:
+        raise ConfigError(
+            f"data.sampler.class_path={d.sampler.class_path!r} and class_name="
+            f"{d.sampler.class_name!r}: a sampler class needs both (a Python file or "
+            "pkg://module, and the class's name in it)"
+        )
+    if d.loader != "default":
+        raise ConfigError(
+            f"data.sampler orders the rows of the in-memory loader; data.loader={d.loader!r} "
+            "streams them in its own order: set data.loader=default or drop data.sampler"
+        )
+
+
 def check_lora(cfg: RayRLConfig) -> None:
     """`model.lora_alpha` is > 0 when LoRA is on (`lora_rank` > 0); with LoRA off it is
     not read, so verl's scripts that set both to 0 load."""
@@ -512,6 +530,7 @@ def validate_config(cfg: RayRLConfig, warn: Callable[[str], None] = _warn) -> No
     check_multi_turn(cfg.actor_rollout_ref.rollout.multi_turn)
     check_run_keys(cfg)
     check_lora(cfg)
+    check_sampler(cfg)
     check_parallel(cfg)
     check_text_only(cfg)
     actor, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n

@@ -179,6 +179,17 @@ def load_datasets(cfg: RayRLConfig, tokenizer: Any) -> tuple[Any, PromptDataset 
     run's check (`require_batch`), after it has listed the rows set aside."""
     d = cfg.data
     train = LOADERS.get(d.loader)(cfg, tokenizer)
+    if d.sampler.class_path:  # verl's data.sampler: the class orders the epochs
+        from dataclasses import asdict
+
+        from omegaconf import OmegaConf
+
+        from rayrl.data.sampler import build_sampler
+
+        data_config = OmegaConf.create(asdict(d))
+        train.sampler = build_sampler(
+            d.sampler.class_path, d.sampler.class_name, train, data_config
+        )
     _warn_single_turn_rows(cfg, train)
     if d.val_files:
         val = _files_dataset(d.val_files, tokenizer, cfg)

@@ -277,18 +277,6 @@ DATA: dict[str, Rule] = {
     "data.use_shm": Inert("data files are read where they are"),
     "data.train_max_samples": Only((-1,), "a cap on the training rows", hint="cut the file"),
     "data.val_max_samples": Only((-1,), "a cap on the validation rows", hint="cut the file"),
-    # Not in verl 0.9.1's config (its other versions' sampler classes, curricula included).
-    "data.sampler": Only(
-        (None, {}),
-        "custom data samplers (data.sampler)",
-        hint=(
-            "rayrl draws each epoch's rows in an order seeded by data.seed (or trainer.seed), "
-            "so that any step replays; order the file's rows and set data.shuffle=false for a "
-            "fixed curriculum"
-        ),
-    ),
-    "data.sampler.class_path": Only((None,), "custom data samplers (data.sampler)"),
-    "data.sampler.class_name": Only((None,), "custom data samplers (data.sampler)"),
     "data.reward_fn_key": Only(
         ("data_source",), "choosing the reward function by another column than data_source"
     ),
