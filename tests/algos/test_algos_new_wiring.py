@@ -389,3 +389,48 @@ def test_rollout_is_batch_normalize_divides_the_weights_by_their_batch_mean(leve
     plain, _ = loss_fn(outputs, batch.select(*kept))
     assert float(normalised) * factor == pytest.approx(float(plain), rel=1e-5)  # linear in w
     assert is_batch_norm_factor(torch.zeros(2, 3), torch.ones(2, 3)) == 1.0
+
+
+@pytest.mark.parametrize("loss_type", ["reinforce", "ppo_clip"])
+def test_bypass_mode_trains_against_the_rollouts_log_probs(loss_type):
+    """verl's bypass mode: the old log-probs are the rollout's. reinforce: -A * log_prob
+    weighted by the truncated current/rollout ratio, normalised over the micro-batch;
+    ppo_clip: the configured PPO loss on the ratio to the rollout, with no weight."""
+    rc = "algorithm.rollout_correction"
+    cfg = load_config(
+        "grpo",
+        [
+            *SMALL,
+            f"{rc}.bypass_mode=true",
+            f"{rc}.loss_type={loss_type}",
+            f"{rc}.rollout_is=sequence",
+            f"{rc}.rollout_is_batch_normalize=true",
+            f"{ACTOR}.use_kl_loss=false",
+        ],
+    )
+    mb, log_probs = _micro_batch()
+    mb["rollout_log_probs"] = mb["old_log_probs"]  # what the trainer sets in bypass mode
+    loss_fn = actor_loss_fn(
+        cfg.actor_rollout_ref.actor, correction=cfg.algorithm.rollout_correction
+    )
+    loss, _ = loss_fn({"log_probs": log_probs}, mb)
+    args = (log_probs, mb["old_log_probs"], mb["advantages"], mb["response_mask"])
+    agg = LossAggregation("token-mean")
+    if loss_type == "reinforce":
+        weights, _ = truncated_is_weights(
+            log_probs, mb["rollout_log_probs"], mb["response_mask"], cap=2.0, level="sequence"
+        )
+        weights = weights / is_batch_norm_factor(weights, mb["response_mask"], "sequence")
+        expected, _ = POLICY_LOSSES.get("reinforce")(*args, agg=agg, is_weights=weights)
+    else:
+        expected, _ = POLICY_LOSSES.get("vanilla")(*args, agg=agg)
+    assert float(loss) == pytest.approx(float(expected), abs=1e-6)
+    with pytest.raises(Exception, match="bypass_mode=true takes the rollout's log-probs"):
+        load_config(
+            "grpo",
+            [
+                *SMALL,
+                f"{rc}.bypass_mode=true",
+                "actor_rollout_ref.rollout.calculate_log_probs=false",
+            ],
+        )

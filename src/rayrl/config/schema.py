@@ -375,6 +375,11 @@ class RolloutCorrectionConfig:
     rollout_is_threshold: float = 2.0
     # verl's: divide the weights by their mean over the training batch (mean 1)
     rollout_is_batch_normalize: bool = False
+    # verl's bypass mode: the rollout's log-probs serve as the old ones (no separate pass);
+    # loss_type ppo_clip (the ratio to the rollout, no extra weights) or reinforce
+    # (-A * log_prob weighted by the truncated current/rollout ratio)
+    bypass_mode: bool = False
+    loss_type: str = "ppo_clip"
 
 
 @dataclass

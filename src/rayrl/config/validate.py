@@ -35,6 +35,7 @@ CHOICES = {
     "critic.model.fsdp_config.model_dtype": MODEL_DTYPES,
     "critic.model.fsdp_config.dtype": COMPUTE_DTYPES,
     "algorithm.rollout_correction.rollout_is": (None, "token", "sequence"),
+    "algorithm.rollout_correction.loss_type": ("ppo_clip", "reinforce"),
     "reward_model.score_transform": ("none", "clip", "tanh"),
     "trainer.debugger": ("vscode", "cli"),
     "actor_rollout_ref.rollout.mode": ("sync", "async"),
@@ -441,6 +442,18 @@ def check_algorithm(cfg: RayRLConfig, n: int, warn: Callable[[str], None] = _war
             "algorithm.rollout_correction.rollout_is_batch_normalize=true normalises the "
             "importance weights, which are off (rollout_is is null); set rollout_is to token "
             "or sequence, or drop rollout_is_batch_normalize"
+        )
+    if rc.bypass_mode and not rollout.calculate_log_probs:
+        raise ConfigError(
+            "algorithm.rollout_correction.bypass_mode=true takes the rollout's log-probs as the "
+            "old ones, which actor_rollout_ref.rollout.calculate_log_probs=false drops; set it "
+            "to true"
+        )
+    if rc.loss_type != "ppo_clip" and not rc.bypass_mode:
+        warn(
+            f"algorithm.rollout_correction.loss_type={rc.loss_type} has no effect without "
+            "bypass_mode=true (as in verl): the actor's loss is "
+            "actor_rollout_ref.actor.policy_loss.loss_mode"
         )
     if alg.rollout_correction.rollout_is is not None and not rollout.calculate_log_probs:
         raise ConfigError(

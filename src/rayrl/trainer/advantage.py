@@ -158,8 +158,8 @@ class AdvantageStage:
         actor's loss divides each weight by; none when off."""
         rc = self.cfg.algorithm.rollout_correction
         needed = {"old_log_probs", "rollout_log_probs"}
-        if rc.rollout_is is None or not rc.rollout_is_batch_normalize:
-            return {}
+        if rc.rollout_is is None or not rc.rollout_is_batch_normalize or rc.bypass_mode:
+            return {}  # bypass mode normalises in the loss, against the current policy
         if not needed <= set(batch.keys()):
             return {}
         weights, _ = truncated_is_weights(

@@ -309,7 +309,10 @@ class PPOTrainer:
     ) -> tuple[Batch, StepContext]:
         """Old log-probs (or the on-policy shortcut), reference log-probs and values."""
         roles = self._roles()
-        if separate_pass_reason(self.cfg, len(batch)) is None:
+        if self.cfg.algorithm.rollout_correction.bypass_mode:  # verl's: the rollout's serve
+            timing["old_log_prob"] = 0.0
+            batch["old_log_probs"] = batch["rollout_log_probs"].clone()
+        elif separate_pass_reason(self.cfg, len(batch)) is None:
             timing["old_log_prob"] = 0.0  # the update's own log-probs (trainer.on_policy)
             ctx = ctx.but(on_policy=True)
         else:

@@ -389,10 +389,6 @@ ALGORITHM: dict[str, Rule] = {
     "algorithm.rollout_correction.rollout_rs_threshold": Inert(
         "rollout rejection sampling is off (rollout_rs is null)"
     ),
-    "algorithm.rollout_correction.bypass_mode": Only((False,), "rollout-correction bypass mode"),
-    "algorithm.rollout_correction.loss_type": Only(
-        ("ppo_clip",), "rollout-correction losses other than ppo_clip"
-    ),
     "algorithm.filter_groups.max_inflight_gen_batches": Inert(
         "dynamic sampling generates one round at a time"
     ),
