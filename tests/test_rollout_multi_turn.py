@@ -448,7 +448,9 @@ def test_interactions_answer_messages_without_tool_calls(engines, tmp_path):
     episode with a turn score of 1 and asks a wrong one to try again (score 0), as the
     user; an async interaction class of one's own runs too. Rows pick theirs by
     extra_info.interaction_kwargs.name; an unknown name ends that episode, counted."""
+    from rayrl.config import load_config
     from rayrl.envs import load_interaction_config
+    from rayrl.workers.agent import ToolConfigError, configured_interactions
 
     (tmp_path / "nudge.py").write_text(NUDGE)
     (tmp_path / "interactions.yaml").write_text(
@@ -460,6 +462,15 @@ def test_interactions_answer_messages_without_tool_calls(engines, tmp_path):
     )
     interactions = load_interaction_config(tmp_path / "interactions.yaml")
     assert sorted(interactions) == ["gsm8k", "nudge"]  # verl's default name: the class's
+    mt = "actor_rollout_ref.rollout.multi_turn"
+    cfg = load_config(
+        "grpo",
+        [f"{mt}.enable=true", f"{mt}.interaction_config_path={tmp_path / 'interactions.yaml'}"],
+    )
+    assert sorted(configured_interactions(cfg)) == ["gsm8k", "nudge"]  # what each worker loads
+    cfg.actor_rollout_ref.rollout.multi_turn.interaction_config_path = str(tmp_path / "none.yaml")
+    with pytest.raises(ToolConfigError, match="interaction_config_path=.*none.yaml.*no such file"):
+        configured_interactions(cfg)
     kwargs = [
         {"name": "gsm8k", "ground_truth": "5"},
         {"name": "gsm8k", "ground_truth": "6"},
