@@ -17,6 +17,7 @@ that sample's second turn), and a plain answer without tools.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -81,6 +82,14 @@ SCRIPTS = {
         [call("calculator", expression="3+3"), "Now the signal. " + call("signal"), "Signalled."],
     ),
     "chat": Script("say hello", ["Hello there, no tools needed."]),
+}
+
+# Scripts the default agent model is not taught (`train_agent_model(names=...)` names them).
+EXTRA_SCRIPTS = {
+    "count": Script(
+        "count three times",
+        [call("counter"), call("counter"), call("counter"), "Counted to 3."],
+    ),
 }
 
 
@@ -154,10 +163,34 @@ class Handshake:
         self.tools = [WaitForPeer(), Signal()]
 
 
+class Counter(Tool):
+    """Answers each call of an episode with the episode's call count (1, 2, 3...), and,
+    when ``config["log"]`` names a file, appends the calling process's id to it: a
+    tensor-parallel rollout must run it once per call, on its TP rank 0."""
+
+    name = "counter"
+
+    def create(self, create_kwargs):
+        return {"calls": 0}
+
+    def execute(self, arguments, state):
+        state["calls"] += 1
+        if self.config.get("log"):
+            with open(self.config["log"], "a") as log:
+                log.write(f"{os.getpid()}\n")
+        return str(state["calls"])
+
+
 def make_tools(handshake: Handshake | None = None) -> list[Tool]:
     """Fresh instances of every tool the scripts call (but ``weather``)."""
     handshake = handshake or Handshake()
-    return [build_tool("calculator"), Sleepy(), Boom(), Junk(), Blob(), *handshake.tools]
+    tools = [build_tool("calculator"), Sleepy(), Boom(), Junk(), Blob(), Counter()]
+    return [*tools, *handshake.tools]
+
+
+def script(name: str) -> Script:
+    """The script ``name``, taught by default (`SCRIPTS`) or not (`EXTRA_SCRIPTS`)."""
+    return SCRIPTS[name] if name in SCRIPTS else EXTRA_SCRIPTS[name]
 
 
 def render_prompt(tokenizer, text: str) -> list[int]:
@@ -169,14 +202,14 @@ def render_prompt(tokenizer, text: str) -> list[int]:
 
 def make_prompts(tokenizer, names: list[str], step: int = 0) -> Batch:
     """A left-padded prompt batch of these scripts, uid = script name."""
-    seqs = [render_prompt(tokenizer, SCRIPTS[n].prompt) for n in names]
+    seqs = [render_prompt(tokenizer, script(n).prompt) for n in names]
     width = max(map(len, seqs))
     ids = torch.full((len(seqs), width), tokenizer.pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for row, seq in enumerate(seqs):
         ids[row, width - len(seq) :] = torch.tensor(seq)
         mask[row, width - len(seq) :] = 1
-    raw = [[{"role": "user", "content": SCRIPTS[n].prompt}] for n in names]
+    raw = [[{"role": "user", "content": script(n).prompt}] for n in names]
     columns = {"input_ids": ids, "attention_mask": mask, "position_ids": positions_from_mask(mask)}
     return Batch.from_dict({**columns, "uid": list(names), "raw_prompt": raw}, meta={"step": step})
 
@@ -209,7 +242,7 @@ def episode_tokens(
 def train_agent_model(out_dir: Path, max_steps: int = 1500, names: tuple[str, ...] = ()) -> Path:
     """Build and train the tool-using tiny model (module docstring) on the scripts
     ``names`` (default: all); return its directory."""
-    scripts = [SCRIPTS[n] for n in names] if names else list(SCRIPTS.values())
+    scripts = [script(n) for n in names] if names else list(SCRIPTS.values())
     corpus = [s.prompt for s in scripts] + [t for s in scripts for t in s.turns]
     path = build_tiny_model(
         out_dir,

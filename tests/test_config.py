@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from rayrl.cli.main import main
 from rayrl.config import ConfigError, RayRLConfig, load_config, to_yaml
@@ -140,9 +141,18 @@ def test_critic_chain_checked_only_when_critic_runs():
         load_config("ppo", bad_critic)
 
 
-def test_grpo_needs_several_samples_and_choices_are_checked():
-    with pytest.raises(ConfigError, match="rollout.n=1"):
+def test_grpo_with_one_sample_warns_and_choices_are_checked():
+    """rollout.n=1 with a group estimator loads, as in verl (each sample's advantage is
+    its score: `grpo_advantages` of one-sample groups), with a warning."""
+    from rayrl.algos.advantages import grpo_advantages
+    from rayrl.config.errors import ConfigWarning
+
+    with pytest.warns(ConfigWarning, match="rollout.n=1: each group holds one sample"):
         load_config("grpo", ["actor_rollout_ref.rollout.n=1"])
+    scores = torch.zeros(3, 4)
+    scores[:, -1] = torch.tensor([0.5, -1.0, 2.0])
+    advantages, _ = grpo_advantages(scores, torch.ones(3, 4), ["a", "b", "c"])
+    torch.testing.assert_close(advantages[:, 0], torch.tensor([0.5, -1.0, 2.0]), atol=1e-5, rtol=0)
     with pytest.raises(ConfigError, match="truncation='middle' is not one of error, left, right"):
         load_config("grpo", ["data.truncation=middle"])
     with pytest.raises(ConfigError, match="capacity_factor=0.5"):
@@ -255,10 +265,19 @@ def test_no_config_runs_the_demo_unless_a_model_or_data_is_named(capsys):
     assert "train_batch_size: 1024\n" in captured.out and "demo config" not in captured.err
 
 
-def test_rollout_tensor_parallel_size_must_fit_a_node():
+def test_rollout_tensor_parallel_size_must_fit_a_node_or_whole_nodes():
     key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
     assert load_config("grpo").actor_rollout_ref.rollout.tensor_model_parallel_size == 1
     cfg = load_config("grpo", [f"{key}=2", "trainer.n_gpus_per_node=4"])
     assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == 2
     with pytest.raises(ConfigError, match="tensor_model_parallel_size=3 must .* divide"):
         load_config("grpo", [f"{key}=3", "trainer.n_gpus_per_node=4"])
+    # Replicas of whole nodes, as verl's (a 70B model at TP=16 on nodes of 8 GPUs).
+    nodes = ["trainer.n_gpus_per_node=8", "trainer.nnodes=4", "data.train_batch_size=32"]
+    nodes += ["actor_rollout_ref.actor.ppo_mini_batch_size=32"]
+    assert load_config("grpo", [f"{key}=16", *nodes]).world_size == 32
+    for tp, nnodes in ((12, 4), (16, 3)):  # not whole nodes; not dividing the ranks
+        with pytest.raises(ConfigError, match=f"tensor_model_parallel_size={tp} must"):
+            load_config(
+                "grpo", [f"{key}={tp}", "trainer.n_gpus_per_node=8", f"trainer.nnodes={nnodes}"]
+            )

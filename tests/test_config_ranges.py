@@ -103,3 +103,13 @@ def test_the_rule_table_reads_as_it_checks():
     assert never.describe() == ">= 1 or -1" and never.holds(-1) and not never.holds(-2)
     assert Range(low=1, also=(None,)).holds(None)
     assert all(key.count(".") >= 1 for key in RANGES)
+
+
+def test_lora_alpha_zero_loads_with_lora_off_and_is_refused_with_lora_on():
+    """verl's e2e scripts pass lora_alpha=lora_rank=0 (LoRA off: alpha is not read)."""
+    M = "actor_rollout_ref.model"
+    assert load_config("grpo", [f"{M}.lora_rank=0", f"{M}.lora_alpha=0"]).actor_rollout_ref
+    with pytest.raises(ConfigError, match="lora_alpha=0 with lora_rank=8: LoRA's scale"):
+        load_config("grpo", [f"{M}.lora_rank=8", f"{M}.lora_alpha=0"])
+    with pytest.raises(ConfigError, match="lora_alpha=-1 is out of range"):
+        load_config("grpo", [f"{M}.lora_alpha=-1"])

@@ -201,6 +201,21 @@ def test_a_value_that_asks_for_a_missing_feature_is_refused_by_name(row):
     assert key in str(err.value) and feature in str(err.value)
 
 
+def test_keys_verls_scripts_set_outside_its_config_load_with_a_warning():
+    """`model.torch_dtype` (verl's CISPO example; verl never reads it) and
+    `+trainer.rl_logging_board_dir` (a recipe's) have no effect and say so."""
+    said = []
+    data = source_data(
+        parse_overrides(["actor_rollout_ref.model.torch_dtype=bfloat16"]), "t", said.append
+    )
+    assert "torch_dtype" not in data.get("actor_rollout_ref", {}).get("model", {})
+    assert any("model.torch_dtype" in line and "never reads it" in line for line in said)
+    load_config(None, [*MICRO, "actor_rollout_ref.model.torch_dtype=bfloat16"])
+    said.clear()
+    source_data(parse_overrides(["+trainer.rl_logging_board_dir=/tmp/board"]), "t", said.append)
+    assert any("rl_logging_board_dir" in line and "neither verl nor rayrl" in line for line in said)
+
+
 def test_megatron_and_vision_language_are_refused_with_their_names(tmp_path):
     with pytest.raises(ConfigError, match="Megatron-LM training"):
         load_config(None, [*MICRO, "actor_rollout_ref.actor.strategy=megatron"])

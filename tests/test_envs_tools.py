@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from rayrl.config import load_config
 from rayrl.envs import (
     ENVIRONMENTS,
     TOOLS,
@@ -44,6 +45,44 @@ def call_text(name: str, arguments) -> str:
 
 
 # ---------------------------------------------------------------- parsing
+def test_verls_qwen_formats_are_hermes():
+    """verl's SGLang-era `multi_turn.format=qwen` (SGLang's qwen25 parser) is the hermes
+    format: the same parser, the same calls."""
+    text = "Sure. " + call_text("calculator", {"expression": "1+2"})
+    want = make_parser("hermes").parse(text)
+    for name in ("qwen", "qwen25"):
+        parser = make_parser(name)
+        assert isinstance(parser, HermesParser)
+        assert parser.parse(text) == want
+    load_config("grpo", [f"actor_rollout_ref.rollout.multi_turn.format={name}"])
+
+
+def test_gpt_oss_parses_harmony_calls_and_final_answers():
+    """verl's `gpt-oss` format: calls are commentary messages to=functions.NAME ending at
+    <|call|>; reasoning (analysis) is dropped, even when it mentions a call; the content
+    is the final channel's text; bad JSON arguments are a malformed call."""
+    parser = make_parser("gpt-oss")
+    assert parser.keeps_special_tokens  # harmony's markers are special tokens
+    reasoning = "<|channel|>analysis<|message|>try to=functions.fake<|message|>{}<|call|><|end|>"
+    call = (
+        "<|start|>assistant<|channel|>commentary to=functions.calculator <|constrain|>json"
+        '<|message|>{"expression": "2+3"}<|call|>'
+    )
+    parsed = parser.parse(reasoning + call)
+    assert [(c.name, c.arguments, c.error) for c in parsed.calls] == [
+        ("calculator", {"expression": "2+3"}, None)
+    ]
+    assert parsed.content == ""
+    first = parser.parse('<|channel|>commentary to=functions.search<|message|>{"q": 1}<|call|>')
+    assert first.calls[0].name == "search" and first.calls[0].arguments == {"q": 1}
+    answer = "<|start|>assistant<|channel|>final<|message|>The answer is 5.<|return|>"
+    done = parser.parse("<|channel|>analysis<|message|>easy<|end|>" + answer)
+    assert done.calls == [] and done.content == "The answer is 5."
+    bad = parser.parse("<|channel|>commentary to=functions.calculator<|message|>{oops<|call|>")
+    assert bad.calls[0].name == "calculator" and "not JSON" in bad.calls[0].error
+    load_config("grpo", ["actor_rollout_ref.rollout.multi_turn.format=gpt-oss"])
+
+
 def test_hermes_parses_calls_and_reports_malformed_ones():
     parser = make_parser("hermes")
     text = (

@@ -37,6 +37,34 @@ def test_the_trainer_checks_trackers_before_reserving_anything(monkeypatch, tmp_
     assert run.pools == [] and run.session is None
 
 
+def test_tensorboard_writes_to_tensorboard_dir_else_verls_variable_else_the_run(
+    tmp_path, monkeypatch
+):
+    """`trainer.tensorboard_dir` (a verl recipe's key), else verl's $TENSORBOARD_DIR,
+    else OUTPUT_DIR/tensorboard."""
+    cfg = load_config("grpo", [f"trainer.tensorboard_dir={tmp_path / 'tb'}"])
+    (tmp_path / "run").mkdir()
+    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "env"))
+    for configured, where in (
+        (cfg.trainer.tensorboard_dir, tmp_path / "tb"),
+        (None, tmp_path / "env"),
+    ):
+        tracking = Tracking(
+            ["tensorboard"],
+            tmp_path / "run",
+            project="p",
+            experiment="e",
+            config={},
+            tensorboard_dir=configured,
+        )
+        tracking.log({"actor/pg_loss": 0.5}, step=1)
+        tracking.finish()
+        assert any(p.name.startswith("events.out.tfevents") for p in where.iterdir()), where
+    monkeypatch.delenv("TENSORBOARD_DIR")
+    Tracking(["tensorboard"], tmp_path / "run", project="p", experiment="e", config={}).finish()
+    assert (tmp_path / "run" / "tensorboard").is_dir()
+
+
 def test_jsonl_is_always_written_and_console_prints(tmp_path):
     lines: list[str] = []
     tracking = Tracking(

@@ -94,3 +94,10 @@ def test_templates_that_cannot_render_tool_turns_fail_clearly(tokenizer):
         TurnFormat(tokenizer).pieces(("tool",))
     with pytest.raises(ValueError, match="truncate_side"):
         TurnFormat(tokenizer, truncate_side="top")
+
+
+def test_decode_keeps_special_tokens_for_parsers_that_read_them(tokenizer):
+    """A parser made of special tokens (gpt-oss's harmony) reads them; others do not."""
+    tokens = tokenizer.encode("hi<|im_end|>", add_special_tokens=False)
+    assert "<|im_end|>" not in TurnFormat(tokenizer).decode(tokens)
+    assert TurnFormat(tokenizer, keep_special_tokens=True).decode(tokens).endswith("<|im_end|>")

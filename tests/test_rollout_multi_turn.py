@@ -419,3 +419,83 @@ def test_native_engine_on_cuda_matches_cpu(engines, agent_dir):
     handshake = Handshake(timeout_s=30.0)
     out, _ = rollout(gpu_engine, ["wait", "signal"], tools=make_tools(handshake))
     assert out["trajectory"][0][2]["content"] == "peer arrived"
+
+
+NUDGE = textwrap.dedent(
+    '''
+    class Nudge:
+        """verl's BaseInteraction protocol, async: one nudge, then the episode ends."""
+
+        def __init__(self, config):
+            self.config, self.seen = config, {}
+
+        async def start_interaction(self, instance_id, **kwargs):
+            self.seen[instance_id] = 0
+
+        async def generate_response(self, instance_id, messages, **kwargs):
+            self.seen[instance_id] += 1
+            done = self.seen[instance_id] > 1
+            return done, f"{self.config['name']}: say it again", 0.5, {}
+
+        async def finalize_interaction(self, instance_id, **kwargs):
+            del self.seen[instance_id]
+    '''
+)
+
+
+def test_interactions_answer_messages_without_tool_calls(engines, tmp_path):
+    """verl's interaction YAML: its GSM8K interaction (built in) ends a right answer's
+    episode with a turn score of 1 and asks a wrong one to try again (score 0), as the
+    user; an async interaction class of one's own runs too. Rows pick theirs by
+    extra_info.interaction_kwargs.name; an unknown name ends that episode, counted."""
+    from rayrl.config import load_config
+    from rayrl.envs import load_interaction_config
+    from rayrl.workers.agent import ToolConfigError, configured_interactions
+
+    (tmp_path / "nudge.py").write_text(NUDGE)
+    (tmp_path / "interactions.yaml").write_text(
+        "interaction:\n"
+        '  - name: "gsm8k"\n'
+        '    class_name: "verl.interactions.gsm8k_interaction.Gsm8kInteraction"\n'
+        "    config: {}\n"
+        f'  - class_name: "{tmp_path / "nudge.py"}:Nudge"\n'
+    )
+    interactions = load_interaction_config(tmp_path / "interactions.yaml")
+    assert sorted(interactions) == ["gsm8k", "nudge"]  # verl's default name: the class's
+    mt = "actor_rollout_ref.rollout.multi_turn"
+    cfg = load_config(
+        "grpo",
+        [f"{mt}.enable=true", f"{mt}.interaction_config_path={tmp_path / 'interactions.yaml'}"],
+    )
+    assert sorted(configured_interactions(cfg)) == ["gsm8k", "nudge"]  # what each worker loads
+    cfg.actor_rollout_ref.rollout.multi_turn.interaction_config_path = str(tmp_path / "none.yaml")
+    with pytest.raises(ToolConfigError, match="interaction_config_path=.*none.yaml.*no such file"):
+        configured_interactions(cfg)
+    kwargs = [
+        {"name": "gsm8k", "ground_truth": "5"},
+        {"name": "gsm8k", "ground_truth": "6"},
+        {"name": "nudge"},
+        {"name": "weather"},
+    ]
+    config = MultiTurnConfig(max_user_turns=2, max_tool_response_tokens=MAX_TOOL_RESPONSE_TOKENS)
+    runner = MultiTurnRollout(engines["native"], make_tools(), config, interactions=interactions)
+    prompts = make_prompts(engines["native"].tokenizer, ["add"] * 4)
+    prompts.non_tensors["extra_info"] = np.array(
+        [{"interaction_kwargs": k} for k in kwargs], dtype=object
+    )
+    out = runner.generate(prompts, GREEDY)
+    said = [[(m["role"], m["content"]) for m in t[2:]] for t in out["trajectory"]]
+    assert said[0] == [("tool", "5"), ("assistant", "The answer is 5.")]
+    assert out["turn_scores"][0] == [1.0] and out["num_turns"][0] == 4
+    wrong = "Your response is incorrect! You need to reflect on your answer and try again."
+    assert said[1][:3] == [("tool", "5"), ("assistant", "The answer is 5."), ("user", wrong)]
+    assert out["turn_scores"][1][0] == 0.0 and len(said[1]) == 4  # max_user_turns=2
+    assert said[2][2] == ("user", "nudge: say it again") and out["turn_scores"][2][0] == 0.5
+    assert out["multi_turn_events"][3]["env_errors"] == 1 and out["num_turns"][3] == 2
+    tokens, mask = response_of(out, 1)
+    appended = [engines["native"].tokenizer.decode(tokens[a:b]) for a, b in spans(mask, 0)]
+    assert f"<|im_start|>user\n{wrong}<|im_end|>" in appended[1]  # the user's turn, not trained
+    with pytest.raises(Exception, match="interaction"):
+        bad = tmp_path / "bad.yaml"
+        bad.write_text("interaction:\n  - config: {}\n")
+        load_interaction_config(bad)

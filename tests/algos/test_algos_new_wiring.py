@@ -20,6 +20,7 @@ from rayrl.algos import (
     PolicyLossConfig,
     compute_advantages,
     gpg_advantages,
+    is_batch_norm_factor,
     optimal_token_baseline_advantages,
     pf_ppo_resample,
     sapo_policy_loss,
@@ -102,8 +103,8 @@ def test_verl_defaults_of_the_new_keys():
         ),
         (
             "grpo",
-            ["algorithm.adv_estimator=gpg", "actor_rollout_ref.rollout.n=1"],
-            "rollout.n=1",
+            ["algorithm.rollout_correction.rollout_is_batch_normalize=true"],
+            "rollout_is is null",
         ),
     ],
 )
@@ -345,3 +346,91 @@ def test_pf_ppo_resample_is_what_the_stage_draws():
     seed = random.Random(f"{cfg.trainer.seed}:pf_ppo:7").getrandbits(63)
     rows = pf_ppo_resample(torch.tensor(PF_SCORES), "pow", 2.0, torch.Generator().manual_seed(seed))
     assert torch.equal(batch["row"], rows)
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_rollout_is_batch_normalize_divides_the_weights_by_their_batch_mean(level):
+    """verl's rollout_is_batch_normalize: the advantage stage puts the mean of the whole
+    batch's truncated weights (over tokens, or over responses) beside the rows, and the
+    actor's loss divides every weight by it."""
+    rc = "algorithm.rollout_correction"
+    cfg = load_config(
+        "grpo",
+        [
+            *SMALL,
+            f"{rc}.rollout_is={level}",
+            f"{rc}.rollout_is_batch_normalize=true",
+            f"{ACTOR}.use_kl_loss=false",
+        ],
+    )
+    batch = scored_batch([1.0, 0.0, 5.0, 3.0], ["a", "a", "b", "b"])
+    g = torch.Generator().manual_seed(0)
+    batch["old_log_probs"] = -torch.rand(4, 4, generator=g) - 0.1
+    batch["rollout_log_probs"] = batch["old_log_probs"] + 0.4 * torch.randn(4, 4, generator=g)
+    metrics = AdvantageStage(cfg)(batch)
+    mask = batch["response_mask"].bool()
+    weights, _ = truncated_is_weights(
+        batch["old_log_probs"], batch["rollout_log_probs"], mask, cap=2.0, level=level
+    )
+    if level == "token":
+        factor = float(weights[mask].mean())
+    else:
+        factor = float(
+            torch.stack([w[m].mean() for w, m in zip(weights, mask, strict=True)]).mean()
+        )
+    assert metrics["rollout_corr/rollout_is_batch_norm_factor"] == pytest.approx(factor, rel=1e-6)
+    torch.testing.assert_close(batch["rollout_is_norm"], torch.full((4,), factor))
+    loss_fn = actor_loss_fn(
+        cfg.actor_rollout_ref.actor, correction=cfg.algorithm.rollout_correction
+    )
+    outputs = {"log_probs": batch["old_log_probs"] + 0.05}
+    normalised, _ = loss_fn(outputs, batch)
+    kept = [k for k in [*batch.tensors, *batch.non_tensors] if k != "rollout_is_norm"]
+    plain, _ = loss_fn(outputs, batch.select(*kept))
+    assert float(normalised) * factor == pytest.approx(float(plain), rel=1e-5)  # linear in w
+    assert is_batch_norm_factor(torch.zeros(2, 3), torch.ones(2, 3)) == 1.0
+
+
+@pytest.mark.parametrize("loss_type", ["reinforce", "ppo_clip"])
+def test_bypass_mode_trains_against_the_rollouts_log_probs(loss_type):
+    """verl's bypass mode: the old log-probs are the rollout's. reinforce: -A * log_prob
+    weighted by the truncated current/rollout ratio, normalised over the micro-batch;
+    ppo_clip: the configured PPO loss on the ratio to the rollout, with no weight."""
+    rc = "algorithm.rollout_correction"
+    cfg = load_config(
+        "grpo",
+        [
+            *SMALL,
+            f"{rc}.bypass_mode=true",
+            f"{rc}.loss_type={loss_type}",
+            f"{rc}.rollout_is=sequence",
+            f"{rc}.rollout_is_batch_normalize=true",
+            f"{ACTOR}.use_kl_loss=false",
+        ],
+    )
+    mb, log_probs = _micro_batch()
+    mb["rollout_log_probs"] = mb["old_log_probs"]  # what the trainer sets in bypass mode
+    loss_fn = actor_loss_fn(
+        cfg.actor_rollout_ref.actor, correction=cfg.algorithm.rollout_correction
+    )
+    loss, _ = loss_fn({"log_probs": log_probs}, mb)
+    args = (log_probs, mb["old_log_probs"], mb["advantages"], mb["response_mask"])
+    agg = LossAggregation("token-mean")
+    if loss_type == "reinforce":
+        weights, _ = truncated_is_weights(
+            log_probs, mb["rollout_log_probs"], mb["response_mask"], cap=2.0, level="sequence"
+        )
+        weights = weights / is_batch_norm_factor(weights, mb["response_mask"], "sequence")
+        expected, _ = POLICY_LOSSES.get("reinforce")(*args, agg=agg, is_weights=weights)
+    else:
+        expected, _ = POLICY_LOSSES.get("vanilla")(*args, agg=agg)
+    assert float(loss) == pytest.approx(float(expected), abs=1e-6)
+    with pytest.raises(Exception, match="bypass_mode=true takes the rollout's log-probs"):
+        load_config(
+            "grpo",
+            [
+                *SMALL,
+                f"{rc}.bypass_mode=true",
+                "actor_rollout_ref.rollout.calculate_log_probs=false",
+            ],
+        )

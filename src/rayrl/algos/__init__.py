@@ -35,7 +35,7 @@ from rayrl.algos.advantages import (
     token_rewards,
 )
 from rayrl.algos.aggregation import AGG_MODES, LossAggregation, aggregate_loss
-from rayrl.algos.correction import truncated_is_weights
+from rayrl.algos.correction import is_batch_norm_factor, truncated_is_weights
 from rayrl.algos.dapo import filter_groups, find_truncated, mask_truncated, overlong_penalty
 from rayrl.algos.entropy import entropy_from_logits, log_probs_and_entropy, log_probs_from_logits
 from rayrl.algos.kl import (
@@ -121,6 +121,7 @@ __all__ = [
     "sequence_scores",
     "token_and_seq_counts",
     "token_rewards",
+    "is_batch_norm_factor",
     "truncated_is_weights",
     "value_loss",
 ]

@@ -12,6 +12,10 @@ where ``pi_old`` is the training engine's log-prob before the update (``old_log_
 and ``pi_rollout`` the rollout engine's. The weights are constants (no gradient) and are
 passed to any policy loss as ``is_weights``. ``level="sequence"`` uses one weight per
 response, the product of its token ratios, truncated the same way.
+
+`is_batch_norm_factor` is verl's ``rollout_is_batch_normalize``: the mean of a whole
+training batch's truncated weights (over its tokens, or over its responses at the
+sequence level), by which every weight is divided so that they average 1.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from torch import Tensor
 
 from rayrl.algos.masked import masked_mean
 
-__all__ = ["IS_LEVELS", "truncated_is_weights"]
+__all__ = ["IS_LEVELS", "is_batch_norm_factor", "truncated_is_weights"]
 
 IS_LEVELS = ("token", "sequence")
 
@@ -68,3 +72,20 @@ def truncated_is_weights(
             ),
         }
     return weights, metrics
+
+
+def is_batch_norm_factor(weights: Tensor, response_mask: Tensor, level: str = "token") -> float:
+    """The mean of a batch's truncated weights (`truncated_is_weights`), to divide them
+    by: over the real tokens (``token``) or over the responses with a real token
+    (``sequence``, one weight each); 1.0 when that mean is not above 1e-8."""
+    if level not in IS_LEVELS:
+        raise ValueError(f"importance-sampling level {level!r} unknown; use one of {IS_LEVELS}")
+    mask = response_mask.to(weights.dtype)
+    if level == "token":
+        mean = (weights * mask).sum() / mask.sum().clamp_min(1.0)
+    else:
+        per_row = (weights * mask).sum(-1) / mask.sum(-1).clamp_min(1.0)
+        rows = (mask.sum(-1) > 0).to(weights.dtype)
+        mean = (per_row * rows).sum() / rows.sum().clamp_min(1e-8)
+    value = float(mean)
+    return value if value > 1e-8 else 1.0

@@ -7,10 +7,14 @@ verl's names, defaults and meaning, each acted on:
 - `max_assistant_turns` / `max_user_turns` (null: no limit), `max_parallel_calls`
   (tool calls run per assistant turn), `max_tool_response_length` (tokens of each
   tool response, cut on `tool_response_truncate_side`: left, middle or right),
-  `format` (the tool-call format: hermes);
+  `format` (the tool-call format: hermes, alias qwen / qwen25, or gpt-oss);
 - `tool_config_path`: verl's tool YAML (a `tools:` list of `{class_name, config,
   tool_schema}`); `function_tool_path`: a Python file whose module-level
   `rayrl.envs.function_tool` objects are tools;
+- `interaction_config_path`: verl's interaction YAML (an `interaction:` list of
+  `{name, class_name, config}`): a simulated user that answers each message without
+  tool calls, picked per row by `extra_info.interaction_kwargs.name`
+  (`rayrl.envs.interaction`; verl's GSM8K interaction is built in);
 - `tokenization_sanity_check_mode`: `strict` (and `ignore_strippable`) check every
   step that the tokens trained on are the rollout's (`rollout/token_mismatch`, a
   warning naming the first sample that differs), `disable` skips the check;
@@ -46,6 +50,7 @@ class MultiTurnConfig:
     max_assistant_turns: int | None = None
     tool_config_path: str | None = None
     function_tool_path: str | None = None
+    interaction_config_path: str | None = None
     max_user_turns: int | None = None
     max_parallel_calls: int = 1
     max_tool_response_length: int = 256
@@ -66,7 +71,7 @@ class AgentConfig:
     default_agent_loop: str = "single_turn_agent"
 
 
-def check_multi_turn(mt: MultiTurnConfig, tensor_parallel: int) -> None:
+def check_multi_turn(mt: MultiTurnConfig) -> None:
     """Raise ConfigError for the first multi-turn setting that cannot run."""
     for name in ("max_assistant_turns", "max_user_turns"):
         value = getattr(mt, name)
@@ -90,9 +95,3 @@ def check_multi_turn(mt: MultiTurnConfig, tensor_parallel: int) -> None:
         )
     if not isinstance(mt.tools, list):
         raise ConfigError(f"{KEY}.tools must be a list of tools; got {mt.tools!r}")
-    if mt.enable and tensor_parallel > 1:
-        raise ConfigError(
-            f"{KEY}.enable=true with actor_rollout_ref.rollout.tensor_model_parallel_size="
-            f"{tensor_parallel}: multi-turn rollouts run on one-GPU replicas only; set "
-            "tensor_model_parallel_size=1"
-        )

@@ -115,7 +115,11 @@ RANGES: dict[str, Range] = {
     "data.synthetic_val_size": at_least(0),
     # the actor, its rollout and the reference
     "actor_rollout_ref.model.lora_rank": at_least(0, "0: no LoRA"),
-    "actor_rollout_ref.model.lora_alpha": positive("LoRA's scale numerator; verl's default 16"),
+    # 0 is read only with LoRA off (verl's scripts pass lora_alpha=lora_rank=0); with
+    # LoRA on it is refused by `rayrl.config.validate.check_lora`
+    "actor_rollout_ref.model.lora_alpha": positive(
+        "LoRA's scale numerator; verl's default 16", also=(0,)
+    ),
     **_optim(f"{ACTOR}.optim"),
     **_batches(
         ACTOR, ("ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size")

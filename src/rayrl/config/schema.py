@@ -41,6 +41,15 @@ class CustomDatasetConfig:
 
 
 @dataclass
+class SamplerConfig:
+    """A sampler class of one's own (`data.sampler` of verl versions other than 0.9.1,
+    `rayrl.data.sampler`): the order of the training rows."""
+
+    class_path: str | None = None  # a Python file (or pkg://module) defining the class
+    class_name: str | None = None  # the class's name in it
+
+
+@dataclass
 class DataConfig:
     train_files: Any = field(default_factory=list)  # a path or a list; empty: synthetic task
     val_files: Any = field(default_factory=list)
@@ -63,6 +72,7 @@ class DataConfig:
     # (e.g. {reasoning_effort: medium} for gpt-oss, {enable_thinking: false} for Qwen3)
     apply_chat_template_kwargs: dict = field(default_factory=dict)
     custom_cls: CustomDatasetConfig = field(default_factory=CustomDatasetConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
 
 
 @dataclass
@@ -363,6 +373,13 @@ class FilterGroupsConfig:
 class RolloutCorrectionConfig:
     rollout_is: str | None = None  # None | token | sequence
     rollout_is_threshold: float = 2.0
+    # verl's: divide the weights by their mean over the training batch (mean 1)
+    rollout_is_batch_normalize: bool = False
+    # verl's bypass mode: the rollout's log-probs serve as the old ones (no separate pass);
+    # loss_type ppo_clip (the ratio to the rollout, no extra weights) or reinforce
+    # (-A * log_prob weighted by the truncated current/rollout ratio)
+    bypass_mode: bool = False
+    loss_type: str = "ppo_clip"
 
 
 @dataclass
@@ -414,6 +431,9 @@ class TrainerConfig:
     max_actor_ckpt_to_keep: int | None = None
     max_critic_ckpt_to_keep: int | None = None
     logger: Any = field(default_factory=lambda: ["console"])  # a name or a list
+    # the tensorboard tracker's event directory; None: $TENSORBOARD_DIR (verl's), else
+    # OUTPUT_DIR/tensorboard
+    tensorboard_dir: str | None = None
     # example generations written per validation (val_generations/); verl's name:
     # trainer.log_val_generations (verl's default 0 logs none)
     val_examples: int = 8

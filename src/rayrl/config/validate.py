@@ -35,6 +35,7 @@ CHOICES = {
     "critic.model.fsdp_config.model_dtype": MODEL_DTYPES,
     "critic.model.fsdp_config.dtype": COMPUTE_DTYPES,
     "algorithm.rollout_correction.rollout_is": (None, "token", "sequence"),
+    "algorithm.rollout_correction.loss_type": ("ppo_clip", "reinforce"),
     "reward_model.score_transform": ("none", "clip", "tanh"),
     "trainer.debugger": ("vscode", "cli"),
     "actor_rollout_ref.rollout.mode": ("sync", "async"),
@@ -187,15 +188,24 @@ def check_batch_chain(
         )
 
 
-def check_rollout(cfg: RayRLConfig) -> None:
-    """The native engine's memory share, length limit and tensor-parallel size fit."""
+def check_rollout(cfg: RayRLConfig, warn: Callable[[str], None] = _warn) -> None:
+    """The native engine's memory share, length limit and tensor-parallel size fit; a
+    tensor-parallel size the hf engine would ignore is said."""
     r, data = cfg.actor_rollout_ref.rollout, cfg.data
     tp, per_node = r.tensor_model_parallel_size, cfg.trainer.n_gpus_per_node
-    if tp < 1 or per_node % tp:
+    whole_nodes = tp > per_node and tp % per_node == 0 and cfg.world_size % tp == 0
+    if tp < 1 or (per_node % tp and not whole_nodes):
         raise ConfigError(
             f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} must be at least 1 and "
-            f"divide trainer.n_gpus_per_node={per_node}: the rollout's {cfg.world_size} ranks form "
-            f"replicas of {tp} GPUs of one node each; use a divisor of {per_node}"
+            f"divide trainer.n_gpus_per_node={per_node} (replicas of {tp} GPUs of one node), "
+            f"or be a multiple of it that divides the rollout's {cfg.world_size} ranks "
+            f"(replicas of whole nodes, as verl's); use a divisor of {per_node}"
+        )
+    if tp > 1 and r.name == "hf":
+        warn(
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} has no effect with "
+            "rollout.name=hf: the hf engine has no tensor parallelism (each rank holds the "
+            f"whole model); rollout.name=native splits the model over {tp} ranks"
         )
     longest = data.max_prompt_length + data.max_response_length
     if r.max_model_len is not None and r.max_model_len < longest:
@@ -303,6 +313,36 @@ def parallel_roles(cfg: RayRLConfig) -> list[tuple[str, int, int, str, bool, str
     return roles
 
 
+def check_sampler(cfg: RayRLConfig) -> None:
+    """`data.sampler` names a class (path and name) and orders the in-memory loader's rows."""
+    d = cfg.data
+    if not d.sampler.class_path and not d.sampler.class_name:
+        return
+    if not d.sampler.class_path or not d.sampler.class_name:
+        raise ConfigError(
+            f"data.sampler.class_path={d.sampler.class_path!r} and class_name="
+            f"{d.sampler.class_name!r}: a sampler class needs both (a Python file or "
+            "pkg://module, and the class's name in it)"
+        )
+    if d.loader != "default":
+        raise ConfigError(
+            f"data.sampler orders the rows of the in-memory loader; data.loader={d.loader!r} "
+            "streams them in its own order: set data.loader=default or drop data.sampler"
+        )
+
+
+def check_lora(cfg: RayRLConfig) -> None:
+    """`model.lora_alpha` is > 0 when LoRA is on (`lora_rank` > 0); with LoRA off it is
+    not read, so verl's scripts that set both to 0 load."""
+    model = cfg.actor_rollout_ref.model
+    if model.lora_rank > 0 and model.lora_alpha <= 0:
+        raise ConfigError(
+            f"actor_rollout_ref.model.lora_alpha={model.lora_alpha} with lora_rank="
+            f"{model.lora_rank}: LoRA's scale would be 0 and the adapters would change "
+            "nothing; use a value > 0 (verl's default 16)"
+        )
+
+
 def check_parallel(cfg: RayRLConfig) -> None:
     """Each role's Ulysses size and sharding-group size fit the world, its packing and
     its model's attention heads."""
@@ -391,9 +431,11 @@ def check_algorithm(cfg: RayRLConfig, n: int, warn: Callable[[str], None] = _war
     alg = cfg.algorithm
     check_new_algorithms(cfg, warn)
     if alg.adv_estimator in GROUP_ESTIMATORS and n < 2:
-        raise ConfigError(
+        warn(
             f"algorithm.adv_estimator={alg.adv_estimator} compares the samples of one "
-            f"prompt, but actor_rollout_ref.rollout.n={n}; set rollout.n to 2 or more"
+            f"prompt, but actor_rollout_ref.rollout.n={n}: each group holds one sample, whose "
+            "advantage is then its own score (no baseline), as in verl; set rollout.n to 2 or "
+            "more for group-relative advantages"
         )
     if alg.kl_ctrl.type == "adaptive" and not alg.use_kl_in_reward:
         raise ConfigError(
@@ -426,6 +468,25 @@ def check_algorithm(cfg: RayRLConfig, n: int, warn: Callable[[str], None] = _war
             "limit the penalty counts back from; default data.max_response_length)"
         )
     rollout = cfg.actor_rollout_ref.rollout
+    rc = alg.rollout_correction
+    if rc.rollout_is_batch_normalize and rc.rollout_is is None:
+        raise ConfigError(
+            "algorithm.rollout_correction.rollout_is_batch_normalize=true normalises the "
+            "importance weights, which are off (rollout_is is null); set rollout_is to token "
+            "or sequence, or drop rollout_is_batch_normalize"
+        )
+    if rc.bypass_mode and not rollout.calculate_log_probs:
+        raise ConfigError(
+            "algorithm.rollout_correction.bypass_mode=true takes the rollout's log-probs as the "
+            "old ones, which actor_rollout_ref.rollout.calculate_log_probs=false drops; set it "
+            "to true"
+        )
+    if rc.loss_type != "ppo_clip" and not rc.bypass_mode:
+        warn(
+            f"algorithm.rollout_correction.loss_type={rc.loss_type} has no effect without "
+            "bypass_mode=true (as in verl): the actor's loss is "
+            "actor_rollout_ref.actor.policy_loss.loss_mode"
+        )
     if alg.rollout_correction.rollout_is is not None and not rollout.calculate_log_probs:
         raise ConfigError(
             f"algorithm.rollout_correction.rollout_is={alg.rollout_correction.rollout_is} "
@@ -510,10 +571,11 @@ def validate_config(cfg: RayRLConfig, warn: Callable[[str], None] = _warn) -> No
     check_async(cfg, warn)
     check_numeric(cfg)
     check_micro_set(cfg)
-    check_rollout(cfg)
-    r = cfg.actor_rollout_ref.rollout
-    check_multi_turn(r.multi_turn, r.tensor_model_parallel_size)
+    check_rollout(cfg, warn)
+    check_multi_turn(cfg.actor_rollout_ref.rollout.multi_turn)
     check_run_keys(cfg)
+    check_lora(cfg)
+    check_sampler(cfg)
     check_parallel(cfg)
     check_text_only(cfg)
     actor, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n

@@ -175,6 +175,7 @@ class PromptDataset:
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.sampler = None  # a sampler of one's own orders the epochs (`rayrl.data.sampler`)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.prompt_key = prompt_key
         self.max_prompt_length = max_prompt_length
@@ -272,7 +273,12 @@ class PromptDataset:
         return len(self.rows)
 
     def order(self, epoch: int, seed: int, shuffle: bool = True) -> list[int]:
-        """The row order of an epoch: a permutation seeded by (seed, epoch) when shuffling."""
+        """The row order of an epoch: the configured sampler's (`rayrl.data.sampler`), else
+        a permutation seeded by (seed, epoch) when shuffling."""
+        if self.sampler is not None:
+            from rayrl.data.sampler import sampler_order
+
+            return sampler_order(self.sampler, len(self), seed, epoch)
         return epoch_order(len(self), epoch, seed, shuffle)
 
     def collate(self, indices: Sequence[int]) -> Batch:

@@ -10,6 +10,8 @@ files; no Ray, no torch): the multi-turn rollout
 - `runner`: `ToolRunner`, concurrent calls with timeouts that never raise;
 - `toolbox`: `Toolbox` (the tools of a rollout) and `ToolSession` (one episode's calls);
 - `environment`: `Environment`, `ToolEnvironment`, `SingleTurnEnvironment`;
+- `interaction`: a simulated user answering the model between turns (verl's
+  interactions, ``interaction_config_path``);
 - `loader` / `verl`: tools and environments named in a config, verl's tool YAML;
 - `sandbox`: running untrusted code in an isolated child process;
 - `builtin`: ``calculator``, ``code_interpreter``, ``search``, ``gsm8k_answer``.
@@ -25,6 +27,7 @@ from rayrl.envs.environment import (
     ToolEnvironment,
     make_environment,
 )
+from rayrl.envs.interaction import Interaction, load_interaction_config
 from rayrl.envs.loader import (
     LoadError,
     build_tool,
@@ -50,6 +53,7 @@ __all__ = [
     "Episode",
     "FunctionTool",
     "HermesParser",
+    "Interaction",
     "LoadError",
     "ParsedMessage",
     "Sandbox",
@@ -74,6 +78,7 @@ __all__ = [
     "function_tool",
     "load_function_tools",
     "load_object",
+    "load_interaction_config",
     "load_tool_config",
     "make_environment",
     "make_parser",

@@ -11,7 +11,9 @@ Built in, by name (``ENVIRONMENTS``; verl's ``agent_name`` values are aliases):
 
 - ``tools`` (``tool_agent``): `ToolEnvironment`: the model's tool calls, parsed in
   the configured format, run through the episode's `ToolSession`; one ``tool``
-  message per call. A message without calls ends the episode.
+  message per call. A message without calls ends the episode, unless the rollout has
+  interactions (verl's ``interaction_config_path``, `rayrl.envs.interaction`): then
+  the episode's interaction answers it as the user, and ends the episode when it says so.
 - ``single_turn`` (``single_turn_agent``): done after the first message.
 
 A user's environment subclasses `Environment` and is named in the config by its
@@ -26,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rayrl.envs.interaction import EpisodeInteraction
 from rayrl.envs.parsers import HermesParser, ToolCallParser
 from rayrl.envs.registry import ENVIRONMENTS
 from rayrl.envs.toolbox import Toolbox, ToolEvent, ToolSession
@@ -83,6 +86,8 @@ class Environment:
         config: the environment's settings from the config.
         toolbox: the rollout's tools (environments that run no tools ignore it).
         parser: the tool-call parser of the configured format.
+        interactions: the rollout's interactions by name (`rayrl.envs.interaction`;
+            environments that simulate no user ignore them).
     """
 
     def __init__(
@@ -90,10 +95,12 @@ class Environment:
         config: Mapping[str, Any] | None = None,
         toolbox: Toolbox | None = None,
         parser: ToolCallParser | None = None,
+        interactions: Mapping[str, Any] | None = None,
     ) -> None:
         self.config = dict(config or {})
         self.toolbox = toolbox if toolbox is not None else Toolbox({})
         self.parser = parser if parser is not None else HermesParser()
+        self.interactions = dict(interactions or {})
         self.episode: Episode | None = None
 
     def reset(self, episode: Episode) -> None:
@@ -117,27 +124,39 @@ class Environment:
 
 @ENVIRONMENTS.register("tools", aliases=("tool_agent",))
 class ToolEnvironment(Environment):
-    """Runs the model's tool calls; a message without calls ends the episode."""
+    """Runs the model's tool calls; a message without calls ends the episode, or goes to
+    the episode's interaction when the rollout has some (module docstring)."""
 
     session: ToolSession | None = None
+    user: EpisodeInteraction | None = None
 
     def reset(self, episode: Episode) -> None:
         super().reset(episode)
         only = episode.extra_info.get("tool_selection") if episode.extra_info else None
         self.session = self.toolbox.session(episode.tools_kwargs, only=only)
+        self.user = None
+        if self.interactions:
+            self.user = EpisodeInteraction.start(self.interactions, episode)
 
     def step(self, conversation: list[dict[str, Any]], message: str) -> StepResult:
         parsed = self.parser.parse(message)
         assistant: dict[str, Any] = {"role": "assistant", "content": parsed.content}
         if not parsed.calls:
-            return StepResult(done=True, assistant=assistant)
+            if self.user is None:
+                return StepResult(done=True, assistant=assistant)
+            done, text, score = self.user.answer([*conversation[:-1], assistant])
+            return StepResult(text, done=done, reward=score, assistant=assistant)
         assistant["tool_calls"] = [call.as_message() for call in parsed.calls]
         results = self._session().run(parsed.calls)
         observation = [{"role": "tool", "name": name, "content": text} for name, text in results]
         return StepResult(observation, done=False, assistant=assistant)
 
     def close(self) -> dict[str, float]:
-        return self._session().close()
+        try:
+            return self._session().close()
+        finally:
+            if self.user is not None:
+                self.user.finish()
 
     @property
     def events(self) -> list[ToolEvent]:
@@ -163,6 +182,7 @@ def make_environment(
     config: Mapping[str, Any] | None = None,
     toolbox: Toolbox | None = None,
     parser: ToolCallParser | None = None,
+    interactions: Mapping[str, Any] | None = None,
 ) -> Environment:
     """An environment from a registered name, a dotted path / file spec, or a class."""
     from rayrl.envs.loader import load_object
@@ -177,4 +197,5 @@ def make_environment(
             f"environment {spec!r} is {cls!r}, not a subclass of rayrl.envs.Environment; "
             "subclass it and implement step(conversation, message)."
         )
-    return cls(config=config, toolbox=toolbox, parser=parser)
+    extra = {"interactions": interactions} if interactions else {}  # older subclasses' __init__
+    return cls(config=config, toolbox=toolbox, parser=parser, **extra)

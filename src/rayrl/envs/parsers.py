@@ -4,11 +4,18 @@ A parser turns the text of one assistant turn into its content and its calls. A 
 the model wrote badly (not JSON, no name, arguments that are not an object, a tag
 never closed) is still returned, with ``error`` saying what is wrong, so that the
 model gets an error observation instead of silence. Parsers register in
-``TOOL_PARSERS`` under verl's ``multi_turn.format`` names.
+``TOOL_PARSERS`` under verl's ``multi_turn.format`` names (``hermes``, ``gpt-oss``; verl's
+others, such as ``qwen3_coder``, ``glm`` or ``kimi``, are not here yet).
 
 ``hermes`` (Qwen2.5, Qwen3, Hermes and most open chat models): each call is
 ``<tool_call>{"name": "...", "arguments": {...}}</tool_call>``; ``arguments`` may also be
-a JSON string holding the object.
+a JSON string holding the object. ``qwen`` and ``qwen25`` are its aliases: the names
+verl's SGLang rollout gave SGLang's Qwen 2.5 function-call parser, whose format this is.
+
+``gpt-oss`` (OpenAI's gpt-oss models, verl's ``gpt-oss`` parser): the harmony format,
+read with its special tokens: a call is a ``commentary`` message addressed
+``to=functions.NAME`` whose JSON arguments end at ``<|call|>``; ``analysis`` messages
+(reasoning) are dropped before parsing, and the content is the ``final`` channel's text.
 
 A parser may name stop strings (`ToolCallParser.stop`): the rollout then ends an
 assistant turn there as well as at EOS. Hermes models end a turn with EOS after their
@@ -25,7 +32,14 @@ from typing import Any
 
 from rayrl.envs.registry import TOOL_PARSERS
 
-__all__ = ["HermesParser", "ParsedMessage", "ToolCall", "ToolCallParser", "make_parser"]
+__all__ = [
+    "GptOssParser",
+    "HermesParser",
+    "ParsedMessage",
+    "ToolCall",
+    "ToolCallParser",
+    "make_parser",
+]
 
 
 @dataclass
@@ -54,15 +68,17 @@ class ParsedMessage:
 
 
 class ToolCallParser:
-    """Base class: `parse` one assistant turn's text."""
+    """Base class: `parse` one assistant turn's text (``keeps_special_tokens``: the
+    text it reads keeps the tokenizer's special tokens)."""
 
     stop: tuple[str, ...] = ()
+    keeps_special_tokens: bool = False
 
     def parse(self, text: str) -> ParsedMessage:
         raise NotImplementedError
 
 
-@TOOL_PARSERS.register("hermes")
+@TOOL_PARSERS.register("hermes", aliases=("qwen", "qwen25"))
 class HermesParser(ToolCallParser):
     """``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` calls (see the module)."""
 
@@ -102,19 +118,48 @@ class HermesParser(ToolCallParser):
         name = payload.get("name")
         if not isinstance(name, str) or not name:
             return ToolCall(None, None, raw, 'the tool call has no "name" string')
-        arguments = payload.get("arguments", payload.get("parameters", {}))
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments) if arguments.strip() else {}
-            except json.JSONDecodeError as err:
-                return ToolCall(
-                    name, None, raw, f'"arguments" is a string that is not JSON ({err})'
-                )
-        if arguments is None:
-            arguments = {}
-        if not isinstance(arguments, dict):
-            return ToolCall(name, None, raw, '"arguments" must be a JSON object')
-        return ToolCall(name, arguments, raw)
+        return _with_arguments(name, payload.get("arguments", payload.get("parameters", {})), raw)
+
+
+def _with_arguments(name: str, arguments: Any, raw: str) -> ToolCall:
+    """A call of ``name`` whose arguments are a JSON object (or a string holding one)."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError as err:
+            return ToolCall(name, None, raw, f'"arguments" is a string that is not JSON ({err})')
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, dict):
+        return ToolCall(name, None, raw, '"arguments" must be a JSON object')
+    return ToolCall(name, arguments, raw)
+
+
+@TOOL_PARSERS.register("gpt-oss")
+class GptOssParser(ToolCallParser):
+    """gpt-oss's harmony format (see the module docstring)."""
+
+    keeps_special_tokens = True
+    _analysis = re.compile(
+        r"(?:<\|start\|>assistant)?<\|channel\|>analysis<\|message\|>.*?(?:<\|end\|>|$)", re.S
+    )
+    _call = re.compile(
+        r"(?:<\|start\|>assistant)?<\|channel\|>[^<]*?to=functions\.([^\s<]+)\s*"
+        r"(?:<\|constrain\|>\s*json)?<\|message\|>(.*?)<\|call\|>",
+        re.S,
+    )
+    _final = re.compile(r"<\|channel\|>final<\|message\|>(.*?)(?:<\|return\|>|<\|end\|>|$)", re.S)
+    _markers = re.compile(r"<\|start\|>assistant|<\|channel\|>[^<]*<\|message\|>|<\|[a-z_]+\|>")
+
+    def parse(self, text: str) -> ParsedMessage:
+        text = self._analysis.sub("", text)  # reasoning may mention calls; none run
+        calls = [
+            _with_arguments(name, body, body.strip()) for name, body in self._call.findall(text)
+        ]
+        rest = self._call.sub("", text)
+        final = self._final.findall(rest)
+        content = "".join(final) if final else self._markers.sub("", rest)
+        return ParsedMessage(content.strip(), calls)
 
 
 def make_parser(name: str, **options: Any) -> ToolCallParser:

@@ -25,6 +25,7 @@ from rayrl.algos import (
     aggregate_loss,
     apply_kl_penalty,
     compute_advantages,
+    is_batch_norm_factor,
     make_kl_controller,
     overlong_penalty,
     pf_ppo_resample,
@@ -124,6 +125,7 @@ class AdvantageStage:
         batch["token_level_rewards"], batch["advantages"], batch["returns"] = rewards, adv, returns
         if alg.use_pf_ppo and alg.adv_estimator == "gae":
             metrics.update(self._pf_ppo(batch))
+        metrics.update(self._rollout_is_norm(batch))
         mask = batch["response_mask"]
         metrics.update(spread("critic/advantages", batch["advantages"], mask))
         metrics.update(spread("critic/returns", batch["returns"], mask))
@@ -149,6 +151,27 @@ class AdvantageStage:
             level=rc.rollout_is,
         )
         return weights
+
+    def _rollout_is_norm(self, batch: Batch) -> dict[str, float]:
+        """verl's `rollout_is_batch_normalize`: the mean of the whole batch's truncated
+        importance weights, as a `rollout_is_norm` column (one value per row) that the
+        actor's loss divides each weight by; none when off."""
+        rc = self.cfg.algorithm.rollout_correction
+        needed = {"old_log_probs", "rollout_log_probs"}
+        if rc.rollout_is is None or not rc.rollout_is_batch_normalize or rc.bypass_mode:
+            return {}  # bypass mode normalises in the loss, against the current policy
+        if not needed <= set(batch.keys()):
+            return {}
+        weights, _ = truncated_is_weights(
+            batch["old_log_probs"],
+            batch["rollout_log_probs"],
+            batch["response_mask"],
+            cap=rc.rollout_is_threshold,
+            level=rc.rollout_is,
+        )
+        factor = is_batch_norm_factor(weights, batch["response_mask"], rc.rollout_is)
+        batch["rollout_is_norm"] = torch.full((len(batch),), factor)
+        return {"rollout_corr/rollout_is_batch_norm_factor": factor}
 
     def _pf_ppo(self, batch: Batch) -> dict[str, float]:
         """PF-PPO: the batch's rows replaced, in place, by a draw with replacement weighted

@@ -23,7 +23,7 @@ from rayrl.data import DataError, PromptDataset, read_parquet_with_sources, synt
 from rayrl.data.custom import build_custom_dataset, custom_rows
 from rayrl.data.synthetic import held_out_rows
 from rayrl.registry import Registry
-from rayrl.workers.agent import default_agent, tool_schemas
+from rayrl.workers.agent import configured_interactions, default_agent, tool_schemas
 
 log = logging.getLogger("rayrl.trainer")
 LOADERS: Registry[Callable[..., Any]] = Registry("data loader", config_key="data.loader")
@@ -33,6 +33,7 @@ def _agent_settings(cfg: RayRLConfig) -> dict[str, Any]:
     """The tool schemas and default agent of the prompts (none with single-turn rollouts)."""
     if not cfg.actor_rollout_ref.rollout.multi_turn.enable:
         return {}
+    configured_interactions(cfg)  # a bad interaction config fails here, before any reservation
     return {"tools": tool_schemas(cfg), "default_agent": default_agent(cfg)}
 
 
@@ -178,6 +179,17 @@ def load_datasets(cfg: RayRLConfig, tokenizer: Any) -> tuple[Any, PromptDataset 
     run's check (`require_batch`), after it has listed the rows set aside."""
     d = cfg.data
     train = LOADERS.get(d.loader)(cfg, tokenizer)
+    if d.sampler.class_path:  # verl's data.sampler: the class orders the epochs
+        from dataclasses import asdict
+
+        from omegaconf import OmegaConf
+
+        from rayrl.data.sampler import build_sampler
+
+        data_config = OmegaConf.create(asdict(d))
+        train.sampler = build_sampler(
+            d.sampler.class_path, d.sampler.class_name, train, data_config
+        )
     _warn_single_turn_rows(cfg, train)
     if d.val_files:
         val = _files_dataset(d.val_files, tokenizer, cfg)

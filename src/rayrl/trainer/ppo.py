@@ -34,6 +34,7 @@ from rayrl.cluster.spec import PoolSpec
 from rayrl.config.schema import RayRLConfig
 from rayrl.config.validate import critic_enabled, ref_enabled
 from rayrl.controller import WorkerGroup
+from rayrl.data.sampler import StepView
 from rayrl.models.loading import load_tokenizer
 from rayrl.trainer.advantage import (
     AdvantageStage,
@@ -88,6 +89,7 @@ class PPOTrainer:
         self.use_ref = ref_enabled(cfg)
         self.advantage = AdvantageStage(cfg)  # holds the KL controller: checkpointed
         self.data: TrainData | None = None
+        self._sampler_step = -1  # the last step a curriculum sampler was updated with
         self.tokenizer = None
         self.roles: Roles | None = None
         self.riding = Riding()  # stages the generate call computes (ride_along)
@@ -253,7 +255,18 @@ class PPOTrainer:
         ranks = self.cfg.trainer.nnodes * self.cfg.trainer.n_gpus_per_node
         metrics["perf/total_num_tokens"] = tokens
         metrics["perf/throughput"] = tokens / (timing["step"] * ranks)  # per GPU, as verl
+        self._update_sampler(ctx.step, batch)
         return metrics, sorted(set(batch["uid"]))
+
+    def _update_sampler(self, step: int, batch: Batch) -> None:
+        """A curriculum sampler (`data.sampler` with ``update``) sees the step's batch, once
+        per step: a replayed step does not call it again (`rayrl.data.sampler`)."""
+        sampler = getattr(self.data.dataset, "sampler", None) if self.data is not None else None
+        update = getattr(sampler, "update", None)
+        if update is None or step <= self._sampler_step:
+            return
+        update(batch=StepView(dict(batch.tensors), dict(batch.non_tensors), dict(batch.meta)))
+        self._sampler_step = step
 
     def _generate(
         self, prompts: Batch, ctx: StepContext, calls: StageCalls, timing: dict, metrics: dict
@@ -296,7 +309,10 @@ class PPOTrainer:
     ) -> tuple[Batch, StepContext]:
         """Old log-probs (or the on-policy shortcut), reference log-probs and values."""
         roles = self._roles()
-        if separate_pass_reason(self.cfg, len(batch)) is None:
+        if self.cfg.algorithm.rollout_correction.bypass_mode:  # verl's: the rollout's serve
+            timing["old_log_prob"] = 0.0
+            batch["old_log_probs"] = batch["rollout_log_probs"].clone()
+        elif separate_pass_reason(self.cfg, len(batch)) is None:
             timing["old_log_prob"] = 0.0  # the update's own log-probs (trainer.on_policy)
             ctx = ctx.but(on_policy=True)
         else:

@@ -317,6 +317,7 @@ class Run:
             experiment=t.experiment_name,
             config=_config_dict(self.cfg),
             print_fn=self.print,
+            tensorboard_dir=t.tensorboard_dir,
         )
 
     def _replay(self) -> StepReplay:

@@ -4,7 +4,8 @@
 it is allowed and changes nothing). The others:
 
 - `console`: one line per step with the main metrics;
-- `tensorboard`: event files under `tensorboard/` (`tensorboard --logdir OUTPUT_DIR`);
+- `tensorboard`: event files under `tensorboard/` (`tensorboard --logdir OUTPUT_DIR`),
+  or in `trainer.tensorboard_dir`, else verl's `$TENSORBOARD_DIR`, when set;
 - `wandb`: offline by default (a run under `wandb/`, `wandb sync` uploads it later);
   `WANDB_MODE=online` in the environment logs online;
 - `mlflow`: a local file store under `mlruns/` (`mlflow ui --backend-store-uri
@@ -141,10 +142,10 @@ class ConsoleTracker:
 
 @TRACKERS.register("tensorboard")
 class TensorboardTracker:
-    def __init__(self, run_dir: Path, **_: Any) -> None:
+    def __init__(self, run_dir: Path, tensorboard_dir: str | None = None, **_: Any) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        self.writer = SummaryWriter(log_dir=tensorboard_log_dir(run_dir, tensorboard_dir))
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         for key, value in metrics.items():
@@ -153,6 +154,12 @@ class TensorboardTracker:
 
     def finish(self) -> None:
         self.writer.close()
+
+
+def tensorboard_log_dir(run_dir: Path, configured: str | None = None) -> str:
+    """Where the tensorboard tracker writes: ``trainer.tensorboard_dir``, else verl's
+    ``$TENSORBOARD_DIR``, else ``OUTPUT_DIR/tensorboard``."""
+    return configured or os.environ.get("TENSORBOARD_DIR") or str(Path(run_dir) / "tensorboard")
 
 
 @TRACKERS.register("wandb")
@@ -247,6 +254,7 @@ class Tracking:
         experiment: str,
         config: dict,
         print_fn: Callable[[str], None] = print,
+        tensorboard_dir: str | None = None,
     ) -> None:
         check_trackers(names)
         ordered = ["jsonl", *[n for n in dict.fromkeys(names) if n != "jsonl"]]
@@ -256,6 +264,7 @@ class Tracking:
             "experiment": experiment,
             "config": config,
             "print_fn": print_fn,
+            "tensorboard_dir": tensorboard_dir,
         }
         self.trackers: list[Any] = []
         try:

@@ -45,7 +45,7 @@ from rayrl.engines.rollout.native.tp import make_tp_groups
 from rayrl.engines.rollout.native.tp_weights import tp_rollout_weights
 from rayrl.engines.weight_sync import PublishedWeights, pack_buckets
 from rayrl.models.loading import with_chat_template
-from rayrl.workers.agent import configured_tools, episode_config
+from rayrl.workers.agent import configured_interactions, configured_tools, episode_config
 from rayrl.workers.common import (
     engine_kwargs,
     epoch_rows,
@@ -134,6 +134,7 @@ class ActorRolloutRefWorker(Worker):
             self._wrap_rollout()
         self._stale = self._owns_copy
         self.tools = configured_tools(config)  # once per worker (none: single-turn)
+        self.interactions = configured_interactions(config)
         self._episodes: MultiTurnRollout | None = None
 
     def _multi_turn(self) -> MultiTurnRollout:
@@ -141,7 +142,11 @@ class ActorRolloutRefWorker(Worker):
         wrapped a new one); the tools are the worker's, loaded once."""
         if self._episodes is None or self._episodes.engine is not self.rollout:
             self._episodes = MultiTurnRollout(
-                self.rollout, self.tools, episode_config(self.cfg), tokenizer=self.tokenizer
+                self.rollout,
+                self.tools,
+                episode_config(self.cfg),
+                tokenizer=self.tokenizer,
+                interactions=self.interactions,
             )
         return self._episodes
 

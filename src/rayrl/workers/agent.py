@@ -5,7 +5,8 @@ With `actor_rollout_ref.rollout.multi_turn.enable` the actor generates through
 come, once per worker, from the config (`configured_tools`): verl's tool YAML
 (`multi_turn.tool_config_path`), verl's function-tool file (`function_tool_path`)
 and rayrl's `multi_turn.tools` list, in that order; two tools with one name are an
-error. The driver loads the same tools before anything is reserved, to render their
+error. verl's interactions (`multi_turn.interaction_config_path`: a simulated user
+answering messages without tool calls) load the same way (`configured_interactions`). The driver loads the same tools before anything is reserved, to render their
 schemas into the prompts (`tool_schemas`) and to fail early on a bad tool config.
 """
 
@@ -21,6 +22,7 @@ from rayrl.envs import (
     Tool,
     build_tools,
     load_function_tools,
+    load_interaction_config,
     load_tool_config,
 )
 
@@ -47,6 +49,21 @@ def configured_tools(cfg: RayRLConfig) -> list[Tool]:
         raise ToolConfigError(
             f"{KEY}: the tools of tool_config_path={mt.tool_config_path!r}, "
             f"function_tool_path={mt.function_tool_path!r} and tools={list(mt.tools)!r} "
+            f"could not be loaded: {err}"
+        ) from err
+
+
+def configured_interactions(cfg: RayRLConfig) -> dict[str, Any]:
+    """The interactions of `multi_turn.interaction_config_path` by name (verl's YAML,
+    `rayrl.envs.interaction`); none when it is null or multi-turn rollouts are off."""
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if not mt.enable or not mt.interaction_config_path:
+        return {}
+    try:
+        return load_interaction_config(mt.interaction_config_path)
+    except (LoadError, ValueError, TypeError, KeyError) as err:
+        raise ToolConfigError(
+            f"{KEY}.interaction_config_path={mt.interaction_config_path!r}: the interactions "
             f"could not be loaded: {err}"
         ) from err
 

@@ -19,12 +19,30 @@ from rayrl.algos import (
     POLICY_LOSSES,
     LossAggregation,
     PolicyLossConfig,
+    is_batch_norm_factor,
     kl_loss,
     truncated_is_weights,
     value_loss,
 )
 from rayrl.batch import Batch
 from rayrl.config.schema import ActorConfig, CriticConfig, RolloutCorrectionConfig
+
+
+def _bypass_weights(
+    correction: RolloutCorrectionConfig, log_prob: Tensor, rollout: Tensor, mask: Tensor
+) -> tuple[Tensor | None, dict[str, Tensor]]:
+    """verl's bypass-mode weights: none for ppo_clip (the ratio to the rollout is the
+    correction) or without ``rollout_is``; for reinforce the truncated ratio of this
+    forward's probabilities to the rollout's, normalised over the micro-batch when asked."""
+    if correction.loss_type != "reinforce" or correction.rollout_is is None:
+        return None, {}
+    level = correction.rollout_is
+    weights, metrics = truncated_is_weights(
+        log_prob.detach(), rollout, mask, cap=correction.rollout_is_threshold, level=level
+    )
+    if correction.rollout_is_batch_normalize:
+        weights = weights / is_batch_norm_factor(weights, mask, level)
+    return weights, metrics
 
 
 def _aggregation(mode: str, mb: Batch, norm_length: int | None) -> LossAggregation:
@@ -57,9 +75,18 @@ def actor_loss_fn(
     """PPO-family policy loss + optional entropy bonus + optional KL-to-reference loss,
     with truncated importance weights against the rollout's log-probs when
     ``correction.rollout_is`` names a level (token or sequence). ``on_policy``: the
-    batch has no ``old_log_probs``; this forward's own (detached) stand in for them."""
+    batch has no ``old_log_probs``; this forward's own (detached) stand in for them.
+
+    With ``correction.bypass_mode`` (verl's) the old log-probs are the rollout's: with
+    ``loss_type=ppo_clip`` the configured loss runs on that ratio with no other weight;
+    with ``reinforce`` the loss is REINFORCE's ``-A * log_prob`` weighted by the truncated
+    ratio of this forward's (detached) probabilities to the rollout's, divided by their
+    mean over the micro-batch with ``rollout_is_batch_normalize``."""
     policy = POLICY_LOSSES.get(cfg.policy_loss.loss_mode)
     is_level = correction.rollout_is if correction is not None else None
+    bypass = correction is not None and correction.bypass_mode
+    if bypass and correction.loss_type == "reinforce":
+        policy = POLICY_LOSSES.get("reinforce")
     clip = PolicyLossConfig(
         clip_ratio_low=cfg.clip_ratio_low,
         clip_ratio_high=cfg.clip_ratio_high,
@@ -75,7 +102,10 @@ def actor_loss_fn(
         # On-policy (one epoch, one mini-batch): this forward's log-probs are the old ones.
         old = log_prob.detach() if on_policy else mb["old_log_probs"]
         weights, metrics = None, {}
-        if is_level is not None and "rollout_log_probs" in mb:
+        if bypass:
+            weights, tis = _bypass_weights(correction, log_prob, mb["rollout_log_probs"], mask)
+            metrics.update({f"actor/{k}": _token_share(v, mask, mb) for k, v in tis.items()})
+        elif is_level is not None and "rollout_log_probs" in mb:
             weights, tis = truncated_is_weights(
                 old,
                 mb["rollout_log_probs"],
@@ -84,6 +114,8 @@ def actor_loss_fn(
                 level=is_level,
             )
             metrics.update({f"actor/{k}": _token_share(v, mask, mb) for k, v in tis.items()})
+            if "rollout_is_norm" in mb:  # rollout_is_batch_normalize: the batch's mean
+                weights = weights / mb["rollout_is_norm"].to(weights.dtype)[:, None]
         pg_loss, pg = policy(
             log_prob,
             old,

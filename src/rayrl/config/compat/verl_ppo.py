@@ -261,6 +261,12 @@ MODEL: dict[str, Rule] = {
         "rayrl does not load saved adapters: LoRA starts from fresh adapters"
     ),
     f"{ARR}.hybrid_engine": Inert("rayrl always runs actor, rollout and reference in one process"),
+    # Not in verl's config (verl reads no such key); an example script still sets it.
+    f"{ARR}.model.torch_dtype": Inert(
+        "verl's config has no such key and verl never reads it; rayrl's dtypes are "
+        "actor.fsdp_config.model_dtype (master weights) and fsdp_config.dtype (compute), "
+        "and the rollout's weights are bf16 on a GPU"
+    ),
 }
 
 DATA: dict[str, Rule] = {
@@ -382,13 +388,6 @@ ALGORITHM: dict[str, Rule] = {
     "algorithm.rollout_correction.rollout_rs_threshold": Inert(
         "rollout rejection sampling is off (rollout_rs is null)"
     ),
-    "algorithm.rollout_correction.bypass_mode": Only((False,), "rollout-correction bypass mode"),
-    "algorithm.rollout_correction.loss_type": Only(
-        ("ppo_clip",), "rollout-correction losses other than ppo_clip"
-    ),
-    "algorithm.rollout_correction.rollout_is_batch_normalize": Only(
-        (False,), "batch-normalised rollout importance weights"
-    ),
     "algorithm.filter_groups.max_inflight_gen_batches": Inert(
         "dynamic sampling generates one round at a time"
     ),
@@ -410,6 +409,11 @@ TRAINER: dict[str, Rule] = {
     "trainer.use_v1": Inert("rayrl has one trainer"),
     "trainer.v1": Inert("verl's v1 trainer settings; rayrl has one synchronous trainer"),
     "trainer.v1.trainer_mode": Only(("sync",), "asynchronous trainer modes"),
+    # Added with Hydra's `+` by a verl recipe (DeepEyes); no verl tracker reads it.
+    "trainer.rl_logging_board_dir": Inert(
+        "the directory of an RL Logging Board tracker, which neither verl nor rayrl has; "
+        "metrics go to the trackers of trainer.logger"
+    ),
 }
 
 # A verl config file of one's own: Hydra's settings, and a defaults list that starts

@@ -37,6 +37,11 @@ that answer the same).
 The engine decides how turns interleave: the native engine parks a sample waiting
 for its tools and keeps decoding the others (continuous batching), the HF engine
 decodes in rounds (`rayrl.engines.rollout.multi_turn_hf`).
+
+On a tensor-parallel native engine every rank of the replica calls ``generate`` with
+the same prompts; the environments and tools run on TP rank 0 only, whose answers the
+other ranks apply in lockstep (`rayrl.engines.rollout.native.tp_turns`), and every rank
+returns TP rank 0's output (the worker keeps the replica's first rank's).
 """
 
 from __future__ import annotations
@@ -60,6 +65,8 @@ from rayrl.engines.rollout.hf import HFRolloutEngine
 from rayrl.engines.rollout.multi_turn_episodes import EVENT_KEYS, Episodes, EpisodeState
 from rayrl.engines.rollout.multi_turn_format import TurnFormat
 from rayrl.engines.rollout.native import NativeRolloutEngine
+from rayrl.engines.rollout.native.tp import TensorParallel
+from rayrl.engines.rollout.native.tp_turns import FollowerTurns
 from rayrl.engines.rollout.sampling import SamplingParams, sample_keys
 from rayrl.envs import (
     Environment,
@@ -130,6 +137,8 @@ class MultiTurnRollout:
         tools: tools, or config entries for `rayrl.envs.build_tools`.
         config: the episode settings.
         tokenizer: the model's tokenizer (default: the engine's).
+        interactions: simulated users by name (verl's interactions,
+            `rayrl.envs.interaction`), for the environments that take them.
     """
 
     def __init__(
@@ -138,6 +147,7 @@ class MultiTurnRollout:
         tools: Iterable[Tool | Any] = (),
         config: MultiTurnConfig | None = None,
         tokenizer=None,
+        interactions: Mapping[str, Any] | None = None,
     ) -> None:
         if not isinstance(engine, HFRolloutEngine | NativeRolloutEngine):
             raise TypeError(
@@ -145,6 +155,7 @@ class MultiTurnRollout:
             )
         self.engine = engine
         self.config = config or MultiTurnConfig()
+        self.interactions = dict(interactions or {})
         self.tokenizer = tokenizer or engine.tokenizer
         if self.tokenizer is None:
             raise ValueError(
@@ -164,6 +175,7 @@ class MultiTurnRollout:
             max_message_tokens=c.max_tool_response_tokens,
             truncate_side=c.tool_response_truncate_side,
             template_kwargs=c.chat_template_kwargs,
+            keep_special_tokens=self.parser.keeps_special_tokens,
         )
         self.format.pieces(("tool",))  # a template that cannot render tool turns fails here
         self._environment(c.environment)  # an unknown environment fails here, not per row
@@ -181,6 +193,9 @@ class MultiTurnRollout:
         rows, uids = expand_samples(prompts, sampling.n)
         keys = sample_keys(sampling.seed, int(prompts.meta["step"]), uids)
         sampling = self._turn_sampling(sampling)
+        tp = self._tensor_parallel()
+        if tp is not None and tp.rank != 0:
+            return self._follow(prompts, rows, keys, sampling, tp)
         start = time.perf_counter()
         episodes = Episodes(
             [self._episode(rows, i, uid) for i, uid in enumerate(uids)],
@@ -191,11 +206,18 @@ class MultiTurnRollout:
             max_user_turns=self.config.max_user_turns,
             env_timeout_s=self.config.env_timeout_s,
         )
-        if len(rows):
-            out = self._decode(prompts, rows, keys, sampling, episodes)
-        else:
-            none = torch.zeros(0, 0)
-            out = Responses(none.long(), none.sum(1).long(), none, none.sum(1).bool())
+        out = self._decode(prompts, rows, keys, sampling, episodes)
+        try:
+            batch = self._assemble(rows, uids, out, sampling, episodes, start)
+        except BaseException as err:
+            if tp is not None:  # the other ranks wait for this rank's output
+                tp.broadcast_object(f"{type(err).__name__}: {err}")
+            raise
+        if tp is not None:
+            tp.broadcast_object((batch, self.last_stats))
+        return batch
+
+    def _assemble(self, rows, uids, out: Responses, sampling, episodes, start: float) -> Batch:
         masks = [
             episodes.finish(i, out.tokens[i, : out.lengths[i]].numpy()) for i in range(len(rows))
         ]
@@ -209,11 +231,31 @@ class MultiTurnRollout:
         }
         return batch
 
+    def _tensor_parallel(self) -> TensorParallel | None:
+        """The engine's TP group (None: one rank holds the whole model)."""
+        return getattr(self.engine, "tp", None)
+
+    def _follow(self, prompts, rows, keys, sampling, tp: TensorParallel) -> Batch:
+        """A TP rank other than 0: decode in lockstep with TP rank 0, whose environments
+        answer every turn (`tp_turns`), then return TP rank 0's output."""
+        self._decode(prompts, rows, keys, sampling, FollowerTurns())
+        shared = tp.broadcast_object(None)
+        if isinstance(shared, str):
+            raise RuntimeError(
+                f"multi-turn rollout (TP rank {tp.rank} of {tp.size}): TP rank 0 failed to "
+                f"assemble the episodes ({shared}); see TP rank 0's log"
+            )
+        batch, self.last_stats = shared
+        return batch
+
     def _turn_sampling(self, sampling: SamplingParams) -> SamplingParams:
         stops = tuple(s for s in self.parser.stop if s not in sampling.stop)
         return replace(sampling, stop=sampling.stop + stops) if stops else sampling
 
     def _decode(self, prompts, rows, keys, sampling, episodes) -> Responses:
+        if not len(rows):
+            none = torch.zeros(0, 0)
+            return Responses(none.long(), none.sum(1).long(), none, none.sum(1).bool())
         if isinstance(self.engine, NativeRolloutEngine):
             ids, mask = prompts.tensors["input_ids"], prompts.tensors["attention_mask"].bool()
             token_lists = [row[m].tolist() for row, m in zip(ids, mask, strict=True)]
@@ -244,7 +286,11 @@ class MultiTurnRollout:
 
     def _environment(self, name: str) -> Environment:
         return make_environment(
-            name, config=self.config.environment_config, toolbox=self.toolbox, parser=self.parser
+            name,
+            config=self.config.environment_config,
+            toolbox=self.toolbox,
+            parser=self.parser,
+            interactions=self.interactions,
         )
 
     def _close(self, episodes: Episodes) -> list[dict[str, float]]:

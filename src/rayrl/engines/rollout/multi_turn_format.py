@@ -67,6 +67,8 @@ class TurnFormat:
             ``right`` its start, ``middle`` both ends.
         template_kwargs: extra arguments for ``apply_chat_template`` (e.g.
             ``enable_thinking``).
+        keep_special_tokens: `decode` keeps special tokens (for a parser that reads a
+            format made of them, such as ``gpt-oss``'s harmony channels).
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class TurnFormat:
         max_message_tokens: int | None = None,
         truncate_side: str = "middle",
         template_kwargs: dict[str, Any] | None = None,
+        keep_special_tokens: bool = False,
     ) -> None:
         if truncate_side not in TRUNCATE_SIDES:
             raise ValueError(
@@ -87,15 +90,19 @@ class TurnFormat:
         self.max_message_tokens = max_message_tokens
         self.truncate_side = truncate_side
         self.template_kwargs = dict(template_kwargs or {})
+        self.keep_special_tokens = keep_special_tokens
         self._pieces: dict[tuple[str, ...], list[str]] = {}
         self._lock = threading.Lock()  # tokenizers are shared by the driver's threads
         self._marker_ids = {side: self._encode(_marker(side)) for side in TRUNCATE_SIDES}
 
     # ----------------------------------------------------------------- text
     def decode(self, tokens: Sequence[int]) -> str:
-        """The text of sampled tokens, special tokens left out (what a parser reads)."""
+        """The text of sampled tokens (what a parser reads), special tokens left out
+        unless ``keep_special_tokens``."""
         with self._lock:
-            return self.tokenizer.decode(list(tokens), skip_special_tokens=True)
+            return self.tokenizer.decode(
+                list(tokens), skip_special_tokens=not self.keep_special_tokens
+            )
 
     def _encode(self, text: str) -> list[int]:
         if not text:

@@ -19,7 +19,8 @@ same tokens as one unsplit engine would.
 Multi-turn episodes (`generate_token_ids` with a `TurnDriver`): a sample whose turn
 ends leaves the running set while the driver works (its tools run); the others keep
 decoding, and it rejoins with the driver's tokens prefilled onto its own KV cache
-(`scheduler`).
+(`scheduler`). Tensor-parallel, the episodes run on TP rank 0 and its answers reach
+the other ranks of the replica by broadcast (`tp_turns`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from rayrl.engines.rollout.native.spec import ModelSpec, UnsupportedModelError, 
 from rayrl.engines.rollout.native.stops import StopStrings
 from rayrl.engines.rollout.native.tp import TensorParallel
 from rayrl.engines.rollout.native.tp_sampler import SplitVocabSampler
+from rayrl.engines.rollout.native.tp_turns import LockstepTurns
 from rayrl.engines.rollout.native.weights import NativeWeights, read_safetensors
 from rayrl.engines.rollout.sampling import SamplingParams, sample_keys
 from rayrl.engines.rollout.special_ids import eos_ids, pad_id
@@ -259,7 +261,9 @@ class NativeRolloutEngine(RolloutEngine):
             max_new_tokens: a length limit per output row (default: ``sampling.max_new_tokens``).
             turns: multi-turn episodes: the driver told of every turn end (see
                 `rayrl.engines.rollout.turns`). The responses then hold the appended
-                tokens too (log-prob 0), and the length limit counts them.
+                tokens too (log-prob 0), and the length limit counts them. Tensor-
+                parallel, TP rank 0's driver runs the episodes and the other ranks
+                apply its answers (`tp_turns`); they pass `tp_turns.FollowerTurns`.
         """
         if self._asleep:
             raise RuntimeError(f"{WHERE}.generate: the engine is asleep; call wake() first.")
@@ -273,12 +277,6 @@ class NativeRolloutEngine(RolloutEngine):
             raise ValueError(
                 f"{WHERE}.generate: stop strings need a tokenizer; build the engine with "
                 "tokenizer=... or drop SamplingParams.stop."
-            )
-        if self.tp and turns is not None:
-            raise NotImplementedError(
-                f"{WHERE}.generate: multi-turn episodes with tensor parallelism (tp_size="
-                f"{self.tp.size}) are not supported yet; use "
-                "actor_rollout_ref.rollout.tensor_model_parallel_size=1 for agent rollouts"
             )
         n_rows = len(prompts) * sampling.n
         if keys is None:
@@ -336,6 +334,8 @@ class NativeRolloutEngine(RolloutEngine):
         if sampling.stop:
             stops = StopStrings(self.tokenizer, sampling.stop)
             sched.stop_check = stops.checker(sched.tokens, sched.turn_start)
+        if turns is not None and self.tp:  # TP rank 0's episodes, applied in lockstep
+            turns = LockstepTurns(turns, self.tp)
         if turns is not None:
             sched.on_turn_end = lambda s: turns.turn_ended(
                 s, sched.tokens[s, : sched.gen[s]].copy()

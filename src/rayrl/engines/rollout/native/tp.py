@@ -21,6 +21,11 @@ Running a replica (what the worker and the controller do):
 - every rank of a replica returns the same output; take it from the replica's first
   rank (`ReplicaLayout.leaders`) and drop the others'.
 
+Multi-turn episodes on a replica (`rayrl.engines.rollout.native.tp_turns`): the tools
+and environments run once, on TP rank 0; their answers reach the other ranks by
+broadcast before the scheduler applies them, so every rank appends the same tokens at
+the same step.
+
 The ranks of a replica run in lockstep without a coordinator: each runs the same
 deterministic scheduler on the same inputs, and every sampled token is decided from
 collectives whose result is the same on every rank, so each rank makes the same
@@ -149,6 +154,18 @@ class TensorParallel:
         out = torch.empty(self.size * x.numel(), dtype=x.dtype, device=x.device)
         _all_gather_single(out, x.contiguous().view(-1), group=self.group)
         return out.view(self.size, *x.shape)
+
+    def broadcast_count(self, count: int) -> int:
+        """TP rank 0's ``count`` on every rank (``count`` is ignored elsewhere)."""
+        box = torch.tensor([count], dtype=torch.int64, device=self.device)
+        dist.broadcast(box, group=self.group, group_src=0)
+        return int(box.item())
+
+    def broadcast_object(self, obj):
+        """TP rank 0's picklable ``obj`` on every rank (``obj`` is ignored elsewhere)."""
+        box = [obj if self.rank == 0 else None]
+        dist.broadcast_object_list(box, group=self.group, group_src=0, device=self.device)
+        return box[0]
 
     def agree(self, value: int, what: str) -> None:
         """Raise RuntimeError unless every rank of the group passes the same ``value``."""
