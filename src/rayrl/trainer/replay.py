@@ -99,6 +99,8 @@ class StepReplay:
             lost): puts the run back at its last checkpoint (or its start) and returns
             the step it continues from.
         print_fn: receives the run's messages.
+        on_replaced: called after workers were replaced, before their state is
+            restored (the run rewrites its `workers.json` there).
     """
 
     def __init__(
@@ -109,8 +111,10 @@ class StepReplay:
         policy: ReplayPolicy,
         rewind: Callable[[str], int],
         print_fn: Callable[[str], None] = print,
+        on_replaced: Callable[[], None] = lambda: None,
     ) -> None:
         self.groups, self.stateful, self.calls = groups, stateful, calls
+        self.on_replaced = on_replaced
         self.policy, self.rewind, self.print = policy, rewind, print_fn
         self.use_snapshots = policy.snapshots
         self.snapshots: dict[str, GroupSnapshot] = {}
@@ -202,6 +206,7 @@ class StepReplay:
         replaced = []
         for group, ranks in failed.items():
             replaced.extend(self._replace(group, sorted(ranks)))
+        self.on_replaced()
         self.calls.forget({g.name for g in failed})
         record = {"what": what, "stage": err.stage, "replaced": replaced, "start": start}
         self.recoveries.append(record)
