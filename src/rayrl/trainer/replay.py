@@ -28,6 +28,7 @@ trained, in order) record what happened, for the chaos harness.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import Counter
@@ -123,10 +124,12 @@ class StepReplay:
 
     # ------------------------------------------------------------ boundaries
     def start(self) -> None:
-        """The first boundary (a fresh or resumed run): snapshot the stateful groups."""
-        if self.use_snapshots == "auto":
-            self.use_snapshots = self._snapshots_fit()
-        self.snapshots = self.run(self._take, "the first snapshot")
+        """The first boundary (a fresh or resumed run): snapshot the stateful groups
+        (sizing them first under `trainer.step_snapshots=auto`). A worker lost meanwhile
+        is replaced as in a step; with no snapshot yet to restore, the run goes back to
+        its last checkpoint or its start (`rewind`), which takes the snapshots anew."""
+        with contextlib.suppress(Rewound):
+            self.snapshots = self.run(self._take, "the first snapshot")
 
     def _snapshots_fit(self) -> bool:
         """`trainer.step_snapshots=auto`: whether the stateful groups' snapshots fit
@@ -146,6 +149,8 @@ class StepReplay:
         return False
 
     def _take(self) -> dict[str, GroupSnapshot]:
+        if self.use_snapshots == "auto":
+            self.use_snapshots = self._snapshots_fit()
         if not self.use_snapshots:
             return {}
         last = self.snapshots
