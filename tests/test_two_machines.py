@@ -110,7 +110,7 @@ def test_train_on_two_machines_and_replace_a_killed_rank(cluster, tmp_path):
         stderr=subprocess.STDOUT,
     )
     try:
-        killed = _kill_rank_once_ready(train, out, worker, tmp_path / "train.log")
+        killed = _kill_rank_once_ready(train, out, head, worker, tmp_path / "train.log")
         code = train.wait(timeout=1500)
     finally:
         if train.poll() is None:
@@ -144,14 +144,15 @@ def test_train_on_two_machines_and_replace_a_killed_rank(cluster, tmp_path):
     assert Path(now["log_file"]).is_file(), now
 
 
-def _kill_rank_once_ready(train, out: Path, worker, log_path: Path) -> dict:
+def _kill_rank_once_ready(train, out: Path, head, worker, log_path: Path) -> dict:
     """SIGKILL the actor rank on `worker` (its pid from workers.json) once the run has
     started its workers and begins training ("ready in"); returns its workers.json
     entry. (After step 1 it would race the end of a fast run: a step takes a second.)"""
     deadline = time.monotonic() + 1200
     while time.monotonic() < deadline:
         if train.poll() is not None:
-            raise AssertionError(f"train ended early:\n{log_path.read_text()[-4000:]}")
+            early = log_path.read_text()[-4000:] + _backend_errors(head, worker)
+            raise AssertionError(f"train ended early:\n{early}")
         if "ready in" in log_path.read_text():
             break
         time.sleep(0.5)
