@@ -100,6 +100,7 @@ def _worker_on(out: Path, hostname: str) -> dict:
     return mine
 
 
+@pytest.mark.timeout(1500)  # two Ray nodes and a run, started and stopped, on a loaded machine
 def test_train_on_two_machines_and_replace_a_killed_rank(cluster, tmp_path):
     head, worker = cluster.head, cluster.worker
     out = tmp_path / "run"
