@@ -24,6 +24,7 @@ from rayrl.cluster.discovery import (
     node_ip,
     rendezvous,
 )
+from rayrl.cluster.interface import interface_holding
 from rayrl.cluster.kv import KVStore, KVTimeoutError
 
 
@@ -35,6 +36,11 @@ class DistRank:
         init_process_group(kv, group, rank, world, generation=generation, timeout=60)
         assert "MASTER_ADDR" not in os.environ and "MASTER_PORT" not in os.environ
         return ray.get_runtime_context().get_node_id()
+
+    def bound_to(self) -> tuple[str, str, str]:
+        """(GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, this node's Ray address)."""
+        env = os.environ
+        return env["GLOO_SOCKET_IFNAME"], env["NCCL_SOCKET_IFNAME"], node_ip()
 
     def all_reduce(self) -> tuple[float, int, int]:
         import torch
@@ -135,6 +141,9 @@ def test_two_nodes_form_gloo_group_and_reform(ray_multinode):
     ]
     placed = ray.get([a.join.remote(kv, "trainer", i, 4, 0) for i, a in enumerate(ranks)])
     assert placed == [nodes[0], nodes[0], nodes[1], nodes[1]]  # 2 x 2 over two nodes
+    # gloo and NCCL listen on the interface holding the node's Ray address
+    for gloo, nccl, address in ray.get([a.bound_to.remote() for a in ranks]):
+        assert gloo == nccl == interface_holding(address), (gloo, nccl, address)
     assert ray.get([a.all_reduce.remote() for a in ranks]) == [(10.0, i, 4) for i in range(4)]
 
     # Re-form as generation 1 with the ranks reassigned (rank 0 moves to the other node).

@@ -175,3 +175,33 @@ def test_snapshots_are_weighed_node_by_node():
     # 9 bytes fit half of the cluster's 20, but node a holds 6 of them in its 10
     assert nodes_over({"a": 6, "b": 3}, stores, 0.5) == {"a": (6, 10.0)}
     assert nodes_over({"?": 6}, {"a": 10.0, "b": 40.0}, 0.5) == {"?": (6, 10.0)}
+
+
+def test_a_rank_lost_before_the_first_snapshot_is_replaced_and_the_run_rewinds(counters):
+    """A worker killed before the run's first boundary (while `step_snapshots=auto`
+    sizes the snapshots) is replaced; with no snapshot yet the run goes back to its
+    start, the snapshots are taken then, and `on_replaced` saw the new worker."""
+    calls, rewinds, seen_pids = StageCalls(), [], []
+    victim = counters.describe(1).pid
+    os.kill(victim, signal.SIGKILL)  # a real process on this machine, dead before start()
+
+    def rewind(reason: str) -> int:
+        rewinds.append(reason)
+        return 0
+
+    policy = ReplayPolicy(max_restarts=2, snapshots="auto", init_timeout_s=180)
+    replay = StepReplay(
+        [counters],
+        [counters],
+        calls,
+        policy,
+        rewind,
+        on_replaced=lambda: seen_pids.append(counters.describe(1).pid),
+    )
+    replay.start()
+    assert replay.use_snapshots is True and counters.name in replay.snapshots
+    assert len(rewinds) == 1 and "no step snapshot" in rewinds[0]
+    [record] = replay.recoveries
+    assert record["what"] == "the first snapshot" and record["replaced"][0]["rank"] == 1
+    assert seen_pids and seen_pids[0] not in (None, victim)
+    assert counters.read() == [0, 0]

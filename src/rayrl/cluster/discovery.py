@@ -12,6 +12,10 @@ picks a free port, so no other process can take it between choosing and binding)
 publishes the port it got, and every rank passes the store to
 `torch.distributed.init_process_group(store=...)`.
 
+Before any socket opens, gloo and NCCL are bound to the interface holding this node's
+Ray address (`rayrl.cluster.interface`): a hostname that resolves to a loopback address
+(Debian's 127.0.1.1) would otherwise be what a rank tells the others to connect to.
+
 Each formation of a group uses a new `generation` (a replaced worker re-forms the group
 as generation + 1), so ranks never pick up the master of an earlier formation.
 """
@@ -27,6 +31,7 @@ from typing import Any
 
 import ray
 
+from rayrl.cluster.interface import InterfaceError, bind_to_node_address
 from rayrl.cluster.kv import KVStore
 from rayrl.cluster.kv_errors import KVTimeoutError, describe_writer
 
@@ -178,6 +183,10 @@ def init_process_group(
     if dist.is_initialized():
         dist.destroy_process_group()
     _MASTER_STORE.clear()
+    try:
+        bind_to_node_address(node_ip())
+    except InterfaceError as err:
+        raise DiscoveryError(f"group {group!r} rank {rank}/{world_size}: {err}") from err
     wait = timedelta(seconds=timeout)
     store = None
     if rank == 0:

@@ -173,5 +173,10 @@ def failure_hint(phase: str, cause: Any, attempts: int) -> str:
 
 
 def short_error(err: Any) -> str:
+    """`Type: first line` of `err`; of the worker's own exception for a Ray task error
+    (whose first line is only the remote method's name)."""
+    cause = getattr(err, "cause", None) if isinstance(err, ray.exceptions.RayTaskError) else None
+    if isinstance(cause, BaseException):
+        err = cause
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0] if text else ''}"

@@ -465,12 +465,14 @@ class WorkerGroup:
         attempts: int = 1,
         cleanup: bool = False,
     ) -> None:
-        """Raise `error` for the most telling failed rank (a dead one, else the lowest).
+        """Raise `error` for the most telling failed rank: a dead one, else one that
+        raised (its own cause: a backend's "connectFullMesh failed" tells more than its
+        peer's timeout waiting for it), else the lowest.
 
         With `cleanup`, the group's actors are killed after the error is composed (a
         hanging actor is probed for its pid and log file first).
         """
-        rank = min(failures, key=lambda r: (not isinstance(failures[r], DEAD_ERRORS), r))
+        rank = min(failures, key=lambda r: _telling(failures[r], r))
         cause = failures[rank]
         worker = self.describe(rank)
         if isinstance(cause, TimeoutError) and not isinstance(cause, ray.exceptions.RayError):
@@ -503,3 +505,9 @@ class WorkerGroup:
                 worker, pid=pid, node_id=node, log_file=worker.log_file or find_log_file(pid)
             )
         return worker, row["state"]
+
+
+def _telling(cause: Any, rank: int) -> tuple[bool, bool, int]:
+    """Sort key of a rank's failure, most telling first: dead, then an error of its own,
+    then a timeout (no answer, or a wait of its own that timed out)."""
+    return (not isinstance(cause, DEAD_ERRORS), isinstance(cause, TimeoutError), rank)

@@ -28,6 +28,7 @@ trained, in order) record what happened, for the chaos harness.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import Counter
@@ -114,6 +115,8 @@ class StepReplay:
             lost): puts the run back at its last checkpoint (or its start) and returns
             the step it continues from.
         print_fn: receives the run's messages.
+        on_replaced: called after workers were replaced, before their state is
+            restored (the run rewrites its `workers.json` there).
     """
 
     def __init__(
@@ -124,8 +127,10 @@ class StepReplay:
         policy: ReplayPolicy,
         rewind: Callable[[str], int],
         print_fn: Callable[[str], None] = print,
+        on_replaced: Callable[[], None] = lambda: None,
     ) -> None:
         self.groups, self.stateful, self.calls = groups, stateful, calls
+        self.on_replaced = on_replaced
         self.policy, self.rewind, self.print = policy, rewind, print_fn
         self.use_snapshots = policy.snapshots
         self.snapshots: dict[str, GroupSnapshot] = {}
@@ -134,10 +139,12 @@ class StepReplay:
 
     # ------------------------------------------------------------ boundaries
     def start(self) -> None:
-        """The first boundary (a fresh or resumed run): snapshot the stateful groups."""
-        if self.use_snapshots == "auto":
-            self.use_snapshots = self._snapshots_fit()
-        self.snapshots = self.run(self._take, "the first snapshot")
+        """The first boundary (a fresh or resumed run): snapshot the stateful groups
+        (sizing them first under `trainer.step_snapshots=auto`). A worker lost meanwhile
+        is replaced as in a step; with no snapshot yet to restore, the run goes back to
+        its last checkpoint or its start (`rewind`), which takes the snapshots anew."""
+        with contextlib.suppress(Rewound):
+            self.snapshots = self.run(self._take, "the first snapshot")
 
     def _snapshots_fit(self) -> bool:
         """`trainer.step_snapshots=auto`: whether every node's share of the stateful
@@ -170,6 +177,8 @@ class StepReplay:
         return False
 
     def _take(self) -> dict[str, GroupSnapshot]:
+        if self.use_snapshots == "auto":
+            self.use_snapshots = self._snapshots_fit()
         if not self.use_snapshots:
             return {}
         last = self.snapshots
@@ -230,6 +239,7 @@ class StepReplay:
         replaced = []
         for group, ranks in failed.items():
             replaced.extend(self._replace(group, sorted(ranks)))
+        self.on_replaced()
         self.calls.forget({g.name for g in failed})
         record = {"what": what, "stage": err.stage, "replaced": replaced, "start": start}
         self.recoveries.append(record)

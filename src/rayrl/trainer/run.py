@@ -113,7 +113,7 @@ class Run:
         self.pools = reserve_pools(specs, self.name, cfg.resources.wait_timeout_s)
         env = group_env(cfg, self.name, self.kv, trainer.pg_timeout_s)
         self.groups = trainer.start(self.pools, env, device, self.total_steps())
-        self.run_dir.write_workers(self.groups, self.session.log_dir)
+        self.write_workers()
         print_placement(self.groups, cfg.trainer.debug, self.print)
         self.usage()  # start the first step's usage sampling afresh (setup is not a step)
         return self
@@ -260,6 +260,7 @@ class Run:
         else:
             for group in self.trainer.stateful_groups():  # fresh engines: the first state
                 group.replace(list(range(group.world_size)))
+            self.write_workers()
             restore(self.parts(), self._start_states)
         step = self.progress.global_step
         self.run_dir.keep_metrics_until(step)
@@ -329,7 +330,20 @@ class Run:
             init_retries=res.init_retries,
         )
         stateful = self.trainer.stateful_groups()
-        return StepReplay(self.groups, stateful, self.calls, policy, self.rewind, self.print)
+        return StepReplay(
+            self.groups,
+            stateful,
+            self.calls,
+            policy,
+            self.rewind,
+            self.print,
+            on_replaced=self.write_workers,
+        )
+
+    def write_workers(self) -> None:
+        """Rewrite `workers.json` from the groups as they are now (after a replacement:
+        the new workers' pids, nodes and log files)."""
+        self.run_dir.write_workers(self.groups, self.session.log_dir)
 
     def _train(self, tracking: Tracking, history: list[dict], on_step, interrupt) -> None:
         """Validation before training, the steps with what follows each, the export; each

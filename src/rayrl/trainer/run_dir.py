@@ -5,7 +5,8 @@ OUTPUT_DIR/
   metrics.jsonl             one JSON object per step (every metric, with "step")
   rejected_rows.jsonl       every data row set aside at load: split, file, row, reason
   workers.json              each worker's roles, rank, node, pid, Ray log file,
-                            torch threads and init span (when its init ran)
+                            torch threads and init span (when its init ran); rewritten
+                            when a worker is replaced
   checkpoints/global_step_N/  actor/ (critic/) shards + trainer_state.pt; `latest`
   hf/                       the final Hugging Face export
   val_generations/step_N.jsonl  example validation generations
