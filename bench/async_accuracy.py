@@ -59,6 +59,7 @@ def async_rl(root: Path, seed: int, staleness: float, extra: list[str], out) -> 
             f"async_training.staleness_threshold={staleness}",
             "async_training.trigger_parameter_sync_step=1",
             "async_training.partial_rollout=false",
+            "resources.dashboard=false",
             *extra,
         ],
     )
@@ -83,7 +84,8 @@ def main() -> None:
     gaps = []
     for seed in args.seeds:
         seed_dir = root / f"seed{seed}"
-        result = run_pipeline(DemoPlan(seed_dir, seed=seed), out)
+        quiet = ["resources.dashboard=false"]  # no web UI: less to start on a busy machine
+        result = run_pipeline(DemoPlan(seed_dir, seed=seed, sft=quiet, rl=quiet), out)
         sync = result.accuracy["rl"]
         fast = async_rl(seed_dir, seed, args.staleness, args.overrides, out)
         gap = 100.0 * (fast - sync)
