@@ -12,7 +12,8 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from engine_cases import OPTIM, pg_loss, tiny_model_dir, value_loss  # noqa: F401 (fixture)
-from parallel_cases import BUDGET, batch, record_gradients
+from parallel_cases import BUDGET, LENGTHS, batch, record_gradients
+from rayrl.engines.packing import plan_token_budget
 from rayrl.engines.train import TrainEngine
 
 pytestmark = pytest.mark.slow
@@ -70,6 +71,16 @@ def test_sequence_parallel_matches_one_process(four_ranks, one_process, layout):
         sp = 4 if layout == "sp4" else 2
         assert r["dp"] == (rank // sp, WORLD // sp, rank % sp, sp)
         _same_as_one_process(r, one_process, ("pg_loss",))
+        # the per-GPU token budget holds sp times as many tokens a micro-batch (verl's
+        # rule): the group splits them
+        assert r["metrics"]["micro_batches"] == _micro_batches(WORLD // sp, BUDGET * sp)
+
+
+def _micro_batches(dp_size: int, budget: int) -> int:
+    """Micro-batches a train step makes: the most any data-parallel part's rows need."""
+    lengths = [p + r for p, r in LENGTHS]
+    parts = [[lengths[i] for i in range(part, len(lengths), dp_size)] for part in range(dp_size)]
+    return max(len(plan_token_budget(rows, budget)) for rows in parts)
 
 
 def test_hybrid_sharding_matches_flat_and_one_process(four_ranks, one_process):

@@ -396,7 +396,11 @@ class TrainEngine:
         if self.sp is not None:
             check_same_rows(batch["input_ids"], self.sp, self.device, "forward")
         plan = micro_batch_plan(
-            batch, micro_batch_size, max_tokens_per_micro_batch, self.sharded, self.device
+            batch,
+            micro_batch_size,
+            self._group_budget(max_tokens_per_micro_batch),
+            self.sharded,
+            self.device,
         )
         self.model.eval()
         parts, order = [], []
@@ -411,6 +415,12 @@ class TrainEngine:
         inverse[torch.tensor(order)] = torch.arange(len(order))
         tensors = {k: torch.cat([p[k] for p in parts])[inverse] for k in parts[0]}
         return Batch(tensors, meta=dict(batch.meta))
+
+    def _group_budget(self, max_tokens: int | None) -> int | None:
+        """A micro-batch's token budget from a per-GPU one: the ranks of a Ulysses group
+        split each micro-batch's tokens, so the micro-batch holds ``sp`` times the
+        budget (verl's rule for ``*max_token_len_per_gpu``)."""
+        return max_tokens * self.sp_size if max_tokens else max_tokens
 
     # ----------------------------------------------------------------- train
     def train_step(
@@ -434,7 +444,9 @@ class TrainEngine:
             mini_batch_size: rows of this rank per optimizer step (default: all);
                 every rank must make the same number of mini-batches.
             micro_batch_size: rows per forward/backward; or instead
-            max_tokens_per_micro_batch: a real-token budget per forward/backward.
+            max_tokens_per_micro_batch: a real-token budget per forward/backward and GPU
+                (with Ulysses SP a micro-batch holds ``sp_size`` times it, split over
+                the group).
             with_entropy: put ``entropy`` in the outputs given to ``loss_fn``.
             step_lr: advance the LR schedule after this call. A caller that makes
                 several calls per schedule step (PPO epochs of one RL step) passes
@@ -463,7 +475,11 @@ class TrainEngine:
         with self.residency.resident():
             for mini in minis:
                 plan = micro_batch_plan(
-                    mini, micro_batch_size, max_tokens_per_micro_batch, self.sharded, self.device
+                    mini,
+                    micro_batch_size,
+                    self._group_budget(max_tokens_per_micro_batch),
+                    self.sharded,
+                    self.device,
                 )
                 values = self._train_mini_batch(
                     mini, plan, loss_fn, with_entropy, loss_metrics, temperature
