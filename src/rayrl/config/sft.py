@@ -128,6 +128,9 @@ class SFTTrainerConfig:
     project_name: str = "gsm8k-sft"
     experiment_name: str = "test"
     logger: Any = field(default_factory=lambda: ["console"])
+    # the tensorboard tracker's directory (as `rayrl train`'s): else $TENSORBOARD_DIR,
+    # else OUTPUT_DIR/tensorboard
+    tensorboard_dir: str | None = None
     # every N steps, or after_each_epoch (verl's SFT trainer's word); -1: never
     save_freq: Any = -1
     test_freq: Any = -1  # validation loss every N steps (and at the end) when val data exist
