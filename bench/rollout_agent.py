@@ -110,6 +110,7 @@ def _episodes(model, args, base: dict, emit, s: dict) -> None:
         gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_seqs=args.max_num_seqs,
         max_model_len=s["prompt"] + s["response"],
+        **_resume_options(args),
     )
     config = MultiTurnConfig(
         environment=LatencyEnvironment,
@@ -122,6 +123,7 @@ def _episodes(model, args, base: dict, emit, s: dict) -> None:
     runner.generate(prompts, sampling)  # warm-up: kernels tuned, graphs captured
     with BusyProbe(args.device == "cuda") as probe:
         seconds, out = _timed(lambda: runner.generate(prompts, sampling), args.device)
+    multi_stats = dict(engine.last_stats)  # the multi-turn call's, not the single-turn one's
     sampled = out["response_mask"].sum(-1).numpy().astype(np.int64)
     calls = float(np.mean([sum(m["role"] == "tool" for m in t) for t in out["trajectory"]]))
     turns = float(np.mean(out["num_turns"]))
@@ -154,7 +156,8 @@ def _episodes(model, args, base: dict, emit, s: dict) -> None:
             "num_turns_mean": round(turns, 2),
             "tool_seconds": round(runner.last_stats["timing_s/tools"], 3),
             "tool_calls_mean": round(calls, 2),
-            **engine.last_stats,
+            "resume_prefill_cost": engine.resume_prefill_cost,
+            **multi_stats,
         }
     )
     emit(
@@ -197,6 +200,11 @@ def _episodes(model, args, base: dict, emit, s: dict) -> None:
             }
         )
     engine.sleep()
+
+
+def _resume_options(args) -> dict:
+    cost = getattr(args, "resume_prefill_cost", None)
+    return {} if cost is None else {"resume_prefill_cost": cost}
 
 
 def _prompts(s: dict, vocab: int) -> Batch:
