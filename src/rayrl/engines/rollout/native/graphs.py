@@ -18,6 +18,7 @@ capturing every bucket at each wake cost a large share of a step (docs/benchmark
 from __future__ import annotations
 
 import bisect
+import functools
 
 import numpy as np
 import torch
@@ -28,6 +29,14 @@ from rayrl.engines.rollout.native.step import StepInput
 __all__ = ["DecodeGraphs", "graph_buckets"]
 
 _PAD = (0, 0, -1, 0, 0, 0, 0, 0)  # per field: a padded row does no work
+
+
+@functools.cache
+def _side_stream(device: int) -> torch.cuda.Stream:
+    """The one stream captures warm up on, per device: every stream a cuBLAS call runs on
+    keeps a workspace of its own (tens of MiB) for the life of the process, so a fresh
+    stream per capture would leave one behind at every wake."""
+    return torch.cuda.Stream(device=device)
 
 
 def graph_buckets(max_batch: int) -> list[int]:
@@ -66,7 +75,7 @@ class DecodeGraphs:
     def _capture(self, batch: int, pool):
         model, cache = self.runner.model, self.runner.cache
         step = self._step(batch)
-        side = torch.cuda.Stream()
+        side = _side_stream(torch.cuda.current_device())
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):  # compile and autotune outside the capture
