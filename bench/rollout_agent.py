@@ -122,6 +122,7 @@ def _episodes(model, args, base: dict, emit, s: dict) -> None:
     runner.generate(prompts, sampling)  # warm-up: kernels tuned, graphs captured
     with BusyProbe(args.device == "cuda") as probe:
         seconds, out = _timed(lambda: runner.generate(prompts, sampling), args.device)
+    multi_stats = dict(engine.last_stats)  # the multi-turn call's, not the single-turn one's
     sampled = out["response_mask"].sum(-1).numpy().astype(np.int64)
     calls = float(np.mean([sum(m["role"] == "tool" for m in t) for t in out["trajectory"]]))
     turns = float(np.mean(out["num_turns"]))
@@ -154,7 +155,7 @@ def _episodes(model, args, base: dict, emit, s: dict) -> None:
             "num_turns_mean": round(turns, 2),
             "tool_seconds": round(runner.last_stats["timing_s/tools"], 3),
             "tool_calls_mean": round(calls, 2),
-            **engine.last_stats,
+            **multi_stats,
         }
     )
     emit(

@@ -29,6 +29,7 @@ from rayrl.engines.rollout import (
     positions_from_mask,
 )
 from rayrl.engines.rollout.native.spec import UnsupportedModelError
+from rayrl.engines.rollout.turns import Continuation
 from rayrl.models.tiny import build_tiny_model
 
 TINY = dict(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab_size=320)
@@ -286,6 +287,44 @@ def test_n_samples_share_one_prefill(model_dir, tokenizer):
     prefilled = sum(len(s.input_ids) for s in calls if not s.decode)
     assert prefilled == sum(map(len, prompts))  # once per prompt, not once per sample
     assert len({tuple(r) for r in out.tokens[:4].tolist()}) > 1  # the 4 samples differ
+
+
+class InstantTurns:
+    """A turn driver whose tools answer at once: three observations of three tokens per
+    sample (fewer where the response limit leaves no room), then the episode ends."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.turns, self.ready = limit, {}, []
+
+    def turn_ended(self, sample: int, response: np.ndarray) -> None:
+        self.turns[sample] = self.turns.get(sample, 0) + 1
+        if self.turns[sample] > 3:
+            self.ready.append(Continuation(sample, None, True))
+        elif len(response) + 3 >= self.limit:
+            self.ready.append(Continuation(sample, None, False))
+        else:
+            self.ready.append(Continuation(sample, [5, 6, 7]))
+
+    def take_ready(self, wait: bool) -> list[Continuation]:
+        ready, self.ready = self.ready, []
+        return ready
+
+
+def test_resumed_turns_are_prefilled_together_with_the_same_tokens(model_dir, tokenizer):
+    """Samples whose answers come back while others decode wait, and are prefilled
+    together, in fewer prefill steps than one each; every token is the same."""
+    prompts = [tokenizer.encode(t) for t in TEXTS]
+    sampling = SamplingParams(n=4, max_new_tokens=48, seed=3, stop_token_ids=list(range(3, 512, 6)))
+    outs, stats = {}, {}
+    for cost in (0.0, 4.0):
+        engine = NativeRolloutEngine(model_path=model_dir, device="cpu", resume_prefill_cost=cost)
+        outs[cost] = engine.generate_token_ids(prompts, sampling, turns=InstantTurns(48))
+        stats[cost] = engine.last_stats
+    assert stats[0.0]["resumed_turns"] == stats[4.0]["resumed_turns"] > 2 * len(prompts)
+    assert stats[4.0]["prefill_steps"] < stats[0.0]["prefill_steps"] / 2
+    for field in ("tokens", "lengths", "stopped"):
+        assert torch.equal(getattr(outs[0.0], field), getattr(outs[4.0], field)), field
+    assert torch.allclose(outs[0.0].log_probs, outs[4.0].log_probs, atol=1e-5)
 
 
 @pytest.mark.cuda

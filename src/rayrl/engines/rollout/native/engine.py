@@ -19,8 +19,10 @@ same tokens as one unsplit engine would.
 Multi-turn episodes (`generate_token_ids` with a `TurnDriver`): a sample whose turn
 ends leaves the running set while the driver works (its tools run); the others keep
 decoding, and it rejoins with the driver's tokens prefilled onto its own KV cache
-(`scheduler`). Tensor-parallel, the episodes run on TP rank 0 and its answers reach
-the other ranks of the replica by broadcast (`tp_turns`).
+(`scheduler`). Samples whose answers come back while others decode are prefilled
+together, not one prefill step each (``resume_prefill_cost``). Tensor-parallel, the
+episodes run on TP rank 0 and its answers reach the other ranks of the replica by
+broadcast (`tp_turns`).
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ logger = logging.getLogger(__name__)
 # The KV cache holds at most this many times what max_num_seqs full-length sequences
 # use: room for samples parked between turns (multi-turn) beside the running ones.
 CACHE_HEADROOM = 2
+# Multi-turn: a prefill step of resumed samples (eager, synchronised, and draining the
+# overlapped decode) costs about this many CUDA-graph decode steps of a small model.
+RESUME_PREFILL_COST = 4.0
+RESUME_MAX_WAIT = 32  # decode steps a resumed sample waits for its prefill at most
 WHERE = "NativeRolloutEngine"
 
 
@@ -99,6 +105,12 @@ class NativeRolloutEngine(RolloutEngine):
             weights, which a complete `update_weights` must then fill before the first
             `generate` (a hybrid actor's first weight sync does: the checkpoint is read
             once, by the training engine).
+        resume_prefill_cost: multi-turn episodes: what a prefill step costs the running
+            samples, in decode steps; samples whose tool answers came back wait to be
+            prefilled together until the decode steps they lost waiting add up to this
+            many per running sample (or ``resume_max_wait`` steps). 0: prefill each
+            answer at the next step.
+        resume_max_wait: the most decode steps such a sample waits.
     """
 
     def __init__(
@@ -122,6 +134,8 @@ class NativeRolloutEngine(RolloutEngine):
         tp_group=None,
         config_overrides: dict | None = None,
         load_weights: bool = True,
+        resume_prefill_cost: float = RESUME_PREFILL_COST,
+        resume_max_wait: int = RESUME_MAX_WAIT,
     ) -> None:
         if (model is None) == (model_path is None):
             raise ValueError(
@@ -180,6 +194,12 @@ class NativeRolloutEngine(RolloutEngine):
         self.runner = ModelRunner(self.model, self.cache, max_num_seqs, width, sampler)
         self.use_graphs = self.device.type == "cuda" and not enforce_eager
         self.overlap = overlap_decode
+        if resume_prefill_cost < 0 or resume_max_wait < 0:
+            raise ValueError(
+                f"{WHERE}: resume_prefill_cost={resume_prefill_cost} and resume_max_wait="
+                f"{resume_max_wait} must be >= 0."
+            )
+        self.resume_prefill_cost, self.resume_max_wait = resume_prefill_cost, resume_max_wait
         self._asleep = False
         self.last_stats: dict[str, int] = {}
 
@@ -330,6 +350,8 @@ class NativeRolloutEngine(RolloutEngine):
             max_batched_tokens=self.max_num_batched_tokens,
             table=self.runner.table_host,
             stop_ids=np.asarray(stop_ids, dtype=np.int64),
+            resume_cost=self.resume_prefill_cost,
+            resume_max_wait=self.resume_max_wait,
         )
         if sampling.stop:
             stops = StopStrings(self.tokenizer, sampling.stop)
@@ -343,17 +365,24 @@ class NativeRolloutEngine(RolloutEngine):
         self._ensure_graphs()
         stats = {
             "prefill_steps": 0,
+            "prefill_tokens": 0,
             "decode_steps": 0,
             "overlapped_steps": 0,
             "dropped_tokens": 0,
             "run_s": 0.0,
         }
+        if turns is not None:
+            stats["turn_wait_s"] = 0.0  # blocked on the driver with nothing to run
         start, self.runner.sampler.wait_s = time.perf_counter(), 0.0
         pending = None  # a launched decode step whose tokens are not committed yet
         idle = False  # the last pass found nothing to run: only the driver can help
         while not sched.done or pending is not None:
             if turns is not None and sched.parked:
-                _continue_turns(sched, turns.take_ready(wait=idle and pending is None))
+                blocked = idle and pending is None
+                since = time.perf_counter()
+                _continue_turns(sched, turns.take_ready(wait=blocked))
+                if blocked:  # nothing to run: the device idles until an answer comes
+                    stats["turn_wait_s"] += time.perf_counter() - since
             idle = False
             if pending is not None and not (self.overlap and sched.can_overlap()):
                 self._commit(sched, pending, stats)
@@ -366,6 +395,7 @@ class NativeRolloutEngine(RolloutEngine):
                     samples_tokens = result[1] if result else (np.zeros(0, np.int64), np.zeros(0))
                     sched.commit_prefill(chunks, *samples_tokens)
                     stats["prefill_steps"] += 1
+                    stats["prefill_tokens"] += sum(c.count for c in chunks)
                     progress.tick(prefill_chunks=len(chunks))
                     continue
             samples = sched.plan_decode()
@@ -391,7 +421,11 @@ class NativeRolloutEngine(RolloutEngine):
         stats["wait_s"] = round(self.runner.sampler.wait_s, 4)
         self.last_stats = {**stats, "preemptions": sched.preemptions}
         if turns is not None:
-            self.last_stats.update(resumed_turns=sched.resumes, reclaimed_kv=sched.reclaimed)
+            self.last_stats.update(
+                resumed_turns=sched.resumes,
+                reclaimed_kv=sched.reclaimed,
+                turn_wait_s=round(stats["turn_wait_s"], 4),
+            )
         return sched
 
     def _commit(self, sched: Scheduler, launch, stats: dict) -> None:

@@ -34,6 +34,13 @@ where the sample's cache ends (so only the new tokens are computed), or ends it
 late is dropped, as for a finished one. When KV blocks run short, parked samples (and
 resumed jobs still waiting) give theirs up first (`_reclaim`); such a sample is then
 recomputed from its prompt and everything in its response, like a preempted one.
+A prefill step stalls every running sample, so while others decode, resumed samples
+are not prefilled one by one as their answers come back: they wait, and are prefilled
+together once the decode steps they have lost waiting, summed over them, reach
+``resume_cost`` times the running samples (what one more prefill step costs those:
+``resume_cost`` is a prefill step's time in decode steps), or after
+``resume_max_wait`` decode steps at most (`prefill_due`). With nothing running they
+are prefilled at once; ``resume_cost=0`` prefills every answer at the next step.
 Responses hold the appended tokens too: ``tokens[s, :gen[s]]`` is the whole
 multi-turn continuation, and a sampled token's position is its column there.
 
@@ -94,6 +101,8 @@ class Scheduler:
         table: np.ndarray,
         stop_ids: np.ndarray,
         stop_check: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
+        resume_cost: float = 0.0,
+        resume_max_wait: int = 32,
     ) -> None:
         self.prompts, self.n = prompts, n
         total = len(prompts) * n
@@ -131,14 +140,33 @@ class Scheduler:
         self.turn_start = np.zeros(total, dtype=np.int64)  # first column of the current turn
         self.resumes = 0
         self.reclaimed = 0
+        self.resume_cost, self.resume_max_wait = resume_cost, resume_max_wait
+        self.deferred = 0  # decode steps lost by waiting samples since the last admission
+        self.deferred_steps = 0  # decode steps run since then while some sample waited
 
     @property
     def done(self) -> bool:
         return not (self.waiting or self.prefilling or self.running or self.parked)
 
     # ----------------------------------------------------------------- prefill
+    def prefill_due(self) -> bool:
+        """True when the next step should be a prefill: a job is mid-prefill, or jobs
+        wait and either no sample decodes, or this is not a multi-turn rollout, or the
+        resumed samples waiting have waited long enough (see the module docstring)."""
+        if self.prefilling:
+            return True
+        if not self.waiting:
+            return False
+        if self.on_turn_end is None or self.resume_cost <= 0 or not self.running:
+            return True
+        if self.deferred_steps >= self.resume_max_wait:
+            return True
+        return self.deferred >= self.resume_cost * len(self.running)
+
     def plan_prefill(self) -> list[Chunk]:
         """Chunks for a prefill step (empty: run a decode step instead)."""
+        if not self.prefill_due():
+            return []
         budget, chunks = self.max_batched_tokens, []
         for job in self.prefilling:
             take = min(len(job.tokens) - job.done, budget)
@@ -152,6 +180,8 @@ class Scheduler:
             take = min(len(job.tokens) - job.done, budget)  # a resumed job starts past 0
             chunks.append(Chunk(job, job.done, take, int(self.slot[job.samples[0]])))
             budget -= take
+        if chunks:
+            self.deferred, self.deferred_steps = 0, 0
         return chunks
 
     def _admit(self, job: Job) -> bool:
@@ -283,6 +313,9 @@ class Scheduler:
         Samples that reach their length limit with this token leave the batch now (they
         end at the commit); the others carry on into the next step's plan.
         """
+        if self.waiting:
+            self.deferred += sum(len(job.samples) for job in self.waiting)
+            self.deferred_steps += 1
         at = self.gen[samples].copy()
         self.kv_len[samples] += 1
         self.gen[samples] = at + 1
@@ -309,8 +342,8 @@ class Scheduler:
 
     def can_overlap(self) -> bool:
         """True when the next decode step can be planned before the last one's commit:
-        no prompt waits or is mid-prefill (no join), and no sample must be preempted."""
-        if self.waiting or self.prefilling:
+        no prefill is due (no join), and no sample must be preempted."""
+        if self.prefill_due():
             return False
         samples = np.fromiter(self.running, dtype=np.int64, count=len(self.running))
         full = self.n_blocks[samples] * self.block_size <= self.kv_len[samples]
