@@ -3,10 +3,11 @@
 `Episodes` holds one `EpisodeState` per sample: its environment, its conversation,
 where its current turn starts, the spans of tokens appended to its response, its
 turn counts. When an engine reports that a sample's turn ended, `Episodes.turn_ended`
-decodes the turn's sampled tokens and hands ``env.step`` to a worker thread (under the
-environment timeout) and returns at once; the step's result, turned into the tokens
-to append (`TurnFormat`), or into the end of the episode, is queued for the engine's
-`take_ready`. A step that raises or times out ends its episode, counted; it never
+queues it and returns at once (the engine's loop does no per-turn work: no
+detokenising, no thread start); a dispatch thread decodes the turn's sampled tokens
+and hands ``env.step`` to a worker thread (under the environment timeout); the step's
+result, turned into the tokens to append (`TurnFormat`), or into the end of the
+episode, is queued for the engine's `take_ready`. A step that raises or times out ends its episode, counted; it never
 stops the rollout or loses the sample.
 
 An episode ends (finish reason ``stop``) when the environment says so (a message with
@@ -29,6 +30,7 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +44,7 @@ from rayrl.envs.runner import CallOutcome
 
 __all__ = ["EpisodeState", "Episodes"]
 
+DISPATCH_THREADS = 4  # threads that decode ended turns and start their environment steps
 EVENT_KEYS = (
     "malformed",
     "unknown_tool",
@@ -109,6 +112,10 @@ class Episodes:
             max_concurrency=max(1, len(self.states)), default_timeout_s=env_timeout_s
         )
         self._ready: queue.Queue[Continuation] = queue.Queue()
+        # Turn ends are handled off the engine's loop (a thread start each: a few at once).
+        self._dispatch = ThreadPoolExecutor(
+            max_workers=DISPATCH_THREADS, thread_name_prefix="rayrl-turns"
+        )
         self._lock = threading.Lock()
         self._busy, self._busy_since, self.busy_s = 0, 0.0, 0.0
         self._phase = None  # the `tools` progress phase while steps run
@@ -116,7 +123,20 @@ class Episodes:
 
     # ------------------------------------------------------------ TurnDriver
     def turn_ended(self, sample: int, response: np.ndarray) -> None:
-        """A sample's turn ended; ``response`` is its whole response so far."""
+        """A sample's turn ended; ``response`` is its whole response so far (the driver
+        keeps it: pass a copy). Returns at once; the turn is handled on a dispatch
+        thread."""
+        self._dispatch.submit(self._handle_turn, sample, response)
+
+    def _handle_turn(self, sample: int, response: np.ndarray) -> None:
+        try:
+            self._start_step(sample, response)
+        except Exception as err:  # never leave the engine waiting for this sample
+            self.states[sample].errors.append(f"turn driver: {type(err).__name__}: {err}")
+            self.states[sample].events["env_errors"] += 1
+            self._ready.put(Continuation(sample, None, True))
+
+    def _start_step(self, sample: int, response: np.ndarray) -> None:
         state = self.states[sample]
         length = len(response)
         turn = response[state.turn_start : length]

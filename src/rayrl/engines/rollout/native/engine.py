@@ -67,7 +67,7 @@ CACHE_HEADROOM = 2
 # Multi-turn: a prefill step of resumed samples (eager, synchronised, and draining the
 # overlapped decode) costs about this many CUDA-graph decode steps of a small model.
 RESUME_PREFILL_COST = 4.0
-RESUME_MAX_WAIT = 32  # decode steps a resumed sample waits for its prefill at most
+RESUME_MAX_WAIT = 16  # decode steps a resumed sample waits for its prefill at most
 WHERE = "NativeRolloutEngine"
 
 

@@ -102,7 +102,7 @@ class Scheduler:
         stop_ids: np.ndarray,
         stop_check: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
         resume_cost: float = 0.0,
-        resume_max_wait: int = 32,
+        resume_max_wait: int = 16,
     ) -> None:
         self.prompts, self.n = prompts, n
         total = len(prompts) * n
