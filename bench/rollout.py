@@ -25,7 +25,7 @@ matmul rate, whichever binds, summed over the prefill and every decode step.
     python bench/rollout.py [--device cuda|cpu] [--shape reference|tiny]
         [--engines native,rayrl_hf,hf_dynamic,hf_static] [--workloads A,B,C,M]
         [--skip hf_dynamic@B,...] [--repeats 3] [--profile] [--tune-decode] [--tune-sampler]
-        [--sync-decode] [--tp N]
+        [--sync-decode] [--tp N] [--resume-prefill-cost C]
         [--out bench/results/rollout-DATE.jsonl]
 
 ``--profile`` adds the native engine's top CUDA kernels and GPU busy fraction;
@@ -382,6 +382,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--tp", type=int, default=1, help="native: GPUs the model is split over (processes)"
+    )
+    parser.add_argument(
+        "--resume-prefill-cost",
+        type=float,
+        default=None,
+        help="workload M: the native engine's resume_prefill_cost (0: a prefill per answer)",
     )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()

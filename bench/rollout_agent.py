@@ -110,6 +110,7 @@ def _episodes(model, args, base: dict, emit, s: dict) -> None:
         gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_seqs=args.max_num_seqs,
         max_model_len=s["prompt"] + s["response"],
+        **_resume_options(args),
     )
     config = MultiTurnConfig(
         environment=LatencyEnvironment,
@@ -155,6 +156,7 @@ def _episodes(model, args, base: dict, emit, s: dict) -> None:
             "num_turns_mean": round(turns, 2),
             "tool_seconds": round(runner.last_stats["timing_s/tools"], 3),
             "tool_calls_mean": round(calls, 2),
+            "resume_prefill_cost": engine.resume_prefill_cost,
             **multi_stats,
         }
     )
@@ -198,6 +200,11 @@ def _episodes(model, args, base: dict, emit, s: dict) -> None:
             }
         )
     engine.sleep()
+
+
+def _resume_options(args) -> dict:
+    cost = getattr(args, "resume_prefill_cost", None)
+    return {} if cost is None else {"resume_prefill_cost": cost}
 
 
 def _prompts(s: dict, vocab: int) -> Batch:

@@ -155,6 +155,26 @@ def test_runner_survives_tools_that_hang_raise_or_exit():
     release.set()
 
 
+def test_runner_reuses_its_threads_and_keeps_the_concurrency_limit():
+    runner = ToolRunner(max_concurrency=3, default_timeout_s=5)
+    threads = {runner.call(threading.get_ident).value for _ in range(20)}
+    assert len(threads) == 1  # one after another: one worker, no thread per call
+    lock, now, peak = threading.Lock(), [0], [0]
+
+    def busy():
+        with lock:
+            now[0] += 1
+            peak[0] = max(peak[0], now[0])
+        time.sleep(0.05)
+        with lock:
+            now[0] -= 1
+        return threading.get_ident()
+
+    outcomes = [f.result(timeout=10) for f in [runner.submit(busy) for _ in range(9)]]
+    assert all(o.ok for o in outcomes) and peak[0] == 3
+    assert len({o.value for o in outcomes}) == 3
+
+
 def slow_echo(text: str, delay: float = 0.0) -> str:
     """Echo the text after a delay."""
     time.sleep(delay)

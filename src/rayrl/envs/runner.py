@@ -1,20 +1,26 @@
 """Running tool calls concurrently, each under a timeout, never raising into the caller.
 
-`ToolRunner.submit(fn, timeout_s)` starts ``fn`` on a daemon thread and returns a
-future that always resolves to a `CallOutcome`: the value, or the exception ``fn``
-raised, or a timeout. At most ``max_concurrency`` calls execute at once; the others
-wait their turn, and the timeout counts from the moment a call starts executing.
+`ToolRunner.submit(fn, timeout_s)` queues ``fn`` and returns a future that always
+resolves to a `CallOutcome`: the value, or the exception ``fn`` raised, or a timeout.
+Calls run on the runner's worker threads, at most ``max_concurrency`` at once (the
+others wait their turn), and the timeout counts from the moment a call starts
+executing. Workers are started as calls need them and kept while calls keep coming
+(an idle one ends after `IDLE_S`); one watchdog thread expires the calls past their
+timeouts. A rollout makes thousands of calls: no call starts a thread of its own.
 
 A thread cannot be killed: a call that overruns its timeout is *abandoned*. Its
-future resolves as timed out at once, its concurrency slot is handed back (so a
-hung tool cannot starve the others), and the thread runs on in the background until
-the function returns; `abandoned` counts them. Tools that may hang for good should
-run their work in a child process they can kill (as the code tool does, through
-`rayrl.envs.sandbox`).
+future resolves as timed out at once, its concurrency slot is handed back (a new
+worker takes it, so a hung tool cannot starve the others), and its worker runs on in
+the background until the function returns, then ends; `abandoned` counts them. Tools
+that may hang for good should run their work in a child process they can kill (as
+the code tool does, through `rayrl.envs.sandbox`).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["CallOutcome", "ToolRunner"]
+
+IDLE_S = 2.0  # an idle worker (or watchdog) thread ends after this many seconds
 
 
 @dataclass
@@ -54,8 +62,12 @@ class ToolRunner:
             raise ValueError(f"ToolRunner: default_timeout_s={default_timeout_s} must be > 0.")
         self.max_concurrency = max_concurrency
         self.default_timeout_s = float(default_timeout_s)
-        self._slots = threading.Semaphore(max_concurrency)
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
+        self._workers = 0  # worker threads that hold a slot (abandoned ones do not)
+        self._idle = 0  # of those, the ones waiting for a call
+        self._queued = 0  # calls submitted and not taken by a worker yet
+        self._watchdog = _Watchdog(self._expire)
         self.abandoned = 0  # calls that timed out and whose threads may still run
         self.running = 0
 
@@ -65,57 +77,122 @@ class ToolRunner:
         """Start ``fn()``; the future resolves to a `CallOutcome`, never to an exception."""
         future: Future = Future()
         timeout = self.default_timeout_s if timeout_s is None else float(timeout_s)
-        thread = threading.Thread(
-            target=self._run, args=(fn, timeout, future), name=f"rayrl-tool-{name}", daemon=True
-        )
-        thread.start()
+        self._calls.put((fn, timeout, future, name))
+        with self._lock:
+            self._queued += 1
+            spawn = self._queued > self._idle and self._workers < self.max_concurrency
+            if spawn:
+                self._workers += 1
+                self._idle += 1
+        if spawn:
+            threading.Thread(target=self._work, name="rayrl-tool-worker", daemon=True).start()
         return future
 
     def call(self, fn: Callable[[], Any], timeout_s: float | None = None) -> CallOutcome:
         """`submit` and wait for the outcome."""
         return self.submit(fn, timeout_s).result()
 
-    def _run(self, fn: Callable[[], Any], timeout: float, future: Future) -> None:
-        self._slots.acquire()
-        slot = _Slot(self._slots)
+    def _work(self) -> None:
+        """A worker: runs queued calls until idle for `IDLE_S` or abandoned."""
+        while True:
+            try:
+                fn, timeout, future, name = self._calls.get(timeout=IDLE_S)
+            except queue.Empty:
+                with self._lock:
+                    if self._queued < self._idle:  # the other idle workers take them
+                        self._workers -= 1
+                        self._idle -= 1
+                        return
+                continue
+            with self._lock:
+                self._queued -= 1
+                self._idle -= 1
+                self.running += 1
+            threading.current_thread().name = f"rayrl-tool-{name}"
+            if not self._run(fn, timeout, future):
+                return  # abandoned: its slot went to another worker
+            with self._lock:
+                self._idle += 1
+
+    def _run(self, fn: Callable[[], Any], timeout: float, future: Future) -> bool:
+        """Run one call; False if it was abandoned (timed out) meanwhile."""
         start = time.perf_counter()
-        with self._lock:
-            self.running += 1
-        timer = threading.Timer(timeout, self._expire, args=(future, slot, start))
-        timer.daemon = True
-        timer.start()
+        entry = self._watchdog.add(start + timeout, future, start)
         try:
             outcome = CallOutcome(value=fn())
         except BaseException as err:  # a tool may raise anything, SystemExit included
             outcome = CallOutcome(error=err)
         finally:
-            timer.cancel()
+            entry.cancelled = True
             with self._lock:
                 self.running -= 1
-            slot.release()
         outcome.latency_s = time.perf_counter() - start
-        _resolve(future, outcome)
+        return _resolve(future, outcome)
 
-    def _expire(self, future: Future, slot: _Slot, start: float) -> None:
+    def _expire(self, future: Future, start: float) -> None:
         latency = time.perf_counter() - start
-        if _resolve(future, CallOutcome(timed_out=True, latency_s=latency)):
-            with self._lock:
-                self.abandoned += 1
-            slot.release()
-
-
-class _Slot:
-    """A concurrency slot released at most once (by the call's end or its timeout)."""
-
-    def __init__(self, semaphore: threading.Semaphore) -> None:
-        self._semaphore, self._lock, self._held = semaphore, threading.Lock(), True
-
-    def release(self) -> None:
+        if not _resolve(future, CallOutcome(timed_out=True, latency_s=latency)):
+            return
         with self._lock:
-            if not self._held:
-                return
-            self._held = False
-        self._semaphore.release()
+            self.abandoned += 1
+            self._workers -= 1  # its worker runs on without a slot; another may start
+            spawn = self._queued > self._idle and self._workers < self.max_concurrency
+            if spawn:
+                self._workers += 1
+                self._idle += 1
+        if spawn:
+            threading.Thread(target=self._work, name="rayrl-tool-worker", daemon=True).start()
+
+
+@dataclass(order=True)
+class _Deadline:
+    at: float
+    seq: int
+    future: Future | None = None
+    start: float = 0.0
+    cancelled: bool = False
+
+
+class _Watchdog:
+    """One thread that expires calls at their deadlines (started when a call runs,
+    ended after `IDLE_S` with none to watch)."""
+
+    def __init__(self, expire: Callable[[Future, float], None]) -> None:
+        self._expire = expire
+        self._heap: list[_Deadline] = []
+        self._seq = itertools.count()
+        self._cond = threading.Condition()
+        self._alive = False
+
+    def add(self, at: float, future: Future, start: float) -> _Deadline:
+        entry = _Deadline(at, next(self._seq), future, start)
+        with self._cond:
+            heapq.heappush(self._heap, entry)
+            if not self._alive:
+                self._alive = True
+                threading.Thread(target=self._loop, name="rayrl-tool-watchdog", daemon=True).start()
+            elif self._heap[0] is entry:
+                self._cond.notify()
+        return entry
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while self._heap and self._heap[0].cancelled:
+                    heapq.heappop(self._heap)
+                if not self._heap:
+                    self._cond.wait(IDLE_S)
+                    if not self._heap:
+                        self._alive = False
+                        return
+                    continue
+                wait = self._heap[0].at - time.perf_counter()
+                if wait > 0:
+                    self._cond.wait(wait)
+                    continue
+                due = heapq.heappop(self._heap)
+            if not due.cancelled:
+                self._expire(due.future, due.start)
 
 
 def _resolve(future: Future, outcome: CallOutcome) -> bool:

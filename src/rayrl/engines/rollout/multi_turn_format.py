@@ -94,6 +94,7 @@ class TurnFormat:
         self._pieces: dict[tuple[str, ...], list[str]] = {}
         self._lock = threading.Lock()  # tokenizers are shared by the driver's threads
         self._marker_ids = {side: self._encode(_marker(side)) for side in TRUNCATE_SIDES}
+        self._piece_ids: dict[str, list[int]] = {}
 
     # ----------------------------------------------------------------- text
     def decode(self, tokens: Sequence[int]) -> str:
@@ -110,6 +111,13 @@ class TurnFormat:
         with self._lock:
             return list(self.tokenizer.encode(text, add_special_tokens=False, verbose=False))
 
+    def _piece_tokens(self, piece: str) -> list[int]:
+        """The tokens of a template piece (the same few strings every turn: cached)."""
+        tokens = self._piece_ids.get(piece)
+        if tokens is None:
+            tokens = self._piece_ids[piece] = self._encode(piece)
+        return tokens
+
     def token_text(self, token: int) -> str:
         with self._lock:
             return self.tokenizer.decode([int(token)], skip_special_tokens=False)
@@ -125,11 +133,11 @@ class TurnFormat:
             closing = self.token_text(last_token)
             if closing and pieces[0].startswith(closing):
                 pieces[0] = pieces[0][len(closing) :]
-        tokens = self._encode(pieces[0])
+        tokens = list(self._piece_tokens(pieces[0]))
         shown, truncated = [], 0
         for message, after in zip(messages, pieces[1:], strict=True):
             content, cut = self._content_tokens(_text(message.get("content")))
-            tokens += content + self._encode(after)
+            tokens += content + self._piece_tokens(after)
             truncated += cut
             if cut:
                 with self._lock:

@@ -313,7 +313,7 @@ class Scheduler:
         Samples that reach their length limit with this token leave the batch now (they
         end at the commit); the others carry on into the next step's plan.
         """
-        if self.waiting:
+        if self.waiting and self.on_turn_end is not None:
             self.deferred += sum(len(job.samples) for job in self.waiting)
             self.deferred_steps += 1
         at = self.gen[samples].copy()
