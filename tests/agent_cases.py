@@ -20,6 +20,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -181,11 +182,13 @@ class Counter(Tool):
         return str(state["calls"])
 
 
-def make_tools(handshake: Handshake | None = None) -> list[Tool]:
-    """Fresh instances of every tool the scripts call (but ``weather``)."""
+def make_tools(handshake: Handshake | None = None, extra: Sequence[Tool] = ()) -> list[Tool]:
+    """Fresh instances of every tool the taught scripts call (but ``weather``), then
+    ``extra`` (the `counter` of `EXTRA_SCRIPTS`). The tools' schemas are part of every
+    prompt, so the default set stays what the default agent model was trained with."""
     handshake = handshake or Handshake()
-    tools = [build_tool("calculator"), Sleepy(), Boom(), Junk(), Blob(), Counter()]
-    return [*tools, *handshake.tools]
+    tools = [build_tool("calculator"), Sleepy(), Boom(), Junk(), Blob()]
+    return [*tools, *handshake.tools, *extra]
 
 
 def script(name: str) -> Script:
@@ -258,7 +261,8 @@ def train_agent_model(out_dir: Path, max_steps: int = 1500, names: tuple[str, ..
     )
     tokenizer = AutoTokenizer.from_pretrained(path)
     fmt = TurnFormat(tokenizer, max_message_tokens=MAX_TOOL_RESPONSE_TOKENS)
-    tools = make_tools(Handshake(signalled=True))
+    extra = [Counter()] if any(n in EXTRA_SCRIPTS for n in names) else []
+    tools = make_tools(Handshake(signalled=True), extra)
     examples = [episode_tokens(tokenizer, fmt, s, tools) for s in scripts]
     width = max(len(ids) for ids, _ in examples)
     ids = torch.full((len(examples), width), tokenizer.pad_token_id, dtype=torch.long)
