@@ -1,7 +1,6 @@
 """Data: verl-format prompt rows (parquet or synthetic) turned into left-padded Batches."""
 
 from rayrl.data.dataset import (
-    DataError,
     PromptDataset,
     RejectedRow,
     RowSource,
@@ -9,6 +8,7 @@ from rayrl.data.dataset import (
     read_parquet_with_sources,
     write_parquet,
 )
+from rayrl.data.errors import DataError
 from rayrl.data.synthetic import SYNTHETIC_TASKS, synthetic_rows
 
 __all__ = [

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rayrl.data.dataset import DataError, RowSource
+from rayrl.data.dataset import RowSource
+from rayrl.data.errors import DataError
 
 RAW_PROMPT = "raw_prompt"
 

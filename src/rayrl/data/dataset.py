@@ -31,19 +31,12 @@ import pyarrow.parquet as pq
 import torch
 
 from rayrl.batch import Batch
+from rayrl.data.errors import DataError, DataFileNotFoundError
 
 log = logging.getLogger(__name__)
 REQUIRED = ("data_source", "reward_model")
 ROLES = ("system", "user", "assistant", "tool")
 SINGLE_TURN_AGENTS = ("single_turn_agent", "single_turn")
-
-
-class DataError(ValueError):
-    """A dataset the run cannot train on; the message gives the numbers."""
-
-
-class DataFileNotFoundError(DataError, FileNotFoundError):
-    """A data file named in the config does not exist."""
 
 
 def epoch_order(rows: int, epoch: int, seed: int, shuffle: bool = True) -> list[int]:

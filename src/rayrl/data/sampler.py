@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from rayrl.data.dataset import DataError
+from rayrl.data.errors import DataError
 
 __all__ = ["StepView", "build_sampler", "sampler_order"]
 
