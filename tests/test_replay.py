@@ -130,6 +130,7 @@ def test_without_a_snapshot_the_run_rewinds(counters, tmp_path):
         return 3
 
     replay = _replay(counters, calls, snapshots=False, rewind=rewind)
+    replay.ledger = [(s, [f"p{s}"]) for s in range(4)]  # steps 0-3 done
     marker = str(tmp_path / "died")
 
     def step():
@@ -139,6 +140,8 @@ def test_without_a_snapshot_the_run_rewinds(counters, tmp_path):
     with pytest.raises(Rewound) as info:
         replay.run_step(4, step, {})
     assert info.value.step == 3 and rewinds and "no step snapshot" in rewinds[0]
+    # the run continues at step 3: what steps 3 on trained is recorded again, not twice
+    assert replay.ledger == [(0, ["p0"]), (1, ["p1"]), (2, ["p2"])]
 
 
 def test_a_rank_that_always_dies_stops_at_the_restart_limit(counters):

@@ -286,6 +286,8 @@ class StepReplay:
         except SnapshotLostError as err:
             self.snapshots.clear()
             step = self.rewind(str(err))
+            # the steps from `step` on run again and are recorded again
+            self.ledger = [(s, uids) for s, uids in self.ledger if s < step]
             self.snapshots = self._take()
             raise Rewound(step) from err
 
