@@ -80,13 +80,22 @@ class ToolRunner:
         self._calls.put((fn, timeout, future, name))
         with self._lock:
             self._queued += 1
-            spawn = self._queued > self._idle and self._workers < self.max_concurrency
-            if spawn:
-                self._workers += 1
-                self._idle += 1
+            spawn = self._claim_worker()
         if spawn:
-            threading.Thread(target=self._work, name="rayrl-tool-worker", daemon=True).start()
+            self._start_worker()
         return future
+
+    def _claim_worker(self) -> bool:
+        """Under the lock: whether a queued call needs a new worker (a slot is free and no
+        idle worker takes it); if so, count it as started (idle)."""
+        spawn = self._queued > self._idle and self._workers < self.max_concurrency
+        if spawn:
+            self._workers += 1
+            self._idle += 1
+        return spawn
+
+    def _start_worker(self) -> None:
+        threading.Thread(target=self._work, name="rayrl-tool-worker", daemon=True).start()
 
     def call(self, fn: Callable[[], Any], timeout_s: float | None = None) -> CallOutcome:
         """`submit` and wait for the outcome."""
@@ -136,12 +145,9 @@ class ToolRunner:
         with self._lock:
             self.abandoned += 1
             self._workers -= 1  # its worker runs on without a slot; another may start
-            spawn = self._queued > self._idle and self._workers < self.max_concurrency
-            if spawn:
-                self._workers += 1
-                self._idle += 1
+            spawn = self._claim_worker()
         if spawn:
-            threading.Thread(target=self._work, name="rayrl-tool-worker", daemon=True).start()
+            self._start_worker()
 
 
 @dataclass(order=True)

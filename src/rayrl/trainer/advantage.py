@@ -143,6 +143,11 @@ class AdvantageStage:
             or not needed <= set(batch.keys())
         ):
             return None
+        return self._truncated_weights(batch)
+
+    def _truncated_weights(self, batch: Batch) -> torch.Tensor:
+        """`algorithm.rollout_correction`'s truncated importance weights of the batch."""
+        rc = self.cfg.algorithm.rollout_correction
         weights, _ = truncated_is_weights(
             batch["old_log_probs"],
             batch["rollout_log_probs"],
@@ -162,13 +167,7 @@ class AdvantageStage:
             return {}  # bypass mode normalises in the loss, against the current policy
         if not needed <= set(batch.keys()):
             return {}
-        weights, _ = truncated_is_weights(
-            batch["old_log_probs"],
-            batch["rollout_log_probs"],
-            batch["response_mask"],
-            cap=rc.rollout_is_threshold,
-            level=rc.rollout_is,
-        )
+        weights = self._truncated_weights(batch)
         factor = is_batch_norm_factor(weights, batch["response_mask"], rc.rollout_is)
         batch["rollout_is_norm"] = torch.full((len(batch),), factor)
         return {"rollout_corr/rollout_is_batch_norm_factor": factor}
