@@ -1,0 +1,76 @@
+"""The checks of asynchronous training's keys (`actor_rollout_ref.rollout.mode=async`,
+the `rollout` pool, verl 0.9.1's `async_training` group), at config load."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rayrl.config.errors import ConfigError
+from rayrl.config.schema import RayRLConfig
+
+
+def check_async(cfg: RayRLConfig, warn: Callable[[str], None]) -> None:
+    """`actor_rollout_ref.rollout.mode=async`: the rollout pool and `async_training.*`."""
+    share = cfg.resources.gpus_per_worker
+    if not 0 < share <= 1:
+        raise ConfigError(
+            f"resources.gpus_per_worker={share} must be in (0, 1]: the GPU share of each "
+            "training worker (0.5 lets a rollout replica share its GPU)"
+        )
+    pool, a = cfg.rollout, cfg.async_training
+    if cfg.actor_rollout_ref.rollout.mode != "async":
+        if pool.n_gpus_per_node > 0:
+            raise ConfigError(
+                f"rollout.n_gpus_per_node={pool.n_gpus_per_node} declares a rollout pool, "
+                "which only asynchronous training uses: set actor_rollout_ref.rollout."
+                "mode=async too, or leave rollout.n_gpus_per_node at 0"
+            )
+        return
+    if not cfg.asynchronous:
+        warn(
+            "actor_rollout_ref.rollout.mode=async without a rollout pool "
+            "(rollout.n_gpus_per_node=0): training stays synchronous, the rollout serving "
+            "each step (agent loops included) as verl's main_ppo does; for asynchronous "
+            "training declare the pool: rollout.nnodes, rollout.n_gpus_per_node"
+        )
+        return
+    for key in ("nnodes", "n_gpus_per_node", "cpus_per_replica"):
+        if getattr(pool, key) < 1:
+            raise ConfigError(f"rollout.{key}={getattr(pool, key)} must be at least 1")
+    if not 0 < pool.gpus_per_replica <= 1:
+        raise ConfigError(
+            f"rollout.gpus_per_replica={pool.gpus_per_replica} must be in (0, 1]: a replica "
+            "is one process on one GPU (0.5 shares a GPU with another process)"
+        )
+    declared = pool.nnodes * pool.n_gpus_per_node
+    if pool.max_replicas is not None and pool.max_replicas < declared:
+        raise ConfigError(
+            f"rollout.max_replicas={pool.max_replicas} is below the declared replicas "
+            f"(rollout.nnodes x rollout.n_gpus_per_node = {declared}); raise it or leave it "
+            "unset (null)"
+        )
+    if a.staleness_threshold < 0:
+        raise ConfigError(
+            f"async_training.staleness_threshold={a.staleness_threshold} must be >= 0 "
+            "(0: every sample comes from the policy it trains)"
+        )
+    if a.trigger_parameter_sync_step < 1:
+        raise ConfigError(
+            f"async_training.trigger_parameter_sync_step={a.trigger_parameter_sync_step} "
+            "must be at least 1 (trainer steps between weight updates of the replicas)"
+        )
+    if a.prompts_per_call is not None and a.prompts_per_call < 1:
+        raise ConfigError(f"async_training.prompts_per_call={a.prompts_per_call} must be >= 1")
+    alg = cfg.algorithm
+    if alg.filter_groups.enable or alg.adv_estimator == "remax":
+        what = "dynamic sampling" if alg.filter_groups.enable else "remax's greedy baselines"
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.mode=async does not support {what} yet: they generate "
+            "again inside the step; use rollout.mode=sync for them"
+        )
+    if cfg.actor_rollout_ref.rollout.multi_turn.enable:
+        raise ConfigError(
+            "asynchronous training (a rollout pool, rollout.n_gpus_per_node >= 1) does not run "
+            "multi-turn episodes yet: its replicas decode single turns. Train agents "
+            "synchronously: rollout.n_gpus_per_node=0 (or actor_rollout_ref.rollout.mode=sync)"
+        )
