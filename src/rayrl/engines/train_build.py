@@ -1,0 +1,180 @@
+"""How `TrainEngine` builds its model: the rank layout (mesh, SP and DP ranks), the model
+on the meta device (or loaded whole by transformers where a checkpoint does not map),
+sharded with FSDP2, and filled from one read of the checkpoint or from another engine.
+
+`ModelBuilding` is `TrainEngine`'s base: its methods run once, from `__init__` (and
+again from `rebuild`), and set the attributes the module docstring of
+`rayrl.engines.train` lists (``mesh``, ``sp``, ``dp_rank``, ``load_report``, ...).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rayrl.engines.attention import VARLEN
+from rayrl.engines.fsdp import attention_modules, ensure_process_group, shard_model
+from rayrl.engines.load_once import (
+    LoadReport,
+    copy_weights,
+    load_checkpoint,
+    materialize,
+    node_peak_gb,
+    weight_file_bytes,
+    weight_plan,
+)
+from rayrl.engines.loading import build_empty_model, load_hf_model
+from rayrl.engines.logprob_head import install_logprob_head
+from rayrl.engines.lora import apply_lora
+from rayrl.engines.mesh import MeshError, MeshSpec, TrainMesh, check_heads
+from rayrl.engines.rank_sync import all_reduce
+from rayrl.engines.ulysses import SPGroup, attach
+from rayrl.engines.weights_read import CheckpointIndex
+
+__all__ = ["Filler", "ModelBuilding"]
+
+# Fills an empty model's weights on a device; returns (LoadReport.source, bytes read).
+Filler = Callable[[torch.nn.Module, torch.device], tuple[str, int]]
+
+
+class ModelBuilding:
+    """The building steps of `rayrl.engines.train.TrainEngine` (module docstring)."""
+
+    def _build_mesh(self, sp: int, fsdp_size: int) -> None:
+        """The layout of ranks (`rayrl.engines.mesh`): sharding mesh, SP and DP ranks."""
+        self.mesh_spec = MeshSpec(self.world_size, sp, fsdp_size)
+        self.mesh = None
+        if self.fsdp:
+            ensure_process_group(self.device.type)
+            self.mesh = TrainMesh(self.mesh_spec, dist.get_rank(), self.device.type)
+        rank = dist.get_rank() if self.mesh is not None else 0
+        self.sp_size, self.dp_size = self.mesh_spec.sp, self.mesh_spec.dp
+        self.sp_rank, self.dp_rank = self.mesh_spec.sp_rank(rank), self.mesh_spec.dp_rank(rank)
+        self.sp = None
+        if self.sp_size > 1:
+            self.sp = SPGroup(self.mesh.sp_group, self.sp_size, self.sp_rank)
+
+    def _build_model(
+        self,
+        value_head: bool,
+        dtype: str,
+        attn: str,
+        seed: int,
+        trust_remote_code: bool,
+        lora: Any,
+        gradient_checkpointing: bool,
+        weights_from: Any,
+    ) -> tuple[torch.nn.Module, Filler | None]:
+        """The model, sharded when `fsdp`, and how to fill it: built on the meta device
+        with a `Filler` for its weights, or (LoRA, or a checkpoint whose names do not
+        map) loaded whole by transformers in this process, with None."""
+        fill = None
+        if lora is None:
+            model = build_empty_model(
+                self.model_path,
+                value_head,
+                dtype,
+                attn,
+                trust_remote_code,
+                self.config_overrides,
+            )
+            fill = self._filler(model, value_head, weights_from, seed)
+        if fill is None:
+            model = load_hf_model(
+                self.model_path,
+                value_head,
+                dtype,
+                attn,
+                seed,
+                trust_remote_code,
+                self.config_overrides,
+            )
+        self.architecture = type(model).__name__
+        if self.sp is not None:
+            self._check_sequence_parallel(model.config, attn)
+        if not value_head:
+            install_logprob_head(model)
+        self.lora = lora is not None
+        if self.lora:
+            model = apply_lora(model, lora)
+        self.config = model.config
+        self.generation_config = getattr(model, "generation_config", None)
+        if gradient_checkpointing:
+            model.gradient_checkpointing_enable({"use_reentrant": False})
+        if self.fsdp:
+            shard_model(model, self.device.type, self.mixed_precision, mesh=self.mesh.fsdp)
+        if self.sp is not None:
+            attach(model, self.sp, attention_modules(model))
+        return model, fill
+
+    def _check_sequence_parallel(self, config: Any, attn: str) -> None:
+        """MeshError unless Ulysses can split this model's heads and attention."""
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        check_heads(heads, kv_heads, self.sp_size, self.model_path)
+        if attn != VARLEN:
+            raise MeshError(
+                f"ulysses_sequence_parallel_size={self.sp_size} needs rayrl's varlen attention "
+                f"(attn_implementation sdpa or eager), not {attn!r}"
+            )
+
+    def _filler(
+        self,
+        model: torch.nn.Module,
+        value_head: bool,
+        weights_from: Any,
+        seed: int,
+    ) -> Filler | None:
+        """How to fill the empty ``model``: from ``weights_from``'s model, else from one
+        read of the checkpoint; None (with a warning) when the checkpoint's names or
+        shapes do not map onto the model's."""
+        if weights_from is not None:
+
+            def from_engine(target: torch.nn.Module, home: torch.device) -> tuple[str, int]:
+                with weights_from.resident():
+                    copy_weights(target, weights_from.model)
+                return "engine", 0
+
+            return from_engine
+        try:
+            index = CheckpointIndex.of(self.model_path)
+        except FileNotFoundError as err:
+            reason = str(err)
+        else:
+            plan = weight_plan(model, index, value_head)
+            if not isinstance(plan, str):
+
+                def from_checkpoint(target: torch.nn.Module, home: torch.device) -> tuple[str, int]:
+                    read = load_checkpoint(target, plan, index, home, self.sharded, seed)
+                    return "checkpoint", read
+
+                return from_checkpoint
+            reason = plan
+        warnings.warn(
+            f"{self.model_path}: {reason}; every rank loads the whole model with "
+            "transformers instead of one read shared by all ranks",
+            stacklevel=4,
+        )
+        return None
+
+    def _fill(
+        self, model: torch.nn.Module, fill: Filler | None, param_offload: bool, start: float
+    ) -> None:
+        """Allocate and fill an empty ``model`` (``fill``), or place a loaded one; then
+        `load_report` (a collective when sharded)."""
+        home = self.device if self.fsdp or not param_offload else torch.device("cpu")
+        if fill is None:
+            source, read = "from_pretrained", weight_file_bytes(self.model_path)
+            if not self.fsdp:
+                model.to(home)
+        else:
+            materialize(model, home)
+            source, read = fill(model, home)
+        total = all_reduce([float(read)], self.sharded, self.device)[0]
+        seconds = time.perf_counter() - start
+        self.load_report = LoadReport(source, int(total), seconds, node_peak_gb(self.sharded))
