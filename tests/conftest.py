@@ -46,25 +46,36 @@ def start_local_ray():
         if ray.get_runtime_context().gcs_address == _state.get("local_gcs"):
             return ray
         ray.shutdown()
-    with _gpus_unhidden_for_ray():
+    with fake_gpus_for_ray():
         ctx = ray.init(**LOCAL_RAY)
     _state["local_gcs"] = ctx.address_info["gcs_address"]
     return ray
 
 
 @contextlib.contextmanager
-def _gpus_unhidden_for_ray():
-    """A GPU machine's first test pass hides the GPU (CUDA_VISIBLE_DEVICES=""), and Ray
-    refuses 4 logical GPUs next to an empty device list: the raylet starts without the
-    variable (workers on bundles without GPUs get an empty list from Ray itself)."""
+def fake_gpus_for_ray(count: int = 16):
+    """Start Ray's raylets with logical GPUs that are no real device.
+
+    A GPU machine's first test pass hides the GPU (CUDA_VISIBLE_DEVICES=""), and Ray
+    refuses logical GPUs next to an empty device list. The raylets start with device ids
+    past any real one instead ("100,101,..."): a worker on a GPU bundle gets one of those
+    from Ray, which CUDA does not find, so the pass keeps CPU semantics everywhere (the
+    real GPU would otherwise be handed to whichever worker got id 0)."""
     hidden = os.environ.get("CUDA_VISIBLE_DEVICES") == ""
     if hidden:
-        del os.environ["CUDA_VISIBLE_DEVICES"]
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(100 + i) for i in range(count))
     try:
         yield
     finally:
         if hidden:
             os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+def subprocess_pythonpath(*first: Path | str) -> str:
+    """PYTHONPATH for a child Python: `first`, then this process's own entries (a machine
+    may provide packages through PYTHONPATH, as the GPU machine provides Ray)."""
+    entries = [str(p) for p in first] + os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    return os.pathsep.join(e for e in entries if e)
 
 
 _state: dict = {}
@@ -92,7 +103,7 @@ def ray_multinode():
     def make(nodes: list[dict]) -> Cluster:
         if ray.is_initialized():
             ray.shutdown()
-        with _gpus_unhidden_for_ray():
+        with fake_gpus_for_ray():
             cluster = Cluster(
                 initialize_head=True, head_node_args={**nodes[0], "include_dashboard": False}
             )

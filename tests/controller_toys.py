@@ -246,6 +246,12 @@ class Dist(Worker):
         return float(t.item())
 
     @register(dispatch=ONE_TO_ALL)
+    def visible_devices(self) -> str | None:
+        import os
+
+        return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+    @register(dispatch=ONE_TO_ALL)
     def whoami(self) -> dict:
         info = self.info()
         return {k: info[k] for k in ("rank", "pid", "node_id", "local_rank", "generation")}

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import ray
 
-from conftest import start_local_ray
+from conftest import start_local_ray, subprocess_pythonpath
 from rayrl.config import load_config
 from rayrl.testing.chaos import (
     ChaosMonkey,
@@ -159,7 +159,11 @@ class _Driver:
     """`rayrl train` in its own process; its output collected as it comes."""
 
     def __init__(self, cmd: list[str]) -> None:
-        env = {**os.environ, "PYTHONPATH": str(SRC), "RAY_USAGE_STATS_ENABLED": "0"}
+        env = {
+            **os.environ,
+            "PYTHONPATH": subprocess_pythonpath(SRC),
+            "RAY_USAGE_STATS_ENABLED": "0",
+        }
         self.proc = subprocess.Popen(
             cmd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
         )

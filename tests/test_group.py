@@ -98,6 +98,23 @@ def test_worker_knows_its_place(run_pool):
         assert os.path.exists(group.infos[1]["log_file"])
 
 
+def test_a_rank_whose_bundle_has_no_gpu_sees_none(ray_local):
+    """Ray leaves a worker without GPUs the node's devices; rayrl hides them, so a CPU
+    role (or a CPU run) on a GPU machine never uses a GPU nobody reserved for it."""
+    run = f"grp-{uuid.uuid4().hex[:6]}"
+    cpu_pool = reserve(run, [1], {"CPU": 0.5})
+    gpu_pool = reserve(f"{run}-g", [1], {"CPU": 0.5, "GPU": 1})
+    try:
+        bundles = cpu_pool.bundles + gpu_pool.bundles
+        with WorkerGroup(Dist, bundles, role="d", run=run) as group:
+            seen = group.create(timeout_s=60).visible_devices()
+        assert seen[0] == ""  # hidden (Ray would leave it unset)
+        assert seen[1] not in (None, "")  # the id Ray assigned to the GPU bundle
+    finally:
+        cpu_pool.teardown()
+        gpu_pool.teardown()
+
+
 def test_group_recreated_under_same_run_and_role_never_reads_the_old_master(ray_local):
     """Two groups named alike: the second's ranks must wait for its own rank 0, not join
     the first's process group through its master key (generations both start at 0)."""

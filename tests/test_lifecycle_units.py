@@ -3,6 +3,7 @@ warnings, the metrics file on resume, and `rayrl data`."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 
@@ -22,7 +23,8 @@ def test_a_missing_tracker_package_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # what an uninstalled package looks like
     with pytest.raises(TrackerUnavailable, match=r"pip install 'rayrl\[wandb\]'"):
         check_trackers(["console", "wandb"])
-    check_trackers(["console", "jsonl", "tensorboard", "mlflow"])
+    installed = [t for t in ("tensorboard", "mlflow") if importlib.util.find_spec(t)]
+    check_trackers(["console", "jsonl", *installed])
 
 
 def test_the_trainer_checks_trackers_before_reserving_anything(monkeypatch, tmp_path):
@@ -285,7 +287,8 @@ def test_minimal_ray_runs_without_the_dashboard(monkeypatch):
     from rayrl.cluster import ray_private
     from rayrl.trainer.ray_session import _dashboard_installed
 
-    assert _dashboard_installed()  # ray[default] here
+    if ray_private.dashboard_dependency_error() is None:  # ray[default] here (CI)
+        assert _dashboard_installed()
     monkeypatch.setattr(ray_private, "dashboard_dependency_error", lambda: "No module named 'x'")
     with pytest.warns(UserWarning, match="running without it"):
         assert not _dashboard_installed()

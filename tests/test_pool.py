@@ -12,6 +12,7 @@ import pytest
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 
+from conftest import fake_gpus_for_ray
 from rayrl.cluster import ray_private
 from rayrl.cluster.guard import ResourcesBusy, ResourcesUnsatisfiable, assess
 from rayrl.cluster.inspect import snapshot
@@ -212,9 +213,10 @@ def two_nodes():
     if ray.is_initialized():
         ray.shutdown()
     node = {"num_cpus": 4, "num_gpus": 4}
-    cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
-    cluster.add_node(**node)
-    cluster.wait_for_nodes()
+    with fake_gpus_for_ray():
+        cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
+        cluster.add_node(**node)
+        cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False)
     yield sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
     ray.shutdown()

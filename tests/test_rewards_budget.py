@@ -9,6 +9,7 @@ import textwrap
 
 import pytest
 
+from conftest import subprocess_pythonpath
 from rayrl.rewards.budget import ErrorBudget, RewardErrorRateError
 from rayrl.rewards.result import RewardResult, failed
 
@@ -203,7 +204,7 @@ def test_rayrl_train_stops_with_a_reward_error_when_the_function_always_fails(
         "custom_reward_function.name=none",
         f"trainer.output_dir={tmp_path / 'run'}",
     ]
-    env = {**os.environ, "PYTHONPATH": str(src), "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {**os.environ, "PYTHONPATH": subprocess_pythonpath(src), "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_ADDRESS", None)
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=400)
     out = done.stdout + done.stderr

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import subprocess_pythonpath
 from controller_toys import Echo, reserve
 from rayrl.config import load_config
 from rayrl.controller import Worker, WorkerGroup, WorkerInitError, register, start_groups
@@ -25,7 +26,7 @@ CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os
 
 
 def _python(code: str, timeout: float = 120) -> str:
-    env = {**os.environ, "PYTHONPATH": str(SRC), "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {**os.environ, "PYTHONPATH": subprocess_pythonpath(SRC), "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_ADDRESS", None)
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout

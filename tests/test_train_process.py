@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import subprocess_pythonpath
+
 pytestmark = pytest.mark.slow
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -57,7 +59,7 @@ def test_dashboard_worker_prefixes_and_debugger(tmp_path):
         "reward.colocate=false",  # the reward in its own group: both groups' prefixes
         f"trainer.output_dir={tmp_path / 'run'}",
     ]
-    env = {**os.environ, "PYTHONPATH": str(SRC), "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {**os.environ, "PYTHONPATH": subprocess_pythonpath(SRC), "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_ADDRESS", None)
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=280)
     out = done.stdout + done.stderr

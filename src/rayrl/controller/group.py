@@ -194,6 +194,7 @@ class WorkerGroup:
             scope=self.scope,
             usage_interval_s=self.usage_interval_s,
             num_cpus=float(self.bundles[rank].resources.get("CPU", 0.0)),
+            num_gpus=float(self.bundles[rank].resources.get("GPU", 0.0)),
         )
 
     def _spawn(self, rank: int) -> ObjectRef:

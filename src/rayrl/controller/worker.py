@@ -25,6 +25,7 @@ re-formed; by default it runs `init_worker` again with the same arguments.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
@@ -38,6 +39,8 @@ import ray
 from rayrl.cluster import ray_private
 from rayrl.controller import calls
 from rayrl.controller.calls import running
+
+logger = logging.getLogger("rayrl.controller")
 
 HEALTH_GROUP = "rayrl_health"
 # the thread that hands a captured snapshot to the object store beside the next calls
@@ -62,6 +65,7 @@ class WorkerContext:
     scope: str = ""  # discovery keys live under it: unique to one WorkerGroup object
     usage_interval_s: float = 0.5  # resource-usage sampling period (0 disables it)
     num_cpus: float = 0.0  # CPUs of the worker's bundle (0: unknown, threads left as they are)
+    num_gpus: float = 0.0  # GPUs of the worker's bundle (0: the process sees none)
 
 
 def ray_log_file() -> str:
@@ -95,6 +99,8 @@ class Worker:
         process (create phase); returns `info()`."""
         self.ctx = ctx
         self._rayrl_busy: tuple[str, float, int] | None = None
+        if ctx.num_gpus == 0:
+            hide_gpus(ctx)
         if ctx.num_cpus > 0:
             use_cpus(ctx.num_cpus)
         if ctx.usage_interval_s > 0:
@@ -394,6 +400,22 @@ def _announce_log_prefix(name: str) -> None:
         return
     for stream in (sys.stdout, sys.stderr):
         print(f"{marker}{name}", file=stream, flush=True)
+
+
+def hide_gpus(ctx: WorkerContext) -> None:
+    """A worker whose bundle holds no GPU sees none. Ray leaves such a worker the
+    devices its node's processes see, so on a GPU machine a CPU run's workers (or a CPU
+    role beside GPU ones) would otherwise pick up a GPU nobody reserved for them."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        logger.warning(
+            "%s rank %d: CUDA was initialised before the worker's setup, so its bundle's "
+            "no-GPU setting cannot hide the GPUs any more; keep CUDA calls out of the "
+            "worker's constructor",
+            ctx.role,
+            ctx.rank,
+        )
 
 
 def use_cpus(num_cpus: float) -> int:
