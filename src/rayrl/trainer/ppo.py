@@ -171,11 +171,11 @@ class PPOTrainer:
 
     def _validation_scores(self, batch: Batch) -> Batch:
         """The validation samples' scores, counted in the run's reward error budget."""
-        scores = self._score(batch)
+        scores = self.score(batch)
         self.reward_errors.check(batch.union(_score_columns(scores)), self.tokenizer.batch_decode)
         return scores
 
-    def _score(self, batch: Batch, calls: StageCalls | None = None, stage: str = "") -> Batch:
+    def score(self, batch: Batch, calls: StageCalls | None = None, stage: str = "") -> Batch:
         """`batch` scored by the reward group, its rows split by node (`reward_rows`);
         through `calls` (kept for a replayed step) when given."""
         roles = self._roles()
@@ -412,7 +412,7 @@ class PPOTrainer:
         roles = self._roles()
         greedy = calls.run("gen_greedy", roles.actor.generate, prompts, ctx.but(sampling="greedy"))
         scored = greedy.batch.union(
-            _score_columns(self._score(greedy.batch, calls, "reward_greedy"))
+            _score_columns(self.score(greedy.batch, calls, "reward_greedy"))
         )
         self.reward_errors.check(scored, self.tokenizer.batch_decode)
         return greedy_baselines(batch, scored)
@@ -430,7 +430,7 @@ class PPOTrainer:
         fresh["uid"] = np.array([f"{u}@{round_}" for u in fresh["uid"]], dtype=object)
         fresh.meta.update(prompts.meta)
         batch = calls.run("gen_extra", roles.actor.generate, fresh, ctx).batch
-        return self._scored(batch, self._score(batch, calls, "reward_extra"), metrics)
+        return self._scored(batch, self.score(batch, calls, "reward_extra"), metrics)
 
 
 SCORE_COLUMNS = (
