@@ -138,11 +138,12 @@ def reward_layout(cfg: RayRLConfig, device: str) -> str:
         )
     spec = reward_pool_spec(cfg, device)
     per_node, nodes = cfg.reward.workers_per_node, cfg.trainer.nnodes
-    holds = (
-        "a data-parallel rank of the reward model"
-        if cfg.reward_model.enable
-        else f"{cfg.reward.num_workers} scoring process(es)"
-    )
+    if cfg.reward_model.enable:
+        holds = "a data-parallel rank of the reward model"
+    elif cfg.reward.http.url:
+        holds = "a client of reward.http.url"
+    else:
+        holds = f"{cfg.reward.num_workers} scoring process(es)"
     return (
         f"reward: {spec.world_size} worker(s), {per_node} on each of the {nodes} node(s) of "
         f"{TRAIN_POOL} (reward.workers_per_node; {spec.shape()} each, {holds}); the rows of "
