@@ -10,10 +10,10 @@ failed samples exceed `max_error_rate` of all samples scored so far (validation
 included), `RewardErrorRateError` names the reward, both counts, the first failures'
 reasons and what to do: a reward that fails persistently stops the run instead of
 training on zeros. The count is an `ErrorTally`, kept where every scored sample is
-seen: by `ErrorBudget` itself when it scores them all, by the trainer when a step's
-rows are split over several reward workers. The rate is `reward.max_error_rate` (default 0.5;
-1.0 never stops); `reward.http.max_error_rate`, when set, overrides it for the HTTP
-service.
+seen: in a run, by the trainer (a step's rows are split over the reward workers, each
+of which sees only its part); by `ErrorBudget` itself when it is used on its own. The
+rate is `reward.max_error_rate` (default 0.5; 1.0 never stops);
+`reward.http.max_error_rate`, when set, overrides it for the HTTP service.
 
 `transform_score` bounds a reward model's raw output (`clip` to +-scale or
 `tanh`-squash it to (-scale, scale)) so that one extreme score cannot blow up the
@@ -50,8 +50,8 @@ class ErrorTally:
 
     `note` counts a scoring's results (quoting the run's first failures, by their sample
     number over the run); `check` raises `RewardErrorRateError` once the failed share
-    exceeds the rate. Whoever sees every scored sample keeps the tally: the trainer,
-    when the rows of a step are scored by several reward workers. `state_dict` /
+    exceeds the rate. Whoever sees every scored sample keeps the tally: in a run the
+    trainer, whose step rows are scored by several reward workers. `state_dict` /
     `load_state_dict` let a replayed step count its samples once.
 
     Args:
