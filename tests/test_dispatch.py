@@ -69,6 +69,34 @@ def test_dp_split_pads_chunks_and_unpads_10_rows_on_4(groups):
     assert a.sizes(batch) == [3, 3, 3, 3]
 
 
+def test_rows_follow_another_groups_nodes():
+    """`rows_by_node`: the rows a DP_SPLIT over 4 parts (2 per node) holds on node A go to
+    the target ranks on A, evenly; None when the nodes do not line up."""
+    from rayrl.controller.locality import part_rows, rows_by_node
+
+    assert part_rows(10, 4) == [3, 3, 3, 1] and part_rows(2, 4) == [1, 1, 0, 0]
+    parts = ["A", "A", "B", "B"]
+    assert rows_by_node(10, parts, ["A", "B"]) == [6, 4]
+    assert rows_by_node(10, parts, ["A", "A", "A", "B"]) == [2, 2, 2, 4]
+    assert rows_by_node(16, parts, ["A", "A", "A", "B", "B", "B"]) == [3, 3, 2, 3, 3, 2]
+    assert rows_by_node(2, parts, ["A", "B", "B"]) == [2, 0, 0]  # node B's parts: padding
+    assert rows_by_node(10, parts, ["B", "A"]) is None  # the nodes in another order
+    assert rows_by_node(10, ["A", "B", "A"], ["A", "B"]) is None  # a part moved to A
+
+
+def test_pre_split_rows_go_to_their_ranks_in_order(groups):
+    """`split_rows`' runs, a rank with none among them, reach their ranks and come back
+    in row order."""
+    from rayrl.controller.locality import split_rows
+
+    batch = rows(7)
+    out = groups[0].double(split_rows(batch, [3, 0, 2, 2]))
+    assert torch.equal(out["x"], batch["x"] * 2)
+    assert out["rank"].tolist() == [0, 0, 0, 2, 2, 3, 3]
+    with pytest.raises(ValueError, match=r"sizes \[3, 3\] do not add up to 7 rows"):
+        split_rows(batch, [3, 3])
+
+
 def test_dp_split_unpads_when_each_row_becomes_k_rows(groups):
     out = groups[0].sample(rows(10), n=2)
     assert out["x"].flatten().tolist() == [i for i in range(10) for _ in range(2)]

@@ -224,6 +224,8 @@ def test_kills_a_hang_and_a_lost_node_end_bitwise_like_the_clean_run(
             "trainer.nnodes=2",
             "trainer.n_gpus_per_node=1",
             "resources.capacity_factor=3",  # spares SPREAD: each pool has one on either node
+            # a reward worker on each node (and its spares) in half a CPU: 9 of the 10
+            "reward.cpus_per_worker=0.5",
         ],
         before_fit=start,
         on_step=on_step,

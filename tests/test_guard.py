@@ -86,6 +86,35 @@ def test_cpu_limits_the_fit_per_node_and_in_all():
     assert never.status == "never" and "CPU 6" in never.reason and "CPU 4" in never.reason
 
 
+def test_an_aligned_pool_follows_its_partner_node_by_node():
+    """A pool with `align_with` puts its per-node group i on the node of the partner's
+    group i: the search places both as one, so it backtracks to nodes with room for both."""
+    workers = PoolSpec("w", [2, 2], GPU)
+    helpers = PoolSpec("h", [1, 1], {"CPU": 3.0}, align_with="w")
+    units = pool_units(workers) + pool_units(helpers)
+    assert [u.align for u in units] == [None, None, "w", "w"]
+    # n0 has GPUs but too few CPUs for a worker group and its helper: both skip it
+    nodes = {
+        "n0": {"GPU": 2.0, "CPU": 4.0},
+        "n1": {"GPU": 2.0, "CPU": 5.0},
+        "n2": {"GPU": 2.0, "CPU": 8.0},
+    }
+    assert pack(units, nodes).assignment == ["n1", "n2", "n1", "n2"]
+    assert not pack(units, {k: nodes[k] for k in ("n0", "n1")}).fits
+    never = assess([workers, helpers], _fake_cluster([4, 4], cpus=4))
+    assert never.status == "never"
+    assert "pool 'h' follows pool 'w' node by node (align_with)" in never.reason
+    fits = assess([workers, helpers], _fake_cluster([4, 4], cpus=8))
+    assert fits.status == "fits" and fits.nodes_for("h") == fits.nodes_for("w")
+    assert "STRICT_PACK on w's nodes" in render_text(render_plan([workers, helpers], fits.cluster))
+    with pytest.raises(ValueError, match="aligns its per-node group 0 with pool 'w'"):
+        assess([helpers], _fake_cluster([4, 4]))
+    with pytest.raises(ValueError, match=r"both need as many per-node groups; got \[1\] and"):
+        assess([workers, PoolSpec("h", [1], {"CPU": 1.0}, align_with="w")], _fake_cluster([4]))
+    with pytest.raises(ValueError, match="align_with='w' needs strategy STRICT_PACK"):
+        PoolSpec("h", [1], {"CPU": 1.0}, strategy="PACK", align_with="w")
+
+
 def _fake_cluster(
     free_gpus: list[int], groups: list[GroupInfo] = (), cpus: float = 8.0
 ) -> ClusterState:

@@ -26,8 +26,32 @@ def test_pools_from_config_follow_the_topology():
     actor, reward = pools_from_config(cfg, "cuda")
     assert actor.per_node == [4, 4] and actor.bundle == {"CPU": 1.0, "GPU": 1.0}
     assert actor.num_spares == 2
+    # one reward worker on each of the actor's nodes, pinned there node by node
+    assert reward.per_node == [1, 1] and reward.strategy == "STRICT_PACK"
+    assert reward.align_with == actor.name
     assert reward.bundle == {"CPU": 1.0} and reward.num_spares == 1
     assert "GPU" not in pools_from_config(cfg, "cpu")[0].bundle
+    wider = load_config(
+        "grpo",
+        [
+            "trainer.nnodes=2",
+            "trainer.n_gpus_per_node=4",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+            "reward.workers_per_node=3",
+            "reward.cpus_per_worker=2",
+            "reward_model.enable=true",
+            "reward_model.model.path=/rm",
+            "reward_model.micro_batch_size_per_gpu=2",
+        ],
+    )
+    # a reward model: a data-parallel rank per GPU, 3 GPUs on each of the 2 nodes
+    _, model = pools_from_config(wider, "cuda")
+    assert model.per_node == [3, 3] and model.bundle == {"CPU": 2.0, "GPU": 1.0}
+    from rayrl.config import ConfigError
+
+    for bad in ("reward.workers_per_node=0", "reward.cpus_per_worker=0"):
+        with pytest.raises(ConfigError, match=bad.split("=")[0]):
+            load_config("grpo", [bad])
 
 
 def test_plan_fits_and_never_fits(ray_local, capsys):
@@ -50,6 +74,12 @@ def test_plan_fits_and_never_fits(ray_local, capsys):
     )
     assert code == 2
     assert "NEVER" in capsys.readouterr().out
+    # the reward's workers per node, on the actor's nodes
+    overrides = ["trainer.device=cpu", "trainer.n_gpus_per_node=2", "reward.workers_per_node=2"]
+    assert main(["plan", "--address", address, "-c", "grpo", *overrides]) == 0
+    out = capsys.readouterr().out
+    assert "STRICT_PACK on actor_rollout_ref's nodes" in out
+    assert "reward: 2 worker(s), 2 on each of the 1 node(s) of actor_rollout_ref" in out
 
 
 def test_plan_exits_1_while_resources_are_held(ray_local, capsys):

@@ -266,3 +266,25 @@ def test_ranks_stable_across_teardown_and_spares_avoid_node(two_nodes):
         assert spare is not None and spare.spare and spare.node_id == other
     assert wide.take_spare() is None
     wide.teardown()
+
+
+@pytest.mark.slow
+def test_an_aligned_pool_is_reserved_on_its_partners_nodes(two_nodes):
+    """`align_with`: the helpers' per-node group i lands on the node of the workers' group
+    i, and actors started in those bundles run there."""
+    nodes = two_nodes
+    workers = PoolSpec("workers", [3, 1], GPU)
+    helpers = PoolSpec("helpers", [1, 2], {"CPU": 1.0}, align_with="workers")
+    pools = reserve_pools([workers, helpers], run="aligned", timeout_s=30)
+    try:
+        assert [b.node_id for b in pools[0].bundles] == [nodes[0]] * 3 + [nodes[1]]
+        placed = [b.node_id for b in pools[1].bundles]
+        assert placed == [nodes[0], nodes[1], nodes[1]]
+        where = [
+            _where.options(scheduling_strategy=b.scheduling_strategy()).remote()
+            for b in pools[1].bundles
+        ]
+        assert ray.get(where) == placed
+    finally:
+        for pool in pools:
+            pool.teardown()

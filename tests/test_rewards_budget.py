@@ -10,6 +10,7 @@ import textwrap
 import pytest
 
 from conftest import subprocess_pythonpath
+from rayrl.config import load_config
 from rayrl.rewards.budget import ErrorBudget, RewardErrorRateError
 from rayrl.rewards.result import RewardResult, failed
 
@@ -61,7 +62,6 @@ def _batch(tokenizer, n: int):
 
 
 def _worker(model_dir, overrides: list[str]):
-    from rayrl.config import load_config
     from rayrl.workers import RewardWorker
     from workers_cases import local_worker
 
@@ -75,30 +75,37 @@ def _worker(model_dir, overrides: list[str]):
 def test_a_function_failing_on_every_sample_stops_under_each_manager(
     reward_file, model_dir, manager, name, reason
 ):
+    """The reward worker scores the failed samples 0 with their reasons; the run's budget
+    (the trainer's `RewardErrors`, which sees every reward worker's rows) stops the run."""
+    from rayrl.trainer.scoring import RewardErrors
+
     function = [
         f"custom_reward_function.path={reward_file}",
         f"custom_reward_function.name={name}",
         f"reward.reward_manager.name={manager}",
     ]
-    strict = _worker(model_dir, function)
+    worker = _worker(model_dir, function)
     try:
-        with pytest.raises(RewardErrorRateError) as info:
-            strict.compute_score(_batch(strict.tokenizer, 4))
+        batch = _batch(worker.tokenizer, 4)
+        out = worker.compute_score(batch)
     finally:
-        strict.source.close()
+        worker.source.close()
+    assert out["scores"].tolist() == [0.0] * 4
+    assert all(reason in e for e in out["reward_error"])
+    assert worker.stats()["errors"] == 4  # counted, not enforced, in the worker
+    scored = batch.union(out)
+    strict = RewardErrors(load_config("grpo", function))
+    with pytest.raises(RewardErrorRateError) as info:
+        strict.check(scored, worker.tokenizer.batch_decode)
     text = str(info.value)
     assert f"reward function {name} in {reward_file}" in text
     assert f"reward manager {manager}" in text
     assert "failed on 4 of 4 samples" in text and "reward.max_error_rate=0.5" in text
     assert text.count("    sample ") == 3 and reason in text  # the first three, with why
     assert "fix the function" in text and "raise reward.max_error_rate" in text
-    tolerant = _worker(model_dir, [*function, "reward.max_error_rate=1.0"])
-    try:
-        out = tolerant.compute_score(_batch(tolerant.tokenizer, 4))
-    finally:
-        tolerant.source.close()
-    assert out["scores"].tolist() == [0.0] * 4
-    assert all(reason in e for e in out["reward_error"])
+    tolerant = RewardErrors(load_config("grpo", [*function, "reward.max_error_rate=1.0"]))
+    tolerant.check(scored, worker.tokenizer.batch_decode)
+    assert tolerant.state_dict()["errors"] == 4
 
 
 class Scripted:
@@ -145,7 +152,7 @@ def test_a_rate_of_one_never_stops_and_the_rate_is_checked():
 
 
 def test_the_config_names_the_policy_of_each_reward_kind(reward_file):
-    from rayrl.config import ConfigError, load_config
+    from rayrl.config import ConfigError
     from rayrl.workers.reward import error_policy
 
     cfg = load_config("grpo", [f"custom_reward_function.path={reward_file}"])

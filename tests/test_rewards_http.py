@@ -191,6 +191,7 @@ def test_reward_worker_scores_an_outage_zero_then_stops_the_run(tmp_path):
     from rayrl.config import load_config
     from rayrl.models import build_tiny_model
     from rayrl.rewards.budget import RewardErrorRateError
+    from rayrl.trainer.scoring import RewardErrors
     from rayrl.workers import RewardWorker
     from workers_cases import forced_batch, local_worker, prompts
 
@@ -211,12 +212,10 @@ def test_reward_worker_scores_an_outage_zero_then_stops_the_run(tmp_path):
     out = tolerant.compute_score(batch)
     assert out["scores"].tolist() == [0.0, 0.0]
     assert all("reward service outage" in e for e in out["reward_error"])
-    strict = local_worker(
-        RewardWorker, config=load_config("grpo", settings), tokenizer_path=str(model)
-    )
+    # the run's budget is the trainer's (it sees the rows of every reward worker)
+    scored, decode = batch.union(out), tolerant.tokenizer.batch_decode
     with pytest.raises(RewardErrorRateError, match=r"HTTP reward .* failed on 2 of 2 samples"):
-        strict.compute_score(batch)
+        RewardErrors(load_config("grpo", settings)).check(scored, decode)
     own = load_config("grpo", [*settings, "reward.http.max_error_rate=0.4"])
-    own_rate = local_worker(RewardWorker, config=own, tokenizer_path=str(model))
     with pytest.raises(RewardErrorRateError, match=r"over reward.http.max_error_rate=0.4"):
-        own_rate.compute_score(batch)
+        RewardErrors(own).check(scored, decode)

@@ -199,3 +199,81 @@ def test_non_finite_scores_fail_and_count_against_the_error_rate(rm_dir):
     budget = ErrorBudget(BoundedScores(broken, "tanh", 1.0), 0.5, reward=f"reward model {rm_dir}")
     with pytest.raises(RewardErrorRateError, match=r"reward model .* failed on 3 of 3 samples"):
         budget.score(items)
+
+
+def test_a_reward_model_shards_over_its_workers_like_any_role(ray_local, rm_dir):
+    """`reward.workers_per_node=2` with a reward model: the reward pool from the config
+    holds two workers (one GPU each on a GPU run; CPU here), each a data-parallel rank
+    of the model; split over them, a batch scores exactly as on one rank."""
+    import uuid
+
+    from rayrl.cluster.pool import reserve_pools
+    from rayrl.config import load_config
+    from rayrl.controller import WorkerGroup
+    from rayrl.trainer.resources import pools_from_config
+    from rayrl.workers import RewardWorker
+    from workers_cases import local_worker
+
+    settings = [
+        "reward_model.enable=true",
+        f"reward_model.model.path={rm_dir}",
+        "reward_model.micro_batch_size_per_gpu=2",
+        "reward.workers_per_node=2",
+    ]
+    cfg = load_config("grpo", settings)
+    specs = pools_from_config(cfg, "cpu")
+    assert [s.name for s in specs] == ["actor_rollout_ref", "reward"]
+    assert specs[1].per_node == [2] and "GPU" in pools_from_config(cfg, "cuda")[1].bundle
+    run = f"rm-{uuid.uuid4().hex[:6]}"
+    pools = reserve_pools(specs, run, timeout_s=60)
+    group = WorkerGroup(RewardWorker, pools[1].bundles, role="reward", run=run, pool=pools[1])
+    try:
+        group.create(timeout_s=180)
+        group.init(timeout_s=300, config=cfg, tokenizer_path=str(rm_dir))
+        assert len({info["pid"] for info in group.infos}) == 2
+        batch = _reward_rows([ids for text in RESPONSES for ids in _variants(rm_dir, text)][:8])
+        sharded = group.compute_score(batch)  # 4 rows a rank: its micro-batches as one rank's
+    finally:
+        group.shutdown()
+        for pool in pools:
+            pool.teardown()
+    alone = local_worker(RewardWorker, config=cfg, tokenizer_path=str(rm_dir)).score(batch)
+    assert torch.equal(sharded["scores"], alone["scores"])
+    assert torch.equal(sharded["token_level_scores"], alone["token_level_scores"])
+    assert len(set(sharded["scores"].tolist())) == 8  # eight different rows, in order
+
+
+def _variants(rm_dir, text: str) -> list[list[int]]:
+    """Token ids of `text` and of two longer variants of it."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(rm_dir)
+    return [tokenizer(text + tail)["input_ids"] for tail in ("", " indeed", " , surely so")]
+
+
+def _reward_rows(rows: list[list[int]]):
+    """A batch of responses (right-padded), each with its own prompt of PROMPTS."""
+    import numpy as np
+
+    from rayrl.batch import Batch
+
+    width = max(len(r) for r in rows)
+    responses = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, ids in enumerate(rows):
+        responses[i, : len(ids)], mask[i, : len(ids)] = torch.tensor(ids), 1
+
+    def column(values):
+        out = np.empty(len(values), dtype=object)
+        out[:] = values
+        return out
+
+    return Batch(
+        {"responses": responses, "response_mask": mask},
+        {
+            "data_source": column(["arithmetic"] * len(rows)),
+            "ground_truth": column(["19"] * len(rows)),
+            "extra_info": column([{}] * len(rows)),
+            "raw_prompt": column([PROMPTS[i % len(PROMPTS)] for i in range(len(rows))]),
+        },
+    )

@@ -143,6 +143,7 @@ def test_worker_threads_are_the_cpus_of_its_bundle(run_name):
     [
         ([], True),
         (["reward.colocate=false"], False),
+        (["reward.workers_per_node=2"], False),  # several reward workers: processes of their own
         (["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2"], False),
         (
             [

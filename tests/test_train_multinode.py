@@ -1,5 +1,5 @@
 """`rayrl train` against an existing two-node cluster (`resources.address`), with the
-actor's ranks placed one per node (`trainer.nnodes=2`)."""
+actor's ranks placed one per node (`trainer.nnodes=2`) and a reward worker beside each."""
 
 from __future__ import annotations
 
@@ -40,6 +40,9 @@ def test_train_joins_a_two_node_cluster_and_spreads_the_actor(ray_multinode, tmp
     assert code == 0, out[-2000:]
     placed = re.search(r"actor_rollout_ref: 2 worker\(s\) on node\(s\) (\w+), (\w+)", out)
     assert placed and placed.group(1) != placed.group(2), out[-2000:]
+    # a reward worker on each of the actor's nodes, in the same order (reward.workers_per_node)
+    rewards = re.search(r"reward: 2 worker\(s\) on node\(s\) (\w+), (\w+)", out)
+    assert rewards and rewards.groups() == placed.groups(), out[-2000:]
     assert (tmp_path / "checkpoints" / "global_step_1" / "actor" / "rng" / "rank1.pt").is_file()
     assert (tmp_path / "hf" / "model.safetensors").is_file()
     # trainer.balance_batch (verl's default, on): both splits over the 2 ranks balanced

@@ -2,8 +2,8 @@
 each GPU would hold.
 
 Connects to `--address`, else `resources.address`, else RAY_ADDRESS, or starts a
-private local Ray, and prints pools, bundles, per-node placement, the CPU budget and
-the verdict without reserving anything. Exit code 0 when it fits now, 1 when resources
+private local Ray, and prints pools, bundles, per-node placement, the CPU budget, the
+verdict and where the reward scores (its workers per node) without reserving anything. Exit code 0 when it fits now, 1 when resources
 are held or it waits for an autoscaler to add nodes, 2 when it can never fit.
 
 On GPUs it also prints the training mesh (FSDP sharding, HSDP, Ulysses SP) and the
@@ -30,7 +30,12 @@ def plan(args: argparse.Namespace) -> int:
         return _offline(cfg, args, out)
     from rayrl.cluster.guard import assess, render_plan
     from rayrl.cluster.inspect import connect, resolve_address, snapshot
-    from rayrl.trainer.resources import node_cpus, pools_from_config, resolve_device
+    from rayrl.trainer.resources import (
+        node_cpus,
+        pools_from_config,
+        resolve_device,
+        reward_layout,
+    )
 
     with connect(resolve_address(args.address, cfg.resources.address)) as address:
         state = snapshot()
@@ -39,6 +44,7 @@ def plan(args: argparse.Namespace) -> int:
         pools = pools_from_config(cfg, device, node_cpus(state.totals, device))
         out.print(f"cluster {address}: {len(state.nodes)} node(s); device {device}")
         out.print(render_plan(pools, state))
+        out.print(reward_layout(cfg, device), highlight=False)
         if device == "cuda":
             _print_budget(cfg, args.gpu_gib, out)
         return EXIT[assess(pools, state).status]

@@ -1,7 +1,9 @@
 """Fit: place the demand of resource pools onto nodes (pure bin packing, no Ray).
 
 A pool's demand is a list of `Unit`s, each one or more identical bundles that must
-share a node; units with the same `distinct` key must land on different nodes. `pack`
+share a node; units with the same `distinct` key must land on different nodes; a unit
+that `align`s with another pool shares the node of that pool's unit of the same index
+(the search places the two as one, their needs added). `pack`
 searches for an assignment of every unit to a node whose resources hold it (exact,
 iterative depth-first search with a step budget), trying nodes in sorted order so the same
 cluster always gives the same answer: that is what keeps ranks on the same nodes
@@ -25,6 +27,8 @@ class Unit:
 
     `kind` is "node" (a STRICT_PACK per-node group), "bundle" (one bundle of a
     PACK/SPREAD/STRICT_SPREAD group) or "spare"; `index` counts within that kind.
+    `align` names the pool whose "node" unit of the same index this one must share a
+    node with (`PoolSpec.align_with`).
     """
 
     pool: str
@@ -33,6 +37,7 @@ class Unit:
     count: int
     shape: tuple[tuple[str, float], ...]
     distinct: str | None = None
+    align: str | None = None
 
     @property
     def need(self) -> dict[str, float]:
@@ -59,7 +64,9 @@ def pool_units(spec: PoolSpec) -> list[Unit]:
     units: list[Unit] = []
     if spec.strategy == "STRICT_PACK":
         for i, count in enumerate(spec.per_node):
-            units.append(Unit(spec.name, "node", i, count, shape, distinct=spec.name))
+            units.append(
+                Unit(spec.name, "node", i, count, shape, distinct=spec.name, align=spec.align_with)
+            )
     else:
         distinct = spec.name if spec.strategy == "STRICT_SPREAD" else None
         for i in range(spec.world_size):
@@ -67,6 +74,28 @@ def pool_units(spec: PoolSpec) -> list[Unit]:
     for i in range(spec.num_spares):
         units.append(Unit(spec.name, "spare", i, 1, shape))
     return units
+
+
+def anchors(units: Sequence[Unit]) -> dict[int, int]:
+    """For each aligned unit (by position in `units`), the position of the unit it shares
+    a node with: its `align` pool's "node" unit of the same index. ValueError when that
+    pool or unit is not among `units`."""
+    where = {(u.pool, u.kind, u.index): i for i, u in enumerate(units)}
+    out: dict[int, int] = {}
+    for i, unit in enumerate(units):
+        if unit.align is None:
+            continue
+        anchor = where.get((unit.align, "node", unit.index))
+        if anchor is None or units[anchor].align is not None:
+            have = sum(1 for u in units if u.pool == unit.align and u.kind == "node")
+            raise ValueError(
+                f"pool {unit.pool!r} aligns its per-node group {unit.index} with pool "
+                f"{unit.align!r}, which has {have} per-node group(s) in this check (and must "
+                "align with none itself): check both pools together, STRICT_PACK, with as "
+                "many entries in per_node"
+            )
+        out[i] = anchor
+    return out
 
 
 def holds(have: Mapping[str, float], need: Mapping[str, float]) -> bool:
@@ -101,7 +130,8 @@ def pack(
     nodes: Mapping[str, Mapping[str, float]],
     budget: int = DEFAULT_BUDGET,
 ) -> PackResult:
-    """Assign every unit to a node with room for it, honouring `distinct` keys.
+    """Assign every unit to a node with room for it, honouring `distinct` keys and
+    alignments (an aligned unit goes where its anchor goes, their needs added).
 
     Larger units are placed first; nodes are tried in sorted id order; identical
     units are placed in non-decreasing node order (strictly increasing when they
@@ -126,8 +156,12 @@ class _Search:
         self.units = units
         self.node_ids = sorted(nodes)
         self.free = [dict(nodes[n]) for n in self.node_ids]
-        self.order = sorted(range(len(units)), key=lambda i: _size_key(units[i]))
-        self.needs = [units[i].need for i in range(len(units))]
+        self.riders = anchors(units)  # placed with their anchor, as one unit
+        self.needs = [dict(units[i].need) for i in range(len(units))]
+        for rider, anchor in self.riders.items():
+            _take(self.needs[anchor], self.needs[rider], +1)
+        placed = [i for i in range(len(units)) if i not in self.riders]
+        self.order = sorted(placed, key=lambda i: _size_key(units[i], self.needs[i]))
         self.chosen: list[int] = [-1] * len(units)
         self.used: set[tuple[str, int]] = set()
         self.steps = 0
@@ -136,8 +170,9 @@ class _Search:
         """The lowest node index unit `order[pos]` may take (symmetry breaking)."""
         if pos == 0:
             return 0
-        unit, prev = self.units[self.order[pos]], self.order[pos - 1]
-        if not _same(unit, self.units[prev]):
+        i, prev = self.order[pos], self.order[pos - 1]
+        unit = self.units[i]
+        if not _same(unit, self.units[prev]) or self.needs[i] != self.needs[prev]:
             return 0
         return self.chosen[prev] + (1 if unit.distinct is not None else 0)
 
@@ -180,11 +215,12 @@ class _Search:
                 return False
             pos -= 1
             start = self.undo(pos) + 1
+        for rider, anchor in self.riders.items():
+            self.chosen[rider] = self.chosen[anchor]
         return True
 
 
-def _size_key(unit: Unit) -> tuple:
-    need = unit.need
+def _size_key(unit: Unit, need: Mapping[str, float]) -> tuple:
     rest = sum(v for k, v in need.items() if k not in ("GPU", "CPU") and "memory" not in k)
     return (-need.get("GPU", 0.0), -need.get("CPU", 0.0), -rest, unit.pool, unit.kind, unit.index)
 

@@ -37,7 +37,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from rayrl.cluster.fit import Unit, aggregate_shortfall, holds, pack, pool_units
+from rayrl.cluster.fit import Unit, aggregate_shortfall, anchors, holds, pack, pool_units
 from rayrl.cluster.inspect import ClusterState, short_id, snapshot
 from rayrl.cluster.spec import PoolSpec, format_amount
 from rayrl.cluster.tables import (
@@ -113,12 +113,22 @@ class Verdict:
 
 
 def demand(pools: Sequence[PoolSpec]) -> list[Unit]:
-    """Every unit of every pool; pool names must be unique."""
+    """Every unit of every pool; pool names must be unique, and a pool that aligns with
+    another (`PoolSpec.align_with`) must be checked with it."""
     names = [p.name for p in pools]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
         raise ValueError(f"pool names must be unique; repeated: {sorted(dup)}")
-    return [u for p in pools for u in pool_units(p)]
+    units = [u for p in pools for u in pool_units(p)]
+    anchors(units)  # raises when an aligned pool's partner is missing or differs
+    for p in pools:
+        partner = next((q for q in pools if q.name == p.align_with), None)
+        if partner is not None and len(partner.per_node) != len(p.per_node):
+            raise ValueError(
+                f"pool {p.name!r} aligns with pool {p.align_with!r} node by node: both need "
+                f"as many per-node groups; got {p.per_node} and {partner.per_node}"
+            )
+    return units
 
 
 def assess(pools: Sequence[PoolSpec], cluster: ClusterState) -> Verdict:
@@ -187,6 +197,18 @@ def _never_reason(pools: Sequence[PoolSpec], units: list[Unit], cluster: Cluster
     for unit in units:
         if not any(holds(n.total, unit.need) for n in cluster.nodes):
             return _unit_reason(spec[unit.pool], unit, cluster)
+    for rider, anchor in anchors(units).items():
+        need = dict(units[anchor].need)
+        for k, v in units[rider].need.items():
+            need[k] = need.get(k, 0.0) + v
+        if not any(holds(n.total, need) for n in cluster.nodes):
+            a, r = units[anchor], units[rider]
+            return (
+                f"pool {r.pool!r} follows pool {a.pool!r} node by node (align_with): "
+                f"their per-node groups {a.index} need {a.count} x ({spec[a.pool].shape()}) "
+                f"and {r.count} x ({spec[r.pool].shape()}) on one node, and no node has all "
+                "of that. Ask for less per node or add larger nodes"
+            )
     short = aggregate_shortfall(units, cluster.totals)
     if short:
         return f"{short}. Ask for fewer bundles or add nodes"
@@ -394,7 +416,7 @@ def demand_table(pools: Sequence[PoolSpec], verdict: Verdict | None = None) -> T
             p.shape(),
             str(p.world_size),
             str(p.num_spares),
-            p.strategy,
+            p.strategy + (f" on {escape(p.align_with)}'s nodes" if p.align_with else ""),
             str(p.per_node),
             placement,
         )

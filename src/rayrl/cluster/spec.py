@@ -22,6 +22,12 @@ class PoolSpec:
     SPREAD and STRICT_SPREAD the pool is one placement group of `sum(per_node)` bundles
     and Ray chooses the nodes (STRICT_SPREAD: every bundle on its own node).
 
+    `align_with` names another STRICT_PACK pool of the same check whose per-node groups
+    this pool's follow: this pool's group i goes to the node of that pool's group i
+    (both STRICT_PACK, with as many entries in `per_node`). A pool of helpers (one per
+    node of a pool of workers, say) then sits on exactly the nodes of the workers it
+    serves, in the same node order.
+
     `capacity_factor >= 1.0` adds `ceil(world_size * (factor - 1))` spare bundles, kept
     in their own SPREAD group, for worker replacement. `loader_workers`, when declared,
     says each worker really uses `loader_workers + 1` CPUs (data loader and tokenizer
@@ -35,6 +41,7 @@ class PoolSpec:
     capacity_factor: float = 1.0
     lifetime: str | None = None
     loader_workers: int | None = None
+    align_with: str | None = None
 
     def __post_init__(self) -> None:
         self.per_node = [int(n) for n in self.per_node]
@@ -64,6 +71,12 @@ class PoolSpec:
         if not self.capacity_factor >= 1.0:
             raise ValueError(
                 f"{where}: capacity_factor must be >= 1.0 (1.0 = no spares); got {self.capacity_factor}"
+            )
+        aligned = self.align_with is not None
+        if aligned and (self.strategy != "STRICT_PACK" or self.align_with in ("", self.name)):
+            raise ValueError(
+                f"{where}: align_with={self.align_with!r} needs strategy STRICT_PACK "
+                f"(got {self.strategy}) and the name of another pool"
             )
         if self.lifetime not in LIFETIMES:
             raise ValueError(f"{where}: lifetime must be None or 'detached'; got {self.lifetime!r}")

@@ -191,6 +191,8 @@ RANGES: dict[str, Range] = {
     ),
     "reward.timeout_s": SECONDS,
     "reward.num_workers": at_least(1, "scoring processes"),
+    "reward.workers_per_node": at_least(1, "reward workers on each node of the training pool"),
+    "reward.cpus_per_worker": positive("CPUs of each reward worker's bundle"),
     # the algorithm
     "algorithm.gamma": fraction("the discount; verl's default 1.0"),
     "algorithm.lam": fraction("GAE's lambda; verl's default 1.0"),

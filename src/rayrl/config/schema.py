@@ -349,6 +349,13 @@ class RewardConfig:
     # scoring processes of each reward worker (verl's default 8 is sized for a GPU node;
     # verl's older name: reward_model.num_workers)
     num_workers: int = 2
+    # Reward workers on each node of the training pool (trainer.nnodes of them, where the
+    # actor's ranks are): a step's rows are split over every reward worker, the rows of
+    # the ranks on node k to the workers on node k. With a reward model on GPUs each
+    # worker holds one GPU: a data-parallel rank of the reward model.
+    workers_per_node: int = 1
+    # CPUs of each reward worker's bundle (its scoring processes share them)
+    cpus_per_worker: float = 1.0
     # On a CPU-only run of one actor rank with a rule-based or HTTP reward, score in the
     # actor's process (its bundle gets the reward's CPU) instead of a process of its own.
     colocate: bool = True

@@ -7,11 +7,13 @@ HTTP service, a reward model). A sample fails when its function raised, hung pas
 service is down (after its retries) every item of that call fails. A failed sample
 scores 0 with its reason, is counted (`reward/errors`) and training goes on. Once the
 failed samples exceed `max_error_rate` of all samples scored so far (validation
-included), `score` raises `RewardErrorRateError` naming the reward, both counts, the
-first failures' reasons and what to do: a reward that fails persistently stops the
-run instead of training on zeros. The rate is `reward.max_error_rate` (default 0.5;
-1.0 never stops); `reward.http.max_error_rate`, when set, overrides it for the HTTP
-service.
+included), `RewardErrorRateError` names the reward, both counts, the first failures'
+reasons and what to do: a reward that fails persistently stops the run instead of
+training on zeros. The count is an `ErrorTally`, kept where every scored sample is
+seen: in a run, by the trainer (a step's rows are split over the reward workers, each
+of which sees only its part); by `ErrorBudget` itself when it is used on its own. The
+rate is `reward.max_error_rate` (default 0.5; 1.0 never stops);
+`reward.http.max_error_rate`, when set, overrides it for the HTTP service.
 
 `transform_score` bounds a reward model's raw output (`clip` to +-scale or
 `tanh`-squash it to (-scale, scale)) so that one extreme score cannot blow up the
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from rayrl.rewards.http import RewardServiceError
@@ -42,14 +45,18 @@ class RewardErrorRateError(RuntimeError):
     """More samples failed to score than the error budget allows; the run stops."""
 
 
-class ErrorBudget:
-    """Score through `source`, tolerating failures up to `max_error_rate` of all items.
+class ErrorTally:
+    """The samples scored so far and those that failed, against `max_error_rate`.
+
+    `note` counts a scoring's results (quoting the run's first failures, by their sample
+    number over the run); `check` raises `RewardErrorRateError` once the failed share
+    exceeds the rate. Whoever sees every scored sample keeps the tally: in a run the
+    trainer, whose step rows are scored by several reward workers. `state_dict` /
+    `load_state_dict` let a replayed step count its samples once.
 
     Args:
-        source: any reward source; a `RewardServiceError` it raises (an HTTP outage)
-            fails every item of that call.
         max_error_rate: the largest fraction of items (over the run so far) that may
-            fail before `score` raises `RewardErrorRateError`.
+            fail before `check` raises.
         key: the config key of the rate, named in the error.
         reward: the reward in words, named in the error (e.g. the function's file and
             name, the service's URL).
@@ -58,7 +65,6 @@ class ErrorBudget:
 
     def __init__(
         self,
-        source: Source,
         max_error_rate: float,
         key: str = RATE_KEY,
         reward: str = "the reward",
@@ -66,35 +72,30 @@ class ErrorBudget:
     ) -> None:
         if not 0.0 <= max_error_rate <= 1.0:
             raise ValueError(f"{key}={max_error_rate} must be in [0, 1]")
-        self.source, self.max_error_rate, self.key = source, max_error_rate, key
+        self.max_error_rate, self.key = max_error_rate, key
         self.reward, self.advice = reward, advice
-        self.items = self.errors = self.outages = 0
+        self.items = self.errors = 0
         self.first: list[str] = []  # the run's first failures, as quoted in the error
 
-    def score(self, items: list[dict[str, Any]]) -> list[RewardResult]:
-        try:
-            results = self.source.score(items)
-        except RewardServiceError as exc:
-            self.outages += 1
-            log.warning("reward outage, %d items score 0: %s", len(items), exc)
-            results = [failed(f"reward service outage: {exc}") for _ in items]
-        self._note(items, results)
-        if self.items and self.errors / self.items > self.max_error_rate:
-            raise RewardErrorRateError(self._message())
-        return results
-
-    def _note(self, items: list[dict[str, Any]], results: list[RewardResult]) -> None:
-        for position, (item, result) in enumerate(zip(items, results, strict=True)):
+    def note(self, results: list[RewardResult], item: Callable[[int], dict[str, Any]]) -> None:
+        """Count `results`; `item(i)` is result i's sample (data_source, ground_truth,
+        solution_str), asked for only for the failures the error quotes."""
+        for position, result in enumerate(results):
             if result.ok:
                 continue
             if len(self.first) < FIRST_FAILURES:
                 self.first.append(
-                    f"sample {self.items + position} {_describe(item)}: {result.error}"
+                    f"sample {self.items + position} {_describe(item(position))}: {result.error}"
                 )
             self.errors += 1
-        self.items += len(items)
+        self.items += len(results)
 
-    def _message(self) -> str:
+    def check(self) -> None:
+        """Raise `RewardErrorRateError` when the failed share exceeds the rate."""
+        if self.items and self.errors / self.items > self.max_error_rate:
+            raise RewardErrorRateError(self.message())
+
+    def message(self) -> str:
         quoted = "\n".join(f"    {line}" for line in self.first)
         return (
             f"{self.reward} failed on {self.errors} of {self.items} samples scored so far "
@@ -104,10 +105,52 @@ class ErrorBudget:
             "to train on, failed samples scoring 0."
         )
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"items": self.items, "errors": self.errors, "first": list(self.first)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.items, self.errors = int(state["items"]), int(state["errors"])
+        self.first = list(state["first"])
+
+
+class ErrorBudget:
+    """Score through `source`, counting failures in an `ErrorTally` (the arguments after
+    `source` are its own); with `enforce`, `score` raises `RewardErrorRateError` once
+    they exceed `max_error_rate` of all items. A `RewardServiceError` the source raises
+    (an HTTP outage) fails every item of that call. A reward worker scores without
+    enforcing: its rows are only part of a step's, and the trainer keeps the run's tally.
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        max_error_rate: float,
+        key: str = RATE_KEY,
+        reward: str = "the reward",
+        advice: str = "fix the reward",
+        enforce: bool = True,
+    ) -> None:
+        self.source, self.enforce = source, enforce
+        self.tally = ErrorTally(max_error_rate, key, reward, advice)
+        self.outages = 0
+
+    def score(self, items: list[dict[str, Any]]) -> list[RewardResult]:
+        try:
+            results = self.source.score(items)
+        except RewardServiceError as exc:
+            self.outages += 1
+            log.warning("reward outage, %d items score 0: %s", len(items), exc)
+            results = [failed(f"reward service outage: {exc}") for _ in items]
+        self.tally.note(results, items.__getitem__)
+        if self.enforce:
+            self.tally.check()
+        return results
+
     def stats(self) -> dict[str, float]:
         stats = getattr(self.source, "stats", None)
         inner = stats() if callable(stats) else {}
-        return {**inner, "items": self.items, "errors": self.errors, "outages": self.outages}
+        tally = self.tally
+        return {**inner, "items": tally.items, "errors": tally.errors, "outages": self.outages}
 
     def close(self) -> None:
         close = getattr(self.source, "close", None)

@@ -56,6 +56,7 @@ from rayrl.trainer.on_policy import separate_pass_reason
 from rayrl.trainer.resources import cluster_node_cpus, pools_from_config
 from rayrl.trainer.ride_along import Riding, riding_stages
 from rayrl.trainer.roles import GroupEnv, Roles, start_roles
+from rayrl.trainer.scoring import RewardErrors, reward_rows
 from rayrl.trainer.stage_calls import StageCalls
 from rayrl.trainer.state import Stateful
 from rayrl.trainer.validate import Validator
@@ -95,6 +96,7 @@ class PPOTrainer:
         self.riding = Riding()  # stages the generate call computes (ride_along)
         self.validator: Validator | None = None
         self._warned_extreme = False
+        self.reward_errors = RewardErrors(cfg)  # the run's budget (`reward.max_error_rate`)
 
     # ------------------------------------------------------------ the contract
     @property
@@ -159,7 +161,7 @@ class PPOTrainer:
         return Validator(
             dataset,
             self.roles.actor.generate,
-            self.roles.reward.compute_score,
+            self._validation_scores,
             self.tokenizer.batch_decode,
             n=cfg.actor_rollout_ref.rollout.val_kwargs.n,
             batch_size=cfg.data.val_batch_size,
@@ -167,11 +169,26 @@ class PPOTrainer:
             out_dir=Path(cfg.trainer.output_dir) / "val_generations",
         )
 
+    def _validation_scores(self, batch: Batch) -> Batch:
+        """The validation samples' scores, counted in the run's reward error budget."""
+        scores = self.score(batch)
+        self.reward_errors.check(batch.union(_score_columns(scores)), self.tokenizer.batch_decode)
+        return scores
+
+    def score(self, batch: Batch, calls: StageCalls | None = None, stage: str = "") -> Batch:
+        """`batch` scored by the reward group, its rows split by node (`reward_rows`);
+        through `calls` (kept for a replayed step) when given."""
+        roles = self._roles()
+        rows = reward_rows(batch, roles.hybrid, roles.reward)
+        if calls is None:
+            return roles.reward.compute_score(rows)
+        return calls.run(stage, roles.reward.compute_score, rows)
+
     def stateful_groups(self) -> list[WorkerGroup]:
         return [self._roles().hybrid]
 
     def parts(self) -> dict[str, Stateful]:
-        return {"advantage": self.advantage}
+        return {"advantage": self.advantage, "reward_errors": self.reward_errors}
 
     def fingerprint(self) -> dict:
         cfg = self.cfg
@@ -223,7 +240,8 @@ class PPOTrainer:
             batch = self._generate(prompts, ctx, calls, timing, metrics)
             reward_future = None
             if not self.riding.scores:
-                reward_future = calls.start("reward", roles.reward.compute_score, batch)
+                rows = reward_rows(batch, roles.hybrid, roles.reward)
+                reward_future = calls.start("reward", roles.reward.compute_score, rows)
             if alg.filter_groups.enable:
                 with timer(timing, "dynamic_sampling"):
                     batch = self._scored(batch, reward_future.get(), metrics)
@@ -369,10 +387,11 @@ class PPOTrainer:
         """`batch` with its scores (overlong penalty added); failed scorings logged. The
         reward metrics (`reward/score/mean`, ...) of the first scoring in a step are
         kept: they cover every sample of the step's prompts, before any filtering.
-        `scores` None: `batch` carries them already (`trainer.ride_along`)."""
+        `scores` None: `batch` carries them already (`trainer.ride_along`). The samples
+        count in the run's reward error budget (`RewardErrors`: it may stop the run)."""
         if scores is not None:
-            columns = ("token_level_scores", "scores", "reward_elapsed_s")
-            batch = batch.union(scores.select(*columns, "reward_error", "reward_extra"))
+            batch = batch.union(_score_columns(scores))
+        self.reward_errors.check(batch, self.tokenizer.batch_decode)
         for key, value in reward_metrics(batch).items():
             metrics.setdefault(key, value)
         if not self._warned_extreme:  # once a run: the reward's scale is the user's to fix
@@ -392,8 +411,11 @@ class PPOTrainer:
         """ReMax: each prompt's greedy response, scored, as its samples' baseline."""
         roles = self._roles()
         greedy = calls.run("gen_greedy", roles.actor.generate, prompts, ctx.but(sampling="greedy"))
-        scores = calls.run("reward_greedy", roles.reward.compute_score, greedy.batch)
-        return greedy_baselines(batch, greedy.batch.union(scores.select("scores")))
+        scored = greedy.batch.union(
+            _score_columns(self.score(greedy.batch, calls, "reward_greedy"))
+        )
+        self.reward_errors.check(scored, self.tokenizer.batch_decode)
+        return greedy_baselines(batch, scored)
 
     def _extra_round(
         self, prompts: Batch, ctx: StepContext, round_: int, calls: StageCalls, metrics: dict
@@ -408,5 +430,18 @@ class PPOTrainer:
         fresh["uid"] = np.array([f"{u}@{round_}" for u in fresh["uid"]], dtype=object)
         fresh.meta.update(prompts.meta)
         batch = calls.run("gen_extra", roles.actor.generate, fresh, ctx).batch
-        scores = calls.run("reward_extra", roles.reward.compute_score, batch)
-        return self._scored(batch, scores, metrics)
+        return self._scored(batch, self.score(batch, calls, "reward_extra"), metrics)
+
+
+SCORE_COLUMNS = (
+    "token_level_scores",
+    "scores",
+    "reward_elapsed_s",
+    "reward_error",
+    "reward_extra",
+)
+
+
+def _score_columns(scores: Batch) -> Batch:
+    """The reward's columns of a scored batch (`rayrl.workers.reward.scores_to_batch`)."""
+    return scores.select(*SCORE_COLUMNS)

@@ -3,10 +3,13 @@
 The actor, rollout, reference and critic roles share one pool (the hybrid engine:
 one process per bundle holds them); under `actor_rollout_ref.rollout.mode=async` the
 rollout replicas have a pool of their own too (`rollout_pool_spec`, last in the
-list); the rule-based reward runs in a small CPU pool,
-or, on a CPU-only run of one actor rank (`reward_colocated`), in the actor's process,
-whose bundle then holds the reward's CPU too. The pools reserve spare bundles by
-`resources.capacity_factor`, where replacements of the workers of a lost node go.
+list). The reward has a pool of its own with `reward.workers_per_node` workers on every
+node of the training pool (`reward_pool_spec`: its per-node group i on the node of the
+training pool's group i, `PoolSpec.align_with`), each bundle `reward.cpus_per_worker`
+CPUs and, for a reward model on GPUs, one GPU; or, on a CPU-only run of one actor rank
+(`reward_colocated`), the reward runs in the actor's process, whose bundle then holds
+the reward's CPUs too. The pools reserve spare bundles by `resources.capacity_factor`,
+where replacements of the workers of a lost node go.
 """
 
 from __future__ import annotations
@@ -22,20 +25,21 @@ def resolve_device(cfg: RayRLConfig, cluster_gpus: float) -> str:
     return "cuda" if cluster_gpus > 0 else "cpu"
 
 
-# The reward worker's scoring processes are light: one reserved CPU for all of them.
-REWARD_CPUS = 1.0
+TRAIN_POOL = "actor_rollout_ref"
+REWARD_POOL = "reward"
 
 
 def reward_colocated(cfg: RayRLConfig, device: str) -> bool:
     """Whether the reward role runs in the actor's process (`reward.colocate`), which is
     safe on a CPU-only run of one actor rank scoring with a function or an HTTP service:
-    no GPU and no reward model to share, no ranks to split the scoring over. The reward's
-    calls then queue behind the actor's (scoring a batch takes milliseconds) and one
-    worker process fewer starts."""
+    no GPU and no reward model to share, no ranks to split the scoring over (one reward
+    worker per node, `reward.workers_per_node=1`). The reward's calls then queue behind
+    the actor's (scoring a batch takes milliseconds) and one worker process fewer starts."""
     return (
         cfg.reward.colocate
         and device == "cpu"
         and cfg.world_size == 1
+        and cfg.reward.workers_per_node == 1
         and not cfg.reward_model.enable
     )
 
@@ -83,12 +87,13 @@ def pools_from_config(
     res = cfg.resources
     colocated = reward_colocated(cfg, device)
     worker_cpus = cpus_per_worker(cfg, device, node_cpu_count)
-    bundle: dict[str, float] = {"CPU": worker_cpus + (REWARD_CPUS if colocated else 0.0)}
+    reward_cpus = float(cfg.reward.cpus_per_worker) if colocated else 0.0
+    bundle: dict[str, float] = {"CPU": worker_cpus + reward_cpus}
     if device == "cuda":
         bundle["GPU"] = res.gpus_per_worker
     pools = [
         PoolSpec(
-            name="actor_rollout_ref",
+            name=TRAIN_POOL,
             per_node=[cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes,
             bundle=bundle,
             strategy="STRICT_PACK",
@@ -97,24 +102,52 @@ def pools_from_config(
         )
     ]
     if not colocated:
-        pools.append(_reward_pool(cfg, device))
+        pools.append(reward_pool_spec(cfg, device))
     if cfg.asynchronous:
         pools.append(rollout_pool_spec(cfg, device))
     return pools
 
 
-def _reward_pool(cfg: RayRLConfig, device: str) -> PoolSpec:
-    """The reward worker's scoring processes are light: one reserved CPU for all of
-    them. It gets spares too, so that a lost node that held it is survived like any other."""
-    reward_bundle: dict[str, float] = {"CPU": REWARD_CPUS}
+def reward_pool_spec(cfg: RayRLConfig, device: str) -> PoolSpec:
+    """The reward workers: `reward.workers_per_node` on each of the training pool's
+    `trainer.nnodes` nodes, group i pinned to the node of the training pool's group i
+    (`align_with`), so that each node's rows can be scored where they are. A bundle is
+    `reward.cpus_per_worker` CPUs (the worker's scoring processes share them) and, for a
+    reward model on GPUs, one GPU. Spares too, so that a lost node that held reward
+    workers is survived like any other."""
+    bundle: dict[str, float] = {"CPU": float(cfg.reward.cpus_per_worker)}
     if cfg.reward_model.enable and device == "cuda":
-        reward_bundle["GPU"] = 1.0
+        bundle["GPU"] = 1.0
     return PoolSpec(
-        name="reward",
-        per_node=[1],
-        bundle=reward_bundle,
-        strategy="PACK",
+        name=REWARD_POOL,
+        per_node=[cfg.reward.workers_per_node] * cfg.trainer.nnodes,
+        bundle=bundle,
+        strategy="STRICT_PACK",
         capacity_factor=cfg.resources.capacity_factor,
+        align_with=TRAIN_POOL,
+    )
+
+
+def reward_layout(cfg: RayRLConfig, device: str) -> str:
+    """Where the reward scores, in words (for `rayrl plan`): in the actor's process, or
+    how many reward workers on which nodes, with what each holds."""
+    if reward_colocated(cfg, device):
+        return (
+            "reward: in the actor's process (one CPU-only rank: reward.colocate), "
+            f"{cfg.reward.num_workers} scoring process(es)"
+        )
+    spec = reward_pool_spec(cfg, device)
+    per_node, nodes = cfg.reward.workers_per_node, cfg.trainer.nnodes
+    if cfg.reward_model.enable:
+        holds = "a data-parallel rank of the reward model"
+    elif cfg.reward.http.url:
+        holds = "a client of reward.http.url"
+    else:
+        holds = f"{cfg.reward.num_workers} scoring process(es)"
+    return (
+        f"reward: {spec.world_size} worker(s), {per_node} on each of the {nodes} node(s) of "
+        f"{TRAIN_POOL} (reward.workers_per_node; {spec.shape()} each, {holds}); the rows of "
+        "the ranks on each node are scored by that node's reward workers"
     )
 
 

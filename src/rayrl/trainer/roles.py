@@ -3,7 +3,9 @@ side by side, and where they landed.
 
 The hybrid group holds the actor (rollout and reference in its engine), the critic when
 the algorithm has one, and, on a CPU-only run of one actor rank (`reward_colocated`), the
-reward; otherwise the reward has its own small group. Both start at once
+reward; otherwise the reward has its own group, `reward.workers_per_node` workers on
+each node of the hybrid's (`rayrl.trainer.resources.reward_pool_spec`), which the step
+calls with its rows split by node (`rayrl.trainer.scoring`). Both start at once
 (`controller.start_groups`); the hybrid's ranks form a process group through the group's
 one formation path. `start_roles` returns the started groups as a `Roles` value.
 """

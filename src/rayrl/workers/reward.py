@@ -6,8 +6,11 @@ counted (`reward/errors`); an outage of the HTTP service scores its items 0 too,
 reward model's non-finite score. The run goes on until more than
 `reward.max_error_rate` of the samples scored so far have failed, whatever the reward
 kind (`rayrl.rewards.budget`); then it stops naming the reward, the counts and the
-first failures. The reward model runs on the GPU its bundle reserves, in bf16,
-with its scores optionally clipped or tanh-bounded (`reward_model.score_transform`).
+first failures. That count is the trainer's (`rayrl.trainer.scoring`): a step's rows
+are split over the reward workers (`reward.workers_per_node` on each node), each of
+which sees only its part. The reward model runs on the GPU its bundle reserves (one
+per worker: each worker is a data-parallel rank of it), in bf16, with its scores
+optionally clipped or tanh-bounded (`reward_model.score_transform`).
 The result carries `token_level_scores` [b, R] (the score at each response's last
 token), `scores` [b], `reward_elapsed_s` [b], `reward_error` and `reward_extra` (the
 function's extra values, such as `acc`) columns: one row per sample, from which the
@@ -45,7 +48,8 @@ class RewardWorker(Worker):
         self.tokenizer = AutoTokenizer.from_pretrained(
             tokenizer_path, trust_remote_code=config.actor_rollout_ref.model.trust_remote_code
         )
-        self.source = ErrorBudget(make_source(config), *error_policy(config))
+        # counted here for `stats`; the run's budget is the trainer's (it sees every row)
+        self.source = ErrorBudget(make_source(config), *error_policy(config), enforce=False)
 
     @register(dispatch=DP_SPLIT)
     def compute_score(self, batch: Batch) -> Batch:
@@ -53,8 +57,11 @@ class RewardWorker(Worker):
 
     def score(self, batch: Batch) -> Batch:
         """Scores of `batch`'s responses (the actor's generate calls it directly when
-        the reward runs in its process: `rayrl.trainer.ride_along`)."""
+        the reward runs in its process: `rayrl.trainer.ride_along`). A worker may get
+        no rows (fewer rows than workers on its node)."""
         mask = batch["response_mask"]
+        if len(batch) == 0:
+            return scores_to_batch([], mask)
         texts = self.tokenizer.batch_decode(
             [row[m.bool()].tolist() for row, m in zip(batch["responses"], mask, strict=True)],
             skip_special_tokens=True,
@@ -98,7 +105,7 @@ def make_source(config: RayRLConfig) -> Any:
 
 def error_policy(config: RayRLConfig) -> tuple[float, str, str, str]:
     """The error budget of the config's reward: (rate, its key, the reward in words,
-    what to check first), for `ErrorBudget`."""
+    what to check first), for `ErrorTally` / `ErrorBudget`."""
     r, rm, fn = config.reward, config.reward_model, config.custom_reward_function
     rate, key = r.max_error_rate, RATE_KEY
     if rm.enable:

@@ -33,7 +33,10 @@ MEGATRON_LORA = (
     "lora_alpha and target_modules"
 )
 TEXT_ONLY = "rayrl trains text-only causal LMs: the column is not read"
-RM_POOL = "the reward model runs in the reward role's own bundle (one GPU per worker)"
+RM_POOL = (
+    "the reward model runs in the reward role's own pool: reward.workers_per_node workers "
+    "(one GPU each, a data-parallel rank of the model) on every node of the training pool"
+)
 RM_SERVED = (
     "rayrl runs the reward model with transformers as a sequence classifier, not as a "
     "served generative model"
