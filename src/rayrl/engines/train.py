@@ -38,18 +38,26 @@ Layout and loading, for models past one GPU:
   checkpoint by rank 0, handed out as shards a tensor at a time in the dtype it was
   saved in (`rayrl.engines.load_once`); ``weights_from`` fills it from another engine's model
   instead (the reference from the actor's load). ``load_report`` says what the start
-  read and the peak host memory of a node. LoRA models load whole with transformers.
+  read and the peak host memory of a node, ``bytes_read`` what this rank read. LoRA
+  models load whole with transformers.
+
+Recovery: `snapshot()` / `restore()` keep and put back a step boundary's state;
+`rebuild()` builds the engine again on a re-formed process group from the shards this
+rank holds (`rayrl.engines.rebuild`: nothing is read from storage), and an engine built
+with ``join=True`` (a rank that replaces a lost one) reads at most its own shards
+(`rayrl.engines.train_build`).
 """
 
 from __future__ import annotations
 
 import gc
+import logging
 import math
 import os
 import time
 import warnings
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from typing import Any
 
@@ -89,6 +97,7 @@ from rayrl.engines.rank_sync import (
     global_counts,
     micro_batch_plan,
 )
+from rayrl.engines.rebuild import keep
 from rayrl.engines.regional_compile import compile_regions
 from rayrl.engines.residency import Residency
 from rayrl.engines.train_build import ModelBuilding
@@ -97,6 +106,8 @@ from rayrl.engines.weight_sync import DEFAULT_BUCKET_BYTES, rollout_weights
 from rayrl.models.flops import FlopModel
 
 __all__ = ["LossFn", "TrainEngine"]
+
+log = logging.getLogger("rayrl.engines")
 
 
 class TrainEngine(ModelBuilding):
@@ -132,11 +143,18 @@ class TrainEngine(ModelBuilding):
         weights_from: another engine in this process whose model has the same names
             and shapes: its weights are copied (cast to ``dtype``), nothing is read.
             Building a sharded engine, or rebuilding one, is a collective.
+        join: this rank replaces a lost one of a group whose other ranks kept their
+            weights and `rebuild` (the same collectives as theirs): no collective read;
+            a frozen engine reads its own shards, a trainable one (every weight in its
+            snapshots and checkpoints) waits for `restore` or `load`, and reads its own
+            shards only if something needs the weights before either.
 
     Attributes beyond the arguments: ``dp_rank``, ``dp_size`` (the data-parallel rank:
     ranks of one sequence-parallel group share it and need the same rows), ``sp_rank``,
-    ``sp_size``, ``mesh`` (`rayrl.engines.mesh.TrainMesh`, None unwrapped) and
-    ``load_report`` (`rayrl.engines.load_once.LoadReport`).
+    ``sp_size``, ``mesh`` (`rayrl.engines.mesh.TrainMesh`, None unwrapped),
+    ``load_report`` (`rayrl.engines.load_once.LoadReport`, all ranks) and ``bytes_read``
+    (what this rank read from storage for its weights since it was last built or
+    rebuilt).
     """
 
     def __init__(
@@ -166,8 +184,12 @@ class TrainEngine(ModelBuilding):
         fsdp_size: int = -1,
         weights_from: TrainEngine | None = None,
         config_overrides: dict | None = None,
+        join: bool = False,
     ) -> None:
         self._args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        self.join = join
+        self.trainable = trainable
+        self._pending: Callable[[], int] | None = None  # a new rank's deferred own read
         self.model_path = str(model_path)
         self.tokenizer_path = str(tokenizer_path or model_path)
         self.value_head = value_head
@@ -199,7 +221,6 @@ class TrainEngine(ModelBuilding):
             model, self.device, attention_in_graph=self.sp is None
         )
         self.model = model
-        self.trainable = trainable
         self.optim_spec = (
             optim if isinstance(optim, OptimSpec) else OptimSpec.from_config(optim or {})
         )
@@ -213,6 +234,11 @@ class TrainEngine(ModelBuilding):
         self.skipped_steps = 0
         self.optimizer_steps = 0
         self.train_steps = 0
+        if self._kept is not None:  # a rebuild: the optimizer and schedule as they were
+            self._kept.fill_optimizer(model, self.optimizer)
+            if self.scheduler is not None and self._kept.scheduler is not None:
+                self.scheduler.load_state_dict(self._kept.scheduler)
+            self._set_counters(self._kept.counters)
         self.flop_model = FlopModel.of(model) if not value_head else None
         self.residency = Residency(
             model,
@@ -239,6 +265,7 @@ class TrainEngine(ModelBuilding):
         Returns a Batch of ``[b, R]`` float32 CPU tensors in the input's row order.
         """
         self.residency.require(optimizer=False)
+        self._weights_needed()
         if len(batch) == 0:
             raise ValueError("forward got an empty batch; every rank needs rows.")
         if self.sp is not None:
@@ -309,6 +336,7 @@ class TrainEngine(ModelBuilding):
         """
         self._require_trainable()
         self.residency.require(optimizer=True)
+        self._weights_needed()
         if len(batch) == 0:
             raise ValueError("train_step got an empty batch; every rank needs rows.")
         if self.sp is not None:
@@ -466,6 +494,7 @@ class TrainEngine(ModelBuilding):
     def resident(self):
         """Context with the parameters on the device; engine calls inside move nothing."""
         self.residency.require(optimizer=False)
+        self._weights_needed()
         return self.residency.resident()
 
     def _require_trainable(self) -> None:
@@ -479,6 +508,7 @@ class TrainEngine(ModelBuilding):
     def snapshot(self, reuse: bool = False) -> dict[str, Any]:
         """This rank's state (its shard when sharded) in host memory: trainable weights,
         optimizer, LR schedule and counters (`rayrl.engines.snapshot`, ``reuse`` there)."""
+        self._weights_needed()
         optimizer = self.optimizer if self.trainable else None
         with self.residency.resident():
             return snapshot.capture(self.model, optimizer, self.scheduler, self._counters(), reuse)
@@ -489,19 +519,44 @@ class TrainEngine(ModelBuilding):
 
     def restore(self, state: dict[str, Any]) -> None:
         """Put back a `snapshot()` of this rank (taken in this process or another)."""
+        names = {name for name, _ in self.model.named_parameters()}
+        if not names <= set(state["params"]):  # frozen weights: this rank's own first
+            self._weights_needed()
         optimizer = self.optimizer if self.trainable else None
         with self.residency.resident():
             self._set_counters(snapshot.restore(self.model, optimizer, self.scheduler, state))
+        self._pending = None
 
     def rebuild(self) -> None:
-        """Model, sharding (device mesh, FSDP) and optimizer built again on the process
-        group as it is now (re-formed after a replacement), weights from the model
-        directory until a snapshot or checkpoint is restored."""
+        """Device mesh, FSDP wrapping and optimizer built again on the process group as
+        it is now (re-formed after a replacement), filled from the shards this rank
+        holds: weights, Adam moments, LR schedule and counters stay as they were and
+        nothing is read from storage (`rayrl.engines.rebuild`; where the layout changed,
+        every rank reloads, as at a start). A rank whose weights never came (a
+        replacement awaiting its restore) stays so. Every rank rebuilds together."""
+        if self._pending is None and self._kept is None:  # kept until a rebuild succeeds
+            optimizer = self.optimizer if self.trainable else None
+            self._kept = keep(self.model, optimizer, self.scheduler, self._counters())
         self.model = self.optimizer = self.scheduler = self.residency = None
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        TrainEngine.__init__(self, **self._args)
+        TrainEngine.__init__(self, **{**self._args, "join": True})
+        self._kept = None
+
+    def _weights_needed(self) -> None:
+        """A new rank's weights (``join``), needed before any restore put them back: its
+        own shards, read from the model directory now (no collective)."""
+        if self._pending is None:
+            return
+        read, self._pending = self._pending, None
+        nbytes = read()
+        self.bytes_read += nbytes
+        log.info(
+            "%s: weights needed before a restore; read this rank's shards (%d bytes)",
+            self.model_path,
+            nbytes,
+        )
 
     _COUNTERS = ("skipped_steps", "optimizer_steps", "train_steps")
 
@@ -520,6 +575,7 @@ class TrainEngine(ModelBuilding):
         the directory ``path``; every rank must call it."""
         self._require_trainable()
         self.residency.require(optimizer=True)
+        self._weights_needed()
         with self.residency.resident(), self.residency.stepping():
             save_sharded(path, self.model, self.optimizer, self._extra_state())
 
@@ -531,6 +587,7 @@ class TrainEngine(ModelBuilding):
             extra = load_sharded(path, self.model, self.optimizer, self._extra_state())
         self.scheduler.load_state_dict(extra["scheduler"])
         self._set_counters(extra)
+        self._pending = None  # the checkpoint held every weight
 
     def export_hf(self, path: str | os.PathLike, dtype: str | None = None) -> None:
         """Write a directory that ``transformers`` loads (weights gathered to rank 0,
@@ -557,6 +614,7 @@ class TrainEngine(ModelBuilding):
         of a sharded engine must consume all of it.
         """
         self.residency.require(optimizer=False)
+        self._weights_needed()
         if self.lora:
             return ((k, v.to(dtype)) for k, v in self.full_state_dict().items())
         return rollout_weights(self.model, dtype, bucket_bytes)
