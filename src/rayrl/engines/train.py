@@ -41,17 +41,15 @@ Layout and loading, for models past one GPU:
   read and the peak host memory of a node, ``bytes_read`` what this rank read. LoRA
   models load whole with transformers.
 
-Recovery: `snapshot()` / `restore()` keep and put back a step boundary's state;
-`rebuild()` builds the engine again on a re-formed process group from the shards this
-rank holds (`rayrl.engines.rebuild`: nothing is read from storage), and an engine built
-with ``join=True`` (a rank that replaces a lost one) reads at most its own shards
-(`rayrl.engines.train_build`).
+Recovery (`rayrl.engines.train_recovery`): `snapshot()` / `restore()` keep and put
+back a step boundary's state; `rebuild()` builds the engine again on a re-formed
+process group from the shards this rank holds (nothing is read from storage), and an
+engine built with ``join=True`` (a rank that replaces a lost one) reads at most its own
+shards (`rayrl.engines.train_build`).
 """
 
 from __future__ import annotations
 
-import gc
-import logging
 import math
 import os
 import time
@@ -66,7 +64,6 @@ from torch import Tensor
 
 from rayrl import progress
 from rayrl.batch import Batch
-from rayrl.engines import snapshot
 from rayrl.engines.attention import attention_for
 from rayrl.engines.checkpoint_io import (
     export_hf,
@@ -97,20 +94,18 @@ from rayrl.engines.rank_sync import (
     global_counts,
     micro_batch_plan,
 )
-from rayrl.engines.rebuild import keep
 from rayrl.engines.regional_compile import compile_regions
 from rayrl.engines.residency import Residency
 from rayrl.engines.train_build import ModelBuilding
+from rayrl.engines.train_recovery import StepRecovery
 from rayrl.engines.ulysses import check_same_rows
 from rayrl.engines.weight_sync import DEFAULT_BUCKET_BYTES, rollout_weights
 from rayrl.models.flops import FlopModel
 
 __all__ = ["LossFn", "TrainEngine"]
 
-log = logging.getLogger("rayrl.engines")
 
-
-class TrainEngine(ModelBuilding):
+class TrainEngine(ModelBuilding, StepRecovery):
     """A (possibly sharded) HF model with AdamW, an LR schedule and micro-batching.
 
     Args:
@@ -504,71 +499,8 @@ class TrainEngine(ModelBuilding):
                 "model): it cannot train or checkpoint; build it trainable."
             )
 
-    # ------------------------------------------------ recovery (step boundaries)
-    def snapshot(self, reuse: bool = False) -> dict[str, Any]:
-        """This rank's state (its shard when sharded) in host memory: trainable weights,
-        optimizer, LR schedule and counters (`rayrl.engines.snapshot`, ``reuse`` there)."""
-        self._weights_needed()
-        optimizer = self.optimizer if self.trainable else None
-        with self.residency.resident():
-            return snapshot.capture(self.model, optimizer, self.scheduler, self._counters(), reuse)
-
-    def snapshot_nbytes(self) -> int:
-        """Bytes a `snapshot()` of this rank holds (`rayrl.engines.snapshot.nbytes`)."""
-        return snapshot.nbytes(self.model, self.optimizer if self.trainable else None)
-
-    def restore(self, state: dict[str, Any]) -> None:
-        """Put back a `snapshot()` of this rank (taken in this process or another)."""
-        names = {name for name, _ in self.model.named_parameters()}
-        if not names <= set(state["params"]):  # frozen weights: this rank's own first
-            self._weights_needed()
-        optimizer = self.optimizer if self.trainable else None
-        with self.residency.resident():
-            self._set_counters(snapshot.restore(self.model, optimizer, self.scheduler, state))
-        self._pending = None
-
-    def rebuild(self) -> None:
-        """Device mesh, FSDP wrapping and optimizer built again on the process group as
-        it is now (re-formed after a replacement), filled from the shards this rank
-        holds: weights, Adam moments, LR schedule and counters stay as they were and
-        nothing is read from storage (`rayrl.engines.rebuild`; where the layout changed,
-        every rank reloads, as at a start). A rank whose weights never came (a
-        replacement awaiting its restore) stays so. Every rank rebuilds together."""
-        if self._pending is None and self._kept is None:  # kept until a rebuild succeeds
-            optimizer = self.optimizer if self.trainable else None
-            self._kept = keep(self.model, optimizer, self.scheduler, self._counters())
-        self.model = self.optimizer = self.scheduler = self.residency = None
-        gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-        TrainEngine.__init__(self, **{**self._args, "join": True})
-        self._kept = None
-
-    def _weights_needed(self) -> None:
-        """A new rank's weights (``join``), needed before any restore put them back: its
-        own shards, read from the model directory now (no collective)."""
-        if self._pending is None:
-            return
-        read, self._pending = self._pending, None
-        nbytes = read()
-        self.bytes_read += nbytes
-        log.info(
-            "%s: weights needed before a restore; read this rank's shards (%d bytes)",
-            self.model_path,
-            nbytes,
-        )
-
-    _COUNTERS = ("skipped_steps", "optimizer_steps", "train_steps")
-
-    def _counters(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self._COUNTERS}
-
     def _extra_state(self) -> dict[str, Any]:
         return {"scheduler": self.scheduler.state_dict(), **self._counters()}
-
-    def _set_counters(self, values: dict[str, Any]) -> None:
-        for name in self._COUNTERS:
-            setattr(self, name, int(values[name]))
 
     def save(self, path: str | os.PathLike) -> None:
         """Write a sharded checkpoint (model, optimizer, LR schedule, counters) to
