@@ -73,6 +73,19 @@ def nodes_over(
     return out
 
 
+def bytes_by_node(
+    homes: list[str], nbytes: list[int], alive: list[str], copies: int
+) -> Counter[str]:
+    """What one group's snapshots put in each node's object store: each rank's
+    (`nbytes`) on its own node (`homes`), and on each of its `copies` buddy nodes
+    (`rayrl.controller.recovery.buddy_nodes` among the `alive` ones)."""
+    need: Counter[str] = Counter()
+    for home, buddies, size in zip(homes, buddy_nodes(homes, alive, copies), nbytes, strict=True):
+        for node in [home, *buddies]:
+            need[node] += size
+    return need
+
+
 class Rewound(Exception):  # noqa: N818 - a change of course, not an error
     """The run went back to an earlier step (its last checkpoint): restart the loop."""
 
@@ -174,10 +187,8 @@ class StepReplay:
         for group in self.stateful:
             infos = getattr(group, "infos", None) or [{}] * group.world_size
             homes = [str(infos[r].get("node_id") or "?") for r in range(group.world_size)]
-            buddies = buddy_nodes(homes, list(stores), self.policy.snapshot_replicas)
-            for rank, nbytes in enumerate(GroupSnapshot.rank_nbytes(group)):
-                for node in [homes[rank], *buddies[rank]]:
-                    need[node] += nbytes
+            sizes = GroupSnapshot.rank_nbytes(group)
+            need += bytes_by_node(homes, sizes, list(stores), self.policy.snapshot_replicas)
         over = nodes_over(need, stores, SNAPSHOT_STORE_SHARE)
         if not over:
             return True
