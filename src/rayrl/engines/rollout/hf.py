@@ -406,21 +406,23 @@ def _load(path: str, tokenizer, dtype, device, config_overrides=None, load_weigh
 
 def _empty_model(path: str, config, dtype, device) -> nn.Module:
     """``config``'s causal LM with its parameters allocated on ``device``, uninitialised
-    (in ``dtype``, else the dtype the config names), and the directory's generation
-    config."""
+    (in ``dtype``, else the dtype the config names), its buffers as built (the rotary
+    tables), and the directory's generation config."""
     import os
 
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from rayrl.engines.load_once import materialize
 
     if dtype in (None, "auto"):
         dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype or torch.float32
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    model.to_empty(device=device)
     if getattr(model.config, "tie_word_embeddings", False):
-        model.tie_weights()
+        model.tie_weights()  # parameters made on meta one by one come untied
+    materialize(model, torch.device(device))  # the rotary tables kept as computed
     if os.path.isfile(os.path.join(path, "generation_config.json")):
         model.generation_config = GenerationConfig.from_pretrained(path)
     return model
