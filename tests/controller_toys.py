@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import ray
 
@@ -332,3 +333,27 @@ class Stateful(Worker):
 
     def restore_state(self, state: SlowState) -> None:
         self.value = state.value
+
+
+class Weighty(Worker):
+    """A value whose snapshot is big enough (512 KiB) to live in its node's object store,
+    not inline with its owner."""
+
+    def init_worker(self) -> None:
+        self.value = 0
+
+    @register(dispatch=ONE_TO_ALL)
+    def set(self, value: int) -> None:
+        self.value = value
+
+    @register(dispatch=ONE_TO_ALL)
+    def get(self) -> int:
+        return self.value
+
+    def snapshot_state(self) -> Any:
+        import numpy as np
+
+        return np.full(1 << 16, self.value, dtype=np.float64)
+
+    def restore_state(self, state: Any) -> None:
+        self.value = int(state[0])

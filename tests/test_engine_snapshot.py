@@ -1,5 +1,6 @@
-"""Engine snapshots: a step run again from a snapshot, in the same engine or in one
-rebuilt from the model directory, ends bitwise where the first run ended."""
+"""Engine snapshots: a step run again from a snapshot, in the same engine, in one rebuilt
+(on the weights it held) or in a replacement built to wait for it (reading nothing),
+ends bitwise where the first run ended."""
 
 from __future__ import annotations
 
@@ -30,12 +31,21 @@ def test_a_step_replayed_from_a_snapshot_is_bitwise_the_same(tiny_model_dir):  #
     again = engine.train_step(ragged_batch(4, seed=2), pg_loss, micro_batch_size=2)
     assert _same(after, _weights(engine)) and again["loss"] == metrics["loss"]
 
-    engine.rebuild()  # fresh weights from the model directory, a new optimizer
-    assert not _same(after, _weights(engine)) and engine.train_steps == 0
+    engine.rebuild()  # as on a re-formed process group: what it held, nothing read
+    assert _same(after, _weights(engine)) and engine.train_steps == 2
+    assert engine.load_report.source == "kept" and engine.bytes_read == 0
+    assert engine.optimizer.param_groups[0]["lr"] == lr and engine.optimizer.state
     engine.restore(snap)
     again = engine.train_step(ragged_batch(4, seed=2), pg_loss, micro_batch_size=2)
     assert _same(after, _weights(engine)) and again == metrics
-    assert engine.optimizer.param_groups[0]["lr"] == lr and engine.optimizer_steps == 2
+
+    # a replacement: built to wait for the restore (nothing read), then restored
+    fresh = TrainEngine(tiny_model_dir, optim=optim, total_steps=4, join=True)
+    assert fresh.load_report.source == "restore" and fresh.bytes_read == 0
+    fresh.restore(snap)
+    again = fresh.train_step(ragged_batch(4, seed=2), pg_loss, micro_batch_size=2)
+    assert _same(after, _weights(fresh)) and again == metrics and fresh.bytes_read == 0
+    assert fresh.optimizer.param_groups[0]["lr"] == lr and fresh.optimizer_steps == 2
 
 
 def test_a_snapshot_leaves_frozen_weights_out_and_survives_pickling(tiny_model_dir):  # noqa: F811

@@ -3,9 +3,15 @@ rollout / reference and the critic in one process per rank, two ranks; the rewar
 worker) and real processes killed:
 
 - a clean run is the reference;
+- a rank SIGKILLed mid-update is replaced, and only it reads weights from storage
+  (its shard of the frozen reference policy): the survivor keeps its own; the run
+  ends bitwise identical to the clean run;
 - on a two-node cluster, the chaos monkey SIGKILLs workers by pid at random points,
   a hang is injected (the watchdog catches it), then a whole node is lost: the run
   ends bitwise identical to the clean run;
+- on a two-node cluster with `trainer.snapshot_replicas=1`, the node that holds a
+  rank's step snapshot is lost: the rank comes back from the copy on the other node
+  (one step back, no rewind to a checkpoint), bitwise identical to the clean run;
 - `rayrl train` in its own process: SIGTERM stops it with a checkpoint, a second run
   is SIGKILLed mid-step, a third (`trainer.resume_mode=auto`) ends identical;
 - a rank that always dies hits `trainer.max_worker_restarts` and the run stops.
@@ -81,6 +87,7 @@ def _run(out: Path, extra: list[str], before_fit=None, on_step=None) -> dict:
         "recoveries": run.replay.recoveries,
         "helper": helper,
         "out": out,
+        "group": run.trainer.roles.hybrid.name,
     }
 
 
@@ -244,9 +251,84 @@ def test_kills_a_hang_and_a_lost_node_end_bitwise_like_the_clean_run(
     assert "compute_values" in stages and len(stages) >= 3, stages
 
 
-def _lose_node(cluster, group, head: str) -> None:
-    """Remove the worker node once rank 1 (not on the head) is inside update_actor."""
+def test_a_killed_rank_alone_reads_weights_and_the_run_ends_bitwise(clean, tmp_path):
+    start_local_ray()
+
+    def on_step(run, step):  # step 1: rank 1 dies as its update starts
+        if step == 0:
+            inject(run.trainer.roles.hybrid, Fault("update_actor", "kill", ranks=(1,)))
+
+    killed = _run(tmp_path, ONE_NODE, on_step=on_step)
+    verdict = compare_runs(clean, killed)
+    assert verdict["weights_identical"] and verdict["ledger_identical"], verdict
+    assert verdict["metrics_identical"], verdict
+    [record] = killed["recoveries"]
+    assert record["stage"] == "update_actor" and record["replaced"][0]["rank"] == 1
+    read = record["bytes_read"][killed["group"]]
+    checkpoint = (tmp_path / "tiny-model" / "model.safetensors").stat().st_size
+    assert read[0] == 0, read  # the survivor rebuilt on the shards it held
+    assert 0 < read[1] < 0.75 * checkpoint, (read, checkpoint)  # its reference's shard
+    assert record["ranks_reloading"] == 1
+    assert killed["history"][1]["recovery/ranks_reloading"] == 1.0
+    assert "1 rank(s) read weights from storage" in "\n".join(killed["printed"])
+
+
+@pytest.mark.timeout(900)  # a two-node cluster and a node lost on a loaded 2-core machine
+def test_a_lost_nodes_snapshot_comes_back_from_its_copy_on_the_other_node(
+    clean, ray_multinode, tmp_path
+):
+    cluster = ray_multinode([{"num_cpus": 5}, {"num_cpus": 5}])
+    head = ray.get_runtime_context().get_node_id()
+    seen: dict = {}
+
+    def on_step(run, step):  # step 1: the worker node goes, with its rank's snapshot
+        if step == 0:
+            hybrid = run.trainer.roles.hybrid
+            snapshot = run.replay.snapshots[hybrid.name]
+            threading.Thread(
+                target=_lose_node, args=(cluster, hybrid, head, snapshot, seen), daemon=True
+            ).start()
+
+    ray.shutdown()
+    lost = _run(
+        tmp_path,
+        [
+            f"resources.address={cluster.address}",
+            "trainer.nnodes=2",
+            "trainer.n_gpus_per_node=1",
+            "resources.capacity_factor=3",
+            "trainer.snapshot_replicas=1",
+        ],
+        on_step=on_step,
+    )
+    # before the loss: the rank's snapshot on its own node, its copy on the head
+    assert seen["node"] in seen["primary"] and seen["replica"] == [head], seen
+    verdict = compare_runs(clean, lost)
+    assert verdict["weights_identical"] and verdict["ledger_identical"], verdict
+    text = "\n".join(lost["printed"])
+    assert "restored from the step snapshot's copies on other nodes" in text, text
+    assert "rewound to" not in text, text
+    copies = [r["from_replicas"] for r in lost["recoveries"] if "from_replicas" in r]
+    assert copies == [{lost["group"]: {seen["rank"]: head}}], lost["recoveries"]
+
+
+def _lose_node(cluster, group, head: str, snapshot=None, seen: dict | None = None) -> None:
+    """Remove the worker node once rank 1 (not on the head) is inside update_actor;
+    with `snapshot`, once its copies are stored, noting in `seen` where its rank's
+    snapshot and copy lie."""
     rank = next(r for r in range(group.world_size) if group.describe(r).node_id != head)
+    if snapshot is not None:
+        from ray.experimental import get_object_locations
+
+        copies = snapshot.replicas[rank]
+        ray.wait(copies, num_returns=len(copies), timeout=120, fetch_local=False)
+        places = get_object_locations([snapshot.refs[rank], *snapshot.replicas[rank]])
+        seen.update(
+            rank=rank,
+            node=group.describe(rank).node_id,
+            primary=places[snapshot.refs[rank]]["node_ids"],
+            replica=places[snapshot.replicas[rank][0]]["node_ids"],
+        )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:

@@ -6,7 +6,10 @@ runs greedy episodes with the calculator and a counter (each episode's calls ans
 2, 3; every call writes its process id to a log). The replica's output must be the
 unsplit engine's: the same tokens, masks, log-probs, tool outputs and trajectories; and
 the tools must have run once per call, all in one worker process (TP rank 0), the other
-rank applying the broadcast answers.
+rank applying the broadcast answers. Then rank 1 is replaced: the survivor cuts the
+replica's groups anew from the re-formed process group, the new rank builds its engines
+beside it reading no weights, and after the step snapshot's restore the replica runs
+the same episodes again.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 from transformers import AutoTokenizer
 
 from agent_cases import MAX_TOOL_RESPONSE_TOKENS, make_prompts, train_agent_model
+from rayrl.controller import GroupSnapshot
 from rayrl.engines.rollout import NativeRolloutEngine
 from rayrl.engines.rollout.multi_turn import MultiTurnRollout
 from rayrl.trainer.roles import set_data_layouts
@@ -78,13 +82,22 @@ def test_tp2_episodes_match_one_rank_and_tools_run_once(ray_local, agent_dir, tm
     try:
         group.init(timeout_s=300, backend="gloo", config=cfg, model_path=agent_dir)
         set_data_layouts(group, [group])  # both ranks: the replica's prompts (as the trainer)
+        snap = GroupSnapshot.take(group)
         out = generate(group, prompts)
         pids = {info["pid"] for info in group.device_info()}
+        callers = tp_log.read_text().split()
+        done = group.replace(1)
+        # the survivor keeps its weights; the new rank reads its reference's shard alone
+        assert done.bytes_read[0] == 0 < done.bytes_read[1] and done.ranks_reloading == 1
+        snap.restore(group)
+        again = generate(group, prompts)
     finally:
         close(group, pool, kv)
     ref = _one_rank(_config(ref_log), agent_dir, prompts)
 
     assert len(out) == len(NAMES) * 2  # one replica's output (n=2), not one per rank
+    for key in ("responses", "response_mask", "rollout_log_probs"):  # the rebuilt replica
+        assert torch.equal(again[key], out[key]), key
     for key in ("responses", "response_mask", "attention_mask"):
         assert torch.equal(out[key], ref[key]), key
     torch.testing.assert_close(
@@ -97,6 +110,5 @@ def test_tp2_episodes_match_one_rank_and_tools_run_once(ray_local, agent_dir, tm
     assert out["trajectory"][4][-1]["content"] == "Counted to 3."
     # Each counter call ran once, in one actor process (TP rank 0); the other rank
     # decoded on the answers it was sent.
-    callers = tp_log.read_text().split()
     assert len(callers) == len(ref_log.read_text().split()) == 6  # 2 samples x 3 calls
     assert len(set(callers)) == 1 and int(callers[0]) in pids and int(callers[0]) != os.getpid()

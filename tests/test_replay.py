@@ -180,6 +180,19 @@ def test_snapshots_are_weighed_node_by_node():
     assert nodes_over({"?": 6}, {"a": 10.0, "b": 40.0}, 0.5) == {"?": (6, 10.0)}
 
 
+def test_snapshot_copies_are_weighed_on_their_buddy_nodes():
+    """`trainer.snapshot_replicas`: a rank's copy counts against its buddy node's store,
+    so with one copy each of two nodes holds both nodes' snapshots."""
+    from rayrl.trainer.replay import bytes_by_node, nodes_over
+
+    homes, sizes = ["a", "a", "b"], [3, 3, 4]
+    assert bytes_by_node(homes, sizes, ["a", "b"], 0) == {"a": 6, "b": 4}
+    need = bytes_by_node(homes, sizes, ["a", "b"], 1)
+    assert need == {"a": 10, "b": 10}
+    assert nodes_over(need, {"a": 16.0, "b": 30.0}, 0.5) == {"a": (10, 16.0)}
+    assert bytes_by_node(["a", "a"], [3, 3], ["a"], 1) == {"a": 6}  # one node: no copy
+
+
 def test_a_rank_lost_before_the_first_snapshot_is_replaced_and_the_run_rewinds(counters):
     """A worker killed before the run's first boundary (while `step_snapshots=auto`
     sizes the snapshots) is replaced; with no snapshot yet the run goes back to its

@@ -305,6 +305,25 @@ def test_update_weights_changes_generations(tmp_path):
         engine.update_weights([("lm_head.weight", torch.zeros(3, 3))])
 
 
+def test_an_engine_built_without_weights_waits_for_them_and_reads_nothing(engine, model_dir):
+    """`load_weights=False` (an actor's own rollout copy, filled by its weight sync):
+    config and tokenizer only; generating before `update_weights` fails; after it, the
+    same samples and log-probs as an engine that loaded the directory."""
+    from rayrl import reads
+
+    before = reads.total()
+    empty = HFRolloutEngine(model_path=model_dir, device="cpu", load_weights=False)
+    assert reads.total() == before
+    prompts = make_prompts(engine.tokenizer)
+    params = SamplingParams(n=2, max_new_tokens=R, seed=3)
+    with pytest.raises(RuntimeError, match="call update_weights"):
+        empty.generate(prompts, params)
+    empty.update_weights(engine.model.named_parameters())  # tied: one name for two
+    ours, theirs = empty.generate(prompts, params), engine.generate(prompts, params)
+    assert torch.equal(ours["responses"], theirs["responses"])
+    assert torch.equal(ours["rollout_log_probs"], theirs["rollout_log_probs"])
+
+
 def test_hybrid_engine_shares_the_training_model(model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -216,6 +216,7 @@ RANGES: dict[str, Range] = {
     "trainer.usage_interval_s": SECONDS,
     "trainer.stage_timeout_s": SECONDS,
     "trainer.max_worker_restarts": at_least(0),
+    "trainer.snapshot_replicas": at_least(0, "copies of each step snapshot on other nodes"),
     "resources.wait_timeout_s": SECONDS,
     "resources.create_timeout_s": SECONDS,
     "resources.init_timeout_s": SECONDS,

@@ -456,6 +456,11 @@ class TrainerConfig:
     # model's is ~90 GB of host memory per step). Off: a lost worker rewinds to the last
     # checkpoint
     step_snapshots: Any = "auto"
+    # copies of each rank's step snapshot on other nodes (0: none): the loss of a node
+    # then costs one step instead of a rewind to the last checkpoint; each copy takes
+    # as much object store on its buddy node as the snapshot on its own (counted by
+    # step_snapshots=auto)
+    snapshot_replicas: int = 0
 
 
 @dataclass

@@ -77,6 +77,7 @@ class FusedWorker(Worker):
         """Run each role's `init_worker` with `kwargs[role]`, in the order the roles were given."""
         for role, instance in self.peers.items():
             instance._rayrl_init_kwargs = dict(kwargs.get(role, {}))
+            instance.joining = self.joining
             instance.init_worker(**kwargs.get(role, {}))
 
     def rebuild(self) -> None:

@@ -13,9 +13,13 @@ its ranks), in four steps:
    else in a spare bundle of the pool (`placement`);
 3. join: with a backend, every rank joins the torch.distributed group of the next
    generation through KV discovery; collectives then run under `group.pg_timeout_s`;
-4. build: new workers run `init_worker`; survivors whose engines were built on an
-   older generation run their `rebuild` hook (device mesh, FSDP wrapping,
-   communicators).
+4. build: new workers run `init_worker` (`joining` when survivors kept their state:
+   they run the survivors' collectives and may leave their state to the restore);
+   survivors whose engines were built on an older generation run their `rebuild`
+   hook (device mesh, FSDP wrapping, communicators, on the state they hold).
+
+What every rank read from storage while it was built or rebuilt comes back in each
+`Replacement` (`bytes_read`, `ranks_reloading`).
 
 A step that fails makes its ranks the lost ones of the next attempt, `retries` times.
 State is not restored here: `rayrl.controller.recovery` does that.
@@ -44,6 +48,7 @@ def bring_up(
     lost = set(lost)
     old = {r: group.describe(r) for r in lost}
     spare: dict[int, bool] = {}
+    read: dict[int, int] = {}
     with group.replacing(lost) as replacing:
         attempt = 0
         while True:
@@ -58,7 +63,7 @@ def bring_up(
             if not failures and group.forms_process_group:
                 failures = join(group)
             if not failures:
-                failures = build(group, timeout_s)
+                failures = build(group, timeout_s, read)
             if not failures:
                 break
             if attempt >= retries:
@@ -79,7 +84,7 @@ def bring_up(
     group.dead.difference_update(old)
     if not group.forms_process_group:  # with one, joining told every rank its context
         _tell_survivors(group, old)
-    return _report(group, old, spare)
+    return _report(group, old, spare, read)
 
 
 def _tell_survivors(group: Any, old: dict) -> None:
@@ -160,25 +165,41 @@ def join(group: Any) -> dict:
     return failures
 
 
-def build(group: Any, timeout_s: float) -> dict:
-    """init_worker on ranks never built; rebuild on ranks built on an older generation."""
+def build(group: Any, timeout_s: float, read: dict[int, int] | None = None) -> dict:
+    """init_worker on ranks never built (joining the survivors when some rank was built
+    and kept its state); rebuild on ranks built on an older generation. Adds what each
+    rank read from storage to `read`; returns the failures."""
     current = group.generation if group.forms_process_group else 0
+    joining = any(b is not None for b in group.built)
     pending = {}
     for rank in range(group.world_size):
         actor, built = group.actors[rank], group.built[rank]
         if built is None:
-            pending[rank] = actor._rayrl_init.remote(group._init_kwargs or {})
+            pending[rank] = actor._rayrl_init.remote(group._init_kwargs or {}, joining)
         elif built != current:
             pending[rank] = actor._rayrl_rebuild.remote()
     results, failures = wait_all(pending, timeout_s)
     for rank, info in results.items():
         group.infos[rank] = info
         group.built[rank] = current
+        if read is not None:
+            read[rank] = read.get(rank, 0) + int(info.get("bytes_read", 0))
     return failures
 
 
-def _report(group: Any, old: dict, spare: dict[int, bool]) -> list[Replacement]:
+def _report(
+    group: Any, old: dict, spare: dict[int, bool], read: dict[int, int]
+) -> list[Replacement]:
     out = []
+    if old:
+        reloading = sorted(r for r, n in read.items() if n > 0)
+        logger.info(
+            "%s: %d of %d ranks read weights from storage while it was brought back (%s)",
+            group.name,
+            len(reloading),
+            group.world_size,
+            ", ".join(f"rank {r}: {read[r]} bytes" for r in reloading) or "none",
+        )
     for r in sorted(old):
         new = group.describe(r)
         if new.node_id != old[r].node_id:
@@ -204,6 +225,7 @@ def _report(group: Any, old: dict, spare: dict[int, bool]) -> list[Replacement]:
                 new.pid,
                 group.generation,
                 spare.get(r, False),
+                dict(read),
             )
         )
     return out

@@ -59,7 +59,14 @@ class HealthReport:
 
 @dataclass
 class Replacement:
-    """What `WorkerGroup.replace(rank)` did."""
+    """What `WorkerGroup.replace(rank)` did.
+
+    ``bytes_read``: what each rank built (the new ones' `init_worker`) or rebuilt (the
+    survivors) during the replacement read from storage (`rayrl.reads`), by rank, over
+    all its attempts: the same for every Replacement of one `replace` call. A survivor
+    that keeps its weights reads nothing; a new rank whose state a snapshot restore
+    brings back reads only what no snapshot holds (a frozen reference policy's shard).
+    """
 
     rank: int
     old_node: str
@@ -68,11 +75,17 @@ class Replacement:
     new_pid: int | None
     generation: int
     spare_used: bool = False
+    bytes_read: dict[int, int] = field(default_factory=dict)
 
     @property
     def moved(self) -> bool:
         """Whether the worker now runs on another node (the topology changed)."""
         return self.old_node != self.new_node
+
+    @property
+    def ranks_reloading(self) -> int:
+        """How many ranks of the group read anything from storage in the replacement."""
+        return sum(1 for n in self.bytes_read.values() if n > 0)
 
 
 def check_group(group: Any, timeout_s: float) -> HealthReport:

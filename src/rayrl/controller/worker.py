@@ -20,7 +20,11 @@ Three hooks make a worker recoverable at step boundaries (`rayrl.controller.reco
 `snapshot_state()` returns this rank's state (its shard when sharded),
 `restore_state(state)` puts it back, and `rebuild()` rebuilds whatever was bound to
 the previous process group (device mesh, FSDP wrapping, communicators) after the group
-re-formed; by default it runs `init_worker` again with the same arguments.
+re-formed; by default it runs `init_worker` again with the same arguments. A worker
+started in place of a lost rank while the others kept their state runs `init_worker`
+with `joining` True: it must run the same collectives as their `rebuild`, and may
+leave its state to the restore that follows. What `init_worker` and `rebuild` read
+from storage (`rayrl.reads`) comes back in `info()["bytes_read"]`.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from typing import Any
 
 import ray
 
+from rayrl import reads
 from rayrl.cluster import ray_private
 from rayrl.controller import calls
 from rayrl.controller.calls import running
@@ -87,6 +92,9 @@ class Worker:
     """
 
     ctx: WorkerContext | None = None
+    # init_worker runs in place of a lost rank while the group's other ranks kept their
+    # state (they rebuild, see the module docstring); set by the group, before it runs
+    joining: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -116,15 +124,18 @@ class Worker:
         self.ctx = ctx
         return self.info()
 
-    def _rayrl_init(self, kwargs: dict) -> dict:
-        """Run `init_worker(**kwargs)` (init phase); returns `info()`."""
+    def _rayrl_init(self, kwargs: dict, joining: bool = False) -> dict:
+        """Run `init_worker(**kwargs)` (init phase; `joining`: see the class attribute);
+        returns `info()`, with what it read from storage."""
         self._rayrl_init_kwargs = dict(kwargs)
-        start = time.time()
+        self.joining = joining
+        start, before = time.time(), reads.total()
         try:
             with running(self, "init_worker"):
                 self.init_worker(**kwargs)
         finally:
             self._rayrl_init_span = (start, time.time())
+            self._rayrl_bytes_read = reads.total() - before
         return self.info()
 
     def _rayrl_join(
@@ -139,8 +150,12 @@ class Worker:
 
     def _rayrl_rebuild(self) -> dict:
         """After the process group re-formed: rebuild what was bound to the old one."""
-        with running(self, "rebuild"):
-            self.rebuild()
+        before = reads.total()
+        try:
+            with running(self, "rebuild"):
+                self.rebuild()
+        finally:
+            self._rayrl_bytes_read = reads.total() - before
         return self.info()
 
     def _rayrl_snapshot(self) -> int:
@@ -168,6 +183,22 @@ class Worker:
         """Put back what `_rayrl_snapshot` returned."""
         with running(self, "restore"):
             self.restore_state(state)
+
+    def _rayrl_restore_from(self, copies: list) -> int:
+        """Put back the first of `copies` (ObjectRefs of one rank's snapshot: the
+        primary, then its replicas on other nodes) that is still there; returns its
+        index. Raises the last copy's error when none is."""
+        with running(self, "restore"):
+            for index, ref in enumerate(copies):
+                try:
+                    state = ray.get(ref)
+                except (ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError):
+                    if index == len(copies) - 1:
+                        raise
+                    continue
+                self.restore_state(state)
+                return index
+            raise ValueError("_rayrl_restore_from needs at least one copy")
 
     @ray.method(concurrency_group=HEALTH_GROUP)
     def _rayrl_add_call_hooks(self, hooks: list) -> int:
@@ -326,6 +357,8 @@ class Worker:
             "distributed": _distributed_initialized(),
             "threads": _torch_threads(),
             "init_span": getattr(self, "_rayrl_init_span", None),  # wall clock, last init
+            # read from storage by the last init_worker or rebuild (rayrl.reads)
+            "bytes_read": getattr(self, "_rayrl_bytes_read", 0),
         }
 
     # --- convenience attributes ---------------------------------------------------------

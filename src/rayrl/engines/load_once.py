@@ -13,6 +13,9 @@ shards it, allocates each rank's shards on its device (`materialize`), then fill
 * `copy_weights`: the same from another engine's model in this process (the reference
   policy from the actor's load): shard to shard where both are laid out alike, else a
   gather per tensor; no read at all.
+* `load_own_shards`: one rank alone, no collective: it reads only the rows of each
+  tensor that its shard holds. A rank that replaces a lost one of a group whose other
+  ranks kept their weights fills its frozen weights this way (`rayrl.engines.rebuild`).
 
 `LoadReport` carries what a start cost: bytes read from storage (all ranks), the peak
 host memory of a node (the sum of its ranks' peak resident sizes, ``VmHWM``) and the
@@ -36,6 +39,7 @@ __all__ = [
     "copy_weights",
     "host_peak_bytes",
     "load_checkpoint",
+    "load_own_shards",
     "materialize",
     "node_peak_gb",
     "weight_file_bytes",
@@ -200,6 +204,51 @@ def load_checkpoint(
                 _place(target, full)
             del full
         return reader.bytes_read
+
+
+def load_own_shards(
+    model: nn.Module,
+    plan: dict[str, TensorEntry | None],
+    index: CheckpointIndex,
+    seed: int,
+) -> int:
+    """Fill this rank's shards of ``model`` (`weight_plan`'s ``plan``) from the checkpoint,
+    with no collective: a dim-0 shard reads only its rows, any other tensor is read whole
+    and cut here; a value head to draw is drawn whole from ``seed``, as `load_checkpoint`
+    draws it. Returns the bytes read."""
+    generator = torch.Generator().manual_seed(seed)
+    std = float(getattr(model.config, "initializer_range", 0.02))
+    with CheckpointReader(index) as reader, torch.no_grad():
+        for name, target in _tensors(model):
+            entry = plan[name]
+            if entry is None:
+                _place(target, _drawn_head(tuple(target.shape), generator, std))
+                continue
+            rows = _own_rows(target)
+            if rows is None:
+                _place(target, reader.read(name))
+                continue
+            local = target.to_local()
+            local.copy_(reader.read_rows(name, rows, rows + local.shape[0]))
+        return reader.bytes_read
+
+
+def _own_rows(target: Tensor) -> int | None:
+    """The first row of this rank's part of a DTensor split on dim 0 only (replicated
+    elsewhere), or None for any other tensor."""
+    if not hasattr(target, "to_local") or target.dim() == 0:
+        return None
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    if not all(p == Shard(0) or p == Replicate() for p in target.placements):
+        return None
+    shape, offset = compute_local_shape_and_global_offset(
+        target.shape, target.device_mesh, target.placements
+    )
+    if tuple(shape) != tuple(target.to_local().shape):
+        return None
+    return int(offset[0]) if shape[0] else 0
 
 
 def _dim0_shard(target: Tensor) -> bool:

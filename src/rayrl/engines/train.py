@@ -38,18 +38,24 @@ Layout and loading, for models past one GPU:
   checkpoint by rank 0, handed out as shards a tensor at a time in the dtype it was
   saved in (`rayrl.engines.load_once`); ``weights_from`` fills it from another engine's model
   instead (the reference from the actor's load). ``load_report`` says what the start
-  read and the peak host memory of a node. LoRA models load whole with transformers.
+  read and the peak host memory of a node, ``bytes_read`` what this rank read. LoRA
+  models load whole with transformers.
+
+Recovery (`rayrl.engines.train_recovery`): `snapshot()` / `restore()` keep and put
+back a step boundary's state; `rebuild()` builds the engine again on a re-formed
+process group from the shards this rank holds (nothing is read from storage), and an
+engine built with ``join=True`` (a rank that replaces a lost one) reads at most its own
+shards (`rayrl.engines.train_build`).
 """
 
 from __future__ import annotations
 
-import gc
 import math
 import os
 import time
 import warnings
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from typing import Any
 
@@ -58,7 +64,6 @@ from torch import Tensor
 
 from rayrl import progress
 from rayrl.batch import Batch
-from rayrl.engines import snapshot
 from rayrl.engines.attention import attention_for
 from rayrl.engines.checkpoint_io import (
     export_hf,
@@ -92,6 +97,7 @@ from rayrl.engines.rank_sync import (
 from rayrl.engines.regional_compile import compile_regions
 from rayrl.engines.residency import Residency
 from rayrl.engines.train_build import ModelBuilding
+from rayrl.engines.train_recovery import StepRecovery
 from rayrl.engines.ulysses import check_same_rows
 from rayrl.engines.weight_sync import DEFAULT_BUCKET_BYTES, rollout_weights
 from rayrl.models.flops import FlopModel
@@ -99,7 +105,7 @@ from rayrl.models.flops import FlopModel
 __all__ = ["LossFn", "TrainEngine"]
 
 
-class TrainEngine(ModelBuilding):
+class TrainEngine(ModelBuilding, StepRecovery):
     """A (possibly sharded) HF model with AdamW, an LR schedule and micro-batching.
 
     Args:
@@ -132,11 +138,18 @@ class TrainEngine(ModelBuilding):
         weights_from: another engine in this process whose model has the same names
             and shapes: its weights are copied (cast to ``dtype``), nothing is read.
             Building a sharded engine, or rebuilding one, is a collective.
+        join: this rank replaces a lost one of a group whose other ranks kept their
+            weights and `rebuild` (the same collectives as theirs): no collective read;
+            a frozen engine reads its own shards, a trainable one (every weight in its
+            snapshots and checkpoints) waits for `restore` or `load`, and reads its own
+            shards only if something needs the weights before either.
 
     Attributes beyond the arguments: ``dp_rank``, ``dp_size`` (the data-parallel rank:
     ranks of one sequence-parallel group share it and need the same rows), ``sp_rank``,
-    ``sp_size``, ``mesh`` (`rayrl.engines.mesh.TrainMesh`, None unwrapped) and
-    ``load_report`` (`rayrl.engines.load_once.LoadReport`).
+    ``sp_size``, ``mesh`` (`rayrl.engines.mesh.TrainMesh`, None unwrapped),
+    ``load_report`` (`rayrl.engines.load_once.LoadReport`, all ranks) and ``bytes_read``
+    (what this rank read from storage for its weights since it was last built or
+    rebuilt).
     """
 
     def __init__(
@@ -166,8 +179,12 @@ class TrainEngine(ModelBuilding):
         fsdp_size: int = -1,
         weights_from: TrainEngine | None = None,
         config_overrides: dict | None = None,
+        join: bool = False,
     ) -> None:
         self._args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        self.join = join
+        self.trainable = trainable
+        self._pending: Callable[[], int] | None = None  # a new rank's deferred own read
         self.model_path = str(model_path)
         self.tokenizer_path = str(tokenizer_path or model_path)
         self.value_head = value_head
@@ -199,7 +216,6 @@ class TrainEngine(ModelBuilding):
             model, self.device, attention_in_graph=self.sp is None
         )
         self.model = model
-        self.trainable = trainable
         self.optim_spec = (
             optim if isinstance(optim, OptimSpec) else OptimSpec.from_config(optim or {})
         )
@@ -213,6 +229,11 @@ class TrainEngine(ModelBuilding):
         self.skipped_steps = 0
         self.optimizer_steps = 0
         self.train_steps = 0
+        if self._kept is not None:  # a rebuild: the optimizer and schedule as they were
+            self._kept.fill_optimizer(model, self.optimizer)
+            if self.scheduler is not None and self._kept.scheduler is not None:
+                self.scheduler.load_state_dict(self._kept.scheduler)
+            self._set_counters(self._kept.counters)
         self.flop_model = FlopModel.of(model) if not value_head else None
         self.residency = Residency(
             model,
@@ -239,6 +260,7 @@ class TrainEngine(ModelBuilding):
         Returns a Batch of ``[b, R]`` float32 CPU tensors in the input's row order.
         """
         self.residency.require(optimizer=False)
+        self._weights_needed()
         if len(batch) == 0:
             raise ValueError("forward got an empty batch; every rank needs rows.")
         if self.sp is not None:
@@ -309,6 +331,7 @@ class TrainEngine(ModelBuilding):
         """
         self._require_trainable()
         self.residency.require(optimizer=True)
+        self._weights_needed()
         if len(batch) == 0:
             raise ValueError("train_step got an empty batch; every rank needs rows.")
         if self.sp is not None:
@@ -466,6 +489,7 @@ class TrainEngine(ModelBuilding):
     def resident(self):
         """Context with the parameters on the device; engine calls inside move nothing."""
         self.residency.require(optimizer=False)
+        self._weights_needed()
         return self.residency.resident()
 
     def _require_trainable(self) -> None:
@@ -475,51 +499,15 @@ class TrainEngine(ModelBuilding):
                 "model): it cannot train or checkpoint; build it trainable."
             )
 
-    # ------------------------------------------------ recovery (step boundaries)
-    def snapshot(self, reuse: bool = False) -> dict[str, Any]:
-        """This rank's state (its shard when sharded) in host memory: trainable weights,
-        optimizer, LR schedule and counters (`rayrl.engines.snapshot`, ``reuse`` there)."""
-        optimizer = self.optimizer if self.trainable else None
-        with self.residency.resident():
-            return snapshot.capture(self.model, optimizer, self.scheduler, self._counters(), reuse)
-
-    def snapshot_nbytes(self) -> int:
-        """Bytes a `snapshot()` of this rank holds (`rayrl.engines.snapshot.nbytes`)."""
-        return snapshot.nbytes(self.model, self.optimizer if self.trainable else None)
-
-    def restore(self, state: dict[str, Any]) -> None:
-        """Put back a `snapshot()` of this rank (taken in this process or another)."""
-        optimizer = self.optimizer if self.trainable else None
-        with self.residency.resident():
-            self._set_counters(snapshot.restore(self.model, optimizer, self.scheduler, state))
-
-    def rebuild(self) -> None:
-        """Model, sharding (device mesh, FSDP) and optimizer built again on the process
-        group as it is now (re-formed after a replacement), weights from the model
-        directory until a snapshot or checkpoint is restored."""
-        self.model = self.optimizer = self.scheduler = self.residency = None
-        gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-        TrainEngine.__init__(self, **self._args)
-
-    _COUNTERS = ("skipped_steps", "optimizer_steps", "train_steps")
-
-    def _counters(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self._COUNTERS}
-
     def _extra_state(self) -> dict[str, Any]:
         return {"scheduler": self.scheduler.state_dict(), **self._counters()}
-
-    def _set_counters(self, values: dict[str, Any]) -> None:
-        for name in self._COUNTERS:
-            setattr(self, name, int(values[name]))
 
     def save(self, path: str | os.PathLike) -> None:
         """Write a sharded checkpoint (model, optimizer, LR schedule, counters) to
         the directory ``path``; every rank must call it."""
         self._require_trainable()
         self.residency.require(optimizer=True)
+        self._weights_needed()
         with self.residency.resident(), self.residency.stepping():
             save_sharded(path, self.model, self.optimizer, self._extra_state())
 
@@ -531,6 +519,7 @@ class TrainEngine(ModelBuilding):
             extra = load_sharded(path, self.model, self.optimizer, self._extra_state())
         self.scheduler.load_state_dict(extra["scheduler"])
         self._set_counters(extra)
+        self._pending = None  # the checkpoint held every weight
 
     def export_hf(self, path: str | os.PathLike, dtype: str | None = None) -> None:
         """Write a directory that ``transformers`` loads (weights gathered to rank 0,
@@ -557,6 +546,7 @@ class TrainEngine(ModelBuilding):
         of a sharded engine must consume all of it.
         """
         self.residency.require(optimizer=False)
+        self._weights_needed()
         if self.lora:
             return ((k, v.to(dtype)) for k, v in self.full_state_dict().items())
         return rollout_weights(self.model, dtype, bucket_bytes)

@@ -5,10 +5,20 @@ sharded with FSDP2, and filled from one read of the checkpoint or from another e
 `ModelBuilding` is `TrainEngine`'s base: its methods run once, from `__init__` (and
 again from `rebuild`), and set the attributes the module docstring of
 `rayrl.engines.train` lists (``mesh``, ``sp``, ``dp_rank``, ``load_report``, ...).
+
+After a replacement (``join``) no rank reads the checkpoint together with the others:
+a surviving rank fills the rebuilt model from the shards it kept (`rayrl.engines.rebuild`,
+source ``kept``), a new rank reads only its own shards (``own shards``) and, for a
+trainable engine, only when its weights are needed before a restore put them back
+(``restore``: a step snapshot or a checkpoint holds every trainable weight). Both run
+the same collectives: the mesh, one exchange of whether every rank's kept shards still
+fit the new layout (when one does not, every rank reloads from the checkpoint
+together, as a start does, and says why), the load report.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 import warnings
 from collections.abc import Callable
@@ -17,12 +27,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rayrl import reads
 from rayrl.engines.attention import VARLEN
 from rayrl.engines.fsdp import attention_modules, ensure_process_group, shard_model
 from rayrl.engines.load_once import (
     LoadReport,
     copy_weights,
     load_checkpoint,
+    load_own_shards,
     materialize,
     node_peak_gb,
     weight_file_bytes,
@@ -33,17 +45,25 @@ from rayrl.engines.logprob_head import install_logprob_head
 from rayrl.engines.lora import apply_lora
 from rayrl.engines.mesh import MeshError, MeshSpec, TrainMesh, check_heads
 from rayrl.engines.rank_sync import all_reduce
+from rayrl.engines.rebuild import Kept
 from rayrl.engines.ulysses import SPGroup, attach
 from rayrl.engines.weights_read import CheckpointIndex
 
 __all__ = ["Filler", "ModelBuilding"]
+
+log = logging.getLogger("rayrl.engines")
 
 # Fills an empty model's weights on a device; returns (LoadReport.source, bytes read).
 Filler = Callable[[torch.nn.Module, torch.device], tuple[str, int]]
 
 
 class ModelBuilding:
-    """The building steps of `rayrl.engines.train.TrainEngine` (module docstring)."""
+    """The building steps of `rayrl.engines.train.TrainEngine` (module docstring).
+
+    ``join``, ``trainable`` and ``_kept`` (the shards a rebuild kept, else None) are set
+    before `_build_model` runs; it sets ``_pending`` for a new rank's deferred read."""
+
+    _kept: Kept | None = None
 
     def _build_mesh(self, sp: int, fsdp_size: int) -> None:
         """The layout of ranks (`rayrl.engines.mesh`): sharding mesh, SP and DP ranks."""
@@ -72,17 +92,15 @@ class ModelBuilding:
     ) -> tuple[torch.nn.Module, Filler | None]:
         """The model, sharded when `fsdp`, and how to fill it: built on the meta device
         with a `Filler` for its weights, or (LoRA, or a checkpoint whose names do not
-        map) loaded whole by transformers in this process, with None."""
+        map) loaded whole by transformers in this process, with None. A rebuild whose
+        kept shards no longer fit the new layout on some rank builds it again, as a
+        start does, on every rank."""
         fill = None
-        if lora is None:
-            model = build_empty_model(
-                self.model_path,
-                value_head,
-                dtype,
-                attn,
-                trust_remote_code,
-                self.config_overrides,
-            )
+        if self._kept is not None:  # a rebuild: the structure only, the kept shards fill it
+            model = self._empty_model(value_head, dtype, attn, trust_remote_code)
+            fill = self._from_kept
+        elif lora is None:
+            model = self._empty_model(value_head, dtype, attn, trust_remote_code)
             fill = self._filler(model, value_head, weights_from, seed)
         if fill is None:
             model = load_hf_model(
@@ -110,7 +128,56 @@ class ModelBuilding:
             shard_model(model, self.device.type, self.mixed_precision, mesh=self.mesh.fsdp)
         if self.sp is not None:
             attach(model, self.sp, attention_modules(model))
+        if self.join and not self._layouts_hold(model):
+            self._kept, self.join = None, False  # every rank reloads, as at a start
+            return self._build_model(
+                value_head,
+                dtype,
+                attn,
+                seed,
+                trust_remote_code,
+                lora,
+                gradient_checkpointing,
+                weights_from,
+            )
         return model, fill
+
+    def _empty_model(
+        self, value_head: bool, dtype: str, attn: str, trust_remote_code: bool
+    ) -> torch.nn.Module:
+        return build_empty_model(
+            self.model_path,
+            value_head,
+            dtype,
+            attn,
+            trust_remote_code,
+            self.config_overrides,
+        )
+
+    def _layouts_hold(self, model: torch.nn.Module) -> bool:
+        """Whether every rank's kept shards fit ``model``'s layout (a new rank's always
+        do: it kept none); a collective when sharded. Says why not, on every rank."""
+        why = self._kept.layout_change(model) if self._kept is not None else ""
+        reasons = [why]
+        if self.sharded:
+            reasons = [None] * dist.get_world_size()
+            dist.all_gather_object(reasons, why)
+        bad = {rank: reason for rank, reason in enumerate(reasons) if reason}
+        if not bad:
+            return True
+        rank, reason = next(iter(bad.items()))
+        message = (
+            f"{self.model_path}: the rebuilt model is sharded otherwise than before on "
+            f"{len(bad)} rank(s) (rank {rank}: {reason}); every rank reloads the weights "
+            "from the model directory, as at a start"
+        )
+        log.warning(message)
+        warnings.warn(message, stacklevel=3)
+        return False
+
+    def _from_kept(self, target: torch.nn.Module, home: torch.device) -> tuple[str, int]:
+        self._kept.fill_model(target)
+        return "kept", 0
 
     def _check_sequence_parallel(self, config: Any, attn: str) -> None:
         """MeshError unless Ulysses can split this model's heads and attention."""
@@ -131,9 +198,10 @@ class ModelBuilding:
         seed: int,
     ) -> Filler | None:
         """How to fill the empty ``model``: from ``weights_from``'s model, else from one
-        read of the checkpoint; None (with a warning) when the checkpoint's names or
-        shapes do not map onto the model's."""
-        if weights_from is not None:
+        read of the checkpoint (``join``: this rank's own shards, `_joining_filler`);
+        None (with a warning) when the checkpoint's names or shapes do not map onto the
+        model's."""
+        if weights_from is not None and not self.join:
 
             def from_engine(target: torch.nn.Module, home: torch.device) -> tuple[str, int]:
                 with weights_from.resident():
@@ -148,6 +216,8 @@ class ModelBuilding:
         else:
             plan = weight_plan(model, index, value_head)
             if not isinstance(plan, str):
+                if self.join:
+                    return self._joining_filler(plan, index, seed)
 
                 def from_checkpoint(target: torch.nn.Module, home: torch.device) -> tuple[str, int]:
                     read = load_checkpoint(target, plan, index, home, self.sharded, seed)
@@ -162,19 +232,38 @@ class ModelBuilding:
         )
         return None
 
+    def _joining_filler(self, plan: dict, index: CheckpointIndex, seed: int) -> Filler:
+        """A new rank among ranks that kept their weights: its own shards, read with no
+        collective; a trainable engine's only when they are needed before a restore
+        (`TrainEngine.restore` or `load`) puts them back (``_pending``)."""
+
+        def own(target: torch.nn.Module, home: torch.device) -> tuple[str, int]:
+            return "own shards", load_own_shards(target, plan, index, seed)
+
+        if not self.trainable:
+            return own
+
+        def deferred(target: torch.nn.Module, home: torch.device) -> tuple[str, int]:
+            self._pending = lambda: own(target, home)[1]
+            return "restore", 0
+
+        return deferred
+
     def _fill(
         self, model: torch.nn.Module, fill: Filler | None, param_offload: bool, start: float
     ) -> None:
         """Allocate and fill an empty ``model`` (``fill``), or place a loaded one; then
-        `load_report` (a collective when sharded)."""
+        ``bytes_read`` (this rank's reads) and `load_report` (a collective when sharded)."""
         home = self.device if self.fsdp or not param_offload else torch.device("cpu")
         if fill is None:
             source, read = "from_pretrained", weight_file_bytes(self.model_path)
+            reads.count(read)
             if not self.fsdp:
                 model.to(home)
         else:
             materialize(model, home)
             source, read = fill(model, home)
+        self.bytes_read = read
         total = all_reduce([float(read)], self.sharded, self.device)[0]
         seconds = time.perf_counter() - start
         self.load_report = LoadReport(source, int(total), seconds, node_peak_gb(self.sharded))

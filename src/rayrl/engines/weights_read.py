@@ -6,7 +6,8 @@ dtype, shape and byte range. `CheckpointReader.read` then reads one tensor with 
 positioned file read into a fresh host tensor, in the dtype it was saved in: no
 memory map, so the pages of the whole file never count towards the reading process's
 resident memory (a mapped 15 GB checkpoint would), and host memory holds one tensor at
-a time. The reader counts the bytes it read (``bytes_read``).
+a time. The reader counts the bytes it read (``bytes_read``, and in `rayrl.reads`);
+`read_rows` reads a range of a tensor's first dimension alone (a rank's shard of it).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
+
+from rayrl import reads
 
 __all__ = ["CheckpointIndex", "CheckpointReader", "TensorEntry"]
 
@@ -113,20 +116,36 @@ class CheckpointReader:
     def read(self, name: str) -> Tensor:
         """The tensor ``name`` in its saved dtype, in host memory of its own."""
         entry = self.index[name]
+        return self._read(entry, name, entry.start, entry.nbytes).reshape(entry.shape)
+
+    def read_rows(self, name: str, start: int, stop: int) -> Tensor:
+        """Rows ``start:stop`` of the tensor ``name`` (its first dimension), read alone:
+        a row-major tensor's rows lie in one byte range of the file."""
+        entry = self.index[name]
+        rows = entry.shape[0] if entry.shape else 1
+        start, stop = max(0, min(start, rows)), max(0, min(stop, rows))
+        stop = max(start, stop)
+        row_bytes = entry.nbytes // rows if rows else 0
+        raw = self._read(entry, name, entry.start + start * row_bytes, (stop - start) * row_bytes)
+        return raw.reshape((stop - start, *entry.shape[1:]))
+
+    def _read(self, entry: TensorEntry, name: str, offset: int, nbytes: int) -> Tensor:
+        """``nbytes`` of ``entry``'s file from ``offset``, viewed in its dtype."""
         handle = self._files.get(entry.file)
         if handle is None:
             handle = self._files[entry.file] = open(entry.file, "rb", buffering=0)  # noqa: SIM115
-        raw = torch.empty(entry.nbytes, dtype=torch.uint8)
-        handle.seek(entry.start)
+        raw = torch.empty(nbytes, dtype=torch.uint8)
+        handle.seek(offset)
         view = memoryview(raw.numpy())
         done = 0
-        while done < entry.nbytes:
+        while done < nbytes:
             got = handle.readinto(view[done:])
             if not got:
                 raise OSError(f"{entry.file} ended inside tensor {name}: the file is truncated")
             done += got
-        self.bytes_read += entry.nbytes
-        return raw.view(entry.dtype).reshape(entry.shape)
+        self.bytes_read += nbytes
+        reads.count(nbytes)
+        return raw.view(entry.dtype)
 
     def close(self) -> None:
         for handle in self._files.values():

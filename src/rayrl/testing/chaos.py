@@ -58,6 +58,8 @@ CLOCK_METRICS = ("timing_s/", "perf/", "reward/elapsed_s/")
 # within ENGINE_TOLERANCE, not bitwise.
 ENGINE_NUMERICS = ("training/rollout_probs_diff_", "training/rollout_actor_probs_pearson_corr")
 ENGINE_TOLERANCE = 1e-6
+# What a recovery did (`rayrl.trainer.replay`): only the steps after one have them.
+RECOVERY_METRICS = ("recovery/",)
 
 
 @dataclass
@@ -207,8 +209,10 @@ def _at(beat: dict, method: str, phase: str | None) -> bool:
 
 
 def deterministic(metrics: dict) -> dict:
-    """A step's metrics without the wall-clock ones and the engine-numerics ones."""
-    return {k: v for k, v in metrics.items() if not k.startswith(CLOCK_METRICS + ENGINE_NUMERICS)}
+    """A step's metrics without the wall-clock ones, the engine-numerics ones and those of
+    recoveries."""
+    skip = CLOCK_METRICS + ENGINE_NUMERICS + RECOVERY_METRICS
+    return {k: v for k, v in metrics.items() if not k.startswith(skip)}
 
 
 def engine_numerics_close(a: dict, b: dict) -> bool:

@@ -8,11 +8,12 @@ after it) and, when a worker dies or hangs in it:
    `trainer.max_worker_restarts` (per rank, per unit of work);
 2. brings each group with failed ranks back (`WorkerGroup.replace`: busy survivors
    aborted, new workers in their bundles or in spares, the process group re-formed,
-   the survivors' engines rebuilt);
+   the survivors' engines rebuilt on the weights they hold);
 3. restores the groups that hold state to the last step boundary, from the snapshot
-   taken there (`GroupSnapshot`, `trainer.step_snapshots`), or, where that is gone
-   (a lost node took it), from the last checkpoint: then the run rewinds to that
-   checkpoint's step (`Rewound`);
+   taken there (`GroupSnapshot`, `trainer.step_snapshots`; with
+   `trainer.snapshot_replicas` a rank whose node was lost takes its copy on another
+   node), or, where that is gone (a lost node took it), from the last checkpoint: then
+   the run rewinds to that checkpoint's step (`Rewound`);
 4. runs the work again: the step's calls that had finished are reused, the updates of
    the restored groups run again, with the same inputs and seeds (`StageCalls`).
 
@@ -24,6 +25,14 @@ snapshot's copy into the object store, which otherwise overlaps the next step's
 generation (`GroupSnapshot`). On CPU the outcome is bitwise that of
 a run without the failure. `recoveries` and `ledger` (the prompt uids each step
 trained, in order) record what happened, for the chaos harness.
+
+Each recovery's record says what its replacements read from storage: ``bytes_read``
+(group -> rank -> bytes: the new ranks' builds, the survivors' rebuilds) and
+``ranks_reloading`` (how many ranks read anything; a survivor keeps its weights, a new
+rank restored from a snapshot reads at most what no snapshot holds, such as its shard
+of a frozen reference policy; a rewind to the run's start reloads from one read). The
+step that follows a recovery reports them as `recovery/ranks_reloading` and
+`recovery/bytes_read` (summed over its recoveries, `take_recovery_metrics`).
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rayrl.controller.errors import WorkerCallError, WorkerError, WorkerHungError
-from rayrl.controller.recovery import GroupSnapshot, SnapshotLostError
+from rayrl.controller.recovery import GroupSnapshot, SnapshotLostError, buddy_nodes
 from rayrl.trainer.stage_calls import StageCalls
 from rayrl.trainer.state import Stateful, capture, restore
 
@@ -62,6 +71,19 @@ def nodes_over(
         if nbytes > share * store:
             out[node] = (nbytes, store)
     return out
+
+
+def bytes_by_node(
+    homes: list[str], nbytes: list[int], alive: list[str], copies: int
+) -> Counter[str]:
+    """What one group's snapshots put in each node's object store: each rank's
+    (`nbytes`) on its own node (`homes`), and on each of its `copies` buddy nodes
+    (`rayrl.controller.recovery.buddy_nodes` among the `alive` ones)."""
+    need: Counter[str] = Counter()
+    for home, buddies, size in zip(homes, buddy_nodes(homes, alive, copies), nbytes, strict=True):
+        for node in [home, *buddies]:
+            need[node] += size
+    return need
 
 
 class Rewound(Exception):  # noqa: N818 - a change of course, not an error
@@ -93,14 +115,16 @@ class Group(Protocol):
 
 @dataclass(frozen=True)
 class ReplayPolicy:
-    """How hard replay tries (`trainer.max_worker_restarts`, `trainer.step_snapshots`)
-    and how long a replacement may take to start (`resources.init_timeout_s`,
+    """How hard replay tries (`trainer.max_worker_restarts`, `trainer.step_snapshots`,
+    `trainer.snapshot_replicas`: copies of each rank's snapshot on other nodes) and how
+    long a replacement may take to start (`resources.init_timeout_s`,
     `resources.init_retries`)."""
 
     max_restarts: int = 3
     snapshots: bool | str = "auto"
     init_timeout_s: float = 600.0
     init_retries: int = 1
+    snapshot_replicas: int = 0
 
 
 class StepReplay:
@@ -136,6 +160,8 @@ class StepReplay:
         self.snapshots: dict[str, GroupSnapshot] = {}
         self.recoveries: list[dict] = []
         self.ledger: list[tuple[int, list[str]]] = []
+        self._reported = 0  # recoveries already in a step's metrics
+        self._told_replicas = False
 
     # ------------------------------------------------------------ boundaries
     def start(self) -> None:
@@ -148,27 +174,29 @@ class StepReplay:
 
     def _snapshots_fit(self) -> bool:
         """`trainer.step_snapshots=auto`: whether every node's share of the stateful
-        groups' snapshots (each rank's goes into its own node's object store) fits
+        groups' snapshots (each rank's goes into its own node's object store, and each
+        of its `trainer.snapshot_replicas` copies into a buddy node's) fits
         `SNAPSHOT_STORE_SHARE` of that node's store; says which node does not."""
         import ray
 
+        alive = [node for node in ray.nodes() if node.get("Alive")]
+        stores = {
+            str(node["NodeID"]): node["Resources"].get("object_store_memory", 0.0) for node in alive
+        }
         need: Counter[str] = Counter()
         for group in self.stateful:
             infos = getattr(group, "infos", None) or [{}] * group.world_size
-            for rank, nbytes in enumerate(GroupSnapshot.rank_nbytes(group)):
-                need[str(infos[rank].get("node_id") or "?")] += nbytes
-        stores = {
-            str(node["NodeID"]): node["Resources"].get("object_store_memory", 0.0)
-            for node in ray.nodes()
-            if node.get("Alive")
-        }
+            homes = [str(infos[r].get("node_id") or "?") for r in range(group.world_size)]
+            sizes = GroupSnapshot.rank_nbytes(group)
+            need += bytes_by_node(homes, sizes, list(stores), self.policy.snapshot_replicas)
         over = nodes_over(need, stores, SNAPSHOT_STORE_SHARE)
         if not over:
             return True
         node, (needs, store) = next(iter(over.items()))
         self.print(
             f"step snapshots off (trainer.step_snapshots=auto): node {node[:8]}'s ranks hold "
-            f"{needs / 2**30:.1f} GiB of trainable state, more than "
+            f"{needs / 2**30:.1f} GiB of trainable state (their own and copies of other "
+            f"nodes'), more than "
             f"{SNAPSHOT_STORE_SHARE:.0%} of its object store ({store / 2**30:.1f} GiB)"
             + (f", and {len(over) - 1} more node(s) likewise" if len(over) > 1 else "")
             + "; a lost worker rewinds the run to its last checkpoint (set "
@@ -181,8 +209,27 @@ class StepReplay:
             self.use_snapshots = self._snapshots_fit()
         if not self.use_snapshots:
             return {}
-        last = self.snapshots
-        return {g.name: GroupSnapshot.take(g, previous=last.get(g.name)) for g in self.stateful}
+        last, copies = self.snapshots, self.policy.snapshot_replicas
+        if copies and not self._told_replicas:
+            self._told_replicas = True
+            self._check_replicas(copies)
+        return {
+            g.name: GroupSnapshot.take(g, previous=last.get(g.name), replicas=copies)
+            for g in self.stateful
+        }
+
+    def _check_replicas(self, copies: int) -> None:
+        """Say so when the cluster has too few nodes for `trainer.snapshot_replicas`."""
+        import ray
+
+        nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
+        if nodes <= copies:
+            self.print(
+                f"WARNING: trainer.snapshot_replicas={copies} copies each rank's step snapshot "
+                f"onto other nodes, but the cluster has {nodes} node(s): "
+                f"{'no copy is' if nodes == 1 else f'only {nodes - 1} copies are'} kept, and "
+                "the loss of a node rewinds the run to its last checkpoint"
+            )
 
     def run_step(
         self, step: int, work: Callable[[], tuple[dict, list[str]]], parts: dict[str, Stateful]
@@ -236,13 +283,19 @@ class StepReplay:
             raise err  # an error in the code, not a lost worker: running again fails again
         self._count(err, failed, failures)
         self.print(f"recovering from a worker failure in {what}: {_one_line(err)}")
-        replaced = []
+        record = {
+            "what": what,
+            "stage": err.stage,
+            "replaced": [],
+            "start": start,
+            "bytes_read": {},
+            "ranks_reloading": 0,
+        }
+        self.recoveries.append(record)
         for group, ranks in failed.items():
-            replaced.extend(self._replace(group, sorted(ranks)))
+            self.replace(group, sorted(ranks))
         self.on_replaced()
         self.calls.forget({g.name for g in failed})
-        record = {"what": what, "stage": err.stage, "replaced": replaced, "start": start}
-        self.recoveries.append(record)
         try:
             for group in self.stateful:
                 if group in failed:
@@ -250,16 +303,28 @@ class StepReplay:
         finally:
             record["end"] = time.time()
             record["seconds"] = record["end"] - start
-        self.print(f"recovered in {record['seconds']:.1f} s; running {what} again")
+        self.print(
+            f"recovered in {record['seconds']:.1f} s ({_reloading(record)}); running {what} again"
+        )
 
-    def _replace(self, group: Group, ranks: list[int]) -> list[dict]:
-        """Replace `ranks` of `group`; what was replaced, and a warning for each move."""
-        replaced = []
+    def replace(self, group: Group, ranks: list[int]) -> None:
+        """Replace `ranks` of `group` within the recovery under way (its record gets what
+        was replaced and what the group read from storage); warns of each move. The
+        run's rewind to its start replaces its stateful groups whole through here."""
+        record = self.recoveries[-1]
         policy = self.policy
-        for done in group.replace(
+        replaced = group.replace(
             ranks, timeout_s=policy.init_timeout_s, retries=policy.init_retries
-        ):
-            replaced.append(
+        )
+        if replaced:
+            read = record["bytes_read"].setdefault(group.name, {})
+            for rank, nbytes in replaced[0].bytes_read.items():
+                read[rank] = read.get(rank, 0) + nbytes
+            record["ranks_reloading"] = sum(
+                1 for ranks_read in record["bytes_read"].values() for n in ranks_read.values() if n
+            )
+        for done in replaced:
+            record["replaced"].append(
                 {
                     "group": group.name,
                     "rank": done.rank,
@@ -275,14 +340,33 @@ class StepReplay:
                     f"WARNING: {group.name} rank {done.rank} moved from node {done.old_node} "
                     f"to node {done.new_node}{formed if group.forms_process_group else ''}"
                 )
-        return replaced
+
+    def take_recovery_metrics(self) -> dict[str, float]:
+        """`recovery/ranks_reloading` and `recovery/bytes_read` of the recoveries since the
+        last call (none: {}), for the step that follows them."""
+        new, self._reported = self.recoveries[self._reported :], len(self.recoveries)
+        if not new:
+            return {}
+        return {
+            "recovery/ranks_reloading": float(sum(r["ranks_reloading"] for r in new)),
+            "recovery/bytes_read": float(
+                sum(n for r in new for ranks in r["bytes_read"].values() for n in ranks.values())
+            ),
+        }
 
     def _restore(self, group: Group) -> None:
         snap = self.snapshots.get(group.name)
         try:
             if snap is None:
                 raise SnapshotLostError(f"{group.name}: no step snapshot (trainer.step_snapshots)")
-            snap.restore(group)
+            copies = snap.restore(group)
+            if copies:
+                self.recoveries[-1].setdefault("from_replicas", {})[group.name] = copies
+                where = ", ".join(f"rank {r} from node {n[:8]}" for r, n in sorted(copies.items()))
+                self.print(
+                    f"{group.name}: restored from the step snapshot's copies on other nodes "
+                    f"({where}): the primaries were lost with their node"
+                )
         except SnapshotLostError as err:
             self.snapshots.clear()
             step = self.rewind(str(err))
@@ -325,6 +409,12 @@ class StepReplay:
                         "that dies at the same point each time is not a passing fault (out of "
                         "memory? a bad batch?)"
                     ) from err
+
+
+def _reloading(record: dict) -> str:
+    """How many ranks read weights from storage in a recovery, and how much."""
+    total = sum(n for ranks in record["bytes_read"].values() for n in ranks.values())
+    return f"{record['ranks_reloading']} rank(s) read weights from storage, {total / 2**20:.1f} MiB"
 
 
 def _one_line(err: BaseException) -> str:

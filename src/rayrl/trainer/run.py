@@ -259,7 +259,7 @@ class Run:
             self.restore(path)
         else:
             for group in self.trainer.stateful_groups():  # fresh engines: the first state
-                group.replace(list(range(group.world_size)))
+                self.replay.replace(group, list(range(group.world_size)))
             self.write_workers()
             restore(self.parts(), self._start_states)
         step = self.progress.global_step
@@ -328,6 +328,7 @@ class Run:
             snapshots=getattr(t, "step_snapshots", False),
             init_timeout_s=res.init_timeout_s,
             init_retries=res.init_retries,
+            snapshot_replicas=getattr(t, "snapshot_replicas", 0),
         )
         stateful = self.trainer.stateful_groups()
         return StepReplay(
@@ -400,6 +401,7 @@ class Run:
         metrics.update(
             self.replay.run(lambda: self._after_step(batch), "checkpoint and validation")
         )
+        metrics.update(self.replay.take_recovery_metrics())
         return metrics
 
     def _after_step(self, batch: Batch) -> dict[str, float]:

@@ -92,6 +92,7 @@ class ActorRolloutRefWorker(Worker):
             optim=optim_spec(arr.actor.optim, total_steps),
             total_steps=total_steps,
             lora=lora,
+            join=self.joining,  # a replacement: its state comes from the snapshot restore
             **engine_kwargs(
                 arr.model,
                 arr.actor.fsdp_config,
@@ -107,6 +108,7 @@ class ActorRolloutRefWorker(Worker):
                 model_path,
                 trainable=False,
                 weights_from=self.actor,  # the actor's load, not a second read
+                join=self.joining,  # a replacement: its own shards, read alone
                 **reference_kwargs(
                     arr.model,
                     arr.ref.fsdp_config,
@@ -169,16 +171,15 @@ class ActorRolloutRefWorker(Worker):
     def _build_rollout(self) -> None:
         """The rollout engine with its own copy of the weights; tensor-parallel replicas
         cut from the group's process group (again after it re-forms: the old groups die).
-        The native engine reads only the model's config and tokenizer: its weights come
-        from the training engine's load through the first weight sync (the copy starts
+        The engine reads only the model's config and tokenizer: its weights come from
+        the training engine's load through the first weight sync (the copy starts
         stale), so the checkpoint is read once."""
         options = dict(self.rollout_choice.options)
         if self.tp > 1:
             self.tp_groups = make_tp_groups(self.world_size, self.tp)
             options.update(self.tp_groups.engine_options)
         dtype = {"dtype": self.rollout_dtype} if self.rollout_name == "hf" else {}
-        if self.rollout_name == "native":  # filled by the first weight sync, not from disk
-            options["load_weights"] = False
+        options["load_weights"] = False  # filled by the first weight sync, not from disk
         self.rollout = make_rollout_engine(
             self.rollout_name,
             model_path=self.model_path,
@@ -227,9 +228,11 @@ class ActorRolloutRefWorker(Worker):
         self._stale = self._owns_copy  # the rollout's copy is refreshed before generating
 
     def rebuild(self) -> None:
-        """After the process group re-formed: policy and reference sharded anew; the
-        rollout engine keeps its own copy (refreshed from the restored policy) or, when
-        it wraps the training module, wraps the new one."""
+        """After the process group re-formed: policy and reference sharded anew on the
+        weights this rank holds (nothing read from storage, `TrainEngine.rebuild`); the
+        rollout engine keeps its own copy (refreshed from the restored policy; its
+        tensor-parallel groups cut anew) or, when it wraps the training module, wraps
+        the new one."""
         self.actor.rebuild()
         if self.ref is not None:
             self.ref.rebuild()

@@ -39,6 +39,7 @@ class CriticWorker(Worker):
             value_head=True,
             optim=optim_spec(c.optim, total_steps),
             total_steps=total_steps,
+            join=self.joining,  # a replacement: its state comes from the snapshot restore
             **kwargs,
         )
         self.loss_fn = critic_loss_fn(c, config.data.max_response_length)
@@ -53,6 +54,7 @@ class CriticWorker(Worker):
         self.engine.restore(state["critic"])
 
     def rebuild(self) -> None:
+        """Sharded anew on the re-formed process group, on the weights this rank holds."""
         self.engine.rebuild()
 
     @register(dispatch=ONE_TO_ALL)

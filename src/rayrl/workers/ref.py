@@ -23,6 +23,7 @@ class ReferenceWorker(Worker):
         self.engine = TrainEngine(
             model_path,
             trainable=False,
+            join=self.joining,  # a replacement: its own shards, read alone
             **reference_kwargs(
                 arr.model,
                 arr.ref.fsdp_config,
@@ -33,7 +34,8 @@ class ReferenceWorker(Worker):
         )
 
     def rebuild(self) -> None:
-        """The frozen weights sharded anew (nothing to restore)."""
+        """The frozen weights sharded anew, from the shards this rank holds (nothing to
+        restore, nothing read)."""
         self.engine.rebuild()
 
     @register(dispatch=ONE_TO_ALL)

@@ -14,7 +14,8 @@ cache from then on. With the dynamic cache, a model that allows it decodes in
 tokens with less overhead per token (``decode="generate"`` keeps ``generate()``).
 The engine wraps an existing module without copying
 (``HFRolloutEngine(model=train_model, tokenizer=tok)``: the hybrid engine) or loads
-its own copy (``HFRolloutEngine(model_path=...)``).
+its own copy (``HFRolloutEngine(model_path=...)``; with ``load_weights=False`` only the
+config and tokenizer are read, and the first `update_weights` fills the copy).
 
 Multi-turn episodes (`generate_turns`) decode in rounds over one dynamic cache
 (`rayrl.engines.rollout.multi_turn_hf`).
@@ -44,7 +45,7 @@ from transformers import (
     StopStringCriteria,
 )
 
-from rayrl import progress
+from rayrl import progress, reads
 from rayrl.batch import Batch
 from rayrl.engines.rollout.base import ROLLOUT_ENGINES, RolloutEngine, WeightSource
 from rayrl.engines.rollout.contract import (
@@ -132,6 +133,8 @@ class HFRolloutEngine(RolloutEngine):
             `hf_decode.can_lean_decode`) or "generate" (always ``model.generate()``).
         config_overrides: values set on the config of the `model_path` model before it
             loads (verl's ``model.override_config``, `rayrl.models.config_overrides`).
+        load_weights: False: read only `model_path`'s config and tokenizer; the
+            weights come from `update_weights` (a generation before that fails).
     """
 
     def __init__(
@@ -146,6 +149,7 @@ class HFRolloutEngine(RolloutEngine):
         compile: bool = False,
         decode: str = "auto",
         config_overrides: dict | None = None,
+        load_weights: bool = True,
     ) -> None:
         if (model is None) == (model_path is None):
             raise ValueError(
@@ -159,7 +163,11 @@ class HFRolloutEngine(RolloutEngine):
         if decode not in DECODE_LOOPS:
             raise ValueError(f"HFRolloutEngine: decode={decode!r} is not one of {DECODE_LOOPS}.")
         if model_path is not None:
-            model, tokenizer = _load(model_path, tokenizer, dtype, device, config_overrides)
+            model, tokenizer = _load(
+                model_path, tokenizer, dtype, device, config_overrides, load_weights
+            )
+        # parameters no load has filled yet (load_weights=False), by identity (tied: one)
+        self._unset = set() if load_weights else {id(p) for p in model.parameters()}
         self.model = model
         self.tokenizer = tokenizer
         self.owns_weights = model_path is not None
@@ -177,6 +185,7 @@ class HFRolloutEngine(RolloutEngine):
         """Sample ``sampling.n`` responses per prompt; see `RolloutEngine.generate`."""
         if self._asleep:
             raise RuntimeError("HFRolloutEngine.generate: the engine is asleep; call wake() first.")
+        self._require_weights("generate")
         if sampling.stop and self.tokenizer is None:
             raise ValueError(
                 "HFRolloutEngine.generate: stop strings need a tokenizer; build the engine "
@@ -271,6 +280,7 @@ class HFRolloutEngine(RolloutEngine):
             raise RuntimeError(
                 "HFRolloutEngine.generate_turns: the engine is asleep; call wake() first."
             )
+        self._require_weights("generate_turns")
         if not can_lean_decode(self.model):
             raise NotImplementedError(
                 f"HFRolloutEngine: multi-turn rollout needs a decoder-only transformers model "
@@ -287,6 +297,14 @@ class HFRolloutEngine(RolloutEngine):
         with decode_threads(self.model, device), _generation_mode(self.model):
             return decode_turns(
                 self.model, inputs, keys.to(device), sampling, stop_ids, stops, self.pad_id, turns
+            )
+
+    def _require_weights(self, call: str) -> None:
+        if self._unset:
+            raise RuntimeError(
+                f"HFRolloutEngine.{call}: built with load_weights=False and {len(self._unset)} "
+                "of its weights were never set; call update_weights with the full weights "
+                "first"
             )
 
     def _stop_ids(self, sampling: SamplingParams, device: torch.device) -> Tensor:
@@ -320,6 +338,7 @@ class HFRolloutEngine(RolloutEngine):
                         f"{tuple(tensor.shape)} but the model's is {tuple(target.shape)}; "
                         "pass full (unsharded) tensors."
                     )
+                self._unset.discard(id(target))
                 if _same_storage(tensor, target):
                     continue
                 target.data.copy_(tensor.data)
@@ -353,11 +372,13 @@ class HFRolloutEngine(RolloutEngine):
 
 
 # ---------------------------------------------------------------------- helpers
-def _load(path: str, tokenizer, dtype, device, config_overrides=None):
-    """Load an HF causal LM (and its tokenizer unless given) from a directory, its config
-    with ``config_overrides`` set on it."""
+def _load(path: str, tokenizer, dtype, device, config_overrides=None, load_weights=True):
+    """An HF causal LM (and its tokenizer unless given) from a directory, its config with
+    ``config_overrides`` set on it; without ``load_weights`` its parameters are
+    allocated, not read (its buffers computed as a load computes them)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    from rayrl.engines.load_once import weight_file_bytes
     from rayrl.models.config_overrides import apply_config_overrides
 
     if isinstance(dtype, str) and dtype != "auto":
@@ -367,7 +388,11 @@ def _load(path: str, tokenizer, dtype, device, config_overrides=None):
     try:
         config = AutoConfig.from_pretrained(path)
         apply_config_overrides(config, config_overrides, "model.override_config")
-        model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype or "auto")
+        if load_weights:
+            model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype or "auto")
+            reads.count(weight_file_bytes(path))
+        else:
+            model = _empty_model(path, config, dtype, device)
     except OSError as err:
         raise OSError(
             f"HFRolloutEngine: cannot load a model from {path!r} ({err}); pass a local HF "
@@ -377,6 +402,30 @@ def _load(path: str, tokenizer, dtype, device, config_overrides=None):
     if tokenizer is None:
         tokenizer = AutoTokenizer.from_pretrained(path)
     return model, tokenizer
+
+
+def _empty_model(path: str, config, dtype, device) -> nn.Module:
+    """``config``'s causal LM with its parameters allocated on ``device``, uninitialised
+    (in ``dtype``, else the dtype the config names), its buffers as built (the rotary
+    tables), and the directory's generation config."""
+    import os
+
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from rayrl.engines.load_once import materialize
+
+    if dtype in (None, "auto"):
+        dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype or torch.float32
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    if getattr(model.config, "tie_word_embeddings", False):
+        model.tie_weights()  # parameters made on meta one by one come untied
+    materialize(model, torch.device(device))  # the rotary tables kept as computed
+    if os.path.isfile(os.path.join(path, "generation_config.json")):
+        model.generation_config = GenerationConfig.from_pretrained(path)
+    return model
 
 
 def _device_of(model: nn.Module) -> torch.device:

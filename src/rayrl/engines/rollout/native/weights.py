@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from rayrl import reads
 from rayrl.engines.rollout.native.shards import Part, TPShard
 from rayrl.engines.rollout.native.spec import ModelSpec
 
@@ -215,8 +216,10 @@ def read_safetensors(
             for name in f.keys():  # noqa: SIM118 (safe_open is not a Mapping)
                 where = part(name) if part is not None else None
                 if where is None:
-                    yield name, f.get_tensor(name)
+                    tensor = f.get_tensor(name)
                 else:
                     rows = slice(where.start, where.stop)
                     index = (rows,) if where.dim == 0 else (slice(None), rows)
-                    yield name, f.get_slice(name)[index]
+                    tensor = f.get_slice(name)[index]
+                reads.count(tensor.numel() * tensor.element_size())
+                yield name, tensor

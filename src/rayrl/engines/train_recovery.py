@@ -1,0 +1,94 @@
+"""How `TrainEngine` comes back to a step boundary, and onto a re-formed process group.
+
+`StepRecovery` is `TrainEngine`'s base for recovery (`rayrl.controller.recovery` drives
+it through the workers' hooks):
+
+* `snapshot()` / `restore()`: this rank's state at a step boundary, in host memory
+  (`rayrl.engines.snapshot`), and putting it back;
+* `rebuild()`: the engine built again on the process group as it is after a
+  replacement, from the shards this rank holds (`rayrl.engines.rebuild`): nothing is
+  read from storage;
+* a replacement's engine (``join``) leaves its trainable weights to the restore; if
+  they are needed before one, `_weights_needed` reads this rank's own shards then.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+from typing import Any
+
+import torch
+
+from rayrl.engines import snapshot
+from rayrl.engines.rebuild import keep
+
+__all__ = ["StepRecovery"]
+
+log = logging.getLogger("rayrl.engines")
+
+
+class StepRecovery:
+    """The recovery methods of `rayrl.engines.train.TrainEngine` (module docstring)."""
+
+    def snapshot(self, reuse: bool = False) -> dict[str, Any]:
+        """This rank's state (its shard when sharded) in host memory: trainable weights,
+        optimizer, LR schedule and counters (`rayrl.engines.snapshot`, ``reuse`` there)."""
+        self._weights_needed()
+        optimizer = self.optimizer if self.trainable else None
+        with self.residency.resident():
+            return snapshot.capture(self.model, optimizer, self.scheduler, self._counters(), reuse)
+
+    def snapshot_nbytes(self) -> int:
+        """Bytes a `snapshot()` of this rank holds (`rayrl.engines.snapshot.nbytes`)."""
+        return snapshot.nbytes(self.model, self.optimizer if self.trainable else None)
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Put back a `snapshot()` of this rank (taken in this process or another)."""
+        names = {name for name, _ in self.model.named_parameters()}
+        if not names <= set(state["params"]):  # frozen weights: this rank's own first
+            self._weights_needed()
+        optimizer = self.optimizer if self.trainable else None
+        with self.residency.resident():
+            self._set_counters(snapshot.restore(self.model, optimizer, self.scheduler, state))
+        self._pending = None
+
+    def rebuild(self) -> None:
+        """Device mesh, FSDP wrapping and optimizer built again on the process group as
+        it is now (re-formed after a replacement), filled from the shards this rank
+        holds: weights, Adam moments, LR schedule and counters stay as they were and
+        nothing is read from storage (`rayrl.engines.rebuild`; where the layout changed,
+        every rank reloads, as at a start). A rank whose weights never came (a
+        replacement awaiting its restore) stays so. Every rank rebuilds together."""
+        if self._pending is None and self._kept is None:  # kept until a rebuild succeeds
+            optimizer = self.optimizer if self.trainable else None
+            self._kept = keep(self.model, optimizer, self.scheduler, self._counters())
+        self.model = self.optimizer = self.scheduler = self.residency = None
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.__init__(**{**self._args, "join": True})
+        self._kept = None
+
+    def _weights_needed(self) -> None:
+        """A new rank's weights (``join``), needed before any restore put them back: its
+        own shards, read from the model directory now (no collective)."""
+        if self._pending is None:
+            return
+        read, self._pending = self._pending, None
+        nbytes = read()
+        self.bytes_read += nbytes
+        log.info(
+            "%s: weights needed before a restore; read this rank's shards (%d bytes)",
+            self.model_path,
+            nbytes,
+        )
+
+    _COUNTERS = ("skipped_steps", "optimizer_steps", "train_steps")
+
+    def _counters(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self._COUNTERS}
+
+    def _set_counters(self, values: dict[str, Any]) -> None:
+        for name in self._COUNTERS:
+            setattr(self, name, int(values[name]))
