@@ -29,6 +29,7 @@ from typing import Any
 import ray
 from ray import ObjectRef
 
+from rayrl.controller import traffic
 from rayrl.controller.dispatch import (
     ALL_TO_ALL,
     DP_SPLIT,
@@ -119,6 +120,7 @@ class GroupFuture:
         except Exception as err:  # noqa: BLE001 - translated to the failing rank below
             self._raise_for_rank(err)
         state = ray.get(self.state) if isinstance(self.state, ObjectRef) else self.state
+        traffic.count_received(self.stage, [*outputs, state])
         if self.keep is not None:  # a data layout: one output per part (its first rank)
             outputs = [
                 out for rank, out in zip(self.ranks, outputs, strict=True) if rank in self.keep
