@@ -10,10 +10,12 @@ Row operations (slicing, gathering, chunking, padding, repeating) act on every
 column at once and return views where that is cheap.
 
 Pickling is built for Ray's object store (see `rayrl.batch_codec`): each tensor
-travels as one contiguous out-of-band byte buffer, a slice ships only its own rows,
-a column of strings travels as one UTF-8 buffer and its offsets. Tensors always arrive on CPU; out of
-Ray's object store they are views of its shared, read-only memory (no copy, as numpy
-arrays from `ray.get` are): do not write them in place; `writable()` copies them.
+travels as one contiguous out-of-band byte buffer (an integer one in the narrowest
+integer type that holds its values, widened back on arrival), a slice ships only its
+own rows, a column of strings travels as one UTF-8 buffer and its offsets. Tensors
+always arrive on CPU; out of Ray's object store they are views of its shared,
+read-only memory (no copy, as numpy arrays from `ray.get` are; a narrowed one is a
+private copy): do not write them in place; `writable()` copies them.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from rayrl.batch_codec import decode_objects, decode_tensor, encode_objects, enc
 from rayrl.batch_equal import arrays_equal, tensors_equal, values_equal
 
 _NUMERIC_KINDS = "biufc"  # numpy dtype kinds that become tensor columns
-_STATE_VERSION = 2  # 2: string columns as numpy UTF-8 buffers
+_STATE_VERSION = 3  # 2: string columns as numpy UTF-8 buffers; 3: narrowed integer tensors
 
 __all__ = ["Batch"]
 
@@ -478,7 +480,7 @@ def _restore_batch(version: int, tensors: list, non_tensors: list, meta: dict) -
             f"{_STATE_VERSION}; use the same rayrl version on every node."
         )
     return _make(
-        {key: decode_tensor(dtype, shape, data) for key, dtype, shape, data in tensors},
+        {key: decode_tensor(dtype, shape, wire, data) for key, dtype, shape, wire, data in tensors},
         {key: decode_objects(codec, payload) for key, codec, payload in non_tensors},
         meta,
     )
