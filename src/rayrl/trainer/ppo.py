@@ -59,8 +59,12 @@ from rayrl.trainer.roles import GroupEnv, Roles, start_roles
 from rayrl.trainer.stage_calls import StageCalls
 from rayrl.trainer.state import Stateful
 from rayrl.trainer.validate import Validator
+from rayrl.workers.actor import LOG_PROB_READS, update_actor_reads
+from rayrl.workers.common import only_reads
 from rayrl.workers.context import StepContext
-from rayrl.workers.reward import reward_metrics
+from rayrl.workers.critic import UPDATE_CRITIC_READS, VALUES_READS
+from rayrl.workers.ref import REF_LOG_PROB_READS
+from rayrl.workers.reward import SCORE_READS, reward_metrics
 
 log = logging.getLogger("rayrl.trainer")
 
@@ -223,7 +227,8 @@ class PPOTrainer:
             batch = self._generate(prompts, ctx, calls, timing, metrics)
             reward_future = None
             if not self.riding.scores:
-                reward_future = calls.start("reward", roles.reward.compute_score, batch)
+                scored = only_reads(batch, SCORE_READS)
+                reward_future = calls.start("reward", roles.reward.compute_score, scored)
             if alg.filter_groups.enable:
                 with timer(timing, "dynamic_sampling"):
                     batch = self._scored(batch, reward_future.get(), metrics)
@@ -317,17 +322,20 @@ class PPOTrainer:
             ctx = ctx.but(on_policy=True)
         else:
             with timer(timing, "old_log_prob"):
-                old = calls.run("old_log_prob", roles.actor.compute_log_prob, batch)
+                sent = only_reads(batch, LOG_PROB_READS)
+                old = calls.run("old_log_prob", roles.actor.compute_log_prob, sent)
                 batch = batch.union(old.select("old_log_probs"))
                 metrics.update(entropy_metric(self.cfg, old["entropy"], batch["response_mask"]))
                 if self.cfg.actor_rollout_ref.rollout.calculate_log_probs:
                     metrics.update(rollout_probs_diff(batch))
         if self.use_ref and not self.riding.ref:
             with timer(timing, "ref"):
-                batch = batch.union(calls.run("ref", roles.actor.compute_ref_log_prob, batch))
+                sent = only_reads(batch, REF_LOG_PROB_READS)
+                batch = batch.union(calls.run("ref", roles.actor.compute_ref_log_prob, sent))
         if roles.critic is not None:
             with timer(timing, "values"):
-                batch = batch.union(calls.run("values", roles.critic.compute_values, batch))
+                sent = only_reads(batch, VALUES_READS)
+                batch = batch.union(calls.run("values", roles.critic.compute_values, sent))
         return batch, ctx
 
     def _updates(
@@ -337,12 +345,13 @@ class PPOTrainer:
         roles = self._roles()
         if roles.critic is not None:
             with timer(timing, "update_critic"):
-                update = roles.critic.update_critic
-                metrics.update(calls.run("update_critic", update, batch, ctx, mutates=True))
+                update, sent = roles.critic.update_critic, only_reads(batch, UPDATE_CRITIC_READS)
+                metrics.update(calls.run("update_critic", update, sent, ctx, mutates=True))
         if self.actor_learns(ctx.step):
             with timer(timing, "update_actor"):
                 update = roles.actor.update_actor
-                metrics.update(calls.run("update_actor", update, batch, ctx, mutates=True))
+                sent = only_reads(batch, update_actor_reads(self.cfg))
+                metrics.update(calls.run("update_actor", update, sent, ctx, mutates=True))
 
     def actor_learns(self, step: int) -> bool:
         """False during the critic's warm-up (`trainer.critic_warmup` first steps)."""
@@ -392,7 +401,8 @@ class PPOTrainer:
         """ReMax: each prompt's greedy response, scored, as its samples' baseline."""
         roles = self._roles()
         greedy = calls.run("gen_greedy", roles.actor.generate, prompts, ctx.but(sampling="greedy"))
-        scores = calls.run("reward_greedy", roles.reward.compute_score, greedy.batch)
+        sent = only_reads(greedy.batch, SCORE_READS)
+        scores = calls.run("reward_greedy", roles.reward.compute_score, sent)
         return greedy_baselines(batch, greedy.batch.union(scores.select("scores")))
 
     def _extra_round(
@@ -408,5 +418,6 @@ class PPOTrainer:
         fresh["uid"] = np.array([f"{u}@{round_}" for u in fresh["uid"]], dtype=object)
         fresh.meta.update(prompts.meta)
         batch = calls.run("gen_extra", roles.actor.generate, fresh, ctx).batch
-        scores = calls.run("reward_extra", roles.reward.compute_score, batch)
+        sent = only_reads(batch, SCORE_READS)
+        scores = calls.run("reward_extra", roles.reward.compute_score, sent)
         return self._scored(batch, scores, metrics)
