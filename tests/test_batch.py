@@ -518,3 +518,16 @@ def test_prop_permute_and_invert(b, rnd):
 @given(batches())
 def test_prop_pickle_round_trip(b):
     assert pickle.loads(pickle.dumps(b, protocol=5)).equals(b)
+
+
+def test_concat_in_a_row_order_equals_concat_then_index_and_drops_the_tail():
+    parts = [make(3), make(4), make(2)]
+    order = [5, 0, 7, 2, 1, 6, 3, 4]  # the first 8 of 9 stacked rows; the last dropped
+    stacked = Batch.concat(parts)
+    out = Batch.concat(parts, rows=order)
+    assert out.equals(stacked.index(order))
+    assert Batch.concat(parts, rows=range(9)).equals(stacked)
+    assert len(Batch.concat(parts, rows=[])) == 0
+    for bad in ([0, 0], [1], [0, 9], list(range(10))):
+        with pytest.raises(ValueError, match="permutation of the first"):
+            Batch.concat(parts, rows=bad)
