@@ -104,10 +104,11 @@ class GroupFuture:
             "refs go worker to worker, or call future.ref() for one ObjectRef of its result"
         )
 
-    def get(self, timeout: float | None = None) -> Any:
-        """Wait for every rank, then collect. A failed rank raises WorkerCallError;
-        ranks still running after `timeout` seconds raise GroupTimeoutError naming them;
-        with a watchdog, a rank without progress raises WorkerHungError."""
+    def get(self, timeout: float | None = None, collect: CollectFn | None = None) -> Any:
+        """Wait for every rank, then collect (with `collect` instead of the method's own
+        when given). A failed rank raises WorkerCallError; ranks still running after
+        `timeout` seconds raise GroupTimeoutError naming them; with a watchdog, a rank
+        without progress raises WorkerHungError."""
         try:
             if self.watchdog is not None:
                 outputs = self.watchdog.wait(self, timeout)
@@ -125,7 +126,7 @@ class GroupFuture:
             outputs = [
                 out for rank, out in zip(self.ranks, outputs, strict=True) if rank in self.keep
             ]
-        return self.collect(outputs, state)
+        return (collect or self.collect)(outputs, state)
 
     def discard(self) -> None:
         """Give up on this call: errors of ranks that already failed are read (so Ray
