@@ -34,6 +34,7 @@ from rayrl.cluster.spec import PoolSpec
 from rayrl.config.schema import RayRLConfig
 from rayrl.config.validate import critic_enabled, ref_enabled
 from rayrl.controller import WorkerGroup
+from rayrl.controller.dispatch import Outputs, collect_outputs
 from rayrl.data.sampler import StepView
 from rayrl.models.loading import load_tokenizer
 from rayrl.trainer.advantage import (
@@ -43,7 +44,7 @@ from rayrl.trainer.advantage import (
     shape_rewards,
     warn_extreme_scores,
 )
-from rayrl.trainer.balance import balance_batch
+from rayrl.trainer.balance import balance_batch, balanced_samples
 from rayrl.trainer.contract import TrainData
 from rayrl.trainer.data import load_datasets
 from rayrl.trainer.dynamic_sampling import fill_batch
@@ -61,7 +62,7 @@ from rayrl.trainer.state import Stateful
 from rayrl.trainer.validate import Validator
 from rayrl.workers.actor import LOG_PROB_READS, update_actor_reads
 from rayrl.workers.common import only_reads
-from rayrl.workers.context import StepContext
+from rayrl.workers.context import StageResult, StepContext, collect_stage
 from rayrl.workers.critic import UPDATE_CRITIC_READS, VALUES_READS
 from rayrl.workers.ref import REF_LOG_PROB_READS
 from rayrl.workers.reward import SCORE_READS, reward_metrics
@@ -282,7 +283,8 @@ class PPOTrainer:
         gen_ctx = ctx.but(with_scores=self.riding.scores, with_ref=self.riding.ref)
         with timer(timing, "gen"):
             prompts = self._balanced(prompts, metrics, "gen", self._parts("rollout"))
-            result = calls.run("gen", roles.actor.generate, prompts, gen_ctx)
+            done = calls.run("gen", roles.actor.generate, prompts, gen_ctx, collect=collect_outputs)
+            result = self._balanced_samples(done, metrics)
         within = ("weight_sync", "tools")  # tools run during the generation
         riding = {k: v for k, v in result.timing.items() if k not in within}
         timing.update(riding, weight_sync=result.timing.get("weight_sync", 0.0))
@@ -291,7 +293,16 @@ class PPOTrainer:
         timing["gen"] -= sum(riding.values())
         if is_multi_turn(result.batch):
             metrics.update(episode_metrics(result.batch))
-        return self._balanced(result.batch, metrics, "train", self._parts("train"))
+        return result.batch
+
+    def _balanced_samples(self, done: Outputs, metrics: dict[str, float]) -> StageResult:
+        """The generate call's result, its rows balanced over the training ranks as
+        `_balanced` does (`trainer.balance_batch`), in the copy that assembles them."""
+        if not self.cfg.trainer.balance_batch:
+            return collect_stage(done.outputs, done.state)
+        result, found = balanced_samples(done, self._parts("train"))
+        metrics.update({f"{k}/train": v for k, v in found.items()})
+        return result
 
     def _checked_tokens(self, batch: Batch) -> dict[str, float]:
         """The token check of the rows about to be trained (`rayrl.trainer.episodes`),
