@@ -12,7 +12,8 @@ bytes (`rayrl.controller.traffic`) and timing the driver's CPU, so neither distu
 the other. Prints JSON lines (bench, metric, value, unit, target, better):
 
 - `driver_bytes_ratio` (per N): bytes the driver sent to and fetched from workers in a
-  step, over the step's batch bytes (the generate result as the trainer holds it,
+  step, serialised as Ray sends them, over the step's batch bytes (the generate
+  result as the trainer holds it: its tensors in their own dtypes, its other columns
   serialised); target <= 0.05;
 - `controller_s_per_step` (per N): the driver process's CPU seconds in a step
   (`time.process_time`, Ray's threads in the driver included);
@@ -132,11 +133,20 @@ def measured_trainer(cfg):
         def _generate(self, prompts, ctx, calls, timing, metrics):
             batch = super()._generate(prompts, ctx, calls, timing, metrics)
             if traffic._active:  # a counted step: the batch's size is not timed
-                self.batch_bytes = traffic.serialized_nbytes(batch)
+                self.batch_bytes = held_nbytes(batch)
             return batch
 
     Measured.records = []
     return Measured(cfg, print_fn=lambda line: print(line, file=sys.stderr))
+
+
+def held_nbytes(batch) -> int:
+    """The bytes of `batch` as the trainer holds it: its tensors' memory (in their own
+    dtypes, not narrowed as on the wire) and its other columns serialised."""
+    from rayrl.controller import traffic
+
+    tensors = sum(t.element_size() * t.numel() for t in batch.tensors.values())
+    return tensors + traffic.serialized_nbytes(batch.select(*batch.non_tensors))
 
 
 def run_one(ranks: int, nodes: int, address: str, args: argparse.Namespace) -> list[dict]:
