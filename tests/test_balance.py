@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from rayrl.batch import Batch
-from rayrl.trainer.balance import balance_batch, balanced_order, imbalance
+from rayrl.controller.dispatch import DPState, Outputs
+from rayrl.trainer.balance import balance_batch, balanced_order, balanced_samples, imbalance
+from rayrl.workers.context import StageResult, collect_stage
 
 
 def test_order_is_a_permutation_with_equal_chunks_and_balanced_tokens():
@@ -46,3 +48,24 @@ def test_balance_batch_reorders_every_column_together():
     assert metrics["perf/dp_imbalance"] < metrics["perf/dp_imbalance_before"]
     same, none = balance_batch(batch, 1)
     assert same is batch and none == {}
+
+
+def test_generated_samples_are_balanced_as_they_are_assembled():
+    """Three ranks' results of a padded DP_SPLIT call (7 prompts padded to 9, 2 samples
+    each): assembled and balanced in one copy, the same as collecting, then balancing."""
+    rng = random.Random(1)
+    outputs = []
+    for rank in range(3):
+        mask = torch.zeros(6, 12, dtype=torch.long)
+        for row in range(6):
+            mask[row, : rng.randint(1, 12)] = 1
+        rows = torch.arange(6) + 6 * rank
+        batch = Batch({"attention_mask": mask, "row": rows}, {"uid": [f"u{int(r)}" for r in rows]})
+        outputs.append(StageResult(batch, {"gen": float(rank)}))
+    done = Outputs(outputs, DPState(pad=2, padded_len=9))
+    for parts in (1, 3, 2):  # 14 rows: 3 parts do not split them, nothing moves
+        result, metrics = balanced_samples(done, parts)
+        expected, found = balance_batch(collect_stage(outputs, done.state).batch, parts)
+        assert result.batch.equals(expected) and metrics == found
+        assert result.timing == {"gen": 2.0} and len(result.batch) == 14
+    assert metrics["perf/dp_imbalance"] <= metrics["perf/dp_imbalance_before"]

@@ -387,12 +387,34 @@ def test_read_only_buffers_are_shared_and_writable_copies_them():
     out = pickle.loads(data, buffers=frozen)
     assert out.equals(b)
     assert any(
-        np.frombuffer(f, dtype=np.uint8).ctypes.data == out["ids"].data_ptr() for f in frozen
+        np.frombuffer(f, dtype=np.uint8).ctypes.data == out["score"].data_ptr() for f in frozen
     )  # a view of the buffer it arrived in, not a copy
     private = out.writable()
     private["ids"].add_(1)  # a private copy: the buffers are untouched
     assert private["ids"].tolist() == (b["ids"] + 1).tolist()
     assert pickle.loads(data, buffers=frozen).equals(b)
+
+
+def test_integer_columns_travel_in_the_narrowest_type_and_arrive_as_they_were():
+    b = Batch(
+        {
+            "ids": torch.tensor([[0, 151_935]] * 4),  # a 150k vocabulary: int32
+            "mask": torch.tensor([[1, 0]] * 4),  # 0/1: uint8
+            "labels": torch.tensor([[-100, 7]] * 4),  # negative: int16
+            "wide": torch.tensor([[2**40, 0]] * 4),  # stays int64
+            "short": torch.tensor([[1, 2]] * 4, dtype=torch.int16),  # uint8
+            "logp": torch.tensor([[-0.5, 0.0]] * 4),  # floats as they are
+        }
+    )
+    buffers: list[pickle.PickleBuffer] = []
+    data = pickle.dumps(b, protocol=5, buffer_callback=buffers.append)
+    sizes = [memoryview(buf).nbytes for buf in buffers]
+    assert sizes == [8 * 4, 8 * 1, 8 * 2, 8 * 8, 8 * 1, 8 * 4]
+    out = pickle.loads(data, buffers=buffers)
+    assert out.equals(b)
+    assert {k: v.dtype for k, v in out.tensors.items()} == {
+        k: v.dtype for k, v in b.tensors.items()
+    }
 
 
 def test_unknown_format_version_is_refused():
@@ -496,3 +518,16 @@ def test_prop_permute_and_invert(b, rnd):
 @given(batches())
 def test_prop_pickle_round_trip(b):
     assert pickle.loads(pickle.dumps(b, protocol=5)).equals(b)
+
+
+def test_concat_in_a_row_order_equals_concat_then_index_and_drops_the_tail():
+    parts = [make(3), make(4), make(2)]
+    order = [5, 0, 7, 2, 1, 6, 3, 4]  # the first 8 of 9 stacked rows; the last dropped
+    stacked = Batch.concat(parts)
+    out = Batch.concat(parts, rows=order)
+    assert out.equals(stacked.index(order))
+    assert Batch.concat(parts, rows=range(9)).equals(stacked)
+    assert len(Batch.concat(parts, rows=[])) == 0
+    for bad in ([0, 0], [1], [0, 9], list(range(10))):
+        with pytest.raises(ValueError, match="permutation of the first"):
+            Batch.concat(parts, rows=bad)

@@ -15,7 +15,8 @@ import torch
 from conftest import start_local_ray
 from controller_toys import Echo, Pickled, Tracer, reserve, summary
 from rayrl.batch import Batch
-from rayrl.controller import GroupFuture, GroupTimeoutError, WorkerCallError, WorkerGroup
+from rayrl.controller import GroupFuture, GroupTimeoutError, WorkerCallError, WorkerGroup, traffic
+from rayrl.controller.dispatch import DPState, Outputs, collect_outputs
 
 
 @pytest.fixture(scope="module")
@@ -270,3 +271,23 @@ def test_a_large_broadcast_argument_is_serialised_once(groups):
     before = Pickled.count
     a.see(small)
     assert Pickled.count - before == 4  # small values stay inline, as Ray sends them
+
+
+def test_traffic_counts_the_bytes_through_the_driver_not_those_between_workers(groups):
+    a, b, _ = groups
+    x = torch.arange(8 * 4096, dtype=torch.float32).reshape(8, 4096)  # 128 KiB
+    batch, size = Batch.from_dict({"x": x}), x.nbytes
+    a.double(batch)  # not counted: no counting block is open
+    with traffic.counting() as seen:
+        a.double(batch)  # 4 chunks out, 4 back
+        b.double(a.double.remote(batch))  # a's result goes from a to b, not via here
+    assert 2 * size < seen.sent["double"] < 2.1 * size
+    assert 2 * size < seen.received["double"] < 2.1 * size
+    assert seen.total == seen.sent["double"] + seen.received["double"]
+
+
+def test_a_caller_may_collect_the_outputs_itself(groups):
+    done = groups[0].double.remote(rows(10)).get(collect=collect_outputs)
+    assert isinstance(done, Outputs) and done.state == DPState(pad=2, padded_len=12)
+    assert [len(out) for out in done.outputs] == [3, 3, 3, 3]
+    assert [out["rank"].tolist() for out in done.outputs][3] == [3, 3, 3]

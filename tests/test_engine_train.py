@@ -13,6 +13,7 @@ from engine_cases import (
     value_loss,
 )
 from rayrl.engines.optim import OptimSpec, build_lr_scheduler
+from rayrl.engines.outputs import MODEL_INPUTS
 from rayrl.engines.train import TrainEngine
 
 
@@ -58,6 +59,24 @@ def test_token_budget_forward_restores_row_order(tiny_model_dir):  # noqa: F811
     plain = engine.forward(batch, micro_batch_size=9)
     budget = engine.forward(batch, max_tokens_per_micro_batch=30)
     torch.testing.assert_close(budget["log_probs"], plain["log_probs"], atol=1e-5, rtol=0)
+
+
+def test_the_model_inputs_alone_give_the_same_log_probs_and_step(tiny_model_dir):  # noqa: F811
+    """What the trainer sends a pass (`MODEL_INPUTS`: no responses, only their mask for
+    the width) gives bitwise what the whole batch gives."""
+    batch = ragged_batch(6, seed=5)
+    lean = batch.select(*MODEL_INPUTS, "advantages")
+    engine = TrainEngine(tiny_model_dir, optim=OPTIM)
+    for kwargs in ({"micro_batch_size": 3}, {"max_tokens_per_micro_batch": 40}):
+        whole = engine.forward(batch, with_entropy=True, **kwargs)
+        alone = engine.forward(lean, with_entropy=True, **kwargs)
+        assert torch.equal(whole["log_probs"], alone["log_probs"])
+        assert torch.equal(whole["entropy"], alone["entropy"])
+    other = TrainEngine(tiny_model_dir, optim=OPTIM)
+    assert engine.train_step(batch, pg_loss) == other.train_step(lean, pg_loss)
+    params = zip(engine.model.named_parameters(), other.model.parameters(), strict=True)
+    for (name, a), b in params:
+        assert torch.equal(a, b), name
 
 
 def test_micro_batching_gives_the_same_gradients(tiny_model_dir):  # noqa: F811

@@ -12,10 +12,10 @@ class Future:
     def __init__(self, value, fail: bool = False) -> None:
         self.value, self.fail, self.discarded = value, fail, False
 
-    def get(self, timeout=None):
+    def get(self, timeout=None, collect=None):
         if self.fail:
             raise RuntimeError("rank died")
-        return self.value
+        return self.value if collect is None else collect([self.value], None)
 
     def discard(self) -> None:
         self.discarded = True
@@ -52,6 +52,18 @@ def test_a_replay_reuses_finished_calls_and_reruns_updates_of_restored_groups():
     assert calls.run("update", update, 3, mutates=True) == 30 and update.calls == 2
     calls.new_step()
     assert calls.run("gen", gen, 1) == 10 and gen.calls == 2  # a new step calls again
+
+
+def test_a_call_collected_by_the_caller_keeps_what_its_collect_made():
+    calls = StageCalls()
+    gen = Method("actor")
+    calls.new_step()
+    assert calls.run("gen", gen, 1, collect=lambda outputs, state: ("mine", outputs)) == (
+        "mine",
+        [10],
+    )
+    calls.new_attempt()
+    assert calls.run("gen", gen, 1) == ("mine", [10]) and gen.calls == 1  # kept as collected
 
 
 def test_calls_of_a_group_that_was_not_restored_are_kept():

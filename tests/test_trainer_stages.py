@@ -221,3 +221,46 @@ def test_with_the_kl_penalty_in_the_reward_advantages_come_from_the_penalised_re
     raw, _ = compute_advantages("gae", token_level_rewards=batch["token_level_scores"], **kwargs)
     torch.testing.assert_close(batch["advantages"], want)
     assert not torch.allclose(batch["advantages"], raw)
+
+
+def test_each_stage_is_sent_only_the_columns_it_reads():
+    from rayrl.workers.actor import LOG_PROB_READS, update_actor_reads
+    from rayrl.workers.common import only_reads
+    from rayrl.workers.critic import UPDATE_CRITIC_READS
+    from rayrl.workers.reward import SCORE_READS
+
+    n, p, r = 2, 3, 4
+    ints = torch.ones(n, p + r, dtype=torch.long)
+    floats = torch.zeros(n, r)
+    batch = Batch(
+        {
+            "prompts": ints[:, :p],
+            "responses": ints[:, p:],
+            "response_mask": ints[:, p:],
+            "input_ids": ints,
+            "attention_mask": ints,
+            "position_ids": ints,
+            "rollout_log_probs": floats,
+            "old_log_probs": floats,
+            "ref_log_prob": floats,
+            "advantages": floats,
+            "returns": floats,
+            "values": floats,
+        },
+        {"uid": ["a", "b"], "data_source": ["x", "x"], "ground_truth": ["1", "2"]},
+        meta={"step": 3},
+    )
+    engine = {"input_ids", "attention_mask", "position_ids", "response_mask"}
+    sent = only_reads(batch, LOG_PROB_READS)
+    assert set(sent.keys()) == engine and sent.meta == {"step": 3}
+    assert sent["input_ids"].data_ptr() == ints.data_ptr()  # shared, not copied
+    scored = set(only_reads(batch, SCORE_READS).keys())
+    assert scored == {"responses", "response_mask", "data_source", "ground_truth"}
+    critic = set(only_reads(batch, UPDATE_CRITIC_READS).keys())
+    assert critic == engine | {"values", "returns"}
+    kl = set(update_actor_reads(_cfg("actor_rollout_ref.actor.use_kl_loss=true")))
+    assert engine | {"advantages", "old_log_probs", "ref_log_prob"} == kl
+    plain = set(update_actor_reads(_cfg("actor_rollout_ref.actor.use_kl_loss=false")))
+    assert plain == kl - {"ref_log_prob"}
+    corrected = update_actor_reads(_cfg("algorithm.rollout_correction.rollout_is=token"))
+    assert {"rollout_log_probs", "rollout_is_norm"} <= set(corrected)

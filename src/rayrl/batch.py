@@ -10,10 +10,12 @@ Row operations (slicing, gathering, chunking, padding, repeating) act on every
 column at once and return views where that is cheap.
 
 Pickling is built for Ray's object store (see `rayrl.batch_codec`): each tensor
-travels as one contiguous out-of-band byte buffer, a slice ships only its own rows,
-a column of strings travels as one UTF-8 buffer and its offsets. Tensors always arrive on CPU; out of
-Ray's object store they are views of its shared, read-only memory (no copy, as numpy
-arrays from `ray.get` are): do not write them in place; `writable()` copies them.
+travels as one contiguous out-of-band byte buffer (an integer one in the narrowest
+integer type that holds its values, widened back on arrival), a slice ships only its
+own rows, a column of strings travels as one UTF-8 buffer and its offsets. Tensors
+always arrive on CPU; out of Ray's object store they are views of its shared,
+read-only memory (no copy, as numpy arrays from `ray.get` are; a narrowed one is a
+private copy): do not write them in place; `writable()` copies them.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from rayrl.batch_codec import decode_objects, decode_tensor, encode_objects, enc
 from rayrl.batch_equal import arrays_equal, tensors_equal, values_equal
 
 _NUMERIC_KINDS = "biufc"  # numpy dtype kinds that become tensor columns
-_STATE_VERSION = 2  # 2: string columns as numpy UTF-8 buffers
+_STATE_VERSION = 3  # 2: string columns as numpy UTF-8 buffers; 3: narrowed integer tensors
 
 __all__ = ["Batch"]
 
@@ -227,14 +229,21 @@ class Batch:
         return _make(tensors, non_tensors, meta)
 
     @staticmethod
-    def concat(batches: Sequence[Batch]) -> Batch:
-        """Stack batches with the same columns row-wise; meta comes from the first."""
+    def concat(batches: Sequence[Batch], rows: Sequence[int] | None = None) -> Batch:
+        """Stack batches with the same columns row-wise; meta comes from the first.
+
+        `rows` keeps the stack's rows in that order: a permutation of its first
+        ``len(rows)`` rows (the others, say padding at the end, are dropped), placed in
+        the stacking's one copy, where stacking and then `index` would copy twice.
+        """
         batches = list(batches)
         if not batches:
             raise ValueError("Batch.concat needs at least one Batch.")
         first = batches[0]
         for i, b in enumerate(batches[1:], start=1):
             _check_same_columns(first, b, i)
+        if rows is not None:
+            return _concat_rows(batches, rows)
         tensors = {k: _cat_tensors(k, [b.tensors[k] for b in batches]) for k in first.tensors}
         non_tensors = {
             k: np.concatenate([b.non_tensors[k] for b in batches]) for k in first.non_tensors
@@ -450,18 +459,66 @@ def _check_same_columns(first: Batch, other: Batch, i: int) -> None:
 
 
 def _cat_tensors(key: str, parts: list[torch.Tensor]) -> torch.Tensor:
+    _check_stackable(key, parts)
+    try:
+        return torch.cat(parts, dim=0)
+    except RuntimeError as err:  # e.g. parts on different devices
+        raise ValueError(f"Batch.concat: cannot stack column {key!r}: {err}") from err
+
+
+def _check_stackable(key: str, parts: list[torch.Tensor]) -> None:
     dtypes = {p.dtype for p in parts}
     if len(dtypes) > 1:
         raise ValueError(
             f"Batch.concat: column {key!r} has mixed dtypes {sorted(map(str, dtypes))}."
         )
-    try:
-        return torch.cat(parts, dim=0)
-    except RuntimeError as err:
-        shapes = [tuple(p.shape) for p in parts]
+    shapes = [tuple(p.shape) for p in parts]
+    if len({s[1:] for s in shapes}) > 1 or any(len(s) == 0 for s in shapes):
+        raise ValueError(f"Batch.concat: cannot stack column {key!r} (shapes {shapes}).")
+
+
+def _concat_rows(batches: list[Batch], rows: Sequence[int]) -> Batch:
+    """`Batch.concat(batches, rows)`: each batch's rows placed straight at their
+    positions in the output (one copy per column)."""
+    total = sum(len(b) for b in batches)
+    order = torch.as_tensor(list(rows), dtype=torch.long)
+    kept = len(order)
+    within = kept <= total and (not kept or (int(order.min()) >= 0 and int(order.max()) < kept))
+    if not within or not bool(torch.bincount(order, minlength=kept).eq(1).all()):
         raise ValueError(
-            f"Batch.concat: cannot stack column {key!r} (shapes {shapes}): {err}"
-        ) from err
+            f"Batch.concat: rows must be a permutation of the first {kept} of the {total} "
+            "stacked rows."
+        )
+    position = torch.empty(kept, dtype=torch.long)  # where stacked row j goes
+    position[order] = torch.arange(kept)
+    spans, start = [], 0  # (batch, its rows kept, their positions)
+    for b in batches:
+        n = max(0, min(len(b), kept - start))
+        spans.append((b, n, position[start : start + n]))
+        start += len(b)
+    first = batches[0]
+    tensors = {k: _place_tensors(k, spans, kept) for k in first.tensors}
+    non_tensors = {k: _place_arrays(k, spans, kept) for k in first.non_tensors}
+    return _make(tensors, non_tensors, dict(first.meta))
+
+
+def _place_tensors(key: str, spans: list, kept: int) -> torch.Tensor:
+    parts = [b.tensors[key] for b, _, _ in spans]
+    _check_stackable(key, parts)
+    out = torch.empty((kept, *parts[0].shape[1:]), dtype=parts[0].dtype, device=parts[0].device)
+    for part, (_, n, where) in zip(parts, spans, strict=True):
+        if n:
+            out.index_copy_(0, where.to(out.device), part[:n])
+    return out
+
+
+def _place_arrays(key: str, spans: list, kept: int) -> np.ndarray:
+    parts = [b.non_tensors[key] for b, _, _ in spans]
+    out = np.empty((kept, *parts[0].shape[1:]), dtype=np.result_type(*parts))
+    for part, (_, n, where) in zip(parts, spans, strict=True):
+        if n:
+            out[where.numpy()] = part[:n]
+    return out
 
 
 def _describe_tensor(t: torch.Tensor) -> str:
@@ -478,7 +535,7 @@ def _restore_batch(version: int, tensors: list, non_tensors: list, meta: dict) -
             f"{_STATE_VERSION}; use the same rayrl version on every node."
         )
     return _make(
-        {key: decode_tensor(dtype, shape, data) for key, dtype, shape, data in tensors},
+        {key: decode_tensor(dtype, shape, wire, data) for key, dtype, shape, wire, data in tensors},
         {key: decode_objects(codec, payload) for key, codec, payload in non_tensors},
         meta,
     )

@@ -2,12 +2,16 @@
 
 A tensor becomes a flat uint8 numpy view of its contiguous CPU bytes, which pickle
 protocol 5 (and so Ray) ships out-of-band without `torch.save`; a slice ships only
-its own rows. A 1-D column of str/None becomes Arrow's layout of a string array (UTF-8
+its own rows. An integer tensor whose values fit a narrower integer type travels in
+the narrowest that holds them (token ids of a 150k vocabulary as int32, masks as
+uint8, positions as int16) and arrives in its own dtype with the same values: the
+bytes on the wire shrink, what the receiver reads is bitwise the same. A 1-D column of str/None becomes Arrow's layout of a string array (UTF-8
 data, int64 offsets and a validity bitmap when there are None) held in plain numpy
 arrays, which Ray moves out-of-band like any array and Arrow turns back into strings
 faster than unpickling one object per row. Any other column is pickled as it is.
 
-On the way back a tensor is a view of the bytes it arrived in, never a copy: from
+On the way back a tensor is a view of the bytes it arrived in, never a copy (a
+narrowed one excepted: it is widened into a private tensor): from
 Ray's object store that is shared, read-only memory, as numpy arrays from `ray.get`
 are. Such a tensor must not be written in place (Ray's numpy arrays refuse it; torch
 cannot): other readers of the object on the node, and later gets of it, would see
@@ -33,23 +37,55 @@ warnings.filterwarnings(
 )
 
 
-def encode_tensor(t: torch.Tensor) -> tuple[torch.dtype, tuple[int, ...], np.ndarray]:
-    """(dtype, shape, uint8 numpy view of the contiguous CPU bytes); detaches, moves to CPU."""
+# The integer types a wider integer tensor may travel in, narrowest first, with the
+# range of values each holds.
+_WIRE_INTS = [
+    (dtype, torch.iinfo(dtype).min, torch.iinfo(dtype).max)
+    for dtype in (torch.uint8, torch.int16, torch.int32)
+]
+
+
+def encode_tensor(
+    t: torch.Tensor,
+) -> tuple[torch.dtype, tuple[int, ...], torch.dtype, np.ndarray]:
+    """(dtype, shape, wire dtype, uint8 numpy view of the contiguous CPU bytes in the
+    wire dtype); detaches, moves to CPU. The wire dtype is `wire_dtype`'s choice."""
     flat = t.detach().cpu().resolve_conj().resolve_neg().contiguous().reshape(-1)
-    return t.dtype, tuple(t.shape), flat.view(torch.uint8).numpy()
+    wire = wire_dtype(flat)
+    if wire != t.dtype:
+        flat = flat.to(wire)
+    return t.dtype, tuple(t.shape), wire, flat.view(torch.uint8).numpy()
 
 
-def decode_tensor(dtype: torch.dtype, shape: tuple[int, ...], data: np.ndarray) -> torch.Tensor:
+def wire_dtype(t: torch.Tensor) -> torch.dtype:
+    """The narrowest integer dtype that holds every value of integer tensor `t`
+    (uint8, int16 or int32, when narrower than its own); else `t`'s dtype."""
+    if t.dtype not in (torch.int16, torch.int32, torch.int64) or t.numel() == 0:
+        return t.dtype
+    low, high = (int(v) for v in torch.aminmax(t))
+    for dtype, lowest, highest in _WIRE_INTS:
+        if dtype.itemsize >= t.element_size():
+            break
+        if lowest <= low and high <= highest:
+            return dtype
+    return t.dtype
+
+
+def decode_tensor(
+    dtype: torch.dtype, shape: tuple[int, ...], wire: torch.dtype, data: np.ndarray
+) -> torch.Tensor:
     """Rebuild a CPU tensor from `encode_tensor`'s output, sharing its buffer.
 
-    The buffer is copied only when it is misaligned for the dtype. A read-only buffer
-    (Ray's object store) is shared too: see the module docstring.
+    The buffer is copied only when it is misaligned for the dtype, or when the tensor
+    travelled narrowed (it is widened back to `dtype`). A read-only buffer (Ray's
+    object store) is shared too: see the module docstring.
     """
-    if data.ctypes.data % dtype.itemsize == 0:
-        return torch.from_numpy(data).view(dtype).reshape(shape)
-    out = torch.empty(shape, dtype=dtype)
-    np.copyto(out.reshape(-1).view(torch.uint8).numpy(), data)
-    return out
+    if data.ctypes.data % wire.itemsize == 0:
+        out = torch.from_numpy(data).view(wire).reshape(shape)
+    else:
+        out = torch.empty(shape, dtype=wire)
+        np.copyto(out.reshape(-1).view(torch.uint8).numpy(), data)
+    return out if wire == dtype else out.to(dtype)
 
 
 _TEXT_TYPES = {str, type(None)}

@@ -298,16 +298,35 @@ def collect_dp(outputs: list, state: Any) -> Any:
     if not outputs or not all(is_batch(o) for o in outputs):
         return list(outputs)
     merged = type(outputs[0]).concat(outputs)
+    return merged.unpad(len(merged) - kept_rows(len(merged), state))
+
+
+def kept_rows(total: int, state: Any) -> int:
+    """How many of the `total` rows a DP_SPLIT call's ranks returned are real: the
+    rows its padding caused (k per padded row when each input row gave k) dropped."""
     if not isinstance(state, DPState) or state.pad == 0:
-        return merged
-    total = len(merged)
+        return total
     if total % state.padded_len != 0:
         raise ValueError(
             f"DP_SPLIT cannot remove its {state.pad} padding rows: the ranks returned "
             f"{total} rows for {state.padded_len} padded input rows (not a multiple). "
             "Return the same number of rows per input row, or use collect='list'."
         )
-    return merged.unpad(state.pad * (total // state.padded_len))
+    return total - state.pad * (total // state.padded_len)
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """The called ranks' outputs in rank order and the call's dispatch state, as they
+    came: what `collect_outputs` returns to a caller that collects them itself."""
+
+    outputs: list
+    state: Any
+
+
+def collect_outputs(outputs: list, state: Any) -> Outputs:
+    """Collect nothing: the outputs and the state as they are (`Outputs`)."""
+    return Outputs(list(outputs), state)
 
 
 register_dispatch_mode(ONE_TO_ALL, _one_to_all, collect_list)
@@ -317,3 +336,4 @@ register_dispatch_mode(DP_SPLIT, _dp_split, collect_dp)
 register_collector("list", collect_list)
 register_collector("first", collect_first)
 register_collector("concat", collect_dp)
+register_collector("outputs", collect_outputs)

@@ -29,6 +29,7 @@ from typing import Any
 import ray
 from ray import ObjectRef
 
+from rayrl.controller import traffic
 from rayrl.controller.dispatch import (
     ALL_TO_ALL,
     DP_SPLIT,
@@ -103,10 +104,11 @@ class GroupFuture:
             "refs go worker to worker, or call future.ref() for one ObjectRef of its result"
         )
 
-    def get(self, timeout: float | None = None) -> Any:
-        """Wait for every rank, then collect. A failed rank raises WorkerCallError;
-        ranks still running after `timeout` seconds raise GroupTimeoutError naming them;
-        with a watchdog, a rank without progress raises WorkerHungError."""
+    def get(self, timeout: float | None = None, collect: CollectFn | None = None) -> Any:
+        """Wait for every rank, then collect (with `collect` instead of the method's own
+        when given). A failed rank raises WorkerCallError; ranks still running after
+        `timeout` seconds raise GroupTimeoutError naming them; with a watchdog, a rank
+        without progress raises WorkerHungError."""
         try:
             if self.watchdog is not None:
                 outputs = self.watchdog.wait(self, timeout)
@@ -119,11 +121,12 @@ class GroupFuture:
         except Exception as err:  # noqa: BLE001 - translated to the failing rank below
             self._raise_for_rank(err)
         state = ray.get(self.state) if isinstance(self.state, ObjectRef) else self.state
+        traffic.count_received(self.stage, [*outputs, state])
         if self.keep is not None:  # a data layout: one output per part (its first rank)
             outputs = [
                 out for rank, out in zip(self.ranks, outputs, strict=True) if rank in self.keep
             ]
-        return self.collect(outputs, state)
+        return (collect or self.collect)(outputs, state)
 
     def discard(self) -> None:
         """Give up on this call: errors of ranks that already failed are read (so Ray

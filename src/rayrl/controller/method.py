@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import ray
 from ray import ObjectRef
 
+from rayrl.controller import traffic
 from rayrl.controller.dispatch import CallPlan, MethodSpec, collect_dp, split_by_layout
 from rayrl.controller.errors import WorkerCallError, WorkerDescription
 from rayrl.controller.future import GroupFuture, adapt_arguments
@@ -65,7 +66,7 @@ class GroupMethod:
         if layout is not None and not layout.trivial:
             return self._remote_by_layout(layout, args, kwargs)
         args, kwargs, inputs, adapters = adapt_arguments(spec.mode, owner.world_size, args, kwargs)
-        plan = share_broadcast(spec.mode.dispatch(owner.world_size, args, kwargs))
+        plan = share_broadcast(spec.mode.dispatch(owner.world_size, args, kwargs), spec.name)
         return self._start(plan, split=spec.collect is collect_dp, inputs=inputs, adapters=adapters)
 
     def _remote_by_layout(self, layout: DataLayout, args: tuple, kwargs: dict) -> GroupFuture:
@@ -74,7 +75,7 @@ class GroupMethod:
         arguments are collected here first: their chunks follow another split."""
         args = tuple(a.get() if isinstance(a, GroupFuture) else a for a in args)
         kwargs = {k: v.get() if isinstance(v, GroupFuture) else v for k, v in kwargs.items()}
-        plan = share_parts(split_by_layout(layout, args, kwargs), layout)
+        plan = share_parts(split_by_layout(layout, args, kwargs), layout, self.spec.name)
         return self._start(plan, keep=layout.leaders)
 
     def _start(self, plan: CallPlan, **future: Any) -> GroupFuture:
@@ -83,6 +84,7 @@ class GroupMethod:
         owner, spec = self._owner, self.spec
         refs = []
         for rank in plan.ranks:
+            traffic.count_sent(spec.name, [*plan.args[rank], *(plan.kwargs[rank] or {}).values()])
             try:
                 refs.append(owner._invoke(rank, spec, plan.args[rank], plan.kwargs[rank]))
             except WorkerCallError:
@@ -102,13 +104,14 @@ class GroupMethod:
         )
 
 
-def share_parts(plan: CallPlan, layout: DataLayout) -> CallPlan:
+def share_parts(plan: CallPlan, layout: DataLayout, method: str = "") -> CallPlan:
     """Each part's large arguments stored once for all its ranks (`ray.put`)."""
     stored: dict[int, Any] = {}
 
     def once(value: Any) -> Any:
         if id(value) not in stored:
-            stored[id(value)] = ray.put(value) if nbytes_at_least(value, INLINE_BYTES) else value
+            large = nbytes_at_least(value, INLINE_BYTES)
+            stored[id(value)] = put(value, method) if large else value
         return stored[id(value)]
 
     if layout.parts == len(layout.part_of):
@@ -134,7 +137,13 @@ def bind_methods(owner: Caller, specs: dict[str, MethodSpec], reserved: set[str]
 INLINE_BYTES = 100 * 1024
 
 
-def share_broadcast(plan: CallPlan) -> CallPlan:
+def put(value: Any, method: str) -> ObjectRef:
+    """`ray.put(value)`, counted as sent by `method` (`rayrl.controller.traffic`)."""
+    traffic.count_sent(method, [value])
+    return ray.put(value)
+
+
+def share_broadcast(plan: CallPlan, method: str = "") -> CallPlan:
     """Put each large argument that several ranks get as the same object once."""
     called = plan.ranks
     if len(called) < 2:
@@ -143,7 +152,8 @@ def share_broadcast(plan: CallPlan) -> CallPlan:
 
     def share(value: Any) -> Any:
         if id(value) not in shared:
-            shared[id(value)] = ray.put(value) if nbytes_at_least(value, INLINE_BYTES) else value
+            large = nbytes_at_least(value, INLINE_BYTES)
+            shared[id(value)] = put(value, method) if large else value
         return shared[id(value)]
 
     first_args, first_kwargs = plan.args[called[0]], plan.kwargs[called[0]] or {}

@@ -25,9 +25,23 @@ from rayrl.engines.logprob_head import logprob_head_of
 from rayrl.engines.packing import ResponseIndex, pack_sequences, padded_response_index
 from rayrl.engines.ulysses import SPGroup, gather_kept, split_packed
 
-__all__ = ["MODEL_INPUTS", "default_position_ids", "response_outputs"]
+__all__ = ["MODEL_INPUTS", "default_position_ids", "response_outputs", "response_width"]
 
-MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
+# What the model is run on: token ids, mask and (optionally) positions over prompt and
+# response, and the responses' width R, read from `responses` or, when a caller sends
+# only the mask, `response_mask` (`response_width`).
+MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "response_mask")
+
+
+def response_width(batch: Batch) -> int:
+    """R, the responses' padded width: of ``responses``, else of ``response_mask``."""
+    for key in ("responses", "response_mask"):
+        if key in batch:
+            return int(batch[key].shape[1])
+    raise KeyError(
+        f"the engine needs a responses or response_mask column for the responses' width; "
+        f"the batch has {batch.keys()}."
+    )
 
 
 def default_position_ids(attention_mask: Tensor) -> Tensor:
@@ -41,7 +55,7 @@ def _model_inputs(
     """Model kwargs and the response index, built where ``micro`` is, then moved."""
     ids, mask = micro["input_ids"], micro["attention_mask"]
     positions = micro["position_ids"] if "position_ids" in micro else default_position_ids(mask)
-    response_len = micro["responses"].shape[1]
+    response_len = response_width(micro)
     if packed:
         p = pack_sequences(ids, mask, positions, response_len)
         inputs, index = {"input_ids": p.input_ids, "position_ids": p.position_ids}, p.response
@@ -89,8 +103,9 @@ def response_outputs(
     Args:
         model: a causal LM (or a token-classification model with one label when
             ``value_head``), possibly FSDP-sharded.
-        micro: ``input_ids``, ``attention_mask``, ``responses`` and optionally
-            ``position_ids`` (verl's layout, see `rayrl.engines.packing`).
+        micro: ``input_ids``, ``attention_mask``, ``responses`` (or ``response_mask``:
+            only the responses' width is read) and optionally ``position_ids`` (verl's
+            layout, see `rayrl.engines.packing`).
         packed: drop padding and pack the sequences into one row (a micro-batch with
             no padding runs unpacked: the same result with fewer steps).
         value_head: return ``values`` (the head's output at the position before each
@@ -167,7 +182,7 @@ def _sequence_parallel_outputs(
     rank's kept positions through the model and the head, every rank's gathered."""
     ids, mask = micro["input_ids"], micro["attention_mask"]
     positions = micro["position_ids"] if "position_ids" in micro else default_position_ids(mask)
-    packed = pack_sequences(ids, mask, positions, micro["responses"].shape[1])
+    packed = pack_sequences(ids, mask, positions, response_width(micro))
     lengths = [n for n in mask.sum(dim=1).tolist() if n > 0]
     part = split_packed(
         packed.input_ids, packed.position_ids, lengths, packed.response.logit_index, sp

@@ -33,10 +33,10 @@ def micro_batch_plan(
     batch: Batch, micro_batch_size: int | None, max_tokens: int | None, sharded: bool, device: Any
 ) -> Plan:
     """Micro-batches of row indices, the same number on every rank."""
-    if "responses" not in batch or "input_ids" not in batch:
+    if "input_ids" not in batch or not ("responses" in batch or "response_mask" in batch):
         raise KeyError(
-            f"the engine needs input_ids, attention_mask and responses columns; the "
-            f"batch has {batch.keys()}."
+            f"the engine needs input_ids, attention_mask and responses (or response_mask) "
+            f"columns; the batch has {batch.keys()}."
         )
     lengths = batch["attention_mask"].sum(dim=-1).tolist()
     if max_tokens:
@@ -59,7 +59,7 @@ def global_counts(
     if "response_mask" in mini:
         mask = mini["response_mask"]
     else:
-        mask = mini["attention_mask"][:, -mini["responses"].shape[1] :]
+        mask = mini["attention_mask"][:, -mini["responses"].shape[1] :]  # no response_mask
     per_seq = mask.to(torch.float64).sum(dim=-1)
     local = [float(per_seq.sum()), float((per_seq > 0).sum())] if counted else [0.0, 0.0]
     tokens, seqs = all_reduce(local, sharded, device)

@@ -85,7 +85,7 @@ from rayrl.engines.optim import (
     build_optimizer,
     warn_nonfinite_gradients,
 )
-from rayrl.engines.outputs import response_outputs
+from rayrl.engines.outputs import response_outputs, response_width
 from rayrl.engines.packing import worth_packing
 from rayrl.engines.rank_sync import (
     Plan,
@@ -255,7 +255,8 @@ class TrainEngine(ModelBuilding, StepRecovery):
     ) -> Batch:
         """Log-probs (``log_probs``, optionally ``entropy``) or ``values``, no gradients.
 
-        ``batch`` holds ``input_ids``, ``attention_mask``, ``responses`` and optionally
+        ``batch`` holds ``input_ids``, ``attention_mask``, ``responses`` (or only
+        ``response_mask``: the responses' width is read) and optionally
         ``position_ids``; ``temperature`` scales the logits (the sampling temperature).
         Returns a Batch of ``[b, R]`` float32 CPU tensors in the input's row order.
         """
@@ -378,7 +379,7 @@ class TrainEngine(ModelBuilding, StepRecovery):
             return 0.0
         mask = batch["response_mask"] if "response_mask" in batch else None  # noqa: SIM401
         return self.flop_model.batch_train_flops(
-            batch["attention_mask"], mask, batch["responses"].shape[1]
+            batch["attention_mask"], mask, response_width(batch)
         )
 
     def _train_mini_batch(

@@ -7,15 +7,23 @@ each collective. `balanced_order` permutes the rows so that each rank's chunk ho
 same number of rows and close to the same number of tokens: longest rows first, each
 to the lightest rank that still has room (greedy LPT with equal counts). The order is
 deterministic (ties go to the lower row and the lower rank), so a step replays exactly.
+
+The generated samples are reordered where the driver assembles them from the ranks'
+results (`balanced_samples`): each rank's rows are copied once, straight to their
+balanced positions, instead of concatenated and then copied again in the new order.
 """
 
 from __future__ import annotations
 
 import heapq
 
-from rayrl.batch import Batch
+import torch
 
-__all__ = ["balance_batch", "balanced_order", "imbalance"]
+from rayrl.batch import Batch
+from rayrl.controller.dispatch import Outputs, kept_rows
+from rayrl.workers.context import StageResult, collect_stage, slowest
+
+__all__ = ["balance_batch", "balanced_order", "balanced_samples", "imbalance"]
 
 
 def balanced_order(lengths: list[int], parts: int) -> list[int]:
@@ -49,11 +57,32 @@ def balance_batch(batch: Batch, parts: int) -> tuple[Batch, dict[str, float]]:
     """``batch`` reordered so each of ``parts`` rank chunks holds about the same number
     of real tokens (``attention_mask`` sums), with the imbalance before and after."""
     lengths = batch["attention_mask"].sum(-1).tolist()
+    order, metrics = _order(lengths, parts)
+    return (batch if order is None else batch.index(order)), metrics
+
+
+def balanced_samples(done: Outputs, parts: int) -> tuple[StageResult, dict[str, float]]:
+    """A generate call's `StageResult`s (`done`: as its ranks returned them, with the
+    call's dispatch state) assembled into one, the padding dropped and the rows in
+    `balanced_order` over ``parts`` ranks, in the one copy that assembling makes; with
+    the imbalance before and after (as `balance_batch`)."""
+    batches = [out.batch for out in done.outputs]
+    rows = kept_rows(sum(len(b) for b in batches), done.state)
+    lengths = torch.cat([b["attention_mask"].sum(-1) for b in batches])[:rows].tolist()
+    order, metrics = _order(lengths, parts)
+    if order is None:
+        return collect_stage(done.outputs, done.state), metrics
+    return StageResult(Batch.concat(batches, rows=order), slowest(done.outputs)), metrics
+
+
+def _order(lengths: list[int], parts: int) -> tuple[list[int] | None, dict[str, float]]:
+    """`balanced_order` of rows of ``lengths`` with the imbalance before and after;
+    None (no reordering) for one part or rows that do not split evenly."""
     if parts <= 1 or len(lengths) % parts:
-        return batch, {}
+        return None, {}
     order = balanced_order(lengths, parts)
     metrics = {
         "perf/dp_imbalance_before": imbalance(lengths, list(range(len(lengths))), parts),
         "perf/dp_imbalance": imbalance(lengths, order, parts),
     }
-    return batch.index(order), metrics
+    return order, metrics

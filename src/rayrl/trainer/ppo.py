@@ -34,6 +34,7 @@ from rayrl.cluster.spec import PoolSpec
 from rayrl.config.schema import RayRLConfig
 from rayrl.config.validate import critic_enabled, ref_enabled
 from rayrl.controller import WorkerGroup
+from rayrl.controller.dispatch import Outputs, collect_outputs
 from rayrl.data.sampler import StepView
 from rayrl.models.loading import load_tokenizer
 from rayrl.trainer.advantage import (
@@ -43,7 +44,7 @@ from rayrl.trainer.advantage import (
     shape_rewards,
     warn_extreme_scores,
 )
-from rayrl.trainer.balance import balance_batch
+from rayrl.trainer.balance import balance_batch, balanced_samples
 from rayrl.trainer.contract import TrainData
 from rayrl.trainer.data import load_datasets
 from rayrl.trainer.dynamic_sampling import fill_batch
@@ -60,8 +61,12 @@ from rayrl.trainer.scoring import RewardErrors, reward_rows
 from rayrl.trainer.stage_calls import StageCalls
 from rayrl.trainer.state import Stateful
 from rayrl.trainer.validate import Validator
-from rayrl.workers.context import StepContext
-from rayrl.workers.reward import reward_metrics
+from rayrl.workers.actor import LOG_PROB_READS, update_actor_reads
+from rayrl.workers.common import only_reads
+from rayrl.workers.context import StageResult, StepContext, collect_stage
+from rayrl.workers.critic import UPDATE_CRITIC_READS, VALUES_READS
+from rayrl.workers.ref import REF_LOG_PROB_READS
+from rayrl.workers.reward import SCORE_READS, reward_metrics
 
 log = logging.getLogger("rayrl.trainer")
 
@@ -179,10 +184,16 @@ class PPOTrainer:
         """`batch` scored by the reward group, its rows split by node (`reward_rows`);
         through `calls` (kept for a replayed step) when given."""
         roles = self._roles()
-        rows = reward_rows(batch, roles.hybrid, roles.reward)
+        rows = self._sent(batch)
         if calls is None:
             return roles.reward.compute_score(rows)
         return calls.run(stage, roles.reward.compute_score, rows)
+
+    def _sent(self, batch: Batch):
+        """What the reward group's `compute_score` is sent of `batch`: the columns it
+        reads, its rows split by node (`reward_rows`)."""
+        roles = self._roles()
+        return reward_rows(only_reads(batch, SCORE_READS), roles.hybrid, roles.reward)
 
     def stateful_groups(self) -> list[WorkerGroup]:
         return [self._roles().hybrid]
@@ -240,8 +251,7 @@ class PPOTrainer:
             batch = self._generate(prompts, ctx, calls, timing, metrics)
             reward_future = None
             if not self.riding.scores:
-                rows = reward_rows(batch, roles.hybrid, roles.reward)
-                reward_future = calls.start("reward", roles.reward.compute_score, rows)
+                reward_future = calls.start("reward", roles.reward.compute_score, self._sent(batch))
             if alg.filter_groups.enable:
                 with timer(timing, "dynamic_sampling"):
                     batch = self._scored(batch, reward_future.get(), metrics)
@@ -295,7 +305,8 @@ class PPOTrainer:
         gen_ctx = ctx.but(with_scores=self.riding.scores, with_ref=self.riding.ref)
         with timer(timing, "gen"):
             prompts = self._balanced(prompts, metrics, "gen", self._parts("rollout"))
-            result = calls.run("gen", roles.actor.generate, prompts, gen_ctx)
+            done = calls.run("gen", roles.actor.generate, prompts, gen_ctx, collect=collect_outputs)
+            result = self._balanced_samples(done, metrics)
         within = ("weight_sync", "tools")  # tools run during the generation
         riding = {k: v for k, v in result.timing.items() if k not in within}
         timing.update(riding, weight_sync=result.timing.get("weight_sync", 0.0))
@@ -304,7 +315,16 @@ class PPOTrainer:
         timing["gen"] -= sum(riding.values())
         if is_multi_turn(result.batch):
             metrics.update(episode_metrics(result.batch))
-        return self._balanced(result.batch, metrics, "train", self._parts("train"))
+        return result.batch
+
+    def _balanced_samples(self, done: Outputs, metrics: dict[str, float]) -> StageResult:
+        """The generate call's result, its rows balanced over the training ranks as
+        `_balanced` does (`trainer.balance_batch`), in the copy that assembles them."""
+        if not self.cfg.trainer.balance_batch:
+            return collect_stage(done.outputs, done.state)
+        result, found = balanced_samples(done, self._parts("train"))
+        metrics.update({f"{k}/train": v for k, v in found.items()})
+        return result
 
     def _checked_tokens(self, batch: Batch) -> dict[str, float]:
         """The token check of the rows about to be trained (`rayrl.trainer.episodes`),
@@ -335,17 +355,20 @@ class PPOTrainer:
             ctx = ctx.but(on_policy=True)
         else:
             with timer(timing, "old_log_prob"):
-                old = calls.run("old_log_prob", roles.actor.compute_log_prob, batch)
+                sent = only_reads(batch, LOG_PROB_READS)
+                old = calls.run("old_log_prob", roles.actor.compute_log_prob, sent)
                 batch = batch.union(old.select("old_log_probs"))
                 metrics.update(entropy_metric(self.cfg, old["entropy"], batch["response_mask"]))
                 if self.cfg.actor_rollout_ref.rollout.calculate_log_probs:
                     metrics.update(rollout_probs_diff(batch))
         if self.use_ref and not self.riding.ref:
             with timer(timing, "ref"):
-                batch = batch.union(calls.run("ref", roles.actor.compute_ref_log_prob, batch))
+                sent = only_reads(batch, REF_LOG_PROB_READS)
+                batch = batch.union(calls.run("ref", roles.actor.compute_ref_log_prob, sent))
         if roles.critic is not None:
             with timer(timing, "values"):
-                batch = batch.union(calls.run("values", roles.critic.compute_values, batch))
+                sent = only_reads(batch, VALUES_READS)
+                batch = batch.union(calls.run("values", roles.critic.compute_values, sent))
         return batch, ctx
 
     def _updates(
@@ -355,12 +378,13 @@ class PPOTrainer:
         roles = self._roles()
         if roles.critic is not None:
             with timer(timing, "update_critic"):
-                update = roles.critic.update_critic
-                metrics.update(calls.run("update_critic", update, batch, ctx, mutates=True))
+                update, sent = roles.critic.update_critic, only_reads(batch, UPDATE_CRITIC_READS)
+                metrics.update(calls.run("update_critic", update, sent, ctx, mutates=True))
         if self.actor_learns(ctx.step):
             with timer(timing, "update_actor"):
                 update = roles.actor.update_actor
-                metrics.update(calls.run("update_actor", update, batch, ctx, mutates=True))
+                sent = only_reads(batch, update_actor_reads(self.cfg))
+                metrics.update(calls.run("update_actor", update, sent, ctx, mutates=True))
 
     def actor_learns(self, step: int) -> bool:
         """False during the critic's warm-up (`trainer.critic_warmup` first steps)."""

@@ -26,6 +26,7 @@ class _Kept:
     mutates: bool
     value: Any = None
     future: Any = None  # a GroupFuture not yet collected
+    collect: Any = None  # instead of the method's own collect
 
 
 class _Started:
@@ -37,7 +38,9 @@ class _Started:
     def get(self, timeout: float | None = None) -> Any:
         kept = self.kept
         if kept.future is not None:
-            kept.value, kept.future = kept.future.get(timeout), None
+            own = kept.collect is None
+            value = kept.future.get(timeout) if own else kept.future.get(timeout, kept.collect)
+            kept.value, kept.future = value, None
         return kept.value
 
 
@@ -63,20 +66,37 @@ class StageCalls:
         """Whether a call that changes a group's state has finished in this step."""
         return any(k.mutates and k.future is None for k in self.kept.values())
 
-    def run(self, stage: str, method: Any, *args: Any, mutates: bool = False, **kwargs: Any) -> Any:
+    def run(
+        self,
+        stage: str,
+        method: Any,
+        *args: Any,
+        mutates: bool = False,
+        collect: Any = None,
+        **kwargs: Any,
+    ) -> Any:
         """`method(*args, **kwargs)` (a group method), or its kept result."""
-        return self.start(stage, method, *args, mutates=mutates, **kwargs).get()
+        return self.start(stage, method, *args, mutates=mutates, collect=collect, **kwargs).get()
 
     def start(
-        self, stage: str, method: Any, *args: Any, mutates: bool = False, **kwargs: Any
+        self,
+        stage: str,
+        method: Any,
+        *args: Any,
+        mutates: bool = False,
+        collect: Any = None,
+        **kwargs: Any,
     ) -> _Started:
-        """`method.remote(*args, **kwargs)`, or the kept call; `.get()` the result."""
+        """`method.remote(*args, **kwargs)`, or the kept call; `.get()` the result,
+        collected by `collect` (`(outputs, state) -> value`) instead of the method's
+        own collect when given."""
         key = (stage, self.counts[stage])
         self.counts[stage] += 1
         kept = self.kept.get(key)
         if kept is None:
             self.stop_check(self.mutated)
-            kept = _Kept(_group_of(method), mutates, future=method.remote(*args, **kwargs))
+            future = method.remote(*args, **kwargs)
+            kept = _Kept(_group_of(method), mutates, future=future, collect=collect)
             self.kept[key] = kept
         return _Started(kept)
 

@@ -32,7 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from rayrl.batch import Batch
+from rayrl.workers.common import only_reads
 from rayrl.workers.context import StageResult, StepContext
+from rayrl.workers.reward import SCORE_READS
 
 
 def _correct(sample: dict) -> bool:
@@ -151,7 +153,7 @@ class Validator:
 
     def _score(self, prompts: Batch, ctx: StepContext) -> list[dict]:
         out = self.generate(prompts, ctx).batch
-        scores = self.score(out)
+        scores = self.score(only_reads(out, SCORE_READS))
         texts = self.decode(
             [
                 row[m.bool()].tolist()

@@ -34,6 +34,7 @@ from rayrl.batch import Batch
 from rayrl.config.schema import RayRLConfig
 from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
 from rayrl.engines.lora import LoraSpec
+from rayrl.engines.outputs import MODEL_INPUTS
 from rayrl.engines.rollout import (
     HFRolloutEngine,
     SamplingParams,
@@ -65,6 +66,25 @@ from rayrl.workers.context import StageResult, StepContext, collect_stage
 from rayrl.workers.losses import actor_loss_fn
 
 log = logging.getLogger("rayrl.workers")
+
+# The columns of the step's batch the log-prob passes read (`compute_log_prob`,
+# `compute_ref_log_prob`): the model's inputs only. The trainer sends no others
+# (`common.only_reads`).
+LOG_PROB_READS = MODEL_INPUTS
+
+
+def update_actor_reads(cfg: RayRLConfig) -> tuple[str, ...]:
+    """The columns `update_actor` reads under `cfg`: the model's inputs, advantages and
+    old log-probs (none on-policy), the reference's log-probs for a KL loss, and the
+    rollout's (with the batch's normaliser) when a rollout correction weighs with them."""
+    correction = cfg.algorithm.rollout_correction
+    reads = [*MODEL_INPUTS, "advantages", "old_log_probs"]
+    if cfg.actor_rollout_ref.actor.use_kl_loss:
+        reads.append("ref_log_prob")
+    if correction.bypass_mode or correction.rollout_is is not None:
+        reads += ["rollout_log_probs", "rollout_is_norm"]
+    return tuple(reads)
+
 
 if TYPE_CHECKING:  # the engine loads in the worker (init_worker), not in the driver
     from rayrl.engines.train import TrainEngine

@@ -66,9 +66,13 @@ class StageResult:
 def collect_stage(outputs: list[StageResult], state: Any) -> StageResult:
     """Collect for DP_SPLIT methods returning `StageResult`: rows concatenated (the
     split's padding dropped), each stage's time the slowest rank's."""
-    batch = collect_dp([o.batch for o in outputs], state)
+    return StageResult(collect_dp([o.batch for o in outputs], state), slowest(outputs))
+
+
+def slowest(outputs: list[StageResult]) -> dict[str, float]:
+    """Each stage's time over ranks' results: the slowest rank's."""
     timing: dict[str, float] = {}
     for out in outputs:
         for stage, seconds in out.timing.items():
             timing[stage] = max(timing.get(stage, 0.0), float(seconds))
-    return StageResult(batch, timing)
+    return timing

@@ -7,6 +7,7 @@ from pathlib import Path
 from rayrl.batch import Batch
 from rayrl.config.schema import RayRLConfig
 from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
+from rayrl.engines.outputs import MODEL_INPUTS
 from rayrl.workers.common import (
     engine_kwargs,
     epoch_rows,
@@ -18,6 +19,11 @@ from rayrl.workers.common import (
 )
 from rayrl.workers.context import StepContext
 from rayrl.workers.losses import critic_loss_fn
+
+# The columns of the step's batch each method reads; the trainer sends no others
+# (`common.only_reads`).
+VALUES_READS = MODEL_INPUTS
+UPDATE_CRITIC_READS = (*MODEL_INPUTS, "values", "returns")
 
 
 class CriticWorker(Worker):

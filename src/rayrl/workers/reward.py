@@ -38,6 +38,26 @@ from rayrl.rewards import HTTPReward, RewardResult, make_scorer, spec_from_confi
 from rayrl.rewards.budget import RATE_KEY, BoundedScores, ErrorBudget
 from rayrl.rewards.items import make_items, summarize
 
+EPISODE_EXTRAS = {  # extra_info key -> the multi-turn rollout's column
+    "num_turns": "num_turns",
+    "rollout_reward_scores": "tool_rewards",
+    "turn_scores": "turn_scores",
+    "trajectory": "trajectory",
+}
+
+# The columns of the step's batch `compute_score` reads: the responses' tokens and mask
+# (decoded here), what each row is scored against, and a multi-turn episode's columns.
+# The trainer sends no others (`common.only_reads`).
+SCORE_READS = (
+    "responses",
+    "response_mask",
+    "data_source",
+    "ground_truth",
+    "extra_info",
+    "raw_prompt",
+    *EPISODE_EXTRAS.values(),
+)
+
 
 class RewardWorker(Worker):
     """One reward source per worker, chosen by the config's reward group."""
@@ -128,14 +148,6 @@ def error_policy(config: RayRLConfig) -> tuple[float, str, str, str]:
         reward = f"the built-in reward scorers (reward manager {manager})"
         advice = "check each row's data_source and ground_truth against the built-in scorers"
     return rate, key, reward, advice
-
-
-EPISODE_EXTRAS = {  # extra_info key -> the multi-turn rollout's column
-    "num_turns": "num_turns",
-    "rollout_reward_scores": "tool_rewards",
-    "turn_scores": "turn_scores",
-    "trajectory": "trajectory",
-}
 
 
 def episode_extra_info(batch: Batch) -> list | None:
