@@ -395,7 +395,17 @@ def test_read_only_buffers_are_shared_and_writable_copies_them():
     assert pickle.loads(data, buffers=frozen).equals(b)
 
 
-def test_integer_columns_travel_in_the_narrowest_type_and_arrive_as_they_were():
+@pytest.fixture
+def narrowing():
+    """Integer columns narrowed on the wire, as across machines (off on one host)."""
+    from rayrl.batch_codec import narrow_integers
+
+    narrow_integers(True)
+    yield
+    narrow_integers(False)
+
+
+def test_integer_columns_travel_in_the_narrowest_type_and_arrive_as_they_were(narrowing):
     b = Batch(
         {
             "ids": torch.tensor([[0, 151_935]] * 4),  # a 150k vocabulary: int32
@@ -415,6 +425,14 @@ def test_integer_columns_travel_in_the_narrowest_type_and_arrive_as_they_were():
     assert {k: v.dtype for k, v in out.tensors.items()} == {
         k: v.dtype for k, v in b.tensors.items()
     }
+
+
+def test_on_one_machine_integer_columns_travel_as_they_are():
+    b = Batch({"ids": torch.tensor([[0, 7]] * 4), "mask": torch.tensor([[1, 0]] * 4)})
+    buffers: list[pickle.PickleBuffer] = []
+    data = pickle.dumps(b, protocol=5, buffer_callback=buffers.append)
+    assert [memoryview(buf).nbytes for buf in buffers] == [8 * 8, 8 * 8]
+    assert pickle.loads(data, buffers=buffers).equals(b)
 
 
 def test_unknown_format_version_is_refused():

@@ -2,10 +2,13 @@
 
 A tensor becomes a flat uint8 numpy view of its contiguous CPU bytes, which pickle
 protocol 5 (and so Ray) ships out-of-band without `torch.save`; a slice ships only
-its own rows. An integer tensor whose values fit a narrower integer type travels in
+its own rows. Where the data crosses machines (`narrow_integers(True)`: a cluster of
+several nodes), an integer tensor whose values fit a narrower integer type travels in
 the narrowest that holds them (token ids of a 150k vocabulary as int32, masks as
 uint8, positions as int16) and arrives in its own dtype with the same values: the
-bytes on the wire shrink, what the receiver reads is bitwise the same. A 1-D column of str/None becomes Arrow's layout of a string array (UTF-8
+bytes on the wire shrink, what the receiver reads is bitwise the same. On one machine
+the bytes are shared memory, so narrowing would only cost a scan and a widening copy:
+it is off. A 1-D column of str/None becomes Arrow's layout of a string array (UTF-8
 data, int64 offsets and a validity bitmap when there are None) held in plain numpy
 arrays, which Ray moves out-of-band like any array and Arrow turns back into strings
 faster than unpickling one object per row. Any other column is pickled as it is.
@@ -45,6 +48,16 @@ _WIRE_INTS = [
 ]
 
 
+_NARROW = [False]  # this process's setting (`narrow_integers`)
+
+
+def narrow_integers(on: bool) -> None:
+    """Whether this process sends integer tensors narrowed (see the module docstring);
+    a WorkerGroup turns it on in the driver and in its workers when the cluster has
+    several nodes."""
+    _NARROW[0] = bool(on)
+
+
 def encode_tensor(
     t: torch.Tensor,
 ) -> tuple[torch.dtype, tuple[int, ...], torch.dtype, np.ndarray]:
@@ -59,8 +72,9 @@ def encode_tensor(
 
 def wire_dtype(t: torch.Tensor) -> torch.dtype:
     """The narrowest integer dtype that holds every value of integer tensor `t`
-    (uint8, int16 or int32, when narrower than its own); else `t`'s dtype."""
-    if t.dtype not in (torch.int16, torch.int32, torch.int64) or t.numel() == 0:
+    (uint8, int16 or int32, when narrower than its own) where narrowing is on; else
+    `t`'s dtype."""
+    if not _NARROW[0] or t.dtype not in (torch.int16, torch.int32, torch.int64) or t.numel() == 0:
         return t.dtype
     low, high = (int(v) for v in torch.aminmax(t))
     for dtype, lowest, highest in _WIRE_INTS:

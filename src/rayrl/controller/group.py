@@ -60,6 +60,7 @@ from rayrl.controller.method import bind_methods
 from rayrl.controller.startup import PhaseFuture, in_background
 from rayrl.controller.waiting import wait_all
 from rayrl.controller.watchdog import Watchdog
+from rayrl.controller.wire import set_wire_for_cluster
 from rayrl.controller.worker import CONCURRENCY_GROUPS, Worker, WorkerContext, find_log_file
 
 logger = logging.getLogger("rayrl.controller")
@@ -164,6 +165,7 @@ class WorkerGroup:
 
         `blocking=False` returns once the actors are requested: a PhaseFuture whose
         `result()` waits (`timeout_s` counted from now) and raises WorkerCreateError."""
+        set_wire_for_cluster()  # the driver's side of how the group's data travels
         pending = {rank: self._spawn(rank) for rank in range(self.world_size)}
         deadline = time.monotonic() + timeout_s
         phase = PhaseFuture(self, "create", lambda: self._finish_create(pending, deadline))

@@ -44,6 +44,7 @@ from rayrl import reads
 from rayrl.cluster import ray_private
 from rayrl.controller import calls
 from rayrl.controller.calls import running
+from rayrl.controller.wire import set_wire_for_cluster
 
 logger = logging.getLogger("rayrl.controller")
 
@@ -109,6 +110,7 @@ class Worker:
         self._rayrl_busy: tuple[str, float, int] | None = None
         if ctx.num_gpus == 0:
             hide_gpus(ctx)
+        set_wire_for_cluster()
         if ctx.num_cpus > 0:
             use_cpus(ctx.num_cpus)
         if ctx.usage_interval_s > 0:
