@@ -94,7 +94,7 @@ def node_peak_gb(sharded: bool) -> float:
     return max(nodes.values()) / 2**30
 
 
-def _tensors(model: nn.Module) -> list[tuple[str, Tensor]]:
+def checkpoint_tensors(model: nn.Module) -> list[tuple[str, Tensor]]:
     """What a checkpoint holds: parameters (a tied one once) and persistent buffers."""
     skip = set()
     for prefix, module in model.named_modules():
@@ -136,7 +136,7 @@ def weight_plan(
     checkpoint's names or shapes do not map onto the model's."""
     base = getattr(model, "base_model_prefix", "model")
     plan: dict[str, TensorEntry | None] = {}
-    for name, tensor in _tensors(model):
+    for name, tensor in checkpoint_tensors(model):
         entry = index.get(name)
         if entry is None:
             if value_head and not name.startswith(f"{base}."):
@@ -185,7 +185,7 @@ def load_checkpoint(
     generator = torch.Generator().manual_seed(seed)
     std = float(getattr(model.config, "initializer_range", 0.02))
     with CheckpointReader(index) as reader, torch.no_grad():
-        for name, target in _tensors(model):
+        for name, target in checkpoint_tensors(model):
             entry = plan[name]
             shape = tuple(target.shape)
             dtype = entry.dtype if entry else torch.float32
@@ -219,7 +219,7 @@ def load_own_shards(
     generator = torch.Generator().manual_seed(seed)
     std = float(getattr(model.config, "initializer_range", 0.02))
     with CheckpointReader(index) as reader, torch.no_grad():
-        for name, target in _tensors(model):
+        for name, target in checkpoint_tensors(model):
             entry = plan[name]
             if entry is None:
                 _place(target, _drawn_head(tuple(target.shape), generator, std))
@@ -314,9 +314,9 @@ def _same_layout(a: Tensor, b: Tensor) -> bool:
 def copy_weights(model: nn.Module, source: nn.Module) -> None:
     """Fill ``model`` from ``source``, a model of the same names and shapes (every rank
     must call it when either is sharded)."""
-    theirs = dict(_tensors(source))
+    theirs = dict(checkpoint_tensors(source))
     with torch.no_grad():
-        for name, target in _tensors(model):
+        for name, target in checkpoint_tensors(model):
             if name not in theirs:
                 raise KeyError(
                     f"cannot take {name} from the other engine's model ({type(source).__name__}): "

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from rayrl.engines.load_once import checkpoint_tensors
+
 __all__ = ["Kept", "keep"]
 
 
@@ -47,16 +49,6 @@ def _layout(t: Tensor) -> tuple:
         tuple(str(p) for p in t.placements),
         tuple(t.device_mesh.mesh.flatten().tolist()),
     )
-
-
-def _tensors(model: nn.Module) -> list[tuple[str, Tensor]]:
-    """Parameters (a tied one once) and persistent buffers, by name."""
-    skip = set()
-    for prefix, module in model.named_modules():
-        for name in getattr(module, "_non_persistent_buffers_set", ()):
-            skip.add(f"{prefix}.{name}" if prefix else name)
-    buffers = [(n, b) for n, b in model.named_buffers() if n not in skip]
-    return [*model.named_parameters(), *buffers]
 
 
 def _sharded_state(model: nn.Module) -> None:
@@ -84,7 +76,7 @@ class Kept:
         """Why ``model`` (built and sharded on the new process group, its parameters
         still on the meta device) does not hold the kept shards one for one; "" when it
         does."""
-        tensors = dict(_tensors(model))
+        tensors = dict(checkpoint_tensors(model))
         if set(tensors) != set(self.tensors):
             missing = sorted(set(self.tensors) ^ set(tensors))[:3]
             return f"the rebuilt model's tensors differ from the kept ones (e.g. {missing})"
@@ -101,7 +93,7 @@ class Kept:
     def fill_model(self, model: nn.Module) -> None:
         """Copy the kept shards into ``model``'s allocated ones, freeing each as it goes."""
         with torch.no_grad():
-            for name, target in _tensors(model):
+            for name, target in checkpoint_tensors(model):
                 _local(target).copy_(self.tensors.pop(name))
 
     def fill_optimizer(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
@@ -142,7 +134,7 @@ def keep(
     """This rank's shards of ``model`` and ``optimizer`` (module docstring)."""
     _sharded_state(model)
     tensors, layouts = {}, {}
-    for name, tensor in _tensors(model):
+    for name, tensor in checkpoint_tensors(model):
         local = _local(tensor).detach()
         layouts[name] = _layout(tensor.detach())
         tensors[name] = local.to("cpu") if local.device.type == "cuda" else local
