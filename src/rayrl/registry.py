@@ -12,11 +12,17 @@ with a decorator; callers look them up by the name a user wrote in a config::
 
 An unknown name raises :class:`UnknownNameError` with a "did you mean" suggestion, the
 list of valid names, and the config key to change.
+
+An entry whose module is costly to import (one that imports transformers) can be
+declared by its import path instead (``declare("hf", "rayrl.engines.rollout.hf:HFRolloutEngine")``):
+the name is known at once, for checking a config; the module is imported on the first
+`get`, and its ``register`` decorator then fills the entry in.
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -25,6 +31,19 @@ T = TypeVar("T")
 
 class UnknownNameError(LookupError):
     """Raised when a registry is asked for a name nobody registered."""
+
+
+class _Declared:
+    """A placeholder for an entry known by its import path, ``"module:attribute"``."""
+
+    def __init__(self, target: str) -> None:
+        self.module, _, self.attribute = target.partition(":")
+
+    def is_target(self, obj: object) -> bool:
+        return (
+            getattr(obj, "__module__", None) == self.module
+            and getattr(obj, "__qualname__", None) == self.attribute
+        )
 
 
 class Registry(Generic[T]):
@@ -59,6 +78,11 @@ class Registry(Generic[T]):
 
     def add(self, name: str, obj: T, *, aliases: tuple[str, ...] = (), **info: Any) -> None:
         """Register ``obj`` under ``name`` without a decorator."""
+        declared = self._entries.get(name)
+        if isinstance(declared, _Declared) and declared.is_target(obj):
+            self._entries[name] = obj  # the declared module is being imported
+            self._info[name] = {**self._info[name], **info}
+            return
         for key in (name, *aliases):
             if key in self._entries or key in self._aliases:
                 raise ValueError(f"{self.kind} {key!r} is already registered")
@@ -66,6 +90,13 @@ class Registry(Generic[T]):
         self._info[name] = dict(info)
         for alias in aliases:
             self._aliases[alias] = name
+
+    def declare(
+        self, name: str, target: str, *, aliases: tuple[str, ...] = (), **info: Any
+    ) -> None:
+        """Know ``name`` now and import its object, ``target`` = ``"module:attribute"``,
+        on the first `get`; that module registers the object under ``name`` itself."""
+        self.add(name, _Declared(target), aliases=aliases, **info)  # type: ignore[arg-type]
 
     def canonical(self, name: str) -> str:
         """The registered name behind ``name`` (resolving aliases); raises if unknown."""
@@ -77,7 +108,17 @@ class Registry(Generic[T]):
 
     def get(self, name: str) -> T:
         """The object registered under ``name`` or one of its aliases."""
-        return self._entries[self.canonical(name)]
+        name = self.canonical(name)
+        entry = self._entries[name]
+        if isinstance(entry, _Declared):
+            importlib.import_module(entry.module)
+            entry = self._entries[name]
+            if isinstance(entry, _Declared):
+                raise ImportError(
+                    f"{entry.module} did not register the {self.kind} {name!r} "
+                    f"({entry.module}:{entry.attribute} must be decorated with register({name!r}))"
+                )
+        return entry
 
     def info(self, name: str) -> dict[str, Any]:
         """Metadata given at registration (a copy)."""

@@ -1,9 +1,24 @@
-"""Role workers: ActorRolloutRef (hybrid engine), Critic, Reward of a PPO/GRPO run; SFT."""
+"""Role workers: ActorRolloutRef (hybrid engine), Critic, Reward of a PPO/GRPO run; SFT.
 
-from rayrl.workers.actor import ActorRolloutRefWorker
-from rayrl.workers.critic import CriticWorker
-from rayrl.workers.ref import ReferenceWorker
-from rayrl.workers.reward import RewardWorker
-from rayrl.workers.sft import SFTWorker
+The worker classes are imported on first use, so that a module which needs only a
+helper of this package (`rayrl.workers.agent`, read when a config is checked) does not
+import every engine.
+"""
 
-__all__ = ["ActorRolloutRefWorker", "CriticWorker", "ReferenceWorker", "RewardWorker", "SFTWorker"]
+import importlib
+
+_WORKERS = {
+    "ActorRolloutRefWorker": "rayrl.workers.actor",
+    "CriticWorker": "rayrl.workers.critic",
+    "ReferenceWorker": "rayrl.workers.ref",
+    "RewardWorker": "rayrl.workers.reward",
+    "SFTWorker": "rayrl.workers.sft",
+}
+
+__all__ = list(_WORKERS)
+
+
+def __getattr__(name: str):
+    if name in _WORKERS:
+        return getattr(importlib.import_module(_WORKERS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

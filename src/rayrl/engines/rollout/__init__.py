@@ -10,6 +10,8 @@
   (continuous batching, paged KV cache, Triton kernels and CUDA graphs on GPU).
 """
 
+import importlib
+
 from rayrl.engines.rollout.base import (
     AUTO,
     AUTO_ORDER,
@@ -22,8 +24,6 @@ from rayrl.engines.rollout.base import (
     resolve_rollout,
 )
 from rayrl.engines.rollout.contract import FINISH_LENGTH, FINISH_STOP, positions_from_mask
-from rayrl.engines.rollout.hf import HFRolloutEngine
-from rayrl.engines.rollout.native import NativeRolloutEngine
 from rayrl.engines.rollout.sampling import (
     SamplingParams,
     process_logits,
@@ -51,3 +51,16 @@ __all__ = [
     "sample_keys",
     "sample_tokens",
 ]
+
+# The engines are imported on first use: the hf engine imports transformers, which a
+# command that only checks a config should not pay for.
+_ENGINE_MODULES = {
+    "HFRolloutEngine": "rayrl.engines.rollout.hf",
+    "NativeRolloutEngine": "rayrl.engines.rollout.native",
+}
+
+
+def __getattr__(name: str):
+    if name in _ENGINE_MODULES:
+        return getattr(importlib.import_module(_ENGINE_MODULES[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

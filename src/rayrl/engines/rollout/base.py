@@ -101,6 +101,10 @@ class RolloutEngine(ABC):
 ROLLOUT_ENGINES: Registry[type[RolloutEngine]] = Registry(
     "rollout engine", config_key="actor_rollout_ref.rollout.name"
 )
+# Known by path, so that checking a config's engine name imports neither engine (the
+# hf engine imports transformers); each module registers its class when imported.
+ROLLOUT_ENGINES.declare("native", "rayrl.engines.rollout.native.engine:NativeRolloutEngine")
+ROLLOUT_ENGINES.declare("hf", "rayrl.engines.rollout.hf:HFRolloutEngine")
 
 
 AUTO = "auto"

@@ -49,7 +49,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -61,7 +61,6 @@ from rayrl.engines.rollout.contract import (
     check_prompts,
     expand_samples,
 )
-from rayrl.engines.rollout.hf import HFRolloutEngine
 from rayrl.engines.rollout.multi_turn_episodes import EVENT_KEYS, Episodes, EpisodeState
 from rayrl.engines.rollout.multi_turn_format import TurnFormat
 from rayrl.engines.rollout.native import NativeRolloutEngine
@@ -80,6 +79,9 @@ from rayrl.envs import (
     make_parser,
 )
 from rayrl.envs.toolbox import CLOSE_ERROR, OK, TIMEOUT
+
+if TYPE_CHECKING:
+    from rayrl.engines.rollout.hf import HFRolloutEngine
 
 __all__ = ["MultiTurnConfig", "MultiTurnRollout", "multi_turn_metrics"]
 
@@ -149,6 +151,8 @@ class MultiTurnRollout:
         tokenizer=None,
         interactions: Mapping[str, Any] | None = None,
     ) -> None:
+        from rayrl.engines.rollout.hf import HFRolloutEngine  # imports transformers
+
         if not isinstance(engine, HFRolloutEngine | NativeRolloutEngine):
             raise TypeError(
                 f"multi-turn rollout runs on the hf or native engine, not {type(engine).__name__}."
