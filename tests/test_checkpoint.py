@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import subprocess_pythonpath
 from engine_cases import tiny_model_dir  # noqa: F401 (fixture)
 from rayrl.trainer.checkpoint import CheckpointManager, load_states
 from rayrl.trainer.state import Progress
@@ -106,7 +107,7 @@ def test_a_save_killed_half_way_leaves_the_previous_checkpoint_loadable(tmp_path
     from rayrl.engines.train import TrainEngine
 
     root, signal_file = tmp_path / "checkpoints", tmp_path / "writing"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent / "src"), str(TESTS)])}
+    env = {**os.environ, "PYTHONPATH": subprocess_pythonpath(TESTS.parent / "src", TESTS)}
     proc = subprocess.Popen(
         [sys.executable, "-c", KILLED_SAVE, str(tiny_model_dir), str(root), str(signal_file)],
         env=env,
