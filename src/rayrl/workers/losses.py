@@ -19,14 +19,12 @@ from rayrl.algos import (
     POLICY_LOSSES,
     LossAggregation,
     PolicyLossConfig,
-    RejectionRule,
     is_batch_norm_factor,
     kl_loss,
-    parse_rejection,
     truncated_is_weights,
     value_loss,
 )
-from rayrl.algos.rejection import judge, kept, rejection_shares
+from rayrl.algos.rejection import RejectionRule, judge, kept, parse_rejection, rejection_shares
 from rayrl.batch import Batch
 from rayrl.config.schema import ActorConfig, CriticConfig, RolloutCorrectionConfig
 
