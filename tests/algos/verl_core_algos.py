@@ -4,8 +4,9 @@ published wheel at test time (nothing of verl's is kept in this repository).
 `verl_wheel` finds the ``verl==0.9.1`` wheel (downloaded once by `scripts/setup.sh`
 into ``.cache/verl/``, or here with ``pip download --no-deps`` when it is missing);
 `load_verl` reads each function named in `FILES` from the file named there, from its
-``def`` line (its registration decorator left out), and executes them into a namespace
-of torch, numpy and the few small stand-ins they import (verl's config classes), so
+``def`` line (its registration decorator left out), and the module-level constants
+named in `CONSTANTS` they use, and executes them into a namespace of torch, numpy,
+math and the few small stand-ins they import (verl's config classes), so
 the tests can compare rayrl's implementations with verl's on the same random inputs.
 Without the wheel (no package index) the tests that need it skip, saying why.
 """
@@ -13,6 +14,7 @@ Without the wheel (no package index) the tests that need it skip, saying why.
 from __future__ import annotations
 
 import ast
+import math
 import subprocess
 import sys
 import types
@@ -38,6 +40,14 @@ FILES: dict[str, str] = {
     "compute_policy_loss_geo_mean": "verl/trainer/ppo/core_algos.py",
     "compute_policy_loss_cispo": "verl/trainer/ppo/core_algos.py",
     "compute_pf_ppo_reweight_data": "verl/trainer/ppo/core_algos.py",
+    "_parse_rollout_rs_thresholds": "verl/trainer/ppo/rollout_corr_helper.py",
+    "compute_rs_metrics": "verl/trainer/ppo/rollout_corr_helper.py",
+    "compute_rollout_rejection_mask": "verl/trainer/ppo/rollout_corr_helper.py",
+}
+CONSTANTS: dict[str, str] = {
+    "SAFETY_BOUND": "verl/trainer/ppo/rollout_corr_helper.py",
+    "SUPPORTED_ROLLOUT_RS_OPTIONS": "verl/trainer/ppo/rollout_corr_helper.py",
+    "TOKEN_LEVEL_ROLLOUT_RS_OPTIONS": "verl/trainer/ppo/rollout_corr_helper.py",
 }
 
 
@@ -109,19 +119,35 @@ def verl_wheel() -> Path | None:
     return found[0] if found else None
 
 
+def _top_level_name(node: ast.stmt) -> str | None:
+    """The name a module-level ``def`` or ``NAME = ...`` / ``NAME: T = ...`` binds."""
+    if isinstance(node, ast.FunctionDef):
+        return node.name
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+        return node.target.id
+    if isinstance(node, ast.Assign) and len(node.targets) == 1:
+        target = node.targets[0]
+        return target.id if isinstance(target, ast.Name) else None
+    return None
+
+
 def read_functions(wheel: Path) -> dict[str, str]:
-    """Each function of `FILES`, its text from its ``def`` line to its end."""
+    """Each function of `FILES` (its text from its ``def`` line to its end) and each
+    constant of `CONSTANTS` (its assignment)."""
+    wanted = {**CONSTANTS, **FILES}
     texts: dict[str, str] = {}
     with zipfile.ZipFile(wheel) as archive:
-        for path in sorted(set(FILES.values())):
+        for path in sorted(set(wanted.values())):
             source = archive.read(path).decode()
             lines = source.splitlines()
             for node in ast.parse(source).body:
-                if isinstance(node, ast.FunctionDef) and FILES.get(node.name) == path:
-                    texts[node.name] = "\n".join(lines[node.lineno - 1 : node.end_lineno]) + "\n"
-    missing = sorted(set(FILES) - set(texts))
+                name = _top_level_name(node)
+                is_def = isinstance(node, ast.FunctionDef)
+                if name is not None and wanted.get(name) == path and is_def == (name in FILES):
+                    texts[name] = "\n".join(lines[node.lineno - 1 : node.end_lineno]) + "\n"
+    missing = sorted(set(wanted) - set(texts))
     if missing:
-        raise LookupError(f"{wheel.name} has no function(s) {missing} where FILES says")
+        raise LookupError(f"{wheel.name} has no {missing} where FILES or CONSTANTS says")
     return texts
 
 
@@ -133,6 +159,7 @@ def load_verl() -> types.SimpleNamespace | None:
         return None
     sources = read_functions(wheel)
     namespace: dict[str, Any] = {
+        "math": math,
         "torch": torch,
         "np": np,
         "defaultdict": defaultdict,
@@ -147,7 +174,9 @@ def load_verl() -> types.SimpleNamespace | None:
     namespace["verl_F"] = types.SimpleNamespace(
         masked_sum=namespace["masked_sum"], masked_mean=namespace["masked_mean"]
     )
+    for name in CONSTANTS:
+        exec(compile(sources[name], f"{CONSTANTS[name]}:{name}", "exec"), namespace)
     for name, text in sources.items():
-        if name not in ("masked_sum", "masked_mean"):
+        if name in FILES and name not in ("masked_sum", "masked_mean"):
             exec(compile(text, f"{FILES[name]}:{name}", "exec"), namespace)
-    return types.SimpleNamespace(**{name: namespace[name] for name in FILES})
+    return types.SimpleNamespace(**{name: namespace[name] for name in {**CONSTANTS, **FILES}})

@@ -14,6 +14,8 @@ tokens); nothing here knows about Ray, workers or models.
   and gradient independent of micro-batch and data-parallel splits (read its docstring).
 - :mod:`~rayrl.algos.correction`: truncated importance weights for rollout/training
   log-prob mismatch.
+- :mod:`~rayrl.algos.rejection`: ``REJECTION_OPTIONS`` and the rejection mask that drops
+  tokens or responses whose rollout/training log-probs diverge too much.
 - :mod:`~rayrl.algos.kl`: KL estimators, KL reward penalty, KL loss, controllers.
 - :mod:`~rayrl.algos.entropy`: chunked log-probs and entropy from logits.
 - :mod:`~rayrl.algos.dapo`: overlong penalty, truncation masking, group filtering.
@@ -67,6 +69,12 @@ from rayrl.algos.masked import (
     token_and_seq_counts,
 )
 from rayrl.algos.pf_ppo import PF_PPO_WEIGHTS, pf_ppo_resample, pf_ppo_weights
+from rayrl.algos.rejection import (
+    REJECTION_OPTIONS,
+    RejectionRule,
+    parse_rejection,
+    rejection_mask,
+)
 from rayrl.algos.token_baseline import optimal_token_baseline_advantages, path_variance_weights
 from rayrl.registry import Registry, UnknownNameError
 
@@ -77,11 +85,13 @@ __all__ = [
     "KL_ESTIMATORS",
     "PF_PPO_WEIGHTS",
     "POLICY_LOSSES",
+    "REJECTION_OPTIONS",
     "AdaptiveKLController",
     "FixedKLController",
     "LossAggregation",
     "PolicyLossConfig",
     "Registry",
+    "RejectionRule",
     "UnknownNameError",
     "aggregate_loss",
     "apply_kl_penalty",
@@ -108,6 +118,7 @@ __all__ = [
     "masked_whiten",
     "optimal_token_baseline_advantages",
     "overlong_penalty",
+    "parse_rejection",
     "path_variance_weights",
     "pf_ppo_resample",
     "pf_ppo_weights",
@@ -115,6 +126,7 @@ __all__ = [
     "reinforce_plus_plus_advantages",
     "reinforce_plus_plus_baseline_advantages",
     "reinforce_policy_loss",
+    "rejection_mask",
     "remax_advantages",
     "rloo_advantages",
     "sapo_policy_loss",

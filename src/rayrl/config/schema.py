@@ -382,6 +382,14 @@ class RolloutCorrectionConfig:
     rollout_is_threshold: float = 2.0
     # verl's: divide the weights by their mean over the training batch (mean 1)
     rollout_is_batch_normalize: bool = False
+    # verl's rejection sampling (`rayrl.algos.rejection`): tokens or whole responses whose
+    # rollout/training log-probs diverge beyond the threshold leave the loss. Options,
+    # comma-separated: token_k1..k3, seq_sum_k1..k3, seq_mean_k1..k3, seq_max_k2/k3
+    rollout_rs: str | None = None
+    # one entry for all options or one per option, comma-separated; a k1 option takes
+    # lower_upper ratio bounds (0.5_2.0; one number u means 1/u_u), the others an upper
+    # bound. Write bounds with a decimal point or quote them: YAML reads 1_2 as 12.
+    rollout_rs_threshold: str | float | int | None = None
     # verl's bypass mode: the rollout's log-probs serve as the old ones (no separate pass);
     # loss_type ppo_clip (the ratio to the rollout, no extra weights) or reinforce
     # (-A * log_prob weighted by the truncated current/rollout ratio)

@@ -18,7 +18,7 @@ from rayrl.config.errors import warn as _warn
 from rayrl.config.layout import MeshError, MeshSpec, check_heads
 from rayrl.config.multi_turn import check_multi_turn
 from rayrl.config.ranges import check_ranges
-from rayrl.config.schema import RayRLConfig
+from rayrl.config.schema import RayRLConfig, RolloutCorrectionConfig
 
 ACTOR = "actor_rollout_ref.actor"
 
@@ -494,8 +494,28 @@ def check_algorithm(cfg: RayRLConfig, n: int, warn: Callable[[str], None] = _war
             "weights samples by the rollout's log-probs, which "
             "actor_rollout_ref.rollout.calculate_log_probs=false drops; set it to true"
         )
+    check_rejection_keys(rc, rollout.calculate_log_probs, warn)
     if cfg.reward_model.enable and not cfg.reward_model.model.path:
         raise ConfigError("reward_model.enable=true needs reward_model.model.path")
+
+
+def check_rejection_keys(
+    rc: RolloutCorrectionConfig, calculate_log_probs: bool, warn: Callable[[str], None]
+) -> None:
+    """`rollout_rs` reads the rollout's log-probs; a threshold without it does nothing.
+    (The options and thresholds themselves are checked with the registry names,
+    `rayrl.trainer.names`.)"""
+    key = "algorithm.rollout_correction"
+    if rc.rollout_rs is not None and not calculate_log_probs:
+        raise ConfigError(
+            f"{key}.rollout_rs={rc.rollout_rs} rejects tokens by their rollout log-probs, "
+            "which actor_rollout_ref.rollout.calculate_log_probs=false drops; set it to true"
+        )
+    if rc.rollout_rs is None and rc.rollout_rs_threshold is not None:
+        warn(
+            f"{key}.rollout_rs_threshold={rc.rollout_rs_threshold} has no effect: rollout "
+            f"rejection sampling is off ({key}.rollout_rs is null)"
+        )
 
 
 def validate_config(cfg: RayRLConfig, warn: Callable[[str], None] = _warn) -> None:

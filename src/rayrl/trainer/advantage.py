@@ -1,11 +1,14 @@
 """The step's stages on the controller between scoring and the updates: reward shaping,
-truncation masking, the KL penalty with its controller, advantages, and PF-PPO.
+truncation masking, the KL penalty with its controller, the rollout correction's batch
+normaliser and rejection, advantages, and PF-PPO.
 
 `shape_rewards` adds DAPO's soft overlong penalty to the scores as soon as they arrive
 (so dynamic sampling and the metrics see the reward the policy is trained on).
 `AdvantageStage` then masks responses cut at the length limit (DAPO), subtracts the KL
 penalty whose coefficient the `algorithm.kl_ctrl` controller steers (fixed or
-adaptive), and runs the configured estimator over prompt groups (`uid`), with each
+adaptive), masks the tokens that rollout rejection sampling rejects
+(`algorithm.rollout_correction.rollout_rs`), and runs the configured estimator over
+prompt groups (`uid`), with each
 prompt's greedy reward as the baseline for ReMax. With `algorithm.use_pf_ppo` (and GAE,
 as in verl) it then resamples the batch's rows by score (PF-PPO), drawing from a stream
 seeded by the run's seed and the step, so a replayed step draws the same rows. All of it
@@ -28,7 +31,9 @@ from rayrl.algos import (
     is_batch_norm_factor,
     make_kl_controller,
     overlong_penalty,
+    parse_rejection,
     pf_ppo_resample,
+    rejection_mask,
     truncated_is_weights,
 )
 from rayrl.batch import Batch
@@ -88,30 +93,27 @@ class AdvantageStage:
 
     def __init__(self, cfg: RayRLConfig) -> None:
         self.cfg = cfg
-        k = cfg.algorithm.kl_ctrl
+        k, rc = cfg.algorithm.kl_ctrl, cfg.algorithm.rollout_correction
         self.kl_ctrl = make_kl_controller(k.type, k.kl_coef, k.target_kl, k.horizon)
+        self.rejection_rules = (
+            parse_rejection(rc.rollout_rs, rc.rollout_rs_threshold) if rc.rollout_rs else ()
+        )
 
     def __call__(self, batch: Batch) -> dict[str, float]:
-        """Adds `token_level_rewards`, `advantages`, `returns` to `batch`; its metrics."""
+        """Adds `token_level_rewards`, `advantages`, `returns` to `batch`; its metrics.
+        As in verl, the rollout correction (importance weights, then rejection) comes
+        after the KL penalty and before the advantages, which see the rejection's mask."""
         alg, metrics = self.cfg.algorithm, {}
         if alg.mask_truncated_samples:
             metrics.update(self._mask_truncated(batch))
-        mask, rewards = batch["response_mask"], batch["token_level_scores"]
-        if alg.use_kl_in_reward:
-            rewards, kl = apply_kl_penalty(
-                rewards,
-                batch["old_log_probs"],
-                batch["ref_log_prob"],
-                mask,
-                self.kl_ctrl.value,
-                estimator=alg.kl_penalty,
-            )
-            self.kl_ctrl.update(float(kl["reward_kl_penalty"]), n_steps=len(batch))
-            metrics.update({f"actor/{k}": float(v) for k, v in kl.items()})
+        rewards = self._kl_penalty(batch, metrics)
+        is_weights = self._rollout_is_weights(batch)
+        metrics.update(self._rollout_is_norm(batch))
+        metrics.update(self._reject(batch))
         adv, returns = compute_advantages(
             alg.adv_estimator,
             token_level_rewards=rewards,
-            response_mask=mask,
+            response_mask=batch["response_mask"],
             index=batch["uid"],
             values=batch.tensors.get("values"),
             reward_baselines=batch.tensors.get("reward_baselines"),
@@ -120,16 +122,58 @@ class AdvantageStage:
             norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
             old_log_probs=batch.tensors.get("old_log_probs"),
             sum_pi_squared=batch.tensors.get("sum_pi_squared"),
-            rollout_is_weights=self._rollout_is_weights(batch),
+            rollout_is_weights=is_weights,
         )
         batch["token_level_rewards"], batch["advantages"], batch["returns"] = rewards, adv, returns
         if alg.use_pf_ppo and alg.adv_estimator == "gae":
             metrics.update(self._pf_ppo(batch))
-        metrics.update(self._rollout_is_norm(batch))
         mask = batch["response_mask"]
         metrics.update(spread("critic/advantages", batch["advantages"], mask))
         metrics.update(spread("critic/returns", batch["returns"], mask))
         return metrics
+
+    def _kl_penalty(self, batch: Batch, metrics: dict[str, float]) -> torch.Tensor:
+        """The token rewards: the scores, less the KL penalty when it is in the reward
+        (`algorithm.use_kl_in_reward`, whose controller it updates)."""
+        alg, rewards = self.cfg.algorithm, batch["token_level_scores"]
+        if not alg.use_kl_in_reward:
+            return rewards
+        rewards, kl = apply_kl_penalty(
+            rewards,
+            batch["old_log_probs"],
+            batch["ref_log_prob"],
+            batch["response_mask"],
+            self.kl_ctrl.value,
+            estimator=alg.kl_penalty,
+        )
+        self.kl_ctrl.update(float(kl["reward_kl_penalty"]), n_steps=len(batch))
+        metrics.update({f"actor/{k}": float(v) for k, v in kl.items()})
+        return rewards
+
+    def _reject(self, batch: Batch) -> dict[str, float]:
+        """verl's rollout rejection sampling (`algorithm.rollout_correction.rollout_rs`,
+        `rayrl.algos.rejection`) on the old vs rollout log-probs: the rejected tokens
+        leave `response_mask`, so the advantages, the critic's and the actor's losses
+        and their token counts all go without them. The mask before it stays as
+        `rollout_is_mask` when importance weights are on: verl computes them over it.
+        Bypass mode rejects in the actor's loss instead, against the current policy."""
+        rc = self.cfg.algorithm.rollout_correction
+        if rc.rollout_rs is None or rc.bypass_mode:
+            return {}
+        missing = {"old_log_probs", "rollout_log_probs"} - set(batch.keys())
+        if missing:
+            raise ValueError(
+                f"algorithm.rollout_correction.rollout_rs={rc.rollout_rs} needs the batch's "
+                f"{sorted(missing)} (actor_rollout_ref.rollout.calculate_log_probs=true and "
+                "the old log-prob pass)"
+            )
+        mask = batch["response_mask"]
+        log_ratio = batch["old_log_probs"] - batch["rollout_log_probs"]
+        kept, found = rejection_mask(log_ratio, mask, self.rejection_rules)
+        if rc.rollout_is is not None:
+            batch["rollout_is_mask"] = mask
+        batch["response_mask"] = kept
+        return {f"rollout_corr/{key}": value for key, value in found.items()}
 
     def _rollout_is_weights(self, batch: Batch) -> torch.Tensor | None:
         """The truncated importance weights of `algorithm.rollout_correction`, for the

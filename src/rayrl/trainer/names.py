@@ -3,7 +3,7 @@
 `check_names(cfg)` looks every such name up in the registry that serves it (advantage
 estimators, policy losses, KL estimators and controllers, PF-PPO reweight methods, loss
 aggregations, LR schedules, rollout engines, tool-call formats, environments, trackers,
-synthetic tasks) and raises
+synthetic tasks, rollout rejection options with their thresholds) and raises
 `ConfigError` with the key, a "did you mean" and the valid names. It runs when the
 command line loads a config and again when a trainer is built, so a misspelt name costs
 seconds, not a cluster start. `check_sft_names` does the same for `rayrl sft`'s config.
@@ -20,6 +20,7 @@ from rayrl.algos import (
     KL_ESTIMATORS,
     PF_PPO_WEIGHTS,
     POLICY_LOSSES,
+    parse_rejection,
 )
 from rayrl.config.errors import ConfigError
 from rayrl.config.schema import RayRLConfig
@@ -70,6 +71,19 @@ def check_names(cfg: RayRLConfig) -> None:
             f"data.synthetic_task={task!r} is not one of {', '.join(SYNTHETIC_TASKS)} "
             "(used when data.train_files is empty)"
         )
+    check_rejection(cfg)
+
+
+def check_rejection(cfg: RayRLConfig) -> None:
+    """`algorithm.rollout_correction.rollout_rs`: known options, each with a threshold
+    (`rayrl.algos.rejection`)."""
+    rc = cfg.algorithm.rollout_correction
+    if rc.rollout_rs is None:
+        return
+    try:
+        parse_rejection(rc.rollout_rs, rc.rollout_rs_threshold)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def check_sft_names(cfg: SFTConfig) -> None:

@@ -14,8 +14,8 @@ update, or the update is not a single step on them:
 - several PPO epochs or mini-batches (the later ones are off-policy);
 - the KL penalty in the reward (`algorithm.use_kl_in_reward` reads old vs ref
   log-probs to shape the rewards before the advantages);
-- rollout correction (`algorithm.rollout_correction.rollout_is`: weights from old vs
-  rollout log-probs);
+- rollout correction (`algorithm.rollout_correction.rollout_is` / `rollout_rs`: weights
+  or rejection from old vs rollout log-probs);
 - dynamic sampling (`algorithm.filter_groups`: the batch is assembled over several
   generation rounds and trimmed, so its size is not known when the step starts);
 - a critic (PPO with GAE): such runs keep the separate pass, as verl's do.
@@ -40,6 +40,8 @@ def separate_pass_reason(cfg: RayRLConfig, samples: int) -> str | None:
         return "the KL penalty in the reward reads them"
     if alg.rollout_correction.rollout_is is not None:
         return "rollout correction weighs by them"
+    if alg.rollout_correction.rollout_rs is not None:
+        return "rollout rejection sampling compares them with the rollout's"
     if alg.filter_groups.enable:
         return "dynamic sampling assembles the batch over several rounds"
     if critic_enabled(cfg):

@@ -76,13 +76,16 @@ LOG_PROB_READS = MODEL_INPUTS
 def update_actor_reads(cfg: RayRLConfig) -> tuple[str, ...]:
     """The columns `update_actor` reads under `cfg`: the model's inputs, advantages and
     old log-probs (none on-policy), the reference's log-probs for a KL loss, and the
-    rollout's (with the batch's normaliser) when a rollout correction weighs with them."""
+    rollout's (with the batch's normaliser, and the mask before rejection) when a
+    rollout correction weighs with them."""
     correction = cfg.algorithm.rollout_correction
     reads = [*MODEL_INPUTS, "advantages", "old_log_probs"]
     if cfg.actor_rollout_ref.actor.use_kl_loss:
         reads.append("ref_log_prob")
     if correction.bypass_mode or correction.rollout_is is not None:
         reads += ["rollout_log_probs", "rollout_is_norm"]
+    if correction.rollout_is is not None and correction.rollout_rs is not None:
+        reads.append("rollout_is_mask")  # the weights' mask: before rejection (verl's)
     return tuple(reads)
 
 

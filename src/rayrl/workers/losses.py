@@ -24,6 +24,7 @@ from rayrl.algos import (
     truncated_is_weights,
     value_loss,
 )
+from rayrl.algos.rejection import RejectionRule, judge, kept, parse_rejection, rejection_shares
 from rayrl.batch import Batch
 from rayrl.config.schema import ActorConfig, CriticConfig, RolloutCorrectionConfig
 
@@ -42,6 +43,40 @@ def _bypass_weights(
     )
     if correction.rollout_is_batch_normalize:
         weights = weights / is_batch_norm_factor(weights, mask, level)
+    return weights, metrics
+
+
+def _bypass_rejection(
+    rules: tuple[RejectionRule, ...], log_prob: Tensor, mb: Batch, mask: Tensor
+) -> tuple[Tensor, dict[str, float]]:
+    """verl's rollout rejection in bypass mode: this forward's (detached) log-probs
+    against the rollout's, micro-batch by micro-batch. The policy loss goes without the
+    rejected tokens but keeps the mini-batch's token count (as verl's); the metrics are
+    the masked fractions, as shares of the mini-batch."""
+    verdicts = judge(log_prob.detach() - mb["rollout_log_probs"], mask, rules)
+    valid = mask.bool()
+    tokens = mb.meta.get("global_token_count", valid.sum())
+    seqs = mb.meta.get("global_seq_count", valid.any(-1).sum())
+    shares = rejection_shares(verdicts, mask, float(tokens), float(seqs))
+    return kept(verdicts, mask), {f"rollout_corr/{k}": _item(v) for k, v in shares.items()}
+
+
+def _decoupled_weights(
+    correction: RolloutCorrectionConfig, old: Tensor, mb: Batch, mask: Tensor
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The truncated weights of the old log-probs against the rollout's, over the
+    response mask before rollout rejection (``rollout_is_mask``, as verl's) when the
+    advantage stage rejected tokens, divided by the batch's mean when it gave one."""
+    is_mask = mb["rollout_is_mask"] if "rollout_is_mask" in mb else mask  # noqa: SIM401
+    weights, metrics = truncated_is_weights(
+        old,
+        mb["rollout_log_probs"],
+        is_mask,
+        cap=correction.rollout_is_threshold,
+        level=correction.rollout_is,
+    )
+    if "rollout_is_norm" in mb:  # rollout_is_batch_normalize: the batch's mean
+        weights = weights / mb["rollout_is_norm"].to(weights.dtype)[:, None]
     return weights, metrics
 
 
@@ -81,10 +116,16 @@ def actor_loss_fn(
     ``loss_type=ppo_clip`` the configured loss runs on that ratio with no other weight;
     with ``reinforce`` the loss is REINFORCE's ``-A * log_prob`` weighted by the truncated
     ratio of this forward's (detached) probabilities to the rollout's, divided by their
-    mean over the micro-batch with ``rollout_is_batch_normalize``."""
+    mean over the micro-batch with ``rollout_is_batch_normalize``. Rollout rejection
+    (``correction.rollout_rs``) then drops tokens from the policy loss by this forward's
+    ratio to the rollout (`_bypass_rejection`); without bypass mode the advantage stage
+    took them out of ``response_mask`` already."""
     policy = POLICY_LOSSES.get(cfg.policy_loss.loss_mode)
     is_level = correction.rollout_is if correction is not None else None
     bypass = correction is not None and correction.bypass_mode
+    rules = ()
+    if bypass and correction.rollout_rs is not None:
+        rules = parse_rejection(correction.rollout_rs, correction.rollout_rs_threshold)
     if bypass and correction.loss_type == "reinforce":
         policy = POLICY_LOSSES.get("reinforce")
     clip = PolicyLossConfig(
@@ -101,26 +142,21 @@ def actor_loss_fn(
         log_prob = outputs["log_probs"]
         # On-policy (one epoch, one mini-batch): this forward's log-probs are the old ones.
         old = log_prob.detach() if on_policy else mb["old_log_probs"]
-        weights, metrics = None, {}
+        weights, metrics, pg_mask = None, {}, mask
         if bypass:
             weights, tis = _bypass_weights(correction, log_prob, mb["rollout_log_probs"], mask)
             metrics.update({f"actor/{k}": _token_share(v, mask, mb) for k, v in tis.items()})
+            if rules:
+                pg_mask, rejected = _bypass_rejection(rules, log_prob, mb, mask)
+                metrics.update(rejected)
         elif is_level is not None and "rollout_log_probs" in mb:
-            weights, tis = truncated_is_weights(
-                old,
-                mb["rollout_log_probs"],
-                mask,
-                cap=correction.rollout_is_threshold,
-                level=is_level,
-            )
+            weights, tis = _decoupled_weights(correction, old, mb, mask)
             metrics.update({f"actor/{k}": _token_share(v, mask, mb) for k, v in tis.items()})
-            if "rollout_is_norm" in mb:  # rollout_is_batch_normalize: the batch's mean
-                weights = weights / mb["rollout_is_norm"].to(weights.dtype)[:, None]
         pg_loss, pg = policy(
             log_prob,
             old,
             mb["advantages"],
-            mask,
+            pg_mask,
             config=clip,
             agg=agg,
             is_weights=weights,

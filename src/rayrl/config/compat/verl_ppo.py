@@ -387,10 +387,6 @@ REWARD: dict[str, Rule] = {
 }
 
 ALGORITHM: dict[str, Rule] = {
-    "algorithm.rollout_correction.rollout_rs": Only((None,), "rollout rejection sampling"),
-    "algorithm.rollout_correction.rollout_rs_threshold": Inert(
-        "rollout rejection sampling is off (rollout_rs is null)"
-    ),
     "algorithm.filter_groups.max_inflight_gen_batches": Inert(
         "dynamic sampling generates one round at a time"
     ),
