@@ -18,7 +18,11 @@ the other. Prints JSON lines (bench, metric, value, unit, target, better):
 - `controller_s_per_step` (per N): the driver process's CPU seconds in a step
   (`time.process_time`, Ray's threads in the driver included);
 - `controller_s_per_step_fit`: a + b*N fitted to those, with the value at N=512;
-- `ranks_reloading_on_replace` is not measured here yet (see docs/benchmarks.md).
+- `ranks_reloading_on_replace` (per N, unless `--no-kill`): one more step, in which
+  one actor rank is SIGKILLed (`rayrl.testing.chaos.ChaosMonkey`) during its update
+  (`--kill-stage`: or its generation or log-prob pass);
+  how many ranks then read weights from storage to recover (the run's own
+  `recovery/ranks_reloading` record); target 1.
 
 Every worker is a full process with torch: mind the memory (about 0.5 GB per rank).
 """
@@ -45,6 +49,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n", type=int, default=4, help="samples per prompt (rollout.n)")
     p.add_argument("--prompt-length", type=int, default=64, help="data.max_prompt_length")
     p.add_argument("--response-length", type=int, default=64, help="data.max_response_length")
+    p.add_argument(
+        "--kill",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="one extra step that kills an actor rank (ranks_reloading_on_replace)",
+    )
+    p.add_argument(
+        "--kill-stage",
+        default="update",
+        choices=["gen", "log_prob", "update"],
+        help="where the extra step's kill lands (rayrl.testing.chaos stages)",
+    )
     return p.parse_args(argv)
 
 
@@ -81,7 +97,7 @@ def config(ranks: int, nodes: int, out: Path, args: argparse.Namespace):
             "trainer.device=cpu",
             f"trainer.nnodes={nodes}",
             f"trainer.n_gpus_per_node={ranks // nodes}",
-            f"trainer.total_training_steps={args.steps}",
+            f"trainer.total_training_steps={args.steps + int(args.kill)}",
             "trainer.val_before_train=false",
             "trainer.export_hf=false",
             "trainer.logger=[]",
@@ -98,9 +114,10 @@ def config(ranks: int, nodes: int, out: Path, args: argparse.Namespace):
     )
 
 
-def measured_trainer(cfg):
+def measured_trainer(cfg, measured_steps: int):
     """The PPO trainer, its steps measured: the first warms up, then counted bytes and
-    timed CPU alternate (`records`: one dict per step after the first)."""
+    timed CPU alternate (`records`: one dict per step after the first). A step after
+    `measured_steps` starts `on_extra_step` (the kill) and is not measured."""
     from rayrl.controller import traffic
     from rayrl.trainer.ppo import PPOTrainer
 
@@ -108,9 +125,14 @@ def measured_trainer(cfg):
         records: list[dict] = []
         batch_bytes = 0
         seen_steps = 0
+        on_extra_step = None
 
         def step(self, prompts, calls):
             self.seen_steps += 1
+            if self.seen_steps > measured_steps:
+                if self.seen_steps == measured_steps + 1 and self.on_extra_step:
+                    self.on_extra_step()
+                return super().step(prompts, calls)
             if self.seen_steps == 1:  # warm-up
                 return super().step(prompts, calls)
             if self.seen_steps % 2 == 0:
@@ -149,20 +171,32 @@ def held_nbytes(batch) -> int:
     return tensors + traffic.serialized_nbytes(batch.select(*batch.non_tensors))
 
 
-def run_one(ranks: int, nodes: int, address: str, args: argparse.Namespace) -> list[dict]:
+def run_one(
+    ranks: int, nodes: int, address: str, args: argparse.Namespace
+) -> tuple[list[dict], list[dict]]:
+    """The measured steps' records and the run's recoveries (from the extra step's kill)."""
+    from rayrl.testing.chaos import ChaosMonkey
     from rayrl.trainer.run import Run
 
     with tempfile.TemporaryDirectory(prefix=f"scale-sim-{ranks}-") as out:
         cfg = config(ranks, nodes, Path(out), args)
         cfg.resources.address = address
-        trainer = measured_trainer(cfg)
+        trainer = measured_trainer(cfg, args.steps)
         run = Run(trainer)
+        monkeys: list[ChaosMonkey] = []
+        if args.kill:  # one actor rank killed while it updates, in the extra step
+            kill = ChaosMonkey(run, seed=ranks, stages=[args.kill_stage], kills=1)
+            trainer.on_extra_step = lambda: monkeys.append(kill.start())
         try:
             run.setup()
             run.fit()
         finally:
+            for monkey in monkeys:
+                monkey.stop()
             run.shutdown()
-        return list(trainer.records)
+        if args.kill and not (monkeys and monkeys[0].done):
+            print(f"scale_sim: N={ranks}: the kill did not land in the extra step", file=sys.stderr)
+        return list(trainer.records), list(run.replay.recoveries) if run.replay else []
 
 
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
@@ -188,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for n in ranks:
             started = time.time()
-            records = run_one(n, args.nodes, cluster.address, args)
+            records, recoveries = run_one(n, args.nodes, cluster.address, args)
             counted = [r for r in records if "bytes" in r]
             timed = [r["cpu_s"] for r in records if "cpu_s" in r]
             shape = {
@@ -211,6 +245,22 @@ def main(argv: list[str] | None = None) -> int:
                     driver_bytes=last["bytes"],
                     sent=last["sent"],
                     received=last["received"],
+                    **shape,
+                    **where,
+                )
+            for recovery in recoveries:
+                emit_line(
+                    BENCH,
+                    "ranks_reloading_on_replace",
+                    recovery["ranks_reloading"],
+                    "ranks",
+                    target=1,
+                    better="lower",
+                    kill_stage=args.kill_stage,
+                    replaced=[r["rank"] for r in recovery.get("replaced", [])],
+                    bytes_read=sum(
+                        b for by_rank in recovery["bytes_read"].values() for b in by_rank.values()
+                    ),
                     **shape,
                     **where,
                 )
