@@ -17,7 +17,10 @@ each ``--seqs`` (sequences per step) it reports, after ``--warmup`` steps:
 * ``actor_mfu`` (rayrl's ``perf/mfu/actor``), ``weight_sync_ms``,
 * ``peak_mem_gb`` (``model`` field: 0.5b, 7b), ``grad_norm_finite`` (1: every step's
   gradient norm was finite and no update was skipped),
-* ``speedup_vs_trl`` (rayrl over TRL tokens/s) where both ran.
+* ``speedup_vs_trl`` (rayrl over TRL tokens/s) where both ran,
+* rayrl on a GPU: ``roofline_step_s`` (the same step with generation at the decode
+  roofline and training at the dense bf16 peak, `bench/roofline.py`) and
+  ``step_vs_roofline`` (``step_s`` over it; target 2.0).
 
 ``--memory-7b`` adds GRPO steps of a Qwen2.5-7B-shaped random model (bf16 weights
 drawn on the GPU and written straight to safetensors) through the same product path,
@@ -57,6 +60,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from gpu_e2e_report import lines_for, roofline_of
 
 BENCH = "gpu_e2e"
 STAGES = ("gen", "old_log_prob", "ref", "update_actor", "weight_sync", "snapshot")
@@ -415,68 +420,6 @@ def _free() -> None:
         torch.cuda.empty_cache()
 
 
-# ---------------------------------------------------------------------- report
-def lines_for(system: str, seqs: int, res: dict, common: dict) -> list[dict]:
-    base = {**common, "system": system, "seqs_per_step": seqs}
-    if "error" in res:
-        return [{**base, "metric": "error", "value": None, "unit": "", "error": res["error"]}]
-    out = [
-        {**base, "metric": "step_s", "value": res["step_s"], "unit": "s", "better": "lower"},
-        {
-            **base,
-            "metric": "tokens_per_s_per_gpu",
-            "value": res["tokens_per_s"],
-            "unit": "tokens/s",
-            "better": "higher",
-        },
-        {
-            **base,
-            "metric": "peak_mem_gb",
-            "model": common["model_name"],
-            "value": res["peak_mem_gb"],
-            "unit": "GiB",
-            "better": "lower",
-        },
-        {
-            **base,
-            "metric": "grad_norm_finite",
-            "value": int(res["grad_finite"]),
-            "unit": "bool",
-            "target": 1,
-            "better": "higher",
-            "grad_norms": res["grad_norms"],
-        },
-        {**base, "metric": "response_length", "value": res.get("response_len"), "unit": "tokens"},
-    ]
-    for stage, value in res.get("stages", {}).items():
-        if value is not None:
-            out.append({**base, "metric": "stage_s", "stage": stage, "value": value, "unit": "s"})
-    if res.get("mfu") is not None:
-        out.append(
-            {
-                **base,
-                "metric": "actor_mfu",
-                "value": res["mfu"],
-                "unit": "fraction",
-                "target": 0.4,
-                "better": "higher",
-            }
-        )
-    sync = res.get("stages", {}).get("weight_sync")
-    if sync:
-        out.append(
-            {
-                **base,
-                "metric": "weight_sync_ms",
-                "value": sync * 1e3,
-                "unit": "ms",
-                "target": 100,
-                "better": "lower",
-            }
-        )
-    return out
-
-
 def emit(line: dict, out: Path) -> None:
     text = json.dumps(line)
     print(text, flush=True)
@@ -546,6 +489,8 @@ def main() -> None:
             for system in systems:
                 run = run_rayrl if system == "rayrl" else run_trl
                 results[system] = run(args, model_dir, rows, seqs)
+                if system == "rayrl" and "error" not in results[system]:
+                    results[system].update(roofline_of(model_dir, seqs, args, results[system], gpu))
                 for line in lines_for(system, seqs, results[system], common):
                     emit(line, out)
             mine, theirs = results.get("rayrl", {}), results.get("trl", {})

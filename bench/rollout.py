@@ -62,9 +62,8 @@ from rayrl.engines.rollout import HFRolloutEngine, NativeRolloutEngine, Sampling
 from rayrl.engines.rollout.native.tp import make_tp_groups
 from rayrl.models.tiny import TinySpec, reference_05b
 from rollout_agent import run_multi_turn
+from roofline import generation_seconds
 
-HBM_BYTES_PER_S = 4.3e12  # measured on the H200 here (../shared/gpu/README.md)
-MATMUL_FLOPS = 790e12  # bf16, measured there on an 8192^3 product
 TARGETS = {("tokens_per_s", "A"): 100_000.0, "speedup_vs_hf_static": 5.0}
 QUIET = {"on": False}  # TP ranks past 0 run the workload but report nothing
 
@@ -201,32 +200,6 @@ ENGINES = {
     "hf_dynamic": run_hf("dynamic"),
     "hf_static": run_hf("static"),
 }
-
-
-# ---------------------------------------------------------------- roofline
-def roofline_seconds(config, prompts, out_lens, gpus: int = 1) -> float:
-    """Ideal time: prefill at the matmul rate; each decode step at max(bytes/BW, flops/rate),
-    with the bandwidth and rate of ``gpus`` GPUs (a tensor-parallel replica)."""
-    hidden, layers, inter = config.hidden_size, config.num_hidden_layers, config.intermediate_size
-    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-    head_dim = hidden // heads
-    layer_params = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden
-    layer_params += 3 * hidden * inter
-    body = layers * layer_params
-    head = config.vocab_size * hidden
-    weight_bytes = 2 * (body + head)
-    kv_per_token = 2 * layers * kv_heads * head_dim * 2
-    p = np.array([len(x) for x in prompts], dtype=np.float64)
-    attn_q = 2 * 2 * layers * heads * head_dim  # qk and pv, per query-key pair
-    prefill = 2 * body * p.sum() + 2 * head * len(p) + attn_q * (p * p / 2).sum()
-    total = prefill / MATMUL_FLOPS
-    for t in range(int(out_lens.max())):
-        live = out_lens > t
-        ctx = p[live] + t
-        flops = 2 * (body + head) * live.sum() + attn_q * ctx.sum()
-        bytes_ = weight_bytes + kv_per_token * ctx.sum()
-        total += max(bytes_ / HBM_BYTES_PER_S, flops / MATMUL_FLOPS)
-    return total / gpus
 
 
 # ---------------------------------------------------------------- main
@@ -505,7 +478,7 @@ def run_bench(args: argparse.Namespace, out_path: str | None) -> None:
                 out,
             )
         if "native" in rates:
-            ideal = tokens / roofline_seconds(model.config, prompts, out_lens, args.tp)
+            ideal = tokens / generation_seconds(model.config, prompts, out_lens, args.tp)
             emit(
                 {
                     **base,
