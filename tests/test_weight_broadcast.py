@@ -131,7 +131,8 @@ def test_a_replica_killed_with_the_collective_transport_loses_no_prompt(
     assert len(history) == steps
     rollouts = run.trainer.rollouts
     events = [e["event"] for e in rollouts.events]
-    assert events[:2] == ["lost", "joined"], printed
+    assert events[0] == "lost", printed  # a new replica may join, or the run end first
+    assert any("lost" in line and "training goes on" in line for line in printed)
     assert rollouts.collective.host.generation >= 2  # the group formed anew without it
     assert sum(row["async/weight_broadcast_bytes"] for row in history) > 0
     ledger = run.trainer.queue.ledger

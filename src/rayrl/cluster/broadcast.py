@@ -134,6 +134,7 @@ class BroadcastMember:
         for tensor in tensors:
             self._broadcast(tensor.contiguous(), spec)
             self.sent_bytes += tensor.numel() * tensor.element_size()
+        _settle(tensors)
 
     def receive(self, key: str, device: torch.device | str = "cpu") -> tuple[Any, list]:
         """Members 1..: the sender's metadata and its tensors under `key`, on `device`."""
@@ -151,6 +152,7 @@ class BroadcastMember:
             self._broadcast(buffer, spec)
             self.received_bytes += buffer.numel() * buffer.element_size()
             out.append(buffer)
+        _settle(out)
         return header["meta"], out
 
     def _joined(self, rank: int) -> BroadcastSpec:
@@ -169,6 +171,12 @@ class BroadcastMember:
                 f"broadcast group {spec.prefix}: rank {self.rank} failed a broadcast of "
                 f"{tensor.numel()} {tensor.dtype} elements: {_one_line(err)}"
             ) from err
+
+
+def _settle(tensors: list[torch.Tensor]) -> None:
+    """Wait for NCCL's streams: the tensors are whole (or free to reuse) on return."""
+    for device in {t.device for t in tensors if t.is_cuda}:
+        torch.cuda.synchronize(device)
 
 
 def _process_group(spec: BroadcastSpec, store: Any, rank: int, wait: timedelta) -> Any:
