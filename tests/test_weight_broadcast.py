@@ -137,3 +137,25 @@ def test_a_replica_killed_with_the_collective_transport_loses_no_prompt(
     assert sum(row["async/weight_broadcast_bytes"] for row in history) > 0
     ledger = run.trainer.queue.ledger
     assert ledger.count(0) == steps * 2  # every prompt of the batches, once
+
+
+@pytest.mark.slow
+def test_broadcasts_that_cannot_complete_fall_back_to_the_object_store(
+    ray_local, async_model, tmp_path
+):
+    from test_async_training import EXACT, fit
+
+    # a bound no group can form within: every publish misses, on both ends
+    extra = [
+        *EXACT,
+        "trainer.total_training_steps=2",
+        "trainer.resume_mode=disable",
+        "async_training.weight_transport=collective",
+        "async_training.weight_sync_timeout_s=0.001",
+    ]
+    run, history, printed = fit(async_model, tmp_path / "run", extra)
+    assert len(history) == 2  # the run went on with the object store's copy
+    assert sum(row["async/weight_transport_fallbacks"] for row in history) >= 1
+    assert any("by the object store" in line or "missed the broadcast" in line for line in printed)
+    assert all(row["async/staleness/max"] == 0 for row in history)
+    assert run.trainer.queue.ledger.count(0) == 4
