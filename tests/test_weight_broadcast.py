@@ -104,6 +104,8 @@ def test_collective_staleness_zero_run_equals_the_object_store_run_bitwise(
     assert sum(row["async/weight_transport_fallbacks"] for row in history) == 0, printed
     assert sum(row["async/weight_broadcast_bytes"] for row in history) > 0
     assert not any("missed the broadcast" in line for line in printed)
+    # no replica was ever offered the object store's copy instead
+    assert run.trainer.rollouts.offers_made == {"object_store": 0, "collective": 2}, printed
 
 
 @pytest.mark.slow

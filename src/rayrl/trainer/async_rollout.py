@@ -143,6 +143,10 @@ class RolloutManager:
         self._last_live = time.monotonic()
         self._nodes_checked = 0.0
         self.collective: CollectiveWeights | None = None  # the collective transport's groups
+        # a version being broadcast, not yet published: replicas that received it early
+        # are not offered the older one meanwhile
+        self.incoming: int | None = None
+        self.offers_made: dict[str, int] = {"object_store": 0, "collective": 0}
 
     # -------------------------------------------------------------- lifecycle
     def start(self, pool: ResourcePool) -> None:
@@ -228,7 +232,7 @@ class RolloutManager:
         """The trainer's policy went back (a restore): nothing is dispatched until it
         publishes again, and the prompts running now are queued again."""
         with self.lock:
-            self.published = None
+            self.published, self.incoming = None, None
             self.queue.reset_running("restored")
 
     def publish(self, version: int, weights: PublishedWeights) -> None:
@@ -236,6 +240,7 @@ class RolloutManager:
         later get it too."""
         with self.lock:
             self.published, self.needs_publish = (version, weights), False
+            self.incoming = None
             if weights.fallback and self.collective is not None:
                 self.collective.failed()
                 self.print(
@@ -255,10 +260,12 @@ class RolloutManager:
             if plan is None:
                 return {"group": None, "key": ""}
             offer = PublishedWeights([], 0, "collective", group=plan.group, key=plan.key)
+            self.incoming = version
             for replica in self.replicas:
                 actor = replica.group.actor_handle(0, "offer_weights")
                 ref = actor.offer_weights.remote(version, offer, plan.ranks[replica.name])
                 replica.offers[ref] = (version, time.perf_counter(), "collective")
+                self.offers_made["collective"] += 1
             return {"group": plan.group, "key": plan.key}
 
     def _offer(self, replica: Replica) -> None:
@@ -274,6 +281,7 @@ class RolloutManager:
         actor = replica.group.actor_handle(0, "offer_weights")
         ref = actor.offer_weights.remote(version, weights)
         replica.offers[ref] = (version, time.perf_counter(), weights.transport)
+        self.offers_made[weights.transport] += 1
 
     # ------------------------------------------------------------------- loop
     def _loop(self) -> None:
@@ -305,7 +313,8 @@ class RolloutManager:
             if replica.call is not None or replica.offers:
                 continue
             if replica.version != self.published[0]:
-                self._offer(replica)
+                if replica.version != self.incoming:  # else: it waits for publish()
+                    self._offer(replica)
                 continue
             item = self.queue.next_work(replica.version, self.per_call)
             if item is None:
