@@ -512,8 +512,11 @@ class RolloutManager:
     def metrics(self, since: float, until: float) -> dict[str, float]:
         """`async/replicas`, `async/weight_sync_ms` (the mean offer time since the last
         call), `async/rollout_call_s` (the mean generation time of a replica call since
-        then) and `perf/rollout_idle_fraction` (the share of the replicas' time from
-        `since` to `until` with no call running)."""
+        then), `perf/rollout_idle_fraction` (the share of the replicas' time from
+        `since` to `until` with no call running), and with the collective transport
+        `async/weight_transport_fallbacks` (replicas that missed a broadcast, plus one
+        for each send of actor rank 0 that failed) and `async/weight_broadcast_bytes`
+        (received by the replicas over the group)."""
         with self.lock:
             busy = alive = 0.0
             for replica in self.replicas:

@@ -53,10 +53,7 @@ def publish_packed(
     buckets = list(pack_buckets(stream))
     refs = [ray.put(bucket) for bucket in buckets]
     published = PublishedWeights(refs, sum(b.nbytes for b in buckets))
-    if transport != "collective":
-        return published
-    if group is None:
-        published.fallback = "no replica was live to form the broadcast group with"
+    if transport != "collective" or group is None:  # None: no live replica to send to
         return published
     try:
         member.join(group, 0)
