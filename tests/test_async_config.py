@@ -23,6 +23,9 @@ ASYNC = ["actor_rollout_ref.rollout.mode=async", "trainer.device=cpu"]
         ("algorithm.adv_estimator=remax", "does not support remax's greedy baselines"),
         ("actor_rollout_ref.rollout.mode=later", "rollout.mode='later' is not one of sync"),
         ("actor_rollout_ref.rollout.multi_turn.enable=true", "does not run multi-turn"),
+        ("async_training.weight_transport=nccl", "picks NCCL itself on GPUs"),
+        ("async_training.weight_transport=pigeon", "not one of object_store, collective"),
+        ("async_training.weight_sync_timeout_s=0", "weight_sync_timeout_s=0.0 must be > 0"),
     ],
 )
 def test_async_keys_are_checked_before_anything_starts(override, message):

@@ -61,6 +61,11 @@ def check_async(cfg: RayRLConfig, warn: Callable[[str], None]) -> None:
         )
     if a.prompts_per_call is not None and a.prompts_per_call < 1:
         raise ConfigError(f"async_training.prompts_per_call={a.prompts_per_call} must be >= 1")
+    if a.weight_sync_timeout_s is not None and not a.weight_sync_timeout_s > 0:
+        raise ConfigError(
+            f"async_training.weight_sync_timeout_s={a.weight_sync_timeout_s} must be > 0 "
+            "seconds, or null (trainer.stage_timeout_s)"
+        )
     alg = cfg.algorithm
     if alg.filter_groups.enable or alg.adv_estimator == "remax":
         what = "dynamic sampling" if alg.filter_groups.enable else "remax's greedy baselines"

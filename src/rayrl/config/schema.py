@@ -528,6 +528,14 @@ class AsyncTrainingConfig:
     # and are aborted and re-queued when they could no longer be trained
     partial_rollout: bool = True
     prompts_per_call: int | None = None  # rayrl: prompts per replica call; None: a batch / replicas
+    # rayrl: how each policy version reaches the replicas: object_store (each replica
+    # fetches the packed buckets) or collective (actor rank 0 broadcasts them to the
+    # replicas over a group of their own: gloo on CPU, NCCL on GPUs; a replica that
+    # misses the broadcast fetches that version from the object store instead)
+    weight_transport: str = "object_store"
+    # rayrl: the bound on forming the collective group and on each broadcast, seconds;
+    # None: trainer.stage_timeout_s (300 when that is None too)
+    weight_sync_timeout_s: float | None = None
 
 
 @dataclass

@@ -40,6 +40,7 @@ CHOICES = {
     "reward_model.score_transform": ("none", "clip", "tanh"),
     "trainer.debugger": ("vscode", "cli"),
     "actor_rollout_ref.rollout.mode": ("sync", "async"),
+    "async_training.weight_transport": ("object_store", "collective"),
 }
 
 
@@ -56,6 +57,10 @@ CHOICE_NOTES = {
     "not supported",
     ("trainer.device", "xpu"): "rayrl runs on NVIDIA GPUs (cuda) and CPUs; Intel XPUs are "
     "not supported",
+    ("async_training.weight_transport", "nccl"): "the collective transport picks NCCL "
+    "itself on GPUs (gloo on CPUs): set collective",
+    ("async_training.weight_transport", "gloo"): "the collective transport picks gloo "
+    "itself on CPUs (NCCL on GPUs): set collective",
 }
 
 

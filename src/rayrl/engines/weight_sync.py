@@ -34,6 +34,7 @@ __all__ = [
     "DEFAULT_BUCKET_BYTES",
     "PackedBucket",
     "PublishedWeights",
+    "TRANSPORTS",
     "pack_buckets",
     "rollout_weights",
     "unpack_bucket",
@@ -171,12 +172,25 @@ class PackedBucket:
 class PublishedWeights:
     """One policy version, published for rollout replicas in other processes: a handle
     per packed bucket (Ray object references, opaque here), their bytes, and how they
-    travel (``object_store``: each replica fetches the buckets itself; a broadcast over
-    a collective group between the trainer and the replicas would be another)."""
+    travel: ``object_store`` (each replica fetches the buckets itself) or
+    ``collective`` (broadcast over `group`, a `rayrl.cluster.broadcast.BroadcastSpec`,
+    under the store key `key`; the object-store copy in `refs` serves replicas that
+    miss the broadcast). `fallback` says why a collective publish went by the object
+    store instead (empty when it did not)."""
 
     refs: list[Any]
     nbytes: int
     transport: str = "object_store"
+    group: Any = None
+    key: str = ""
+    fallback: str = ""
+
+    def by_object_store(self) -> PublishedWeights:
+        """The same version for a replica to fetch from the object store."""
+        return PublishedWeights(self.refs, self.nbytes)
+
+
+TRANSPORTS = ("object_store", "collective")
 
 
 def pack_buckets(

@@ -247,8 +247,16 @@ class AsyncPPOTrainer(PPOTrainer):
         self._publish(step, calls, timing)
 
     def _publish(self, version: int, calls: StageCalls, timing: dict) -> None:
+        """Policy `version` to the replicas, by `async_training.weight_transport`: with
+        ``collective`` the replicas are asked to receive first, then actor rank 0
+        broadcasts (`RolloutManager.begin_collective`)."""
+        transport = self.cfg.async_training.weight_transport
         with timer(timing, "weight_publish"):
-            weights = calls.run("publish_weights", self._roles().actor.publish_weights)
+            extra = {}
+            if transport == "collective":
+                extra = self.rollouts.begin_collective(version)
+            publish = self._roles().actor.publish_weights
+            weights = calls.run("publish_weights", publish, transport=transport, **extra)
         self.rollouts.publish(version, weights)
 
     def _generate(

@@ -10,7 +10,11 @@ replica is a one-rank `WorkerGroup` of `RolloutWorker` on one bundle. The thread
 - offers each policy version the trainer publishes to every replica
   (`RolloutWorker.offer_weights`: fetched beside the replica's running call) and
   dispatches to a replica only once it holds the newest one; the fetch time is
-  `async/weight_sync_ms`;
+  `async/weight_sync_ms`. With `async_training.weight_transport=collective` the offers
+  go out before the trainer publishes (`begin_collective`): each replica joins the
+  run's broadcast group (`rayrl.trainer.async_weights`) and receives the buckets
+  actor rank 0 broadcasts; a replica whose broadcast fails (or that joins later)
+  is offered the object store's copy of that version, with a warning naming it;
 - notices a replica whose process or node died: the prompts of its call go back to
   the queue (counted) and training goes on with the others. A replica whose node is
   alive gets a new process in the same bundle; one whose node is gone gets a bundle in
@@ -44,6 +48,7 @@ from rayrl.controller.errors import DEAD_ERRORS, WorkerCallError, WorkerError
 from rayrl.controller.future import GroupFuture
 from rayrl.engines.weight_sync import PublishedWeights
 from rayrl.trainer.async_queue import SampleQueue, WorkItem
+from rayrl.trainer.async_weights import CollectiveWeights, weight_sync_timeout
 from rayrl.trainer.resources import ROLLOUT_POOL
 from rayrl.trainer.roles import GroupEnv
 from rayrl.workers.rollout import ReplicaCall, ReplicaResult, RolloutWorker
@@ -80,7 +85,8 @@ class Replica:
     version: int
     joined: float = field(default_factory=time.time)
     call: tuple[WorkItem, GroupFuture, float] | None = None  # in flight, and since when
-    offers: dict[Any, tuple[int, float]] = field(default_factory=dict)  # ref -> (version, t)
+    # offer ref -> (version, sent at, transport)
+    offers: dict[Any, tuple[int, float, str]] = field(default_factory=dict)
     busy: list[tuple[float, float]] = field(default_factory=list)  # call spans
     calls: int = 0  # calls that returned samples
 
@@ -136,12 +142,20 @@ class RolloutManager:
         self._thread = threading.Thread(target=self._loop, name="rayrl-rollouts", daemon=True)
         self._last_live = time.monotonic()
         self._nodes_checked = 0.0
+        self.collective: CollectiveWeights | None = None  # the collective transport's groups
+        # a version being broadcast, not yet published: replicas that received it early
+        # are not offered the older one meanwhile
+        self.incoming: int | None = None
+        self.offers_made: dict[str, int] = {"object_store": 0, "collective": 0}
 
     # -------------------------------------------------------------- lifecycle
     def start(self, pool: ResourcePool) -> None:
         """Start a replica on every bundle of the run's rollout `pool` (side by side),
         then the manager's thread."""
         self._shape = dict(pool.spec.bundle)
+        if self.cfg.async_training.weight_transport == "collective":
+            gpus = self._shape.get("GPU", 0) > 0  # NCCL between GPUs, else gloo
+            self.collective = CollectiveWeights(self.env.run, gpus, weight_sync_timeout(self.cfg))
         slots = [Slot(bundle) for bundle in pool.bundles]
         made = [(self._group(slot), slot) for slot in slots]
         res = self.cfg.resources
@@ -218,7 +232,7 @@ class RolloutManager:
         """The trainer's policy went back (a restore): nothing is dispatched until it
         publishes again, and the prompts running now are queued again."""
         with self.lock:
-            self.published = None
+            self.published, self.incoming = None, None
             self.queue.reset_running("restored")
 
     def publish(self, version: int, weights: PublishedWeights) -> None:
@@ -226,21 +240,48 @@ class RolloutManager:
         later get it too."""
         with self.lock:
             self.published, self.needs_publish = (version, weights), False
+            self.incoming = None
+            if weights.fallback and self.collective is not None:
+                self.collective.failed()
+                self.print(
+                    f"WARNING: policy {version} goes to the rollout replicas by the object "
+                    f"store, not the broadcast group: {weights.fallback}; the group is formed "
+                    "anew at the next publish"
+                )
             for replica in self.replicas:
                 self._offer(replica)
+
+    def begin_collective(self, version: int) -> dict[str, Any]:
+        """Ask every live replica to receive policy `version` over the broadcast group
+        (before the trainer's `publish_weights` broadcasts it); the keyword arguments
+        of that call (the group, None without replicas, and the header's key)."""
+        with self.lock:
+            plan = self.collective.plan([r.name for r in self.replicas])
+            if plan is None:
+                return {"group": None, "key": ""}
+            offer = PublishedWeights([], 0, "collective", group=plan.group, key=plan.key)
+            self.incoming = version
+            for replica in self.replicas:
+                actor = replica.group.actor_handle(0, "offer_weights")
+                ref = actor.offer_weights.remote(version, offer, plan.ranks[replica.name])
+                replica.offers[ref] = (version, time.perf_counter(), "collective")
+                self.offers_made["collective"] += 1
+            return {"group": plan.group, "key": plan.key}
 
     def _offer(self, replica: Replica) -> None:
         if self.published is None:
             return
         version, weights = self.published
-        if replica.version == version or any(v == version for v, _ in replica.offers.values()):
+        if replica.version == version or any(o[0] == version for o in replica.offers.values()):
             return
         if weights is None:  # the model directory's weights: a joining replica has them
             replica.version = version
             return
+        weights = weights.by_object_store()  # a broadcast's version too: it missed it
         actor = replica.group.actor_handle(0, "offer_weights")
         ref = actor.offer_weights.remote(version, weights)
-        replica.offers[ref] = (version, time.perf_counter())
+        replica.offers[ref] = (version, time.perf_counter(), weights.transport)
+        self.offers_made[weights.transport] += 1
 
     # ------------------------------------------------------------------- loop
     def _loop(self) -> None:
@@ -272,7 +313,8 @@ class RolloutManager:
             if replica.call is not None or replica.offers:
                 continue
             if replica.version != self.published[0]:
-                self._offer(replica)
+                if replica.version != self.incoming:  # else: it waits for publish()
+                    self._offer(replica)
                 continue
             item = self.queue.next_work(replica.version, self.per_call)
             if item is None:
@@ -331,21 +373,39 @@ class RolloutManager:
         self.queue.complete(item, result.batch, result.versions)
 
     def _offer_done(self, replica: Replica, ref: Any) -> None:
-        version, sent = replica.offers.pop(ref)
+        version, sent, transport = replica.offers.pop(ref)
         try:
-            ray.get(ref, timeout=60)
+            receipt = ray.get(ref, timeout=60)
         except DEAD_ERRORS as err:
             self._lost(replica, err)
             return
-        except Exception as err:  # noqa: BLE001 - the published objects are gone
+        except Exception as err:  # noqa: BLE001 - a broadcast failed, or the objects are gone
+            if transport == "collective":
+                self._broadcast_missed(replica, version, err)
+                return
             log.warning(
                 "rollout replica %s could not fetch policy %d: %s", replica.name, version, err
             )
             self.needs_publish = True
             return
         self.sync_seconds.append(time.perf_counter() - sent)
+        if transport == "collective":
+            self.collective.broadcast_bytes += receipt["nbytes"]
         if not replica.offers:
             replica.version = version
+
+    def _broadcast_missed(self, replica: Replica, version: int, err: BaseException) -> None:
+        """`replica` did not receive policy `version` over the group: one warning, the
+        object store's copy offered (now, or once the trainer has published it), and a
+        new group at the next publish."""
+        self.collective.failed()
+        self.print(
+            f"WARNING: rollout replica {replica.name} missed the broadcast of policy "
+            f"{version} ({_one_line(getattr(err, 'cause', None) or err)}); it fetches that version from the object store, "
+            "and the group is formed anew at the next publish"
+        )
+        if not replica.offers:
+            self._offer(replica)
 
     # ------------------------------------------------------- losses and joins
     def _lost(self, replica: Replica, err: BaseException) -> None:
@@ -452,8 +512,11 @@ class RolloutManager:
     def metrics(self, since: float, until: float) -> dict[str, float]:
         """`async/replicas`, `async/weight_sync_ms` (the mean offer time since the last
         call), `async/rollout_call_s` (the mean generation time of a replica call since
-        then) and `perf/rollout_idle_fraction` (the share of the replicas' time from
-        `since` to `until` with no call running)."""
+        then), `perf/rollout_idle_fraction` (the share of the replicas' time from
+        `since` to `until` with no call running), and with the collective transport
+        `async/weight_transport_fallbacks` (replicas that missed a broadcast, plus one
+        for each send of actor rank 0 that failed) and `async/weight_broadcast_bytes`
+        (received by the replicas over the group)."""
         with self.lock:
             busy = alive = 0.0
             for replica in self.replicas:
@@ -473,6 +536,8 @@ class RolloutManager:
             if self.gen_seconds:
                 out["async/rollout_call_s"] = sum(self.gen_seconds) / len(self.gen_seconds)
                 self.gen_seconds = []
+            if self.collective is not None:
+                out.update(self.collective.metrics())
             return out
 
     def usage(self) -> list[dict]:

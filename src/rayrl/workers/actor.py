@@ -31,6 +31,7 @@ import torch
 
 from rayrl import progress
 from rayrl.batch import Batch
+from rayrl.cluster.broadcast import BroadcastMember
 from rayrl.config.schema import RayRLConfig
 from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
 from rayrl.engines.lora import LoraSpec
@@ -44,7 +45,7 @@ from rayrl.engines.rollout import (
 from rayrl.engines.rollout.multi_turn import MultiTurnRollout
 from rayrl.engines.rollout.native.tp import make_tp_groups
 from rayrl.engines.rollout.native.tp_weights import tp_rollout_weights
-from rayrl.engines.weight_sync import PublishedWeights, pack_buckets
+from rayrl.engines.weight_sync import PublishedWeights
 from rayrl.models.loading import with_chat_template
 from rayrl.workers.agent import configured_interactions, configured_tools, episode_config
 from rayrl.workers.common import (
@@ -64,6 +65,7 @@ from rayrl.workers.common import (
 )
 from rayrl.workers.context import StageResult, StepContext, collect_stage
 from rayrl.workers.losses import actor_loss_fn
+from rayrl.workers.weight_transport import check_transport, publish_packed
 
 log = logging.getLogger("rayrl.workers")
 
@@ -292,30 +294,25 @@ class ActorRolloutRefWorker(Worker):
         return time.perf_counter() - start
 
     @register(dispatch=ONE_TO_ALL, collect="first")
-    def publish_weights(self, transport: str = "object_store") -> PublishedWeights | None:
+    def publish_weights(
+        self, transport: str = "object_store", group: Any = None, key: str = ""
+    ) -> PublishedWeights | None:
         """The policy's full weights for rollout replicas in other processes
         (`rollout.mode=async`): in the rollout dtype (bf16 on a GPU, the training dtype
-        on a CPU), packed a bucket at a time (`weight_sync.pack_buckets`) and put into
-        the object store, where every replica fetches them. Every rank takes part in
+        on a CPU), packed a bucket at a time and put into the object store; with the
+        ``collective`` transport also broadcast over `group` (a `BroadcastSpec`) under
+        store key `key` (`rayrl.workers.weight_transport`). Every rank takes part in
         the gathers; rank 0 returns the handle, the others None."""
-        if transport != "object_store":
-            raise ValueError(
-                f"actor rank {self.rank}: weight transport {transport!r} is not available; "
-                "rollout replicas take weights through the object store (object_store)"
-            )
-        import ray
-
+        check_transport(transport, f"actor rank {self.rank}")
         with self.actor.resident(), progress.phase("weight_sync"):
             stream = self.actor.rollout_weights(self.rollout_dtype)
             if self.rank != 0:
                 for _ in stream:  # each bucket's gather is a collective
                     pass
                 return None
-            refs, nbytes = [], 0
-            for bucket in pack_buckets(stream):
-                refs.append(ray.put(bucket))
-                nbytes += bucket.nbytes
-        return PublishedWeights(refs, nbytes, transport)
+            if not hasattr(self, "_broadcast"):
+                self._broadcast = BroadcastMember()
+            return publish_packed(stream, self._broadcast, transport, group, key, self.actor.device)
 
     @register(dispatch=DP_SPLIT, collect=collect_stage, layout="rollout")
     def generate(self, prompts: Batch, ctx: StepContext) -> StageResult:

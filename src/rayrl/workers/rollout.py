@@ -30,6 +30,7 @@ import torch
 
 from rayrl import progress
 from rayrl.batch import Batch
+from rayrl.cluster.broadcast import BroadcastMember
 from rayrl.config.schema import RayRLConfig
 from rayrl.controller import ONE_TO_ALL, Worker, register
 from rayrl.controller.worker import SNAPSHOT_GROUP
@@ -39,6 +40,7 @@ from rayrl.models.config_overrides import apply_config_overrides
 from rayrl.models.loading import with_chat_template
 from rayrl.workers.actor import sampling_params
 from rayrl.workers.common import DTYPE_NAMES
+from rayrl.workers.weight_transport import check_transport, receive_packed
 
 __all__ = ["ReplicaCall", "ReplicaResult", "RolloutWorker", "token_versions"]
 
@@ -114,6 +116,7 @@ class RolloutWorker(Worker):
                 **choice.options,
             )
         self.engine_name = choice.name
+        self.device = device
         self.version = version
         self._lock = threading.Lock()
         self._offer: tuple[int, list[PackedBucket]] | None = None
@@ -150,20 +153,34 @@ class RolloutWorker(Worker):
 
     # ------------------------------------------------------------------ weights
     @ray.method(concurrency_group=SNAPSHOT_GROUP)
-    def offer_weights(self, version: int, published: PublishedWeights) -> float:
+    def offer_weights(
+        self, version: int, published: PublishedWeights, rank: int = 0
+    ) -> dict[str, Any]:
         """Fetch policy `version` (the trainer's `publish_weights`) on a thread of its
-        own, beside the running call; it is swapped in at the next point `generate`
-        allows (module docstring). Returns the fetch's seconds."""
-        if published.transport != "object_store":
-            raise ValueError(
-                f"rollout replica {self.group}: weight transport {published.transport!r} is "
-                "not available here (object_store is)"
-            )
+        own, beside the running call: from the object store, or, for a ``collective``
+        offer, as member `rank` of its broadcast group (`weight_transport`). It is
+        swapped in at the next point `generate` allows (module docstring). Returns the
+        fetch's seconds, the transport and the bytes it moved; raises when a broadcast
+        fails (the trainer offers the object store's copy then)."""
+        check_transport(published.transport, f"rollout replica {self.group}")
         start = time.perf_counter()
-        buckets = ray.get(list(published.refs))
+        if published.transport == "collective":
+            if not hasattr(self, "_broadcast"):
+                self._broadcast = BroadcastMember()
+            try:
+                buckets = receive_packed(self._broadcast, published, rank, self.device)
+            except Exception as err:
+                raise RuntimeError(
+                    f"rollout replica {self.group} did not receive policy {version} over the "
+                    f"broadcast group: {err}"
+                ) from err
+        else:
+            buckets = ray.get(list(published.refs))
         with self._lock:
             self._offer = (version, buckets)  # offers arrive in order: the last one wins
-        return time.perf_counter() - start
+        nbytes = sum(b.nbytes for b in buckets)
+        seconds = time.perf_counter() - start
+        return {"seconds": seconds, "transport": published.transport, "nbytes": nbytes}
 
     def _offered(self) -> int | None:
         with self._lock:

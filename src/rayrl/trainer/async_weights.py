@@ -1,0 +1,88 @@
+"""The collective weight transport of asynchronous training
+(`async_training.weight_transport=collective`): which broadcast group a publish uses.
+
+Actor rank 0 is member 0 of the group; the live replicas, in the rollout manager's
+order, are members 1, 2, ... A publish reuses the last formation while the members
+are the same and its last use went through; a replica lost or added, or a broadcast
+that failed, makes the next publish form a new generation (`BroadcastHost.form`), so
+the members of the old group drop it when they join the new one. The backend follows
+the replicas' bundles: NCCL when they hold GPUs, gloo otherwise.
+
+`CollectiveWeights` also counts what went through the group and how many times a
+version went by the object store instead (`async/weight_broadcast_bytes`,
+`async/weight_transport_fallbacks`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rayrl.cluster.broadcast import BroadcastHost, BroadcastSpec
+from rayrl.config.schema import RayRLConfig
+
+__all__ = ["CollectiveWeights", "weight_sync_timeout"]
+
+DEFAULT_TIMEOUT_S = 300.0
+
+
+def weight_sync_timeout(cfg: RayRLConfig) -> float:
+    """The bound on forming the group and on each broadcast: `async_training.
+    weight_sync_timeout_s`, else `trainer.stage_timeout_s`, else 300 s."""
+    a, t = cfg.async_training, cfg.trainer
+    if a.weight_sync_timeout_s is not None:
+        return float(a.weight_sync_timeout_s)
+    return float(t.stage_timeout_s) if t.stage_timeout_s is not None else DEFAULT_TIMEOUT_S
+
+
+@dataclass
+class Plan:
+    """One collective publish: the group, the store key of its header, and the rank of
+    each replica (by name)."""
+
+    group: BroadcastSpec
+    key: str
+    ranks: dict[str, int]
+
+
+class CollectiveWeights:
+    """The broadcast groups of one run's publishes (module docstring)."""
+
+    def __init__(self, run: str, gpus: bool, timeout_s: float) -> None:
+        self.name = f"rayrl/{run}/weights"
+        self.backend = "nccl" if gpus else "gloo"
+        self.timeout_s = timeout_s
+        self.host: BroadcastHost | None = None
+        self.spec: BroadcastSpec | None = None
+        self.members: tuple[str, ...] = ()
+        self.stale = True  # the next publish forms a new generation
+        self.publishes = 0
+        self.fallbacks = 0  # since the last metrics
+        self.broadcast_bytes = 0  # received by replicas over the group, likewise
+
+    def plan(self, replicas: list[str]) -> Plan | None:
+        """The group for a publish to `replicas` (None when there are none)."""
+        if not replicas:
+            return None
+        if self.host is None:
+            self.host = BroadcastHost(self.name)
+        if self.stale or tuple(replicas) != self.members:
+            self.spec = self.host.form(len(replicas) + 1, self.backend, self.timeout_s)
+            self.members, self.stale = tuple(replicas), False
+        self.publishes += 1
+        ranks = {name: rank for rank, name in enumerate(replicas, start=1)}
+        return Plan(self.spec, f"publish{self.publishes}", ranks)
+
+    def failed(self) -> None:
+        """A broadcast failed: count it, and form a new group next time."""
+        self.fallbacks += 1
+        self.stale = True
+
+    def metrics(self) -> dict[str, float]:
+        """`async/weight_transport_fallbacks` and `async/weight_broadcast_bytes` since
+        the last call."""
+        out = {
+            "async/weight_transport_fallbacks": float(self.fallbacks),
+            "async/weight_broadcast_bytes": float(self.broadcast_bytes),
+        }
+        self.fallbacks = self.broadcast_bytes = 0
+        return out
