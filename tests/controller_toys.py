@@ -247,6 +247,18 @@ class Dist(Worker):
         return float(t.item())
 
     @register(dispatch=ONE_TO_ALL)
+    def all_reduce_for(self, seconds: float, numel: int = 1 << 20) -> int:
+        """All-reduce a tensor of `numel` floats again and again for `seconds`; how many."""
+        import torch
+        import torch.distributed as dist
+
+        t, count, end = torch.ones(numel), 0, time.monotonic() + seconds
+        while time.monotonic() < end:
+            dist.all_reduce(t)
+            count += 1
+        return count
+
+    @register(dispatch=ONE_TO_ALL)
     def visible_devices(self) -> str | None:
         import os
 

@@ -10,7 +10,10 @@ Every call a group makes on a worker (a registered method, and the group's own c
 - for a registered method, records when it ran (`usage.record_call`: the driver's
   overhead is the time between calls) and takes a usage sample as it ends, so a stage
   shorter than the sampling period is measured too;
-- runs the call hooks installed in this process.
+- runs the call hooks installed in this process;
+- when the call fails because a gloo collective lost a peer, leaves the process group
+  (`rayrl.controller.collective_failure`), so the ranks waiting on this one fail too
+  instead of blocking until the group's timeout.
 
 `Worker.__init_subclass__` wraps each registered method of a class once (`track`),
 so `@register` itself only states the method's contract. Coroutine methods run on an
@@ -48,6 +51,7 @@ from typing import Any
 
 from rayrl import progress
 from rayrl.controller import usage
+from rayrl.controller.collective_failure import release_after_collective_failure
 from rayrl.controller.dispatch import method_specs
 
 CallHook = Callable[[Any, str], "AbstractContextManager | None"]
@@ -73,6 +77,10 @@ def running(worker: Any, name: str, *, record: bool = False) -> Iterator[None]:
                 if entered is not None:
                     around.enter_context(entered)
             yield
+    except Exception as err:
+        rank = getattr(worker, "rank", "?")
+        release_after_collective_failure(err, f"rank {rank} in {name}")
+        raise
     finally:
         if record:
             usage.record_call(start, time.time())

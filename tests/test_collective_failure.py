@@ -1,0 +1,64 @@
+"""A rank killed inside a gloo collective: every other rank's call fails within
+seconds (each rank that sees the loss leaves its process group, so the ranks waiting
+on it stop waiting too), the survivors stay alive, and the group re-forms without
+replacing them (`rayrl.controller.collective_failure`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+
+import ray
+
+from controller_toys import Dist, reserve
+from rayrl.cluster.kv import KVStore
+from rayrl.controller import WorkerGroup
+from rayrl.controller.collective_failure import is_gloo_peer_lost
+
+
+def test_a_rank_killed_mid_all_reduce_fails_every_rank_at_once_and_only_it_is_replaced(
+    ray_local,
+):
+    run = f"coll-{uuid.uuid4().hex[:6]}"
+    pool = reserve(run, [4], {"CPU": 0.5})
+    kv = KVStore.create(run)
+    try:
+        with WorkerGroup(Dist, pool.bundles, role="dist", run=run, kv=kv, pool=pool) as group:
+            group.create(timeout_s=120).init(timeout_s=120, backend="gloo", dist_timeout_s=600)
+            before = group.whoami()
+            future = group.all_reduce_for.remote(60.0)
+            time.sleep(2.0)  # every rank is in its all-reduce loop
+            os.kill(before[2]["pid"], signal.SIGKILL)
+            killed_at = time.monotonic()
+            alive = [ref for rank, ref in enumerate(future.refs) if rank != 2]
+            done, waiting = ray.wait(alive, num_returns=len(alive), timeout=30)
+            took = time.monotonic() - killed_at
+            assert not waiting, f"ranks still blocked {took:.0f} s after the kill"
+            for ref in done:
+                try:
+                    ray.get(ref)
+                    raise AssertionError("a rank finished its all-reduce loop without rank 2")
+                except ray.exceptions.RayTaskError as err:
+                    assert "gloo" in str(err)
+            assert took < 20, took
+            done = group.replace(2)  # the survivors re-form the group with the new rank
+            after = group.whoami()
+            assert [a["pid"] for i, a in enumerate(after) if i != 2] == [
+                b["pid"] for i, b in enumerate(before) if i != 2
+            ]
+            assert done.new_pid != before[2]["pid"]
+            assert group.all_reduce() == [10.0] * 4
+    finally:
+        kv.shutdown()
+        pool.teardown()
+
+
+def test_only_gloos_lost_peer_errors_count():
+    lost = RuntimeError(
+        "[third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [1.2.3.4]:5"
+    )
+    assert is_gloo_peer_lost(lost)
+    assert not is_gloo_peer_lost(RuntimeError("CUDA out of memory"))
+    assert not is_gloo_peer_lost(ValueError("gloo Connection closed by peer"))
