@@ -109,3 +109,16 @@ AGG_MODE_NAMES = [
     "seq-mean-token-mean",
     "seq-mean-token-sum-norm",
 ]
+
+
+def config_show(capsys, source: str, *overrides: str) -> tuple[int, str, str]:
+    """`rayrl config show -c source overrides...` in this process: exit code, stdout,
+    stderr (a refused config exits through SystemExit)."""
+    from rayrl.cli.main import main
+
+    try:
+        code = main(["config", "show", "-c", source, *overrides])
+    except SystemExit as exc:
+        code = exc.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from algos_testlib import config_show
 
 from engine_cases import OPTIM, ragged_batch, tiny_model_dir  # noqa: F401 (fixture)
 from rayrl.algos import (
@@ -27,7 +28,6 @@ from rayrl.algos import (
     truncated_is_weights,
 )
 from rayrl.batch import Batch
-from rayrl.cli.main import main
 from rayrl.config import load_config
 from rayrl.engines.train import TrainEngine
 from rayrl.trainer.advantage import AdvantageStage
@@ -43,15 +43,6 @@ SMALL = [
     "critic.ppo_mini_batch_size=1",
     "critic.ppo_micro_batch_size_per_gpu=1",
 ]
-
-
-def _config_show(capsys, source: str, *overrides: str) -> tuple[int, str, str]:
-    try:
-        code = main(["config", "show", "-c", source, *overrides])
-    except SystemExit as exc:
-        code = exc.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 # -------------------------------------------------------------------- names
@@ -71,7 +62,7 @@ def _config_show(capsys, source: str, *overrides: str) -> tuple[int, str, str]:
 def test_new_names_pass_config_show_and_reach_their_registry(
     capsys, source, override, key, registry
 ):
-    code, out, err = _config_show(capsys, source, override, "algorithm.use_pf_ppo=true")
+    code, out, err = config_show(capsys, source, override, "algorithm.use_pf_ppo=true")
     value = override.split("=")[1]
     assert code == 0, err
     assert f"{key}: {value}" in out and "use_pf_ppo: true" in out
@@ -109,7 +100,7 @@ def test_verl_defaults_of_the_new_keys():
     ],
 )
 def test_bad_settings_are_refused_with_the_key(capsys, source, overrides, message):
-    code, _, err = _config_show(capsys, source, *overrides)
+    code, _, err = config_show(capsys, source, *overrides)
     assert code == 2 and message in err
 
 
@@ -118,7 +109,7 @@ def test_optimal_token_baseline_is_registered_though_the_actor_cannot_feed_it_ye
 
 
 def test_pf_ppo_without_gae_warns_that_it_has_no_effect(capsys):
-    code, _, err = _config_show(capsys, "grpo", "algorithm.use_pf_ppo=true")
+    code, _, err = config_show(capsys, "grpo", "algorithm.use_pf_ppo=true")
     assert code == 0
     assert "config warning" in err and "use_pf_ppo=true has no effect" in err
 

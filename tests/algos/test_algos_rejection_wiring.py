@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from algos_testlib import config_show
 
 from rayrl.algos import (
     POLICY_LOSSES,
@@ -20,7 +21,6 @@ from rayrl.algos import (
     truncated_is_weights,
 )
 from rayrl.batch import Batch
-from rayrl.cli.main import main
 from rayrl.config import load_config
 from rayrl.trainer.advantage import AdvantageStage
 from rayrl.trainer.on_policy import separate_pass_reason
@@ -38,15 +38,6 @@ SMALL = [
 ]
 
 
-def _config_show(capsys, *overrides: str) -> tuple[int, str, str]:
-    try:
-        code = main(["config", "show", "-c", "grpo", *overrides])
-    except SystemExit as exc:
-        code = exc.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 # ------------------------------------------------------------------- the keys
 
 
@@ -61,8 +52,8 @@ def _config_show(capsys, *overrides: str) -> tuple[int, str, str]:
     ],
 )
 def test_verl_command_lines_load(capsys, rs, threshold, shown):
-    code, out, err = _config_show(
-        capsys, f"{RC}.rollout_rs={rs}", f"{RC}.rollout_rs_threshold={threshold}"
+    code, out, err = config_show(
+        capsys, "grpo", f"{RC}.rollout_rs={rs}", f"{RC}.rollout_rs_threshold={threshold}"
     )
     assert code == 0, err
     assert f"rollout_rs: {rs.strip(chr(39))}\n" in out
@@ -109,7 +100,7 @@ def test_verl_command_lines_load(capsys, rs, threshold, shown):
     ],
 )
 def test_bad_values_are_refused_naming_the_key(capsys, overrides, message):
-    code, _, err = _config_show(capsys, *overrides)
+    code, _, err = config_show(capsys, "grpo", *overrides)
     assert code == 2
     assert message in " ".join(err.split())
     assert f"{RC}.rollout_rs" in err

@@ -512,6 +512,10 @@ class RolloutPoolConfig:
     max_replicas: int | None = None
 
 
+# How policy versions reach asynchronous training's replicas (`weight_transport`)
+WEIGHT_TRANSPORTS = ("object_store", "collective")
+
+
 @dataclass
 class AsyncTrainingConfig:
     """verl 0.9.1's `async_training` group (experimental/fully_async_policy), read

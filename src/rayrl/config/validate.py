@@ -18,7 +18,7 @@ from rayrl.config.errors import warn as _warn
 from rayrl.config.layout import MeshError, MeshSpec, check_heads
 from rayrl.config.multi_turn import check_multi_turn
 from rayrl.config.ranges import check_ranges
-from rayrl.config.schema import RayRLConfig, RolloutCorrectionConfig
+from rayrl.config.schema import WEIGHT_TRANSPORTS, RayRLConfig, RolloutCorrectionConfig
 
 ACTOR = "actor_rollout_ref.actor"
 
@@ -40,7 +40,7 @@ CHOICES = {
     "reward_model.score_transform": ("none", "clip", "tanh"),
     "trainer.debugger": ("vscode", "cli"),
     "actor_rollout_ref.rollout.mode": ("sync", "async"),
-    "async_training.weight_transport": ("object_store", "collective"),
+    "async_training.weight_transport": WEIGHT_TRANSPORTS,
 }
 
 

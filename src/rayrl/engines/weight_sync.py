@@ -34,7 +34,6 @@ __all__ = [
     "DEFAULT_BUCKET_BYTES",
     "PackedBucket",
     "PublishedWeights",
-    "TRANSPORTS",
     "pack_buckets",
     "rollout_weights",
     "unpack_bucket",
@@ -188,9 +187,6 @@ class PublishedWeights:
     def by_object_store(self) -> PublishedWeights:
         """The same version for a replica to fetch from the object store."""
         return PublishedWeights(self.refs, self.nbytes)
-
-
-TRANSPORTS = ("object_store", "collective")
 
 
 def pack_buckets(

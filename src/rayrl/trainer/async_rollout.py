@@ -375,7 +375,7 @@ class RolloutManager:
     def _offer_done(self, replica: Replica, ref: Any) -> None:
         version, sent, transport = replica.offers.pop(ref)
         try:
-            receipt = ray.get(ref, timeout=60)
+            nbytes = ray.get(ref, timeout=60)
         except DEAD_ERRORS as err:
             self._lost(replica, err)
             return
@@ -390,7 +390,7 @@ class RolloutManager:
             return
         self.sync_seconds.append(time.perf_counter() - sent)
         if transport == "collective":
-            self.collective.broadcast_bytes += receipt["nbytes"]
+            self.collective.broadcast_bytes += nbytes
         if not replica.offers:
             replica.version = version
 
@@ -399,10 +399,11 @@ class RolloutManager:
         object store's copy offered (now, or once the trainer has published it), and a
         new group at the next publish."""
         self.collective.failed()
+        cause = _one_line(getattr(err, "cause", None) or err)
         self.print(
             f"WARNING: rollout replica {replica.name} missed the broadcast of policy "
-            f"{version} ({_one_line(getattr(err, 'cause', None) or err)}); it fetches that version from the object store, "
-            "and the group is formed anew at the next publish"
+            f"{version} ({cause}); it fetches that version from the object store, and the "
+            "group is formed anew at the next publish"
         )
         if not replica.offers:
             self._offer(replica)

@@ -110,6 +110,7 @@ class ActorRolloutRefWorker(Worker):
         from rayrl.engines.train import TrainEngine  # in the worker only
 
         self.cfg = config
+        self._broadcast = BroadcastMember()  # rank 0's, for async's collective transport
         arr, seed = config.actor_rollout_ref, config.trainer.seed
         lora = LoraSpec.from_model_config(arr.model)
         self.actor = TrainEngine(
@@ -310,8 +311,6 @@ class ActorRolloutRefWorker(Worker):
                 for _ in stream:  # each bucket's gather is a collective
                     pass
                 return None
-            if not hasattr(self, "_broadcast"):
-                self._broadcast = BroadcastMember()
             return publish_packed(stream, self._broadcast, transport, group, key, self.actor.device)
 
     @register(dispatch=DP_SPLIT, collect=collect_stage, layout="rollout")

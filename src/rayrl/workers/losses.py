@@ -67,7 +67,7 @@ def _decoupled_weights(
     """The truncated weights of the old log-probs against the rollout's, over the
     response mask before rollout rejection (``rollout_is_mask``, as verl's) when the
     advantage stage rejected tokens, divided by the batch's mean when it gave one."""
-    is_mask = mb["rollout_is_mask"] if "rollout_is_mask" in mb else mask  # noqa: SIM401
+    is_mask = mb.tensors.get("rollout_is_mask", mask)
     weights, metrics = truncated_is_weights(
         old,
         mb["rollout_log_probs"],

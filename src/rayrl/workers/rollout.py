@@ -120,6 +120,7 @@ class RolloutWorker(Worker):
         self.version = version
         self._lock = threading.Lock()
         self._offer: tuple[int, list[PackedBucket]] | None = None
+        self._broadcast = BroadcastMember()  # the collective transport's group, if used
 
     def _load_model(self, model_path: str, device: torch.device) -> torch.nn.Module:
         """The policy module as the training engine builds it (same loader, attention
@@ -153,20 +154,15 @@ class RolloutWorker(Worker):
 
     # ------------------------------------------------------------------ weights
     @ray.method(concurrency_group=SNAPSHOT_GROUP)
-    def offer_weights(
-        self, version: int, published: PublishedWeights, rank: int = 0
-    ) -> dict[str, Any]:
+    def offer_weights(self, version: int, published: PublishedWeights, rank: int = 0) -> int:
         """Fetch policy `version` (the trainer's `publish_weights`) on a thread of its
         own, beside the running call: from the object store, or, for a ``collective``
         offer, as member `rank` of its broadcast group (`weight_transport`). It is
         swapped in at the next point `generate` allows (module docstring). Returns the
-        fetch's seconds, the transport and the bytes it moved; raises when a broadcast
-        fails (the trainer offers the object store's copy then)."""
+        bytes it took; raises when a broadcast fails (the trainer offers the object
+        store's copy then)."""
         check_transport(published.transport, f"rollout replica {self.group}")
-        start = time.perf_counter()
         if published.transport == "collective":
-            if not hasattr(self, "_broadcast"):
-                self._broadcast = BroadcastMember()
             try:
                 buckets = receive_packed(self._broadcast, published, rank, self.device)
             except Exception as err:
@@ -178,9 +174,7 @@ class RolloutWorker(Worker):
             buckets = ray.get(list(published.refs))
         with self._lock:
             self._offer = (version, buckets)  # offers arrive in order: the last one wins
-        nbytes = sum(b.nbytes for b in buckets)
-        seconds = time.perf_counter() - start
-        return {"seconds": seconds, "transport": published.transport, "nbytes": nbytes}
+        return sum(b.nbytes for b in buckets)
 
     def _offered(self) -> int | None:
         with self._lock:

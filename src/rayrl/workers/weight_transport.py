@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from rayrl.cluster.broadcast import BroadcastMember, BroadcastSpec
-from rayrl.engines.weight_sync import TRANSPORTS, PackedBucket, PublishedWeights, pack_buckets
+from rayrl.config.schema import WEIGHT_TRANSPORTS
+from rayrl.engines.weight_sync import PackedBucket, PublishedWeights, pack_buckets
 
 __all__ = ["check_transport", "publish_packed", "receive_packed"]
 
@@ -31,9 +32,9 @@ log = logging.getLogger("rayrl.workers")
 
 def check_transport(transport: str, where: str) -> None:
     """ValueError naming `where` unless `transport` is one rayrl has."""
-    if transport not in TRANSPORTS:
+    if transport not in WEIGHT_TRANSPORTS:
         raise ValueError(
-            f"{where}: weight transport {transport!r} is not one of {', '.join(TRANSPORTS)} "
+            f"{where}: weight transport {transport!r} is not one of {', '.join(WEIGHT_TRANSPORTS)} "
             "(async_training.weight_transport)"
         )
 
