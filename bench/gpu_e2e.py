@@ -173,6 +173,7 @@ def run_rayrl(
             f"trainer.total_training_steps={args.warmup + args.steps}",
             f"trainer.output_dir={tmp}/out",
             *extra,
+            *getattr(args, "set", []),
         ]
         if args.worker_logs and not ray.is_initialized():  # worker warnings on this console
             ray.init(address="local", include_dashboard=False, log_to_driver=True)
@@ -455,6 +456,13 @@ def main() -> None:
     # host, the offloaded moments, the offloaded reference and the processes did not fit
     p.add_argument("--master-dtype-7b", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--shape-7b", type=json.loads, default=None, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a rayrl config override for every rayrl run, after the bench's own (repeatable)",
+    )
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--out", default=None)
     p.add_argument("--trl-job", default=None, help=argparse.SUPPRESS)

@@ -50,6 +50,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt-length", type=int, default=64, help="data.max_prompt_length")
     p.add_argument("--response-length", type=int, default=64, help="data.max_response_length")
     p.add_argument(
+        "--rows-on-workers",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="trainer.rows_on_workers: the step's token columns stay with the workers",
+    )
+    p.add_argument(
         "--kill",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -101,6 +107,7 @@ def config(ranks: int, nodes: int, out: Path, args: argparse.Namespace):
             "trainer.val_before_train=false",
             "trainer.export_hf=false",
             "trainer.logger=[]",
+            f"trainer.rows_on_workers={str(args.rows_on_workers).lower()}",
             f"data.train_batch_size={prompts}",
             f"data.max_prompt_length={args.prompt_length}",
             f"data.max_response_length={args.response_length}",
@@ -163,10 +170,13 @@ def measured_trainer(cfg, measured_steps: int):
 
 
 def held_nbytes(batch) -> int:
-    """The bytes of `batch` as the trainer holds it: its tensors' memory (in their own
-    dtypes, not narrowed as on the wire) and its other columns serialised."""
+    """The bytes of `batch` as it would be held whole: its tensors' memory (in their own
+    dtypes, not narrowed as on the wire; the columns the workers keep fetched for it,
+    uncounted) and its other columns serialised."""
     from rayrl.controller import traffic
 
+    with traffic.paused():
+        batch = batch.select(*batch.keys()).materialize()
     tensors = sum(t.element_size() * t.numel() for t in batch.tensors.values())
     return tensors + traffic.serialized_nbytes(batch.select(*batch.non_tensors))
 
@@ -230,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
                 "rows": n * args.rows_per_rank,
                 "prompt_length": args.prompt_length,
                 "response_length": args.response_length,
+                "rows_on_workers": args.rows_on_workers,
                 "wall_s": round(time.time() - started, 1),
             }
             if counted:

@@ -5,6 +5,7 @@ worker busy, records its span and runs the installed call hooks around it."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 from contextlib import contextmanager
 
@@ -13,6 +14,7 @@ import ray
 
 from rayrl.controller import calls, usage
 from rayrl.controller.dispatch import SPEC_ATTR, register
+from rayrl.controller.kept import KEEP_KWARG
 from rayrl.controller.worker import HEALTH_GROUP, Worker, WorkerContext
 
 
@@ -89,9 +91,9 @@ def test_a_registered_call_marks_the_worker_busy_and_records_its_span():
 
 
 def test_each_method_is_wrapped_once_keeping_its_spec_and_ray_options():
-    assert Seen.busy.__wrapped__.__name__ == "busy" and not hasattr(
-        Seen.busy.__wrapped__, "__wrapped__"
-    )
+    # the wrapper is the innermost function Ray sees: its signature takes the kept flag
+    assert Seen.busy.__name__ == "busy" and not hasattr(Seen.busy, "__wrapped__")
+    assert KEEP_KWARG in inspect.signature(Seen.busy).parameters
     assert Override.busy is not Seen.busy and Override.fail is Seen.fail
     assert getattr(Seen.busy, SPEC_ATTR).name == "busy"
     assert Seen.on_health.__ray_concurrency_group__ == HEALTH_GROUP

@@ -251,8 +251,8 @@ def test_each_stage_is_sent_only_the_columns_it_reads():
         meta={"step": 3},
     )
     engine = {"input_ids", "attention_mask", "position_ids", "response_mask"}
-    sent = only_reads(batch, LOG_PROB_READS)
-    assert set(sent.keys()) == engine and sent.meta == {"step": 3}
+    sent = only_reads(batch, LOG_PROB_READS)  # the rollout's log-probs for the probs sums
+    assert set(sent.keys()) == engine | {"rollout_log_probs"} and sent.meta == {"step": 3}
     assert sent["input_ids"].data_ptr() == ints.data_ptr()  # shared, not copied
     scored = set(only_reads(batch, SCORE_READS).keys())
     assert scored == {"responses", "response_mask", "data_source", "ground_truth"}

@@ -28,9 +28,16 @@ import torch
 
 from rayrl.batch_codec import decode_objects, decode_tensor, encode_objects, encode_tensor
 from rayrl.batch_equal import arrays_equal, tensors_equal, values_equal
+from rayrl.batch_remote import (
+    Remote,
+    concat_remote,
+    fetch_columns,
+    fetch_shared_remote,
+    take_rows,
+)
 
 _NUMERIC_KINDS = "biufc"  # numpy dtype kinds that become tensor columns
-_STATE_VERSION = 3  # 2: string columns as numpy UTF-8 buffers; 3: narrowed integer tensors
+_STATE_VERSION = 4  # 2: string columns as UTF-8 buffers; 3: narrowed integers; 4: remote
 
 __all__ = ["Batch"]
 
@@ -42,9 +49,11 @@ class Batch:
         tensors: column name -> tensor whose first dimension is the batch.
         non_tensors: column name -> numpy array (usually 1-D, dtype object).
         meta: values that describe the whole batch, not one row.
+        remote: column name -> the `RowSource` of a column whose rows stay where a
+            worker stored them (`rayrl.batch_remote`); reading one fetches it.
     """
 
-    __slots__ = ("tensors", "non_tensors", "meta")
+    __slots__ = ("tensors", "non_tensors", "meta", "remote")
 
     def __init__(
         self,
@@ -55,6 +64,7 @@ class Batch:
         self.tensors: dict[str, torch.Tensor] = {}
         self.non_tensors: dict[str, np.ndarray] = {}
         self.meta: dict[str, Any] = dict(meta or {})
+        self.remote: Remote = {}
         for key, value in (tensors or {}).items():
             if not isinstance(value, torch.Tensor):
                 raise TypeError(
@@ -95,14 +105,36 @@ class Batch:
             return int(value.shape[0])
         for value in self.non_tensors.values():
             return int(value.shape[0])
+        for source in self.remote.values():
+            return len(source)
         return 0
 
     def keys(self) -> list[str]:
-        """Column names: tensor columns first, then non-tensor columns."""
-        return [*self.tensors, *self.non_tensors]
+        """Column names: tensor columns first, then non-tensor columns, then remote ones."""
+        return [*self.tensors, *self.non_tensors, *self.remote]
 
     def __contains__(self, key: object) -> bool:
-        return key in self.tensors or key in self.non_tensors
+        return key in self.tensors or key in self.non_tensors or key in self.remote
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """Column `key` (fetched when remote), or `default` when there is none."""
+        return self._column(key) if key in self else default
+
+    @property
+    def has_remote(self) -> bool:
+        """Whether some column's rows are stored elsewhere (`remote`)."""
+        return bool(self.remote)
+
+    def materialize(self, keys: Sequence[str] | None = None) -> Batch:
+        """Fetch remote columns `keys` (default: all) into ordinary ones, in place;
+        returns the Batch itself."""
+        wanted = list(self.remote) if keys is None else [k for k in keys if k in self.remote]
+        if wanted:
+            for key, column in fetch_columns(self.remote, wanted).items():
+                self.remote.pop(key)
+                target = self.tensors if isinstance(column, torch.Tensor) else self.non_tensors
+                target[key] = column
+        return self
 
     def __iter__(self) -> NoReturn:
         raise TypeError(
@@ -145,12 +177,15 @@ class Batch:
             )
         self.tensors.pop(key, None)
         self.non_tensors.pop(key, None)
+        self.remote.pop(key, None)
         if isinstance(column, torch.Tensor):
             self.tensors[key] = column
         else:
             self.non_tensors[key] = column
 
     def _column(self, key: str) -> Any:
+        if key in self.remote:
+            self.materialize([key])
         if key in self.tensors:
             return self.tensors[key]
         if key in self.non_tensors:
@@ -164,7 +199,8 @@ class Batch:
             return self.index(list(range(start, stop, step)))
         tensors = {k: v[start:stop:step] for k, v in self.tensors.items()}
         non_tensors = {k: v[start:stop:step] for k, v in self.non_tensors.items()}
-        return _make(tensors, non_tensors, dict(self.meta))
+        remote = take_rows(self.remote, torch.arange(start, stop, step)) if self.remote else {}
+        return _make(tensors, non_tensors, dict(self.meta), remote)
 
     def index(self, indices: Any) -> Batch:
         """Gather rows (reorder, repeat, select) into a new Batch; data is copied.
@@ -176,7 +212,7 @@ class Batch:
         tensors = {k: v.index_select(0, idx.to(v.device)) for k, v in self.tensors.items()}
         idx_np = idx.numpy()
         non_tensors = {k: v[idx_np] for k, v in self.non_tensors.items()}
-        return _make(tensors, non_tensors, dict(self.meta))
+        return _make(tensors, non_tensors, dict(self.meta), take_rows(self.remote, idx))
 
     def select(self, *keys: str) -> Batch:
         """A Batch of the named columns, sharing their storage; meta is copied (shallow)."""
@@ -186,14 +222,16 @@ class Batch:
             raise KeyError(f"Batch.select: no column(s) {missing}; columns are {self.keys()}.")
         tensors = {k: self.tensors[k] for k in keys if k in self.tensors}
         non_tensors = {k: self.non_tensors[k] for k in keys if k in self.non_tensors}
-        return _make(tensors, non_tensors, dict(self.meta))
+        remote = {k: self.remote[k] for k in keys if k in self.remote}
+        return _make(tensors, non_tensors, dict(self.meta), remote)
 
     def pop(self, *keys: str) -> Batch:
         """Remove the named columns from this Batch and return them as a new Batch."""
         popped = self.select(*keys)
-        for key in [*popped.tensors, *popped.non_tensors]:
+        for key in [*popped.tensors, *popped.non_tensors, *popped.remote]:
             self.tensors.pop(key, None)
             self.non_tensors.pop(key, None)
+            self.remote.pop(key, None)
         return popped
 
     def union(self, other: Batch) -> Batch:
@@ -206,6 +244,7 @@ class Batch:
             raise ValueError(
                 f"Batch.union: lengths differ ({len(self)} rows vs {len(other)} rows)."
             )
+        fetch_shared_remote(self, other)
         tensors, non_tensors = dict(self.tensors), dict(self.non_tensors)
         for key, value in other.tensors.items():
             if key in non_tensors:
@@ -226,7 +265,8 @@ class Batch:
                     f"Batch.union: meta {key!r} conflicts ({meta[key]!r} vs {value!r})."
                 )
             meta[key] = value
-        return _make(tensors, non_tensors, meta)
+        remote = {**other.remote, **self.remote}
+        return _make(tensors, non_tensors, meta, remote)
 
     @staticmethod
     def concat(batches: Sequence[Batch], rows: Sequence[int] | None = None) -> Batch:
@@ -239,6 +279,9 @@ class Batch:
         batches = list(batches)
         if not batches:
             raise ValueError("Batch.concat needs at least one Batch.")
+        if len({tuple(sorted(b.remote)) for b in batches}) > 1:
+            for b in batches:  # remote in some, local in others: all local
+                b.materialize()
         first = batches[0]
         for i, b in enumerate(batches[1:], start=1):
             _check_same_columns(first, b, i)
@@ -248,7 +291,8 @@ class Batch:
         non_tensors = {
             k: np.concatenate([b.non_tensors[k] for b in batches]) for k in first.non_tensors
         }
-        return _make(tensors, non_tensors, dict(first.meta))
+        remote = concat_remote([b.remote for b in batches])
+        return _make(tensors, non_tensors, dict(first.meta), remote)
 
     def chunk(self, n: int) -> list[Batch]:
         """Exactly `n` views whose sizes differ by at most 1, larger ones first."""
@@ -300,7 +344,7 @@ class Batch:
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         """A Batch with every tensor on `device`; non-tensor columns are shared."""
         tensors = {k: v.to(device, non_blocking=non_blocking) for k, v in self.tensors.items()}
-        return _make(tensors, dict(self.non_tensors), dict(self.meta))
+        return _make(tensors, dict(self.non_tensors), dict(self.meta), dict(self.remote))
 
     def writable(self) -> Batch:
         """A copy with private tensors and arrays, safe to write in place (those read from
@@ -309,12 +353,15 @@ class Batch:
             {k: v.clone() for k, v in self.tensors.items()},
             {k: v.copy() for k, v in self.non_tensors.items()},
             dict(self.meta),
+            dict(self.remote),
         )
 
     def equals(self, other: object) -> bool:
         """True when both have the same columns, equal values (NaN equals NaN) and meta."""
         if not isinstance(other, Batch):
             return False
+        self.materialize()
+        other.materialize()
         if set(self.tensors) != set(other.tensors):
             return False
         if set(self.non_tensors) != set(other.non_tensors):
@@ -330,22 +377,25 @@ class Batch:
         non_tensors = ", ".join(
             f"{k}: {v.dtype}{list(v.shape)}" for k, v in self.non_tensors.items()
         )
+        remote = f", remote={list(self.remote)}" if self.remote else ""
         return (
             f"Batch(len={len(self)}, tensors={{{tensors}}}, "
-            f"non_tensors={{{non_tensors}}}, meta={list(self.meta)})"
+            f"non_tensors={{{non_tensors}}}{remote}, meta={list(self.meta)})"
         )
 
     def __reduce__(self) -> tuple:
         tensors = [(k, *encode_tensor(v)) for k, v in self.tensors.items()]
         non_tensors = [(k, *encode_objects(v)) for k, v in self.non_tensors.items()]
-        return _restore_batch, (_STATE_VERSION, tensors, non_tensors, self.meta)
+        remote = list(self.remote.items())  # a shared source is pickled once
+        return _restore_batch, (_STATE_VERSION, tensors, non_tensors, self.meta, remote)
 
 
 # ------------------------------------------------------------------ construction
-def _make(tensors: dict, non_tensors: dict, meta: dict) -> Batch:
+def _make(tensors: dict, non_tensors: dict, meta: dict, remote: Remote | None = None) -> Batch:
     """Build a Batch from columns already known to be valid (no checks, no copies)."""
     batch = Batch.__new__(Batch)
     batch.tensors, batch.non_tensors, batch.meta = tensors, non_tensors, meta
+    batch.remote = remote or {}
     return batch
 
 
@@ -499,7 +549,8 @@ def _concat_rows(batches: list[Batch], rows: Sequence[int]) -> Batch:
     first = batches[0]
     tensors = {k: _place_tensors(k, spans, kept) for k in first.tensors}
     non_tensors = {k: _place_arrays(k, spans, kept) for k in first.non_tensors}
-    return _make(tensors, non_tensors, dict(first.meta))
+    remote = take_rows(concat_remote([b.remote for b in batches]), order)
+    return _make(tensors, non_tensors, dict(first.meta), remote)
 
 
 def _place_tensors(key: str, spans: list, kept: int) -> torch.Tensor:
@@ -527,7 +578,9 @@ def _describe_tensor(t: torch.Tensor) -> str:
 
 
 # --------------------------------------------------------------- serialisation
-def _restore_batch(version: int, tensors: list, non_tensors: list, meta: dict) -> Batch:
+def _restore_batch(
+    version: int, tensors: list, non_tensors: list, meta: dict, remote: list = ()
+) -> Batch:
     """Unpickle a Batch written by `Batch.__reduce__`."""
     if version != _STATE_VERSION:
         raise ValueError(
@@ -538,4 +591,5 @@ def _restore_batch(version: int, tensors: list, non_tensors: list, meta: dict) -
         {key: decode_tensor(dtype, shape, wire, data) for key, dtype, shape, wire, data in tensors},
         {key: decode_objects(codec, payload) for key, codec, payload in non_tensors},
         meta,
+        dict(remote),
     )

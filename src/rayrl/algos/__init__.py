@@ -24,8 +24,10 @@ tokens); nothing here knows about Ray, workers or models.
 
 from rayrl.algos.advantages import (
     ADV_ESTIMATORS,
+    broadcast_scores,
     compute_advantages,
     dr_grpo_advantages,
+    expand_advantages,
     gae_advantages,
     gpg_advantages,
     grpo_advantages,
@@ -36,7 +38,7 @@ from rayrl.algos.advantages import (
     sequence_scores,
     token_rewards,
 )
-from rayrl.algos.aggregation import AGG_MODES, LossAggregation, aggregate_loss
+from rayrl.algos.aggregation import AGG_MODES, LossAggregation, aggregate_loss, aggregate_rows
 from rayrl.algos.correction import is_batch_norm_factor, truncated_is_weights
 from rayrl.algos.dapo import filter_groups, find_truncated, mask_truncated, overlong_penalty
 from rayrl.algos.entropy import entropy_from_logits, log_probs_and_entropy, log_probs_from_logits
@@ -94,9 +96,12 @@ __all__ = [
     "RejectionRule",
     "UnknownNameError",
     "aggregate_loss",
+    "aggregate_rows",
     "apply_kl_penalty",
     "cispo_policy_loss",
+    "broadcast_scores",
     "compute_advantages",
+    "expand_advantages",
     "dr_grpo_advantages",
     "entropy_from_logits",
     "filter_groups",

@@ -83,8 +83,12 @@ def token_rewards(token_level_rewards: Tensor, response_mask: Tensor) -> Tensor:
     return placed
 
 
-def _broadcast(scores: Tensor, response_mask: Tensor) -> Tensor:
-    """``[batch]`` scores copied onto every real token of each response."""
+def broadcast_scores(scores: Tensor, response_mask: Tensor) -> Tensor:
+    """``[batch]`` scores copied onto every real token of each response.
+
+    The estimators registered with ``per_sequence=True`` end with this and depend on
+    the rewards only through `sequence_scores`: their advantages can be computed from
+    one score per row and broadcast where the masks are (`expand_advantages`)."""
     mask = response_mask.bool()
     return torch.where(mask, scores.unsqueeze(-1).expand(mask.shape), 0.0).to(scores.dtype)
 
@@ -135,7 +139,7 @@ def gae_advantages(
     return advantages, returns
 
 
-@ADV_ESTIMATORS.register("grpo", needs_critic=False)
+@ADV_ESTIMATORS.register("grpo", needs_critic=False, per_sequence=True)
 def grpo_advantages(
     token_level_rewards: Tensor,
     response_mask: Tensor,
@@ -157,11 +161,11 @@ def grpo_advantages(
     if norm_adv_by_std_in_grpo:
         std = torch.where(single, torch.ones_like(stats.std), stats.std)
         advantages = advantages / (std + epsilon)
-    advantages = _broadcast(advantages, response_mask)
+    advantages = broadcast_scores(advantages, response_mask)
     return advantages, advantages
 
 
-@ADV_ESTIMATORS.register("dr_grpo", needs_critic=False)
+@ADV_ESTIMATORS.register("dr_grpo", needs_critic=False, per_sequence=True)
 def dr_grpo_advantages(
     token_level_rewards: Tensor, response_mask: Tensor, index: Any
 ) -> tuple[Tensor, Tensor]:
@@ -169,7 +173,7 @@ def dr_grpo_advantages(
     return grpo_advantages(token_level_rewards, response_mask, index, norm_adv_by_std_in_grpo=False)
 
 
-@ADV_ESTIMATORS.register("rloo", needs_critic=False)
+@ADV_ESTIMATORS.register("rloo", needs_critic=False, per_sequence=True)
 def rloo_advantages(
     token_level_rewards: Tensor, response_mask: Tensor, index: Any
 ) -> tuple[Tensor, Tensor]:
@@ -182,7 +186,7 @@ def rloo_advantages(
     stats = group_stats(scores, index)
     others = (stats.total - scores) / (stats.size - 1).clamp(min=1)
     advantages = torch.where(stats.size > 1, scores - others, scores)
-    advantages = _broadcast(advantages, response_mask)
+    advantages = broadcast_scores(advantages, response_mask)
     return advantages, advantages
 
 
@@ -207,7 +211,7 @@ def reinforce_plus_plus_baseline_advantages(
     scores = sequence_scores(token_level_rewards)
     stats = group_stats(scores, index)
     mean = torch.where(stats.size <= 1, torch.zeros_like(stats.mean), stats.mean)
-    advantages = masked_whiten(_broadcast(scores - mean, response_mask), response_mask)
+    advantages = masked_whiten(broadcast_scores(scores - mean, response_mask), response_mask)
     return advantages, advantages
 
 
@@ -223,12 +227,12 @@ def remax_advantages(
     """
     rewards = token_rewards(token_level_rewards, response_mask)
     returns = discounted_returns(rewards, response_mask, gamma=1.0)
-    baseline = _broadcast(reward_baselines.to(returns.dtype), response_mask)
+    baseline = broadcast_scores(reward_baselines.to(returns.dtype), response_mask)
     advantages = returns - baseline
     return advantages, returns
 
 
-@ADV_ESTIMATORS.register("gpg", needs_critic=False)
+@ADV_ESTIMATORS.register("gpg", needs_critic=False, per_sequence=True)
 def gpg_advantages(
     token_level_rewards: Tensor, response_mask: Tensor, index: Any, f_norm: float = 1.0
 ) -> tuple[Tensor, Tensor]:
@@ -246,8 +250,15 @@ def gpg_advantages(
     mean = torch.where(stats.size <= 1, torch.zeros_like(stats.mean), stats.mean)
     nonzero = torch.count_nonzero(scores).clamp(min=1).to(scores.dtype)
     alpha = scores.shape[0] / nonzero
-    advantages = _broadcast(alpha * (scores - mean) / f_norm, response_mask)
+    advantages = broadcast_scores(alpha * (scores - mean) / f_norm, response_mask)
     return advantages, advantages
+
+
+def expand_advantages(advantages: Tensor, response_mask: Tensor) -> Tensor:
+    """Per-token advantages: ``[batch]`` per-sequence ones (a ``per_sequence``
+    estimator's, computed from one score per row) broadcast onto the real tokens,
+    exactly as the estimator would have; ``[batch, response_len]`` ones as they are."""
+    return broadcast_scores(advantages, response_mask) if advantages.dim() == 1 else advantages
 
 
 def compute_advantages(name: str, **inputs: Any) -> tuple[Tensor, Tensor]:

@@ -46,7 +46,7 @@ from torch import Tensor
 
 from rayrl.registry import Registry
 
-__all__ = ["AGG_MODES", "LossAggregation", "aggregate_loss"]
+__all__ = ["AGG_MODES", "LossAggregation", "aggregate_loss", "aggregate_rows"]
 
 Count = int | float | Tensor
 # A mode maps (loss_mat, mask, norm_length) to (sum of its terms, unit of the divisor).
@@ -135,6 +135,20 @@ def aggregate_loss(
         count = torch.as_tensor(given, dtype=torch.float64)
     count = count.to(device=total.device, dtype=total.dtype)
     return total / count.clamp(min=1)
+
+
+def aggregate_rows(
+    sums: Tensor, counts: Tensor, loss_agg_mode: str = "token-mean", *, norm_length: float
+) -> Tensor:
+    """`aggregate_loss` of a whole batch from each row's sum over its real tokens and
+    their count (what a worker holding the tokens sends instead of them): equal to it
+    up to rounding. Each row stands as one position holding its token mean, weighted
+    by its count, which every mode reduces to the same sums and counts."""
+    counts = counts.to(torch.float64)
+    means = sums.to(torch.float64) / counts.clamp(min=1)
+    return aggregate_loss(
+        means.unsqueeze(-1), counts.unsqueeze(-1), loss_agg_mode, norm_length=norm_length
+    )
 
 
 @dataclass(frozen=True)

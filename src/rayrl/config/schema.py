@@ -429,6 +429,7 @@ class TrainerConfig:
     total_epochs: int = 30
     critic_warmup: int = 0  # steps that train only the critic
     balance_batch: bool = True  # reorder rows so every data-parallel rank gets ~equal tokens
+    rows_on_workers: bool = True  # a step's token columns stay with the workers (kept.py)
     # one directory per experiment (as verl's checkpoints/${project}/${experiment}): two
     # experiments never share one by default; the same one run again resumes there
     output_dir: str = "outputs/${.project_name}/${.experiment_name}"

@@ -11,6 +11,9 @@ Every call a group makes on a worker (a registered method, and the group's own c
   overhead is the time between calls) and takes a usage sample as it ends, so a stage
   shorter than the sampling period is measured too;
 - runs the call hooks installed in this process;
+- for a registered method, fetches the rows its Batch arguments hold remotely and,
+  for a call made with `GroupMethod.keeping()`, keeps its result's wide columns in
+  this worker (`rayrl.controller.kept`);
 - when the call fails because a gloo collective lost a peer, leaves the process group
   (`rayrl.controller.collective_failure`), so the ranks waiting on this one fail too
   instead of blocking until the group's timeout.
@@ -53,6 +56,7 @@ from rayrl import progress
 from rayrl.controller import usage
 from rayrl.controller.collective_failure import release_after_collective_failure
 from rayrl.controller.dispatch import method_specs
+from rayrl.controller.kept import KEEP_KWARG, keep_wide_columns, resolve_arguments
 
 CallHook = Callable[[Any, str], "AbstractContextManager | None"]
 
@@ -105,11 +109,27 @@ def _tracked(fn: Callable) -> Callable:
 
     @functools.wraps(fn)  # keeps the MethodSpec and any Ray method options
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        keep = kwargs.pop(KEEP_KWARG, False)
         with running(self, name, record=True):
-            return fn(self, *args, **kwargs)
+            resolve_arguments(args, kwargs)
+            out = fn(self, *args, **kwargs)
+            return keep_wide_columns(out, keep) if keep else out
 
+    # Ray checks a call's arguments against the signature of the innermost function
+    # (`inspect.unwrap`): this wrapper is that function, and accepts the kept flag too.
+    del call.__wrapped__
+    call.__signature__ = _with_keep_flag(inspect.signature(fn))
     setattr(call, TRACKED_ATTR, True)
     return call
+
+
+def _with_keep_flag(sig: inspect.Signature) -> inspect.Signature:
+    """`sig` accepting the keyword a kept call adds (`rayrl.controller.kept`)."""
+    params = list(sig.parameters.values())
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return sig
+    flag = inspect.Parameter(KEEP_KWARG, inspect.Parameter.KEYWORD_ONLY, default=False)
+    return sig.replace(parameters=[*params, flag])
 
 
 def add_call_hooks(hooks: Iterable[CallHook]) -> int:

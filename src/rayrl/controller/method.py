@@ -21,6 +21,7 @@ from rayrl.controller import traffic
 from rayrl.controller.dispatch import CallPlan, MethodSpec, collect_dp, split_by_layout
 from rayrl.controller.errors import WorkerCallError, WorkerDescription
 from rayrl.controller.future import GroupFuture, adapt_arguments
+from rayrl.controller.kept import KEEP_KWARG
 from rayrl.controller.layout import DataLayout
 
 
@@ -58,6 +59,13 @@ class GroupMethod:
         future = self.remote(*args, **kwargs)
         blocking = self.spec.blocking if blocking is None else blocking
         return future.get() if blocking else future
+
+    def keeping(self, driver: tuple[str, ...] | None = None) -> GroupMethod:
+        """This method, called so that each rank keeps columns of the Batch it returns in
+        its own object store: the result holds them as remote columns, which later
+        calls fetch worker to worker (`rayrl.controller.kept`). Kept: every column not
+        named in `driver`, or without it those of more than one value per row."""
+        return _Keeping(self._owner, self.spec, True if driver is None else tuple(driver))
 
     def remote(self, *args: Any, **kwargs: Any) -> GroupFuture:
         """Start the call on every rank it dispatches to and return a GroupFuture."""
@@ -102,6 +110,19 @@ class GroupMethod:
             watchdog=owner.watchdog,
             **future,
         )
+
+
+class _Keeping(GroupMethod):
+    """A GroupMethod whose calls keep their result's wide columns (`keeping()`)."""
+
+    keeps_rows = True
+
+    def __init__(self, owner: Caller, spec: MethodSpec, keep: Any) -> None:
+        super().__init__(owner, spec)
+        self.keep = keep
+
+    def remote(self, *args: Any, **kwargs: Any) -> GroupFuture:
+        return super().remote(*args, **kwargs, **{KEEP_KWARG: self.keep})
 
 
 def share_parts(plan: CallPlan, layout: DataLayout, method: str = "") -> CallPlan:

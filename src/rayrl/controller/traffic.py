@@ -27,7 +27,14 @@ from typing import Any
 
 from ray import ObjectRef, cloudpickle
 
-__all__ = ["Traffic", "count_received", "count_sent", "counting", "serialized_nbytes"]
+__all__ = [
+    "Traffic",
+    "count_received",
+    "count_sent",
+    "counting",
+    "paused",
+    "serialized_nbytes",
+]
 
 
 @dataclass
@@ -58,6 +65,17 @@ def counting() -> Iterator[Traffic]:
         yield seen
     finally:
         _active.remove(seen)
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Count nothing inside the block (a bench measuring a batch's size, say)."""
+    active = list(_active)
+    _active.clear()
+    try:
+        yield
+    finally:
+        _active.extend(active)
 
 
 def count_sent(method: str, values: Iterable[Any]) -> None:

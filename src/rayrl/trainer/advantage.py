@@ -26,6 +26,7 @@ import torch
 from rayrl.algos import (
     ADV_ESTIMATORS,
     aggregate_loss,
+    aggregate_rows,
     apply_kl_penalty,
     compute_advantages,
     is_batch_norm_factor,
@@ -40,6 +41,7 @@ from rayrl.batch import Batch
 from rayrl.config.schema import RayRLConfig
 from rayrl.engines.rollout.contract import FINISH_LENGTH
 from rayrl.trainer.metrics import spread
+from rayrl.trainer.per_sequence import per_sequence_advantages
 
 
 def shape_rewards(cfg: RayRLConfig, batch: Batch) -> dict[str, float]:
@@ -106,22 +108,26 @@ class AdvantageStage:
         alg, metrics = self.cfg.algorithm, {}
         if alg.mask_truncated_samples:
             metrics.update(self._mask_truncated(batch))
-        rewards = self._kl_penalty(batch, metrics)
-        is_weights = self._rollout_is_weights(batch)
+        per_sequence = self.per_sequence and "response_mask" in batch.remote
+        rewards = None if per_sequence else self._kl_penalty(batch, metrics)
+        is_weights = None if per_sequence else self._rollout_is_weights(batch)
         metrics.update(self._rollout_is_norm(batch))
         metrics.update(self._reject(batch))
+        if per_sequence:
+            metrics.update(per_sequence_advantages(self.cfg, batch))
+            return metrics
         adv, returns = compute_advantages(
             alg.adv_estimator,
             token_level_rewards=rewards,
             response_mask=batch["response_mask"],
             index=batch["uid"],
-            values=batch.tensors.get("values"),
-            reward_baselines=batch.tensors.get("reward_baselines"),
+            values=batch.get("values"),
+            reward_baselines=batch.get("reward_baselines"),
             gamma=alg.gamma,
             lam=alg.lam,
             norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
-            old_log_probs=batch.tensors.get("old_log_probs"),
-            sum_pi_squared=batch.tensors.get("sum_pi_squared"),
+            old_log_probs=batch.get("old_log_probs"),
+            sum_pi_squared=batch.get("sum_pi_squared"),
             rollout_is_weights=is_weights,
         )
         batch["token_level_rewards"], batch["advantages"], batch["returns"] = rewards, adv, returns
@@ -131,6 +137,21 @@ class AdvantageStage:
         metrics.update(spread("critic/advantages", batch["advantages"], mask))
         metrics.update(spread("critic/returns", batch["returns"], mask))
         return metrics
+
+    @property
+    def per_sequence(self) -> bool:
+        """Whether the advantages can be computed from one score per row on the
+        controller and broadcast onto the tokens by the update's ranks: the estimator
+        is one of those that allow it (``per_sequence``), no KL term is in the reward,
+        and the step's token columns stay with the workers (`trainer.rows_on_workers`).
+        A step then does so while its response mask is with the workers (a masking
+        step that changed it on the controller leaves per-token advantages)."""
+        alg = self.cfg.algorithm
+        return (
+            bool(ADV_ESTIMATORS.info(alg.adv_estimator).get("per_sequence"))
+            and not alg.use_kl_in_reward
+            and self.cfg.trainer.rows_on_workers
+        )
 
     def _kl_penalty(self, batch: Batch, metrics: dict[str, float]) -> torch.Tensor:
         """The token rewards: the scores, less the KL penalty when it is in the reward
@@ -229,7 +250,8 @@ class AdvantageStage:
             pf.weight_pow,
             generator=torch.Generator().manual_seed(seed),
         )
-        drawn = batch.index(rows)
+        drawn = batch.index(rows).materialize()
+        batch.remote.clear()
         batch.tensors.clear()
         batch.tensors.update(drawn.tensors)
         batch.non_tensors.clear()
@@ -251,8 +273,14 @@ class AdvantageStage:
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
 
 
-def entropy_metric(cfg: RayRLConfig, entropy: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """`actor/entropy` of the sampling policy over the batch, aggregated as the loss is."""
-    mode = cfg.actor_rollout_ref.actor.loss_agg_mode
-    value = aggregate_loss(entropy, mask, mode, norm_length=cfg.data.max_response_length)
+def entropy_metric(cfg: RayRLConfig, old: Batch, batch: Batch) -> dict[str, float]:
+    """`actor/entropy` of the sampling policy over the batch, aggregated as the loss is:
+    from each row's entropy sum (`entropy_sum` of the log-prob pass) and length when
+    the batch has them, else from the token entropies and the response mask."""
+    mode, norm = cfg.actor_rollout_ref.actor.loss_agg_mode, cfg.data.max_response_length
+    if "entropy_sum" in old and "response_length" in batch:
+        counts = batch["response_length"]
+        value = aggregate_rows(old["entropy_sum"], counts, mode, norm_length=norm)
+    else:
+        value = aggregate_loss(old["entropy"], batch["response_mask"], mode, norm_length=norm)
     return {"actor/entropy": float(value)}

@@ -23,7 +23,13 @@ from rayrl.batch import Batch
 from rayrl.controller.dispatch import Outputs, kept_rows
 from rayrl.workers.context import StageResult, collect_stage, slowest
 
-__all__ = ["balance_batch", "balanced_order", "balanced_samples", "imbalance"]
+__all__ = [
+    "balance_batch",
+    "balanced_order",
+    "balanced_samples",
+    "imbalance",
+    "sequence_lengths",
+]
 
 
 def balanced_order(lengths: list[int], parts: int) -> list[int]:
@@ -56,9 +62,16 @@ def imbalance(lengths: list[int], order: list[int], parts: int) -> float:
 def balance_batch(batch: Batch, parts: int) -> tuple[Batch, dict[str, float]]:
     """``batch`` reordered so each of ``parts`` rank chunks holds about the same number
     of real tokens (``attention_mask`` sums), with the imbalance before and after."""
-    lengths = batch["attention_mask"].sum(-1).tolist()
-    order, metrics = _order(lengths, parts)
+    order, metrics = _order(sequence_lengths(batch).tolist(), parts)
     return (batch if order is None else batch.index(order)), metrics
+
+
+def sequence_lengths(batch: Batch) -> torch.Tensor:
+    """Each row's real tokens: its `sequence_length` column (generated samples carry
+    one, `rayrl.workers.common.with_lengths`), else its attention mask's sum."""
+    if "sequence_length" in batch:
+        return batch["sequence_length"]
+    return batch["attention_mask"].sum(-1)
 
 
 def balanced_samples(done: Outputs, parts: int) -> tuple[StageResult, dict[str, float]]:
@@ -68,7 +81,7 @@ def balanced_samples(done: Outputs, parts: int) -> tuple[StageResult, dict[str, 
     the imbalance before and after (as `balance_batch`)."""
     batches = [out.batch for out in done.outputs]
     rows = kept_rows(sum(len(b) for b in batches), done.state)
-    lengths = torch.cat([b["attention_mask"].sum(-1) for b in batches])[:rows].tolist()
+    lengths = torch.cat([sequence_lengths(b) for b in batches])[:rows].tolist()
     order, metrics = _order(lengths, parts)
     if order is None:
         return collect_stage(done.outputs, done.state), metrics

@@ -93,7 +93,10 @@ def _first_groups(uids: np.ndarray, count: int) -> list[int]:
 def concat_left_padded(parts: list[Batch]) -> Batch:
     """Stack batches whose prompt-side columns have different widths (each round pads
     its prompts to its own longest): narrower columns get zeros on the left, where the
-    attention mask is zero."""
+    attention mask is zero. Columns kept by the workers are fetched first: their
+    widths differ between rounds."""
+    for part in parts:
+        part.materialize()
     tensors = {}
     for key in parts[0].tensors:
         width = (

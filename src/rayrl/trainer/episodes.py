@@ -30,7 +30,7 @@ RECORD = ("rollout_token_ids", "rollout_sampled")
 
 def is_multi_turn(batch: Batch) -> bool:
     """Whether ``batch`` comes from a multi-turn rollout (it has the episode columns)."""
-    return "num_turns" in batch.non_tensors
+    return "num_turns" in batch
 
 
 def episode_metrics(batch: Batch) -> dict[str, float]:

@@ -23,16 +23,20 @@ from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from rayrl.algos.probs_diff import PROBS_DIFF_COLUMNS, probs_diff_metrics, probs_diff_rows
 from rayrl.batch import Batch
 
 
 def batch_metrics(batch: Batch, lengths) -> dict[str, float]:
-    """verl's batch metrics; `lengths` are the response lengths before any masking."""
+    """verl's batch metrics; `lengths` are the response lengths before any masking.
+    `critic/rewards/*` come from the token rewards when the batch has them (per-row
+    advantages report them themselves: `rayrl.trainer.per_sequence`)."""
     errors = sum(e is not None for e in batch["reward_error"])
     finish = list(batch["finish_reason"])
+    rewards = batch.get("token_level_rewards")
     return {
         **spread("critic/score", batch["scores"]),
-        **spread("critic/rewards", batch["token_level_rewards"].sum(-1)),
+        **(spread("critic/rewards", rewards.sum(-1)) if rewards is not None else {}),
         **spread("response_length", lengths.float()),
         "response_length/clip_ratio": finish.count("length") / max(len(finish), 1),
         "reward/errors": float(errors),
@@ -54,27 +58,22 @@ def spread(name: str, values, mask=None) -> dict[str, float]:
     }
 
 
-def rollout_probs_diff(batch: Batch) -> dict[str, float]:
+def rollout_probs_diff(old: Batch, batch: Batch) -> dict[str, float]:
     """How far the rollout's token probabilities are from the actor's on the same
-    tokens (`actor_rollout_ref.rollout.calculate_log_probs`, verl's names): the max,
-    mean and std of |p_rollout - p_actor| over response tokens, and the Pearson
-    correlation of the two. Nothing when there is no response token."""
-    import torch
-
-    mask = batch["response_mask"].bool()
-    if not mask.any():
-        return {}
-    rollout = batch["rollout_log_probs"][mask].double().exp()
-    actor = batch["old_log_probs"][mask].double().exp()
-    diff = (rollout - actor).abs()
-    pair = torch.stack([rollout, actor])
-    corr = torch.corrcoef(pair)[0, 1] if rollout.numel() > 1 else torch.tensor(float("nan"))
-    return {
-        "training/rollout_probs_diff_max": float(diff.max()),
-        "training/rollout_probs_diff_mean": float(diff.mean()),
-        "training/rollout_probs_diff_std": float(diff.std(unbiased=False)),
-        "training/rollout_actor_probs_pearson_corr": float(corr),
-    }
+    tokens (`actor_rollout_ref.rollout.calculate_log_probs`, verl's names:
+    `rayrl.algos.probs_diff`): from the per-row sums the log-prob pass made (`old`)
+    when it has them, else from the token columns. Nothing without a response token."""
+    if PROBS_DIFF_COLUMNS[0] in old:
+        rows = {key: old[key] for key in PROBS_DIFF_COLUMNS}
+        counts = batch.get("response_length")
+    else:
+        rows = probs_diff_rows(
+            batch["rollout_log_probs"], batch["old_log_probs"], batch["response_mask"]
+        )
+        counts = None
+    if counts is None:
+        counts = batch["response_mask"].sum(-1)
+    return probs_diff_metrics(rows, counts)
 
 
 @contextmanager

@@ -44,7 +44,7 @@ from rayrl.trainer.advantage import (
     shape_rewards,
     warn_extreme_scores,
 )
-from rayrl.trainer.balance import balance_batch, balanced_samples
+from rayrl.trainer.balance import balance_batch, balanced_samples, sequence_lengths
 from rayrl.trainer.contract import TrainData
 from rayrl.trainer.data import load_datasets
 from rayrl.trainer.dynamic_sampling import fill_batch
@@ -54,6 +54,7 @@ from rayrl.trainer.metrics import batch_metrics, rollout_probs_diff, timer
 from rayrl.trainer.model_dir import model_dir
 from rayrl.trainer.names import check_names
 from rayrl.trainer.on_policy import separate_pass_reason
+from rayrl.trainer.per_sequence import response_lengths
 from rayrl.trainer.resources import cluster_node_cpus, pools_from_config
 from rayrl.trainer.ride_along import Riding, riding_stages
 from rayrl.trainer.roles import GroupEnv, Roles, start_roles
@@ -251,7 +252,8 @@ class PPOTrainer:
             batch = self._generate(prompts, ctx, calls, timing, metrics)
             reward_future = None
             if not self.riding.scores:
-                reward_future = calls.start("reward", roles.reward.compute_score, self._sent(batch))
+                score = self._kept(roles.reward.compute_score)
+                reward_future = calls.start("reward", score, self._sent(batch))
             if alg.filter_groups.enable:
                 with timer(timing, "dynamic_sampling"):
                     batch = self._scored(batch, reward_future.get(), metrics)
@@ -271,7 +273,7 @@ class PPOTrainer:
             if reward_future is not None:
                 with timer(timing, "reward"):
                     batch = self._scored(batch, reward_future.get(), metrics)
-            lengths = batch["response_mask"].sum(-1).float()
+            lengths = response_lengths(batch).float()
             with timer(timing, "adv"):
                 metrics.update(self.advantage(batch))
             if is_multi_turn(batch):
@@ -279,7 +281,7 @@ class PPOTrainer:
             self._updates(batch, ctx, calls, timing, metrics)
         metrics.update(batch_metrics(batch, lengths))
         metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
-        tokens = float(batch["attention_mask"].sum())
+        tokens = float(sequence_lengths(batch).sum())
         ranks = self.cfg.trainer.nnodes * self.cfg.trainer.n_gpus_per_node
         metrics["perf/total_num_tokens"] = tokens
         metrics["perf/throughput"] = tokens / (timing["step"] * ranks)  # per GPU, as verl
@@ -293,6 +295,7 @@ class PPOTrainer:
         update = getattr(sampler, "update", None)
         if update is None or step <= self._sampler_step:
             return
+        batch.materialize()  # the sampler reads any column
         update(batch=StepView(dict(batch.tensors), dict(batch.non_tensors), dict(batch.meta)))
         self._sampler_step = step
 
@@ -305,7 +308,8 @@ class PPOTrainer:
         gen_ctx = ctx.but(with_scores=self.riding.scores, with_ref=self.riding.ref)
         with timer(timing, "gen"):
             prompts = self._balanced(prompts, metrics, "gen", self._parts("rollout"))
-            done = calls.run("gen", roles.actor.generate, prompts, gen_ctx, collect=collect_outputs)
+            generate = self._kept(roles.actor.generate, DRIVER_COLUMNS)
+            done = calls.run("gen", generate, prompts, gen_ctx, collect=collect_outputs)
             result = self._balanced_samples(done, metrics)
         within = ("weight_sync", "tools")  # tools run during the generation
         riding = {k: v for k, v in result.timing.items() if k not in within}
@@ -356,19 +360,21 @@ class PPOTrainer:
         else:
             with timer(timing, "old_log_prob"):
                 sent = only_reads(batch, LOG_PROB_READS)
-                old = calls.run("old_log_prob", roles.actor.compute_log_prob, sent)
+                old = calls.run("old_log_prob", self._kept(roles.actor.compute_log_prob), sent)
                 batch = batch.union(old.select("old_log_probs"))
-                metrics.update(entropy_metric(self.cfg, old["entropy"], batch["response_mask"]))
+                metrics.update(entropy_metric(self.cfg, old, batch))
                 if self.cfg.actor_rollout_ref.rollout.calculate_log_probs:
-                    metrics.update(rollout_probs_diff(batch))
+                    metrics.update(rollout_probs_diff(old, batch))
         if self.use_ref and not self.riding.ref:
             with timer(timing, "ref"):
                 sent = only_reads(batch, REF_LOG_PROB_READS)
-                batch = batch.union(calls.run("ref", roles.actor.compute_ref_log_prob, sent))
+                ref = self._kept(roles.actor.compute_ref_log_prob)
+                batch = batch.union(calls.run("ref", ref, sent))
         if roles.critic is not None:
             with timer(timing, "values"):
                 sent = only_reads(batch, VALUES_READS)
-                batch = batch.union(calls.run("values", roles.critic.compute_values, sent))
+                values = self._kept(roles.critic.compute_values)
+                batch = batch.union(calls.run("values", values, sent))
         return batch, ctx
 
     def _updates(
@@ -385,6 +391,12 @@ class PPOTrainer:
                 update = roles.actor.update_actor
                 sent = only_reads(batch, update_actor_reads(self.cfg))
                 metrics.update(calls.run("update_actor", update, sent, ctx, mutates=True))
+
+    def _kept(self, method, driver: tuple[str, ...] | None = None):
+        """`method` (a group method) called so that its result's token columns (or all
+        but `driver`) stay with the workers (`trainer.rows_on_workers`,
+        `rayrl.controller.kept`)."""
+        return method.keeping(driver) if self.cfg.trainer.rows_on_workers else method
 
     def actor_learns(self, step: int) -> bool:
         """False during the critic's warm-up (`trainer.critic_warmup` first steps)."""
@@ -463,6 +475,22 @@ SCORE_COLUMNS = (
     "reward_elapsed_s",
     "reward_error",
     "reward_extra",
+)
+
+
+# The columns of the generated samples the controller reads (the others stay with the
+# workers that generated them under `trainer.rows_on_workers`; one read elsewhere is
+# fetched): prompt groups, finish reasons and lengths, the scores a generate call
+# computed itself (`ride_along`), and the episodes' counts.
+DRIVER_COLUMNS = (
+    "uid",
+    "finish_reason",
+    "response_length",
+    "sequence_length",
+    *SCORE_COLUMNS[1:],
+    "num_turns",
+    "tool_stats",
+    "multi_turn_events",
 )
 
 

@@ -6,7 +6,8 @@ the step runs again after a failure (`rayrl.trainer.replay`), the calls that had
 finished return their kept result at once: the step's inputs and seeds are the same,
 so running them again would give the same result, only later. Calls that change a
 group's state (`mutates=True`: the updates) are forgotten when that group is restored
-to the step's start, and run again; so are calls of a recovered group still in flight.
+to the step's start, and run again; so are calls of a recovered group still in flight,
+and those whose rows stayed with its workers (`GroupMethod.keeping()`).
 
 Before each call the stop check runs (`rayrl.trainer.interrupt`): a first Ctrl-C ends
 the step at the next call.
@@ -27,6 +28,7 @@ class _Kept:
     value: Any = None
     future: Any = None  # a GroupFuture not yet collected
     collect: Any = None  # instead of the method's own collect
+    keeps_rows: bool = False  # its result's token columns stay with the group's workers
 
 
 class _Started:
@@ -97,13 +99,16 @@ class StageCalls:
             self.stop_check(self.mutated)
             future = method.remote(*args, **kwargs)
             kept = _Kept(_group_of(method), mutates, future=future, collect=collect)
+            kept.keeps_rows = bool(getattr(method, "keeps_rows", False))
             self.kept[key] = kept
         return _Started(kept)
 
     def forget(self, groups: set[str]) -> None:
-        """Drop the calls of `groups` that changed state or had not been collected."""
+        """Drop the calls of `groups` that changed state, had not been collected, or
+        left their rows with the group's workers (a replaced worker took them along)."""
         for key, kept in list(self.kept.items()):
-            if kept.group in groups and (kept.mutates or kept.future is not None):
+            lost = kept.mutates or kept.future is not None or kept.keeps_rows
+            if kept.group in groups and lost:
                 if kept.future is not None:
                     kept.future.discard()
                 del self.kept[key]

@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rayrl import progress
+from rayrl.algos import expand_advantages
+from rayrl.algos.probs_diff import probs_diff_rows
 from rayrl.batch import Batch
 from rayrl.cluster.broadcast import BroadcastMember
 from rayrl.config.schema import RayRLConfig
@@ -62,6 +64,7 @@ from rayrl.workers.common import (
     save_rng,
     set_rng_state,
     update_perf_metrics,
+    with_lengths,
 )
 from rayrl.workers.context import StageResult, StepContext, collect_stage
 from rayrl.workers.losses import actor_loss_fn
@@ -69,10 +72,11 @@ from rayrl.workers.weight_transport import check_transport, publish_packed
 
 log = logging.getLogger("rayrl.workers")
 
-# The columns of the step's batch the log-prob passes read (`compute_log_prob`,
-# `compute_ref_log_prob`): the model's inputs only. The trainer sends no others
-# (`common.only_reads`).
-LOG_PROB_READS = MODEL_INPUTS
+# The columns of the step's batch `compute_log_prob` reads: the model's inputs, and
+# the rollout's log-probs when the samples have them, for the probability sums the
+# pass returns beside its own (`rayrl.algos.probs_diff`). The trainer sends no
+# others (`common.only_reads`).
+LOG_PROB_READS = (*MODEL_INPUTS, "rollout_log_probs")
 
 
 def update_actor_reads(cfg: RayRLConfig) -> tuple[str, ...]:
@@ -336,7 +340,7 @@ class ActorRolloutRefWorker(Worker):
             out = self.rollout.generate(prompts, params)
         if self.cfg.actor_rollout_ref.rollout.free_cache_engine:
             self.rollout.sleep()
-        out = self._ride_along(out, ctx, timing)
+        out = with_lengths(self._ride_along(out, ctx, timing))
         return StageResult(out, timing)
 
     def _ride_along(self, out: Batch, ctx: StepContext, timing: dict[str, float]) -> Batch:
@@ -371,7 +375,14 @@ class ActorRolloutRefWorker(Worker):
         out = self.actor.forward(
             batch, with_entropy=True, temperature=logprob_temperature(r), **forward_sizes(r)
         )
-        return Batch({"old_log_probs": out["log_probs"], "entropy": out["entropy"]})
+        mask = batch["response_mask"]
+        entropy_sum = torch.where(mask.bool(), out["entropy"], 0.0).to(torch.float64).sum(-1)
+        columns = {"old_log_probs": out["log_probs"], "entropy": out["entropy"]}
+        columns["entropy_sum"] = entropy_sum
+        if "rollout_log_probs" in batch:
+            rollout = batch["rollout_log_probs"]
+            columns.update(probs_diff_rows(rollout, out["log_probs"].to(rollout.device), mask))
+        return Batch(columns)
 
     @register(dispatch=DP_SPLIT, layout="ref")
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
@@ -405,6 +416,7 @@ class ActorRolloutRefWorker(Worker):
         batch has no `old_log_probs`: the loss takes the forward's own, detached, and
         the forward also reports `actor/entropy`."""
         a, n = self.cfg.actor_rollout_ref.actor, self.cfg.actor_rollout_ref.rollout.n
+        batch["advantages"] = expand_advantages(batch["advantages"], batch["response_mask"])
         mini = per_rank_mini_batch(a.ppo_mini_batch_size * n, self.actor.dp_size, len(batch))
         if ctx.on_policy and (a.ppo_epochs != 1 or mini < len(batch)):
             raise ValueError(

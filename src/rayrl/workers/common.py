@@ -58,6 +58,16 @@ def only_reads(batch: Batch, reads: tuple[str, ...]) -> Batch:
     return batch.select(*[key for key in reads if key in batch])
 
 
+def with_lengths(samples: Batch) -> Batch:
+    """Generated samples with their lengths in columns of their own, one value per row
+    (`response_length`: real response tokens, before any later masking;
+    `sequence_length`: real tokens of prompt and response), so that the driver can
+    balance and report the rows without reading their masks."""
+    samples["response_length"] = samples["response_mask"].sum(-1).to(torch.int32)
+    samples["sequence_length"] = samples["attention_mask"].sum(-1).to(torch.int32)
+    return samples
+
+
 def forward_sizes(group: Any) -> dict[str, int | None]:
     """Micro-batch size or token budget of a log-prob pass (a `rollout` or `ref` group)."""
     if group.log_prob_use_dynamic_bsz:
