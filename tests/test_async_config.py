@@ -8,7 +8,7 @@ import pytest
 from rayrl.config import load_config
 from rayrl.config.errors import ConfigError
 from rayrl.trainer.async_ppo import max_lag, window, with_async_correction
-from rayrl.trainer.resources import pools_from_config
+from rayrl.trainer.resources import local_cpu_count, pools_from_config
 
 ASYNC = ["actor_rollout_ref.rollout.mode=async", "trainer.device=cpu"]
 
@@ -51,6 +51,16 @@ def test_the_rollout_pool_comes_last_pinned_per_node_with_its_bundle():
     assert rollout.bundle == {"CPU": 2.0, "GPU": 0.5} and rollout.strategy == "STRICT_PACK"
     sync = load_config("grpo", ["trainer.device=cpu"])
     assert [p.name for p in pools_from_config(sync, "cpu")] == ["actor_rollout_ref"]
+
+
+def test_a_cpu_run_whose_pools_outgrow_the_cores_gets_logical_cpus_for_them():
+    cfg = load_config("grpo", [*ASYNC, "rollout.n_gpus_per_node=1", "trainer.device=cpu"])
+    specs = pools_from_config(cfg, "cpu")  # trainer, reward, one replica: a CPU each
+    assert local_cpu_count(specs, cores=2) == 3
+    assert local_cpu_count(specs, cores=3) is None  # the cores hold them: Ray counts
+    spares = load_config("grpo", ["trainer.device=cpu", "resources.capacity_factor=2"])
+    # one rank scoring in its own process (2 CPUs) and its spare
+    assert local_cpu_count(pools_from_config(spares, "cpu"), cores=1) == 4
 
 
 def test_verls_default_async_mode_without_a_pool_stays_synchronous_and_says_so():

@@ -193,6 +193,51 @@ def test_sft_trains_with_verls_sft_keys(tmp_path, tiny_model, gsm8k_parquet, gcs
     assert len(rows) == 2 and (tmp_path / "sft" / "hf" / "config.json").is_file()
 
 
+@pytest.mark.slow
+def test_async_train_on_one_core_starts_a_ray_that_holds_its_three_pools(
+    tmp_path, tiny_model, gsm8k_parquet
+):
+    """Async training needs a trainer, a reward worker and a rollout replica: on a
+    machine of fewer cores the local Ray gets a logical CPU for each (issue of a 2-core
+    laptop: the pools did not fit)."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run(
+        [
+            "taskset",
+            "-c",
+            str(min(os.sched_getaffinity(0))),  # this process's first core: one core
+            sys.executable,
+            "-m",
+            "rayrl.cli.main",
+            "train",
+            "-c",
+            "grpo",
+            f"actor_rollout_ref.model.path={tiny_model[0]}",
+            f"data.train_files={gsm8k_parquet[0]}",
+            "data.max_prompt_length=128",
+            "data.max_response_length=8",
+            "data.train_batch_size=2",
+            "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "actor_rollout_ref.rollout.mode=async",
+            "rollout.n_gpus_per_node=1",
+            "trainer.total_training_steps=2",
+            "trainer.val_before_train=false",
+            "trainer.device=cpu",
+            "trainer.logger=[jsonl]",
+            f"trainer.output_dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "the local Ray starts with 3 logical CPUs" in done.stdout
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows if "async/staleness/mean" in row] == [1, 2]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("swanlab") is not None, reason="swanlab installed")
 def test_a_tracker_without_its_package_stops_train_with_the_extra_to_install(tmp_path):
     done = rayrl(

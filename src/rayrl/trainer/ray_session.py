@@ -27,14 +27,16 @@ import logging
 import os
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import ray
 
 from rayrl.cluster.inspect import resolve_address
+from rayrl.cluster.spec import PoolSpec
 from rayrl.config.schema import RayRLConfig
+from rayrl.trainer.resources import local_cpu_count
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +71,14 @@ class RaySession:
     log_dir: str | None
 
 
-def connect(cfg: RayRLConfig) -> RaySession:
-    """Start or join Ray as the config says; a driver already connected is kept."""
+def connect(
+    cfg: RayRLConfig,
+    cpu_pools: Callable[[], list[PoolSpec]] | None = None,
+    print_fn: Callable[[str], None] = print,
+) -> RaySession:
+    """Start or join Ray as the config says; a driver already connected is kept. A
+    CPU-only run that starts its own Ray gives it enough logical CPUs for the pools
+    `cpu_pools()` returns when the machine has fewer cores (`local_cpu_count`)."""
     res, t = cfg.resources, cfg.trainer
     started = False
     if not ray.is_initialized():
@@ -84,6 +92,9 @@ def connect(cfg: RayRLConfig) -> RaySession:
             kwargs["address"] = address
             ray.init(**kwargs)
         else:
+            cpus = _local_cpus(cfg, cpu_pools, print_fn) if cpu_pools else None
+            if cpus:
+                kwargs["num_cpus"] = cpus
             _start_local(kwargs, res)
         started = not address
     ctx = ray.get_runtime_context()
@@ -93,6 +104,28 @@ def connect(cfg: RayRLConfig) -> RaySession:
         started_here=started,
         log_dir=_log_dir(),
     )
+
+
+def _local_cpus(
+    cfg: RayRLConfig, cpu_pools: Callable[[], list[PoolSpec]], print_fn: Callable[[str], None]
+) -> int | None:
+    """Logical CPUs for the local Ray of a CPU-only run whose pools need more than this
+    machine's cores (said once), else None (Ray counts the cores itself)."""
+    device = cfg.trainer.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device != "cpu":
+        return None
+    cores = len(os.sched_getaffinity(0))
+    cpus = local_cpu_count(cpu_pools(), cores)
+    if cpus:
+        print_fn(
+            f"this machine has {cores} cores and the run's workers reserve {cpus} CPUs: "
+            f"the local Ray starts with {cpus} logical CPUs and the workers share the cores"
+        )
+    return cpus
 
 
 def plain_worker_prefixes(streams: tuple = ()) -> bool:

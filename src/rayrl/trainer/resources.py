@@ -14,6 +14,8 @@ where replacements of the workers of a lost node go.
 
 from __future__ import annotations
 
+import math
+
 from rayrl.cluster.spec import PoolSpec
 from rayrl.config.schema import RayRLConfig
 
@@ -71,9 +73,12 @@ def node_cpus(totals: dict[str, dict[str, float]], device: str) -> float | None:
 
 
 def cluster_node_cpus(device: str) -> float | None:
-    """`node_cpus` of the Ray cluster this process is connected to."""
+    """`node_cpus` of the Ray cluster this process is connected to (None on a CPU run,
+    whose worker CPUs do not depend on it, or when not connected)."""
     import ray
 
+    if device != "cuda" or not ray.is_initialized():
+        return None
     totals = {n["NodeID"]: n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")}
     return node_cpus(totals, device)
 
@@ -176,3 +181,13 @@ def rollout_pool_spec(cfg: RayRLConfig, device: str) -> PoolSpec:
         bundle=rollout_bundle(cfg, device),
         strategy="STRICT_PACK",
     )
+
+
+def local_cpu_count(specs: list[PoolSpec], cores: int) -> int | None:
+    """The logical CPUs a local Ray of a CPU-only run starts with: the pools' CPUs
+    (their bundles and spares) when this machine's `cores` are fewer, so that a run
+    of several roles (async training: the trainer, the reward and a rollout replica)
+    starts on a laptop too, its workers sharing the cores; None when the cores hold
+    them."""
+    need = sum(s.bundle.get("CPU", 0.0) * (s.world_size + s.num_spares) for s in specs)
+    return math.ceil(need) if need > cores else None

@@ -99,7 +99,7 @@ class Run:
         self._claim_run_dir()
         if not trainer.data_needs_ray:
             self.data = self._load_data()
-        self.session = connect(cfg)
+        self.session = connect(cfg, lambda: trainer.pool_specs("cpu"), self.print)
         if self.session.dashboard_url:
             self.print(f"Ray dashboard: {self.session.dashboard_url}")
         if trainer.data_needs_ray:
