@@ -48,7 +48,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rows-per-rank", type=int, default=8, help="samples per rank per step")
     p.add_argument("--n", type=int, default=4, help="samples per prompt (rollout.n)")
     p.add_argument("--prompt-length", type=int, default=64, help="data.max_prompt_length")
-    p.add_argument("--response-length", type=int, default=64, help="data.max_response_length")
+    p.add_argument(
+        "--response-length",
+        type=int,
+        default=1024,
+        help="data.max_response_length (every response this long: ignore_eos); with short "
+        "responses the per-row constants (uids, scores, references) outweigh the tokens",
+    )
     p.add_argument(
         "--rows-on-workers",
         action=argparse.BooleanOptionalAction,
