@@ -288,8 +288,18 @@ class ShardedDist(Dist):
 
         torch.manual_seed(0)
         self.mesh = TrainMesh(MeshSpec(dist.get_world_size(), 1, shard), self.rank, "cpu")
-        layers = nn.ModuleList(nn.Linear(256, 256) for _ in range(4))
-        self.model = shard_model(nn.Sequential(layers), "cpu", False, mesh=self.mesh.fsdp)
+
+        class Stack(nn.Module):  # its ModuleList's layers are what shard_model wraps
+            def __init__(self) -> None:
+                super().__init__()
+                self.layers = nn.ModuleList(nn.Linear(256, 256) for _ in range(4))
+
+            def forward(self, x):
+                for layer in self.layers:
+                    x = layer(x)
+                return x
+
+        self.model = shard_model(Stack(), "cpu", False, mesh=self.mesh.fsdp)
         self.optimizer = torch.optim.AdamW(self.model.parameters())
         on_collective_failure(self.release)
 
