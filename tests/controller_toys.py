@@ -270,6 +270,59 @@ class Dist(Worker):
         return {k: info[k] for k in ("rank", "pid", "node_id", "local_rank", "generation")}
 
 
+class ShardedDist(Dist):
+    """A gloo worker training a small FSDP2 model over the engine's hybrid mesh
+    (`rayrl.engines.mesh.TrainMesh`: ``[replicate, shard]`` sub-groups, not the default
+    group), which lets go of its groups on a lost peer as the training engine does
+    (`rayrl.engines.group_release`)."""
+
+    @register(dispatch=ONE_TO_ALL)
+    def build(self, shard: int) -> None:
+        import torch
+        import torch.distributed as dist
+        from torch import nn
+
+        from rayrl.controller.collective_failure import on_collective_failure
+        from rayrl.engines.fsdp import shard_model
+        from rayrl.engines.mesh import MeshSpec, TrainMesh
+
+        torch.manual_seed(0)
+        self.mesh = TrainMesh(MeshSpec(dist.get_world_size(), 1, shard), self.rank, "cpu")
+
+        class Stack(nn.Module):  # its ModuleList's layers are what shard_model wraps
+            def __init__(self) -> None:
+                super().__init__()
+                self.layers = nn.ModuleList(nn.Linear(256, 256) for _ in range(4))
+
+            def forward(self, x):
+                for layer in self.layers:
+                    x = layer(x)
+                return x
+
+        self.model = shard_model(Stack(), "cpu", False, mesh=self.mesh.fsdp)
+        self.optimizer = torch.optim.AdamW(self.model.parameters())
+        on_collective_failure(self.release)
+
+    def release(self) -> None:
+        from rayrl.engines.group_release import release_groups
+
+        release_groups(self.model, [self.mesh.fsdp])
+
+    @register(dispatch=ONE_TO_ALL)
+    def train_for(self, seconds: float) -> int:
+        """Forward, backward (FSDP's all-gathers and reduce-scatters on the mesh's
+        groups) and optimizer steps for `seconds`; how many."""
+        import torch
+
+        count, end = 0, time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.model(torch.randn(64, 256)).sum().backward()
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+            count += 1
+        return count
+
+
 class LateRankZero(Dist):
     """Rank 0 joins the process group `delay_s` late: the other ranks wait for its master."""
 

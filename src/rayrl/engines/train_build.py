@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from rayrl import reads
+from rayrl.controller.collective_failure import on_collective_failure
 from rayrl.engines.attention import VARLEN
 from rayrl.engines.fsdp import attention_modules, ensure_process_group, shard_model
 from rayrl.engines.load_once import (
@@ -78,6 +79,8 @@ class ModelBuilding:
         self.sp = None
         if self.sp_size > 1:
             self.sp = SPGroup(self.mesh.sp_group, self.sp_size, self.sp_rank)
+        if self.mesh is not None:  # its groups let go of when a peer is lost mid-collective
+            on_collective_failure(self._release_groups)
 
     def _build_model(
         self,

@@ -9,7 +9,12 @@ it through the workers' hooks):
   replacement, from the shards this rank holds (`rayrl.engines.rebuild`): nothing is
   read from storage;
 * a replacement's engine (``join``) leaves its trainable weights to the restore; if
-  they are needed before one, `_weights_needed` reads this rank's own shards then.
+  they are needed before one, `_weights_needed` reads this rank's own shards then;
+* `_release_groups()`: run in this process when one of its gloo collectives lost a
+  peer (`rayrl.controller.collective_failure`): the model's FSDP2 states and the
+  device meshes let go of the old process groups (`rayrl.engines.group_release`), so
+  that the ranks still waiting on this one fail at once instead of being replaced
+  as hung; the shards stay for `rebuild`.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 import torch
 
 from rayrl.engines import snapshot
+from rayrl.engines.group_release import release_groups
 from rayrl.engines.rebuild import keep
 
 __all__ = ["StepRecovery"]
@@ -69,6 +75,21 @@ class StepRecovery:
             torch.cuda.empty_cache()
         self.__init__(**{**self._args, "join": True})
         self._kept = None
+
+    def _release_groups(self) -> None:
+        """Drop this engine's references to the process groups (module docstring): the
+        engine serves `rebuild` only until then."""
+        meshes = [self.mesh.fsdp] if self.mesh is not None else []
+        if self.mesh is not None:
+            self.mesh.sp_group = None
+        if self.sp is not None:  # frozen: the attention modules share this object
+            object.__setattr__(self.sp, "group", None)
+        cleared = release_groups(getattr(self, "model", None), meshes)
+        log.info(
+            "%s: released the process groups its model held (%d references)",
+            self.model_path,
+            cleared,
+        )
 
     def _weights_needed(self) -> None:
         """A new rank's weights (``join``), needed before any restore put them back: its
