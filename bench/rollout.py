@@ -25,7 +25,7 @@ matmul rate, whichever binds, summed over the prefill and every decode step.
     python bench/rollout.py [--device cuda|cpu] [--shape reference|tiny]
         [--engines native,rayrl_hf,hf_dynamic,hf_static] [--workloads A,B,C,M]
         [--skip hf_dynamic@B,...] [--repeats 3] [--profile] [--tune-decode] [--tune-sampler]
-        [--sync-decode] [--tp N] [--resume-prefill-cost C]
+        [--sync-decode] [--tp N] [--resume-prefill-cost C] [--host-profile]
         [--out bench/results/rollout-DATE.jsonl]
 
 ``--profile`` adds the native engine's top CUDA kernels and GPU busy fraction;
@@ -344,6 +344,11 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=1, help="timed runs of the native engine")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument(
+        "--host-profile",
+        action="store_true",
+        help="workload M: the engine loop's top Python functions (cProfile, one more rollout)",
+    )
     parser.add_argument(
         "--sync-decode",
         action="store_true",

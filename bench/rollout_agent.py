@@ -15,14 +15,30 @@ per second of the multi-turn rollout), `single_turn_tokens_per_s` (the same toke
 row in one turn, no tools), `multi_turn_vs_single_turn` (their ratio; target 0.7),
 and `busy_fraction_during_tools`: of the moments when some tool ran (sampled every
 5 ms), the share in which the engine was decoding (its committed-token count moved),
-and on CUDA also NVML's GPU utilisation averaged over those moments
-(`gpu_utilization_during_tools`).
+and on CUDA also NVML's GPU utilisation averaged over those moments, read every 50 ms
+(NVML's own sample period is longer) through one NVML handle
+(`gpu_utilization_during_tools`). The probe is a thread of the engine's process, so
+it is kept cheap: `torch.cuda.utilization()` re-initialises NVML and looks the device
+up at every call, Python work that takes the GIL from the engine's loop.
+The `tokens_per_s` record also holds the engine's `last_stats` (where its loop's time
+went: `prefill_s`, `launch_s`, `commit_s`, `turns_s`, `turn_wait_s`, `wait_s`;
+`graph_captures` in the timed run), and the CPU time of the loop's thread
+(`loop_cpu_s`) and of the process's other threads (`other_threads_cpu_s`: tools, the
+turn driver, the probe) during the rollout: a loop whose CPU time falls well short of
+`run_s - wait_s - turn_wait_s` was waiting for the GIL. ``--host-profile`` (of
+`bench/rollout.py`) runs the episodes once more under cProfile and records the loop
+thread's top functions by own time per step (`host_profile`; cProfile slows Python
+code, so the shares matter, not the absolute times).
 """
 
 from __future__ import annotations
 
+import cProfile
+import io
+import pstats
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -49,9 +65,10 @@ class BusyProbe:
     """Samples, every `period_s`, whether a tool runs (the `tools` progress phase the
     multi-turn driver sets) and whether the engine moved since the last sample."""
 
-    def __init__(self, cuda: bool, period_s: float = 0.005) -> None:
-        self.cuda, self.period_s = cuda, period_s
+    def __init__(self, cuda: bool, period_s: float = 0.005, util_every: int = 10) -> None:
+        self.cuda, self.period_s, self.util_every = cuda, period_s, util_every
         self.tool_samples, self.busy_samples, self.gpu_util = 0, 0, []
+        self._nvml = NvmlUtilization() if cuda else None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -71,8 +88,8 @@ class BusyProbe:
             if state["phase"] == "tools":
                 self.tool_samples += 1
                 self.busy_samples += tokens != last
-                if self.cuda:
-                    self.gpu_util.append(_utilization())
+                if self._nvml is not None and self.tool_samples % self.util_every == 1:
+                    self.gpu_util.append(self._nvml.read())
             last = tokens
 
     def fractions(self) -> tuple[float | None, float | None]:
@@ -81,11 +98,37 @@ class BusyProbe:
         return busy, (sum(util) / len(util) / 100 if util else None)
 
 
-def _utilization() -> float | None:
-    try:
-        return float(torch.cuda.utilization())
-    except Exception:  # noqa: BLE001 - NVML (pynvml) missing: no utilisation figure
-        return None
+class NvmlUtilization:
+    """NVML's utilisation of the current CUDA device through one handle, found once
+    (by the device's UUID, else by its index); `read` is None when NVML (pynvml) is
+    not there."""
+
+    def __init__(self) -> None:
+        self._nvml, self._handle = None, None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+        except Exception:  # noqa: BLE001 - NVML missing: no utilisation figure
+            return
+        device = torch.cuda.current_device()
+        try:
+            uuid = str(torch.cuda.get_device_properties(device).uuid)
+            self._handle = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid.removeprefix('GPU-')}")
+        except Exception:  # noqa: BLE001 - no UUID: the index (no CUDA_VISIBLE_DEVICES remap)
+            try:
+                self._handle = pynvml.nvmlDeviceGetHandleByIndex(device)
+            except Exception:  # noqa: BLE001
+                return
+        self._nvml = pynvml
+
+    def read(self) -> float | None:
+        if self._nvml is None:
+            return None
+        try:
+            return float(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
+        except Exception:  # noqa: BLE001
+            return None
 
 
 def run_multi_turn(model, args, base: dict, emit) -> None:
@@ -122,7 +165,9 @@ def _episodes(model, args, base: dict, emit, s: dict) -> None:
     sampling = SamplingParams(max_new_tokens=s["response"], seed=1)
     runner.generate(prompts, sampling)  # warm-up: kernels tuned, graphs captured
     with BusyProbe(args.device == "cuda") as probe:
+        cpu, process = time.thread_time(), time.process_time()
         seconds, out = _timed(lambda: runner.generate(prompts, sampling), args.device)
+        cpu, process = time.thread_time() - cpu, time.process_time() - process
     multi_stats = dict(engine.last_stats)  # the multi-turn call's, not the single-turn one's
     sampled = out["response_mask"].sum(-1).numpy().astype(np.int64)
     calls = float(np.mean([sum(m["role"] == "tool" for m in t) for t in out["trajectory"]]))
@@ -158,6 +203,8 @@ def _episodes(model, args, base: dict, emit, s: dict) -> None:
             "tool_calls_mean": round(calls, 2),
             "resume_prefill_cost": engine.resume_prefill_cost,
             **multi_stats,
+            "loop_cpu_s": round(cpu, 3),
+            "other_threads_cpu_s": round(process - cpu, 3),
         }
     )
     emit(
@@ -196,10 +243,35 @@ def _episodes(model, args, base: dict, emit, s: dict) -> None:
                 "metric": "gpu_utilization_during_tools",
                 "value": None if util is None else round(util, 3),
                 "unit": "fraction",
-                "measure": "NVML utilization, sampled while a tool ran",
+                "measure": "NVML utilization, read every 50 ms while a tool ran",
             }
         )
+    if getattr(args, "host_profile", False):  # one more rollout, under cProfile
+        steps = lambda: engine.last_stats["prefill_steps"] + engine.last_stats["decode_steps"]  # noqa: E731
+        top = host_profile(lambda: runner.generate(prompts, sampling), steps, 25)
+        emit({**extra, "metric": "host_profile", "value": None, "unit": "ms/step", "top": top})
     engine.sleep()
+
+
+def host_profile(run: Callable[[], object], steps_of: Callable[[], int], top: int) -> list[dict]:
+    """The loop thread's functions with the most own time in ``run()``, per step."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    run()
+    profiler.disable()
+    stats = pstats.Stats(profiler, stream=io.StringIO())
+    steps = steps_of()
+    rows = []
+    for (path, line, name), (_, calls, own, total, _) in stats.stats.items():
+        rows.append(
+            {
+                "function": f"{path.rsplit('/', 2)[-1]}:{line}({name})",
+                "calls_per_step": round(calls / steps, 2),
+                "own_ms_per_step": round(1000 * own / steps, 4),
+                "total_ms_per_step": round(1000 * total / steps, 4),
+            }
+        )
+    return sorted(rows, key=lambda r: -r["own_ms_per_step"])[:top]
 
 
 def _resume_options(args) -> dict:

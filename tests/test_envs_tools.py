@@ -4,12 +4,14 @@ built-in tools, and loading tools from user files, dotted paths and verl's tool 
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -173,6 +175,28 @@ def test_runner_reuses_its_threads_and_keeps_the_concurrency_limit():
     outcomes = [f.result(timeout=10) for f in [runner.submit(busy) for _ in range(9)]]
     assert all(o.ok for o in outcomes) and peak[0] == 3
     assert len({o.value for o in outcomes}) == 3
+
+
+def test_runner_lets_go_of_finished_calls_before_their_deadline():
+    """A finished call's deadline stays queued until it comes round (an environment
+    step's is minutes away); the call's future and result must not wait with it."""
+
+    class Result:
+        pass
+
+    runner = ToolRunner(max_concurrency=2, default_timeout_s=600)
+    gate = threading.Event()
+    blocker = runner.submit(gate.wait)  # a call in flight: its deadline heads the queue
+    outcome = runner.call(Result)
+    assert outcome.ok
+    result = weakref.ref(outcome.value)
+    del outcome
+    gc.collect()
+    assert result() is None
+    gate.set()
+    assert blocker.result(timeout=10).ok
+    still = runner.submit(lambda: time.sleep(0.3), timeout_s=0.05).result(timeout=10)
+    assert still.timed_out  # the watchdog still expires calls that overrun
 
 
 def slow_echo(text: str, delay: float = 0.0) -> str:

@@ -118,7 +118,9 @@ class ToolRunner:
                 self._idle -= 1
                 self.running += 1
             threading.current_thread().name = f"rayrl-tool-{name}"
-            if not self._run(fn, timeout, future):
+            in_time = self._run(fn, timeout, future)
+            del fn, future  # an idle worker holds on to no call's result
+            if not in_time:
                 return  # abandoned: its slot went to another worker
             with self._lock:
                 self._idle += 1
@@ -132,7 +134,7 @@ class ToolRunner:
         except BaseException as err:  # a tool may raise anything, SystemExit included
             outcome = CallOutcome(error=err)
         finally:
-            entry.cancelled = True
+            entry.cancel()
             with self._lock:
                 self.running -= 1
         outcome.latency_s = time.perf_counter() - start
@@ -157,6 +159,13 @@ class _Deadline:
     future: Future | None = None
     start: float = 0.0
     cancelled: bool = False
+
+    def cancel(self) -> None:
+        """The call ended in time. The entry stays in the heap until its deadline comes
+        round (minutes, for an environment step), so it lets go of the future, and
+        with it the call's result, now."""
+        self.cancelled = True
+        self.future = None
 
 
 class _Watchdog:
@@ -197,8 +206,9 @@ class _Watchdog:
                     self._cond.wait(wait)
                     continue
                 due = heapq.heappop(self._heap)
-            if not due.cancelled:
-                self._expire(due.future, due.start)
+                future = due.future  # None once the call has ended
+            if future is not None and not due.cancelled:
+                self._expire(future, due.start)
 
 
 def _resolve(future: Future, outcome: CallOutcome) -> bool:

@@ -4,11 +4,16 @@
 where its current turn starts, the spans of tokens appended to its response, its
 turn counts. When an engine reports that a sample's turn ended, `Episodes.turn_ended`
 queues it and returns at once (the engine's loop does no per-turn work: no
-detokenising, no thread start); a dispatch thread decodes the turn's sampled tokens
-and hands ``env.step`` to a worker thread (under the environment timeout); the step's
-result, turned into the tokens to append (`TurnFormat`), or into the end of the
-episode, is queued for the engine's `take_ready`. A step that raises or times out ends its episode, counted; it never
-stops the rollout or loses the sample.
+detokenising, no thread start). One *turn thread* does all the per-turn work, in
+the order it comes: it decodes the turn's sampled tokens and hands ``env.step`` to a
+worker thread (under the environment timeout); the worker only runs the step and
+queues its outcome back to the turn thread, which turns it into the tokens to append
+(`TurnFormat`), or into the end of the episode, queued for the engine's `take_ready`.
+The tokenizer is used by that one thread only (no lock contended by hundreds of tool
+threads), and the threads hand work over through lock-free queues: Python work on
+other threads takes the GIL from the engine's loop, which on a GPU is what paces the
+steps. A step that raises or times out ends its episode, counted; it never stops the
+rollout or loses the sample.
 
 An episode ends (finish reason ``stop``) when the environment says so (a message with
 no tool call, for the tool environment), at ``max_assistant_turns`` assistant turns or
@@ -30,7 +35,6 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +48,7 @@ from rayrl.envs.runner import CallOutcome
 
 __all__ = ["EpisodeState", "Episodes"]
 
-DISPATCH_THREADS = 4  # threads that decode ended turns and start their environment steps
+IDLE_S = 2.0  # the turn thread ends after this long with nothing to do (restarted on demand)
 EVENT_KEYS = (
     "malformed",
     "unknown_tool",
@@ -111,11 +115,9 @@ class Episodes:
         self.runner = ToolRunner(
             max_concurrency=max(1, len(self.states)), default_timeout_s=env_timeout_s
         )
-        self._ready: queue.Queue[Continuation] = queue.Queue()
-        # Turn ends are handled off the engine's loop (a thread start each: a few at once).
-        self._dispatch = ThreadPoolExecutor(
-            max_workers=DISPATCH_THREADS, thread_name_prefix="rayrl-turns"
-        )
+        self._ready: queue.SimpleQueue[Continuation] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[tuple] = queue.SimpleQueue()  # the turn thread's work
+        self._turn_thread_alive = False
         self._lock = threading.Lock()
         self._busy, self._busy_since, self.busy_s = 0, 0.0, 0.0
         self._phase = None  # the `tools` progress phase while steps run
@@ -124,9 +126,33 @@ class Episodes:
     # ------------------------------------------------------------ TurnDriver
     def turn_ended(self, sample: int, response: np.ndarray) -> None:
         """A sample's turn ended; ``response`` is its whole response so far (the driver
-        keeps it: pass a copy). Returns at once; the turn is handled on a dispatch
+        keeps it: pass a copy). Returns at once; the turn is handled on the turn
         thread."""
-        self._dispatch.submit(self._handle_turn, sample, response)
+        self._post((self._handle_turn, sample, response))
+
+    # ------------------------------------------------------------ the turn thread
+    def _post(self, work: tuple) -> None:
+        """Queue ``(function, *args)`` for the turn thread; start it if it is not running."""
+        self._inbox.put(work)
+        with self._lock:
+            if self._turn_thread_alive:
+                return
+            self._turn_thread_alive = True
+        threading.Thread(target=self._turn_loop, name="rayrl-turns", daemon=True).start()
+
+    def _turn_loop(self) -> None:
+        """Run queued turn work in order; end after `IDLE_S` idle (`_post` restarts it:
+        it queues before it looks, and the loop looks at the queue before it ends)."""
+        while True:
+            try:
+                fn, *args = self._inbox.get(timeout=IDLE_S)
+            except queue.Empty:
+                with self._lock:
+                    if self._inbox.empty():
+                        self._turn_thread_alive = False
+                        return
+                continue
+            fn(*args)
 
     def _handle_turn(self, sample: int, response: np.ndarray) -> None:
         try:
@@ -153,7 +179,9 @@ class Episodes:
         self._started()
         env, conversation = state.env, [*state.conversation, _said(text)]
         future = self.runner.submit(lambda: env.step(conversation, text), name="env-step")
-        future.add_done_callback(lambda f: self._answer(sample, text, last, length, f.result()))
+        future.add_done_callback(
+            lambda f: self._post((self._answer, sample, text, last, length, f.result()))
+        )
 
     def take_ready(self, wait: bool) -> list[Continuation]:
         """The answers ready now; with ``wait``, block for at least one."""

@@ -370,9 +370,17 @@ class NativeRolloutEngine(RolloutEngine):
             "overlapped_steps": 0,
             "dropped_tokens": 0,
             "run_s": 0.0,
+            # Where the loop's time goes: prefill steps (planned, run, sampled and
+            # committed), decode launches (planned, inputs staged, queued), commits
+            # (waiting for a step's tokens included), and the turn driver's answers.
+            "prefill_s": 0.0,
+            "launch_s": 0.0,
+            "commit_s": 0.0,
         }
         if turns is not None:
             stats["turn_wait_s"] = 0.0  # blocked on the driver with nothing to run
+            stats["turns_s"] = 0.0  # taking and applying the driver's answers otherwise
+        captured = self._graph_captures()
         start, self.runner.sampler.wait_s = time.perf_counter(), 0.0
         pending = None  # a launched decode step whose tokens are not committed yet
         idle = False  # the last pass found nothing to run: only the driver can help
@@ -381,23 +389,16 @@ class NativeRolloutEngine(RolloutEngine):
                 blocked = idle and pending is None
                 since = time.perf_counter()
                 _continue_turns(sched, turns.take_ready(wait=blocked))
-                if blocked:  # nothing to run: the device idles until an answer comes
-                    stats["turn_wait_s"] += time.perf_counter() - since
+                # blocked: nothing to run, the device idles until an answer comes
+                stats["turn_wait_s" if blocked else "turns_s"] += time.perf_counter() - since
             idle = False
             if pending is not None and not (self.overlap and sched.can_overlap()):
                 self._commit(sched, pending, stats)
                 pending = None
                 continue
-            if pending is None:
-                chunks = sched.plan_prefill()
-                if chunks:
-                    result = self.runner.prefill(sched, chunks, keys, sampling)
-                    samples_tokens = result[1] if result else (np.zeros(0, np.int64), np.zeros(0))
-                    sched.commit_prefill(chunks, *samples_tokens)
-                    stats["prefill_steps"] += 1
-                    stats["prefill_tokens"] += sum(c.count for c in chunks)
-                    progress.tick(prefill_chunks=len(chunks))
-                    continue
+            if pending is None and self._prefill(sched, keys, sampling, stats):
+                continue
+            since = time.perf_counter()
             samples = sched.plan_decode()
             if len(samples):
                 feed = (
@@ -412,6 +413,7 @@ class NativeRolloutEngine(RolloutEngine):
             else:
                 launch = None
                 idle = pending is None
+            stats["launch_s"] += time.perf_counter() - since
             if pending is not None:  # the device runs `launch` meanwhile
                 self._commit(sched, pending, stats)
             pending = launch
@@ -419,20 +421,42 @@ class NativeRolloutEngine(RolloutEngine):
         # Time blocked on the device's results; the rest of `run_s` is host work that
         # the device waited for (scheduling, inputs, launches).
         stats["wait_s"] = round(self.runner.sampler.wait_s, 4)
+        for key in ("prefill_s", "launch_s", "commit_s", "turn_wait_s", "turns_s"):
+            if key in stats:
+                stats[key] = round(stats[key], 4)
+        stats["graph_captures"] = self._graph_captures() - captured
         self.last_stats = {**stats, "preemptions": sched.preemptions}
         if turns is not None:
-            self.last_stats.update(
-                resumed_turns=sched.resumes,
-                reclaimed_kv=sched.reclaimed,
-                turn_wait_s=round(stats["turn_wait_s"], 4),
-            )
+            self.last_stats.update(resumed_turns=sched.resumes, reclaimed_kv=sched.reclaimed)
         return sched
 
+    def _prefill(self, sched: Scheduler, keys, sampling: SamplingParams, stats: dict) -> bool:
+        """Run a prefill step if one is due; False if none is."""
+        since = time.perf_counter()
+        chunks = sched.plan_prefill()
+        if not chunks:
+            return False
+        result = self.runner.prefill(sched, chunks, keys, sampling)
+        samples_tokens = result[1] if result else (np.zeros(0, np.int64), np.zeros(0))
+        sched.commit_prefill(chunks, *samples_tokens)
+        stats["prefill_steps"] += 1
+        stats["prefill_tokens"] += sum(c.count for c in chunks)
+        progress.tick(prefill_chunks=len(chunks))
+        stats["prefill_s"] += time.perf_counter() - since
+        return True
+
     def _commit(self, sched: Scheduler, launch, stats: dict) -> None:
+        since = time.perf_counter()
         tokens, log_probs = self.runner.tokens_of(launch)
         kept = sched.commit_decode(launch.samples, launch.at, tokens, log_probs)
         stats["dropped_tokens"] += len(launch.samples) - kept
         progress.tick(tokens=kept)
+        stats["commit_s"] += time.perf_counter() - since
+
+    def _graph_captures(self) -> int:
+        """CUDA graphs captured so far by the current `DecodeGraphs` (0 without)."""
+        graphs = self.runner.graphs
+        return 0 if graphs is None else graphs.captures
 
     def _ensure_graphs(self) -> None:
         if self.use_graphs and self.runner.graphs is None:

@@ -58,6 +58,7 @@ class DecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, Tensor] = {}
         self.pool = None  # the graphs' shared memory pool, from the first capture on
+        self.captures = 0  # graphs captured (each on the first batch of its bucket)
 
     def _step(self, batch: int) -> StepInput:
         s = self.static[:, :batch]
@@ -85,6 +86,7 @@ class DecodeGraphs:
         with torch.cuda.graph(graph, pool=pool):
             self.logits[batch] = model.forward(step, cache)
         self.graphs[batch] = graph
+        self.captures += 1
         return graph.pool()
 
     def fits(self, batch: int) -> bool:

@@ -110,6 +110,10 @@ class Scheduler:
         self.alloc, self.block_size = allocator, block_size
         self.max_batched_tokens = max_batched_tokens
         self.stop_ids, self.stop_check = stop_ids, stop_check
+        # stop_ids as a lookup table by token id: a step's stop test is one gather,
+        # whatever the number of stop ids (np.isin sorts them at every call).
+        self._is_stop = np.zeros(int(stop_ids.max()) + 1 if len(stop_ids) else 0, dtype=bool)
+        self._is_stop[np.asarray(stop_ids, dtype=np.int64)] = True
         width = int(self.max_new.max()) if total else 0
         self.tokens = np.zeros((total, width), dtype=np.int64)
         self.log_probs = np.zeros((total, width), dtype=np.float32)
@@ -359,9 +363,7 @@ class Scheduler:
         """Token ``at[i]`` of sample ``samples[i]`` is known: store it, end stopped samples."""
         self.tokens[samples, at] = tokens
         self.log_probs[samples, at] = log_probs
-        stop = (
-            np.isin(tokens, self.stop_ids) if len(self.stop_ids) else np.zeros(len(samples), bool)
-        )
+        stop = self._stops(tokens)
         if self.stop_check is not None:
             stop |= self.stop_check(samples, at + 1)
         self.stopped[samples] = stop
@@ -373,6 +375,15 @@ class Scheduler:
             self._finish(s)
         for s in samples[park].tolist():
             self._park(s)
+
+    def _stops(self, tokens: np.ndarray) -> np.ndarray:
+        """Whether each token is a stop id (``np.isin(tokens, stop_ids)``)."""
+        table = self._is_stop
+        if not len(table):
+            return np.zeros(len(tokens), dtype=bool)
+        tokens = np.asarray(tokens, dtype=np.int64)
+        inside = (tokens >= 0) & (tokens < len(table))
+        return inside & table[np.where(inside, tokens, 0)]
 
     def _finish(self, sample: int) -> None:
         self.finished[sample] = True
