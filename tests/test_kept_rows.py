@@ -14,19 +14,25 @@ from conftest import start_local_ray
 from controller_toys import Echo, reserve
 from rayrl.batch import Batch
 from rayrl.controller import WorkerGroup, traffic
-from rayrl.controller.kept import KeptRows
+from rayrl.controller.kept import Directory, KeptRows
 
 
 def test_taking_rows_records_runs_of_each_piece():
-    source = KeptRows((("a", range(0, 4)), ("b", np.array([7, 5, 6], dtype=np.int32))))
+    pieces = ((0, range(0, 4)), (1, np.array([7, 5, 6], dtype=np.int32)))
+    source = KeptRows(Directory(("a", "b")), pieces)
     assert len(source) == 7
     taken = source.take(torch.tensor([5, 6, 1, 2, 3, 4, 0]))
-    pieces = [(ref, list(rows)) for ref, rows in taken.pieces]
-    assert pieces == [("b", [5, 6]), ("a", [1, 2, 3]), ("b", [7]), ("a", [0])]
+    named = [(taken.directory.refs[i], list(rows)) for i, rows in taken.pieces]
+    assert named == [("b", [5, 6]), ("a", [1, 2, 3]), ("b", [7]), ("a", [0])]
     assert isinstance(taken.pieces[1][1], range)  # a contiguous run pickles as a range
     assert list(taken.take(torch.tensor([4, 0])).pieces[0][1]) == [3]
+    assert taken.directory is source.directory  # shared: sent once per step
     both = KeptRows.concat([source, taken])
     assert len(both) == 14 and both.take(torch.tensor([])).pieces == ()
+    other = KeptRows(Directory(("c", "a")), ((0, range(2)), (1, range(1))))
+    merged = KeptRows.concat([source, other])  # one directory over both
+    assert merged.directory.refs == ("a", "b", "c")
+    assert [i for i, _ in merged.pieces] == [0, 1, 2, 0]
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,8 @@ than one value per row (token ids, masks, log-probs) put in the worker's object 
 (`keep_wide_columns`); the Batch that reaches the driver holds them as remote columns
 whose source is a `KeptRows` (`rayrl.batch_remote`). The driver reorders, splits and
 joins such Batches without fetching anything: a `KeptRows` records the rows picked,
-as pieces (an object reference, the rows of it). A call that gets such a Batch as an
+as pieces (an object reference, the rows of it; the references in a `Directory`
+that travels once per step). A call that gets such a Batch as an
 argument fetches the rows it was given straight from the workers that hold them
 (`resolve_arguments`, run before every registered method), so the bytes go worker to
 worker; only a column read on the driver is fetched there (counted by
@@ -43,14 +44,45 @@ def _compact(rows: np.ndarray) -> range | np.ndarray:
     return rows.astype(np.int32)
 
 
+class Directory:
+    """The object references a step's pieces point into, shared by every `KeptRows`
+    made from the same results. Sent from the driver, it travels as one reference of
+    its own (put once, at its first send): a call's ranks each get that one reference,
+    not one per worker that holds rows, so the references the driver sends per call
+    grow with the ranks called, not with their square."""
+
+    __slots__ = ("_refs", "_ref")
+
+    def __init__(self, refs: tuple | None = None, ref: ObjectRef | None = None) -> None:
+        self._refs, self._ref = refs, ref
+
+    @property
+    def refs(self) -> tuple:
+        if self._refs is None:
+            self._refs = ray.get(self._ref)
+        return self._refs
+
+    def __len__(self) -> int:
+        return len(self.refs)
+
+    def __reduce__(self) -> tuple:
+        if self._refs is not None and len(self._refs) > 1 and _on_driver():
+            if self._ref is None:
+                traffic.count_sent("directory", [self._refs])
+                self._ref = ray.put(self._refs)
+            return Directory, (None, self._ref)
+        return Directory, (self._refs, self._ref)
+
+
 class KeptRows:
-    """Rows of some columns kept in workers' object stores: pieces of (reference to a
-    Batch of those columns, the rows of it taken), in row order."""
+    """Rows of some columns kept in workers' object stores: pieces of (index of a
+    reference in `directory`, whose object is a Batch of those columns; the rows of
+    it taken), in row order."""
 
-    __slots__ = ("pieces",)
+    __slots__ = ("directory", "pieces")
 
-    def __init__(self, pieces: tuple[tuple[ObjectRef, Any], ...]) -> None:
-        self.pieces = pieces
+    def __init__(self, directory: Directory, pieces: tuple[tuple[int, Any], ...]) -> None:
+        self.directory, self.pieces = directory, pieces
 
     def __len__(self) -> int:
         return sum(len(rows) for _, rows in self.pieces)
@@ -59,41 +91,52 @@ class KeptRows:
         return f"KeptRows({len(self)} rows in {len(self.pieces)} pieces)"
 
     def __reduce__(self) -> tuple:
-        return KeptRows, (self.pieces,)
+        return KeptRows, (self.directory, self.pieces)
 
     def take(self, rows: Any) -> KeptRows:
         """The rows at positions `rows` (a 1-D integer tensor or array), in that order;
         a run of rows from one piece stays one piece."""
         wanted = rows.numpy() if hasattr(rows, "numpy") else np.asarray(rows)
         if not len(wanted):
-            return KeptRows(())
-        ends = np.cumsum([len(r) for _, r in self.pieces])
+            return KeptRows(self.directory, ())
+        sizes = np.array([len(r) for _, r in self.pieces])
+        ends = np.cumsum(sizes)
         which = np.searchsorted(ends, wanted, side="right")
-        starts = ends - np.array([len(r) for _, r in self.pieces])
+        starts = ends - sizes
         cuts = np.flatnonzero(np.diff(which)) + 1
         pieces = []
         for run in np.split(np.arange(len(wanted)), cuts):
             piece = int(which[run[0]])
-            ref, own = self.pieces[piece]
+            index, own = self.pieces[piece]
             local = wanted[run] - starts[piece]
             picked = np.asarray(own)[local] if not isinstance(own, range) else own.start + local
-            pieces.append((ref, _compact(np.asarray(picked, dtype=np.int64))))
-        return KeptRows(tuple(pieces))
+            pieces.append((index, _compact(np.asarray(picked, dtype=np.int64))))
+        return KeptRows(self.directory, tuple(pieces))
 
     @staticmethod
     def concat(sources: list[KeptRows]) -> KeptRows:
-        return KeptRows(tuple(chain.from_iterable(s.pieces for s in sources)))
+        """The rows of `sources` one after another, over one directory of them all."""
+        directories = list({id(s.directory): s.directory for s in sources}.values())
+        if len(directories) == 1:
+            return KeptRows(directories[0], tuple(chain.from_iterable(s.pieces for s in sources)))
+        refs = list(dict.fromkeys(chain.from_iterable(d.refs for d in directories)))
+        position = {ref: i for i, ref in enumerate(refs)}
+        pieces = tuple(
+            (position[s.directory.refs[index]], rows) for s in sources for index, rows in s.pieces
+        )
+        return KeptRows(Directory(tuple(refs)), pieces)
 
     def fetch(self, keys: list[str]) -> dict[str, Any]:
         """Columns `keys` of these rows, fetched from the object store (counted as the
         driver's when it runs on the driver)."""
         from rayrl.batch import Batch
 
-        refs = list(dict.fromkeys(ref for ref, _ in self.pieces))
-        stored = dict(zip(refs, ray.get(refs), strict=True))
+        indices = list(dict.fromkeys(index for index, _ in self.pieces))
+        refs = self.directory.refs
+        stored = dict(zip(indices, ray.get([refs[i] for i in indices]), strict=True))
         if _on_driver():
             traffic.count_received("fetch:" + ",".join(keys), list(stored.values()))
-        parts = [_rows_of(stored[ref].select(*keys), rows) for ref, rows in self.pieces]
+        parts = [_rows_of(stored[index].select(*keys), rows) for index, rows in self.pieces]
         if not parts:
             return {}
         merged = Batch.concat(parts)
@@ -121,7 +164,7 @@ def keep_batch(batch: Any, driver: tuple[str, ...] | None = None) -> Any:
     if not wide:
         return batch
     ref = ray.put(batch.select(*wide))
-    source = KeptRows(((ref, range(len(batch))),))
+    source = KeptRows(Directory((ref,)), ((0, range(len(batch))),))
     light = batch.select(*[k for k in (*batch.tensors, *batch.non_tensors) if k not in wide])
     light.remote.update(dict.fromkeys(wide, source))
     return light
