@@ -236,6 +236,8 @@ def test_async_train_on_one_core_starts_a_ray_that_holds_its_three_pools(
     assert "the local Ray starts with 3 logical CPUs" in done.stdout
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows if "async/staleness/mean" in row] == [1, 2]
+    workers = json.loads((tmp_path / "workers.json").read_text())["workers"]
+    assert {w["group"] for w in workers} == {"actor_rollout_ref", "rollout"}  # the replica too
 
 
 @pytest.mark.skipif(importlib.util.find_spec("swanlab") is not None, reason="swanlab installed")

@@ -130,6 +130,11 @@ class AsyncPPOTrainer(PPOTrainer):
         self._dropped = 0
 
     # ------------------------------------------------------------ the contract
+    def more_workers(self) -> list[WorkerGroup]:
+        """The rollout replicas running now (listed in workers.json beside the groups)."""
+        rollouts = getattr(self, "rollouts", None)
+        return [replica.group for replica in list(rollouts.replicas)] if rollouts else []
+
     def start(
         self, pools: list[ResourcePool], env: GroupEnv, device: str, total_steps: int
     ) -> list[WorkerGroup]:

@@ -343,8 +343,11 @@ class Run:
 
     def write_workers(self) -> None:
         """Rewrite `workers.json` from the groups as they are now (after a replacement:
-        the new workers' pids, nodes and log files)."""
-        self.run_dir.write_workers(self.groups, self.session.log_dir)
+        the new workers' pids, nodes and log files), with the workers the trainer keeps
+        beside its groups (`more_workers`: async training's rollout replicas)."""
+        more = getattr(self.trainer, "more_workers", None)
+        groups = [*self.groups, *(more() if more else [])]
+        self.run_dir.write_workers(groups, self.session.log_dir)
 
     def _train(self, tracking: Tracking, history: list[dict], on_step, interrupt) -> None:
         """Validation before training, the steps with what follows each, the export; each
@@ -409,6 +412,8 @@ class Run:
         t, done = self.cfg.trainer, self.progress.global_step
         metrics = self.usage()
         metrics.update({"training/global_step": done, "training/epoch": batch.meta["epoch"]})
+        if hasattr(self.trainer, "more_workers"):  # they come and go between steps
+            self.write_workers()
         last = done == self.total_steps()
         test_freq, save_freq = self._steps(t.test_freq), self._steps(t.save_freq)
         every = test_freq > 0
