@@ -44,3 +44,18 @@ def test_truncated_prompts_are_counted_in_one_line_per_split():
     data.val = None
     data.dataset.truncated = 0
     assert truncation_notes(data, cfg.data) == []
+
+
+def test_a_run_message_quoting_brackets_prints_as_it_is():
+    """A replica lost mid-broadcast: the run's message quotes gloo's error, whose
+    `[/.../pair.cc:553]` rich would read as a closing tag and fail on (the run died)."""
+    import io
+
+    from rich.console import Console
+
+    from rayrl.cli.common import plain_printer
+
+    out = io.StringIO()
+    text = "lost: [/__w/pytorch/third_party/gloo/pair.cc:553] Connection closed [bold]x"
+    plain_printer(Console(file=out, width=200))(text)
+    assert out.getvalue().strip() == text

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
@@ -172,3 +173,10 @@ def console(stderr: bool = False) -> Console:
     stream = sys.stderr if stderr else sys.stdout
     width = None if stream.isatty() else 160
     return Console(stderr=stderr, soft_wrap=True, width=width)
+
+
+def plain_printer(out: Console) -> Callable[[str], None]:
+    """A run's `print_fn` on `out`: its messages as they are, never read as rich markup
+    (they quote error texts, paths and log lines that hold brackets, such as gloo's
+    ``[/path/pair.cc:553]``, which rich would take for a closing tag and fail on)."""
+    return lambda text: out.print(text, highlight=False, markup=False)

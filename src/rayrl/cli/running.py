@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rayrl.cli.common import plain_printer
+
 
 class Stopped(Exception):  # noqa: N818 - the user's request, not an error
     """The run stopped early on Ctrl-C or SIGTERM, after writing a checkpoint;
@@ -32,7 +34,7 @@ def run_trainer(
 
     from rayrl.trainer.run import Run
 
-    run = Run(trainer, print_fn=lambda text: out.print(text, highlight=False))
+    run = Run(trainer, print_fn=plain_printer(out))
     out.print(f"model: {trainer.model_path}; run {run.name}; run directory {run.run_dir.root}")
     try:
         start = time.perf_counter()

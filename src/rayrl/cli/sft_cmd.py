@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from rayrl.cli.common import add_config_args, console, load_sft_from_args
+from rayrl.cli.common import add_config_args, console, load_sft_from_args, plain_printer
 from rayrl.cli.running import exit_code_of, run_trainer
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ def sft(cfg, out=None, *, table_rows: int = 20) -> list[dict]:
     from rayrl.trainer.sft import SFTTrainer
 
     out = out or console()
-    trainer = SFTTrainer(cfg, print_fn=lambda text: out.print(text, highlight=False))
+    trainer = SFTTrainer(cfg, print_fn=plain_printer(out))
     run, history = run_trainer(
         trainer, out, label="sft", info=lambda metrics: f"loss {metrics['train/loss']:.3f}"
     )

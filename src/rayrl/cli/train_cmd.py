@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from rayrl.cli.common import add_config_args, console, load_from_args
+from rayrl.cli.common import add_config_args, console, load_from_args, plain_printer
 from rayrl.cli.running import exit_code_of, run_trainer
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ def train(cfg, out=None, *, table_rows: int | None = None) -> list[dict]:
 
     out = out or console()
     trainer_cls = AsyncPPOTrainer if cfg.asynchronous else PPOTrainer
-    trainer = trainer_cls(cfg, print_fn=lambda text: out.print(text, highlight=False))
+    trainer = trainer_cls(cfg, print_fn=plain_printer(out))
     val: dict[str, float] = {}
 
     def info(metrics: dict) -> str:
