@@ -35,7 +35,8 @@ def run_trainer(
     from rayrl.trainer.run import Run
 
     run = Run(trainer, print_fn=plain_printer(out))
-    out.print(f"model: {trainer.model_path}; run {run.name}; run directory {run.run_dir.root}")
+    where = f"model: {trainer.model_path}; run {run.name}; run directory {run.run_dir.root}"
+    out.print(where, markup=False)  # paths may hold [brackets]
     try:
         start = time.perf_counter()
         with out.status("reserving resources and starting workers"):
