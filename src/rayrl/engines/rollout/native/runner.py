@@ -12,6 +12,7 @@ so that the device runs one step while the host does the bookkeeping of the last
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,6 +63,7 @@ class ModelRunner:
         self.table = torch.zeros(max_seqs, table_width, dtype=torch.int32, device=self.device)
         self.sampler = sampler if sampler is not None else DeviceSampler(model.kernels)
         self.graphs = None  # set by the engine on CUDA (DecodeGraphs)
+        self.forward_s = 0.0  # host time spent in prefill forwards (queueing them on CUDA)
 
     # --------------------------------------------------------------- sync
     def sync(self, sched: Scheduler) -> None:
@@ -132,7 +134,9 @@ class ModelRunner:
             seq_rows_host=host["seq_rows"].tolist(),
             tiles=parts[10].view(torch.int32).view(-1, 2) if len(tiles) else None,
         )
+        since = time.perf_counter()
         logits = self.model.forward(step, self.cache)
+        self.forward_s += time.perf_counter() - since
         if not len(samples):
             return None
         if len(pick) != len(counts):  # a prompt's n samples: a copy of its row each
