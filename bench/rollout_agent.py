@@ -21,8 +21,9 @@ and on CUDA also NVML's GPU utilisation averaged over those moments, read every 
 it is kept cheap: `torch.cuda.utilization()` re-initialises NVML and looks the device
 up at every call, Python work that takes the GIL from the engine's loop.
 The `tokens_per_s` record also holds the engine's `last_stats` (where its loop's time
-went: `prefill_s`, `launch_s`, `commit_s`, `turns_s`, `turn_wait_s`, `wait_s`;
-`graph_captures` in the timed run), and the CPU time of the loop's thread
+went: `prefill_s`, of it `prefill_forward_s` (queueing the eager prefill forwards)
+and `prefill_wait_s` (waiting for their first tokens), `launch_s`, `commit_s`,
+`turns_s`, `turn_wait_s`, `wait_s`; `graph_captures` in the timed run), and the CPU time of the loop's thread
 (`loop_cpu_s`) and of the process's other threads (`other_threads_cpu_s`: tools, the
 turn driver, the probe) during the rollout: a loop whose CPU time falls well short of
 `run_s - wait_s - turn_wait_s` was waiting for the GIL. ``--host-profile`` (of

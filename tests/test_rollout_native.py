@@ -289,6 +289,35 @@ def test_n_samples_share_one_prefill(model_dir, tokenizer):
     assert len({tuple(r) for r in out.tokens[:4].tolist()}) > 1  # the 4 samples differ
 
 
+def test_prefill_step_inputs_of_resumed_and_fresh_chunks():
+    """A prefill step's inputs, built for all chunks at once, are each chunk's own: its
+    tokens, their positions past its cached prefix, their cache slots through its row of
+    the block table; the Triton tiles read back as (sequence, first query) pairs."""
+    from rayrl.engines.rollout.native.runner import _prefill_inputs, _tiles
+    from rayrl.engines.rollout.native.scheduler import Chunk, Job
+    from rayrl.engines.rollout.native.step import PREFILL_TILE
+
+    bs, rng = 4, np.random.default_rng(0)
+    table = rng.permutation(200).astype(np.int32).reshape(5, 40)
+    jobs = [Job(rng.integers(0, 99, n), [i]) for i, n in enumerate((30, 7, 150))]
+    chunks = [Chunk(jobs[0], 21, 9, 3), Chunk(jobs[1], 0, 5, 0), Chunk(jobs[2], 3, 147, 1)]
+    host = _prefill_inputs(chunks, table, bs)
+    ids, pos, slots = [], [], []
+    for c in chunks:
+        p = np.arange(c.start, c.start + c.count)
+        ids += c.job.tokens[p].tolist()
+        pos += p.tolist()
+        slots += (table[c.row, p // bs].astype(np.int64) * bs + p % bs).tolist()
+    assert host["input_ids"].tolist() == ids and host["positions"].tolist() == pos
+    assert host["slot_mapping"].tolist() == slots
+    assert host["q_start"].tolist() == [0, 9, 14, 161]
+    assert host["seq_lens"].tolist() == [30, 5, 150] and host["seq_rows"].tolist() == [3, 0, 1]
+    assert host["last"].tolist() == [8, 160]  # the second chunk does not complete its job
+    tiles = torch.from_numpy(_tiles(host["q_start"])).view(torch.int32).view(-1, 2)
+    expected = [(0, 0), (1, 0)] + [(2, a) for a in range(0, 147, PREFILL_TILE)]
+    assert [tuple(t) for t in tiles.tolist()] == expected
+
+
 class InstantTurns:
     """A turn driver whose tools answer at once: three observations of three tokens per
     sample (fewer where the response limit leaves no room), then the episode ends."""

@@ -374,6 +374,11 @@ class NativeRolloutEngine(RolloutEngine):
             # committed), decode launches (planned, inputs staged, queued), commits
             # (waiting for a step's tokens included), and the turn driver's answers.
             "prefill_s": 0.0,
+            # Of prefill_s: queueing the forwards (eager: every kernel launched from
+            # Python), and waiting for their drawn tokens (the device's time not hidden
+            # behind that queueing).
+            "prefill_forward_s": 0.0,
+            "prefill_wait_s": 0.0,
             "launch_s": 0.0,
             "commit_s": 0.0,
         }
@@ -421,7 +426,15 @@ class NativeRolloutEngine(RolloutEngine):
         # Time blocked on the device's results; the rest of `run_s` is host work that
         # the device waited for (scheduling, inputs, launches).
         stats["wait_s"] = round(self.runner.sampler.wait_s, 4)
-        for key in ("prefill_s", "launch_s", "commit_s", "turn_wait_s", "turns_s"):
+        for key in (
+            "prefill_s",
+            "prefill_forward_s",
+            "prefill_wait_s",
+            "launch_s",
+            "commit_s",
+            "turn_wait_s",
+            "turns_s",
+        ):
             if key in stats:
                 stats[key] = round(stats[key], 4)
         stats["graph_captures"] = self._graph_captures() - captured
@@ -436,7 +449,10 @@ class NativeRolloutEngine(RolloutEngine):
         chunks = sched.plan_prefill()
         if not chunks:
             return False
+        forward, wait = self.runner.forward_s, self.runner.sampler.wait_s
         result = self.runner.prefill(sched, chunks, keys, sampling)
+        stats["prefill_forward_s"] += self.runner.forward_s - forward
+        stats["prefill_wait_s"] += self.runner.sampler.wait_s - wait
         samples_tokens = result[1] if result else (np.zeros(0, np.int64), np.zeros(0))
         sched.commit_prefill(chunks, *samples_tokens)
         stats["prefill_steps"] += 1

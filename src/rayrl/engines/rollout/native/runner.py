@@ -12,6 +12,7 @@ so that the device runs one step while the host does the bookkeeping of the last
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,6 +63,7 @@ class ModelRunner:
         self.table = torch.zeros(max_seqs, table_width, dtype=torch.int32, device=self.device)
         self.sampler = sampler if sampler is not None else DeviceSampler(model.kernels)
         self.graphs = None  # set by the engine on CUDA (DecodeGraphs)
+        self.forward_s = 0.0  # host time spent in prefill forwards (queueing them on CUDA)
 
     # --------------------------------------------------------------- sync
     def sync(self, sched: Scheduler) -> None:
@@ -90,60 +92,73 @@ class ModelRunner:
     def prefill(
         self, sched: Scheduler, chunks: list[Chunk], keys: np.ndarray, params: SamplingParams
     ):
-        """Run the chunks; sample the first token of every sample whose prompt completed."""
+        """Run the chunks; sample the first token of every sample whose prompt completed.
+
+        Every input of the step, the first-token draw's included, goes to the device in
+        one copy before the forward, so nothing waits for the device until the drawn
+        tokens come back."""
         self.sync(sched)
-        bs = sched.block_size
-        ids, pos, q_start, lens, rows, last = [], [], [0], [], [], []
-        for chunk in chunks:
-            p = np.arange(chunk.start, chunk.start + chunk.count)
-            ids.append(chunk.job.tokens[chunk.start : chunk.start + chunk.count])
-            pos.append(p)
-            q_start.append(q_start[-1] + chunk.count)
-            lens.append(chunk.start + chunk.count)
-            rows.append(chunk.row)
-            if chunk.completes:
-                last.append(q_start[-1] - 1)
-        positions = np.concatenate(pos)
-        row_of_token = np.repeat(np.asarray(rows), [c.count for c in chunks])
-        blocks = self.table_host[row_of_token, positions // bs].astype(np.int64)
-        slots = blocks * bs + positions % bs
-        input_ids, positions_d, slots_d = self._to_device([np.concatenate(ids), positions, slots])
-        meta = torch.tensor([*q_start, *lens, *rows, *last], dtype=torch.int64).to(
-            self.device, non_blocking=True
+        host = _prefill_inputs(chunks, self.table_host, sched.block_size)
+        counts, samples = sched.sample_rows(chunks)
+        # Row of the logits each sample draws from: a job's n samples share its last row.
+        pick = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+        tiles = _tiles(host["q_start"]) if self.model.kernels == "triton" else _NO_TILES
+        parts = self._upload(
+            [
+                host["input_ids"],
+                host["positions"],
+                host["slot_mapping"],
+                host["q_start"],
+                host["seq_lens"],
+                host["seq_rows"],
+                host["last"],
+                pick,
+                keys[samples],
+                sched.gen[samples],
+                tiles,
+            ]
         )
-        s = len(chunks)
+        input_ids, positions, slots, q_start, lens, rows, last = parts[:7]
         step = StepInput(
             input_ids=input_ids,
-            positions=positions_d,
-            slot_mapping=slots_d,
-            q_start=meta[: s + 1],
-            seq_lens=meta[s + 1 : 2 * s + 1],
-            seq_rows=meta[2 * s + 1 : 3 * s + 1],
-            logits_rows=meta[3 * s + 1 :],
+            positions=positions,
+            slot_mapping=slots,
+            q_start=q_start,
+            seq_lens=lens,
+            seq_rows=rows,
+            logits_rows=last,
             block_table=self.table,
             decode=False,
-            q_start_host=q_start,
-            seq_lens_host=lens,
-            tiles=self._tiles(q_start),
+            q_start_host=host["q_start"].tolist(),
+            seq_lens_host=host["seq_lens"].tolist(),
+            seq_rows_host=host["seq_rows"].tolist(),
+            tiles=parts[10].view(torch.int32).view(-1, 2) if len(tiles) else None,
         )
-        if not last:
-            self.model.forward(step, self.cache)
-            return None
+        since = time.perf_counter()
         logits = self.model.forward(step, self.cache)
-        counts, samples = sched.sample_rows(chunks)
-        logits = logits.repeat_interleave(torch.tensor(counts, device=self.device), dim=0)
-        return samples, self._sample(logits, keys[samples], sched.gen[samples], params)
-
-    def _tiles(self, q_start: list[int]) -> Tensor | None:
-        """(sequence, first query) of every PREFILL_TILE queries, for the Triton kernel."""
-        if self.model.kernels != "triton":
+        self.forward_s += time.perf_counter() - since
+        if not len(samples):
             return None
-        tiles = [
-            (i, a)
-            for i in range(len(q_start) - 1)
-            for a in range(0, q_start[i + 1] - q_start[i], PREFILL_TILE)
+        if len(pick) != len(counts):  # a prompt's n samples: a copy of its row each
+            logits = logits.index_select(0, parts[7])
+        return samples, self.sampler.sample(logits, parts[8], parts[9], params)
+
+    def _upload(self, arrays: list[np.ndarray]) -> list[Tensor]:
+        """One host-to-device copy of integer arrays of any lengths (as int64): their
+        device views, each starting 16 bytes aligned (Triton specialises kernels on the
+        alignment of their pointers: the same one every step, the same compiled kernel)."""
+        sizes = [len(a) + (len(a) & 1) for a in arrays]
+        offsets = np.concatenate([[0], np.cumsum(sizes)])
+        packed = np.zeros(int(offsets[-1]), dtype=np.int64)
+        for a, start in zip(arrays, offsets[:-1], strict=True):
+            packed[start : start + len(a)] = a
+        buffer = torch.from_numpy(packed)
+        if self.device.type == "cuda":  # a copy that never waits for the device's queue
+            buffer = buffer.pin_memory()
+        buffer = buffer.to(self.device, non_blocking=True)
+        return [
+            buffer[start : start + len(a)] for a, start in zip(arrays, offsets[:-1], strict=True)
         ]
-        return torch.tensor(tiles, dtype=torch.int32).to(self.device, non_blocking=True)
 
     # -------------------------------------------------------------- decode
     def decode(
@@ -191,6 +206,44 @@ class ModelRunner:
         """A launched step's (tokens, log-probs) on the host; waits for the device."""
         return self.sampler.wait(launch.host, launch.ready)
 
-    def _sample(self, logits: Tensor, keys: np.ndarray, positions: np.ndarray, params):
-        keys_d, pos_d = self._to_device([keys, positions])
-        return self.sampler.sample(logits, keys_d, pos_d, params)
+
+_NO_TILES = np.zeros(0, dtype=np.int64)
+
+
+def _prefill_inputs(chunks: list[Chunk], table: np.ndarray, block_size: int) -> dict:
+    """Host arrays of a prefill step, int64: per token ``input_ids``, ``positions``,
+    ``slot_mapping``; per chunk ``q_start`` (S + 1 offsets), ``seq_lens``, ``seq_rows``;
+    ``last``: the token index of each completing chunk's last token."""
+    s = len(chunks)
+    starts = np.fromiter((c.start for c in chunks), dtype=np.int64, count=s)
+    counts = np.fromiter((c.count for c in chunks), dtype=np.int64, count=s)
+    rows = np.fromiter((c.row for c in chunks), dtype=np.int64, count=s)
+    completes = np.fromiter((c.completes for c in chunks), dtype=bool, count=s)
+    q_start = np.zeros(s + 1, dtype=np.int64)
+    np.cumsum(counts, out=q_start[1:])
+    ids = np.concatenate([c.job.tokens[c.start : c.start + c.count] for c in chunks])
+    # Token t of chunk i sits at position starts[i] + (t - q_start[i]).
+    positions = np.arange(q_start[-1], dtype=np.int64) + np.repeat(starts - q_start[:-1], counts)
+    blocks = table[np.repeat(rows, counts), positions // block_size].astype(np.int64)
+    return {
+        "input_ids": ids.astype(np.int64, copy=False),
+        "positions": positions,
+        "slot_mapping": blocks * block_size + positions % block_size,
+        "q_start": q_start,
+        "seq_lens": starts + counts,
+        "seq_rows": rows,
+        "last": q_start[1:][completes] - 1,
+    }
+
+
+def _tiles(q_start: np.ndarray) -> np.ndarray:
+    """(sequence, first query) of every PREFILL_TILE queries, for the Triton kernel: int32
+    pairs, the bytes of each held by one int64, so that the device view of them as int32
+    is ``[n, 2]``."""
+    counts = np.diff(q_start)
+    per_seq = -(-counts // PREFILL_TILE)
+    seq = np.repeat(np.arange(len(counts), dtype=np.int64), per_seq)
+    first_tile = np.concatenate([[0], np.cumsum(per_seq)[:-1]]).astype(np.int64)
+    first = (np.arange(len(seq), dtype=np.int64) - np.repeat(first_tile, per_seq)) * PREFILL_TILE
+    pairs = np.stack([seq, first], axis=1).astype(np.int32)
+    return pairs.view(np.int64).reshape(-1)

@@ -31,7 +31,8 @@ class StepInput:
         logits_rows: [N] indices (into T) of the tokens whose next-token logits are needed.
         decode: True when every sequence has exactly one token (token i is sequence i).
         q_start: prefill only, [S + 1] offsets of each sequence's tokens in T.
-        q_start_host, seq_lens_host: the same offsets and lengths as Python lists.
+        q_start_host, seq_lens_host, seq_rows_host: the same offsets, lengths and rows
+            as Python lists (prefill).
         tiles: prefill on CUDA only, [n, 2] (sequence, first query index) of each
             PREFILL_TILE query tokens.
     """
@@ -47,4 +48,5 @@ class StepInput:
     q_start: Tensor | None = None
     q_start_host: list[int] | None = None
     seq_lens_host: list[int] | None = None
+    seq_rows_host: list[int] | None = None
     tiles: Tensor | None = None
