@@ -390,16 +390,23 @@ def test_calculate_log_probs_reports_how_far_rollout_and_actor_probabilities_are
     import torch
 
     from rayrl.batch import Batch
+    from rayrl.algos.probs_diff import probs_diff_rows
     from rayrl.trainer.metrics import rollout_probs_diff
 
     actor = torch.log(torch.tensor([[0.5, 0.25, 0.9], [0.1, 0.2, 0.3]]))
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
     same = Batch({"rollout_log_probs": actor, "old_log_probs": actor, "response_mask": mask})
-    metrics = rollout_probs_diff(same)
+    metrics = rollout_probs_diff(same, same)  # from the token columns
     assert metrics["training/rollout_probs_diff_max"] == 0.0
     assert metrics["training/rollout_actor_probs_pearson_corr"] == pytest.approx(1.0)
     shifted = torch.log(torch.tensor([[0.6, 0.25, 0.1], [0.1, 0.2, 0.3]]))
     off = Batch({"rollout_log_probs": shifted, "old_log_probs": actor, "response_mask": mask})
-    metrics = rollout_probs_diff(off)  # the masked 0.9 vs 0.1 does not count
+    metrics = rollout_probs_diff(off, off)  # the masked 0.9 vs 0.1 does not count
     assert metrics["training/rollout_probs_diff_max"] == pytest.approx(0.1)
     assert metrics["training/rollout_probs_diff_mean"] == pytest.approx(0.1 / 5)
+    # the log-prob pass's per-row sums (rows on the workers) give the same figures
+    sums = Batch(probs_diff_rows(shifted, actor, mask))
+    lengths = Batch({"response_length": mask.sum(-1)})
+    assert rollout_probs_diff(sums, lengths) == pytest.approx(metrics)
+    std = (torch.tensor([0.1, 0, 0, 0, 0]).std(unbiased=False)).item()
+    assert metrics["training/rollout_probs_diff_std"] == pytest.approx(std)
