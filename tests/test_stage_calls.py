@@ -89,3 +89,16 @@ def test_the_stop_check_runs_before_each_new_call_with_whether_state_changed():
     calls.new_attempt()
     calls.run("gen", gen, 1)  # kept: no new call, no check
     assert seen == [False, False, True]
+
+
+def test_a_kept_call_of_a_recovered_group_runs_again_its_rows_left_with_the_worker():
+    calls = StageCalls()
+    gen, score = Method("actor"), Method("reward")
+    gen.keeps_rows = True  # as `GroupMethod.keeping()`: the rows stayed on the ranks
+    score.keeps_rows = True
+    calls.new_step()
+    assert calls.run("gen", gen, 1) == 10 and calls.run("reward", score, 2) == 20
+    calls.forget({"actor"})  # an actor rank was replaced: its kept rows are gone
+    calls.new_attempt()
+    assert calls.run("gen", gen, 1) == 10 and gen.calls == 2
+    assert calls.run("reward", score, 2) == 20 and score.calls == 1  # its group was spared

@@ -126,6 +126,11 @@ class KeptRows:
         )
         return KeptRows(Directory(tuple(refs)), pieces)
 
+    def refs(self) -> list[ObjectRef]:
+        """The references these rows are read from."""
+        every = self.directory.refs
+        return [every[i] for i in dict.fromkeys(index for index, _ in self.pieces)]
+
     def fetch(self, keys: list[str]) -> dict[str, Any]:
         """Columns `keys` of these rows, fetched from the object store (counted as the
         driver's when it runs on the driver)."""
@@ -189,7 +194,12 @@ def keep_wide_columns(result: Any, keep: Any = True) -> Any:
 
 def resolve_arguments(args: tuple, kwargs: dict) -> None:
     """Fetch, in place, the remote columns of the Batch arguments of a call: the rows
-    the worker was given, from the workers that keep them."""
-    for value in chain(args, kwargs.values()):
-        if is_batch(value) and value.remote:
-            value.materialize()
+    the worker was given, from the workers that keep them (every object pulled side by
+    side first, then read locally)."""
+    batches = [v for v in chain(args, kwargs.values()) if is_batch(v) and v.remote]
+    sources = {id(s): s for b in batches for s in b.remote.values() if isinstance(s, KeptRows)}
+    refs = list(dict.fromkeys(ref for s in sources.values() for ref in s.refs()))
+    if refs:
+        ray.wait(refs, num_returns=len(refs), fetch_local=True)
+    for batch in batches:
+        batch.materialize()
