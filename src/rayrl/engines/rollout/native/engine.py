@@ -45,6 +45,7 @@ from rayrl.engines.rollout.base import ROLLOUT_ENGINES, RolloutEngine, WeightSou
 from rayrl.engines.rollout.contract import Responses, assemble_output, check_prompts, expand_samples
 from rayrl.engines.rollout.native.attention import choose_kernels
 from rayrl.engines.rollout.native.kv_cache import BlockAllocator, KVCache, cache_blocks_for
+from rayrl.engines.rollout.native.loop_stats import finished_stats, loop_stats
 from rayrl.engines.rollout.native.model import NativeModel
 from rayrl.engines.rollout.native.runner import ModelRunner
 from rayrl.engines.rollout.native.scheduler import Scheduler
@@ -363,28 +364,7 @@ class NativeRolloutEngine(RolloutEngine):
                 s, sched.tokens[s, : sched.gen[s]].copy()
             )
         self._ensure_graphs()
-        stats = {
-            "prefill_steps": 0,
-            "prefill_tokens": 0,
-            "decode_steps": 0,
-            "overlapped_steps": 0,
-            "dropped_tokens": 0,
-            "run_s": 0.0,
-            # Where the loop's time goes: prefill steps (planned, run, sampled and
-            # committed), decode launches (planned, inputs staged, queued), commits
-            # (waiting for a step's tokens included), and the turn driver's answers.
-            "prefill_s": 0.0,
-            # Of prefill_s: queueing the forwards (eager: every kernel launched from
-            # Python), and waiting for their drawn tokens (the device's time not hidden
-            # behind that queueing).
-            "prefill_forward_s": 0.0,
-            "prefill_wait_s": 0.0,
-            "launch_s": 0.0,
-            "commit_s": 0.0,
-        }
-        if turns is not None:
-            stats["turn_wait_s"] = 0.0  # blocked on the driver with nothing to run
-            stats["turns_s"] = 0.0  # taking and applying the driver's answers otherwise
+        stats = loop_stats(with_turns=turns is not None)
         captured = self._graph_captures()
         start, self.runner.sampler.wait_s = time.perf_counter(), 0.0
         pending = None  # a launched decode step whose tokens are not committed yet
@@ -422,25 +402,12 @@ class NativeRolloutEngine(RolloutEngine):
             if pending is not None:  # the device runs `launch` meanwhile
                 self._commit(sched, pending, stats)
             pending = launch
-        stats["run_s"] = round(time.perf_counter() - start, 4)
+        stats["run_s"] = time.perf_counter() - start
         # Time blocked on the device's results; the rest of `run_s` is host work that
         # the device waited for (scheduling, inputs, launches).
-        stats["wait_s"] = round(self.runner.sampler.wait_s, 4)
-        for key in (
-            "prefill_s",
-            "prefill_forward_s",
-            "prefill_wait_s",
-            "launch_s",
-            "commit_s",
-            "turn_wait_s",
-            "turns_s",
-        ):
-            if key in stats:
-                stats[key] = round(stats[key], 4)
+        stats["wait_s"] = self.runner.sampler.wait_s
         stats["graph_captures"] = self._graph_captures() - captured
-        self.last_stats = {**stats, "preemptions": sched.preemptions}
-        if turns is not None:
-            self.last_stats.update(resumed_turns=sched.resumes, reclaimed_kv=sched.reclaimed)
+        self.last_stats = finished_stats(stats, sched, with_turns=turns is not None)
         return sched
 
     def _prefill(self, sched: Scheduler, keys, sampling: SamplingParams, stats: dict) -> bool:
