@@ -389,8 +389,8 @@ def test_calculate_log_probs_reports_how_far_rollout_and_actor_probabilities_are
     """What `rollout.calculate_log_probs` turns on: verl's training/rollout_probs_diff_*."""
     import torch
 
-    from rayrl.batch import Batch
     from rayrl.algos.probs_diff import probs_diff_rows
+    from rayrl.batch import Batch
     from rayrl.trainer.metrics import rollout_probs_diff
 
     actor = torch.log(torch.tensor([[0.5, 0.25, 0.9], [0.1, 0.2, 0.3]]))

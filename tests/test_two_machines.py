@@ -5,12 +5,14 @@ authentication as the README describes, and one actor rank per machine.
 
 The ranks' process group must form over the machines' own addresses (gloo left alone
 would advertise 127.0.1.1, which the other machine cannot reach), and a rank killed
-on the second machine is replaced and recorded in workers.json.
+on the second machine is replaced and recorded in workers.json; the second machine
+lost whole moves its rank to a spare on the first, at the normal step time.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -23,7 +25,12 @@ import pytest
 from two_machines import available, two_machines
 
 UNAVAILABLE = available()
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(UNAVAILABLE), reason=UNAVAILABLE)]
+# `rayrl train` as a user runs it on two machines: in CI too, wherever it runs as root
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.command,
+    pytest.mark.skipif(bool(UNAVAILABLE), reason=UNAVAILABLE),
+]
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 RAY_ENV = {"PYTHONPATH": SRC, "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1"}
@@ -41,7 +48,8 @@ def cluster(tmp_path):
         worker.env.update(RAY_ENV)
         token = _checked(head.run(["ray", "get-auth-token", "--generate"], timeout=120)).stdout
         assert (head.home / ".ray" / "auth_token").is_file()
-        start = ["ray", "start", "--num-cpus=2", "--disable-usage-stats"]
+        # logical CPUs: each machine's actor and reward bundles, and spares for the other's
+        start = ["ray", "start", "--num-cpus=4", "--disable-usage-stats"]
         _checked(
             head.run(
                 [*start, "--head", f"--node-ip-address={head.ip}", "--port=6379"]
@@ -143,6 +151,68 @@ def test_train_on_two_machines_and_replace_a_killed_rank(cluster, tmp_path):
     assert now["log_file"].endswith(f"-{now['pid']}.err"), now
     assert Path(now["log_file"]).is_relative_to(worker.ray_temp), now
     assert Path(now["log_file"]).is_file(), now
+
+
+STEPS = 30  # a step takes a fraction of a second: the loss lands inside the run
+
+
+@pytest.mark.timeout(1500)
+def test_losing_the_second_machine_moves_its_rank_to_a_spare_at_the_normal_step_time(
+    cluster, tmp_path
+):
+    """The worker machine goes down whole (its Ray and every process on it) in the
+    middle of a run that reserved spares and keeps each step's snapshot on the other
+    machine too: its ranks move to the spare bundles on the head machine, the step
+    runs again from its snapshot, and the run ends at the step time it had before."""
+    head, worker = cluster.head, cluster.worker
+    out = tmp_path / "run"
+    command = _train_command(f"{head.ip}:6379", out, STEPS) + [
+        "resources.capacity_factor=1.5",  # spares, each on another machine than its rank's
+        "trainer.snapshot_replicas=1",  # each step's snapshot kept on the other machine too
+    ]
+    log_path = tmp_path / "train.log"
+    log = log_path.open("w")
+    train = subprocess.Popen(
+        head.command(command, env={"RAY_AUTH_MODE": "token"}),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        _until_steps(train, out, 3, log_path)
+        os.kill(worker.pid1, signal.SIGKILL)  # its pid 1: every process on it dies at once
+        code = train.wait(timeout=1200)
+    finally:
+        if train.poll() is None:
+            train.kill()
+        log.close()
+    text = log_path.read_text()
+    assert code == 0, text[-4000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == list(range(1, STEPS + 1)), text[-3000:]
+    hosts = {w["host"] for w in json.loads((out / "workers.json").read_text())["workers"]}
+    assert hosts == {head.hostname}, hosts  # every worker now on the head machine
+    recovered = [i for i, row in enumerate(rows) if "recovery/ranks_reloading" in row]
+    assert recovered and recovered[0] >= 3, text[-3000:]  # one step replayed, no rewind
+    assert "rewound" not in text, text[-3000:]
+    before = sorted(row["timing_s/step"] for row in rows[1 : recovered[0]])
+    after = sorted(row["timing_s/step"] for row in rows[recovered[-1] + 1 :])
+    assert after, rows
+    # the normal step time: no slower than before the loss (within a loaded machine's
+    # noise), not the seconds a step takes while a lost node's groups load Ray's GCS
+    assert after[len(after) // 2] < 2 * before[len(before) // 2] + 0.5, (before, after)
+
+
+def _until_steps(train, out: Path, steps: int, log_path: Path) -> None:
+    """Wait until the run has logged `steps` steps."""
+    deadline = time.monotonic() + 1200
+    metrics = out / "metrics.jsonl"
+    while time.monotonic() < deadline:
+        if train.poll() is not None:
+            raise AssertionError(f"train ended early:\n{log_path.read_text()[-4000:]}")
+        if metrics.is_file() and len(metrics.read_text().splitlines()) >= steps:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{steps} steps not done within 1200 s:\n{log_path.read_text()[-4000:]}")
 
 
 def _kill_rank_once_ready(train, out: Path, head, worker, log_path: Path) -> dict:
