@@ -40,7 +40,10 @@ def test_the_interface_holding_an_address_is_found():
         assert interface_holding(ip) == name
 
 
-def test_both_backends_bind_to_the_node_address_interface():
+def test_both_backends_bind_to_the_node_address_interface(monkeypatch):
+    for var in IFNAME_VARS:  # what the binding sets here is undone after the test
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(interface, "_SET_HERE", {})
     ip, name = next((ip, name) for name, ips in sorted(_addresses().items()) for ip in ips)
     chosen = bind_to_node_address(ip)
     assert (chosen.gloo, chosen.nccl, chosen.source) == (name, name, "node address")

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import psutil
 
+IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
 BIN = str(Path(sys.executable).parent)
 HOLDER = "rayrl-test-machine"  # the argument that marks a machine's holder process
 # pid 1 of a machine's pid namespace: reaps the processes orphaned there (Ray's daemons)
@@ -83,7 +85,9 @@ class Machine:
             **(env or {}),
         }
         enter = ["nsenter", "-t", str(self.pid1), "--net", "--uts", "--mount", "--pid", "--"]
-        return [*enter, "env", *(f"{k}={v}" for k, v in own.items()), *args]
+        # not the test process's interface names: this machine has interfaces of its own
+        unset = [flag for var in IFNAME_VARS for flag in ("-u", var)]
+        return [*enter, "env", *unset, *(f"{k}={v}" for k, v in own.items()), *args]
 
     def run(self, args: list[str], env: dict | None = None, timeout: float = 300.0):
         """Run `args` inside this machine to the end; the CompletedProcess (text)."""
