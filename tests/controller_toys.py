@@ -6,8 +6,10 @@ never sees a Batch then never pays for importing torch (seconds on a loaded mach
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from rayrl.controller import (
     RANK_ZERO,
     CallPlan,
     Worker,
+    WorkerGroup,
     register,
     register_collector,
     register_dispatch_mode,
@@ -335,6 +338,24 @@ class LateRankZero(Dist):
         if self.rank == 0:
             time.sleep(self.delay_s)
         super().init_distributed(backend, timeout, pg_timeout)
+
+
+@contextlib.contextmanager
+def echo_groups(prefix: str, sizes: list[int]):
+    """Echo groups of `sizes` workers (0.25 CPU each) on the connected Ray, roles
+    "a", "b", ...; shut down and their pool torn down afterwards."""
+    run = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    pool = reserve(run, [sum(sizes)], {"CPU": 0.25})
+    parts = pool.split(sizes)
+    made = [WorkerGroup(Echo, part, role=chr(97 + i), run=run) for i, part in enumerate(parts)]
+    try:
+        for group in made:
+            group.create(timeout_s=120)
+        yield made
+    finally:
+        for group in made:
+            group.shutdown()
+        pool.teardown()
 
 
 def reserve(run: str, per_node: list[int], bundle: dict, **spec_kwargs):

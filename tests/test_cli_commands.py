@@ -60,6 +60,22 @@ def gsm8k_parquet(tmp_path_factory):
     return out, rayrl("data", "gsm8k", str(jsonl), str(out))
 
 
+def _grpo_train(tiny_model, gsm8k_parquet) -> list[str]:
+    """`rayrl train` of GRPO on the tiny model and the GSM8K rows, small batches."""
+    return [
+        "train",
+        "-c",
+        "grpo",
+        f"actor_rollout_ref.model.path={tiny_model[0]}",
+        f"data.train_files={gsm8k_parquet[0]}",
+        "data.max_prompt_length=128",
+        "data.max_response_length=8",
+        "data.train_batch_size=2",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+    ]
+
+
 @pytest.fixture(scope="module")
 def gcs():
     """The session's local Ray, which the commands below join."""
@@ -71,16 +87,7 @@ def rl_run(tmp_path_factory, tiny_model, gsm8k_parquet, gcs):
     """`rayrl train`: one GRPO step on the GSM8K rows, with a checkpoint."""
     run = tmp_path_factory.mktemp("rl") / "run"
     done = rayrl(
-        "train",
-        "-c",
-        "grpo",
-        f"actor_rollout_ref.model.path={tiny_model[0]}",
-        f"data.train_files={gsm8k_parquet[0]}",
-        "data.max_prompt_length=128",
-        "data.max_response_length=8",
-        "data.train_batch_size=2",
-        "actor_rollout_ref.rollout.n=2",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        *_grpo_train(tiny_model, gsm8k_parquet),
         "trainer.total_training_steps=1",
         "trainer.save_freq=1",
         "trainer.val_before_train=false",
@@ -209,16 +216,7 @@ def test_async_train_on_one_core_starts_a_ray_that_holds_its_three_pools(
             sys.executable,
             "-m",
             "rayrl.cli.main",
-            "train",
-            "-c",
-            "grpo",
-            f"actor_rollout_ref.model.path={tiny_model[0]}",
-            f"data.train_files={gsm8k_parquet[0]}",
-            "data.max_prompt_length=128",
-            "data.max_response_length=8",
-            "data.train_batch_size=2",
-            "actor_rollout_ref.rollout.n=2",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            *_grpo_train(tiny_model, gsm8k_parquet),
             "actor_rollout_ref.rollout.mode=async",
             "rollout.n_gpus_per_node=1",
             "trainer.total_training_steps=2",

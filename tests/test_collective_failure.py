@@ -7,6 +7,7 @@ references to the groups (`rayrl.engines.group_release`)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -24,27 +25,37 @@ from rayrl.controller.collective_failure import is_gloo_peer_lost
 def test_a_rank_killed_mid_all_reduce_fails_every_rank_at_once_and_only_it_is_replaced(
     ray_local,
 ):
+    with _gloo_group(Dist) as group:
+        before = group.whoami()
+        future = group.all_reduce_for.remote(60.0)
+        time.sleep(2.0)  # every rank is in its all-reduce loop
+        took = _killed_mid_call_fails_every_rank(future, 2, before[2]["pid"])
+        assert took < 20, took
+        done = group.replace(2)  # the survivors re-form the group with the new rank
+        _survivors_kept(before, group.whoami(), 2)
+        assert done.new_pid != before[2]["pid"]
+        assert group.all_reduce() == [10.0] * 4
+
+
+@contextlib.contextmanager
+def _gloo_group(worker_cls):
+    """Four ranks of `worker_cls` on the local Ray, their gloo group formed."""
     run = f"coll-{uuid.uuid4().hex[:6]}"
     pool = reserve(run, [4], {"CPU": 0.5})
     kv = KVStore.create(run)
     try:
-        with WorkerGroup(Dist, pool.bundles, role="dist", run=run, kv=kv, pool=pool) as group:
-            group.create(timeout_s=120).init(timeout_s=120, backend="gloo", dist_timeout_s=600)
-            before = group.whoami()
-            future = group.all_reduce_for.remote(60.0)
-            time.sleep(2.0)  # every rank is in its all-reduce loop
-            took = _killed_mid_call_fails_every_rank(future, 2, before[2]["pid"])
-            assert took < 20, took
-            done = group.replace(2)  # the survivors re-form the group with the new rank
-            after = group.whoami()
-            assert [a["pid"] for i, a in enumerate(after) if i != 2] == [
-                b["pid"] for i, b in enumerate(before) if i != 2
-            ]
-            assert done.new_pid != before[2]["pid"]
-            assert group.all_reduce() == [10.0] * 4
+        with WorkerGroup(worker_cls, pool.bundles, role="dist", run=run, kv=kv, pool=pool) as g:
+            g.create(timeout_s=120).init(timeout_s=120, backend="gloo", dist_timeout_s=600)
+            yield g
     finally:
         kv.shutdown()
         pool.teardown()
+
+
+def _survivors_kept(before: list[dict], after: list[dict], victim: int) -> None:
+    """Every rank but `victim` kept its process through the replacement."""
+    kept = [a["pid"] for i, a in enumerate(after) if i != victim]
+    assert kept == [b["pid"] for i, b in enumerate(before) if i != victim]
 
 
 def _killed_mid_call_fails_every_rank(future, victim: int, pid: int) -> float:
@@ -69,27 +80,16 @@ def _killed_mid_call_fails_every_rank(future, victim: int, pid: int) -> float:
 def test_a_rank_killed_in_fsdp_collectives_on_mesh_subgroups_fails_every_rank_at_once(
     ray_local,
 ):
-    run = f"coll-{uuid.uuid4().hex[:6]}"
-    pool = reserve(run, [4], {"CPU": 0.5})
-    kv = KVStore.create(run)
-    try:
-        with WorkerGroup(ShardedDist, pool.bundles, role="dist", run=run, kv=kv, pool=pool) as g:
-            g.create(timeout_s=120).init(timeout_s=120, backend="gloo", dist_timeout_s=600)
-            g.build(2)  # 2 x 2: FSDP shards over pairs, replicates across them
-            before = g.whoami()
-            future = g.train_for.remote(120.0)
-            time.sleep(3.0)  # every rank is in its training loop
-            took = _killed_mid_call_fails_every_rank(future, 2, before[2]["pid"])
-            assert took < 20, took
-            g.replace(2)
-            after = g.whoami()
-            assert [a["pid"] for i, a in enumerate(after) if i != 2] == [
-                b["pid"] for i, b in enumerate(before) if i != 2
-            ]
-            assert g.all_reduce() == [10.0] * 4
-    finally:
-        kv.shutdown()
-        pool.teardown()
+    with _gloo_group(ShardedDist) as g:
+        g.build(2)  # 2 x 2: FSDP shards over pairs, replicates across them
+        before = g.whoami()
+        future = g.train_for.remote(120.0)
+        time.sleep(3.0)  # every rank is in its training loop
+        took = _killed_mid_call_fails_every_rank(future, 2, before[2]["pid"])
+        assert took < 20, took
+        g.replace(2)
+        _survivors_kept(before, g.whoami(), 2)
+        assert g.all_reduce() == [10.0] * 4
 
 
 def test_only_gloos_lost_peer_errors_count():

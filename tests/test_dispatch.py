@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 
 import pytest
 import ray
 import torch
 
 from conftest import start_local_ray
-from controller_toys import Echo, Pickled, Tracer, reserve, summary
+from controller_toys import Pickled, Tracer, echo_groups, summary
 from rayrl.batch import Batch
-from rayrl.controller import GroupFuture, GroupTimeoutError, WorkerCallError, WorkerGroup, traffic
+from rayrl.controller import GroupFuture, GroupTimeoutError, WorkerCallError, traffic
 from rayrl.controller.dispatch import DPState, Outputs, collect_outputs
 
 
@@ -23,20 +22,8 @@ from rayrl.controller.dispatch import DPState, Outputs, collect_outputs
 def groups():
     """Echo groups of 4, 2 and 2 workers (0.25 CPU each) on the local Ray."""
     start_local_ray()
-    run = f"disp-{uuid.uuid4().hex[:6]}"
-    pool = reserve(run, [8], {"CPU": 0.25})
-    a, b, c = pool.split([4, 2, 2])
-    made = [
-        WorkerGroup(Echo, a, role="a", run=run),
-        WorkerGroup(Echo, b, role="b", run=run),
-        WorkerGroup(Echo, c, role="c", run=run),
-    ]
-    for group in made:
-        group.create(timeout_s=120)
-    yield made
-    for group in made:
-        group.shutdown()
-    pool.teardown()
+    with echo_groups("disp", [4, 2, 2]) as made:
+        yield made
 
 
 def rows(n: int, width: int = 1) -> Batch:

@@ -4,16 +4,14 @@ fetch the rows they are given from the workers that hold them."""
 
 from __future__ import annotations
 
-import uuid
-
 import numpy as np
 import pytest
 import torch
 
 from conftest import start_local_ray
-from controller_toys import Echo, reserve
+from controller_toys import echo_groups
 from rayrl.batch import Batch
-from rayrl.controller import WorkerGroup, traffic
+from rayrl.controller import traffic
 from rayrl.controller.kept import Directory, KeptRows
 
 
@@ -39,16 +37,8 @@ def test_taking_rows_records_runs_of_each_piece():
 def groups():
     """Echo groups of 4 and 2 workers on the local Ray."""
     start_local_ray()
-    run = f"kept-{uuid.uuid4().hex[:6]}"
-    pool = reserve(run, [6], {"CPU": 0.25})
-    a, b = pool.split([4, 2])
-    made = [WorkerGroup(Echo, a, role="a", run=run), WorkerGroup(Echo, b, role="b", run=run)]
-    for group in made:
-        group.create(timeout_s=120)
-    yield made
-    for group in made:
-        group.shutdown()
-    pool.teardown()
+    with echo_groups("kept", [4, 2]) as made:
+        yield made
 
 
 def wide(n: int, width: int) -> Batch:

@@ -120,11 +120,6 @@ class Batch:
         """Column `key` (fetched when remote), or `default` when there is none."""
         return self._column(key) if key in self else default
 
-    @property
-    def has_remote(self) -> bool:
-        """Whether some column's rows are stored elsewhere (`remote`)."""
-        return bool(self.remote)
-
     def materialize(self, keys: Sequence[str] | None = None) -> Batch:
         """Fetch remote columns `keys` (default: all) into ordinary ones, in place;
         returns the Batch itself."""

@@ -38,9 +38,8 @@ KEEP_KWARG = "__rayrl_keep_rows__"
 
 def _compact(rows: np.ndarray) -> range | np.ndarray:
     """A contiguous ascending run as a `range` (three numbers pickled), else int32."""
-    n = len(rows)
-    if n and int(rows[-1]) - int(rows[0]) == n - 1 and (n == 1 or bool((np.diff(rows) == 1).all())):
-        return range(int(rows[0]), int(rows[0]) + n)
+    if len(rows) and bool((np.diff(rows) == 1).all()):
+        return range(int(rows[0]), int(rows[0]) + len(rows))
     return rows.astype(np.int32)
 
 
@@ -61,9 +60,6 @@ class Directory:
         if self._refs is None:
             self._refs = ray.get(self._ref)
         return self._refs
-
-    def __len__(self) -> int:
-        return len(self.refs)
 
     def __reduce__(self) -> tuple:
         if self._refs is not None and len(self._refs) > 1 and _on_driver():
@@ -126,19 +122,21 @@ class KeptRows:
         )
         return KeptRows(Directory(tuple(refs)), pieces)
 
+    def _indices(self) -> list[int]:
+        """The directory indices these rows are read from, each once, in order."""
+        return list(dict.fromkeys(index for index, _ in self.pieces))
+
     def refs(self) -> list[ObjectRef]:
         """The references these rows are read from."""
         every = self.directory.refs
-        return [every[i] for i in dict.fromkeys(index for index, _ in self.pieces)]
+        return [every[i] for i in self._indices()]
 
     def fetch(self, keys: list[str]) -> dict[str, Any]:
         """Columns `keys` of these rows, fetched from the object store (counted as the
         driver's when it runs on the driver)."""
         from rayrl.batch import Batch
 
-        indices = list(dict.fromkeys(index for index, _ in self.pieces))
-        refs = self.directory.refs
-        stored = dict(zip(indices, ray.get([refs[i] for i in indices]), strict=True))
+        stored = dict(zip(self._indices(), ray.get(self.refs()), strict=True))
         if _on_driver():
             traffic.count_received("fetch:" + ",".join(keys), list(stored.values()))
         parts = [_rows_of(stored[index].select(*keys), rows) for index, rows in self.pieces]

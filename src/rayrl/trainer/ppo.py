@@ -487,7 +487,7 @@ DRIVER_COLUMNS = (
     "finish_reason",
     "response_length",
     "sequence_length",
-    *SCORE_COLUMNS[1:],
+    *(column for column in SCORE_COLUMNS if column != "token_level_scores"),
     "num_turns",
     "tool_stats",
     "multi_turn_events",
