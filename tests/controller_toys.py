@@ -414,6 +414,11 @@ class Stateful(Worker):
     def get(self) -> dict:
         return {"value": self.value, "pid": os.getpid()}
 
+    @register(dispatch=ONE_TO_ALL)
+    def slow_down(self, delay: float) -> None:
+        """The snapshots taken from now on take `delay` s to reach the object store."""
+        self.delay = delay
+
     def snapshot_state(self) -> SlowState:
         return SlowState(self.value, self.delay)
 

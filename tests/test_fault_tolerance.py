@@ -230,7 +230,7 @@ def test_kills_a_hang_and_a_lost_node_end_bitwise_like_the_clean_run(
             f"resources.address={cluster.address}",
             "trainer.nnodes=2",
             "trainer.n_gpus_per_node=1",
-            "resources.capacity_factor=3",  # spares SPREAD: each pool has one on either node
+            "resources.capacity_factor=2",  # spares SPREAD: each pool has one on either node
             # a reward worker on each node (and its spares) in half a CPU: 9 of the 10
             "reward.cpus_per_worker=0.5",
         ],
@@ -296,7 +296,7 @@ def test_a_lost_nodes_snapshot_comes_back_from_its_copy_on_the_other_node(
             f"resources.address={cluster.address}",
             "trainer.nnodes=2",
             "trainer.n_gpus_per_node=1",
-            "resources.capacity_factor=3",
+            "resources.capacity_factor=2",
             "trainer.snapshot_replicas=1",
         ],
         on_step=on_step,

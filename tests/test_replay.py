@@ -114,7 +114,7 @@ def test_a_killed_rank_is_replaced_and_the_step_runs_again_from_its_boundary(cou
     assert replay.ledger == [(0, ["p0", "p1"])]
     [record] = replay.recoveries
     assert record["stage"] == "read" and record["replaced"][0]["rank"] == 1
-    assert any("recovering from a worker failure in step 0" in line for line in printed)
+    assert any("recovering from a worker failure in step 1" in line for line in printed)
     assert "timing_s/snapshot" in metrics
 
     # the next step starts from the new boundary

@@ -192,7 +192,10 @@ def test_losing_the_second_machine_moves_its_rank_to_a_spare_at_the_normal_step_
     hosts = {w["host"] for w in json.loads((out / "workers.json").read_text())["workers"]}
     assert hosts == {head.hostname}, hosts  # every worker now on the head machine
     recovered = [i for i, row in enumerate(rows) if "recovery/ranks_reloading" in row]
-    assert recovered and recovered[0] >= 3, text[-3000:]  # one step replayed, no rewind
+    # the step under way replayed from the last boundary, or (when the machine went while
+    # that boundary's copy was still on its way) from the one before, kept in memory:
+    # never a rewind to the start
+    assert recovered and recovered[0] >= 2, text[-3000:]
     assert "rewound" not in text, text[-3000:]
     before = sorted(row["timing_s/step"] for row in rows[1 : recovered[0]])
     after = sorted(row["timing_s/step"] for row in rows[recovered[-1] + 1 :])

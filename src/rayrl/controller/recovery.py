@@ -138,6 +138,11 @@ class GroupSnapshot:
                 mine.append(copy)
             self.replicas.append(mine)
 
+    def pending(self) -> list[ObjectRef]:
+        """What storing this snapshot whole still waits for: the ranks' hand-overs not
+        yet waited for, and the copies onto other nodes (`stored_whole`)."""
+        return [*self.handed, *self.copied]
+
     def wait_stored(self, group: Any, timeout_s: float | None = None) -> None:
         """Until every rank's state is in the object store; SnapshotLostError when a
         rank died before it got there."""
@@ -228,6 +233,16 @@ class GroupSnapshot:
             pairs += list(zip(self.replica_nodes[rank], self.replicas[rank], strict=True))
             out.append(sorted(pairs, key=lambda pair: pair[0] not in alive))
         return out
+
+
+def stored_whole(pending: list[ObjectRef]) -> bool:
+    """Wait for `pending` (`GroupSnapshot.pending`); whether every hand-over and copy
+    got into its object store (a rank or node lost first: False)."""
+    try:
+        ray.get(pending)
+    except (ray.exceptions.RayError, *LOST_ERRORS):
+        return False
+    return True
 
 
 def _alive_nodes() -> list[str]:

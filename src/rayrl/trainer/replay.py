@@ -12,8 +12,10 @@ after it) and, when a worker dies or hangs in it:
 3. restores the groups that hold state to the last step boundary, from the snapshot
    taken there (`GroupSnapshot`, `trainer.step_snapshots`; with
    `trainer.snapshot_replicas` a rank whose node was lost takes its copy on another
-   node), or, where that is gone (a lost node took it), from the last checkpoint: then
-   the run rewinds to that checkpoint's step (`Rewound`);
+   node), or, where that is gone (a lost node took it), from the boundary before it,
+   kept in memory until the last one is stored whole (`Boundary`: the run goes back
+   one step further), or else from the last checkpoint: then the run rewinds to that
+   checkpoint's step (`Rewound`);
 4. runs the work again: the step's calls that had finished are reused, the updates of
    the restored groups run again, with the same inputs and seeds (`StageCalls`).
 
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -46,7 +49,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rayrl.controller.errors import WorkerCallError, WorkerError, WorkerHungError
-from rayrl.controller.recovery import GroupSnapshot, SnapshotLostError, buddy_nodes
+from rayrl.controller.recovery import (
+    GroupSnapshot,
+    SnapshotLostError,
+    buddy_nodes,
+    stored_whole,
+)
 from rayrl.trainer.stage_calls import StageCalls
 from rayrl.trainer.state import Stateful, capture, restore
 
@@ -92,6 +100,20 @@ class Rewound(Exception):  # noqa: N818 - a change of course, not an error
     def __init__(self, step: int) -> None:
         super().__init__(f"rewound to step {step}")
         self.step = step
+
+
+@dataclass
+class Boundary:
+    """A step boundary held in memory while the next one is being stored: the steps
+    done there, the stateful groups' snapshots, and the driver's parts with their
+    captured states. A boundary's snapshot is handed to the object store and copied
+    onto other nodes while the next step runs; a rank or node lost before that is
+    done takes it away, and the run goes back to this one instead of a checkpoint."""
+
+    step: int
+    snapshots: dict[str, GroupSnapshot]
+    parts: dict[str, Stateful]
+    states: dict[str, dict[str, Any]]
 
 
 class WorkerRestartLimitError(RuntimeError):
@@ -141,6 +163,8 @@ class StepReplay:
         print_fn: receives the run's messages.
         on_replaced: called after workers were replaced, before their state is
             restored (the run rewrites its `workers.json` there).
+        on_back: called with the step the run went back to from memory (the boundary
+            before a lost snapshot's): the run drops its metrics after it there.
     """
 
     def __init__(
@@ -152,12 +176,15 @@ class StepReplay:
         rewind: Callable[[str], int],
         print_fn: Callable[[str], None] = print,
         on_replaced: Callable[[], None] = lambda: None,
+        on_back: Callable[[int], None] = lambda step: None,
     ) -> None:
         self.groups, self.stateful, self.calls = groups, stateful, calls
-        self.on_replaced = on_replaced
+        self.on_replaced, self.on_back = on_replaced, on_back
         self.policy, self.rewind, self.print = policy, rewind, print_fn
         self.use_snapshots = policy.snapshots
         self.snapshots: dict[str, GroupSnapshot] = {}
+        self.previous: Boundary | None = None  # until `snapshots` are stored whole
+        self._previous_lock = threading.Lock()
         self.recoveries: list[dict] = []
         self.ledger: list[tuple[int, list[str]]] = []
         self._reported = 0  # recoveries already in a step's metrics
@@ -247,11 +274,55 @@ class StepReplay:
             metrics, trained = work()
             return metrics, trained, self._take()
 
-        metrics, trained, snapshots = self.run(attempt, f"step {step}")
+        metrics, trained, snapshots = self.run(attempt, f"step {step + 1}")
+        self._keep_until_stored(Boundary(step, self.snapshots, parts, before), snapshots)
         self.snapshots = snapshots
         _charge_to_step(metrics, sum(s.seconds for s in snapshots.values()))
         self.ledger.append((step, list(trained)))
         return metrics
+
+    def _keep_until_stored(self, boundary: Boundary, newer: dict[str, GroupSnapshot]) -> None:
+        """Hold `boundary` as `previous` until the `newer` snapshots are stored whole (a
+        thread waits for their hand-overs and copies, then lets it go): the object
+        stores hold two boundaries only while the newer one is on its way."""
+        pending = [ref for snapshot in newer.values() for ref in snapshot.pending()]
+        with self._previous_lock:
+            self.previous = boundary if boundary.snapshots and pending else None
+        if self.previous is None:
+            return
+
+        def let_go() -> None:
+            if stored_whole(pending):
+                with self._previous_lock:
+                    if self.previous is boundary:
+                        self.previous = None
+
+        threading.Thread(target=let_go, name="rayrl-boundary-stored", daemon=True).start()
+
+    def _back_to_previous(self, err: SnapshotLostError) -> int | None:
+        """Every stateful group and the driver's parts back to the boundary before the
+        lost snapshot's (`previous`), from memory; the step it is at, or None where
+        there is none or it is gone too."""
+        with self._previous_lock:
+            boundary, self.previous = self.previous, None
+        if boundary is None:
+            return None
+        try:
+            for group in self.stateful:
+                boundary.snapshots[group.name].restore(group)
+        except SnapshotLostError:
+            return None
+        restore(boundary.parts, boundary.states)
+        self.snapshots = boundary.snapshots
+        self.ledger = [(s, uids) for s, uids in self.ledger if s < boundary.step]
+        self.recoveries[-1]["back_to"] = boundary.step
+        self.on_back(boundary.step)
+        self.print(
+            f"WARNING: {err}; back to the boundary before it (step {boundary.step}), kept "
+            "in memory until the last one was stored whole (no checkpoint read): the steps "
+            "after it run again"
+        )
+        return boundary.step
 
     @property
     def can_undo(self) -> bool:
@@ -368,6 +439,9 @@ class StepReplay:
                     f"({where}): the primaries were lost with their node"
                 )
         except SnapshotLostError as err:
+            back = self._back_to_previous(err)
+            if back is not None:
+                raise Rewound(back) from err
             self.snapshots.clear()
             step = self.rewind(str(err))
             # the steps from `step` on run again and are recorded again

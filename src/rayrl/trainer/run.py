@@ -339,6 +339,7 @@ class Run:
             self.rewind,
             self.print,
             on_replaced=self.write_workers,
+            on_back=self.run_dir.keep_metrics_until,
         )
 
     def write_workers(self) -> None:
@@ -385,6 +386,7 @@ class Run:
                     replay.run(lambda: self.trainer.export(self.run_dir.hf), "export")
                 return
             except Rewound as rewound:
+                self._step_states = None  # the rewind put the parts where the run stands
                 history[:] = [m for m in history if m["training/global_step"] <= rewound.step]
 
     def _step(self, step: int, batch: Batch) -> dict[str, float]:
