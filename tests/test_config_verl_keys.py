@@ -408,5 +408,37 @@ def test_calculate_log_probs_reports_how_far_rollout_and_actor_probabilities_are
     sums = Batch(probs_diff_rows(shifted, actor, mask))
     lengths = Batch({"response_length": mask.sum(-1)})
     assert rollout_probs_diff(sums, lengths) == pytest.approx(metrics)
-    std = (torch.tensor([0.1, 0, 0, 0, 0]).std(unbiased=False)).item()
+    std = (torch.tensor([0.1, 0, 0, 0, 0]).std()).item()  # torch.std, as verl's
     assert metrics["training/rollout_probs_diff_std"] == pytest.approx(std)
+    assert metrics["training/rollout_probs_diff_valid"] == 1
+    none = Batch({**off.tensors, "response_mask": torch.zeros_like(mask)})
+    assert rollout_probs_diff(none, none) == {"training/rollout_probs_diff_valid": 0.0}
+
+
+def test_rollout_probs_metrics_from_row_sums_equal_verls_whole_batch_formulas():
+    """On random probabilities and masks, the per-row sums give what verl's
+    `calculate_debug_metrics` computes over the masked tokens: torch.max, torch.mean,
+    torch.std (Bessel's correction) of |p_rollout - p_actor| and torch.corrcoef."""
+    import torch
+
+    from rayrl.algos.probs_diff import probs_diff_metrics, probs_diff_rows
+
+    gen = torch.Generator().manual_seed(3)
+    for rows, cols in [(6, 9), (1, 2), (32, 17)]:
+        rollout = torch.rand(rows, cols, generator=gen).clamp_min(1e-3).log()
+        actor = torch.rand(rows, cols, generator=gen).clamp_min(1e-3).log()
+        mask = torch.rand(rows, cols, generator=gen) < 0.7
+        mask[0, 0] = mask[0, 1] = True  # two real tokens at least
+        p_rollout, p_actor = rollout.exp()[mask], actor.exp()[mask]
+        diff = (p_actor - p_rollout).abs()
+        verl = {
+            "training/rollout_probs_diff_valid": 1.0,
+            "training/rollout_probs_diff_max": diff.max().item(),
+            "training/rollout_probs_diff_mean": diff.mean().item(),
+            "training/rollout_probs_diff_std": diff.std().item(),
+            "training/rollout_actor_probs_pearson_corr": torch.corrcoef(
+                torch.stack([p_actor, p_rollout])
+            )[0, 1].item(),
+        }
+        ours = probs_diff_metrics(probs_diff_rows(rollout, actor, mask), mask.sum(-1))
+        assert ours == pytest.approx(verl, rel=1e-5, abs=1e-6), (rows, cols)

@@ -1,9 +1,10 @@
 """How far the rollout's token probabilities are from the actor's, from per-row sums.
 
 verl reports, when the rollout records its log-probs, the max, mean and standard
-deviation of |p_rollout - p_actor| over the response tokens and the Pearson
-correlation of the two (`training/rollout_probs_diff_*`,
-`training/rollout_actor_probs_pearson_corr`). All of them follow from a few sums per
+deviation (torch.std's, with Bessel's correction) of |p_rollout - p_actor| over the
+response tokens and the Pearson correlation of the two (`training/rollout_probs_diff_*`,
+`training/rollout_actor_probs_pearson_corr`), and `training/rollout_probs_diff_valid`
+(1; 0 alone when no response token is real). All of them follow from a few sums per
 row, which the rank that computed the actor's log-probs can send instead of the
 token columns: `probs_diff_rows` on that rank, `probs_diff_metrics` on the
 controller, equal to the whole-batch formulas up to rounding.
@@ -52,20 +53,22 @@ def probs_diff_rows(
 
 
 def probs_diff_metrics(rows: dict[str, Tensor], counts: Tensor) -> dict[str, float]:
-    """verl's four metrics from `probs_diff_rows` of every row and each row's count of
-    real tokens; nothing when there is no real token."""
+    """verl's metrics from `probs_diff_rows` of every row and each row's count of real
+    tokens; `training/rollout_probs_diff_valid` 0 alone when there is no real token."""
     n = float(counts.double().sum())
     if n == 0:
-        return {}
+        return {"training/rollout_probs_diff_valid": 0.0}
     total = {key: float(rows[key].double().sum()) for key in PROBS_DIFF_COLUMNS[1:]}
     mean = total["probs_diff_sum"] / n
-    var = max(total["probs_diff_sq_sum"] / n - mean * mean, 0.0)
+    # torch.std's sample variance, as verl's; one token has none
+    var = max(total["probs_diff_sq_sum"] - n * mean * mean, 0.0) / (n - 1) if n > 1 else math.nan
     mx, my = total["probs_rollout_sum"] / n, total["probs_actor_sum"] / n
     cov = total["probs_cross_sum"] / n - mx * my
     vx = total["probs_rollout_sq_sum"] / n - mx * mx
     vy = total["probs_actor_sq_sum"] / n - my * my
     corr = cov / math.sqrt(vx * vy) if n > 1 and vx > 0 and vy > 0 else float("nan")
     return {
+        "training/rollout_probs_diff_valid": 1.0,
         "training/rollout_probs_diff_max": float(rows["probs_diff_max"].max()),
         "training/rollout_probs_diff_mean": mean,
         "training/rollout_probs_diff_std": math.sqrt(var),
