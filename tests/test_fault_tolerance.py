@@ -12,6 +12,8 @@ worker) and real processes killed:
 - on a two-node cluster with `trainer.snapshot_replicas=1`, the node that holds a
   rank's step snapshot is lost: the rank comes back from the copy on the other node
   (one step back, no rewind to a checkpoint), bitwise identical to the clean run;
+- a rank killed while it hands its step snapshot to the object store: the run goes
+  back to the boundary before, kept in memory, and ends bitwise identical;
 - `rayrl train` in its own process: SIGTERM stops it with a checkpoint, a second run
   is SIGKILLed mid-step, a third (`trainer.resume_mode=auto`) ends identical;
 - a rank that always dies hits `trainer.max_worker_restarts` and the run stops.
@@ -271,6 +273,32 @@ def test_a_killed_rank_alone_reads_weights_and_the_run_ends_bitwise(clean, tmp_p
     assert record["ranks_reloading"] == 1
     assert killed["history"][1]["recovery/ranks_reloading"] == 1.0
     assert "1 rank(s) read weights from storage" in "\n".join(killed["printed"])
+
+
+def test_a_rank_killed_while_its_boundary_is_stored_goes_back_a_boundary_and_ends_bitwise(
+    clean, tmp_path
+):
+    """Rank 1 dies as it starts handing step 2's snapshot to the object store (its
+    `snapshot_publish`, beside what follows the step): that snapshot is gone, so the
+    groups and the driver go back to step 1's boundary, kept in memory until step 2's
+    was stored, and steps 2 and 3 run again; no checkpoint is read, and the run ends
+    bitwise like the clean one."""
+    start_local_ray()
+
+    def on_step(run, step):  # after step 1: the next hand-over (step 2's) kills rank 1
+        if step == 0:
+            inject(run.trainer.roles.hybrid, Fault("snapshot_publish", "kill", ranks=(1,)))
+
+    killed = _run(tmp_path, ONE_NODE, on_step=on_step)
+    verdict = compare_runs(clean, killed)
+    assert verdict["weights_identical"] and verdict["ledger_identical"], verdict
+    assert verdict["metrics_identical"] and not verdict["trained_twice"], verdict
+    text = "\n".join(killed["printed"])
+    assert "back to the boundary before it (step 1)" in text, text
+    assert "rewound to" not in text, text
+    [record] = killed["recoveries"]
+    assert record["back_to"] == 1 and record["replaced"][0]["rank"] == 1, record
+    assert [row["training/global_step"] for row in killed["history"]] == [1, 2, 3]
 
 
 @pytest.mark.timeout(900)  # a two-node cluster and a node lost on a loaded 2-core machine

@@ -2,7 +2,8 @@
 
 Every call a group makes on a worker (a registered method, and the group's own calls:
 `init_worker`, `init_distributed`, `rebuild`, `snapshot`, `restore`) runs inside
-`running(worker, name)`, which
+`running(worker, name)` (a snapshot's hand-over, beside the next calls, only inside
+its hooks: `hooked(worker, "snapshot_publish")`), which
 
 - marks the worker busy in `name` on this thread (`_rayrl_busy`: `Worker.heartbeat`,
   the watchdog's stack capture and the usage sampler read it) and restarts the
@@ -75,11 +76,7 @@ def running(worker: Any, name: str, *, record: bool = False) -> Iterator[None]:
     start = time.time()
     worker._rayrl_busy = (name, start, threading.get_ident())
     try:
-        with ExitStack() as around:
-            for hook in tuple(_HOOKS):
-                entered = hook(worker, name)
-                if entered is not None:
-                    around.enter_context(entered)
+        with hooked(worker, name):
             yield
     except Exception as err:
         rank = getattr(worker, "rank", "?")
@@ -90,6 +87,19 @@ def running(worker: Any, name: str, *, record: bool = False) -> Iterator[None]:
             usage.record_call(start, time.time())
             usage.sample_now()
         worker._rayrl_busy = None
+
+
+@contextmanager
+def hooked(worker: Any, name: str) -> Iterator[None]:
+    """Run the block inside the call hooks installed in this process, as call `name`
+    (what `running` does around each call; alone, for work that runs beside a call,
+    such as a snapshot's hand-over on its own thread: `snapshot_publish`)."""
+    with ExitStack() as around:
+        for hook in tuple(_HOOKS):
+            entered = hook(worker, name)
+            if entered is not None:
+                around.enter_context(entered)
+        yield
 
 
 def track(cls: type) -> None:

@@ -43,7 +43,7 @@ import ray
 from rayrl import reads
 from rayrl.cluster import ray_private
 from rayrl.controller import calls
-from rayrl.controller.calls import running
+from rayrl.controller.calls import hooked, running
 from rayrl.controller.wire import set_wire_for_cluster
 
 logger = logging.getLogger("rayrl.controller")
@@ -174,8 +174,9 @@ class Worker:
         copies it into the object store beside the next step's calls (`snapshot_state`
         may return host buffers that its next call overwrites: the driver waits for
         this before the next capture)."""
-        state, self._rayrl_captured = getattr(self, "_rayrl_captured", None), None
-        return self.ctx.rank if self.ctx else 0, state
+        with hooked(self, "snapshot_publish"):  # not busy: the next calls run beside it
+            state, self._rayrl_captured = getattr(self, "_rayrl_captured", None), None
+            return self.ctx.rank if self.ctx else 0, state
 
     def _rayrl_snapshot_nbytes(self) -> int:
         with running(self, "snapshot size"):
