@@ -250,3 +250,39 @@ def test_a_tracker_without_its_package_stops_train_with_the_extra_to_install(tmp
     )
     assert done.returncode == 2
     assert "pip install 'rayrl[swanlab]'" in done.stderr
+
+
+def test_mistakes_in_the_users_reward_and_tool_files_stop_train_before_ray_starts(
+    tmp_path, tiny_model, gsm8k_parquet
+):
+    """A reward file that is missing, broken or lacks its function, and a tool the tool
+    config names that cannot be imported: one `config error:` line naming the key and
+    what to fix, exit code 2, no traceback, before any Ray or worker starts."""
+    misspelt = tmp_path / "reward.py"
+    misspelt.write_text(
+        "def compute_scor(data_source, solution_str, ground_truth):\n    return 0\n"
+    )
+    broken = tmp_path / "broken.py"
+    broken.write_text("def compute_score(:\n")
+    tools = tmp_path / "tools.yaml"
+    tools.write_text("tools:\n  - class_name: my_pkg.missing.Tool\n    config: {}\n")
+    cases = {
+        "custom_reward_function.path=/nonexistent/reward.py": "no such file /nonexistent/reward.py",
+        f"custom_reward_function.path={misspelt}": "Did you mean 'compute_scor'?",
+        f"custom_reward_function.path={broken}": "line 1 is not valid Python",
+        "actor_rollout_ref.rollout.multi_turn.enable=true "
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}": (
+            f"the tools of tool_config_path='{tools}'"
+        ),
+    }
+    for i, (overrides, says) in enumerate(cases.items()):
+        done = rayrl(
+            *_grpo_train(tiny_model, gsm8k_parquet),
+            "trainer.device=cpu",
+            f"trainer.output_dir={tmp_path / f'run{i}'}",
+            *overrides.split(),
+            timeout=120,
+        )
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert done.stderr.startswith("config error: ") and says in done.stderr, done.stderr
+        assert "Ray" not in done.stdout + done.stderr, done.stdout  # nothing was started

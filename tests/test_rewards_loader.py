@@ -12,6 +12,7 @@ from rayrl.rewards import registry
 from rayrl.rewards.loader import (
     BuiltinScorer,
     RewardFunctionError,
+    check_file,
     check_signature,
     load_function,
     resolve_function,
@@ -140,3 +141,36 @@ def test_spec_from_config(tmp_path):
     assert spec_from_config(str(tmp_path / "r.py"), "f") == (str(tmp_path / "r.py"), "f")
     assert spec_from_config("rel.py", "")[1] == "compute_score"
     assert Path(spec_from_config("rel.py")[0]).is_absolute()
+
+
+def test_check_file_finds_what_loading_would_refuse_without_running_the_file(tmp_path):
+    """`check_file` reads the file (a side effect at import would show): a missing file,
+    invalid Python and a missing name fail as `load_function` would; a name bound by a
+    def, a class, an assignment, an import or inside a top-level if/try passes, and so
+    does a file whose names come from `import *` (it cannot tell)."""
+    marker = tmp_path / "ran"
+    body = f"open({str(marker)!r}, 'w').close()\n"
+    cases = {
+        "def compute_score(data_source, solution_str, ground_truth):\n    return 0\n": True,
+        "class compute_score:\n    pass\n": True,
+        "compute_score = lambda **kw: 0\n": True,
+        "from math import floor as compute_score\n": True,
+        "try:\n    import json\nexcept ImportError:\n    pass\nelse:\n    compute_score = 1\n": True,
+        "if True:\n    def compute_score(**kw):\n        return 0\n": True,
+        "from math import *\n": True,
+        "def compute_scores(**kw):\n    return 0\n": "Did you mean 'compute_scores'?",
+        "x = 1\n": "defines no function 'compute_score'",
+        "def compute_score(:\n": "line 2 is not valid Python",
+    }
+    for i, (text, outcome) in enumerate(cases.items()):
+        path = tmp_path / f"r{i}.py"
+        path.write_text(body + text)
+        if outcome is True:
+            check_file(path)
+        else:
+            with pytest.raises(RewardFunctionError, match=outcome):
+                check_file(path)
+    assert not marker.exists()  # read, never run
+    with pytest.raises(RewardFunctionError, match="no such file"):
+        check_file(tmp_path / "absent.py")
+    check_file(tmp_path / "r7.py", name="compute_scores")

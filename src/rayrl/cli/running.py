@@ -72,7 +72,8 @@ def run_trainer(
 
 def exit_code_of(work: Callable[[], Any]) -> int:
     """Run `work` (a command's training); the exit code, with errors a user can act on
-    printed as one line instead of a traceback: bad data, an unusable run directory, a
+    printed as one line instead of a traceback: bad data, a reward function, tool or
+    environment the config names that cannot be loaded, an unusable run directory, a
     checkpoint that cannot be resumed, resources that cannot be had (2: nothing
     trained yet), a checkpoint that cannot be written or a reward failing past its error
     rate (1), a stop by Ctrl-C or SIGTERM (130, 143). A reward's error, raised in a
@@ -82,16 +83,21 @@ def exit_code_of(work: Callable[[], Any]) -> int:
     from rayrl.cli.common import console
     from rayrl.cluster.guard import ResourceError
     from rayrl.data import DataError
+    from rayrl.envs.errors import LoadError
     from rayrl.models.loading import TokenizerMissingError
     from rayrl.rewards.budget import RewardErrorRateError
+    from rayrl.rewards.loader import RewardFunctionError
     from rayrl.trainer.checkpoint import CheckpointWriteError
     from rayrl.trainer.resume import ResumeError
     from rayrl.trainer.run import RunDirError
     from rayrl.trainer.run_lock import RunDirLockedError
     from rayrl.trainer.tracking import TrackerUnavailable
+    from rayrl.workers.agent import ToolConfigError
 
     kinds = [
         (DataError, "data error", 2),
+        (ToolConfigError, "config error", 2),  # before its cause: it names the key
+        ((RewardFunctionError, LoadError), "config error", 2),
         (TokenizerMissingError, "model error", 2),
         ((RunDirError, RunDirLockedError), "run directory error", 2),
         (ResumeError, "resume error", 2),

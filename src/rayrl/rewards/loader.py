@@ -3,6 +3,8 @@
 `load_function(path, name)` imports a Python file (config `custom_reward_function.path` and
 `custom_reward_function.name`) and checks that `name` is a function that can be called as
 `fn(data_source=..., solution_str=..., ground_truth=..., extra_info=...)`.
+`check_file(path, name)` finds the same mistakes in a file without running it (a
+missing file, a syntax error, no such function), for the driver before Ray starts.
 `resolve_function(spec)` turns a picklable *function spec* into that callable; the
 pool sends specs, not functions, to its spawned processes:
 
@@ -19,6 +21,7 @@ extra_infos`, or the per-sample one called sample by sample.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import hashlib
 import importlib.util
@@ -57,11 +60,7 @@ def load_function(path: str | os.PathLike, name: str = DEFAULT_NAME) -> RewardFu
 
 def _load_unchecked(path: str | os.PathLike, name: str) -> RewardFunction:
     file = Path(path).expanduser().absolute()
-    if not file.is_file():
-        raise RewardFunctionError(
-            f"custom_reward_function.path: no such file {file} (working directory {Path.cwd()}). "
-            "Give the path of a Python file that defines compute_score."
-        )
+    _check_exists(file)
     module = _import_file(file)
     fn = getattr(module, name, None)
     if fn is None:
@@ -75,6 +74,67 @@ def _load_unchecked(path: str | os.PathLike, name: str) -> RewardFunction:
     if not callable(fn):
         raise RewardFunctionError(f"{file}: {name!r} is a {type(fn).__name__}, not a function.")
     return fn
+
+
+def check_file(path: str | os.PathLike, name: str = DEFAULT_NAME) -> None:
+    """Raise RewardFunctionError, as `load_function` would, when the file at `path` is
+    missing, is not valid Python, or defines no top-level `name` (a function, a class,
+    an assignment or an import of that name); the file is read, not run, so a file
+    that builds its names some other way (``import *``, a module `__getattr__`) passes."""
+    file = Path(path).expanduser().absolute()
+    _check_exists(file)
+    try:
+        tree = ast.parse(file.read_bytes(), filename=str(file))
+    except (SyntaxError, ValueError) as exc:
+        where = f" line {exc.lineno}" if getattr(exc, "lineno", None) else ""
+        raise RewardFunctionError(
+            f"reward file {file}{where} is not valid Python: {exc}. Fix it, or point "
+            "custom_reward_function.path at another file."
+        ) from None
+    defined = _top_level_names(tree)
+    if name in defined or "*" in defined or "__getattr__" in defined:
+        return
+    functions = sorted(n for n in defined if not n.startswith("_"))
+    close = difflib.get_close_matches(name, functions, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise RewardFunctionError(
+        f"{file} defines no function {name!r}.{hint} Names in the file: "
+        f"{functions or 'none'}. Set custom_reward_function.name to the right name."
+    )
+
+
+def _check_exists(file: Path) -> None:
+    if not file.is_file():
+        raise RewardFunctionError(
+            f"custom_reward_function.path: no such file {file} (working directory {Path.cwd()}). "
+            "Give the path of a Python file that defines compute_score."
+        )
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    """The names a module's top level binds ("*" for a star import)."""
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+        else:  # names bound under if / try / with at the top level
+            names.update(_top_level_names(ast.Module(body=_blocks(node), type_ignores=[])))
+    return names
+
+
+def _blocks(node: ast.stmt) -> list[ast.stmt]:
+    """The statements of an if / try / with / for at the top level, all branches."""
+    out: list[ast.stmt] = []
+    for field in ("body", "orelse", "finalbody"):
+        out += getattr(node, field, None) or []
+    for handler in getattr(node, "handlers", None) or []:
+        out += handler.body
+    return out
 
 
 def check_signature(

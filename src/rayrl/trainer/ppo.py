@@ -67,7 +67,7 @@ from rayrl.workers.common import only_reads
 from rayrl.workers.context import StageResult, StepContext, collect_stage
 from rayrl.workers.critic import UPDATE_CRITIC_READS, VALUES_READS
 from rayrl.workers.ref import REF_LOG_PROB_READS
-from rayrl.workers.reward import SCORE_READS, reward_metrics
+from rayrl.workers.reward import SCORE_READS, check_reward_source, reward_metrics
 
 log = logging.getLogger("rayrl.trainer")
 
@@ -122,6 +122,10 @@ class PPOTrainer:
     @property
     def pg_timeout_s(self) -> float | None:
         return self.cfg.actor_rollout_ref.nccl_timeout
+
+    def check_user_code(self) -> None:
+        """The user's reward file and function (`custom_reward_function`), read."""
+        check_reward_source(self.cfg)
 
     def load_data(self) -> TrainData:
         """Tokenizer, training prompts and validation prompts (before any reservation)."""

@@ -77,6 +77,9 @@ class SFTTrainer:
     def max_ckpt_to_keep(self) -> int | None:
         return self.cfg.trainer.max_ckpt_to_keep
 
+    def check_user_code(self) -> None:
+        """SFT loads no user code."""
+
     def load_data(self) -> TrainData:
         """Tokenizer and the (prompt, response) pairs, before anything is reserved."""
         from rayrl.trainer.sft_data import load_sft_datasets

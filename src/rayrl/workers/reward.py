@@ -123,6 +123,18 @@ def make_source(config: RayRLConfig) -> Any:
     return make_scorer(r.reward_manager.name, spec, r.num_workers, r.timeout_s)
 
 
+def check_reward_source(config: RayRLConfig) -> None:
+    """What `make_source` would load that a mistake in the config can break, checked on
+    the driver before Ray starts (RewardFunctionError, as the workers would raise it):
+    the user's reward file and its function, read, not run."""
+    r, rm, fn = config.reward, config.reward_model, config.custom_reward_function
+    if rm.enable or r.http.url or not fn.path:
+        return
+    from rayrl.rewards.loader import DEFAULT_NAME, check_file
+
+    check_file(fn.path, fn.name or DEFAULT_NAME)
+
+
 def error_policy(config: RayRLConfig) -> tuple[float, str, str, str]:
     """The error budget of the config's reward: (rate, its key, the reward in words,
     what to check first), for `ErrorTally` / `ErrorBudget`."""
