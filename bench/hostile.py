@@ -259,6 +259,16 @@ def bad_rows(tmp: Path) -> dict:
     return verdict(ok, text(done)[-300:])
 
 
+def misnamed_reward(tmp: Path) -> dict:
+    """A reward file whose function is misspelt: one line, before Ray starts."""
+    reward = tmp / "reward.py"
+    reward.write_text("def compute_scor(data_source, solution_str, ground_truth):\n    return 0\n")
+    done = train(tmp / "run", f"custom_reward_function.path={reward}", timeout=120)
+    said = text(done)
+    ok = done.returncode == 2 and "Did you mean 'compute_scor'?" in said
+    return verdict(ok and "Traceback" not in said and "Ray" not in said, said[-300:])
+
+
 CASES: dict[str, Callable[[Path], dict]] = {
     "same_output_dir": same_output_dir,
     "resume_other_model": resume_other_model,
@@ -273,6 +283,7 @@ CASES: dict[str, Callable[[Path], dict]] = {
     "bad_numbers": bad_numbers,
     "read_only_dir": read_only_dir,
     "bad_rows": bad_rows,
+    "misnamed_reward": misnamed_reward,
 }
 
 
