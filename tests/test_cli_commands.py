@@ -252,12 +252,13 @@ def test_a_tracker_without_its_package_stops_train_with_the_extra_to_install(tmp
     assert "pip install 'rayrl[swanlab]'" in done.stderr
 
 
-def test_mistakes_in_the_users_reward_and_tool_files_stop_train_before_ray_starts(
+def test_mistakes_in_the_users_paths_stop_train_before_ray_starts(
     tmp_path, tiny_model, gsm8k_parquet
 ):
-    """A reward file that is missing, broken or lacks its function, and a tool the tool
-    config names that cannot be imported: one `config error:` line naming the key and
-    what to fix, exit code 2, no traceback, before any Ray or worker starts."""
+    """A reward file that is missing, broken or lacks its function, a tool the tool
+    config names that cannot be imported, a model path that is no directory: one
+    `config error:` or `model error:` line naming the key and what to fix, exit code 2,
+    no traceback, before any Ray or worker starts."""
     misspelt = tmp_path / "reward.py"
     misspelt.write_text(
         "def compute_scor(data_source, solution_str, ground_truth):\n    return 0\n"
@@ -274,6 +275,13 @@ def test_mistakes_in_the_users_reward_and_tool_files_stop_train_before_ray_start
         f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}": (
             f"the tools of tool_config_path='{tools}'"
         ),
+        "actor_rollout_ref.model.path=/nonexistent/model": "model error: actor_rollout_ref."
+        "model.path=/nonexistent/model: no such directory",
+        f"actor_rollout_ref.model.path={tiny_model[0] / 'config.json'}": "is a file, not a model",
+        "actor_rollout_ref.model.path=~/model": "'~' is not expanded",
+        "reward_model.enable=true reward_model.model.path=/nonexistent/rm": (
+            "reward_model.model.path=/nonexistent/rm: no such directory"
+        ),
     }
     for i, (overrides, says) in enumerate(cases.items()):
         done = rayrl(
@@ -284,5 +292,6 @@ def test_mistakes_in_the_users_reward_and_tool_files_stop_train_before_ray_start
             timeout=120,
         )
         assert done.returncode == 2, done.stderr[-2000:]
-        assert done.stderr.startswith("config error: ") and says in done.stderr, done.stderr
+        assert done.stderr.startswith(("config error: ", "model error: ")), done.stderr
+        assert says in done.stderr, done.stderr
         assert "Ray" not in done.stdout + done.stderr, done.stdout  # nothing was started

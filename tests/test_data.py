@@ -211,3 +211,24 @@ def test_a_model_directory_without_a_tokenizer_is_named_at_load(tmp_path):
         TokenizerMissingError, match=r"actor_rollout_ref.model.path=.* no tokenizer"
     ):
         PPOTrainer(cfg).load_data()
+
+
+def test_model_paths_are_checked_before_anything_loads_them(tmp_path):
+    """A local directory passes; a missing directory, a file, a `~` the shell left, or a
+    path a hub name cannot be, fails with the key; a hub name is left to transformers."""
+    from rayrl.models.loading import ModelPathError, check_model_path
+
+    check_model_path(tmp_path, key="k")
+    for name in ("Qwen/Qwen2.5-0.5B-Instruct", "gpt2", "org/model.v2-x_y"):
+        check_model_path(name, key="k")  # no request is made: only the shape is read
+    (tmp_path / "config.json").write_text("{}")
+    cases = {
+        str(tmp_path / "absent"): "k=.*absent: no such directory",
+        str(tmp_path / "config.json"): "is a file, not a model directory",
+        "~/models/qwen": "'~' is not expanded",
+        "a/b/c": "no such directory",
+        "../qwen": "no such directory",
+    }
+    for path, says in cases.items():
+        with pytest.raises(ModelPathError, match=says):
+            check_model_path(path, key="k")

@@ -84,7 +84,7 @@ def exit_code_of(work: Callable[[], Any]) -> int:
     from rayrl.cluster.guard import ResourceError
     from rayrl.data import DataError
     from rayrl.envs.errors import LoadError
-    from rayrl.models.loading import TokenizerMissingError
+    from rayrl.models.loading import ModelPathError, TokenizerMissingError
     from rayrl.rewards.budget import RewardErrorRateError
     from rayrl.rewards.loader import RewardFunctionError
     from rayrl.trainer.checkpoint import CheckpointWriteError
@@ -98,7 +98,7 @@ def exit_code_of(work: Callable[[], Any]) -> int:
         (DataError, "data error", 2),
         (ToolConfigError, "config error", 2),  # before its cause: it names the key
         ((RewardFunctionError, LoadError), "config error", 2),
-        (TokenizerMissingError, "model error", 2),
+        ((TokenizerMissingError, ModelPathError), "model error", 2),
         ((RunDirError, RunDirLockedError), "run directory error", 2),
         (ResumeError, "resume error", 2),
         (CheckpointWriteError, "checkpoint error", 1),

@@ -59,8 +59,8 @@ class Trainer(Protocol):
         """The timeout of the process groups its roles form."""
         ...
 
-    def check_user_code(self) -> None:
-        """Check, before Ray starts, the user's files the roles will load (a reward
+    def preflight(self) -> None:
+        """Check, before Ray starts, the paths the roles will load (models, a reward
         function): a mistake fails at once, with the error the workers would raise."""
         ...
 

@@ -36,7 +36,7 @@ from rayrl.config.validate import critic_enabled, ref_enabled
 from rayrl.controller import WorkerGroup
 from rayrl.controller.dispatch import Outputs, collect_outputs
 from rayrl.data.sampler import StepView
-from rayrl.models.loading import load_tokenizer
+from rayrl.models.loading import check_model_path, load_tokenizer
 from rayrl.trainer.advantage import (
     AdvantageStage,
     entropy_metric,
@@ -123,9 +123,15 @@ class PPOTrainer:
     def pg_timeout_s(self) -> float | None:
         return self.cfg.actor_rollout_ref.nccl_timeout
 
-    def check_user_code(self) -> None:
-        """The user's reward file and function (`custom_reward_function`), read."""
-        check_reward_source(self.cfg)
+    def preflight(self) -> None:
+        """The critic's and the reward model's paths (the actor's: `load_data`, with its
+        tokenizer) and the user's reward file and function, read."""
+        cfg = self.cfg
+        if critic_enabled(cfg) and cfg.critic.model.path:
+            check_model_path(cfg.critic.model.path, key="critic.model.path")
+        if cfg.reward_model.enable and cfg.reward_model.model.path:
+            check_model_path(cfg.reward_model.model.path, key="reward_model.model.path")
+        check_reward_source(cfg)
 
     def load_data(self) -> TrainData:
         """Tokenizer, training prompts and validation prompts (before any reservation)."""

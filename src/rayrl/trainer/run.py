@@ -96,7 +96,7 @@ class Run:
         cfg, trainer = self.cfg, self.trainer
         check_trackers(cfg.trainer.logger)
         check_debugger(cfg)
-        trainer.check_user_code()
+        trainer.preflight()
         self._claim_run_dir()
         if not trainer.data_needs_ray:
             self.data = self._load_data()

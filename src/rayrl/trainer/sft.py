@@ -77,8 +77,8 @@ class SFTTrainer:
     def max_ckpt_to_keep(self) -> int | None:
         return self.cfg.trainer.max_ckpt_to_keep
 
-    def check_user_code(self) -> None:
-        """SFT loads no user code."""
+    def preflight(self) -> None:
+        """Nothing beyond `load_data`: its tokenizer's load checks the model path."""
 
     def load_data(self) -> TrainData:
         """Tokenizer and the (prompt, response) pairs, before anything is reserved."""
