@@ -295,3 +295,30 @@ def test_mistakes_in_the_users_paths_stop_train_before_ray_starts(
         assert done.stderr.startswith(("config error: ", "model error: ")), done.stderr
         assert says in done.stderr, done.stderr
         assert "Ray" not in done.stdout + done.stderr, done.stdout  # nothing was started
+
+
+def test_train_reads_json_lines_through_the_ray_data_loader_on_a_small_machine(
+    tmp_path, tiny_model, gsm8k_parquet
+):
+    """verl's JSON Lines data files, read by `data.loader=ray` in the Ray that `rayrl
+    train` starts itself: Ray Data gets a CPU beside the pools (on this 2-core machine
+    the pools take both cores, and its ordering tasks waited forever)."""
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(gsm8k_parquet[0]).to_pylist()
+    jsonl = tmp_path / "train.jsonl"
+    jsonl.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "run"
+    done = rayrl(
+        *_grpo_train(tiny_model, gsm8k_parquet),
+        f"data.train_files={jsonl}",
+        "data.loader=ray",
+        "trainer.total_training_steps=2",
+        "trainer.device=cpu",
+        "trainer.logger=[jsonl]",
+        f"trainer.output_dir={out}",
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]

@@ -97,7 +97,7 @@ def _row(prompt, ground_truth="4", **extra):
 
 
 def test_each_bad_row_kind_is_set_aside_with_file_row_and_reason(tokenizer, tmp_path):
-    from rayrl.data import read_parquet_with_sources
+    from rayrl.data import read_rows_with_sources
 
     good = [{"role": "user", "content": "What is 2+2?"}]
     first = write_parquet([_row(good), _row([]), _row(good, None)], tmp_path / "a.parquet")
@@ -110,7 +110,7 @@ def test_each_bad_row_kind_is_set_aside_with_file_row_and_reason(tokenizer, tmp_
         ],
         tmp_path / "b.parquet",
     )
-    rows, sources = read_parquet_with_sources([first, second])
+    rows, sources = read_rows_with_sources([first, second])
     ds = PromptDataset(rows, tokenizer, max_prompt_length=64, sources=sources)
     assert len(ds) == 3  # the run goes on with the good rows
     found = [str(r) for r in ds.rejected]
@@ -232,3 +232,38 @@ def test_model_paths_are_checked_before_anything_loads_them(tmp_path):
     for path, says in cases.items():
         with pytest.raises(ModelPathError, match=says):
             check_model_path(path, key="k")
+
+
+def test_data_files_are_read_as_verl_reads_them(tmp_path):
+    """.jsonl and .json as JSON (objects per line, a list of objects, an object of
+    columns), anything else as Parquet; what is not what its name says is a DataError
+    naming the file and the line."""
+    import json as json_
+
+    from rayrl.data import DataError
+    from rayrl.data.dataset import read_rows_with_sources
+    from rayrl.data.files import read_rows
+
+    rows = [{"a": 1, "b": {"c": [1, 2]}}, {"a": 2, "b": {"c": []}}]
+    (tmp_path / "r.jsonl").write_text("".join(json_.dumps(r) + "\n\n" for r in rows))
+    (tmp_path / "list.json").write_text(json_.dumps(rows))
+    (tmp_path / "columns.json").write_text(
+        json_.dumps({"a": [1, 2], "b": [{"c": [1, 2]}, {"c": []}]})
+    )
+    (tmp_path / "lines.json").write_text("\n".join(json_.dumps(r) for r in rows))
+    for name in ("r.jsonl", "list.json", "columns.json", "lines.json"):
+        assert read_rows(tmp_path / name) == rows, name
+    got, sources = read_rows_with_sources([str(tmp_path / "r.jsonl"), str(tmp_path / "list.json")])
+    assert got == rows + rows and str(sources[3]) == f"{tmp_path / 'list.json'} row 1"
+    (tmp_path / "bad.jsonl").write_text('{"a": 1}\n{"a": \n')
+    with pytest.raises(DataError, match="bad.jsonl line 2 is not JSON"):
+        read_rows(tmp_path / "bad.jsonl")
+    (tmp_path / "scalar.jsonl").write_text("3\n")
+    with pytest.raises(DataError, match="line 1 is a JSON int, not an object"):
+        read_rows(tmp_path / "scalar.jsonl")
+    (tmp_path / "ragged.json").write_text(json_.dumps({"a": [1, 2], "b": [1]}))
+    with pytest.raises(DataError, match="neither a list of row objects"):
+        read_rows(tmp_path / "ragged.json")
+    (tmp_path / "rows.txt").write_text('{"a": 1}\n')
+    with pytest.raises(DataError, match="rows.txt is not a Parquet file.*named .json or .jsonl"):
+        read_rows(tmp_path / "rows.txt")

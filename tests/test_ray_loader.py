@@ -38,3 +38,23 @@ def test_ray_loader_is_deterministic_and_resumes(ray_local, tmp_path, tokenizer)
     batch = next(loader.batches(4, epoch=0, seed=7))
     assert {"input_ids", "attention_mask", "position_ids"} <= set(batch.tensors)
     assert {"data_source", "ground_truth", "raw_prompt", "extra_info"} <= set(batch.non_tensors)
+
+
+def test_a_cluster_whose_pools_hold_every_cpu_is_refused_not_hung(ray_multinode):
+    """Ray Data's ordering tasks need a CPU outside placement groups; when the pools
+    hold them all the loader says so in seconds instead of waiting forever."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    from rayrl.data import DataError
+    from rayrl.data.ray_loader import require_free_cpu
+
+    ray_multinode([{"num_cpus": 2}])
+    require_free_cpu(wait_s=0)
+    group = placement_group([{"CPU": 2}])
+    ray.get(group.ready(), timeout=60)
+    try:
+        with pytest.raises(DataError, match="hold all 2 CPUs of the cluster"):
+            require_free_cpu(wait_s=1)
+    finally:
+        remove_placement_group(group)

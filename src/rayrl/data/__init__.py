@@ -5,7 +5,7 @@ from rayrl.data.dataset import (
     RejectedRow,
     RowSource,
     read_parquet,
-    read_parquet_with_sources,
+    read_rows_with_sources,
     write_parquet,
 )
 from rayrl.data.errors import DataError
@@ -18,7 +18,7 @@ __all__ = [
     "RejectedRow",
     "RowSource",
     "read_parquet",
-    "read_parquet_with_sources",
+    "read_rows_with_sources",
     "synthetic_rows",
     "write_parquet",
 ]

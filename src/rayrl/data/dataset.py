@@ -1,4 +1,4 @@
-"""Prompt datasets in verl's row format: parquet in, left-padded prompt Batches out.
+"""Prompt datasets in verl's row format: Parquet (or JSON) in, left-padded prompt Batches out.
 
 A row has `data_source`, `prompt` (chat messages), `ability`, `reward_model: {style,
 ground_truth}` and `extra_info`, so verl's datasets work as they are. Rows that cannot
@@ -31,7 +31,8 @@ import pyarrow.parquet as pq
 import torch
 
 from rayrl.batch import Batch
-from rayrl.data.errors import DataError, DataFileNotFoundError
+from rayrl.data.errors import DataError
+from rayrl.data.files import read_rows
 
 log = logging.getLogger(__name__)
 REQUIRED = ("data_source", "reward_model")
@@ -82,27 +83,24 @@ class RejectedRow:
         return f"{self.source or f'row {self.index}'}: {self.reason}"
 
 
-def read_parquet_with_sources(
+def read_rows_with_sources(
     files: str | Path | Sequence[str | Path],
 ) -> tuple[list[dict], list[RowSource]]:
-    """All rows of one or more parquet files, in order, and where each comes from."""
+    """All rows of one or more data files (Parquet, or JSON by extension:
+    `rayrl.data.files`), in order, and where each comes from."""
     paths = [files] if isinstance(files, str | Path) else list(files)
     rows: list[dict] = []
     sources: list[RowSource] = []
     for path in paths:
-        if not Path(path).is_file():
-            raise DataFileNotFoundError(
-                f"data file {path} not found (data.train_files / val_files)"
-            )
-        table = pq.read_table(path).to_pylist()
+        table = read_rows(path)
         rows.extend(table)
         sources.extend(RowSource(str(path), i) for i in range(len(table)))
     return rows, sources
 
 
 def read_parquet(files: str | Path | Sequence[str | Path]) -> list[dict]:
-    """All rows of one or more parquet files, in order."""
-    return read_parquet_with_sources(files)[0]
+    """All rows of one or more data files, in order."""
+    return read_rows_with_sources(files)[0]
 
 
 def write_parquet(rows: Sequence[dict], path: str | Path) -> Path:

@@ -23,6 +23,11 @@ from typing import Any
 
 from rayrl.batch import Batch
 from rayrl.data.dataset import PromptDataset
+from rayrl.data.errors import DataError
+
+# What Ray Data's tasks need outside the run's pools: a local Ray of a CPU-only run
+# starts with this many logical CPUs more (`rayrl.trainer.resources.local_cpu_count`)
+DATA_CPUS = 1.0
 
 
 def _row_id(row: dict) -> str:
@@ -136,6 +141,7 @@ class RayPromptLoader:
         self, batch_size: int, *, epoch: int, seed: int, shuffle: bool = True, start: int = 0
     ) -> Iterator[Batch]:
         """Whole batches of an epoch from batch number `start` (the data position)."""
+        require_free_cpu()
         stream = self.epoch(epoch, seed, shuffle).iter_batches(
             batch_size=batch_size,
             batch_format="pyarrow",
@@ -153,3 +159,24 @@ class RayPromptLoader:
         ds = PromptDataset.tokenized(rows, prompt_ids, uids, self.tokenizer)
         ds.default_agent = self.default_agent
         return ds.collate(range(len(rows)))
+
+
+def require_free_cpu(wait_s: float = 10.0) -> None:
+    """Raise DataError when the cluster has no CPU outside placement groups (the run's
+    pools hold them all) for `wait_s`: Ray Data's ordering tasks would wait for one
+    forever, and the run would hang with no word."""
+    import time
+
+    import ray
+
+    deadline = time.monotonic() + wait_s
+    while ray.available_resources().get("CPU", 0.0) < DATA_CPUS:
+        if time.monotonic() >= deadline:
+            total = ray.cluster_resources().get("CPU", 0.0)
+            raise DataError(
+                f"data.loader=ray runs Ray Data tasks on CPUs outside the run's pools, but "
+                f"the pools and other work hold all {total:g} CPUs of the cluster; leave "
+                f"{DATA_CPUS:g} CPU free (a node with more CPUs, or fewer or smaller "
+                "bundles: resources.*), or set data.loader=default"
+            )
+        time.sleep(0.5)

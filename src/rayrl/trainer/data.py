@@ -19,8 +19,9 @@ from collections.abc import Callable
 from typing import Any
 
 from rayrl.config.schema import RayRLConfig
-from rayrl.data import DataError, PromptDataset, read_parquet_with_sources, synthetic_rows
+from rayrl.data import DataError, PromptDataset, read_rows_with_sources, synthetic_rows
 from rayrl.data.custom import build_custom_dataset, custom_rows
+from rayrl.data.files import is_json
 from rayrl.data.synthetic import held_out_rows
 from rayrl.registry import Registry
 from rayrl.workers.agent import configured_interactions, default_agent, tool_schemas
@@ -55,7 +56,7 @@ def _dataset(rows: list[dict], tokenizer: Any, cfg: RayRLConfig, sources=None) -
 def _files_dataset(files: Any, tokenizer: Any, cfg: RayRLConfig) -> PromptDataset:
     if cfg.data.custom_cls.path is not None:
         return _custom_dataset(files, tokenizer, cfg)
-    rows, sources = read_parquet_with_sources(files)
+    rows, sources = read_rows_with_sources(files)
     return _dataset(rows, tokenizer, cfg, sources)
 
 
@@ -95,6 +96,8 @@ def ray_loader(cfg: RayRLConfig, tokenizer: Any):
     d = cfg.data
     files = [d.train_files] if isinstance(d.train_files, str) else list(d.train_files)
     rows = None if files else synthetic_rows(d.synthetic_task, d.synthetic_size, cfg.trainer.seed)
+    if any(is_json(f) for f in files):  # Ray Data reads Parquet here; JSON rows as items
+        rows, files = read_rows_with_sources(files)[0], []
     return RayPromptLoader(
         files=files or None,
         rows=rows,

@@ -36,6 +36,7 @@ import ray
 from rayrl.cluster.inspect import resolve_address
 from rayrl.cluster.spec import PoolSpec
 from rayrl.config.schema import RayRLConfig
+from rayrl.data.ray_loader import DATA_CPUS
 from rayrl.trainer.resources import local_cpu_count
 
 log = logging.getLogger(__name__)
@@ -119,10 +120,12 @@ def _local_cpus(
     if device != "cpu":
         return None
     cores = len(os.sched_getaffinity(0))
-    cpus = local_cpu_count(cpu_pools(), cores)
+    data = DATA_CPUS if cfg.data.loader == "ray" else 0.0
+    cpus = local_cpu_count(cpu_pools(), cores, extra=data)
     if cpus:
+        also = f" (Ray Data's tasks {data:g} of them)" if data else ""
         print_fn(
-            f"this machine has {cores} cores and the run's workers reserve {cpus} CPUs: "
+            f"this machine has {cores} cores and the run's work needs {cpus} CPUs{also}: "
             f"the local Ray starts with {cpus} logical CPUs and the workers share the cores"
         )
     return cpus

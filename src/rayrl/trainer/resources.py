@@ -183,11 +183,11 @@ def rollout_pool_spec(cfg: RayRLConfig, device: str) -> PoolSpec:
     )
 
 
-def local_cpu_count(specs: list[PoolSpec], cores: int) -> int | None:
+def local_cpu_count(specs: list[PoolSpec], cores: int, extra: float = 0.0) -> int | None:
     """The logical CPUs a local Ray of a CPU-only run starts with: the pools' CPUs
-    (their bundles and spares) when this machine's `cores` are fewer, so that a run
-    of several roles (async training: the trainer, the reward and a rollout replica)
-    starts on a laptop too, its workers sharing the cores; None when the cores hold
-    them."""
-    need = sum(s.bundle.get("CPU", 0.0) * (s.world_size + s.num_spares) for s in specs)
+    (their bundles and spares) and `extra` CPUs of work outside the pools (Ray Data's
+    tasks) when this machine's `cores` are fewer, so that a run of several roles
+    (async training: the trainer, the reward and a rollout replica) starts on a laptop
+    too, its workers sharing the cores; None when the cores hold them."""
+    need = extra + sum(s.bundle.get("CPU", 0.0) * (s.world_size + s.num_spares) for s in specs)
     return math.ceil(need) if need > cores else None

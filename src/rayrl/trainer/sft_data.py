@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from rayrl.config.sft import SFTConfig
-from rayrl.data import read_parquet_with_sources
+from rayrl.data import read_rows_with_sources
 from rayrl.data.sft import SFTDataset
 from rayrl.data.synthetic import (
     TOOL_TASKS,
@@ -45,7 +45,7 @@ def _dataset(cfg: SFTConfig, tokenizer: Any, rows: list[dict], sources=None) -> 
 
 
 def _files(cfg: SFTConfig, tokenizer: Any, files: list[str], limit: int) -> SFTDataset:
-    rows, sources = read_parquet_with_sources(files)
+    rows, sources = read_rows_with_sources(files)
     if limit > 0:
         rows, sources = rows[:limit], sources[:limit]
     return _dataset(cfg, tokenizer, rows, sources)
