@@ -448,3 +448,16 @@ class Weighty(Worker):
 
     def restore_state(self, state: Any) -> None:
         self.value = int(state[0])
+
+
+class Tally:
+    """A driver-side part that a step changes."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def state_dict(self) -> dict:
+        return {"count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.count = state["count"]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from controller_toys import Tally
 from rayrl.cluster.kv import KVStore
 from rayrl.cluster.pool import PoolSpec, ResourcePool
 from rayrl.controller import ONE_TO_ALL, Worker, WorkerGroup, register
@@ -48,19 +49,6 @@ class Counter(Worker):
 
     def restore_state(self, state: int) -> None:
         self.value = state
-
-
-class Tally:
-    """A driver-side part that a step changes."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def state_dict(self) -> dict:
-        return {"count": self.count}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.count = state["count"]
 
 
 @pytest.fixture

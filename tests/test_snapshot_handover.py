@@ -14,7 +14,7 @@ import uuid
 import pytest
 import ray
 
-from controller_toys import Stateful, reserve
+from controller_toys import Stateful, Tally, reserve
 from rayrl.cluster.kv import KVStore
 from rayrl.controller import GroupSnapshot, WorkerGroup
 from rayrl.controller.recovery import SnapshotLostError
@@ -69,19 +69,6 @@ def test_a_rank_killed_during_the_copy_leaves_no_snapshot(ray_local):
         group.shutdown()
         pool.teardown()
         kv.shutdown()
-
-
-class Tally:
-    """A driver part a step changes."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def state_dict(self) -> dict:
-        return {"count": self.count}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.count = state["count"]
 
 
 def test_a_rank_lost_before_its_boundary_is_stored_goes_back_one_boundary_more(ray_local):

@@ -3,7 +3,9 @@ model paths before anything loads them.
 
 A model path that names no directory and is no hub name ("/data/qwen" mistyped) would
 reach transformers, which answers with a hub error about repository ids;
-`check_model_path` names the key, the path and what to give instead. Given a directory without tokenizer files, transformers builds a tokenizer that knows
+`check_model_path` names the key, the path and what to give instead.
+
+Given a directory without tokenizer files, transformers builds a tokenizer that knows
 no tokens and says nothing; every prompt then encodes to nothing useful and the run
 sets every row aside. `load_tokenizer` checks the directory first and names it, the
 files it looked for, and the key to set.

@@ -36,7 +36,6 @@ import ray
 from rayrl.cluster.inspect import resolve_address
 from rayrl.cluster.spec import PoolSpec
 from rayrl.config.schema import RayRLConfig
-from rayrl.data.ray_loader import DATA_CPUS
 from rayrl.trainer.resources import local_cpu_count
 
 log = logging.getLogger(__name__)
@@ -120,7 +119,11 @@ def _local_cpus(
     if device != "cpu":
         return None
     cores = len(os.sched_getaffinity(0))
-    data = DATA_CPUS if cfg.data.loader == "ray" else 0.0
+    data = 0.0
+    if cfg.data.loader == "ray":
+        from rayrl.data.ray_loader import DATA_CPUS  # not at import: it loads torch
+
+        data = DATA_CPUS
     cpus = local_cpu_count(cpu_pools(), cores, extra=data)
     if cpus:
         also = f" (Ray Data's tasks {data:g} of them)" if data else ""

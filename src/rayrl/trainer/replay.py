@@ -286,9 +286,10 @@ class StepReplay:
         thread waits for their hand-overs and copies, then lets it go): the object
         stores hold two boundaries only while the newer one is on its way."""
         pending = [ref for snapshot in newer.values() for ref in snapshot.pending()]
+        kept = boundary if boundary.snapshots and pending else None
         with self._previous_lock:
-            self.previous = boundary if boundary.snapshots and pending else None
-        if self.previous is None:
+            self.previous = kept
+        if kept is None:
             return
 
         def let_go() -> None:
@@ -314,7 +315,7 @@ class StepReplay:
             return None
         restore(boundary.parts, boundary.states)
         self.snapshots = boundary.snapshots
-        self.ledger = [(s, uids) for s, uids in self.ledger if s < boundary.step]
+        self._forget_steps_from(boundary.step)
         self.recoveries[-1]["back_to"] = boundary.step
         self.on_back(boundary.step)
         self.print(
@@ -444,10 +445,13 @@ class StepReplay:
                 raise Rewound(back) from err
             self.snapshots.clear()
             step = self.rewind(str(err))
-            # the steps from `step` on run again and are recorded again
-            self.ledger = [(s, uids) for s, uids in self.ledger if s < step]
+            self._forget_steps_from(step)
             self.snapshots = self._take()
             raise Rewound(step) from err
+
+    def _forget_steps_from(self, step: int) -> None:
+        """Drop the ledger's steps from `step` on: they run again and are recorded again."""
+        self.ledger = [(s, uids) for s, uids in self.ledger if s < step]
 
     def _failed_ranks(self, err: WorkerError) -> dict[Any, set[int]]:
         """Failed ranks by group: the error's own when it is dead or hung, and those a
