@@ -75,10 +75,12 @@ def connect(
     cfg: RayRLConfig,
     cpu_pools: Callable[[], list[PoolSpec]] | None = None,
     print_fn: Callable[[str], None] = print,
+    data_cpus: float = 0.0,
 ) -> RaySession:
     """Start or join Ray as the config says; a driver already connected is kept. A
     CPU-only run that starts its own Ray gives it enough logical CPUs for the pools
-    `cpu_pools()` returns when the machine has fewer cores (`local_cpu_count`)."""
+    `cpu_pools()` returns and `data_cpus` for the data loader's tasks outside them
+    when the machine has fewer cores (`local_cpu_count`)."""
     res, t = cfg.resources, cfg.trainer
     started = False
     if not ray.is_initialized():
@@ -92,7 +94,7 @@ def connect(
             kwargs["address"] = address
             ray.init(**kwargs)
         else:
-            cpus = _local_cpus(cfg, cpu_pools, print_fn) if cpu_pools else None
+            cpus = _local_cpus(cfg, cpu_pools, print_fn, data_cpus) if cpu_pools else None
             if cpus:
                 kwargs["num_cpus"] = cpus
             _start_local(kwargs, res)
@@ -107,7 +109,10 @@ def connect(
 
 
 def _local_cpus(
-    cfg: RayRLConfig, cpu_pools: Callable[[], list[PoolSpec]], print_fn: Callable[[str], None]
+    cfg: RayRLConfig,
+    cpu_pools: Callable[[], list[PoolSpec]],
+    print_fn: Callable[[str], None],
+    data: float = 0.0,
 ) -> int | None:
     """Logical CPUs for the local Ray of a CPU-only run whose pools need more than this
     machine's cores (said once), else None (Ray counts the cores itself)."""
@@ -119,11 +124,6 @@ def _local_cpus(
     if device != "cpu":
         return None
     cores = len(os.sched_getaffinity(0))
-    data = 0.0
-    if cfg.data.loader == "ray":
-        from rayrl.data.ray_loader import DATA_CPUS  # not at import: it loads torch
-
-        data = DATA_CPUS
     cpus = local_cpu_count(cpu_pools(), cores, extra=data)
     if cpus:
         also = f" (Ray Data's tasks {data:g} of them)" if data else ""

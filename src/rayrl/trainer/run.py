@@ -38,6 +38,7 @@ from rayrl.config.load import to_yaml
 from rayrl.controller import WorkerGroup
 from rayrl.controller.usage import starved_stages
 from rayrl.data import DataError
+from rayrl.data.ray_loader import DATA_CPUS
 from rayrl.data.rejected import summarize_rejected, write_rejected
 from rayrl.trainer.checkpoint import CheckpointManager, load_states
 from rayrl.trainer.contract import TrainData, Trainer
@@ -100,7 +101,8 @@ class Run:
         self._claim_run_dir()
         if not trainer.data_needs_ray:
             self.data = self._load_data()
-        self.session = connect(cfg, lambda: trainer.pool_specs("cpu"), self.print)
+        data_cpus = DATA_CPUS if trainer.data_needs_ray else 0.0  # Ray Data's tasks
+        self.session = connect(cfg, lambda: trainer.pool_specs("cpu"), self.print, data_cpus)
         if self.session.dashboard_url:
             self.print(f"Ray dashboard: {self.session.dashboard_url}")
         if trainer.data_needs_ray:
