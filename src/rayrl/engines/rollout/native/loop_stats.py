@@ -24,6 +24,7 @@ def loop_stats(with_turns: bool) -> dict[str, Any]:
     stats: dict[str, Any] = {
         "prefill_steps": 0,
         "prefill_tokens": 0,
+        "prefill_graph_steps": 0,  # of prefill_steps: replays of a captured graph
         "decode_steps": 0,
         "overlapped_steps": 0,
         "dropped_tokens": 0,
@@ -32,7 +33,7 @@ def loop_stats(with_turns: bool) -> dict[str, Any]:
         # (waiting for a step's tokens included), and the turn driver's answers.
         "prefill_s": 0.0,
         # Of prefill_s: queueing the forwards (eager: every kernel launched from
-        # Python), and waiting for their drawn tokens (the device's time not hidden
+        # Python; a graph: its inputs staged and one replay), and waiting for their drawn tokens (the device's time not hidden
         # behind that queueing).
         "prefill_forward_s": 0.0,
         "prefill_wait_s": 0.0,

@@ -63,6 +63,7 @@ class ModelRunner:
         self.table = torch.zeros(max_seqs, table_width, dtype=torch.int32, device=self.device)
         self.sampler = sampler if sampler is not None else DeviceSampler(model.kernels)
         self.graphs = None  # set by the engine on CUDA (DecodeGraphs)
+        self.prefill_graphs = None  # likewise (PrefillGraphs)
         self.forward_s = 0.0  # host time spent in prefill forwards (queueing them on CUDA)
 
     # --------------------------------------------------------------- sync
@@ -94,15 +95,34 @@ class ModelRunner:
     ):
         """Run the chunks; sample the first token of every sample whose prompt completed.
 
-        Every input of the step, the first-token draw's included, goes to the device in
-        one copy before the forward, so nothing waits for the device until the drawn
-        tokens come back."""
+        Every input of the step, the first-token draw's included, goes to the device
+        before the forward (one copy, two in a prefill graph's bucket), so nothing waits
+        for the device until the drawn tokens come back. Small steps run in a CUDA graph
+        (`prefill_graphs`) where the engine set them up."""
         self.sync(sched)
         host = _prefill_inputs(chunks, self.table_host, sched.block_size)
         counts, samples = sched.sample_rows(chunks)
         # Row of the logits each sample draws from: a job's n samples share its last row.
         pick = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
         tiles = _tiles(host["q_start"]) if self.model.kernels == "triton" else _NO_TILES
+        draw = [pick, keys[samples], sched.gen[samples]]  # the first tokens' draw's inputs
+        graphs = self.prefill_graphs
+        since = time.perf_counter()
+        if graphs is not None and graphs.fits(len(host["input_ids"]), len(chunks)):
+            pick_d, keys_d, gen_d = self._upload(draw)
+            logits = graphs.forward(host, tiles)
+        else:
+            logits, (pick_d, keys_d, gen_d) = self._eager_prefill(host, tiles, draw)
+        self.forward_s += time.perf_counter() - since
+        if not len(samples):
+            return None
+        if len(pick) != len(counts):  # a prompt's n samples: a copy of its row each
+            logits = logits.index_select(0, pick_d)
+        return samples, self.sampler.sample(logits, keys_d, gen_d, params)
+
+    def _eager_prefill(self, host: dict, tiles: np.ndarray, draw: list[np.ndarray]):
+        """The prefill forward, eager: its logits, and ``draw`` on the device (one copy
+        with the step's inputs)."""
         parts = self._upload(
             [
                 host["input_ids"],
@@ -112,9 +132,7 @@ class ModelRunner:
                 host["seq_lens"],
                 host["seq_rows"],
                 host["last"],
-                pick,
-                keys[samples],
-                sched.gen[samples],
+                *draw,
                 tiles,
             ]
         )
@@ -134,14 +152,7 @@ class ModelRunner:
             seq_rows_host=host["seq_rows"].tolist(),
             tiles=parts[10].view(torch.int32).view(-1, 2) if len(tiles) else None,
         )
-        since = time.perf_counter()
-        logits = self.model.forward(step, self.cache)
-        self.forward_s += time.perf_counter() - since
-        if not len(samples):
-            return None
-        if len(pick) != len(counts):  # a prompt's n samples: a copy of its row each
-            logits = logits.index_select(0, parts[7])
-        return samples, self.sampler.sample(logits, parts[8], parts[9], params)
+        return self.model.forward(step, self.cache), parts[7:10]
 
     def _upload(self, arrays: list[np.ndarray]) -> list[Tensor]:
         """One host-to-device copy of integer arrays of any lengths (as int64): their
