@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rayrl.cli.common import console
+from rayrl.trainer.model_dir import DEMO_MODEL
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -54,6 +55,7 @@ class DemoTask:
     sft: str
     title: str
     tools: bool = False
+    model: dict = field(default_factory=lambda: dict(DEMO_MODEL))  # `build_tiny_model`'s sizes
 
 
 TASKS = {
@@ -80,6 +82,7 @@ class DemoPlan:
     rl: list[str] = field(default_factory=list)
     quiet: bool = True  # no per-step console lines (the progress bars show the steps)
     task: str = "larger"  # a TASKS name
+    model: dict = field(default_factory=dict)  # sizes that replace the task's (experiments)
 
 
 @dataclass
@@ -155,13 +158,16 @@ def run_pipeline(plan: DemoPlan, out: Console | None = None) -> DemoResult:
     from rayrl.cli.train_cmd import train
     from rayrl.data.synthetic import held_out_rows
     from rayrl.models import build_tiny_model
-    from rayrl.trainer.model_dir import DEMO_MODEL
 
     out = out or console()
     base_cfg, sft_cfg, rl_cfg = stage_configs(plan)
     corpus = tool_corpus(sft_cfg.data.synthetic_task) if TASKS[plan.task].tools else None
     build_tiny_model(
-        plan.output_dir / "base-model", **DEMO_MODEL, seed=plan.seed, corpus=corpus, overwrite=True
+        plan.output_dir / "base-model",
+        **{**TASKS[plan.task].model, **plan.model},
+        seed=plan.seed,
+        corpus=corpus,
+        overwrite=True,
     )
     seconds: dict[str, float] = {}
     start = time.perf_counter()

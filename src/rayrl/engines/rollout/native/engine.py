@@ -28,7 +28,6 @@ broadcast (`tp_turns`).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections.abc import Sequence
@@ -53,7 +52,7 @@ from rayrl.engines.rollout.native.runner import ModelRunner
 from rayrl.engines.rollout.native.scheduler import Scheduler
 from rayrl.engines.rollout.native.spec import ModelSpec, UnsupportedModelError, rotary_tables
 from rayrl.engines.rollout.native.stops import StopStrings
-from rayrl.engines.rollout.native.tp import TensorParallel
+from rayrl.engines.rollout.native.tp import call_fingerprint, digest, tensor_parallel_for
 from rayrl.engines.rollout.native.tp_sampler import SplitVocabSampler
 from rayrl.engines.rollout.native.tp_turns import LockstepTurns
 from rayrl.engines.rollout.native.weights import NativeWeights, read_safetensors
@@ -163,7 +162,7 @@ class NativeRolloutEngine(RolloutEngine):
         self.device = torch.device(device)
         self.dtype = _dtype(dtype, self.device)
         self.spec = ModelSpec.from_hf_config(config)
-        self.tp = _tensor_parallel(self.spec, tp_size, tp_group, self.device)
+        self.tp = tensor_parallel_for(self.spec, tp_size, tp_group, self.device, WHERE)
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids(gen_config, config, tokenizer)
         self.pad_id = pad_id(gen_config, tokenizer, self.eos_ids, WHERE)
@@ -201,7 +200,7 @@ class NativeRolloutEngine(RolloutEngine):
             count = torch.tensor([blocks], dtype=torch.int64, device=self.device)
             blocks = int(self.tp.all_reduce(count, dist.ReduceOp.MIN).item())
             settings = (block_size, max_num_seqs, max_num_batched_tokens, self.max_model_len)
-            self.tp.agree(_digest(repr((settings, overlap_decode)).encode()), "engine settings")
+            self.tp.agree(digest(repr((settings, overlap_decode)).encode()), "engine settings")
         self.cache = KVCache(self.local_spec, blocks, block_size, self.dtype, self.device)
         width = -(-self.max_model_len // block_size)
         sampler = SplitVocabSampler(self.tp) if self.tp else None
@@ -335,7 +334,7 @@ class NativeRolloutEngine(RolloutEngine):
         arrays = [np.asarray(p, dtype=np.int64) for p in prompts]
         keys = np.asarray(keys, dtype=np.int64)
         if self.tp:  # before anything that could end one rank's call but not another's
-            self.tp.agree(_fingerprint(arrays, keys, limits, sampling), "prompts or sampling")
+            self.tp.agree(call_fingerprint(arrays, keys, limits, sampling), "prompts or sampling")
         self._check_lengths(arrays, limits, sampling.n)
         if n_rows == 0:
             empty = torch.zeros(0, 0)
@@ -531,35 +530,6 @@ class NativeRolloutEngine(RolloutEngine):
     def weights_unset(self) -> int:
         """Weights no load has filled yet (built with ``load_weights=False``)."""
         return len(self._unset)
-
-
-def _tensor_parallel(spec: ModelSpec, tp_size: int, tp_group, device) -> TensorParallel | None:
-    """This rank's `TensorParallel` (None for one rank: no collective is ever issued)."""
-    if tp_group is None:
-        if tp_size != 1:
-            raise ValueError(
-                f"{WHERE}: tp_size={tp_size} needs tp_group=, this rank's replica group "
-                "from rayrl.engines.rollout.native.tp.make_tp_groups."
-            )
-        return None
-    size = dist.get_world_size(tp_group)
-    if size != tp_size:
-        raise ValueError(f"{WHERE}: tp_size={tp_size} but tp_group has {size} ranks.")
-    return TensorParallel(spec, tp_group, device) if size > 1 else None
-
-
-def _fingerprint(prompts: list[np.ndarray], keys: np.ndarray, limits: np.ndarray, sampling) -> int:
-    """A 64-bit digest of a generate call's inputs (the TP ranks must agree on them)."""
-    lengths = np.asarray([len(p) for p in prompts], dtype=np.int64)
-    parts = [repr(sampling).encode(), lengths.tobytes(), *(p.tobytes() for p in prompts)]
-    return _digest(*parts, keys.tobytes(), limits.tobytes())
-
-
-def _digest(*parts: bytes) -> int:
-    digest = hashlib.blake2b(digest_size=8)
-    for part in parts:
-        digest.update(part)
-    return int.from_bytes(digest.digest(), "little", signed=True)
 
 
 def _continue_turns(sched: Scheduler, answers: list[Continuation]) -> None:

@@ -35,8 +35,10 @@ all-gather per call) and fails with a clear error when they do not, rather than 
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -44,7 +46,15 @@ from torch import Tensor
 from rayrl.engines.rollout.native.shards import KEY, TPShard
 from rayrl.engines.rollout.native.spec import ModelSpec
 
-__all__ = ["ReplicaLayout", "TPGroups", "TensorParallel", "make_tp_groups"]
+__all__ = [
+    "ReplicaLayout",
+    "TPGroups",
+    "TensorParallel",
+    "call_fingerprint",
+    "digest",
+    "make_tp_groups",
+    "tensor_parallel_for",
+]
 
 
 @dataclass(frozen=True)
@@ -182,3 +192,37 @@ class TensorParallel:
 
 
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def tensor_parallel_for(
+    spec: ModelSpec, tp_size: int, tp_group, device, where: str
+) -> TensorParallel | None:
+    """This rank's `TensorParallel` (None for one rank: no collective is ever issued);
+    ``where`` names the engine in errors."""
+    if tp_group is None:
+        if tp_size != 1:
+            raise ValueError(
+                f"{where}: tp_size={tp_size} needs tp_group=, this rank's replica group "
+                "from rayrl.engines.rollout.native.tp.make_tp_groups."
+            )
+        return None
+    size = dist.get_world_size(tp_group)
+    if size != tp_size:
+        raise ValueError(f"{where}: tp_size={tp_size} but tp_group has {size} ranks.")
+    return TensorParallel(spec, tp_group, device) if size > 1 else None
+
+
+def call_fingerprint(
+    prompts: list[np.ndarray], keys: np.ndarray, limits: np.ndarray, sampling
+) -> int:
+    """A 64-bit digest of a generate call's inputs (the TP ranks must agree on them)."""
+    lengths = np.asarray([len(p) for p in prompts], dtype=np.int64)
+    parts = [repr(sampling).encode(), lengths.tobytes(), *(p.tobytes() for p in prompts)]
+    return digest(*parts, keys.tobytes(), limits.tobytes())
+
+
+def digest(*parts: bytes) -> int:
+    digest = hashlib.blake2b(digest_size=8)
+    for part in parts:
+        digest.update(part)
+    return int.from_bytes(digest.digest(), "little", signed=True)
