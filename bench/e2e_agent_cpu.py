@@ -52,6 +52,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--output-dir", default=None, help="default: a temporary directory")
     parser.add_argument("--sft", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="SIZE=N",
+        help="a tiny-model size in place of the task's (layers, hidden, heads, kv_heads, ...)",
+    )
     parser.add_argument("overrides", nargs="*", help="overrides of the RL stage")
     args = parser.parse_args()
     out = Path(args.output_dir or tempfile.mkdtemp(prefix="rayrl-e2e-agent-"))
@@ -62,6 +69,7 @@ def main() -> None:
         sft=args.sft,
         rl=args.overrides,
         task="tools",
+        model={k: int(v) for k, v in (m.split("=", 1) for m in args.model)},
     )
     start = time.perf_counter()
     result = run_pipeline(plan, console(stderr=True))

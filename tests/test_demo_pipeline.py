@@ -74,3 +74,51 @@ def test_demo_reports_accuracies_and_rl_helps(tmp_path):
     assert not (tmp_path / "base" / "checkpoints").exists()
     assert "after SFT + RL (GRPO)" in done.stdout and f"{100 * acc['rl'][0]:.1f}%" in done.stdout
     assert (tmp_path / "rl" / "report" / "report.html").is_file()
+
+
+# The agent demo at a reduced size: 200 SFT steps, then 4 multi-turn GRPO steps.
+TOOLS_SHARED = ["data.synthetic_size=128", "data.synthetic_val_size=32"]
+TOOLS_SFT = ["trainer.total_training_steps=200", "trainer.test_freq=-1", "trainer.save_freq=-1"]
+TOOLS_RL = ["trainer.total_training_steps=4", "trainer.test_freq=4"]
+
+
+@pytest.mark.timeout(1200)
+def test_the_agent_demo_runs_multi_turn_sft_and_grpo_with_the_calculator(tmp_path):
+    """`rayrl demo --task tools` as a user runs it: the 4-layer model, multi-turn SFT,
+    multi-turn GRPO whose episodes call the calculator, every step's trained tokens the
+    rollout's and no tool token under the loss, the table of accuracies printed."""
+    gcs = start_local_ray().get_runtime_context().gcs_address
+    sft = [f"--sft={o}" for o in [*TOOLS_SHARED, *TOOLS_SFT, f"resources.address={gcs}"]]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rayrl.cli.main",
+            "demo",
+            "--task",
+            "tools",
+            "--output-dir",
+            str(tmp_path),
+            "--seed",
+            "2",
+            *sft,
+            *TOOLS_SHARED,
+            *TOOLS_RL,
+            f"resources.address={gcs}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=os.environ,
+    )
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-4000:]
+    config = json.loads((tmp_path / "base-model" / "config.json").read_text())
+    assert config["num_hidden_layers"] == 4 and config["hidden_size"] == 64
+    rows = [json.loads(r) for r in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "actor/pg_loss" in r]
+    assert len(steps) == 4
+    assert sum(r["tool/calculator/calls"] for r in steps) > 0  # SFT taught the call
+    assert all(r["rollout/token_mismatch"] == 0 for r in steps)
+    assert all(r["multi_turn/loss_on_tool_tokens"] == 0 for r in steps)
+    assert all(r["multi_turn/tool_tokens"] > 0 for r in steps)
+    assert "after SFT + RL (GRPO)" in done.stdout and "tool calls / episode" in done.stdout

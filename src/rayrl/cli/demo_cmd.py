@@ -18,7 +18,7 @@ built-in `demo` configs, in `OUTPUT_DIR/<stage>` run directories:
 
 `rayrl demo --task tools` runs the same three stages on an agent task with the
 built-in `demo_tools` configs: `multiply` ("What is 457*823?"), which the tiny model
-cannot do but a `calculator` tool can. SFT learns from whole conversations that use
+(4 layers here) cannot do but a `calculator` tool can. SFT learns from whole conversations that use
 the tool right 30% of the time (otherwise the demonstrator guesses a rounded product);
 multi-turn GRPO, rewarded for the exact product, then teaches the model to call the
 tool and copy its answer. Its tokenizer also learns the tool-call text, so a call
@@ -60,8 +60,15 @@ class DemoTask:
 
 TASKS = {
     "larger": DemoTask("demo", "demo", "which of two numbers is larger"),
+    # Copying a six-digit answer out of the tool's response needs more depth than the
+    # larger-number task: with 2 layers SFT's copies were mostly a digit off, and RL then
+    # drove the tool calls out on one machine (docs/benchmarks.md, 2026-12-02).
     "tools": DemoTask(
-        "demo_tools", "demo_tools", "multiply two 3-digit numbers with a calculator", True
+        "demo_tools",
+        "demo_tools",
+        "multiply two 3-digit numbers with a calculator",
+        tools=True,
+        model={"layers": 4, "hidden": 64},
     ),
 }
 
