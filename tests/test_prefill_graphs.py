@@ -124,6 +124,7 @@ def test_prefill_graphs_on_cuda_replay_with_the_same_tokens(model_dir, prompts):
             engine.sleep()
             assert engine.runner.prefill_graphs is None
     assert stats[0]["prefill_graph_steps"] == 0 and stats[1]["prefill_graph_steps"] > 0
+    assert stats[1]["graph_captures"] > 0 and stats[1]["graph_capture_s"] > 0
     for field in ("tokens", "lengths", "stopped"):
         assert torch.equal(getattr(outs[0], field), getattr(outs[1], field)), field
     assert torch.allclose(outs[0].log_probs, outs[1].log_probs, atol=1e-4)

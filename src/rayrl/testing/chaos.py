@@ -215,13 +215,20 @@ def deterministic(metrics: dict) -> dict:
     return {k: v for k, v in metrics.items() if not k.startswith(skip)}
 
 
+def engine_numerics_apart(a: dict, b: dict) -> dict[str, tuple]:
+    """The `ENGINE_NUMERICS` metrics of two steps that differ by more than
+    `ENGINE_TOLERANCE` (or that only one has): name -> (a's value, b's value)."""
+    keys = {k for k in a.keys() | b.keys() if k.startswith(ENGINE_NUMERICS)}
+    return {
+        k: (a.get(k), b.get(k))
+        for k in sorted(keys)
+        if not (k in a and k in b and (_same(a[k], b[k]) or abs(a[k] - b[k]) <= ENGINE_TOLERANCE))
+    }
+
+
 def engine_numerics_close(a: dict, b: dict) -> bool:
     """Two steps' `ENGINE_NUMERICS` metrics agree within `ENGINE_TOLERANCE`."""
-    keys = {k for k in a.keys() | b.keys() if k.startswith(ENGINE_NUMERICS)}
-    return all(
-        k in a and k in b and (_same(a[k], b[k]) or abs(a[k] - b[k]) <= ENGINE_TOLERANCE)
-        for k in keys
-    )
+    return not engine_numerics_apart(a, b)
 
 
 def compare_runs(clean: dict, chaos: dict) -> dict[str, Any]:
@@ -245,6 +252,9 @@ def compare_runs(clean: dict, chaos: dict) -> dict[str, Any]:
         "metrics_identical": len(clean["history"]) == len(chaos["history"]) and not differ,
         "metrics_differ": differ,
         "engine_numerics_close": all(engine_numerics_close(x, y) for x, y in rows),
+        "engine_numerics_apart": {
+            x.get("step"): apart for x, y in rows if (apart := engine_numerics_apart(x, y))
+        },
         "ledger_identical": clean["ledger"] == chaos["ledger"],
         "trained_twice": sorted({u for u in uids if uids.count(u) > 1}),
     }

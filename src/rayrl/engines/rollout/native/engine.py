@@ -185,6 +185,13 @@ class NativeRolloutEngine(RolloutEngine):
             self._load_all(model.state_dict().items())
         cos, sin = rotary_tables(config, self.max_model_len, self.device)
         self.kernels = choose_kernels(kernels, self.device, self.spec.head_dim)
+        self.use_graphs = self.device.type == "cuda" and not enforce_eager
+        self.use_prefill_graphs = (
+            self.use_graphs
+            and self.kernels == "triton"
+            and self.tp is None
+            and self.prefill_graph_tokens > 0
+        )
         self.model = NativeModel(self.local_spec, self.weights, cos, sin, self.kernels, self.tp)
         blocks = cache_blocks_for(
             self.local_spec,
@@ -205,13 +212,6 @@ class NativeRolloutEngine(RolloutEngine):
         width = -(-self.max_model_len // block_size)
         sampler = SplitVocabSampler(self.tp) if self.tp else None
         self.runner = ModelRunner(self.model, self.cache, max_num_seqs, width, sampler)
-        self.use_graphs = self.device.type == "cuda" and not enforce_eager
-        self.use_prefill_graphs = (
-            self.use_graphs
-            and self.kernels == "triton"
-            and self.tp is None
-            and self.prefill_graph_tokens > 0
-        )
         self.overlap = overlap_decode
         if resume_prefill_cost is None:
             graphed = self.use_prefill_graphs
@@ -275,7 +275,7 @@ class NativeRolloutEngine(RolloutEngine):
         per_token = 5 * s.hidden + 2 * s.q_size + 2 * s.kv_size + 3 * s.intermediate
         logits = self.max_num_seqs * self.spec.vocab * (size + 16)  # logits, copies, sampler
         tokens = self.max_num_batched_tokens
-        if self.device.type == "cuda":
+        if self.use_prefill_graphs:
             tokens += self.prefill_graph_tokens
         return tokens * per_token * size + logits + (256 << 20)
 
@@ -431,7 +431,11 @@ class NativeRolloutEngine(RolloutEngine):
         # Time blocked on the device's results; the rest of `run_s` is host work that
         # the device waited for (scheduling, inputs, launches).
         stats["wait_s"] = self.runner.sampler.wait_s
-        stats["graph_captures"] = self._graph_captures() - captured
+        captures, capture_s = self._graph_captures()
+        stats["graph_captures"], stats["graph_capture_s"] = (
+            captures - captured[0],
+            capture_s - captured[1],
+        )
         self.last_stats = finished_stats(stats, sched, with_turns=turns is not None)
         return sched
 
@@ -464,10 +468,11 @@ class NativeRolloutEngine(RolloutEngine):
         progress.tick(tokens=kept)
         stats["commit_s"] += time.perf_counter() - since
 
-    def _graph_captures(self) -> int:
-        """CUDA graphs captured so far by the current `DecodeGraphs` and `PrefillGraphs`."""
-        graphs = (self.runner.graphs, self.runner.prefill_graphs)
-        return sum(g.captures for g in graphs if g is not None)
+    def _graph_captures(self) -> tuple[int, float]:
+        """CUDA graphs captured so far by the current `DecodeGraphs` and `PrefillGraphs`,
+        and the seconds their captures took."""
+        graphs = [g for g in (self.runner.graphs, self.runner.prefill_graphs) if g is not None]
+        return sum(g.captures for g in graphs), sum(g.capture_s for g in graphs)
 
     def _ensure_graphs(self) -> None:
         if self.use_graphs and self.runner.graphs is None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import time
 
 import numpy as np
 import torch
@@ -58,7 +59,8 @@ class DecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, Tensor] = {}
         self.pool = None  # the graphs' shared memory pool, from the first capture on
-        self.captures = 0  # graphs captured (each on the first batch of its bucket)
+        self.captures = 0
+        self.capture_s = 0.0  # host time spent capturing (warm-ups included)  # graphs captured (each on the first batch of its bucket)
 
     def _step(self, batch: int) -> StepInput:
         s = self.static[:, :batch]
@@ -74,6 +76,7 @@ class DecodeGraphs:
         )
 
     def _capture(self, batch: int, pool):
+        since = time.perf_counter()
         model, cache = self.runner.model, self.runner.cache
         step = self._step(batch)
         side = _side_stream(torch.cuda.current_device())
@@ -87,6 +90,7 @@ class DecodeGraphs:
             self.logits[batch] = model.forward(step, cache)
         self.graphs[batch] = graph
         self.captures += 1
+        self.capture_s += time.perf_counter() - since
         return graph.pool()
 
     def fits(self, batch: int) -> bool:

@@ -16,6 +16,7 @@ TIMED = (
     "commit_s",
     "turn_wait_s",
     "turns_s",
+    "graph_capture_s",
 )
 
 

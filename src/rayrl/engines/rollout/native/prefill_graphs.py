@@ -29,6 +29,7 @@ the torch kernels, whose attention loops over the real sequences on the host).
 from __future__ import annotations
 
 import bisect
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -102,6 +103,7 @@ class PrefillGraphs:
         self.seen: dict[int, int] = {}  # bucket -> steps run in it
         self.pool = None
         self.captures = 0
+        self.capture_s = 0.0  # host time spent capturing (warm-ups included)
         self.replays = 0
 
     def fits(self, tokens: int, seqs: int) -> bool:
@@ -180,6 +182,7 @@ class PrefillGraphs:
         )
 
     def _capture(self, size: int, pool):
+        since = time.perf_counter()
         model, cache = self.runner.model, self.runner.cache
         step = self._step(size)
         side = _side_stream(torch.cuda.current_device())
@@ -193,4 +196,5 @@ class PrefillGraphs:
             self.logits[size] = model.forward(step, cache)
         self.graphs[size] = graph
         self.captures += 1
+        self.capture_s += time.perf_counter() - since
         return graph.pool()
