@@ -269,6 +269,19 @@ def misnamed_reward(tmp: Path) -> dict:
     return verdict(ok and "Traceback" not in said and "Ray" not in said, said[-300:])
 
 
+def misnamed_tool(tmp: Path) -> dict:
+    """A multi-turn run naming a built-in tool misspelt: one line, before Ray starts."""
+    done = train(
+        tmp / "run",
+        "actor_rollout_ref.rollout.multi_turn.enable=true",
+        "actor_rollout_ref.rollout.multi_turn.tools=[calculater]",
+        timeout=120,
+    )
+    said = text(done)
+    ok = done.returncode == 2 and "Did you mean 'calculator'?" in said
+    return verdict(ok and "Traceback" not in said and "Ray" not in said, said[-300:])
+
+
 CASES: dict[str, Callable[[Path], dict]] = {
     "same_output_dir": same_output_dir,
     "resume_other_model": resume_other_model,
@@ -284,6 +297,7 @@ CASES: dict[str, Callable[[Path], dict]] = {
     "read_only_dir": read_only_dir,
     "bad_rows": bad_rows,
     "misnamed_reward": misnamed_reward,
+    "misnamed_tool": misnamed_tool,
 }
 
 

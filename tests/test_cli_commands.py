@@ -256,7 +256,7 @@ def test_mistakes_in_the_users_paths_stop_train_before_ray_starts(
     tmp_path, tiny_model, gsm8k_parquet
 ):
     """A reward file that is missing, broken or lacks its function, a tool the tool
-    config names that cannot be imported, a model path that is no directory: one
+    config names that cannot be imported, a misspelt built-in tool, a model path that is no directory: one
     `config error:` or `model error:` line naming the key and what to fix, exit code 2,
     no traceback, before any Ray or worker starts."""
     misspelt = tmp_path / "reward.py"
@@ -274,6 +274,10 @@ def test_mistakes_in_the_users_paths_stop_train_before_ray_starts(
         "actor_rollout_ref.rollout.multi_turn.enable=true "
         f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}": (
             f"the tools of tool_config_path='{tools}'"
+        ),
+        "actor_rollout_ref.rollout.multi_turn.enable=true "
+        "actor_rollout_ref.rollout.multi_turn.tools=[calculater]": (
+            "unknown tool 'calculater'. Did you mean 'calculator'?"
         ),
         "actor_rollout_ref.model.path=/nonexistent/model": "model error: actor_rollout_ref."
         "model.path=/nonexistent/model: no such directory",

@@ -45,7 +45,8 @@ def configured_tools(cfg: RayRLConfig) -> list[Tool]:
             entries += load_function_tools(mt.function_tool_path)
         entries += [dict(e) if isinstance(e, dict) else e for e in mt.tools]
         return build_tools(entries)
-    except (LoadError, ValueError, TypeError, KeyError) as err:
+    except (LoadError, ValueError, TypeError, LookupError) as err:  # LookupError: a
+        # name no registry knows (UnknownNameError, with its did-you-mean), a missing key
         raise ToolConfigError(
             f"{KEY}: the tools of tool_config_path={mt.tool_config_path!r}, "
             f"function_tool_path={mt.function_tool_path!r} and tools={list(mt.tools)!r} "
