@@ -321,11 +321,10 @@ class PPOTrainer:
             generate = self._kept(roles.actor.generate, DRIVER_COLUMNS)
             done = calls.run("gen", generate, prompts, gen_ctx, collect=collect_outputs)
             result = self._balanced_samples(done, metrics)
-        within = ("weight_sync", "tools")  # tools run during the generation
-        riding = {k: v for k, v in result.timing.items() if k not in within}
+        during = ("tools", "graph_capture")  # parts of the generation's own time
+        riding = {k: v for k, v in result.timing.items() if k not in ("weight_sync", *during)}
         timing.update(riding, weight_sync=result.timing.get("weight_sync", 0.0))
-        if "tools" in result.timing:
-            timing["tools"] = result.timing["tools"]
+        timing.update({k: result.timing[k] for k in during if k in result.timing})
         timing["gen"] -= sum(riding.values())
         if is_multi_turn(result.batch):
             metrics.update(episode_metrics(result.batch))

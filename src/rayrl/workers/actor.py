@@ -323,7 +323,8 @@ class ActorRolloutRefWorker(Worker):
         sampled as `ctx.sampling` says; timed stages: `weight_sync` and what rides along
         (`ctx.with_scores`, `ctx.with_ref`). With multi-turn rollouts each sample is an
         episode (`rayrl.engines.rollout.multi_turn`: its per-sample columns come along)
-        and `tools` is the time some environment step ran (within the generation).
+        and `tools` is the time some environment step ran (within the generation), as
+        is `graph_capture`, the native engine's CUDA-graph captures (where it captured).
 
         With ``rollout.free_cache_engine`` the engine's KV cache is released after each
         generation (verl's semantics) and reacquired before the next.
@@ -338,6 +339,9 @@ class ActorRolloutRefWorker(Worker):
             timing["tools"] = episodes.last_stats["timing_s/tools"]
         else:
             out = self.rollout.generate(prompts, params)
+        capture_s = getattr(self.rollout, "last_stats", {}).get("graph_capture_s", 0.0)
+        if capture_s:  # the native engine's CUDA-graph captures (after each wake)
+            timing["graph_capture"] = capture_s
         if self.cfg.actor_rollout_ref.rollout.free_cache_engine:
             self.rollout.sleep()
         out = with_lengths(self._ride_along(out, ctx, timing))
