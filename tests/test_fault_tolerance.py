@@ -158,7 +158,7 @@ def test_sigterm_then_a_killed_driver_then_resume_end_like_the_clean_run(clean, 
     assert compare_runs(clean, {"weights": final_weights(out), "history": [], "ledger": []})[
         "weights_identical"
     ]
-    # every metric but wall-clock ones; the engine's probability diagnostics within 1e-6
+    # every metric but wall-clock ones; the engine's probability diagnostics within ENGINE_TOLERANCE
     assert _by_step(out) == _by_step(clean["out"])
     rows = {r["step"]: r for r in _rows(clean["out"])}
     apart = {r["step"]: engine_numerics_apart(rows[r["step"]], r) for r in _rows(out)}

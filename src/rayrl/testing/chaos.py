@@ -53,11 +53,14 @@ HYBRID_ORDER = ("weight_sync", "gen", "tools", "log_prob", "update")
 CLOCK_METRICS = ("timing_s/", "perf/", "reward/elapsed_s/")
 # How far the rollout engine's token probabilities are from the actor's
 # (`rollout.calculate_log_probs`): a replaced worker's fresh engine computes them with
-# float32 rounding of its own (differences of about 1e-10 in probability), while the
-# tokens it samples, and everything trained from them, stay bitwise the same. Compared
-# within ENGINE_TOLERANCE, not bitwise.
+# float32 rounding of its own (differences of about 1e-10 in probability), and on an
+# AVX-512 CPU a matmul of one or two rows rounds differently from the same rows in a
+# larger batch (up to 1e-5 in a logit, measured on the 2-core Intel VM), so which rows
+# the engine runs together moves them too; the tokens it samples, and everything
+# trained from them, stay bitwise the same. Compared within ENGINE_TOLERANCE, not
+# bitwise (1e-6 before the Intel VM; its SIGTERM/resume test once exceeded that).
 ENGINE_NUMERICS = ("training/rollout_probs_diff_", "training/rollout_actor_probs_pearson_corr")
-ENGINE_TOLERANCE = 1e-6
+ENGINE_TOLERANCE = 1e-5
 # What a recovery did (`rayrl.trainer.replay`): only the steps after one have them.
 RECOVERY_METRICS = ("recovery/",)
 
