@@ -31,30 +31,21 @@ SFT = [
 RL = ["trainer.total_training_steps=10", "trainer.test_freq=10"]
 
 
+def run_demo(out, *args: str, seed: int, shared: list, sft: list, rl: list):
+    """`rayrl demo` in a process of its own, as a user runs it, joining the session's
+    local Ray (both stages): ``shared`` overrides go to SFT and RL, ``sft`` to SFT only
+    (``--sft=``), ``rl`` to RL only."""
+    gcs = start_local_ray().get_runtime_context().gcs_address
+    both = [*shared, f"resources.address={gcs}"]
+    command = [sys.executable, "-m", "rayrl.cli.main", "demo", *args]
+    command += ["--output-dir", str(out), "--seed", str(seed)]
+    command += [f"--sft={o}" for o in [*both, *sft]] + [*both, *rl]
+    return subprocess.run(command, capture_output=True, text=True, timeout=1800, env=os.environ)
+
+
 @pytest.mark.timeout(1200)  # three stages in a process of their own, on a loaded 2-core machine
 def test_demo_reports_accuracies_and_rl_helps(tmp_path):
-    gcs = start_local_ray().get_runtime_context().gcs_address
-    sft = [f"--sft={o}" for o in [*SHARED, *SFT, f"resources.address={gcs}"]]
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rayrl.cli.main",
-            "demo",
-            "--output-dir",
-            str(tmp_path),
-            "--seed",
-            "1",
-            *sft,
-            *SHARED,
-            *RL,
-            f"resources.address={gcs}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        env=os.environ,
-    )
+    done = run_demo(tmp_path, seed=1, shared=SHARED, sft=SFT, rl=RL)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-4000:]
     acc = {
         "base": _val(tmp_path / "base", last=False),
@@ -87,29 +78,8 @@ def test_the_agent_demo_runs_multi_turn_sft_and_grpo_with_the_calculator(tmp_pat
     """`rayrl demo --task tools` as a user runs it: the 4-layer model, multi-turn SFT,
     multi-turn GRPO whose episodes call the calculator, every step's trained tokens the
     rollout's and no tool token under the loss, the table of accuracies printed."""
-    gcs = start_local_ray().get_runtime_context().gcs_address
-    sft = [f"--sft={o}" for o in [*TOOLS_SHARED, *TOOLS_SFT, f"resources.address={gcs}"]]
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rayrl.cli.main",
-            "demo",
-            "--task",
-            "tools",
-            "--output-dir",
-            str(tmp_path),
-            "--seed",
-            "2",
-            *sft,
-            *TOOLS_SHARED,
-            *TOOLS_RL,
-            f"resources.address={gcs}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        env=os.environ,
+    done = run_demo(
+        tmp_path, "--task", "tools", seed=2, shared=TOOLS_SHARED, sft=TOOLS_SFT, rl=TOOLS_RL
     )
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-4000:]
     config = json.loads((tmp_path / "base-model" / "config.json").read_text())

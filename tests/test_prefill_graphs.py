@@ -59,7 +59,7 @@ def test_padding_does_no_work_and_writes_nothing(model_dir):
     tiles = _tiles(host["q_start"])
     size = graphs.bucket(14)
     layout = graphs.layouts[size]
-    graphs._stage(size, layout, host, tiles)
+    graphs._stage(size, host, tiles)
     step = graphs._step(size)
     assert size == 16 and layout.seqs == 9 and layout.logits == 8
     assert step.slot_mapping[:14].tolist() == host["slot_mapping"].tolist()

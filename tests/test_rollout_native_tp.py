@@ -17,13 +17,14 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen3Config
 
+from native_toys import perturbed
 from rayrl.engines.rollout import NativeRolloutEngine
 from rayrl.engines.rollout.native.shards import Part, TPShard, check_tp_size
 from rayrl.engines.rollout.native.spec import ModelSpec
 from rayrl.engines.rollout.native.tp import ReplicaLayout, make_tp_groups
 from rayrl.engines.rollout.native.tp_weights import _piece, _rows_held
 from rayrl.models.tiny import build_tiny_model
-from tp_cases import CASES, CASES_OF, SMALL, outputs, perturbed, tp_worker
+from tp_cases import CASES, CASES_OF, SMALL, outputs, tp_worker
 
 TINY = dict(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab_size=320)
 

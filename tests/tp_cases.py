@@ -32,18 +32,6 @@ CASES_OF = {
 }
 
 
-def perturbed(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Larger random weights (and non-zero biases), so outputs vary token to token."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) * (0.15 if p.dim() == 2 else 0.3))
-    return model.eval()
-
-
 def outputs(engine: NativeRolloutEngine, cases=CASES) -> dict:
     """``{case: (tokens, lengths, log_probs)}`` of the engine on `PROMPTS`."""
     result = {}

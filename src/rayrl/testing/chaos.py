@@ -229,11 +229,6 @@ def engine_numerics_apart(a: dict, b: dict) -> dict[str, tuple]:
     }
 
 
-def engine_numerics_close(a: dict, b: dict) -> bool:
-    """Two steps' `ENGINE_NUMERICS` metrics agree within `ENGINE_TOLERANCE`."""
-    return not engine_numerics_apart(a, b)
-
-
 def compare_runs(clean: dict, chaos: dict) -> dict[str, Any]:
     """Compare two runs' `weights` (name -> tensor), `history` and `ledger`."""
     import torch
@@ -250,14 +245,13 @@ def compare_runs(clean: dict, chaos: dict) -> dict[str, Any]:
         }
     )
     uids = [u for _, step_uids in chaos["ledger"] for u in step_uids]
+    apart = {x.get("step"): far for x, y in rows if (far := engine_numerics_apart(x, y))}
     return {
         "weights_identical": same_weights,
         "metrics_identical": len(clean["history"]) == len(chaos["history"]) and not differ,
         "metrics_differ": differ,
-        "engine_numerics_close": all(engine_numerics_close(x, y) for x, y in rows),
-        "engine_numerics_apart": {
-            x.get("step"): apart for x, y in rows if (apart := engine_numerics_apart(x, y))
-        },
+        "engine_numerics_close": not apart,
+        "engine_numerics_apart": apart,
         "ledger_identical": clean["ledger"] == chaos["ledger"],
         "trained_twice": sorted({u for u in uids if uids.count(u) > 1}),
     }

@@ -390,7 +390,7 @@ class NativeRolloutEngine(RolloutEngine):
             )
         self._ensure_graphs()
         stats = loop_stats(with_turns=turns is not None)
-        captured = self._graph_captures()
+        before = self._graph_counts()
         start, self.runner.sampler.wait_s = time.perf_counter(), 0.0
         pending = None  # a launched decode step whose tokens are not committed yet
         idle = False  # the last pass found nothing to run: only the driver can help
@@ -431,11 +431,7 @@ class NativeRolloutEngine(RolloutEngine):
         # Time blocked on the device's results; the rest of `run_s` is host work that
         # the device waited for (scheduling, inputs, launches).
         stats["wait_s"] = self.runner.sampler.wait_s
-        captures, capture_s = self._graph_captures()
-        stats["graph_captures"], stats["graph_capture_s"] = (
-            captures - captured[0],
-            capture_s - captured[1],
-        )
+        stats.update({k: v - before[k] for k, v in self._graph_counts().items()})
         self.last_stats = finished_stats(stats, sched, with_turns=turns is not None)
         return sched
 
@@ -446,10 +442,7 @@ class NativeRolloutEngine(RolloutEngine):
         if not chunks:
             return False
         forward, wait = self.runner.forward_s, self.runner.sampler.wait_s
-        graphs = self.runner.prefill_graphs
-        replays = graphs.replays if graphs is not None else 0
         result = self.runner.prefill(sched, chunks, keys, sampling)
-        stats["prefill_graph_steps"] += (graphs.replays if graphs is not None else 0) - replays
         stats["prefill_forward_s"] += self.runner.forward_s - forward
         stats["prefill_wait_s"] += self.runner.sampler.wait_s - wait
         samples_tokens = result[1] if result else (np.zeros(0, np.int64), np.zeros(0))
@@ -468,11 +461,16 @@ class NativeRolloutEngine(RolloutEngine):
         progress.tick(tokens=kept)
         stats["commit_s"] += time.perf_counter() - since
 
-    def _graph_captures(self) -> tuple[int, float]:
-        """CUDA graphs captured so far by the current `DecodeGraphs` and `PrefillGraphs`,
-        and the seconds their captures took."""
+    def _graph_counts(self) -> dict[str, float]:
+        """So far, by the current `DecodeGraphs` and `PrefillGraphs`: the graphs captured,
+        the seconds their captures took, and the prefill steps replayed from a graph."""
         graphs = [g for g in (self.runner.graphs, self.runner.prefill_graphs) if g is not None]
-        return sum(g.captures for g in graphs), sum(g.capture_s for g in graphs)
+        prefill = self.runner.prefill_graphs
+        return {
+            "graph_captures": sum(g.captures for g in graphs),
+            "graph_capture_s": sum(g.capture_s for g in graphs),
+            "prefill_graph_steps": prefill.replays if prefill is not None else 0,
+        }
 
     def _ensure_graphs(self) -> None:
         if self.use_graphs and self.runner.graphs is None:

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from rayrl.engines.rollout.native.step import StepInput
 
-__all__ = ["DecodeGraphs", "graph_buckets"]
+__all__ = ["CapturedForwards", "DecodeGraphs", "graph_buckets"]
 
 _PAD = (0, 0, -1, 0, 0, 0, 0, 0)  # per field: a padded row does no work
 
@@ -46,21 +46,54 @@ def graph_buckets(max_batch: int) -> list[int]:
     return sorted(s for s in sizes if s < max_batch) + [max_batch]
 
 
-class DecodeGraphs:
+class CapturedForwards:
+    """A `ModelRunner`'s model forward captured in CUDA graphs, one per bucket (a key the
+    subclass maps to its step's static inputs, `_step`), all in one memory pool; the
+    graphs' logits, and how many captures there were and how long they took."""
+
+    def __init__(self, runner) -> None:
+        self.runner = runner
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.logits: dict[int, Tensor] = {}
+        self.pool = None  # the graphs' shared memory pool, from the first capture on
+        self.captures = 0
+        self.capture_s = 0.0  # host time spent capturing (warm-ups included)
+
+    def _step(self, bucket: int) -> StepInput:
+        raise NotImplementedError
+
+    def _capture(self, bucket: int) -> None:
+        """Capture the bucket's forward, on its static inputs as they are now: two
+        warm-up forwards first, outside the capture (Triton compiles and autotunes), on
+        the one side stream; they write the cache entries the step then writes again."""
+        since = time.perf_counter()
+        model, cache = self.runner.model, self.runner.cache
+        step = self._step(bucket)
+        side = _side_stream(torch.cuda.current_device())
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                model.forward(step, cache)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            self.logits[bucket] = model.forward(step, cache)
+        self.graphs[bucket] = graph
+        self.pool = graph.pool()
+        self.captures += 1
+        self.capture_s += time.perf_counter() - since
+
+
+class DecodeGraphs(CapturedForwards):
     """Captured decode forwards of a `ModelRunner`'s model, by batch size."""
 
     def __init__(self, runner, max_batch: int) -> None:
-        self.runner = runner
+        super().__init__(runner)
         self.buckets = graph_buckets(max_batch)
         size = self.buckets[-1]
         dev = runner.device
         self.static = torch.tensor(_PAD, dtype=torch.int64, device=dev)[:, None].repeat(1, size)
         self.rows = torch.arange(size, device=dev)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.logits: dict[int, Tensor] = {}
-        self.pool = None  # the graphs' shared memory pool, from the first capture on
-        self.captures = 0
-        self.capture_s = 0.0  # host time spent capturing (warm-ups included)  # graphs captured (each on the first batch of its bucket)
 
     def _step(self, batch: int) -> StepInput:
         s = self.static[:, :batch]
@@ -74,24 +107,6 @@ class DecodeGraphs:
             logits_rows=self.rows[:batch],
             decode=True,
         )
-
-    def _capture(self, batch: int, pool):
-        since = time.perf_counter()
-        model, cache = self.runner.model, self.runner.cache
-        step = self._step(batch)
-        side = _side_stream(torch.cuda.current_device())
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):  # compile and autotune outside the capture
-                model.forward(step, cache)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            self.logits[batch] = model.forward(step, cache)
-        self.graphs[batch] = graph
-        self.captures += 1
-        self.capture_s += time.perf_counter() - since
-        return graph.pool()
 
     def fits(self, batch: int) -> bool:
         return batch <= self.buckets[-1]
@@ -119,7 +134,7 @@ class DecodeGraphs:
     def run(self, batch: int) -> Tensor:
         """Replay the bucket's graph; its logits ``[bucket, vocab]`` (valid until the next replay)."""
         size = self.bucket(batch)
-        if size not in self.graphs:
-            self.pool = self._capture(size, self.pool)
+        if size not in self.graphs:  # each bucket captured on its first batch
+            self._capture(size)
         self.graphs[size].replay()
         return self.logits[size]

@@ -29,14 +29,13 @@ the torch kernels, whose attention loops over the real sequences on the host).
 from __future__ import annotations
 
 import bisect
-import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from rayrl.engines.rollout.native.graphs import _side_stream
+from rayrl.engines.rollout.native.graphs import CapturedForwards
 from rayrl.engines.rollout.native.step import PREFILL_TILE, StepInput
 
 __all__ = ["CAPTURE_AFTER", "PREFILL_GRAPH_TOKENS", "PrefillGraphs", "prefill_buckets"]
@@ -88,22 +87,18 @@ class _Layout:
         return cls(tokens, seqs, logits, tiles, fields, at)
 
 
-class PrefillGraphs:
+class PrefillGraphs(CapturedForwards):
     """Prefill forwards of a `ModelRunner`'s model in padded buckets (see the module
     docstring); `fits` says whether a step can use them, `forward` runs it."""
 
     def __init__(self, runner, max_tokens: int, max_seqs: int, capture: bool = True) -> None:
-        self.runner, self.capture = runner, capture
+        super().__init__(runner)
+        self.capture = capture
         self.buckets = prefill_buckets(max_tokens)
         self.max_seqs = max_seqs
         self.layouts = {t: _Layout.of(t, max_seqs) for t in self.buckets}
         self.static: dict[int, Tensor] = {}  # bucket -> its int64 input buffer
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.logits: dict[int, Tensor] = {}
         self.seen: dict[int, int] = {}  # bucket -> steps run in it
-        self.pool = None
-        self.captures = 0
-        self.capture_s = 0.0  # host time spent capturing (warm-ups included)
         self.replays = 0
 
     def fits(self, tokens: int, seqs: int) -> bool:
@@ -116,11 +111,10 @@ class PrefillGraphs:
         """Logits of the step's ``last`` rows, ``[len(host["last"]), vocab]`` (a view of
         the bucket's output, valid until the next step in the same bucket)."""
         size = self.bucket(len(host["input_ids"]))
-        layout = self.layouts[size]
-        self._stage(size, layout, host, tiles)
+        self._stage(size, host, tiles)
         self.seen[size] = self.seen.get(size, 0) + 1
         if self.capture and size not in self.graphs and self.seen[size] >= CAPTURE_AFTER:
-            self.pool = self._capture(size, self.pool)
+            self._capture(size)
         if size in self.graphs:
             self.graphs[size].replay()
             self.replays += 1
@@ -134,11 +128,11 @@ class PrefillGraphs:
             logits = self.runner.model.forward(step, self.runner.cache)
         return logits[: len(host["last"])]
 
-    def _stage(self, size: int, layout: _Layout, host: dict, tiles: np.ndarray) -> None:
+    def _stage(self, size: int, host: dict, tiles: np.ndarray) -> None:
         """Write the step's arrays and the padding into the bucket's static buffer (one
         copy from pinned memory, which the caching host allocator reuses only once the
         copy is done)."""
-        device = self.runner.device
+        layout, device = self.layouts[size], self.runner.device
         if size not in self.static:
             self.static[size] = torch.zeros(layout.size, dtype=torch.int64, device=device)
         staging = torch.empty(layout.size, dtype=torch.int64, pin_memory=device.type == "cuda")
@@ -180,21 +174,3 @@ class PrefillGraphs:
             decode=False,
             tiles=f["tiles"].view(torch.int32).view(-1, 2),
         )
-
-    def _capture(self, size: int, pool):
-        since = time.perf_counter()
-        model, cache = self.runner.model, self.runner.cache
-        step = self._step(size)
-        side = _side_stream(torch.cuda.current_device())
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # compile and autotune outside the capture; the
-            for _ in range(2):  # cache writes are the step's own, written again below
-                model.forward(step, cache)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            self.logits[size] = model.forward(step, cache)
-        self.graphs[size] = graph
-        self.captures += 1
-        self.capture_s += time.perf_counter() - since
-        return graph.pool()
