@@ -12,8 +12,9 @@ no ``max_prompt_length``: the prompts are already exactly that long. For each sy
 each ``--seqs`` (sequences per step) it reports, after ``--warmup`` steps:
 
 * ``step_s`` (median), ``tokens_per_s_per_gpu`` (prompt + response tokens / step time),
-* ``stage_s`` per stage (rayrl: gen, old_log_prob, ref, update_actor, weight_sync, snapshot;
-  rayrl generates with ``--rollout``, by default its native engine on a GPU),
+* ``stage_s`` per stage (rayrl: gen, old_log_prob, ref, update_actor, weight_sync, snapshot,
+  and parts of gen: graph_capture, rollout_wake, rollout_sleep; rayrl generates with
+  ``--rollout``, by default its native engine on a GPU),
 * ``actor_mfu`` (rayrl's ``perf/mfu/actor``), ``weight_sync_ms``,
 * ``peak_mem_gb`` (``model`` field: 0.5b, 7b), ``grad_norm_finite`` (1: every step's
   gradient norm was finite and no update was skipped),
@@ -64,7 +65,17 @@ import torch
 from gpu_e2e_report import lines_for, roofline_of
 
 BENCH = "gpu_e2e"
-STAGES = ("gen", "old_log_prob", "ref", "update_actor", "weight_sync", "snapshot")
+STAGES = (
+    "gen",
+    "old_log_prob",
+    "ref",
+    "update_actor",
+    "weight_sync",
+    "snapshot",
+    "graph_capture",
+    "rollout_wake",
+    "rollout_sleep",
+)
 
 
 # ------------------------------------------------------------------ model and data

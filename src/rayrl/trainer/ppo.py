@@ -62,7 +62,7 @@ from rayrl.trainer.scoring import RewardErrors, reward_rows
 from rayrl.trainer.stage_calls import StageCalls
 from rayrl.trainer.state import Stateful
 from rayrl.trainer.validate import Validator
-from rayrl.workers.actor import LOG_PROB_READS, update_actor_reads
+from rayrl.workers.actor import GEN_PARTS, LOG_PROB_READS, update_actor_reads
 from rayrl.workers.common import only_reads
 from rayrl.workers.context import StageResult, StepContext, collect_stage
 from rayrl.workers.critic import UPDATE_CRITIC_READS, VALUES_READS
@@ -321,7 +321,7 @@ class PPOTrainer:
             generate = self._kept(roles.actor.generate, DRIVER_COLUMNS)
             done = calls.run("gen", generate, prompts, gen_ctx, collect=collect_outputs)
             result = self._balanced_samples(done, metrics)
-        during = ("tools", "graph_capture")  # parts of the generation's own time
+        during = GEN_PARTS  # parts of the generation's own time
         riding = {k: v for k, v in result.timing.items() if k not in ("weight_sync", *during)}
         timing.update(riding, weight_sync=result.timing.get("weight_sync", 0.0))
         timing.update({k: result.timing[k] for k in during if k in result.timing})

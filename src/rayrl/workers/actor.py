@@ -77,6 +77,10 @@ log = logging.getLogger("rayrl.workers")
 # pass returns beside its own (`rayrl.algos.probs_diff`). The trainer sends no
 # others (`common.only_reads`).
 LOG_PROB_READS = (*MODEL_INPUTS, "rollout_log_probs")
+# Timed parts of `generate` that lie within the generation's own time (`timing_s/gen`),
+# not stages riding along with it: tool calls, CUDA-graph captures, and the engine's
+# KV cache reacquired before the generation and released after it.
+GEN_PARTS = ("tools", "graph_capture", "rollout_wake", "rollout_sleep")
 
 
 def update_actor_reads(cfg: RayRLConfig) -> tuple[str, ...]:
@@ -324,7 +328,8 @@ class ActorRolloutRefWorker(Worker):
         (`ctx.with_scores`, `ctx.with_ref`). With multi-turn rollouts each sample is an
         episode (`rayrl.engines.rollout.multi_turn`: its per-sample columns come along)
         and `tools` is the time some environment step ran (within the generation), as
-        is `graph_capture`, the native engine's CUDA-graph captures (where it captured).
+        is `graph_capture`, the native engine's CUDA-graph captures (where it captured),
+        and `rollout_wake` / `rollout_sleep`, the engine's KV cache taken and given back.
 
         With ``rollout.free_cache_engine`` the engine's KV cache is released after each
         generation (verl's semantics) and reacquired before the next.
@@ -332,7 +337,9 @@ class ActorRolloutRefWorker(Worker):
         timing = {"weight_sync": self._sync_rollout_weights()}
         params = self.sampling_params(ctx.sampling)
         if self.rollout.is_asleep:
+            since = time.perf_counter()
             self.rollout.wake()
+            timing["rollout_wake"] = time.perf_counter() - since
         if self.cfg.actor_rollout_ref.rollout.multi_turn.enable:
             episodes = self._multi_turn()
             out = episodes.generate(prompts, params)
@@ -343,7 +350,9 @@ class ActorRolloutRefWorker(Worker):
         if capture_s:  # the native engine's CUDA-graph captures (after each wake)
             timing["graph_capture"] = capture_s
         if self.cfg.actor_rollout_ref.rollout.free_cache_engine:
+            since = time.perf_counter()
             self.rollout.sleep()
+            timing["rollout_sleep"] = time.perf_counter() - since
         out = with_lengths(self._ride_along(out, ctx, timing))
         return StageResult(out, timing)
 
