@@ -323,23 +323,61 @@ def test_resumed_turns_are_prefilled_together_with_the_same_tokens(model_dir, to
     assert torch.allclose(outs[0.0].log_probs, outs[4.0].log_probs, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    ("n", "sizes"),
+    [(4, {}), (2, dict(block_size=4, max_num_seqs=3, max_num_batched_tokens=8))],
+    ids=["roomy", "small"],
+)
+def test_resumed_turns_prefilled_behind_a_decode_step_give_the_same_tokens(
+    model_dir, tokenizer, n, sizes
+):
+    """With overlapped decoding, a resumed turn's prefill is queued behind the decode
+    step in flight, which is committed meanwhile, and the next decode step takes the
+    prefilled samples' first tokens from the device beside the others' from the host:
+    the episodes are token for token those of an engine that commits every step before
+    the next (also with few slots and blocks, chunked prefill and reclaimed KV)."""
+    prompts = [tokenizer.encode(t) for t in TEXTS]
+    sampling = SamplingParams(n=n, max_new_tokens=48, seed=3, stop_token_ids=list(range(3, 512, 6)))
+    outs, stats = {}, {}
+    for overlap in (False, True):
+        engine = NativeRolloutEngine(
+            model_path=model_dir,
+            **{"device": "cpu", **sizes},
+            overlap_decode=overlap,
+            resume_prefill_cost=0.0,
+        )
+        outs[overlap] = engine.generate_token_ids(prompts, sampling, turns=InstantTurns(48))
+        stats[overlap] = engine.last_stats
+    assert stats[False]["overlapped_prefills"] == 0
+    assert stats[True]["overlapped_prefills"] > len(prompts)
+    assert stats[True]["resumed_turns"] == stats[False]["resumed_turns"] > 2 * len(prompts)
+    for field in ("tokens", "lengths", "stopped"):
+        assert torch.equal(getattr(outs[False], field), getattr(outs[True], field)), field
+    assert torch.allclose(outs[False].log_probs, outs[True].log_probs, atol=1e-5)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_sleep_on_cuda_gives_back_the_cache_and_the_graphs_at_once(model_dir, tokenizer):
     """`sleep` after a generation that captured CUDA graphs gives back everything the
     wake and the generation took (the KV cache, the graphs' pool), with no garbage
     collection: allocated memory returns to what it was asleep before (the first round
-    leaves cuBLAS's per-stream workspaces, which stay), and the tokens stay the same."""
+    leaves cuBLAS's per-stream workspaces, which stay), and the tokens stay the same.
+    The graphs captured again after the wake skip the warm-up forwards their buckets'
+    first captures ran."""
     engine = NativeRolloutEngine(model_path=model_dir, device="cuda", max_num_seqs=8)
     params = SamplingParams(n=2, max_new_tokens=R, seed=3, ignore_eos=True)
     first = engine.generate(make_prompts(tokenizer), params)
+    assert engine.runner.graphs.warmups == engine.runner.graphs.captures > 0
     engine.sleep()
     torch.cuda.synchronize()
     asleep = torch.cuda.memory_allocated()
     engine.wake()
     cache = engine.cache.data.nbytes
     again = engine.generate(make_prompts(tokenizer), params)
-    assert engine.runner.graphs is not None and engine.runner.graphs.graphs  # captured
+    graphs = engine.runner.graphs
+    assert graphs is not None and graphs.captures == len(graphs.graphs) > 0  # captured
+    assert graphs.warmups == 0  # each bucket was warmed up at its first capture
     assert torch.cuda.memory_allocated() >= asleep + cache
     engine.sleep()
     torch.cuda.synchronize()

@@ -21,7 +21,10 @@ Multi-turn episodes (`generate_token_ids` with a `TurnDriver`): a sample whose t
 ends leaves the running set while the driver works (its tools run); the others keep
 decoding, and it rejoins with the driver's tokens prefilled onto its own KV cache
 (`scheduler`). Samples whose answers come back while others decode are prefilled
-together, not one prefill step each (``resume_prefill_cost``). Tensor-parallel, the
+together, not one prefill step each (``resume_prefill_cost``), in a step queued behind
+the decode step in flight: the device runs it while the host commits that step, and
+the next decode step takes the prefilled samples' first tokens from the device (no
+drain of the overlapped decoding, no wait for them). Tensor-parallel, the
 episodes run on TP rank 0 and its answers reach the other ranks of the replica by
 broadcast (`tp_turns`).
 """
@@ -403,10 +406,15 @@ class NativeRolloutEngine(RolloutEngine):
                 stats["turn_wait_s" if blocked else "turns_s"] += time.perf_counter() - since
             idle = False
             if pending is not None and not (self.overlap and sched.can_overlap()):
-                self._commit(sched, pending, stats)
-                pending = None
+                chunks = sched.plan_prefill() if self._prefill_behind_ok(sched) else []
+                if chunks:  # queued behind the decode step, which is committed meanwhile
+                    pending = self._prefill(sched, chunks, keys, sampling, stats, pending)
+                else:
+                    self._commit(sched, pending, stats)
+                    pending = None
                 continue
-            if pending is None and self._prefill(sched, keys, sampling, stats):
+            if pending is None and (chunks := sched.plan_prefill()):
+                self._prefill(sched, chunks, keys, sampling, stats)
                 continue
             since = time.perf_counter()
             samples = sched.plan_decode()
@@ -435,23 +443,49 @@ class NativeRolloutEngine(RolloutEngine):
         self.last_stats = finished_stats(stats, sched, with_turns=turns is not None)
         return sched
 
-    def _prefill(self, sched: Scheduler, keys, sampling: SamplingParams, stats: dict) -> bool:
-        """Run a prefill step if one is due; False if none is."""
+    def _prefill_behind_ok(self, sched: Scheduler) -> bool:
+        """Whether a prefill step due now may be queued behind the decode step in
+        flight: in multi-turn episodes, whose resumed turns prefill often and little,
+        with overlapped decoding on."""
+        return self.overlap and sched.on_turn_end is not None and sched.prefill_due()
+
+    def _prefill(
+        self, sched: Scheduler, chunks, keys, sampling: SamplingParams, stats: dict, behind=None
+    ):
+        """Run a prefill step of ``chunks`` (`Scheduler.plan_prefill`).
+
+        Without ``behind``, its first tokens are committed before it returns (None).
+        ``behind``: the decode step in flight; the prefill is queued after it on the
+        device, the host commits that step while the device runs the prefill, and the
+        prefill's draw is returned uncommitted (a `Launch`, or None when no chunk
+        completes a job): the next decode step takes its tokens from the device. So a
+        resumed turn's prefill neither drains the overlapped decoding nor waits for its
+        own tokens. The decode step is committed before the prefill's samples join the
+        running set: its late token of a sample resumed now is still dropped."""
         since = time.perf_counter()
-        chunks = sched.plan_prefill()
-        if not chunks:
-            return False
         forward, wait = self.runner.forward_s, self.runner.sampler.wait_s
-        result = self.runner.prefill(sched, chunks, keys, sampling)
+        launch = self.runner.prefill(sched, chunks, keys, sampling)
         stats["prefill_forward_s"] += self.runner.forward_s - forward
-        stats["prefill_wait_s"] += self.runner.sampler.wait_s - wait
-        samples_tokens = result[1] if result else (np.zeros(0, np.int64), np.zeros(0))
-        sched.commit_prefill(chunks, *samples_tokens)
         stats["prefill_steps"] += 1
         stats["prefill_tokens"] += sum(c.count for c in chunks)
         progress.tick(prefill_chunks=len(chunks))
+        if behind is not None:
+            stats["prefill_s"] += time.perf_counter() - since
+            self._commit(sched, behind, stats)
+            since = time.perf_counter()
+            samples, at = sched.launch_prefill(chunks)
+            if launch is not None:
+                launch.at = at
+                stats["overlapped_prefills"] += 1
+            stats["prefill_s"] += time.perf_counter() - since
+            return launch
+        if launch is None:
+            sched.commit_prefill(chunks, np.zeros(0, np.int64), np.zeros(0, np.float32))
+        else:
+            sched.commit_prefill(chunks, *self.runner.tokens_of(launch))
+        stats["prefill_wait_s"] += self.runner.sampler.wait_s - wait
         stats["prefill_s"] += time.perf_counter() - since
-        return True
+        return None
 
     def _commit(self, sched: Scheduler, launch, stats: dict) -> None:
         since = time.perf_counter()

@@ -34,14 +34,17 @@ def loop_stats(with_turns: bool) -> dict[str, Any]:
         # (waiting for a step's tokens included), and the turn driver's answers.
         "prefill_s": 0.0,
         # Of prefill_s: queueing the forwards (eager: every kernel launched from
-        # Python; a graph: its inputs staged and one replay), and waiting for their drawn tokens (the device's time not hidden
-        # behind that queueing).
+        # Python; a graph: its inputs staged and one replay), and waiting for their
+        # drawn tokens (the device's time not hidden behind that queueing).
         "prefill_forward_s": 0.0,
         "prefill_wait_s": 0.0,
         "launch_s": 0.0,
         "commit_s": 0.0,
     }
     if with_turns:
+        # Of prefill_steps: queued behind a decode step in flight, their tokens left on
+        # the device for the next decode step (the engine's `_prefill`).
+        stats["overlapped_prefills"] = 0
         stats["turn_wait_s"] = 0.0  # blocked on the driver with nothing to run
         stats["turns_s"] = 0.0  # taking and applying the driver's answers otherwise
     return stats

@@ -64,6 +64,9 @@ class ModelRunner:
         self.sampler = sampler if sampler is not None else DeviceSampler(model.kernels)
         self.graphs = None  # set by the engine on CUDA (DecodeGraphs)
         self.prefill_graphs = None  # likewise (PrefillGraphs)
+        # (graph class, bucket) captured once already: the graphs go at each sleep, what
+        # their first capture's warm-ups set up (compiled kernels, workspaces) stays.
+        self.warmed: set[tuple[str, int]] = set()
         self.forward_s = 0.0  # host time spent in prefill forwards (queueing them on CUDA)
 
     # --------------------------------------------------------------- sync
@@ -92,13 +95,15 @@ class ModelRunner:
     # ------------------------------------------------------------- prefill
     def prefill(
         self, sched: Scheduler, chunks: list[Chunk], keys: np.ndarray, params: SamplingParams
-    ):
-        """Run the chunks; sample the first token of every sample whose prompt completed.
+    ) -> Launch | None:
+        """Queue the chunks and the draw of the first token of every sample whose prompt
+        completes (None: none completes); the host waits for the tokens when it commits
+        them (`tokens_of`), as for a decode step.
 
         Every input of the step, the first-token draw's included, goes to the device
         before the forward (one copy, two in a prefill graph's bucket), so nothing waits
-        for the device until the drawn tokens come back. Small steps run in a CUDA graph
-        (`prefill_graphs`) where the engine set them up."""
+        for the device. Small steps run in a CUDA graph (`prefill_graphs`) where the
+        engine set them up."""
         self.sync(sched)
         host = _prefill_inputs(chunks, self.table_host, sched.block_size)
         counts, samples = sched.sample_rows(chunks)
@@ -118,7 +123,8 @@ class ModelRunner:
             return None
         if len(pick) != len(counts):  # a prompt's n samples: a copy of its row each
             logits = logits.index_select(0, pick_d)
-        return samples, self.sampler.sample(logits, keys_d, gen_d, params)
+        drawn = self.sampler.draw(logits, keys_d, gen_d, params)
+        return Launch(samples, drawn, *self.sampler.fetch(drawn))
 
     def _eager_prefill(self, host: dict, tiles: np.ndarray, draw: list[np.ndarray]):
         """The prefill forward, eager: its logits, and ``draw`` on the device (one copy
@@ -184,23 +190,25 @@ class ModelRunner:
 
         Args:
             feed: ``(tokens, rows)``: take the input tokens from an earlier step's draw on
-                the device, ``tokens[rows[i]]`` for sample i, rather than from the host.
+                the device, ``tokens[rows[i]]`` for sample i, rather than from the host;
+                a row of -1: sample i's token is on the host (committed already).
         """
         self.sync(sched)
         host = sched.decode_inputs(samples)
         n = len(samples)
         rows = feed[1] if feed is not None else np.zeros(n, dtype=np.int64)
         arrays = [host[f] for f in _DECODE_FIELDS] + [keys[samples], host["sample_positions"], rows]
+        mixed = feed is not None and bool((rows < 0).any())
         if self.graphs is not None and self.graphs.fits(n):
             tensors = self.graphs.stage(arrays)
             if feed is not None:
-                tensors[0][:n].copy_(feed[0].index_select(0, tensors[7][:n]))
+                tensors[0][:n].copy_(_fed(feed[0], tensors[7][:n], tensors[0][:n], mixed))
             logits = self.graphs.run(n)[:n]
             keys_d, sample_pos = tensors[5][:n], tensors[6][:n]
         else:
             tensors = self._to_device(arrays)
             if feed is not None:
-                tensors[0] = feed[0].index_select(0, tensors[7]).long()
+                tensors[0] = _fed(feed[0], tensors[7], tensors[0], mixed).long()
             fields = dict(zip(_DECODE_FIELDS, tensors[:5], strict=True))
             step = StepInput(
                 **fields,
@@ -219,6 +227,15 @@ class ModelRunner:
 
 
 _NO_TILES = np.zeros(0, dtype=np.int64)
+
+
+def _fed(drawn: Tensor, rows: Tensor, host_ids: Tensor, mixed: bool) -> Tensor:
+    """A decode step's input tokens: ``drawn[rows[i]]``, or where ``mixed`` and
+    ``rows[i]`` is -1, ``host_ids[i]`` (a token committed on the host)."""
+    if not mixed:
+        return drawn.index_select(0, rows)
+    fed = drawn.index_select(0, rows.clamp(min=0))
+    return torch.where(rows >= 0, fed, host_ids.to(fed.dtype))
 
 
 def _prefill_inputs(chunks: list[Chunk], table: np.ndarray, block_size: int) -> dict:

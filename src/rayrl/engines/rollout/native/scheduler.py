@@ -19,7 +19,8 @@ is preempted: its blocks are freed and it waits, first in line, to be recomputed
 
 A decode step is *launched* (`launch_decode`: positions and counts advance, samples
 at their length limit leave the batch) before its tokens are *committed*
-(`commit_decode`: tokens written, stops checked). Between the two, the engine may plan
+(`commit_decode`: tokens written, stops checked); so is a prefill step's first
+token of each sample it completes (`launch_prefill`, then `commit_decode`). Between the two, the engine may plan
 and launch the next step (`can_overlap`), whose input tokens stay on the device: a
 sample that turns out to have stopped ran one step too many, and that step's token is
 dropped at its commit (never written, never counted).
@@ -231,6 +232,16 @@ class Scheduler:
         ``tokens`` / ``log_probs`` hold one entry per sample of each completing chunk's
         job, in chunk order (`sample_rows`).
         """
+        samples, at = self.launch_prefill(chunks)
+        if len(samples):
+            self.commit_decode(samples, at, tokens, log_probs)
+
+    def launch_prefill(self, chunks: list[Chunk]) -> tuple[np.ndarray, np.ndarray]:
+        """The prefill step over ``chunks`` is running: advance them, fork the jobs they
+        complete, whose samples join the running set. Returns those samples (in chunk
+        order, `sample_rows`) and the index each one's first token takes, which
+        `commit_decode` writes once the step's draw is back, as for a decode step
+        (samples at their length limit with that token leave the batch now)."""
         samples = []
         for chunk in chunks:
             job = chunk.job
@@ -240,8 +251,12 @@ class Scheduler:
             self.prefilling.remove(job)
             self._fork(job)
             samples.extend(job.samples)
-        if samples:
-            self._append(np.asarray(samples, dtype=np.int64), tokens, log_probs)
+        samples = np.asarray(samples, dtype=np.int64)
+        at = self.gen[samples].copy()
+        self.gen[samples] = at + 1
+        for s in samples[at + 1 >= self.max_new[samples]].tolist():
+            self.running.pop(s, None)
+        return samples, at
 
     def sample_rows(self, chunks: list[Chunk]) -> tuple[list[int], np.ndarray]:
         """For the completing chunks: how many samples each forks into, and those samples."""
@@ -340,7 +355,9 @@ class Scheduler:
         return len(samples)
 
     def rows_in(self, earlier: np.ndarray, samples: np.ndarray) -> np.ndarray:
-        """The index in ``earlier`` of each of ``samples`` (all of them are in it)."""
+        """The index in ``earlier`` of each of ``samples``; -1 for a sample not in it
+        (its last token is committed: on the host)."""
+        self._where[samples] = -1
         self._where[earlier] = np.arange(len(earlier))
         return self._where[samples]
 
@@ -354,11 +371,6 @@ class Scheduler:
         return int(full.sum()) <= self.alloc.free_blocks
 
     # ---------------------------------------------------------------- shared
-    def _append(self, samples: np.ndarray, tokens: np.ndarray, log_probs: np.ndarray) -> None:
-        at = self.gen[samples].copy()
-        self.gen[samples] = at + 1
-        self._settle(samples, at, tokens, log_probs)
-
     def _settle(self, samples, at, tokens: np.ndarray, log_probs: np.ndarray) -> None:
         """Token ``at[i]`` of sample ``samples[i]`` is known: store it, end stopped samples."""
         self.tokens[samples, at] = tokens
