@@ -113,3 +113,6 @@ def test_a_one_process_run_makes_no_separate_reward_or_ref_call(ray_local, tmp_p
     for key in ("timing_s/gen", "timing_s/ref", "timing_s/reward", "reward/score/mean"):
         assert math.isfinite(metrics[key]) and metrics[key] >= 0, key
     assert metrics["timing_s/ref"] > 0 and metrics["timing_s/reward"] > 0
+    # the KV cache given back after the generation: a part of timing_s/gen, not beside it
+    parts = [metrics[f"timing_s/{k}"] for k in GEN_PARTS if f"timing_s/{k}" in metrics]
+    assert "timing_s/rollout_sleep" in metrics and metrics["timing_s/gen"] >= sum(parts)
