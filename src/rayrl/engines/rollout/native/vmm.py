@@ -144,7 +144,8 @@ class VirtualBuffer:
             )
             buffer = cls(lib, index, size, granularity.value)
             buffer.map()
-        except DriverError as err:
+            buffer.tensor((1,), torch.uint8).zero_()  # torch can use the memory
+        except (DriverError, RuntimeError, TypeError, ValueError) as err:
             log.warning("native engine: KV cache without a fixed address (%s)", err)
             return None
         return buffer
