@@ -42,7 +42,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from rayrl import progress
 from rayrl.batch import Batch
 from rayrl.engines.rollout.base import ROLLOUT_ENGINES, RolloutEngine, WeightSource
 from rayrl.engines.rollout.contract import Responses, assemble_output, check_prompts, expand_samples
@@ -54,6 +53,7 @@ from rayrl.engines.rollout.native.prefill_graphs import PREFILL_GRAPH_TOKENS, Pr
 from rayrl.engines.rollout.native.runner import ModelRunner
 from rayrl.engines.rollout.native.scheduler import Scheduler
 from rayrl.engines.rollout.native.spec import ModelSpec, UnsupportedModelError, rotary_tables
+from rayrl.engines.rollout.native.step_loop import StepLoop
 from rayrl.engines.rollout.native.stops import StopStrings
 from rayrl.engines.rollout.native.tp import call_fingerprint, digest, tensor_parallel_for
 from rayrl.engines.rollout.native.tp_sampler import SplitVocabSampler
@@ -61,7 +61,7 @@ from rayrl.engines.rollout.native.tp_turns import LockstepTurns
 from rayrl.engines.rollout.native.weights import NativeWeights, read_safetensors
 from rayrl.engines.rollout.sampling import SamplingParams, sample_keys
 from rayrl.engines.rollout.special_ids import eos_ids, pad_id
-from rayrl.engines.rollout.turns import Continuation, TurnDriver
+from rayrl.engines.rollout.turns import TurnDriver
 
 __all__ = ["NativeRolloutEngine"]
 
@@ -395,46 +395,7 @@ class NativeRolloutEngine(RolloutEngine):
         stats = loop_stats(with_turns=turns is not None)
         before = self._graph_counts()
         start, self.runner.sampler.wait_s = time.perf_counter(), 0.0
-        pending = None  # a launched decode step whose tokens are not committed yet
-        idle = False  # the last pass found nothing to run: only the driver can help
-        while not sched.done or pending is not None:
-            if turns is not None and sched.parked:
-                blocked = idle and pending is None
-                since = time.perf_counter()
-                _continue_turns(sched, turns.take_ready(wait=blocked))
-                # blocked: nothing to run, the device idles until an answer comes
-                stats["turn_wait_s" if blocked else "turns_s"] += time.perf_counter() - since
-            idle = False
-            if pending is not None and not (self.overlap and sched.can_overlap()):
-                chunks = sched.plan_prefill() if self._prefill_behind_ok(sched) else []
-                if chunks:  # queued behind the decode step, which is committed meanwhile
-                    pending = self._prefill(sched, chunks, keys, sampling, stats, pending)
-                else:
-                    self._commit(sched, pending, stats)
-                    pending = None
-                continue
-            if pending is None and (chunks := sched.plan_prefill()):
-                self._prefill(sched, chunks, keys, sampling, stats)
-                continue
-            since = time.perf_counter()
-            samples = sched.plan_decode()
-            if len(samples):
-                feed = (
-                    None
-                    if pending is None
-                    else (pending.drawn[0], sched.rows_in(pending.samples, samples))
-                )
-                launch = self.runner.decode(sched, samples, keys, sampling, feed)
-                launch.at = sched.launch_decode(samples)
-                stats["decode_steps"] += 1
-                stats["overlapped_steps"] += feed is not None
-            else:
-                launch = None
-                idle = pending is None
-            stats["launch_s"] += time.perf_counter() - since
-            if pending is not None:  # the device runs `launch` meanwhile
-                self._commit(sched, pending, stats)
-            pending = launch
+        StepLoop(self.runner, sched, keys, sampling, self.overlap, turns, stats).run()
         stats["run_s"] = time.perf_counter() - start
         # Time blocked on the device's results; the rest of `run_s` is host work that
         # the device waited for (scheduling, inputs, launches).
@@ -442,58 +403,6 @@ class NativeRolloutEngine(RolloutEngine):
         stats.update({k: v - before[k] for k, v in self._graph_counts().items()})
         self.last_stats = finished_stats(stats, sched, with_turns=turns is not None)
         return sched
-
-    def _prefill_behind_ok(self, sched: Scheduler) -> bool:
-        """Whether a prefill step due now may be queued behind the decode step in
-        flight: in multi-turn episodes, whose resumed turns prefill often and little,
-        with overlapped decoding on."""
-        return self.overlap and sched.on_turn_end is not None and sched.prefill_due()
-
-    def _prefill(
-        self, sched: Scheduler, chunks, keys, sampling: SamplingParams, stats: dict, behind=None
-    ):
-        """Run a prefill step of ``chunks`` (`Scheduler.plan_prefill`).
-
-        Without ``behind``, its first tokens are committed before it returns (None).
-        ``behind``: the decode step in flight; the prefill is queued after it on the
-        device, the host commits that step while the device runs the prefill, and the
-        prefill's draw is returned uncommitted (a `Launch`, or None when no chunk
-        completes a job): the next decode step takes its tokens from the device. So a
-        resumed turn's prefill neither drains the overlapped decoding nor waits for its
-        own tokens. The decode step is committed before the prefill's samples join the
-        running set: its late token of a sample resumed now is still dropped."""
-        since = time.perf_counter()
-        forward, wait = self.runner.forward_s, self.runner.sampler.wait_s
-        launch = self.runner.prefill(sched, chunks, keys, sampling)
-        stats["prefill_forward_s"] += self.runner.forward_s - forward
-        stats["prefill_steps"] += 1
-        stats["prefill_tokens"] += sum(c.count for c in chunks)
-        progress.tick(prefill_chunks=len(chunks))
-        if behind is not None:
-            stats["prefill_s"] += time.perf_counter() - since
-            self._commit(sched, behind, stats)
-            since = time.perf_counter()
-            samples, at = sched.launch_prefill(chunks)
-            if launch is not None:
-                launch.at = at
-                stats["overlapped_prefills"] += 1
-            stats["prefill_s"] += time.perf_counter() - since
-            return launch
-        if launch is None:
-            sched.commit_prefill(chunks, np.zeros(0, np.int64), np.zeros(0, np.float32))
-        else:
-            sched.commit_prefill(chunks, *self.runner.tokens_of(launch))
-        stats["prefill_wait_s"] += self.runner.sampler.wait_s - wait
-        stats["prefill_s"] += time.perf_counter() - since
-        return None
-
-    def _commit(self, sched: Scheduler, launch, stats: dict) -> None:
-        since = time.perf_counter()
-        tokens, log_probs = self.runner.tokens_of(launch)
-        kept = sched.commit_decode(launch.samples, launch.at, tokens, log_probs)
-        stats["dropped_tokens"] += len(launch.samples) - kept
-        progress.tick(tokens=kept)
-        stats["commit_s"] += time.perf_counter() - since
 
     def _graph_counts(self) -> dict[str, float]:
         """So far, by the current `DecodeGraphs` and `PrefillGraphs`: the graphs captured,
@@ -572,15 +481,6 @@ class NativeRolloutEngine(RolloutEngine):
     def weights_unset(self) -> int:
         """Weights no load has filled yet (built with ``load_weights=False``)."""
         return len(self._unset)
-
-
-def _continue_turns(sched: Scheduler, answers: list[Continuation]) -> None:
-    """Apply a turn driver's answers: resume each sample with its tokens, or end it."""
-    for answer in answers:
-        if answer.tokens is None:
-            sched.finish_parked(answer.sample, answer.stopped)
-        else:
-            sched.resume(answer.sample, np.asarray(answer.tokens, dtype=np.int64))
 
 
 def _dtype(dtype, device: torch.device) -> torch.dtype:
