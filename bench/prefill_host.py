@@ -34,6 +34,7 @@ from _common import hardware
 from rayrl.engines.rollout import NativeRolloutEngine, SamplingParams
 from rayrl.engines.rollout.native.kv_cache import BlockAllocator
 from rayrl.engines.rollout.native.scheduler import Scheduler
+from rayrl.engines.rollout.native.step_loop import StepLoop
 from rayrl.models.tiny import TinySpec
 
 
@@ -117,7 +118,8 @@ def main() -> None:
         sched = resumed_step(engine, args)
         clock.seconds.clear()
         start = time.thread_time()
-        engine._prefill(sched, keys, sampling, defaultdict(float))
+        loop = StepLoop(engine.runner, sched, keys, sampling, False, None, defaultdict(float))
+        loop._prefill(sched.plan_prefill())
         step = time.thread_time() - start
         assert not sched.waiting and len(sched.running) == args.seqs
         parts = dict(clock.seconds)
