@@ -144,8 +144,7 @@ class VirtualBuffer:
             )
             buffer = cls(lib, index, size, granularity.value)
             buffer.map()
-            buffer.tensor((1,), torch.uint8).zero_()  # torch can use the memory
-        except (DriverError, RuntimeError, TypeError, ValueError) as err:
+        except DriverError as err:
             log.warning("native engine: KV cache without a fixed address (%s)", err)
             return None
         return buffer
