@@ -376,7 +376,7 @@ def test_sleep_on_cuda_gives_back_the_cache_and_replays_the_same_graphs(model_di
     asleep = torch.cuda.mem_get_info()[0]
     assert asleep - awake >= engine.cache.nbytes  # the pages went back
     engine.wake()
-    assert asleep - torch.cuda.mem_get_info()[0] >= engine.cache.nbytes  # taken back
+    assert awake - torch.cuda.mem_get_info()[0] >= engine.cache.nbytes - (64 << 20)
     again = engine.generate(make_prompts(tokenizer), params)
     assert engine.runner.graphs is graphs and graphs.captures == captures  # replayed
     assert engine.cache.data.data_ptr() == address
