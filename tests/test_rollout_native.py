@@ -362,22 +362,17 @@ def test_sleep_on_cuda_gives_back_the_cache_and_the_graphs_at_once(model_dir, to
     """`sleep` after a generation that captured CUDA graphs gives back everything the
     wake and the generation took (the KV cache, the graphs' pool), with no garbage
     collection: allocated memory returns to what it was asleep before (the first round
-    leaves cuBLAS's per-stream workspaces, which stay), and the tokens stay the same.
-    The graphs captured again after the wake skip the warm-up forwards their buckets'
-    first captures ran."""
+    leaves cuBLAS's per-stream workspaces, which stay), and the tokens stay the same."""
     engine = NativeRolloutEngine(model_path=model_dir, device="cuda", max_num_seqs=8)
     params = SamplingParams(n=2, max_new_tokens=R, seed=3, ignore_eos=True)
     first = engine.generate(make_prompts(tokenizer), params)
-    assert engine.runner.graphs.warmups == engine.runner.graphs.captures > 0
     engine.sleep()
     torch.cuda.synchronize()
     asleep = torch.cuda.memory_allocated()
     engine.wake()
     cache = engine.cache.data.nbytes
     again = engine.generate(make_prompts(tokenizer), params)
-    graphs = engine.runner.graphs
-    assert graphs is not None and graphs.captures == len(graphs.graphs) > 0  # captured
-    assert graphs.warmups == 0  # each bucket was warmed up at its first capture
+    assert engine.runner.graphs is not None and engine.runner.graphs.graphs  # captured
     assert torch.cuda.memory_allocated() >= asleep + cache
     engine.sleep()
     torch.cuda.synchronize()

@@ -69,12 +69,13 @@ logger = logging.getLogger(__name__)
 # The KV cache holds at most this many times what max_num_seqs full-length sequences
 # use: room for samples parked between turns (multi-turn) beside the running ones.
 CACHE_HEADROOM = 2
-# Multi-turn: a prefill step of resumed samples (synchronised, and draining the
-# overlapped decode) costs about this many CUDA-graph decode steps of a small model:
-# eager, and replayed from a prefill graph (bench/rollout.py's workload M on an H200,
-# docs/benchmarks.md: 1 gave the most tokens/s with the graphs, of 0, 0.5, 1, 2, 4).
+# Multi-turn: a prefill step of resumed samples costs about this many CUDA-graph decode
+# steps of a small model: eager, and replayed from a prefill graph queued behind the
+# decode step in flight (bench/rollout.py's workload M on an H200, docs/benchmarks.md:
+# 0.5 gave the most tokens/s of 0, 0.5 and 1 there; 1 was best, of 0, 0.5, 1, 2 and 4,
+# while the prefill drained the overlapped decoding and waited for its tokens).
 RESUME_PREFILL_COST = 4.0
-RESUME_PREFILL_COST_GRAPHS = 1.0
+RESUME_PREFILL_COST_GRAPHS = 0.5
 RESUME_MAX_WAIT = 16  # decode steps a resumed sample waits for its prefill at most
 WHERE = "NativeRolloutEngine"
 
@@ -117,7 +118,7 @@ class NativeRolloutEngine(RolloutEngine):
             samples, in decode steps; samples whose tool answers came back wait to be
             prefilled together until the decode steps they lost waiting add up to this
             many per running sample (or ``resume_max_wait`` steps). 0: prefill each
-            answer at the next step. Default: 1 where small prefill steps run in CUDA
+            answer at the next step. Default: 0.5 where small prefill steps run in CUDA
             graphs (``prefill_graph_tokens``), 4 where they are eager.
         resume_max_wait: the most decode steps such a sample waits.
         prefill_graph_tokens: prefill steps of at most this many tokens run in CUDA

@@ -8,12 +8,11 @@ draw that holds the token when it comes from the device), and a batch of n seque
 runs the graph of the smallest bucket >= n with the rows past n padded (context length
 0 and cache slot -1: no attention work, no cache write). A bucket's graph is captured the
 first time a batch needs it after the engine starts or wakes (all graphs share one memory
-pool), on the step's own staged inputs: the capture's warm-up forwards (at a bucket's
-first capture only) write the same cache entries the replay then writes again. `sleep`
-drops the graphs, since they hold the KV cache's address, so capturing only the
-buckets a rollout uses (one or a few when the responses end together) keeps the
-per-step cost of a hybrid engine small, where capturing every bucket at each wake cost
-a large share of a step (docs/benchmarks.md).
+pool), on the step's own staged inputs: the capture's warm-up forwards write the same
+cache entries the replay then writes again. `sleep` drops the graphs, since they hold the
+KV cache's address, so capturing only the buckets a rollout uses (one or a few when the
+responses end together) keeps the per-step cost of a hybrid engine small, where
+capturing every bucket at each wake cost a large share of a step (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -58,34 +57,24 @@ class CapturedForwards:
         self.logits: dict[int, Tensor] = {}
         self.pool = None  # the graphs' shared memory pool, from the first capture on
         self.captures = 0
-        self.warmups = 0  # captures that ran warm-up forwards first
         self.capture_s = 0.0  # host time spent capturing (warm-ups included)
 
     def _step(self, bucket: int) -> StepInput:
         raise NotImplementedError
 
     def _capture(self, bucket: int) -> None:
-        """Capture the bucket's forward, on its static inputs as they are now.
-
-        The first capture of a bucket in the runner's life runs two warm-up forwards
-        first, outside the capture (Triton compiles and autotunes, cuBLAS sets up its
-        workspaces), on the one side stream; they write the cache entries the step then
-        writes again. A bucket captured again after a wake (`runner.warmed`: the same
-        shapes, the same kernels, the same streams) needs none: its capture costs one
-        forward's launches instead of three, at every step of a hybrid engine."""
+        """Capture the bucket's forward, on its static inputs as they are now: two
+        warm-up forwards first, outside the capture (Triton compiles and autotunes), on
+        the one side stream; they write the cache entries the step then writes again."""
         since = time.perf_counter()
         model, cache = self.runner.model, self.runner.cache
         step = self._step(bucket)
-        key = (type(self).__name__, bucket)
-        if key not in self.runner.warmed:
-            side = _side_stream(torch.cuda.current_device())
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    model.forward(step, cache)
-            torch.cuda.current_stream().wait_stream(side)
-            self.runner.warmed.add(key)
-            self.warmups += 1
+        side = _side_stream(torch.cuda.current_device())
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                model.forward(step, cache)
+        torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             self.logits[bucket] = model.forward(step, cache)

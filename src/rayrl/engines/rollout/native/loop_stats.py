@@ -43,7 +43,7 @@ def loop_stats(with_turns: bool) -> dict[str, Any]:
     }
     if with_turns:
         # Of prefill_steps: queued behind a decode step in flight, their tokens left on
-        # the device for the next decode step (the engine's `_prefill`).
+        # the device for the next decode step (`StepLoop._prefill`).
         stats["overlapped_prefills"] = 0
         stats["turn_wait_s"] = 0.0  # blocked on the driver with nothing to run
         stats["turns_s"] = 0.0  # taking and applying the driver's answers otherwise

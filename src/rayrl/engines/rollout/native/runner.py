@@ -64,9 +64,6 @@ class ModelRunner:
         self.sampler = sampler if sampler is not None else DeviceSampler(model.kernels)
         self.graphs = None  # set by the engine on CUDA (DecodeGraphs)
         self.prefill_graphs = None  # likewise (PrefillGraphs)
-        # (graph class, bucket) captured once already: the graphs go at each sleep, what
-        # their first capture's warm-ups set up (compiled kernels, workspaces) stays.
-        self.warmed: set[tuple[str, int]] = set()
         self.forward_s = 0.0  # host time spent in prefill forwards (queueing them on CUDA)
 
     # --------------------------------------------------------------- sync

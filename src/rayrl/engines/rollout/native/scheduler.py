@@ -19,11 +19,11 @@ is preempted: its blocks are freed and it waits, first in line, to be recomputed
 
 A decode step is *launched* (`launch_decode`: positions and counts advance, samples
 at their length limit leave the batch) before its tokens are *committed*
-(`commit_decode`: tokens written, stops checked); so is a prefill step's first
-token of each sample it completes (`launch_prefill`, then `commit_decode`). Between the two, the engine may plan
-and launch the next step (`can_overlap`), whose input tokens stay on the device: a
-sample that turns out to have stopped ran one step too many, and that step's token is
-dropped at its commit (never written, never counted).
+(`commit_decode`: tokens written, stops checked); so is a prefill step's first token
+of each sample it completes (`launch_prefill`, then `commit_decode`). Between the two,
+the engine may plan and launch the next step (`can_overlap`), whose input tokens stay
+on the device: a sample that turns out to have stopped ran one step too many, and that
+step's token is dropped at its commit (never written, never counted).
 
 Multi-turn episodes (``on_turn_end`` set): a sample that stops with room left is
 *parked* instead of finished: it leaves the running set and gives back its sequence
