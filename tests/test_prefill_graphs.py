@@ -121,8 +121,9 @@ def test_prefill_graphs_on_cuda_replay_with_the_same_tokens(model_dir, prompts):
         if tokens:
             graphs = engine.runner.prefill_graphs
             assert graphs.captures >= 1 and max(graphs.seen.values()) >= CAPTURE_AFTER
-            engine.sleep()
-            assert engine.runner.prefill_graphs is None
+            engine.sleep()  # the graphs stay where the cache keeps its address
+            kept = graphs if engine.cache.fixed_address else None
+            assert engine.runner.prefill_graphs is kept
     assert stats[0]["prefill_graph_steps"] == 0 and stats[1]["prefill_graph_steps"] > 0
     assert stats[1]["graph_captures"] > 0 and stats[1]["graph_capture_s"] > 0
     for field in ("tokens", "lengths", "stopped"):

@@ -358,26 +358,64 @@ def test_resumed_turns_prefilled_behind_a_decode_step_give_the_same_tokens(
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_sleep_on_cuda_gives_back_the_cache_and_the_graphs_at_once(model_dir, tokenizer):
-    """`sleep` after a generation that captured CUDA graphs gives back everything the
-    wake and the generation took (the KV cache, the graphs' pool), with no garbage
-    collection: allocated memory returns to what it was asleep before (the first round
-    leaves cuBLAS's per-stream workspaces, which stay), and the tokens stay the same."""
+def test_sleep_on_cuda_gives_back_the_cache_and_replays_the_same_graphs(model_dir, tokenizer):
+    """On CUDA the KV cache keeps its address across `sleep` (CUDA's virtual memory):
+    its pages go back to the device (free memory rises by the cache's size) and come
+    back at `wake`, the CUDA graphs stay and are replayed after the wake with no
+    capture, and the tokens stay the same."""
     engine = NativeRolloutEngine(model_path=model_dir, device="cuda", max_num_seqs=8)
+    assert engine.cache.fixed_address
+    params = SamplingParams(n=2, max_new_tokens=R, seed=3, ignore_eos=True)
+    first = engine.generate(make_prompts(tokenizer), params)
+    graphs, address = engine.runner.graphs, engine.cache.data.data_ptr()
+    captures = graphs.captures
+    assert captures > 0
+    torch.cuda.synchronize()
+    awake = torch.cuda.mem_get_info()[0]
+    engine.sleep()
+    asleep = torch.cuda.mem_get_info()[0]
+    assert asleep - awake >= engine.cache.nbytes  # the pages went back
+    engine.wake()
+    assert asleep - torch.cuda.mem_get_info()[0] >= engine.cache.nbytes  # taken back
+    again = engine.generate(make_prompts(tokenizer), params)
+    assert engine.runner.graphs is graphs and graphs.captures == captures  # replayed
+    assert engine.cache.data.data_ptr() == address
+    assert torch.equal(again["responses"], first["responses"])
+    engine.sleep()
+    assert torch.cuda.mem_get_info()[0] >= asleep - (64 << 20)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_sleep_without_a_fixed_address_drops_the_graphs_and_gives_back_all(
+    model_dir, tokenizer, monkeypatch
+):
+    """Where the driver gives no fixed address, the cache comes from torch, `sleep` gives
+    back everything the wake and the generation took (the KV cache, the graphs' pool),
+    with no garbage collection: allocated memory returns to what it was asleep before
+    (the first round leaves cuBLAS's per-stream workspaces, which stay), and the
+    tokens stay the same."""
+    from rayrl.engines.rollout.native import vmm
+
+    monkeypatch.setattr(vmm.VirtualBuffer, "create", classmethod(lambda cls, size, device: None))
+    engine = NativeRolloutEngine(model_path=model_dir, device="cuda", max_num_seqs=8)
+    assert not engine.cache.fixed_address
     params = SamplingParams(n=2, max_new_tokens=R, seed=3, ignore_eos=True)
     first = engine.generate(make_prompts(tokenizer), params)
     engine.sleep()
+    assert engine.runner.graphs is None
     torch.cuda.synchronize()
     asleep = torch.cuda.memory_allocated()
     engine.wake()
     cache = engine.cache.data.nbytes
     again = engine.generate(make_prompts(tokenizer), params)
-    assert engine.runner.graphs is not None and engine.runner.graphs.graphs  # captured
+    graphs = engine.runner.graphs
+    assert graphs is not None and graphs.captures == len(graphs.graphs) > 0  # captured
     assert torch.cuda.memory_allocated() >= asleep + cache
+    assert torch.equal(again["responses"], first["responses"])
     engine.sleep()
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() <= asleep
-    assert torch.equal(again["responses"], first["responses"])
 
 
 def test_sleep_frees_the_cache_and_wake_restores_it(engine, tokenizer):

@@ -450,22 +450,27 @@ class NativeRolloutEngine(RolloutEngine):
 
     # ------------------------------------------------------------------ memory
     def sleep(self) -> None:
-        """Free the KV cache and the CUDA graphs (weights stay); `wake` reallocates.
+        """Free the KV cache (weights stay); `wake` takes it back.
 
-        Both go by reference count, the moment the engine drops them (nothing else holds
-        them, and they hold no cycle), so no garbage collection runs here: a full
-        `gc.collect` in a worker that has loaded torch, transformers and Ray walks every
-        object it has, which cost most of a small step (docs/benchmarks.md)."""
+        Where the cache has a fixed address (`KVCache.fixed_address`: CUDA's virtual
+        memory), only its pages go, and the CUDA graphs, which hold that address, stay
+        with their memory pool, to be replayed after the wake with no capture. Elsewhere
+        the graphs go too. Both go by reference count, the moment the engine drops them
+        (nothing else holds them, and they hold no cycle), so no garbage collection runs
+        here: a full `gc.collect` in a worker that has loaded torch, transformers and Ray
+        walks every object it has, which cost most of a small step (docs/benchmarks.md)."""
         if self._asleep:
             return
         self._asleep = True
-        self.runner.graphs = self.runner.prefill_graphs = None
+        if not self.cache.fixed_address:  # the graphs hold the cache's address
+            self.runner.graphs = self.runner.prefill_graphs = None
         self.cache.free()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
     def wake(self) -> None:
-        """Reallocate the KV cache (graphs are recaptured by the next `generate`)."""
+        """Take the KV cache back (graphs dropped at the sleep are captured again by the
+        next `generate`)."""
         self.cache.allocate()
         self._asleep = False
 

@@ -9,8 +9,10 @@ runs the graph of the smallest bucket >= n with the rows past n padded (context 
 0 and cache slot -1: no attention work, no cache write). A bucket's graph is captured the
 first time a batch needs it after the engine starts or wakes (all graphs share one memory
 pool), on the step's own staged inputs: the capture's warm-up forwards write the same
-cache entries the replay then writes again. `sleep` drops the graphs, since they hold the
-KV cache's address, so capturing only the buckets a rollout uses (one or a few when the
+cache entries the replay then writes again. The graphs hold the KV cache's address:
+where the cache keeps it across `sleep` (CUDA's virtual memory, `vmm`), they stay and
+are replayed after the wake; elsewhere `sleep` drops them, so capturing only the
+buckets a rollout uses (one or a few when the
 responses end together) keeps the per-step cost of a hybrid engine small, where
 capturing every bucket at each wake cost a large share of a step (docs/benchmarks.md).
 """

@@ -1,7 +1,10 @@
 """The paged KV cache: one preallocated tensor of fixed-size blocks, and their allocator.
 
 ``data`` is ``[layers, 2 (k, v), blocks, block_size, kv_heads, head_dim]``, allocated
-once and freed whole by `KVCache.free` (the engine's ``sleep``). A sequence owns a list
+once and freed whole by `KVCache.free` (the engine's ``sleep``). On CUDA it lives at an
+address fixed for the cache's life (`vmm.VirtualBuffer`: its pages are given back at
+`free` and taken again at `allocate`), so CUDA graphs captured over it stay valid
+across a sleep (`fixed_address`); where the driver cannot, torch allocates it. A sequence owns a list
 of block ids; blocks are reference-counted so that the n samples of one prompt share
 the blocks of its prefill (`BlockAllocator.share`), each getting its own copy of the
 last, partly filled block (`KVCache.copy_blocks`).
@@ -30,6 +33,11 @@ class KVCache:
         self.spec, self.num_blocks, self.block_size = spec, num_blocks, block_size
         self.dtype, self.device = dtype, torch.device(device)
         self.data: Tensor | None = None
+        self._buffer = None
+        if self.device.type == "cuda":
+            from rayrl.engines.rollout.native.vmm import VirtualBuffer
+
+            self._buffer = VirtualBuffer.create(self.nbytes, self.device)
         self.allocate()
 
     @property
@@ -40,14 +48,25 @@ class KVCache:
     def allocated(self) -> bool:
         return self.data is not None
 
+    @property
+    def fixed_address(self) -> bool:
+        """Whether `allocate` after `free` puts the cache at the same address."""
+        return self._buffer is not None
+
     def allocate(self) -> None:
         if self.data is None:
             s = self.spec
             shape = (s.layers, 2, self.num_blocks, self.block_size, s.kv_heads, s.head_dim)
-            self.data = torch.empty(shape, dtype=self.dtype, device=self.device)
+            if self._buffer is None:
+                self.data = torch.empty(shape, dtype=self.dtype, device=self.device)
+            else:
+                self._buffer.map()
+                self.data = self._buffer.tensor(shape, self.dtype)
 
     def free(self) -> None:
         self.data = None
+        if self._buffer is not None:
+            self._buffer.release()
 
     def layer(self, index: int) -> tuple[Tensor, Tensor]:
         """``(k, v)`` of one layer, each ``[blocks, block_size, kv_heads, head_dim]``."""

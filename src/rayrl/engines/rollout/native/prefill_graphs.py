@@ -17,11 +17,11 @@ one) have no query tokens and an empty context, the padded tiles point at one of
 Each token's row of every matmul is computed from that token alone, so the padding
 changes no real token's values (up to the matmul kernel a different row count picks).
 
-A bucket's graph is captured on its `CAPTURE_AFTER`-th step since the engine woke (a
+A bucket's graph is captured on its `CAPTURE_AFTER`-th step since the graphs were made (a
 single-turn rollout, which prefills once in large chunks, captures none; a multi-turn
 one captures the few buckets its resumed turns use and replays them many times); the
-steps before run the same padded inputs eagerly. The graphs share one memory pool;
-`sleep` drops them with the decode graphs. Without CUDA (``capture=False``, the tests
+steps before run the same padded inputs eagerly. The graphs share one memory pool,
+and stay or go at a `sleep` with the decode graphs (`graphs`). Without CUDA (``capture=False``, the tests
 on CPU) every step runs the padded inputs eagerly: the same path but the capture (with
 the torch kernels, whose attention loops over the real sequences on the host).
 """
