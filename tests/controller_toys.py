@@ -27,6 +27,7 @@ from rayrl.controller import (
     register_collector,
     register_dispatch_mode,
 )
+from rayrl.controller.pending import Pending
 from rayrl.controller.worker import HEALTH_GROUP
 
 
@@ -424,6 +425,38 @@ class Stateful(Worker):
 
     def restore_state(self, state: SlowState) -> None:
         self.value = state.value
+
+
+class Filling(Worker):
+    """A value whose snapshot is filled in ``delay`` s after `snapshot_state` returned
+    (as a GPU's copies arrive in host memory behind the call): a `Pending`."""
+
+    def init_worker(self, delay: float = 0.0) -> None:
+        self.value, self.delay = 0, delay
+
+    @register(dispatch=ONE_TO_ALL)
+    def set(self, value: int) -> None:
+        self.value = value
+
+    @register(dispatch=ONE_TO_ALL)
+    def get(self) -> dict:
+        return {"value": self.value}
+
+    def snapshot_state(self) -> Pending:
+        import threading
+
+        box, filled, value = {"value": None}, threading.Event(), self.value
+
+        def fill() -> None:
+            time.sleep(self.delay)
+            box["value"] = value
+            filled.set()
+
+        threading.Thread(target=fill, daemon=True).start()
+        return Pending(box, filled.wait)
+
+    def restore_state(self, state: dict) -> None:
+        self.value = state["value"]
 
 
 class Weighty(Worker):

@@ -4,9 +4,12 @@ ends bitwise where the first run ended."""
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
 import torch
 
 from engine_cases import OPTIM, pg_loss, ragged_batch, tiny_model_dir  # noqa: F401 (fixture)
+from rayrl.controller.pending import Pending
 from rayrl.engines.train import TrainEngine
 
 
@@ -71,3 +74,32 @@ def test_nbytes_counts_trainable_weights_and_adam_moments():
     optimizer.step()
     state = sum(v.numel() * v.element_size() for s in optimizer.state.values() for v in s.values())
     assert snapshot.nbytes(model, optimizer) == weights + state  # the moments and step counts
+
+
+def _arrays(state: dict) -> dict[str, np.ndarray]:
+    out = {f"p:{k}": v[0] for k, v in state["params"].items()}
+    for name, values in state["optim"].items():
+        out.update({f"o:{name}:{k}": v[0] for k, v in values.items() if isinstance(v, tuple)})
+    return out
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_snapshot_copied_behind_the_next_step_holds_the_state_before_it(tiny_model_dir):  # noqa: F811
+    """On a GPU a worker's snapshot (``wait=False``) returns before its copies are done;
+    the next step runs at once, its optimizer step held behind the copies on the device:
+    the settled snapshot is the state before that step, and replays it bitwise."""
+    engine = TrainEngine(tiny_model_dir, optim=OPTIM, total_steps=4, device="cuda")
+    engine.train_step(ragged_batch(4, seed=1), pg_loss, micro_batch_size=2)
+    waited = engine.snapshot()
+    pending = engine.snapshot(reuse=True, wait=False)
+    assert isinstance(pending, Pending)
+    metrics = engine.train_step(ragged_batch(4, seed=2), pg_loss, micro_batch_size=2)
+    after = _weights(engine)
+    state = pending.result()
+    expected, got = _arrays(waited), _arrays(state)
+    assert expected.keys() == got.keys() and any(k.startswith("o:") for k in got)
+    assert all(np.array_equal(expected[k], got[k]) for k in expected)
+    engine.restore(state)
+    again = engine.train_step(ragged_batch(4, seed=2), pg_loss, micro_batch_size=2)
+    assert _same(after, _weights(engine)) and again["loss"] == metrics["loss"]

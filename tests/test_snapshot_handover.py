@@ -14,7 +14,7 @@ import uuid
 import pytest
 import ray
 
-from controller_toys import Stateful, Tally, reserve
+from controller_toys import Filling, Stateful, Tally, reserve
 from rayrl.cluster.kv import KVStore
 from rayrl.controller import GroupSnapshot, WorkerGroup
 from rayrl.controller.recovery import SnapshotLostError
@@ -48,6 +48,29 @@ def test_the_copy_into_the_object_store_overlaps_the_next_calls(ray_local):
         assert group.get()[0]["value"] == 7
         later.restore(group)
         assert group.get()[0]["value"] == 8
+    finally:
+        group.shutdown()
+        pool.teardown()
+        kv.shutdown()
+
+
+def test_a_snapshot_filled_behind_its_call_is_published_whole(ray_local):
+    """A worker's state still being filled when `snapshot_state` returns (a `Pending`,
+    as a GPU's copies): the snapshot call does not wait for it, and what is stored and
+    restored is the state once complete."""
+    run = f"snap-{uuid.uuid4().hex[:6]}"
+    pool = reserve(run, [1], {"CPU": 0.5})
+    kv = KVStore.create(run)
+    group = WorkerGroup(Filling, pool.bundles, role="f", run=run, kv=kv, pool=pool)
+    try:
+        group.create(timeout_s=120).init(timeout_s=120, delay=2.0)
+        group.set(7)
+        start = time.monotonic()
+        snap = GroupSnapshot.take(group)
+        assert time.monotonic() - start < 1.5  # the call returned before the fill
+        group.set(8)
+        snap.restore(group)
+        assert group.get()[0]["value"] == 7
     finally:
         group.shutdown()
         pool.teardown()

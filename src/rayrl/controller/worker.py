@@ -44,6 +44,7 @@ from rayrl import reads
 from rayrl.cluster import ray_private
 from rayrl.controller import calls
 from rayrl.controller.calls import hooked, running
+from rayrl.controller.pending import settled
 from rayrl.controller.wire import set_wire_for_cluster
 
 logger = logging.getLogger("rayrl.controller")
@@ -173,10 +174,11 @@ class Worker:
         with two returns, so the driver owns the state without fetching it, while Ray
         copies it into the object store beside the next step's calls (`snapshot_state`
         may return host buffers that its next call overwrites: the driver waits for
-        this before the next capture)."""
+        this before the next capture). A state still being copied from the device
+        (`rayrl.controller.pending`) is waited for here, off the worker's main thread."""
         with hooked(self, "snapshot_publish"):  # not busy: the next calls run beside it
             state, self._rayrl_captured = getattr(self, "_rayrl_captured", None), None
-            return self.ctx.rank if self.ctx else 0, state
+            return self.ctx.rank if self.ctx else 0, settled(state)
 
     def _rayrl_snapshot_nbytes(self) -> int:
         with running(self, "snapshot size"):
@@ -224,7 +226,8 @@ class Worker:
 
     def snapshot_state(self) -> Any:
         """This rank's state to come back to (None: nothing worth keeping). It may hold
-        buffers that the next call overwrites (it is copied out before then)."""
+        buffers that the next call overwrites (it is copied out before then), and
+        `rayrl.controller.pending.Pending` values still being filled from the device."""
         return None
 
     def restore_state(self, state: Any) -> None:

@@ -81,6 +81,12 @@ class Residency:
                 f"the engine's {' and '.join(off)} are offloaded to CPU; call onload() first."
             )
 
+    @property
+    def on_device(self) -> bool:
+        """Whether parameters and optimizer state all stay on the device between calls
+        (no offload by policy, none explicit)."""
+        return not (self._params_home or self.optimizer_offload or any(self.explicit.values()))
+
     # ----------------------------------------------------------------- policy
     @contextmanager
     def resident(self) -> Iterator[None]:

@@ -16,6 +16,13 @@ to the next (page-locked at exact size on CUDA: one asynchronous copy per tensor
 single wait, instead of a blocking copy into freshly faulted pages): the arrays it
 returns change at the next reusing capture, so their consumer (the worker's snapshot
 return, copied into Ray's object store) must be done with them by then.
+
+``capture(..., reuse=True, stream=s)`` does not wait at all: the copies are queued on the
+CUDA stream ``s`` behind the work already queued, and the caller records an event on
+``s`` to know when the arrays are complete. Until then the device's tensors must not
+change (the engine holds its optimizer step and any restore behind that event,
+`rayrl.engines.train_recovery`); their memory is not reused meanwhile (each source is
+recorded on ``s``), so a tensor freed before the copies end is still copied whole.
 """
 
 from __future__ import annotations
@@ -57,11 +64,14 @@ def nbytes(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> int:
 
 
 def _to_host(
-    t: torch.Tensor, buffers: dict[str, torch.Tensor] | None = None, key: str = ""
+    t: torch.Tensor,
+    buffers: dict[str, torch.Tensor] | None = None,
+    key: str = "",
+    stream: torch.cuda.Stream | None = None,
 ) -> tuple[np.ndarray, str, str]:
     """(array, dtype name, device) of a tensor's local part, copied to host memory (into
     ``buffers[key]`` when ``buffers`` is given: asynchronously from a GPU, so the
-    caller synchronises before the arrays are read)."""
+    caller synchronises before the arrays are read; on ``stream`` when given)."""
     local = _local(t).detach()
     device = str(local.device)
     raw = _RAW.get(local.dtype)
@@ -71,6 +81,8 @@ def _to_host(
         host = buffers.get(key)
         if host is None or host.shape != local.shape or host.dtype != local.dtype:
             host = buffers[key] = pinned_host_buffer(local)
+        if stream is not None and local.is_cuda:
+            local.record_stream(stream)  # its memory stays until the copy is done
         host.copy_(local, non_blocking=True)
     array = (host.view(raw) if raw is not None else host).numpy()
     return array, str(local.dtype).removeprefix("torch."), device
@@ -89,14 +101,33 @@ def capture(
     scheduler: Any,
     counters: dict[str, int],
     reuse: bool = False,
+    stream: torch.cuda.Stream | None = None,
 ) -> dict[str, Any]:
     """This rank's part of the engine state (see the module docstring; ``reuse``: into
-    the model's kept host buffers)."""
+    the model's kept host buffers; ``stream``, with ``reuse``: the copies queued there,
+    not waited for)."""
+    if stream is not None and not reuse:
+        raise ValueError("capture(stream=...) copies into the kept buffers: pass reuse=True")
+    if stream is None:
+        return _capture(model, optimizer, scheduler, counters, reuse, None)
+    stream.wait_stream(torch.cuda.current_stream(stream.device))  # behind the queued work
+    with torch.cuda.stream(stream):
+        return _capture(model, optimizer, scheduler, counters, reuse, stream)
+
+
+def _capture(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    scheduler: Any,
+    counters: dict[str, int],
+    reuse: bool,
+    stream: torch.cuda.Stream | None,
+) -> dict[str, Any]:
     names = {id(p): n for n, p in model.named_parameters()}
     kept = _BUFFERS.setdefault(model, {}) if reuse else None
 
     def host(kind: str, name: str, t: torch.Tensor) -> tuple[np.ndarray, str, str]:
-        return _to_host(t, kept, f"{kind}:{name}")
+        return _to_host(t, kept, f"{kind}:{name}", stream)
 
     state: dict[str, Any] = {
         "params": {n: host("p", n, p) for n, p in model.named_parameters() if p.requires_grad},
@@ -115,7 +146,7 @@ def capture(
         state["groups"] = [
             {k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups
         ]
-    if kept is not None and torch.cuda.is_available():
+    if kept is not None and stream is None and torch.cuda.is_available():
         torch.cuda.synchronize()  # the asynchronous copies into the kept buffers
     return state
 

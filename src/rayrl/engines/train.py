@@ -439,6 +439,7 @@ class TrainEngine(ModelBuilding, StepRecovery):
             self.optimizer.zero_grad(set_to_none=True)
             self.skipped_steps += 1
             return None
+        self._snapshot_copies_done()  # a snapshot's copies read the state it changes
         self.residency.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.optimizer_steps += 1
@@ -516,6 +517,7 @@ class TrainEngine(ModelBuilding, StepRecovery):
         """Restore a checkpoint written by `save` (with any number of ranks)."""
         self._require_trainable()
         self.residency.require(optimizer=True)
+        self._snapshot_copies_done()
         with self.residency.resident(), self.residency.stepping():
             extra = load_sharded(path, self.model, self.optimizer, self._extra_state())
         self.scheduler.load_state_dict(extra["scheduler"])

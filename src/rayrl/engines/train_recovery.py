@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from rayrl.controller.pending import Pending, settled
 from rayrl.engines import snapshot
 from rayrl.engines.group_release import release_groups
 from rayrl.engines.rebuild import keep
@@ -37,20 +38,53 @@ log = logging.getLogger("rayrl.engines")
 class StepRecovery:
     """The recovery methods of `rayrl.engines.train.TrainEngine` (module docstring)."""
 
-    def snapshot(self, reuse: bool = False) -> dict[str, Any]:
+    def snapshot(self, reuse: bool = False, wait: bool = True) -> dict[str, Any] | Pending:
         """This rank's state (its shard when sharded) in host memory: trainable weights,
-        optimizer, LR schedule and counters (`rayrl.engines.snapshot`, ``reuse`` there)."""
+        optimizer, LR schedule and counters (`rayrl.engines.snapshot`, ``reuse`` there).
+
+        ``wait=False`` (with ``reuse``), on a GPU whose engine keeps everything on the
+        device: the copies run on a stream of their own behind the work queued so far,
+        and this returns at once a `Pending` of the state, complete once they are done;
+        the next optimizer step, restore or load waits for them on the device. Elsewhere
+        it waits, as ``wait=True``."""
         self._weights_needed()
         optimizer = self.optimizer if self.trainable else None
-        with self.residency.resident():
-            return snapshot.capture(self.model, optimizer, self.scheduler, self._counters(), reuse)
+        behind = not wait and reuse and self.device.type == "cuda"
+        if not (behind and self.residency.on_device):
+            with self.residency.resident():
+                return snapshot.capture(
+                    self.model, optimizer, self.scheduler, self._counters(), reuse
+                )
+        stream = self._snapshot_stream()
+        state = snapshot.capture(
+            self.model, optimizer, self.scheduler, self._counters(), reuse, stream
+        )
+        done = torch.cuda.Event()
+        done.record(stream)
+        self._snapshot_copies = done
+        return Pending(state, done.synchronize)
+
+    def _snapshot_stream(self) -> torch.cuda.Stream:
+        if getattr(self, "_copy_stream", None) is None:
+            self._copy_stream = torch.cuda.Stream(self.device)
+        return self._copy_stream
+
+    def _snapshot_copies_done(self) -> None:
+        """Hold the device's next work (an optimizer step, a restore, a load: anything
+        that changes the state) behind the snapshot's copies still in flight."""
+        done = getattr(self, "_snapshot_copies", None)
+        if done is not None:
+            torch.cuda.current_stream(self.device).wait_event(done)
+            self._snapshot_copies = None
 
     def snapshot_nbytes(self) -> int:
         """Bytes a `snapshot()` of this rank holds (`rayrl.engines.snapshot.nbytes`)."""
         return snapshot.nbytes(self.model, self.optimizer if self.trainable else None)
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def restore(self, state: dict[str, Any] | Pending) -> None:
         """Put back a `snapshot()` of this rank (taken in this process or another)."""
+        state = settled(state)
+        self._snapshot_copies_done()
         names = {name for name, _ in self.model.named_parameters()}
         if not names <= set(state["params"]):  # frozen weights: this rank's own first
             self._weights_needed()

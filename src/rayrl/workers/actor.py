@@ -250,7 +250,7 @@ class ActorRolloutRefWorker(Worker):
     def snapshot_state(self) -> dict[str, Any]:
         """The policy's state at a step boundary (the reference is frozen; the rollout's
         copy follows the policy) and this process's RNGs."""
-        return {"actor": self.actor.snapshot(reuse=True), "rng": rng_state()}
+        return {"actor": self.actor.snapshot(reuse=True, wait=False), "rng": rng_state()}
 
     def snapshot_nbytes(self) -> int:
         """Bytes `snapshot_state` puts in the object store from this rank."""

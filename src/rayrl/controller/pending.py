@@ -1,0 +1,51 @@
+"""A worker's value still being filled in behind its call: `Pending`, and `settled`.
+
+A step-boundary snapshot (`Worker.snapshot_state`) is host memory filled from the
+device. Copied asynchronously, the call that starts the copy can return before the
+bytes are there, and the device works on (the next stage's generation) while they
+arrive. Such a value is handed out as a `Pending`: the value and a ``wait`` that
+returns once it is complete. Whoever reads the bytes settles it first (`settled`,
+which `Worker._rayrl_snapshot_publish` runs before Ray copies the state into the
+object store); a `Pending` that is pickled settles itself, so one sent anywhere
+unsettled still arrives whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["Pending", "settled"]
+
+
+class Pending:
+    """``value``, complete once ``wait()`` has returned."""
+
+    __slots__ = ("_value", "_wait")
+
+    def __init__(self, value: Any, wait: Callable[[], None]) -> None:
+        self._value, self._wait = value, wait
+
+    def result(self) -> Any:
+        """The value, after waiting for it to be complete."""
+        self._wait()
+        return self._value
+
+    def __reduce__(self):
+        return _identity, (self.result(),)
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def settled(value: Any) -> Any:
+    """``value`` with every `Pending` in it (inside dicts, lists and tuples) waited for
+    and replaced by its result."""
+    if isinstance(value, Pending):
+        return settled(value.result())
+    if isinstance(value, dict):
+        return {k: settled(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(settled(v) for v in value)
+    return value
