@@ -93,3 +93,27 @@ def test_cpu_engines_do_not_compile_by_default(tiny_model_dir):  # noqa: F811
     engine = TrainEngine(tiny_model_dir, device="cpu", torch_compile=True)
     assert engine.compiled is False
     assert not compile_regions(engine.model, engine.device)
+
+
+@pytest.mark.slow
+def test_the_compiled_layer_takes_new_micro_batch_shapes_without_recompiling(tiny_model_dir):  # noqa: F811
+    """Micro-batches of other row counts, lengths and sequence counts reuse the decoder
+    layer's first compile: its rows, tokens and sequence boundaries are dynamic from
+    the start (the model's own sizes stay constants of the kernels)."""
+    torch._dynamo.reset()
+    engine = TrainEngine(tiny_model_dir, optim={"lr": 1e-3}, total_steps=4, device="cpu")
+    assert compile_regions(engine.model, engine.device, on_cpu=True)
+    for i, (rows, prompt, response) in enumerate(((4, 12, 10), (6, 9, 7), (3, 20, 13))):
+        engine.forward(
+            ragged_batch(rows, prompt_len=prompt, response_len=response, seed=i),
+            max_tokens_per_micro_batch=64,
+        )
+    layer_forward = type(engine.model.model.layers[0]).forward.__code__
+    assert _compiles_of(layer_forward) == 1
+
+
+def _compiles_of(code) -> int:
+    """How many compiled entries dynamo holds for a function's code object."""
+    from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    return len(_debug_get_cache_entry_list(code))

@@ -9,8 +9,12 @@ gradient tail over ``[tokens x vocab]`` logits.
 
 * Decoder layers: each layer's ``forward`` (not its ``__call__``) is replaced by one
   compiled function shared by every layer (modules are inlined as inputs, so one
-  graph serves them all), with dynamic shapes since packed micro-batches differ in
-  length; a call with a KV cache (generation through the training model) runs the
+  graph serves them all). Micro-batches differ in rows and length, so those two
+  dimensions of the layer's token inputs are dynamic from the first compile; every
+  other size (hidden, heads, head size, MLP width) stays a constant of the kernels.
+  Compiling every size as dynamic (``dynamic=True``) made the elementwise kernels
+  compute their indices from runtime sizes, and the update slower (docs/benchmarks.md,
+  2026-12-03). A call with a KV cache (generation through the training model) runs the
   eager forward. Module hooks (FSDP2's unshard/reshard, activation checkpointing) stay
   outside the compiled region. The attention call is part of the graph: the flash
   varlen kernel is a registered custom op (``torch_attn::_varlen_attn``) that the
@@ -84,14 +88,45 @@ def _dispatching_forward(forward):
     """A layer class's forward: compiled (one function shared by its instances) for
     whole-sequence passes, the eager original for calls with a KV cache (generation
     through the training model, e.g. the HF rollout engine in hybrid mode)."""
-    compiled = torch.compile(forward, dynamic=True)
+    compiled = torch.compile(forward, dynamic=None)
 
     @functools.wraps(forward)
     def dispatch(self, *args, **kwargs):
         cache = kwargs.get("past_key_values", kwargs.get("past_key_value"))
-        return (forward if cache is not None else compiled)(self, *args, **kwargs)
+        if cache is not None:
+            return forward(self, *args, **kwargs)
+        _rows_and_tokens_dynamic(args, kwargs)
+        return compiled(self, *args, **kwargs)
 
     return dispatch
+
+
+# a decoder layer's inputs whose sizes change from one micro-batch to the next, and
+# those dimensions: [rows, tokens, ...] and a packed row's sequence boundaries
+_DYNAMIC_DIMS = {
+    "hidden_states": (0, 1),
+    "position_ids": (0, 1),
+    "position_embeddings": (0, 1),  # the rotary (cos, sin) pair
+    "cu_seq_lens_q": (0,),
+    "cu_seq_lens_k": (0,),
+}
+
+
+def _rows_and_tokens_dynamic(args: tuple, kwargs: dict) -> None:
+    """Mark the dimensions of a layer call's inputs that change between micro-batches
+    dynamic, so the first compile already serves every micro-batch shape (a size that
+    the graph needs as a constant stays one: ``maybe_mark_dynamic`` never fails a
+    compile). What is not marked (the longest sequence's length, an integer) becomes
+    dynamic on its first change, at the cost of one more compile."""
+    given = dict(kwargs)
+    if args:
+        given["hidden_states"] = args[0]
+    for name, dims in _DYNAMIC_DIMS.items():
+        value = given.get(name)
+        for t in value if isinstance(value, tuple) else (value,):
+            if isinstance(t, torch.Tensor) and t.dim() > max(dims):
+                for dim in dims:
+                    torch._dynamo.maybe_mark_dynamic(t, dim)
 
 
 @functools.cache
