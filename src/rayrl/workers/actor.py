@@ -298,7 +298,8 @@ class ActorRolloutRefWorker(Worker):
             else:
                 self.rollout.update_weights(self.actor.rollout_weights(self.rollout_dtype))
         if self.actor.device.type == "cuda":
-            torch.cuda.synchronize(self.actor.device)
+            # this stream's work only: a step snapshot's copies may still run on theirs
+            torch.cuda.current_stream(self.actor.device).synchronize()
         self._stale = False
         return time.perf_counter() - start
 
