@@ -92,6 +92,8 @@ def test_a_snapshot_copied_behind_the_next_step_holds_the_state_before_it(tiny_m
     engine = TrainEngine(tiny_model_dir, optim=OPTIM, total_steps=4, device="cuda")
     engine.train_step(ragged_batch(4, seed=1), pg_loss, micro_batch_size=2)
     waited = engine.snapshot()
+    with torch.cuda.stream(engine._snapshot_stream()):  # the copies start late (~0.5 s):
+        torch.cuda._sleep(500_000_000)  # an optimizer step not held behind them would win
     pending = engine.snapshot(reuse=True, wait=False)
     assert isinstance(pending, Pending)
     metrics = engine.train_step(ragged_batch(4, seed=2), pg_loss, micro_batch_size=2)
