@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rayrl.engines.rollout.text_codec import TextCodec
+
 __all__ = ["Observation", "TurnFormat", "TurnFormatError"]
 
 _ASSISTANT = "RAYRLASSISTANTMARK"
@@ -87,6 +89,7 @@ class TurnFormat:
         if max_message_tokens is not None and max_message_tokens < 1:
             raise ValueError(f"max_tool_response_tokens={max_message_tokens} must be >= 1.")
         self.tokenizer = tokenizer
+        self.codec = TextCodec(tokenizer)
         self.max_message_tokens = max_message_tokens
         self.truncate_side = truncate_side
         self.template_kwargs = dict(template_kwargs or {})
@@ -101,15 +104,13 @@ class TurnFormat:
         """The text of sampled tokens (what a parser reads), special tokens left out
         unless ``keep_special_tokens``."""
         with self._lock:
-            return self.tokenizer.decode(
-                list(tokens), skip_special_tokens=not self.keep_special_tokens
-            )
+            return self.codec.decode(tokens, skip_special_tokens=not self.keep_special_tokens)
 
     def _encode(self, text: str) -> list[int]:
         if not text:
             return []
         with self._lock:
-            return list(self.tokenizer.encode(text, add_special_tokens=False, verbose=False))
+            return self.codec.encode(text)
 
     def _piece_tokens(self, piece: str) -> list[int]:
         """The tokens of a template piece (the same few strings every turn: cached)."""
@@ -120,7 +121,7 @@ class TurnFormat:
 
     def token_text(self, token: int) -> str:
         with self._lock:
-            return self.tokenizer.decode([int(token)], skip_special_tokens=False)
+            return self.codec.decode([int(token)], skip_special_tokens=False)
 
     # ---------------------------------------------------------- observation
     def observation(
@@ -141,7 +142,7 @@ class TurnFormat:
             truncated += cut
             if cut:
                 with self._lock:
-                    message["content"] = self.tokenizer.decode(content, skip_special_tokens=False)
+                    message["content"] = self.codec.decode(content, skip_special_tokens=False)
             shown.append(message)
         return Observation(tokens, shown, truncated)
 
