@@ -10,8 +10,9 @@
   controller's own time on the step's critical path (`timing_s/controller_overhead`);
 - `usage_metrics`: per role, the CPU use (percent of one core), GPU utilisation and
   peak memory its workers had during the step (`perf/cpu_util/<role>`,
-  `perf/gpu_util/<role>`, `perf/max_memory_allocated_gb/<role>`: peak CUDA memory on
-  a GPU, peak resident memory on CPU), and per stage (the worker method)
+  `perf/gpu_util/<role>`, `perf/max_memory_allocated_gb/<role>`: peak CUDA memory of
+  torch's allocator on a GPU (the native engine's KV cache, mapped outside it, is not
+  in it), peak resident memory on CPU), and per stage (the worker method)
   `perf/stage_cpu_util/<role>/<stage>`, `perf/stage_gpu_util/<role>/<stage>` (no
   metric name is a prefix of another: file-based trackers need that).
 """
