@@ -427,20 +427,9 @@ class Stateful(Worker):
         self.value = state.value
 
 
-class Filling(Worker):
+class Filling(Stateful):
     """A value whose snapshot is filled in ``delay`` s after `snapshot_state` returned
     (as a GPU's copies arrive in host memory behind the call): a `Pending`."""
-
-    def init_worker(self, delay: float = 0.0) -> None:
-        self.value, self.delay = 0, delay
-
-    @register(dispatch=ONE_TO_ALL)
-    def set(self, value: int) -> None:
-        self.value = value
-
-    @register(dispatch=ONE_TO_ALL)
-    def get(self) -> dict:
-        return {"value": self.value}
 
     def snapshot_state(self) -> Pending:
         import threading

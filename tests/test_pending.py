@@ -30,3 +30,13 @@ def test_a_pending_pickled_unsettled_arrives_complete():
     pending, box = _filled_later(5)
     assert box["value"] is None
     assert pickle.loads(pickle.dumps({"state": pending})) == {"state": {"value": 5}}
+
+
+def test_settled_keeps_containers_without_pending_and_rebuilds_named_tuples():
+    from collections import namedtuple
+
+    Pair = namedtuple("Pair", "left right")
+    plain = {"a": [1, 2], "b": Pair(3, 4)}
+    assert settled(plain) is plain
+    pending, _ = _filled_later(6)
+    assert settled(Pair(pending, 0)) == Pair({"value": 6}, 0)

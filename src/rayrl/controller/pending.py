@@ -41,11 +41,18 @@ def _identity(value: Any) -> Any:
 
 def settled(value: Any) -> Any:
     """``value`` with every `Pending` in it (inside dicts, lists and tuples) waited for
-    and replaced by its result."""
+    and replaced by its result; a container holding none is returned as it is."""
     if isinstance(value, Pending):
         return settled(value.result())
     if isinstance(value, dict):
-        return {k: settled(v) for k, v in value.items()}
+        items = {k: settled(v) for k, v in value.items()}
+        changed = any(items[k] is not v for k, v in value.items())
+        return items if changed else value
     if isinstance(value, list | tuple):
-        return type(value)(settled(v) for v in value)
+        items = [settled(v) for v in value]
+        if all(a is b for a, b in zip(items, value, strict=True)):
+            return value
+        if hasattr(value, "_fields"):  # a named tuple takes its fields one by one
+            return type(value)(*items)
+        return type(value)(items)
     return value

@@ -38,6 +38,9 @@ log = logging.getLogger("rayrl.engines")
 class StepRecovery:
     """The recovery methods of `rayrl.engines.train.TrainEngine` (module docstring)."""
 
+    _copy_stream: torch.cuda.Stream | None = None  # a snapshot's copies, on a GPU
+    _snapshot_copies: torch.cuda.Event | None = None  # their end, until waited for
+
     def snapshot(self, reuse: bool = False, wait: bool = True) -> dict[str, Any] | Pending:
         """This rank's state (its shard when sharded) in host memory: trainable weights,
         optimizer, LR schedule and counters (`rayrl.engines.snapshot`, ``reuse`` there).
@@ -65,16 +68,15 @@ class StepRecovery:
         return Pending(state, done.synchronize)
 
     def _snapshot_stream(self) -> torch.cuda.Stream:
-        if getattr(self, "_copy_stream", None) is None:
+        if self._copy_stream is None:
             self._copy_stream = torch.cuda.Stream(self.device)
         return self._copy_stream
 
     def _snapshot_copies_done(self) -> None:
         """Hold the device's next work (an optimizer step, a restore, a load: anything
         that changes the state) behind the snapshot's copies still in flight."""
-        done = getattr(self, "_snapshot_copies", None)
-        if done is not None:
-            torch.cuda.current_stream(self.device).wait_event(done)
+        if self._snapshot_copies is not None:
+            torch.cuda.current_stream(self.device).wait_event(self._snapshot_copies)
             self._snapshot_copies = None
 
     def snapshot_nbytes(self) -> int:

@@ -51,9 +51,8 @@ class CriticWorker(Worker):
         self.loss_fn = critic_loss_fn(c, config.data.max_response_length)
 
     def snapshot_state(self) -> dict:
-        return {
-            "critic": self.engine.snapshot(reuse=True, wait=False)
-        }  # copied out before the next
+        """The critic's state at a step boundary (copied out before the next)."""
+        return {"critic": self.engine.snapshot(reuse=True, wait=False)}
 
     def snapshot_nbytes(self) -> int:
         return self.engine.snapshot_nbytes()

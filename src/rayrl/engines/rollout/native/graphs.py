@@ -12,9 +12,9 @@ pool), on the step's own staged inputs: the capture's warm-up forwards write the
 cache entries the replay then writes again. The graphs hold the KV cache's address:
 where the cache keeps it across `sleep` (CUDA's virtual memory, `vmm`), they stay and
 are replayed after the wake; elsewhere `sleep` drops them, so capturing only the
-buckets a rollout uses (one or a few when the
-responses end together) keeps the per-step cost of a hybrid engine small, where
-capturing every bucket at each wake cost a large share of a step (docs/benchmarks.md).
+buckets a rollout uses (one or a few when the responses end together) keeps the
+per-step cost of a hybrid engine small, where capturing every bucket at each wake cost
+a large share of a step (docs/benchmarks.md).
 """
 
 from __future__ import annotations
