@@ -108,7 +108,8 @@ def test_steps_too_large_for_a_bucket_run_as_before(model_dir, prompts):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_prefill_graphs_on_cuda_replay_with_the_same_tokens(model_dir, prompts):
     """On CUDA the resumed turns' prefill steps are captured per bucket (from the
-    `CAPTURE_AFTER`-th step of a bucket) and replayed; float32, so that the padded
+    `CAPTURE_AFTER`-th step of a bucket, the first where the cache keeps its address) and
+    replayed; float32, so that the padded
     buckets' matmuls agree with the plain steps' to rounding: the same tokens."""
     sampling = SamplingParams(n=3, max_new_tokens=40, seed=5, stop_token_ids=list(range(3, 320, 6)))
     outs, stats = [], []
@@ -120,7 +121,8 @@ def test_prefill_graphs_on_cuda_replay_with_the_same_tokens(model_dir, prompts):
         stats.append(engine.last_stats)
         if tokens:
             graphs = engine.runner.prefill_graphs
-            assert graphs.captures >= 1 and max(graphs.seen.values()) >= CAPTURE_AFTER
+            assert graphs.captures >= 1 and max(graphs.seen.values()) >= graphs.capture_after
+            assert graphs.capture_after == (1 if engine.cache.fixed_address else CAPTURE_AFTER)
             engine.sleep()  # the graphs stay where the cache keeps its address
             kept = graphs if engine.cache.fixed_address else None
             assert engine.runner.prefill_graphs is kept

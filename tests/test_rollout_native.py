@@ -361,15 +361,16 @@ def test_resumed_turns_prefilled_behind_a_decode_step_give_the_same_tokens(
 def test_sleep_on_cuda_gives_back_the_cache_and_replays_the_same_graphs(model_dir, tokenizer):
     """On CUDA the KV cache keeps its address across `sleep` (CUDA's virtual memory):
     its pages go back to the device (free memory rises by the cache's size) and come
-    back at `wake`, the CUDA graphs stay and are replayed after the wake with no
-    capture, and the tokens stay the same."""
+    back at `wake`, the CUDA graphs (every bucket's, captured by the first batch that
+    needed one) stay and are replayed after the wake with no capture, and the tokens
+    stay the same."""
     engine = NativeRolloutEngine(model_path=model_dir, device="cuda", max_num_seqs=8)
     assert engine.cache.fixed_address
     params = SamplingParams(n=2, max_new_tokens=R, seed=3, ignore_eos=True)
     first = engine.generate(make_prompts(tokenizer), params)
     graphs, address = engine.runner.graphs, engine.cache.data.data_ptr()
     captures = graphs.captures
-    assert captures > 0
+    assert captures == len(graphs.buckets) == len(graphs.graphs)  # every bucket, at once
     torch.cuda.synchronize()
     awake = torch.cuda.mem_get_info()[0]
     engine.sleep()

@@ -6,15 +6,20 @@ one static ``[8, max_batch]`` int64 buffer (token, position, cache slot, block-t
 row, context length, sample key, sample position, and the row of the previous step's
 draw that holds the token when it comes from the device), and a batch of n sequences
 runs the graph of the smallest bucket >= n with the rows past n padded (context length
-0 and cache slot -1: no attention work, no cache write). A bucket's graph is captured the
-first time a batch needs it after the engine starts or wakes (all graphs share one memory
-pool), on the step's own staged inputs: the capture's warm-up forwards write the same
-cache entries the replay then writes again. The graphs hold the KV cache's address:
-where the cache keeps it across `sleep` (CUDA's virtual memory, `vmm`), they stay and
-are replayed after the wake; elsewhere `sleep` drops them, so capturing only the
-buckets a rollout uses (one or a few when the responses end together) keeps the
-per-step cost of a hybrid engine small, where capturing every bucket at each wake cost
-a large share of a step (docs/benchmarks.md).
+0 and cache slot -1: no attention work, no cache write). Graphs are captured on the
+step's own staged inputs (all graphs share one memory pool): the capture's warm-up
+forwards write the same cache entries the replay then writes again. The graphs hold
+the KV cache's address:
+
+* where the cache keeps it across `sleep` (CUDA's virtual memory, `vmm`), the graphs
+  stay for the engine's life, so the first batch that needs a graph captures every
+  bucket at once: a one-time cost, after which no rollout captures again (a multi-turn
+  rollout's batch size wanders through many buckets; captured one by one, each new
+  one stalled a rollout, docs/benchmarks.md 2026-12-03);
+* elsewhere `sleep` drops them, so a bucket is captured the first time a batch needs it
+  after a wake: capturing only the buckets a rollout uses (one or a few when the
+  responses end together) keeps the per-step cost of a hybrid engine small, where
+  capturing every bucket at each wake cost a large share of a step.
 """
 
 from __future__ import annotations
@@ -136,7 +141,20 @@ class DecodeGraphs(CapturedForwards):
     def run(self, batch: int) -> Tensor:
         """Replay the bucket's graph; its logits ``[bucket, vocab]`` (valid until the next replay)."""
         size = self.bucket(batch)
-        if size not in self.graphs:  # each bucket captured on its first batch
-            self._capture(size)
+        if size not in self.graphs:
+            self._capture_for(batch)
         self.graphs[size].replay()
         return self.logits[size]
+
+    def _capture_for(self, batch: int) -> None:
+        """Capture the graph a batch of ``batch`` rows needs; every bucket where the
+        graphs outlive a sleep (see the module docstring)."""
+        if not self.runner.cache.fixed_address:
+            self._capture(self.bucket(batch))
+            return
+        # rows past the batch hold earlier steps' inputs (or nothing): padded, so that
+        # the larger buckets' warm-ups write no cache slot another sequence may own now
+        self.static[:, batch:] = self.static.new_tensor(_PAD)[:, None]
+        for size in self.buckets:
+            if size not in self.graphs:
+                self._capture(size)

@@ -17,13 +17,15 @@ one) have no query tokens and an empty context, the padded tiles point at one of
 Each token's row of every matmul is computed from that token alone, so the padding
 changes no real token's values (up to the matmul kernel a different row count picks).
 
-A bucket's graph is captured on its `CAPTURE_AFTER`-th step since the graphs were made (a
-single-turn rollout, which prefills once in large chunks, captures none; a multi-turn
-one captures the few buckets its resumed turns use and replays them many times); the
-steps before run the same padded inputs eagerly. The graphs share one memory pool,
-and stay or go at a `sleep` with the decode graphs (`graphs`). Without CUDA (``capture=False``, the tests
-on CPU) every step runs the padded inputs eagerly: the same path but the capture (with
-the torch kernels, whose attention loops over the real sequences on the host).
+The graphs share one memory pool, and stay or go at a `sleep` with the decode graphs
+(`graphs`). Where they go, a bucket's graph is captured on its `CAPTURE_AFTER`-th step
+since the graphs were made (a single-turn rollout, which prefills once in large chunks,
+captures none; a multi-turn one captures the few buckets its resumed turns use and
+replays them many times); the steps before run the same padded inputs eagerly. Where
+they stay (the KV cache at a fixed address), a bucket is captured on its first step:
+the capture is paid once for the engine's life. Without CUDA (``capture=False``, the
+tests on CPU) every step runs the padded inputs eagerly: the same path but the capture
+(with the torch kernels, whose attention loops over the real sequences on the host).
 """
 
 from __future__ import annotations
@@ -101,6 +103,12 @@ class PrefillGraphs(CapturedForwards):
         self.seen: dict[int, int] = {}  # bucket -> steps run in it
         self.replays = 0
 
+    @property
+    def capture_after(self) -> int:
+        """The step of a bucket that captures it: `CAPTURE_AFTER`, or the first where the
+        graphs outlive a sleep (the capture is then paid once for the engine's life)."""
+        return 1 if self.runner.cache.fixed_address else CAPTURE_AFTER
+
     def fits(self, tokens: int, seqs: int) -> bool:
         return 0 < tokens <= self.buckets[-1] and seqs <= self.max_seqs
 
@@ -113,7 +121,7 @@ class PrefillGraphs(CapturedForwards):
         size = self.bucket(len(host["input_ids"]))
         self._stage(size, host, tiles)
         self.seen[size] = self.seen.get(size, 0) + 1
-        if self.capture and size not in self.graphs and self.seen[size] >= CAPTURE_AFTER:
+        if self.capture and size not in self.graphs and self.seen[size] >= self.capture_after:
             self._capture(size)
         if size in self.graphs:
             self.graphs[size].replay()
