@@ -361,9 +361,9 @@ def test_resumed_turns_prefilled_behind_a_decode_step_give_the_same_tokens(
 def test_sleep_on_cuda_gives_back_the_cache_and_replays_the_same_graphs(model_dir, tokenizer):
     """On CUDA the KV cache keeps its address across `sleep` (CUDA's virtual memory):
     its pages go back to the device (free memory rises by the cache's size) and come
-    back at `wake`, the CUDA graphs (every bucket's, captured by the first batch that
-    needed one) stay and are replayed after the wake with no capture, and the tokens
-    stay the same."""
+    back at `wake` while torch's own cached blocks stay cached, the CUDA graphs (every
+    bucket's, captured by the first batch that needed one) stay and are replayed after
+    the wake with no capture, and the tokens stay the same."""
     engine = NativeRolloutEngine(model_path=model_dir, device="cuda", max_num_seqs=8)
     assert engine.cache.fixed_address
     params = SamplingParams(n=2, max_new_tokens=R, seed=3, ignore_eos=True)
@@ -372,10 +372,11 @@ def test_sleep_on_cuda_gives_back_the_cache_and_replays_the_same_graphs(model_di
     captures = graphs.captures
     assert captures == len(graphs.buckets) == len(graphs.graphs)  # every bucket, at once
     torch.cuda.synchronize()
-    awake = torch.cuda.mem_get_info()[0]
+    awake, reserved = torch.cuda.mem_get_info()[0], torch.cuda.memory_reserved()
     engine.sleep()
     asleep = torch.cuda.mem_get_info()[0]
     assert asleep - awake >= engine.cache.nbytes  # the pages went back
+    assert torch.cuda.memory_reserved() == reserved  # torch's cached blocks (a trainer's) stay
     engine.wake()
     assert asleep - torch.cuda.mem_get_info()[0] >= engine.cache.nbytes  # taken back
     again = engine.generate(make_prompts(tokenizer), params)

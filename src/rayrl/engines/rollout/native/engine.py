@@ -458,14 +458,20 @@ class NativeRolloutEngine(RolloutEngine):
         the graphs go too. Both go by reference count, the moment the engine drops them
         (nothing else holds them, and they hold no cycle), so no garbage collection runs
         here: a full `gc.collect` in a worker that has loaded torch, transformers and Ray
-        walks every object it has, which cost most of a small step (docs/benchmarks.md)."""
+        walks every object it has, which cost most of a small step (docs/benchmarks.md).
+
+        A fixed-address cache's pages go straight back to the device, so torch's cached
+        blocks are left alone: in a hybrid worker they are mostly the trainer's, which
+        would otherwise allocate them all again at its next step (`wake` empties them
+        only if the device is then short of room for the cache's pages). A cache from
+        torch's allocator is handed back to the device by emptying that cache."""
         if self._asleep:
             return
         self._asleep = True
         if not self.cache.fixed_address:  # the graphs hold the cache's address
             self.runner.graphs = self.runner.prefill_graphs = None
         self.cache.free()
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and not self.cache.fixed_address:
             torch.cuda.empty_cache()
 
     def wake(self) -> None:
