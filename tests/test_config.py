@@ -281,3 +281,43 @@ def test_rollout_tensor_parallel_size_must_fit_a_node_or_whole_nodes():
             load_config(
                 "grpo", [f"{key}={tp}", "trainer.n_gpus_per_node=8", f"trainer.nnodes={nnodes}"]
             )
+
+
+def test_a_null_switch_reads_as_false_with_a_warning(tmp_path):
+    """`key=${UNSET}` passes a null: on a yes/no key it reads as false (as verl reads
+    it; one of verl's multi-turn examples does this), whatever came before, with a
+    warning naming the key; in a YAML file too."""
+    warnings = []
+    cfg = load_config(
+        "grpo",
+        ["actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.use_kl_loss="],
+        validate=False,
+        warn=warnings.append,
+    )
+    assert cfg.actor_rollout_ref.actor.use_kl_loss is False
+    assert len(warnings) == 1 and "actor_rollout_ref.actor.use_kl_loss" in warnings[0]
+    assert "unset shell variable" in warnings[0]
+    path = tmp_path / "c.yaml"
+    path.write_text("actor_rollout_ref:\n  actor:\n    use_kl_loss: null\n")
+    warnings.clear()
+    assert (
+        load_config(path, validate=False, warn=warnings.append).actor_rollout_ref.actor.use_kl_loss
+        is False
+    )
+    assert str(path) in warnings[0]
+
+
+def test_a_null_on_a_number_names_the_key_and_the_likely_cause():
+    with pytest.raises(ConfigError) as err:
+        load_config("grpo", ["actor_rollout_ref.actor.ppo_max_token_len_per_gpu="])
+    message = str(err.value)
+    assert "'actor_rollout_ref.actor.ppo_max_token_len_per_gpu' is given no value" in message
+    assert "an integer" in message and "shell variable" in message
+    assert "Incompatible" not in message
+    # a key that may be null stays null, with no warning
+    warnings = []
+    cfg = load_config(
+        "grpo", ["actor_rollout_ref.actor.ppo_micro_batch_size="], warn=warnings.append
+    )
+    assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size is None
+    assert not [w for w in warnings if "no value" in w]

@@ -33,6 +33,7 @@ from rayrl.config.compat import (
 from rayrl.config.compat.verl_ppo import RULES
 from rayrl.config.errors import ConfigError
 from rayrl.config.errors import warn as _warn
+from rayrl.config.nulls import settle_nulls
 from rayrl.config.schema import RayRLConfig, schema_fields
 
 BUILTIN_DIR = Path(__file__).resolve().parent
@@ -184,7 +185,8 @@ REWARD_MODEL_MICRO_BATCH = 8  # sequences per reward-model forward when none is 
 def source_data(data: dict[str, Any], origin: str, warn: Callable[[str], None]) -> dict:
     """What `load_config` does with one source's nested dict before merging it: verl
     compatibility (`rayrl.config.compat`: rollout names, moved keys, keys
-    without effect, refused features), then known keys only."""
+    without effect, refused features), then known keys only, and nulls where a key
+    cannot be null (`rayrl.config.nulls`)."""
     try:
         data = apply_rules(data, _TABLE, warn)
     except ConfigError as exc:
@@ -193,6 +195,7 @@ def source_data(data: dict[str, Any], origin: str, warn: Callable[[str], None]) 
         warn(message)
     map_bool_frequencies(data)
     check_keys(data, origin=origin)
+    settle_nulls(data, RayRLConfig, origin, warn)
     return data
 
 
