@@ -7,7 +7,10 @@ The work is `bench/gpu_e2e.py`'s update: ``--seqs`` rows of ``--prompt-len`` +
 A warm-up step runs first. JSON lines: ``update_s`` and ``mfu`` of the profiled step
 (FLOPs as `perf/mfu/actor` counts them), ``update_s_plain`` / ``mfu_plain`` of a step
 without the profiler, and ``kernel`` lines: the top ``--top`` CUDA kernels (or CPU ops
-on a CPU) by self time, with their share of the step's device time.
+on a CPU) by self time, with their share of the step's device time. On CUDA a
+``gpu_busy_fraction`` line first: the time some kernel ran over the profiled step, each
+stream's total, and the kernels that ran beside another stream, whose durations in the
+table are stretched by it (`_kernel_timeline`).
 
 ``--variants`` runs several engine set-ups one after the other on the same batch and
 old log-probs (each from the same initial weights, so the warm-up steps' ``loss`` and
@@ -35,6 +38,7 @@ from pathlib import Path
 import torch
 
 from _common import hardware
+from _kernel_timeline import device_intervals, summary
 from gpu_e2e import build_model
 
 BENCH = "profile_update"
@@ -216,6 +220,17 @@ def run_variant(args: argparse.Namespace, path: Path, variant: str, old):
     )
     if args.no_profile:
         return old
+    if args.device == "cuda":
+        timeline = summary(device_intervals(prof))
+        emit(
+            {
+                **base,
+                "metric": "gpu_busy_fraction",
+                "value": timeline["busy_s"] / seconds,
+                "unit": "fraction",
+                **timeline,
+            }
+        )
     key = "self_device_time_total" if args.device == "cuda" else "self_cpu_time_total"
     events = [e for e in prof.key_averages() if getattr(e, key, 0) > 0]
     total = sum(getattr(e, key) for e in events) or 1.0
