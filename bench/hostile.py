@@ -282,6 +282,16 @@ def misnamed_tool(tmp: Path) -> dict:
     return verdict(ok and "Traceback" not in said and "Ray" not in said, said[-300:])
 
 
+def empty_override(tmp: Path) -> dict:
+    """A launch script's ``key=${UNSET}``: on a number, one line naming the key and the
+    unset variable, exit 2, before Ray starts."""
+    done = train(tmp / "run", "actor_rollout_ref.rollout.temperature=", timeout=120)
+    said = text(done)
+    named = "'actor_rollout_ref.rollout.temperature' is given no value" in said
+    ok = done.returncode == 2 and named and "shell variable" in said
+    return verdict(ok and "Traceback" not in said and "Ray" not in said, said[-300:])
+
+
 CASES: dict[str, Callable[[Path], dict]] = {
     "same_output_dir": same_output_dir,
     "resume_other_model": resume_other_model,
@@ -298,6 +308,7 @@ CASES: dict[str, Callable[[Path], dict]] = {
     "bad_rows": bad_rows,
     "misnamed_reward": misnamed_reward,
     "misnamed_tool": misnamed_tool,
+    "empty_override": empty_override,
 }
 
 
