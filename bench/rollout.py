@@ -7,6 +7,10 @@ random weights, bf16 on CUDA), prompts of random token ids, sampling at temperat
 - B: 256 sequences, prompt and output lengths uniform in [100, 1024] (numpy seed 0).
 - C: long contexts (reasoning length): 64 prompts of 1,024 tokens, output lengths
   uniform in [4096, 8192] (numpy seed 0).
+- G: the generation of `bench/gpu_e2e.py`'s GRPO step: 64 prompts of 256 tokens, 8
+  samples each (sharing their prompt's prefill), 256 new tokens each, 1,024 sequences
+  at most in flight (the trainer's default): the bare engine against the step's `gen`
+  stage. Its roofline counts every sample's prompt, as `step_vs_roofline`'s does.
 - M: multi-turn agent episodes, up to 4 tool calls of 50 ms each, on the native
   engine, against single-turn decoding of the same tokens (`bench/rollout_agent.py`:
   its records and their targets).
@@ -23,7 +27,7 @@ roofline is the time a step needs at the machine's measured HBM bandwidth or bf1
 matmul rate, whichever binds, summed over the prefill and every decode step.
 
     python bench/rollout.py [--device cuda|cpu] [--shape reference|tiny]
-        [--engines native,rayrl_hf,hf_dynamic,hf_static] [--workloads A,B,C,M]
+        [--engines native,rayrl_hf,hf_dynamic,hf_static] [--workloads A,B,C,G,M]
         [--skip hf_dynamic@B,...] [--repeats 3] [--profile] [--tune-decode] [--tune-sampler]
         [--sync-decode] [--tp N] [--resume-prefill-cost C] [--prefill-graph-tokens T]
         [--switch-interval S] [--host-profile]
@@ -88,13 +92,17 @@ def build_model(shape: str, device: str):
 
 
 def workload(name: str, shape: str, vocab: int) -> tuple[list[np.ndarray], np.ndarray]:
-    """Prompts (token ids) and output lengths of workload A, B or C."""
+    """Prompts (token ids) and output lengths of workload A, B, C or G: one length per
+    sample, the samples of a prompt next to each other (`samples_per_prompt`)."""
     rng = np.random.default_rng(0)
     tiny = shape == "tiny"
     n = 8 if tiny else 256
     if name == "A":
         p_len, o_len = (16, 16) if tiny else (256, 256)
         prompt_lens, out_lens = np.full(n, p_len), np.full(n, o_len)
+    elif name == "G":  # the GRPO step's generation: 64 prompts x 8 samples
+        n, samples, p_len, o_len = (4, 2, 16, 16) if tiny else (64, 8, 256, 256)
+        prompt_lens, out_lens = np.full(n, p_len), np.full(n * samples, o_len)
     elif name == "C":  # reasoning length: 64 prompts of 1k tokens, 4k-8k tokens out
         n, p_len, (lo, hi) = (4, 16, (16, 48)) if tiny else (64, 1024, (4096, 8192))
         prompt_lens, out_lens = np.full(n, p_len), rng.integers(lo, hi + 1, n)
@@ -103,6 +111,22 @@ def workload(name: str, shape: str, vocab: int) -> tuple[list[np.ndarray], np.nd
         prompt_lens, out_lens = rng.integers(lo, hi + 1, n), rng.integers(lo, hi + 1, n)
     prompts = [rng.integers(10, vocab, int(p)) for p in prompt_lens]
     return prompts, out_lens.astype(np.int64)
+
+
+def samples_per_prompt(prompts: list, out_lens: np.ndarray) -> int:
+    return len(out_lens) // len(prompts)
+
+
+def sample_rows(prompts: list, out_lens: np.ndarray) -> list:
+    """Each sample's prompt: the prompts repeated for engines that do not share them."""
+    n = samples_per_prompt(prompts, out_lens)
+    return [p for p in prompts for _ in range(n)]
+
+
+def seqs_limit(args: argparse.Namespace, name: str) -> int:
+    """Sequences in flight: ``--max-num-seqs``, else 1,024 for G (the trainer's
+    default) and 256 for the others."""
+    return args.max_num_seqs or (1024 if name == "G" else 256)
 
 
 def padded(prompts: list[np.ndarray], device: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,13 +152,14 @@ def run_native(model, prompts, out_lens, args, overlap: bool = True) -> Callable
         model=model,
         device=args.device,
         gpu_memory_utilization=args.gpu_memory_utilization,
-        max_num_seqs=args.max_num_seqs,
+        max_num_seqs=seqs_limit(args, args.workload_name),
         max_model_len=max_model_len(prompts, out_lens, args.shape),
         overlap_decode=overlap and not args.sync_decode,
         tp_size=args.tp,
         tp_group=getattr(args, "tp_group", None),
     )
-    params = SamplingParams(max_new_tokens=int(out_lens.max()), ignore_eos=True, seed=1)
+    n = samples_per_prompt(prompts, out_lens)
+    params = SamplingParams(n=n, max_new_tokens=int(out_lens.max()), ignore_eos=True, seed=1)
     # Warm-up on the workload itself: Triton autotuning and the CUDA graphs of the batch
     # sizes it passes through (captured on first use) stay out of the timed run.
     engine.generate_token_ids(prompts, params, max_new_tokens=out_lens)
@@ -153,7 +178,7 @@ def run_native_sync(model, prompts, out_lens, args) -> Callable[[], None]:
 
 def run_rayrl_hf(model, prompts, out_lens, args) -> Callable[[], None]:
     engine = HFRolloutEngine(model=model)
-    ids, mask = padded(prompts, "cpu")
+    ids, mask = padded(sample_rows(prompts, out_lens), "cpu")
     batch = Batch.from_dict(
         {"input_ids": ids, "attention_mask": mask, "uid": [str(i) for i in range(len(ids))]},
         meta={"step": 0},
@@ -171,7 +196,7 @@ def run_hf(cache: str):
     def make(model, prompts, out_lens, args) -> Callable[[], None]:
         from transformers import GenerationConfig
 
-        ids, mask = padded(prompts, args.device)
+        ids, mask = padded(sample_rows(prompts, out_lens), args.device)
         new = int(out_lens.max())
         config = GenerationConfig(
             do_sample=True,
@@ -343,7 +368,9 @@ def main() -> None:
         "--skip", default="", help="engine@workload pairs not to run, e.g. hf_dynamic@B"
     )
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
-    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument(
+        "--max-num-seqs", type=int, default=None, help="default: 1024 for G, 256 for the others"
+    )
     parser.add_argument("--repeats", type=int, default=1, help="timed runs of the native engine")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument(
@@ -434,6 +461,7 @@ def run_bench(args: argparse.Namespace, out_path: str | None) -> None:
             run_multi_turn(model, args, base, lambda record: emit(record, out))
             continue
         prompts, out_lens = workload(name, args.shape, model.config.vocab_size)
+        args.workload_name = name
         tokens = int(out_lens.sum())
         rates = {}
         for engine in args.engines.split(","):
@@ -499,7 +527,8 @@ def run_bench(args: argparse.Namespace, out_path: str | None) -> None:
                 out,
             )
         if "native" in rates:
-            ideal = tokens / generation_seconds(model.config, prompts, out_lens, args.tp)
+            rows = sample_rows(prompts, out_lens)
+            ideal = tokens / generation_seconds(model.config, rows, out_lens, args.tp)
             emit(
                 {
                     **base,

@@ -154,7 +154,7 @@ def _episodes(model, args, base: dict, emit, s: dict) -> None:
         tokenizer=tokenizer,
         device=args.device,
         gpu_memory_utilization=args.gpu_memory_utilization,
-        max_num_seqs=args.max_num_seqs,
+        max_num_seqs=args.max_num_seqs or 256,  # as bench/rollout.py's A, B and C
         max_model_len=s["prompt"] + s["response"],
         **_resume_options(args),
     )
