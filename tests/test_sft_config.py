@@ -133,3 +133,17 @@ def test_sequence_parallel_size_is_checked_and_takes_verl_engine_spelling():
 def test_an_npu_device_is_refused_by_name():
     with pytest.raises(ConfigError, match="Ascend NPUs are not supported"):
         load_sft_config(None, ["trainer.device=npu"])
+
+
+def test_sft_nulls_read_as_false_on_switches_and_name_the_key_elsewhere():
+    """`rayrl sft` takes an unset shell variable's null as `rayrl train` does."""
+    warnings = []
+    cfg = load_sft_config(
+        None,
+        ["use_remove_padding=True", "use_remove_padding="],
+        validate=False,
+        warn=warnings.append,
+    )
+    assert cfg.use_remove_padding is False and "use_remove_padding" in warnings[0]
+    with pytest.raises(ConfigError, match="'optim.lr' is given no value"):
+        load_sft_config(None, ["optim.lr="], validate=False)

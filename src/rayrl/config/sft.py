@@ -34,6 +34,7 @@ from rayrl.config.load import (
     check_keys,
     load_structured,
 )
+from rayrl.config.nulls import settle_nulls
 from rayrl.config.schema import ResourcesConfig
 from rayrl.config.validate import check_choice, check_cpus_per_worker, check_role_parallel
 
@@ -176,6 +177,7 @@ def sft_source_data(data: dict, origin: str, warn: Callable[[str], None]) -> dic
         raise ConfigError(f"{exc} (in {origin})") from None
     map_bool_frequencies(data)
     check_keys(data, SFTConfig, origin=origin)
+    settle_nulls(data, SFTConfig, origin, warn)
     return data
 
 
