@@ -5,9 +5,9 @@ loader takes it, and its code then reads a null switch as false (``if
 config.use_kl_loss:``); one of verl 0.9.1's own multi-turn examples does exactly this
 (examples/sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn_vllm_fsdp.sh). So here, for
 `rayrl train` and `rayrl sft` alike, a null on a yes/no key is read as false, with a
-warning naming it; a null on any other key
-that cannot be null is an error that names the key and the likely cause, where
-OmegaConf's own message would only say ``Incompatible value 'None'``.
+warning naming it; a null on any other key that cannot be null is an error that names
+the key and the likely cause, where OmegaConf's own message would only say
+``Incompatible value 'None'``.
 """
 
 from __future__ import annotations
