@@ -13,6 +13,12 @@ import sys
 from typing import Any, TextIO
 
 
+def seqs_limit(args: Any, workload: str) -> int:
+    """The rollout benches' sequences in flight: ``--max-num-seqs``, else 1,024 for G
+    (the trainer's default) and 256 for the others."""
+    return args.max_num_seqs or (1024 if workload == "G" else 256)
+
+
 def hardware(device: str = "cpu") -> str:
     """CPU model and core count, plus the GPU's name on CUDA."""
     model = platform.processor() or "unknown cpu"

@@ -15,6 +15,7 @@ time that overlapped another stream.
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -109,8 +110,6 @@ def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 def _overlap_with(spans: list[tuple[int, int]], start: int, end: int) -> int:
     """Nanoseconds of ``[start, end)`` inside the sorted, disjoint ``spans``."""
-    import bisect
-
     ns = 0
     k = max(0, bisect.bisect_right(spans, (start, start)) - 1)
     while k < len(spans) and spans[k][0] < end:

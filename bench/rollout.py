@@ -62,7 +62,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from _common import hardware
+from _common import hardware, seqs_limit
 from rayrl.batch import Batch
 from rayrl.engines.rollout import HFRolloutEngine, NativeRolloutEngine, SamplingParams
 from rayrl.engines.rollout.native.tp import make_tp_groups
@@ -121,12 +121,6 @@ def sample_rows(prompts: list, out_lens: np.ndarray) -> list:
     """Each sample's prompt: the prompts repeated for engines that do not share them."""
     n = samples_per_prompt(prompts, out_lens)
     return [p for p in prompts for _ in range(n)]
-
-
-def seqs_limit(args: argparse.Namespace, name: str) -> int:
-    """Sequences in flight: ``--max-num-seqs``, else 1,024 for G (the trainer's
-    default) and 256 for the others."""
-    return args.max_num_seqs or (1024 if name == "G" else 256)
 
 
 def padded(prompts: list[np.ndarray], device: str) -> tuple[torch.Tensor, torch.Tensor]:

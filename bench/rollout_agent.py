@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from _agent_env import LatencyEnvironment
+from _common import seqs_limit
 from rayrl import progress
 from rayrl.batch import Batch
 from rayrl.engines.rollout import NativeRolloutEngine, SamplingParams, positions_from_mask
@@ -154,7 +155,7 @@ def _episodes(model, args, base: dict, emit, s: dict) -> None:
         tokenizer=tokenizer,
         device=args.device,
         gpu_memory_utilization=args.gpu_memory_utilization,
-        max_num_seqs=args.max_num_seqs or 256,  # as bench/rollout.py's A, B and C
+        max_num_seqs=seqs_limit(args, "M"),
         max_model_len=s["prompt"] + s["response"],
         **_resume_options(args),
     )
