@@ -10,7 +10,9 @@ on 2026-12-03 the update's profile gave the compiled rotary kernels 159 ms of a 
 step, and a kernel near the bandwidth in their place left the step as it was
 (docs/benchmarks.md). `summary` reports, besides the table, the time some kernel ran
 (the union of the intervals), each stream's total, and per kernel name the share of its
-time that overlapped another stream.
+time that overlapped another stream. `idle_gaps` finds where the device waited: the
+longest moments no stream ran anything, each with the activity before and after it
+(a launch-bound region shows as many short gaps; a host synchronisation as one long).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import bisect
 from collections import defaultdict
 from dataclasses import dataclass
 
-__all__ = ["Interval", "device_intervals", "summary"]
+__all__ = ["Interval", "device_intervals", "idle_gaps", "summary"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,38 @@ def summary(intervals: list[Interval], top: int = 10) -> dict:
             {"name": name[:120], "total_s": t / 1e9, "beside_other_streams": o / t if t else 0.0}
             for name, (t, o) in ranked
             if o > 0
+        ],
+    }
+
+
+GAP_BUCKETS_US = (10, 100, 1000)  # idle gaps binned: < 10 us, < 100 us, < 1 ms, longer
+
+
+def idle_gaps(intervals: list[Interval], top: int = 10) -> dict:
+    """Where no stream ran anything, between the first activity and the last:
+    ``idle_s`` in all, ``by_length`` (count and seconds of the gaps in each
+    `GAP_BUCKETS_US` bin) and ``longest``: the ``top`` gaps, each with its microseconds
+    and the names of the activity that ended just before it and began just after."""
+    spans = sorted(intervals, key=lambda i: i.start_ns)
+    gaps: list[tuple[int, str, str]] = []
+    end, last = None, ""
+    for i in spans:
+        if end is not None and i.start_ns > end:
+            gaps.append((i.start_ns - end, last, i.name))
+        if end is None or i.end_ns >= end:
+            end, last = i.end_ns, i.name
+    labels = [f"<{b}us" for b in GAP_BUCKETS_US] + [f">={GAP_BUCKETS_US[-1]}us"]
+    bins = {label: [0, 0] for label in labels}
+    for ns, _, _ in gaps:
+        label = labels[bisect.bisect_right([b * 1000 for b in GAP_BUCKETS_US], ns)]
+        bins[label][0] += 1
+        bins[label][1] += ns
+    return {
+        "idle_s": sum(ns for ns, _, _ in gaps) / 1e9,
+        "by_length": {k: {"count": c, "s": ns / 1e9} for k, (c, ns) in bins.items()},
+        "longest": [
+            {"us": ns / 1e3, "after": before[:80], "before": after[:80]}
+            for ns, before, after in sorted(gaps, key=lambda g: -g[0])[:top]
         ],
     }
 

@@ -12,7 +12,7 @@ no ``max_prompt_length``: the prompts are already exactly that long. For each sy
 each ``--seqs`` (sequences per step) it reports, after ``--warmup`` steps:
 
 * ``step_s`` (median), ``tokens_per_s_per_gpu`` (prompt + response tokens / step time),
-* ``stage_s`` per stage (rayrl: gen, old_log_prob, ref, update_actor, weight_sync, snapshot,
+* ``stage_s`` per stage (rayrl: gen, reward, adv, old_log_prob, ref, update_actor, weight_sync, snapshot,
   and parts of gen: graph_capture, rollout_wake, rollout_sleep; rayrl generates with
   ``--rollout``, by default its native engine on a GPU),
 * ``actor_mfu`` (rayrl's ``perf/mfu/actor``), ``weight_sync_ms``,
@@ -67,6 +67,8 @@ from gpu_e2e_report import lines_for, roofline_of
 BENCH = "gpu_e2e"
 STAGES = (
     "gen",
+    "reward",
+    "adv",
     "old_log_prob",
     "ref",
     "update_actor",

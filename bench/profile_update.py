@@ -10,7 +10,8 @@ without the profiler, and ``kernel`` lines: the top ``--top`` CUDA kernels (or C
 on a CPU) by self time, with their share of the step's device time. On CUDA a
 ``gpu_busy_fraction`` line first: the time some kernel ran over the profiled step, each
 stream's total, and the kernels that ran beside another stream, whose durations in the
-table are stretched by it (`_kernel_timeline`).
+table are stretched by it (`_kernel_timeline`); then ``gpu_idle_s``: the time no
+stream ran anything, binned by gap length, and the longest gaps with their neighbours.
 
 ``--variants`` runs several engine set-ups one after the other on the same batch and
 old log-probs (each from the same initial weights, so the warm-up steps' ``loss`` and
@@ -38,7 +39,7 @@ from pathlib import Path
 import torch
 
 from _common import hardware
-from _kernel_timeline import device_intervals, summary
+from _kernel_timeline import device_intervals, idle_gaps, summary
 from gpu_e2e import build_model
 
 BENCH = "profile_update"
@@ -221,7 +222,8 @@ def run_variant(args: argparse.Namespace, path: Path, variant: str, old):
     if args.no_profile:
         return old
     if args.device == "cuda":
-        timeline = summary(device_intervals(prof))
+        intervals = device_intervals(prof)
+        timeline = summary(intervals)
         emit(
             {
                 **base,
@@ -231,6 +233,8 @@ def run_variant(args: argparse.Namespace, path: Path, variant: str, old):
                 **timeline,
             }
         )
+        gaps = idle_gaps(intervals, top=args.top)
+        emit({**base, "metric": "gpu_idle_s", "value": gaps.pop("idle_s"), "unit": "s", **gaps})
     key = "self_device_time_total" if args.device == "cuda" else "self_cpu_time_total"
     events = [e for e in prof.key_averages() if getattr(e, key, 0) > 0]
     total = sum(getattr(e, key) for e in events) or 1.0

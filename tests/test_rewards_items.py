@@ -51,3 +51,18 @@ def test_summarize_results():
     assert summary["elapsed_s/mean"] == pytest.approx(0.8)
     assert summary["acc/mean"] == 0.5 and "pred/mean" not in summary
     assert summarize([]) == {}
+
+
+def test_response_token_lists_keep_the_masked_tokens_of_each_row():
+    """The reward decodes each response's own tokens: padding and (multi-turn) tool
+    tokens outside `response_mask` are left out, wherever they are in the row."""
+    import torch
+
+    from rayrl.batch import Batch
+    from rayrl.workers.reward import response_token_lists
+
+    responses = torch.tensor([[5, 6, 7, 0], [8, 9, 10, 11], [12, 0, 0, 0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 1], [0, 0, 0, 0]])
+    lists = response_token_lists(Batch({"responses": responses, "response_mask": mask}))
+    assert lists == [[5, 6, 7], [8, 11], []]
+    assert all(type(t) is int for row in lists for t in row)

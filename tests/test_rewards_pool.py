@@ -166,6 +166,34 @@ def test_a_worker_that_dies_is_replaced_and_the_sample_reported(pool):
     assert pool.score([item("value", "4")])[0].score == 4.0
 
 
+def test_samples_queued_behind_a_hang_or_a_crash_are_scored_by_the_next_worker(
+    reward_file, tmp_path
+):
+    """One worker with samples sent ahead: a hang or an exit costs its own sample only;
+    the ones queued behind it are scored by the replacement."""
+    with RewardPool((str(reward_file), "compute_score"), num_workers=1, timeout_s=1.0) as pool:
+        items = [item("value", str(i)) for i in range(12)]
+        items[2] = item("hang", pid_file=str(tmp_path / "pid"))
+        items[7] = item("exit")
+        results = pool.score(items)
+        assert results[2].error == "timed out after 1 s"
+        assert "died (exit code 7)" in results[7].error
+        assert [r.score for i, r in enumerate(results) if i not in (2, 7)] == [
+            float(i) for i in range(12) if i not in (2, 7)
+        ]
+        assert pool.stats()["restarts"] == 2 and pool.stats()["timeouts"] == 1
+
+
+def test_each_queued_sample_has_its_own_timeout(reward_file):
+    """Three samples of 0.6 s queued on one worker with a 1 s timeout: 1.8 s in all, yet
+    none timed out, since each one's time starts when the one before it is answered."""
+    with RewardPool((str(reward_file), "compute_score"), num_workers=1, timeout_s=1.0) as pool:
+        results = pool.score([item("slow", sleep_s=0.6) for _ in range(3)])
+        assert [r.error for r in results] == [None, None, None]
+        assert all(0.5 <= r.elapsed_s < 1.0 for r in results)
+        assert pool.stats()["timeouts"] == 0
+
+
 def test_builtin_registry_spec_and_unknown_sources(tmp_path):
     with RewardPool(None, num_workers=1, timeout_s=5.0) as pool:
         results = pool.score(

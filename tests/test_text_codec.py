@@ -73,3 +73,23 @@ def test_a_tokenizer_that_cleans_up_spaces_or_disagrees_is_called_itself(tokeniz
     codec = TextCodec(Shifted())
     assert not codec.fast
     assert codec.encode("ab") == [t + 1 for t in tokenizer.encode("ab", add_special_tokens=False)]
+
+
+def test_decode_batch_gives_the_tokenizers_batch_decode(tokenizer):
+    """As the reward decodes a step's responses: ids of the texts, ids past the
+    tokenizer's vocabulary (a random-weight model samples them), special tokens."""
+    rows = [tokenizer.encode(t, add_special_tokens=False) for t in _texts(tokenizer)]
+    rng = random.Random(1)
+    rows += [[rng.randrange(0, len(tokenizer) + 5000) for _ in range(50)] for _ in range(20)]
+    for codec in (TextCodec(tokenizer), _slow(tokenizer)):
+        for skip in (False, True):
+            assert codec.decode_batch(rows, skip) == tokenizer.batch_decode(
+                rows, skip_special_tokens=skip
+            )
+    assert TextCodec(tokenizer).decode_batch([], True) == []
+
+
+def _slow(tokenizer) -> TextCodec:
+    codec = TextCodec(tokenizer)
+    codec.backend = None  # as where the backend disagreed
+    return codec

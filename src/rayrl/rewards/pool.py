@@ -4,9 +4,12 @@ A reward function that raises, returns garbage, hangs or crashes its process mus
 one sample's reward, never the run. `concurrent.futures.ProcessPoolExecutor` cannot
 stop a task that hangs (cancel() only works before it starts, and killing one of its
 processes breaks the whole pool), so the pool owns its processes: each worker is a
-spawned process fed one sample at a time over a pipe. A call that outlives
-`timeout_s` has its process (and the process group it leads, so anything it started)
-killed and replaced; the sample gets score 0.0 and an error.
+spawned process fed samples over a pipe, a few queued behind the one it scores
+(`AHEAD_SAMPLES`) so it never waits for the pool between two, and answering each in
+order. A call that outlives `timeout_s` (from when the pool saw the answer before
+it) has its process (and the process group it leads, so anything it started) killed
+and replaced; the sample gets score 0.0 and an error, and the samples queued behind
+it go to the next free worker.
 
 Processes are spawned, so the function travels as a picklable spec (see
 `loader.resolve_function`): None for the built-in registry, a registered data_source
@@ -28,8 +31,9 @@ import signal
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from multiprocessing import get_context, util
+from multiprocessing.reduction import ForkingPickler
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -42,13 +46,32 @@ class RewardPoolError(RuntimeError):
     """The pool cannot score at all (a worker failed to start); not a per-sample failure."""
 
 
+# Samples sent to a worker ahead of the one it is scoring, so it goes from one to the
+# next without waiting for the pool: at most this many, of at most this many bytes in
+# all (a socket's buffer holds them; a send never blocks the loop that enforces the
+# timeouts). Each sample's timeout starts when the worker starts it.
+AHEAD_SAMPLES = 8
+AHEAD_BYTES = 32 * 1024
+
+
 @dataclass
 class _Worker:
     process: BaseProcess
     conn: Connection
-    since: float  # spawn time until ready, then dispatch time of the sample in flight
+    since: float  # spawn time until ready, then when the sample it is scoring started
     ready: bool = False
-    index: int | None = None  # the sample in flight
+    queue: deque = field(default_factory=deque)  # samples sent, in order; the first is scoring
+    sizes: deque = field(default_factory=deque)  # their pickled bytes
+
+    @property
+    def index(self) -> int | None:
+        """The sample being scored, if any."""
+        return self.queue[0] if self.queue else None
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes of the samples waiting behind the one being scored."""
+        return sum(self.sizes) - (self.sizes[0] if self.sizes else 0)
 
 
 class RewardPool:
@@ -134,14 +157,12 @@ class RewardPool:
         pending = deque(range(len(calls)))
         try:
             while pending or any(w.index is not None for w in self._workers):
-                for worker in self._workers:
-                    if pending and worker.ready and worker.index is None:
-                        self._dispatch(worker, pending.popleft(), calls, results)
+                self._fill(pending, calls, results)
                 ready = wait([w.conn for w in self._workers], timeout=self._wait_s())
                 for slot, worker in enumerate(self._workers):
                     if worker.conn in ready:
-                        self._receive(slot, worker, results)
-                self._expire(results)
+                        self._receive(slot, worker, results, pending)
+                self._expire(results, pending)
         finally:  # interrupted (e.g. KeyboardInterrupt): drop calls still in flight
             for slot, worker in enumerate(self._workers):
                 if worker.index is not None and not self._closed:
@@ -175,13 +196,50 @@ class RewardPool:
         self._workers[slot] = self._spawn()
         self.restarts += 1
 
-    def _dispatch(self, worker: _Worker, index: int, calls: list[dict], results: list) -> None:
+    def _fill(self, pending: deque, calls: list[dict], results: list) -> None:
+        """Send pending samples to the ready workers: one to each idle worker, then up to
+        `AHEAD_SAMPLES` behind the one a worker is scoring (`AHEAD_BYTES`), fewer near
+        the end so that no sample waits behind a slow one while a worker is idle."""
+        ready = [w for w in self._workers if w.ready]
+        while pending and ready:
+            share = -(-len(pending) // len(ready))
+            progressed = False
+            for worker in ready:
+                if not pending:
+                    break
+                ahead = len(worker.queue) - 1
+                if worker.queue and ahead >= min(AHEAD_SAMPLES, share):
+                    continue
+                progressed |= self._dispatch(worker, pending, calls, results)
+            if not progressed:
+                return
+
+    def _dispatch(self, worker: _Worker, pending: deque, calls: list[dict], results: list) -> bool:
+        """Send the next pending sample to ``worker`` if its queue has room; whether one
+        left ``pending`` (sent, or failed because it could not be pickled)."""
+        index = pending[0]
         try:
-            worker.conn.send((index, calls[index]))  # pickles fully before writing anything
+            payload = bytes(ForkingPickler.dumps((index, calls[index])))
         except Exception as exc:  # e.g. an extra_info value that cannot be pickled
+            pending.popleft()
             results[index] = failed(f"sample could not be sent to a reward worker: {exc!r}")
-            return
-        worker.index, worker.since = index, time.monotonic()
+            return True
+        if worker.queue and worker.queued_bytes + len(payload) > AHEAD_BYTES:
+            return False
+        pending.popleft()
+        worker.conn.send_bytes(payload)  # what Connection.send writes; recv() reads it
+        if not worker.queue:
+            worker.since = time.monotonic()
+        worker.queue.append(index)
+        worker.sizes.append(len(payload))
+        return True
+
+    def _requeue(self, worker: _Worker, pending: deque) -> None:
+        """The samples queued behind the first (never started) go back to the front."""
+        for index in reversed(list(worker.queue)[1:]):
+            pending.appendleft(index)
+        worker.queue.clear()
+        worker.sizes.clear()
 
     def _wait_s(self) -> float:
         """Seconds until the next call or start-up deadline (1 s when none is pending)."""
@@ -193,7 +251,13 @@ class RewardPool:
                 deadlines.append(w.since + self.start_timeout_s)
         return max(0.0, min(deadlines) - time.monotonic()) if deadlines else 1.0
 
-    def _receive(self, slot: int, worker: _Worker, results: list) -> None:
+    def _receive(self, slot: int, worker: _Worker, results: list, pending: deque) -> None:
+        """Every message the worker has sent (one result per sample, in order)."""
+        while self._receive_one(slot, worker, results, pending) and worker.conn.poll():
+            pass
+
+    def _receive_one(self, slot: int, worker: _Worker, results: list, pending: deque) -> bool:
+        """One message; False when the worker died (and was replaced)."""
         try:
             message = worker.conn.recv()
         except (EOFError, OSError):
@@ -212,22 +276,25 @@ class RewardPool:
                 results[worker.index] = failed(
                     f"reward worker process died (exit code {code}) while scoring", elapsed
                 )
+            self._requeue(worker, pending)
             self._replace(slot)
-            return
+            return False
         kind, payload = message
         if kind == "load_error":
             self.close()
             raise RewardPoolError(f"a reward worker could not load {self.fn_spec!r}: {payload}")
         if kind == "ready":
             worker.ready = True
-            return
-        elapsed = time.monotonic() - worker.since
+            return True
+        now = time.monotonic()
         for result in payload if isinstance(payload, list) else [payload]:
-            result.elapsed_s = elapsed
-        results[worker.index] = payload
-        worker.index = None
+            result.elapsed_s = now - worker.since
+        results[worker.queue.popleft()] = payload
+        worker.sizes.popleft()
+        worker.since = now  # the worker starts the next one, if any, now
+        return True
 
-    def _expire(self, results: list) -> None:
+    def _expire(self, results: list, pending: deque) -> None:
         now = time.monotonic()
         for slot, worker in enumerate(self._workers):
             if worker.index is not None and now - worker.since >= self._call_timeout_s:
@@ -235,6 +302,7 @@ class RewardPool:
                     f"timed out after {self._call_timeout_s:g} s", now - worker.since
                 )
                 self.timeouts += 1
+                self._requeue(worker, pending)
                 self._replace(slot)
             elif not worker.ready and now - worker.since >= self.start_timeout_s:
                 self.close()

@@ -34,6 +34,7 @@ import torch
 from rayrl.batch import Batch
 from rayrl.config.schema import RayRLConfig
 from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
+from rayrl.engines.rollout.text_codec import TextCodec
 from rayrl.rewards import HTTPReward, RewardResult, make_scorer, spec_from_config
 from rayrl.rewards.budget import RATE_KEY, BoundedScores, ErrorBudget
 from rayrl.rewards.items import make_items, summarize
@@ -68,6 +69,7 @@ class RewardWorker(Worker):
         self.tokenizer = AutoTokenizer.from_pretrained(
             tokenizer_path, trust_remote_code=config.actor_rollout_ref.model.trust_remote_code
         )
+        self.codec = TextCodec(self.tokenizer)
         # counted here for `stats`; the run's budget is the trainer's (it sees every row)
         self.source = ErrorBudget(make_source(config), *error_policy(config), enforce=False)
 
@@ -82,10 +84,7 @@ class RewardWorker(Worker):
         mask = batch["response_mask"]
         if len(batch) == 0:
             return scores_to_batch([], mask)
-        texts = self.tokenizer.batch_decode(
-            [row[m.bool()].tolist() for row, m in zip(batch["responses"], mask, strict=True)],
-            skip_special_tokens=True,
-        )
+        texts = self.codec.decode_batch(response_token_lists(batch), skip_special_tokens=True)
         items = make_items(
             list(batch["data_source"]),
             texts,
@@ -99,6 +98,14 @@ class RewardWorker(Worker):
     @register(dispatch=ONE_TO_ALL)
     def stats(self) -> dict:
         return self.source.stats()
+
+
+def response_token_lists(batch: Batch) -> list[list[int]]:
+    """Each row's response tokens under its `response_mask` (the model's own tokens),
+    converted once as arrays: a tensor index per row costs ~20 us, 10 ms at 512 rows."""
+    tokens = batch["responses"].cpu().numpy()
+    keep = batch["response_mask"].cpu().numpy().astype(bool)
+    return [row[m].tolist() for row, m in zip(tokens, keep, strict=True)]
 
 
 def make_source(config: RayRLConfig) -> Any:

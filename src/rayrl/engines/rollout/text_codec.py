@@ -2,7 +2,7 @@
 
 A multi-turn rollout decodes every assistant turn (for the parser) and encodes every
 observation's contents, thousands of times per step, on threads beside the engine's
-loop. Through a Hugging Face tokenizer's ``encode`` / ``decode`` each call spends most of
+loop; the reward decodes every response of a step before it scores them. Through a Hugging Face tokenizer's ``encode`` / ``decode`` each call spends most of
 its time in Python (argument checks, ``BatchEncoding``, converting the id list item by
 item): about half a millisecond per turn, all of it holding the GIL the engine's loop
 needs (docs/benchmarks.md). `TextCodec` calls the tokenizer's Rust backend directly,
@@ -30,7 +30,8 @@ _PROBES = (
 
 
 class TextCodec:
-    """``encode(text)`` without special tokens added, ``decode(ids, skip_special_tokens)``."""
+    """``encode(text)`` without special tokens added, ``decode(ids, skip_special_tokens)``
+    and ``decode_batch(rows, skip_special_tokens)``."""
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
@@ -53,6 +54,16 @@ class TextCodec:
         if self.backend is None:
             return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def decode_batch(self, rows: Sequence[Sequence[int]], skip_special_tokens: bool) -> list[str]:
+        """`decode` of each row, the rows decoded together (the backend's threads)."""
+        if self.backend is None:
+            return self.tokenizer.batch_decode(
+                [list(r) for r in rows], skip_special_tokens=skip_special_tokens
+            )
+        return self.backend.decode_batch(
+            [list(r) for r in rows], skip_special_tokens=skip_special_tokens
+        )
 
     def _agrees(self) -> bool:
         """The backend gives the tokenizer's tokens and texts on the probes (and on the
