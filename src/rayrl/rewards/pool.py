@@ -33,9 +33,9 @@ import time
 from collections import deque
 from dataclasses import dataclass, field, replace
 from multiprocessing import get_context, util
-from multiprocessing.reduction import ForkingPickler
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from rayrl.rewards.loader import BATCH_PARAMS, PARAMS, FunctionSpec, resolve_function
