@@ -33,6 +33,7 @@ import argparse
 import json
 import tempfile
 import time
+from collections import defaultdict
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -77,6 +78,11 @@ def main() -> None:
     p.add_argument("--model-dir", default=None)
     p.add_argument("--variants", default="fsdp", help="comma-separated, see the docstring")
     p.add_argument("--no-profile", action="store_true", help="time steps only, no profiler")
+    p.add_argument(
+        "--sync-points",
+        action="store_true",
+        help="CUDA: one more step under torch's sync debug mode: where the host waited",
+    )
     p.add_argument(
         "--checkpointing",
         action="store_true",
@@ -178,6 +184,11 @@ def run_variant(args: argparse.Namespace, path: Path, variant: str, old):
         }
     )
     _sync(args.device)
+    if args.sync_points and args.device == "cuda":
+        for site, count in sync_points(
+            lambda e=engine: e.train_step(batch, loss, max_tokens_per_micro_batch=budget)
+        ):
+            emit({**base, "metric": "sync_point", "value": count, "unit": "calls", "site": site})
     start = time.perf_counter()
     engine.train_step(batch, loss, max_tokens_per_micro_batch=budget)
     _sync(args.device)
@@ -251,6 +262,33 @@ def run_variant(args: argparse.Namespace, path: Path, variant: str, old):
             }
         )
     return old
+
+
+def sync_points(run) -> list[tuple[str, int]]:
+    """Run ``run()`` under torch's CUDA sync debug mode; each place in rayrl's code
+    where the host waited for the device (the innermost rayrl frames of the warning's
+    stack, and the call that waited), with how many times, most first."""
+    import traceback
+    import warnings
+
+    counts: dict[str, int] = defaultdict(int)
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        frames = [f for f in traceback.extract_stack()[:-1] if "/rayrl/" in f.filename]
+        where = " < ".join(
+            f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in frames[-3:][::-1]
+        )
+        counts[f"{where or filename + ':' + str(lineno)} | {str(message)[:60]}"] += 1
+
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = record
+            run()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return sorted(counts.items(), key=lambda kv: -kv[1])
 
 
 def _sync(device: str) -> None:

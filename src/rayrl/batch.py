@@ -337,8 +337,18 @@ class Batch:
 
     # ------------------------------------------------------------------- misc
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
-        """A Batch with every tensor on `device`; non-tensor columns are shared."""
-        tensors = {k: v.to(device, non_blocking=non_blocking) for k, v in self.tensors.items()}
+        """A Batch with every tensor on `device`; non-tensor columns are shared.
+
+        With ``non_blocking`` to a CUDA device, host tensors are first copied to
+        page-locked memory, so the host does not wait for the device's queued work (a
+        copy from pageable memory does)."""
+        pin = non_blocking and torch.device(device).type == "cuda"
+        tensors = {
+            k: (v.pin_memory() if pin and v.device.type == "cpu" else v).to(
+                device, non_blocking=non_blocking
+            )
+            for k, v in self.tensors.items()
+        }
         return _make(tensors, dict(self.non_tensors), dict(self.meta), dict(self.remote))
 
     def writable(self) -> Batch:

@@ -458,7 +458,8 @@ class TrainEngine(ModelBuilding, StepRecovery):
         """The micro-batch of ``rows`` (row 0 for a dummy) and its outputs; with
         ``counts`` (training) the micro-batch moves to the device for ``loss_fn``."""
         rows_cpu = batch.index(rows if rows is not None else [0])
-        micro = rows_cpu.to(self.device) if counts is not None else rows_cpu
+        # page-locked and asynchronous: the host goes on packing while the device works
+        micro = rows_cpu.to(self.device, non_blocking=True) if counts is not None else rows_cpu
         if counts is not None:
             micro.meta["global_token_count"], micro.meta["global_seq_count"] = counts
             micro.meta["dp_size"] = self.dp_size

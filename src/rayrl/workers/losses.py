@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from rayrl.algos import (
@@ -48,7 +49,7 @@ def _bypass_weights(
 
 def _bypass_rejection(
     rules: tuple[RejectionRule, ...], log_prob: Tensor, mb: Batch, mask: Tensor
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, Tensor | float]]:
     """verl's rollout rejection in bypass mode: this forward's (detached) log-probs
     against the rollout's, micro-batch by micro-batch. The policy loss goes without the
     rejected tokens but keeps the mini-batch's token count (as verl's); the metrics are
@@ -89,15 +90,19 @@ def _aggregation(mode: str, mb: Batch, norm_length: int | None) -> LossAggregati
     )
 
 
-def _item(value: Any) -> float:
-    return float(value.detach()) if isinstance(value, Tensor) else float(value)
+def _item(value: Any) -> Tensor | float:
+    """A metric as the engine sums it: a tensor stays on its device, detached (reading
+    it here would make the host wait for the forward before it queues the backward;
+    the engine reads every metric once, after the mini-batch)."""
+    return value.detach() if isinstance(value, Tensor) else float(value)
 
 
-def _token_share(mean: Any, mask: Tensor, mb: Batch) -> float:
+def _token_share(mean: Any, mask: Tensor, mb: Batch) -> Tensor | float:
     """This micro-batch's share of a mini-batch token mean, from its own token mean."""
-    local = float(mask.sum())
     total = mb.meta.get("global_token_count")
-    return _item(mean) * local / float(total) if total else _item(mean)
+    if not total:
+        return _item(mean)
+    return _item(mean) * mask.sum().to(torch.float64) / float(total)
 
 
 def actor_loss_fn(
@@ -136,7 +141,7 @@ def actor_loss_fn(
         tau_neg=cfg.tau_neg,
     )
 
-    def loss_fn(outputs: dict[str, Tensor], mb: Batch) -> tuple[Tensor, dict[str, float]]:
+    def loss_fn(outputs: dict[str, Tensor], mb: Batch) -> tuple[Tensor, dict[str, Tensor | float]]:
         mask = mb["response_mask"]
         agg = _aggregation(cfg.loss_agg_mode, mb, max_response_length)
         log_prob = outputs["log_probs"]
@@ -181,7 +186,7 @@ def actor_loss_fn(
 def critic_loss_fn(cfg: CriticConfig, max_response_length: int | None = None):
     """Clipped value loss against the returns."""
 
-    def loss_fn(outputs: dict[str, Tensor], mb: Batch) -> tuple[Tensor, dict[str, float]]:
+    def loss_fn(outputs: dict[str, Tensor], mb: Batch) -> tuple[Tensor, dict[str, Tensor | float]]:
         mask = mb["response_mask"]
         agg = _aggregation(cfg.loss_agg_mode, mb, max_response_length)
         loss, vm = value_loss(
@@ -205,7 +210,7 @@ def sft_loss_fn():
     not in ``log_probs`` at all: the engine scores the response columns only."""
     agg_mode = "token-mean"
 
-    def loss_fn(outputs: dict[str, Tensor], mb: Batch) -> tuple[Tensor, dict[str, float]]:
+    def loss_fn(outputs: dict[str, Tensor], mb: Batch) -> tuple[Tensor, dict[str, Tensor | float]]:
         return _aggregation(agg_mode, mb, None)(-outputs["log_probs"], mb["response_mask"]), {}
 
     return loss_fn
