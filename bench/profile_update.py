@@ -47,11 +47,13 @@ BENCH = "profile_update"
 COMPILE_MODES = ("compile", "compile-attn-out")
 
 
-def make_batch(seqs: int, prompt: int, response: int, vocab: int):
+def make_batch(seqs: int, prompt: int, response: int, vocab: int, group: int = 1):
+    """Random rows; each ``group`` consecutive rows share their prompt (GRPO's samples)."""
     from rayrl.batch import Batch
 
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(3, vocab, (seqs, prompt + response), generator=gen)
+    ids[:, :prompt] = ids[::group, :prompt].repeat_interleave(group, dim=0)[:seqs]
     mask = torch.ones_like(ids)
     return Batch.from_dict(
         {
@@ -78,6 +80,12 @@ def main() -> None:
     p.add_argument("--model-dir", default=None)
     p.add_argument("--variants", default="fsdp", help="comma-separated, see the docstring")
     p.add_argument("--no-profile", action="store_true", help="time steps only, no profiler")
+    p.add_argument("--group", type=int, default=8, help="rows per prompt (GRPO's n)")
+    p.add_argument(
+        "--share-prompts",
+        default="auto",
+        help="the engine's share_prompts: true, false or auto (the config's default)",
+    )
     p.add_argument(
         "--sync-points",
         action="store_true",
@@ -139,11 +147,14 @@ def run_variant(args: argparse.Namespace, path: Path, variant: str, old):
         logit_chunk_size=opts["chunk"],
         torch_compile=opts["compile"] == "compile",
         gradient_checkpointing=args.checkpointing,
+        share_prompts={"true": True, "false": False}.get(args.share_prompts, args.share_prompts),
     )
     if opts["compile"] == "compile-attn-out":  # the attention call outside the graphs
         engine.compiled = compile_regions(engine.model, engine.device, attention_in_graph=False)
     budget = opts["max_tokens"]
-    batch = make_batch(args.seqs, args.prompt_len, args.response_len, engine.config.vocab_size)
+    batch = make_batch(
+        args.seqs, args.prompt_len, args.response_len, engine.config.vocab_size, args.group
+    )
     if old is None:
         old = engine.forward(batch, max_tokens_per_micro_batch=budget)["log_probs"]
     batch = batch.union(Batch({"old_log_probs": old}))
@@ -163,6 +174,8 @@ def run_variant(args: argparse.Namespace, path: Path, variant: str, old):
         "tokens": args.seqs * (args.prompt_len + args.response_len),
         "sequence_len": args.prompt_len + args.response_len,
         "checkpointing": args.checkpointing,
+        "group": args.group,
+        "share_prompts": engine.share_prompts,
         "hardware": hardware(args.device),
     }
     try:

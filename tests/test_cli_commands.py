@@ -89,6 +89,7 @@ def rl_run(tmp_path_factory, tiny_model, gsm8k_parquet, gcs):
     done = rayrl(
         *_grpo_train(tiny_model, gsm8k_parquet),
         "trainer.total_training_steps=1",
+        "actor_rollout_ref.model.share_prompts=true",  # off by default on a CPU
         "trainer.save_freq=1",
         "trainer.val_before_train=false",
         "trainer.device=cpu",

@@ -321,3 +321,13 @@ def test_a_null_on_a_number_names_the_key_and_the_likely_cause():
     )
     assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size is None
     assert not [w for w in warnings if "no value" in w]
+
+
+def test_share_prompts_takes_true_false_or_auto_and_the_critic_follows():
+    cfg = load_config("grpo")
+    assert cfg.actor_rollout_ref.model.share_prompts == "auto"
+    assert cfg.critic.model.share_prompts == "auto"
+    off = load_config("grpo", ["actor_rollout_ref.model.share_prompts=false"])
+    assert off.critic.model.share_prompts is False
+    with pytest.raises(ConfigError, match="model.share_prompts='maybe': use true, false or auto"):
+        load_config("grpo", ["actor_rollout_ref.model.share_prompts=maybe"])

@@ -108,6 +108,11 @@ class ModelConfig:
     attn_implementation: str = "sdpa"
     enable_gradient_checkpointing: bool = True
     use_remove_padding: bool = True  # sequence packing
+    # rows with the same prompt (the n samples of one) run it once in training and
+    # log-prob passes, packed with their responses (`rayrl.engines.shared_prompts`):
+    # true, false, or auto (on a GPU, where a packed row is one attention kernel; on a
+    # CPU its segments attend one by one, slower than the prompts they save)
+    share_prompts: Any = "auto"
     lora_rank: int = 0  # 0 disables LoRA
     lora_alpha: int = 16
     target_modules: Any = "all-linear"  # "all-linear" or a list of module names
@@ -250,6 +255,7 @@ class CriticModelConfig:
     attn_implementation: str = "sdpa"
     enable_gradient_checkpointing: bool = True
     use_remove_padding: bool = False
+    share_prompts: Any = "${actor_rollout_ref.model.share_prompts}"
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     override_config: dict = field(default_factory=dict)  # set on the critic's HF config
 

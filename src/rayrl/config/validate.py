@@ -89,6 +89,11 @@ def check_run_keys(cfg: RayRLConfig) -> None:
         )
     if t.step_snapshots not in (True, False, "auto"):
         raise ConfigError(f"trainer.step_snapshots={t.step_snapshots!r}: use true, false or auto")
+    share = cfg.actor_rollout_ref.model.share_prompts
+    if share not in (True, False, "auto"):
+        raise ConfigError(
+            f"actor_rollout_ref.model.share_prompts={share!r}: use true, false or auto"
+        )
     if cfg.data.loader == "ray" and cfg.algorithm.filter_groups.enable:
         raise ConfigError(
             "algorithm.filter_groups (dynamic sampling) draws extra prompts at random, which "

@@ -37,9 +37,18 @@ from torch import Tensor, nn
 
 from rayrl.engines.ulysses import attend, group_of
 
-__all__ = ["VARLEN", "attention_for", "packed_attention_kwargs", "register_varlen_attention"]
+__all__ = [
+    "SHARED_KV_INDEX",
+    "VARLEN",
+    "attention_for",
+    "packed_attention_kwargs",
+    "register_varlen_attention",
+]
 
 VARLEN = "rayrl_varlen"
+# The keyword that gives each packed segment keys of its own (`packed_attention_kwargs`
+# with ``keys``): for every segment in order, the packed positions of its keys.
+SHARED_KV_INDEX = "rayrl_kv_index"
 # ``(varlen_attn, has_gqa_argument)`` once `register_varlen_attention` ran and this
 # torch has the kernel: a plain global, which ``torch.compile`` reads without a break.
 _FLASH: tuple[object, bool] | None = None
@@ -57,21 +66,35 @@ def attention_for(attn_implementation: str, packed: bool) -> str:
     return attn_implementation
 
 
-def packed_attention_kwargs(lengths: list[int], device: torch.device) -> dict:
+def packed_attention_kwargs(
+    lengths: list[int],
+    device: torch.device,
+    keys: tuple[list[int], Tensor] | None = None,
+) -> dict:
     """Model keyword arguments that tell `VARLEN` where each packed sequence starts.
 
     ``lengths`` are the real-token counts of the sequences in the packed row, in order.
+    ``keys``, where a segment attends to more than itself (`rayrl.engines.shared_prompts`):
+    each segment's key count and, for all segments in order, the packed positions of
+    their keys; a segment's queries are its last keys, each attending to the keys up
+    to its own position.
     """
+    cu = _offsets(lengths, device)
+    longest = max(lengths, default=0)
+    out = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest}
+    out["max_length_k"] = longest
+    if keys is not None:
+        k_lengths, index = keys
+        out["cu_seq_lens_k"] = _offsets(k_lengths, device)
+        out["max_length_k"] = max(k_lengths, default=0)
+        out[SHARED_KV_INDEX] = index.to(device, non_blocking=True)
+    return out
+
+
+def _offsets(lengths: list[int], device: torch.device) -> Tensor:
     cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
     cu[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
-    cu = cu.to(device, non_blocking=True)
-    longest = max(lengths, default=0)
-    return {
-        "cu_seq_lens_q": cu,
-        "cu_seq_lens_k": cu,
-        "max_length_q": longest,
-        "max_length_k": longest,
-    }
+    return cu.to(device, non_blocking=True)
 
 
 @cache
@@ -124,17 +147,40 @@ def varlen_attention_forward(
         )
     if dropout:
         raise ValueError("rayrl_varlen attention has no dropout; the engine trains without it.")
-    return _varlen(query, key, value, cu, kwargs.get("max_length_q"), scaling).unsqueeze(0), None
+    index = kwargs.get(SHARED_KV_INDEX)
+    if index is None:
+        return _varlen(query, key, value, cu, kwargs.get("max_length_q"), scaling).unsqueeze(
+            0
+        ), None
+    key, value = key.index_select(2, index), value.index_select(2, index)
+    cu_k, longest = (
+        kwargs["cu_seq_lens_k"],
+        (kwargs.get("max_length_q"), kwargs.get("max_length_k")),
+    )
+    return _varlen(query, key, value, cu, longest, scaling, cu_k).unsqueeze(0), None
 
 
-def _varlen(query: Tensor, key: Tensor, value: Tensor, cu: Tensor, longest, scaling) -> Tensor:
+def _varlen(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    cu: Tensor,
+    longest,
+    scaling,
+    cu_k: Tensor | None = None,
+) -> Tensor:
     """Causal attention of each sequence of a packed row: ``[T, Hq, D]`` from ``[1, H, T,
-    D]`` inputs; one flash call on CUDA in a half dtype, else sequence by sequence."""
+    D]`` inputs; one flash call on CUDA in a half dtype, else sequence by sequence.
+    With ``cu_k`` (segments with keys of their own: `packed_attention_kwargs`) a
+    segment's queries are its last keys and ``longest`` is ``(max_q, max_k)``."""
+    cu_k = cu if cu_k is None else cu_k
+    longest_q, longest_k = longest if isinstance(longest, tuple) else (longest, longest)
     if query.is_cuda and _varlen_dtype(query, key, value) is not None and _FLASH:
-        longest = int(longest or int((cu[1:] - cu[:-1]).max()))
+        longest_q = int(longest_q or int((cu[1:] - cu[:-1]).max()))
+        longest_k = int(longest_k or int((cu_k[1:] - cu_k[:-1]).max()))
         q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, H, D]
-        return _flash_varlen(q, k, v, cu, longest, scaling)
-    return _per_sequence(query, key, value, cu, scaling)
+        return _flash_varlen(q, k, v, (cu, cu_k), (longest_q, longest_k), scaling)
+    return _per_sequence(query, key, value, cu, scaling, cu_k)
 
 
 def _sequence_parallel(sp, query, key, value, cu, kwargs: dict, dropout: float, scaling) -> Tensor:
@@ -191,8 +237,11 @@ def _varlen_api() -> tuple[object, bool] | None:
     return varlen_attn, "enable_gqa" in inspect.signature(varlen_attn).parameters
 
 
-def _flash_varlen(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, longest: int, scale) -> Tensor:
-    """One flash call over the packed row: ``[T, Hq, D]`` from ``[T, H, D]`` inputs."""
+def _flash_varlen(q: Tensor, k: Tensor, v: Tensor, cu: tuple, longest: tuple, scale) -> Tensor:
+    """One flash call over the packed row: ``[T, Hq, D]`` from ``[T, H, D]`` inputs;
+    ``cu`` and ``longest`` are (queries', keys'). The causal window ``(-1, 0)`` is
+    aligned to each segment's last key (flash's rule where a segment has more keys
+    than queries)."""
     varlen_attn, has_gqa = _FLASH
     dtype = _varlen_dtype(q, k, v)
     q, k, v = (t.to(dtype) for t in (q, k, v))
@@ -202,20 +251,36 @@ def _flash_varlen(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, longest: int, sca
         extra["enable_gqa"] = True
     elif groups > 1:
         k, v = (t.repeat_interleave(groups, dim=1) for t in (k, v))
-    return varlen_attn(q, k, v, cu, cu, longest, longest, scale=scale, window_size=(-1, 0), **extra)
+    (cu_q, cu_k), (longest_q, longest_k) = cu, longest
+    return varlen_attn(
+        q, k, v, cu_q, cu_k, longest_q, longest_k, scale=scale, window_size=(-1, 0), **extra
+    )
 
 
-def _per_sequence(query: Tensor, key: Tensor, value: Tensor, cu: Tensor, scale) -> Tensor:
+def _per_sequence(
+    query: Tensor, key: Tensor, value: Tensor, cu: Tensor, scale, cu_k: Tensor
+) -> Tensor:
     """Causal attention of each sequence on its own: ``[T, Hq, D]`` from ``[1, H, T, D]``
-    inputs (kept 4-D: CPU sdpa's fused kernels want a batch dimension)."""
-    edges = cu.tolist()
+    inputs (kept 4-D: CPU sdpa's fused kernels want a batch dimension). A segment with
+    more keys than queries: query i sees the keys up to ``i + keys - queries``."""
     gqa = query.shape[1] != key.shape[1]
     dtype = torch.promote_types(torch.promote_types(query.dtype, key.dtype), value.dtype)
     parts = []
-    for start, end in zip(edges, edges[1:], strict=False):
-        if end == start:
+    q_edges, k_edges = cu.tolist(), cu_k.tolist()
+    for q0, q1, k0, k1 in zip(q_edges, q_edges[1:], k_edges, k_edges[1:], strict=False):
+        if q1 == q0:
             continue
-        q, k, v = (t[:, :, start:end].to(dtype) for t in (query, key, value))
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+        q = query[:, :, q0:q1].to(dtype)
+        k, v = (t[:, :, k0:k1].to(dtype) for t in (key, value))
+        if k1 - k0 == q1 - q0:
+            out = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=scale, enable_gqa=gqa
+            )
+        else:
+            seen = torch.ones(q1 - q0, k1 - k0, dtype=torch.bool, device=q.device)
+            seen = seen.tril(diagonal=(k1 - k0) - (q1 - q0))
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=seen, scale=scale, enable_gqa=gqa
+            )
         parts.append(out[0].transpose(0, 1))
     return torch.cat(parts, dim=0)

@@ -23,6 +23,7 @@ from rayrl.batch import Batch
 from rayrl.engines.attention import packed_attention_kwargs
 from rayrl.engines.logprob_head import logprob_head_of
 from rayrl.engines.packing import ResponseIndex, pack_sequences, padded_response_index
+from rayrl.engines.shared_prompts import share_prompts as share_prompts_of
 from rayrl.engines.ulysses import SPGroup, gather_kept, split_packed
 
 __all__ = ["MODEL_INPUTS", "default_position_ids", "response_outputs", "response_width"]
@@ -50,28 +51,38 @@ def default_position_ids(attention_mask: Tensor) -> Tensor:
 
 
 def _model_inputs(
-    micro: Batch, packed: bool, device: torch.device
-) -> tuple[dict[str, Tensor], ResponseIndex]:
-    """Model kwargs and the response index, built where ``micro`` is, then moved."""
+    micro: Batch, packed: bool, device: torch.device, share: bool = False
+) -> tuple[dict[str, Tensor], ResponseIndex, bool]:
+    """Model kwargs, the response index and whether the row is packed, built where
+    ``micro`` is, then moved. ``share``: rows with the same prompt run it once
+    (`rayrl.engines.shared_prompts`), when some do."""
     ids, mask = micro["input_ids"], micro["attention_mask"]
     positions = micro["position_ids"] if "position_ids" in micro else default_position_ids(mask)
     response_len = response_width(micro)
-    if packed:
+    shared = share_prompts_of(ids, mask, positions, response_len) if share else None
+    attention = {}
+    if shared is not None:
+        inputs = {"input_ids": shared.input_ids, "position_ids": shared.position_ids}
+        index, packed = shared.response, True
+        keys = (shared.k_lengths, shared.kv_index)
+        attention = packed_attention_kwargs(shared.q_lengths, device, keys=keys)
+    elif packed:
         p = pack_sequences(ids, mask, positions, response_len)
         inputs, index = {"input_ids": p.input_ids, "position_ids": p.position_ids}, p.response
+        # sequence boundaries for varlen attention, computed here on the host
+        lengths = [n for n in mask.sum(dim=1).tolist() if n > 0]
+        attention = packed_attention_kwargs(lengths, device)
     else:
         index = padded_response_index(ids, mask, response_len)
         inputs = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
     inputs = {k: v.to(device, non_blocking=True) for k, v in inputs.items()}
-    if packed:  # sequence boundaries for varlen attention, computed here on the host
-        lengths = [n for n in mask.sum(dim=1).tolist() if n > 0]
-        inputs.update(packed_attention_kwargs(lengths, device))
+    inputs.update(attention)
     index = ResponseIndex(
         valid=index.valid.to(device, non_blocking=True),
         logit_index=index.logit_index.to(device, non_blocking=True),
         labels=index.labels.to(device, non_blocking=True),
     )
-    return inputs, index
+    return inputs, index, packed
 
 
 def _place(values: Tensor, index: ResponseIndex, packed: bool) -> Tensor:
@@ -93,6 +104,7 @@ def response_outputs(
     chunk_size: int = 1024,
     device: torch.device | str | None = None,
     sp: SPGroup | None = None,
+    share_prompts: bool = False,
 ) -> dict[str, Tensor]:
     """Run ``model`` on one micro-batch.
 
@@ -117,6 +129,9 @@ def response_outputs(
         sp: the Ulysses group of a sequence-parallel model: the micro-batch is packed
             and this rank runs its share of the row (`rayrl.engines.ulysses`); every
             rank of the group returns the whole micro-batch's outputs.
+        share_prompts: rows with the same prompt (GRPO's samples of one prompt) run
+            it once, packed with their responses (`rayrl.engines.shared_prompts`); not
+            with ``sp``.
 
     Returns:
         ``{"log_probs": ..., "entropy": ...}`` or ``{"values": ...}``, each ``[b, R]``.
@@ -128,7 +143,7 @@ def response_outputs(
         )
     # A micro-batch without padding gains nothing from packing: run its rows as they are.
     packed = packed and not bool(micro["attention_mask"].bool().all())
-    inputs, index = _model_inputs(micro, packed, device)
+    inputs, index, packed = _model_inputs(micro, packed, device, share_prompts)
     if value_head:
         scores = model(**inputs, use_cache=False).logits[..., 0]
         picked = scores[0, index.logit_index] if packed else scores[:, index.logit_index]

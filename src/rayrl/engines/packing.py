@@ -33,6 +33,7 @@ from torch import Tensor
 
 __all__ = [
     "PackedInputs",
+    "check_contiguous",
     "ResponseIndex",
     "pack_sequences",
     "padded_response_index",
@@ -204,7 +205,7 @@ def pack_sequences(
     """
     padded = padded_response_index(input_ids, attention_mask, response_len)
     mask = attention_mask.bool()
-    _check_contiguous(mask, position_ids)
+    check_contiguous(mask, position_ids)
     lengths = mask.sum(dim=1)
     starts = torch.cumsum(lengths, dim=0) - lengths
     packed_pos = starts.unsqueeze(1) + mask.long().cumsum(dim=1) - 1  # valid where mask
@@ -221,7 +222,7 @@ def pack_sequences(
     )
 
 
-def _check_contiguous(mask: Tensor, position_ids: Tensor) -> None:
+def check_contiguous(mask: Tensor, position_ids: Tensor) -> None:
     """Raise when a row's real tokens have a hole or its positions do not start at 0."""
     lengths = mask.sum(dim=1)
     first = mask.long().argmax(dim=1)

@@ -109,6 +109,7 @@ _DYNAMIC_DIMS = {
     "position_embeddings": (0, 1),  # the rotary (cos, sin) pair
     "cu_seq_lens_q": (0,),
     "cu_seq_lens_k": (0,),
+    "rayrl_kv_index": (0,),  # attention.SHARED_KV_INDEX: keys of segments with a shared prompt
 }
 
 

@@ -50,6 +50,7 @@ shards (`rayrl.engines.train_build`).
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -64,7 +65,7 @@ from torch import Tensor
 
 from rayrl import progress
 from rayrl.batch import Batch
-from rayrl.engines.attention import attention_for
+from rayrl.engines.attention import VARLEN, attention_for
 from rayrl.engines.checkpoint_io import (
     export_hf,
     full_model_state_dict,
@@ -96,6 +97,7 @@ from rayrl.engines.rank_sync import (
 )
 from rayrl.engines.regional_compile import compile_regions
 from rayrl.engines.residency import Residency
+from rayrl.engines.shared_prompts import repeated_prompt_tokens, share_prompts_on
 from rayrl.engines.train_build import ModelBuilding
 from rayrl.engines.train_recovery import StepRecovery
 from rayrl.engines.ulysses import check_same_rows
@@ -103,6 +105,8 @@ from rayrl.engines.weight_sync import DEFAULT_BUCKET_BYTES, rollout_weights
 from rayrl.models.flops import FlopModel
 
 __all__ = ["LossFn", "TrainEngine"]
+
+log = logging.getLogger(__name__)
 
 
 class TrainEngine(ModelBuilding, StepRecovery):
@@ -115,6 +119,11 @@ class TrainEngine(ModelBuilding, StepRecovery):
         attn_implementation: transformers' attention ("sdpa", "eager", ...).
         gradient_checkpointing: recompute activations in the backward pass.
         use_remove_padding: pack each micro-batch's sequences into one row.
+        share_prompts: rows of a micro-batch with the same prompt (GRPO's samples of
+            one prompt) run it once, packed with their responses
+            (`rayrl.engines.shared_prompts`); not with sequence parallelism. ``"auto"``:
+            on CUDA (one attention kernel for the packed row; on a CPU its segments
+            attend one at a time, which costs more than the prompts save).
         optim: `OptimSpec`, or any config object/dict with its fields.
         total_steps: training steps (`train_step` calls), for the cosine schedule.
         mixed_precision: on GPU, bf16 compute with fp32 master weights and reductions.
@@ -161,6 +170,7 @@ class TrainEngine(ModelBuilding, StepRecovery):
         attn_implementation: str = "sdpa",
         gradient_checkpointing: bool = False,
         use_remove_padding: bool = True,
+        share_prompts: bool | str = False,
         optim: Any = None,
         total_steps: int | None = None,
         mixed_precision: bool = True,
@@ -191,13 +201,18 @@ class TrainEngine(ModelBuilding, StepRecovery):
         self.config_overrides = dict(config_overrides or {})
         self.use_remove_padding = use_remove_padding
         self.device = pick_device(device)
+        self.share_prompts = share_prompts_on(share_prompts, self.device)
         self.logit_chunk_size = logit_chunk_size or (4096 if self.device.type == "cuda" else 1024)
         self.world_size = dp_world_size()
         self.sharded = self.world_size > 1  # FSDP over one rank would change nothing
         self.fsdp = self.sharded or fsdp
         self.mixed_precision = mixed_precision and self.device.type == "cuda"
         self._build_mesh(ulysses_sequence_parallel_size, fsdp_size)
-        attn = attention_for(attn_implementation, packed=use_remove_padding or self.sp_size > 1)
+        packs = use_remove_padding or self.share_prompts or self.sp_size > 1
+        attn = attention_for(attn_implementation, packed=packs)
+        if self.share_prompts and attn != VARLEN:  # only rayrl's attention reads shared keys
+            log.info("share_prompts: off with attn_implementation=%s", attn_implementation)
+            self.share_prompts = False
         start = time.perf_counter()
         model, fill = self._build_model(
             value_head,
@@ -374,12 +389,15 @@ class TrainEngine(ModelBuilding, StepRecovery):
 
     def train_flops(self, batch: Batch) -> float:
         """Useful FLOPs of one pass of `train_step` over ``batch`` (`rayrl.models.flops`):
-        real tokens only, the head over response tokens only."""
+        real tokens only, the head over response tokens only, a prompt shared by rows
+        once (with ``share_prompts``; as the rows' micro-batches run it when the rows
+        of a prompt share one)."""
         if self.flop_model is None:
             return 0.0
         mask = batch["response_mask"] if "response_mask" in batch else None  # noqa: SIM401
+        skipped = repeated_prompt_tokens(batch, response_width(batch)) if self.share_prompts else 0
         return self.flop_model.batch_train_flops(
-            batch["attention_mask"], mask, response_width(batch)
+            batch["attention_mask"], mask, response_width(batch), skipped
         )
 
     def _train_mini_batch(
@@ -477,6 +495,7 @@ class TrainEngine(ModelBuilding, StepRecovery):
                 chunk_size=self.logit_chunk_size,
                 device=self.device,
                 sp=self.sp,
+                share_prompts=self.share_prompts and self.sp is None,
             )
         return micro, outputs
 

@@ -102,12 +102,18 @@ class FlopModel:
         return 3.0 * self.forward_flops(seq_lens, head_tokens)
 
     def batch_train_flops(
-        self, attention_mask: Tensor, response_mask: Tensor | None, response_len: int
+        self,
+        attention_mask: Tensor,
+        response_mask: Tensor | None,
+        response_len: int,
+        skipped_tokens: int = 0,
     ) -> float:
         """`train_flops` of a padded batch: real tokens from ``attention_mask``, the head
         over ``response_mask``'s tokens (default: the last ``response_len`` columns' real
-        tokens)."""
+        tokens); ``skipped_tokens`` of them not run through the body (prompts shared by
+        several rows run once: `rayrl.engines.shared_prompts`)."""
         lengths = attention_mask.sum(dim=-1).tolist()
         if response_mask is None:
             response_mask = attention_mask[:, -response_len:]
-        return self.train_flops(lengths, int(response_mask.sum()))
+        skipped = 6.0 * self.body_params * skipped_tokens
+        return self.train_flops(lengths, int(response_mask.sum())) - skipped

@@ -43,6 +43,7 @@ def engine_kwargs(
         "attn_implementation": model.attn_implementation,
         "gradient_checkpointing": model.enable_gradient_checkpointing,
         "use_remove_padding": model.use_remove_padding,
+        "share_prompts": getattr(model, "share_prompts", False),
         "mixed_precision": compute == "bfloat16",
         "seed": seed,
         "tokenizer_path": model.tokenizer_path,
