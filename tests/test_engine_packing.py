@@ -98,3 +98,43 @@ def test_packing_pays_on_a_gpu_with_any_padding_on_a_cpu_from_a_quarter():
     assert not worth_packing(mask, cpu) and worth_packing(mask, cuda)
     mask[:, :3] = 0  # 30%
     assert worth_packing(mask, cpu) and worth_packing(mask, cuda)
+
+
+def test_a_shared_budget_keeps_a_prompts_rows_together_and_counts_the_prompt_once():
+    from rayrl.engines.packing import plan_shared_budget
+
+    # two prompts of 10 tokens, four rows each of 10 + 5 tokens; interleaved rows
+    groups = [([0, 2, 4, 6], 10), ([1, 3, 5, 7], 10)]
+    lengths = [15] * 8
+    # shared, a prompt's rows cost 10 + 4 x 5 = 30: both prompts fit in 60
+    assert plan_shared_budget(lengths, groups, 60) == [list(range(8))]
+    # in 30, one prompt per micro-batch, never split (plain FFD would mix them)
+    assert plan_shared_budget(lengths, groups, 30) == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    # in 20, a prompt's rows are split into chunks of 2 (10 + 5 + 5)
+    assert plan_shared_budget(lengths, groups, 20) == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    with pytest.raises(ValueError, match="row 0 has 15 real tokens"):
+        plan_shared_budget(lengths, groups, 14)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.tuples(st.integers(1, 6), st.integers(0, 12)), min_size=1, max_size=8),
+    responses=st.lists(st.integers(0, 20), min_size=48, max_size=48),
+    budget=st.integers(33, 90),
+)
+def test_shared_budget_bins_cover_rows_once_within_budget(sizes, responses, budget):
+    from rayrl.engines.packing import plan_shared_budget
+
+    groups, lengths, k = [], [], 0
+    for count, prompt in sizes:
+        rows = list(range(len(lengths), len(lengths) + count))
+        lengths += [prompt + responses[k + i] for i in range(count)]
+        k += count
+        groups.append((rows, prompt))
+    bins = plan_shared_budget(lengths, groups, budget)
+    assert sorted(r for b in bins for r in b) == list(range(len(lengths)))
+    prompt_of = {r: p for rows, p in groups for r in rows}
+    for b in bins:  # each prompt once per bin
+        prompts = {id(rows): p for rows, p in groups if set(rows) & set(b)}
+        shared = sum(prompts.values()) + sum(lengths[r] - prompt_of[r] for r in b)
+        assert shared <= budget

@@ -94,21 +94,28 @@ def _engine(model_dir, share: bool) -> TrainEngine:
 
 
 def _loss(outputs, micro):
-    mask = micro["response_mask"].float()
-    loss = -(outputs["log_probs"] * mask).sum() / mask.sum()
-    return loss, {"entropy": (outputs["entropy"] * mask).sum().detach()}
+    """The micro-batch's share of the mini-batch's token mean (the loss contract), so
+    any split into micro-batches gives the same loss."""
+    mask, total = micro["response_mask"].float(), micro.meta["global_token_count"]
+    loss = -(outputs["log_probs"] * mask).sum() / total
+    return loss, {"entropy": (outputs["entropy"] * mask).sum().detach() / total}
 
 
-@pytest.mark.parametrize("micro", [4, 13])
-def test_shared_prompts_give_the_rows_own_outputs_and_loss(tiny_model_dir, micro):  # noqa: F811
+@pytest.mark.parametrize(
+    "sizes",
+    [{"micro_batch_size": 4}, {"micro_batch_size": 13}, {"max_tokens_per_micro_batch": 40}],
+)
+def test_shared_prompts_give_the_rows_own_outputs_and_loss(tiny_model_dir, sizes):  # noqa: F811
     batch = grouped_batch([6, 1, 9], samples=4, response_lens=[5, 1, 8, 3], seed=1)
     plain, shared = _engine(tiny_model_dir, False), _engine(tiny_model_dir, True)
     for key in ("log_probs", "entropy"):
-        want = plain.forward(batch, micro_batch_size=micro, with_entropy=True)[key]
-        got = shared.forward(batch, micro_batch_size=micro, with_entropy=True)[key]
+        want = plain.forward(batch, with_entropy=True, **sizes)[key]
+        got = shared.forward(batch, with_entropy=True, **sizes)[key]
         torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
-    a = plain.train_step(batch, _loss, micro_batch_size=micro, with_entropy=True)
-    b = shared.train_step(batch, _loss, micro_batch_size=micro, with_entropy=True)
+    a = plain.train_step(batch, _loss, with_entropy=True, **sizes)
+    b = shared.train_step(batch, _loss, with_entropy=True, **sizes)
+    if "max_tokens_per_micro_batch" in sizes:  # a prompt's rows together, fewer passes
+        assert b["micro_batches"] < a["micro_batches"]
     assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
     assert a["entropy"] == pytest.approx(b["entropy"], rel=1e-5)
     assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)

@@ -38,6 +38,7 @@ __all__ = [
     "pack_sequences",
     "padded_response_index",
     "plan_fixed",
+    "plan_shared_budget",
     "plan_token_budget",
     "split_to_count",
     "worth_packing",
@@ -102,6 +103,31 @@ def plan_token_budget(lengths: list[int], max_tokens: int) -> list[list[int]]:
             bins.append([i])
             loads.append(lengths[i])
     return sorted((sorted(b) for b in bins), key=lambda b: b[0])
+
+
+def plan_shared_budget(
+    lengths: list[int], groups: list[tuple[list[int], int]], max_tokens: int
+) -> list[list[int]]:
+    """`plan_token_budget` for micro-batches whose rows share prompts
+    (`rayrl.engines.shared_prompts`): ``groups`` are ``(rows, prompt length)``; the rows
+    of a prompt go into one micro-batch, which then counts the prompt once, unless
+    they exceed the budget together: then into as few as hold them."""
+    plan_token_budget(lengths, max_tokens)  # a row longer than the budget: its error
+    chunks: list[tuple[list[int], int]] = []
+    for rows, prompt in groups:
+        chunk, cost = [], prompt
+        for row in rows:
+            if chunk and cost + lengths[row] - prompt > max_tokens:
+                chunks.append((chunk, cost))
+                chunk, cost = [], prompt
+            chunk.append(row)
+            cost += lengths[row] - prompt
+        chunks.append((chunk, cost))
+    costs = [cost for _, cost in chunks]
+    bins = plan_token_budget(costs, max_tokens)
+    return sorted(
+        (sorted(row for c in b for row in chunks[c][0]) for b in bins), key=lambda b: b[0]
+    )
 
 
 def split_to_count(bins: list[list[int]], lengths: list[int], count: int) -> list[list[int]]:

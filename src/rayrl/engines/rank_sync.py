@@ -15,7 +15,9 @@ import torch
 import torch.distributed as dist
 
 from rayrl.batch import Batch
-from rayrl.engines.packing import plan_fixed, plan_token_budget, split_to_count
+from rayrl.engines.outputs import response_width
+from rayrl.engines.packing import plan_fixed, plan_shared_budget, plan_token_budget, split_to_count
+from rayrl.engines.shared_prompts import prompt_groups
 
 Plan = list[list[int] | None]  # row indices per micro-batch; None: a dummy to keep ranks in step
 
@@ -30,16 +32,25 @@ def all_reduce(values: list[float], sharded: bool, device: Any, op: Any = None) 
 
 
 def micro_batch_plan(
-    batch: Batch, micro_batch_size: int | None, max_tokens: int | None, sharded: bool, device: Any
+    batch: Batch,
+    micro_batch_size: int | None,
+    max_tokens: int | None,
+    sharded: bool,
+    device: Any,
+    share_prompts: bool = False,
 ) -> Plan:
-    """Micro-batches of row indices, the same number on every rank."""
+    """Micro-batches of row indices, the same number on every rank. ``share_prompts``:
+    a token budget keeps the rows of a prompt together and counts the prompt once."""
     if "input_ids" not in batch or not ("responses" in batch or "response_mask" in batch):
         raise KeyError(
             f"the engine needs input_ids, attention_mask and responses (or response_mask) "
             f"columns; the batch has {batch.keys()}."
         )
     lengths = batch["attention_mask"].sum(dim=-1).tolist()
-    if max_tokens:
+    if max_tokens and share_prompts:
+        groups = prompt_groups(batch, response_width(batch))
+        bins = plan_shared_budget(lengths, groups, max_tokens)
+    elif max_tokens:
         bins = plan_token_budget(lengths, max_tokens)
     else:
         bins = plan_fixed(len(batch), micro_batch_size or len(batch))

@@ -40,6 +40,7 @@ from rayrl.engines.packing import ResponseIndex, check_contiguous, padded_respon
 __all__ = [
     "SHARED_KV_INDEX",
     "SharedPack",
+    "prompt_groups",
     "repeated_prompt_tokens",
     "share_prompts",
     "share_prompts_on",
@@ -91,16 +92,20 @@ def share_prompts(
     return _pack(input_ids, mask, position_ids, response_len, groups, padded)
 
 
-def repeated_prompt_tokens(batch, response_len: int) -> int:
-    """Real prompt tokens of ``batch``'s rows beyond the first row of each distinct
-    prompt: what sharing prompts leaves out when each prompt's rows run together."""
+def prompt_groups(batch, response_len: int) -> list[tuple[list[int], int]]:
+    """``(rows, real prompt length)`` of each distinct prompt of ``batch``, in order of
+    first appearance (`rayrl.engines.packing.plan_shared_budget`)."""
     ids, mask = batch["input_ids"], batch["attention_mask"].bool()
     positions = batch["position_ids"] if "position_ids" in batch else mask.long().cumsum(-1)
     prompt_width = ids.shape[1] - response_len
-    total = int(mask[:, :prompt_width].sum())
     groups = _groups(ids, mask, positions, prompt_width)
-    once = sum(int(mask[rows[0], :prompt_width].sum()) for rows in groups.values())
-    return total - once
+    return [(rows, int(mask[rows[0], :prompt_width].sum())) for rows in groups.values()]
+
+
+def repeated_prompt_tokens(batch, response_len: int) -> int:
+    """Real prompt tokens of ``batch``'s rows beyond the first row of each distinct
+    prompt: what sharing prompts leaves out when each prompt's rows run together."""
+    return sum(prompt * (len(rows) - 1) for rows, prompt in prompt_groups(batch, response_len))
 
 
 def _groups(ids: Tensor, mask: Tensor, positions: Tensor, prompt_width: int) -> dict:

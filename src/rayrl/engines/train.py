@@ -287,6 +287,7 @@ class TrainEngine(ModelBuilding, StepRecovery):
             self._group_budget(max_tokens_per_micro_batch),
             self.sharded,
             self.device,
+            self._sharing,
         )
         self.model.eval()
         parts, order = [], []
@@ -367,6 +368,7 @@ class TrainEngine(ModelBuilding, StepRecovery):
                     self._group_budget(max_tokens_per_micro_batch),
                     self.sharded,
                     self.device,
+                    self._sharing,
                 )
                 values = self._train_mini_batch(
                     mini, plan, loss_fn, with_entropy, loss_metrics, temperature
@@ -387,6 +389,11 @@ class TrainEngine(ModelBuilding, StepRecovery):
         out["flops"] = self.train_flops(batch)
         return out
 
+    @property
+    def _sharing(self) -> bool:
+        """Whether micro-batches run shared prompts once (not with sequence parallelism)."""
+        return self.share_prompts and self.sp is None
+
     def train_flops(self, batch: Batch) -> float:
         """Useful FLOPs of one pass of `train_step` over ``batch`` (`rayrl.models.flops`):
         real tokens only, the head over response tokens only, a prompt shared by rows
@@ -395,7 +402,7 @@ class TrainEngine(ModelBuilding, StepRecovery):
         if self.flop_model is None:
             return 0.0
         mask = batch["response_mask"] if "response_mask" in batch else None  # noqa: SIM401
-        skipped = repeated_prompt_tokens(batch, response_width(batch)) if self.share_prompts else 0
+        skipped = repeated_prompt_tokens(batch, response_width(batch)) if self._sharing else 0
         return self.flop_model.batch_train_flops(
             batch["attention_mask"], mask, response_width(batch), skipped
         )
@@ -495,7 +502,7 @@ class TrainEngine(ModelBuilding, StepRecovery):
                 chunk_size=self.logit_chunk_size,
                 device=self.device,
                 sp=self.sp,
-                share_prompts=self.share_prompts and self.sp is None,
+                share_prompts=self._sharing,
             )
         return micro, outputs
 
