@@ -21,7 +21,9 @@ each ``--seqs`` (sequences per step) it reports, after ``--warmup`` steps:
 * ``speedup_vs_trl`` (rayrl over TRL tokens/s) where both ran,
 * rayrl on a GPU: ``roofline_step_s`` (the same step with generation at the decode
   roofline and training at the dense bf16 peak, `bench/roofline.py`) and
-  ``step_vs_roofline`` (``step_s`` over it; target 2.0).
+  ``step_vs_roofline`` (``step_s`` over it; target 2.0), and ``step_vs_roofline_shared``
+  over the same roofline with each prompt trained once for its ``--group`` rows (what
+  `model.share_prompts` runs).
 
 ``--memory-7b`` adds GRPO steps of a Qwen2.5-7B-shaped random model (bf16 weights
 drawn on the GPU and written straight to safetensors) through the same product path,

@@ -88,3 +88,15 @@ def grpo_step_seconds(
         config, [prompt_len + response] * seqs, seqs * response, peak_flops, forward_passes
     )
     return {"roofline_gen_s": gen, "roofline_train_s": train, "roofline_step_s": gen + train}
+
+
+def shared_prompt_savings(
+    config, seqs: int, group: int, prompt_len: int, peak_flops: float, forward_passes: int = 0
+) -> float:
+    """Seconds at ``peak_flops`` that the training part of `grpo_step_seconds` spends on
+    prompts repeated within groups of ``group`` rows (each shared prompt run once:
+    `rayrl.engines.shared_prompts`): their body FLOPs, forward and backward plus the
+    forward-only passes (the attention to the prompt remains)."""
+    repeated = (seqs - seqs // group) * prompt_len
+    body = flop_model(config).body_params
+    return (6 + 2 * forward_passes) * body * repeated / peak_flops

@@ -56,7 +56,7 @@ def test_forward_passes_add_a_third_of_the_update_each():
 
 def test_gpu_e2e_reports_the_step_over_its_roofline(tmp_path):
     reference_05b().to_config().save_pretrained(tmp_path)
-    args = argparse.Namespace(prompt_len=256, response_len=256)
+    args = argparse.Namespace(prompt_len=256, response_len=256, group=8)
     res = {
         "step_s": 3.0,
         "tokens_per_s": 1.0,
@@ -74,4 +74,10 @@ def test_gpu_e2e_reports_the_step_over_its_roofline(tmp_path):
     ratio = lines["step_vs_roofline"]
     assert ratio["value"] == pytest.approx(3.0 / lines["roofline_step_s"]["value"])
     assert ratio["target"] == 2.0 and ratio["better"] == "lower"
+    # with each prompt trained once for its 8 rows: 7/8 of the prompts' body FLOPs less
+    shared = lines["step_vs_roofline_shared"]
+    saved = lines["roofline_step_s"]["value"] - shared["roofline_step_shared_s"]
+    body = 358_000_000  # about, for the 0.5B shape's layers
+    assert saved == pytest.approx(6 * body * 448 * 256 / 989e12, rel=0.05)
+    assert shared["value"] == pytest.approx(3.0 / shared["roofline_step_shared_s"], rel=1e-3)
     assert roofline_of(tmp_path, 512, args, res, "cpu") == {}
