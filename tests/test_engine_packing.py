@@ -100,18 +100,18 @@ def test_packing_pays_on_a_gpu_with_any_padding_on_a_cpu_from_a_quarter():
     assert worth_packing(mask, cpu) and worth_packing(mask, cuda)
 
 
-def test_a_shared_budget_keeps_a_prompts_rows_together_and_counts_the_prompt_once():
+def test_a_shared_budget_keeps_a_prompts_rows_together_counting_each_row_whole():
     from rayrl.engines.packing import plan_shared_budget
 
     # two prompts of 10 tokens, four rows each of 10 + 5 tokens; interleaved rows
     groups = [([0, 2, 4, 6], 10), ([1, 3, 5, 7], 10)]
     lengths = [15] * 8
-    # shared, a prompt's rows cost 10 + 4 x 5 = 30: both prompts fit in 60
-    assert plan_shared_budget(lengths, groups, 60) == [list(range(8))]
-    # in 30, one prompt per micro-batch, never split (plain FFD would mix them)
-    assert plan_shared_budget(lengths, groups, 30) == [[0, 2, 4, 6], [1, 3, 5, 7]]
-    # in 20, a prompt's rows are split into chunks of 2 (10 + 5 + 5)
-    assert plan_shared_budget(lengths, groups, 20) == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert plan_shared_budget(lengths, groups, 120) == [list(range(8))]
+    # in 60, one prompt per micro-batch (plain FFD would mix them: [0..3], [4..7])
+    assert plan_token_budget(lengths, 60) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert plan_shared_budget(lengths, groups, 60) == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    # in 30, a prompt's rows are split into chunks of 2 rows
+    assert plan_shared_budget(lengths, groups, 30) == [[0, 2], [1, 3], [4, 6], [5, 7]]
     with pytest.raises(ValueError, match="row 0 has 15 real tokens"):
         plan_shared_budget(lengths, groups, 14)
 
@@ -133,8 +133,9 @@ def test_shared_budget_bins_cover_rows_once_within_budget(sizes, responses, budg
         groups.append((rows, prompt))
     bins = plan_shared_budget(lengths, groups, budget)
     assert sorted(r for b in bins for r in b) == list(range(len(lengths)))
-    prompt_of = {r: p for rows, p in groups for r in rows}
-    for b in bins:  # each prompt once per bin
-        prompts = {id(rows): p for rows, p in groups if set(rows) & set(b)}
-        shared = sum(prompts.values()) + sum(lengths[r] - prompt_of[r] for r in b)
-        assert shared <= budget
+    assert all(sum(lengths[r] for r in b) <= budget for b in bins)
+    # a prompt's rows are split only when they exceed the budget together
+    for rows, _ in groups:
+        holding = [b for b in bins if set(rows) & set(b)]
+        if sum(lengths[r] for r in rows) <= budget:
+            assert len(holding) == 1

@@ -114,8 +114,6 @@ def test_shared_prompts_give_the_rows_own_outputs_and_loss(tiny_model_dir, sizes
         torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
     a = plain.train_step(batch, _loss, with_entropy=True, **sizes)
     b = shared.train_step(batch, _loss, with_entropy=True, **sizes)
-    if "max_tokens_per_micro_batch" in sizes:  # a prompt's rows together, fewer passes
-        assert b["micro_batches"] < a["micro_batches"]
     assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
     assert a["entropy"] == pytest.approx(b["entropy"], rel=1e-5)
     assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)

@@ -109,22 +109,25 @@ def plan_shared_budget(
     lengths: list[int], groups: list[tuple[list[int], int]], max_tokens: int
 ) -> list[list[int]]:
     """`plan_token_budget` for micro-batches whose rows share prompts
-    (`rayrl.engines.shared_prompts`): ``groups`` are ``(rows, prompt length)``; the rows
-    of a prompt go into one micro-batch, which then counts the prompt once, unless
-    they exceed the budget together: then into as few as hold them."""
+    (`rayrl.engines.shared_prompts`): ``groups`` are ``(rows, prompt length)``, and the
+    rows of a prompt go into one micro-batch (into as few as hold them where they
+    exceed the budget together), so that they share it. Each row counts whole, as
+    without sharing: the budget bounds a micro-batch's memory as the user set it (the
+    output head's tokens do not shrink with shared prompts; counting each prompt once
+    let 1.75x the response tokens into a micro-batch of the reference shape, and the
+    update's peak memory reached 130.7 GiB on an H200)."""
     plan_token_budget(lengths, max_tokens)  # a row longer than the budget: its error
     chunks: list[tuple[list[int], int]] = []
-    for rows, prompt in groups:
-        chunk, cost = [], prompt
+    for rows, _prompt in groups:
+        chunk, cost = [], 0
         for row in rows:
-            if chunk and cost + lengths[row] - prompt > max_tokens:
+            if chunk and cost + lengths[row] > max_tokens:
                 chunks.append((chunk, cost))
-                chunk, cost = [], prompt
+                chunk, cost = [], 0
             chunk.append(row)
-            cost += lengths[row] - prompt
+            cost += lengths[row]
         chunks.append((chunk, cost))
-    costs = [cost for _, cost in chunks]
-    bins = plan_token_budget(costs, max_tokens)
+    bins = plan_token_budget([cost for _, cost in chunks], max_tokens)
     return sorted(
         (sorted(row for c in b for row in chunks[c][0]) for b in bins), key=lambda b: b[0]
     )
