@@ -10,7 +10,8 @@ Only the positions that predict response tokens reach the output head
 log-probs and entropy from hidden states chunk by chunk, so no ``[tokens x vocab]``
 logits exist; other models' logits go through the chunked log-softmax of
 `rayrl.algos.entropy`. A sequence-parallel model (`rayrl.engines.ulysses`) runs this
-rank's share of the packed row and gathers every rank's outputs.
+rank's share of the packed row and gathers every rank's outputs. With
+``share_prompts`` rows with the same prompt run it once (`rayrl.engines.shared_prompts`).
 """
 
 from __future__ import annotations
