@@ -186,3 +186,15 @@ def test_the_flop_count_runs_each_shared_prompt_once(tiny_model_dir):  # noqa: F
     plain, shared = _engine(tiny_model_dir, False), _engine(tiny_model_dir, True)
     saved = plain.train_flops(batch) - shared.train_flops(batch)
     assert saved == pytest.approx(6.0 * plain.flop_model.body_params * (3 * 6 + 2 * 2))
+
+
+def test_a_critics_values_with_shared_prompts_are_the_rows_own(tiny_model_dir):  # noqa: F811
+    """The value head reads the same positions: the prompt's last token for a
+    response's first value."""
+    batch = grouped_batch([6, 3], samples=3, response_lens=[5, 1, 8], seed=4)
+
+    def values(share: bool) -> torch.Tensor:
+        engine = TrainEngine(tiny_model_dir, value_head=True, share_prompts=share, seed=0)
+        return engine.forward(batch, micro_batch_size=7)["values"]
+
+    torch.testing.assert_close(values(True), values(False), atol=2e-5, rtol=1e-5)
