@@ -198,3 +198,17 @@ def test_a_critics_values_with_shared_prompts_are_the_rows_own(tiny_model_dir): 
         return engine.forward(batch, micro_batch_size=7)["values"]
 
     torch.testing.assert_close(values(True), values(False), atol=2e-5, rtol=1e-5)
+
+
+def test_shared_prompts_through_a_lora_model(tiny_model_dir):  # noqa: F811
+    """peft's wrapper passes the attention's keywords on to the model it wraps."""
+    batch = grouped_batch([5, 2], samples=3, response_lens=[4, 7], seed=5)
+    from rayrl.engines.lora import LoraSpec
+
+    lora = LoraSpec(lora_rank=4, lora_alpha=8, target_modules=("q_proj", "v_proj", "down_proj"))
+
+    def log_probs(share: bool) -> torch.Tensor:
+        engine = TrainEngine(tiny_model_dir, lora=lora, share_prompts=share, seed=0)
+        return engine.forward(batch, micro_batch_size=8)["log_probs"]
+
+    torch.testing.assert_close(log_probs(True), log_probs(False), atol=2e-5, rtol=1e-5)
