@@ -226,8 +226,11 @@ class RewardPool:
             return True
         if worker.queue and worker.queued_bytes + len(payload) > AHEAD_BYTES:
             return False
+        try:
+            worker.conn.send_bytes(payload)  # what Connection.send writes; recv() reads it
+        except OSError:  # the worker is gone: its end of the pipe reads EOF (`_receive`)
+            return False
         pending.popleft()
-        worker.conn.send_bytes(payload)  # what Connection.send writes; recv() reads it
         if not worker.queue:
             worker.since = time.monotonic()
         worker.queue.append(index)
