@@ -15,12 +15,11 @@ import json
 import statistics
 import time
 
+from _common import hardware
 from rayrl.data import synthetic_rows
 from rayrl.rewards import pool as pool_module
 from rayrl.rewards.items import make_items
 from rayrl.rewards.pool import RewardPool
-
-from _common import hardware
 
 
 def items(n: int) -> list[dict]:
