@@ -148,6 +148,7 @@ def test_the_setting_auto_shares_on_cuda_only_and_others_are_refused():
 
 
 @pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("compiled", [False, True])
 def test_shared_prompts_on_cuda_match_the_rows_own(tiny_model_dir, compiled):  # noqa: F811
     """bf16 on CUDA: one flash call over the packed row with each segment's keys (its
