@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_cases import tiny_model_dir  # noqa: F401 (fixture)
-from rayrl.batch import Batch
+from engine_cases import ragged_batch, tiny_model_dir  # noqa: F401 (fixture)
 from rayrl.engines.attention import SHARED_KV_INDEX, packed_attention_kwargs
 from rayrl.engines.outputs import response_outputs
 from rayrl.engines.shared_prompts import share_prompts
@@ -15,38 +14,20 @@ from rayrl.engines.train import TrainEngine
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-VOCAB = 500
-
 
 def grouped_batch(prompts: list[int], samples: int, response_lens: list[int], seed: int = 0):
     """``len(prompts)`` prompts of the given real lengths, each followed by ``samples``
-    responses (lengths from ``response_lens``, cycled); left-padded prompts, right-padded
-    responses; the samples of a prompt adjacent, then one more row sharing prompt 0
-    at the end (a group need not be adjacent)."""
-    g = torch.Generator().manual_seed(seed)
-    width_p, width_r = max(prompts), max(response_lens)
-    rows = []
-    texts = [torch.randint(3, VOCAB, (p,), generator=g) for p in prompts]
+    responses (lengths from ``response_lens``, cycled); `ragged_batch`'s layout, each
+    group's rows given its first row's prompt; the samples of a prompt adjacent, then
+    one more row sharing prompt 0 at the end (a group need not be adjacent)."""
     order = [i for i in range(len(prompts)) for _ in range(samples)] + [0]
+    lengths = [(prompts[i], response_lens[k % len(response_lens)]) for k, i in enumerate(order)]
+    width = max(prompts)
+    batch = ragged_batch(len(order), width, max(response_lens), seed, lengths)
+    ids = batch["input_ids"]
     for k, i in enumerate(order):
-        r = response_lens[k % len(response_lens)]
-        ids = torch.zeros(width_p + width_r, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        ids[width_p - prompts[i] : width_p] = texts[i]
-        ids[width_p : width_p + r] = torch.randint(3, VOCAB, (r,), generator=g)
-        mask[width_p - prompts[i] : width_p + r] = 1
-        rows.append((ids, mask))
-    ids = torch.stack([r[0] for r in rows])
-    mask = torch.stack([r[1] for r in rows])
-    return Batch.from_dict(
-        {
-            "input_ids": ids,
-            "attention_mask": mask,
-            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
-            "responses": ids[:, width_p:],
-            "response_mask": mask[:, width_p:],
-        }
-    )
+        ids[k, :width] = ids[order.index(i), :width]
+    return batch
 
 
 def test_each_prompt_is_packed_once_with_its_rows_responses():
