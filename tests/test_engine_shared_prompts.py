@@ -124,6 +124,8 @@ def test_the_setting_auto_shares_on_cuda_only_and_others_are_refused():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert share_prompts_on("auto", cuda) and not share_prompts_on("auto", cpu)
     assert share_prompts_on(True, cpu) and not share_prompts_on(False, cuda)
+    assert share_prompts_on(True, cpu, "eager")  # loaded as rayrl's varlen attention
+    assert not share_prompts_on(True, cuda, "flash_attention_2")  # cannot read the keys
     with pytest.raises(ValueError, match="true, false or auto.*model.share_prompts"):
         share_prompts_on("yes please", cpu)
 

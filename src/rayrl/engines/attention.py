@@ -147,17 +147,12 @@ def varlen_attention_forward(
         )
     if dropout:
         raise ValueError("rayrl_varlen attention has no dropout; the engine trains without it.")
-    index = kwargs.get(SHARED_KV_INDEX)
-    if index is None:
-        return _varlen(query, key, value, cu, kwargs.get("max_length_q"), scaling).unsqueeze(
-            0
-        ), None
-    key, value = key.index_select(2, index), value.index_select(2, index)
-    cu_k, longest = (
-        kwargs["cu_seq_lens_k"],
-        (kwargs.get("max_length_q"), kwargs.get("max_length_k")),
-    )
-    return _varlen(query, key, value, cu, longest, scaling, cu_k).unsqueeze(0), None
+    index, cu_k, longest_k = kwargs.get(SHARED_KV_INDEX), None, None
+    if index is not None:  # segments with keys of their own (shared prompts)
+        key, value = key.index_select(2, index), value.index_select(2, index)
+        cu_k, longest_k = kwargs["cu_seq_lens_k"], kwargs.get("max_length_k")
+    longest = kwargs.get("max_length_q")
+    return _varlen(query, key, value, cu, longest, scaling, cu_k, longest_k).unsqueeze(0), None
 
 
 def _varlen(
@@ -168,18 +163,19 @@ def _varlen(
     longest,
     scaling,
     cu_k: Tensor | None = None,
+    longest_k=None,
 ) -> Tensor:
     """Causal attention of each sequence of a packed row: ``[T, Hq, D]`` from ``[1, H, T,
     D]`` inputs; one flash call on CUDA in a half dtype, else sequence by sequence.
     With ``cu_k`` (segments with keys of their own: `packed_attention_kwargs`) a
-    segment's queries are its last keys and ``longest`` is ``(max_q, max_k)``."""
-    cu_k = cu if cu_k is None else cu_k
-    longest_q, longest_k = longest if isinstance(longest, tuple) else (longest, longest)
+    segment's queries are its last keys, ``longest_k`` the most keys of a segment."""
+    if cu_k is None:
+        cu_k, longest_k = cu, longest
     if query.is_cuda and _varlen_dtype(query, key, value) is not None and _FLASH:
-        longest_q = int(longest_q or int((cu[1:] - cu[:-1]).max()))
+        longest = int(longest or int((cu[1:] - cu[:-1]).max()))
         longest_k = int(longest_k or int((cu_k[1:] - cu_k[:-1]).max()))
         q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, H, D]
-        return _flash_varlen(q, k, v, (cu, cu_k), (longest_q, longest_k), scaling)
+        return _flash_varlen(q, k, v, (cu, cu_k), (longest, longest_k), scaling)
     return _per_sequence(query, key, value, cu, scaling, cu_k)
 
 

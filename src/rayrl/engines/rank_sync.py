@@ -40,7 +40,7 @@ def micro_batch_plan(
     share_prompts: bool = False,
 ) -> Plan:
     """Micro-batches of row indices, the same number on every rank. ``share_prompts``:
-    a token budget keeps the rows of a prompt together and counts the prompt once."""
+    a token budget keeps the rows of a prompt together (`plan_shared_budget`)."""
     if "input_ids" not in batch or not ("responses" in batch or "response_mask" in batch):
         raise KeyError(
             f"the engine needs input_ids, attention_mask and responses (or response_mask) "

@@ -29,12 +29,13 @@ before (`rayrl.engines.packing.pack_sequences`).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from rayrl.engines.attention import SHARED_KV_INDEX
+from rayrl.engines.attention import SHARED_KV_INDEX, VARLEN, attention_for
 from rayrl.engines.packing import ResponseIndex, check_contiguous, padded_response_index
 
 __all__ = [
@@ -46,18 +47,25 @@ __all__ = [
     "share_prompts_on",
 ]
 
+log = logging.getLogger(__name__)
 
-def share_prompts_on(setting: bool | str, device: torch.device) -> bool:
+
+def share_prompts_on(
+    setting: bool | str, device: torch.device, attn_implementation: str = "sdpa"
+) -> bool:
     """Whether an engine on ``device`` shares prompts under ``setting`` (true, false or
-    ``"auto"``: on CUDA, where the packed row's attention is one kernel)."""
-    if isinstance(setting, bool):
-        return setting
-    if str(setting).lower() == "auto":
-        return device.type == "cuda"
-    raise ValueError(
-        f"share_prompts must be true, false or auto, got {setting!r} "
-        "(actor_rollout_ref.model.share_prompts)"
-    )
+    ``"auto"``: on CUDA, where the packed row's attention is one kernel); never where
+    the model's attention is not rayrl's varlen one (only it reads a segment's keys)."""
+    if setting not in (True, False) and str(setting).lower() != "auto":
+        raise ValueError(
+            f"share_prompts must be true, false or auto, got {setting!r} "
+            "(actor_rollout_ref.model.share_prompts)"
+        )
+    on = setting if isinstance(setting, bool) else device.type == "cuda"
+    if on and attention_for(attn_implementation, packed=True) != VARLEN:
+        log.info("share_prompts: off with attn_implementation=%s", attn_implementation)
+        return False
+    return on
 
 
 @dataclass

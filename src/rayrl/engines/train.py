@@ -50,7 +50,6 @@ shards (`rayrl.engines.train_build`).
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import time
@@ -65,7 +64,7 @@ from torch import Tensor
 
 from rayrl import progress
 from rayrl.batch import Batch
-from rayrl.engines.attention import VARLEN, attention_for
+from rayrl.engines.attention import attention_for
 from rayrl.engines.checkpoint_io import (
     export_hf,
     full_model_state_dict,
@@ -105,8 +104,6 @@ from rayrl.engines.weight_sync import DEFAULT_BUCKET_BYTES, rollout_weights
 from rayrl.models.flops import FlopModel
 
 __all__ = ["LossFn", "TrainEngine"]
-
-log = logging.getLogger(__name__)
 
 
 class TrainEngine(ModelBuilding, StepRecovery):
@@ -201,7 +198,7 @@ class TrainEngine(ModelBuilding, StepRecovery):
         self.config_overrides = dict(config_overrides or {})
         self.use_remove_padding = use_remove_padding
         self.device = pick_device(device)
-        self.share_prompts = share_prompts_on(share_prompts, self.device)
+        self.share_prompts = share_prompts_on(share_prompts, self.device, attn_implementation)
         self.logit_chunk_size = logit_chunk_size or (4096 if self.device.type == "cuda" else 1024)
         self.world_size = dp_world_size()
         self.sharded = self.world_size > 1  # FSDP over one rank would change nothing
@@ -210,9 +207,6 @@ class TrainEngine(ModelBuilding, StepRecovery):
         self._build_mesh(ulysses_sequence_parallel_size, fsdp_size)
         packs = use_remove_padding or self.share_prompts or self.sp_size > 1
         attn = attention_for(attn_implementation, packed=packs)
-        if self.share_prompts and attn != VARLEN:  # only rayrl's attention reads shared keys
-            log.info("share_prompts: off with attn_implementation=%s", attn_implementation)
-            self.share_prompts = False
         start = time.perf_counter()
         model, fill = self._build_model(
             value_head,

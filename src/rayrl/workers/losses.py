@@ -59,7 +59,7 @@ def _bypass_rejection(
     tokens = mb.meta.get("global_token_count", valid.sum())
     seqs = mb.meta.get("global_seq_count", valid.any(-1).sum())
     shares = rejection_shares(verdicts, mask, float(tokens), float(seqs))
-    return kept(verdicts, mask), {f"rollout_corr/{k}": _item(v) for k, v in shares.items()}
+    return kept(verdicts, mask), {f"rollout_corr/{k}": _metric(v) for k, v in shares.items()}
 
 
 def _decoupled_weights(
@@ -90,7 +90,7 @@ def _aggregation(mode: str, mb: Batch, norm_length: int | None) -> LossAggregati
     )
 
 
-def _item(value: Any) -> Tensor | float:
+def _metric(value: Any) -> Tensor | float:
     """A metric as the engine sums it: a tensor stays on its device, detached (reading
     it here would make the host wait for the forward before it queues the backward;
     the engine reads every metric once, after the mini-batch)."""
@@ -101,8 +101,8 @@ def _token_share(mean: Any, mask: Tensor, mb: Batch) -> Tensor | float:
     """This micro-batch's share of a mini-batch token mean, from its own token mean."""
     total = mb.meta.get("global_token_count")
     if not total:
-        return _item(mean)
-    return _item(mean) * mask.sum().to(torch.float64) / float(total)
+        return _metric(mean)
+    return _metric(mean) * mask.sum().to(torch.float64) / float(total)
 
 
 def actor_loss_fn(
@@ -167,17 +167,17 @@ def actor_loss_fn(
             is_weights=weights,
         )
         loss = pg_loss
-        metrics["actor/pg_loss"] = _item(pg_loss)
+        metrics["actor/pg_loss"] = _metric(pg_loss)
         metrics.update({f"actor/{k}": _token_share(v, mask, mb) for k, v in pg.items()})
         if "entropy" in outputs:
             entropy = agg(outputs["entropy"], mask)
             if cfg.entropy_coeff:  # else the entropy is only reported
                 loss = loss - cfg.entropy_coeff * entropy
-            metrics["actor/entropy"] = _item(entropy)
+            metrics["actor/entropy"] = _metric(entropy)
         if cfg.use_kl_loss:
             kl, _ = kl_loss(log_prob, mb["ref_log_prob"], mask, estimator=cfg.kl_loss_type, agg=agg)
             loss = loss + cfg.kl_loss_coef * kl
-            metrics["actor/kl_loss"] = _item(kl)
+            metrics["actor/kl_loss"] = _metric(kl)
         return loss, metrics
 
     return loss_fn
@@ -197,7 +197,7 @@ def critic_loss_fn(cfg: CriticConfig, max_response_length: int | None = None):
             cliprange_value=cfg.cliprange_value,
             agg=agg,
         )
-        metrics = {"critic/vf_loss": _item(loss)}
+        metrics = {"critic/vf_loss": _metric(loss)}
         metrics.update({f"critic/{k}": _token_share(v, mask, mb) for k, v in vm.items()})
         return loss, metrics
 
