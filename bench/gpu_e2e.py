@@ -11,10 +11,11 @@ no KL term (TRL's default beta 0), no activation checkpointing, no vLLM. TRL 1.1
 no ``max_prompt_length``: the prompts are already exactly that long. For each system and
 each ``--seqs`` (sequences per step) it reports, after ``--warmup`` steps:
 
-* ``step_s`` (median), ``tokens_per_s_per_gpu`` (prompt + response tokens / step time),
+* ``step_s`` (median; rayrl: with ``per_step``, each measured step's time),
+  ``tokens_per_s_per_gpu`` (prompt + response tokens / step time),
 * ``stage_s`` per stage (rayrl: gen, reward, adv, old_log_prob, ref, update_actor, weight_sync, snapshot,
   and parts of gen: graph_capture, rollout_wake, rollout_sleep; rayrl generates with
-  ``--rollout``, by default its native engine on a GPU),
+  ``--rollout``, by default its native engine on a GPU; rayrl's with ``per_step``),
 * ``actor_mfu`` (rayrl's ``perf/mfu/actor``), ``weight_sync_ms``,
 * ``peak_mem_gb`` (``model`` field: 0.5b, 7b), ``grad_norm_finite`` (1: every step's
   gradient norm was finite and no update was skipped),
@@ -208,11 +209,15 @@ def summarize_rayrl(steps: list[dict]) -> dict:
         values = [s[key] for s in steps if key in s and s[key] is not None]
         return statistics.median(values) if values else None
 
+    def each(key: str) -> list[float]:
+        return [round(s[key], 4) for s in steps if s.get(key) is not None]
+
     norms = [s.get("actor/grad_norm", float("nan")) for s in steps]
     return {
         "step_s": med("timing_s/step"),
         "tokens_per_s": med("perf/throughput"),
         "stages": {k: med(f"timing_s/{k}") for k in STAGES},
+        "per_step": {k: each(f"timing_s/{k}") for k in ("step", *STAGES)},
         "mfu": med("perf/mfu/actor"),
         "peak_mem_gb": max((s.get("perf/max_memory_reserved_gb", 0.0) for s in steps), default=0),
         "grad_finite": all(math.isfinite(n) for n in norms)

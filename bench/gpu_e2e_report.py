@@ -49,8 +49,11 @@ def lines_for(system: str, seqs: int, res: dict, common: dict) -> list[dict]:
     base = {**common, "system": system, "seqs_per_step": seqs}
     if "error" in res:
         return [{**base, "metric": "error", "value": None, "unit": "", "error": res["error"]}]
+    step = {**base, "metric": "step_s", "value": res["step_s"], "unit": "s", "better": "lower"}
+    if res.get("per_step", {}).get("step"):
+        step["per_step"] = res["per_step"]["step"]
     out = [
-        {**base, "metric": "step_s", "value": res["step_s"], "unit": "s", "better": "lower"},
+        step,
         {
             **base,
             "metric": "tokens_per_s_per_gpu",
@@ -77,9 +80,11 @@ def lines_for(system: str, seqs: int, res: dict, common: dict) -> list[dict]:
         },
         {**base, "metric": "response_length", "value": res.get("response_len"), "unit": "tokens"},
     ]
+    each = res.get("per_step", {})
     for stage, value in res.get("stages", {}).items():
         if value is not None:
-            out.append({**base, "metric": "stage_s", "stage": stage, "value": value, "unit": "s"})
+            line = {**base, "metric": "stage_s", "stage": stage, "value": value, "unit": "s"}
+            out.append({**line, "per_step": each[stage]} if each.get(stage) else line)
     if res.get("mfu") is not None:
         out.append(
             {
