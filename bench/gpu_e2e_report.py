@@ -45,15 +45,19 @@ def roofline_of(
     }
 
 
+def _with_steps(line: dict, values: list[float] | None) -> dict:
+    """``line`` with ``per_step`` (each measured step's value) where there are any."""
+    return {**line, "per_step": values} if values else line
+
+
 def lines_for(system: str, seqs: int, res: dict, common: dict) -> list[dict]:
     base = {**common, "system": system, "seqs_per_step": seqs}
     if "error" in res:
         return [{**base, "metric": "error", "value": None, "unit": "", "error": res["error"]}]
+    each = res.get("per_step", {})
     step = {**base, "metric": "step_s", "value": res["step_s"], "unit": "s", "better": "lower"}
-    if res.get("per_step", {}).get("step"):
-        step["per_step"] = res["per_step"]["step"]
     out = [
-        step,
+        _with_steps(step, each.get("step")),
         {
             **base,
             "metric": "tokens_per_s_per_gpu",
@@ -80,11 +84,10 @@ def lines_for(system: str, seqs: int, res: dict, common: dict) -> list[dict]:
         },
         {**base, "metric": "response_length", "value": res.get("response_len"), "unit": "tokens"},
     ]
-    each = res.get("per_step", {})
     for stage, value in res.get("stages", {}).items():
         if value is not None:
             line = {**base, "metric": "stage_s", "stage": stage, "value": value, "unit": "s"}
-            out.append({**line, "per_step": each[stage]} if each.get(stage) else line)
+            out.append(_with_steps(line, each.get(stage)))
     if res.get("mfu") is not None:
         out.append(
             {

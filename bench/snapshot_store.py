@@ -4,8 +4,8 @@ A worker's step snapshot is a dict of NumPy arrays (`rayrl.engines.snapshot`) th
 worker returns from a two-return call (`Worker._rayrl_snapshot_publish`); Ray copies it
 into its node's object store while the next step runs, and the next boundary waits for
 that copy (`timing_s/snapshot`). This script does the same with an actor holding
-``--gib`` GiB in ``--pieces`` float32 arrays (the reference 0.5B actor's fp32 weights
-and Adam moments are about 5.5 GiB in 290 tensors), for ``--rounds`` rounds, keeping the
+``--gib`` GiB in ``--pieces`` float32 arrays (the reference 0.5B actor's 290 fp32
+parameters and their two Adam moments are about 5.5 GiB), for ``--rounds`` rounds, keeping the
 last two rounds' objects alive as the step replay keeps two boundaries.
 
 The object store maps its shared memory lazily: a round that lands on pages no object
