@@ -51,8 +51,9 @@ import torch
 
 from _agent_env import LatencyEnvironment
 from _common import hardware
+from rayrl.config.multi_turn import MultiTurnConfig
 from rayrl.engines.rollout import NativeRolloutEngine, SamplingParams
-from rayrl.engines.rollout.multi_turn import MultiTurnConfig, MultiTurnRollout
+from rayrl.engines.rollout.multi_turn import MultiTurnRollout
 from rayrl.models.tiny import TinySpec
 from rayrl.models.tokenizer import train_tokenizer
 from rollout_agent import _prompts, host_profile
@@ -174,11 +175,10 @@ def main() -> None:
     torch.set_num_threads(1)  # the loop thread's CPU time then includes the forward
     engine, clock = build(args)
     config = MultiTurnConfig(
-        environment=LatencyEnvironment,
         environment_config={"latency_s": args.latency, "calls": args.calls},
         max_concurrent_tools=args.prompts,
     )
-    rollout = MultiTurnRollout(engine, [], config)
+    rollout = MultiTurnRollout(engine, [], config, environment=LatencyEnvironment)
     shape = {"n": args.prompts, "prompt": args.prompt}
     prompts = _prompts(shape, engine.spec.vocab)
     sampling = SamplingParams(max_new_tokens=args.response, seed=1)

@@ -34,7 +34,7 @@ from _common import hardware
 from rayrl.engines.rollout import NativeRolloutEngine, SamplingParams
 from rayrl.engines.rollout.native.kv_cache import BlockAllocator
 from rayrl.engines.rollout.native.scheduler import Scheduler
-from rayrl.engines.rollout.native.step_loop import StepLoop
+from rayrl.engines.rollout.native.step_loop import Stepper
 from rayrl.models.tiny import TinySpec
 
 
@@ -80,17 +80,16 @@ def resumed_step(engine: NativeRolloutEngine, args) -> Scheduler:
     """A scheduler whose waiting jobs are resumed samples: ``context`` tokens cached."""
     rng = np.random.default_rng(0)
     total = args.context + args.new
-    prompts = [rng.integers(0, 512, total) for _ in range(args.seqs)]
     sched = Scheduler(
-        prompts,
-        1,
-        np.full(args.seqs, 8, dtype=np.int64),
         allocator=BlockAllocator(engine.cache.num_blocks),
         block_size=engine.block_size,
         max_batched_tokens=engine.max_num_batched_tokens,
         table=engine.runner.table_host,
         stop_ids=np.asarray([], dtype=np.int64),
+        capacity=args.seqs,
     )
+    for key in range(args.seqs):
+        sched.add(rng.integers(0, 512, total), np.array([8]), np.array([key]))
     for job in sched.waiting:
         job.done = args.context
     return sched
@@ -112,13 +111,13 @@ def main() -> None:
     model.attention = clock.wrap("attention", model.attention)
     sampler.draw = clock.wrap("draw", sampler.draw)
     sampling = SamplingParams(max_new_tokens=8, seed=1)
-    keys = np.arange(args.seqs, dtype=np.int64)
     runs = []
     for _ in range(args.repeats + 1):  # the first one warms up
         sched = resumed_step(engine, args)
         clock.seconds.clear()
         start = time.thread_time()
-        loop = StepLoop(engine.runner, sched, keys, sampling, False, None, defaultdict(float))
+        loop = Stepper(engine.runner, sched, False, defaultdict(float))
+        loop.sampling = sampling
         loop._prefill(sched.plan_prefill())
         step = time.thread_time() - start
         assert not sched.waiting and len(sched.running) == args.seqs

@@ -18,16 +18,17 @@ from transformers import AutoTokenizer
 
 from rayrl.cli.main import main
 from rayrl.config import ConfigError, load_config
+from rayrl.config.multi_turn import MultiTurnConfig
 from rayrl.config.sft import load_sft_config
 from rayrl.data import PromptDataset, synthetic_rows
 from rayrl.data.sft import SFTDataset
 from rayrl.data.synthetic import demonstrations
 from rayrl.engines.rollout import HFRolloutEngine, SamplingParams
-from rayrl.engines.rollout.multi_turn import MultiTurnConfig, MultiTurnRollout
+from rayrl.engines.rollout.multi_turn import MultiTurnRollout
 from rayrl.envs import load_object
 from rayrl.models import build_tiny_model
 from rayrl.trainer.episodes import episode_metrics, token_check
-from rayrl.workers.agent import configured_tools, episode_config
+from rayrl.workers.agent import configured_tools, episode_settings
 from rayrl.workers.reward import episode_extra_info
 from verl_examples import MULTI_TURN_FILES, MULTI_TURN_SCRIPT
 
@@ -43,7 +44,7 @@ def tiny(tmp_path_factory) -> str:
     return path
 
 
-def test_multi_turn_keys_take_effect_and_are_checked(recwarn):
+def test_multi_turn_keys_take_effect_and_are_checked(recwarn, tiny):
     cfg = load_config(
         "grpo",
         [
@@ -59,12 +60,13 @@ def test_multi_turn_keys_take_effect_and_are_checked(recwarn):
         ],
     )
     assert not [w for w in recwarn if "multi_turn" in str(w.message)]
-    episodes = episode_config(cfg)
-    assert (episodes.max_assistant_turns, episodes.max_user_turns) == (3, 2)
-    assert episodes.max_parallel_calls == 4 and episodes.max_tool_response_tokens == 32
-    assert episodes.tool_response_truncate_side == "left"
-    assert episodes.environment == "tool_agent"
-    assert [t.name for t in configured_tools(cfg)] == ["calculator"]
+    engine = HFRolloutEngine(model_path=tiny, device="cpu", cache="dynamic")
+    runner = MultiTurnRollout(engine, configured_tools(cfg), **episode_settings(cfg))
+    assert (runner.config.max_assistant_turns, runner.config.max_user_turns) == (3, 2)
+    assert runner.toolbox.max_parallel_calls == 4 and runner.format.max_message_tokens == 32
+    assert runner.format.truncate_side == "left"
+    assert runner.environment == "tool_agent"
+    assert list(runner.toolbox.tools) == ["calculator"]
     bad = {
         f"{MT}.max_assistant_turns=0": "max_assistant_turns=0",
         f"{MT}.tool_response_truncate_side=top": "tool_response_truncate_side",
@@ -158,8 +160,8 @@ def _episodes(tiny: str, names: list[str]):
     """A real multi-turn rollout: every turn of the random model is a 'tool call'."""
     engine = HFRolloutEngine(model_path=tiny, device="cpu")
     environment = load_object(f"{BENCH}/_agent_env.py:LatencyEnvironment")
-    config = MultiTurnConfig(environment=environment, environment_config={"latency_s": 0})
-    runner = MultiTurnRollout(engine, [], config)
+    config = MultiTurnConfig(environment_config={"latency_s": 0})
+    runner = MultiTurnRollout(engine, [], config, environment=environment)
     rows = synthetic_rows("arithmetic", len(names), seed=0)  # no agent_name: the default
     prompts = PromptDataset(rows, engine.tokenizer, max_prompt_length=64).collate(range(len(rows)))
     prompts.non_tensors["uid"][:] = names

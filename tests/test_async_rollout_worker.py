@@ -1,5 +1,5 @@
 """The rollout replica's weight versions, in process with a tiny model: a policy that
-arrives mid-call is swapped in between decode steps (partial rollouts: each token keeps
+arrives mid-call is swapped in between engine steps (partial rollouts: each token keeps
 the version that sampled it), or leaves the call on its own version, or aborts a call
 that could no longer train; packed weights round-trip exactly."""
 
@@ -53,18 +53,22 @@ def new_policy(worker: RolloutWorker) -> list:
 
 
 def arrives_after_first_token(worker: RolloutWorker, version: int, buckets: list) -> None:
-    """Make policy `version` arrive (as `offer_weights` leaves it) once the call drew its
-    first tokens: the replica's first look for new weights finds it."""
-    real = worker._offered
-    state = {"looked": False}
+    """Make policy `version` arrive (as `offer_weights` stages it) once the call's first
+    engine step drew its first tokens: the service's next look for new weights, before
+    the second step, finds it."""
+    engine = worker.service.engine
+    real = engine.step
+    state = {"steps": 0}
 
-    def offered():
-        if not state["looked"]:
-            state["looked"] = True
-            worker._offer = (version, buckets)
-        return real()
+    def step():
+        events = real()
+        state["steps"] += 1
+        if state["steps"] == 1:
+            weights = (pair for bucket in buckets for pair in unpack_bucket(bucket))
+            worker.service.offer(version, weights)
+        return events
 
-    worker._offered = offered
+    engine.step = step
 
 
 def test_packed_weights_round_trip_exactly(model):
@@ -105,4 +109,5 @@ def test_without_partial_rollouts_a_call_keeps_its_version_or_aborts(model):
     assert later.versions.unique().tolist() == [1] and worker.version == 1
     arrives_after_first_token(worker, 3, buckets)  # 3 - 1 > max_lag: no longer trainable
     aborted = worker.generate(prompts(), ReplicaCall(step=0, max_lag=1))
-    assert aborted.aborted and aborted.batch is None and worker.version == 1
+    assert aborted.aborted and aborted.batch is None
+    assert worker.version == 3  # nothing pins the old version now: the new one is in

@@ -29,7 +29,7 @@ from rayrl.engines.rollout.multi_turn import MultiTurnRollout
 from rayrl.trainer.roles import set_data_layouts
 from rayrl.workers import ActorRolloutRefWorker
 from rayrl.workers.actor import sampling_params
-from rayrl.workers.agent import configured_tools, episode_config
+from rayrl.workers.agent import configured_tools, episode_settings
 from workers_cases import close, config, generate, group_on
 
 pytestmark = pytest.mark.slow
@@ -65,7 +65,7 @@ def _one_rank(cfg, agent_dir: str, prompts):
     tokenizer = AutoTokenizer.from_pretrained(agent_dir)
     engine = NativeRolloutEngine(model_path=agent_dir, tokenizer=tokenizer, device="cpu")
     episodes = MultiTurnRollout(
-        engine, configured_tools(cfg), episode_config(cfg), tokenizer=tokenizer
+        engine, configured_tools(cfg), tokenizer=tokenizer, **episode_settings(cfg)
     )
     return episodes.generate(prompts, sampling_params(cfg, "train"))
 

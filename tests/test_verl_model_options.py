@@ -23,7 +23,7 @@ from rayrl.engines.train import TrainEngine
 from rayrl.models.config_overrides import apply_config_overrides
 from rayrl.models.loading import load_tokenizer
 from rayrl.trainer.data import load_datasets
-from rayrl.workers.agent import episode_config
+from rayrl.workers.agent import episode_settings
 from rayrl.workers.common import engine_kwargs, reference_kwargs
 
 ARR = "actor_rollout_ref"
@@ -113,7 +113,7 @@ def test_custom_chat_template_and_its_kwargs_render_the_prompts(tmp_path, tiny_m
     train, _ = load_datasets(cfg, tokenizer)
     text = tokenizer.decode(train.prompt_ids[0])
     assert text.replace(" ", "") == "<<user|question0>>effort=medium"
-    assert episode_config(cfg).chat_template_kwargs == {"reasoning_effort": "medium"}
+    assert episode_settings(cfg)["chat_template_kwargs"] == {"reasoning_effort": "medium"}
 
 
 def test_exclude_modules_leaves_modules_without_adapters(tiny_model_dir):  # noqa: F811

@@ -14,9 +14,11 @@ verl); with LoRA it is the same model with its adapters disabled: no second copy
 actor's (reference's) weights in host memory between calls, ``optimizer_offload`` the
 Adam moments outside the optimizer step.
 
-With ``rollout.multi_turn.enable`` generation runs episodes of model turns and tool
-answers over the same rollout engine (`rayrl.workers.agent`): the tools are loaded
-once per worker, each row's environment is its ``agent_name``.
+Generation goes through the rollout service (`rayrl.engines.rollout.service`), as an
+asynchronous replica's does: the engine, the one turn loop and, with
+``rollout.multi_turn.enable``, episodes of model turns and tool answers
+(`rayrl.workers.agent`): the tools are loaded once per worker, each row's environment
+is its ``agent_name``.
 """
 
 from __future__ import annotations
@@ -44,12 +46,12 @@ from rayrl.engines.rollout import (
     make_rollout_engine,
     resolve_rollout,
 )
-from rayrl.engines.rollout.multi_turn import MultiTurnRollout
 from rayrl.engines.rollout.native.tp import make_tp_groups
 from rayrl.engines.rollout.native.tp_weights import tp_rollout_weights
+from rayrl.engines.rollout.service import RolloutService
 from rayrl.engines.weight_sync import PublishedWeights
 from rayrl.models.loading import with_chat_template
-from rayrl.workers.agent import configured_interactions, configured_tools, episode_config
+from rayrl.workers.agent import configured_interactions, configured_tools, rollout_service
 from rayrl.workers.common import (
     engine_kwargs,
     epoch_rows,
@@ -171,20 +173,18 @@ class ActorRolloutRefWorker(Worker):
         self._stale = self._owns_copy
         self.tools = configured_tools(config)  # once per worker (none: single-turn)
         self.interactions = configured_interactions(config)
-        self._episodes: MultiTurnRollout | None = None
+        self._service: RolloutService | None = None
 
-    def _multi_turn(self) -> MultiTurnRollout:
-        """The multi-turn rollout over the current rollout engine (a rebuild may have
-        wrapped a new one); the tools are the worker's, loaded once."""
-        if self._episodes is None or self._episodes.engine is not self.rollout:
-            self._episodes = MultiTurnRollout(
-                self.rollout,
-                self.tools,
-                episode_config(self.cfg),
-                tokenizer=self.tokenizer,
-                interactions=self.interactions,
+    @property
+    def service(self) -> RolloutService:
+        """The rollout service over the current rollout engine (a rebuild may have made
+        or wrapped a new one): the engine, the turn loop and, with multi-turn
+        rollouts, the episodes (the tools are the worker's, loaded once)."""
+        if self._service is None or self._service.engine is not self.rollout:
+            self._service = rollout_service(
+                self.rollout, self.cfg, self.tools, self.interactions, self.tokenizer
             )
-        return self._episodes
+        return self._service
 
     def _tensor_parallel_size(self) -> int:
         """`rollout.tensor_model_parallel_size` for the native engine (it splits the model
@@ -341,12 +341,10 @@ class ActorRolloutRefWorker(Worker):
             since = time.perf_counter()
             self.rollout.wake()
             timing["rollout_wake"] = time.perf_counter() - since
-        if self.cfg.actor_rollout_ref.rollout.multi_turn.enable:
-            episodes = self._multi_turn()
-            out = episodes.generate(prompts, params)
-            timing["tools"] = episodes.last_stats["timing_s/tools"]
-        else:
-            out = self.rollout.generate(prompts, params)
+        service = self.service
+        out = service.generate(prompts, params).batch
+        if service.episodes is not None:
+            timing["tools"] = service.episodes.last_stats["timing_s/tools"]
         capture_s = getattr(self.rollout, "last_stats", {}).get("graph_capture_s", 0.0)
         if capture_s:  # the native engine's CUDA-graph captures (after each wake)
             timing["graph_capture"] = capture_s

@@ -1,7 +1,8 @@
 """The agent side of the actor: the configured tools and the multi-turn rollout settings.
 
-With `actor_rollout_ref.rollout.multi_turn.enable` the actor generates through
-`rayrl.engines.rollout.multi_turn.MultiTurnRollout` over its rollout engine. Its tools
+A rollout worker (the hybrid actor, an asynchronous replica) generates through a
+`RolloutService` (`rollout_service`); with `actor_rollout_ref.rollout.multi_turn.enable`
+it holds `rayrl.engines.rollout.multi_turn.MultiTurnRollout` over the worker's engine. Its tools
 come, once per worker, from the config (`configured_tools`): verl's tool YAML
 (`multi_turn.tool_config_path`), verl's function-tool file (`function_tool_path`)
 and rayrl's `multi_turn.tools` list, in that order; two tools with one name are an
@@ -16,7 +17,8 @@ from typing import Any
 
 from rayrl.config.multi_turn import KEY
 from rayrl.config.schema import RayRLConfig
-from rayrl.engines.rollout.multi_turn import MultiTurnConfig as EpisodeConfig
+from rayrl.engines.rollout.multi_turn import MultiTurnRollout
+from rayrl.engines.rollout.service import RolloutService
 from rayrl.envs import (
     LoadError,
     Tool,
@@ -80,22 +82,30 @@ def default_agent(cfg: RayRLConfig) -> str | None:
     return r.agent.default_agent_loop if r.multi_turn.enable else None
 
 
-def episode_config(cfg: RayRLConfig) -> EpisodeConfig:
-    """The multi-turn rollout's settings from `actor_rollout_ref.rollout.multi_turn`."""
+def episode_settings(cfg: RayRLConfig) -> dict[str, Any]:
+    """The multi-turn rollout's settings from the config (`MultiTurnRollout`'s keyword
+    arguments): the `actor_rollout_ref.rollout.multi_turn` group as it is, the
+    environment of rows without an `agent_name`, and the chat template's arguments."""
     r = cfg.actor_rollout_ref.rollout
-    mt = r.multi_turn
-    return EpisodeConfig(
-        format=mt.format,
-        environment=r.agent.default_agent_loop,
-        environment_config=dict(mt.environment_config),
-        max_assistant_turns=mt.max_assistant_turns,
-        max_user_turns=mt.max_user_turns,
-        max_parallel_calls=mt.max_parallel_calls,
-        max_tool_response_tokens=mt.max_tool_response_length,
-        tool_response_truncate_side=mt.tool_response_truncate_side,
-        tool_timeout_s=mt.tool_timeout_s,
-        env_timeout_s=mt.env_timeout_s,
-        max_concurrent_tools=mt.max_concurrent_tools,
-        stop_at_tool_call_end=mt.stop_at_tool_call_end,
-        chat_template_kwargs=dict(cfg.data.apply_chat_template_kwargs),
-    )
+    return {
+        "config": r.multi_turn,
+        "environment": r.agent.default_agent_loop,
+        "chat_template_kwargs": dict(cfg.data.apply_chat_template_kwargs),
+    }
+
+
+def rollout_service(
+    engine: Any, cfg: RayRLConfig, tools: list[Tool], interactions: dict[str, Any], tokenizer
+) -> RolloutService:
+    """The rollout service of a rollout worker: ``engine``, and with multi-turn rollouts
+    the episodes over it with the worker's tools and interactions."""
+    episodes = None
+    if cfg.actor_rollout_ref.rollout.multi_turn.enable:
+        episodes = MultiTurnRollout(
+            engine,
+            tools,
+            tokenizer=tokenizer,
+            interactions=interactions,
+            **episode_settings(cfg),
+        )
+    return RolloutService(engine, episodes)

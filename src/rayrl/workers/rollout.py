@@ -1,17 +1,18 @@
 """RolloutWorker: one rollout replica of asynchronous training (`rollout.mode=async`).
 
-A replica holds a rollout engine and nothing else: no optimizer, no reference, no
-process group. It generates with the newest policy version it holds; new versions
-arrive beside its calls (`offer_weights` runs on a thread of its own, so the fetch
-from the object store overlaps generation) and are swapped in:
+A replica holds a rollout service (`rayrl.engines.rollout.service`: the engine, the one
+turn loop and, with multi-turn rollouts, the episodes with the worker's tools) and
+nothing else: no optimizer, no reference, no process group. It generates with the
+newest policy version it holds; new versions arrive beside its calls (`offer_weights`
+runs on a thread of its own, so the fetch from the object store overlaps generation)
+and are staged in the service, which swaps them in between two engine steps:
 
-- before each `generate` call, when one arrived since the last;
-- inside a call, between two decode steps of the `hf` engine, when the call says
-  `partial_rollout`: the sequences in flight go on under the new weights and each
-  token keeps the version that sampled it (`ReplicaResult.versions`);
-- without `partial_rollout`, a call whose samples could no longer be trained once the
-  new version is out (`ReplicaCall.max_lag`) stops at the next decode step and
-  returns `aborted`: the driver re-queues its prompts.
+- with `ReplicaCall.partial_rollout` the sequences in flight (episodes mid-turn too)
+  go on under the new weights, keeping their KV caches, and each token keeps the
+  version that sampled it (`ReplicaResult.versions`);
+- without, a call keeps its version (the swap waits for it), and a call whose samples
+  could no longer be trained once the new version is out (`ReplicaCall.max_lag`) stops
+  at the next step and returns `aborted`: the driver re-queues its prompts.
 
 Samples are seeded by (seed, step, sample uid) exactly as the hybrid engine's
 (`rayrl.engines.rollout.sampling`), so a replica holding the same weights draws the
@@ -20,7 +21,6 @@ same tokens as the synchronous run.
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,21 +28,22 @@ from typing import Any
 import ray
 import torch
 
-from rayrl import progress
 from rayrl.batch import Batch
 from rayrl.cluster.broadcast import BroadcastMember
 from rayrl.config.schema import RayRLConfig
 from rayrl.controller import ONE_TO_ALL, Worker, register
 from rayrl.controller.worker import SNAPSHOT_GROUP
 from rayrl.engines.rollout import HFRolloutEngine, make_rollout_engine, resolve_rollout
-from rayrl.engines.weight_sync import PackedBucket, PublishedWeights, unpack_bucket
+from rayrl.engines.rollout.service import Aborted, CallPolicy
+from rayrl.engines.weight_sync import PublishedWeights, unpack_bucket
 from rayrl.models.config_overrides import apply_config_overrides
 from rayrl.models.loading import with_chat_template
 from rayrl.workers.actor import sampling_params
+from rayrl.workers.agent import configured_interactions, configured_tools, rollout_service
 from rayrl.workers.common import DTYPE_NAMES
 from rayrl.workers.weight_transport import check_transport, receive_packed
 
-__all__ = ["ReplicaCall", "ReplicaResult", "RolloutWorker", "token_versions"]
+__all__ = ["ReplicaCall", "ReplicaResult", "RolloutWorker"]
 
 
 @dataclass(frozen=True)
@@ -74,10 +75,6 @@ class ReplicaResult:
     last_version: int
     aborted: bool = False
     timing: dict[str, float] = field(default_factory=dict)
-
-
-class _Aborted(Exception):  # noqa: N818 - a control-flow signal inside the decode loop
-    """Raised by the decode hook: the call's samples could no longer be trained."""
 
 
 class RolloutWorker(Worker):
@@ -117,9 +114,9 @@ class RolloutWorker(Worker):
             )
         self.engine_name = choice.name
         self.device = device
-        self.version = version
-        self._lock = threading.Lock()
-        self._offer: tuple[int, list[PackedBucket]] | None = None
+        self.engine.version = version
+        tools, interactions = configured_tools(config), configured_interactions(config)
+        self.service = rollout_service(self.engine, config, tools, interactions, tokenizer)
         self._broadcast = BroadcastMember()  # the collective transport's group, if used
 
     def _load_model(self, model_path: str, device: torch.device) -> torch.nn.Module:
@@ -153,14 +150,19 @@ class RolloutWorker(Worker):
         return DTYPE_NAMES.get(name, name)
 
     # ------------------------------------------------------------------ weights
+    @property
+    def version(self) -> int:
+        """The policy version the engine's weights are."""
+        return self.service.version
+
     @ray.method(concurrency_group=SNAPSHOT_GROUP)
     def offer_weights(self, version: int, published: PublishedWeights, rank: int = 0) -> int:
         """Fetch policy `version` (the trainer's `publish_weights`) on a thread of its
         own, beside the running call: from the object store, or, for a ``collective``
         offer, as member `rank` of its broadcast group (`weight_transport`). It is
-        swapped in at the next point `generate` allows (module docstring). Returns the
-        bytes it took; raises when a broadcast fails (the trainer offers the object
-        store's copy then)."""
+        staged in the service and swapped in where the calls allow (module docstring).
+        Returns the bytes it took; raises when a broadcast fails (the trainer offers the
+        object store's copy then)."""
         check_transport(published.transport, f"rollout replica {self.group}")
         if published.transport == "collective":
             try:
@@ -172,76 +174,37 @@ class RolloutWorker(Worker):
                 ) from err
         else:
             buckets = ray.get(list(published.refs))
-        with self._lock:
-            self._offer = (version, buckets)  # offers arrive in order: the last one wins
+        weights = (pair for bucket in buckets for pair in unpack_bucket(bucket))
+        self.service.offer(version, weights)  # offers arrive in order: the last one wins
         return sum(b.nbytes for b in buckets)
-
-    def _offered(self) -> int | None:
-        with self._lock:
-            return None if self._offer is None else self._offer[0]
-
-    def _swap(self) -> float:
-        """Load the last offered version into the engine (a lower one too: a run put
-        back to an earlier step publishes its policy again); its seconds (0: none)."""
-        with self._lock:
-            offer, self._offer = self._offer, None
-        if offer is None or offer[0] == self.version:
-            return 0.0
-        start = time.perf_counter()
-        version, buckets = offer
-        with progress.phase("weight_sync"):
-            for bucket in buckets:
-                self.engine.update_weights(unpack_bucket(bucket))
-        self.version = version
-        return time.perf_counter() - start
 
     # ----------------------------------------------------------------- generate
     @register(dispatch=ONE_TO_ALL, collect="first")
     def generate(self, prompts: Batch, call: ReplicaCall) -> ReplicaResult:
-        """`rollout.n` samples per prompt under the newest weights (module docstring)."""
-        timing = {"weight_sync": self._swap()}
-        first = self.version
-        switches: list[tuple[int, int]] = []  # (response position, version from there on)
-
-        def between_tokens(position: int) -> None:
-            offered = self._offered()
-            if offered is None or offered == self.version:
-                return
-            if call.partial_rollout:
-                timing["weight_sync"] += self._swap()
-                switches.append((position + 1, self.version))
-            elif offered - first > call.max_lag:
-                raise _Aborted
-
-        if isinstance(self.engine, HFRolloutEngine):
-            self.engine.decode_hook = between_tokens
+        """`rollout.n` samples (or episodes) per prompt under the newest weights (module
+        docstring)."""
+        service = self.service
+        swapped = service.swap_s
+        first = service.version
         meta = dict(prompts.meta, step=call.step)
         prompts = Batch(prompts.tensors, prompts.non_tensors, meta)
+        policy = CallPolicy(
+            partial=call.partial_rollout, max_lag=None if call.partial_rollout else call.max_lag
+        )
         start = time.perf_counter()
+        if service.is_asleep:
+            service.wake()
         try:
-            if self.engine.is_asleep:
-                self.engine.wake()
-            out = self.engine.generate(prompts, sampling_params(self.cfg, "train"))
-        except _Aborted:
-            timing["gen"] = time.perf_counter() - start
-            return ReplicaResult(None, None, first, self.version, aborted=True, timing=timing)
-        finally:
-            if isinstance(self.engine, HFRolloutEngine):
-                self.engine.decode_hook = None
-        timing["gen"] = time.perf_counter() - start
-        versions = token_versions(len(out), out["responses"].shape[1], first, switches)
-        return ReplicaResult(out, versions, first, self.version, timing=timing)
-
-
-def token_versions(
-    rows: int, width: int, first: int, switches: list[tuple[int, int]]
-) -> torch.Tensor:
-    """[rows, width] the policy version of each response position: `first`, then each
-    (position, version) switch from its position on."""
-    versions = torch.full((rows, width), first, dtype=torch.int64)
-    for position, version in switches:
-        versions[:, position:] = version
-    return versions
+            out = service.generate(prompts, sampling_params(self.cfg, "train"), policy)
+        except Aborted:
+            timing = {"gen": time.perf_counter() - start, "weight_sync": service.swap_s - swapped}
+            return ReplicaResult(None, None, first, service.version, aborted=True, timing=timing)
+        timing = {"gen": time.perf_counter() - start, "weight_sync": service.swap_s - swapped}
+        if service.episodes is not None:
+            timing["tools"] = service.episodes.last_stats.get("timing_s/tools", 0.0)
+        return ReplicaResult(
+            out.batch, out.versions, out.first_version, out.last_version, timing=timing
+        )
 
 
 def _tokenizer(path: str, model: Any):

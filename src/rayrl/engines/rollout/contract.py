@@ -55,12 +55,15 @@ class Responses:
         lengths: ``[N]`` response length of each row (tokens up to and including the stop).
         log_probs: ``[N, L]`` float log-prob of each generated token.
         stopped: ``[N]`` bool, True where the response ended on a stop token or string.
+        versions: ``[N, L]`` the policy version each token was drawn with (None: one
+            version for all, the engine's).
     """
 
     tokens: Tensor
     lengths: Tensor
     log_probs: Tensor
     stopped: Tensor
+    versions: Tensor | None = None
 
 
 def positions_from_mask(attention_mask: Tensor) -> Tensor:

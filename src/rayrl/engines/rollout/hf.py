@@ -1,29 +1,29 @@
-"""A rollout engine on transformers' ``generate()``: simple, any HF causal LM.
+"""A rollout engine on transformers models: simple, any HF causal LM.
 
-Tokens are drawn by rayrl's seeded sampler (`rayrl.engines.rollout.sampling`), plugged
-into ``generate`` as a logits processor under greedy decoding: the processor samples
-each row's token from its own counter-based noise and hands ``generate`` scores whose
-argmax is that token. So a sample depends only on (seed, step, sample uid), never on
-the process-global RNG or on the batch it is generated in. A stopping criterion
-records which rows ended on a stop token or stop string, and when.
+Tokens are drawn by rayrl's seeded sampler (`rayrl.engines.rollout.sampling`), so a
+sample depends only on (seed, step, sample uid), never on the process-global RNG or on
+the batch it is generated in.
 
-The KV cache is static (``cache_implementation="static"``) where the model supports
-it; if the static path fails once, the engine logs a warning and uses the dynamic
-cache from then on. With the dynamic cache, a model that allows it decodes in
-`rayrl.engines.rollout.hf_decode.lean_decode` instead of ``generate()``: the same
-tokens with less overhead per token (``decode="generate"`` keeps ``generate()``).
+The engine serves requests (`rayrl.engines.rollout.requests`: add, step, abort,
+weights changed between steps) on models that allow it (`hf_requests.can_serve_requests`:
+a decoder taking ``past_key_values`` and ``position_ids``, no sliding windows): every
+live sample owns a row of one dynamic KV cache (`rayrl.engines.rollout.hf_requests`),
+and multi-turn episodes and asynchronous replicas run through the one turn loop
+(`rayrl.engines.rollout.loop`). `generate` is a thin loop over that API where the
+engine's cache is ``dynamic`` (the default on a CPU). Otherwise (``cache="static"``, or
+a model that cannot serve requests) `generate` runs ``generate()`` with the sampler
+plugged in as a logits processor under greedy decoding (the processor samples each
+row's token from its own counter-based noise and hands ``generate`` scores whose
+argmax is that token) and a stopping criterion recording which rows ended on a stop
+token or string, and when. The static cache is used where the model supports it; if
+the static path fails once, the engine logs a warning and uses the dynamic cache from
+then on; a model that cannot serve requests then decodes in
+`rayrl.engines.rollout.hf_decode.lean_decode` where it can.
+
 The engine wraps an existing module without copying
-(``HFRolloutEngine(model=train_model, tokenizer=tok)``: the hybrid engine) or loads
-its own copy (``HFRolloutEngine(model_path=...)``; with ``load_weights=False`` only the
-config and tokenizer are read, and the first `update_weights` fills the copy).
-
-Multi-turn episodes (`generate_turns`) decode in rounds over one dynamic cache
-(`rayrl.engines.rollout.multi_turn_hf`).
-
-``decode_hook`` (None by default), when set, is called with the response position
-``t`` after each decode step's tokens were drawn and before the next forward: an
-asynchronous rollout replica swaps newly arrived weights in there (`update_weights`;
-the tokens from ``t + 1`` are drawn under them) or raises to abandon the call.
+(``HFRolloutEngine(model=train_model, tok)``: the hybrid engine) or loads its own copy
+(``HFRolloutEngine(model_path=...)``; with ``load_weights=False`` only the config and
+tokenizer are read, and the first `update_weights` fills the copy).
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ import contextlib
 import difflib
 import gc
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from transformers import (
@@ -55,8 +56,9 @@ from rayrl.engines.rollout.contract import (
     expand_samples,
 )
 from rayrl.engines.rollout.hf_decode import can_lean_decode, decode_threads, lean_decode
-from rayrl.engines.rollout.multi_turn_hf import decode_turns
-from rayrl.engines.rollout.native.stops import StopStrings
+from rayrl.engines.rollout.hf_requests import HFRequests, can_serve_requests
+from rayrl.engines.rollout.loop import run_batch
+from rayrl.engines.rollout.requests import SampleOutput
 from rayrl.engines.rollout.sampling import SamplingParams, sample_keys, sample_tokens
 from rayrl.engines.rollout.special_ids import eos_ids, pad_id
 from rayrl.engines.rollout.turns import TurnDriver
@@ -81,10 +83,8 @@ class _SeededSampler(LogitsProcessor):
         keys: Tensor,
         prompt_len: int,
         params: SamplingParams,
-        on_token: Callable[[int], None] | None = None,
     ) -> None:
         self.keys, self.prompt_len, self.params = keys, prompt_len, params
-        self.on_token = on_token
         self.log_probs: list[Tensor] = []
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
@@ -92,8 +92,6 @@ class _SeededSampler(LogitsProcessor):
         tokens, log_probs = sample_tokens(scores, self.keys, position, self.params)
         self.log_probs.append(log_probs)
         progress.tick(tokens=len(tokens))
-        if self.on_token is not None:
-            self.on_token(position)
         return scores.scatter_(-1, tokens.unsqueeze(-1), float("inf"))
 
 
@@ -174,11 +172,12 @@ class HFRolloutEngine(RolloutEngine):
         self.cache = cache
         self.compile = compile
         self.lean = decode == "auto" and can_lean_decode(model)
-        self.decode_hook: Callable[[int], None] | None = None  # see the module docstring
         self._asleep = False
         gen_config = getattr(model, "generation_config", None)
         self.eos_ids = eos_ids(gen_config, getattr(model, "config", None), tokenizer)
         self.pad_id = pad_id(gen_config, tokenizer, self.eos_ids, "HFRolloutEngine")
+        self.serves = can_serve_requests(model)
+        self.requests = HFRequests(model, self.pad_id, self.eos_ids, tokenizer)
 
     # ------------------------------------------------------------------ generate
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
@@ -197,10 +196,128 @@ class HFRolloutEngine(RolloutEngine):
         if len(rows) == 0:
             none = torch.zeros(0, 0)
             out = Responses(none.long(), none.sum(1).long(), none, none.sum(1).bool())
+        elif self.serves and self.cache == "dynamic":
+            ids, mask = prompts.tensors["input_ids"], prompts.tensors["attention_mask"].bool()
+            token_lists = [row[m].tolist() for row, m in zip(ids, mask, strict=True)]
+            out = self.generate_token_ids(token_lists, sampling, keys=keys.numpy())
         else:
             with decode_threads(self.model, _device_of(self.model)):
                 out = self._generate_rows(rows, keys, sampling)
         return assemble_output(rows, uids, out, sampling.max_new_tokens, self.pad_id)
+
+    def generate_token_ids(
+        self,
+        prompts,
+        sampling: SamplingParams,
+        *,
+        keys: np.ndarray | None = None,
+        max_new_tokens=None,
+        turns: TurnDriver | None = None,
+    ) -> Responses:
+        """Generate from unpadded token-id prompts (rows as in `generate`, samples
+        adjacent): a thin loop over the request API (`rayrl.engines.rollout.loop`), as
+        the native engine's; ``turns`` runs multi-turn episodes."""
+        self._require_weights("generate")
+        self._require_requests()
+        n_rows = len(prompts) * sampling.n
+        if keys is None:
+            uids = [f"{i}/{k}" for i in range(len(prompts)) for k in range(sampling.n)]
+            keys = sample_keys(sampling.seed, 0, uids).numpy()
+        limits = np.full(n_rows, sampling.max_new_tokens, dtype=np.int64)
+        if max_new_tokens is not None:
+            limits = np.asarray(max_new_tokens, dtype=np.int64).reshape(n_rows)
+        arrays = [np.asarray(p, dtype=np.int64) for p in prompts]
+        return run_batch(self, arrays, sampling, np.asarray(keys, dtype=np.int64), limits, turns)
+
+    def prepare_call(self, prompts, keys, limits, sampling: SamplingParams, turns):
+        """Check a call before any of its prompts runs; the turn driver to run it with."""
+        self._require_weights("generate")
+        self._require_requests()
+        if sampling.stop and self.tokenizer is None:
+            raise ValueError("HFRolloutEngine: stop strings need a tokenizer.")
+        return turns
+
+    @contextlib.contextmanager
+    def measured(self, with_turns: bool) -> Iterator[dict[str, float]]:
+        """A call's timing (the HF engine keeps no loop stats of its own)."""
+        yield {}
+
+    # ------------------------------------------------------------------ requests
+    def _require_requests(self) -> None:
+        if self._asleep:
+            raise RuntimeError("HFRolloutEngine: the engine is asleep; call wake() first.")
+        if not self.serves:
+            raise NotImplementedError(
+                f"HFRolloutEngine: {type(self.model).__name__} cannot serve requests (multi-"
+                "turn episodes, asynchronous replicas): that needs a decoder-only transformers "
+                "model that takes past_key_values and position_ids, without sliding-window "
+                "layers. Use a Qwen2/Qwen3/Llama-style model, or single-turn synchronous rollouts."
+            )
+
+    def add(self, prompt, keys, limits, sampling: SamplingParams, *, park: bool = False):
+        """Queue one prompt and its samples (`rayrl.engines.rollout.requests`); their ids."""
+        self._require_weights("generate")
+        self._require_requests()
+        if sampling.stop and self.tokenizer is None:
+            raise ValueError("HFRolloutEngine: stop strings need a tokenizer.")
+        return self.requests.add(prompt, keys, limits, sampling, park=park)
+
+    def resume(self, sample: int, tokens) -> None:
+        self.requests.resume(sample, tokens)
+
+    def finish(self, sample: int, stopped: bool) -> None:
+        self.requests.finish(sample, stopped)
+
+    def abort(self, samples) -> None:
+        self.requests.abort(samples)
+
+    def step(self) -> list[tuple[int, str]]:
+        """One forward over the live samples (`hf_requests`); the events since the last."""
+        device = _device_of(self.model)
+        with decode_threads(self.model, device), _eval_mode(self.model):
+            return self.requests.step()
+
+    def output(self, sample: int) -> SampleOutput:
+        return self.requests.output(sample)
+
+    def release(self, samples) -> None:
+        self.requests.release(samples)
+
+    def drain(self) -> None:
+        """Nothing is ever in flight between the HF engine's steps."""
+
+    @property
+    def serves_requests(self) -> bool:
+        """Whether the model can serve requests (`hf_requests.can_serve_requests`)."""
+        return self.serves
+
+    @property
+    def busy(self) -> bool:
+        return self.requests.live > 0
+
+    @property
+    def stalled(self) -> bool:
+        return self.requests.stalled
+
+    @property
+    def parked(self) -> int:
+        return int(self.requests.s.parked.sum())
+
+    @property
+    def live(self) -> int:
+        return self.requests.live
+
+    @property
+    def draws_with(self) -> SamplingParams | None:
+        return self.requests.sampling if self.requests.live else None
+
+    @property
+    def version(self) -> int:
+        return self.requests.version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self.requests.version = int(value)
 
     def _generate_rows(self, rows: Batch, keys: Tensor, sampling: SamplingParams) -> Responses:
         """Run ``generate``; if the static cache fails and the dynamic one works, switch.
@@ -242,9 +359,8 @@ class HFRolloutEngine(RolloutEngine):
                     stop_ids,
                     strings,
                     self.pad_id,
-                    on_token=self.decode_hook,
                 )
-        sampler = _SeededSampler(keys.to(device), prompt_len, sampling, self.decode_hook)
+        sampler = _SeededSampler(keys.to(device), prompt_len, sampling)
         tracker = _FinishTracker(len(rows), prompt_len, stop_ids, strings)
         config = GenerationConfig(
             do_sample=False,
@@ -269,36 +385,6 @@ class HFRolloutEngine(RolloutEngine):
         )
         return Responses(tokens, lengths, log_probs, tracker.done)
 
-    def generate_turns(
-        self, rows: Batch, keys: Tensor, sampling: SamplingParams, turns: TurnDriver
-    ) -> Responses:
-        """Multi-turn episodes for already expanded sample ``rows`` (left-padded
-        ``input_ids`` / ``attention_mask`` / ``position_ids``), one sampler key each;
-        ``turns`` is told of every turn end (`rayrl.engines.rollout.turns`). The
-        responses hold the appended tokens too, with log-prob 0."""
-        if self._asleep:
-            raise RuntimeError(
-                "HFRolloutEngine.generate_turns: the engine is asleep; call wake() first."
-            )
-        self._require_weights("generate_turns")
-        if not can_lean_decode(self.model):
-            raise NotImplementedError(
-                f"HFRolloutEngine: multi-turn rollout needs a decoder-only transformers model "
-                f"that takes past_key_values and position_ids; {type(self.model).__name__} "
-                "does not. Use a Qwen2/Qwen3/Llama-style model, or a single-turn rollout."
-            )
-        if sampling.stop and self.tokenizer is None:
-            raise ValueError("HFRolloutEngine.generate_turns: stop strings need a tokenizer.")
-        device = _device_of(self.model)
-        columns = ("input_ids", "attention_mask", "position_ids")
-        inputs = {name: rows.tensors[name].to(device) for name in columns}
-        stops = StopStrings(self.tokenizer, sampling.stop) if sampling.stop else None
-        stop_ids = self._stop_ids(sampling, device)
-        with decode_threads(self.model, device), _generation_mode(self.model):
-            return decode_turns(
-                self.model, inputs, keys.to(device), sampling, stop_ids, stops, self.pad_id, turns
-            )
-
     def _require_weights(self, call: str) -> None:
         if self._unset:
             raise RuntimeError(
@@ -313,13 +399,17 @@ class HFRolloutEngine(RolloutEngine):
         return torch.tensor(ids, dtype=torch.long, device=device)
 
     # ------------------------------------------------------------------ weights
-    def update_weights(self, weights: WeightSource) -> int:
+    def update_weights(self, weights: WeightSource, *, version: int | None = None) -> int:
         """Copy tensors into the model in place by name; see `RolloutEngine.update_weights`.
+        Samples may be in flight (they keep their caches); tokens drawn afterwards carry
+        ``version`` when given.
 
         Raises:
             KeyError: a name the model does not have (with the closest names it has).
             ValueError: a tensor whose shape differs from the model's.
         """
+        if version is not None:
+            self.requests.version = int(version)
         targets = self.model.state_dict(keep_vars=True)
         items = weights.items() if isinstance(weights, Mapping) else weights
         copied = 0
@@ -353,6 +443,11 @@ class HFRolloutEngine(RolloutEngine):
         there took about half of a small step: docs/benchmarks.md, run C)."""
         if self._asleep:
             return
+        if self.requests.live:
+            raise RuntimeError(
+                f"HFRolloutEngine.sleep: {self.requests.live} samples are in flight; finish or "
+                "abort them first"
+            )
         self._asleep = True
         if _device_of(self.model).type != "cuda":
             return
@@ -436,6 +531,19 @@ def _device_of(model: nn.Module) -> torch.device:
 
 def _same_storage(a: Tensor, b: Tensor) -> bool:
     return a.device == b.device and a.data_ptr() == b.data_ptr() and a.dtype == b.dtype
+
+
+@contextlib.contextmanager
+def _eval_mode(model: nn.Module) -> Iterator[None]:
+    """Eval mode (no dropout) for a step of the model; its mode restored after."""
+    training = model.training
+    if training:
+        model.eval()
+    try:
+        yield
+    finally:
+        if training:
+            model.train(True)
 
 
 @contextlib.contextmanager

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor, nn
@@ -91,14 +91,11 @@ def lean_decode(
     stop_ids: Tensor,
     stop_strings=None,
     pad_id: int = 0,
-    on_token: Callable[[int], None] | None = None,
 ) -> Responses:
     """Prefill, then sample one token per row per forward until every row stopped or
     ``sampling.max_new_tokens`` were drawn. ``rows``: ``input_ids``, ``attention_mask``,
     ``position_ids`` [N, P] on the model's device; ``keys``: one sampler key per row;
-    ``stop_strings``: a transformers ``StopStringCriteria`` or None; ``on_token(t)``:
-    called after the tokens at response position ``t`` were drawn, before the next
-    forward (`HFRolloutEngine.decode_hook`)."""
+    ``stop_strings``: a transformers ``StopStringCriteria`` or None."""
     from transformers import DynamicCache
 
     ids, mask, positions = rows["input_ids"], rows["attention_mask"], rows["position_ids"]
@@ -137,8 +134,6 @@ def lean_decode(
         done |= hit
         if bool(done.all()):
             break
-        if on_token is not None:
-            on_token(step)
         inputs = chosen[:, None]
         mask = torch.cat([mask, mask.new_ones(n_rows, 1)], dim=1)
         step_positions = step_positions[:, -1:] + 1

@@ -34,9 +34,9 @@ in single-turn rollouts, a sampled token's position being its column in the
 response, so an episode replays alone, in any batch, in any process (given tools
 that answer the same).
 
-The engine decides how turns interleave: the native engine parks a sample waiting
-for its tools and keeps decoding the others (continuous batching), the HF engine
-decodes in rounds (`rayrl.engines.rollout.multi_turn_hf`).
+Turns interleave in the one turn loop (`rayrl.engines.rollout.loop`) over either
+engine's request API: a sample waiting for its tools is parked with its KV cache and
+the others keep decoding (continuous batching); its answer is prefilled onto its cache.
 
 On a tensor-parallel native engine every rank of the replica calls ``generate`` with
 the same prompts; the environments and tools run on TP rank 0 only, whose answers the
@@ -47,14 +47,15 @@ returns TP rank 0's output (the worker keeps the replica's first rank's).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from rayrl.batch import Batch
+from rayrl.config.multi_turn import MultiTurnConfig, check_multi_turn
 from rayrl.engines.rollout.contract import (
     Responses,
     assemble_output,
@@ -67,6 +68,7 @@ from rayrl.engines.rollout.native import NativeRolloutEngine
 from rayrl.engines.rollout.native.tp import TensorParallel
 from rayrl.engines.rollout.native.tp_turns import FollowerTurns
 from rayrl.engines.rollout.sampling import SamplingParams, sample_keys
+from rayrl.engines.rollout.turns import TurnDriver
 from rayrl.envs import (
     Environment,
     Episode,
@@ -83,52 +85,10 @@ from rayrl.envs.toolbox import CLOSE_ERROR, OK, TIMEOUT
 if TYPE_CHECKING:
     from rayrl.engines.rollout.hf import HFRolloutEngine
 
-__all__ = ["MultiTurnConfig", "MultiTurnRollout", "multi_turn_metrics"]
+__all__ = ["Decode", "MultiTurnConfig", "MultiTurnRollout", "multi_turn_metrics"]
 
-
-@dataclass
-class MultiTurnConfig:
-    """How episodes run (verl's ``actor_rollout_ref.rollout.multi_turn`` names).
-
-    Attributes:
-        format: the tool-call format (a ``TOOL_PARSERS`` name; verl's ``format``).
-        environment: the environment of rows without an ``agent_name``.
-        environment_config: settings given to every environment.
-        max_assistant_turns: assistant turns per episode at most (None: no limit).
-        max_user_turns: observations per episode at most (None: no limit).
-        max_parallel_calls: tool calls run per assistant turn at most.
-        max_tool_response_tokens: tokens of each observation message at most (cut and
-            marked; None: no limit).
-        tool_response_truncate_side: ``left``, ``right`` or ``middle`` (verl's).
-        tool_timeout_s: a tool call's timeout, unless the tool sets its own.
-        env_timeout_s: an environment step's timeout (all of one turn's calls).
-        max_concurrent_tools: tool calls running at once at most, over all episodes.
-        stop_at_tool_call_end: end a turn at the first complete tool call (hermes:
-            ``</tool_call>``) rather than at EOS.
-        chat_template_kwargs: extra arguments of the chat template.
-    """
-
-    format: str = "hermes"
-    environment: str = "tools"
-    environment_config: dict[str, Any] = field(default_factory=dict)
-    max_assistant_turns: int | None = None
-    max_user_turns: int | None = None
-    max_parallel_calls: int = 1
-    max_tool_response_tokens: int | None = 256
-    tool_response_truncate_side: str = "middle"
-    tool_timeout_s: float = 30.0
-    env_timeout_s: float = 600.0
-    max_concurrent_tools: int = 16
-    stop_at_tool_call_end: bool = False
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        for name in ("max_assistant_turns", "max_user_turns"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"multi_turn.{name}={value} must be >= 1 (or null: no limit).")
-        if self.tool_timeout_s <= 0 or self.env_timeout_s <= 0:
-            raise ValueError("multi_turn: tool_timeout_s and env_timeout_s must be > 0.")
+# decode(token_lists, sampling, keys, driver) -> the samples' responses (every turn)
+Decode = Callable[[list[list[int]], SamplingParams, np.ndarray, TurnDriver], Responses]
 
 
 class MultiTurnRollout:
@@ -137,10 +97,15 @@ class MultiTurnRollout:
     Args:
         engine: an `HFRolloutEngine` or a `NativeRolloutEngine`.
         tools: tools, or config entries for `rayrl.envs.build_tools`.
-        config: the episode settings.
+        config: the episode settings: the config's ``actor_rollout_ref.rollout.multi_turn``
+            group (`rayrl.config.multi_turn.MultiTurnConfig`, checked here as at load).
         tokenizer: the model's tokenizer (default: the engine's).
         interactions: simulated users by name (verl's interactions,
             `rayrl.envs.interaction`), for the environments that take them.
+        environment: the environment of rows without an ``agent_name`` (verl's
+            ``agent.default_agent_loop``).
+        chat_template_kwargs: extra arguments of the chat template
+            (``data.apply_chat_template_kwargs``).
     """
 
     def __init__(
@@ -150,6 +115,9 @@ class MultiTurnRollout:
         config: MultiTurnConfig | None = None,
         tokenizer=None,
         interactions: Mapping[str, Any] | None = None,
+        *,
+        environment: str = "tools",
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         from rayrl.engines.rollout.hf import HFRolloutEngine  # imports transformers
 
@@ -159,6 +127,8 @@ class MultiTurnRollout:
             )
         self.engine = engine
         self.config = config or MultiTurnConfig()
+        check_multi_turn(self.config)
+        self.environment = environment
         self.interactions = dict(interactions or {})
         self.tokenizer = tokenizer or engine.tokenizer
         if self.tokenizer is None:
@@ -176,13 +146,13 @@ class MultiTurnRollout:
         )
         self.format = TurnFormat(
             self.tokenizer,
-            max_message_tokens=c.max_tool_response_tokens,
+            max_message_tokens=c.max_tool_response_length,
             truncate_side=c.tool_response_truncate_side,
-            template_kwargs=c.chat_template_kwargs,
+            template_kwargs=dict(chat_template_kwargs or {}),
             keep_special_tokens=self.parser.keeps_special_tokens,
         )
         self.format.pieces(("tool",))  # a template that cannot render tool turns fails here
-        self._environment(c.environment)  # an unknown environment fails here, not per row
+        self._environment(environment)  # an unknown environment fails here, not per row
         self.last_stats: dict[str, float] = {}
 
     @property
@@ -191,15 +161,23 @@ class MultiTurnRollout:
         return self.toolbox.schemas
 
     # -------------------------------------------------------------- generate
-    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
-        """Episodes for ``sampling.n`` samples of each prompt (module docstring)."""
+    def generate(
+        self, prompts: Batch, sampling: SamplingParams, decode: Decode | None = None
+    ) -> Batch:
+        """Episodes for ``sampling.n`` samples of each prompt (module docstring).
+
+        ``decode(token_lists, sampling, keys, driver)`` runs the samples' turns (default:
+        the engine's own loop, ``engine.generate_token_ids``); a rollout service passes
+        its shared loop. When it raises (an aborted call), the episodes' environments
+        are closed before the error goes on."""
+        decode = decode or self._engine_decode
         prompts = check_prompts(prompts, "MultiTurnRollout.generate")
         rows, uids = expand_samples(prompts, sampling.n)
         keys = sample_keys(sampling.seed, int(prompts.meta["step"]), uids)
         sampling = self._turn_sampling(sampling)
         tp = self._tensor_parallel()
         if tp is not None and tp.rank != 0:
-            return self._follow(prompts, rows, keys, sampling, tp)
+            return self._follow(prompts, rows, keys, sampling, tp, decode)
         start = time.perf_counter()
         episodes = Episodes(
             [self._episode(rows, i, uid) for i, uid in enumerate(uids)],
@@ -210,7 +188,11 @@ class MultiTurnRollout:
             max_user_turns=self.config.max_user_turns,
             env_timeout_s=self.config.env_timeout_s,
         )
-        out = self._decode(prompts, rows, keys, sampling, episodes)
+        try:
+            out = self._decode(prompts, rows, keys, sampling, episodes, decode)
+        except BaseException:
+            self._close(episodes)
+            raise
         try:
             batch = self._assemble(rows, uids, out, sampling, episodes, start)
         except BaseException as err:
@@ -239,10 +221,10 @@ class MultiTurnRollout:
         """The engine's TP group (None: one rank holds the whole model)."""
         return getattr(self.engine, "tp", None)
 
-    def _follow(self, prompts, rows, keys, sampling, tp: TensorParallel) -> Batch:
+    def _follow(self, prompts, rows, keys, sampling, tp: TensorParallel, decode) -> Batch:
         """A TP rank other than 0: decode in lockstep with TP rank 0, whose environments
         answer every turn (`tp_turns`), then return TP rank 0's output."""
-        self._decode(prompts, rows, keys, sampling, FollowerTurns())
+        self._decode(prompts, rows, keys, sampling, FollowerTurns(), decode)
         shared = tp.broadcast_object(None)
         if isinstance(shared, str):
             raise RuntimeError(
@@ -256,17 +238,17 @@ class MultiTurnRollout:
         stops = tuple(s for s in self.parser.stop if s not in sampling.stop)
         return replace(sampling, stop=sampling.stop + stops) if stops else sampling
 
-    def _decode(self, prompts, rows, keys, sampling, episodes) -> Responses:
+    def _decode(self, prompts, rows, keys, sampling, episodes, decode: Decode) -> Responses:
+        """The episodes' turns through ``decode`` (the one turn loop)."""
         if not len(rows):
             none = torch.zeros(0, 0)
             return Responses(none.long(), none.sum(1).long(), none, none.sum(1).bool())
-        if isinstance(self.engine, NativeRolloutEngine):
-            ids, mask = prompts.tensors["input_ids"], prompts.tensors["attention_mask"].bool()
-            token_lists = [row[m].tolist() for row, m in zip(ids, mask, strict=True)]
-            return self.engine.generate_token_ids(
-                token_lists, sampling, keys=keys.numpy(), turns=episodes
-            )
-        return self.engine.generate_turns(rows, keys, sampling, episodes)
+        ids, mask = prompts.tensors["input_ids"], prompts.tensors["attention_mask"].bool()
+        token_lists = [row[m].tolist() for row, m in zip(ids, mask, strict=True)]
+        return decode(token_lists, sampling, keys.numpy(), episodes)
+
+    def _engine_decode(self, token_lists, sampling, keys, driver) -> Responses:
+        return self.engine.generate_token_ids(token_lists, sampling, keys=keys, turns=driver)
 
     def _episode(self, rows: Batch, i: int, uid: str) -> EpisodeState:
         row = {k: v[i] for k, v in rows.non_tensors.items()}
@@ -279,11 +261,11 @@ class MultiTurnRollout:
         episode = Episode(uid, messages, dict(extra), tools_kwargs, row.get("data_source"))
         state = EpisodeState(None, [dict(m) for m in messages])
         try:
-            env = self._environment(agent or self.config.environment)
+            env = self._environment(agent or self.environment)
             env.reset(episode)
         except Exception as err:  # a broken row or environment: a single-turn sample
             state.events["env_errors"] += 1
-            state.errors.append(f"environment {agent or self.config.environment!r}: {err}")
+            state.errors.append(f"environment {agent or self.environment!r}: {err}")
             return state
         state.env = env
         return state

@@ -118,6 +118,20 @@ class SamplingParams:
             if not ok:
                 raise ValueError(f"SamplingParams: {message}.")
 
+    def drawing(self) -> SamplingParams:
+        """The settings a decode step draws and stops by (temperature, top-k, top-p,
+        greedy, stop ids and strings), without the per-request ones (n, length, seed):
+        requests decoded in one step must agree on these."""
+        return SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            stop_token_ids=self.stop_token_ids,
+            stop=self.stop,
+            do_sample=self.do_sample,
+            ignore_eos=self.ignore_eos,
+        )
+
     @property
     def greedy(self) -> bool:
         """True when tokens are the argmax of the raw logits (no randomness)."""

@@ -31,9 +31,10 @@ broadcast (`tp_turns`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from torch import nn
 from rayrl.batch import Batch
 from rayrl.engines.rollout.base import ROLLOUT_ENGINES, RolloutEngine, WeightSource
 from rayrl.engines.rollout.contract import Responses, assemble_output, check_prompts, expand_samples
+from rayrl.engines.rollout.loop import run_batch
 from rayrl.engines.rollout.native.attention import choose_kernels
 from rayrl.engines.rollout.native.kv_cache import BlockAllocator, KVCache, cache_blocks_for
 from rayrl.engines.rollout.native.loop_stats import finished_stats, loop_stats
@@ -53,12 +55,13 @@ from rayrl.engines.rollout.native.prefill_graphs import PREFILL_GRAPH_TOKENS, Pr
 from rayrl.engines.rollout.native.runner import ModelRunner
 from rayrl.engines.rollout.native.scheduler import Scheduler
 from rayrl.engines.rollout.native.spec import ModelSpec, UnsupportedModelError, rotary_tables
-from rayrl.engines.rollout.native.step_loop import StepLoop
+from rayrl.engines.rollout.native.step_loop import Stepper
 from rayrl.engines.rollout.native.stops import StopStrings
 from rayrl.engines.rollout.native.tp import call_fingerprint, digest, tensor_parallel_for
 from rayrl.engines.rollout.native.tp_sampler import SplitVocabSampler
 from rayrl.engines.rollout.native.tp_turns import LockstepTurns
 from rayrl.engines.rollout.native.weights import NativeWeights, read_safetensors
+from rayrl.engines.rollout.requests import SampleOutput
 from rayrl.engines.rollout.sampling import SamplingParams, sample_keys
 from rayrl.engines.rollout.special_ids import eos_ids, pad_id
 from rayrl.engines.rollout.turns import TurnDriver
@@ -226,6 +229,18 @@ class NativeRolloutEngine(RolloutEngine):
                 f"{resume_max_wait} must be >= 0."
             )
         self.resume_prefill_cost, self.resume_max_wait = resume_prefill_cost, resume_max_wait
+        self.sched = Scheduler(
+            allocator=BlockAllocator(self.cache.num_blocks),
+            block_size=block_size,
+            max_batched_tokens=max_num_batched_tokens,
+            table=self.runner.table_host,
+            stop_ids=np.zeros(0, dtype=np.int64),
+            resume_cost=resume_prefill_cost,
+            resume_max_wait=resume_max_wait,
+            capacity=max_num_seqs,
+        )
+        self.stats: dict[str, float] = loop_stats(with_turns=True)  # since the engine began
+        self.stepper = Stepper(self.runner, self.sched, overlap_decode, self.stats)
         self._asleep = False
         self.last_stats: dict[str, int] = {}
 
@@ -303,7 +318,8 @@ class NativeRolloutEngine(RolloutEngine):
         max_new_tokens: Sequence[int] | None = None,
         turns: TurnDriver | None = None,
     ) -> Responses:
-        """Generate from unpadded token-id prompts; rows as in `generate` (samples adjacent).
+        """Generate from unpadded token-id prompts; rows as in `generate` (samples
+        adjacent): a thin loop over the request API (`rayrl.engines.rollout.loop`).
 
         Args:
             keys: one int64 sample key per output row (default: from ``sampling.seed``,
@@ -315,6 +331,161 @@ class NativeRolloutEngine(RolloutEngine):
                 parallel, TP rank 0's driver runs the episodes and the other ranks
                 apply its answers (`tp_turns`); they pass `tp_turns.FollowerTurns`.
         """
+        n_rows = len(prompts) * sampling.n
+        if keys is None:
+            uids = [f"{i}/{k}" for i in range(len(prompts)) for k in range(sampling.n)]
+            keys = sample_keys(sampling.seed, 0, uids).numpy()
+        limits = np.full(n_rows, sampling.max_new_tokens, dtype=np.int64)
+        if max_new_tokens is not None:
+            limits = np.asarray(max_new_tokens, dtype=np.int64).reshape(n_rows)
+        arrays = [np.asarray(p, dtype=np.int64) for p in prompts]
+        keys = np.asarray(keys, dtype=np.int64)
+        turns = self.prepare_call(arrays, keys, limits, sampling, turns)
+        if n_rows == 0:
+            empty = torch.zeros(0, 0)
+            return Responses(empty.long(), empty.sum(1).long(), empty, empty.sum(1).bool())
+        with self.measured(with_turns=turns is not None) as timing:
+            return run_batch(self, arrays, sampling, keys, limits, turns, stats=timing)
+
+    def prepare_call(
+        self,
+        prompts: list[np.ndarray],
+        keys: np.ndarray,
+        limits: np.ndarray,
+        sampling: SamplingParams,
+        turns: TurnDriver | None,
+    ) -> TurnDriver | None:
+        """Check a call's prompts before any of them runs; the turn driver to run it
+        with (tensor-parallel: every rank of the replica agrees on the call first, and
+        TP rank 0's episodes are applied in lockstep, `tp_turns`)."""
+        self._check_ready(sampling)
+        if self.tp:  # before anything that could end one rank's call but not another's
+            self.tp.agree(call_fingerprint(prompts, keys, limits, sampling), "prompts or sampling")
+        self._check_lengths(prompts, limits, sampling.n)
+        if turns is not None and self.tp:
+            turns = LockstepTurns(turns, self.tp)
+        return turns
+
+    @contextlib.contextmanager
+    def measured(self, with_turns: bool) -> Iterator[dict[str, float]]:
+        """Time a call into `last_stats`: the engine's counters' growth over it, plus
+        the seconds its caller adds to the dict yielded (its turn loop's)."""
+        before = self._counters()
+        start = time.perf_counter()
+        self.runner.sampler.wait_s = 0.0
+        timing: dict[str, float] = {}
+        try:
+            yield timing
+        finally:
+            self.last_stats = self._call_stats(before, start, timing, with_turns)
+
+    # ------------------------------------------------------------------ requests
+    def add(
+        self,
+        prompt: np.ndarray,
+        keys: np.ndarray,
+        limits: np.ndarray,
+        sampling: SamplingParams,
+        *,
+        park: bool = False,
+    ) -> np.ndarray:
+        """Queue one prompt and its samples (`rayrl.engines.rollout.requests`); their ids."""
+        self._check_ready(sampling)
+        prompt = np.asarray(prompt, dtype=np.int64)
+        limits = np.asarray(limits, dtype=np.int64).reshape(-1)
+        self._check_lengths([prompt], limits, len(limits))
+        drawing = sampling.drawing()
+        if self.sched.live and drawing != self.stepper.sampling:
+            raise ValueError(
+                f"{WHERE}.add: the samples in flight draw with {self.stepper.sampling}; a "
+                f"request drawing with {drawing} must wait until they finish"
+            )
+        if not self.sched.live:
+            self._draw_with(drawing)
+        self._ensure_graphs()
+        return self.sched.add(prompt, limits, keys, park)
+
+    def _draw_with(self, drawing: SamplingParams) -> None:
+        """Set the sampling every live sample shares: the draw, the stop ids and strings."""
+        self.stepper.sampling = drawing
+        stop_ids = [] if drawing.ignore_eos else list(self.eos_ids)
+        stop_ids += [i for i in drawing.stop_token_ids if i not in stop_ids]
+        self.sched.set_stop_ids(np.asarray(stop_ids, dtype=np.int64))
+        self.sched.stop_check = None
+        if drawing.stop:
+            self.sched.stop_check = StopStrings(self.tokenizer, drawing.stop).checker(self.sched)
+
+    def resume(self, sample: int, tokens: np.ndarray) -> None:
+        """Continue a parked sample with ``tokens`` appended (its next turn)."""
+        self.sched.resume(int(sample), tokens)
+
+    def finish(self, sample: int, stopped: bool) -> None:
+        """End a parked sample (``stopped``: finish reason stop, else length)."""
+        self.sched.finish_parked(int(sample), stopped)
+
+    def abort(self, samples) -> None:
+        """End samples wherever they are; their ids still need `release`."""
+        self.sched.abort(samples)
+
+    def step(self) -> list[tuple[int, str]]:
+        """One scheduler pass; the samples finished and turns ended since the last."""
+        self.stepper.step()
+        self.sched.recycle(None if self.stepper.pending is None else self.stepper.pending.samples)
+        return self.sched.take_events()
+
+    def output(self, sample: int) -> SampleOutput:
+        """A sample's response so far (the whole of it once finished)."""
+        sched, length = self.sched, int(self.sched.gen[sample])
+        return SampleOutput(
+            sched.tokens[sample, :length].copy(),
+            sched.log_probs[sample, :length].copy(),
+            sched.versions[sample, :length].copy(),
+            bool(sched.stopped[sample]),
+        )
+
+    def release(self, samples) -> None:
+        """Give finished samples' ids back (reused once no launched step holds them)."""
+        self.sched.release(samples)
+
+    def drain(self) -> None:
+        """Commit the launched step: nothing left in flight (weights may change then)."""
+        self.stepper.drain()
+        self.sched.recycle(None)
+
+    @property
+    def serves_requests(self) -> bool:
+        return True
+
+    @property
+    def busy(self) -> bool:
+        return self.stepper.busy
+
+    @property
+    def stalled(self) -> bool:
+        return self.stepper.stalled
+
+    @property
+    def parked(self) -> int:
+        return len(self.sched.parked)
+
+    @property
+    def live(self) -> int:
+        return self.sched.live
+
+    @property
+    def draws_with(self) -> SamplingParams | None:
+        return self.stepper.sampling if self.sched.live else None
+
+    @property
+    def version(self) -> int:
+        """The policy version the tokens drawn now are tagged with."""
+        return self.sched.version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self.sched.version = int(value)
+
+    def _check_ready(self, sampling: SamplingParams) -> None:
         if self._asleep:
             raise RuntimeError(f"{WHERE}.generate: the engine is asleep; call wake() first.")
         if self._unset:
@@ -328,29 +499,6 @@ class NativeRolloutEngine(RolloutEngine):
                 f"{WHERE}.generate: stop strings need a tokenizer; build the engine with "
                 "tokenizer=... or drop SamplingParams.stop."
             )
-        n_rows = len(prompts) * sampling.n
-        if keys is None:
-            uids = [f"{i}/{k}" for i in range(len(prompts)) for k in range(sampling.n)]
-            keys = sample_keys(sampling.seed, 0, uids).numpy()
-        limits = np.full(n_rows, sampling.max_new_tokens, dtype=np.int64)
-        if max_new_tokens is not None:
-            limits = np.asarray(max_new_tokens, dtype=np.int64).reshape(n_rows)
-        arrays = [np.asarray(p, dtype=np.int64) for p in prompts]
-        keys = np.asarray(keys, dtype=np.int64)
-        if self.tp:  # before anything that could end one rank's call but not another's
-            self.tp.agree(call_fingerprint(arrays, keys, limits, sampling), "prompts or sampling")
-        self._check_lengths(arrays, limits, sampling.n)
-        if n_rows == 0:
-            empty = torch.zeros(0, 0)
-            return Responses(empty.long(), empty.sum(1).long(), empty, empty.sum(1).bool())
-        sched = self._run(arrays, sampling, keys, limits, turns)
-        width = int(sched.gen.max())
-        return Responses(
-            tokens=torch.from_numpy(sched.tokens[:, :width].copy()),
-            lengths=torch.from_numpy(sched.gen.copy()),
-            log_probs=torch.from_numpy(sched.log_probs[:, :width].copy()),
-            stopped=torch.from_numpy(sched.stopped.copy()),
-        )
 
     def _check_lengths(self, prompts: list[np.ndarray], limits: np.ndarray, n: int) -> None:
         for i, p in enumerate(prompts):
@@ -366,44 +514,28 @@ class NativeRolloutEngine(RolloutEngine):
                     "it, lower max_new_tokens, or build the engine with a larger max_model_len."
                 )
 
-    def _run(
-        self, prompts, sampling: SamplingParams, keys: np.ndarray, limits, turns=None
-    ) -> Scheduler:
-        stop_ids = [] if sampling.ignore_eos else list(self.eos_ids)
-        stop_ids += [i for i in sampling.stop_token_ids if i not in stop_ids]
-        sched = Scheduler(
-            prompts,
-            sampling.n,
-            limits,
-            allocator=BlockAllocator(self.cache.num_blocks),
-            block_size=self.block_size,
-            max_batched_tokens=self.max_num_batched_tokens,
-            table=self.runner.table_host,
-            stop_ids=np.asarray(stop_ids, dtype=np.int64),
-            resume_cost=self.resume_prefill_cost,
-            resume_max_wait=self.resume_max_wait,
-        )
-        if sampling.stop:
-            stops = StopStrings(self.tokenizer, sampling.stop)
-            sched.stop_check = stops.checker(sched.tokens, sched.turn_start)
-        if turns is not None and self.tp:  # TP rank 0's episodes, applied in lockstep
-            turns = LockstepTurns(turns, self.tp)
-        if turns is not None:
-            sched.on_turn_end = lambda s: turns.turn_ended(
-                s, sched.tokens[s, : sched.gen[s]].copy()
-            )
-        self._ensure_graphs()
-        stats = loop_stats(with_turns=turns is not None)
-        before = self._graph_counts()
-        start, self.runner.sampler.wait_s = time.perf_counter(), 0.0
-        StepLoop(self.runner, sched, keys, sampling, self.overlap, turns, stats).run()
+    def _counters(self) -> dict[str, float]:
+        """The engine's counters now (`stats`, graph captures, the scheduler's)."""
+        sched = self.sched
+        scheduler = {
+            "preemptions": sched.preemptions,
+            "resumed_turns": sched.resumes,
+            "reclaimed_kv": sched.reclaimed,
+        }
+        return {**self.stats, **self._graph_counts(), **scheduler}
+
+    def _call_stats(
+        self, before: dict, start: float, timing: dict, with_turns: bool
+    ) -> dict[str, Any]:
+        """One generation's stats (`last_stats`): the counters' growth over it, its
+        seconds, the time blocked on the device's results (`wait_s`; the rest of
+        `run_s` is host work the device waited for) and on the turn driver."""
+        after = self._counters()
+        stats = {k: v - before.get(k, 0) for k, v in after.items()}
         stats["run_s"] = time.perf_counter() - start
-        # Time blocked on the device's results; the rest of `run_s` is host work that
-        # the device waited for (scheduling, inputs, launches).
         stats["wait_s"] = self.runner.sampler.wait_s
-        stats.update({k: v - before[k] for k, v in self._graph_counts().items()})
-        self.last_stats = finished_stats(stats, sched, with_turns=turns is not None)
-        return sched
+        stats.update(timing)
+        return finished_stats(stats, with_turns=with_turns)
 
     def _graph_counts(self) -> dict[str, float]:
         """So far, by the current `DecodeGraphs` and `PrefillGraphs`: the graphs captured,
@@ -427,8 +559,13 @@ class NativeRolloutEngine(RolloutEngine):
             )
 
     # ------------------------------------------------------------------ weights
-    def update_weights(self, weights: WeightSource, *, sharded: bool = False) -> int:
+    def update_weights(
+        self, weights: WeightSource, *, sharded: bool = False, version: int | None = None
+    ) -> int:
         """Copy HF-named tensors into the engine's weights in place (converted to its dtype).
+
+        Samples may be in flight: the launched step is committed first, they keep their
+        KV caches, and every token drawn afterwards carries ``version`` (when given).
 
         Tensor-parallel, every rank of the group is updated, each on its own: whole
         tensors are narrowed to the rank's part before the copy; with ``sharded`` the
@@ -438,6 +575,9 @@ class NativeRolloutEngine(RolloutEngine):
             KeyError: a name the model does not have (with the closest names it has).
             ValueError: a tensor whose shape differs from the model's.
         """
+        self.drain()
+        if version is not None:
+            self.sched.version = int(version)
         if not self._unset:
             return self.weights.load(weights, f"{WHERE}.update_weights", sharded)
         seen: list[str] = []
@@ -467,6 +607,11 @@ class NativeRolloutEngine(RolloutEngine):
         torch's allocator is handed back to the device by emptying that cache."""
         if self._asleep:
             return
+        if self.busy:
+            raise RuntimeError(
+                f"{WHERE}.sleep: {self.sched.live} samples are in flight; finish or abort "
+                "them before the KV cache is freed"
+            )
         self._asleep = True
         if not self.cache.fixed_address:  # the graphs hold the cache's address
             self.runner.graphs = self.runner.prefill_graphs = None

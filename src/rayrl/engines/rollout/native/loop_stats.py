@@ -43,18 +43,24 @@ def loop_stats(with_turns: bool) -> dict[str, Any]:
     }
     if with_turns:
         # Of prefill_steps: queued behind a decode step in flight, their tokens left on
-        # the device for the next decode step (`StepLoop._prefill`).
+        # the device for the next decode step (`Stepper._prefill`).
         stats["overlapped_prefills"] = 0
         stats["turn_wait_s"] = 0.0  # blocked on the driver with nothing to run
         stats["turns_s"] = 0.0  # taking and applying the driver's answers otherwise
     return stats
 
 
-def finished_stats(stats: dict[str, Any], sched: Any, with_turns: bool) -> dict[str, Any]:
-    """A finished loop's stats: seconds rounded, the scheduler's preemptions, and for
-    multi-turn episodes its resumed turns and reclaimed KV blocks."""
+def finished_stats(stats: dict[str, Any], with_turns: bool) -> dict[str, Any]:
+    """A finished generation's stats (the engine's counters' growth over it): seconds
+    rounded; without multi-turn episodes, the turn counters left out."""
     out = {k: round(v, 4) if k in TIMED else v for k, v in stats.items()}
-    out["preemptions"] = sched.preemptions
-    if with_turns:
-        out.update(resumed_turns=sched.resumes, reclaimed_kv=sched.reclaimed)
+    if not with_turns:
+        for key in (
+            "overlapped_prefills",
+            "turn_wait_s",
+            "turns_s",
+            "resumed_turns",
+            "reclaimed_kv",
+        ):
+            out.pop(key, None)
     return out

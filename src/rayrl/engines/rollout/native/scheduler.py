@@ -1,7 +1,10 @@
 """Continuous batching: which tokens the next step runs, and the bookkeeping after it.
 
-Samples are numbered 0..N-1 (sample k of prompt i is ``i * n + k``). A *job* is a
-prefill to run: a prompt's tokens and the n samples that fork from it, or a preempted
+The scheduler lives as long as its engine and serves *requests*: `add` queues a prompt
+with the samples that fork from it (each with its length limit, sampler key and
+whether it parks at the end of a turn), and returns their sample ids; `abort` drops
+samples wherever they are; `release` gives a read sample's id back for reuse. A *job* is
+a prefill to run: a prompt's tokens and the samples that fork from it, or a preempted
 sample's prompt plus what it had generated (recomputed, then it carries on). Each step
 is either
 
@@ -12,10 +15,13 @@ is either
 
 A job that finishes its prefill forks into its samples: the first takes the job's
 blocks, the others share its full blocks and get a copy of the last, partly filled one.
-Sampled tokens are appended; a sample ends at a stop token, a stop string or its length
-limit, and frees its slot and blocks at once, so a waiting job can join the next step.
-When a decode step needs a block and none is free, the most recently admitted sample
-is preempted: its blocks are freed and it waits, first in line, to be recomputed.
+Sampled tokens are appended, each tagged with the policy `version` the engine held
+when it drew it; a sample ends at a stop token, a stop string or its length limit, and
+frees its slot and blocks at once, so a waiting job can join the next step. When a
+decode step needs a block and none is free, the most recently admitted sample is
+preempted: its blocks are freed and it waits, first in line, to be recomputed. What
+happened to samples goes into `events` (a sample done, a turn ended), which the engine
+hands to its caller after each step.
 
 A decode step is *launched* (`launch_decode`: positions and counts advance, samples
 at their length limit leave the batch) before its tokens are *committed*
@@ -23,16 +29,17 @@ at their length limit leave the batch) before its tokens are *committed*
 of each sample it completes (`launch_prefill`, then `commit_decode`). Between the two,
 the engine may plan and launch the next step (`can_overlap`), whose input tokens stay
 on the device: a sample that turns out to have stopped ran one step too many, and that
-step's token is dropped at its commit (never written, never counted).
+step's token is dropped at its commit (never written, never counted). For the same
+reason a released sample id is reused only once no launched step holds it (`recycle`).
 
-Multi-turn episodes (``on_turn_end`` set): a sample that stops with room left is
-*parked* instead of finished: it leaves the running set and gives back its sequence
-slot, but keeps its KV blocks, and ``on_turn_end(sample)`` is called. Other samples
-keep decoding meanwhile. The driver later either `resume`s it with tokens to append
-(a tool's response and the turn separators), which become a prefill job that starts
-where the sample's cache ends (so only the new tokens are computed), or ends it
-(`finish_parked`). A token of a parked sample that an overlapped step drew a step
-late is dropped, as for a finished one. When KV blocks run short, parked samples (and
+Multi-turn episodes (samples added with ``park``): a sample that stops with room left
+is *parked* instead of finished: it leaves the running set and gives back its sequence
+slot, but keeps its KV blocks, and a turn event is queued. Other samples keep decoding
+meanwhile. The caller later either `resume`s it with tokens to append (a tool's
+response and the turn separators), which become a prefill job that starts where the
+sample's cache ends (so only the new tokens are computed), or ends it
+(`finish_parked`). A token of a parked sample that an overlapped step drew a step late
+is dropped, as for a finished one. When KV blocks run short, parked samples (and
 resumed jobs still waiting) give theirs up first (`_reclaim`); such a sample is then
 recomputed from its prompt and everything in its response, like a preempted one.
 A prefill step stalls every running sample, so while others decode, resumed samples
@@ -45,8 +52,8 @@ are prefilled at once; ``resume_cost=0`` prefills every answer at the next step.
 Responses hold the appended tokens too: ``tokens[s, :gen[s]]`` is the whole
 multi-turn continuation, and a sampled token's position is its column there.
 
-All per-sample state lives in numpy arrays so a decode step's bookkeeping is a few
-vectorised operations, whatever the batch size.
+All per-sample state lives in numpy arrays (grown as requests need) so a decode
+step's bookkeeping is a few vectorised operations, whatever the batch size.
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rayrl.engines.rollout.native.kv_cache import BlockAllocator
+from rayrl.engines.rollout.requests import DONE, TURN
 
 __all__ = ["Chunk", "Job", "Scheduler"]
 
@@ -92,9 +100,6 @@ class Scheduler:
 
     def __init__(
         self,
-        prompts: list[np.ndarray],
-        n: int,
-        max_new: np.ndarray,
         *,
         allocator: BlockAllocator,
         block_size: int,
@@ -104,54 +109,186 @@ class Scheduler:
         stop_check: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
         resume_cost: float = 0.0,
         resume_max_wait: int = 16,
+        capacity: int = 64,
+        width: int = 16,
     ) -> None:
-        self.prompts, self.n = prompts, n
-        total = len(prompts) * n
-        self.max_new = np.asarray(max_new, dtype=np.int64).reshape(total)
         self.alloc, self.block_size = allocator, block_size
         self.max_batched_tokens = max_batched_tokens
-        self.stop_ids, self.stop_check = stop_ids, stop_check
-        # stop_ids as a lookup table by token id: a step's stop test is one gather,
-        # whatever the number of stop ids (np.isin sorts them at every call).
-        self._is_stop = np.zeros(int(stop_ids.max()) + 1 if len(stop_ids) else 0, dtype=bool)
-        self._is_stop[np.asarray(stop_ids, dtype=np.int64)] = True
-        width = int(self.max_new.max()) if total else 0
-        self.tokens = np.zeros((total, width), dtype=np.int64)
-        self.log_probs = np.zeros((total, width), dtype=np.float32)
-        self.gen = np.zeros(total, dtype=np.int64)  # tokens generated so far
-        self.kv_len = np.zeros(total, dtype=np.int64)  # tokens whose K/V is in the cache
-        self.slot = np.full(total, -1, dtype=np.int64)  # block-table row while alive
-        self.stopped = np.zeros(total, dtype=bool)
-        self.finished = np.zeros(total, dtype=bool)
-        self.blocks: list[list[int]] = [[] for _ in range(total)]
-        self.n_blocks = np.zeros(total, dtype=np.int64)  # len(self.blocks[s])
         self.table = table  # [max_seqs, blocks per row] int32, shared with the runner
+        self.watermark = max(1, allocator.num_blocks // 100)
+        self.resume_cost, self.resume_max_wait = resume_cost, resume_max_wait
+        self.stop_check = stop_check
+        self.set_stop_ids(stop_ids)
+        self.version = 0  # the policy version tokens drawn now are tagged with
+        self.capacity, self.width = 0, 0
+        self._grow(max(1, capacity), max(1, width))
+        self.prompt_of: list[np.ndarray | None] = [None] * self.capacity
+        self.blocks: list[list[int]] = [[] for _ in range(self.capacity)]
+        self.free_ids: list[int] = list(range(self.capacity - 1, -1, -1))
+        self.retired: list[int] = []  # released ids not yet safe to reuse (`recycle`)
         self.dirty_rows: set[int] = set()
         self.pending_copies: list[tuple[int, int]] = []  # (src, dst) blocks to copy first
         self.free_slots = list(range(len(table) - 1, -1, -1))
-        self.waiting: deque[Job] = deque(
-            Job(np.asarray(p, dtype=np.int64), [i * n + k for k in range(n)])
-            for i, p in enumerate(prompts)
-        )
+        self.waiting: deque[Job] = deque()
         self.prefilling: list[Job] = []
         self.running: dict[int, None] = {}  # insertion order = admission order
-        self.preemptions = 0
-        self._where = np.zeros(total, dtype=np.int64)  # scratch of `rows_in`
-        self.watermark = max(1, allocator.num_blocks // 100)
-        # Multi-turn episodes (see the module docstring).
-        self.on_turn_end: Callable[[int], None] | None = None
         self.parked: dict[int, None] = {}  # park order: the last one gives its KV first
-        self.paused = np.zeros(total, dtype=bool)  # parked, or resumed and not yet prefilled
-        self.turn_start = np.zeros(total, dtype=np.int64)  # first column of the current turn
-        self.resumes = 0
-        self.reclaimed = 0
-        self.resume_cost, self.resume_max_wait = resume_cost, resume_max_wait
+        self.events: list[tuple[int, str]] = []  # (sample, DONE | TURN) since the last take
+        self.live = 0  # samples added and not finished
+        self.parking = 0  # of them, samples that park at the end of a turn
+        self.preemptions = self.resumes = self.reclaimed = 0
         self.deferred = 0  # decode steps lost by waiting samples since the last admission
         self.deferred_steps = 0  # decode steps run since then while some sample waited
 
+    # ---------------------------------------------------------------- requests
+    def set_stop_ids(self, stop_ids: np.ndarray) -> None:
+        """The token ids that end a turn (no request may be live: they apply to all)."""
+        self.stop_ids = np.asarray(stop_ids, dtype=np.int64)
+        # as a lookup table by token id: a step's stop test is one gather, whatever the
+        # number of stop ids (np.isin sorts them at every call)
+        size = int(self.stop_ids.max()) + 1 if len(self.stop_ids) else 0
+        self._is_stop = np.zeros(size, dtype=bool)
+        self._is_stop[self.stop_ids] = True
+
+    def add(
+        self, prompt: np.ndarray, limits: np.ndarray, keys: np.ndarray, park: bool = False
+    ) -> np.ndarray:
+        """Queue ``prompt`` with ``len(limits)`` samples forking from it, sample k drawing
+        with ``keys[k]`` and at most ``limits[k]`` response tokens; with ``park`` they
+        park at the end of each turn. Returns their sample ids."""
+        limits = np.asarray(limits, dtype=np.int64).reshape(-1)
+        count = len(limits)
+        while len(self.free_ids) < count:
+            self._grow(2 * self.capacity, self.width)
+        if int(limits.max()) > self.width:
+            self._grow(self.capacity, int(limits.max()))
+        ids = np.array([self.free_ids.pop() for _ in range(count)], dtype=np.int64)
+        prompt = np.asarray(prompt, dtype=np.int64)
+        for s in ids.tolist():
+            self.prompt_of[s] = prompt
+            self.blocks[s] = []
+        self.max_new[ids] = limits
+        self.keys[ids] = np.asarray(keys, dtype=np.int64).reshape(count)
+        for name in ("gen", "kv_len", "n_blocks", "turn_start"):
+            getattr(self, name)[ids] = 0
+        self.slot[ids] = -1
+        self.tokens[ids] = 0
+        self.log_probs[ids] = 0.0
+        self.versions[ids] = self.version
+        for flags in (self.stopped, self.finished, self.paused, self.aborted):
+            flags[ids] = False
+        self.parks[ids] = park
+        self.live += count
+        self.parking += count if park else 0
+        self.waiting.append(Job(prompt, ids.tolist()))
+        return ids
+
+    def abort(self, samples) -> None:
+        """End these samples wherever they are (waiting, prefilling, running, parked);
+        they get no event, and their late tokens are dropped. Finished ones stay."""
+        for s in [int(s) for s in samples]:
+            if self.finished[s]:
+                continue
+            self.aborted[s] = True
+            if s in self.running:
+                self._finish(s)
+            elif s in self.parked:
+                del self.parked[s]
+                self._release_blocks(s)
+                self._end(s)
+            elif not self._drop_waiting(s) and not self._in_prefill(s):
+                self._release(s)  # out of the batch at its length limit, not yet committed
+                self._end(s)
+
+    def _drop_waiting(self, sample: int) -> bool:
+        """Take ``sample`` out of the job waiting with it (the job goes when empty)."""
+        for job in self.waiting:
+            if sample in job.samples:
+                job.samples.remove(sample)
+                if not job.samples:
+                    self.waiting.remove(job)
+                    if job.blocks:  # a resumed job holds its cached prefix
+                        self.alloc.release(job.blocks)
+                self._release_blocks(sample)
+                self._end(sample)
+                return True
+        return False
+
+    def _in_prefill(self, sample: int) -> bool:
+        """True when ``sample``'s job is mid-prefill: it ends when the job forks."""
+        return any(sample in job.samples for job in self.prefilling)
+
+    def release(self, samples) -> None:
+        """Ids of finished samples whose output was read: reusable once no launched step
+        can still hold them (`recycle`)."""
+        for s in [int(s) for s in samples]:
+            if not self.finished[s]:
+                raise ValueError(f"native rollout engine: sample {s} is not finished")
+            self.prompt_of[s] = None
+            self.retired.append(s)
+
+    def recycle(self, in_flight: np.ndarray | None) -> None:
+        """Make retired ids reusable, but those a launched step still holds."""
+        if not self.retired:
+            return
+        keep = set() if in_flight is None else set(np.asarray(in_flight).tolist())
+        ready = [s for s in self.retired if s not in keep]
+        self.retired = [s for s in self.retired if s in keep]
+        self.free_ids.extend(ready)
+
+    def take_events(self) -> list[tuple[int, str]]:
+        events, self.events = self.events, []
+        return events
+
+    def _grow(self, capacity: int, width: int) -> None:
+        """Per-sample arrays for ``capacity`` samples of ``width`` response tokens."""
+        old_cap, old_width = self.capacity, self.width
+        per_sample = {
+            "max_new": np.int64,
+            "keys": np.int64,
+            "gen": np.int64,  # tokens generated (and appended) so far
+            "kv_len": np.int64,  # tokens whose K/V is in the cache
+            "slot": np.int64,  # block-table row while alive (-1: none)
+            "n_blocks": np.int64,  # len(self.blocks[s])
+            "turn_start": np.int64,  # first column of the current turn
+            "stopped": bool,
+            "finished": bool,
+            "paused": bool,  # parked, or resumed and not yet prefilled
+            "parks": bool,
+            "aborted": bool,
+            "_where": np.int64,  # scratch of `rows_in`
+        }
+        for name, dtype in per_sample.items():
+            grown = np.zeros(capacity, dtype=dtype)
+            if old_cap:
+                grown[:old_cap] = getattr(self, name)
+            setattr(self, name, grown)
+        if old_cap:
+            self.slot[old_cap:] = -1
+        for name, dtype in (
+            ("tokens", np.int64),
+            ("log_probs", np.float32),
+            ("versions", np.int64),
+        ):
+            grown = np.zeros((capacity, width), dtype=dtype)
+            if old_cap:
+                grown[:old_cap, :old_width] = getattr(self, name)
+            setattr(self, name, grown)
+        if old_cap and capacity > old_cap:
+            self.prompt_of.extend([None] * (capacity - old_cap))
+            self.blocks.extend([] for _ in range(capacity - old_cap))
+            self.free_ids = list(range(capacity - 1, old_cap - 1, -1)) + self.free_ids
+        self.capacity, self.width = capacity, width
+
     @property
     def done(self) -> bool:
+        """True when no sample is waiting, prefilling, running or parked."""
         return not (self.waiting or self.prefilling or self.running or self.parked)
+
+    @property
+    def runnable(self) -> bool:
+        """True when a step has something to run (parked samples wait for the caller)."""
+        return bool(self.waiting or self.prefilling or self.running)
 
     # ----------------------------------------------------------------- prefill
     def prefill_due(self) -> bool:
@@ -162,7 +299,7 @@ class Scheduler:
             return True
         if not self.waiting:
             return False
-        if self.on_turn_end is None or self.resume_cost <= 0 or not self.running:
+        if not self.parking or self.resume_cost <= 0 or not self.running:
             return True
         if self.deferred_steps >= self.resume_max_wait:
             return True
@@ -285,6 +422,9 @@ class Scheduler:
             self.kv_len[s] = length
             self.running[s] = None
         self.paused[job.samples] = False
+        for s in job.samples:
+            if self.aborted[s]:  # aborted while its job was prefilling
+                self._finish(s)
 
     # ------------------------------------------------------------------ decode
     def plan_decode(self) -> np.ndarray:
@@ -332,7 +472,7 @@ class Scheduler:
         Samples that reach their length limit with this token leave the batch now (they
         end at the commit); the others carry on into the next step's plan.
         """
-        if self.waiting and self.on_turn_end is not None:
+        if self.waiting and self.parking:
             self.deferred += sum(len(job.samples) for job in self.waiting)
             self.deferred_steps += 1
         at = self.gen[samples].copy()
@@ -375,6 +515,7 @@ class Scheduler:
         """Token ``at[i]`` of sample ``samples[i]`` is known: store it, end stopped samples."""
         self.tokens[samples, at] = tokens
         self.log_probs[samples, at] = log_probs
+        self.versions[samples, at] = self.version
         stop = self._stops(tokens)
         if self.stop_check is not None:
             stop |= self.stop_check(samples, at + 1)
@@ -382,7 +523,7 @@ class Scheduler:
         room = at + 1 < self.max_new[samples]
         ended = stop | ~room
         self.gen[samples[ended]] = at[ended] + 1  # a later step may have advanced it already
-        park = stop & room if self.on_turn_end is not None else np.zeros(len(samples), bool)
+        park = stop & room & self.parks[samples]
         for s in samples[ended & ~park].tolist():
             self._finish(s)
         for s in samples[park].tolist():
@@ -398,8 +539,17 @@ class Scheduler:
         return inside & table[np.where(inside, tokens, 0)]
 
     def _finish(self, sample: int) -> None:
-        self.finished[sample] = True
         self._release(sample)
+        self._end(sample)
+
+    def _end(self, sample: int) -> None:
+        """The sample is finished: counted out, and (unless aborted) a done event."""
+        self.finished[sample] = True
+        self.paused[sample] = False
+        self.live -= 1
+        self.parking -= int(self.parks[sample])
+        if not self.aborted[sample]:
+            self.events.append((sample, DONE))
 
     def _release(self, sample: int) -> None:
         self._release_blocks(sample)
@@ -423,7 +573,7 @@ class Scheduler:
         self._release_slot(sample)
         self.paused[sample] = True
         self.parked[sample] = None
-        self.on_turn_end(sample)
+        self.events.append((sample, TURN))
 
     def resume(self, sample: int, tokens: np.ndarray) -> None:
         """Append ``tokens`` to a parked sample's response; it rejoins after a prefill
@@ -448,7 +598,7 @@ class Scheduler:
         self.log_probs[sample, at : at + count] = 0.0
         self.gen[sample] = at + count
         self.turn_start[sample] = at + count
-        prompt = self.prompts[sample // self.n]
+        prompt = self.prompt_of[sample]
         sequence = np.concatenate([prompt, self.tokens[sample, : at + count]])
         job = Job(sequence, [sample], done=int(self.kv_len[sample]), blocks=self.blocks[sample])
         self.blocks[sample] = []
@@ -458,11 +608,12 @@ class Scheduler:
 
     def finish_parked(self, sample: int, stopped: bool) -> None:
         """End a parked sample's episode (``stopped``: finish reason stop, else length)."""
+        if sample not in self.parked:
+            raise ValueError(f"native rollout engine: sample {sample} is not waiting for a turn.")
         del self.parked[sample]
-        self.paused[sample] = False
         self.stopped[sample] = stopped
-        self.finished[sample] = True
         self._release_blocks(sample)
+        self._end(sample)
 
     def _reclaim(self, needed: int, keep: Job | None = None) -> bool:
         """Free KV blocks of parked samples, then of resumed jobs still waiting (the
@@ -490,7 +641,7 @@ class Scheduler:
 
     def _preempt(self, sample: int) -> None:
         """Free ``sample``'s cache; it waits first in line to recompute prompt + output."""
-        prompt = self.prompts[sample // self.n]
+        prompt = self.prompt_of[sample]
         generated = self.tokens[sample, : self.gen[sample]]
         self._release(sample)
         self.kv_len[sample] = 0

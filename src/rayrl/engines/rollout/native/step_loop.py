@@ -1,5 +1,5 @@
-"""The steps of one generation: prefill and decode steps over a `Scheduler`, run by a
-`ModelRunner`, until every sample has ended.
+"""The steps of the native engine: prefill and decode steps over its `Scheduler`, run by
+its `ModelRunner`, one pass at a time (`Stepper.step`).
 
 A decode step is launched before the last one's tokens are committed where the
 scheduler allows it (`Scheduler.can_overlap`): the device runs one step while the host
@@ -9,11 +9,10 @@ when one is due: with nothing in flight, synchronously (its first tokens committ
 before the next step); in multi-turn episodes, whose resumed turns prefill often and
 little, queued behind the decode step in flight, which the host commits while the
 device runs the prefill, the prefill's first tokens left on the device for the next
-decode step (beside the others' tokens from the host). Multi-turn episodes (a
-`TurnDriver`): the driver's answers are taken at each pass, and while nothing can run
-the loop blocks on the driver.
+decode step (beside the others' tokens from the host). Between passes the engine's
+caller may add, resume, finish or abort samples, or (after `drain`) change weights.
 
-The loop's time goes into ``stats`` (`loop_stats`).
+The steps' time goes into ``stats`` (`loop_stats`).
 """
 
 from __future__ import annotations
@@ -26,56 +25,55 @@ from rayrl import progress
 from rayrl.engines.rollout.native.runner import Launch, ModelRunner
 from rayrl.engines.rollout.native.scheduler import Chunk, Scheduler
 from rayrl.engines.rollout.sampling import SamplingParams
-from rayrl.engines.rollout.turns import Continuation, TurnDriver
 
-__all__ = ["StepLoop"]
+__all__ = ["Stepper"]
 
 
-class StepLoop:
-    """One generation's loop (see the module docstring)."""
+class Stepper:
+    """The engine's step passes (see the module docstring); ``pending`` is the launched
+    step whose tokens are not committed yet."""
 
-    def __init__(
-        self,
-        runner: ModelRunner,
-        sched: Scheduler,
-        keys: np.ndarray,
-        sampling: SamplingParams,
-        overlap: bool,
-        turns: TurnDriver | None,
-        stats: dict,
-    ) -> None:
-        self.runner, self.sched, self.keys, self.sampling = runner, sched, keys, sampling
-        self.overlap, self.turns, self.stats = overlap, turns, stats
+    def __init__(self, runner: ModelRunner, sched: Scheduler, overlap: bool, stats: dict) -> None:
+        self.runner, self.sched, self.overlap, self.stats = runner, sched, overlap, stats
+        self.sampling: SamplingParams | None = None  # of the samples live now
+        self.pending: Launch | None = None
+        self.stalled = False  # the last pass found nothing to run: only the caller can help
 
-    def run(self) -> None:
-        """Step until every sample has ended."""
-        sched, stats, turns = self.sched, self.stats, self.turns
-        pending = None  # a launched step whose tokens are not committed yet
-        idle = False  # the last pass found nothing to run: only the driver can help
-        while not sched.done or pending is not None:
-            if turns is not None and sched.parked:
-                blocked = idle and pending is None
-                since = time.perf_counter()
-                _continue_turns(sched, turns.take_ready(wait=blocked))
-                # blocked: nothing to run, the device idles until an answer comes
-                stats["turn_wait_s" if blocked else "turns_s"] += time.perf_counter() - since
-            idle = False
-            if pending is not None and not (self.overlap and sched.can_overlap()):
-                chunks = sched.plan_prefill() if self._prefill_behind_ok() else []
-                if chunks:  # queued behind the step in flight, which is committed meanwhile
-                    pending = self._prefill(chunks, behind=pending)
-                else:
-                    self._commit(pending)
-                    pending = None
-                continue
-            if pending is None and (chunks := sched.plan_prefill()):
-                self._prefill(chunks)
-                continue
-            launch = self._decode(pending)
-            idle = launch is None and pending is None
-            if pending is not None:  # the device runs `launch` meanwhile
+    @property
+    def keys(self) -> np.ndarray:
+        return self.sched.keys
+
+    @property
+    def busy(self) -> bool:
+        """True while a sample is live or a launched step is not committed."""
+        return not self.sched.done or self.pending is not None
+
+    def step(self) -> None:
+        """One pass: commit, prefill or decode, as the scheduler allows."""
+        sched, pending = self.sched, self.pending
+        self.stalled = False
+        if pending is not None and not (self.overlap and sched.can_overlap()):
+            chunks = sched.plan_prefill() if self._prefill_behind_ok() else []
+            if chunks:  # queued behind the step in flight, which is committed meanwhile
+                self.pending = self._prefill(chunks, behind=pending)
+            else:
                 self._commit(pending)
-            pending = launch
+                self.pending = None
+            return
+        if pending is None and (chunks := sched.plan_prefill()):
+            self._prefill(chunks)
+            return
+        launch = self._decode(pending)
+        self.stalled = launch is None and pending is None
+        if pending is not None:  # the device runs `launch` meanwhile
+            self._commit(pending)
+        self.pending = launch
+
+    def drain(self) -> None:
+        """Commit the launched step, if any: nothing is left in flight."""
+        if self.pending is not None:
+            self._commit(self.pending)
+            self.pending = None
 
     def _decode(self, pending: Launch | None) -> Launch | None:
         """Launch a decode step of every running sample (None: none runs), its input
@@ -100,7 +98,7 @@ class StepLoop:
         """Whether a prefill step due now may be queued behind the step in flight: in
         multi-turn episodes, with overlapped decoding on."""
         sched = self.sched
-        return self.overlap and sched.on_turn_end is not None and sched.prefill_due()
+        return self.overlap and sched.parking > 0 and sched.prefill_due()
 
     def _prefill(self, chunks: list[Chunk], behind: Launch | None = None) -> Launch | None:
         """Run a prefill step of ``chunks`` (`Scheduler.plan_prefill`).
@@ -146,12 +144,3 @@ class StepLoop:
         self.stats["dropped_tokens"] += len(launch.samples) - kept
         progress.tick(tokens=kept)
         self.stats["commit_s"] += time.perf_counter() - since
-
-
-def _continue_turns(sched: Scheduler, answers: list[Continuation]) -> None:
-    """Apply a turn driver's answers: resume each sample with its tokens, or end it."""
-    for answer in answers:
-        if answer.tokens is None:
-            sched.finish_parked(answer.sample, answer.stopped)
-        else:
-            sched.resume(answer.sample, np.asarray(answer.tokens, dtype=np.int64))

@@ -20,16 +20,15 @@ class StopStrings:
         self.tokenizer, self.strings = tokenizer, tuple(strings)
         self.window = max(len(s) for s in self.strings) + 4
 
-    def checker(
-        self, tokens: np.ndarray, starts: np.ndarray | None = None
-    ) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    def checker(self, source) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
         """A function of (sample ids, their lengths) -> bool array, reading the generated
-        ``tokens[s, :length]`` of each sample, from ``starts[s]`` on if given (a
+        ``source.tokens[s, :length]`` of each sample from ``source.turn_start[s]`` on (a
         multi-turn response: only the current turn's tokens, never an appended tool
-        response, can complete a stop string)."""
+        response, can complete a stop string). ``source``'s arrays are read at each call
+        (they may be grown between calls)."""
 
         def check(samples: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-            first = np.zeros(len(samples), np.int64) if starts is None else starts[samples]
+            tokens, first = source.tokens, source.turn_start[samples]
             tails = [
                 tokens[s, max(int(f), n - self.window) : n].tolist()
                 for s, n, f in zip(samples.tolist(), lengths.tolist(), first, strict=True)
