@@ -19,7 +19,10 @@ questions) and prints one JSON object per line:
 - `wall_s`: the whole pipeline, Ray and worker start-ups included (target <= 600).
 
 The demo's own output goes to stderr. Usage: `python bench/e2e_agent_cpu.py [--seed 1]
-[--output-dir DIR]`; extra `KEY=VALUE` arguments override the RL stage.
+[--output-dir DIR] [--mode sync|async]`; extra `KEY=VALUE` arguments override the RL
+stage. `--mode async` trains the RL stage asynchronously (`ASYNC`): one rollout replica
+in a process of its own generates the episodes while the trainer trains, one step ahead
+at most, with partial rollouts and the weights sent after every step.
 """
 
 from __future__ import annotations
@@ -33,6 +36,14 @@ from pathlib import Path
 from _common import emit_line
 
 BENCH = "e2e_agent_cpu"
+# --mode async: the RL stage with a rollout pool of one replica, one-step off-policy
+ASYNC = [
+    "actor_rollout_ref.rollout.mode=async",
+    "rollout.n_gpus_per_node=1",
+    "async_training.trigger_parameter_sync_step=1",
+    "async_training.staleness_threshold=1",
+    "async_training.partial_rollout=true",
+]
 
 
 emit = functools.partial(emit_line, BENCH)
@@ -59,22 +70,24 @@ def main() -> None:
         metavar="SIZE=N",
         help="a tiny-model size in place of the task's (layers, hidden, heads, kv_heads, ...)",
     )
+    parser.add_argument("--mode", choices=("sync", "async"), default="sync")
     parser.add_argument("overrides", nargs="*", help="overrides of the RL stage")
     args = parser.parse_args()
+    rl = (ASYNC if args.mode == "async" else []) + list(args.overrides)
     out = Path(args.output_dir or tempfile.mkdtemp(prefix="rayrl-e2e-agent-"))
     plan = DemoPlan(
         out,
         seed=args.seed,
         shared=["resources.dashboard=false"],  # not needed here; one thing less to start
         sft=args.sft,
-        rl=args.overrides,
+        rl=rl,
         task="tools",
         model={k: int(v) for k, v in (m.split("=", 1) for m in args.model)},
     )
     start = time.perf_counter()
     result = run_pipeline(plan, console(stderr=True))
     wall = time.perf_counter() - start
-    seed = {"seed": args.seed, "val_size": result.val_size}
+    seed = {"seed": args.seed, "val_size": result.val_size, "mode": args.mode}
     emit("accuracy_base", result.accuracy["base"], "fraction", **seed)
     emit("accuracy_after_sft", result.accuracy["sft"], "fraction", **seed)
     emit("accuracy_after_rl", result.accuracy["rl"], "fraction", **seed)

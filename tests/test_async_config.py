@@ -3,6 +3,8 @@ adds (what `rayrl plan` shows), the staleness bound and the correction it turns 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from rayrl.config import load_config
@@ -22,7 +24,6 @@ ASYNC = ["actor_rollout_ref.rollout.mode=async", "trainer.device=cpu"]
         ("rollout.max_replicas=2", "rollout.max_replicas=2 is below the declared replicas"),
         ("algorithm.adv_estimator=remax", "does not support remax's greedy baselines"),
         ("actor_rollout_ref.rollout.mode=later", "rollout.mode='later' is not one of sync"),
-        ("actor_rollout_ref.rollout.multi_turn.enable=true", "does not run multi-turn"),
         ("async_training.weight_transport=nccl", "picks NCCL itself on GPUs"),
         ("async_training.weight_transport=pigeon", "not one of object_store, collective"),
         ("async_training.weight_sync_timeout_s=0", "weight_sync_timeout_s=0.0 must be > 0"),
@@ -31,6 +32,22 @@ ASYNC = ["actor_rollout_ref.rollout.mode=async", "trainer.device=cpu"]
 def test_async_keys_are_checked_before_anything_starts(override, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_config("grpo", [*ASYNC, "rollout.n_gpus_per_node=4", override])
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("async_training.staleness_threshold=-1", "staleness_threshold=-1.0 must be >= 0"),
+        ("async_training.trigger_parameter_sync_step=0", "trigger_parameter_sync_step=0"),
+        ("async_training.prompts_per_call=0", "prompts_per_call=0 must be >= 1"),
+    ],
+)
+def test_async_ranges_are_checked_without_a_rollout_pool_too(override, message):
+    """mode=async with no pool trains synchronously, but a key out of its range is still
+    a config error: it must not wait for the day the pool is declared."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config("grpo", [*ASYNC, override])
+    load_config("grpo", ASYNC)  # in range: a warning, no error
 
 
 def test_the_rollout_pool_comes_last_pinned_per_node_with_its_bundle():

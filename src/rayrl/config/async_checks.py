@@ -26,6 +26,7 @@ def check_async(cfg: RayRLConfig, warn: Callable[[str], None]) -> None:
                 "mode=async too, or leave rollout.n_gpus_per_node at 0"
             )
         return
+    _check_ranges(a)
     if not cfg.asynchronous:
         warn(
             "actor_rollout_ref.rollout.mode=async without a rollout pool "
@@ -49,6 +50,18 @@ def check_async(cfg: RayRLConfig, warn: Callable[[str], None]) -> None:
             f"(rollout.nnodes x rollout.n_gpus_per_node = {declared}); raise it or leave it "
             "unset (null)"
         )
+    alg = cfg.algorithm
+    if alg.filter_groups.enable or alg.adv_estimator == "remax":
+        what = "dynamic sampling" if alg.filter_groups.enable else "remax's greedy baselines"
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.mode=async does not support {what} yet: they generate "
+            "again inside the step; use rollout.mode=sync for them"
+        )
+
+
+def _check_ranges(a) -> None:
+    """The `async_training` keys' ranges: out of range is an error with or without a
+    rollout pool (a config that trains synchronously today may declare one tomorrow)."""
     if a.staleness_threshold < 0:
         raise ConfigError(
             f"async_training.staleness_threshold={a.staleness_threshold} must be >= 0 "
@@ -65,17 +78,4 @@ def check_async(cfg: RayRLConfig, warn: Callable[[str], None]) -> None:
         raise ConfigError(
             f"async_training.weight_sync_timeout_s={a.weight_sync_timeout_s} must be > 0 "
             "seconds, or null (trainer.stage_timeout_s)"
-        )
-    alg = cfg.algorithm
-    if alg.filter_groups.enable or alg.adv_estimator == "remax":
-        what = "dynamic sampling" if alg.filter_groups.enable else "remax's greedy baselines"
-        raise ConfigError(
-            f"actor_rollout_ref.rollout.mode=async does not support {what} yet: they generate "
-            "again inside the step; use rollout.mode=sync for them"
-        )
-    if cfg.actor_rollout_ref.rollout.multi_turn.enable:
-        raise ConfigError(
-            "asynchronous training (a rollout pool, rollout.n_gpus_per_node >= 1) does not run "
-            "multi-turn episodes yet: its replicas decode single turns. Train agents "
-            "synchronously: rollout.n_gpus_per_node=0 (or actor_rollout_ref.rollout.mode=sync)"
         )

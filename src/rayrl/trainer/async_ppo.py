@@ -47,6 +47,7 @@ from rayrl.controller import WorkerGroup
 from rayrl.trainer.async_queue import FINISHED, Prompt, SampleQueue, concat_samples
 from rayrl.trainer.async_rollout import RolloutManager
 from rayrl.trainer.epochs import epoch_batches
+from rayrl.trainer.episodes import episode_metrics, is_multi_turn
 from rayrl.trainer.metrics import timer, usage_metrics
 from rayrl.trainer.ppo import PPOTrainer
 from rayrl.trainer.resources import ROLLOUT_POOL
@@ -283,6 +284,8 @@ class AsyncPPOTrainer(PPOTrainer):
         batch = Batch(batch.tensors, batch.non_tensors, dict(prompts.meta))
         versions = torch.cat([p.versions for p in taken])
         metrics.update(staleness_metrics(ctx.step, versions, batch["response_mask"]))
+        if is_multi_turn(batch):  # the episodes' turns, tool calls and events
+            metrics.update(episode_metrics(batch))
         return self._balanced(batch, metrics, "train", self._parts("train"))
 
     def _async_metrics(self, metrics: dict, timing: dict) -> dict[str, float]:
