@@ -46,8 +46,8 @@ from rayrl.config.schema import AsyncTrainingConfig, RayRLConfig
 from rayrl.controller import WorkerGroup
 from rayrl.trainer.async_queue import FINISHED, Prompt, SampleQueue, concat_samples
 from rayrl.trainer.async_rollout import RolloutManager
-from rayrl.trainer.epochs import epoch_batches
 from rayrl.trainer.episodes import episode_metrics, is_multi_turn
+from rayrl.trainer.epochs import epoch_batches
 from rayrl.trainer.metrics import timer, usage_metrics
 from rayrl.trainer.ppo import PPOTrainer
 from rayrl.trainer.resources import ROLLOUT_POOL
