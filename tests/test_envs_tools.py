@@ -288,6 +288,24 @@ def test_session_turns_every_failure_into_an_observation():
     assert "lone surrogate" in garbage[0][1] and json.loads(garbage[0][1])["nested"] == [1, None]
 
 
+class Number(Tool):
+    name = "number"
+
+    def execute(self, arguments, state):
+        return 42  # not text: shown as "42", counted as the tool's error
+
+
+def test_a_tool_that_returns_no_text_is_counted_as_an_error_and_shown():
+    tools = [Number(), Garbage(), Counter()]
+    box = Toolbox.of(tools, runner=ToolRunner(default_timeout_s=5), max_parallel_calls=3)
+    session = box.session()
+    calls = call_text("number", {}) + call_text("garbage", {}) + call_text("counter", {})
+    texts = [text for _, text in session.run(HermesParser().parse(calls).calls)]
+    assert texts[0] == "42"  # the model still sees the text
+    assert [e.status for e in session.events] == ["error", "ok", "ok"]  # JSON data and text pass
+    assert "returned int, not text" in session.events[0].message
+
+
 def test_tool_environment_steps_and_ends():
     env = make_environment("tool_agent", toolbox=make_box(), parser=make_parser("hermes"))
     assert isinstance(env, ToolEnvironment) and ENVIRONMENTS.canonical("tool_agent") == "tools"

@@ -10,7 +10,9 @@ episode's first call of the tool, `reward` turns it into a reward at the end (ve
 `execute` runs on a worker thread of the `ToolRunner`, under the tool's ``timeout_s``
 (None: the runner's default). It may return a `ToolResult`, a string, or anything
 else; `as_result` turns every return value into text, so a tool that returns garbage
-still gives the model an observation.
+still gives the model an observation. A value it can show only as its ``str()`` (a
+number, an arbitrary object: `not_text` names its type) is counted as the call's error
+(`rayrl.envs.toolbox`), while the model still sees that text.
 """
 
 from __future__ import annotations
@@ -23,7 +25,15 @@ from typing import Any, ClassVar
 
 from rayrl.envs.arguments import EMPTY_PARAMETERS, schema_from_function
 
-__all__ = ["FunctionTool", "Tool", "ToolResult", "as_result", "function_tool", "split_schema"]
+__all__ = [
+    "FunctionTool",
+    "Tool",
+    "ToolResult",
+    "as_result",
+    "function_tool",
+    "not_text",
+    "split_schema",
+]
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$")
 
@@ -163,6 +173,22 @@ def as_result(value: Any) -> ToolResult:
         metrics = value[2] if len(value) > 2 and isinstance(value[2], dict) else {}
         return ToolResult(as_result(value[0]).text, reward, dict(metrics))
     return ToolResult(_text(value))
+
+
+def not_text(value: Any) -> str | None:
+    """The type of a return value that `as_result` can show only as its ``str()`` (not
+    text, bytes, JSON data, None, a `ToolResult`, a ``(text, reward[, metrics])`` tuple
+    or an object with a ``text``, each of those by its text), or None when it is one of
+    those: a tool's contract is text, and anything else is a bug in the tool."""
+    if isinstance(value, ToolResult):
+        return not_text(value.text)
+    if isinstance(value, tuple) and value and len(value) <= 3:
+        return not_text(value[0])
+    if value is None or isinstance(value, str | bytes | bytearray | dict | list):
+        return None
+    if hasattr(value, "text") and not isinstance(value, type):
+        return not_text(value.text)
+    return type(value).__name__
 
 
 def _text(value: Any) -> str:

@@ -9,6 +9,9 @@ and returns one observation per call, in order, running the valid ones concurren
 - a malformed call, an unknown tool or arguments that break the schema give an error
   observation at once (the tool never runs);
 - a tool that raises gives an error observation with the exception's type and text;
+- a tool that returns something that is not text (a number, an object: see
+  `rayrl.envs.tool.not_text`) is counted as an error, while the model sees its
+  ``str()`` as the observation;
 - a tool that overruns its timeout gives a timeout observation (the call is abandoned,
   see `rayrl.envs.runner`);
 - calls past ``max_parallel_calls`` in one turn are not run and say so.
@@ -27,7 +30,7 @@ from typing import Any
 from rayrl.envs.arguments import check_arguments
 from rayrl.envs.parsers import ToolCall
 from rayrl.envs.runner import CallOutcome, ToolRunner
-from rayrl.envs.tool import Tool, ToolResult, as_result
+from rayrl.envs.tool import Tool, ToolResult, as_result, not_text
 
 __all__ = ["STATUSES", "ToolEvent", "ToolSession", "Toolbox"]
 
@@ -149,12 +152,14 @@ class ToolSession:
             return text, ToolEvent(call.name, INVALID, message=text)
         return None
 
-    def _execute(self, tool: Tool, arguments: dict[str, Any]) -> ToolResult:
+    def _execute(self, tool: Tool, arguments: dict[str, Any]) -> tuple[ToolResult, str | None]:
+        """The call's result, and the type it returned when that was not text."""
         with self._create_lock:  # the state is made once per episode, before any call
             if tool.name not in self.states:
                 kwargs = self.tools_kwargs.get(tool.name) or {}
                 self.states[tool.name] = tool.create(dict(kwargs.get("create_kwargs") or {}))
-        return as_result(tool.execute(arguments, self.states[tool.name]))
+        value = tool.execute(arguments, self.states[tool.name])
+        return as_result(value), not_text(value)
 
     def _timeout(self, name: str | None) -> float:
         tool = self.tools.get(name or "")
@@ -189,7 +194,10 @@ def _observation(name: str | None, outcome: CallOutcome, timeout: float) -> tupl
     if outcome.error is not None:
         text = f"Error: tool {name!r} failed: {_describe(outcome.error)}"
         return text, ToolEvent(name, ERROR, outcome.latency_s, text)
-    result: ToolResult = outcome.value
+    result, returned = outcome.value
+    if returned is not None:  # shown as its str(), counted as the tool's error
+        message = f"tool {name!r} returned {returned}, not text; the model was shown its str()"
+        return result.text, ToolEvent(name, ERROR, outcome.latency_s, message, result.reward)
     return result.text, ToolEvent(name, OK, outcome.latency_s, reward=result.reward)
 
 
