@@ -491,6 +491,46 @@ def test_loading_errors_say_what_to_fix(tmp_path):
         load_tool_config(bad)
 
 
+def _tool_yaml(tmp_path, parameters: str):
+    config = tmp_path / "tools.yaml"
+    config.write_text(
+        "tools:\n  - class_name: rayrl.envs.builtin.calculator.Calculator\n"
+        "    config: {type: native}\n"
+        "    tool_schema: {type: function, function: {name: calc, description: Math., "
+        f"parameters: {parameters}}}}}\n"
+    )
+    return load_tool_config(config)
+
+
+@pytest.mark.parametrize(
+    ("parameters", "says"),
+    [
+        ("{type: objekt, properties: {}}", "parameters.type='objekt' is not a JSON Schema type"),
+        ("{type: object, properties: [expression]}", "parameters.properties is list, not an"),
+        (
+            "{type: object, properties: {expression: {type: text}}}",
+            "parameters.properties.expression.type='text' is not a JSON Schema type",
+        ),
+        (
+            "{type: object, properties: {expression: {type: string}}, required: [expr]}",
+            "parameters.required names ['expr'], which parameters.properties does not have",
+        ),
+        (
+            "{type: object, properties: {n: {type: integer, minimum: low}}}",
+            "parameters.properties.n.minimum: 'low' is not of type 'number'",
+        ),
+        ("[expression]", "parameters is list, not an object schema"),
+    ],
+)
+def test_a_tool_schema_that_is_not_json_schema_is_refused_at_load(tmp_path, parameters, says):
+    with pytest.raises(LoadError) as err:
+        build_tools(_tool_yaml(tmp_path, parameters))
+    assert str(err.value).startswith("tool 'calc': its tool_schema is not valid JSON Schema")
+    assert says in str(err.value)
+    good = "{type: object, properties: {expression: {type: string}}, required: [expression]}"
+    assert build_tools(_tool_yaml(tmp_path, good))[0].name == "calc"
+
+
 def test_envs_is_a_leaf():
     """Importing rayrl.envs pulls in no Ray, torch or rayrl engine code."""
     code = (

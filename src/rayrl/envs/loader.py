@@ -14,6 +14,9 @@
   verl's tool YAML entry (``rayrl.envs.verl`` maps verl's own tool classes to the
   built-ins and adapts classes written against verl's ``BaseTool``).
 
+Every tool built here has its ``parameters`` schema checked (`rayrl.envs.tool_schema`):
+one that is not valid JSON Schema is refused with a LoadError naming the tool.
+
 `load_function_tools(path)` imports a Python file (verl's ``function_tool_path``) and
 returns the tools it defines at module level: the objects ``@function_tool`` made.
 """
@@ -34,6 +37,7 @@ from typing import Any
 from rayrl.envs.errors import LoadError
 from rayrl.envs.registry import TOOLS
 from rayrl.envs.tool import FunctionTool, Tool
+from rayrl.envs.tool_schema import check_tool_schema
 
 __all__ = ["LoadError", "build_tool", "build_tools", "load_function_tools", "load_object"]
 
@@ -115,7 +119,13 @@ def _attribute(module: Any, name: str, where: str, kind: str) -> Any:
 
 
 def build_tool(spec: Any) -> Tool:
-    """One tool from a config entry (see the module docstring)."""
+    """One tool from a config entry (see the module docstring), its schema checked."""
+    tool = _build(spec)
+    check_tool_schema(tool.name, tool.parameters)
+    return tool
+
+
+def _build(spec: Any) -> Tool:
     if isinstance(spec, Tool):
         return spec
     if isinstance(spec, Mapping):

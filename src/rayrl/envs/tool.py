@@ -69,7 +69,9 @@ class Tool:
         name, description, parameters = split_schema(schema) if schema else (None, None, None)
         self.name = name or type(self).name
         self.description = description if description is not None else type(self).description
-        self.parameters = dict(parameters or type(self).parameters)
+        parameters = parameters or type(self).parameters
+        # not a mapping: kept as it is, for `rayrl.envs.tool_schema` to say so by name
+        self.parameters = dict(parameters) if isinstance(parameters, Mapping) else parameters
         if self.config.get("timeout_s") is not None:
             self.timeout_s = float(self.config["timeout_s"])
         if not self.name or not _NAME.match(self.name):
