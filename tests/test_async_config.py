@@ -40,6 +40,7 @@ def test_async_keys_are_checked_before_anything_starts(override, message):
         ("async_training.staleness_threshold=-1", "staleness_threshold=-1.0 must be >= 0"),
         ("async_training.trigger_parameter_sync_step=0", "trigger_parameter_sync_step=0"),
         ("async_training.prompts_per_call=0", "prompts_per_call=0 must be >= 1"),
+        ("async_training.calls_per_replica=0", "calls_per_replica=0 must be >= 1"),
     ],
 )
 def test_async_ranges_are_checked_without_a_rollout_pool_too(override, message):

@@ -26,6 +26,7 @@ import os
 import signal
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -36,12 +37,22 @@ from rayrl.cluster.guard import ResourcesBusy, Verdict, assess, check, describe
 from rayrl.cluster.inspect import GroupInfo, record_attachment, snapshot
 from rayrl.cluster.spec import PoolSpec
 
-__all__ = ["PoolSpec", "ResourcePool", "reserve_pools"]
+__all__ = ["ExtraRequest", "PoolSpec", "ResourcePool", "reserve_pools"]
 
 log = logging.getLogger(__name__)
 
 NODE_LABEL = "ray.io/node-id"
 MIN_READY_WAIT_S = 10.0
+
+
+@dataclass(frozen=True)
+class ExtraRequest:
+    """One more bundle asked of the cluster (`ResourcePool.request_extra`): its
+    placement group and name; ``ready`` resolves once it is placed."""
+
+    pg: PlacementGroup
+    name: str
+    ready: Any  # an ObjectRef, one per request (a stable key to wait on)
 
 
 class ResourcePool:
@@ -64,6 +75,7 @@ class ResourcePool:
         self._bundles: list[Bundle] = []
         self._spares: list[Bundle] = []
         self._extras: list[PlacementGroup] = []  # placed after losses, when spares ran out
+        self._extra_count = 0
 
     def __repr__(self) -> str:
         return f"ResourcePool({self.name!r}, world_size={self.spec.world_size}, spares={len(self._spares)})"
@@ -306,21 +318,48 @@ class ResourcePool:
         """A new bundle of the pool's shape, in a placement group of its own, wherever the
         cluster can place it (when no spare is left); None when it cannot within
         `timeout_s`. Released with the pool."""
-        name = f"{self.name}/extra{len(self._extras)}"
-        pg = placement_group(
-            [dict(self.spec.bundle)], strategy="PACK", name=name, lifetime=self.spec.lifetime
-        )
-        ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
+        request = self.request_extra()
+        ready, _ = ray.wait([request.ready], timeout=timeout_s)
         if not ready:
-            _remove_all([pg])
+            self.cancel_extra(request)
             log.warning(
                 "pool %s: no node could take a new bundle within %.0f s", self.name, timeout_s
             )
             return None
+        return self.claim_extra(request)
+
+    def request_extra(self) -> ExtraRequest:
+        """Ask for one more bundle of the pool's shape, placed wherever and whenever the
+        cluster has room (a node joins, an autoscaler adds one), without waiting:
+        `claim_extra` it once ``request.ready`` resolves, or `cancel_extra` it."""
+        name = f"{self.name}/extra{self._extra_count}"
+        self._extra_count += 1
+        pg = placement_group(
+            [dict(self.spec.bundle)], strategy="PACK", name=name, lifetime=self.spec.lifetime
+        )
         self._extras.append(pg)
-        node = ray.util.placement_group_table(pg)["bundles_to_node_id"][0]
-        log.info("pool %s: new bundle %s on node %s", self.name, name, node[:8])
-        return Bundle(pg, 0, node, dict(self.spec.bundle), pool=self.name, spare=True)
+        return ExtraRequest(pg, name, pg.ready())
+
+    def claim_extra(self, request: ExtraRequest) -> Bundle:
+        """The bundle of a placed `request_extra` (released with the pool, or by
+        `release_extra`)."""
+        node = ray.util.placement_group_table(request.pg)["bundles_to_node_id"][0]
+        log.info("pool %s: new bundle %s on node %s", self.name, request.name, node[:8])
+        return Bundle(request.pg, 0, node, dict(self.spec.bundle), pool=self.name, spare=True)
+
+    def cancel_extra(self, request: ExtraRequest) -> None:
+        """Withdraw a `request_extra` (placed or not)."""
+        self._drop_extra(request.pg)
+
+    def release_extra(self, bundle: Bundle) -> None:
+        """Give back an extra bundle no worker uses any more (one of `claim_extra`'s);
+        the pool's own bundles and spares stay."""
+        if any(bundle.pg.id == pg.id for pg in self._extras):
+            self._drop_extra(bundle.pg)
+
+    def _drop_extra(self, pg: PlacementGroup) -> None:
+        self._extras = [g for g in self._extras if g.id != pg.id]
+        _remove_all([pg])
 
     def split(self, sizes: list[int]) -> list[list[Bundle]]:
         """Share the active bundles between roles: consecutive runs in rank order.

@@ -74,6 +74,11 @@ def _check_ranges(a) -> None:
         )
     if a.prompts_per_call is not None and a.prompts_per_call < 1:
         raise ConfigError(f"async_training.prompts_per_call={a.prompts_per_call} must be >= 1")
+    if a.calls_per_replica < 1:
+        raise ConfigError(
+            f"async_training.calls_per_replica={a.calls_per_replica} must be >= 1 (replica "
+            "calls in flight on one replica at once)"
+        )
     if a.weight_sync_timeout_s is not None and not a.weight_sync_timeout_s > 0:
         raise ConfigError(
             f"async_training.weight_sync_timeout_s={a.weight_sync_timeout_s} must be > 0 "

@@ -459,6 +459,13 @@ class TrainerConfig:
     # example generations written per validation (val_generations/); verl's name:
     # trainer.log_val_generations (verl's default 0 logs none)
     val_examples: int = 8
+    # verl's: every training step's samples (prompt, response, score, uid, policy
+    # version, an agent's turns) as JSON Lines, <dir>/<step>.jsonl; None: not kept.
+    # Relative: from the working directory (`rayrl.trainer.generations`)
+    rollout_data_dir: str | None = None
+    # verl's: every validation's samples, all of them, as <dir>/<step>.jsonl (the
+    # fields of rollout_data_dir's); None: only val_generations/'s val_examples
+    validation_data_dir: str | None = None
     export_hf: bool = True  # write hf/ (a transformers model directory) at the end
     log_worker_output: bool = True  # worker prints reach the driver, prefixed role/rank
     debug: bool = False  # Ray distributed debugger: breakpoint() in workers, post-mortem
@@ -539,6 +546,10 @@ class AsyncTrainingConfig:
     # and are aborted and re-queued when they could no longer be trained
     partial_rollout: bool = True
     prompts_per_call: int | None = None  # rayrl: prompts per replica call; None: a batch / replicas
+    # rayrl: replica calls in flight on one replica at once; their samples share its
+    # engine's batch (continuous batching across calls), so a call's long tail never
+    # leaves the replica idle; calls go to the least-loaded replica
+    calls_per_replica: int = 2
     # rayrl: how each policy version reaches the replicas: object_store (each replica
     # fetches the packed buckets) or collective (actor rank 0 broadcasts them to the
     # replicas over a group of their own: gloo on CPU, NCCL on GPUs; a replica that

@@ -6,7 +6,8 @@ Every call a group makes on a worker (a registered method, and the group's own c
 its hooks: `hooked(worker, "snapshot_publish")`), which
 
 - marks the worker busy in `name` on this thread (`_rayrl_busy`: `Worker.heartbeat`,
-  the watchdog's stack capture and the usage sampler read it) and restarts the
+  the watchdog's stack capture and the usage sampler read it; with calls running
+  side by side, as a rollout replica's do, the oldest of them) and restarts the
   progress clock (`rayrl.progress`, which the watchdog measures);
 - for a registered method, records when it ran (`usage.record_call`: the driver's
   overhead is the time between calls) and takes a usage sample as it ends, so a stage
@@ -74,7 +75,10 @@ def running(worker: Any, name: str, *, record: bool = False) -> Iterator[None]:
     a registered method's call, recorded for the usage report."""
     progress.begin()
     start = time.time()
-    worker._rayrl_busy = (name, start, threading.get_ident())
+    active = worker.__dict__.setdefault("_rayrl_active", {})  # concurrent calls (replicas)
+    key = object()
+    active[key] = (name, start, threading.get_ident())
+    worker._rayrl_busy = min(active.values(), key=lambda call: call[1])  # the oldest call
     try:
         with hooked(worker, name):
             yield
@@ -86,7 +90,8 @@ def running(worker: Any, name: str, *, record: bool = False) -> Iterator[None]:
         if record:
             usage.record_call(start, time.time())
             usage.sample_now()
-        worker._rayrl_busy = None
+        active.pop(key, None)
+        worker._rayrl_busy = min(active.values(), key=lambda call: call[1]) if active else None
 
 
 @contextmanager

@@ -52,8 +52,11 @@ logger = logging.getLogger("rayrl.controller")
 HEALTH_GROUP = "rayrl_health"
 # the thread that hands a captured snapshot to the object store beside the next calls
 SNAPSHOT_GROUP = "rayrl_snapshot"
-# a worker actor's threads besides its calls' own: one each
-CONCURRENCY_GROUPS = {HEALTH_GROUP: 1, SNAPSHOT_GROUP: 1}
+# calls that may run several at once on one worker (a rollout replica's: they share its
+# engine's batch); `@register(..., options={"concurrency_group": CALLS_GROUP})`
+CALLS_GROUP = "rayrl_calls"
+# a worker actor's threads besides its calls' own: one each, and CALLS_GROUP's
+CONCURRENCY_GROUPS = {HEALTH_GROUP: 1, SNAPSHOT_GROUP: 1, CALLS_GROUP: 8}
 
 
 @dataclass(frozen=True)

@@ -1,31 +1,36 @@
-"""The rollout pool of asynchronous training: replicas kept busy, weights by version,
-replicas that come and go.
+"""The rollout pool of asynchronous training: replicas kept busy, weights by version.
 
-`RolloutManager` runs a driver thread beside the trainer (`rollout.mode=async`). Each
-replica is a one-rank `WorkerGroup` of `RolloutWorker` on one bundle. The thread:
+`RolloutManager` runs a driver thread beside the trainer (`rollout.mode=async`). The
+replicas themselves (one-rank groups of `RolloutWorker`, one per bundle of the run's
+rollout pool) are placed, replaced and grown by a `ReplicaSet`
+(`rayrl.controller.replicas`: the controller's formation path, the pool's bundles);
+this module decides what they do. The thread:
 
-- hands each idle replica the next prompts of the `SampleQueue` that admission allows
-  under the policy version the replica holds, and files the samples when the call
-  returns (`ray.wait` over every replica's call);
+- hands the next prompts of the `SampleQueue` that admission allows under the policy
+  version a replica holds to the least-loaded replica, up to
+  `async_training.calls_per_replica` calls in flight on each (their samples share the
+  replica's engine batch: a call's long tail never leaves a replica idle), and files
+  the samples when a call returns (`ray.wait` over every call in flight);
 - offers each policy version the trainer publishes to every replica
-  (`RolloutWorker.offer_weights`: fetched beside the replica's running call) and
-  dispatches to a replica only once it holds the newest one; the fetch time is
-  `async/weight_sync_ms`. With `async_training.weight_transport=collective` the offers
-  go out before the trainer publishes (`begin_collective`): each replica joins the
-  run's broadcast group (`rayrl.trainer.async_weights`) and receives the buckets
-  actor rank 0 broadcasts; a replica whose broadcast fails (or that joins later)
-  is offered the object store's copy of that version, with a warning naming it;
-- notices a replica whose process or node died: the prompts of its call go back to
-  the queue (counted) and training goes on with the others. A replica whose node is
-  alive gets a new process in the same bundle; one whose node is gone gets a bundle in
-  a placement group of its own, requested at once and placed whenever the cluster has
-  room (a node joins, an autoscaler adds one); the new replica loads the newest policy
-  and joins. `rollout.max_replicas` above the declared count keeps one more such
-  request open, so the pool grows when a node joins.
+  (`RolloutWorker.offer_weights`: fetched beside the replica's running calls, swapped
+  in between engine steps) and dispatches to a replica only once it holds the newest
+  one; the fetch time is `async/weight_sync_ms`. With
+  `async_training.weight_transport=collective` the offers go out before the trainer
+  publishes (`begin_collective`): each replica joins the run's broadcast group
+  (`rayrl.trainer.async_weights`) and receives the buckets actor rank 0 broadcasts; a
+  replica whose broadcast fails (or that joins later) is offered the object store's
+  copy of that version, with a warning naming it;
+- notices a replica whose process or node died: the prompts of its calls go back to
+  the queue (counted), training goes on with the others, and the replica set brings a
+  new one up (in the same bundle, or wherever the cluster has room); a new replica
+  loads the newest policy and joins. `rollout.max_replicas` above the declared count
+  lets the set grow when a node joins.
 
-The trainer never waits on the thread except through the queue; an unexpected error
-in it (an exception in a replica's code, not a lost process) is kept and raised in
-the trainer's next wait (`check`).
+An episode (multi-turn) lives in one call on one replica from its first turn to its
+last, so its later turns always find its KV cache where it is (session affinity by
+construction). The trainer never waits on the thread except through the queue; an
+unexpected error in it (an exception in a replica's code, not a lost process) is kept
+and raised in the trainer's next wait (`check`).
 """
 
 from __future__ import annotations
@@ -38,16 +43,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
 from rayrl.cluster.bundle import Bundle
 from rayrl.cluster.pool import ResourcePool
 from rayrl.config.schema import RayRLConfig
-from rayrl.controller import WorkerGroup, start_groups
+from rayrl.controller import WorkerGroup
 from rayrl.controller.errors import DEAD_ERRORS, WorkerCallError, WorkerError
 from rayrl.controller.future import GroupFuture
+from rayrl.controller.placement import alive_nodes
+from rayrl.controller.replicas import Member, ReplicaSet
 from rayrl.engines.weight_sync import PublishedWeights
-from rayrl.trainer.async_queue import SampleQueue, WorkItem
+from rayrl.trainer.async_queue import QUEUED, SampleQueue, WorkItem
 from rayrl.trainer.async_weights import CollectiveWeights, weight_sync_timeout
 from rayrl.trainer.resources import ROLLOUT_POOL
 from rayrl.trainer.roles import GroupEnv
@@ -56,7 +62,6 @@ from rayrl.workers.rollout import ReplicaCall, ReplicaResult, RolloutWorker
 log = logging.getLogger("rayrl.trainer")
 
 POLL_S = 0.05
-MAX_FAILED_STARTS = 3  # new replicas failing to start in a row before the run stops
 NODE_CHECK_S = 1.0  # how often idle replicas' nodes are checked (a busy one fails its call)
 
 
@@ -65,34 +70,34 @@ class NoReplicaError(RuntimeError):
 
 
 @dataclass
-class Slot:
-    """Where a replica runs: a bundle of the run's rollout pool, or the one bundle of a
-    placement group the manager requested itself (`pg`, removed at shutdown)."""
-
-    bundle: Bundle
-    pg: PlacementGroup | None = None
-
-
-@dataclass
 class Replica:
-    """One running replica and what the manager knows of it."""
+    """One replica of the set (`Member`) and what the manager knows of it."""
 
-    name: str
-    group: WorkerGroup
-    slot: Slot
+    member: Member
     # the policy version its next call generates with: the last offer it fetched (a
-    # replica swaps a fetched offer in at its next call, or mid-call: partial rollouts)
+    # replica swaps a fetched offer in between engine steps)
     version: int
-    joined: float = field(default_factory=time.time)
-    call: tuple[WorkItem, GroupFuture, float] | None = None  # in flight, and since when
+    in_flight: dict[Any, tuple[WorkItem, GroupFuture, float]] = field(default_factory=dict)
     # offer ref -> (version, sent at, transport)
     offers: dict[Any, tuple[int, float, str]] = field(default_factory=dict)
     busy: list[tuple[float, float]] = field(default_factory=list)  # call spans
     calls: int = 0  # calls that returned samples
 
     @property
+    def name(self) -> str:
+        return self.member.name
+
+    @property
+    def group(self) -> WorkerGroup:
+        return self.member.group
+
+    @property
     def node(self) -> str:
-        return self.slot.bundle.node_id
+        return self.member.node
+
+    @property
+    def joined(self) -> float:
+        return self.member.joined
 
 
 class RolloutManager:
@@ -118,26 +123,21 @@ class RolloutManager:
     ) -> None:
         self.cfg, self.queue, self.env = cfg, queue, env
         self.model_path, self.max_lag, self.print = model_path, max_lag, print_fn
-        pool = cfg.rollout
+        pool, a = cfg.rollout, cfg.async_training
         self.declared = pool.nnodes * pool.n_gpus_per_node
         self.max_replicas = pool.max_replicas or self.declared
-        per_call = cfg.async_training.prompts_per_call
-        self.per_call = per_call or math.ceil(cfg.data.train_batch_size / self.declared)
-        self.partial = cfg.async_training.partial_rollout
+        self.per_call = a.prompts_per_call or math.ceil(cfg.data.train_batch_size / self.declared)
+        self.calls_per_replica = a.calls_per_replica
+        self.partial = a.partial_rollout
         self.lock = threading.RLock()
         self.replicas: list[Replica] = []
+        self.set: ReplicaSet | None = None
+        self.pool: ResourcePool | None = None
         self.published: tuple[int, PublishedWeights | None] | None = None
         self.needs_publish = False  # a replica could not fetch the published weights
         self.error: BaseException | None = None
-        self.events: list[dict] = []  # replicas lost and joined, for reports and tests
         self.sync_seconds: list[float] = []  # offer fetch times since the last metrics()
         self.gen_seconds: list[float] = []  # replicas' generation per call, likewise
-        self._pending: dict[Any, PlacementGroup] = {}  # ready ref -> requested slot
-        self._starting = 0
-        self._failed_starts = 0
-        self._names = 0
-        self._slots = 0
-        self._shape: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="rayrl-rollouts", daemon=True)
         self._last_live = time.monotonic()
@@ -150,55 +150,57 @@ class RolloutManager:
 
     # -------------------------------------------------------------- lifecycle
     def start(self, pool: ResourcePool) -> None:
-        """Start a replica on every bundle of the run's rollout `pool` (side by side),
-        then the manager's thread."""
-        self._shape = dict(pool.spec.bundle)
+        """Start a replica on every bundle of the run's rollout `pool` (side by side,
+        `ReplicaSet.start`), then the manager's thread."""
         if self.cfg.async_training.weight_transport == "collective":
-            gpus = self._shape.get("GPU", 0) > 0  # NCCL between GPUs, else gloo
+            gpus = pool.spec.bundle.get("GPU", 0) > 0  # NCCL between GPUs, else gloo
             self.collective = CollectiveWeights(self.env.run, gpus, weight_sync_timeout(self.cfg))
-        slots = [Slot(bundle) for bundle in pool.bundles]
-        made = [(self._group(slot), slot) for slot in slots]
         res = self.cfg.resources
-        start_groups(
-            [(group, self._init_kwargs()) for group, _ in made],
-            create_timeout_s=res.create_timeout_s,
-            init_timeout_s=res.init_timeout_s,
-            init_retries=res.init_retries,
+        self.pool = pool
+        self.set = ReplicaSet(
+            pool,
+            self._group,
+            self._init_kwargs,
+            max_size=self.max_replicas,
+            timeouts={
+                "create_timeout_s": res.create_timeout_s,
+                "init_timeout_s": res.init_timeout_s,
+                "init_retries": res.init_retries,
+            },
+            on_join=self._joined,
+            print_fn=self.print,
+            label="rollout replica",
         )
+        self.set.start()
         with self.lock:
-            for group, slot in made:
-                self.replicas.append(Replica(group.name, group, slot, version=0))
-            self._want_more()
+            self.replicas = [Replica(member, version=0) for member in self.set.members]
         self._thread.start()
 
+    @property
+    def events(self) -> list[dict]:
+        """Replicas lost, joined and stopped (`ReplicaSet.events`)."""
+        return self.set.events if self.set is not None else []
+
     def stop(self) -> None:
-        """Stop the thread, kill every replica, release the placement groups it asked for."""
+        """Stop the thread, then every replica (their bundle requests withdrawn)."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
         with self.lock:
-            for replica in self.replicas:
-                self.events.append(
-                    {"event": "stopped", "replica": replica.name, "node": replica.node}
-                    | {"time": time.time(), "calls": replica.calls}
-                )
-                replica.group.shutdown()
-                _remove(replica.slot.pg)
+            if self.set is not None:
+                self.set.stop()
             self.replicas.clear()
-            for pg in self._pending.values():
-                _remove(pg)
-            self._pending.clear()
 
-    def _group(self, slot: Slot) -> WorkerGroup:
-        self._names += 1
+    def _group(self, name: str, bundle: Bundle) -> WorkerGroup:
         env = self.env
         group = WorkerGroup(
             RolloutWorker,
-            [slot.bundle],
+            [bundle],
             role=ROLLOUT_POOL,
             run=env.run,
             kv=env.kv,
-            name=f"{env.run}/{ROLLOUT_POOL}{self._names - 1}",
+            pool=self.pool,
+            name=name,
             runtime_env={"env_vars": env.debug_env} if env.debug_env else None,
             usage_interval_s=env.usage_interval_s,
         )
@@ -207,6 +209,14 @@ class RolloutManager:
 
     def _init_kwargs(self) -> dict:
         return {"config": self.cfg, "model_path": self.model_path, "version": 0}
+
+    def _joined(self, member: Member) -> None:
+        """A new or replaced replica is ready (`ReplicaSet.on_join`, under its lock):
+        it starts at the model directory's version and is offered the newest."""
+        with self.lock:
+            replica = Replica(member, version=0)
+            self.replicas.append(replica)
+            self._offer(replica)
 
     # ---------------------------------------------------------------- weights
     @property
@@ -224,7 +234,7 @@ class RolloutManager:
     def all_hold(self, version: int) -> bool:
         """Whether every replica holds policy `version` (none is starting or fetching)."""
         with self.lock:
-            return self._starting == 0 and all(
+            return self.set.starting == 0 and all(
                 r.version == version and not r.offers for r in self.replicas
             )
 
@@ -297,25 +307,34 @@ class RolloutManager:
                 return
 
     def _check_nodes(self) -> None:
-        """Replicas whose node is gone, noticed while they wait for work."""
+        """Replicas whose node is gone, noticed while they wait for work (a busy one
+        fails its calls)."""
         now = time.monotonic()
         if now - self._nodes_checked < NODE_CHECK_S:
             return
         self._nodes_checked = now
-        alive = _alive_nodes()
-        for replica in [r for r in self.replicas if r.call is None and r.node not in alive]:
+        alive = alive_nodes()
+        for replica in [r for r in self.replicas if not r.in_flight and r.node not in alive]:
             self._lost(replica, RuntimeError(f"node {replica.node} is gone"))
 
     def _dispatch(self) -> None:
+        """Work for the least-loaded replicas that hold the newest policy, up to
+        `calls_per_replica` calls in flight each."""
         if self.published is None:
             return
-        for replica in self.replicas:
-            if replica.call is not None or replica.offers:
-                continue
-            if replica.version != self.published[0]:
-                if replica.version != self.incoming:  # else: it waits for publish()
-                    self._offer(replica)
-                continue
+        while True:
+            ready = []
+            for replica in self.replicas:
+                if replica.offers or len(replica.in_flight) >= self.calls_per_replica:
+                    continue
+                if replica.version != self.published[0]:
+                    if replica.version != self.incoming:  # else: it waits for publish()
+                        self._offer(replica)
+                    continue
+                ready.append(replica)
+            if not ready:
+                return
+            replica = min(ready, key=lambda r: len(r.in_flight))
             item = self.queue.next_work(replica.version, self.per_call)
             if item is None:
                 return
@@ -326,40 +345,42 @@ class RolloutManager:
                 self.queue.lose(item)
                 self._lost(replica, err)
                 return
-            replica.call = (item, future, time.time())
+            replica.in_flight[future.refs[0]] = (item, future, time.time())
 
     def _collect(self) -> None:
         """Wait a moment for calls, offers and requested bundles; handle what is ready."""
         with self.lock:
             waiting: dict[Any, tuple[str, Any]] = {}
             for replica in self.replicas:
-                if replica.call is not None:
-                    waiting[replica.call[1].refs[0]] = ("call", replica)
+                for ref in replica.in_flight:
+                    waiting[ref] = ("call", replica)
                 for ref in replica.offers:
                     waiting[ref] = ("offer", replica)
-            for ref, pg in self._pending.items():
-                waiting[ref] = ("slot", pg)
+            for ref in self.set.pending:
+                waiting[ref] = ("slot", None)
         if not waiting:
             time.sleep(POLL_S)
             return
         ready, _ = ray.wait(list(waiting), num_returns=1, timeout=POLL_S, fetch_local=False)
         if ready:
             ready, _ = ray.wait(list(waiting), num_returns=len(waiting), timeout=0)
+        placed = []
         with self.lock:
             for ref in ready:
-                kind, owner = waiting[ref]
-                if kind == "call" and owner in self.replicas:
-                    self._call_done(owner)
-                elif kind == "offer" and owner in self.replicas:
-                    self._offer_done(owner, ref)
-                elif kind == "slot" and ref in self._pending:
-                    self._slot_ready(ref)
+                kind, replica = waiting[ref]
+                if kind == "call" and replica in self.replicas and ref in replica.in_flight:
+                    self._call_done(replica, ref)
+                elif kind == "offer" and replica in self.replicas:
+                    self._offer_done(replica, ref)
+                elif kind == "slot":
+                    placed.append(ref)
             if self.replicas:
                 self._last_live = time.monotonic()
+        for ref in placed:  # outside the lock: the set takes its own
+            self.set.placed(ref)
 
-    def _call_done(self, replica: Replica) -> None:
-        item, future, started = replica.call
-        replica.call = None
+    def _call_done(self, replica: Replica, ref: Any) -> None:
+        item, future, started = replica.in_flight.pop(ref)
         replica.busy.append((started, time.time()))
         try:
             result: ReplicaResult = future.get(timeout=60)
@@ -410,102 +431,36 @@ class RolloutManager:
 
     # ------------------------------------------------------- losses and joins
     def _lost(self, replica: Replica, err: BaseException) -> None:
-        """Take `replica` out; start another in its bundle when its node is alive, else
-        ask for a bundle wherever the cluster has room."""
+        """`replica` is gone: the prompts of its calls are queued again, and the replica
+        set brings another up (`ReplicaSet.lose`). An error in the replica's own code
+        (its process alive) is raised: running again would fail again."""
         if isinstance(err, WorkerCallError) and not err.dead:
-            raise err  # an error in the replica's code: running again fails again
+            raise err
+        if replica not in self.replicas:
+            return
         self.replicas.remove(replica)
-        replica.group.shutdown()
-        alive = replica.node in _alive_nodes()
-        self.events.append(
-            {"event": "lost", "replica": replica.name, "node": replica.node, "time": time.time()}
-        )
-        where = "its node is alive: a new process in its bundle" if alive else "its node is gone"
-        self.print(
-            f"WARNING: rollout replica {replica.name} lost ({_one_line(err)}); its prompts are "
-            f"queued again, training goes on with {len(self.replicas)} replica(s); {where}"
-        )
-        if alive:
-            self._start_replica(replica.slot)
-        else:
-            _remove(replica.slot.pg)
-            self._want_more()
-
-    def _want_more(self) -> None:
-        """Ask for bundles until replicas, replicas starting and bundles asked for
-        reach `max_replicas`."""
-        while len(self.replicas) + self._starting + len(self._pending) < self.max_replicas:
-            self._slots += 1
-            name = f"rayrl/{self.env.run}/{ROLLOUT_POOL}/slot{self._slots}"
-            pg = placement_group([dict(self._shape)], strategy="PACK", name=name)
-            self._pending[pg.ready()] = pg
-
-    def _slot_ready(self, ref: Any) -> None:
-        pg = self._pending.pop(ref)
-        node = ray.util.placement_group_table(pg)["bundles_to_node_id"][0]
-        bundle = Bundle(pg, 0, node, dict(self._shape), pool=f"rayrl/{self.env.run}/{ROLLOUT_POOL}")
-        self._start_replica(Slot(bundle, pg))
-
-    def _start_replica(self, slot: Slot) -> None:
-        """A new replica on `slot`, started in a thread of its own; it joins (and gets
-        the newest policy) once initialised."""
-        self._starting += 1
-        group = self._group(slot)
-
-        def start() -> None:
-            res = self.cfg.resources
-            try:
-                group.create(res.create_timeout_s)
-                group.init(res.init_timeout_s, res.init_retries, **self._init_kwargs())
-            except Exception as err:  # noqa: BLE001 - logged; the slot is asked for again
-                group.shutdown()
-                with self.lock:
-                    self._starting -= 1
-                    self._failed_starts += 1
-                    _remove(slot.pg)
-                    self.print(f"WARNING: a new rollout replica failed to start: {_one_line(err)}")
-                    if self._failed_starts >= MAX_FAILED_STARTS:
-                        self.error = RuntimeError(
-                            f"{self._failed_starts} new rollout replicas in a row failed to "
-                            f"start; the last: {_one_line(err)} (see its worker log)"
-                        )
-                    elif not self._stop.is_set():
-                        self._want_more()
-                return
-            with self.lock:
-                self._starting -= 1
-                self._failed_starts = 0
-                if self._stop.is_set():
-                    group.shutdown()
-                    return
-                replica = Replica(group.name, group, slot, version=0)
-                self.replicas.append(replica)
-                self.events.append(
-                    {"event": "joined", "replica": group.name, "node": slot.bundle.node_id}
-                    | {"time": time.time()}
-                )
-                self._offer(replica)
-            self.print(
-                f"rollout replica {group.name} joined on node {slot.bundle.node_id[:8]} "
-                f"({len(self.replicas)} replica(s))"
-            )
-
-        threading.Thread(target=start, name="rayrl-rollout-start", daemon=True).start()
+        for item, _, _ in replica.in_flight.values():
+            self.queue.lose(item)
+        replica.in_flight.clear()
+        self.set.lose(replica.member, err)
 
     # ---------------------------------------------------------------- trainer
     def check(self, wait_s: float) -> None:
-        """Raise what the thread kept, or NoReplicaError when no replica was alive for
-        `wait_s` seconds (None: wait as long as it takes)."""
+        """Raise what the thread (or the replica set) kept, or NoReplicaError when no
+        replica was alive for `wait_s` seconds (None: wait as long as it takes)."""
         if self.error is not None:
             raise self.error
+        if self.set is not None and self.set.error is not None:
+            raise self.set.error
         with self.lock:
             if self.replicas or wait_s is None:
                 return
             idle = time.monotonic() - self._last_live
         if idle > wait_s:
+            shape = self.pool.spec.bundle if self.pool is not None else {}
             raise NoReplicaError(
                 f"no rollout replica has been alive for {idle:.0f} s (trainer.stage_timeout_s="
-                f"{wait_s:.0f}); {len(self._pending)} bundle(s) of {self._shape} are waiting "
+                f"{wait_s:.0f}); {len(self.set.pending)} bundle(s) of {shape} are waiting "
                 "for room in the cluster: add a node, or lower rollout.gpus_per_replica / "
                 "rollout.cpus_per_replica"
             )
@@ -514,7 +469,9 @@ class RolloutManager:
         """`async/replicas`, `async/weight_sync_ms` (the mean offer time since the last
         call), `async/rollout_call_s` (the mean generation time of a replica call since
         then), `perf/rollout_idle_fraction` (the share of the replicas' time from
-        `since` to `until` with no call running), and with the collective transport
+        `since` to `until` with no call running), the load now (`async/replica_calls/
+        mean` and `max`: calls in flight per replica; `async/queued_prompts`: prompts
+        fed and not yet handed to a replica), and with the collective transport
         `async/weight_transport_fallbacks` (replicas that missed a broadcast, plus one
         for each send of actor rank 0 that failed) and `async/weight_broadcast_bytes`
         (received by the replicas over the group)."""
@@ -523,12 +480,16 @@ class RolloutManager:
             for replica in self.replicas:
                 start = max(since, replica.joined)
                 alive += max(0.0, until - start)
-                spans = list(replica.busy)
-                if replica.call is not None:
-                    spans.append((replica.call[2], until))
-                busy += sum(max(0.0, min(e, until) - max(s, start)) for s, e in spans)
+                spans = list(replica.busy) + [(t, until) for _, _, t in replica.in_flight.values()]
+                busy += _covered(spans, start, until)
                 replica.busy = [(s, e) for s, e in replica.busy if e > until]
-            out = {"async/replicas": float(len(self.replicas))}
+            loads = [len(r.in_flight) for r in self.replicas]
+            out = {
+                "async/replicas": float(len(self.replicas)),
+                "async/replica_calls/mean": sum(loads) / len(loads) if loads else 0.0,
+                "async/replica_calls/max": float(max(loads, default=0)),
+                "async/queued_prompts": float(self.queue.counts()[QUEUED]),
+            }
             if alive > 0:
                 out["perf/rollout_idle_fraction"] = max(0.0, 1.0 - busy / alive)
             if self.sync_seconds:
@@ -554,17 +515,16 @@ class RolloutManager:
         return reports
 
 
-def _alive_nodes() -> set[str]:
-    return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
-
-
-def _remove(pg: PlacementGroup | None) -> None:
-    if pg is None:
-        return
-    try:
-        remove_placement_group(pg)
-    except Exception as err:  # noqa: BLE001 - already gone is fine
-        log.debug("placement group not removed: %s", err)
+def _covered(spans: list[tuple[float, float]], start: float, until: float) -> float:
+    """Seconds of [start, until] inside at least one of `spans` (calls side by side
+    count once)."""
+    clipped = sorted((max(s, start), min(e, until)) for s, e in spans if e > start and s < until)
+    total, end = 0.0, start
+    for s, e in clipped:
+        if e > end:
+            total += e - max(s, end)
+            end = e
+    return total
 
 
 def _one_line(err: BaseException) -> str:

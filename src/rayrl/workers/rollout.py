@@ -32,7 +32,7 @@ from rayrl.batch import Batch
 from rayrl.cluster.broadcast import BroadcastMember
 from rayrl.config.schema import RayRLConfig
 from rayrl.controller import ONE_TO_ALL, Worker, register
-from rayrl.controller.worker import SNAPSHOT_GROUP
+from rayrl.controller.worker import CALLS_GROUP, SNAPSHOT_GROUP
 from rayrl.engines.rollout import HFRolloutEngine, make_rollout_engine, resolve_rollout
 from rayrl.engines.rollout.service import Aborted, CallPolicy
 from rayrl.engines.weight_sync import PublishedWeights, unpack_bucket
@@ -179,10 +179,11 @@ class RolloutWorker(Worker):
         return sum(b.nbytes for b in buckets)
 
     # ----------------------------------------------------------------- generate
-    @register(dispatch=ONE_TO_ALL, collect="first")
+    @register(dispatch=ONE_TO_ALL, collect="first", concurrency_group=CALLS_GROUP)
     def generate(self, prompts: Batch, call: ReplicaCall) -> ReplicaResult:
         """`rollout.n` samples (or episodes) per prompt under the newest weights (module
-        docstring)."""
+        docstring). Several calls run at once (`CALLS_GROUP`): their samples share the
+        engine's batch."""
         service = self.service
         swapped = service.swap_s
         first = service.version
