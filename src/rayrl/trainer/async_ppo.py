@@ -48,6 +48,7 @@ from rayrl.trainer.async_queue import FINISHED, Prompt, SampleQueue, concat_samp
 from rayrl.trainer.async_rollout import RolloutManager
 from rayrl.trainer.episodes import episode_metrics, is_multi_turn
 from rayrl.trainer.epochs import epoch_batches
+from rayrl.trainer.generations import VERSIONS
 from rayrl.trainer.metrics import timer, usage_metrics
 from rayrl.trainer.ppo import PPOTrainer
 from rayrl.trainer.resources import ROLLOUT_POOL
@@ -284,6 +285,8 @@ class AsyncPPOTrainer(PPOTrainer):
         batch = Batch(batch.tensors, batch.non_tensors, dict(prompts.meta))
         versions = torch.cat([p.versions for p in taken])
         metrics.update(staleness_metrics(ctx.step, versions, batch["response_mask"]))
+        if self.rollout_data is not None:  # each row's policy versions, in its dump
+            batch[VERSIONS] = versions
         if is_multi_turn(batch):  # the episodes' turns, tool calls and events
             metrics.update(episode_metrics(batch))
         return self._balanced(batch, metrics, "train", self._parts("train"))

@@ -49,6 +49,7 @@ from rayrl.trainer.contract import TrainData
 from rayrl.trainer.data import load_datasets
 from rayrl.trainer.dynamic_sampling import fill_batch
 from rayrl.trainer.episodes import episode_metrics, is_multi_turn, token_check
+from rayrl.trainer.generations import generations_dir, write_training_step
 from rayrl.trainer.manifest import data_identity, model_identity
 from rayrl.trainer.metrics import batch_metrics, rollout_probs_diff, timer
 from rayrl.trainer.model_dir import model_dir
@@ -103,6 +104,9 @@ class PPOTrainer:
         self.validator: Validator | None = None
         self._warned_extreme = False
         self.reward_errors = RewardErrors(cfg)  # the run's budget (`reward.max_error_rate`)
+        t = cfg.trainer  # verl's generation dumps (`rayrl.trainer.generations`)
+        self.rollout_data = generations_dir(t.rollout_data_dir, "trainer.rollout_data_dir")
+        self.validation_data = generations_dir(t.validation_data_dir, "trainer.validation_data_dir")
 
     # ------------------------------------------------------------ the contract
     @property
@@ -125,13 +129,17 @@ class PPOTrainer:
 
     def preflight(self) -> None:
         """The critic's and the reward model's paths (the actor's: `load_data`, with its
-        tokenizer) and the user's reward file and function, read."""
+        tokenizer) and the user's reward file and function, read; the directories of
+        `trainer.rollout_data_dir` and `trainer.validation_data_dir` created."""
         cfg = self.cfg
         if critic_enabled(cfg) and cfg.critic.model.path:
             check_model_path(cfg.critic.model.path, key="critic.model.path")
         if cfg.reward_model.enable and cfg.reward_model.model.path:
             check_model_path(cfg.reward_model.model.path, key="reward_model.model.path")
         check_reward_source(cfg)
+        for directory in (self.rollout_data, self.validation_data):
+            if directory is not None:
+                directory.prepare()
 
     def load_data(self) -> TrainData:
         """Tokenizer, training prompts and validation prompts (before any reservation)."""
@@ -183,6 +191,7 @@ class PPOTrainer:
             batch_size=cfg.data.val_batch_size,
             examples=cfg.trainer.val_examples,
             out_dir=Path(cfg.trainer.output_dir) / "val_generations",
+            data_dir=self.validation_data,
         )
 
     def _validation_scores(self, batch: Batch) -> Batch:
@@ -296,6 +305,9 @@ class PPOTrainer:
         metrics["perf/total_num_tokens"] = tokens
         metrics["perf/throughput"] = tokens / (timing["step"] * ranks)  # per GPU, as verl
         self._update_sampler(ctx.step, batch)
+        if self.rollout_data is not None:  # after the metrics: not in timing_s/step
+            decode = self.tokenizer.batch_decode
+            metrics.update(write_training_step(self.rollout_data, batch, decode, ctx.step))
         return metrics, sorted(set(batch["uid"]))
 
     def _update_sampler(self, step: int, batch: Batch) -> None:

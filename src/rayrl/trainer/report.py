@@ -6,15 +6,21 @@ norm, time per stage stacked, throughput; for multi-turn runs the turns per epis
 the tool calls per tool and step; for asynchronous runs the staleness of the trained
 tokens, the sample queue and the idle fractions of trainer and replicas) and
 `report.html` showing them with the config.
-Panels whose metrics the run did not log are left out and listed in the page.
+Panels whose metrics the run did not log are left out and listed in the page. A run
+with `trainer.rollout_data_dir` shows a few of its generations too: the first samples of
+its last steps (prompt, response, score; an agent's turns), read from that directory.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import html
+import json
 from pathlib import Path
 
+import yaml
+
+from rayrl.trainer.generations import read_generations
 from rayrl.trainer.run_dir import RunDir, read_metrics
 
 # panel file stem -> (title, y label, metric names or prefixes ending in "/")
@@ -61,6 +67,8 @@ PANELS: dict[str, tuple[str, str, list[str]]] = {
 STAGE_PREFIX = "timing_s/"
 # Stages that overlap others (tools run during generation): not stacked with them.
 OVERLAPPING = ("timing_s/step", "timing_s/tools")
+# The generations shown: the first samples of the last steps, each text clipped
+GENERATION_STEPS, SAMPLES_PER_STEP, TEXT_CHARS = 3, 2, 1500
 
 
 def _matches(key: str, name: str) -> bool:
@@ -142,11 +150,14 @@ def write_report(run_dir: str | Path) -> Path:
         missing.append("Time per stage")
     config = run.config.read_text() if run.config.is_file() else "(no config.yaml)"
     page = run.report / "report.html"
-    page.write_text(_html(run.root, rows, written, missing, config))
+    generations = _generations_html(run.root, config)
+    page.write_text(_html(run.root, rows, written, missing, config, generations))
     return page
 
 
-def _html(root: Path, rows: list[dict], written: list, missing: list, config: str) -> str:
+def _html(
+    root: Path, rows: list[dict], written: list, missing: list, config: str, generations: str
+) -> str:
     steps = [r["step"] for r in rows]
     figures = "\n".join(
         f'<figure><img src="{stem}.png" alt="{html.escape(title)}"><figcaption>'
@@ -157,11 +168,92 @@ def _html(root: Path, rows: list[dict], written: list, missing: list, config: st
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>rayrl report: {html.escape(root.name)}</title>
 <style>body{{font-family:sans-serif;margin:2em}} figure{{display:inline-block;margin:.5em}}
-img{{width:480px}} pre{{background:#f4f4f4;padding:1em;overflow:auto}}</style></head>
+img{{width:480px}} pre{{background:#f4f4f4;padding:1em;overflow:auto}}
+pre.gen{{white-space:pre-wrap;max-height:20em;margin:.2em 0 1em}}</style></head>
 <body><h1>rayrl run {html.escape(str(root))}</h1>
 <p>{len(rows)} logged steps{f", steps {min(steps)} to {max(steps)}" if steps else ""}.</p>
 {figures}
 {absent}
+{generations}
 <h2>Config</h2><pre>{html.escape(config)}</pre>
 </body></html>
 """
+
+
+def _generations_html(root: Path, config: str) -> str:
+    """The section of a few generations of `trainer.rollout_data_dir`; "" without one."""
+    try:
+        trainer = (yaml.safe_load(config) or {}).get("trainer") or {}
+    except yaml.YAMLError:
+        return ""
+    path = trainer.get("rollout_data_dir") if isinstance(trainer, dict) else None
+    if not path:
+        return ""
+    directory = Path(path).expanduser()
+    if not directory.is_absolute():
+        directory = _run_cwd(root, trainer.get("output_dir")) / directory
+    steps = (
+        read_generations(directory, GENERATION_STEPS, SAMPLES_PER_STEP)
+        if directory.is_dir()
+        else []
+    )
+    where = html.escape(str(directory))
+    if not steps:
+        return f"<h2>Generations</h2><p>None written to {where} (trainer.rollout_data_dir).</p>"
+    parts = [
+        f"<h2>Generations</h2><p>The first {SAMPLES_PER_STEP} samples of the last "
+        f"{len(steps)} step(s), from {where} (trainer.rollout_data_dir).</p>"
+    ]
+    for step, samples in steps:
+        parts.append(f"<h3>Step {step}</h3>")
+        parts.extend(_sample_html(sample) for sample in samples)
+    return "\n".join(parts)
+
+
+def _run_cwd(root: Path, output_dir: str | None) -> Path:
+    """The directory the run was started in, which its relative paths start from: the
+    run directory less a relative `trainer.output_dir`, else the working directory."""
+    out = Path(output_dir or "")
+    root = root.absolute()
+    if output_dir and not out.is_absolute() and root.parts[-len(out.parts) :] == out.parts:
+        return Path(*root.parts[: -len(out.parts)])
+    return Path.cwd()
+
+
+def _sample_html(sample: dict) -> str:
+    """One sample: its score and ids, then its prompt and response (an agent's turns)."""
+    about = [f"score {sample.get('score')}", f"uid {sample.get('uid')}"]
+    if sample.get("weight_version") is not None:
+        about.append(f"policy version {sample['weight_version']}")
+    if sample.get("num_turns") is not None:
+        about.append(f"{sample['num_turns']} turns")
+    texts = [("turns", _turns_text(sample["turns"]))] if sample.get("turns") else []
+    if not texts:
+        texts = [("prompt", sample.get("input", "")), ("response", sample.get("output", ""))]
+    body = "".join(
+        f'<b>{name}</b><pre class="gen">{html.escape(_clip(str(text)))}</pre>'
+        for name, text in texts
+    )
+    return f"<p>{html.escape(' · '.join(about))}</p>{body}"
+
+
+def _turns_text(turns: list) -> str:
+    """A trajectory's messages as text: `[role] content`, each tool call on its own line."""
+    lines = []
+    for message in turns:
+        if not isinstance(message, dict):
+            lines.append(str(message))
+            continue
+        name = f" {message['name']}" if message.get("name") else ""
+        lines.append(f"[{message.get('role', '?')}{name}] {message.get('content') or ''}")
+        for call in message.get("tool_calls") or []:
+            lines.append(f"  tool call: {json.dumps(call, ensure_ascii=False, default=str)}")
+    return "\n".join(lines)
+
+
+def _clip(text: str) -> str:
+    """`text`, its middle left out when longer than `TEXT_CHARS`."""
+    if len(text) <= TEXT_CHARS:
+        return text
+    half = TEXT_CHARS // 2
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters ...]\n{text[-half:]}"

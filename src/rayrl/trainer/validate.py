@@ -17,7 +17,8 @@ Multi-turn rollouts add `val-aux/multi_turn/num_turns/mean` and
 
 The first `trainer.val_examples` generations of each validation are written to
 `val_generations/step_<N>.jsonl` in the run directory (with their trajectories, for
-multi-turn rollouts).
+multi-turn rollouts); with `trainer.validation_data_dir` set, all of them go to
+`<validation_data_dir>/<N>.jsonl` too, in verl's fields (`rayrl.trainer.generations`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from rayrl.batch import Batch
+from rayrl.trainer.generations import GenerationsDir, generation_rows
 from rayrl.workers.common import only_reads
 from rayrl.workers.context import StageResult, StepContext
 from rayrl.workers.reward import SCORE_READS
@@ -113,6 +115,8 @@ class Validator:
         batch_size: prompts per generate call (`data.val_batch_size`; None: all).
         examples: generations written per validation (`trainer.val_examples`).
         out_dir: where they go (`val_generations/` of the run directory).
+        data_dir: where every generation goes (`trainer.validation_data_dir`; None:
+            nowhere).
     """
 
     def __init__(
@@ -126,24 +130,32 @@ class Validator:
         batch_size: int | None,
         examples: int,
         out_dir: Path,
+        data_dir: GenerationsDir | None = None,
     ) -> None:
         self.dataset, self.generate, self.score, self.decode = dataset, generate, score, decode
         self.n = n
         self.batch_size = batch_size or max(len(dataset), 1)
         self.examples = examples
         self.out_dir = Path(out_dir)
+        self.data_dir = data_dir
 
     def run(self, step: int) -> dict[str, float]:
         """Validate the current policy; `step` is the global step it has trained."""
         samples: list[dict] = []
+        rows: list[dict] = []  # for `data_dir`
         order = list(range(len(self.dataset)))
         ctx = StepContext(step=step, sampling="validate")
         for start in range(0, len(order), self.batch_size):
             prompts = self.dataset.collate(order[start : start + self.batch_size])
             prompts.non_tensors["uid"][:] = [f"val/{u}" for u in prompts["uid"]]
             prompts.meta["step"] = step
-            samples.extend(self._score(prompts, ctx))
+            out, scores = self._generated(prompts, ctx)
+            samples.extend(self._samples(out, scores))
+            if self.data_dir is not None:
+                rows.extend(self._rows(out, scores, step))
         self._write_examples(samples, step)
+        if self.data_dir is not None:
+            self.data_dir.write(step, rows)
         metrics = validation_metrics(samples, self.n)
         if samples and "tool_calls" in samples[0]:
             for key in ("num_turns", "tool_calls"):
@@ -151,9 +163,17 @@ class Validator:
                 metrics[f"val-aux/multi_turn/{key}/mean"] = _mean(values)
         return metrics
 
-    def _score(self, prompts: Batch, ctx: StepContext) -> list[dict]:
+    def _generated(self, prompts: Batch, ctx: StepContext) -> tuple[Batch, Batch]:
+        """The samples of `prompts` and their scores."""
         out = self.generate(prompts, ctx).batch
-        scores = self.score(only_reads(out, SCORE_READS))
+        return out, self.score(only_reads(out, SCORE_READS))
+
+    def _rows(self, out: Batch, scores: Batch, step: int) -> list[dict]:
+        """The samples as `data_dir` keeps them: the policy of `step` sampled them."""
+        scored = out.union(scores.select(*[k for k in ("scores", "reward_extra") if k in scores]))
+        return generation_rows(scored, self.decode, step=step, version=step)
+
+    def _samples(self, out: Batch, scores: Batch) -> list[dict]:
         texts = self.decode(
             [
                 row[m.bool()].tolist()

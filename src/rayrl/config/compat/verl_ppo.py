@@ -395,10 +395,6 @@ ALGORITHM: dict[str, Rule] = {
 TRAINER: dict[str, Rule] = {
     "trainer.default_local_dir": Moved("trainer.output_dir", note=RUN_DIR),
     "trainer.log_val_generations": Moved("trainer.val_examples"),
-    "trainer.rollout_data_dir": Inert("rayrl does not dump training rollouts"),
-    "trainer.validation_data_dir": Inert(
-        "validation generations go to OUTPUT_DIR/val_generations (trainer.val_examples of them)"
-    ),
     "trainer.esi_redundant_time": Inert("rayrl has no elastic-instance save deadline"),
     "trainer.checkpoint_callback_class": Only((None,), "checkpoint callbacks"),
     "trainer.default_hdfs_dir": Inert("rayrl writes checkpoints to trainer.output_dir only"),
