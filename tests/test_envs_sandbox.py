@@ -89,6 +89,37 @@ def test_ten_gigabytes_cannot_be_allocated(sandbox):
     trainer_is_healthy()
 
 
+FORKED_ALLOCATIONS = """
+    import os, time
+    for i in range(4):
+        if os.fork() == 0:
+            if i == 3:
+                os.setsid()  # one of them leaves the process group
+            data = b"x" * (200 << 20)  # written: resident, not just reserved
+            print("child holds 200 MB", flush=True)
+            time.sleep(30)
+            os._exit(0)
+    time.sleep(30)
+"""
+
+
+def test_the_memory_limit_bounds_all_the_processes_of_a_call_together(sandbox):
+    """Four children of 200 MB each fit the 512 MB limit one by one (each process's
+    address space) but not together: the call is killed in about a second, not at its
+    3 s timeout, and none of its processes is left."""
+    result = run(sandbox, FORKED_ALLOCATIONS)
+    assert result.memory_exceeded and not result.timed_out and not result.ok
+    assert result.peak_memory_bytes > sandbox.limits.memory_bytes
+    assert result.duration_s < 2.5
+    assert "MB together (memory limit)" in result.summary()
+    if ROOT:
+        uid = int(result.isolation["user"].split()[1])
+        assert _pids_of(uid) == []
+    one = run(sandbox, 'data = b"x" * (100 << 20)\nprint("held", len(data) >> 20)')
+    assert one.ok and one.stdout == "held 100\n" and not one.memory_exceeded
+    trainer_is_healthy()
+
+
 @needs_root
 def test_writes_outside_the_working_directory_fail(sandbox, tmp_path):
     victim_dir = tmp_path / "open"

@@ -15,7 +15,10 @@ interpreter) then:
    there are hidden), a fresh ``/proc``, writes the files into its working directory,
    sets the resource limits, drops to the sandbox's own uid when root, forbids new
    privileges, asks to be killed if the launcher dies, and execs the command;
-4. the launcher waits for it and reports how it ended.
+4. the launcher waits for it and reports how it ended. It is a child subreaper: a
+   process of the code whose parent ended is re-parented to it (not to the machine's
+   init), so the sandbox's parent finds every process of the call below the launcher
+   (`rayrl.envs.sandbox_memory`).
 
 Everything that was and was not isolated is written, as JSON lines, to REPORT_FD.
 """
@@ -34,7 +37,7 @@ CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 0x4000, 1 << 18
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 36, 38
 SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -191,6 +194,7 @@ def main():
         except OSError as err:
             iso["user_namespace"] = f"not available: {err}"
     done = _namespaces(req, iso)
+    _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans of the code stay below us
     pid = os.fork()
     if pid == 0:
         try:

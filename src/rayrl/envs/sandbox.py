@@ -9,6 +9,10 @@ it timed out, and how it was isolated). Nothing the code does raises here. Each 
 - has **resource limits**: CPU seconds (RLIMIT_CPU), address space (RLIMIT_AS, so a
   huge allocation fails inside the code), file size (RLIMIT_FSIZE), open files and
   processes (RLIMIT_NPROC: a fork bomb stops at the limit);
+- has a **memory limit for the whole call**: the memory of every process the code
+  starts, together, is checked a few times a second and the call killed when it
+  passes the limit (`rayrl.envs.sandbox_memory`: forked children cannot hold many
+  times the limit between them);
 - is **killed** at the wall-clock timeout with its whole process group, and with its
   whole PID namespace where there is one (a process that left the group dies too);
 - gets a **temporary working directory**, removed after;
@@ -50,12 +54,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rayrl.envs.sandbox_memory import POLL_S, MemoryWatch
+
 __all__ = ["Sandbox", "SandboxLimits", "SandboxResult"]
 
 _LAUNCHER = Path(__file__).with_name("_sandbox_child.py")
 _UID_RANGE = (200_000, 260_000)  # fresh uids for sandboxes (no passwd entry needed)
 _SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3")
 _CODE_FILE = "main.py"
+_RUN_TASKS = 4  # a run's own tasks beside the code's: its 3 pipe readers and the launcher
 
 
 @dataclass(frozen=True)
@@ -65,7 +72,8 @@ class SandboxLimits:
     Attributes:
         timeout_s: wall-clock seconds before the run is killed.
         cpu_s: CPU seconds per process (None: the timeout rounded up, plus one).
-        memory_bytes: address space per process.
+        memory_bytes: memory of the whole call (its processes together, checked a few
+            times a second) and the address space of each of its processes.
         file_size_bytes: largest file it may write.
         max_processes: processes (and threads) it may have at once.
         max_open_files: file descriptors per process.
@@ -90,15 +98,19 @@ class SandboxLimits:
 
 @dataclass
 class SandboxResult:
-    """How a run ended. ``exit_code`` is None when a signal ended it (``signal``) or
-    when it was killed at the timeout (``timed_out``); ``error`` is set when the
-    sandbox itself could not start the code."""
+    """How a run ended. ``exit_code`` is None when a signal ended it (``signal``), when
+    it was killed at the timeout (``timed_out``) or for holding more memory than the
+    limit, its processes together (``memory_exceeded``; ``peak_memory_bytes`` is the
+    most they held at a check); ``error`` is set when the sandbox itself could not
+    start the code."""
 
     stdout: str = ""
     stderr: str = ""
     exit_code: int | None = None
     signal: int | None = None
     timed_out: bool = False
+    memory_exceeded: bool = False
+    peak_memory_bytes: int = 0
     stdout_truncated: bool = False
     stderr_truncated: bool = False
     duration_s: float = 0.0
@@ -108,7 +120,11 @@ class SandboxResult:
     @property
     def ok(self) -> bool:
         """True when the code ran and exited with status 0."""
-        return self.exit_code == 0 and not self.timed_out and self.error is None
+        return (
+            self.exit_code == 0
+            and not (self.timed_out or self.memory_exceeded)
+            and self.error is None
+        )
 
     def summary(self) -> str:
         """The result as the model sees it: output, then what went wrong, if anything."""
@@ -125,6 +141,11 @@ class SandboxResult:
             parts.append(f"Error: the sandbox could not run the code: {self.error}")
         elif self.timed_out:
             parts.append(f"Error: killed after {self.duration_s:.1f} s (time limit).")
+        elif self.memory_exceeded:
+            held = self.peak_memory_bytes / (1 << 20)
+            parts.append(
+                f"Error: killed: its processes held {held:.0f} MB together (memory limit)."
+            )
         elif self.signal is not None:
             parts.append(f"Error: killed by signal {_signal_name(self.signal)}.")
         elif self.exit_code:
@@ -185,8 +206,8 @@ class Sandbox:
 
     def _request(self, argv, files, host_dir: str, uid: int | None, timeout: float) -> dict:
         limits = self.limits
-        if uid is None:  # RLIMIT_NPROC counts every process of our uid: leave room
-            nproc = _process_count(os.getuid()) + limits.max_processes
+        if uid is None:  # RLIMIT_NPROC counts every thread of our uid: leave room
+            nproc = _process_count(os.getuid()) + _RUN_TASKS + limits.max_processes
         else:
             nproc = limits.max_processes
         return {
@@ -228,31 +249,50 @@ class Sandbox:
             _Reader(proc.stderr, self.limits.max_output_bytes),
             _Reader(os.fdopen(report_r, "rb"), 1 << 20),
         ]
-        timed_out = False
         try:
             proc.stdin.write(json.dumps(request).encode())
             proc.stdin.close()
         except BrokenPipeError:
             pass
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+        memory = MemoryWatch(proc.pid, self.limits.memory_bytes)
+        ended = _wait(proc, start + timeout, memory)
+        if ended == "memory":
+            memory.kill()  # the processes that left the group too
         _kill_group(proc)
         if uid is not None:  # anything that left the group and the PID namespace
             _kill_uid(uid)
         duration = time.perf_counter() - start
         for reader in readers:
             reader.join(timeout=5.0)
-        return _result(readers, timed_out, duration)
+        result = _result(readers, ended != "exit", duration)
+        result.timed_out, result.memory_exceeded = ended == "timeout", ended == "memory"
+        result.peak_memory_bytes = memory.peak
+        return result
 
 
-def _result(readers: list[_Reader], timed_out: bool, duration: float) -> SandboxResult:
+def _wait(proc: subprocess.Popen, deadline: float, memory: MemoryWatch) -> str:
+    """Wait for the launcher to end, checking the call's memory every `POLL_S`: "exit",
+    or "timeout" at ``deadline``, or "memory" when its processes hold more than the
+    limit together."""
+    while True:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            return "timeout"
+        try:
+            proc.wait(timeout=min(POLL_S, left))
+            return "exit"
+        except subprocess.TimeoutExpired:
+            if memory.over():
+                return "memory"
+
+
+def _result(readers: list[_Reader], killed: bool, duration: float) -> SandboxResult:
+    """The result the pipes and the launcher's report tell (`killed`: the parent ended
+    the run, so the report's exit is not the code's own)."""
     out, err, report = readers
     result = SandboxResult(
         stdout=out.text(),
         stderr=err.text(),
-        timed_out=timed_out,
         stdout_truncated=out.truncated,
         stderr_truncated=err.truncated,
         duration_s=duration,
@@ -265,11 +305,11 @@ def _result(readers: list[_Reader], timed_out: bool, duration: float) -> Sandbox
         result.isolation.update(record.get("isolation") or {})
         if "setup_error" in record:
             result.error = record["setup_error"]
-        if "exit" in record and not timed_out:
+        if "exit" in record and not killed:
             result.exit_code = int(record["exit"])
-        if "signal" in record and not timed_out:
+        if "signal" in record and not killed:
             result.signal = int(record["signal"])
-    if result.exit_code is None and result.signal is None and not timed_out and not result.error:
+    if result.exit_code is None and result.signal is None and not killed and not result.error:
         result.error = "the sandbox launcher ended without a report"
     return result
 
@@ -351,7 +391,17 @@ def _pids_of(uid: int) -> list[int]:
 
 
 def _process_count(uid: int) -> int:
-    return len(_pids_of(uid))
+    """The tasks RLIMIT_NPROC counts for ``uid``: every thread of its processes (the
+    trainer alone runs dozens)."""
+    count = 0
+    for pid in _pids_of(uid):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                threads = [line for line in f if line.startswith("Threads:")]
+            count += int(threads[0].split()[1]) if threads else 1
+        except (OSError, ValueError):
+            count += 1
+    return count
 
 
 def _default_python(root: bool) -> str:
