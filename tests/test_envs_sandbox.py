@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from rayrl.envs import Sandbox, SandboxLimits, build_tool
+from rayrl.envs import Sandbox, SandboxLimits, build_tool, verl
 from rayrl.envs.sandbox import _pids_of
 
 ROOT = os.geteuid() == 0
@@ -214,3 +214,29 @@ def test_output_is_truncated_and_the_code_tool_summarises():
     assert tool.execute({"code": "print(2 ** 20)"}, None).strip() == "1048576"
     failed = tool.execute({"code": "raise ValueError('bad input')"}, None)
     assert "ValueError: bad input" in failed and "Exit code 1" in failed
+
+
+def test_verls_sandbox_fusion_limits_become_the_local_sandboxs(caplog, monkeypatch):
+    """verl's SandboxFusion tool runs in the local sandbox under its own limits: an
+    endless loop stops at about its default_timeout of 3 s, 600 MB fail under its
+    memory_limit_mb of 256, and the service's keys that have no effect are named."""
+    monkeypatch.setattr(verl, "_warned", set())  # said once per process: say it here
+    tool = build_tool(
+        {
+            "class_name": "verl.tools.sandbox_fusion_tools.SandboxFusionTool",
+            "config": {
+                "sandbox_fusion_url": "https://sandbox.example/run_code",
+                "num_workers": 10,
+                "default_timeout": 3,
+                "memory_limit_mb": 256,
+                "type": "native",
+            },
+        }
+    )
+    assert "sandbox_fusion_url, num_workers of its config have no effect" in caplog.text
+    start = time.perf_counter()
+    looped = tool.execute({"code": "while True: pass"}, None)
+    assert 2.5 < time.perf_counter() - start < 6
+    assert "killed after 3." in looped and "time limit" in looped
+    big = tool.execute({"code": 'x = b"x" * (600 << 20)\nprint("allocated")'}, None)
+    assert "MemoryError" in big and "allocated" not in big

@@ -8,6 +8,10 @@
   SandboxFusion code tool to ``code_interpreter`` (rayrl's local sandbox, not a remote
   service), the retrieval search tool to ``search`` (a local corpus given in its
   config instead of a retrieval service URL), the GSM8K answer tool to ``gsm8k_answer``.
+  The SandboxFusion tool's limits carry over (`sandbox_fusion_config`:
+  ``default_timeout`` is the sandbox's time limit, ``memory_limit_mb`` its memory
+  limit); its keys for the remote service have no effect here, and a warning names
+  each one given.
 - A user's class written against verl's ``BaseTool`` (async ``create`` / ``execute``
   / ``calc_reward`` / ``release`` with instance ids) runs through `VerlTool`, each
   coroutine on its own event loop in the tool's worker thread.
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -29,17 +34,66 @@ from rayrl.envs.tool import Tool, split_schema
 __all__ = [
     "BUILTIN_FOR_CLASS",
     "VerlTool",
+    "builtin_config",
     "episode_fields",
     "is_verl_tool_class",
     "load_tool_config",
+    "sandbox_fusion_config",
 ]
 
+log = logging.getLogger("rayrl.envs")
+
+SANDBOX_FUSION = "verl.tools.sandbox_fusion_tools.SandboxFusionTool"
 BUILTIN_FOR_CLASS = {
-    "verl.tools.sandbox_fusion_tools.SandboxFusionTool": "code_interpreter",
+    SANDBOX_FUSION: "code_interpreter",
     "verl.tools.search_tool.SearchTool": "search",
     "verl.tools.gsm8k_tool.Gsm8kTool": "gsm8k_answer",
     "verl.workers.tool.gsm8k_tool.Gsm8kTool": "gsm8k_answer",
 }
+# verl's SandboxFusion keys -> the `code_interpreter` keys that honour them.
+SANDBOX_FUSION_LIMITS = {"default_timeout": "timeout_s", "memory_limit_mb": "memory_mb"}
+# verl's SandboxFusion keys for the remote service: nothing here honours them.
+SANDBOX_FUSION_SERVICE = (
+    "sandbox_fusion_url",
+    "num_workers",
+    "rate_limit",
+    "enable_global_rate_limit",
+)
+_warned: set[str] = set()  # each warning once per process (the driver builds tools often)
+
+
+def builtin_config(target: str, config: dict[str, Any]) -> dict[str, Any]:
+    """The config a verl tool class's built-in gets from the class's own ``config``."""
+    return sandbox_fusion_config(config) if target == SANDBOX_FUSION else config
+
+
+def sandbox_fusion_config(config: dict[str, Any]) -> dict[str, Any]:
+    """verl's SandboxFusion ``config`` as ``code_interpreter``'s: its limits mapped onto
+    the local sandbox's (a ``code_interpreter`` key given as well wins); a warning names
+    the keys that have no effect here (the remote service's, a language other than
+    Python)."""
+    mapped = dict(config)
+    for verl_key, key in SANDBOX_FUSION_LIMITS.items():
+        if verl_key in mapped and key not in mapped:
+            mapped[key] = mapped[verl_key]
+    ignored = [k for k in SANDBOX_FUSION_SERVICE if k in config]
+    language = str(config.get("default_language", "python")).lower()
+    if language != "python":
+        ignored.append(f"default_language={language!r} (the local sandbox runs Python only)")
+    if ignored:
+        _warn_once(
+            f"tool {SANDBOX_FUSION} runs in rayrl's local sandbox (code_interpreter), not "
+            f"on a SandboxFusion service: {', '.join(ignored)} of its config have no effect "
+            "(default_timeout and memory_limit_mb are its limits; "
+            "multi_turn.max_concurrent_tools bounds the calls at once)"
+        )
+    return mapped
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning(message)
 
 
 def load_tool_config(path: str | Path) -> list[dict[str, Any]]:
