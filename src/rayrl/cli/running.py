@@ -82,6 +82,7 @@ def exit_code_of(work: Callable[[], Any]) -> int:
 
     from rayrl.cli.common import console
     from rayrl.cluster.guard import ResourceError
+    from rayrl.config.errors import ConfigError
     from rayrl.data import DataError
     from rayrl.envs.errors import LoadError
     from rayrl.models.loading import ModelPathError, TokenizerMissingError
@@ -97,6 +98,7 @@ def exit_code_of(work: Callable[[], Any]) -> int:
     kinds = [
         (DataError, "data error", 2),
         (ToolConfigError, "config error", 2),  # before its cause: it names the key
+        (ConfigError, "config error", 2),  # a check of the config against what it names
         ((RewardFunctionError, LoadError), "config error", 2),
         ((TokenizerMissingError, ModelPathError), "model error", 2),
         ((RunDirError, RunDirLockedError), "run directory error", 2),

@@ -44,6 +44,7 @@ from rayrl.trainer.advantage import (
     shape_rewards,
     warn_extreme_scores,
 )
+from rayrl.trainer.agent_checks import check_agent_setup
 from rayrl.trainer.balance import balance_batch, balanced_samples, sequence_lengths
 from rayrl.trainer.contract import TrainData
 from rayrl.trainer.data import load_datasets
@@ -130,28 +131,39 @@ class PPOTrainer:
     def preflight(self) -> None:
         """The critic's and the reward model's paths (the actor's: `load_data`, with its
         tokenizer) and the user's reward file and function, read; the directories of
-        `trainer.rollout_data_dir` and `trainer.validation_data_dir` created."""
+        `trainer.rollout_data_dir` and `trainer.validation_data_dir` created; with
+        multi-turn rollouts the tools, interactions and chat template checked
+        (`rayrl.trainer.agent_checks`)."""
         cfg = self.cfg
         if critic_enabled(cfg) and cfg.critic.model.path:
             check_model_path(cfg.critic.model.path, key="critic.model.path")
         if cfg.reward_model.enable and cfg.reward_model.model.path:
             check_model_path(cfg.reward_model.model.path, key="reward_model.model.path")
         check_reward_source(cfg)
+        if cfg.actor_rollout_ref.rollout.multi_turn.enable:
+            check_agent_setup(cfg, self._actor_tokenizer(), self.model_path)
         for directory in (self.rollout_data, self.validation_data):
             if directory is not None:
                 directory.prepare()
 
+    def _actor_tokenizer(self):
+        """The actor's tokenizer (its chat template replaced by `custom_chat_template`),
+        loaded once."""
+        if self.tokenizer is None:
+            model = self.cfg.actor_rollout_ref.model
+            named = "tokenizer_path" if model.tokenizer_path else "path"
+            self.tokenizer = load_tokenizer(
+                model.tokenizer_path or self.model_path,
+                key=f"actor_rollout_ref.model.{named}",
+                trust_remote_code=model.trust_remote_code,
+                chat_template=model.custom_chat_template,
+            )
+        return self.tokenizer
+
     def load_data(self) -> TrainData:
         """Tokenizer, training prompts and validation prompts (before any reservation)."""
-        model, d = self.cfg.actor_rollout_ref.model, self.cfg.data
-        key = "actor_rollout_ref.model." + ("tokenizer_path" if model.tokenizer_path else "path")
-        self.tokenizer = load_tokenizer(
-            model.tokenizer_path or self.model_path,
-            key=key,
-            trust_remote_code=model.trust_remote_code,
-            chat_template=model.custom_chat_template,
-        )
-        train, val = load_datasets(self.cfg, self.tokenizer)
+        d = self.cfg.data
+        train, val = load_datasets(self.cfg, self._actor_tokenizer())
         seed = self.cfg.trainer.seed if d.seed is None else d.seed  # verl's data.seed
         self.data = TrainData(train, d.train_batch_size, d.shuffle, val, seed=seed)
         return self.data
