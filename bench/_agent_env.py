@@ -15,6 +15,7 @@ tokens). Both are deterministic: an episode replays exactly.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import Any
 
@@ -24,19 +25,40 @@ ENVIRONMENT = "LatencyEnvironment"
 
 
 class LatencyEnvironment(Environment):
-    """Every turn is a tool call of `latency_s` seconds; `calls` of them an episode."""
+    """Every turn is a tool call of `latency_s` seconds; `calls` of them an episode.
+
+    A long tail: ``latency_s`` may be a range ``[low, high]`` (each call's latency drawn
+    from it, log-uniformly) and ``calls`` a range ``[fewest, most]`` (each episode's
+    count drawn from it), both seeded by the episode's uid and the call's index, so an
+    episode replays exactly."""
 
     def reset(self, episode) -> None:
         super().reset(episode)
         self.calls = 0
+        self.uid = str(episode.sample_uid)
+        self.most = int(round(_drawn(self.config.get("calls", 4), self.uid, "calls", False)))
 
     def step(self, conversation: list[dict[str, Any]], message: str) -> StepResult:
-        if self.calls >= int(self.config.get("calls", 4)):
+        if self.calls >= self.most:
             return StepResult(done=True)
         self.calls += 1
-        time.sleep(float(self.config.get("latency_s", 0.05)))
+        latency = self.config.get("latency_s", 0.05)
+        time.sleep(_drawn(latency, self.uid, f"latency{self.calls}", True))
         text = str(self.config.get("observation", "tool result 42"))
         return StepResult([{"role": "tool", "name": "bench_tool", "content": text}])
+
+
+def _drawn(value: Any, uid: str, what: str, log: bool) -> float:
+    """``value``, or for a ``[low, high]`` range a draw from it seeded by (uid, what):
+    uniform, or log-uniform with ``log``."""
+    if not isinstance(value, list | tuple):
+        return float(value)
+    low, high = float(value[0]), float(value[1])
+    digest = hashlib.blake2b(f"{uid}/{what}".encode(), digest_size=8).digest()
+    u = int.from_bytes(digest, "little") / 2.0**64
+    if log and low > 0:
+        return low * (high / low) ** u
+    return low + (high - low) * u
 
 
 def end_turns_often(model_dir: str, share: float) -> list[int]:

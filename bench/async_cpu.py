@@ -25,8 +25,19 @@ Prints JSON lines: `sync_samples_per_s`, `sync1_samples_per_s` and
 fractions. `--device cuda` puts both processes on one GPU, each on half
 of it (`resources.gpus_per_worker=0.5`, `rollout.gpus_per_replica=0.5`).
 
+`--agent`: the long tail of agents. Each sample is a multi-turn episode (the random
+model's turns end after about 1/`--turn-end` tokens, `_agent_env.end_turns_often`)
+whose every turn is a tool call taking 20-500 ms (`--latency`, log-uniform per call)
+for 0-6 calls an episode (`--calls`), seeded per episode
+(`_agent_env.LatencyEnvironment`). The modes are then `sync` (the hybrid engine),
+`async` (a replica, no partial rollouts: a new version waits for the calls that
+began under the old one) and `async_partial` (in-flight weight updates: the replica
+swaps a new version in between engine steps, episodes mid-turn go on under it), and
+the ratios `agent_async_over_sync` (target 1.5: the better of the two async modes
+over sync) and `agent_partial_over_async` (target 1.15).
+
 Usage: `python bench/async_cpu.py [--rounds 2] [--steps 6] [--device cpu|cuda]
-[--staleness 1] [KEY=VALUE ...]` (overrides of both runs).
+[--staleness 1] [--agent] [KEY=VALUE ...]` (overrides of every run).
 """
 
 from __future__ import annotations
@@ -43,6 +54,7 @@ from _common import emit_line, hardware
 
 BENCH = "async_cpu"
 RESULTS = sys.stdout
+AGENT_ENV = Path(__file__).resolve().parent / "_agent_env.py"
 
 
 emit = functools.partial(emit_line, BENCH, stream=RESULTS)
@@ -94,13 +106,28 @@ def overrides(args: argparse.Namespace, model: str, out: str) -> list[str]:
     ]
 
 
-def async_overrides(args: argparse.Namespace) -> list[str]:
+def agent_overrides(args: argparse.Namespace) -> list[str]:
+    """Every sample an episode of tool calls of spread latency (module docstring)."""
+    mt = "actor_rollout_ref.rollout.multi_turn"
+    env = f"{mt}.environment_config"
+    return [
+        f"{mt}.enable=true",
+        f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_ENV}:LatencyEnvironment",
+        f"{env}.latency_s=[{args.latency[0]},{args.latency[1]}]",
+        f"{env}.calls=[{args.calls[0]},{args.calls[1]}]",
+        f"{mt}.max_tool_response_length=8",
+        f"{mt}.max_concurrent_tools={args.batch * args.n * 2}",
+    ]
+
+
+def async_overrides(args: argparse.Namespace, partial: bool | None = None) -> list[str]:
+    partial = args.partial if partial is None else partial
     return [
         "actor_rollout_ref.rollout.mode=async",
         "rollout.n_gpus_per_node=1",
         f"async_training.staleness_threshold={args.staleness}",
         "async_training.trigger_parameter_sync_step=1",
-        f"async_training.partial_rollout={str(args.partial).lower()}",
+        f"async_training.partial_rollout={str(partial).lower()}",
         *(
             [f"async_training.prompts_per_call={args.prompts_per_call}"]
             if args.prompts_per_call
@@ -119,9 +146,14 @@ def one_run(args: argparse.Namespace, mode: str, out: str) -> dict:
     from rayrl.trainer.ppo import PPOTrainer
     from rayrl.trainer.run import Run
 
-    extra = {"async": async_overrides(args), "sync1": ["reward.colocate=false"]}.get(mode, [])
-    cfg = load_config("grpo", [*overrides(args, args.model, out), *extra])
-    cls = AsyncPPOTrainer if mode == "async" else PPOTrainer
+    extra = {
+        "async": async_overrides(args, None if not args.agent else False),
+        "async_partial": async_overrides(args, True),
+        "sync1": ["reward.colocate=false"],
+    }.get(mode, [])
+    agent = agent_overrides(args) if args.agent else []
+    cfg = load_config("grpo", [*overrides(args, args.model, out), *agent, *extra])
+    cls = AsyncPPOTrainer if mode.startswith("async") else PPOTrainer
     run = Run(cls(cfg, print_fn=lambda text: print(text, file=sys.stderr)))
     ends: list[float] = []
     try:
@@ -131,6 +163,43 @@ def one_run(args: argparse.Namespace, mode: str, out: str) -> dict:
         run.shutdown()
     samples = args.batch * args.n * (len(ends) - 1)
     return {"samples_per_s": samples / (ends[-1] - ends[0]), "history": history[1:]}
+
+
+def agent_results(runs: dict, rates: dict, setup: dict) -> None:
+    """The agent workload's lines: each mode's samples/s and the two ratios."""
+    median = {mode: statistics.median(values) for mode, values in rates.items()}
+    for mode, value in median.items():
+        emit(f"agent_{mode}_samples_per_s", value, "samples/s", per_round=rates[mode], **setup)
+    best = max(median["async"], median["async_partial"])
+    emit(
+        "agent_async_over_sync",
+        best / median["sync"],
+        "ratio",
+        target=1.5,
+        better="higher",
+        **setup,
+    )
+    emit(
+        "agent_partial_over_async",
+        median["async_partial"] / median["async"],
+        "ratio",
+        target=1.15,
+        better="higher",
+        **setup,
+    )
+    for mode in runs:
+        history = [m for r in runs[mode] for m in r["history"]]
+        for key, unit in (
+            ("multi_turn/num_turns/mean", "turns"),
+            ("response_length/mean", "tokens"),
+            ("timing_s/gen", "s"),
+            ("timing_s/wait_for_batch", "s"),
+            ("perf/rollout_idle_fraction", "fraction"),
+            ("async/staleness/mean", "steps"),
+            ("async/requeued", "prompts"),
+        ):
+            if any(key in m for m in history):
+                emit(key.replace("/", "_"), mean_of(history, key), unit, run=mode)
 
 
 def mean_of(history: list[dict], key: str) -> float:
@@ -157,6 +226,10 @@ def main() -> None:
         default=0,
         help="async: prompts per replica call (0: the whole batch in one call)",
     )
+    parser.add_argument("--agent", action="store_true", help="the long tail of agents")
+    parser.add_argument("--latency", type=float, nargs=2, default=[0.02, 0.5])
+    parser.add_argument("--calls", type=int, nargs=2, default=[0, 6])
+    parser.add_argument("--turn-end", type=float, default=1 / 12, help="agents: EOS share")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--model", default=None, help="an HF model directory to use instead")
     parser.add_argument("--out", default=None)
@@ -166,12 +239,18 @@ def main() -> None:
     args.model = args.model or long_tail_model(
         root / "model", args.layers, args.hidden, args.eos_shift
     )
+    if args.agent:
+        sys.path.insert(0, str(AGENT_ENV.parent))
+        from _agent_env import end_turns_often
+
+        end_turns_often(args.model, args.turn_end)
     RESULTS, sys.stdout = sys.stdout, sys.stderr  # worker noise away from the JSON lines
     import ray
 
     gpus = {"num_gpus": 1} if args.device == "cuda" else {}
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, **gpus)
-    runs: dict[str, list[dict]] = {"sync": [], "sync1": [], "async": []}
+    modes = ("sync", "async", "async_partial") if args.agent else ("sync", "sync1", "async")
+    runs: dict[str, list[dict]] = {mode: [] for mode in modes}
     for round_ in range(args.rounds):
         for mode in runs:
             result = one_run(args, mode, str(root / f"{mode}{round_}"))
@@ -191,8 +270,13 @@ def main() -> None:
         "staleness": args.staleness,
         "partial_rollout": args.partial,
         "prompts_per_call": args.prompts_per_call,
+        "agent": args.agent,
+        **({"latency_s": args.latency, "calls": args.calls} if args.agent else {}),
     }
     rates = {mode: [r["samples_per_s"] for r in done] for mode, done in runs.items()}
+    if args.agent:
+        agent_results(runs, rates, setup)
+        return
     sync, fast = statistics.median(rates["sync"]), statistics.median(rates["async"])
     emit("sync_samples_per_s", sync, "samples/s", per_round=rates["sync"], **setup)
     emit("async_samples_per_s", fast, "samples/s", per_round=rates["async"], **setup)

@@ -88,6 +88,29 @@ def test_too_stale_samples_are_dropped_requeued_counted_and_trained_once():
         queue.trained(3, taken)
 
 
+def test_a_partial_rollouts_staleness_is_its_oldest_tokens():
+    """A prompt whose samples were generated across a weight update carries token
+    versions like [0, 0, 2, 2]: its staleness is its oldest token's (0), so at step 2
+    with max_lag 1 it is too stale, whatever its newer tokens say. Padding and appended
+    (unsampled) positions do not count."""
+    queue = SampleQueue(batch_size=1, n=N, max_lag=1, window=3.0)
+    queue.feed(prompts(["a"]), epoch=0, step=0)
+    item = queue.next_work(0, 8)
+    batch, versions = samples_for(item, 2)
+    versions[:, :2] = 0  # the first two tokens came from policy 0, the rest from 2
+    batch["response_mask"][:, :2] = torch.tensor([[1, 1], [1, 1]])
+    queue.complete(item, batch, versions)
+    queue.steps_done = 2
+    assert queue.take(2) is None and queue.dropped == 1  # lag 2 - 0 > 1
+    item = queue.next_work(2, 8)
+    batch, versions = samples_for(item, 2)
+    versions[:, -1] = 0  # a padded (unsampled) tail position: not a token of policy 0
+    batch["response_mask"][:, -1] = 0
+    queue.complete(item, batch, versions)
+    taken = queue.take(2)
+    assert [p.uid for p in taken] == ["a"] and taken[0].version == 2
+
+
 def test_results_of_lost_or_aborted_calls_requeue_and_old_results_are_ignored():
     queue = SampleQueue(batch_size=2, n=N, max_lag=1, window=2.0)
     queue.feed(prompts(["a", "b"]), epoch=0, step=0)

@@ -316,8 +316,16 @@ class AsyncPPOTrainer(PPOTrainer):
 
 
 def staleness_metrics(step: int, versions: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """`async/staleness/{mean,max}`: step - the version of each response token."""
-    lag = (step - versions).float()[mask.bool()]
+    """`async/staleness/{mean,max}`: step - the version of each sampled response token;
+    `rollout/weight_versions_in_batch`: how many policy versions drew the batch's tokens
+    (more than one where partial rollouts swapped weights mid-sequence, or calls of
+    several versions met in one batch)."""
+    sampled = versions[mask.bool()]
+    lag = (step - sampled).float()
     if lag.numel() == 0:
         return {"async/staleness/mean": 0.0, "async/staleness/max": 0.0}
-    return {"async/staleness/mean": float(lag.mean()), "async/staleness/max": float(lag.max())}
+    return {
+        "async/staleness/mean": float(lag.mean()),
+        "async/staleness/max": float(lag.max()),
+        "rollout/weight_versions_in_batch": float(sampled.unique().numel()),
+    }

@@ -156,7 +156,7 @@ class SampleQueue:
                 p = self.prompts[seq]
                 p.samples = samples.index(list(range(i * n, (i + 1) * n)))
                 p.versions = versions[i * n : (i + 1) * n]
-                p.version = int(p.versions.min())
+                p.version = oldest_version(p.versions, p.samples["response_mask"])
                 p.state = FINISHED
             self.cond.notify_all()
             return len(live)
@@ -315,6 +315,13 @@ class SampleQueue:
             self.steps_done = steps_done
             self.dropped = max(self.dropped, int(state.get("dropped", 0)))  # counts go on
             self.cond.notify_all()
+
+
+def oldest_version(versions: torch.Tensor, mask: torch.Tensor) -> int:
+    """The policy version of the oldest sampled token (``mask`` 1: padding and appended
+    tool tokens do not count); with no sampled token, the newest version there."""
+    sampled = versions[mask.bool()]
+    return int(sampled.min()) if sampled.numel() else int(versions.max())
 
 
 def concat_samples(groups: list[Batch], pad_id: int) -> Batch:

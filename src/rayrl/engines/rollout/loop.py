@@ -9,7 +9,8 @@ turn ends and answers with tokens to append, or the end of the episode). A pass 
 loop (`pump`):
 
 1. jobs submitted since the last pass join the engine (a job whose sampling the
-   engine's live samples do not share waits until the engine is empty);
+   engine's live samples do not share waits until the engine is empty; none joins
+   while ``holding`` is set);
 2. the drivers' answers ready now are applied (resume the sample with the appended
    tokens, or finish it); when the engine stalled (every live sample waits for its
    driver) the loop blocks until an answer comes;
@@ -106,6 +107,9 @@ class TurnLoop:
         self._held: list[Job] = []  # waiting for the engine to empty (other sampling)
         self._jobs: list[Job] = []
         self._owner: dict[int, tuple[Job, int]] = {}  # engine sample id -> (job, row)
+        # True: submitted jobs wait before they join the engine (a weight receiver holds
+        # them until the version it waits to swap in is in: `between_steps` sets it)
+        self.holding = False
 
     # ------------------------------------------------------------------ calls
     def run(self, job: Job) -> Job:
@@ -176,7 +180,7 @@ class TurnLoop:
         with self._lock:
             self._held.extend(self._new)
             self._new = []
-            held = list(self._held)
+            held = [] if self.holding else list(self._held)
         for job in held:
             active = self.engine.draws_with if self.engine.live else None
             if active is not None and active != job.sampling.drawing():

@@ -18,9 +18,10 @@ The hybrid actor (`rayrl.workers.actor`) and an asynchronous rollout replica
   call when none runs. A call's `CallPolicy` says what a newer policy does to it:
   with ``partial`` its samples go on under the new weights (partial rollouts: each
   token keeps the version that drew it); without, the call keeps the version it
-  started with, the swap waits for it, and a call whose samples would then lag the
-  offered policy by more than ``max_lag`` versions is aborted (`Aborted`: the caller
-  queues its prompts again).
+  started with, the swap waits for it (calls that arrive meanwhile wait too, and
+  start under the new version), and a call whose samples would then lag the offered
+  policy by more than ``max_lag`` versions is aborted (`Aborted`: the caller queues
+  its prompts again).
 - ``update_weights(weights)`` loads weights now (the hybrid actor's in-place sync,
   between calls), ``sleep`` / ``wake`` free and take back the engine's memory.
 
@@ -229,6 +230,10 @@ class RolloutService:
                     pinned = True
             if not pinned:
                 self.swap()
+            # a version waits for the calls that pin the old one: new calls wait for it
+            self.loop.holding = pinned
+        else:
+            self.loop.holding = False
         for job in self.loop.jobs:
             call = self._calls[id(job)]
             if call.first is None:
