@@ -2,7 +2,9 @@
 each GPU would hold.
 
 Connects to `--address`, else `resources.address`, else RAY_ADDRESS, or starts a
-private local Ray, and prints pools, bundles, per-node placement, the CPU budget, the
+private local Ray (on a CPU-only run with the logical CPUs `rayrl train` would give
+it, and refusing, as train does, a run that needs more than a few a core:
+`rayrl.trainer.resources.local_ray_cpus`), and prints pools, bundles, per-node placement, the CPU budget, the
 verdict and where the reward scores (its workers per node) without reserving anything. Exit code 0 when it fits now, 1 when resources
 are held or it waits for an autoscaler to add nodes, 2 when it can never fit.
 
@@ -24,25 +26,36 @@ H200_GIB = 139.8  # what torch reports for one H200
 
 
 def plan(args: argparse.Namespace) -> int:
+    import ray
+    from rich.markup import escape
+
     cfg = load_from_args(args)
     out = console()
     if args.no_cluster:
         return _offline(cfg, args, out)
-    from rayrl.cluster.guard import assess, render_plan
+    from rayrl.cluster.guard import ResourcesUnsatisfiable, assess, render_plan
     from rayrl.cluster.inspect import connect, resolve_address, snapshot
     from rayrl.trainer.resources import (
+        local_ray_cpus,
         node_cpus,
         pools_from_config,
         resolve_device,
         reward_layout,
     )
 
-    with connect(resolve_address(args.address, cfg.resources.address)) as address:
+    address = resolve_address(args.address, cfg.resources.address)
+    local = address is None and not ray.is_initialized()
+    try:  # a local Ray as `rayrl train` would start it
+        cpus = local_ray_cpus(cfg, pools_from_config(cfg, "cpu")) if local else None
+    except ResourcesUnsatisfiable as never:
+        out.print(f"[bold red]NEVER:[/] {escape(str(never))}", highlight=False)
+        return EXIT["never"]
+    with connect(address, num_cpus=cpus) as gcs:
         state = snapshot()
         gpus = sum(node.get("GPU", 0.0) for node in state.totals.values())
         device = resolve_device(cfg, gpus)
         pools = pools_from_config(cfg, device, node_cpus(state.totals, device))
-        out.print(f"cluster {address}: {len(state.nodes)} node(s); device {device}")
+        out.print(f"cluster {gcs}: {len(state.nodes)} node(s); device {device}")
         out.print(render_plan(pools, state))
         out.print(reward_layout(cfg, device), highlight=False)
         if device == "cuda":

@@ -61,7 +61,7 @@ class ResourceError(RuntimeError):
         self.table = table
 
     def __str__(self) -> str:
-        return f"{self.message}\n{self.table}"
+        return f"{self.message}\n{self.table}" if self.table else self.message
 
 
 class ResourcesUnsatisfiable(ResourceError):

@@ -379,8 +379,9 @@ def resolve_address(explicit: str | None = None, configured: str | None = None) 
 
 
 @contextlib.contextmanager
-def connect(address: str | None) -> Iterator[str]:
-    """Use the Ray at `address`, or start a private local one when it is None.
+def connect(address: str | None, num_cpus: int | None = None) -> Iterator[str]:
+    """Use the Ray at `address`, or start a private local one when it is None (with
+    `num_cpus` logical CPUs when given: as many as a run would start it with).
 
     Never attaches by "auto" or RAY_ADDRESS on its own: pass `resolve_address(...)` for
     the address a user meant. Reuses this process's connection when it already points
@@ -397,7 +398,9 @@ def connect(address: str | None) -> Iterator[str]:
             "call ray.shutdown() first or pass that address"
         )
     if address is None:
-        ctx = ray.init(address="local", include_dashboard=False, log_to_driver=False)
+        ctx = ray.init(
+            address="local", include_dashboard=False, log_to_driver=False, num_cpus=num_cpus
+        )
     else:
         ctx = ray.init(address=address, log_to_driver=False)
     try:

@@ -36,7 +36,7 @@ import ray
 from rayrl.cluster.inspect import resolve_address
 from rayrl.cluster.spec import PoolSpec
 from rayrl.config.schema import RayRLConfig
-from rayrl.trainer.resources import local_cpu_count
+from rayrl.trainer.resources import local_ray_cpus
 
 log = logging.getLogger(__name__)
 
@@ -115,17 +115,12 @@ def _local_cpus(
     data: float = 0.0,
 ) -> int | None:
     """Logical CPUs for the local Ray of a CPU-only run whose pools need more than this
-    machine's cores (said once), else None (Ray counts the cores itself)."""
-    device = cfg.trainer.device
-    if device == "auto":
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device != "cpu":
-        return None
-    cores = len(os.sched_getaffinity(0))
-    cpus = local_cpu_count(cpu_pools(), cores, extra=data)
+    machine's cores (said once), else None (Ray counts the cores itself). Raises
+    ResourcesUnsatisfiable, before Ray starts, when they need more than a few a core
+    (`local_ray_cpus`)."""
+    cpus = local_ray_cpus(cfg, cpu_pools(), extra=data)
     if cpus:
+        cores = len(os.sched_getaffinity(0))
         also = f" (Ray Data's tasks {data:g} of them)" if data else ""
         print_fn(
             f"this machine has {cores} cores and the run's work needs {cpus} CPUs{also}: "

@@ -10,11 +10,16 @@ CPUs and, for a reward model on GPUs, one GPU; or, on a CPU-only run of one acto
 (`reward_colocated`), the reward runs in the actor's process, whose bundle then holds
 the reward's CPUs too. The pools reserve spare bundles by `resources.capacity_factor`,
 where replacements of the workers of a lost node go.
+
+A CPU-only run that starts its own Ray gives it the logical CPUs its pools need when
+the machine has fewer cores (`local_cpu_count`), up to `OVERSUBSCRIPTION` a core:
+past that, `rayrl train` refuses the run and `rayrl plan` says it never fits.
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 from rayrl.cluster.spec import PoolSpec
 from rayrl.config.schema import RayRLConfig
@@ -183,11 +188,79 @@ def rollout_pool_spec(cfg: RayRLConfig, device: str) -> PoolSpec:
     )
 
 
+# A CPU-only run that starts its own Ray may give it more logical CPUs than the machine
+# has cores (its workers then share the cores), up to this many per core. Sharing a
+# core among a few workers costs little, as they mostly take turns (the trainer
+# updates while the rollout waits, and the other way round); 64 rollout replicas on 2
+# cores took 5 minutes a step, each waiting for a core nearly all the time. Past this,
+# `rayrl train` refuses the run and `rayrl plan` says it never fits.
+OVERSUBSCRIPTION = 4
+# The keys that size each pool of `pools_from_config`: (bundles per node, nodes, CPUs each).
+POOL_KEYS = {
+    TRAIN_POOL: ("trainer.n_gpus_per_node", "trainer.nnodes", "resources.cpus_per_worker"),
+    REWARD_POOL: ("reward.workers_per_node", "trainer.nnodes", "reward.cpus_per_worker"),
+    ROLLOUT_POOL: ("rollout.n_gpus_per_node", "rollout.nnodes", "rollout.cpus_per_replica"),
+}
+
+
 def local_cpu_count(specs: list[PoolSpec], cores: int, extra: float = 0.0) -> int | None:
     """The logical CPUs a local Ray of a CPU-only run starts with: the pools' CPUs
     (their bundles and spares) and `extra` CPUs of work outside the pools (Ray Data's
     tasks) when this machine's `cores` are fewer, so that a run of several roles
     (async training: the trainer, the reward and a rollout replica) starts on a laptop
-    too, its workers sharing the cores; None when the cores hold them."""
-    need = extra + sum(s.bundle.get("CPU", 0.0) * (s.world_size + s.num_spares) for s in specs)
+    too, its workers sharing the cores; None when the cores hold them.
+
+    Raises ResourcesUnsatisfiable when they need more than `OVERSUBSCRIPTION` logical
+    CPUs a core: the message gives the numbers and the key to lower. `rayrl train` and
+    `rayrl plan` both decide here."""
+    need = extra + sum(_pool_cpus(s) for s in specs)
+    if need > OVERSUBSCRIPTION * cores + 1e-9:
+        from rayrl.cluster.guard import ResourcesUnsatisfiable
+
+        raise ResourcesUnsatisfiable(_oversubscribed(specs, cores, need, extra), table="")
     return math.ceil(need) if need > cores else None
+
+
+def _pool_cpus(spec: PoolSpec) -> float:
+    return spec.bundle.get("CPU", 0.0) * (spec.world_size + spec.num_spares)
+
+
+def _oversubscribed(specs: list[PoolSpec], cores: int, need: float, extra: float) -> str:
+    """Why a CPU-only run cannot start on this machine: the CPUs of each pool, and
+    what to lower."""
+    parts = [f"{s.name} {_pool_cpus(s):g} ({_shape(s)})" for s in specs]
+    if extra:
+        parts.append(f"Ray Data's tasks {extra:g}")
+    largest = max(specs, key=_pool_cpus)
+    count_key, nodes_key, cpu_key = POOL_KEYS.get(
+        largest.name, (f"the bundles of pool {largest.name!r}", "its nodes", "its CPUs")
+    )
+    nodes = f" x {nodes_key}={len(largest.per_node)}" if len(largest.per_node) > 1 else ""
+    return (
+        f"this CPU-only run needs {need:g} logical CPUs ({', '.join(parts)}) and this "
+        f"machine has {cores} cores: a local run shares its cores among its workers up to "
+        f"{OVERSUBSCRIPTION} logical CPUs a core ({OVERSUBSCRIPTION * cores} here), past which "
+        "each worker waits for a core nearly all the time. Lower "
+        f"{count_key}={largest.per_node[0]}{nodes} (or {cpu_key}), or run on a machine with "
+        "more cores or on a cluster (resources.address)"
+    )
+
+
+def _shape(spec: PoolSpec) -> str:
+    spares = f" + {spec.num_spares} spare(s)" if spec.num_spares else ""
+    cpus = spec.bundle.get("CPU", 0.0)
+    return f"{spec.world_size}{spares} x {cpus:g} CPU{'' if cpus == 1 else 's'}"
+
+
+def local_ray_cpus(cfg: RayRLConfig, specs: list[PoolSpec], extra: float = 0.0) -> int | None:
+    """`local_cpu_count` for a run of `cfg` that starts a local Ray on this machine:
+    None unless it runs on CPUs (`trainer.device`, or `auto` on a machine without a
+    GPU); raises ResourcesUnsatisfiable as it does."""
+    device = cfg.trainer.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device != "cpu":
+        return None
+    return local_cpu_count(specs, len(os.sched_getaffinity(0)), extra=extra)
