@@ -32,6 +32,7 @@ from rayrl.config.multi_turn import MultiTurnConfig
 from rayrl.engines.rollout import HFRolloutEngine, NativeRolloutEngine, SamplingParams
 from rayrl.engines.rollout.multi_turn import MultiTurnRollout, multi_turn_metrics
 from rayrl.registry import UnknownNameError
+from rayrl.trainer.tool_budget import ToolBudget
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -229,6 +230,9 @@ def test_turn_limits_truncation_and_the_context_limit(engines, tokenizer, kind):
     tokens, mask = response_of(ended, 0)
     assert ended["finish_reason"][0] == "length" and len(tokens) == first_turn and all(mask)
     assert ended["num_turns"][0] == 2 and ended["trajectory"][0][-1]["role"] == "assistant"
+    # what the trainer reads of it to say that the budget cuts tool turns short
+    said = ToolBudget(first_turn + 3).check(ended)
+    assert f"took {first_turn} tokens and the tool's answer did not fit in the 3 left" in said
     # The response limit cutting a turn short is "length" too.
     five = SamplingParams(do_sample=False, max_new_tokens=5)
     cut_short, _ = rollout(engine, ["add"], sampling=five)

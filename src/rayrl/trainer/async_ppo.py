@@ -289,6 +289,7 @@ class AsyncPPOTrainer(PPOTrainer):
             batch[VERSIONS] = versions
         if is_multi_turn(batch):  # the episodes' turns, tool calls and events
             metrics.update(episode_metrics(batch))
+            self.tool_budget.check(batch)  # once per run: tool turns cut short
         return self._balanced(batch, metrics, "train", self._parts("train"))
 
     def _async_metrics(self, metrics: dict, timing: dict) -> dict[str, float]:

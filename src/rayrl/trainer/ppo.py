@@ -63,6 +63,7 @@ from rayrl.trainer.roles import GroupEnv, Roles, start_roles
 from rayrl.trainer.scoring import RewardErrors, reward_rows
 from rayrl.trainer.stage_calls import StageCalls
 from rayrl.trainer.state import Stateful
+from rayrl.trainer.tool_budget import ToolBudget
 from rayrl.trainer.validate import Validator
 from rayrl.workers.actor import GEN_PARTS, LOG_PROB_READS, update_actor_reads
 from rayrl.workers.common import only_reads
@@ -105,6 +106,7 @@ class PPOTrainer:
         self.validator: Validator | None = None
         self._warned_extreme = False
         self.reward_errors = RewardErrors(cfg)  # the run's budget (`reward.max_error_rate`)
+        self.tool_budget = ToolBudget(cfg.data.max_response_length)  # tool turns cut short
         t = cfg.trainer  # verl's generation dumps (`rayrl.trainer.generations`)
         self.rollout_data = generations_dir(t.rollout_data_dir, "trainer.rollout_data_dir")
         self.validation_data = generations_dir(t.validation_data_dir, "trainer.validation_data_dir")
@@ -352,6 +354,7 @@ class PPOTrainer:
         timing["gen"] -= sum(riding.values())
         if is_multi_turn(result.batch):
             metrics.update(episode_metrics(result.batch))
+            self.tool_budget.check(result.batch)  # once per run: tool turns cut short
         return result.batch
 
     def _balanced_samples(self, done: Outputs, metrics: dict[str, float]) -> StageResult:
