@@ -329,21 +329,22 @@ def test_a_slow_tool_does_not_stall_the_engine(engines, kind):
 def test_native_engine_under_kv_pressure(engines, agent_dir):
     names = ["add", "loop", "both", "long", "mul", "signal"]
     roomy, _ = rollout(engines["native"], names)
+    sizes = dict(block_size=4, max_num_seqs=6, max_num_batched_tokens=16)
+    sizes["cpu_cache_tokens"] = 212  # one episode of 200 tokens fits, six do not
     small = NativeRolloutEngine(
-        model_path=agent_dir,
-        device="cpu",
-        block_size=4,
-        max_num_seqs=6,
-        cpu_cache_tokens=212,  # one episode of 200 tokens fits, six do not
-        max_num_batched_tokens=16,
+        model_path=agent_dir, device="cpu", enable_prefix_caching=False, **sizes
     )
     tight, _ = rollout(small, names)
     # Parked samples gave their KV blocks up (then were recomputed), and a running
     # one was preempted, with tool responses in its response.
     assert small.last_stats["reclaimed_kv"] > 0 and small.last_stats["preemptions"] > 0
-    assert torch.equal(tight["responses"], roomy["responses"])
-    assert torch.equal(tight["response_mask"], roomy["response_mask"])
-    assert list(tight["trajectory"]) == list(roomy["trajectory"])
+    cached = NativeRolloutEngine(model_path=agent_dir, device="cpu", **sizes)
+    again, _ = rollout(cached, names)  # the recomputed turns find their blocks again
+    assert cached.last_stats["reclaimed_kv"] > 0 and cached.last_stats["prefix_hit_tokens"] > 0
+    for out in (tight, again):
+        assert torch.equal(out["responses"], roomy["responses"])
+        assert torch.equal(out["response_mask"], roomy["response_mask"])
+        assert list(out["trajectory"]) == list(roomy["trajectory"])
 
 
 ENVIRONMENTS = textwrap.dedent(

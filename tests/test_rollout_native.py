@@ -232,6 +232,7 @@ def test_overlapped_decode_matches_the_synchronous_path(model_dir, tokenizer, ca
         max_num_seqs=16,
         max_num_batched_tokens=8,
         cpu_cache_tokens=cache_tokens,
+        enable_prefix_caching=False,  # both engines compute every prompt in full
     )
     sync = NativeRolloutEngine(overlap_decode=False, **kw)
     overlap = NativeRolloutEngine(**kw)
@@ -263,6 +264,39 @@ def test_overlapped_decode_matches_the_synchronous_path(model_dir, tokenizer, ca
     tight = cache_tokens == 64
     assert overlapped > 0 and (dropped > 0 or tight)  # roomy: some stops found a step late
     assert (overlap.last_stats["preemptions"] > 0) == tight
+
+
+def test_prompts_seen_before_prefill_only_what_the_prefix_cache_lacks(model_dir, tokenizer):
+    """A second call with the same prompts claims their cached full blocks: fewer
+    prefilled tokens, the same tokens drawn (log-probs equal up to the prefill's
+    chunking); new weights forget the cache, and a preempted sample recomputed finds
+    its own blocks again."""
+    prompts = [tokenizer.encode(t) for t in TEXTS]
+    params = SamplingParams(n=2, max_new_tokens=R, seed=2)
+    cached = NativeRolloutEngine(model_path=model_dir, device="cpu", block_size=4)
+    plain = NativeRolloutEngine(
+        model_path=model_dir, device="cpu", block_size=4, enable_prefix_caching=False
+    )
+    want = plain.generate_token_ids(prompts, params)
+    first = cached.generate_token_ids(prompts, params)
+    assert first.tokens.equal(want.tokens) and cached.last_stats["prefix_hit_tokens"] == 0
+    again = cached.generate_token_ids(prompts, params)
+    stats = cached.last_stats
+    full = sum((len(p) - 1) // 4 * 4 for p in prompts)
+    assert stats["prefix_hit_tokens"] == full and stats["prefix_tokens"] == sum(map(len, prompts))
+    assert stats["prefill_tokens"] == sum(map(len, prompts)) - full
+    assert again.tokens.equal(want.tokens) and again.lengths.equal(want.lengths)
+    torch.testing.assert_close(again.log_probs, want.log_probs, atol=1e-5, rtol=0)
+    cached.update_weights(AutoModelForCausalLM.from_pretrained(model_dir).state_dict())
+    cached.generate_token_ids(prompts, params)
+    assert cached.last_stats["prefix_hit_tokens"] == 0  # new weights: nothing reused
+    tight = NativeRolloutEngine(
+        model_path=model_dir, device="cpu", block_size=4, max_num_seqs=4, cpu_cache_tokens=48
+    )
+    out = tight.generate_token_ids(prompts[:4], SamplingParams(do_sample=False, max_new_tokens=R))
+    assert tight.last_stats["preemptions"] > 0 and tight.last_stats["prefix_hit_tokens"] > 0
+    ref = plain.generate_token_ids(prompts[:4], SamplingParams(do_sample=False, max_new_tokens=R))
+    assert out.tokens.equal(ref.tokens)
 
 
 def test_n_samples_share_one_prefill(model_dir, tokenizer):
@@ -553,6 +587,7 @@ def test_auto_takes_the_native_engines_options_as_the_explicit_name_does():
         "actor_rollout_ref.rollout.max_num_seqs=17",
         "actor_rollout_ref.rollout.max_num_batched_tokens=1234",
         "actor_rollout_ref.rollout.enforce_eager=true",
+        "actor_rollout_ref.rollout.enable_prefix_caching=false",
         "data.max_prompt_length=40",
         "data.max_response_length=24",
     ]
@@ -568,6 +603,7 @@ def test_auto_takes_the_native_engines_options_as_the_explicit_name_does():
         == choices["native"].options
         == {
             "gpu_memory_utilization": 0.37,
+            "enable_prefix_caching": False,
             "max_num_seqs": 17,
             "max_num_batched_tokens": 1234,
             "enforce_eager": True,

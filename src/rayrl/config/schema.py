@@ -212,6 +212,9 @@ class RolloutConfig:
     enforce_eager: bool = False
     max_model_len: int | None = None
     free_cache_engine: bool = True
+    # native engine: full KV blocks found again by the tokens they hold (a prompt seen
+    # before, an episode recomputed after a preemption); rollout/prefix_cache_hit_rate
+    enable_prefix_caching: bool = True
     # native engine: GPUs one model copy is split over (tensor parallelism; verl's key, not
     # effective for hf). verl's yaml says 2, and verl then refuses one-GPU runs; rayrl
     # keeps 1 so a run that fits one GPU needs no setting (TP changes speed and memory,

@@ -55,6 +55,7 @@ from rayrl.controller.replicas import Member, ReplicaSet
 from rayrl.engines.weight_sync import PublishedWeights
 from rayrl.trainer.async_queue import QUEUED, SampleQueue, WorkItem
 from rayrl.trainer.async_weights import CollectiveWeights, weight_sync_timeout
+from rayrl.trainer.metrics import prefix_cache_metrics
 from rayrl.trainer.resources import ROLLOUT_POOL
 from rayrl.trainer.roles import GroupEnv
 from rayrl.workers.rollout import ReplicaCall, ReplicaResult, RolloutWorker
@@ -82,6 +83,7 @@ class Replica:
     offers: dict[Any, tuple[int, float, str]] = field(default_factory=dict)
     busy: list[tuple[float, float]] = field(default_factory=list)  # call spans
     calls: int = 0  # calls that returned samples
+    counters: dict[str, float] = field(default_factory=dict)  # its engine's, last seen
 
     @property
     def name(self) -> str:
@@ -138,6 +140,7 @@ class RolloutManager:
         self.error: BaseException | None = None
         self.sync_seconds: list[float] = []  # offer fetch times since the last metrics()
         self.gen_seconds: list[float] = []  # replicas' generation per call, likewise
+        self.counts: dict[str, float] = {}  # replicas' engine counters' growth, likewise
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="rayrl-rollouts", daemon=True)
         self._last_live = time.monotonic()
@@ -391,6 +394,10 @@ class RolloutManager:
         if not result.aborted:
             replica.calls += 1
             self.gen_seconds.append(result.timing.get("gen", 0.0))
+        for name, value in result.counters.items():  # growth since its last result
+            grown = value - replica.counters.get(name, 0.0)
+            self.counts[name] = self.counts.get(name, 0.0) + max(grown, 0.0)
+            replica.counters[name] = max(value, replica.counters.get(name, 0.0))
         self.queue.complete(item, result.batch, result.versions)
 
     def _offer_done(self, replica: Replica, ref: Any) -> None:
@@ -469,7 +476,8 @@ class RolloutManager:
         """`async/replicas`, `async/weight_sync_ms` (the mean offer time since the last
         call), `async/rollout_call_s` (the mean generation time of a replica call since
         then), `perf/rollout_idle_fraction` (the share of the replicas' time from
-        `since` to `until` with no call running), the load now (`async/replica_calls/
+        `since` to `until` with no call running), `rollout/prefix_cache_hit_rate`
+        (of the replicas' prompt tokens since the last call), the load now (`async/replica_calls/
         mean` and `max`: calls in flight per replica; `async/queued_prompts`: prompts
         fed and not yet handed to a replica), and with the collective transport
         `async/weight_transport_fallbacks` (replicas that missed a broadcast, plus one
@@ -498,6 +506,8 @@ class RolloutManager:
             if self.gen_seconds:
                 out["async/rollout_call_s"] = sum(self.gen_seconds) / len(self.gen_seconds)
                 self.gen_seconds = []
+            out.update(prefix_cache_metrics(self.counts))
+            self.counts = {}
             if self.collective is not None:
                 out.update(self.collective.metrics())
             return out

@@ -21,7 +21,7 @@ import torch
 
 from rayrl.batch import Batch
 from rayrl.controller.dispatch import Outputs, kept_rows
-from rayrl.workers.context import StageResult, collect_stage, slowest
+from rayrl.workers.context import StageResult, collect_stage, slowest, summed
 
 __all__ = [
     "balance_batch",
@@ -85,7 +85,9 @@ def balanced_samples(done: Outputs, parts: int) -> tuple[StageResult, dict[str, 
     order, metrics = _order(lengths, parts)
     if order is None:
         return collect_stage(done.outputs, done.state), metrics
-    return StageResult(Batch.concat(batches, rows=order), slowest(done.outputs)), metrics
+    result = StageResult(Batch.concat(batches, rows=order), slowest(done.outputs))
+    result.counts = summed(done.outputs)
+    return result, metrics
 
 
 def _order(lengths: list[int], parts: int) -> tuple[list[int] | None, dict[str, float]]:

@@ -136,3 +136,13 @@ def usage_metrics(reports: dict[str, list[dict]]) -> dict[str, float]:
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
+
+
+def prefix_cache_metrics(counts: dict[str, float]) -> dict[str, float]:
+    """`rollout/prefix_cache_hit_rate`: the share of the rollout's prompt tokens (an
+    episode's recomputed turns included) its prefix cache held, from the generate
+    calls' counts (none where no engine keeps a prefix cache)."""
+    looked = counts.get("prefix_tokens", 0.0)
+    if not looked:
+        return {}
+    return {"rollout/prefix_cache_hit_rate": counts.get("prefix_hit_tokens", 0.0) / looked}

@@ -52,7 +52,12 @@ from rayrl.trainer.dynamic_sampling import fill_batch
 from rayrl.trainer.episodes import episode_metrics, is_multi_turn, token_check
 from rayrl.trainer.generations import generations_dir, write_training_step
 from rayrl.trainer.manifest import data_identity, model_identity
-from rayrl.trainer.metrics import batch_metrics, rollout_probs_diff, timer
+from rayrl.trainer.metrics import (
+    batch_metrics,
+    prefix_cache_metrics,
+    rollout_probs_diff,
+    timer,
+)
 from rayrl.trainer.model_dir import model_dir
 from rayrl.trainer.names import check_names
 from rayrl.trainer.on_policy import separate_pass_reason
@@ -352,6 +357,7 @@ class PPOTrainer:
         timing.update(riding, weight_sync=result.timing.get("weight_sync", 0.0))
         timing.update({k: result.timing[k] for k in during if k in result.timing})
         timing["gen"] -= sum(riding.values())
+        metrics.update(prefix_cache_metrics(result.counts))
         if is_multi_turn(result.batch):
             metrics.update(episode_metrics(result.batch))
             self.tool_budget.check(result.batch)  # once per run: tool turns cut short

@@ -83,6 +83,9 @@ LOG_PROB_READS = (*MODEL_INPUTS, "rollout_log_probs")
 # not stages riding along with it: tool calls, CUDA-graph captures, and the engine's
 # KV cache reacquired before the generation and released after it.
 GEN_PARTS = ("tools", "graph_capture", "rollout_wake", "rollout_sleep")
+# The native engine's prefix cache: a call's prompt tokens, and those it found cached
+# (`rollout/prefix_cache_hit_rate`)
+PREFIX_COUNTS = ("prefix_hit_tokens", "prefix_tokens")
 
 
 def update_actor_reads(cfg: RayRLConfig) -> tuple[str, ...]:
@@ -345,7 +348,8 @@ class ActorRolloutRefWorker(Worker):
         out = service.generate(prompts, params).batch
         if service.episodes is not None:
             timing["tools"] = service.episodes.last_stats["timing_s/tools"]
-        capture_s = getattr(self.rollout, "last_stats", {}).get("graph_capture_s", 0.0)
+        stats = getattr(self.rollout, "last_stats", {})
+        capture_s = stats.get("graph_capture_s", 0.0)
         if capture_s:  # the native engine's CUDA-graph captures (after each wake)
             timing["graph_capture"] = capture_s
         if self.cfg.actor_rollout_ref.rollout.free_cache_engine:
@@ -353,7 +357,8 @@ class ActorRolloutRefWorker(Worker):
             self.rollout.sleep()
             timing["rollout_sleep"] = time.perf_counter() - since
         out = with_lengths(self._ride_along(out, ctx, timing))
-        return StageResult(out, timing)
+        counts = {k: float(stats[k]) for k in PREFIX_COUNTS if k in stats}
+        return StageResult(out, timing, counts)
 
     def _ride_along(self, out: Batch, ctx: StepContext, timing: dict[str, float]) -> Batch:
         """`ctx.with_scores` / `ctx.with_ref`: the colocated reward role's scores and the

@@ -57,16 +57,29 @@ class StepContext:
 
 @dataclass
 class StageResult:
-    """A call's rows and the seconds its stages took on the worker, by stage name."""
+    """A call's rows, the seconds its stages took on the worker by stage name, and
+    counts of its work (``counts``: summed over ranks, e.g. the rollout's prompt
+    tokens and those its prefix cache held)."""
 
     batch: Batch
     timing: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, float] = field(default_factory=dict)
 
 
 def collect_stage(outputs: list[StageResult], state: Any) -> StageResult:
     """Collect for DP_SPLIT methods returning `StageResult`: rows concatenated (the
-    split's padding dropped), each stage's time the slowest rank's."""
-    return StageResult(collect_dp([o.batch for o in outputs], state), slowest(outputs))
+    split's padding dropped), each stage's time the slowest rank's, counts summed."""
+    batch = collect_dp([o.batch for o in outputs], state)
+    return StageResult(batch, slowest(outputs), summed(outputs))
+
+
+def summed(outputs: list[StageResult]) -> dict[str, float]:
+    """Each count over ranks' results, added up."""
+    counts: dict[str, float] = {}
+    for out in outputs:
+        for name, value in out.counts.items():
+            counts[name] = counts.get(name, 0.0) + float(value)
+    return counts
 
 
 def slowest(outputs: list[StageResult]) -> dict[str, float]:

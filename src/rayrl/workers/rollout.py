@@ -67,7 +67,8 @@ class ReplicaCall:
 @dataclass
 class ReplicaResult:
     """What a `generate` call returns: the samples (None when aborted), the policy
-    version of each response token ([rows, R], int64), and the worker's timings."""
+    version of each response token ([rows, R], int64), the worker's timings and its
+    engine's counters."""
 
     batch: Batch | None
     versions: torch.Tensor | None
@@ -75,6 +76,9 @@ class ReplicaResult:
     last_version: int
     aborted: bool = False
     timing: dict[str, float] = field(default_factory=dict)
+    # the engine's counters since it started (its prefix cache's prompt tokens and
+    # hits): the manager takes the growth between a replica's results
+    counters: dict[str, float] = field(default_factory=dict)
 
 
 class RolloutWorker(Worker):
@@ -199,13 +203,19 @@ class RolloutWorker(Worker):
             out = service.generate(prompts, sampling_params(self.cfg, "train"), policy)
         except Aborted:
             timing = {"gen": time.perf_counter() - start, "weight_sync": service.swap_s - swapped}
-            return ReplicaResult(None, None, first, service.version, aborted=True, timing=timing)
+            return ReplicaResult(None, None, first, service.version, True, timing, self._counters())
         timing = {"gen": time.perf_counter() - start, "weight_sync": service.swap_s - swapped}
         if service.episodes is not None:
             timing["tools"] = service.episodes.last_stats.get("timing_s/tools", 0.0)
-        return ReplicaResult(
-            out.batch, out.versions, out.first_version, out.last_version, timing=timing
-        )
+        first, last = out.first_version, out.last_version
+        return ReplicaResult(out.batch, out.versions, first, last, False, timing, self._counters())
+
+    def _counters(self) -> dict[str, float]:
+        """The engine's prefix-cache counters since it started (none without one)."""
+        prefix = getattr(self.engine, "prefix", None)
+        if prefix is None:
+            return {}
+        return {"prefix_hit_tokens": prefix.hit_tokens, "prefix_tokens": prefix.looked_tokens}
 
 
 def _tokenizer(path: str, model: Any):

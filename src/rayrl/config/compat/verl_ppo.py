@@ -197,9 +197,6 @@ ROLLOUT: dict[str, Rule] = {
         hint="samples per prompt are actor_rollout_ref.rollout.n",
     ),
     f"{ARR}.rollout.enable_chunked_prefill": Inert("the native engine always prefills in chunks"),
-    f"{ARR}.rollout.enable_prefix_caching": Inert(
-        "the native engine shares one prefill among a prompt's n samples"
-    ),
     f"{ARR}.rollout.engine_kwargs": Inert(VLLM),
     f"{ARR}.rollout.full_determinism": Inert("rayrl's rollouts are seeded per sample anyway"),
     f"{ARR}.rollout.seed": Inert(SEEDED),

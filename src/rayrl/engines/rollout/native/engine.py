@@ -52,6 +52,7 @@ from rayrl.engines.rollout.native.kv_cache import BlockAllocator, KVCache, cache
 from rayrl.engines.rollout.native.loop_stats import finished_stats, loop_stats
 from rayrl.engines.rollout.native.model import NativeModel
 from rayrl.engines.rollout.native.prefill_graphs import PREFILL_GRAPH_TOKENS, PrefillGraphs
+from rayrl.engines.rollout.native.prefix_cache import PrefixCache
 from rayrl.engines.rollout.native.runner import ModelRunner
 from rayrl.engines.rollout.native.scheduler import Scheduler
 from rayrl.engines.rollout.native.spec import ModelSpec, UnsupportedModelError, rotary_tables
@@ -127,6 +128,9 @@ class NativeRolloutEngine(RolloutEngine):
         prefill_graph_tokens: prefill steps of at most this many tokens run in CUDA
             graphs, one per token-count bucket (`prefill_graphs`; the Triton kernels, no
             tensor parallelism). 0: every prefill step is eager.
+        enable_prefix_caching: full KV blocks are found again by the tokens they hold
+            (`prefix_cache`: a prompt seen before, an episode recomputed after a
+            preemption prefill only what is new); forgotten at new weights and sleep.
     """
 
     def __init__(
@@ -153,6 +157,7 @@ class NativeRolloutEngine(RolloutEngine):
         resume_prefill_cost: float | None = None,
         resume_max_wait: int = RESUME_MAX_WAIT,
         prefill_graph_tokens: int = PREFILL_GRAPH_TOKENS,
+        enable_prefix_caching: bool = True,
     ) -> None:
         if (model is None) == (model_path is None):
             raise ValueError(
@@ -229,8 +234,11 @@ class NativeRolloutEngine(RolloutEngine):
                 f"{resume_max_wait} must be >= 0."
             )
         self.resume_prefill_cost, self.resume_max_wait = resume_prefill_cost, resume_max_wait
+        allocator = BlockAllocator(self.cache.num_blocks)
+        self.prefix = PrefixCache(allocator, block_size) if enable_prefix_caching else None
         self.sched = Scheduler(
-            allocator=BlockAllocator(self.cache.num_blocks),
+            allocator=allocator,
+            prefix=self.prefix,
             block_size=block_size,
             max_batched_tokens=max_num_batched_tokens,
             table=self.runner.table_host,
@@ -262,6 +270,7 @@ class NativeRolloutEngine(RolloutEngine):
         the longest prompt plus the longest response."""
         return {
             "gpu_memory_utilization": rollout.gpu_memory_utilization,
+            "enable_prefix_caching": rollout.enable_prefix_caching,
             "max_num_seqs": rollout.max_num_seqs,
             "max_num_batched_tokens": rollout.max_num_batched_tokens,
             "enforce_eager": rollout.enforce_eager,
@@ -521,6 +530,8 @@ class NativeRolloutEngine(RolloutEngine):
             "preemptions": sched.preemptions,
             "resumed_turns": sched.resumes,
             "reclaimed_kv": sched.reclaimed,
+            "prefix_hit_tokens": self.prefix.hit_tokens if self.prefix else 0,
+            "prefix_tokens": self.prefix.looked_tokens if self.prefix else 0,
         }
         return {**self.stats, **self._graph_counts(), **scheduler}
 
@@ -576,6 +587,8 @@ class NativeRolloutEngine(RolloutEngine):
             ValueError: a tensor whose shape differs from the model's.
         """
         self.drain()
+        if self.prefix is not None:  # cached blocks hold the old weights' keys and values
+            self.prefix.clear()
         if version is not None:
             self.sched.version = int(version)
         if not self._unset:
@@ -613,6 +626,8 @@ class NativeRolloutEngine(RolloutEngine):
                 "them before the KV cache is freed"
             )
         self._asleep = True
+        if self.prefix is not None:
+            self.prefix.clear()
         if not self.cache.fixed_address:  # the graphs hold the cache's address
             self.runner.graphs = self.runner.prefill_graphs = None
         self.cache.free()

@@ -16,6 +16,9 @@ activations included; the rest of it becomes KV blocks.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -80,12 +83,19 @@ class KVCache:
 
 
 class BlockAllocator:
-    """Free list and reference counts of the cache's blocks."""
+    """Free blocks and reference counts of the cache's blocks.
+
+    A block nobody owns goes back to the free pool with its content intact, and the
+    pool hands out the longest-free block first: a block a prefix cache knows
+    (`rayrl.engines.rollout.native.prefix_cache`) can be claimed again (`claim`) until
+    it is handed out for something else, which tells the cache (``on_evict``).
+    """
 
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
-        self._free = list(range(num_blocks - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._refs = [0] * num_blocks
+        self.on_evict: Callable[[int], None] | None = None
 
     @property
     def free_blocks(self) -> int:
@@ -95,10 +105,22 @@ class BlockAllocator:
         """``count`` fresh blocks, or None (nothing taken) if fewer are free."""
         if count > len(self._free):
             return None
-        blocks = [self._free.pop() for _ in range(count)]
+        blocks = [self._free.popitem(last=False)[0] for _ in range(count)]
         for b in blocks:
             self._refs[b] = 1
+            if self.on_evict is not None:
+                self.on_evict(b)
         return blocks
+
+    def claim(self, block: int) -> None:
+        """One more owner for ``block``, taken out of the free pool if it was there (a
+        prefix cache's hit)."""
+        if self._refs[block] == 0:
+            del self._free[block]
+        self._refs[block] += 1
+
+    def is_free(self, block: int) -> bool:
+        return self._refs[block] == 0
 
     def share(self, blocks: list[int]) -> list[int]:
         """Another owner for ``blocks`` (no copy); returns them."""
@@ -107,11 +129,13 @@ class BlockAllocator:
         return list(blocks)
 
     def release(self, blocks: list[int]) -> None:
-        """Drop one owner of each block; blocks nobody owns become free."""
-        for b in blocks:
+        """Drop one owner of each block; blocks nobody owns become free, last in line,
+        a sequence's tail before its head: its head (the prefix later sequences share)
+        is handed out last."""
+        for b in reversed(blocks):
             self._refs[b] -= 1
             if self._refs[b] == 0:
-                self._free.append(b)
+                self._free[b] = None
 
 
 def cache_blocks_for(

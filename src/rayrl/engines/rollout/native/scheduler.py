@@ -52,6 +52,11 @@ are prefilled at once; ``resume_cost=0`` prefills every answer at the next step.
 Responses hold the appended tokens too: ``tokens[s, :gen[s]]`` is the whole
 multi-turn continuation, and a sampled token's position is its column there.
 
+With a prefix cache (`prefix_cache`), full blocks are recorded by the tokens they hold
+when a prefill completes and when a decoding sample fills one; a new job (a prompt seen
+before, a preempted or reclaimed sample recomputed) claims the blocks of its longest
+recorded prefix at admission and prefills only the rest.
+
 All per-sample state lives in numpy arrays (grown as requests need) so a decode
 step's bookkeeping is a few vectorised operations, whatever the batch size.
 """
@@ -65,6 +70,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rayrl.engines.rollout.native.kv_cache import BlockAllocator
+from rayrl.engines.rollout.native.prefix_cache import PrefixCache
 from rayrl.engines.rollout.requests import DONE, TURN
 
 __all__ = ["Chunk", "Job", "Scheduler"]
@@ -111,8 +117,10 @@ class Scheduler:
         resume_max_wait: int = 16,
         capacity: int = 64,
         width: int = 16,
+        prefix: PrefixCache | None = None,
     ) -> None:
         self.alloc, self.block_size = allocator, block_size
+        self.prefix = prefix  # full blocks found again by their tokens (None: off)
         self.max_batched_tokens = max_batched_tokens
         self.table = table  # [max_seqs, blocks per row] int32, shared with the runner
         self.watermark = max(1, allocator.num_blocks // 100)
@@ -257,6 +265,7 @@ class Scheduler:
             "parks": bool,
             "aborted": bool,
             "_where": np.int64,  # scratch of `rows_in`
+            "chain": np.int64,  # the prefix cache's hash of its last full block
         }
         for name, dtype in per_sample.items():
             grown = np.zeros(capacity, dtype=dtype)
@@ -330,20 +339,20 @@ class Scheduler:
         """Reserve slots and blocks for ``job``; False (nothing taken) if they do not fit.
 
         A resumed job already holds the blocks of its cached prefix (``job.blocks``) and
-        needs only the rest.
+        needs only the rest; a new one claims the blocks the prefix cache holds of its
+        longest prefix seen before (`prefix_cache`), and prefills from there.
         """
         length, forks = len(job.tokens), len(job.samples) - 1
-        need = -(-length // self.block_size) - len(job.blocks)
+        hits = self._prefix_hits(job)
+        need = -(-length // self.block_size) - len(job.blocks) - len(hits)
         extra = forks if length % self.block_size else 0
         busy = bool(self.running or self.prefilling)
         reserve = self.watermark if busy else 0
-        if not busy and self.alloc.free_blocks < need + extra:
+        if not busy and self._room(hits) < need + extra:
             self._reclaim(need + extra, keep=job)
-            need = -(-length // self.block_size) - len(job.blocks)  # it may have lost its own
-        if (
-            len(self.free_slots) < len(job.samples)
-            or self.alloc.free_blocks < need + extra + reserve
-        ):
+            hits = self._prefix_hits(job)  # it may have lost its own blocks
+            need = -(-length // self.block_size) - len(job.blocks) - len(hits)
+        if len(self.free_slots) < len(job.samples) or self._room(hits) < need + extra + reserve:
             if not busy and not self.parked:
                 raise RuntimeError(
                     f"native rollout engine: a prompt of {length} tokens with {forks + 1} "
@@ -354,12 +363,26 @@ class Scheduler:
                     "shorten the prompts."
                 )
             return False
+        if self.prefix is not None and not job.blocks:
+            self.prefix.claim(hits, looked=length)  # before allocating: none is evicted
+            job.blocks, job.done = list(hits), len(hits) * self.block_size
         job.blocks = job.blocks + self.alloc.allocate(need)
         job.fork_blocks = self.alloc.allocate(extra)
         for s in job.samples:
             self.slot[s] = self.free_slots.pop()
         self._set_row(int(self.slot[job.samples[0]]), job.blocks)
         return True
+
+    def _prefix_hits(self, job: Job) -> list[int]:
+        """The cached blocks of a new job's prefix (none for a resumed one, or when the
+        prefix cache is off)."""
+        if self.prefix is None or job.done or job.blocks:
+            return []
+        return self.prefix.match(job.tokens)
+
+    def _room(self, hits: list[int]) -> int:
+        """Free blocks once ``hits`` are claimed (a hit still in the free pool leaves it)."""
+        return self.alloc.free_blocks - sum(self.alloc.is_free(b) for b in hits)
 
     def commit_prefill(
         self, chunks: list[Chunk], tokens: np.ndarray, log_probs: np.ndarray
@@ -386,6 +409,8 @@ class Scheduler:
             if not chunk.completes:
                 continue
             self.prefilling.remove(job)
+            if self.prefix is not None:  # its full blocks, found again by later jobs
+                self.chain[job.samples] = self.prefix.record(job.blocks, job.tokens)
             self._fork(job)
             samples.extend(job.samples)
         samples = np.asarray(samples, dtype=np.int64)
@@ -434,6 +459,8 @@ class Scheduler:
         for s in samples[full].tolist():
             if s not in self.running:
                 continue  # preempted while finding room for another sample
+            if self.prefix is not None and self.n_blocks[s]:
+                self._record_filled(s)
             while True:
                 block = self.alloc.allocate(1)
                 if block is not None:
@@ -451,6 +478,18 @@ class Scheduler:
         if len(samples) != len(self.running):
             samples = np.fromiter(self.running, dtype=np.int64, count=len(self.running))
         return samples
+
+    def _record_filled(self, sample: int) -> None:
+        """The sample's last block just filled while decoding: into the prefix cache."""
+        bs, last = self.block_size, int(self.n_blocks[sample]) - 1
+        prompt = self.prompt_of[sample]
+        start, end = last * bs, (last + 1) * bs
+        if start >= len(prompt):
+            tokens = self.tokens[sample, start - len(prompt) : end - len(prompt)]
+        else:
+            tokens = np.concatenate([prompt[start:], self.tokens[sample, : end - len(prompt)]])
+        block = self.blocks[sample][last]
+        self.chain[sample] = self.prefix.extend(block, int(self.chain[sample]), tokens)
 
     def decode_inputs(self, samples: np.ndarray) -> dict[str, np.ndarray]:
         """Host arrays of a decode step: last tokens, positions, cache slots, rows, lengths."""
