@@ -18,10 +18,13 @@ rollout / reference sharded over 2 ranks, the reward worker). Prints JSON lines:
 With `--async` the run is asynchronous (`rollout.mode=async`, staleness 1, partial
 rollouts, two rollout replicas beside the two training ranks): the monkey kills
 training ranks in reward, log-prob and update calls, and as many rollout replicas in
-the middle of generation; an async run is not bitwise repeatable, so there is no clean
-run, and what is checked is the ledger (`ledger_ok`: every prompt of the steps trained
-exactly once, none lost or twice), with `requeued` (prompts generated again) and the
-replicas lost and joined.
+the middle of generation (with `--agent`, of their episodes: the replicas run the
+multi-turn episodes, and a kill may land while an episode's tools run); an async run
+is not bitwise repeatable, so there is no clean run, and what is checked is the ledger
+(`ledger_ok`: every prompt of the steps trained exactly once, none lost or twice),
+with `requeued` (prompts generated again) and the replicas lost and joined. (At
+staleness 0 an async agent run with a replica killed mid-episode is the synchronous
+run bitwise: tests/test_async_agents.py.)
 
 The model is a tiny Qwen2 (4 layers, hidden 256, random weights) built in `--out`.
 
@@ -141,7 +144,8 @@ def run_async(args: argparse.Namespace, out: str) -> dict:
     """An async run under both monkeys; what the ledger says."""
     from rayrl.trainer.async_ppo import AsyncPPOTrainer
 
-    cfg = load_config("grpo", [*overrides(args.steps, out, args.model, args.device), *ASYNC])
+    extra = [*ASYNC, *(AGENT if args.agent else [])]
+    cfg = load_config("grpo", [*overrides(args.steps, out, args.model, args.device), *extra])
     training = Run(AsyncPPOTrainer(cfg, print_fn=lambda text: print(text, file=sys.stderr)))
     monkey = killer = None
     history, error = [], None

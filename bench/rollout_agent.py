@@ -1,5 +1,6 @@
 """The multi-turn workload of `bench/rollout.py` (``--workloads M``): agent episodes with
-tools on the native engine, against single-turn decoding of the same tokens.
+tools on the native engine through the rollout service (`RolloutService`, as both
+rollout workers run them), against single-turn decoding of the same tokens.
 
 256 prompts of 256 random token ids (tiny shape: 8 of 16); a random model's turn ends
 at an EOS id, a 1/64 share of its vocabulary (tiny: 1/8), so turns last about 64
@@ -51,7 +52,9 @@ from _common import seqs_limit
 from rayrl import progress
 from rayrl.batch import Batch
 from rayrl.engines.rollout import NativeRolloutEngine, SamplingParams, positions_from_mask
-from rayrl.engines.rollout.multi_turn import MultiTurnConfig, MultiTurnRollout
+from rayrl.config.multi_turn import MultiTurnConfig
+from rayrl.engines.rollout.multi_turn import MultiTurnRollout
+from rayrl.engines.rollout.service import RolloutService
 from rayrl.models.tokenizer import train_tokenizer
 
 TOOL_LATENCY_S = 0.05
@@ -160,17 +163,17 @@ def _episodes(model, args, base: dict, emit, s: dict) -> None:
         **_resume_options(args),
     )
     config = MultiTurnConfig(
-        environment=LatencyEnvironment,
         environment_config={"latency_s": TOOL_LATENCY_S, "calls": MAX_CALLS},
         max_concurrent_tools=s["n"],
     )
-    runner = MultiTurnRollout(engine, [], config)
+    runner = MultiTurnRollout(engine, [], config, environment=LatencyEnvironment)
+    service = RolloutService(engine, runner)  # the object both rollout workers hold
     prompts = _prompts(s, vocab)
     sampling = SamplingParams(max_new_tokens=s["response"], seed=1)
-    runner.generate(prompts, sampling)  # warm-up: kernels tuned, graphs captured
+    service.generate(prompts, sampling)  # warm-up: kernels tuned, graphs captured
     with BusyProbe(args.device == "cuda") as probe:
         cpu, process, threads = time.thread_time(), time.process_time(), threads_cpu()
-        seconds, out = _timed(lambda: runner.generate(prompts, sampling), args.device)
+        seconds, out = _timed(lambda: service.generate(prompts, sampling).batch, args.device)
         cpu, process = time.thread_time() - cpu, time.process_time() - process
         threads = cpu_by_name(threads, threads_cpu())
     multi_stats = dict(engine.last_stats)  # the multi-turn call's, not the single-turn one's
@@ -256,7 +259,7 @@ def _episodes(model, args, base: dict, emit, s: dict) -> None:
         )
     if getattr(args, "host_profile", False):  # one more rollout, under cProfile
         steps = lambda: engine.last_stats["prefill_steps"] + engine.last_stats["decode_steps"]  # noqa: E731
-        top = host_profile(lambda: runner.generate(prompts, sampling), steps, 25)
+        top = host_profile(lambda: service.generate(prompts, sampling), steps, 25)
         emit({**extra, "metric": "host_profile", "value": None, "unit": "ms/step", "top": top})
     engine.sleep()
 
