@@ -51,8 +51,8 @@ from _agent_env import LatencyEnvironment
 from _common import seqs_limit
 from rayrl import progress
 from rayrl.batch import Batch
-from rayrl.engines.rollout import NativeRolloutEngine, SamplingParams, positions_from_mask
 from rayrl.config.multi_turn import MultiTurnConfig
+from rayrl.engines.rollout import NativeRolloutEngine, SamplingParams, positions_from_mask
 from rayrl.engines.rollout.multi_turn import MultiTurnRollout
 from rayrl.engines.rollout.service import RolloutService
 from rayrl.models.tokenizer import train_tokenizer
