@@ -183,9 +183,10 @@ pre.gen{{white-space:pre-wrap;max-height:20em;margin:.2em 0 1em}}</style></head>
 def _generations_html(root: Path, config: str) -> str:
     """The section of a few generations of `trainer.rollout_data_dir`; "" without one."""
     try:
-        trainer = (yaml.safe_load(config) or {}).get("trainer") or {}
+        loaded = yaml.safe_load(config)
     except yaml.YAMLError:
         return ""
+    trainer = (loaded.get("trainer") if isinstance(loaded, dict) else None) or {}
     path = trainer.get("rollout_data_dir") if isinstance(trainer, dict) else None
     if not path:
         return ""
