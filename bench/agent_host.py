@@ -52,10 +52,10 @@ import torch
 from _agent_env import LatencyEnvironment
 from _common import hardware
 from rayrl.config.multi_turn import MultiTurnConfig
-from rayrl.engines.rollout import NativeRolloutEngine, SamplingParams
-from rayrl.engines.rollout.multi_turn import MultiTurnRollout
 from rayrl.models.tiny import TinySpec
 from rayrl.models.tokenizer import train_tokenizer
+from rayrl.rollout import NativeRolloutEngine, SamplingParams
+from rayrl.rollout.agent.rollout import MultiTurnRollout
 from rollout_agent import _prompts, host_profile
 
 

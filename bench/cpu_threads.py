@@ -42,8 +42,8 @@ def child(model: str, iters: int) -> None:
 
     from rayrl.config import load_config
     from rayrl.data import PromptDataset, synthetic_rows
-    from rayrl.engines.rollout import HFRolloutEngine, SamplingParams
-    from rayrl.engines.train import TrainEngine
+    from rayrl.rollout import HFRolloutEngine, SamplingParams
+    from rayrl.train.engine import TrainEngine
     from rayrl.workers.losses import actor_loss_fn
 
     cfg = load_config("grpo", ["actor_rollout_ref.actor.kl_loss_coef=0.001"])

@@ -31,8 +31,8 @@ import torch
 
 from _common import hardware
 from rayrl.batch import Batch
-from rayrl.engines.train import TrainEngine
 from rayrl.models.tiny import TinySpec, reference_05b
+from rayrl.train.engine import TrainEngine
 
 
 def ragged_batch(

@@ -4,14 +4,14 @@ The demo's batch on the demo's tiny model (`build_tiny_model(layers=2, hidden=64
 arithmetic prompts from the demo's task, chat-templated and left-padded, 4 samples each,
 32 new tokens at temperature 1 (EOS ignored, so every call decodes the same 32 steps).
 Engines, one model object, interleaved each round: ``lean`` (HFRolloutEngine, dynamic
-cache, `hf_decode.lean_decode`), ``generate`` (the same engine with
+cache, `rayrl.rollout.hf.decode.lean_decode`), ``generate`` (the same engine with
 ``decode="generate"``), and ``native`` (NativeRolloutEngine on CPU, its own weight copy).
 Every engine draws the same tokens (checked). JSON lines: per engine the median seconds
 per ``generate`` call, and ``lean_ratio_vs_generate`` / ``native_ratio_vs_generate``
 (median of per-round ratios, lower is better).
 
 ``--sweep``: instead, the lean loop on 1 and on 2 torch threads (the one-thread rule of
-`hf_decode.decode_threads` switched off), alternated, on three model sizes (107k, 2.5M,
+`rayrl.rollout.hf.decode.decode_threads` switched off), alternated, on three model sizes (107k, 2.5M,
 24M parameters): ``decode_s`` per size and thread count, ``one_thread_ratio`` per size.
 
     python bench/hf_decode.py [--rounds 30] [--threads 1] [--sweep] [--out FILE]
@@ -77,7 +77,7 @@ def build(workdir: Path, shape: tuple[int, int, int, int] | None = None):
 
 
 def engines(model, tok) -> dict:
-    from rayrl.engines.rollout import HFRolloutEngine, NativeRolloutEngine
+    from rayrl.rollout import HFRolloutEngine, NativeRolloutEngine
 
     return {
         "lean": HFRolloutEngine(model=model, tokenizer=tok, cache="dynamic"),
@@ -90,7 +90,8 @@ def engines(model, tok) -> dict:
 
 def sweep(rounds: int, common: dict) -> list[dict]:
     """The lean loop on 1 vs 2 threads per model size (module docstring)."""
-    from rayrl.engines.rollout import HFRolloutEngine, SamplingParams, hf_decode
+    from rayrl.rollout import HFRolloutEngine, SamplingParams
+    from rayrl.rollout.hf import decode as hf_decode
 
     hf_decode.SINGLE_THREAD_DECODE_PARAMS = 0  # the rule off: the threads given are used
     params = SamplingParams(n=SAMPLES, max_new_tokens=NEW_TOKENS, seed=1, ignore_eos=True)
@@ -141,7 +142,7 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    from rayrl.engines.rollout import SamplingParams
+    from rayrl.rollout import SamplingParams
 
     if args.sweep:
         common = {

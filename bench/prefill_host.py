@@ -31,11 +31,11 @@ import numpy as np
 import torch
 
 from _common import hardware
-from rayrl.engines.rollout import NativeRolloutEngine, SamplingParams
-from rayrl.engines.rollout.native.kv_cache import BlockAllocator
-from rayrl.engines.rollout.native.scheduler import Scheduler
-from rayrl.engines.rollout.native.step_loop import Stepper
 from rayrl.models.tiny import TinySpec
+from rayrl.rollout import NativeRolloutEngine, SamplingParams
+from rayrl.rollout.native.kv_cache import BlockAllocator
+from rayrl.rollout.native.scheduler import Scheduler
+from rayrl.rollout.native.step_loop import Stepper
 
 
 class CpuClock:

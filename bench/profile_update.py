@@ -19,7 +19,7 @@ old log-probs (each from the same initial weights, so the warm-up steps' ``loss`
 ``fsdp`` (`fsdp_config.wrap_one_gpu`: FSDP2 bf16 compute, fp32 master weights),
 ``autocast`` (the default: the unwrapped fp32 model under torch.autocast), each with an
 optional ``@TOKENS`` micro-batch token budget, ``#CHUNK`` log-prob chunk size and
-``+compile`` (`rayrl.engines.regional_compile`; the warm-up step absorbs the compile)
+``+compile`` (`rayrl.train.regional_compile`; the warm-up step absorbs the compile)
 or ``+compile-attn-out`` (the same with the attention call left out of the graphs),
 e.g. ``--variants autocast,fsdp,fsdp@32768#4096,fsdp@32768+compile``.
 
@@ -132,8 +132,8 @@ def run_variant(args: argparse.Namespace, path: Path, variant: str, old):
 
     from rayrl.batch import Batch
     from rayrl.config import load_config
-    from rayrl.engines.regional_compile import compile_regions
-    from rayrl.engines.train import TrainEngine
+    from rayrl.train.engine import TrainEngine
+    from rayrl.train.regional_compile import compile_regions
     from rayrl.workers.common import update_perf_metrics
     from rayrl.workers.losses import actor_loss_fn
 

@@ -64,9 +64,9 @@ import torch.multiprocessing as mp
 
 from _common import hardware, seqs_limit
 from rayrl.batch import Batch
-from rayrl.engines.rollout import HFRolloutEngine, NativeRolloutEngine, SamplingParams
-from rayrl.engines.rollout.native.tp import make_tp_groups
 from rayrl.models.tiny import TinySpec, reference_05b
+from rayrl.rollout import HFRolloutEngine, NativeRolloutEngine, SamplingParams
+from rayrl.rollout.native.tp import make_tp_groups
 from rollout_agent import run_multi_turn
 from roofline import generation_seconds
 
@@ -286,8 +286,8 @@ def tune_decode(out) -> None:
     (256 sequences of 384 and 1100 tokens); keep the fastest for this run."""
     from triton.testing import do_bench
 
-    import rayrl.engines.rollout.native.triton_attention as ta
-    from rayrl.engines.rollout.native.step import StepInput
+    import rayrl.rollout.native.triton_attention as ta
+    from rayrl.rollout.native.step import StepInput
 
     heads, kv_heads, dim, bs, rows = 14, 2, 64, 16, 256
     width = 1152 // bs
@@ -341,7 +341,7 @@ def tune_decode(out) -> None:
 def tune_sampler(out) -> None:
     """Time the fused sampler's launch settings (bench/sampler_kernel.py) on workload A's
     sampling shape; keep the fastest that draws the reference tokens, for this run."""
-    from rayrl.engines.rollout.native import triton_sampler as ts
+    from rayrl.rollout.native import triton_sampler as ts
     from sampler_kernel import sweep
 
     records = sweep(256, reference_05b().vocab_size, temperatures=(1.0,))

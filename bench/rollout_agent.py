@@ -52,10 +52,10 @@ from _common import seqs_limit
 from rayrl import progress
 from rayrl.batch import Batch
 from rayrl.config.multi_turn import MultiTurnConfig
-from rayrl.engines.rollout import NativeRolloutEngine, SamplingParams, positions_from_mask
-from rayrl.engines.rollout.multi_turn import MultiTurnRollout
-from rayrl.engines.rollout.service import RolloutService
 from rayrl.models.tokenizer import train_tokenizer
+from rayrl.rollout import NativeRolloutEngine, SamplingParams, positions_from_mask
+from rayrl.rollout.agent.rollout import MultiTurnRollout
+from rayrl.rollout.service import RolloutService
 
 TOOL_LATENCY_S = 0.05
 MAX_CALLS = 4

@@ -20,15 +20,15 @@ import json
 import numpy as np
 import torch
 
-from rayrl.engines.rollout import NativeRolloutEngine, SamplingParams
-from rayrl.engines.rollout.native.attention import TorchAttention
-from rayrl.engines.rollout.native.ops import TorchOps
-from rayrl.engines.rollout.native.step import PREFILL_TILE, StepInput
-from rayrl.engines.rollout.native.triton_attention import TritonAttention
-from rayrl.engines.rollout.native.triton_ops import TritonOps
-from rayrl.engines.rollout.native.triton_sampler import fused_sample
-from rayrl.engines.rollout.sampling import reference_sample_tokens, sample_keys
 from rayrl.models.tiny import reference_05b
+from rayrl.rollout import NativeRolloutEngine, SamplingParams
+from rayrl.rollout.native.attention import TorchAttention
+from rayrl.rollout.native.ops import TorchOps
+from rayrl.rollout.native.step import PREFILL_TILE, StepInput
+from rayrl.rollout.native.triton_attention import TritonAttention
+from rayrl.rollout.native.triton_ops import TritonOps
+from rayrl.rollout.native.triton_sampler import fused_sample
+from rayrl.rollout.sampling import reference_sample_tokens, sample_keys
 
 
 def emit(**record) -> None:

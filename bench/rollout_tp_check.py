@@ -32,8 +32,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rayrl.engines.rollout import NativeRolloutEngine, SamplingParams
-from rayrl.engines.rollout.native.tp import make_tp_groups
+from rayrl.rollout import NativeRolloutEngine, SamplingParams
+from rayrl.rollout.native.tp import make_tp_groups
 
 R = 24
 PROMPTS = [np.random.default_rng(i).integers(10, 32000, 20 + 37 * i).tolist() for i in range(12)]

@@ -95,7 +95,7 @@ def shared_prompt_savings(
 ) -> float:
     """Seconds at ``peak_flops`` that the training part of `grpo_step_seconds` spends on
     prompts repeated within groups of ``group`` rows (each shared prompt run once:
-    `rayrl.engines.shared_prompts`): their body FLOPs, forward and backward plus the
+    `rayrl.train.shared_prompts`): their body FLOPs, forward and backward plus the
     forward-only passes (the attention to the prompt remains)."""
     repeated = (seqs - seqs // group) * prompt_len
     body = flop_model(config).body_params

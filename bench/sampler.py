@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from rayrl.engines.rollout.sampling import (
+from rayrl.rollout.sampling import (
     SamplingParams,
     reference_sample_tokens,
     sample_keys,

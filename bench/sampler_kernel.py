@@ -18,8 +18,8 @@ import json
 
 import torch
 
-from rayrl.engines.rollout.native import triton_sampler as ts
-from rayrl.engines.rollout.sampling import SamplingParams, reference_sample_tokens, sample_keys
+from rayrl.rollout.native import triton_sampler as ts
+from rayrl.rollout.sampling import SamplingParams, reference_sample_tokens, sample_keys
 
 VARIANTS = [
     (8192, 1024, 4),

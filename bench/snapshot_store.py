@@ -1,6 +1,6 @@
 """Benchmark: how fast a step snapshot goes into Ray's object store, round after round.
 
-A worker's step snapshot is a dict of NumPy arrays (`rayrl.engines.snapshot`) that the
+A worker's step snapshot is a dict of NumPy arrays (`rayrl.train.snapshot`) that the
 worker returns from a two-return call (`Worker._rayrl_snapshot_publish`); Ray copies it
 into its node's object store while the next step runs, and the next boundary waits for
 that copy (`timing_s/snapshot`). This script does the same with an actor holding

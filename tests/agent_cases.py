@@ -28,10 +28,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rayrl.batch import Batch
-from rayrl.engines.rollout import positions_from_mask
-from rayrl.engines.rollout.multi_turn_format import TurnFormat
 from rayrl.envs import Episode, HermesParser, Tool, Toolbox, ToolEnvironment, ToolRunner, build_tool
 from rayrl.models.tiny import build_tiny_model
+from rayrl.rollout import positions_from_mask
+from rayrl.rollout.agent.format import TurnFormat
 
 HANG_TIMEOUT_S = 1.0
 MAX_TOOL_RESPONSE_TOKENS = 64

@@ -157,8 +157,8 @@ def one_torch_thread():
 def pack_on_cpu(monkeypatch):
     """Packing whenever rows have padding, on a CPU too: tests of the packed path use
     rows with little padding, which the engine would otherwise run padded there
-    (`rayrl.engines.packing.worth_packing`)."""
-    from rayrl.engines import packing
+    (`rayrl.train.packing.worth_packing`)."""
+    from rayrl.train import packing
 
     monkeypatch.setattr(packing, "CPU_MIN_PADDING_TO_PACK", 0.0)
 

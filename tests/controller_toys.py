@@ -276,9 +276,9 @@ class Dist(Worker):
 
 class ShardedDist(Dist):
     """A gloo worker training a small FSDP2 model over the engine's hybrid mesh
-    (`rayrl.engines.mesh.TrainMesh`: ``[replicate, shard]`` sub-groups, not the default
+    (`rayrl.train.mesh.TrainMesh`: ``[replicate, shard]`` sub-groups, not the default
     group), which lets go of its groups on a lost peer as the training engine does
-    (`rayrl.engines.group_release`)."""
+    (`rayrl.train.group_release`)."""
 
     @register(dispatch=ONE_TO_ALL)
     def build(self, shard: int) -> None:
@@ -287,8 +287,8 @@ class ShardedDist(Dist):
         from torch import nn
 
         from rayrl.controller.collective_failure import on_collective_failure
-        from rayrl.engines.fsdp import shard_model
-        from rayrl.engines.mesh import MeshSpec, TrainMesh
+        from rayrl.train.fsdp import shard_model
+        from rayrl.train.mesh import MeshSpec, TrainMesh
 
         torch.manual_seed(0)
         self.mesh = TrainMesh(MeshSpec(dist.get_world_size(), 1, shard), self.rank, "cpu")
@@ -308,7 +308,7 @@ class ShardedDist(Dist):
         on_collective_failure(self.release)
 
     def release(self) -> None:
-        from rayrl.engines.group_release import release_groups
+        from rayrl.train.group_release import release_groups
 
         release_groups(self.model, [self.mesh.fsdp])
 

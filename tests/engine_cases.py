@@ -98,8 +98,8 @@ def fsdp_worker(rank: int, world: int, init_file: str, model_dir: str, out_dir: 
     """Two training steps, a forward, a sharded save and an HF export on FSDP2/gloo."""
     import torch.distributed as dist
 
-    from rayrl.engines.fsdp import decoder_layers
-    from rayrl.engines.train import TrainEngine
+    from rayrl.train.engine import TrainEngine
+    from rayrl.train.fsdp import decoder_layers
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     scatters = count_calls(dist, ("reduce_scatter_single", "reduce_scatter_tensor"))
@@ -159,7 +159,7 @@ def one_rank_fsdp_worker(rank: int, model_dir: str, out_dir: str) -> None:
     state: full weights, streamed weights, a snapshot put back, a checkpoint loaded."""
     import torch.distributed as dist
 
-    from rayrl.engines.train import TrainEngine
+    from rayrl.train.engine import TrainEngine
 
     engine = TrainEngine(model_dir, optim=OPTIM, fsdp=True)
     try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rayrl.engines.rollout.turns import Continuation
+from rayrl.rollout.turns import Continuation
 
 
 def perturbed(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:

@@ -73,7 +73,7 @@ def run_layout(engine, loss_fn, with_entropy: bool) -> dict:
 def parallel_worker(rank: int, world: int, init_file: str, model_dir: str, out_dir: str) -> None:
     import torch.distributed as dist
 
-    from rayrl.engines.train import TrainEngine
+    from rayrl.train.engine import TrainEngine
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
@@ -104,7 +104,7 @@ def parallel_worker(rank: int, world: int, init_file: str, model_dir: str, out_d
 def reference_copies(actor, model_dir: str) -> dict:
     """Frozen engines filled from ``actor``'s load: alike (shard to shard) and laid out
     otherwise (HSDP, bf16: gathered per tensor); their weights and load reports."""
-    from rayrl.engines.train import TrainEngine
+    from rayrl.train.engine import TrainEngine
 
     out = {}
     for name, kwargs in (("alike", {}), ("other", {"fsdp_size": 2, "dtype": "bfloat16"})):
@@ -134,7 +134,7 @@ def write_random_checkpoint(path: Path, params: float) -> int:
 
     from transformers import Qwen2Config
 
-    from rayrl.engines.loading import build_empty_model
+    from rayrl.train.loading import build_empty_model
 
     per_layer, embeddings = 46_399_488, 2 * 32000 * 2048
     config = Qwen2Config(
@@ -187,7 +187,7 @@ def load_once_worker(rank: int, world: int, init_file: str, model_dir: str, out_
     record this process's resident memory before and its peak during the build."""
     import torch.distributed as dist
 
-    from rayrl.engines.train import TrainEngine
+    from rayrl.train.engine import TrainEngine
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)

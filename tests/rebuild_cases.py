@@ -55,7 +55,7 @@ def rebuild_worker(rank: int, world: int, init_dir: str, model_dir: str, out_dir
     import torch.distributed as dist
 
     from rayrl import reads
-    from rayrl.engines.train import TrainEngine
+    from rayrl.train.engine import TrainEngine
 
     torch.set_num_threads(1)
     out: dict = {}

@@ -11,7 +11,7 @@ import torch
 from engine_cases import ragged_batch, tiny_model_dir  # noqa: F401 (fixture)
 from rayrl.batch import Batch
 from rayrl.config import load_config
-from rayrl.engines.train import TrainEngine
+from rayrl.train.engine import TrainEngine
 from rayrl.workers import ActorRolloutRefWorker
 from rayrl.workers.context import StepContext
 from rayrl.workers.losses import actor_loss_fn

@@ -23,10 +23,10 @@ from rayrl.config.sft import load_sft_config
 from rayrl.data import PromptDataset, synthetic_rows
 from rayrl.data.sft import SFTDataset
 from rayrl.data.synthetic import demonstrations
-from rayrl.engines.rollout import HFRolloutEngine, SamplingParams
-from rayrl.engines.rollout.multi_turn import MultiTurnRollout
 from rayrl.envs import load_object
 from rayrl.models import build_tiny_model
+from rayrl.rollout import HFRolloutEngine, SamplingParams
+from rayrl.rollout.agent.rollout import MultiTurnRollout
 from rayrl.trainer.episodes import episode_metrics, token_check
 from rayrl.workers.agent import configured_tools, episode_settings
 from rayrl.workers.reward import episode_extra_info

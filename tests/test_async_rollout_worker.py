@@ -11,8 +11,8 @@ import torch
 
 from rayrl.batch import Batch
 from rayrl.config import load_config
-from rayrl.engines.weight_sync import pack_buckets, unpack_bucket
 from rayrl.models import build_tiny_model
+from rayrl.train.weight_sync import pack_buckets, unpack_bucket
 from rayrl.workers.rollout import ReplicaCall, RolloutWorker
 
 R = 6

@@ -81,7 +81,7 @@ KILLED_SAVE = """
 import sys, time
 from pathlib import Path
 import torch
-from rayrl.engines.train import TrainEngine
+from rayrl.train.engine import TrainEngine
 from rayrl.trainer.checkpoint import CheckpointManager
 
 model, root, signal_file = sys.argv[1:4]
@@ -104,7 +104,7 @@ manager.save(2, {}, write_then_hang)
 
 
 def test_a_save_killed_half_way_leaves_the_previous_checkpoint_loadable(tmp_path, tiny_model_dir):  # noqa: F811
-    from rayrl.engines.train import TrainEngine
+    from rayrl.train.engine import TrainEngine
 
     root, signal_file = tmp_path / "checkpoints", tmp_path / "writing"
     env = {**os.environ, "PYTHONPATH": subprocess_pythonpath(TESTS.parent / "src", TESTS)}

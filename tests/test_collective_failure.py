@@ -3,7 +3,7 @@ seconds (each rank that sees the loss leaves its process groups, so the ranks wa
 on it stop waiting too), the survivors stay alive, and the group re-forms without
 replacing them (`rayrl.controller.collective_failure`). Also when the collectives run
 on a device mesh's sub-groups under FSDP2, whose states and meshes keep their own
-references to the groups (`rayrl.engines.group_release`)."""
+references to the groups (`rayrl.train.group_release`)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "rayrl"
 
 # Keys another piece of work is wiring right now; each must leave this set when read.
 # The rollout's tensor-parallel size: the native engine takes it (tp_size, tp_group from
-# rayrl.engines.rollout.native.tp.make_tp_groups); the actor worker passes it on next.
+# rayrl.rollout.native.tp.make_tp_groups); the actor worker passes it on next.
 PENDING: set[str] = set()
 SFT_PENDING: set[str] = set()
 # verl's deprecated global micro-batch sizes: the config layer turns them into the

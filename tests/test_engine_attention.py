@@ -9,8 +9,8 @@ import torch
 
 from engine_cases import ragged_batch, tiny_model_dir  # noqa: F401 (fixture)
 from rayrl.batch import Batch
-from rayrl.engines.attention import VARLEN, attention_for
-from rayrl.engines.train import TrainEngine
+from rayrl.train.attention import VARLEN, attention_for
+from rayrl.train.engine import TrainEngine
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -57,7 +57,7 @@ def test_packed_positions_without_boundaries_still_attend_per_sequence(tiny_mode
 def test_generation_unchanged_on_a_varlen_model(tiny_model_dir):  # noqa: F811
     from transformers import AutoTokenizer
 
-    from rayrl.engines.rollout import HFRolloutEngine, SamplingParams
+    from rayrl.rollout import HFRolloutEngine, SamplingParams
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     ids = torch.randint(3, 400, (2, 7), generator=torch.Generator().manual_seed(1))

@@ -14,9 +14,9 @@ from transformers import AutoTokenizer
 from rayrl.algos import compute_advantages
 from rayrl.batch import Batch
 from rayrl.config.schema import ActorConfig, RolloutCorrectionConfig
-from rayrl.engines.rollout import HFRolloutEngine, SamplingParams
-from rayrl.engines.train import TrainEngine
 from rayrl.models.tiny import TinySpec
+from rayrl.rollout import HFRolloutEngine, SamplingParams
+from rayrl.train.engine import TrainEngine
 from rayrl.workers.losses import actor_loss_fn
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -79,7 +79,7 @@ def test_nonfinite_step_is_skipped_and_names_the_parameters(wide_vocab_dir, capl
     def nan_loss(outputs, micro):
         return outputs["log_probs"].sum() * float("nan"), {}
 
-    with caplog.at_level(logging.WARNING, logger="rayrl.engines.optim"):
+    with caplog.at_level(logging.WARNING, logger="rayrl.train.optim"):
         metrics = engine.train_step(out, nan_loss)
     assert metrics["skipped"] == 1 and math.isnan(metrics["grad_norm"])
     assert "optimizer step skipped" in caplog.text and "model.embed_tokens.weight" in caplog.text

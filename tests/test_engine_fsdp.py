@@ -27,7 +27,7 @@ from engine_cases import (
     step_b_batch,
     tiny_model_dir,  # noqa: F401 (fixture)
 )
-from rayrl.engines.train import TrainEngine
+from rayrl.train.engine import TrainEngine
 
 pytestmark = pytest.mark.slow
 

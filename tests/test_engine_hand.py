@@ -10,7 +10,7 @@ import torch
 
 from engine_cases import ragged_batch, tiny_model_dir  # noqa: F401 (fixture)
 from rayrl.batch import Batch
-from rayrl.engines.train import TrainEngine
+from rayrl.train.engine import TrainEngine
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

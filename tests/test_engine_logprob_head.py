@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from engine_cases import ragged_batch, tiny_model_dir  # noqa: F401 (fixture)
-from rayrl.engines.logprob_head import LogProbHead, install_logprob_head, logprob_head_of
-from rayrl.engines.outputs import response_outputs
-from rayrl.engines.train import TrainEngine
+from rayrl.train.engine import TrainEngine
+from rayrl.train.logprob_head import LogProbHead, install_logprob_head, logprob_head_of
+from rayrl.train.outputs import response_outputs
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -48,7 +48,7 @@ def test_kept_logits_give_the_recomputed_gradients_without_a_second_projection(
     them: bitwise the same outputs and gradients; kept, the backward never projects."""
     from types import SimpleNamespace
 
-    from rayrl.engines import logprob_head
+    from rayrl.train import logprob_head
 
     torch.manual_seed(0)
     head = LogProbHead(16, 50, bias=True)
@@ -114,7 +114,7 @@ def test_install_keeps_names_and_tied_weights(tiny_model_dir):  # noqa: F811
 def test_training_keeps_no_vocab_sized_tensor(tiny_model_dir, monkeypatch):  # noqa: F811
     """Without room to keep logits (`keep_logits`), nothing vocabulary-sized is saved
     for the backward."""
-    from rayrl.engines import logprob_head
+    from rayrl.train import logprob_head
 
     monkeypatch.setattr(logprob_head, "KEEP_LOGITS_HOST_BYTES", 0)
     monkeypatch.setattr(logprob_head, "KEEP_LOGITS_SHARE", 0.0)  # on CUDA: no room either

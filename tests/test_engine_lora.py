@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from engine_cases import OPTIM, pg_loss, ragged_batch, tiny_model_dir  # noqa: F401
-from rayrl.engines.lora import LoraSpec
-from rayrl.engines.train import TrainEngine
+from rayrl.train.engine import TrainEngine
+from rayrl.train.lora import LoraSpec
 
 LORA = LoraSpec(lora_rank=4, lora_alpha=8, target_modules=("q_proj", "v_proj", "down_proj"))
 

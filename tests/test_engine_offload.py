@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine_cases import pg_loss, ragged_batch, tiny_model_dir  # noqa: F401 (fixture)
-from rayrl.engines.train import TrainEngine
+from rayrl.train.engine import TrainEngine
 
 CUDA = [
     pytest.mark.cuda,

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rayrl.engines.packing import (
+from rayrl.train.packing import (
     pack_sequences,
     padded_response_index,
     plan_fixed,
@@ -89,7 +89,7 @@ def test_packing_rejects_holes_and_offset_positions():
 
 
 def test_packing_pays_on_a_gpu_with_any_padding_on_a_cpu_from_a_quarter():
-    from rayrl.engines.packing import worth_packing
+    from rayrl.train.packing import worth_packing
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     mask = torch.ones(4, 10, dtype=torch.long)
@@ -101,7 +101,7 @@ def test_packing_pays_on_a_gpu_with_any_padding_on_a_cpu_from_a_quarter():
 
 
 def test_a_shared_budget_keeps_a_prompts_rows_together_counting_each_row_whole():
-    from rayrl.engines.packing import plan_shared_budget
+    from rayrl.train.packing import plan_shared_budget
 
     # two prompts of 10 tokens, four rows each of 10 + 5 tokens; interleaved rows
     groups = [([0, 2, 4, 6], 10), ([1, 3, 5, 7], 10)]
@@ -123,7 +123,7 @@ def test_a_shared_budget_keeps_a_prompts_rows_together_counting_each_row_whole()
     budget=st.integers(33, 90),
 )
 def test_shared_budget_bins_cover_rows_once_within_budget(sizes, responses, budget):
-    from rayrl.engines.packing import plan_shared_budget
+    from rayrl.train.packing import plan_shared_budget
 
     groups, lengths, k = [], [], 0
     for count, prompt in sizes:

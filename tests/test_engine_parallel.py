@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 
 from engine_cases import OPTIM, pg_loss, tiny_model_dir, value_loss  # noqa: F401 (fixture)
 from parallel_cases import BUDGET, LENGTHS, batch, record_gradients
-from rayrl.engines.packing import plan_token_budget
-from rayrl.engines.train import TrainEngine
+from rayrl.train.engine import TrainEngine
+from rayrl.train.packing import plan_token_budget
 
 pytestmark = pytest.mark.slow
 

@@ -1,5 +1,5 @@
 """Shared prompts: GRPO's samples of a prompt trained with the prompt run once give the
-rows' own log-probs, entropy and gradients (`rayrl.engines.shared_prompts`)."""
+rows' own log-probs, entropy and gradients (`rayrl.train.shared_prompts`)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from engine_cases import ragged_batch, tiny_model_dir  # noqa: F401 (fixture)
-from rayrl.engines.attention import SHARED_KV_INDEX, packed_attention_kwargs
-from rayrl.engines.outputs import response_outputs
-from rayrl.engines.shared_prompts import share_prompts
-from rayrl.engines.train import TrainEngine
+from rayrl.train.attention import SHARED_KV_INDEX, packed_attention_kwargs
+from rayrl.train.engine import TrainEngine
+from rayrl.train.outputs import response_outputs
+from rayrl.train.shared_prompts import share_prompts
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -119,7 +119,7 @@ def test_the_shared_prompts_gradient_is_the_sum_of_the_rows(tiny_model_dir):  # 
 
 
 def test_the_setting_auto_shares_on_cuda_only_and_others_are_refused():
-    from rayrl.engines.shared_prompts import share_prompts_on
+    from rayrl.train.shared_prompts import share_prompts_on
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert share_prompts_on("auto", cuda) and not share_prompts_on("auto", cpu)
@@ -162,7 +162,7 @@ def test_shared_prompts_on_cuda_match_the_rows_own(tiny_model_dir, compiled):  #
 
 
 def test_the_flop_count_runs_each_shared_prompt_once(tiny_model_dir):  # noqa: F811
-    from rayrl.engines.shared_prompts import repeated_prompt_tokens
+    from rayrl.train.shared_prompts import repeated_prompt_tokens
 
     batch = grouped_batch([6, 2], samples=3, response_lens=[5, 1, 8], seed=2)
     # prompt 0: 4 rows of 6 tokens, prompt 1: 3 rows of 2 tokens
@@ -187,7 +187,7 @@ def test_a_critics_values_with_shared_prompts_are_the_rows_own(tiny_model_dir): 
 def test_shared_prompts_through_a_lora_model(tiny_model_dir):  # noqa: F811
     """peft's wrapper passes the attention's keywords on to the model it wraps."""
     batch = grouped_batch([5, 2], samples=3, response_lens=[4, 7], seed=5)
-    from rayrl.engines.lora import LoraSpec
+    from rayrl.train.lora import LoraSpec
 
     lora = LoraSpec(lora_rank=4, lora_alpha=8, target_modules=("q_proj", "v_proj", "down_proj"))
 

@@ -10,7 +10,7 @@ import torch
 
 from engine_cases import OPTIM, pg_loss, ragged_batch, tiny_model_dir  # noqa: F401 (fixture)
 from rayrl.controller.pending import Pending
-from rayrl.engines.train import TrainEngine
+from rayrl.train.engine import TrainEngine
 
 
 def _weights(engine: TrainEngine) -> dict[str, torch.Tensor]:
@@ -62,7 +62,7 @@ def test_a_snapshot_leaves_frozen_weights_out_and_survives_pickling(tiny_model_d
 
 
 def test_nbytes_counts_trainable_weights_and_adam_moments():
-    from rayrl.engines import snapshot
+    from rayrl.train import snapshot
 
     model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Linear(4, 2))
     model[1].requires_grad_(False)  # frozen: left out, as `capture` leaves it

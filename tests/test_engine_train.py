@@ -12,9 +12,9 @@ from engine_cases import (
     tiny_model_dir,  # noqa: F401 (fixture)
     value_loss,
 )
-from rayrl.engines.optim import OptimSpec, build_lr_scheduler
-from rayrl.engines.outputs import MODEL_INPUTS
-from rayrl.engines.train import TrainEngine
+from rayrl.train.engine import TrainEngine
+from rayrl.train.optim import OptimSpec, build_lr_scheduler
+from rayrl.train.outputs import MODEL_INPUTS
 
 
 def _reference_log_probs(engine: TrainEngine, batch) -> torch.Tensor:
@@ -134,7 +134,7 @@ def test_non_finite_gradient_step_is_skipped(tiny_model_dir):  # noqa: F811
 
 @pytest.mark.parametrize("file_per_tensor", [False, True])
 def test_save_load_round_trip(tiny_model_dir, tmp_path, monkeypatch, file_per_tensor):  # noqa: F811
-    from rayrl.engines import checkpoint_io
+    from rayrl.train import checkpoint_io
 
     if file_per_tensor:  # the layout of a large state on a GPU (bounded host memory)
         monkeypatch.setattr(checkpoint_io, "ONE_FILE_MAX_BYTES", -1)
@@ -248,7 +248,7 @@ def test_lr_schedules():
 def test_offloaded_optimizer_steps_slice_by_slice_as_one_step(tiny_model_dir, monkeypatch):  # noqa: F811
     """With optimizer_offload the Adam step runs a slice of parameters at a time (the
     device never holds every moment: a 7B model's are 60 GB), with the same result."""
-    from rayrl.engines import residency
+    from rayrl.train import residency
 
     monkeypatch.setattr(residency, "STEP_SLICE_BYTES", 64 << 10)
     plain = TrainEngine(tiny_model_dir, optim=OPTIM)
@@ -266,7 +266,7 @@ def test_offloaded_optimizer_steps_slice_by_slice_as_one_step(tiny_model_dir, mo
 
 
 def test_a_cpu_engine_packs_only_rows_with_much_padding(tiny_model_dir, monkeypatch):  # noqa: F811
-    from rayrl.engines import outputs
+    from rayrl.train import outputs
 
     packs = []
     real_pack = outputs.pack_sequences

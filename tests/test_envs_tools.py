@@ -536,7 +536,7 @@ def test_envs_is_a_leaf():
     code = (
         "import sys, rayrl.envs; "
         "bad = [m for m in sys.modules if m.split('.')[0] in ('ray', 'torch', 'transformers') "
-        "or m.startswith(('rayrl.engines', 'rayrl.workers', 'rayrl.trainer', 'rayrl.cluster'))]; "
+        "or m.startswith(('rayrl.train', 'rayrl.workers', 'rayrl.trainer', 'rayrl.cluster'))]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -7,9 +7,9 @@ import torch
 
 from engine_cases import ragged_batch, tiny_model_dir  # noqa: F401 (fixture)
 from rayrl.cli.main import main
-from rayrl.engines.hf_export import write_hf_meta
-from rayrl.engines.lora import LoraSpec
-from rayrl.engines.train import TrainEngine
+from rayrl.train.engine import TrainEngine
+from rayrl.train.hf_export import write_hf_meta
+from rayrl.train.lora import LoraSpec
 
 LORA = LoraSpec(lora_rank=4, lora_alpha=8, target_modules=("q_proj", "v_proj"))
 

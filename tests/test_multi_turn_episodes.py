@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from rayrl.engines.rollout import multi_turn_episodes
-from rayrl.engines.rollout.multi_turn_episodes import Episodes, EpisodeState
-from rayrl.engines.rollout.multi_turn_format import TurnFormat
 from rayrl.envs import Environment, Episode, StepResult
 from rayrl.models.tiny import build_tiny_model
+from rayrl.rollout.agent import episodes as multi_turn_episodes
+from rayrl.rollout.agent.episodes import Episodes, EpisodeState
+from rayrl.rollout.agent.format import TurnFormat
 
 
 class SlowTool(Environment):

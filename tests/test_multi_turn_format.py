@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from rayrl.engines.rollout.multi_turn_format import TurnFormat, TurnFormatError
 from rayrl.models.tiny import build_tiny_model
+from rayrl.rollout.agent.format import TurnFormat, TurnFormatError
 
 # A template in the style of Qwen2.5's: consecutive tool messages share one user turn,
 # each wrapped in <tool_response> tags.

@@ -24,8 +24,8 @@ from transformers import AutoTokenizer
 
 from agent_cases import MAX_TOOL_RESPONSE_TOKENS, make_prompts, train_agent_model
 from rayrl.controller import GroupSnapshot
-from rayrl.engines.rollout import NativeRolloutEngine
-from rayrl.engines.rollout.multi_turn import MultiTurnRollout
+from rayrl.rollout import NativeRolloutEngine
+from rayrl.rollout.agent.rollout import MultiTurnRollout
 from rayrl.trainer.roles import set_data_layouts
 from rayrl.workers import ActorRolloutRefWorker
 from rayrl.workers.actor import sampling_params

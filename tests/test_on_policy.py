@@ -9,8 +9,8 @@ import torch
 from transformers import AutoTokenizer
 
 from rayrl.batch import Batch
-from rayrl.engines import packing
 from rayrl.models import build_tiny_model
+from rayrl.train import packing
 from rayrl.trainer.on_policy import separate_pass_reason
 from rayrl.workers import ActorRolloutRefWorker
 from rayrl.workers import actor as actor_module

@@ -11,15 +11,15 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from native_toys import InstantTurns, perturbed
-from rayrl.engines.rollout import NativeRolloutEngine, SamplingParams
-from rayrl.engines.rollout.native.prefill_graphs import (
+from rayrl.models.tiny import build_tiny_model
+from rayrl.rollout import NativeRolloutEngine, SamplingParams
+from rayrl.rollout.native.prefill_graphs import (
     CAPTURE_AFTER,
     PrefillGraphs,
     prefill_buckets,
 )
-from rayrl.engines.rollout.native.runner import _prefill_inputs, _tiles
-from rayrl.engines.rollout.native.scheduler import Chunk, Job
-from rayrl.models.tiny import build_tiny_model
+from rayrl.rollout.native.runner import _prefill_inputs, _tiles
+from rayrl.rollout.native.scheduler import Chunk, Job
 
 TINY = dict(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab_size=320)
 TEXTS = ["1 + 2 =", "the answer is", "Tom has 3 apples. How many are left?", "x", "what is 9"]

@@ -1,4 +1,4 @@
-"""Regional torch.compile (`rayrl.engines.regional_compile`, `use_torch_compile`): the
+"""Regional torch.compile (`rayrl.train.regional_compile`, `use_torch_compile`): the
 compiled layers and head compute what the eager ones do, generation through a compiled
 model stays eager, and a CPU run never compiles unless asked.
 
@@ -13,9 +13,9 @@ import torch
 from engine_cases import ragged_batch, tiny_model_dir  # noqa: F401 (fixture)
 from rayrl.batch import Batch
 from rayrl.config.schema import ActorConfig
-from rayrl.engines.logprob_head import LogProbHead
-from rayrl.engines.regional_compile import compile_regions, compiled_chunk_math
-from rayrl.engines.train import TrainEngine
+from rayrl.train.engine import TrainEngine
+from rayrl.train.logprob_head import LogProbHead
+from rayrl.train.regional_compile import compile_regions, compiled_chunk_math
 from rayrl.workers.losses import actor_loss_fn
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from rayrl.batch import Batch
-from rayrl.engines.rollout import (
+from rayrl.models.tiny import build_tiny_model
+from rayrl.rollout import (
     ROLLOUT_ENGINES,
     HFRolloutEngine,
     SamplingParams,
@@ -21,7 +22,6 @@ from rayrl.engines.rollout import (
     make_rollout_engine,
     positions_from_mask,
 )
-from rayrl.models.tiny import build_tiny_model
 
 TINY = dict(layers=1, hidden=32, heads=2, kv_heads=1, intermediate=64, vocab_size=320)
 TEXTS = ["1 + 2 =", "the answer is", "Tom has 3 apples. How many", "x"]
@@ -199,7 +199,7 @@ def test_replay_is_independent_of_batch_order_and_split(engine):
 REPLAY_SCRIPT = """
 import sys, torch
 from transformers import AutoTokenizer
-from rayrl.engines.rollout import HFRolloutEngine, SamplingParams
+from rayrl.rollout import HFRolloutEngine, SamplingParams
 from test_rollout_hf import TEXTS, make_prompts
 model_dir, out_path, width = sys.argv[1], sys.argv[2], int(sys.argv[3])
 engine = HFRolloutEngine(model_path=model_dir, device="cpu")
@@ -358,7 +358,7 @@ def test_static_cache_falls_back_to_dynamic_once(model_dir, caplog, monkeypatch)
 
     monkeypatch.setattr(engine.model, "generate", picky_generate)
     prompts = make_prompts(engine.tokenizer)
-    with caplog.at_level(logging.WARNING, logger="rayrl.engines.rollout.hf"):
+    with caplog.at_level(logging.WARNING, logger="rayrl.rollout.hf.engine"):
         first = engine.generate(prompts, SamplingParams(max_new_tokens=R, seed=1))
         second = engine.generate(prompts, SamplingParams(max_new_tokens=R, seed=1))
     assert seen == ["static"]  # the dynamic cache then decodes in the lean loop

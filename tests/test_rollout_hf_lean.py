@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rayrl.engines.rollout import HFRolloutEngine, SamplingParams
-from rayrl.engines.rollout.hf_decode import can_lean_decode, decode_threads
 from rayrl.models.tiny import build_tiny_model
+from rayrl.rollout import HFRolloutEngine, SamplingParams
+from rayrl.rollout.hf.decode import can_lean_decode, decode_threads
 from test_rollout_hf import TINY, forced_token, make_prompts
 
 R = 8

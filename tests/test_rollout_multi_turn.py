@@ -29,9 +29,9 @@ from agent_cases import (
     train_agent_model,
 )
 from rayrl.config.multi_turn import MultiTurnConfig
-from rayrl.engines.rollout import HFRolloutEngine, NativeRolloutEngine, SamplingParams
-from rayrl.engines.rollout.multi_turn import MultiTurnRollout, multi_turn_metrics
 from rayrl.registry import UnknownNameError
+from rayrl.rollout import HFRolloutEngine, NativeRolloutEngine, SamplingParams
+from rayrl.rollout.agent.rollout import MultiTurnRollout, multi_turn_metrics
 from rayrl.trainer.tool_budget import ToolBudget
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -285,7 +285,7 @@ REPLAY = textwrap.dedent(
     import sys, torch
     sys.path.insert(0, sys.argv[3])
     from test_rollout_multi_turn import REPLAY_SAMPLING, rollout
-    from rayrl.engines.rollout import HFRolloutEngine
+    from rayrl.rollout import HFRolloutEngine
     torch.set_num_threads(1)
     engine = HFRolloutEngine(model_path=sys.argv[1], device="cpu")
     out, _ = rollout(engine, ["loop", "add"], sampling=REPLAY_SAMPLING, step=3)

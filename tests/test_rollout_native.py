@@ -20,7 +20,8 @@ from transformers import (
 
 from native_toys import InstantTurns, perturbed
 from rayrl.batch import Batch
-from rayrl.engines.rollout import (
+from rayrl.models.tiny import build_tiny_model
+from rayrl.rollout import (
     ROLLOUT_ENGINES,
     HFRolloutEngine,
     NativeRolloutEngine,
@@ -29,8 +30,7 @@ from rayrl.engines.rollout import (
     make_rollout_engine,
     positions_from_mask,
 )
-from rayrl.engines.rollout.native.spec import UnsupportedModelError
-from rayrl.models.tiny import build_tiny_model
+from rayrl.rollout.native.spec import UnsupportedModelError
 
 TINY = dict(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab_size=320)
 TEXTS = [
@@ -315,9 +315,9 @@ def test_prefill_step_inputs_of_resumed_and_fresh_chunks():
     """A prefill step's inputs, built for all chunks at once, are each chunk's own: its
     tokens, their positions past its cached prefix, their cache slots through its row of
     the block table; the Triton tiles read back as (sequence, first query) pairs."""
-    from rayrl.engines.rollout.native.runner import _prefill_inputs, _tiles
-    from rayrl.engines.rollout.native.scheduler import Chunk, Job
-    from rayrl.engines.rollout.native.step import PREFILL_TILE
+    from rayrl.rollout.native.runner import _prefill_inputs, _tiles
+    from rayrl.rollout.native.scheduler import Chunk, Job
+    from rayrl.rollout.native.step import PREFILL_TILE
 
     bs, rng = 4, np.random.default_rng(0)
     table = rng.permutation(200).astype(np.int32).reshape(5, 40)
@@ -431,7 +431,7 @@ def test_sleep_without_a_fixed_address_drops_the_graphs_and_gives_back_all(
     with no garbage collection: allocated memory returns to what it was asleep before
     (the first round leaves cuBLAS's per-stream workspaces, which stay), and the
     tokens stay the same."""
-    from rayrl.engines.rollout.native import vmm
+    from rayrl.rollout.native import vmm
 
     monkeypatch.setattr(vmm.VirtualBuffer, "create", classmethod(lambda cls, size, device: None))
     engine = NativeRolloutEngine(model_path=model_dir, device="cuda", max_num_seqs=8)
@@ -547,7 +547,7 @@ def _gpt2_config():
 
 def _pick(name: str, device_type: str, model_config) -> str:
     from rayrl.config.load import load_config
-    from rayrl.engines.rollout import resolve_rollout
+    from rayrl.rollout import resolve_rollout
 
     cfg = load_config(None, [f"actor_rollout_ref.rollout.name={name}"], validate=False)
     return resolve_rollout(cfg.actor_rollout_ref.rollout, cfg.data, device_type, model_config).name
@@ -560,7 +560,7 @@ def test_auto_picks_native_on_a_gpu_for_the_models_it_runs():
     from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
     from rayrl.config.load import load_config
-    from rayrl.engines.rollout import AUTO
+    from rayrl.rollout import AUTO
 
     assert load_config(None, [], validate=False).actor_rollout_ref.rollout.name == AUTO
     for config in (Qwen2Config(), Qwen3Config(), LlamaConfig()):
@@ -580,7 +580,7 @@ def test_auto_takes_the_native_engines_options_as_the_explicit_name_does():
     from transformers import Qwen2Config
 
     from rayrl.config.load import load_config
-    from rayrl.engines.rollout import resolve_rollout
+    from rayrl.rollout import resolve_rollout
 
     keys = [
         "actor_rollout_ref.rollout.gpu_memory_utilization=0.37",

@@ -18,12 +18,12 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen3Config
 
 from native_toys import perturbed
-from rayrl.engines.rollout import NativeRolloutEngine
-from rayrl.engines.rollout.native.shards import Part, TPShard, check_tp_size
-from rayrl.engines.rollout.native.spec import ModelSpec
-from rayrl.engines.rollout.native.tp import ReplicaLayout, make_tp_groups
-from rayrl.engines.rollout.native.tp_weights import _piece, _rows_held
 from rayrl.models.tiny import build_tiny_model
+from rayrl.rollout import NativeRolloutEngine
+from rayrl.rollout.native.shards import Part, TPShard, check_tp_size
+from rayrl.rollout.native.spec import ModelSpec
+from rayrl.rollout.native.tp import ReplicaLayout, make_tp_groups
+from rayrl.rollout.native.tp_weights import _piece, _rows_held
 from tp_cases import CASES, CASES_OF, SMALL, outputs, tp_worker
 
 TINY = dict(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab_size=320)

@@ -45,8 +45,8 @@ def interpreter():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_elementwise_kernels(dtype):
-    from rayrl.engines.rollout.native.ops import TorchOps
-    from rayrl.engines.rollout.native.triton_ops import TritonOps
+    from rayrl.rollout.native.ops import TorchOps
+    from rayrl.rollout.native.triton_ops import TritonOps
 
     torch.manual_seed(0)
     ref, tri = TorchOps(), TritonOps()
@@ -89,9 +89,9 @@ def test_elementwise_kernels(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_paged_attention_kernels(dtype, monkeypatch):
-    import rayrl.engines.rollout.native.triton_attention as ta
-    from rayrl.engines.rollout.native.attention import TorchAttention
-    from rayrl.engines.rollout.native.step import PREFILL_TILE, StepInput
+    import rayrl.rollout.native.triton_attention as ta
+    from rayrl.rollout.native.attention import TorchAttention
+    from rayrl.rollout.native.step import PREFILL_TILE, StepInput
 
     monkeypatch.setitem(ta.DECODE_CONFIG, "BLOCK_N", 16)
     torch.manual_seed(1)
@@ -150,8 +150,8 @@ def test_fused_sampler_draws_the_reference_tokens(monkeypatch, slice_, block, ma
     """Each way the kernel finds a slice's winner: one candidate lane (the common case),
     several candidate lanes (a huge margin, one token per lane), and the exact float64
     pass when a lane holds two candidates (a huge margin, four tokens per lane)."""
-    import rayrl.engines.rollout.native.triton_sampler as ts
-    from rayrl.engines.rollout.sampling import SamplingParams, reference_sample_tokens, sample_keys
+    import rayrl.rollout.native.triton_sampler as ts
+    from rayrl.rollout.sampling import SamplingParams, reference_sample_tokens, sample_keys
 
     monkeypatch.setattr(ts, "_SLICE", slice_)  # several slices (and blocks) per row
     monkeypatch.setattr(ts, "_BLOCK", block)

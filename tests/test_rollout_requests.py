@@ -21,12 +21,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from native_toys import InstantTurns, perturbed
-from rayrl.engines.rollout import HFRolloutEngine, NativeRolloutEngine, SamplingParams
-from rayrl.engines.rollout.loop import Job, TurnLoop, responses_of, run_batch
-from rayrl.engines.rollout.requests import DONE, TURN
-from rayrl.engines.rollout.sampling import sample_keys
-from rayrl.engines.rollout.service import Aborted, CallPolicy, RolloutService
 from rayrl.models.tiny import build_tiny_model
+from rayrl.rollout import HFRolloutEngine, NativeRolloutEngine, SamplingParams
+from rayrl.rollout.loop import Job, TurnLoop, responses_of, run_batch
+from rayrl.rollout.requests import DONE, TURN
+from rayrl.rollout.sampling import sample_keys
+from rayrl.rollout.service import Aborted, CallPolicy, RolloutService
 
 TINY = dict(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab_size=320)
 R = 12

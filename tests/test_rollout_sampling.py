@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from rayrl.engines.rollout.sampling import (
+from rayrl.rollout.sampling import (
     SamplingParams,
     mix64,
     process_logits,
@@ -107,7 +107,7 @@ def test_gumbel_max_matches_the_processed_distribution():
 
 
 def test_noise_chunks_do_not_change_samples(monkeypatch):
-    import rayrl.engines.rollout.sampling as sampling
+    import rayrl.rollout.sampling as sampling
 
     gen = torch.Generator().manual_seed(2)
     logits = torch.randn(10, 64, generator=gen)
@@ -135,7 +135,7 @@ SAMPLERS = [
 
 @pytest.mark.parametrize("params", SAMPLERS, ids=repr)
 def test_cheap_sampler_equals_the_reference_definition(params, monkeypatch):
-    import rayrl.engines.rollout.sampling as sampling
+    import rayrl.rollout.sampling as sampling
 
     monkeypatch.setitem(sampling._NOISE_CHUNK_ELEMENTS, "cpu", 1000)  # several chunks a row
     gen = torch.Generator().manual_seed(7)

@@ -43,7 +43,7 @@ def test_cli_help_and_the_train_driver_import_only_what_they_need():
             "build_parser()\n"
             "help = [m for m in ('torch', 'ray', 'rich', 'transformers') if m in sys.modules]\n"
             "import rayrl.trainer.ppo\n"
-            "heavy = ('rayrl.engines.train', 'rayrl.models.tiny', 'torch.distributed.checkpoint',\n"
+            "heavy = ('rayrl.train.engine', 'rayrl.models.tiny', 'torch.distributed.checkpoint',\n"
             "         'transformers.models.qwen2.modeling_qwen2')\n"
             "print(json.dumps([help, [m for m in heavy if m in sys.modules]]))\n"
         )

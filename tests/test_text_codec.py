@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from rayrl.engines.rollout.text_codec import TextCodec
 from rayrl.models.tokenizer import train_tokenizer
+from rayrl.rollout.text_codec import TextCodec
 
 
 @pytest.fixture(scope="module")

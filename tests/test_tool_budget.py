@@ -13,7 +13,7 @@ import numpy as np
 
 from rayrl.batch import Batch
 from rayrl.config import load_config
-from rayrl.engines.rollout.multi_turn_episodes import EVENT_KEYS
+from rayrl.rollout.agent.episodes import EVENT_KEYS
 from rayrl.trainer.ppo import PPOTrainer
 from rayrl.trainer.tool_budget import ToolBudget
 from rayrl.workers.context import StageResult

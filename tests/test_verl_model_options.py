@@ -17,11 +17,11 @@ import pytest
 from engine_cases import tiny_model_dir  # noqa: F401 (fixture)
 from rayrl.config import load_config
 from rayrl.data import write_parquet
-from rayrl.engines.lora import LoraSpec, apply_lora
-from rayrl.engines.rollout import HFRolloutEngine, make_rollout_engine
-from rayrl.engines.train import TrainEngine
 from rayrl.models.config_overrides import apply_config_overrides
 from rayrl.models.loading import load_tokenizer
+from rayrl.rollout import HFRolloutEngine, make_rollout_engine
+from rayrl.train.engine import TrainEngine
+from rayrl.train.lora import LoraSpec, apply_lora
 from rayrl.trainer.data import load_datasets
 from rayrl.workers.agent import episode_settings
 from rayrl.workers.common import engine_kwargs, reference_kwargs

@@ -16,8 +16,8 @@ import ray
 import torch
 
 from rayrl.cluster.broadcast import BroadcastHost, BroadcastMember
-from rayrl.engines.weight_sync import PublishedWeights
 from rayrl.testing.chaos import deterministic, final_weights
+from rayrl.train.weight_sync import PublishedWeights
 from rayrl.workers.weight_transport import publish_packed, receive_packed
 
 

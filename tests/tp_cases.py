@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from rayrl.engines.rollout import NativeRolloutEngine, SamplingParams
+from rayrl.rollout import NativeRolloutEngine, SamplingParams
 
 # Few slots and blocks, a small prefill budget: chunked prefill, continuous batching.
 SMALL = dict(device="cpu", block_size=4, max_num_seqs=3, max_num_batched_tokens=8)
@@ -46,9 +46,9 @@ def tp_worker(rank: int, init_file: str, dirs: dict[str, str], out_dir: str) -> 
     stream from an FSDP2 training engine); a call whose prompts differ between ranks."""
     import torch.distributed as dist
 
-    from rayrl.engines.rollout.native.tp import make_tp_groups
-    from rayrl.engines.rollout.native.tp_weights import tp_rollout_weights
-    from rayrl.engines.train import TrainEngine
+    from rayrl.rollout.native.tp import make_tp_groups
+    from rayrl.rollout.native.tp_weights import tp_rollout_weights
+    from rayrl.train.engine import TrainEngine
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)

@@ -14,7 +14,7 @@ An unknown name raises :class:`UnknownNameError` with a "did you mean" suggestio
 list of valid names, and the config key to change.
 
 An entry whose module is costly to import (one that imports transformers) can be
-declared by its import path instead (``declare("hf", "rayrl.engines.rollout.hf:HFRolloutEngine")``):
+declared by its import path instead (``declare("hf", "rayrl.rollout.hf.engine:HFRolloutEngine")``):
 the name is known at once, for checking a config; the module is imported on the first
 `get`, and its ``register`` decorator then fills the entry in.
 """

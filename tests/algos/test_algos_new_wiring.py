@@ -29,7 +29,7 @@ from rayrl.algos import (
 )
 from rayrl.batch import Batch
 from rayrl.config import load_config
-from rayrl.engines.train import TrainEngine
+from rayrl.train.engine import TrainEngine
 from rayrl.trainer.advantage import AdvantageStage
 from rayrl.trainer.names import check_names
 from rayrl.workers.losses import actor_loss_fn

@@ -12,7 +12,7 @@ import sys
 
 
 def run(args: argparse.Namespace) -> int:
-    from rayrl.engines.hf_export import export_checkpoint
+    from rayrl.train.hf_export import export_checkpoint
 
     try:
         out = export_checkpoint(args.checkpoint, args.out, dtype=args.dtype)

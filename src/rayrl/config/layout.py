@@ -15,7 +15,7 @@ sequence-parallel groups; plain arithmetic, no torch.
 
 Sharding does not depend on the data split: every rank holds a shard of the same model,
 SP ranks included. The config's validation, ``rayrl plan`` and the training engine's
-device meshes (`rayrl.engines.mesh`) all read their layout from `MeshSpec`.
+device meshes (`rayrl.train.mesh`) all read their layout from `MeshSpec`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 verl's names, defaults and meaning, each acted on:
 
 - `multi_turn.enable`: generate episodes of model turns and tool answers
-  (`rayrl.engines.rollout.multi_turn`) instead of one response per prompt;
+  (`rayrl.rollout.agent.rollout`) instead of one response per prompt;
 - `max_assistant_turns` / `max_user_turns` (null: no limit), `max_parallel_calls`
   (tool calls run per assistant turn), `max_tool_response_length` (tokens of each
   tool response, cut on `tool_response_truncate_side`: left, middle or right),

@@ -109,7 +109,7 @@ class ModelConfig:
     enable_gradient_checkpointing: bool = True
     use_remove_padding: bool = True  # sequence packing
     # rows with the same prompt (the n samples of one) run it once in training and
-    # log-prob passes, packed with their responses (`rayrl.engines.shared_prompts`):
+    # log-prob passes, packed with their responses (`rayrl.train.shared_prompts`):
     # true, false, or auto (on a GPU, where a packed row is one attention kernel; on a
     # CPU its segments attend one by one, slower than the prompts they save)
     share_prompts: Any = "auto"
@@ -168,7 +168,7 @@ class ActorConfig:
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
     # on CUDA: compile each decoder layer and the log-prob head's chunk math (regional
-    # torch.compile, `rayrl.engines.regional_compile`; figures in docs/benchmarks.md);
+    # torch.compile, `rayrl.train.regional_compile`; figures in docs/benchmarks.md);
     # ignored on a CPU, where compile time would dominate
     use_torch_compile: bool = True
     # ranks that split each packed row's tokens (Ulysses; 1: off): must divide the world
@@ -218,7 +218,7 @@ class RolloutConfig:
     # native engine: GPUs one model copy is split over (tensor parallelism; verl's key, not
     # effective for hf). verl's yaml says 2, and verl then refuses one-GPU runs; rayrl
     # keeps 1 so a run that fits one GPU needs no setting (TP changes speed and memory,
-    # not the samples: rayrl.engines.rollout.native.tp)
+    # not the samples: rayrl.rollout.native.tp)
     tensor_model_parallel_size: int = 1
     # agents: multi-turn episodes with tools (verl's keys; `rayrl.config.multi_turn`)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)

@@ -2,7 +2,7 @@
 
 A leaf package (the standard library, `rayrl.registry` and PyYAML for verl's tool
 files; no Ray, no torch): the multi-turn rollout
-(`rayrl.engines.rollout.multi_turn`) drives these between the model's turns.
+(`rayrl.rollout.agent.rollout`) drives these between the model's turns.
 
 - `tool`: `Tool` (name, OpenAI-style schema, ``execute``), `FunctionTool`;
   `arguments`: checking a call's arguments against the schema;

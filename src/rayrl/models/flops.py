@@ -111,7 +111,7 @@ class FlopModel:
         """`train_flops` of a padded batch: real tokens from ``attention_mask``, the head
         over ``response_mask``'s tokens (default: the last ``response_len`` columns' real
         tokens); ``skipped_tokens`` of them not run through the body (prompts shared by
-        several rows run once: `rayrl.engines.shared_prompts`)."""
+        several rows run once: `rayrl.train.shared_prompts`)."""
         lengths = attention_mask.sum(dim=-1).tolist()
         if response_mask is None:
             response_mask = attention_mask[:, -response_len:]

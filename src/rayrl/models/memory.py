@@ -40,7 +40,7 @@ __all__ = ["GiB", "MemoryPlan", "ModelShape", "Phase", "TrainingSetup", "plan_me
 
 GiB = 2**30
 CONTEXT_BYTES = 1.5 * GiB  # CUDA context, NCCL buffers
-STEP_SLICE_BYTES = 4 * GiB  # rayrl.engines.residency: offloaded moments on the GPU at once
+STEP_SLICE_BYTES = 4 * GiB  # rayrl.train.residency: offloaded moments on the GPU at once
 ROWS = (
     "actor weights",
     "gradients",

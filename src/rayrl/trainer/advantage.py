@@ -39,7 +39,7 @@ from rayrl.algos import (
 )
 from rayrl.batch import Batch
 from rayrl.config.schema import RayRLConfig
-from rayrl.engines.rollout.contract import FINISH_LENGTH
+from rayrl.rollout.contract import FINISH_LENGTH
 from rayrl.trainer.metrics import spread
 from rayrl.trainer.per_sequence import per_sequence_advantages
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from rayrl.config.errors import ConfigError
 from rayrl.config.schema import RayRLConfig
-from rayrl.engines.rollout.multi_turn_format import TurnFormat, TurnFormatError
+from rayrl.rollout.agent.format import TurnFormat, TurnFormatError
 from rayrl.workers.agent import configured_interactions, configured_tools
 
 log = logging.getLogger("rayrl.trainer")

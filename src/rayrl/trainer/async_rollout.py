@@ -52,7 +52,7 @@ from rayrl.controller.errors import DEAD_ERRORS, WorkerCallError, WorkerError
 from rayrl.controller.future import GroupFuture
 from rayrl.controller.placement import alive_nodes
 from rayrl.controller.replicas import Member, ReplicaSet
-from rayrl.engines.weight_sync import PublishedWeights
+from rayrl.train.weight_sync import PublishedWeights
 from rayrl.trainer.async_queue import QUEUED, SampleQueue, WorkItem
 from rayrl.trainer.async_weights import CollectiveWeights, weight_sync_timeout
 from rayrl.trainer.metrics import prefix_cache_metrics

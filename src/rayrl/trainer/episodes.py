@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from rayrl.batch import Batch
-from rayrl.engines.rollout.multi_turn import multi_turn_metrics
+from rayrl.rollout.agent.rollout import multi_turn_metrics
 
 RECORD = ("rollout_token_ids", "rollout_sampled")
 

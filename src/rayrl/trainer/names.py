@@ -26,11 +26,11 @@ from rayrl.config.errors import ConfigError
 from rayrl.config.schema import RayRLConfig
 from rayrl.config.sft import SFTConfig
 from rayrl.data import SYNTHETIC_TASKS
-from rayrl.engines.optim import LR_SCHEDULES
-from rayrl.engines.rollout import AUTO, ROLLOUT_ENGINES
 from rayrl.envs import ENVIRONMENTS, TOOL_PARSERS
 from rayrl.registry import Registry
 from rayrl.rewards.managers import REWARD_MANAGERS
+from rayrl.rollout import AUTO, ROLLOUT_ENGINES
+from rayrl.train.optim import LR_SCHEDULES
 from rayrl.trainer.data import LOADERS
 from rayrl.trainer.tracking import TRACKERS
 

@@ -4,7 +4,7 @@ separate pass that computes `old_log_probs`.
 With `ppo_epochs == 1` and the step's samples in one mini-batch, the update's forward
 runs on exactly the weights that sampled the responses (the rollout's, after the last
 sync) and computes the log-probs of the same tokens; dropout is off in every rayrl
-model (`rayrl.engines.loading`), so its detached log-probs *are* the old ones,
+model (`rayrl.train.loading`), so its detached log-probs *are* the old ones,
 bitwise. The actor then uses them in place of `old_log_probs` (the ratio is exactly 1,
 as in verl's and TRL's on-policy paths) and `timing_s/old_log_prob` is 0.
 

@@ -14,7 +14,7 @@ verl); with LoRA it is the same model with its adapters disabled: no second copy
 actor's (reference's) weights in host memory between calls, ``optimizer_offload`` the
 Adam moments outside the optimizer step.
 
-Generation goes through the rollout service (`rayrl.engines.rollout.service`), as an
+Generation goes through the rollout service (`rayrl.rollout.service`), as an
 asynchronous replica's does: the engine, the one turn loop and, with
 ``rollout.multi_turn.enable``, episodes of model turns and tool answers
 (`rayrl.workers.agent`): the tools are loaded once per worker, each row's environment
@@ -38,19 +38,19 @@ from rayrl.batch import Batch
 from rayrl.cluster.broadcast import BroadcastMember
 from rayrl.config.schema import RayRLConfig
 from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
-from rayrl.engines.lora import LoraSpec
-from rayrl.engines.outputs import MODEL_INPUTS
-from rayrl.engines.rollout import (
+from rayrl.models.loading import with_chat_template
+from rayrl.rollout import (
     HFRolloutEngine,
     SamplingParams,
     make_rollout_engine,
     resolve_rollout,
 )
-from rayrl.engines.rollout.native.tp import make_tp_groups
-from rayrl.engines.rollout.native.tp_weights import tp_rollout_weights
-from rayrl.engines.rollout.service import RolloutService
-from rayrl.engines.weight_sync import PublishedWeights
-from rayrl.models.loading import with_chat_template
+from rayrl.rollout.native.tp import make_tp_groups
+from rayrl.rollout.native.tp_weights import tp_rollout_weights
+from rayrl.rollout.service import RolloutService
+from rayrl.train.lora import LoraSpec
+from rayrl.train.outputs import MODEL_INPUTS
+from rayrl.train.weight_sync import PublishedWeights
 from rayrl.workers.agent import configured_interactions, configured_tools, rollout_service
 from rayrl.workers.common import (
     engine_kwargs,
@@ -105,7 +105,7 @@ def update_actor_reads(cfg: RayRLConfig) -> tuple[str, ...]:
 
 
 if TYPE_CHECKING:  # the engine loads in the worker (init_worker), not in the driver
-    from rayrl.engines.train import TrainEngine
+    from rayrl.train.engine import TrainEngine
 
 
 class ActorRolloutRefWorker(Worker):
@@ -120,7 +120,7 @@ class ActorRolloutRefWorker(Worker):
         with_ref: bool = True,
     ) -> None:
         """Build the engines; the group formed the process group (FSDP uses it) already."""
-        from rayrl.engines.train import TrainEngine  # in the worker only
+        from rayrl.train.engine import TrainEngine  # in the worker only
 
         self.cfg = config
         self._broadcast = BroadcastMember()  # rank 0's, for async's collective transport
@@ -330,7 +330,7 @@ class ActorRolloutRefWorker(Worker):
         """n samples per prompt (interleaved), with rollout log-probs and finish reasons,
         sampled as `ctx.sampling` says; timed stages: `weight_sync` and what rides along
         (`ctx.with_scores`, `ctx.with_ref`). With multi-turn rollouts each sample is an
-        episode (`rayrl.engines.rollout.multi_turn`: its per-sample columns come along)
+        episode (`rayrl.rollout.agent.rollout`: its per-sample columns come along)
         and `tools` is the time some environment step ran (within the generation), as
         is `graph_capture`, the native engine's CUDA-graph captures (where it captured),
         and `rollout_wake` / `rollout_sleep`, the engine's KV cache taken and given back.
@@ -491,7 +491,7 @@ class ActorRolloutRefWorker(Worker):
     def save(self, path: str) -> None:
         """Sharded actor checkpoint under `path/actor`: model, optimizer, LR schedule,
         this rank's RNGs, and (rank 0) what an offline HF export needs."""
-        from rayrl.engines.hf_export import write_hf_meta
+        from rayrl.train.hf_export import write_hf_meta
 
         out = Path(path) / "actor"
         self.actor.save(out)

@@ -2,7 +2,7 @@
 
 A rollout worker (the hybrid actor, an asynchronous replica) generates through a
 `RolloutService` (`rollout_service`); with `actor_rollout_ref.rollout.multi_turn.enable`
-it holds `rayrl.engines.rollout.multi_turn.MultiTurnRollout` over the worker's engine. Its tools
+it holds `rayrl.rollout.agent.rollout.MultiTurnRollout` over the worker's engine. Its tools
 come, once per worker, from the config (`configured_tools`): verl's tool YAML
 (`multi_turn.tool_config_path`), verl's function-tool file (`function_tool_path`)
 and rayrl's `multi_turn.tools` list, in that order; two tools with one name are an
@@ -17,8 +17,6 @@ from typing import Any
 
 from rayrl.config.multi_turn import KEY
 from rayrl.config.schema import RayRLConfig
-from rayrl.engines.rollout.multi_turn import MultiTurnRollout
-from rayrl.engines.rollout.service import RolloutService
 from rayrl.envs import (
     LoadError,
     Tool,
@@ -27,6 +25,8 @@ from rayrl.envs import (
     load_interaction_config,
     load_tool_config,
 )
+from rayrl.rollout.agent.rollout import MultiTurnRollout
+from rayrl.rollout.service import RolloutService
 
 
 class ToolConfigError(ValueError):

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from rayrl.batch import Batch
-from rayrl.engines.optim import OptimSpec
+from rayrl.train.optim import OptimSpec
 
 # verl's short dtype names -> torch's
 DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -24,7 +24,7 @@ def engine_kwargs(
     ``fsdp_config.model_dtype`` is the master weights' dtype; ``fsdp_config.dtype``
     bfloat16 turns on mixed precision (bf16 compute on GPU), float32 turns it off;
     ``param_offload`` / ``optimizer_offload`` keep parameters / Adam moments in host
-    memory between uses (`rayrl.engines.residency`); ``wrap_one_gpu`` wraps a one-rank
+    memory between uses (`rayrl.train.residency`); ``wrap_one_gpu`` wraps a one-rank
     model in FSDP2 too (several ranks always are); ``fsdp_size`` sets the sharding groups
     (HSDP below the world size); ``torch_compile`` (a group's ``use_torch_compile``)
     compiles layers and head on CUDA; ``sp`` is the role's
@@ -80,7 +80,7 @@ def logprob_temperature(rollout: Any) -> float:
     """The temperature the actor and reference compute log-probs at: the rollout's, or 1
     when the rollout decodes greedily (``temperature=0`` or ``do_sample=false``). A greedy
     rollout takes the argmax of the raw logits and records their temperature-1 log-probs
-    (`rayrl.engines.rollout.sampling`), as vLLM reports raw log-probs for verl's
+    (`rayrl.rollout.sampling`), as vLLM reports raw log-probs for verl's
     ``temperature=0``; the trainer's log-probs are of the same distribution, not a
     division by zero."""
     greedy = rollout.temperature == 0 or not rollout.do_sample

@@ -7,7 +7,7 @@ from pathlib import Path
 from rayrl.batch import Batch
 from rayrl.config.schema import RayRLConfig
 from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
-from rayrl.engines.outputs import MODEL_INPUTS
+from rayrl.train.outputs import MODEL_INPUTS
 from rayrl.workers.common import (
     engine_kwargs,
     epoch_rows,
@@ -32,7 +32,7 @@ class CriticWorker(Worker):
     def init_worker(
         self, config: RayRLConfig, model_path: str, *, total_steps: int | None = None
     ) -> None:
-        from rayrl.engines.train import TrainEngine  # in the worker only
+        from rayrl.train.engine import TrainEngine  # in the worker only
 
         self.cfg = config
         c = config.critic

@@ -9,7 +9,7 @@ from __future__ import annotations
 from rayrl.batch import Batch
 from rayrl.config.schema import RayRLConfig
 from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
-from rayrl.engines.outputs import MODEL_INPUTS
+from rayrl.train.outputs import MODEL_INPUTS
 from rayrl.workers.common import forward_sizes, logprob_temperature, reference_kwargs
 
 # The columns of the step's batch `compute_ref_log_prob` reads: the model's inputs
@@ -21,7 +21,7 @@ class ReferenceWorker(Worker):
     """Reference log-probs (`ref_log_prob`) of sampled responses."""
 
     def init_worker(self, config: RayRLConfig, model_path: str) -> None:
-        from rayrl.engines.train import TrainEngine  # in the worker only
+        from rayrl.train.engine import TrainEngine  # in the worker only
 
         self.cfg = config
         arr = config.actor_rollout_ref

@@ -34,10 +34,10 @@ import torch
 from rayrl.batch import Batch
 from rayrl.config.schema import RayRLConfig
 from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
-from rayrl.engines.rollout.text_codec import TextCodec
 from rayrl.rewards import HTTPReward, RewardResult, make_scorer, spec_from_config
 from rayrl.rewards.budget import RATE_KEY, BoundedScores, ErrorBudget
 from rayrl.rewards.items import make_items, summarize
+from rayrl.rollout.text_codec import TextCodec
 
 EPISODE_EXTRAS = {  # extra_info key -> the multi-turn rollout's column
     "num_turns": "num_turns",

@@ -1,6 +1,6 @@
 """RolloutWorker: one rollout replica of asynchronous training (`rollout.mode=async`).
 
-A replica holds a rollout service (`rayrl.engines.rollout.service`: the engine, the one
+A replica holds a rollout service (`rayrl.rollout.service`: the engine, the one
 turn loop and, with multi-turn rollouts, the episodes with the worker's tools) and
 nothing else: no optimizer, no reference, no process group. It generates with the
 newest policy version it holds; new versions arrive beside its calls (`offer_weights`
@@ -15,7 +15,7 @@ and are staged in the service, which swaps them in between two engine steps:
   at the next step and returns `aborted`: the driver re-queues its prompts.
 
 Samples are seeded by (seed, step, sample uid) exactly as the hybrid engine's
-(`rayrl.engines.rollout.sampling`), so a replica holding the same weights draws the
+(`rayrl.rollout.sampling`), so a replica holding the same weights draws the
 same tokens as the synchronous run.
 """
 
@@ -33,11 +33,11 @@ from rayrl.cluster.broadcast import BroadcastMember
 from rayrl.config.schema import RayRLConfig
 from rayrl.controller import ONE_TO_ALL, Worker, register
 from rayrl.controller.worker import CALLS_GROUP, SNAPSHOT_GROUP
-from rayrl.engines.rollout import HFRolloutEngine, make_rollout_engine, resolve_rollout
-from rayrl.engines.rollout.service import Aborted, CallPolicy
-from rayrl.engines.weight_sync import PublishedWeights, unpack_bucket
 from rayrl.models.config_overrides import apply_config_overrides
 from rayrl.models.loading import with_chat_template
+from rayrl.rollout import HFRolloutEngine, make_rollout_engine, resolve_rollout
+from rayrl.rollout.service import Aborted, CallPolicy
+from rayrl.train.weight_sync import PublishedWeights, unpack_bucket
 from rayrl.workers.actor import sampling_params
 from rayrl.workers.agent import configured_interactions, configured_tools, rollout_service
 from rayrl.workers.common import DTYPE_NAMES
@@ -89,7 +89,7 @@ class RolloutWorker(Worker):
         from `model_path`, whose weights are policy version `version`."""
         from transformers import AutoConfig
 
-        from rayrl.engines.loading import pick_device
+        from rayrl.train.loading import pick_device
 
         self.cfg = config
         arr = config.actor_rollout_ref
@@ -127,9 +127,9 @@ class RolloutWorker(Worker):
         """The policy module as the training engine builds it (same loader, attention
         implementation and output head), so its forward computes what the hybrid
         engine's rollout computes on the same weights."""
-        from rayrl.engines.attention import attention_for
-        from rayrl.engines.loading import load_hf_model
-        from rayrl.engines.logprob_head import install_logprob_head
+        from rayrl.train.attention import attention_for
+        from rayrl.train.loading import load_hf_model
+        from rayrl.train.logprob_head import install_logprob_head
 
         arr = self.cfg.actor_rollout_ref
         attn = attention_for(arr.model.attn_implementation, packed=arr.model.use_remove_padding)

@@ -22,7 +22,7 @@ import torch
 from rayrl.batch import Batch
 from rayrl.config.sft import SFTConfig
 from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
-from rayrl.engines.lora import LoraSpec
+from rayrl.train.lora import LoraSpec
 from rayrl.workers.common import (
     DTYPE_NAMES,
     load_rng,
@@ -62,7 +62,7 @@ class SFTWorker(Worker):
     def init_worker(self, config: SFTConfig, model_path: str, *, total_steps: int) -> None:
         """Build the engine; the group formed the process group (FSDP uses it) already."""
         self.cfg = config
-        from rayrl.engines.train import TrainEngine  # in the worker only
+        from rayrl.train.engine import TrainEngine  # in the worker only
 
         self.engine = TrainEngine(
             model_path,
@@ -118,7 +118,7 @@ class SFTWorker(Worker):
         self.engine.save(out)
         save_rng(out, self.rank)
         if self.rank == 0:
-            from rayrl.engines.hf_export import write_hf_meta
+            from rayrl.train.hf_export import write_hf_meta
 
             write_hf_meta(self.engine, out)
 

@@ -23,7 +23,7 @@ import torch
 
 from rayrl.cluster.broadcast import BroadcastMember, BroadcastSpec
 from rayrl.config.schema import WEIGHT_TRANSPORTS
-from rayrl.engines.weight_sync import PackedBucket, PublishedWeights, pack_buckets
+from rayrl.train.weight_sync import PackedBucket, PublishedWeights, pack_buckets
 
 __all__ = ["check_transport", "publish_packed", "receive_packed"]
 

@@ -1,0 +1,685 @@
+"""`NativeRolloutEngine`: rayrl's own generation engine for Qwen2 / Qwen3 / Llama models.
+
+It runs HF decoder models from their HF weights with its own forward
+(`rayrl.rollout.native.model`): bf16 weights on CUDA (float32 on CPU),
+continuous batching with chunked prefill (`scheduler`) over a preallocated paged KV
+cache sized from ``gpu_memory_utilization`` (`kv_cache`), the n samples of a prompt
+sharing one prefill, a GQA-aware split-KV decode attention kernel and fused
+norm/rotary/activation kernels in Triton on CUDA (plain torch on CPU), the decode
+step captured in CUDA graphs for a set of batch sizes (`graphs`) and small prefill
+steps for a set of token counts (`prefill_graphs`), and sampling on the
+device with the HF engine's seeded draws (`sampler`). Same interface and output
+contract as the ``hf`` engine; ``make_rollout_engine("native", model_path=...)``.
+
+With ``tp_size`` > 1 the model is split over the ranks of ``tp_group`` (tensor
+parallelism: `shards` says who holds what, `tp` how replicas form and run in lockstep,
+`tp_sampler` how a token is drawn over the split vocabulary): each rank holds its
+slice of the weights and its KV heads' cache, and every rank of the group returns the
+same tokens as one unsplit engine would.
+
+Multi-turn episodes (`generate_token_ids` with a `TurnDriver`): a sample whose turn
+ends leaves the running set while the driver works (its tools run); the others keep
+decoding, and it rejoins with the driver's tokens prefilled onto its own KV cache
+(`scheduler`). Samples whose answers come back while others decode are prefilled
+together, not one prefill step each (``resume_prefill_cost``), in a step queued behind
+the decode step in flight: the device runs it while the host commits that step, and
+the next decode step takes the prefilled samples' first tokens from the device (no
+drain of the overlapped decoding, no wait for them). Tensor-parallel, the
+episodes run on TP rank 0 and its answers reach the other ranks of the replica by
+broadcast (`tp_turns`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from rayrl.batch import Batch
+from rayrl.rollout.base import ROLLOUT_ENGINES, RolloutEngine, WeightSource
+from rayrl.rollout.contract import Responses, assemble_output, check_prompts, expand_samples
+from rayrl.rollout.loop import run_batch
+from rayrl.rollout.native.attention import choose_kernels
+from rayrl.rollout.native.kv_cache import BlockAllocator, KVCache, cache_blocks_for
+from rayrl.rollout.native.loop_stats import finished_stats, loop_stats
+from rayrl.rollout.native.model import NativeModel
+from rayrl.rollout.native.prefill_graphs import PREFILL_GRAPH_TOKENS, PrefillGraphs
+from rayrl.rollout.native.prefix_cache import PrefixCache
+from rayrl.rollout.native.runner import ModelRunner
+from rayrl.rollout.native.scheduler import Scheduler
+from rayrl.rollout.native.spec import ModelSpec, UnsupportedModelError, rotary_tables
+from rayrl.rollout.native.step_loop import Stepper
+from rayrl.rollout.native.stops import StopStrings
+from rayrl.rollout.native.tp import call_fingerprint, digest, tensor_parallel_for
+from rayrl.rollout.native.tp_sampler import SplitVocabSampler
+from rayrl.rollout.native.tp_turns import LockstepTurns
+from rayrl.rollout.native.weights import NativeWeights, read_safetensors
+from rayrl.rollout.requests import SampleOutput
+from rayrl.rollout.sampling import SamplingParams, sample_keys
+from rayrl.rollout.special_ids import eos_ids, pad_id
+from rayrl.rollout.turns import TurnDriver
+
+__all__ = ["NativeRolloutEngine"]
+
+logger = logging.getLogger(__name__)
+# The KV cache holds at most this many times what max_num_seqs full-length sequences
+# use: room for samples parked between turns (multi-turn) beside the running ones.
+CACHE_HEADROOM = 2
+# Multi-turn: a prefill step of resumed samples costs about this many CUDA-graph decode
+# steps of a small model: eager, and replayed from a prefill graph queued behind the
+# decode step in flight (bench/rollout.py's workload M on an H200, docs/benchmarks.md:
+# 0.5 gave the most tokens/s of 0, 0.5 and 1 there; 1 was best, of 0, 0.5, 1, 2 and 4,
+# while the prefill drained the overlapped decoding and waited for its tokens).
+RESUME_PREFILL_COST = 4.0
+RESUME_PREFILL_COST_GRAPHS = 0.5
+RESUME_MAX_WAIT = 16  # decode steps a resumed sample waits for its prefill at most
+WHERE = "NativeRolloutEngine"
+
+
+@ROLLOUT_ENGINES.register("native")
+class NativeRolloutEngine(RolloutEngine):
+    """Continuous-batching rollout over a paged KV cache; see the module docstring.
+
+    Args:
+        model: an HF causal LM whose config and weights to take (copied, not shared).
+        tokenizer: its tokenizer; needed for stop strings (loaded with ``model_path``).
+        model_path: load the model (and tokenizer) from this HF directory instead.
+        dtype: weight and cache dtype (default: bfloat16 on CUDA, float32 on CPU).
+        device: default cuda when available, else cpu (``model``: its device).
+        gpu_memory_utilization: fraction of the GPU the engine may use, weights,
+            activations and KV cache together (verl / vLLM semantics).
+        max_num_seqs: sequences decoded together at most (the batch slots).
+        max_num_batched_tokens: prompt tokens per prefill step (chunked prefill).
+        max_model_len: longest prompt + response (default: the model's maximum).
+        block_size: tokens per KV cache block.
+        enforce_eager: never use CUDA graphs.
+        overlap_decode: plan and launch each decode step before committing the last one's
+            tokens, which stay on the device as the next step's inputs (stops are found a
+            step late; that step's token is dropped). False: commit every step first.
+        cpu_cache_tokens: KV cache size in tokens on CPU.
+        kernels: "auto" (Triton on CUDA, torch elsewhere), "torch" or "triton" (on CPU
+            only under ``TRITON_INTERPRET=1``, for tests).
+        tp_size: ranks the model is split over (``actor_rollout_ref.rollout.
+            tensor_model_parallel_size``); more than 1 needs ``tp_group``.
+        tp_group: the torch.distributed group of this rank's replica
+            (`rayrl.rollout.native.tp.make_tp_groups`); every rank of it builds
+            its engine with the same arguments and makes the same calls.
+        config_overrides: values set on the config loaded from ``model_path`` (verl's
+            ``model.override_config``, `rayrl.models.config_overrides`).
+        load_weights: False: read only ``model_path``'s config and tokenizer, not its
+            weights, which a complete `update_weights` must then fill before the first
+            `generate` (a hybrid actor's first weight sync does: the checkpoint is read
+            once, by the training engine).
+        resume_prefill_cost: multi-turn episodes: what a prefill step costs the running
+            samples, in decode steps; samples whose tool answers came back wait to be
+            prefilled together until the decode steps they lost waiting add up to this
+            many per running sample (or ``resume_max_wait`` steps). 0: prefill each
+            answer at the next step. Default: 0.5 where small prefill steps run in CUDA
+            graphs (``prefill_graph_tokens``), 4 where they are eager.
+        resume_max_wait: the most decode steps such a sample waits.
+        prefill_graph_tokens: prefill steps of at most this many tokens run in CUDA
+            graphs, one per token-count bucket (`prefill_graphs`; the Triton kernels, no
+            tensor parallelism). 0: every prefill step is eager.
+        enable_prefix_caching: full KV blocks are found again by the tokens they hold
+            (`prefix_cache`: a prompt seen before, an episode recomputed after a
+            preemption prefill only what is new); forgotten at new weights and sleep.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module | None = None,
+        tokenizer=None,
+        *,
+        model_path: str | None = None,
+        dtype: str | torch.dtype | None = None,
+        device: str | torch.device | None = None,
+        gpu_memory_utilization: float = 0.5,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 8192,
+        max_model_len: int | None = None,
+        block_size: int = 16,
+        enforce_eager: bool = False,
+        overlap_decode: bool = True,
+        cpu_cache_tokens: int = 65536,
+        kernels: str = "auto",
+        tp_size: int = 1,
+        tp_group=None,
+        config_overrides: dict | None = None,
+        load_weights: bool = True,
+        resume_prefill_cost: float | None = None,
+        resume_max_wait: int = RESUME_MAX_WAIT,
+        prefill_graph_tokens: int = PREFILL_GRAPH_TOKENS,
+        enable_prefix_caching: bool = True,
+    ) -> None:
+        if (model is None) == (model_path is None):
+            raise ValueError(
+                f"{WHERE}: pass exactly one of model= (an HF module to copy) or model_path= "
+                "(an HF model directory to load)."
+            )
+        if not 0 < gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"{WHERE}: gpu_memory_utilization={gpu_memory_utilization} must be in (0, 1]."
+            )
+        config, gen_config, tokenizer, device = _sources(
+            model, model_path, tokenizer, device, config_overrides
+        )
+        self.device = torch.device(device)
+        self.dtype = _dtype(dtype, self.device)
+        self.spec = ModelSpec.from_hf_config(config)
+        self.tp = tensor_parallel_for(self.spec, tp_size, tp_group, self.device, WHERE)
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_ids(gen_config, config, tokenizer)
+        self.pad_id = pad_id(gen_config, tokenizer, self.eos_ids, WHERE)
+        self.max_model_len = int(max_model_len or self.spec.max_positions)
+        self.block_size, self.max_num_seqs = block_size, max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        if prefill_graph_tokens < 0:
+            raise ValueError(f"{WHERE}: prefill_graph_tokens={prefill_graph_tokens} must be >= 0.")
+        self.prefill_graph_tokens = min(prefill_graph_tokens, max_num_batched_tokens)
+        shard = self.tp.shard if self.tp else None
+        self.weights = NativeWeights(self.spec, self.dtype, self.device, shard)
+        self.local_spec = self.weights.spec  # this rank's slice (the spec without TP)
+        self._unset: set[str] = set()  # weights no load has filled yet
+        if model_path and not load_weights:
+            self._unset = self._needed()
+        elif model_path:  # tensor-parallel: each rank reads its parts of the files only
+            parts = read_safetensors(model_path, shard and shard.part)
+            self._load_all(parts, sharded=shard is not None)
+        else:
+            self._load_all(model.state_dict().items())
+        cos, sin = rotary_tables(config, self.max_model_len, self.device)
+        self.kernels = choose_kernels(kernels, self.device, self.spec.head_dim)
+        self.use_graphs = self.device.type == "cuda" and not enforce_eager
+        self.use_prefill_graphs = (
+            self.use_graphs
+            and self.kernels == "triton"
+            and self.tp is None
+            and self.prefill_graph_tokens > 0
+        )
+        self.model = NativeModel(self.local_spec, self.weights, cos, sin, self.kernels, self.tp)
+        blocks = cache_blocks_for(
+            self.local_spec,
+            self.dtype,
+            block_size,
+            device=self.device,
+            gpu_memory_utilization=gpu_memory_utilization,
+            engine_bytes=self.weights.nbytes() + self._activation_bytes(),
+            cpu_cache_tokens=cpu_cache_tokens,
+            max_blocks=CACHE_HEADROOM * max_num_seqs * -(-self.max_model_len // block_size),
+        )
+        if self.tp:  # the same blocks and settings on every rank: the same schedule
+            count = torch.tensor([blocks], dtype=torch.int64, device=self.device)
+            blocks = int(self.tp.all_reduce(count, dist.ReduceOp.MIN).item())
+            settings = (block_size, max_num_seqs, max_num_batched_tokens, self.max_model_len)
+            self.tp.agree(digest(repr((settings, overlap_decode)).encode()), "engine settings")
+        self.cache = KVCache(self.local_spec, blocks, block_size, self.dtype, self.device)
+        width = -(-self.max_model_len // block_size)
+        sampler = SplitVocabSampler(self.tp) if self.tp else None
+        self.runner = ModelRunner(self.model, self.cache, max_num_seqs, width, sampler)
+        self.overlap = overlap_decode
+        if resume_prefill_cost is None:
+            graphed = self.use_prefill_graphs
+            resume_prefill_cost = RESUME_PREFILL_COST_GRAPHS if graphed else RESUME_PREFILL_COST
+        if resume_prefill_cost < 0 or resume_max_wait < 0:
+            raise ValueError(
+                f"{WHERE}: resume_prefill_cost={resume_prefill_cost} and resume_max_wait="
+                f"{resume_max_wait} must be >= 0."
+            )
+        self.resume_prefill_cost, self.resume_max_wait = resume_prefill_cost, resume_max_wait
+        allocator = BlockAllocator(self.cache.num_blocks)
+        self.prefix = PrefixCache(allocator, block_size) if enable_prefix_caching else None
+        self.sched = Scheduler(
+            allocator=allocator,
+            prefix=self.prefix,
+            block_size=block_size,
+            max_batched_tokens=max_num_batched_tokens,
+            table=self.runner.table_host,
+            stop_ids=np.zeros(0, dtype=np.int64),
+            resume_cost=resume_prefill_cost,
+            resume_max_wait=resume_max_wait,
+            capacity=max_num_seqs,
+        )
+        self.stats: dict[str, float] = loop_stats(with_turns=True)  # since the engine began
+        self.stepper = Stepper(self.runner, self.sched, overlap_decode, self.stats)
+        self._asleep = False
+        self.last_stats: dict[str, int] = {}
+
+    @classmethod
+    def unsupported_reason(cls, device_type: str, model_config: Any) -> str | None:
+        """``auto`` picks this engine on CUDA for the models `ModelSpec` implements
+        (Qwen2 / Qwen3 / Llama without sliding windows or dynamic rope scaling)."""
+        if device_type != "cuda":
+            return f"its kernels and CUDA graphs are for GPUs, not {device_type}"
+        try:
+            ModelSpec.from_hf_config(model_config)
+        except UnsupportedModelError as err:
+            return str(err)
+        return None
+
+    @classmethod
+    def config_options(cls, rollout: Any, data: Any) -> dict[str, Any]:
+        """verl's vLLM keys of the ``rollout`` group; the longest sequence defaults to
+        the longest prompt plus the longest response."""
+        return {
+            "gpu_memory_utilization": rollout.gpu_memory_utilization,
+            "enable_prefix_caching": rollout.enable_prefix_caching,
+            "max_num_seqs": rollout.max_num_seqs,
+            "max_num_batched_tokens": rollout.max_num_batched_tokens,
+            "enforce_eager": rollout.enforce_eager,
+            "max_model_len": rollout.max_model_len
+            or data.max_prompt_length + data.max_response_length,
+        }
+
+    def _needed(self) -> set[str]:
+        """The names a complete load fills."""
+        names = set(self.weights.names)
+        if self.spec.tie_embeddings:
+            names.discard("lm_head.weight")
+        return names
+
+    def _load_all(self, state, sharded: bool = False) -> None:
+        seen = []
+        self.weights.load(((seen.append(n) or n, t) for n, t in state), WHERE, sharded)
+        missing = self._needed() - set(seen)
+        if missing:
+            raise KeyError(
+                f"{WHERE}: the checkpoint lacks {len(missing)} tensors the model needs, e.g. "
+                f"{sorted(missing)[:3]}; is it a complete {self.spec.model_type} checkpoint?"
+            )
+
+    def _activation_bytes(self) -> int:
+        """Upper bound of the memory a step needs besides weights and cache (the logits
+        of the whole vocabulary: tensor-parallel top-k / top-p gathers them), and the
+        prefill graphs' pool beside it."""
+        s, size = self.local_spec, torch.empty((), dtype=self.dtype).element_size()
+        per_token = 5 * s.hidden + 2 * s.q_size + 2 * s.kv_size + 3 * s.intermediate
+        logits = self.max_num_seqs * self.spec.vocab * (size + 16)  # logits, copies, sampler
+        tokens = self.max_num_batched_tokens
+        if self.use_prefill_graphs:
+            tokens += self.prefill_graph_tokens
+        return tokens * per_token * size + logits + (256 << 20)
+
+    # ------------------------------------------------------------------ generate
+    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        """Sample ``sampling.n`` responses per prompt; see `RolloutEngine.generate`."""
+        prompts = check_prompts(prompts, f"{WHERE}.generate")
+        rows, uids = expand_samples(prompts, sampling.n)
+        keys = sample_keys(sampling.seed, int(prompts.meta["step"]), uids).numpy()
+        ids, mask = prompts.tensors["input_ids"], prompts.tensors["attention_mask"].bool()
+        token_lists = [row[m].tolist() for row, m in zip(ids, mask, strict=True)]
+        out = self.generate_token_ids(token_lists, sampling, keys=keys)
+        return assemble_output(rows, uids, out, sampling.max_new_tokens, self.pad_id)
+
+    def generate_token_ids(
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingParams,
+        *,
+        keys: np.ndarray | None = None,
+        max_new_tokens: Sequence[int] | None = None,
+        turns: TurnDriver | None = None,
+    ) -> Responses:
+        """Generate from unpadded token-id prompts; rows as in `generate` (samples
+        adjacent): a thin loop over the request API (`rayrl.rollout.loop`).
+
+        Args:
+            keys: one int64 sample key per output row (default: from ``sampling.seed``,
+                step 0 and uids ``f"{i}/{k}"``).
+            max_new_tokens: a length limit per output row (default: ``sampling.max_new_tokens``).
+            turns: multi-turn episodes: the driver told of every turn end (see
+                `rayrl.rollout.turns`). The responses then hold the appended
+                tokens too (log-prob 0), and the length limit counts them. Tensor-
+                parallel, TP rank 0's driver runs the episodes and the other ranks
+                apply its answers (`tp_turns`); they pass `tp_turns.FollowerTurns`.
+        """
+        n_rows = len(prompts) * sampling.n
+        if keys is None:
+            uids = [f"{i}/{k}" for i in range(len(prompts)) for k in range(sampling.n)]
+            keys = sample_keys(sampling.seed, 0, uids).numpy()
+        limits = np.full(n_rows, sampling.max_new_tokens, dtype=np.int64)
+        if max_new_tokens is not None:
+            limits = np.asarray(max_new_tokens, dtype=np.int64).reshape(n_rows)
+        arrays = [np.asarray(p, dtype=np.int64) for p in prompts]
+        keys = np.asarray(keys, dtype=np.int64)
+        turns = self.prepare_call(arrays, keys, limits, sampling, turns)
+        if n_rows == 0:
+            empty = torch.zeros(0, 0)
+            return Responses(empty.long(), empty.sum(1).long(), empty, empty.sum(1).bool())
+        with self.measured(with_turns=turns is not None) as timing:
+            return run_batch(self, arrays, sampling, keys, limits, turns, stats=timing)
+
+    def prepare_call(
+        self,
+        prompts: list[np.ndarray],
+        keys: np.ndarray,
+        limits: np.ndarray,
+        sampling: SamplingParams,
+        turns: TurnDriver | None,
+    ) -> TurnDriver | None:
+        """Check a call's prompts before any of them runs; the turn driver to run it
+        with (tensor-parallel: every rank of the replica agrees on the call first, and
+        TP rank 0's episodes are applied in lockstep, `tp_turns`)."""
+        self._check_ready(sampling)
+        if self.tp:  # before anything that could end one rank's call but not another's
+            self.tp.agree(call_fingerprint(prompts, keys, limits, sampling), "prompts or sampling")
+        self._check_lengths(prompts, limits, sampling.n)
+        if turns is not None and self.tp:
+            turns = LockstepTurns(turns, self.tp)
+        return turns
+
+    @contextlib.contextmanager
+    def measured(self, with_turns: bool) -> Iterator[dict[str, float]]:
+        """Time a call into `last_stats`: the engine's counters' growth over it, plus
+        the seconds its caller adds to the dict yielded (its turn loop's)."""
+        before = self._counters()
+        start = time.perf_counter()
+        self.runner.sampler.wait_s = 0.0
+        timing: dict[str, float] = {}
+        try:
+            yield timing
+        finally:
+            self.last_stats = self._call_stats(before, start, timing, with_turns)
+
+    # ------------------------------------------------------------------ requests
+    def add(
+        self,
+        prompt: np.ndarray,
+        keys: np.ndarray,
+        limits: np.ndarray,
+        sampling: SamplingParams,
+        *,
+        park: bool = False,
+    ) -> np.ndarray:
+        """Queue one prompt and its samples (`rayrl.rollout.requests`); their ids."""
+        self._check_ready(sampling)
+        prompt = np.asarray(prompt, dtype=np.int64)
+        limits = np.asarray(limits, dtype=np.int64).reshape(-1)
+        self._check_lengths([prompt], limits, len(limits))
+        drawing = sampling.drawing()
+        if self.sched.live and drawing != self.stepper.sampling:
+            raise ValueError(
+                f"{WHERE}.add: the samples in flight draw with {self.stepper.sampling}; a "
+                f"request drawing with {drawing} must wait until they finish"
+            )
+        if not self.sched.live:
+            self._draw_with(drawing)
+        self._ensure_graphs()
+        return self.sched.add(prompt, limits, keys, park)
+
+    def _draw_with(self, drawing: SamplingParams) -> None:
+        """Set the sampling every live sample shares: the draw, the stop ids and strings."""
+        self.stepper.sampling = drawing
+        stop_ids = [] if drawing.ignore_eos else list(self.eos_ids)
+        stop_ids += [i for i in drawing.stop_token_ids if i not in stop_ids]
+        self.sched.set_stop_ids(np.asarray(stop_ids, dtype=np.int64))
+        self.sched.stop_check = None
+        if drawing.stop:
+            self.sched.stop_check = StopStrings(self.tokenizer, drawing.stop).checker(self.sched)
+
+    def resume(self, sample: int, tokens: np.ndarray) -> None:
+        """Continue a parked sample with ``tokens`` appended (its next turn)."""
+        self.sched.resume(int(sample), tokens)
+
+    def finish(self, sample: int, stopped: bool) -> None:
+        """End a parked sample (``stopped``: finish reason stop, else length)."""
+        self.sched.finish_parked(int(sample), stopped)
+
+    def abort(self, samples) -> None:
+        """End samples wherever they are; their ids still need `release`."""
+        self.sched.abort(samples)
+
+    def step(self) -> list[tuple[int, str]]:
+        """One scheduler pass; the samples finished and turns ended since the last."""
+        self.stepper.step()
+        self.sched.recycle(None if self.stepper.pending is None else self.stepper.pending.samples)
+        return self.sched.take_events()
+
+    def output(self, sample: int) -> SampleOutput:
+        """A sample's response so far (the whole of it once finished)."""
+        sched, length = self.sched, int(self.sched.gen[sample])
+        return SampleOutput(
+            sched.tokens[sample, :length].copy(),
+            sched.log_probs[sample, :length].copy(),
+            sched.versions[sample, :length].copy(),
+            bool(sched.stopped[sample]),
+        )
+
+    def release(self, samples) -> None:
+        """Give finished samples' ids back (reused once no launched step holds them)."""
+        self.sched.release(samples)
+
+    def drain(self) -> None:
+        """Commit the launched step: nothing left in flight (weights may change then)."""
+        self.stepper.drain()
+        self.sched.recycle(None)
+
+    @property
+    def serves_requests(self) -> bool:
+        return True
+
+    @property
+    def busy(self) -> bool:
+        return self.stepper.busy
+
+    @property
+    def stalled(self) -> bool:
+        return self.stepper.stalled
+
+    @property
+    def parked(self) -> int:
+        return len(self.sched.parked)
+
+    @property
+    def live(self) -> int:
+        return self.sched.live
+
+    @property
+    def draws_with(self) -> SamplingParams | None:
+        return self.stepper.sampling if self.sched.live else None
+
+    @property
+    def version(self) -> int:
+        """The policy version the tokens drawn now are tagged with."""
+        return self.sched.version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self.sched.version = int(value)
+
+    def _check_ready(self, sampling: SamplingParams) -> None:
+        if self._asleep:
+            raise RuntimeError(f"{WHERE}.generate: the engine is asleep; call wake() first.")
+        if self._unset:
+            raise RuntimeError(
+                f"{WHERE}.generate: {len(self._unset)} weights were never set (built with "
+                f"load_weights=False), e.g. {sorted(self._unset)[:3]}; call update_weights "
+                "with the whole model first."
+            )
+        if sampling.stop and self.tokenizer is None:
+            raise ValueError(
+                f"{WHERE}.generate: stop strings need a tokenizer; build the engine with "
+                "tokenizer=... or drop SamplingParams.stop."
+            )
+
+    def _check_lengths(self, prompts: list[np.ndarray], limits: np.ndarray, n: int) -> None:
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ValueError(
+                    f"{WHERE}.generate: prompt {i} is empty; give every prompt a token."
+                )
+            longest = len(p) + int(limits[i * n : (i + 1) * n].max())
+            if longest > self.max_model_len:
+                raise ValueError(
+                    f"{WHERE}.generate: prompt {i} has {len(p)} tokens and may generate "
+                    f"{longest - len(p)} more, past max_model_len={self.max_model_len}; shorten "
+                    "it, lower max_new_tokens, or build the engine with a larger max_model_len."
+                )
+
+    def _counters(self) -> dict[str, float]:
+        """The engine's counters now (`stats`, graph captures, the scheduler's)."""
+        sched = self.sched
+        scheduler = {
+            "preemptions": sched.preemptions,
+            "resumed_turns": sched.resumes,
+            "reclaimed_kv": sched.reclaimed,
+            "prefix_hit_tokens": self.prefix.hit_tokens if self.prefix else 0,
+            "prefix_tokens": self.prefix.looked_tokens if self.prefix else 0,
+        }
+        return {**self.stats, **self._graph_counts(), **scheduler}
+
+    def _call_stats(
+        self, before: dict, start: float, timing: dict, with_turns: bool
+    ) -> dict[str, Any]:
+        """One generation's stats (`last_stats`): the counters' growth over it, its
+        seconds, the time blocked on the device's results (`wait_s`; the rest of
+        `run_s` is host work the device waited for) and on the turn driver."""
+        after = self._counters()
+        stats = {k: v - before.get(k, 0) for k, v in after.items()}
+        stats["run_s"] = time.perf_counter() - start
+        stats["wait_s"] = self.runner.sampler.wait_s
+        stats.update(timing)
+        return finished_stats(stats, with_turns=with_turns)
+
+    def _graph_counts(self) -> dict[str, float]:
+        """So far, by the current `DecodeGraphs` and `PrefillGraphs`: the graphs captured,
+        the seconds their captures took, and the prefill steps replayed from a graph."""
+        graphs = [g for g in (self.runner.graphs, self.runner.prefill_graphs) if g is not None]
+        prefill = self.runner.prefill_graphs
+        return {
+            "graph_captures": sum(g.captures for g in graphs),
+            "graph_capture_s": sum(g.capture_s for g in graphs),
+            "prefill_graph_steps": prefill.replays if prefill is not None else 0,
+        }
+
+    def _ensure_graphs(self) -> None:
+        if self.use_graphs and self.runner.graphs is None:
+            from rayrl.rollout.native.graphs import DecodeGraphs
+
+            self.runner.graphs = DecodeGraphs(self.runner, self.max_num_seqs)
+        if self.use_prefill_graphs and self.runner.prefill_graphs is None:
+            self.runner.prefill_graphs = PrefillGraphs(
+                self.runner, self.prefill_graph_tokens, self.max_num_seqs
+            )
+
+    # ------------------------------------------------------------------ weights
+    def update_weights(
+        self, weights: WeightSource, *, sharded: bool = False, version: int | None = None
+    ) -> int:
+        """Copy HF-named tensors into the engine's weights in place (converted to its dtype).
+
+        Samples may be in flight: the launched step is committed first, they keep their
+        KV caches, and every token drawn afterwards carries ``version`` (when given).
+
+        Tensor-parallel, every rank of the group is updated, each on its own: whole
+        tensors are narrowed to the rank's part before the copy; with ``sharded`` the
+        tensors are the rank's parts already (`rayrl.rollout.native.tp_weights`).
+
+        Raises:
+            KeyError: a name the model does not have (with the closest names it has).
+            ValueError: a tensor whose shape differs from the model's.
+        """
+        self.drain()
+        if self.prefix is not None:  # cached blocks hold the old weights' keys and values
+            self.prefix.clear()
+        if version is not None:
+            self.sched.version = int(version)
+        if not self._unset:
+            return self.weights.load(weights, f"{WHERE}.update_weights", sharded)
+        seen: list[str] = []
+        pairs = weights.items() if isinstance(weights, dict) else weights
+        copied = self.weights.load(
+            ((seen.append(n) or n, t) for n, t in pairs), f"{WHERE}.update_weights", sharded
+        )
+        self._unset -= set(seen)
+        return copied
+
+    # ------------------------------------------------------------------ memory
+    def sleep(self) -> None:
+        """Free the KV cache (weights stay); `wake` takes it back.
+
+        Where the cache has a fixed address (`KVCache.fixed_address`: CUDA's virtual
+        memory), only its pages go, and the CUDA graphs, which hold that address, stay
+        with their memory pool, to be replayed after the wake with no capture. Elsewhere
+        the graphs go too. Both go by reference count, the moment the engine drops them
+        (nothing else holds them, and they hold no cycle), so no garbage collection runs
+        here: a full `gc.collect` in a worker that has loaded torch, transformers and Ray
+        walks every object it has, which cost most of a small step (docs/benchmarks.md).
+
+        A fixed-address cache's pages go straight back to the device, so torch's cached
+        blocks are left alone: in a hybrid worker they are mostly the trainer's, which
+        would otherwise allocate them all again at its next step (`wake` empties them
+        only if the device is then short of room for the cache's pages). A cache from
+        torch's allocator is handed back to the device by emptying that cache."""
+        if self._asleep:
+            return
+        if self.busy:
+            raise RuntimeError(
+                f"{WHERE}.sleep: {self.sched.live} samples are in flight; finish or abort "
+                "them before the KV cache is freed"
+            )
+        self._asleep = True
+        if self.prefix is not None:
+            self.prefix.clear()
+        if not self.cache.fixed_address:  # the graphs hold the cache's address
+            self.runner.graphs = self.runner.prefill_graphs = None
+        self.cache.free()
+        if self.device.type == "cuda" and not self.cache.fixed_address:
+            torch.cuda.empty_cache()
+
+    def wake(self) -> None:
+        """Take the KV cache back (graphs dropped at the sleep are captured again by the
+        next `generate`)."""
+        self.cache.allocate()
+        self._asleep = False
+
+    @property
+    def is_asleep(self) -> bool:
+        return self._asleep
+
+    @property
+    def weights_unset(self) -> int:
+        """Weights no load has filled yet (built with ``load_weights=False``)."""
+        return len(self._unset)
+
+
+def _dtype(dtype, device: torch.device) -> torch.dtype:
+    if dtype is None or dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
+
+
+def _sources(model, model_path, tokenizer, device, config_overrides=None):
+    """(config, generation config, tokenizer, device) from a module or a directory (its
+    config with ``config_overrides`` set on it)."""
+    if model is not None:
+        if device is None:
+            device = next(iter(model.parameters())).device
+        return model.config, getattr(model, "generation_config", None), tokenizer, device
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model_path)
+    except OSError as err:
+        raise OSError(
+            f"{WHERE}: cannot load a model config from {model_path!r} ({err}); pass a local HF "
+            "model directory (config.json + safetensors weights)."
+        ) from err
+    from rayrl.models.config_overrides import apply_config_overrides
+
+    apply_config_overrides(config, config_overrides, "model.override_config")
+    gen_config = None
+    if (Path(model_path) / "generation_config.json").exists():
+        gen_config = GenerationConfig.from_pretrained(model_path)
+    if tokenizer is None:
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return config, gen_config, tokenizer, device

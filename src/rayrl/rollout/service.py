@@ -1,0 +1,262 @@
+"""`RolloutService`: a rollout engine, the one turn loop, the episodes and a weight
+receiver, as one object that both rollout workers hold.
+
+The hybrid actor (`rayrl.workers.actor`) and an asynchronous rollout replica
+(`rayrl.workers.rollout`) generate through the same service:
+
+- ``generate(prompts, sampling)`` returns the rollout Batch contract
+  (`rayrl.rollout.contract`), single turns or, with multi-turn settings,
+  episodes of model turns and tool answers (`rayrl.rollout.agent.rollout`), and
+  the policy version of every response token. Every call is a *job* of the service's
+  one `TurnLoop` (`rayrl.rollout.loop`): calls from several threads at once
+  (a replica's concurrent calls) share the engine's batch. (An HF model that cannot
+  serve requests, `hf.requests.can_serve_requests`, generates single turns by the
+  engine's batch path, with no weights swapped mid-call.)
+- ``offer(version, weights)`` stages a newer policy; it is swapped in between two
+  engine steps (the engine commits what is launched first, sequences in flight keep
+  their KV caches, the tokens drawn after it carry the new version), or at the next
+  call when none runs. A call's `CallPolicy` says what a newer policy does to it:
+  with ``partial`` its samples go on under the new weights (partial rollouts: each
+  token keeps the version that drew it); without, the call keeps the version it
+  started with, the swap waits for it (calls that arrive meanwhile wait too, and
+  start under the new version), and a call whose samples would then lag the offered
+  policy by more than ``max_lag`` versions is aborted (`Aborted`: the caller queues
+  its prompts again).
+- ``update_weights(weights)`` loads weights now (the hybrid actor's in-place sync,
+  between calls), ``sleep`` / ``wake`` free and take back the engine's memory.
+
+On a tensor-parallel native engine every rank of the replica holds a service and
+makes the same calls; TP rank 0 runs the episodes and the other ranks follow its
+answers (`rayrl.rollout.native.tp_turns`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from rayrl import progress
+from rayrl.batch import Batch
+from rayrl.rollout.base import WeightSource
+from rayrl.rollout.contract import (
+    Responses,
+    assemble_output,
+    check_prompts,
+    expand_samples,
+)
+from rayrl.rollout.loop import Job, TurnLoop, responses_of
+from rayrl.rollout.sampling import SamplingParams, sample_keys
+from rayrl.rollout.turns import TurnDriver
+
+__all__ = ["Aborted", "CallPolicy", "Generated", "RolloutService"]
+
+
+class Aborted(Exception):  # noqa: N818 - what happened to the call, not a fault
+    """A call stopped because its samples could no longer be trained (`CallPolicy`)."""
+
+
+@dataclass(frozen=True)
+class CallPolicy:
+    """What a newer policy, offered while a call runs, does to it (module docstring).
+
+    Args:
+        partial: swap it in between steps; the call's samples go on under it.
+        max_lag: without ``partial``, abort the call when the offered version is more
+            than this many versions ahead of the one it started with (None: never).
+    """
+
+    partial: bool = False
+    max_lag: int | None = None
+
+
+@dataclass
+class _Call:
+    """One `generate` call: its policy and the version its first step ran with."""
+
+    policy: CallPolicy
+    first: int | None = None
+
+
+@dataclass
+class Generated:
+    """A call's output: the Batch, the policy version of each response token
+    (``[rows, R]`` int64), and the versions it started and ended with."""
+
+    batch: Batch
+    versions: torch.Tensor
+    first_version: int
+    last_version: int
+
+
+class RolloutService:
+    """Engine + turn loop + episodes + weight receiver (module docstring).
+
+    Args:
+        engine: an engine of the request contract (`HFRolloutEngine`,
+            `NativeRolloutEngine`).
+        episodes: the multi-turn rollout over ``engine`` (None: single turns only).
+    """
+
+    def __init__(self, engine: Any, episodes: Any = None) -> None:
+        self.engine = engine
+        self.episodes = episodes
+        self.loop = TurnLoop(engine, between_steps=self._between_steps)
+        self._offer_lock = threading.Lock()
+        self._offer: tuple[int, Iterable] | None = None
+        self._calls: dict[int, _Call] = {}  # job id -> its call
+        self.swap_s = 0.0  # seconds spent swapping offered versions in, in all
+
+    # ------------------------------------------------------------------ calls
+    def generate(
+        self, prompts: Batch, sampling: SamplingParams, policy: CallPolicy | None = None
+    ) -> Generated:
+        """``sampling.n`` samples (or episodes) per prompt (module docstring).
+
+        Raises:
+            Aborted: a newer policy made the call's samples too stale (`CallPolicy`).
+        """
+        call = _Call(policy or CallPolicy())
+        done: dict[str, Responses] = {}
+
+        def decode(token_lists, sampling_, keys, driver) -> Responses:
+            done["out"] = self._decode(token_lists, sampling_, keys, driver, call)
+            return done["out"]
+
+        if self.episodes is not None:
+            batch = self.episodes.generate(prompts, sampling, decode)
+        elif not self.engine.serves_requests:  # its batch path: no weights mid-call
+            batch = self.engine.generate(prompts, sampling)
+        else:
+            batch = self._single_turns(prompts, sampling, decode)
+        first = self.version if call.first is None else call.first
+        width = batch["responses"].shape[1]
+        versions = _versions(done.get("out"), len(batch), width, first)
+        return Generated(batch, versions, first, self.version)
+
+    def _single_turns(self, prompts: Batch, sampling: SamplingParams, decode) -> Batch:
+        prompts = check_prompts(prompts, "RolloutService.generate")
+        rows, uids = expand_samples(prompts, sampling.n)
+        keys = sample_keys(sampling.seed, int(prompts.meta["step"]), uids).numpy()
+        ids, mask = prompts.tensors["input_ids"], prompts.tensors["attention_mask"].bool()
+        token_lists = [row[m].tolist() for row, m in zip(ids, mask, strict=True)]
+        out = decode(token_lists, sampling, keys, None)
+        return assemble_output(rows, uids, out, sampling.max_new_tokens, self.engine.pad_id)
+
+    def _decode(
+        self,
+        token_lists: list[list[int]],
+        sampling: SamplingParams,
+        keys: np.ndarray,
+        driver: TurnDriver | None,
+        call: _Call,
+    ) -> Responses:
+        """One job on the shared loop: the samples' responses (every turn)."""
+        engine = self.engine
+        arrays = [np.asarray(p, dtype=np.int64) for p in token_lists]
+        limits = np.full(len(arrays) * sampling.n, sampling.max_new_tokens, dtype=np.int64)
+        driver = engine.prepare_call(arrays, np.asarray(keys), limits, sampling, driver)
+        job = Job(arrays, keys, limits, sampling, driver)
+        with engine.measured(with_turns=driver is not None) as timing:
+            before = dict(self.loop.stats)
+            self._calls[id(job)] = call
+            try:
+                self.loop.run(job)
+            finally:
+                self._calls.pop(id(job), None)
+            timing.update({k: v - before.get(k, 0.0) for k, v in self.loop.stats.items()})
+        if job.aborted:
+            raise Aborted(
+                f"the call's samples would lag the offered policy by more than "
+                f"{call.policy.max_lag} version(s)"
+            )
+        return responses_of(job.outputs)
+
+    # ---------------------------------------------------------------- weights
+    @property
+    def version(self) -> int:
+        """The policy version the engine's weights are."""
+        return self.engine.version
+
+    def offer(self, version: int, weights: Iterable) -> None:
+        """Stage policy ``version`` (``(name, tensor)`` pairs, read when swapped in);
+        the last offer wins."""
+        with self._offer_lock:
+            self._offer = (int(version), weights)
+
+    @property
+    def offered(self) -> int | None:
+        """The staged version not yet swapped in (None: none)."""
+        with self._offer_lock:
+            return None if self._offer is None else self._offer[0]
+
+    def swap(self) -> bool:
+        """Swap the staged version in now (no call may be running); True if one was."""
+        with self._offer_lock:
+            offer, self._offer = self._offer, None
+        if offer is None:
+            return False
+        version, weights = offer
+        if version != self.version:
+            start = time.perf_counter()
+            with progress.phase("weight_sync"):
+                self.engine.update_weights(weights, version=version)
+            self.swap_s += time.perf_counter() - start
+        return True
+
+    def update_weights(self, weights: WeightSource, **kwargs: Any) -> int:
+        """Load weights now, between calls (the hybrid actor's sync)."""
+        return self.engine.update_weights(weights, **kwargs)
+
+    def _between_steps(self) -> None:
+        """The pumping thread, between two engine steps: abort the calls a staged
+        version makes too stale, swap it in unless a started call pins the version it
+        began with, and record the version each call starts with."""
+        offered = self.offered
+        if offered is not None:
+            pinned = False
+            for job in self.loop.jobs:
+                call = self._calls[id(job)]
+                if call.first is None or call.policy.partial:
+                    continue  # not started (it starts under the new version), or partial
+                if call.policy.max_lag is not None and offered - call.first > call.policy.max_lag:
+                    self.loop.abort(job)
+                else:
+                    pinned = True
+            if not pinned:
+                self.swap()
+            # a version waits for the calls that pin the old one: new calls wait for it
+            self.loop.holding = pinned
+        else:
+            self.loop.holding = False
+        for job in self.loop.jobs:
+            call = self._calls[id(job)]
+            if call.first is None:
+                call.first = self.version
+
+    # ----------------------------------------------------------------- memory
+    def sleep(self) -> None:
+        self.engine.sleep()
+
+    def wake(self) -> None:
+        self.engine.wake()
+
+    @property
+    def is_asleep(self) -> bool:
+        return self.engine.is_asleep
+
+
+def _versions(out: Responses | None, rows: int, width: int, first: int) -> torch.Tensor:
+    """``[rows, width]`` the version of each response token (padding: the row's first)."""
+    versions = torch.full((rows, width), first, dtype=torch.int64)
+    if out is None or out.versions is None or not rows:
+        return versions
+    steps = min(out.versions.shape[1], width)
+    versions[:, :steps] = out.versions[:, :steps]
+    past = torch.arange(width)[None, :] >= out.lengths.clamp(max=width)[:, None]
+    return torch.where(past, versions[:, :1], versions)

@@ -1,0 +1,231 @@
+"""One micro-batch through the model: per-response-token log-probs, entropy or values.
+
+`response_outputs` runs the model on a padded or a packed micro-batch and returns
+``[b, R]`` float32 tensors over the response columns, zero where a response token is
+padding (or is the first token of a sequence and so has no logit predicting it).
+
+Only the positions that predict response tokens reach the output head
+(``logits_to_keep`` with an index tensor). A model whose head is a
+`rayrl.train.logprob_head.LogProbHead` (the training engine installs one) returns
+log-probs and entropy from hidden states chunk by chunk, so no ``[tokens x vocab]``
+logits exist; other models' logits go through the chunked log-softmax of
+`rayrl.algos.entropy`. A sequence-parallel model (`rayrl.train.ulysses`) runs this
+rank's share of the packed row and gathers every rank's outputs. With
+``share_prompts`` rows with the same prompt run it once (`rayrl.train.shared_prompts`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from rayrl.algos.entropy import log_probs_and_entropy, log_probs_from_logits
+from rayrl.batch import Batch
+from rayrl.train.attention import packed_attention_kwargs
+from rayrl.train.logprob_head import logprob_head_of
+from rayrl.train.packing import ResponseIndex, pack_sequences, padded_response_index
+from rayrl.train.shared_prompts import share_prompts as share_prompts_of
+from rayrl.train.ulysses import SPGroup, gather_kept, split_packed
+
+__all__ = ["MODEL_INPUTS", "default_position_ids", "response_outputs", "response_width"]
+
+# What the model is run on: token ids, mask and (optionally) positions over prompt and
+# response, and the responses' width R, read from `responses` or, when a caller sends
+# only the mask, `response_mask` (`response_width`).
+MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "response_mask")
+
+
+def response_width(batch: Batch) -> int:
+    """R, the responses' padded width: of ``responses``, else of ``response_mask``."""
+    for key in ("responses", "response_mask"):
+        if key in batch:
+            return int(batch[key].shape[1])
+    raise KeyError(
+        f"the engine needs a responses or response_mask column for the responses' width; "
+        f"the batch has {batch.keys()}."
+    )
+
+
+def default_position_ids(attention_mask: Tensor) -> Tensor:
+    """verl's position ids: 0 at each row's first real token, counting real tokens."""
+    return (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
+
+
+def _model_inputs(
+    micro: Batch, packed: bool, device: torch.device, share: bool = False
+) -> tuple[dict[str, Tensor], ResponseIndex, bool]:
+    """Model kwargs, the response index and whether the row is packed, built where
+    ``micro`` is, then moved. ``share``: rows with the same prompt run it once
+    (`rayrl.train.shared_prompts`), when some do."""
+    ids, mask = micro["input_ids"], micro["attention_mask"]
+    positions = micro["position_ids"] if "position_ids" in micro else default_position_ids(mask)
+    response_len = response_width(micro)
+    shared = share_prompts_of(ids, mask, positions, response_len) if share else None
+    attention = {}
+    if shared is not None:
+        inputs = {"input_ids": shared.input_ids, "position_ids": shared.position_ids}
+        index, packed = shared.response, True
+        keys = (shared.k_lengths, shared.kv_index)
+        attention = packed_attention_kwargs(shared.q_lengths, device, keys=keys)
+    elif packed:
+        p = pack_sequences(ids, mask, positions, response_len)
+        inputs, index = {"input_ids": p.input_ids, "position_ids": p.position_ids}, p.response
+        # sequence boundaries for varlen attention, computed here on the host
+        lengths = [n for n in mask.sum(dim=1).tolist() if n > 0]
+        attention = packed_attention_kwargs(lengths, device)
+    else:
+        index = padded_response_index(ids, mask, response_len)
+        inputs = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
+    inputs = {k: v.to(device, non_blocking=True) for k, v in inputs.items()}
+    inputs.update(attention)
+    index = ResponseIndex(
+        valid=index.valid.to(device, non_blocking=True),
+        logit_index=index.logit_index.to(device, non_blocking=True),
+        labels=index.labels.to(device, non_blocking=True),
+    )
+    return inputs, index, packed
+
+
+def _place(values: Tensor, index: ResponseIndex, packed: bool) -> Tensor:
+    """``[b, R]`` float32 from per-kept-logit values, zero at invalid positions."""
+    values = values.float()
+    if packed:
+        return index.scatter(values)
+    return torch.where(index.valid, values, torch.zeros_like(values))
+
+
+def response_outputs(
+    model: nn.Module,
+    micro: Batch,
+    *,
+    packed: bool,
+    value_head: bool = False,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_size: int = 1024,
+    device: torch.device | str | None = None,
+    sp: SPGroup | None = None,
+    share_prompts: bool = False,
+) -> dict[str, Tensor]:
+    """Run ``model`` on one micro-batch.
+
+    The packing and index bookkeeping run where ``micro`` lives (best on CPU: no
+    device synchronisation); only the model inputs move to ``device`` (default: the
+    device of ``micro``).
+
+    Args:
+        model: a causal LM (or a token-classification model with one label when
+            ``value_head``), possibly FSDP-sharded.
+        micro: ``input_ids``, ``attention_mask``, ``responses`` (or ``response_mask``:
+            only the responses' width is read) and optionally ``position_ids`` (verl's
+            layout, see `rayrl.train.packing`).
+        packed: drop padding and pack the sequences into one row (a micro-batch with
+            no padding runs unpacked: the same result with fewer steps).
+        value_head: return ``values`` (the head's output at the position before each
+            response token, i.e. the state the token is chosen in).
+        temperature: logits are divided by it before the softmax.
+        with_entropy: also return ``entropy``.
+        chunk_size: tokens per chunk of the log-softmax.
+        device: where the model runs.
+        sp: the Ulysses group of a sequence-parallel model: the micro-batch is packed
+            and this rank runs its share of the row (`rayrl.train.ulysses`); every
+            rank of the group returns the whole micro-batch's outputs.
+        share_prompts: rows with the same prompt (GRPO's samples of one prompt) run
+            it once, packed with their responses (`rayrl.train.shared_prompts`); not
+            with ``sp``.
+
+    Returns:
+        ``{"log_probs": ..., "entropy": ...}`` or ``{"values": ...}``, each ``[b, R]``.
+    """
+    device = torch.device(device) if device is not None else micro["input_ids"].device
+    if sp is not None:
+        return _sequence_parallel_outputs(
+            model, micro, sp, value_head, temperature, with_entropy, chunk_size, device
+        )
+    # A micro-batch without padding gains nothing from packing: run its rows as they are.
+    packed = packed and not bool(micro["attention_mask"].bool().all())
+    inputs, index, packed = _model_inputs(micro, packed, device, share_prompts)
+    if value_head:
+        scores = model(**inputs, use_cache=False).logits[..., 0]
+        picked = scores[0, index.logit_index] if packed else scores[:, index.logit_index]
+        return {"values": _place(picked, index, packed)}
+    labels = index.labels if packed else index.labels.clamp(min=0)  # pads may be negative
+    log_probs, entropy = _token_log_probs(
+        model, inputs, index.logit_index, labels, packed, temperature, with_entropy, chunk_size
+    )
+    result = {"log_probs": _place(log_probs, index, packed)}
+    if with_entropy:
+        result["entropy"] = _place(entropy, index, packed)
+    return result
+
+
+def _token_log_probs(
+    model: nn.Module,
+    inputs: dict[str, Tensor],
+    keep: Tensor,
+    labels: Tensor,
+    packed: bool,
+    temperature: float,
+    with_entropy: bool,
+    chunk_size: int,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs of ``labels`` (and entropy) at the kept positions, shaped like ``labels``."""
+    head = logprob_head_of(model)
+    if head is not None:  # fused: no [tokens x vocab] logits
+        target = labels.reshape(1, -1) if packed else labels
+        with head.requested(target, temperature, with_entropy, chunk_size):
+            out = model(**inputs, use_cache=False, logits_to_keep=keep).logits
+        out = out[0] if packed else out
+        return out[..., 0], out[..., 1]
+    logits = model(**inputs, use_cache=False, logits_to_keep=keep).logits
+    logits = logits[0] if packed else logits
+    if with_entropy:
+        return log_probs_and_entropy(logits, labels, temperature, chunk_size)
+    return log_probs_from_logits(logits, labels, temperature, chunk_size), None
+
+
+def _sequence_parallel_outputs(
+    model: nn.Module,
+    micro: Batch,
+    sp: SPGroup,
+    value_head: bool,
+    temperature: float,
+    with_entropy: bool,
+    chunk_size: int,
+    device: torch.device,
+) -> dict[str, Tensor]:
+    """`response_outputs` on a Ulysses rank: the packed row split (`split_packed`), this
+    rank's kept positions through the model and the head, every rank's gathered."""
+    ids, mask = micro["input_ids"], micro["attention_mask"]
+    positions = micro["position_ids"] if "position_ids" in micro else default_position_ids(mask)
+    packed = pack_sequences(ids, mask, positions, response_width(micro))
+    lengths = [n for n in mask.sum(dim=1).tolist() if n > 0]
+    part = split_packed(
+        packed.input_ids, packed.position_ids, lengths, packed.response.logit_index, sp
+    )
+    inputs = {
+        "input_ids": part.input_ids.to(device, non_blocking=True),
+        "position_ids": part.position_ids.to(device, non_blocking=True),
+        **packed_attention_kwargs(part.lengths, device),
+    }
+    index = ResponseIndex(
+        valid=packed.response.valid.to(device, non_blocking=True),
+        logit_index=packed.response.logit_index.to(device, non_blocking=True),
+        labels=packed.response.labels,
+    )
+    if value_head:
+        scores = model(**inputs, use_cache=False).logits[0, :, 0]
+        row = gather_kept(scores, [scores.shape[0]] * sp.size, sp)
+        return {"values": _place(row[index.logit_index], index, packed=True)}
+    keep = part.keep.to(device, non_blocking=True)
+    labels = packed.response.labels[part.keep_mask].to(device, non_blocking=True)
+    log_probs, entropy = _token_log_probs(
+        model, inputs, keep, labels, True, temperature, with_entropy, chunk_size
+    )
+    if entropy is None:
+        entropy = torch.zeros_like(log_probs)
+    every = gather_kept(torch.stack([log_probs, entropy], dim=-1), part.counts, sp)
+    result = {"log_probs": _place(every[:, 0], index, packed=True)}
+    if with_entropy:
+        result["entropy"] = _place(every[:, 1], index, packed=True)
+    return result
