@@ -35,7 +35,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -49,20 +48,20 @@ from rayrl.rollout.contract import Responses, assemble_output, check_prompts, ex
 from rayrl.rollout.loop import run_batch
 from rayrl.rollout.native.attention import choose_kernels
 from rayrl.rollout.native.kv_cache import BlockAllocator, KVCache, cache_blocks_for
-from rayrl.rollout.native.loop_stats import finished_stats, loop_stats
+from rayrl.rollout.native.loop_stats import call_stats, engine_counters, loop_stats
 from rayrl.rollout.native.model import NativeModel
 from rayrl.rollout.native.prefill_graphs import PREFILL_GRAPH_TOKENS, PrefillGraphs
 from rayrl.rollout.native.prefix_cache import PrefixCache
 from rayrl.rollout.native.runner import ModelRunner
 from rayrl.rollout.native.scheduler import Scheduler
+from rayrl.rollout.native.serving import Serving
+from rayrl.rollout.native.sources import engine_dtype, engine_sources
 from rayrl.rollout.native.spec import ModelSpec, UnsupportedModelError, rotary_tables
 from rayrl.rollout.native.step_loop import Stepper
-from rayrl.rollout.native.stops import StopStrings
 from rayrl.rollout.native.tp import call_fingerprint, digest, tensor_parallel_for
 from rayrl.rollout.native.tp_sampler import SplitVocabSampler
 from rayrl.rollout.native.tp_turns import LockstepTurns
 from rayrl.rollout.native.weights import NativeWeights, read_safetensors
-from rayrl.rollout.requests import SampleOutput
 from rayrl.rollout.sampling import SamplingParams, sample_keys
 from rayrl.rollout.special_ids import eos_ids, pad_id
 from rayrl.rollout.turns import TurnDriver
@@ -85,7 +84,7 @@ WHERE = "NativeRolloutEngine"
 
 
 @ROLLOUT_ENGINES.register("native")
-class NativeRolloutEngine(RolloutEngine):
+class NativeRolloutEngine(Serving, RolloutEngine):
     """Continuous-batching rollout over a paged KV cache; see the module docstring.
 
     Args:
@@ -168,11 +167,11 @@ class NativeRolloutEngine(RolloutEngine):
             raise ValueError(
                 f"{WHERE}: gpu_memory_utilization={gpu_memory_utilization} must be in (0, 1]."
             )
-        config, gen_config, tokenizer, device = _sources(
+        config, gen_config, tokenizer, device = engine_sources(
             model, model_path, tokenizer, device, config_overrides
         )
         self.device = torch.device(device)
-        self.dtype = _dtype(dtype, self.device)
+        self.dtype = engine_dtype(dtype, self.device)
         self.spec = ModelSpec.from_hf_config(config)
         self.tp = tensor_parallel_for(self.spec, tp_size, tp_group, self.device, WHERE)
         self.tokenizer = tokenizer
@@ -379,120 +378,14 @@ class NativeRolloutEngine(RolloutEngine):
     def measured(self, with_turns: bool) -> Iterator[dict[str, float]]:
         """Time a call into `last_stats`: the engine's counters' growth over it, plus
         the seconds its caller adds to the dict yielded (its turn loop's)."""
-        before = self._counters()
+        before = engine_counters(self)
         start = time.perf_counter()
         self.runner.sampler.wait_s = 0.0
         timing: dict[str, float] = {}
         try:
             yield timing
         finally:
-            self.last_stats = self._call_stats(before, start, timing, with_turns)
-
-    # ------------------------------------------------------------------ requests
-    def add(
-        self,
-        prompt: np.ndarray,
-        keys: np.ndarray,
-        limits: np.ndarray,
-        sampling: SamplingParams,
-        *,
-        park: bool = False,
-    ) -> np.ndarray:
-        """Queue one prompt and its samples (`rayrl.rollout.requests`); their ids."""
-        self._check_ready(sampling)
-        prompt = np.asarray(prompt, dtype=np.int64)
-        limits = np.asarray(limits, dtype=np.int64).reshape(-1)
-        self._check_lengths([prompt], limits, len(limits))
-        drawing = sampling.drawing()
-        if self.sched.live and drawing != self.stepper.sampling:
-            raise ValueError(
-                f"{WHERE}.add: the samples in flight draw with {self.stepper.sampling}; a "
-                f"request drawing with {drawing} must wait until they finish"
-            )
-        if not self.sched.live:
-            self._draw_with(drawing)
-        self._ensure_graphs()
-        return self.sched.add(prompt, limits, keys, park)
-
-    def _draw_with(self, drawing: SamplingParams) -> None:
-        """Set the sampling every live sample shares: the draw, the stop ids and strings."""
-        self.stepper.sampling = drawing
-        stop_ids = [] if drawing.ignore_eos else list(self.eos_ids)
-        stop_ids += [i for i in drawing.stop_token_ids if i not in stop_ids]
-        self.sched.set_stop_ids(np.asarray(stop_ids, dtype=np.int64))
-        self.sched.stop_check = None
-        if drawing.stop:
-            self.sched.stop_check = StopStrings(self.tokenizer, drawing.stop).checker(self.sched)
-
-    def resume(self, sample: int, tokens: np.ndarray) -> None:
-        """Continue a parked sample with ``tokens`` appended (its next turn)."""
-        self.sched.resume(int(sample), tokens)
-
-    def finish(self, sample: int, stopped: bool) -> None:
-        """End a parked sample (``stopped``: finish reason stop, else length)."""
-        self.sched.finish_parked(int(sample), stopped)
-
-    def abort(self, samples) -> None:
-        """End samples wherever they are; their ids still need `release`."""
-        self.sched.abort(samples)
-
-    def step(self) -> list[tuple[int, str]]:
-        """One scheduler pass; the samples finished and turns ended since the last."""
-        self.stepper.step()
-        self.sched.recycle(None if self.stepper.pending is None else self.stepper.pending.samples)
-        return self.sched.take_events()
-
-    def output(self, sample: int) -> SampleOutput:
-        """A sample's response so far (the whole of it once finished)."""
-        sched, length = self.sched, int(self.sched.gen[sample])
-        return SampleOutput(
-            sched.tokens[sample, :length].copy(),
-            sched.log_probs[sample, :length].copy(),
-            sched.versions[sample, :length].copy(),
-            bool(sched.stopped[sample]),
-        )
-
-    def release(self, samples) -> None:
-        """Give finished samples' ids back (reused once no launched step holds them)."""
-        self.sched.release(samples)
-
-    def drain(self) -> None:
-        """Commit the launched step: nothing left in flight (weights may change then)."""
-        self.stepper.drain()
-        self.sched.recycle(None)
-
-    @property
-    def serves_requests(self) -> bool:
-        return True
-
-    @property
-    def busy(self) -> bool:
-        return self.stepper.busy
-
-    @property
-    def stalled(self) -> bool:
-        return self.stepper.stalled
-
-    @property
-    def parked(self) -> int:
-        return len(self.sched.parked)
-
-    @property
-    def live(self) -> int:
-        return self.sched.live
-
-    @property
-    def draws_with(self) -> SamplingParams | None:
-        return self.stepper.sampling if self.sched.live else None
-
-    @property
-    def version(self) -> int:
-        """The policy version the tokens drawn now are tagged with."""
-        return self.sched.version
-
-    @version.setter
-    def version(self, value: int) -> None:
-        self.sched.version = int(value)
+            self.last_stats = call_stats(self, before, start, timing, with_turns)
 
     def _check_ready(self, sampling: SamplingParams) -> None:
         if self._asleep:
@@ -522,42 +415,6 @@ class NativeRolloutEngine(RolloutEngine):
                     f"{longest - len(p)} more, past max_model_len={self.max_model_len}; shorten "
                     "it, lower max_new_tokens, or build the engine with a larger max_model_len."
                 )
-
-    def _counters(self) -> dict[str, float]:
-        """The engine's counters now (`stats`, graph captures, the scheduler's)."""
-        sched = self.sched
-        scheduler = {
-            "preemptions": sched.preemptions,
-            "resumed_turns": sched.resumes,
-            "reclaimed_kv": sched.reclaimed,
-            "prefix_hit_tokens": self.prefix.hit_tokens if self.prefix else 0,
-            "prefix_tokens": self.prefix.looked_tokens if self.prefix else 0,
-        }
-        return {**self.stats, **self._graph_counts(), **scheduler}
-
-    def _call_stats(
-        self, before: dict, start: float, timing: dict, with_turns: bool
-    ) -> dict[str, Any]:
-        """One generation's stats (`last_stats`): the counters' growth over it, its
-        seconds, the time blocked on the device's results (`wait_s`; the rest of
-        `run_s` is host work the device waited for) and on the turn driver."""
-        after = self._counters()
-        stats = {k: v - before.get(k, 0) for k, v in after.items()}
-        stats["run_s"] = time.perf_counter() - start
-        stats["wait_s"] = self.runner.sampler.wait_s
-        stats.update(timing)
-        return finished_stats(stats, with_turns=with_turns)
-
-    def _graph_counts(self) -> dict[str, float]:
-        """So far, by the current `DecodeGraphs` and `PrefillGraphs`: the graphs captured,
-        the seconds their captures took, and the prefill steps replayed from a graph."""
-        graphs = [g for g in (self.runner.graphs, self.runner.prefill_graphs) if g is not None]
-        prefill = self.runner.prefill_graphs
-        return {
-            "graph_captures": sum(g.captures for g in graphs),
-            "graph_capture_s": sum(g.capture_s for g in graphs),
-            "prefill_graph_steps": prefill.replays if prefill is not None else 0,
-        }
 
     def _ensure_graphs(self) -> None:
         if self.use_graphs and self.runner.graphs is None:
@@ -648,38 +505,3 @@ class NativeRolloutEngine(RolloutEngine):
     def weights_unset(self) -> int:
         """Weights no load has filled yet (built with ``load_weights=False``)."""
         return len(self._unset)
-
-
-def _dtype(dtype, device: torch.device) -> torch.dtype:
-    if dtype is None or dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
-
-
-def _sources(model, model_path, tokenizer, device, config_overrides=None):
-    """(config, generation config, tokenizer, device) from a module or a directory (its
-    config with ``config_overrides`` set on it)."""
-    if model is not None:
-        if device is None:
-            device = next(iter(model.parameters())).device
-        return model.config, getattr(model, "generation_config", None), tokenizer, device
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
-
-    try:
-        config = AutoConfig.from_pretrained(model_path)
-    except OSError as err:
-        raise OSError(
-            f"{WHERE}: cannot load a model config from {model_path!r} ({err}); pass a local HF "
-            "model directory (config.json + safetensors weights)."
-        ) from err
-    from rayrl.models.config_overrides import apply_config_overrides
-
-    apply_config_overrides(config, config_overrides, "model.override_config")
-    gen_config = None
-    if (Path(model_path) / "generation_config.json").exists():
-        gen_config = GenerationConfig.from_pretrained(model_path)
-    if tokenizer is None:
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    return config, gen_config, tokenizer, device

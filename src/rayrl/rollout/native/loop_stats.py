@@ -1,8 +1,10 @@
-"""The native engine's account of one generation loop (`last_stats`): its steps and
-tokens, and where the loop's time went, for benches and profiles to read."""
+"""The native engine's account of its work: its loop's counters since it started
+(`stats`), and one generation's share of them (`last_stats`: its steps and tokens,
+where the loop's time went), for benches, profiles and metrics to read."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 # The seconds kept, rounded to 0.1 ms when the loop ends
@@ -64,3 +66,43 @@ def finished_stats(stats: dict[str, Any], with_turns: bool) -> dict[str, Any]:
         ):
             out.pop(key, None)
     return out
+
+
+def engine_counters(engine: Any) -> dict[str, float]:
+    """A native engine's counters now: its loop's (`stats`), its graphs' captures, its
+    scheduler's (preemptions, resumed turns, reclaimed KV) and its prefix cache's."""
+    sched, prefix = engine.sched, engine.prefix
+    scheduler = {
+        "preemptions": sched.preemptions,
+        "resumed_turns": sched.resumes,
+        "reclaimed_kv": sched.reclaimed,
+        "prefix_hit_tokens": prefix.hit_tokens if prefix else 0,
+        "prefix_tokens": prefix.looked_tokens if prefix else 0,
+    }
+    return {**engine.stats, **graph_counts(engine.runner), **scheduler}
+
+
+def call_stats(
+    engine: Any, before: dict, start: float, timing: dict, with_turns: bool
+) -> dict[str, Any]:
+    """One generation's stats (`last_stats`): the counters' growth over it, its
+    seconds, the time blocked on the device's results (`wait_s`; the rest of `run_s`
+    is host work the device waited for) and on the turn driver (``timing``)."""
+    after = engine_counters(engine)
+    stats = {k: v - before.get(k, 0) for k, v in after.items()}
+    stats["run_s"] = time.perf_counter() - start
+    stats["wait_s"] = engine.runner.sampler.wait_s
+    stats.update(timing)
+    return finished_stats(stats, with_turns=with_turns)
+
+
+def graph_counts(runner: Any) -> dict[str, float]:
+    """So far, by the runner's `DecodeGraphs` and `PrefillGraphs`: the graphs captured,
+    the seconds their captures took, and the prefill steps replayed from a graph."""
+    graphs = [g for g in (runner.graphs, runner.prefill_graphs) if g is not None]
+    prefill = runner.prefill_graphs
+    return {
+        "graph_captures": sum(g.captures for g in graphs),
+        "graph_capture_s": sum(g.capture_s for g in graphs),
+        "prefill_graph_steps": prefill.replays if prefill is not None else 0,
+    }

@@ -65,44 +65,22 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 
+from rayrl.rollout.native.jobs import Chunk, Job
 from rayrl.rollout.native.kv_cache import BlockAllocator
+from rayrl.rollout.native.parking import Parking
 from rayrl.rollout.native.prefix_cache import PrefixCache
-from rayrl.rollout.requests import DONE, TURN
+from rayrl.rollout.native.sample_table import SampleTable
+from rayrl.rollout.requests import DONE
 
 __all__ = ["Chunk", "Job", "Scheduler"]
 
 
-@dataclass
-class Job:
-    """A prefill: ``tokens`` to put in the cache, then ``samples`` start from its end."""
-
-    tokens: np.ndarray
-    samples: list[int]
-    done: int = 0
-    blocks: list[int] = field(default_factory=list)
-    fork_blocks: list[int] = field(default_factory=list)  # one per extra sample, if needed
-
-
-@dataclass
-class Chunk:
-    """``count`` tokens of ``job`` from ``start``, in one prefill step, at table ``row``."""
-
-    job: Job
-    start: int
-    count: int
-    row: int
-
-    @property
-    def completes(self) -> bool:
-        return self.start + self.count == len(self.job.tokens)
-
-
-class Scheduler:
-    """Admission, chunking, forking, preemption and finishing over a block allocator."""
+class Scheduler(SampleTable, Parking):
+    """Admission, chunking, forking, preemption and finishing over a block allocator
+    (the samples' own state: `SampleTable`; multi-turn parking: `Parking`)."""
 
     def __init__(
         self,
@@ -128,12 +106,7 @@ class Scheduler:
         self.stop_check = stop_check
         self.set_stop_ids(stop_ids)
         self.version = 0  # the policy version tokens drawn now are tagged with
-        self.capacity, self.width = 0, 0
-        self._grow(max(1, capacity), max(1, width))
-        self.prompt_of: list[np.ndarray | None] = [None] * self.capacity
-        self.blocks: list[list[int]] = [[] for _ in range(self.capacity)]
-        self.free_ids: list[int] = list(range(self.capacity - 1, -1, -1))
-        self.retired: list[int] = []  # released ids not yet safe to reuse (`recycle`)
+        super().__init__(capacity, width)
         self.dirty_rows: set[int] = set()
         self.pending_copies: list[tuple[int, int]] = []  # (src, dst) blocks to copy first
         self.free_slots = list(range(len(table) - 1, -1, -1))
@@ -166,11 +139,7 @@ class Scheduler:
         park at the end of each turn. Returns their sample ids."""
         limits = np.asarray(limits, dtype=np.int64).reshape(-1)
         count = len(limits)
-        while len(self.free_ids) < count:
-            self._grow(2 * self.capacity, self.width)
-        if int(limits.max()) > self.width:
-            self._grow(self.capacity, int(limits.max()))
-        ids = np.array([self.free_ids.pop() for _ in range(count)], dtype=np.int64)
+        ids = self.take_ids(count, int(limits.max()))
         prompt = np.asarray(prompt, dtype=np.int64)
         for s in ids.tolist():
             self.prompt_of[s] = prompt
@@ -226,68 +195,9 @@ class Scheduler:
         """True when ``sample``'s job is mid-prefill: it ends when the job forks."""
         return any(sample in job.samples for job in self.prefilling)
 
-    def release(self, samples) -> None:
-        """Ids of finished samples whose output was read: reusable once no launched step
-        can still hold them (`recycle`)."""
-        for s in [int(s) for s in samples]:
-            if not self.finished[s]:
-                raise ValueError(f"native rollout engine: sample {s} is not finished")
-            self.prompt_of[s] = None
-            self.retired.append(s)
-
-    def recycle(self, in_flight: np.ndarray | None) -> None:
-        """Make retired ids reusable, but those a launched step still holds."""
-        if not self.retired:
-            return
-        keep = set() if in_flight is None else set(np.asarray(in_flight).tolist())
-        ready = [s for s in self.retired if s not in keep]
-        self.retired = [s for s in self.retired if s in keep]
-        self.free_ids.extend(ready)
-
     def take_events(self) -> list[tuple[int, str]]:
         events, self.events = self.events, []
         return events
-
-    def _grow(self, capacity: int, width: int) -> None:
-        """Per-sample arrays for ``capacity`` samples of ``width`` response tokens."""
-        old_cap, old_width = self.capacity, self.width
-        per_sample = {
-            "max_new": np.int64,
-            "keys": np.int64,
-            "gen": np.int64,  # tokens generated (and appended) so far
-            "kv_len": np.int64,  # tokens whose K/V is in the cache
-            "slot": np.int64,  # block-table row while alive (-1: none)
-            "n_blocks": np.int64,  # len(self.blocks[s])
-            "turn_start": np.int64,  # first column of the current turn
-            "stopped": bool,
-            "finished": bool,
-            "paused": bool,  # parked, or resumed and not yet prefilled
-            "parks": bool,
-            "aborted": bool,
-            "_where": np.int64,  # scratch of `rows_in`
-            "chain": np.int64,  # the prefix cache's hash of its last full block
-        }
-        for name, dtype in per_sample.items():
-            grown = np.zeros(capacity, dtype=dtype)
-            if old_cap:
-                grown[:old_cap] = getattr(self, name)
-            setattr(self, name, grown)
-        if old_cap:
-            self.slot[old_cap:] = -1
-        for name, dtype in (
-            ("tokens", np.int64),
-            ("log_probs", np.float32),
-            ("versions", np.int64),
-        ):
-            grown = np.zeros((capacity, width), dtype=dtype)
-            if old_cap:
-                grown[:old_cap, :old_width] = getattr(self, name)
-            setattr(self, name, grown)
-        if old_cap and capacity > old_cap:
-            self.prompt_of.extend([None] * (capacity - old_cap))
-            self.blocks.extend([] for _ in range(capacity - old_cap))
-            self.free_ids = list(range(capacity - 1, old_cap - 1, -1)) + self.free_ids
-        self.capacity, self.width = capacity, width
 
     @property
     def done(self) -> bool:
@@ -604,79 +514,6 @@ class Scheduler:
         if self.slot[sample] >= 0:
             self.free_slots.append(int(self.slot[sample]))
             self.slot[sample] = -1
-
-    # ------------------------------------------------------------ multi-turn
-    def _park(self, sample: int) -> None:
-        """The sample's turn ended: out of the running set, slot freed, KV kept."""
-        self.running.pop(sample, None)
-        self._release_slot(sample)
-        self.paused[sample] = True
-        self.parked[sample] = None
-        self.events.append((sample, TURN))
-
-    def resume(self, sample: int, tokens: np.ndarray) -> None:
-        """Append ``tokens`` to a parked sample's response; it rejoins after a prefill
-        of what its cache lacks (those tokens, and its last sampled one if the cache
-        does not hold it yet). The appended tokens' log-probs are 0.
-
-        Raises:
-            ValueError: the sample is not parked, or the tokens leave no room in its
-                length limit for one more sampled token.
-        """
-        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
-        at, count = int(self.gen[sample]), len(tokens)
-        if sample not in self.parked:
-            raise ValueError(f"native rollout engine: sample {sample} is not waiting for a turn.")
-        if count == 0 or at + count >= self.max_new[sample]:
-            raise ValueError(
-                f"native rollout engine: sample {sample} has {at} of {self.max_new[sample]} "
-                f"response tokens; appending {count} must leave room for one more."
-            )
-        del self.parked[sample]
-        self.tokens[sample, at : at + count] = tokens
-        self.log_probs[sample, at : at + count] = 0.0
-        self.gen[sample] = at + count
-        self.turn_start[sample] = at + count
-        prompt = self.prompt_of[sample]
-        sequence = np.concatenate([prompt, self.tokens[sample, : at + count]])
-        job = Job(sequence, [sample], done=int(self.kv_len[sample]), blocks=self.blocks[sample])
-        self.blocks[sample] = []
-        self.n_blocks[sample] = 0
-        self.waiting.appendleft(job)  # it holds KV blocks: let it use them first
-        self.resumes += 1
-
-    def finish_parked(self, sample: int, stopped: bool) -> None:
-        """End a parked sample's episode (``stopped``: finish reason stop, else length)."""
-        if sample not in self.parked:
-            raise ValueError(f"native rollout engine: sample {sample} is not waiting for a turn.")
-        del self.parked[sample]
-        self.stopped[sample] = stopped
-        self._release_blocks(sample)
-        self._end(sample)
-
-    def _reclaim(self, needed: int, keep: Job | None = None) -> bool:
-        """Free KV blocks of parked samples, then of resumed jobs still waiting (the
-        most recent first), until ``needed`` blocks are free; True if it got there.
-        Each one that gives its blocks up is recomputed from the start when it runs."""
-        for sample in reversed(list(self.parked)):
-            if self.alloc.free_blocks >= needed:
-                return True
-            if self.blocks[sample]:
-                self._release_blocks(sample)
-                self.kv_len[sample] = 0
-                self.reclaimed += 1
-        for job in reversed(self.waiting):
-            if self.alloc.free_blocks >= needed:
-                return True
-            if job.blocks and job is not keep:
-                self.alloc.release(job.blocks)
-                job.blocks, job.done = [], 0
-                self.reclaimed += 1
-        if keep is not None and keep.blocks and self.alloc.free_blocks < needed:
-            self.alloc.release(keep.blocks)  # the job itself: recompute it whole
-            keep.blocks, keep.done = [], 0
-            self.reclaimed += 1
-        return self.alloc.free_blocks >= needed
 
     def _preempt(self, sample: int) -> None:
         """Free ``sample``'s cache; it waits first in line to recompute prompt + output."""
