@@ -161,12 +161,24 @@ def test_jobs_of_several_threads_share_one_loop(model_dir):
     loop = TurnLoop(engine)
     prompts, keys = prompts_and_keys(model_dir)
     want = [alone(engine, p, keys[2 * i : 2 * i + 2]) for i, p in enumerate(prompts)]
-    jobs = [Job([p], keys[2 * i : 2 * i + 2], [R, R], FREE) for i, p in enumerate(prompts)]
-    threads = [threading.Thread(target=loop.run, args=(job,)) for job in jobs]
+    # the first job is the longest: the others finish before it (out of order)
+    limits = [[R, R], [4, 4], [6, 6], [3, 3]]
+    want = [[t[: lim[k]] for k, t in enumerate(w)] for w, lim in zip(want, limits, strict=True)]
+    jobs = [Job([p], keys[2 * i : 2 * i + 2], limits[i], FREE) for i, p in enumerate(prompts)]
+    errors: list[BaseException] = []
+
+    def call(job: Job) -> None:
+        try:
+            loop.run(job)
+        except BaseException as err:  # noqa: BLE001 - the test asserts there is none
+            errors.append(err)
+
+    threads = [threading.Thread(target=call, args=(job,)) for job in jobs]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=120)
+        t.join(timeout=60)
+    assert not errors and not any(t.is_alive() for t in threads), errors
     for job, expected in zip(jobs, want, strict=True):
         out = responses_of(job.outputs)
         assert [out.tokens[i, : out.lengths[i]].tolist() for i in range(2)] == expected

@@ -46,7 +46,7 @@ __all__ = ["Job", "TurnLoop", "responses_of", "run_batch"]
 POLL_S = 0.002  # between looks at several drivers' answers while the engine is stalled
 
 
-@dataclass
+@dataclass(eq=False)  # a job is itself: lists of jobs find it by identity
 class Job:
     """One call's samples (module docstring).
 
