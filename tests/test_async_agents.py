@@ -12,6 +12,7 @@ takes the current policy and generates them again, and every prompt trains once.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -141,3 +142,30 @@ def test_a_replica_killed_mid_episode_at_staleness_zero_ends_bitwise_like_sync(
     assert ledger.count(0) == 6 and ledger.requeued["replica_lost"] >= 1
     trained = [uid for _, uids in run.replay.ledger for uid in uids]
     assert len(trained) == len(set(trained)) == 6
+
+
+def test_tensor_parallel_replicas_run_the_episodes_of_the_synchronous_run(
+    ray_local, model, tmp_path
+):
+    """A replica split over two ranks (native engine, gloo on CPU): its ranks run the
+    episodes in lockstep, TP rank 0 running the tools, and the run trains the tokens
+    of the synchronous run on one unsplit native engine, ending with its weights."""
+    native = ["actor_rollout_ref.rollout.name=native", "trainer.total_training_steps=2"]
+    _, sync, _, _ = fit(model, tmp_path / "sync", native, PPOTrainer)
+    split = [
+        *EXACT,
+        *native,
+        "rollout.n_gpus_per_node=2",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+    ]
+    run, history, printed, _ = fit(model, tmp_path / "async", split, AsyncPPOTrainer)
+    assert any("rollout: 1 replica(s)" in line for line in printed), printed
+    workers = json.loads((tmp_path / "async" / "workers.json").read_text())["workers"]
+    assert sorted(w["rank"] for w in workers if w["group"] == "rollout") == [0, 1]
+    rollout_bits = ("training/rollout_probs_diff", "rollout_corr/")  # all-reduced sums
+    for want, got in zip(sync, history, strict=True):
+        same = {k: v for k, v in deterministic(want).items() if not k.startswith(rollout_bits)}
+        assert {k: got.get(k) for k in same} == same
+        assert got["multi_turn/num_turns/mean"] > 2
+    weights, mine = final_weights(tmp_path / "sync"), final_weights(tmp_path / "async")
+    assert all(torch.equal(weights[k], mine[k]) for k in weights)

@@ -1,16 +1,21 @@
-"""`rayrl models ...`: model utilities; `rayrl models tiny` builds a tiny Qwen2 model.
+"""`rayrl models ...`: model utilities; `rayrl models tiny` builds a tiny model (Qwen2,
+or another family with ``--family``).
 
-    rayrl models tiny --out DIR [--preset tiny|qwen2.5-0.5b] [--layers N] [--hidden N]
-        [--heads N] [--kv-heads N] [--intermediate N] [--vocab-size N] [--seed N] ...
+    rayrl models tiny --out DIR [--preset tiny|qwen2.5-0.5b] [--family qwen2|gemma2|...]
+        [--layers N] [--hidden N] [--heads N] [--kv-heads N] [--intermediate N]
+        [--vocab-size N] [--seed N] ...
 
-Shape flags override the preset's fields. torch and transformers are imported only
-when the command runs, so `rayrl --help` stays fast.
+Shape flags override the preset's fields; ``--family`` keeps the shape and builds it
+with that family's transformers config (its defaults for the rest). torch and
+transformers are imported only when the command runs, so `rayrl --help` stays fast.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+from rayrl.models.tiny_families import FAMILIES
 
 # TinySpec integer fields a flag may override (--kv-heads sets kv_heads), with help text.
 SHAPE_FLAGS = {
@@ -32,13 +37,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = models.add_subparsers(dest="models_command", metavar="SUBCOMMAND")
     tiny = sub.add_parser(
         "tiny",
-        help="build a tiny random-weight Qwen2 model + tokenizer (loads offline)",
-        description="Build a random-weight Qwen2 model and its tokenizer in a directory "
-        "that transformers loads offline.",
+        help="build a tiny random-weight model (Qwen2 or --family) + tokenizer (loads offline)",
+        description="Build a random-weight model (Qwen2, or the --family given) and its "
+        "tokenizer in a directory that transformers loads offline.",
     )
     tiny.add_argument("--out", required=True, help="directory to create (new or empty)")
     tiny.add_argument(
         "--preset", default="tiny", help="shape to start from: tiny (default) or qwen2.5-0.5b"
+    )
+    tiny.add_argument(
+        "--family",
+        choices=sorted(FAMILIES),
+        help="the transformers model_type to build (default qwen2)",
     )
     for field, text in SHAPE_FLAGS.items():
         tiny.add_argument(f"--{field.replace('_', '-')}", type=int, dest=field, help=text)
@@ -62,6 +72,8 @@ def run_tiny(args: argparse.Namespace) -> int:
         overrides["dtype"] = args.dtype
     if args.untied:
         overrides["tie_embeddings"] = False
+    if args.family:
+        overrides["family"] = args.family
     try:
         spec = preset(args.preset, **overrides)
         path = spec.build(args.out, overwrite=args.overwrite)
@@ -81,7 +93,7 @@ def _summary(spec, path) -> str:
     vocab = json.loads((path / "config.json").read_text())["vocab_size"]
     tied = "tied" if spec.tie_embeddings else "untied"
     return (
-        f"qwen2: {spec.layers} layers, hidden {spec.hidden}, {spec.heads} heads "
+        f"{spec.family}: {spec.layers} layers, hidden {spec.hidden}, {spec.heads} heads "
         f"({spec.kv_heads} kv), intermediate {spec.intermediate}, vocab {vocab}, "
         f"{tied}, {spec.dtype}, seed {spec.seed}"
     )

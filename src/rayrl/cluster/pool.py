@@ -47,7 +47,7 @@ MIN_READY_WAIT_S = 10.0
 
 @dataclass(frozen=True)
 class ExtraRequest:
-    """One more bundle asked of the cluster (`ResourcePool.request_extra`): its
+    """More bundles asked of the cluster (`ResourcePool.request_extra`): their
     placement group and name; ``ready`` resolves once it is placed."""
 
     pg: PlacementGroup
@@ -326,26 +326,33 @@ class ResourcePool:
                 "pool %s: no node could take a new bundle within %.0f s", self.name, timeout_s
             )
             return None
-        return self.claim_extra(request)
+        return self.claim_extra(request)[0]
 
-    def request_extra(self) -> ExtraRequest:
-        """Ask for one more bundle of the pool's shape, placed wherever and whenever the
-        cluster has room (a node joins, an autoscaler adds one), without waiting:
-        `claim_extra` it once ``request.ready`` resolves, or `cancel_extra` it."""
+    def request_extra(self, count: int = 1) -> ExtraRequest:
+        """Ask for ``count`` more bundles of the pool's shape, together on one node,
+        placed wherever and whenever the cluster has room (a node joins, an autoscaler
+        adds one), without waiting: `claim_extra` them once ``request.ready`` resolves,
+        or `cancel_extra` the request."""
         name = f"{self.name}/extra{self._extra_count}"
         self._extra_count += 1
         pg = placement_group(
-            [dict(self.spec.bundle)], strategy="PACK", name=name, lifetime=self.spec.lifetime
+            [dict(self.spec.bundle)] * count,
+            strategy="STRICT_PACK" if count > 1 else "PACK",
+            name=name,
+            lifetime=self.spec.lifetime,
         )
         self._extras.append(pg)
         return ExtraRequest(pg, name, pg.ready())
 
-    def claim_extra(self, request: ExtraRequest) -> Bundle:
-        """The bundle of a placed `request_extra` (released with the pool, or by
-        `release_extra`)."""
-        node = ray.util.placement_group_table(request.pg)["bundles_to_node_id"][0]
-        log.info("pool %s: new bundle %s on node %s", self.name, request.name, node[:8])
-        return Bundle(request.pg, 0, node, dict(self.spec.bundle), pool=self.name, spare=True)
+    def claim_extra(self, request: ExtraRequest) -> list[Bundle]:
+        """The bundles of a placed `request_extra`, in index order (released with the
+        pool, or by `release_extra`)."""
+        nodes = ray.util.placement_group_table(request.pg)["bundles_to_node_id"]
+        log.info("pool %s: new bundle(s) %s on node %s", self.name, request.name, nodes[0][:8])
+        return [
+            Bundle(request.pg, i, nodes[i], dict(self.spec.bundle), pool=self.name, spare=True)
+            for i in sorted(nodes)
+        ]
 
     def cancel_extra(self, request: ExtraRequest) -> None:
         """Withdraw a `request_extra` (placed or not)."""

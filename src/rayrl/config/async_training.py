@@ -105,11 +105,26 @@ def check_async(cfg: RayRLConfig, warn: Callable[[str], None]) -> None:
             f"rollout.gpus_per_replica={pool.gpus_per_replica} must be in (0, 1]: a replica "
             "is one process on one GPU (0.5 shares a GPU with another process)"
         )
-    declared = pool.nnodes * pool.n_gpus_per_node
+    tp = cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
+    if tp > 1 and pool.n_gpus_per_node % tp:
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} splits each rollout "
+            f"replica over {tp} GPUs of one node, but rollout.n_gpus_per_node="
+            f"{pool.n_gpus_per_node} is no multiple of it; make it one (e.g. "
+            f"rollout.n_gpus_per_node={tp * max(1, pool.n_gpus_per_node // tp)})"
+        )
+    if tp > 1 and a.weight_transport == "collective":
+        raise ConfigError(
+            "async_training.weight_transport=collective broadcasts to one rank a replica; "
+            f"replicas of tensor_model_parallel_size={tp} ranks take the object store's "
+            "copy (async_training.weight_transport=object_store)"
+        )
+    declared = pool.nnodes * pool.n_gpus_per_node // max(tp, 1)
     if pool.max_replicas is not None and pool.max_replicas < declared:
         raise ConfigError(
             f"rollout.max_replicas={pool.max_replicas} is below the declared replicas "
-            f"(rollout.nnodes x rollout.n_gpus_per_node = {declared}); raise it or leave it "
+            f"(rollout.nnodes x rollout.n_gpus_per_node / tensor_model_parallel_size = "
+            f"{declared}); raise it or leave it "
             "unset (null)"
         )
     alg = cfg.algorithm

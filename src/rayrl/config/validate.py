@@ -205,7 +205,9 @@ def check_rollout(cfg: RayRLConfig, warn: Callable[[str], None] = _warn) -> None
     r, data = cfg.actor_rollout_ref.rollout, cfg.data
     tp, per_node = r.tensor_model_parallel_size, cfg.trainer.n_gpus_per_node
     whole_nodes = tp > per_node and tp % per_node == 0 and cfg.world_size % tp == 0
-    if tp < 1 or (per_node % tp and not whole_nodes):
+    # with a rollout pool the replicas are split (`config.async_training` checks them);
+    # the trainer's own engine (validation) splits only where its ranks allow
+    if tp < 1 or (per_node % tp and not whole_nodes and not cfg.asynchronous):
         raise ConfigError(
             f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} must be at least 1 and "
             f"divide trainer.n_gpus_per_node={per_node} (replicas of {tp} GPUs of one node), "

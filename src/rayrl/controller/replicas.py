@@ -1,18 +1,21 @@
 """Replicas: one-rank worker groups on a pool's bundles, kept at strength and grown.
 
-A `ReplicaSet` holds independent copies of one worker (rollout replicas, say: each its
-own process, no process group between them), one single-rank `WorkerGroup` per
-bundle of a `ResourcePool`. It knows nothing of what they compute; its caller calls
+A `ReplicaSet` holds independent copies of one worker (rollout replicas, say: no
+process group between copies), each a `WorkerGroup` of ``ranks_per_replica``
+consecutive bundles of a `ResourcePool` (one rank a bundle; several when a copy is
+split over ranks, e.g. a tensor-parallel model: they must share a node). It knows nothing of what they compute; its caller calls
 them and tells it when one is lost (`lose`). It places and replaces them only through
 the pool and the groups' own formation path:
 
-- `start` creates and initialises one replica per bundle of the pool, side by side;
-- a replica lost on a live node is brought up again in its bundle by its group
-  (`WorkerGroup.replace`: the formation path every worker group uses);
-- a replica whose node is gone is shut down, its bundle given back if it was an extra
-  one, and one more bundle is asked of the pool (`ResourcePool.request_extra`): it is
-  placed whenever the cluster has room (a node joins, an autoscaler adds one), and a
-  new replica starts on it;
+- `start` creates and initialises one replica per ``ranks_per_replica`` bundles of
+  the pool, side by side;
+- a replica lost on a live node is brought up again in its bundles by its group
+  (`WorkerGroup.replace` of all its ranks: the formation path every worker group
+  uses, which re-forms its process group when it has one);
+- a replica whose node is gone is shut down, its bundles given back if they were extra
+  ones, and as many bundles are asked of the pool on one node
+  (`ResourcePool.request_extra`): they are placed whenever the cluster has room (a
+  node joins, an autoscaler adds one), and a new replica starts on them;
 - with ``max_size`` above the pool's size, one request is kept open so that the set
   grows when a node joins, up to ``max_size``: replicas running, starting and
   requested never exceed it.
@@ -46,19 +49,19 @@ MAX_FAILED_STARTS = 3  # new replicas failing to start in a row before `error` i
 
 @dataclass
 class Member:
-    """One replica: its name, its one-rank group and when it joined."""
+    """One replica: its name, its group and when it joined."""
 
     name: str
     group: WorkerGroup
     joined: float = field(default_factory=time.time)
 
     @property
-    def bundle(self) -> Bundle:
-        return self.group.bundles[0]
+    def bundles(self) -> list[Bundle]:
+        return list(self.group.bundles)
 
     @property
     def node(self) -> str:
-        return self.bundle.node_id
+        return self.group.bundles[0].node_id
 
 
 class ReplicaSet:
@@ -66,7 +69,7 @@ class ReplicaSet:
 
     Args:
         pool: the reserved pool whose bundles the replicas start on.
-        make_group: ``make_group(name, bundle)`` -> an uninitialised one-rank group.
+        make_group: ``make_group(name, bundles)`` -> an uninitialised group of them.
         init_kwargs: the `init_worker` keyword arguments of a starting replica (called
             for each start, so it sees the newest state).
         max_size: the most replicas (None: the pool's size).
@@ -74,12 +77,14 @@ class ReplicaSet:
         on_join: called with each replica that joins after `start` (under the lock).
         print_fn: the run's messages.
         label: what a replica is called in them ("rollout replica").
+        ranks_per_replica: bundles (ranks) of one replica, consecutive in the pool's
+            rank order (which keeps a node's bundles together).
     """
 
     def __init__(
         self,
         pool: ResourcePool,
-        make_group: Callable[[str, Bundle], WorkerGroup],
+        make_group: Callable[[str, list[Bundle]], WorkerGroup],
         init_kwargs: Callable[[], dict],
         *,
         max_size: int | None = None,
@@ -87,12 +92,14 @@ class ReplicaSet:
         on_join: Callable[[Member], None] | None = None,
         print_fn: Callable[[str], None] = print,
         label: str = "replica",
+        ranks_per_replica: int = 1,
     ) -> None:
         self.pool, self.make_group, self.init_kwargs = pool, make_group, init_kwargs
-        self.max_size = max_size or pool.spec.world_size
+        self.max_size = max_size or pool.spec.world_size // ranks_per_replica
         self.timeouts = {"create_timeout_s": 120.0, "init_timeout_s": 600.0, "init_retries": 0}
         self.timeouts.update(timeouts or {})
         self.on_join, self.print, self.label = on_join, print_fn, label
+        self.ranks = ranks_per_replica
         self.lock = threading.RLock()
         self.members: list[Member] = []
         self.events: list[dict] = []
@@ -105,8 +112,12 @@ class ReplicaSet:
 
     # -------------------------------------------------------------- lifecycle
     def start(self) -> None:
-        """A replica on every bundle of the pool, created and initialised side by side."""
-        made = [self.make_group(self._name(), bundle) for bundle in self.pool.bundles]
+        """A replica on every ``ranks_per_replica`` bundles of the pool, created and
+        initialised side by side."""
+        bundles, k = self.pool.bundles, self.ranks
+        made = [
+            self.make_group(self._name(), bundles[i : i + k]) for i in range(0, len(bundles), k)
+        ]
         t = self.timeouts
         start_groups(
             [(group, self.init_kwargs()) for group in made],
@@ -150,8 +161,8 @@ class ReplicaSet:
 
     # ---------------------------------------------------------------- changes
     def lose(self, member: Member, err: BaseException) -> None:
-        """`member` died (its process, or its node): out of the set; brought up again in
-        its bundle when its node is alive, else a bundle is asked of the cluster."""
+        """`member` died (a process of it, or its node): out of the set; brought up again
+        in its bundles when its node is alive, else bundles are asked of the cluster."""
         with self.lock:
             if member not in self.members:
                 return
@@ -159,9 +170,9 @@ class ReplicaSet:
             alive = member.node in alive_nodes()
             self.events.append(self._event("lost", member))
             where = (
-                "its node is alive: a new process in its bundle"
+                "its node is alive: new processes in its bundles"
                 if alive
-                else "its node is gone: a bundle is asked of the cluster"
+                else "its node is gone: bundles are asked of the cluster"
             )
             self.print(
                 f"WARNING: {self.label} {member.name} lost ({_one_line(err)}); training goes "
@@ -172,18 +183,18 @@ class ReplicaSet:
                 self._in_thread(lambda: self._replace(member))
             else:
                 member.group.shutdown()
-                self.pool.release_extra(member.bundle)
+                self._release(member.bundles)
                 self._grow()
 
     def placed(self, ref: Any) -> None:
-        """An open request was placed: a new replica starts on its bundle."""
+        """An open request was placed: a new replica starts on its bundles."""
         with self.lock:
             request = self._requests.pop(ref, None)
             if request is None:
                 return
-            bundle = self.pool.claim_extra(request)
+            bundles = self.pool.claim_extra(request)
             self._starting += 1
-        group = self.make_group(self._name(), bundle)
+        group = self.make_group(self._name(), bundles)
         self._in_thread(lambda: self._start_new(group))
 
     def check_nodes(self, idle: list[Member]) -> None:
@@ -197,11 +208,14 @@ class ReplicaSet:
     # ----------------------------------------------------------------- starts
     def _replace(self, member: Member) -> None:
         t = self.timeouts
+        ranks = list(range(member.group.world_size))
         try:
-            member.group.replace(0, timeout_s=t["init_timeout_s"], retries=int(t["init_retries"]))
-        except Exception as err:  # noqa: BLE001 - counted; a bundle is asked for instead
+            member.group.replace(
+                ranks, timeout_s=t["init_timeout_s"], retries=int(t["init_retries"])
+            )
+        except Exception as err:  # noqa: BLE001 - counted; bundles are asked for instead
             member.group.shutdown()
-            self._failed(err, member.bundle)
+            self._failed(err, member.bundles)
             return
         self._joined(Member(member.name, member.group))
 
@@ -210,9 +224,9 @@ class ReplicaSet:
         try:
             group.create(t["create_timeout_s"])
             group.init(t["init_timeout_s"], int(t["init_retries"]), **self.init_kwargs())
-        except Exception as err:  # noqa: BLE001 - counted; the bundle is asked for again
+        except Exception as err:  # noqa: BLE001 - counted; the bundles are asked for again
             group.shutdown()
-            self._failed(err, group.bundles[0])
+            self._failed(err, list(group.bundles))
             return
         self._joined(Member(group.name, group))
 
@@ -232,11 +246,11 @@ class ReplicaSet:
             f"({len(self.members)} replica(s))"
         )
 
-    def _failed(self, err: BaseException, bundle: Bundle) -> None:
+    def _failed(self, err: BaseException, bundles: list[Bundle]) -> None:
         with self.lock:
             self._starting -= 1
             self._failed_starts += 1
-            self.pool.release_extra(bundle)
+            self._release(bundles)
             self.print(f"WARNING: a new {self.label} failed to start: {_one_line(err)}")
             if self._failed_starts >= MAX_FAILED_STARTS:
                 self.error = RuntimeError(
@@ -249,8 +263,16 @@ class ReplicaSet:
     def _grow(self) -> None:
         """Ask for bundles until replicas, starts and requests reach `max_size`."""
         while len(self.members) + self._starting + len(self._requests) < self.max_size:
-            request = self.pool.request_extra()
+            request = self.pool.request_extra(self.ranks)
             self._requests[request.ready] = request
+
+    def _release(self, bundles: list[Bundle]) -> None:
+        """Give back the extra bundles among ``bundles`` (the pool's own stay)."""
+        done = set()
+        for bundle in bundles:
+            if bundle.pg.id not in done:
+                done.add(bundle.pg.id)
+                self.pool.release_extra(bundle)
 
     def _in_thread(self, fn: Callable[[], None]) -> None:
         threading.Thread(target=fn, name="rayrl-replica-start", daemon=True).start()

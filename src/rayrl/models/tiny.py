@@ -1,4 +1,5 @@
-"""Tiny Qwen2 models with random weights, built locally, for tests, demos and benchmarks.
+"""Tiny models with random weights (Qwen2 by default; any family of `tiny_families`),
+built locally, for tests, demos and benchmarks.
 
 `build_tiny_model` writes a Hugging Face model directory (config, safetensors weights,
 generation config, and a tokenizer from `train_tokenizer`) that
@@ -19,8 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import GenerationConfig, PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    GenerationConfig,
+    PretrainedConfig,
+    PreTrainedTokenizerBase,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
+from rayrl.models.tiny_families import FAMILIES, NORM_ZERO, family_config
 from rayrl.models.tokenizer import ENDOFTEXT, IM_END, SPECIAL_TOKENS, train_tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -33,7 +42,10 @@ TOKENIZER_SEED = 0
 
 @dataclass(frozen=True)
 class TinySpec:
-    """The shape and seed of a tiny Qwen2 model; the fields of `build_tiny_model`.
+    """The shape and seed of a tiny model; the fields of `build_tiny_model`.
+
+    `family` is the transformers ``model_type`` (`tiny_families.FAMILIES`; default qwen2),
+    whose own config class builds the model with that family's defaults.
 
     `vocab_size` is the tokenizer's target size; the model's vocabulary is
     `max(vocab_size, len(tokenizer) rounded up to a multiple of 8)`. `corpus` and
@@ -52,9 +64,14 @@ class TinySpec:
     alphabet: str | None = None
     tie_embeddings: bool = True
     dtype: str = "float32"
+    family: str = "qwen2"
 
     def validate(self) -> None:
-        """Raise ValueError naming the first field that cannot make a Qwen2 model."""
+        """Raise ValueError naming the first field that cannot make the model."""
+        if self.family not in FAMILIES:
+            raise ValueError(
+                f"TinySpec.family={self.family!r} is not one of {sorted(FAMILIES)}; pick one."
+            )
         positive = ("layers", "hidden", "heads", "kv_heads", "intermediate", "max_position")
         for name in positive:
             if getattr(self, name) < 1:
@@ -72,8 +89,9 @@ class TinySpec:
         if self.dtype not in DTYPES:
             raise ValueError(f"TinySpec.dtype={self.dtype!r} is not one of {sorted(DTYPES)}.")
 
-    def to_config(self, tokenizer: PreTrainedTokenizerBase | None = None) -> Qwen2Config:
-        """The `Qwen2Config` of this shape; no weights, no tokenizer training.
+    def to_config(self, tokenizer: PreTrainedTokenizerBase | None = None) -> PretrainedConfig:
+        """The config of this shape (`Qwen2Config`, or the family's); no weights, no
+        tokenizer training.
 
         With `tokenizer`, the vocabulary covers it and the special-token ids are read from
         it. Without, the vocabulary is `vocab_size` and the ids are those
@@ -84,6 +102,8 @@ class TinySpec:
         if tokenizer is not None:
             vocab = max(vocab, _round_up(len(tokenizer), 8))
             eos = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
+        if self.family != "qwen2":
+            return self._family_config(vocab, eos)
         return Qwen2Config(
             vocab_size=vocab,
             hidden_size=self.hidden,
@@ -104,6 +124,23 @@ class TinySpec:
             dtype=self.dtype,
             architectures=["Qwen2ForCausalLM"],
         )
+
+    def _family_config(self, vocab: int, eos: int) -> PretrainedConfig:
+        shape = dict(
+            vocab_size=vocab,
+            hidden_size=self.hidden,
+            intermediate_size=self.intermediate,
+            num_hidden_layers=self.layers,
+            num_attention_heads=self.heads,
+            num_key_value_heads=self.kv_heads,
+            max_position_embeddings=self.max_position,
+            initializer_range=INIT_STD,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=self.tie_embeddings,
+            dtype=self.dtype,
+        )
+        ids = dict(bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
+        return family_config(self.family, shape, ids)
 
     def build(self, out_dir: str | os.PathLike, *, overwrite: bool = False) -> Path:
         """Write this model to `out_dir`; see `build_tiny_model`."""
@@ -160,8 +197,10 @@ def build_tiny_model(
     tie_embeddings: bool = True,
     dtype: str = "float32",
     overwrite: bool = False,
+    family: str = "qwen2",
 ) -> Path:
-    """Build a random-weight Qwen2 model plus tokenizer in `out_dir`; return its path.
+    """Build a random-weight model (Qwen2, or ``family``) plus tokenizer in `out_dir`;
+    return its path.
 
     The tokenizer is `train_tokenizer(corpus, alphabet, vocab_size)` (the same for every
     `seed`); the weights depend only on the shape and `seed`: same arguments,
@@ -182,6 +221,7 @@ def build_tiny_model(
         alphabet=alphabet,
         tie_embeddings=tie_embeddings,
         dtype=dtype,
+        family=family,
     )
     return _write(spec, Path(out_dir).absolute(), overwrite)
 
@@ -236,14 +276,19 @@ def count_parameters(model_dir: str | os.PathLike) -> dict[str, int]:
     return {"total": total, "embedding": embedding, "non_embedding": total - embedding}
 
 
-def _random_model(config: Qwen2Config, seed: int, dtype: torch.dtype) -> Qwen2ForCausalLM:
-    """Qwen2ForCausalLM whose weights come only from `seed` (global RNG left untouched).
+def _random_model(config: PretrainedConfig, seed: int, dtype: torch.dtype) -> torch.nn.Module:
+    """The config's causal LM whose weights come only from `seed` (global RNG left
+    untouched).
 
     Matrices ~ N(0, INIT_STD) drawn in parameter-name order from one generator; norm
-    weights one; biases zero.
+    weights the identity (one; zero where the norm scales by ``1 + weight``); biases zero.
     """
     with torch.random.fork_rng(devices=[]):
-        model = Qwen2ForCausalLM(config)
+        if isinstance(config, Qwen2Config):
+            model = Qwen2ForCausalLM(config)
+        else:
+            model = AutoModelForCausalLM.from_config(config)
+    norm = 0.0 if config.model_type in NORM_ZERO else 1.0
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in sorted(model.named_parameters()):
@@ -252,7 +297,7 @@ def _random_model(config: Qwen2Config, seed: int, dtype: torch.dtype) -> Qwen2Fo
             elif name.endswith("bias"):
                 param.zero_()
             else:
-                param.fill_(1.0)
+                param.fill_(norm)
     return model.to(dtype).eval()
 
 

@@ -56,6 +56,9 @@ from rayrl.rollout.turns import TurnDriver
 
 __all__ = ["Aborted", "CallPolicy", "Generated", "RolloutService"]
 
+AGREE_EVERY = 8  # passes between a tensor-parallel replica's agreements on a staged version
+SKIP = object()  # `_agreed_offer` on a pass without an agreement: nothing changes
+
 
 class Aborted(Exception):  # noqa: N818 - what happened to the call, not a fault
     """A call stopped because its samples could no longer be trained (`CallPolicy`)."""
@@ -101,14 +104,19 @@ class RolloutService:
         engine: an engine of the request contract (`HFRolloutEngine`,
             `NativeRolloutEngine`).
         episodes: the multi-turn rollout over ``engine`` (None: single turns only).
+        receiver: weights are offered to it between calls and mid-call (`offer`: an
+            asynchronous replica); a tensor-parallel receiver's ranks agree on the
+            version they swap in.
     """
 
-    def __init__(self, engine: Any, episodes: Any = None) -> None:
+    def __init__(self, engine: Any, episodes: Any = None, receiver: bool = False) -> None:
         self.engine = engine
         self.episodes = episodes
+        self.receiver = receiver  # offered weights mid-call (an asynchronous replica)
+        self._passes = 0
         self.loop = TurnLoop(engine, between_steps=self._between_steps)
         self._offer_lock = threading.Lock()
-        self._offer: tuple[int, Iterable] | None = None
+        self._offers: dict[int, Iterable] = {}  # staged versions, not yet swapped in
         self._calls: dict[int, _Call] = {}  # job id -> its call
         self.swap_s = 0.0  # seconds spent swapping offered versions in, in all
 
@@ -184,30 +192,56 @@ class RolloutService:
         return self.engine.version
 
     def offer(self, version: int, weights: Iterable) -> None:
-        """Stage policy ``version`` (``(name, tensor)`` pairs, read when swapped in);
-        the last offer wins."""
+        """Stage policy ``version`` (``(name, tensor)`` pairs, read when swapped in).
+        Versions arrive in order; a swap takes the newest staged one (on a
+        tensor-parallel replica, the newest every rank has) and drops the older."""
         with self._offer_lock:
-            self._offer = (int(version), weights)
+            self._offers[int(version)] = weights
 
     @property
     def offered(self) -> int | None:
-        """The staged version not yet swapped in (None: none)."""
+        """The newest staged version not yet swapped in (None: none)."""
         with self._offer_lock:
-            return None if self._offer is None else self._offer[0]
+            return max(self._offers, default=None)
 
-    def swap(self) -> bool:
-        """Swap the staged version in now (no call may be running); True if one was."""
+    def swap(self, version: int | None = None) -> bool:
+        """Swap staged ``version`` (default: the newest) in now, between engine steps;
+        the older staged ones are dropped. True if one was staged."""
         with self._offer_lock:
-            offer, self._offer = self._offer, None
-        if offer is None:
+            version = max(self._offers, default=None) if version is None else version
+            weights = self._offers.pop(version, None) if version is not None else None
+            for older in [v for v in self._offers if v < (version or 0)]:
+                del self._offers[older]
+        if weights is None:
             return False
-        version, weights = offer
         if version != self.version:
             start = time.perf_counter()
             with progress.phase("weight_sync"):
                 self.engine.update_weights(weights, version=version)
             self.swap_s += time.perf_counter() - start
         return True
+
+    def _agreed_offer(self) -> int | object | None:
+        """The staged version to act on: the newest one, or on a tensor-parallel
+        replica the newest every rank has staged, so that all ranks swap together: one
+        small all-reduce at the same pass on every rank (their loops run in lockstep),
+        every `AGREE_EVERY` passes and when a call starts (a receiver only: the hybrid
+        worker's service is never offered weights, and pays nothing)."""
+        offered = self.offered
+        tp = getattr(self.engine, "tp", None)
+        if tp is None or not self.receiver:
+            return offered
+        self._passes += 1
+        starting = any(self._calls[id(job)].first is None for job in self.loop.jobs)
+        if self._passes % AGREE_EVERY and not starting:
+            return SKIP
+        import torch.distributed as dist
+
+        # versions reach every rank in order, and swaps happen on all ranks together, so
+        # the oldest of the ranks' newest staged versions is staged on every rank
+        mine = torch.tensor([-1 if offered is None else offered], device=self.engine.device)
+        common = int(tp.all_reduce(mine, dist.ReduceOp.MIN).item())
+        return common if common >= 0 else None
 
     def update_weights(self, weights: WeightSource, **kwargs: Any) -> int:
         """Load weights now, between calls (the hybrid actor's sync)."""
@@ -217,8 +251,10 @@ class RolloutService:
         """The pumping thread, between two engine steps: abort the calls a staged
         version makes too stale, swap it in unless a started call pins the version it
         began with, and record the version each call starts with."""
-        offered = self.offered
-        if offered is not None:
+        offered = self._agreed_offer()
+        if offered is SKIP:  # a tensor-parallel replica's pass without an agreement
+            pass
+        elif offered is not None:
             pinned = False
             for job in self.loop.jobs:
                 call = self._calls[id(job)]
@@ -229,7 +265,7 @@ class RolloutService:
                 else:
                     pinned = True
             if not pinned:
-                self.swap()
+                self.swap(offered)
             # a version waits for the calls that pin the old one: new calls wait for it
             self.loop.holding = pinned
         else:

@@ -126,10 +126,13 @@ class RolloutManager:
         self.cfg, self.queue, self.env = cfg, queue, env
         self.model_path, self.max_lag, self.print = model_path, max_lag, print_fn
         pool, a = cfg.rollout, cfg.async_training
-        self.declared = pool.nnodes * pool.n_gpus_per_node
+        # a replica is one rank, or `tensor_model_parallel_size` ranks splitting the model
+        # (native engine); their ranks run in lockstep, one call at a time
+        self.ranks = max(1, cfg.actor_rollout_ref.rollout.tensor_model_parallel_size)
+        self.declared = pool.nnodes * pool.n_gpus_per_node // self.ranks
         self.max_replicas = pool.max_replicas or self.declared
         self.per_call = a.prompts_per_call or math.ceil(cfg.data.train_batch_size / self.declared)
-        self.calls_per_replica = a.calls_per_replica
+        self.calls_per_replica = a.calls_per_replica if self.ranks == 1 else 1
         self.partial = a.partial_rollout
         self.lock = threading.RLock()
         self.replicas: list[Replica] = []
@@ -173,6 +176,7 @@ class RolloutManager:
             on_join=self._joined,
             print_fn=self.print,
             label="rollout replica",
+            ranks_per_replica=self.ranks,
         )
         self.set.start()
         with self.lock:
@@ -194,11 +198,11 @@ class RolloutManager:
                 self.set.stop()
             self.replicas.clear()
 
-    def _group(self, name: str, bundle: Bundle) -> WorkerGroup:
+    def _group(self, name: str, bundles: list[Bundle]) -> WorkerGroup:
         env = self.env
         group = WorkerGroup(
             RolloutWorker,
-            [bundle],
+            bundles,
             role=ROLLOUT_POOL,
             run=env.run,
             kv=env.kv,
@@ -211,7 +215,13 @@ class RolloutManager:
         return group
 
     def _init_kwargs(self) -> dict:
-        return {"config": self.cfg, "model_path": self.model_path, "version": 0}
+        """A replica's `init_worker` arguments; a replica of several ranks forms a
+        process group (NCCL between GPUs, else gloo) for its tensor parallelism."""
+        kwargs = {"config": self.cfg, "model_path": self.model_path, "version": 0}
+        if self.ranks > 1:
+            gpus = self.pool is not None and self.pool.spec.bundle.get("GPU", 0) > 0
+            kwargs["backend"] = "nccl" if gpus else "gloo"
+        return kwargs
 
     def _joined(self, member: Member) -> None:
         """A new or replaced replica is ready (`ReplicaSet.on_join`, under its lock):
@@ -291,9 +301,10 @@ class RolloutManager:
             replica.version = version
             return
         weights = weights.by_object_store()  # a broadcast's version too: it missed it
-        actor = replica.group.actor_handle(0, "offer_weights")
-        ref = actor.offer_weights.remote(version, weights)
-        replica.offers[ref] = (version, time.perf_counter(), weights.transport)
+        for rank in range(replica.group.world_size):  # each rank takes its own part
+            actor = replica.group.actor_handle(rank, "offer_weights")
+            ref = actor.offer_weights.remote(version, weights)
+            replica.offers[ref] = (version, time.perf_counter(), weights.transport)
         self.offers_made[weights.transport] += 1
 
     # ------------------------------------------------------------------- loop

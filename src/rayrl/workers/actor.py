@@ -203,6 +203,15 @@ class ActorRolloutRefWorker(Worker):
                     self.rollout_name,
                 )
             return 1
+        if self.world_size % tp:  # asynchronous training: the replicas are split, not us
+            if self.rank == 0:
+                log.info(
+                    "tensor_model_parallel_size=%d splits the rollout replicas; the trainer's "
+                    "own %d rank(s) validate with a whole model each",
+                    tp,
+                    self.world_size,
+                )
+            return 1
         return tp
 
     def _build_rollout(self) -> None:

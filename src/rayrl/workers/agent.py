@@ -95,10 +95,16 @@ def episode_settings(cfg: RayRLConfig) -> dict[str, Any]:
 
 
 def rollout_service(
-    engine: Any, cfg: RayRLConfig, tools: list[Tool], interactions: dict[str, Any], tokenizer
+    engine: Any,
+    cfg: RayRLConfig,
+    tools: list[Tool],
+    interactions: dict[str, Any],
+    tokenizer,
+    receiver: bool = False,
 ) -> RolloutService:
     """The rollout service of a rollout worker: ``engine``, and with multi-turn rollouts
-    the episodes over it with the worker's tools and interactions."""
+    the episodes over it with the worker's tools and interactions; ``receiver``: an
+    asynchronous replica's (weights offered mid-call)."""
     episodes = None
     if cfg.actor_rollout_ref.rollout.multi_turn.enable:
         episodes = MultiTurnRollout(
@@ -108,4 +114,4 @@ def rollout_service(
             interactions=interactions,
             **episode_settings(cfg),
         )
-    return RolloutService(engine, episodes)
+    return RolloutService(engine, episodes, receiver)

@@ -2,7 +2,10 @@
 
 A replica holds a rollout service (`rayrl.rollout.service`: the engine, the one
 turn loop and, with multi-turn rollouts, the episodes with the worker's tools) and
-nothing else: no optimizer, no reference, no process group. It generates with the
+nothing else: no optimizer, no reference. A replica of several ranks
+(`rollout.tensor_model_parallel_size`, native engine) splits the model over them: its
+ranks form a process group, get the same calls one at a time, and run in lockstep
+(`rayrl.rollout.native.tp`); rank 0's result is the replica's. It generates with the
 newest policy version it holds; new versions arrive beside its calls (`offer_weights`
 runs on a thread of its own, so the fetch from the object store overlaps generation)
 and are staged in the service, which swaps them in between two engine steps:
@@ -36,6 +39,7 @@ from rayrl.controller.worker import CALLS_GROUP, SNAPSHOT_GROUP
 from rayrl.models.config_overrides import apply_config_overrides
 from rayrl.models.loading import with_chat_template
 from rayrl.rollout import HFRolloutEngine, make_rollout_engine, resolve_rollout
+from rayrl.rollout.native.tp import make_tp_groups
 from rayrl.rollout.service import Aborted, CallPolicy
 from rayrl.train.weight_sync import PublishedWeights, unpack_bucket
 from rayrl.workers.actor import sampling_params
@@ -101,6 +105,16 @@ class RolloutWorker(Worker):
         apply_config_overrides(model_config, overrides, "actor_rollout_ref.model.override_config")
         tokenizer = _tokenizer(arr.model.tokenizer_path or model_path, arr.model)
         choice = resolve_rollout(arr.rollout, config.data, device.type, model_config)
+        ranks = self.world_size if self.ctx is not None else 1  # in-process tests: none
+        if ranks > 1 and choice.name != "native":
+            raise ValueError(
+                f"rollout replica {self.group}: actor_rollout_ref.rollout."
+                f"tensor_model_parallel_size={ranks} splits a replica's model over "
+                f"ranks, which only the native engine does; this replica's engine is "
+                f"{choice.name!r} ({choice.reason or 'rollout.name'}). Set "
+                "actor_rollout_ref.rollout.name=native (on CPU too, for tests) or "
+                "tensor_model_parallel_size=1."
+            )
         if choice.name == "hf":
             # the hybrid engine's own setup: the module as the training engine loads it,
             # the dynamic KV cache on a CPU (`ActorRolloutRefWorker._wrap_rollout`)
@@ -108,19 +122,24 @@ class RolloutWorker(Worker):
             model = self._load_model(model_path, device)
             self.engine = HFRolloutEngine(model=model, tokenizer=tokenizer, cache=cache)
         else:
+            options = dict(choice.options)
+            if ranks > 1:  # the replica's ranks split the model (lockstep)
+                options.update(make_tp_groups(ranks, ranks).engine_options)
             self.engine = make_rollout_engine(
                 choice.name,
                 model_path=model_path,
                 tokenizer=tokenizer,
                 device=str(device),
                 config_overrides=overrides,
-                **choice.options,
+                **options,
             )
         self.engine_name = choice.name
         self.device = device
         self.engine.version = version
         tools, interactions = configured_tools(config), configured_interactions(config)
-        self.service = rollout_service(self.engine, config, tools, interactions, tokenizer)
+        self.service = rollout_service(
+            self.engine, config, tools, interactions, tokenizer, receiver=True
+        )
         self._broadcast = BroadcastMember()  # the collective transport's group, if used
 
     def _load_model(self, model_path: str, device: torch.device) -> torch.nn.Module:

@@ -1,4 +1,4 @@
-"""`NativeRolloutEngine`: rayrl's own generation engine for Qwen2 / Qwen3 / Llama models.
+"""`NativeRolloutEngine`: rayrl's own generation engine for the model families of `families`.
 
 It runs HF decoder models from their HF weights with its own forward
 (`rayrl.rollout.native.model`): bf16 weights on CUDA (float32 on CPU),
@@ -46,7 +46,7 @@ from rayrl.batch import Batch
 from rayrl.rollout.base import ROLLOUT_ENGINES, RolloutEngine, WeightSource
 from rayrl.rollout.contract import Responses, assemble_output, check_prompts, expand_samples
 from rayrl.rollout.loop import run_batch
-from rayrl.rollout.native.attention import choose_kernels
+from rayrl.rollout.native.attention import choose_kernels, triton_gaps
 from rayrl.rollout.native.kv_cache import BlockAllocator, KVCache, cache_blocks_for
 from rayrl.rollout.native.loop_stats import call_stats, engine_counters, loop_stats
 from rayrl.rollout.native.model import NativeModel
@@ -253,15 +253,15 @@ class NativeRolloutEngine(Serving, RolloutEngine):
 
     @classmethod
     def unsupported_reason(cls, device_type: str, model_config: Any) -> str | None:
-        """``auto`` picks this engine on CUDA for the models `ModelSpec` implements
-        (Qwen2 / Qwen3 / Llama without sliding windows or dynamic rope scaling)."""
+        """``auto`` picks this engine on CUDA for the models a family of it runs
+        (`rayrl.rollout.native.families`) whose needs its Triton kernels meet."""
         if device_type != "cuda":
             return f"its kernels and CUDA graphs are for GPUs, not {device_type}"
         try:
-            ModelSpec.from_hf_config(model_config)
+            spec = ModelSpec.from_hf_config(model_config)
         except UnsupportedModelError as err:
             return str(err)
-        return None
+        return triton_gaps(spec, spec.max_positions)
 
     @classmethod
     def config_options(cls, rollout: Any, data: Any) -> dict[str, Any]:

@@ -1,10 +1,17 @@
-"""The native engine's forward pass of a Qwen2 / Qwen3 / Llama decoder over a paged KV cache.
+"""The native engine's forward pass of a decoder over a paged KV cache.
 
 One function of a `StepInput` to next-token logits: embed, then per layer fused
 add+RMSNorm, one qkv matmul, rotary embedding fused with the KV-cache write, paged
 attention, the output projection, fused add+RMSNorm, one gate_up matmul, SiLU-and-mul,
 the down projection; a final norm and the LM head on the rows whose logits are asked
 for only. The operations come from `ops` (torch, or Triton on CUDA) and `attention`.
+
+The family's layer variants (`ModelSpec`; `rayrl.rollout.native.families`) change steps
+of that sequence, each where its transformers family does: the norms' places (sandwich,
+post) and style (Gemma's ``1 + weight``), QK-norm per head or over all heads, a GELU
+gate, per-layer sliding windows and rotary tables, soft-capped scores and logits,
+scaled embeddings, residual branches and logits. A Llama-shaped model (Qwen2, Qwen3,
+Llama) runs exactly the operations it always ran.
 
 Split over tensor-parallel ranks (``tp``), the same code runs the rank's slice (its
 heads, KV heads, MLP columns, vocabulary rows: `rayrl.rollout.native.shards`),
@@ -16,20 +23,23 @@ Without ``tp`` no collective is issued.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from rayrl.rollout.native.attention import make_attention
+from rayrl.rollout.native.attention import make_attention, triton_gaps
 from rayrl.rollout.native.kv_cache import KVCache
 from rayrl.rollout.native.ops import TorchOps
-from rayrl.rollout.native.spec import ModelSpec
+from rayrl.rollout.native.spec import ModelSpec, UnsupportedModelError
 from rayrl.rollout.native.step import StepInput
 from rayrl.rollout.native.tp import TensorParallel
 from rayrl.rollout.native.weights import NativeWeights
 
 __all__ = ["NativeModel", "make_ops"]
+
+_TORCH = TorchOps()  # the variants the Triton kernels leave to torch (CUDA-graph safe)
 
 
 def make_ops(kernels: str) -> TorchOps:
@@ -43,7 +53,11 @@ def make_ops(kernels: str) -> TorchOps:
 
 
 class NativeModel:
-    """Weights, rotary tables and the kernels to run them; `forward` maps a step to logits."""
+    """Weights, rotary tables and the kernels to run them; `forward` maps a step to logits.
+
+    ``cos``/``sin``: ``[tables, positions, rotary dims]`` (a layer's table:
+    `ModelSpec.rope_table`), or one ``[positions, dims]`` table.
+    """
 
     def __init__(
         self,
@@ -54,61 +68,157 @@ class NativeModel:
         kernels: str,
         tp: TensorParallel | None = None,
     ) -> None:
+        cos, sin = (cos, sin) if cos.dim() == 3 else (cos[None], sin[None])
         self.spec, self.weights, self.cos, self.sin = spec, weights, cos, sin
         self.kernels = kernels  # "torch" or "triton"
+        if kernels == "triton" and (gaps := triton_gaps(spec, cos.shape[1])):
+            raise UnsupportedModelError(gaps)
         self.ops = make_ops(kernels)
         self.attention = make_attention(kernels)
-        self.scale = 1.0 / math.sqrt(spec.head_dim)
+        self.scale = spec.attn_scale or 1.0 / math.sqrt(spec.head_dim)
         self.tp = tp  # spec and weights are then this rank's slice
         self._reduce = tp.all_reduce if tp is not None else _unchanged
         self._adds_o_bias = tp is None or tp.rank == 0  # added once, before the sum
+        self._layers = [_LayerPlan.of(spec, i, cos, sin) for i in range(spec.layers)]
+        styled = spec.norm_offset or spec.norm_in_float
+        self._style = dict(offset=spec.norm_offset, in_float=spec.norm_in_float) if styled else {}
 
     @torch.inference_mode()
     def forward(self, step: StepInput, cache: KVCache) -> Tensor:
         """Logits [len(step.logits_rows), vocab] in the model dtype (tensor-parallel: of
         this rank's vocabulary rows)."""
-        s, w, ops, reduce = self.spec, self.weights, self.ops, self._reduce
-        shape = (s.heads, s.kv_heads, s.head_dim)
-        n = step.input_ids.shape[0]
-        residual = self._embed(step.input_ids)
-        hidden = ops.rms_norm(residual, w.layers[0].input_norm, s.rms_eps)
+        w, reduce = self.weights, self._reduce
+        residual, hidden = self._embed(step.input_ids), None
         for i, layer in enumerate(w.layers):
-            if i > 0:
-                hidden, residual = ops.add_rms_norm(hidden, residual, layer.input_norm, s.rms_eps)
-            qkv = F.linear(hidden, layer.qkv, layer.qkv_bias)
-            qk_norm = None if layer.q_norm is None else (layer.q_norm, layer.k_norm, s.rms_eps)
-            k_cache, v_cache = cache.layer(i)
-            q = ops.rope_and_store(
-                qkv,
-                step.positions,
-                self.cos,
-                self.sin,
-                k_cache,
-                v_cache,
-                step.slot_mapping,
-                shape,
-                qk_norm,
-            )
-            attn = self.attention(q, k_cache, v_cache, step, self.scale)
-            o_bias = layer.o_bias if self._adds_o_bias else None
-            hidden = reduce(F.linear(attn.reshape(n, s.q_size), layer.o, o_bias))
-            hidden, residual = ops.add_rms_norm(hidden, residual, layer.post_norm, s.rms_eps)
-            hidden = F.linear(ops.silu_and_mul(F.linear(hidden, layer.gate_up)), layer.down)
-            hidden = reduce(hidden)
+            x, residual = self._enter(hidden, residual, layer.attn_norm)
+            hidden = self._attend(i, layer, x, step, cache)
+            hidden = self._leave(hidden, layer.attn_out_norm)
+            x, residual = self._enter(hidden, residual, layer.mlp_norm)
+            hidden = reduce(F.linear(self._act(F.linear(x, layer.gate_up)), layer.down))
+            hidden = self._leave(hidden, layer.mlp_out_norm)
         rows = step.logits_rows
-        hidden, _ = ops.add_rms_norm(hidden[rows], residual[rows], w.final_norm, s.rms_eps)
-        return F.linear(hidden, w.lm_head)
+        hidden, _ = self._enter(hidden[rows], residual[rows], w.final_norm)
+        return self._head(hidden)
+
+    def _attend(self, i: int, layer, x: Tensor, step: StepInput, cache: KVCache) -> Tensor:
+        """Layer ``i``'s attention output (all-reduced), o bias included."""
+        s, ops, plan = self.spec, self.ops, self._layers[i]
+        n = x.shape[0]
+        qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+        qk_norm = None
+        if layer.q_norm is not None and s.qk_norm_per_head and not self._style:
+            qk_norm = (layer.q_norm, layer.k_norm, s.rms_eps)  # fused into the rotary kernel
+        elif layer.q_norm is not None:
+            qkv = self._qk_normed(qkv, layer)
+        k_cache, v_cache = cache.layer(i)
+        q = ops.rope_and_store(
+            qkv,
+            step.positions,
+            plan.cos,
+            plan.sin,
+            k_cache,
+            v_cache,
+            step.slot_mapping,
+            (s.heads, s.kv_heads, s.head_dim),
+            qk_norm,
+        )
+        attn = self.attention(q, k_cache, v_cache, step, self.scale, **plan.attention)
+        o_bias = layer.o_bias if self._adds_o_bias else None
+        return self._reduce(F.linear(attn.reshape(n, s.q_size), layer.o, o_bias))
+
+    def _enter(self, hidden: Tensor | None, residual: Tensor, norm: Tensor | None):
+        """``(a sublayer's input, the residual stream)``: ``hidden`` (the last sublayer's
+        output; None before the first) added to the residual, then ``norm``ed (a
+        "post"-layout model has none: the sublayer reads the residual stream itself)."""
+        s, ops = self.spec, self.ops
+        if norm is None:
+            residual = residual if hidden is None else residual + hidden
+            return residual, residual
+        if hidden is None:
+            return self._norm(residual, norm), residual
+        if self._style:
+            return _TORCH.add_rms_norm(hidden, residual, norm, s.rms_eps, **self._style)
+        return ops.add_rms_norm(hidden, residual, norm, s.rms_eps)
+
+    def _leave(self, hidden: Tensor, out_norm: Tensor | None) -> Tensor:
+        """A sublayer's output as the residual add takes it: normed (sandwich and post
+        layouts), scaled (Granite)."""
+        if out_norm is not None:
+            hidden = self._norm(hidden, out_norm)
+        if self.spec.residual_scale != 1.0:
+            hidden = hidden * self.spec.residual_scale
+        return hidden
+
+    def _norm(self, x: Tensor, weight: Tensor) -> Tensor:
+        if self._style:  # not a Triton kernel's: torch (CUDA-graph safe)
+            return _TORCH.rms_norm(x, weight, self.spec.rms_eps, **self._style)
+        return self.ops.rms_norm(x, weight, self.spec.rms_eps)
+
+    def _qk_normed(self, qkv: Tensor, layer) -> Tensor:
+        """``qkv`` with q and k normed on their own (OLMo 2's over all heads; Gemma 3's
+        per head in Gemma's style), for the rotary kernel to take as they are."""
+        s, n = self.spec, qkv.shape[0]
+        q, k, v = qkv.split([s.q_size, s.kv_size, s.kv_size], dim=-1)
+        if s.qk_norm_per_head:
+            q = self._norm(q.reshape(n, s.heads, s.head_dim), layer.q_norm).reshape(n, -1)
+            k = self._norm(k.reshape(n, s.kv_heads, s.head_dim), layer.k_norm).reshape(n, -1)
+        else:
+            q, k = self._norm(q, layer.q_norm), self._norm(k, layer.k_norm)
+        return torch.cat((q, k, v), dim=-1)
+
+    def _act(self, gate_up: Tensor) -> Tensor:
+        act = self.spec.activation
+        if act == "silu":
+            return self.ops.silu_and_mul(gate_up)
+        return _TORCH.gelu_and_mul(gate_up, "tanh" if act == "gelu_tanh" else "none")
+
+    def _head(self, hidden: Tensor) -> Tensor:
+        s = self.spec
+        logits = F.linear(hidden, self.weights.lm_head)
+        if s.logits_divisor != 1.0:
+            logits = logits / s.logits_divisor
+        if s.final_softcap:
+            logits = torch.tanh(logits / s.final_softcap) * s.final_softcap
+        return logits
 
     def _embed(self, ids: Tensor) -> Tensor:
         """Embedding rows; tensor-parallel: each rank looks up the ids in its vocabulary
         rows (zeros for the others), and the sum over ranks has every row exactly."""
         if self.tp is None:
-            return F.embedding(ids, self.weights.embed)
-        lo, hi = self.tp.shard.vocab_rows
-        local = ids - lo
-        outside = (local < 0) | (local >= hi - lo)
-        rows = F.embedding(local.masked_fill(outside, 0), self.weights.embed)
-        return self.tp.all_reduce(rows.masked_fill_(outside.unsqueeze(-1), 0))
+            rows = F.embedding(ids, self.weights.embed)
+        else:
+            lo, hi = self.tp.shard.vocab_rows
+            local = ids - lo
+            outside = (local < 0) | (local >= hi - lo)
+            rows = F.embedding(local.masked_fill(outside, 0), self.weights.embed)
+            rows = self.tp.all_reduce(rows.masked_fill_(outside.unsqueeze(-1), 0))
+        return self._scaled(rows)
+
+    def _scaled(self, rows: Tensor) -> Tensor:
+        s = self.spec
+        if s.embed_scale == 1.0:
+            return rows
+        if s.embed_scale_in_dtype:  # Gemma: the factor rounded to the model dtype
+            return rows * torch.tensor(s.embed_scale, dtype=rows.dtype)
+        return rows * s.embed_scale
+
+
+@dataclass(frozen=True)
+class _LayerPlan:
+    """What differs between a model's layers: its rotary table, its attention options."""
+
+    cos: Tensor
+    sin: Tensor
+    attention: dict  # TorchAttention's window / softcap; empty: plain causal attention
+
+    @classmethod
+    def of(cls, spec: ModelSpec, i: int, cos: Tensor, sin: Tensor) -> _LayerPlan:
+        table, options = spec.rope_table(i), {}
+        if spec.window(i):
+            options["window"] = spec.window(i)
+        if spec.attn_softcap:
+            options["softcap"] = spec.attn_softcap
+        return cls(cos[table], sin[table], options)
 
 
 def _unchanged(x: Tensor) -> Tensor:

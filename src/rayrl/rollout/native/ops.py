@@ -5,6 +5,11 @@ float32 and returns ``weight * normed.to(dtype)``; rotary embedding multiplies a
 in the model dtype), so that on CPU in float32 the native forward agrees with
 transformers to the last few bits and greedy decoding picks the same tokens.
 
+The layer variants of other families are here too, each as its transformers family
+computes it: Gemma's and OLMo 2's norms (`rms_norm` with ``offset`` / ``in_float``: the
+weight applied to the float32 values, rounded once), rotary embedding over part of a head
+(Phi-4-mini: the tables are narrower than the head), GELU-gated MLPs (`gelu_and_mul`).
+
 `TorchOps` is the CPU implementation and the reference the Triton kernels
 (`rayrl.rollout.native.triton_ops`) are checked against; the model
 (`rayrl.rollout.native.model.make_ops`) picks one by the engine's ``kernels``
@@ -26,18 +31,26 @@ class TorchOps:
     name = "torch"
 
     @staticmethod
-    def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    def rms_norm(
+        x: Tensor, weight: Tensor, eps: float, offset: float = 0.0, in_float: bool = False
+    ) -> Tensor:
+        """Llama's RMSNorm: ``weight * normed.to(dtype)``; with ``in_float`` (OLMo 2, and
+        Gemma with ``offset`` 1) ``(normed * (weight.float() + offset)).to(dtype)``."""
         dtype = x.dtype
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+        if in_float:
+            w = weight.float() + offset if offset else weight.float()
+            return (h * w).to(dtype)
         return weight * h.to(dtype)
 
     def add_rms_norm(
-        self, x: Tensor, residual: Tensor, weight: Tensor, eps: float
+        self, x: Tensor, residual: Tensor, weight: Tensor, eps: float, **style
     ) -> tuple[Tensor, Tensor]:
-        """``(rms_norm(residual + x), residual + x)``: the decoder's residual add and norm."""
+        """``(rms_norm(residual + x), residual + x)``: the decoder's residual add and norm
+        (``style``: `rms_norm`'s ``offset`` and ``in_float``)."""
         residual = residual + x
-        return self.rms_norm(residual, weight, eps), residual
+        return self.rms_norm(residual, weight, eps, **style), residual
 
     def rope_and_store(
         self,
@@ -75,8 +88,7 @@ class TorchOps:
             )
         c = cos[positions].to(qkv.dtype).unsqueeze(1)
         s = sin[positions].to(qkv.dtype).unsqueeze(1)
-        q = q * c + _rotate_half(q) * s
-        k = k * c + _rotate_half(k) * s
+        q, k = _rotate(q, c, s), _rotate(k, c, s)
         keep = slot_mapping >= 0
         slots = slot_mapping[keep]
         k_cache.view(-1, kv_heads, head_dim).index_copy_(0, slots, k[keep])
@@ -87,6 +99,22 @@ class TorchOps:
     def silu_and_mul(gate_up: Tensor) -> Tensor:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
+
+    @staticmethod
+    def gelu_and_mul(gate_up: Tensor, approximate: str = "tanh") -> Tensor:
+        """GELU-gated MLP (Gemma): ``gelu(gate) * up``; ``approximate`` "tanh" or "none"."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.gelu(gate, approximate=approximate) * up
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """``x * cos + rotate_half(x) * sin`` over the tables' width; a partial rotary table
+    (narrower than the head) leaves the head's last dims as they are."""
+    width = cos.shape[-1]
+    if width == x.shape[-1]:
+        return x * cos + _rotate_half(x) * sin
+    turned, kept = x[..., :width], x[..., width:]
+    return torch.cat((turned * cos + _rotate_half(turned) * sin, kept), dim=-1)
 
 
 def _rotate_half(x: Tensor) -> Tensor:

@@ -15,7 +15,9 @@ A model split over ``size`` ranks (Megatron-style, as vLLM and SGLang split it):
 - norms, Qwen3's per-head q/k norms and the output-projection bias: whole on every
   rank (the bias is added on rank 0 only, before the sum).
 
-`TPShard.part` says this for any HF parameter name; `TPShard.local_spec` is the
+Which HF tensor is which is the model family's tensor-parallel plan (`Family.tp_kind`; a
+family may also refuse sizes: `Family.tp_problems`). `TPShard.part` says this for any
+HF parameter name; `TPShard.local_spec` is the
 `ModelSpec` of the rank's own slice (its heads, KV heads, MLP width and vocabulary
 rows), with which the rest of the engine (weights, forward, KV cache) runs unchanged.
 """
@@ -28,6 +30,7 @@ from typing import NamedTuple
 
 from torch import Tensor
 
+from rayrl.rollout.native.families import family_for
 from rayrl.rollout.native.spec import ModelSpec
 
 __all__ = ["Part", "TPShard", "check_tp_size"]
@@ -61,6 +64,7 @@ def check_tp_size(spec: ModelSpec, size: int) -> None:
             problems.append(f"it does not divide the MLP width {spec.intermediate}")
         if (size - 1) * -(-spec.vocab // size) >= spec.vocab:
             problems.append(f"the {spec.vocab}-token vocabulary leaves a rank no rows")
+        problems += family_for(spec).tp_problems(spec, size)
     if problems:
         raise ValueError(
             f"native rollout engine: {KEY}={size} cannot split this {spec.model_type} model: "
@@ -130,28 +134,21 @@ class TPShard:
 
     def part(self, name: str) -> Part | None:
         """The part of HF parameter ``name`` this rank holds (None: all of it)."""
-        s, dim = self.spec, self.spec.head_dim
-        if name in ("model.embed_tokens.weight", "lm_head.weight"):
-            return Part(0, *self.vocab_rows, s.vocab)
-        attn = name.rpartition(".self_attn.")[2]
-        if attn in ("q_proj.weight", "q_proj.bias"):
-            return Part(
-                0, self.rank * self.heads * dim, (self.rank + 1) * self.heads * dim, s.q_size
-            )
-        if attn in ("k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias"):
-            first = self.kv_first * dim
-            return Part(0, first, first + self.kv_heads * dim, s.kv_size)
-        if attn == "o_proj.weight":
-            return Part(
-                1, self.rank * self.heads * dim, (self.rank + 1) * self.heads * dim, s.q_size
-            )
-        mlp = name.rpartition(".mlp.")[2]
-        width = self.intermediate
-        if mlp in ("gate_proj.weight", "up_proj.weight"):
-            return Part(0, self.rank * width, (self.rank + 1) * width, s.intermediate)
-        if mlp == "down_proj.weight":
-            return Part(1, self.rank * width, (self.rank + 1) * width, s.intermediate)
-        return None
+        kind = family_for(self.spec).tp_kind(name)
+        if kind is None:
+            return None
+        if kind == "vocab":
+            return Part(0, *self.vocab_rows, self.spec.vocab)
+        if kind == "kv_rows":
+            first, dim = self.kv_first * self.spec.head_dim, self.spec.head_dim
+            return Part(0, first, first + self.kv_heads * dim, self.spec.kv_size)
+        width, full = (
+            (self.heads * self.spec.head_dim, self.spec.q_size)
+            if kind.startswith("q_")
+            else (self.intermediate, self.spec.intermediate)
+        )
+        dim = 1 if kind.endswith("_cols") else 0
+        return Part(dim, self.rank * width, (self.rank + 1) * width, full)
 
     def take(self, name: str, tensor: Tensor) -> Tensor:
         """This rank's part of the whole tensor ``name`` (a view)."""

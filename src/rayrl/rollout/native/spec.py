@@ -1,25 +1,34 @@
 """What the native engine needs to know of an HF decoder model, read from its config.
 
-`ModelSpec.from_hf_config` accepts the Qwen2, Qwen3 and Llama families (one decoder
-layer shape: RMSNorm, rotary attention with grouped KV heads, SwiGLU MLP) and refuses
-anything else with a message that names the unsupported feature and the way out (the
-``hf`` rollout engine runs any causal LM). `rotary_tables` computes the cos/sin tables
-with the model's own transformers rotary class, so positions match transformers bit for
-bit whatever the rope type (default, linear, llama3, yarn, ...).
+A `ModelSpec` holds a decoder's shapes and its layer variants (norm placement and style,
+QK-norm, sliding windows, soft-capping, scales, partial rotary, ...): the defaults are
+Llama's. Which config makes which spec is a model family's business: each family is one
+registered unit (`rayrl.rollout.native.families`), and `ModelSpec.from_hf_config` asks
+the family of the config's ``model_type``; a model no family runs, or a feature its family
+does not implement, is refused with `UnsupportedModelError`, whose message names the
+feature and the way out (the ``hf`` rollout engine runs any causal LM). `rotary_tables`
+computes the cos/sin tables with the model's own transformers rotary class (the family
+names it), so positions match transformers bit for bit whatever the rope type.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-__all__ = ["SUPPORTED_MODEL_TYPES", "ModelSpec", "UnsupportedModelError", "rotary_tables"]
+__all__ = ["HINT", "NORM_LAYOUTS", "ModelSpec", "UnsupportedModelError", "rotary_tables"]
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
-_HINT = "use actor_rollout_ref.rollout.name=hf, which runs any transformers causal LM"
+HINT = "use actor_rollout_ref.rollout.name=hf, which runs any transformers causal LM"
+# Where a decoder layer's norms sit, as the weight slots each layout has (`weights`):
+# "pre" (Llama): before attention and before the MLP; "sandwich" (Gemma 2 and 3): also on
+# each sublayer's output, before the residual add; "post" (OLMo 2): on the outputs only.
+NORM_LAYOUTS = {
+    "pre": ("attn_norm", "mlp_norm"),
+    "sandwich": ("attn_norm", "attn_out_norm", "mlp_norm", "mlp_out_norm"),
+    "post": ("attn_out_norm", "mlp_out_norm"),
+}
 
 
 class UnsupportedModelError(ValueError):
@@ -28,7 +37,7 @@ class UnsupportedModelError(ValueError):
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Shapes and options of a supported decoder model."""
+    """Shapes and options of a supported decoder model (defaults: Llama's layer)."""
 
     model_type: str
     layers: int
@@ -44,6 +53,21 @@ class ModelSpec:
     qk_norm: bool
     tie_embeddings: bool
     max_positions: int
+    norm_layout: str = "pre"  # a key of NORM_LAYOUTS
+    norm_offset: float = 0.0  # Gemma: the norm scales by (offset + weight)
+    norm_in_float: bool = False  # the weight multiplies float32 values (Gemma, OLMo 2)
+    qk_norm_per_head: bool = True  # False: one norm over all heads' q, and k (OLMo 2)
+    activation: str = "silu"  # the MLP's gate: silu, gelu_tanh or gelu
+    windows: tuple[int, ...] = ()  # per layer: attend to the last w tokens (0: all)
+    rope_tables: tuple[int, ...] = ()  # per layer: which rotary table (Gemma 3's two)
+    rotary_dim: int = 0  # dims of a head that rotate (partial rotary); 0: all
+    attn_scale: float = 0.0  # the softmax scale; 0: 1 / sqrt(head_dim)
+    attn_softcap: float = 0.0  # scores -> cap * tanh(scores / cap); 0: none
+    final_softcap: float = 0.0  # the same on the logits
+    embed_scale: float = 1.0  # the embedding rows are multiplied by it
+    embed_scale_in_dtype: bool = False  # Gemma: the scale rounded to the model dtype first
+    residual_scale: float = 1.0  # each sublayer's output, before the residual add (Granite)
+    logits_divisor: float = 1.0  # the logits are divided by it (Granite)
 
     @property
     def group(self) -> int:
@@ -58,83 +82,36 @@ class ModelSpec:
     def kv_size(self) -> int:
         return self.kv_heads * self.head_dim
 
+    @property
+    def norm_slots(self) -> tuple[str, ...]:
+        """The norm weights each layer has (`NORM_LAYOUTS`)."""
+        return NORM_LAYOUTS[self.norm_layout]
+
+    def window(self, layer: int) -> int:
+        """Layer ``layer``'s sliding window (0: it attends to every earlier token)."""
+        return self.windows[layer] if self.windows else 0
+
+    def rope_table(self, layer: int) -> int:
+        """Which rotary table layer ``layer`` uses."""
+        return self.rope_tables[layer] if self.rope_tables else 0
+
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
         """Bytes of K and V cache that one token takes over all layers."""
         return 2 * self.layers * self.kv_size * torch.empty((), dtype=dtype).element_size()
 
     @classmethod
     def from_hf_config(cls, config) -> ModelSpec:
-        """Read a transformers config; raise `UnsupportedModelError` for other models."""
-        model_type = getattr(config, "model_type", None)
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise UnsupportedModelError(
-                f"native rollout engine: model_type {model_type!r} is not supported (supported: "
-                f"{', '.join(SUPPORTED_MODEL_TYPES)}); {_HINT}."
-            )
-        _refuse_unsupported(config, model_type)
-        heads = config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        bias = bool(getattr(config, "attention_bias", False))
-        return cls(
-            model_type=model_type,
-            layers=config.num_hidden_layers,
-            hidden=config.hidden_size,
-            heads=heads,
-            kv_heads=getattr(config, "num_key_value_heads", None) or heads,
-            head_dim=head_dim,
-            intermediate=config.intermediate_size,
-            vocab=config.vocab_size,
-            rms_eps=config.rms_norm_eps,
-            qkv_bias=True if model_type == "qwen2" else bias,
-            o_bias=False if model_type == "qwen2" else bias,
-            qk_norm=model_type == "qwen3",
-            tie_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-            max_positions=config.max_position_embeddings,
-        )
+        """Read a transformers config through its family; raise `UnsupportedModelError`
+        for a model no family runs, or a feature its family does not implement."""
+        from rayrl.rollout.native.families import family_for
 
-
-def _refuse_unsupported(config, model_type: str) -> None:
-    problems = []
-    if getattr(config, "mlp_bias", False):
-        problems.append("mlp_bias=True")
-    if getattr(config, "hidden_act", "silu") != "silu":
-        problems.append(f"hidden_act={config.hidden_act!r} (only silu)")
-    layer_types = getattr(config, "layer_types", None) or []
-    if getattr(config, "use_sliding_window", False) or "sliding_attention" in layer_types:
-        problems.append("sliding-window attention")
-    rope = _rope_parameters(config)
-    if rope.get("rope_type", "default") == "dynamic":
-        problems.append("dynamic rope scaling (cos/sin depend on the sequence length)")
-    if problems:
-        raise UnsupportedModelError(
-            f"native rollout engine: this {model_type} model uses {', '.join(problems)}, "
-            f"which the engine does not implement; {_HINT}."
-        )
-
-
-def _rope_parameters(config) -> dict:
-    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
-    return dict(params or {})
+        return family_for(config).read(config)
 
 
 def rotary_tables(config, max_positions: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """float32 ``cos, sin`` tables ``[max_positions, head_dim]`` as transformers computes them.
+    """float32 ``cos, sin`` tables ``[tables, max_positions, rotary dims]`` as transformers
+    computes them, with the model family's own rotary-embedding module (one table for
+    most families; a layer's is `ModelSpec.rope_table`)."""
+    from rayrl.rollout.native.families import family_for
 
-    Uses the model family's own rotary-embedding module (``<Family>RotaryEmbedding``), so
-    inverse frequencies and any scaling come from transformers itself.
-    """
-    module = importlib.import_module(
-        f"transformers.models.{config.model_type}.modeling_{config.model_type}"
-    )
-    classes = [getattr(module, n) for n in dir(module) if n.endswith("RotaryEmbedding")]
-    if not classes:
-        raise UnsupportedModelError(
-            f"native rollout engine: transformers has no rotary embedding for "
-            f"{config.model_type!r}; {_HINT}."
-        )
-    rotary = classes[0](config)
-    positions = torch.arange(max_positions, dtype=torch.int64).unsqueeze(0)
-    probe = torch.zeros(1, dtype=torch.float32)
-    with torch.no_grad():
-        cos, sin = rotary(probe, positions)
-    return cos[0].to(device).contiguous(), sin[0].to(device).contiguous()
+    return family_for(config).rotary(config, max_positions, device)

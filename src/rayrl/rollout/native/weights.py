@@ -1,15 +1,19 @@
 """The native engine's weights: HF tensors packed into fused matrices, loaded by HF name.
 
 Each decoder layer keeps q, k and v as one ``qkv`` matrix and gate and up as one
-``gate_up`` matrix (one matmul each instead of three and two). `NativeWeights.targets`
-maps every HF parameter name (``model.layers.3.self_attn.k_proj.weight``) to the view of
-the fused tensor it lives in, so loading a checkpoint and `update_weights` from the
-training model are the same in-place ``view.copy_(tensor)``, with any dtype or device
-conversion done by the copy.
+``gate_up`` matrix (one matmul each instead of three and two), and the norms its family's
+layout has (`rayrl.rollout.native.spec.NORM_LAYOUTS`). `NativeWeights.targets` maps every
+HF parameter name (``model.layers.3.self_attn.k_proj.weight``) to the view of the fused
+tensor it lives in, as the model's family names them (`Family.layer_names`), so loading a
+checkpoint and `update_weights` from the training model are the same in-place
+``view.copy_(tensor)``, with any dtype or device conversion done by the copy. An HF
+tensor that itself concatenates several (Phi-3's ``qkv_proj``: `Family.fused`) is split
+into those first.
 
 Split over tensor-parallel ranks (`rayrl.rollout.native.shards`), the tensors
 have the shapes of the rank's slice (``spec`` is the slice's), and a whole HF tensor is
 narrowed to the rank's part before the copy; `read_safetensors` can read the parts only.
+A fused HF tensor always arrives whole (its parts are not one range of rows).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import torch
 from torch import Tensor
 
 from rayrl import reads
+from rayrl.rollout.native.families import family_for
 from rayrl.rollout.native.shards import Part, TPShard
 from rayrl.rollout.native.spec import ModelSpec
 
@@ -34,16 +39,18 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some older checkpoints c
 
 @dataclass
 class LayerWeights:
-    input_norm: Tensor
+    attn_norm: Tensor | None  # before attention (None: the "post" layout has none)
     qkv: Tensor  # [q_size + 2 * kv_size, hidden]
     qkv_bias: Tensor | None
     o: Tensor  # [hidden, q_size]
     o_bias: Tensor | None
-    post_norm: Tensor
+    mlp_norm: Tensor | None  # before the MLP
     gate_up: Tensor  # [2 * intermediate, hidden]
     down: Tensor  # [hidden, intermediate]
-    q_norm: Tensor | None  # [head_dim] (Qwen3)
+    q_norm: Tensor | None  # [head_dim] (Qwen3, Gemma 3) or [q_size] (OLMo 2)
     k_norm: Tensor | None
+    attn_out_norm: Tensor | None = None  # on the attention's output (Gemma 2, OLMo 2)
+    mlp_out_norm: Tensor | None = None  # on the MLP's output
 
 
 class NativeWeights:
@@ -68,59 +75,56 @@ class NativeWeights:
             return torch.empty(*shape, dtype=dtype, device=self.device)
 
         s = spec
+        self.family = family_for(spec)
         self.embed = empty(s.vocab, s.hidden)
         self.final_norm = empty(s.hidden)
         self.lm_head = self.embed if s.tie_embeddings else empty(s.vocab, s.hidden)
-        qkv_rows = s.q_size + 2 * s.kv_size
-        self.layers = [
-            LayerWeights(
-                input_norm=empty(s.hidden),
-                qkv=empty(qkv_rows, s.hidden),
-                qkv_bias=empty(qkv_rows) if s.qkv_bias else None,
-                o=empty(s.hidden, s.q_size),
-                o_bias=empty(s.hidden) if s.o_bias else None,
-                post_norm=empty(s.hidden),
-                gate_up=empty(2 * s.intermediate, s.hidden),
-                down=empty(s.hidden, s.intermediate),
-                q_norm=empty(s.head_dim) if s.qk_norm else None,
-                k_norm=empty(s.head_dim) if s.qk_norm else None,
-            )
-            for _ in range(s.layers)
-        ]
+        self.layers = [self._layer(empty) for _ in range(s.layers)]
         self._targets = self._build_targets()
+        self._fused = self._build_fused()
+
+    def _layer(self, empty: Callable[..., Tensor]) -> LayerWeights:
+        s = self.spec
+        qkv_rows = s.q_size + 2 * s.kv_size
+        norms = {slot: empty(s.hidden) for slot in s.norm_slots}
+        q_norm, k_norm = (s.head_dim, s.head_dim) if s.qk_norm_per_head else (s.q_size, s.kv_size)
+        return LayerWeights(
+            attn_norm=norms.pop("attn_norm", None),
+            qkv=empty(qkv_rows, s.hidden),
+            qkv_bias=empty(qkv_rows) if s.qkv_bias else None,
+            o=empty(s.hidden, s.q_size),
+            o_bias=empty(s.hidden) if s.o_bias else None,
+            mlp_norm=norms.pop("mlp_norm", None),
+            gate_up=empty(2 * s.intermediate, s.hidden),
+            down=empty(s.hidden, s.intermediate),
+            q_norm=empty(q_norm) if s.qk_norm else None,
+            k_norm=empty(k_norm) if s.qk_norm else None,
+            **norms,
+        )
 
     def _build_targets(self) -> dict[str, Tensor]:
-        s = self.spec
-        q, kv, inter = s.q_size, s.kv_size, s.intermediate
         out = {"model.embed_tokens.weight": self.embed, "model.norm.weight": self.final_norm}
         out["lm_head.weight"] = self.lm_head
+        names = self.family.layer_names(self.spec)
         for i, layer in enumerate(self.layers):
-            p = f"model.layers.{i}."
-            out[p + "input_layernorm.weight"] = layer.input_norm
-            out[p + "post_attention_layernorm.weight"] = layer.post_norm
-            for name, rows in (
-                ("q", slice(0, q)),
-                ("k", slice(q, q + kv)),
-                ("v", slice(q + kv, None)),
-            ):
-                out[f"{p}self_attn.{name}_proj.weight"] = layer.qkv[rows]
-                if layer.qkv_bias is not None:
-                    out[f"{p}self_attn.{name}_proj.bias"] = layer.qkv_bias[rows]
-            out[p + "self_attn.o_proj.weight"] = layer.o
-            if layer.o_bias is not None:
-                out[p + "self_attn.o_proj.bias"] = layer.o_bias
-            if layer.q_norm is not None:
-                out[p + "self_attn.q_norm.weight"] = layer.q_norm
-                out[p + "self_attn.k_norm.weight"] = layer.k_norm
-            out[p + "mlp.gate_proj.weight"] = layer.gate_up[:inter]
-            out[p + "mlp.up_proj.weight"] = layer.gate_up[inter:]
-            out[p + "mlp.down_proj.weight"] = layer.down
+            for name, (slot, rows) in names.items():
+                tensor = getattr(layer, slot)
+                out[f"model.layers.{i}.{name}"] = tensor if rows is None else tensor[rows]
         return out
+
+    def _build_fused(self) -> dict[str, tuple[str, ...]]:
+        """HF names of fused tensors -> the target names they concatenate, in row order."""
+        return {
+            f"model.layers.{i}.{name}": tuple(f"model.layers.{i}.{part}" for part in parts)
+            for i in range(len(self.layers))
+            for name, parts in self.family.fused.items()
+        }
 
     @property
     def names(self) -> list[str]:
         """Every HF parameter name the model has (``lm_head.weight`` included when tied)."""
-        return list(self._targets)
+        inside = {part for parts in self._fused.values() for part in parts}
+        return [n for n in self._targets if n not in inside] + list(self._fused)
 
     def tensors(self) -> Iterator[Tensor]:
         """The distinct storage tensors (for memory accounting)."""
@@ -140,6 +144,9 @@ class NativeWeights:
 
     def full_shape(self, name: str) -> tuple[int, ...]:
         """The shape of the whole HF tensor ``name`` (this rank's part, widened)."""
+        if name in self._fused:
+            shapes = [self.full_shape(part) for part in self._fused[name]]
+            return (sum(shape[0] for shape in shapes), *shapes[0][1:])
         shape = list(self._targets[name].shape)
         part = self.shard.part(name) if self.shard else None
         if part is not None:
@@ -166,28 +173,40 @@ class NativeWeights:
         pairs = items.items() if isinstance(items, Mapping) else items
         copied = 0
         for name, tensor in pairs:
-            target = self._targets.get(name)
-            if target is None:
-                if name.endswith(_IGNORED_SUFFIXES):
-                    continue
+            if name in self._fused:  # whole even when sharded: split, then narrowed
+                self._check_shape(name, tensor, where, sharded=False)
+                parts = self._fused[name]
+                pieces = tensor.split([self.full_shape(part)[0] for part in parts])
+                for part, piece in zip(parts, pieces, strict=True):
+                    self._copy(part, piece, where, sharded=False)
+            elif name in self._targets:
+                self._copy(name, tensor, where, sharded)
+            elif name.endswith(_IGNORED_SUFFIXES):
+                continue
+            else:
                 close = difflib.get_close_matches(name, self.names, n=3)
                 raise KeyError(
                     f"{where}: the model has no tensor {name!r}; closest names: {close}. "
                     "Pass unwrapped (HF) parameter names."
                 )
-            expected = tuple(target.shape) if sharded else self.full_shape(name)
-            if tuple(tensor.shape) != expected:
-                what = "this rank's part of it" if sharded else "the whole tensor"
-                raise ValueError(
-                    f"{where}: {name!r} has shape {tuple(tensor.shape)} but {what} is "
-                    f"{expected}; pass full (unsharded) tensors, or with sharded=True this "
-                    "rank's tensor-parallel parts."
-                )
-            if self.shard is not None and not sharded:
-                tensor = self.shard.take(name, tensor)
-            target.copy_(tensor.detach())
             copied += 1
         return copied
+
+    def _copy(self, name: str, tensor: Tensor, where: str, sharded: bool) -> None:
+        self._check_shape(name, tensor, where, sharded)
+        if self.shard is not None and not sharded:
+            tensor = self.shard.take(name, tensor)
+        self._targets[name].copy_(tensor.detach())
+
+    def _check_shape(self, name: str, tensor: Tensor, where: str, sharded: bool) -> None:
+        expected = tuple(self._targets[name].shape) if sharded else self.full_shape(name)
+        if tuple(tensor.shape) != expected:
+            what = "this rank's part of it" if sharded else "the whole tensor"
+            raise ValueError(
+                f"{where}: {name!r} has shape {tuple(tensor.shape)} but {what} is "
+                f"{expected}; pass full (unsharded) tensors, or with sharded=True this "
+                "rank's tensor-parallel parts."
+            )
 
 
 def read_safetensors(
