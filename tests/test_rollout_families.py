@@ -197,7 +197,8 @@ def test_grpo_step_with_native_rollout_of_a_new_family(tmp_path):
         "data.max_response_length=8",
         "data.train_batch_size=2",
         "actor_rollout_ref.rollout.n=2",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=1",  # two: the old-log-prob pass runs
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
         "actor_rollout_ref.rollout.name=native",
         "actor_rollout_ref.rollout.calculate_log_probs=true",
         "trainer.total_training_steps=1",
