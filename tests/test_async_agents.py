@@ -13,17 +13,13 @@ takes the current policy and generates them again, and every prompt trains once.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
-import ray
 import torch
 
+from async_cases import ReplicaKiller, tools_running
 from rayrl.config import load_config
 from rayrl.models import build_tiny_model
 from rayrl.testing.chaos import deterministic, final_weights
@@ -70,37 +66,6 @@ def model(tmp_path_factory) -> str:
     return path
 
 
-class MidEpisodeKiller:
-    """SIGKILLs the rollout replica once, from step `after_step` on, while one of its
-    episodes' tools runs (the replica's heartbeat phase is `tools`)."""
-
-    def __init__(self, run: Run, after_step: int) -> None:
-        self.run, self.after_step = run, after_step
-        self.killed: list[int] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
-
-    def _watch(self) -> None:
-        while not self._stop.is_set() and not self.killed:
-            time.sleep(0.005)
-            if self.run.progress.global_step < self.after_step:
-                continue
-            replicas = self.run.trainer.rollouts.replicas
-            actor = replicas[0].group.actors[0] if replicas else None
-            try:
-                beat = ray.get(actor.heartbeat.remote(), timeout=2) if actor else None
-            except Exception:  # noqa: BLE001 - being replaced: look again
-                continue
-            if beat and beat.get("phase") == "tools":
-                os.kill(beat["pid"], signal.SIGKILL)
-                self.killed.append(beat["pid"])
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-
 def fit(model: str, out: Path, extra: list[str], trainer_cls, killer: bool = False):
     cfg = load_config(
         "grpo",
@@ -111,7 +76,7 @@ def fit(model: str, out: Path, extra: list[str], trainer_cls, killer: bool = Fal
     helper = None
     try:
         run.setup()
-        helper = MidEpisodeKiller(run, after_step=1) if killer else None
+        helper = ReplicaKiller(run, after_step=1, at=tools_running) if killer else None
         history = run.fit()
     finally:
         if helper is not None:

@@ -14,16 +14,13 @@ process of its own, the sample queue between them.
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
 import time
 from pathlib import Path
 
 import pytest
-import ray
 import torch
 
+from async_cases import ReplicaKiller
 from rayrl.config import load_config
 from rayrl.models import build_tiny_model
 from rayrl.testing.chaos import deterministic, final_weights
@@ -115,37 +112,6 @@ def test_staleness_zero_is_the_synchronous_run_bitwise_and_resumes_exactly(
     report = write_report(out).parent
     for name in ("async_staleness", "async_queue", "async_idle"):
         assert (report / f"{name}.png").read_bytes()[:4] == b"\x89PNG", name
-
-
-class ReplicaKiller:
-    """SIGKILLs the first rollout replica's process once it is inside `generate` of a
-    step from `after_step` on."""
-
-    def __init__(self, run: Run, after_step: int) -> None:
-        self.run, self.after_step = run, after_step
-        self.killed: list[int] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
-
-    def _watch(self) -> None:
-        while not self._stop.is_set() and not self.killed:
-            time.sleep(0.01)
-            if self.run.progress.global_step < self.after_step:
-                continue
-            replicas = self.run.trainer.rollouts.replicas
-            actor = replicas[0].group.actors[0] if replicas else None
-            try:
-                beat = ray.get(actor.heartbeat.remote(), timeout=2) if actor else None
-            except Exception:  # noqa: BLE001 - being replaced: look again
-                continue
-            if beat and (beat.get("busy") or "").endswith("generate"):
-                os.kill(beat["pid"], signal.SIGKILL)
-                self.killed.append(beat["pid"])
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
 
 
 def test_a_killed_replica_and_a_killed_trainer_rank_lose_and_repeat_no_prompt(
