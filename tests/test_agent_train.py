@@ -185,6 +185,16 @@ def test_token_check_on_a_real_rollout_and_what_it_catches(tiny):
     broken.tensors["responses"][row, 0] += 1
     checked, first = token_check(broken)
     assert checked["rollout/token_mismatch"] == 1 and f"sample {batch['uid'][row]}" in first
+    # The response part of input_ids is trained on too (the log-probs are of input_ids):
+    # one token changed there alone is found, and named in that column.
+    width = batch["prompts"].shape[1]
+    position = len(batch["rollout_token_ids"][row]) - 1
+    broken = batch.select(*batch.tensors, *batch.non_tensors)
+    broken.tensors["input_ids"] = batch["input_ids"].clone()
+    broken.tensors["input_ids"][row, width + position] += 1
+    checked, first = token_check(broken)
+    assert checked["rollout/token_mismatch"] == 1
+    assert "in input_ids" in first and f"position {position}" in first
     leaky = batch.select(*batch.tensors, *batch.non_tensors)
     leaky.tensors["response_mask"] = batch["response_mask"].clone()
     leaky.tensors["response_mask"][row, int(np.flatnonzero(sampled == 0)[0])] = 1

@@ -52,11 +52,12 @@ def token_check(batch: Batch) -> tuple[dict[str, float], str | None]:
     for i, length in enumerate(lengths):
         tokens = np.asarray(batch["rollout_token_ids"][i], dtype=np.int64)
         sampled = np.asarray(batch["rollout_sampled"][i], dtype=np.int64)
-        wrong = _differ(responses[i, :length].numpy(), tokens)
-        wrong += _differ(ids[i, :length].numpy(), tokens)
-        if wrong and first is None:
-            first = _where(batch, i, responses[i, :length].numpy(), tokens)
-        mismatch += wrong
+        trained = {"responses": responses[i, :length].numpy(), "input_ids": ids[i, :length].numpy()}
+        wrong = {name: _differ(row, tokens) for name, row in trained.items()}
+        if any(wrong.values()) and first is None:
+            name = next(name for name, count in wrong.items() if count)
+            first = _where(batch, i, name, trained[name], tokens)
+        mismatch += sum(wrong.values())
         tool = 1 - sampled[: min(length, len(sampled))]
         appended += int(tool.sum())
         masked += int((mask[i, : len(tool)].numpy() * tool).sum()) + int(mask[i, length:].sum())
@@ -74,12 +75,14 @@ def _differ(trained: np.ndarray, recorded: np.ndarray) -> int:
     return int((trained[:common] != recorded[:common]).sum()) + abs(len(trained) - len(recorded))
 
 
-def _where(batch: Batch, row: int, trained: np.ndarray, recorded: np.ndarray) -> str:
+def _where(batch: Batch, row: int, name: str, trained: np.ndarray, recorded: np.ndarray) -> str:
+    """Which sample, in which column (`responses` or the response part of `input_ids`),
+    and at which response position the trained tokens first differ from the record."""
     common = min(len(trained), len(recorded))
     differs = np.flatnonzero(trained[:common] != recorded[:common])
     at = int(differs[0]) if len(differs) else common
     uid: Any = batch["uid"][row] if "uid" in batch.non_tensors else row
     return (
-        f"sample {uid}: {len(trained)} response tokens trained, {len(recorded)} recorded by "
-        f"the rollout; first difference at response position {at}"
+        f"sample {uid}: {len(trained)} response tokens trained in {name}, {len(recorded)} "
+        f"recorded by the rollout; first difference at response position {at}"
     )
