@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from rayrl.config import load_config
 from rayrl.trainer.checkpoint import CheckpointManager, CheckpointWriteError
-from rayrl.trainer.manifest import CheckpointDamagedError, check_files
+from rayrl.trainer.manifest import CheckpointDamagedError, check_files, model_identity
 from rayrl.trainer.ppo import PPOTrainer
 from rayrl.trainer.resume import ResumeError, check_fingerprint, intact_checkpoint, reposition
 from rayrl.trainer.run import Run, RunDirError
@@ -203,6 +204,29 @@ def test_a_full_disk_during_a_checkpoint_is_named_and_the_last_one_stays(tmp_pat
     finally:
         _umount(root)
         time.sleep(0.1)
+
+
+def test_weights_swapped_under_the_same_config_and_size_are_refused(tmp_path):
+    """Every byte of the model's weights is in the run's fingerprint: another checkpoint
+    of the same architecture put in the model directory (the same config.json, a
+    model.safetensors of the same size, one byte different in the middle, far from the
+    ends a cheap checksum reads) is refused, naming the file; a copy resumes."""
+    run = _run(tmp_path)
+    model = Path(run.trainer.model_path)
+    weights = model / "model.safetensors"
+    save_file({"w": torch.arange(1 << 20, dtype=torch.float32)}, str(weights))  # 4 MiB
+    path = _save(CheckpointManager(tmp_path / "saved"), 3, fingerprint=run.fingerprint())
+    check_fingerprint(path, run.fingerprint(), "strict", print)  # unchanged: resumes
+    copy = shutil.copytree(model, tmp_path / "copy")
+    check_fingerprint(path, {**run.fingerprint(), "model": model_identity(copy)}, "strict", print)
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 1
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ResumeError) as info:
+        check_fingerprint(path, run.fingerprint(), "strict", print)
+    text = str(info.value)
+    assert "model: model.safetensors: sha256" in text and "config.json" not in text
+    assert "trainer.resume_check=warn" in text
 
 
 def test_a_stop_inside_a_step_puts_the_drivers_parts_back_to_the_steps_start(tmp_path):

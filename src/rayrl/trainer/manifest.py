@@ -3,8 +3,8 @@
 The manifest lists every file of the step directory with its size and a CRC-32 of its
 first and last MiB (cheap on a 100 GB checkpoint, and it catches the usual damage: a
 truncated or overwritten file), and the run's *fingerprint*: what must not change
-between a run and its resume (the model, the data files, the batch geometry, the
-algorithm; each trainer says what that is). `check_files` names the first damaged
+between a run and its resume (the model, every byte of its files hashed; the data
+files, the batch geometry, the algorithm; each trainer says what that is). `check_files` names the first damaged
 file; `fingerprint_changes` lists what differs, key by key.
 """
 
@@ -15,6 +15,8 @@ import os
 import zlib
 from pathlib import Path
 from typing import Any
+
+from rayrl.trainer.content_digest import content_sha256
 
 MANIFEST = "manifest.json"
 EDGE_BYTES = 1 << 20  # the bytes checksummed at each end of a file
@@ -79,31 +81,51 @@ def check_files(step_dir: Path) -> None:
 
 
 def fingerprint_changes(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """`key: saved -> now` for every fingerprint key whose value differs."""
-    keys = sorted(set(saved) | set(now))
-    return [
-        f"{k}: {saved.get(k)!r} -> {now.get(k)!r}"
-        for k in keys
-        if _comparable(saved.get(k)) != _comparable(now.get(k))
-    ]
+    """`key: saved -> now` for every fingerprint key whose value differs; for a model
+    directory, each file that changed, by name and by what told it apart."""
+    changes = []
+    for key in sorted(set(saved) | set(now)):
+        old, new = saved.get(key), now.get(key)
+        if _has_files(old) and _has_files(new):
+            changes += [f"{key}: {change}" for change in _file_changes(old["files"], new["files"])]
+        elif old != new:
+            changes.append(f"{key}: {old!r} -> {new!r}")
+    return changes
 
 
-def _comparable(value: Any) -> Any:
+def _has_files(value: Any) -> bool:
     """A model directory is known by its files where they were read: the same model
     copied or moved elsewhere resumes; its path counts only when no files were read."""
-    if isinstance(value, dict) and "files" in value:
-        return {k: v for k, v in value.items() if k != "path"}
-    return value
+    return isinstance(value, dict) and isinstance(value.get("files"), dict)
 
 
-def model_identity(path: str) -> dict[str, Any]:
-    """A model directory: where it is, and its config and weight files' sizes and
-    checksums (another model in the same place is told apart)."""
+def _file_changes(saved: dict[str, dict], now: dict[str, dict]) -> list[str]:
+    """Each file added, removed or changed. A file is compared by the digests both sides
+    hold (a checkpoint saved before `sha256` was kept is compared by size and CRC)."""
+    changes = []
+    for name in sorted(set(saved) | set(now)):
+        old, new = saved.get(name), now.get(name)
+        if old is None or new is None:
+            changes.append(
+                f"{name}: {'absent' if old is None else 'present'} -> "
+                f"{'absent' if new is None else 'present'}"
+            )
+            continue
+        differ = [k for k in sorted(set(old) & set(new)) if old[k] != new[k]]
+        changes += [f"{name}: {k} {old[k]!r} -> {new[k]!r}" for k in differ]
+    return changes
+
+
+def model_identity(path: str | os.PathLike) -> dict[str, Any]:
+    """A model directory: where it is, and its config and weight files' sizes, a CRC of
+    their ends and a SHA-256 of every byte (`rayrl.trainer.content_digest`): another
+    model in the same place is told apart, weights swapped under the same config and
+    size included."""
     root = Path(path)
     if not root.is_dir():
         return {"path": str(path)}
     files = {
-        file.name: file_digest(file)
+        file.name: {**file_digest(file), "sha256": content_sha256(file)}
         for file in sorted(root.iterdir())
         if file.is_file() and file.suffix in (".json", ".safetensors", ".bin")
     }
