@@ -34,9 +34,11 @@ RULES: dict[str, Rule] = {
     "model.lora_adapter_path": Only((None,), "starting from a saved LoRA adapter"),
     **_model("model"),
     "engine": Moved("model.fsdp_config"),
+    **_fsdp_config("model.fsdp_config"),
+    # after the group's rules: the engine's offload switches are the legacy trainer's
+    # (the PPO roles' rule for the reference's optimizer_offload must not win here)
     "model.fsdp_config.param_offload": Moved("model.fsdp_config.offload_params"),
     "model.fsdp_config.optimizer_offload": Moved("model.fsdp_config.cpu_offload"),
-    **_fsdp_config("model.fsdp_config"),
     "optim.lr_scheduler_type": Moved("optim.lr_scheduler"),
     "optim.warmup_style": Moved("optim.lr_scheduler", unset=(None,), note=DEPRECATED),
     "optim.optimizer": Only(("AdamW", "adamw"), "optimizers other than AdamW"),
