@@ -1,7 +1,9 @@
 """The code sandbox with real child processes: an infinite loop, a fork bomb, a 10 GB
-allocation, writes outside the working directory, the trainer's secrets, a connection
-to 127.0.0.1, a process that escapes its group: each fails inside the sandbox, the
-result says so, and the test process (the trainer) is unharmed."""
+allocation, a file past the size limit, a busy loop past its CPU seconds, files opened
+without end, a call that sleeps past its wall clock, writes outside the working
+directory, the trainer's secrets, a connection to 127.0.0.1, a process that escapes
+its group: each fails inside the sandbox, the result says so, and the test process
+(the trainer) is unharmed."""
 
 from __future__ import annotations
 
@@ -87,6 +89,71 @@ def test_ten_gigabytes_cannot_be_allocated(sandbox):
     assert result.exit_code == 1 and "MemoryError" in result.stderr
     assert "allocated" not in result.stdout
     trainer_is_healthy()
+
+
+def test_a_file_past_the_file_size_limit_fails_inside_the_sandbox():
+    """RLIMIT_FSIZE: a 2 MiB write under a 1 MiB limit fails in the code with EFBIG
+    (not ENOSPC: the scratch tmpfs has room), and the file stops at the limit."""
+    box = Sandbox(SandboxLimits(timeout_s=5.0, file_size_bytes=1 << 20))
+    code = """
+        import errno, os
+        try:
+            with open("big.bin", "wb") as f:
+                f.write(b"x" * (2 << 20))
+            print("wrote")
+        except OSError as err:
+            print("refused", errno.errorcode[err.errno])
+        print("size", os.path.getsize("big.bin"))
+        open("small.bin", "wb").write(b"x" * (512 << 10))
+        print("small", os.path.getsize("small.bin"))
+    """
+    result = run(box, code)
+    assert "wrote" not in result.stdout and "refused EFBIG" in result.stdout
+    assert int(re.search(r"size (\d+)", result.stdout).group(1)) <= 1 << 20
+    assert "small 524288" in result.stdout and result.ok
+    trainer_is_healthy()
+
+
+def test_cpu_time_past_the_limit_ends_the_code_before_its_wall_clock():
+    """RLIMIT_CPU: a busy loop with 1 CPU second is ended by the CPU limit (a signal),
+    not its 15 s timeout; sleeping first costs no CPU time."""
+    box = Sandbox(SandboxLimits(timeout_s=15.0, cpu_s=1))
+    start = time.perf_counter()
+    result = run(box, "import time\ntime.sleep(1.5)\nprint('slept', flush=True)\nwhile True: pass")
+    assert not result.timed_out and result.signal is not None and not result.ok
+    assert result.stdout == "slept\n" and time.perf_counter() - start < 12
+    assert "killed by signal" in result.summary()
+    trainer_is_healthy()
+
+
+def test_open_files_stop_at_the_limit():
+    """RLIMIT_NOFILE: opening files without end fails with EMFILE below the limit."""
+    box = Sandbox(SandboxLimits(timeout_s=5.0, max_open_files=32))
+    code = """
+        import errno
+        held = []
+        try:
+            for i in range(10_000):
+                held.append(open(f"f{i}", "w"))
+        except OSError as err:
+            print("refused", errno.errorcode[err.errno], len(held))
+    """
+    result = run(box, code)
+    refused = re.search(r"refused EMFILE (\d+)", result.stdout)
+    assert refused and 0 < int(refused.group(1)) < 32, result.stdout + result.stderr
+    trainer_is_healthy()
+
+
+def test_the_wall_clock_ends_code_that_waits_without_using_cpu():
+    """A sleeping call (no CPU time to run out) is killed at its wall-clock timeout,
+    with what it printed before kept."""
+    box = Sandbox(SandboxLimits(timeout_s=1.5))
+    start = time.perf_counter()
+    result = run(box, "import time\nprint('waiting', flush=True)\ntime.sleep(60)\nprint('woke')")
+    took = time.perf_counter() - start
+    assert result.timed_out and not result.ok and result.stdout == "waiting\n"
+    assert result.duration_s > 1.4 and took < 8
+    assert "time limit" in result.summary()
 
 
 FORKED_ALLOCATIONS = """
