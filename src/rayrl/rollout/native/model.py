@@ -80,6 +80,9 @@ class NativeModel:
         self._reduce = tp.all_reduce if tp is not None else _unchanged
         self._adds_o_bias = tp is None or tp.rank == 0  # added once, before the sum
         self._layers = [_LayerPlan.of(spec, i, cos, sin) for i in range(spec.layers)]
+        self._embed_scale = spec.embed_scale
+        if spec.embed_scale_in_dtype:  # Gemma: the factor rounded to the model dtype
+            self._embed_scale = float(torch.tensor(spec.embed_scale, dtype=weights.dtype))
         styled = spec.norm_offset or spec.norm_in_float
         self._style = dict(offset=spec.norm_offset, in_float=spec.norm_in_float) if styled else {}
 
@@ -195,12 +198,7 @@ class NativeModel:
         return self._scaled(rows)
 
     def _scaled(self, rows: Tensor) -> Tensor:
-        s = self.spec
-        if s.embed_scale == 1.0:
-            return rows
-        if s.embed_scale_in_dtype:  # Gemma: the factor rounded to the model dtype
-            return rows * torch.tensor(s.embed_scale, dtype=rows.dtype)
-        return rows * s.embed_scale
+        return rows if self._embed_scale == 1.0 else rows * self._embed_scale
 
 
 @dataclass(frozen=True)

@@ -40,9 +40,8 @@ class TorchOps:
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
         if in_float:
-            w = weight.float() + offset if offset else weight.float()
-            return (h * w).to(dtype)
-        return weight * h.to(dtype)
+            return (h * (weight.float() + offset)).to(dtype)
+        return (weight + offset if offset else weight) * h.to(dtype)
 
     def add_rms_norm(
         self, x: Tensor, residual: Tensor, weight: Tensor, eps: float, **style
