@@ -20,7 +20,7 @@ import sys
 import pytest
 import torch
 import torch.multiprocessing as mp
-from transformers import AutoTokenizer, GenerationConfig
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from family_cases import (
     FAMILIES,
@@ -33,6 +33,7 @@ from family_cases import (
     outputs,
     tp_worker,
 )
+from native_toys import perturbed
 from rayrl.rollout import NativeRolloutEngine
 from rayrl.rollout.native.families import FAMILIES as REGISTERED
 from rayrl.rollout.native.families import Family, family_for
@@ -93,6 +94,42 @@ def test_variants_are_read_from_the_config():
     granite = spec["granite"]
     assert (granite.embed_scale, granite.residual_scale, granite.logits_divisor) == (3, 0.5, 2)
     assert spec["seed_oss"].qkv_bias and not spec["seed_oss"].o_bias
+
+
+@pytest.mark.parametrize(
+    ("family", "norm"),
+    [
+        ("mistral", "mistral.modeling_mistral.MistralRMSNorm"),
+        ("gemma", "gemma.modeling_gemma.GemmaRMSNorm"),
+        ("olmo2", "olmo2.modeling_olmo2.Olmo2RMSNorm"),
+    ],
+)
+def test_norm_styles_round_as_transformers_in_bfloat16(family, norm):
+    """Where the norm weight multiplies (the rounded or the float32 normed values), which
+    float32 cannot show: the op with the family's style equals transformers' bit for bit."""
+    import importlib
+
+    from rayrl.rollout.native.ops import TorchOps
+
+    module, name = norm.rsplit(".", 1)
+    hf = getattr(importlib.import_module(f"transformers.models.{module}"), name)(64, eps=1e-6)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        hf.weight.copy_(torch.randn(64, generator=gen))
+    hf = hf.to(torch.bfloat16)
+    x = (torch.randn(7, 64, generator=gen) * 3).to(torch.bfloat16)
+    spec = ModelSpec.from_hf_config(family_config(family))
+    style = dict(offset=spec.norm_offset, in_float=spec.norm_in_float)
+    with torch.no_grad():
+        assert torch.equal(TorchOps.rms_norm(x, hf.weight, 1e-6, **style), hf(x))
+
+
+def test_gemma_embedding_scale_is_rounded_to_the_model_dtype():
+    model = family_model("gemma", hidden_size=48).to(torch.bfloat16)  # sqrt(48): not exact
+    engine = NativeRolloutEngine(model=model, dtype=torch.bfloat16, max_model_len=64, **SMALL)
+    ids = torch.tensor([3, 17, 200])
+    with torch.no_grad():
+        assert torch.equal(engine.model._embed(ids), model.model.embed_tokens(ids))
 
 
 def test_families_are_registered_units_found_by_model_type():
@@ -186,6 +223,9 @@ def test_grpo_step_with_native_rollout_of_a_new_family(tmp_path):
     ):
         done = _rayrl(*args)
         assert done.returncode == 0, done.stderr[-3000:]
+    # Larger weights: peaked token probabilities, whose differences show (near-uniform
+    # ones of a freshly initialised model would differ by little whatever went wrong).
+    perturbed(AutoModelForCausalLM.from_pretrained(model)).save_pretrained(model)
     run = tmp_path / "run"
     done = _rayrl(
         "train",
