@@ -138,3 +138,23 @@ def test_training_keeps_no_vocab_sized_tensor(tiny_model_dir, monkeypatch):  # n
         )
     (out["log_probs"].sum() + out["entropy"].sum()).backward()
     assert saved and not [s for s in saved if s[-1:] == (vocab,)]  # no logits, no softmax
+
+
+@pytest.mark.parametrize(
+    ("family", "change"),
+    [("granite", {"logits_scaling": 2.0}), ("gemma2", {"final_logit_softcapping": 4.0})],
+)
+def test_models_that_change_their_logits_keep_the_log_probs_of_their_logits(family, change):
+    """Granite divides the head's output by ``logits_scaling``, Gemma 2 soft-caps it: a
+    fused head, whose output is log-probs, would have them divided or capped. Such a
+    model keeps its linear head, and its log-probs and entropy are its logits'."""
+    from family_cases import family_model
+
+    models = [family_model(family, vocab_size=512, **change) for _ in range(2)]
+    assert install_logprob_head(models[1]) is None
+    batch = ragged_batch(3, seed=1)
+    plain, installed = (
+        response_outputs(m, batch, packed=False, with_entropy=True, temperature=0.7) for m in models
+    )
+    for key in ("log_probs", "entropy"):
+        torch.testing.assert_close(installed[key], plain[key])

@@ -8,6 +8,9 @@ replaces a causal LM's ``lm_head`` (same weight Parameter, same state-dict name,
 tied to the embedding where it was): called normally it is the plain linear layer
 (generation, HF export); inside ``with head.requested(labels, temperature, ...)`` it
 returns, in place of logits, ``[..., 2]``: the log-prob of each label and the entropy.
+A model whose forward changes the head's output before it returns it (Granite's
+``logits_scaling``, Gemma 2 and 3's final soft-cap) keeps its linear head
+(`changes_logits`): its log-probs come from its logits.
 
 `_FusedLogProbs` walks the tokens ``chunk_size`` rows at a time: each chunk's logits are
 computed (matmul in the compute dtype: autocast's or the weight's), divided by the
@@ -38,7 +41,13 @@ from torch.autograd.function import once_differentiable
 
 from rayrl.algos.entropy import logit_grad_
 
-__all__ = ["LogProbHead", "install_logprob_head", "keep_logits", "logprob_head_of"]
+__all__ = [
+    "LogProbHead",
+    "changes_logits",
+    "install_logprob_head",
+    "keep_logits",
+    "logprob_head_of",
+]
 
 # The forward keeps the logits for the backward when they fit this share of the free
 # device memory (`keep_logits`), or, in host memory, this many bytes.
@@ -126,12 +135,13 @@ def install_logprob_head(model: nn.Module) -> LogProbHead | None:
     """Swap the model's linear output head for a `LogProbHead` sharing its parameters.
 
     Returns the head, or None when the model's output embeddings are not a plain linear
-    layer (then callers compute log-probs from logits).
+    layer, or when its forward changes the head's output before returning it as logits
+    (`changes_logits`): then callers compute log-probs from logits.
     """
     old = model.get_output_embeddings()
     if isinstance(old, LogProbHead):
         return old
-    if type(old) is not nn.Linear:
+    if type(old) is not nn.Linear or changes_logits(model.config):
         return None
     head = LogProbHead(old.in_features, old.out_features, bias=old.bias is not None, device="meta")
     head.weight = old.weight  # the same Parameter: tying and state-dict names unchanged
@@ -139,6 +149,14 @@ def install_logprob_head(model: nn.Module) -> LogProbHead | None:
         head.bias = old.bias
     model.set_output_embeddings(head)
     return head
+
+
+def changes_logits(config) -> bool:
+    """The model's forward transforms the head's output (Granite divides it by
+    ``logits_scaling``, Gemma 2 and 3 soft-cap it by ``final_logit_softcapping``): it
+    would do the same to a fused head's log-probs."""
+    scaling = getattr(config, "logits_scaling", None)
+    return bool(getattr(config, "final_logit_softcapping", None)) or scaling not in (None, 1.0)
 
 
 def logprob_head_of(model: nn.Module) -> LogProbHead | None:
