@@ -265,7 +265,7 @@ class RolloutManager:
             self.published, self.needs_publish = (version, weights), False
             self.incoming = None
             if weights.fallback and self.collective is not None:
-                self.collective.failed()
+                self.collective.send_failed()  # the replicas that missed it count it
                 self.print(
                     f"WARNING: policy {version} goes to the rollout replicas by the object "
                     f"store, not the broadcast group: {weights.fallback}; the group is formed "
@@ -491,8 +491,8 @@ class RolloutManager:
         (of the replicas' prompt tokens since the last call), the load now (`async/replica_calls/
         mean` and `max`: calls in flight per replica; `async/queued_prompts`: prompts
         fed and not yet handed to a replica), and with the collective transport
-        `async/weight_transport_fallbacks` (replicas that missed a broadcast, plus one
-        for each send of actor rank 0 that failed) and `async/weight_broadcast_bytes`
+        `async/weight_transport_fallbacks` (replicas that missed a broadcast, one for
+        each replica and version) and `async/weight_broadcast_bytes`
         (received by the replicas over the group)."""
         with self.lock:
             busy = alive = 0.0

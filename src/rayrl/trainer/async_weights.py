@@ -9,8 +9,9 @@ the members of the old group drop it when they join the new one. The backend fol
 the replicas' bundles: NCCL when they hold GPUs, gloo otherwise.
 
 `CollectiveWeights` also counts what went through the group and how many times a
-version went by the object store instead (`async/weight_broadcast_bytes`,
-`async/weight_transport_fallbacks`).
+replica took a version from the object store because it missed its broadcast
+(`async/weight_broadcast_bytes`, `async/weight_transport_fallbacks`: one a replica
+and version; a failed send of actor rank 0 is not counted by itself).
 """
 
 from __future__ import annotations
@@ -73,8 +74,15 @@ class CollectiveWeights:
         return Plan(self.spec, f"publish{self.publishes}", ranks)
 
     def failed(self) -> None:
-        """A broadcast failed: count it, and form a new group next time."""
+        """A replica missed a broadcast (it takes that version from the object store):
+        count it, one for that replica, and form a new group next time."""
         self.fallbacks += 1
+        self.stale = True
+
+    def send_failed(self) -> None:
+        """Actor rank 0's send failed: form a new group next time. Not counted here:
+        each replica that missed the version is counted by its own `failed`, and one
+        that had received it all before the sender failed took nothing else."""
         self.stale = True
 
     def metrics(self) -> dict[str, float]:
