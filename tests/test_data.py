@@ -195,6 +195,48 @@ def test_every_row_set_aside_is_listed_in_the_run_directory(tmp_path):
         run(8)._load_data()
 
 
+def test_a_bad_row_of_a_later_file_is_listed_with_its_row_in_that_file(tmp_path):
+    """Two training files (Parquet, then JSON Lines) and two validation files: each row
+    set aside is listed in rejected_rows.jsonl under its own file and its row number in
+    that file, not its index in the rows of all files together."""
+    import json
+
+    from rayrl.config import load_config
+    from rayrl.trainer.ppo import PPOTrainer
+    from rayrl.trainer.run import Run
+
+    model = build_tiny_model(tmp_path / "m", layers=1, hidden=32)
+    good = _row([{"role": "user", "content": "1+1?"}])
+    empty = _row([])
+    first = write_parquet([good, good, empty, good], tmp_path / "first.parquet")
+    second = tmp_path / "second.jsonl"
+    second.write_text("".join(json.dumps(r) + "\n" for r in [good, empty, good, good, empty]))
+    val_a = write_parquet([empty, good], tmp_path / "val_a.parquet")
+    val_b = write_parquet([good, good, good, empty], tmp_path / "val_b.parquet")
+    cfg = load_config(
+        "grpo",
+        [
+            f"actor_rollout_ref.model.path={model}",
+            f"data.train_files=[{first},{second}]",
+            f"data.val_files=[{val_a},{val_b}]",
+            "data.train_batch_size=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            f"trainer.output_dir={tmp_path / 'out'}",
+        ],
+    )
+    run = Run(PPOTrainer(cfg, print_fn=lambda line: None))
+    run.run_dir.prepare("")
+    assert len(run._load_data().dataset) == 6
+    listed = [json.loads(line) for line in run.run_dir.rejected_rows.read_text().splitlines()]
+    assert [(r["split"], r["file"], r["row"], r["index"]) for r in listed] == [
+        ("train", str(first), 2, 2),
+        ("train", str(second), 1, 5),
+        ("train", str(second), 4, 8),
+        ("val", str(val_a), 0, 0),
+        ("val", str(val_b), 3, 5),
+    ]
+
+
 def test_a_model_directory_without_a_tokenizer_is_named_at_load(tmp_path):
     """transformers builds an empty tokenizer from such a directory, and every row was
     then set aside with advice about the data; the missing tokenizer is said first."""
