@@ -389,17 +389,20 @@ class TrainEngine(ModelBuilding, StepRecovery):
         return self.share_prompts and self.sp is None
 
     def train_flops(self, batch: Batch) -> float:
-        """Useful FLOPs of one pass of `train_step` over ``batch`` (`rayrl.models.flops`):
-        real tokens only, the head over response tokens only, a prompt shared by rows
-        once (with ``share_prompts``; as the rows' micro-batches run it when the rows
-        of a prompt share one)."""
+        """Useful FLOPs this rank computes in one pass of `train_step` over ``batch``
+        (`rayrl.models.flops`): real tokens only, the head over response tokens only, a
+        prompt shared by rows once where micro-batches share prompts (``share_prompts``,
+        never under Ulysses: there every row runs its prompt); with Ulysses, this rank's
+        share: the ``sp`` ranks of a group hold the same rows and each runs ``1/sp`` of
+        every packed row's tokens and ``heads/sp`` of its attention."""
         if self.flop_model is None:
             return 0.0
         mask = batch["response_mask"] if "response_mask" in batch else None  # noqa: SIM401
         skipped = repeated_prompt_tokens(batch, response_width(batch)) if self._sharing else 0
-        return self.flop_model.batch_train_flops(
+        group = self.flop_model.batch_train_flops(
             batch["attention_mask"], mask, response_width(batch), skipped
         )
+        return group / self.sp_size
 
     def _train_mini_batch(
         self,
