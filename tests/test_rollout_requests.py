@@ -233,3 +233,25 @@ def test_the_service_holds_new_calls_for_a_staged_version_and_aborts_stale_ones(
     with pytest.raises(Aborted):
         service_call(service, model_dir, CallPolicy(max_lag=1))
     assert service.version == 3 and engine.live == 0
+
+
+def test_the_engine_sleeps_after_a_generation_that_left_a_late_step_launched(model_dir):
+    """With overlapped decoding a stop is found a step late: the generation ends with
+    that step launched (its tokens to be dropped). Sleep commits it and frees the
+    cache; only samples still live keep it from sleeping."""
+    engine = make_engine("native", model_dir)
+    prompts, keys = prompts_and_keys(model_dir)
+    stops = SamplingParams(n=2, max_new_tokens=R, seed=1, stop_token_ids=range(3, 320, 5))
+    late = 0
+    for _ in range(3):
+        run_batch(engine, prompts, stops, keys, np.full(len(keys), R))
+        late += engine.stepper.pending is not None
+        engine.sleep()
+        assert engine.is_asleep and not engine.busy
+        engine.wake()
+    assert late  # the case this test is about happened
+    live = engine.add(prompts[0], keys[:2], np.full(2, R), stops)
+    with pytest.raises(RuntimeError, match="in flight"):
+        engine.sleep()
+    engine.abort(live)
+    engine.release(live)

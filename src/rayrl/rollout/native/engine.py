@@ -477,11 +477,12 @@ class NativeRolloutEngine(Serving, RolloutEngine):
         torch's allocator is handed back to the device by emptying that cache."""
         if self._asleep:
             return
-        if self.busy:
+        if self.sched.live:
             raise RuntimeError(
                 f"{WHERE}.sleep: {self.sched.live} samples are in flight; finish or abort "
                 "them before the KV cache is freed"
             )
+        self.drain()  # a step launched a step late (its tokens are dropped) is committed
         self._asleep = True
         if self.prefix is not None:
             self.prefix.clear()
