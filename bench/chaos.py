@@ -6,7 +6,11 @@ clean, once with `rayrl.testing.chaos.ChaosMonkey` killing `--kills` worker proc
 update. Both go through `PPOTrainer.fit` with the real roles (the hybrid actor /
 rollout / reference sharded over 2 ranks, the reward worker). Prints JSON lines:
 
-- `kills`, `kills_survived` (kills of a run that then finished), `weights_identical`
+- `kills` (landed, with `planned` and every `missed` try: a kill that misses its step
+  is tried again at the next), `kills_not_landed` (target 0: each planned kill that
+  never landed, with its misses and why, e.g. no step left; also said on stderr, and
+  the harness then exits with status 1), `kills_survived` (kills of a run that then
+  finished), `weights_identical`
   (1: the final weights are bitwise those of the clean run), `metrics_identical`
   (every per-step metric but wall-clock ones), `ledger_ok` (each step trained the same
   prompt uids as the clean run, none twice);
@@ -55,6 +59,7 @@ from _common import emit_line, hardware
 from rayrl.config import load_config
 from rayrl.models import build_tiny_model
 from rayrl.testing.chaos import DEFAULT_STAGES, POINTS, ChaosMonkey, compare_runs, final_weights
+from rayrl.testing.kill_plan import KillPlan
 from rayrl.trainer.ppo import PPOTrainer
 from rayrl.trainer.run import Run
 
@@ -102,38 +107,69 @@ ASYNC = [
 
 class ReplicaKiller:
     """SIGKILLs a random rollout replica of an async run while it generates, at most
-    once a step, `kills` times (the replicas' own chaos monkey)."""
+    once a step, `kills` times (the replicas' own chaos monkey). Its accounts are a
+    `KillPlan`: a step that passes without a kill is a miss, kept with what was seen,
+    and the kill is tried again at the next step; kills left when the run ends are
+    listed with why."""
 
     def __init__(self, run, seed: int, kills: int) -> None:
         import random
         import threading
 
         self.run, self.kills, self.rng = run, kills, random.Random(seed + 1)
-        self.done: list[dict] = []
+        self.plan = KillPlan(kills)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
 
+    @property
+    def done(self) -> list[dict]:
+        return self.plan.done
+
     def _loop(self) -> None:
+        why = ""
+        try:
+            self._watch()
+        except Exception as err:  # noqa: BLE001 - said in the plan, never a silent end
+            why = f"the replica killer failed: {type(err).__name__}: {err}"
+        finally:
+            step = self.run.progress.global_step
+            self.plan.finish(why or f"the run ended (at step {step}) before a replica's kill")
+
+    def _watch(self) -> None:
         import os
         import signal
 
-        while not self._stop.is_set() and len(self.done) < self.kills:
+        watching, seen = None, ""  # the step a kill is tried in, what was seen there
+        while not self._stop.is_set() and self.plan.current is not None:
             time.sleep(0.01)
             step = self.run.progress.global_step
             if self.done and self.done[-1]["step"] >= step:
                 continue
+            if watching is not None and step != watching:
+                reason = f"the step ended before a replica was seen generating ({seen})"
+                self.plan.missed(watching, "gen", reason)
+            watching = step
             replicas = list(self.run.trainer.rollouts.replicas)
             if not replicas:
+                seen = "no replica alive"
                 continue
             actor = self.rng.choice(replicas).group.actors[0]
             try:
                 beat = ray.get(actor.heartbeat.remote(), timeout=2.0) if actor else None
-            except Exception:  # noqa: BLE001 - being replaced: look again
+            except Exception as err:  # noqa: BLE001 - being replaced: look again
+                seen = f"a heartbeat failed: {type(err).__name__}"
                 continue
-            if beat and (beat.get("busy") or "").endswith("generate"):
+            if not (beat and (beat.get("busy") or "").endswith("generate")):
+                seen = f"last seen {(beat or {}).get('busy') or 'idle'}"
+                continue
+            try:
                 os.kill(beat["pid"], signal.SIGKILL)
-                self.done.append({"step": step, "pid": beat["pid"], "time": time.time()})
+            except OSError as err:
+                seen = f"pid {beat['pid']} was gone before the kill ({err})"
+                continue
+            self.plan.landed({"step": step, "pid": beat["pid"], "time": time.time()})
+            watching = None
 
     def stop(self) -> None:
         self._stop.set()
@@ -168,6 +204,10 @@ def run_async(args: argparse.Namespace, out: str) -> dict:
         "error": error,
         "history": history,
         "kills": (monkey.done if monkey else []) + (killer.done if killer else []),
+        "plans": {
+            "training ranks": monkey.plan if monkey else KillPlan(args.kills),
+            "rollout replicas": killer.plan if killer else KillPlan(args.kills),
+        },
         "trained": trained,
         "epoch_counts": {e: len(u) for e, u in trainer.queue.ledger.trained.items()},
         "requeued": dict(trainer.queue.ledger.requeued),
@@ -176,10 +216,11 @@ def run_async(args: argparse.Namespace, out: str) -> dict:
     }
 
 
-def main_async(args: argparse.Namespace, root: str, start: float) -> None:
+def main_async(args: argparse.Namespace, root: str, start: float) -> int:
+    """An async run under both monkeys; the planned kills that did not land."""
     chaos = run_async(args, f"{root}/async")
     kills = chaos["kills"]
-    emit("kills", len(kills), "kills", steps=args.steps, mode="async")
+    emit("kills", len(kills), "kills", planned=2 * args.kills, steps=args.steps, mode="async")
     survived = 0 if chaos["error"] else len(kills)
     emit(
         "kills_survived",
@@ -203,6 +244,28 @@ def main_async(args: argparse.Namespace, root: str, start: float) -> None:
         replicas=chaos["events"],
     )
     emit("wall_s", time.time() - start, "s", out=root, hardware=hardware(args.device))
+    return account(chaos["plans"])
+
+
+def account(plans: dict[str, KillPlan]) -> int:
+    """`kills_not_landed` (target 0): each planned kill that did not land, with its
+    misses and why, also said on stderr; how many (the harness's run failed if any)."""
+    not_landed = {name: plan.report()["not_landed"] for name, plan in plans.items()}
+    missed = {name: plan.report()["missed"] for name, plan in plans.items()}
+    count = sum(len(entries) for entries in not_landed.values())
+    emit(
+        "kills_not_landed",
+        count,
+        "kills",
+        target=0,
+        better="lower",
+        not_landed=not_landed,
+        missed=missed,
+    )
+    for name, plan in plans.items():
+        for line in plan.lines():
+            print(f"chaos: FAILED ({name}): {line}", file=sys.stderr)
+    return count
 
 
 def run(args: argparse.Namespace, out: str, kills: int) -> dict:
@@ -223,14 +286,15 @@ def run(args: argparse.Namespace, out: str, kills: int) -> dict:
         if monkey is not None:
             monkey.stop()
         training.shutdown()
+    plan = monkey.plan if monkey else KillPlan(kills)
     if error is not None:
-        return {"error": error, "kills": monkey.done if monkey else []}
+        return {"error": error, "kills": monkey.done if monkey else [], "plan": plan}
     return {
         "history": history,
         "ledger": training.replay.ledger,
         "weights": final_weights(out),
         "kills": monkey.done if monkey else [],
-        "missed": monkey.missed if monkey else [],
+        "plan": plan,
         "recovery_s": monkey.recovery_seconds() if monkey else [],
     }
 
@@ -267,6 +331,8 @@ def main() -> None:
         help="an asynchronous run: training ranks and rollout replicas killed, the ledger checked",
     )
     args = parser.parse_args()
+    if not 0 <= args.kills <= args.steps:
+        parser.error(f"--kills {args.kills}: at most one kill a step, so 0 to --steps {args.steps}")
     args.stages = args.stages or ",".join(POINTS if args.agent else DEFAULT_STAGES)
     root = args.out or tempfile.mkdtemp(prefix="rayrl-chaos-")
     # A tiny model, big enough that each stage (weight sync included) lasts long
@@ -281,10 +347,14 @@ def main() -> None:
     sys.stdout = sys.stderr
     ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
     start = time.time()
-    if args.async_mode:
-        main_async(args, root, start)
-        ray.shutdown()
-        return
+    failed = (main_async if args.async_mode else main_sync)(args, root, start)
+    ray.shutdown()
+    if failed:
+        sys.exit(f"chaos: {failed} planned kill(s) did not land (each named above, with why)")
+
+
+def main_sync(args: argparse.Namespace, root: str, start: float) -> int:
+    """A clean run and a killed one, compared; the planned kills that did not land."""
     clean = run(args, f"{root}/clean", kills=0)
     chaos = run(args, f"{root}/chaos", kills=args.kills)
     kills = chaos["kills"]
@@ -292,9 +362,10 @@ def main() -> None:
         "kills",
         len(kills),
         "kills",
+        planned=args.kills,
         stages=[k.stage for k in kills],
         steps=args.steps,
-        missed=chaos.get("missed", []),
+        missed=chaos["plan"].report()["missed"],
     )
     survived = 0 if "error" in chaos else len(kills)
     emit(
@@ -305,8 +376,9 @@ def main() -> None:
         better="higher",
         error=chaos.get("error"),
     )
+    failed = account({"training ranks": chaos["plan"]})
     if "error" in chaos or "error" in clean:
-        return
+        return failed
     verdict, recovery = compare_runs(clean, chaos), chaos["recovery_s"]
     emit("weights_identical", int(verdict["weights_identical"]), "bool", target=1, better="higher")
     emit(
@@ -345,7 +417,7 @@ def main() -> None:
         better="lower",
     )
     emit("wall_s", time.time() - start, "s", out=root, hardware=hardware(args.device))
-    ray.shutdown()
+    return failed
 
 
 if __name__ == "__main__":

@@ -12,8 +12,11 @@ episode's environment step runs), and once the rank is inside that point of the 
 waits a random moment and sends SIGKILL to its pid, as an OOM killer or a lost
 machine would. It kills at most once per step. When the rank is seen in a later call
 of the step than the point drawn (a short weight sync passed between two polls), it
-kills at that later point instead; when the step ends first, the next step draws a new
-point (the miss is recorded in `missed`).
+kills at that later point instead; when the step ends first (or the rank's heartbeat
+does not answer, or its process is gone before the signal), the kill is tried again
+at the next step, at a new point, and the miss is kept with its reason. A planned kill
+that never lands (no step left) is listed with why in `plan` (`rayrl.testing.
+kill_plan`): a report never holds fewer kills than planned without saying which and why.
 `compare_runs` then checks a run that was killed against a clean run of the same seed:
 final weights bitwise, every deterministic per-step metric, and the ledger of prompt
 uids each step trained (none lost, none trained twice).
@@ -29,11 +32,14 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import ray
+
+from rayrl.testing.kill_plan import Attempt, KillPlan
 
 log = logging.getLogger("rayrl.chaos")
 
@@ -108,7 +114,12 @@ class RunView:
 @dataclass
 class ChaosMonkey:
     """Kills `kills` workers of a PPO `run` (`rayrl.trainer.run.Run`) at random `stages`
-    (see the module doc). It reads the run's progress and replay, and its trainer's roles."""
+    (see the module doc). It reads the run's progress and replay, and its trainer's roles.
+
+    Its accounts are `plan` (`rayrl.testing.kill_plan.KillPlan`): a kill that misses
+    its step is tried again at the next, and one that never lands is listed with why
+    (`plan.ok`, `plan.report()`, `plan.lines()`); `done` holds the kills that landed,
+    `missed` every miss, `error` what stopped the monkey if anything did."""
 
     run: Any
     seed: int = 0
@@ -117,8 +128,9 @@ class ChaosMonkey:
     steps: list[int] | None = None  # the steps it may kill in (None: any)
     poll_s: float = 0.005
     jitter_s: float = 0.01
-    done: list[Kill] = field(default_factory=list)
-    missed: list[tuple[int, str]] = field(default_factory=list)  # (step, stage) not hit
+    idle_s: float = 0.05  # between looks while no step may be killed in
+    heartbeat_timeout_s: float = 2.0
+    signal_fn: Callable[[int, int], None] = os.kill
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.stages) - set(POINTS))
@@ -126,8 +138,20 @@ class ChaosMonkey:
             raise ValueError(f"unknown chaos stages {unknown}; known: {sorted(POINTS)}")
         self.rng = random.Random(self.seed)
         self.view = RunView(self.run)
+        self.plan = KillPlan(self.kills)
+        self.error: BaseException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="rayrl-chaos", daemon=True)
+
+    @property
+    def done(self) -> list[Kill]:
+        """The kills that landed, in order."""
+        return self.plan.done
+
+    @property
+    def missed(self) -> list[Attempt]:
+        """Every try that missed its step (each re-planned into a later step)."""
+        return self.plan.attempts
 
     def start(self) -> ChaosMonkey:
         self._thread.start()
@@ -136,31 +160,71 @@ class ChaosMonkey:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
+        for line in self.plan.lines():
+            log.warning("chaos: %s", line)
 
     def _loop(self) -> None:
-        while not self._stop.is_set() and len(self.done) < self.kills:
-            step = self.view.step()
-            allowed = (self.steps is None or step in self.steps) and step < self.view.total_steps()
-            if not allowed or self.done and self.done[-1].step >= step or not self.view.started():
-                time.sleep(0.05)
-                continue
-            stage = self.rng.choice(self.stages)  # a new point each step, hit or missed
-            kill = self._try(step, stage)
-            if kill is not None:
-                self.done.append(kill)
-                log.warning(
-                    "chaos: killed %s rank %d (pid %d) in %s of step %d",
-                    kill.group,
-                    kill.rank,
-                    kill.pid,
-                    kill.stage,
-                    step,
+        why = ""
+        try:
+            while not self._stop.is_set() and self.plan.current is not None:
+                step = self.view.step()
+                allowed = (self.steps is None or step in self.steps) and (
+                    step < self.view.total_steps()
                 )
-            else:
-                self.missed.append((step, stage))
+                waiting = self.done and self.done[-1].step >= step
+                if not allowed or waiting or not self.view.started():
+                    time.sleep(self.idle_s)
+                    continue
+                stage = self.rng.choice(self.stages)  # a new point each step, hit or missed
+                self._attempt(step, stage)
+        except Exception as err:  # noqa: BLE001 - said in the plan, never a silent end
+            self.error = err
+            log.exception("chaos: the monkey stopped")
+            why = f"the monkey failed: {type(err).__name__}: {_first_line(err)}"
+        finally:
+            self.plan.finish(why or self._why_ended())
 
-    def _try(self, step: int, stage: str) -> Kill | None:
-        """Watch for `stage` during `step`; kill there. None when the step ended first.
+    def _attempt(self, step: int, stage: str) -> None:
+        number = self.plan.current.number
+        kill, reason = self._try(step, stage)
+        if kill is not None:
+            self.plan.landed(kill)
+            log.warning(
+                "chaos: killed %s rank %d (pid %d) in %s of step %d",
+                kill.group,
+                kill.rank,
+                kill.pid,
+                kill.stage,
+                step,
+            )
+            return
+        self.plan.missed(step, stage, reason)
+        log.warning(
+            "chaos: planned kill %d of %d missed step %d (%s): %s; tried again at the next",
+            number,
+            self.kills,
+            step,
+            stage,
+            reason,
+        )
+
+    def _why_ended(self) -> str:
+        """Why planned kills are left when the loop ends."""
+        try:
+            step, total = self.view.step(), self.view.total_steps()
+        except Exception as err:  # noqa: BLE001 - the run is gone: say so
+            return f"the run could not be read ({type(err).__name__}: {_first_line(err)})"
+        if step >= total:
+            return (
+                f"the run ended ({total} steps) with no step left to try it in (at most "
+                "one kill a step)"
+            )
+        if self.steps is not None and not any(s >= step for s in self.steps):
+            return f"no step it may kill in is left (steps {self.steps}; now step {step})"
+        return f"the monkey was stopped at step {step} of {total}"
+
+    def _try(self, step: int, stage: str) -> tuple[Kill | None, str]:
+        """Watch for `stage` during `step`; kill there. (None, why) when it did not.
 
         A hybrid point seen to have passed (a short weight sync between two polls) moves
         the kill forward to the allowed point the rank is in now, in the same step."""
@@ -168,23 +232,51 @@ class ChaosMonkey:
         group = self.view.group(role)
         rank = self.rng.randrange(group.world_size)
         wait_s = self.rng.uniform(0, self.jitter_s)
+        seen: list[str] = []  # where the rank was seen, each place once, in order
+        trouble = ""
         while not self._stop.is_set() and self.view.step() == step:
             actor = group.actors[rank]
-            try:
-                beat = ray.get(actor.heartbeat.remote(), timeout=2.0) if actor else None
-            except Exception:  # noqa: BLE001 - being replaced: look again
-                beat = None
+            beat, trouble = self._heartbeat(actor, trouble)
+            if beat and _where(beat) not in seen:
+                seen.append(_where(beat))
             later = beat and role == "hybrid" and self._later_point(beat, stage)
             if later:
                 stage, (_, method, phase) = later, POINTS[later]
             if beat and _at(beat, method, phase):
                 time.sleep(wait_s)  # a random moment into it, if it still runs then
-                if _at(ray.get(actor.heartbeat.remote(), timeout=2.0), method, phase):
-                    os.kill(beat["pid"], signal.SIGKILL)
-                    return Kill(step, stage, group.name, rank, beat["pid"], time.time())
+                again, trouble = self._heartbeat(actor, trouble)
+                if again and _at(again, method, phase):
+                    return self._kill(step, stage, group.name, rank, beat["pid"])
                 wait_s = 0.0
             time.sleep(self.poll_s)
-        return None
+        if self._stop.is_set():
+            return None, f"the monkey was stopped during step {step}"
+        where = f"{method}/{phase}" if phase else method
+        last = f"seen in {', '.join(seen)}" if seen else "never seen"
+        heartbeat = f"; its heartbeat: {trouble}" if trouble else ""
+        return None, (
+            f"the step ended before {group.name} rank {rank} was seen in {where} "
+            f"({last}{heartbeat})"
+        )
+
+    def _kill(
+        self, step: int, stage: str, group: str, rank: int, pid: int
+    ) -> tuple[Kill | None, str]:
+        try:
+            self.signal_fn(pid, signal.SIGKILL)
+        except OSError as err:  # gone already (being replaced): the next step tries again
+            return None, f"{group} rank {rank} (pid {pid}) was gone before the kill ({err})"
+        return Kill(step, stage, group, rank, pid, time.time()), ""
+
+    def _heartbeat(self, actor: Any, trouble: str) -> tuple[dict | None, str]:
+        """The rank's heartbeat, or None and what went wrong (a rank being replaced has
+        no actor; a loaded machine may not answer in time)."""
+        if actor is None:
+            return None, "no process (being replaced)"
+        try:
+            return ray.get(actor.heartbeat.remote(), timeout=self.heartbeat_timeout_s), trouble
+        except Exception as err:  # noqa: BLE001 - look again; said if the step ends first
+            return None, f"{type(err).__name__}: {_first_line(err)}"
 
     def _later_point(self, beat: dict, stage: str) -> str | None:
         """The allowed hybrid point the heartbeat shows, when it is in a later call of
@@ -204,6 +296,17 @@ class ChaosMonkey:
             if after:
                 out.append(after[0] - kill.time)
         return out
+
+
+def _where(beat: dict) -> str:
+    """Where a heartbeat says the rank is: its method and sub-phase, or idle."""
+    busy = (beat.get("busy") or "").rsplit(".", 1)[-1] or "idle"
+    return f"{busy}/{beat['phase']}" if beat.get("phase") else busy
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0] if text else ""
 
 
 def _at(beat: dict, method: str, phase: str | None) -> bool:
