@@ -86,6 +86,28 @@ def test_the_broadcast_delivers_identical_buckets_and_falls_back_within_its_boun
         ray.get(late, timeout=60)
 
 
+def test_a_formation_abandoned_for_a_lost_member_ends_every_wait_at_once(ray_local):
+    """A member that never comes (a replica dead before it joined) would hold the
+    sender and the others for the group's whole bound (here 120 s); the host's
+    `abandon` ends every wait within a moment, the sender's version goes by the object
+    store, and the group forms anew."""
+    receivers = [Receiver.remote() for _ in range(1)]
+    host, sender = BroadcastHost("abandon-weights"), BroadcastMember()
+    spec = host.form(3, "gloo", 120)  # rank 2 never comes
+    offer = PublishedWeights([], 0, "collective", group=spec, key="v1")
+    waiting = receivers[0].receive.remote(offer, 1)
+    threading.Timer(2.0, host.abandon, args=(spec,)).start()
+    start = time.monotonic()
+    published = publish_packed(weights(1), sender, "collective", spec, "v1", "cpu")
+    assert time.monotonic() - start < 15  # not the group's 120 s
+    assert published.transport == "object_store" and "abandoned" in published.fallback
+    with pytest.raises(ray.exceptions.RayTaskError, match="abandoned"):
+        ray.get(waiting, timeout=30)
+    again, pending = publish_to(receivers, host, sender, seed=2)  # a new formation works
+    (buckets,) = ray.get(pending, timeout=60)
+    assert again.transport == "collective" and len(buckets) >= 2
+
+
 @pytest.mark.slow
 def test_collective_staleness_zero_run_equals_the_object_store_run_bitwise(
     ray_local, async_model, tmp_path

@@ -71,7 +71,10 @@ def manager(monkeypatch):
     rm = RolloutManager(cfg, queue, SimpleNamespace(run="t"), "model", 1, print_fn=said.append)
     rm.said = said
     rm.collective = CollectiveWeights("t", gpus=False, timeout_s=5.0)
-    rm.collective.host = SimpleNamespace(form=lambda n, backend, timeout: f"group of {n}")
+    rm.abandoned = []
+    rm.collective.host = SimpleNamespace(
+        form=lambda n, backend, timeout: f"group of {n}", abandon=rm.abandoned.append
+    )
     rm.offers = []
     names = ["r0", "r1", "r2"]
     rm.replicas = [Replica(Member(n, FakeGroup(n, rm.offers)), version=0) for n in names]
@@ -110,3 +113,17 @@ def test_each_replica_that_missed_a_broadcast_counts_once(manager, missed, sende
     # the next publish forms a new group after any failure, and counts afresh
     broadcast(manager, 2, set(), sender_failed=False)
     assert manager.metrics(1.0, 2.0)[FALLBACKS] == 0
+
+
+def test_a_member_lost_mid_broadcast_abandons_the_formation(manager):
+    """A replica that dies while the others wait for it in a broadcast ends their wait
+    at once (the host's `abandon`) and the next publish forms a new group; a replica
+    lost outside any formation abandons nothing."""
+    manager.set = SimpleNamespace(lose=lambda member, err: None)
+    dead = ConnectionError("the replica's process is gone (planted)")
+    manager._lost(manager.replicas[0], dead)  # no formation yet
+    assert manager.abandoned == []
+    manager.begin_collective(1)
+    manager._lost(manager.replicas[0], dead)  # r1, a member of the group of 3
+    assert manager.abandoned == ["group of 3"]
+    assert manager.collective.stale

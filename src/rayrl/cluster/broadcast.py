@@ -15,12 +15,21 @@ another; the other members read the header, allocate, and receive. Every wait (t
 store, the group's handshake, each broadcast) is bounded by the spec's ``timeout_s``;
 a member whose send or receive failed drops the group (`BroadcastMember.drop`), and the
 caller forms a new generation for the next use.
+
+A member that dies, or never comes, would hold the others for that whole bound (they
+wait in the handshake for it, or in a broadcast it never answers). So every member
+first says it is ready in the store and waits for the others' word before the
+handshake, and every wait (for the others, for each broadcast) looks every
+`POLL_S` for the formation's ``abandon`` key: the host sets it (`BroadcastHost.abandon`)
+the moment it learns a member is gone, and every member then fails at once with
+`BroadcastAbandoned` (a broadcast in flight is left to gloo's or NCCL's own thread).
 """
 
 from __future__ import annotations
 
 import logging
 import pickle
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -31,7 +40,13 @@ import torch.distributed as dist
 from rayrl.cluster.discovery import node_ip
 from rayrl.cluster.interface import bind_to_node_address
 
-__all__ = ["BroadcastError", "BroadcastHost", "BroadcastMember", "BroadcastSpec"]
+__all__ = [
+    "BroadcastAbandoned",
+    "BroadcastError",
+    "BroadcastHost",
+    "BroadcastMember",
+    "BroadcastSpec",
+]
 
 log = logging.getLogger(__name__)
 BACKENDS = ("gloo", "nccl")
@@ -39,6 +54,14 @@ BACKENDS = ("gloo", "nccl")
 
 class BroadcastError(RuntimeError):
     """A broadcast group could not form, send or receive within its bound."""
+
+
+class BroadcastAbandoned(BroadcastError):
+    """The host abandoned the formation (a member is gone): every wait on it ends."""
+
+
+POLL_S = 0.05  # how often a waiting member looks for the others' word and for `abandon`
+ABANDON = "abandon"
 
 
 @dataclass(frozen=True)
@@ -83,6 +106,11 @@ class BroadcastHost:
         prefix = f"{self.name}/gen{self.generation}"
         return BroadcastSpec(self.addr, self.store.port, prefix, world_size, backend, timeout_s)
 
+    def abandon(self, spec: BroadcastSpec) -> None:
+        """End every wait on formation `spec` now (a member is gone): its members fail
+        with `BroadcastAbandoned` within `POLL_S`, and the caller forms a new one."""
+        self.store.set(f"{spec.prefix}/{ABANDON}", b"1")
+
 
 @dataclass
 class BroadcastMember:
@@ -111,7 +139,10 @@ class BroadcastMember:
         try:
             client = dist.TCPStore(spec.addr, spec.port, None, False, timeout=wait)
             store = dist.PrefixStore(spec.prefix, client)
+            _all_ready(store, spec, rank)  # a member that never comes holds no handshake
             group = _process_group(spec, store, rank, wait)
+        except BroadcastAbandoned:
+            raise
         except Exception as err:
             raise BroadcastError(
                 f"broadcast group {spec.prefix}: rank {rank}/{spec.world_size} could not "
@@ -140,7 +171,10 @@ class BroadcastMember:
         """Members 1..: the sender's metadata and its tensors under `key`, on `device`."""
         spec = self._joined(self.rank)
         try:
+            _wait_for_key(self.store, key, spec)
             header = pickle.loads(self.store.get(key))
+        except BroadcastAbandoned:
+            raise
         except Exception as err:
             raise BroadcastError(
                 f"broadcast group {spec.prefix}: rank {self.rank} got no header {key!r} "
@@ -165,12 +199,60 @@ class BroadcastMember:
         opts.rootRank = 0
         opts.timeout = timedelta(seconds=spec.timeout_s)
         try:
-            self.group.broadcast([tensor], opts).wait()
+            _wait(self.group.broadcast([tensor], opts), self.store, spec)
+        except BroadcastAbandoned:
+            raise
         except Exception as err:
             raise BroadcastError(
                 f"broadcast group {spec.prefix}: rank {self.rank} failed a broadcast of "
                 f"{tensor.numel()} {tensor.dtype} elements: {_one_line(err)}"
             ) from err
+
+
+def _all_ready(store: Any, spec: BroadcastSpec, rank: int) -> None:
+    """Say this member is ready; wait (bounded, abandonable) for every other's word."""
+    store.set(f"ready/{rank}", b"1")
+    others = [f"ready/{r}" for r in range(spec.world_size) if r != rank]
+    deadline = time.monotonic() + spec.timeout_s
+    while not store.check(others):
+        _check_abandoned(store, spec)
+        if time.monotonic() > deadline:
+            raise BroadcastError(
+                f"broadcast group {spec.prefix}: rank {rank}: not every member was ready "
+                f"within {spec.timeout_s:g} s"
+            )
+        time.sleep(POLL_S)
+
+
+def _wait_for_key(store: Any, key: str, spec: BroadcastSpec) -> None:
+    """Wait (bounded, abandonable) until `key` is in the store."""
+    deadline = time.monotonic() + spec.timeout_s
+    while not store.check([key]):
+        _check_abandoned(store, spec)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {key!r} in the store after {spec.timeout_s:g} s")
+        time.sleep(POLL_S)
+
+
+def _wait(work: Any, store: Any, spec: BroadcastSpec) -> None:
+    """Wait for a collective's `work`, looking for `abandon` every `POLL_S`. The naps
+    start at 0.1 ms and double: a bucket that lands at once costs no poll's delay."""
+    nap, looked = 1e-4, time.monotonic()
+    while not work.is_completed():
+        if time.monotonic() - looked >= POLL_S:
+            _check_abandoned(store, spec)
+            looked = time.monotonic()
+        time.sleep(nap)
+        nap = min(nap * 2, POLL_S / 10)
+    work.wait()  # raises the collective's own error, if it failed
+
+
+def _check_abandoned(store: Any, spec: BroadcastSpec) -> None:
+    if store.check([ABANDON]):
+        raise BroadcastAbandoned(
+            f"broadcast group {spec.prefix}: abandoned by its host (a member is gone); the "
+            "version goes by the object store, and a new group forms next time"
+        )
 
 
 def _settle(tensors: list[torch.Tensor]) -> None:

@@ -460,6 +460,8 @@ class RolloutManager:
         for item, _, _ in replica.in_flight.values():
             self.queue.lose(item)
         replica.in_flight.clear()
+        if self.collective is not None:  # a broadcast waiting for it ends now
+            self.collective.abandon(replica.name)
         self.set.lose(replica.member, err)
 
     # ---------------------------------------------------------------- trainer

@@ -79,6 +79,17 @@ class CollectiveWeights:
         self.fallbacks += 1
         self.stale = True
 
+    def abandon(self, replica: str) -> bool:
+        """`replica` is gone: if it is a member of the current formation, end every wait
+        on it now (the sender and the other members fail within a moment, and the
+        version goes by the object store) and form a new group next time. True if it
+        was a member."""
+        if self.spec is None or replica not in self.members:
+            return False
+        self.host.abandon(self.spec)
+        self.stale = True
+        return True
+
     def send_failed(self) -> None:
         """Actor rank 0's send failed: form a new group next time. Not counted here:
         each replica that missed the version is counted by its own `failed`, and one
