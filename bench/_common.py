@@ -19,6 +19,14 @@ def seqs_limit(args: Any, workload: str) -> int:
     return args.max_num_seqs or (1024 if workload == "G" else 256)
 
 
+def cold_prefix(engine: Any, args: Any) -> None:
+    """Before a timed rollout: forget the prefix cache's blocks (the warm-up ran the same
+    prompts, and its blocks would be found again), unless ``--warm-prefix``. Hits within
+    the timed run (a prompt's samples, an episode's turns) still count."""
+    if engine.prefix is not None and not getattr(args, "warm_prefix", False):
+        engine.prefix.clear()
+
+
 def hardware(device: str = "cpu") -> str:
     """CPU model and core count, plus the GPU's name on CUDA."""
     model = platform.processor() or "unknown cpu"

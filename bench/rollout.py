@@ -62,7 +62,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from _common import hardware, seqs_limit
+from _common import cold_prefix, hardware, seqs_limit
 from rayrl.batch import Batch
 from rayrl.models.tiny import TinySpec, reference_05b
 from rayrl.rollout import HFRolloutEngine, NativeRolloutEngine, SamplingParams
@@ -160,6 +160,7 @@ def run_native(model, prompts, out_lens, args, overlap: bool = True) -> Callable
     run_native.engine = engine
 
     def run():
+        cold_prefix(engine, args)
         engine.generate_token_ids(prompts, params, max_new_tokens=out_lens)
 
     return run
@@ -366,6 +367,12 @@ def main() -> None:
         "--max-num-seqs", type=int, default=None, help="default: 1024 for G, 256 for the others"
     )
     parser.add_argument("--repeats", type=int, default=1, help="timed runs of the native engine")
+    parser.add_argument(
+        "--warm-prefix",
+        action="store_true",
+        help="keep the native engine's prefix cache from the warm-up (the same prompts) "
+        "into the timed runs; by default it is cleared before each",
+    )
     parser.add_argument("--profile", action="store_true")
     parser.add_argument(
         "--host-profile",

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from _agent_env import LatencyEnvironment
-from _common import seqs_limit
+from _common import cold_prefix, seqs_limit
 from rayrl import progress
 from rayrl.batch import Batch
 from rayrl.config.multi_turn import MultiTurnConfig
@@ -171,6 +171,7 @@ def _episodes(model, args, base: dict, emit, s: dict) -> None:
     prompts = _prompts(s, vocab)
     sampling = SamplingParams(max_new_tokens=s["response"], seed=1)
     service.generate(prompts, sampling)  # warm-up: kernels tuned, graphs captured
+    cold_prefix(engine, args)
     with BusyProbe(args.device == "cuda") as probe:
         cpu, process, threads = time.thread_time(), time.process_time(), threads_cpu()
         seconds, out = _timed(lambda: service.generate(prompts, sampling).batch, args.device)
@@ -186,6 +187,7 @@ def _episodes(model, args, base: dict, emit, s: dict) -> None:
     ]
     flat = SamplingParams(max_new_tokens=int(sampled.max()), ignore_eos=True, seed=1)
     engine.generate_token_ids(rows, flat, max_new_tokens=sampled)  # warm-up
+    cold_prefix(engine, args)
     single_s, _ = _timed(
         lambda: engine.generate_token_ids(rows, flat, max_new_tokens=sampled), args.device
     )
