@@ -36,8 +36,8 @@ from family_cases import (
 from native_toys import perturbed
 from rayrl.rollout import NativeRolloutEngine
 from rayrl.rollout.native.families import FAMILIES as REGISTERED
-from rayrl.rollout.native.families import Family, family_for
-from rayrl.rollout.native.spec import ModelSpec, UnsupportedModelError
+from rayrl.rollout.native.families import Family, family_for, spec_of
+from rayrl.rollout.native.spec import UnsupportedModelError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -75,7 +75,7 @@ def test_family_matches_transformers(family):
 def test_variants_are_read_from_the_config():
     """What each family's options became (a test above is only as good as the options
     it turned on)."""
-    spec = {f: ModelSpec.from_hf_config(family_config(f)) for f in FAMILIES}
+    spec = {f: spec_of(family_config(f)) for f in FAMILIES}
     assert spec["mistral"].windows == (5, 5) and spec["ministral"].windows == (5, 0)
     assert spec["qwen2"].windows == (0, 5) and spec["qwen2"].qkv_bias
     g2, g3 = spec["gemma2"], spec["gemma3_text"]
@@ -118,7 +118,7 @@ def test_norm_styles_round_as_transformers_in_bfloat16(family, norm):
         hf.weight.copy_(torch.randn(64, generator=gen))
     hf = hf.to(torch.bfloat16)
     x = (torch.randn(7, 64, generator=gen) * 3).to(torch.bfloat16)
-    spec = ModelSpec.from_hf_config(family_config(family))
+    spec = spec_of(family_config(family))
     style = dict(offset=spec.norm_offset, in_float=spec.norm_in_float)
     with torch.no_grad():
         assert torch.equal(TorchOps.rms_norm(x, hf.weight, 1e-6, **style), hf(x))
@@ -139,9 +139,9 @@ def test_families_are_registered_units_found_by_model_type():
     with pytest.raises(UnsupportedModelError, match="'gpt2' is not supported.*rollout.name=hf"):
         family_for("gpt2")
     with pytest.raises(UnsupportedModelError, match="mlp_bias=True.*rollout.name=hf"):
-        ModelSpec.from_hf_config(family_config("granite", mlp_bias=True))
+        spec_of(family_config("granite", mlp_bias=True))
     with pytest.raises(UnsupportedModelError, match="activation 'relu'"):
-        ModelSpec.from_hf_config(family_config("gemma", hidden_act="relu"))
+        spec_of(family_config("gemma", hidden_act="relu"))
 
 
 def test_phi3_longrope_refuses_sequences_past_its_original_length():
@@ -172,7 +172,7 @@ def test_olmo2_refuses_tensor_parallelism():
     from rayrl.rollout.native.shards import check_tp_size
 
     with pytest.raises(ValueError, match="q and k norms span all heads"):
-        check_tp_size(ModelSpec.from_hf_config(family_config("olmo2")), 2)
+        check_tp_size(spec_of(family_config("olmo2")), 2)
 
 
 # ---------------------------------------------------------------- TP=2

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rayrl.config.async_training import check_async
+from rayrl.config.async_checks import check_async
 from rayrl.config.errors import ConfigError
 from rayrl.config.errors import warn as _warn
 from rayrl.config.layout import MeshError, MeshSpec, check_heads

@@ -47,6 +47,7 @@ from rayrl.rollout.base import ROLLOUT_ENGINES, RolloutEngine, WeightSource
 from rayrl.rollout.contract import Responses, assemble_output, check_prompts, expand_samples
 from rayrl.rollout.loop import run_batch
 from rayrl.rollout.native.attention import choose_kernels, triton_gaps
+from rayrl.rollout.native.families import rotary_tables, spec_of
 from rayrl.rollout.native.kv_cache import BlockAllocator, KVCache, cache_blocks_for
 from rayrl.rollout.native.loop_stats import call_stats, engine_counters, loop_stats
 from rayrl.rollout.native.model import NativeModel
@@ -56,7 +57,7 @@ from rayrl.rollout.native.runner import ModelRunner
 from rayrl.rollout.native.scheduler import Scheduler
 from rayrl.rollout.native.serving import Serving
 from rayrl.rollout.native.sources import engine_dtype, engine_sources
-from rayrl.rollout.native.spec import ModelSpec, UnsupportedModelError, rotary_tables
+from rayrl.rollout.native.spec import UnsupportedModelError
 from rayrl.rollout.native.step_loop import Stepper
 from rayrl.rollout.native.tp import call_fingerprint, digest, tensor_parallel_for
 from rayrl.rollout.native.tp_sampler import SplitVocabSampler
@@ -172,7 +173,7 @@ class NativeRolloutEngine(Serving, RolloutEngine):
         )
         self.device = torch.device(device)
         self.dtype = engine_dtype(dtype, self.device)
-        self.spec = ModelSpec.from_hf_config(config)
+        self.spec = spec_of(config)
         self.tp = tensor_parallel_for(self.spec, tp_size, tp_group, self.device, WHERE)
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids(gen_config, config, tokenizer)
@@ -258,7 +259,7 @@ class NativeRolloutEngine(Serving, RolloutEngine):
         if device_type != "cuda":
             return f"its kernels and CUDA graphs are for GPUs, not {device_type}"
         try:
-            spec = ModelSpec.from_hf_config(model_config)
+            spec = spec_of(model_config)
         except UnsupportedModelError as err:
             return str(err)
         return triton_gaps(spec, spec.max_positions)

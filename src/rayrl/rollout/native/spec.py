@@ -3,12 +3,12 @@
 A `ModelSpec` holds a decoder's shapes and its layer variants (norm placement and style,
 QK-norm, sliding windows, soft-capping, scales, partial rotary, ...): the defaults are
 Llama's. Which config makes which spec is a model family's business: each family is one
-registered unit (`rayrl.rollout.native.families`), and `ModelSpec.from_hf_config` asks
-the family of the config's ``model_type``; a model no family runs, or a feature its family
-does not implement, is refused with `UnsupportedModelError`, whose message names the
-feature and the way out (the ``hf`` rollout engine runs any causal LM). `rotary_tables`
-computes the cos/sin tables with the model's own transformers rotary class (the family
-names it), so positions match transformers bit for bit whatever the rope type.
+registered unit (`rayrl.rollout.native.families`), whose `spec_of` asks the family of
+the config's ``model_type``; a model no family runs, or a feature its family does not
+implement, is refused with `UnsupportedModelError`, whose message names the feature and
+the way out (the ``hf`` rollout engine runs any causal LM). The families' `rotary_tables`
+computes the cos/sin tables with the model's own transformers rotary class, so positions
+match transformers bit for bit whatever the rope type.
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
 
-__all__ = ["HINT", "NORM_LAYOUTS", "ModelSpec", "UnsupportedModelError", "rotary_tables"]
+__all__ = ["HINT", "NORM_LAYOUTS", "ModelSpec", "UnsupportedModelError"]
 
 HINT = "use actor_rollout_ref.rollout.name=hf, which runs any transformers causal LM"
 # Where a decoder layer's norms sit, as the weight slots each layout has (`weights`):
@@ -98,20 +97,3 @@ class ModelSpec:
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
         """Bytes of K and V cache that one token takes over all layers."""
         return 2 * self.layers * self.kv_size * torch.empty((), dtype=dtype).element_size()
-
-    @classmethod
-    def from_hf_config(cls, config) -> ModelSpec:
-        """Read a transformers config through its family; raise `UnsupportedModelError`
-        for a model no family runs, or a feature its family does not implement."""
-        from rayrl.rollout.native.families import family_for
-
-        return family_for(config).read(config)
-
-
-def rotary_tables(config, max_positions: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """float32 ``cos, sin`` tables ``[tables, max_positions, rotary dims]`` as transformers
-    computes them, with the model family's own rotary-embedding module (one table for
-    most families; a layer's is `ModelSpec.rope_table`)."""
-    from rayrl.rollout.native.families import family_for
-
-    return family_for(config).rotary(config, max_positions, device)
