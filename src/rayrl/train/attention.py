@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from rayrl.train.attention_variant import Variant
 from rayrl.train.ulysses import attend, group_of
 
 __all__ = [
@@ -135,12 +136,20 @@ def varlen_attention_forward(
     ``[b, Hkv, T, D]``; returns ``([b, T, Hq, D], None)``."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    variant = Variant.of(module, kwargs)
     cu = kwargs.get("cu_seq_lens_q")
     sp = group_of(module)
     if sp is not None:
-        return _sequence_parallel(sp, query, key, value, cu, kwargs, dropout, scaling), None
+        return _sequence_parallel(
+            sp, query, key, value, cu, kwargs, dropout, scaling, variant
+        ), None
     if cu is None and attention_mask is None and query.shape[0] == 1:
         cu, kwargs = _boundaries_from_positions(kwargs)
+    special = variant.binds(key.shape[2]) or variant.softcap is not None
+    if cu is None and attention_mask is None and special:  # no mask: causal, each row
+        return _each_row(query, key, value, scaling, variant), None
+    if cu is None and variant.softcap is not None:  # a padded batch: sdpa has no soft-cap
+        return _eager(query, key, value, attention_mask, scaling, variant.softcap), None
     if cu is None or query.shape[0] != 1:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
@@ -152,7 +161,8 @@ def varlen_attention_forward(
         key, value = key.index_select(2, index), value.index_select(2, index)
         cu_k, longest_k = kwargs["cu_seq_lens_k"], kwargs.get("max_length_k")
     longest = kwargs.get("max_length_q")
-    return _varlen(query, key, value, cu, longest, scaling, cu_k, longest_k).unsqueeze(0), None
+    out = _varlen(query, key, value, cu, longest, scaling, cu_k, longest_k, variant=variant)
+    return out.unsqueeze(0), None
 
 
 def _varlen(
@@ -164,22 +174,50 @@ def _varlen(
     scaling,
     cu_k: Tensor | None = None,
     longest_k=None,
+    *,
+    variant: Variant | None = None,
 ) -> Tensor:
     """Causal attention of each sequence of a packed row: ``[T, Hq, D]`` from ``[1, H, T,
     D]`` inputs; one flash call on CUDA in a half dtype, else sequence by sequence.
     With ``cu_k`` (segments with keys of their own: `packed_attention_kwargs`) a
-    segment's queries are its last keys, ``longest_k`` the most keys of a segment."""
+    segment's queries are its last keys, ``longest_k`` the most keys of a segment.
+    ``variant``: the layer's sliding window and soft-cap (a soft-capped layer attends
+    sequence by sequence: the flash kernel has no soft-cap)."""
+    variant = variant or Variant()
     if cu_k is None:
         cu_k, longest_k = cu, longest
-    if query.is_cuda and _varlen_dtype(query, key, value) is not None and _FLASH:
+    flash = query.is_cuda and _varlen_dtype(query, key, value) is not None and _FLASH
+    if flash and variant.softcap is None:
         longest = int(longest or int((cu[1:] - cu[:-1]).max()))
         longest_k = int(longest_k or int((cu_k[1:] - cu_k[:-1]).max()))
         q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, H, D]
-        return _flash_varlen(q, k, v, (cu, cu_k), (longest, longest_k), scaling)
-    return _per_sequence(query, key, value, cu, scaling, cu_k)
+        return _flash_varlen(q, k, v, (cu, cu_k), (longest, longest_k), scaling, variant.window)
+    return _per_sequence(query, key, value, cu, scaling, cu_k, variant)
 
 
-def _sequence_parallel(sp, query, key, value, cu, kwargs: dict, dropout: float, scaling) -> Tensor:
+def _each_row(query: Tensor, key: Tensor, value: Tensor, scaling, variant: Variant) -> Tensor:
+    """``[b, T, Hq, D]``: each row of a batch without a mask attends causally on its own
+    (its queries the last positions of its keys, as in a decode step), in ``variant``."""
+    cu = torch.tensor([0, query.shape[2]], dtype=torch.int32, device=query.device)
+    cu_k = torch.tensor([0, key.shape[2]], dtype=torch.int32, device=query.device)
+    rows = [
+        _varlen(
+            *(t[i : i + 1] for t in (query, key, value)),
+            cu,
+            None,
+            scaling,
+            cu_k,
+            None,
+            variant=variant,
+        )
+        for i in range(query.shape[0])
+    ]
+    return torch.stack(rows)
+
+
+def _sequence_parallel(
+    sp, query, key, value, cu, kwargs: dict, dropout: float, scaling, variant: Variant
+) -> Tensor:
     """A Ulysses rank's attention (`rayrl.train.ulysses.attend`): its tokens in, the
     whole row attended per sequence with heads split over the group, its tokens out."""
     if cu is None or query.shape[0] != 1:
@@ -192,7 +230,7 @@ def _sequence_parallel(sp, query, key, value, cu, kwargs: dict, dropout: float, 
     longest = kwargs.get("max_length_q")
 
     def whole_row(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        return _varlen(q, k, v, cu, longest, scaling).unsqueeze(0)
+        return _varlen(q, k, v, cu, longest, scaling, variant=variant).unsqueeze(0)
 
     return attend(sp, query, key, value, whole_row)
 
@@ -233,10 +271,13 @@ def _varlen_api() -> tuple[object, bool] | None:
     return varlen_attn, "enable_gqa" in inspect.signature(varlen_attn).parameters
 
 
-def _flash_varlen(q: Tensor, k: Tensor, v: Tensor, cu: tuple, longest: tuple, scale) -> Tensor:
+def _flash_varlen(
+    q: Tensor, k: Tensor, v: Tensor, cu: tuple, longest: tuple, scale, window: int | None = None
+) -> Tensor:
     """One flash call over the packed row: ``[T, Hq, D]`` from ``[T, H, D]`` inputs;
-    ``cu`` and ``longest`` are (queries', keys'). The causal window ``(-1, 0)`` is
-    aligned to each segment's last key (flash's rule where a segment has more keys
+    ``cu`` and ``longest`` are (queries', keys'). The causal window ``(-1, 0)`` (a
+    sliding one, ``(window - 1, 0)``: the query and the ``window - 1`` keys before it)
+    is aligned to each segment's last key (flash's rule where a segment has more keys
     than queries)."""
     varlen_attn, has_gqa = _FLASH
     dtype = _varlen_dtype(q, k, v)
@@ -249,16 +290,33 @@ def _flash_varlen(q: Tensor, k: Tensor, v: Tensor, cu: tuple, longest: tuple, sc
         k, v = (t.repeat_interleave(groups, dim=1) for t in (k, v))
     (cu_q, cu_k), (longest_q, longest_k) = cu, longest
     return varlen_attn(
-        q, k, v, cu_q, cu_k, longest_q, longest_k, scale=scale, window_size=(-1, 0), **extra
+        q,
+        k,
+        v,
+        cu_q,
+        cu_k,
+        longest_q,
+        longest_k,
+        scale=scale,
+        window_size=(-1 if window is None else window - 1, 0),
+        **extra,
     )
 
 
 def _per_sequence(
-    query: Tensor, key: Tensor, value: Tensor, cu: Tensor, scale, cu_k: Tensor
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    cu: Tensor,
+    scale,
+    cu_k: Tensor,
+    variant: Variant | None = None,
 ) -> Tensor:
     """Causal attention of each sequence on its own: ``[T, Hq, D]`` from ``[1, H, T, D]``
     inputs (kept 4-D: CPU sdpa's fused kernels want a batch dimension). A segment with
-    more keys than queries: query i sees the keys up to ``i + keys - queries``."""
+    more keys than queries: query i sees the keys up to ``i + keys - queries``; in a
+    sliding window, only the ``window`` keys that end there."""
+    variant = variant or Variant()
     gqa = query.shape[1] != key.shape[1]
     dtype = torch.promote_types(torch.promote_types(query.dtype, key.dtype), value.dtype)
     parts = []
@@ -268,15 +326,46 @@ def _per_sequence(
             continue
         q = query[:, :, q0:q1].to(dtype)
         k, v = (t[:, :, k0:k1].to(dtype) for t in (key, value))
-        if k1 - k0 == q1 - q0:
+        if variant.softcap is not None:
+            seen = _causal(q1 - q0, k1 - k0, variant.window, q.device)
+            parts.append(_eager(q, k, v, seen, scale, variant.softcap)[0])
+            continue
+        if k1 - k0 == q1 - q0 and not variant.binds(k1 - k0):
             out = F.scaled_dot_product_attention(
                 q, k, v, is_causal=True, scale=scale, enable_gqa=gqa
             )
         else:
-            seen = torch.ones(q1 - q0, k1 - k0, dtype=torch.bool, device=q.device)
-            seen = seen.tril(diagonal=(k1 - k0) - (q1 - q0))
+            seen = _causal(q1 - q0, k1 - k0, variant.window, q.device)
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=seen, scale=scale, enable_gqa=gqa
             )
         parts.append(out[0].transpose(0, 1))
     return torch.cat(parts, dim=0)
+
+
+def _causal(queries: int, keys: int, window: int | None, device: torch.device) -> Tensor:
+    """``[queries, keys]``: which keys each query sees, the queries being the last
+    ``queries`` positions; in a sliding window, the ``window`` keys ending at its own."""
+    seen = torch.ones(queries, keys, dtype=torch.bool, device=device)
+    seen = seen.tril(diagonal=keys - queries)
+    if window is not None:
+        seen = seen.triu(diagonal=keys - queries - window + 1)
+    return seen
+
+
+def _eager(
+    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, scale, softcap: float
+) -> Tensor:
+    """Soft-capped attention as transformers' eager path computes it: ``[b, T, Hq, D]``
+    from ``[b, H, T, D]`` inputs; ``mask`` boolean (True: attended) or additive."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = (t.repeat_interleave(groups, dim=1) for t in (key, value))
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    scores = torch.matmul(query, key.transpose(2, 3)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    if mask is not None and mask.dtype == torch.bool:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    elif mask is not None:
+        scores = scores + mask[..., : key.shape[2]]
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous()
