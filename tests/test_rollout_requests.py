@@ -101,6 +101,12 @@ def test_requests_added_midway_and_aborted_draw_their_own_tokens(model_dir, kind
     engine.release(reused)
 
 
+def picked(logits: torch.Tensor, tokens) -> torch.Tensor:
+    """The log-probs ``logits`` (a row per position) give ``tokens``, one per row."""
+    log_probs = torch.log_softmax(logits.float(), -1)
+    return log_probs.gather(-1, torch.as_tensor(tokens, dtype=torch.long)[:, None]).squeeze(-1)
+
+
 @pytest.mark.parametrize("kind", ["native", "hf"])
 def test_weights_change_between_steps_with_samples_in_flight(model_dir, kind):
     """Tokens before the update: the old policy's; after it: the new policy's on the
@@ -138,6 +144,19 @@ def test_weights_change_between_steps_with_samples_in_flight(model_dir, kind):
             whole = new(input_ids=torch.tensor([tokens[:-1]])).logits[0, cached:]
         assert kept.logits[0].argmax(-1).tolist() == out.tokens[cut:].tolist()
         assert whole.argmax(-1).tolist() != out.tokens[cut:].tolist()  # the cache was kept
+        # each token's log-prob is the policy's that drew it (the behaviour policy of a
+        # decoupled objective): the old one's before the update, the new one's after
+        start, drawn = len(prompts[0]) - 1, torch.as_tensor(out.log_probs[:R]).float()
+        want = torch.cat(
+            [
+                picked(past.logits[0, start:], out.tokens[:cut]),
+                picked(kept.logits[0], out.tokens[cut:]),
+            ]
+        )
+        torch.testing.assert_close(drawn, want, atol=1e-4, rtol=0)
+        with torch.no_grad():
+            renewed = new(input_ids=torch.tensor([tokens[:-1]])).logits[0, start : start + cut]
+        assert not torch.allclose(drawn[:cut], picked(renewed, out.tokens[:cut]), atol=1e-3)
     engine.release(samples)
 
 
