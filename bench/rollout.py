@@ -74,9 +74,38 @@ TARGETS = {("tokens_per_s", "A"): 100_000.0, "speedup_vs_hf_static": 5.0}
 QUIET = {"on": False}  # TP ranks past 0 run the workload but report nothing
 
 
-def build_model(shape: str, device: str):
-    from transformers import Qwen2ForCausalLM
+def moe_config():
+    """Qwen3-30B-A3B's layer (hidden 2048, 32 query and 4 KV heads of 128, 128 experts
+    of width 768, top-8 renormalised) at 8 of its 48 layers, its vocabulary: 4.8B
+    parameters, 0.7B active a token."""
+    from transformers import Qwen3MoeConfig
 
+    return Qwen3MoeConfig(
+        vocab_size=151936,
+        hidden_size=2048,
+        num_hidden_layers=8,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        num_experts=128,
+        num_experts_per_tok=8,
+        moe_intermediate_size=768,
+        norm_topk_prob=True,
+        max_position_embeddings=32768,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+    )
+
+
+def build_model(shape: str, device: str):
+    from transformers import AutoModelForCausalLM, Qwen2ForCausalLM
+
+    if shape == "moe":
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(moe_config(), dtype=torch.bfloat16).eval()
+        model.generation_config.eos_token_id = None
+        return model
     spec = (
         reference_05b()
         if shape == "reference"
@@ -356,7 +385,12 @@ def tune_sampler(out) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--shape", choices=("reference", "tiny"), default=None)
+    parser.add_argument(
+        "--shape",
+        choices=("reference", "tiny", "moe"),
+        default=None,
+        help="moe: a Qwen3-MoE model of 30B-A3B's layer at 8 layers (`moe_config`)",
+    )
     parser.add_argument("--engines", default="native,rayrl_hf,hf_dynamic,hf_static")
     parser.add_argument("--workloads", default="A,B")
     parser.add_argument(

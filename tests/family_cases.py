@@ -119,6 +119,36 @@ FAMILIES = {
         "Qwen2Config",
         dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1, pad_token_id=0),
     ),
+    # Mixtures of experts: 4 experts (8 for Mixtral), top-2, dense layers beside sparse.
+    "qwen2_moe": (  # layers 0 and 2 sparse, 1 dense; a shared expert; top-2 as they are
+        "Qwen2MoeConfig",
+        dict(
+            num_hidden_layers=3,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=48,
+            shared_expert_intermediate_size=80,
+            mlp_only_layers=[1],
+            norm_topk_prob=False,
+            pad_token_id=0,
+        ),
+    ),
+    "qwen3_moe": (  # layer 0 dense, 1 sparse (every second); top-2 renormalised
+        "Qwen3MoeConfig",
+        dict(
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=48,
+            decoder_sparse_step=2,
+            norm_topk_prob=True,
+            head_dim=16,
+            pad_token_id=0,
+        ),
+    ),
+    "mixtral": (
+        "MixtralConfig",
+        dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=64, pad_token_id=0),
+    ),
 }
 
 
@@ -169,6 +199,41 @@ def tp_worker(rank: int, init_file: str, dirs: dict[str, str], out_dir: str) -> 
         stream = tp_rollout_weights(trainer.model, torch.float32, engine.spec, 2, 1 << 14)
         result["phi3_count"] = engine.update_weights(stream, sharded=True)
         result["phi3_b"] = outputs(engine)
+        torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+MOE_FAMILIES = ("qwen2_moe", "qwen3_moe", "mixtral")
+
+
+def moe_tp_worker(rank: int, init_file: str, dirs: dict[str, str], out_dir: str) -> None:
+    """Each of `MOE_FAMILIES` at TP=2 on gloo, from its files (per-expert tensors, each
+    rank reads its parts), then (Qwen3-MoE, Mixtral) updated with another model's whole
+    tensors as transformers holds them (fused 3-D experts); Qwen2-MoE's weights then
+    into an empty engine through the sharded stream from an FSDP2 training engine."""
+    import torch.distributed as dist
+
+    from rayrl.rollout.native.tp import make_tp_groups
+    from rayrl.rollout.native.tp_weights import tp_rollout_weights
+    from rayrl.train.engine import TrainEngine
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        options = dict(**make_tp_groups(2, 2).engine_options, **SMALL, max_model_len=64)
+        result = {}
+        for family in MOE_FAMILIES:
+            engine = NativeRolloutEngine(model_path=dirs[family], **options)
+            result[family] = outputs(engine)
+            if family != "qwen2_moe":  # its update: the stream below
+                engine.update_weights(family_model(family, seed=2).state_dict().items())
+                result[f"{family}_b"] = outputs(engine)
+        trainer = TrainEngine(dirs["qwen2_moe"])  # FSDP2 over the two ranks
+        engine = NativeRolloutEngine(model_path=dirs["qwen2_moe"], load_weights=False, **options)
+        stream = tp_rollout_weights(trainer.model, torch.float32, engine.spec, 2, 1 << 14)
+        result["stream_count"] = engine.update_weights(stream, sharded=True)
+        result["stream"] = outputs(engine)
         torch.save(result, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()

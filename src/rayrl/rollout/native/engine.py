@@ -288,7 +288,7 @@ class NativeRolloutEngine(Serving, RolloutEngine):
     def _load_all(self, state, sharded: bool = False) -> None:
         seen = []
         self.weights.load(((seen.append(n) or n, t) for n, t in state), WHERE, sharded)
-        missing = self._needed() - set(seen)
+        missing = self._needed() - self.weights.filled(seen)
         if missing:
             raise KeyError(
                 f"{WHERE}: the checkpoint lacks {len(missing)} tensors the model needs, e.g. "
@@ -301,6 +301,8 @@ class NativeRolloutEngine(Serving, RolloutEngine):
         prefill graphs' pool beside it."""
         s, size = self.local_spec, torch.empty((), dtype=self.dtype).element_size()
         per_token = 5 * s.hidden + 2 * s.q_size + 2 * s.kv_size + 3 * s.intermediate
+        if s.moe is not None:  # each token's k expert rows (sorted copies, outputs)
+            per_token += s.moe.experts + s.moe.top_k * (2 * s.hidden + 3 * s.moe.intermediate)
         logits = self.max_num_seqs * self.spec.vocab * (size + 16)  # logits, copies, sampler
         tokens = self.max_num_batched_tokens
         if self.use_prefill_graphs:
@@ -456,7 +458,7 @@ class NativeRolloutEngine(Serving, RolloutEngine):
         copied = self.weights.load(
             ((seen.append(n) or n, t) for n, t in pairs), f"{WHERE}.update_weights", sharded
         )
-        self._unset -= set(seen)
+        self._unset -= self.weights.filled(seen)
         return copied
 
     # ------------------------------------------------------------------ memory

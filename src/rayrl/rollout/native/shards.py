@@ -13,7 +13,13 @@ A model split over ``size`` ranks (Megatron-style, as vLLM and SGLang split it):
   ``w = ceil(V / size)`` (vocab-parallel: a masked lookup summed over ranks; a slice
   of the logits per rank);
 - norms, Qwen3's per-head q/k norms and the output-projection bias: whole on every
-  rank (the bias is added on rank 0 only, before the sum).
+  rank (the bias is added on rank 0 only, before the sum);
+- a mixture of experts (`ModelSpec.moe`): every expert's MLP split as a dense MLP's,
+  over its own width (rank r holds rows ``[r * I/size, (r+1) * I/size)`` of each
+  expert's gate and up, the same columns of its down projection), the shared expert's
+  over its width; the router and the shared expert's gate whole on every rank. In
+  transformers' 3-D tensors the split is along dim 1 (``[experts, rows, hidden]``) or
+  dim 2 (``[experts, hidden, columns]``), in checkpoints' per-expert ones along 0 or 1.
 
 Which HF tensor is which is the model family's tensor-parallel plan (`Family.tp_kind`; a
 family may also refuse sizes: `Family.tp_problems`). `TPShard.part` says this for any
@@ -36,11 +42,25 @@ from rayrl.rollout.native.spec import ModelSpec
 __all__ = ["Part", "TPShard", "check_tp_size"]
 
 KEY = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+# A tensor-parallel plan's kinds (`Family.tp_kind`) that split one width evenly: kind ->
+# (the dim it splits, the width: `TPShard._width`). "kv_rows" and "vocab" are their own.
+_SPLITS = {
+    "q_rows": (0, "q"),
+    "q_cols": (1, "q"),
+    "mlp_rows": (0, "mlp"),
+    "mlp_cols": (1, "mlp"),
+    "expert_rows": (0, "expert"),  # one expert's [width, hidden] (checkpoints)
+    "expert_cols": (1, "expert"),
+    "experts_rows": (1, "expert"),  # all experts' [experts, width, hidden] (transformers)
+    "experts_cols": (2, "expert"),
+    "shared_rows": (0, "shared"),
+    "shared_cols": (1, "shared"),
+}
 
 
 class Part(NamedTuple):
-    """Rows (``dim`` 0) or columns (``dim`` 1) ``[start, stop)`` of a tensor whose whole
-    extent along ``dim`` is ``full``."""
+    """``[start, stop)`` along ``dim`` (0: rows, 1: columns; 2: an expert's columns in a
+    3-D tensor) of a tensor whose whole extent along ``dim`` is ``full``."""
 
     dim: int
     start: int
@@ -60,8 +80,15 @@ def check_tp_size(spec: ModelSpec, size: int) -> None:
             problems.append(
                 f"it neither divides the {spec.kv_heads} KV heads nor is a multiple of them"
             )
-        if spec.intermediate % size:
+        if spec.intermediate % size and not all(map(spec.is_moe, range(spec.layers))):
             problems.append(f"it does not divide the MLP width {spec.intermediate}")
+        if spec.moe is not None and any(spec.moe.layers):
+            for what, width in (
+                ("expert", spec.moe.intermediate),
+                ("shared expert", spec.moe.shared),
+            ):
+                if width % size:
+                    problems.append(f"it does not divide the {what} width {width}")
         if (size - 1) * -(-spec.vocab // size) >= spec.vocab:
             problems.append(f"the {spec.vocab}-token vocabulary leaves a rank no rows")
         problems += family_for(spec).tp_problems(spec, size)
@@ -124,12 +151,18 @@ class TPShard:
         if self.size == 1:
             return self.spec
         lo, hi = self.vocab_rows
+        moe = self.spec.moe
+        if moe is not None:
+            moe = dataclasses.replace(
+                moe, intermediate=moe.intermediate // self.size, shared=moe.shared // self.size
+            )
         return dataclasses.replace(
             self.spec,
             heads=self.heads,
             kv_heads=self.kv_heads,
             intermediate=self.intermediate,
             vocab=hi - lo,
+            moe=moe,
         )
 
     def part(self, name: str) -> Part | None:
@@ -142,13 +175,19 @@ class TPShard:
         if kind == "kv_rows":
             first, dim = self.kv_first * self.spec.head_dim, self.spec.head_dim
             return Part(0, first, first + self.kv_heads * dim, self.spec.kv_size)
-        width, full = (
-            (self.heads * self.spec.head_dim, self.spec.q_size)
-            if kind.startswith("q_")
-            else (self.intermediate, self.spec.intermediate)
-        )
-        dim = 1 if kind.endswith("_cols") else 0
+        dim, what = _SPLITS[kind]
+        full = self._width(what)
+        width = full // self.size
         return Part(dim, self.rank * width, (self.rank + 1) * width, full)
+
+    def _width(self, what: str) -> int:
+        """The whole width a kind of `_SPLITS` splits."""
+        s = self.spec
+        if what == "q":
+            return s.q_size
+        if what == "mlp":
+            return s.intermediate
+        return s.moe.intermediate if what == "expert" else s.moe.shared
 
     def take(self, name: str, tensor: Tensor) -> Tensor:
         """This rank's part of the whole tensor ``name`` (a view)."""

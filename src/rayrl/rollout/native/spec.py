@@ -2,7 +2,8 @@
 
 A `ModelSpec` holds a decoder's shapes and its layer variants (norm placement and style,
 QK-norm, sliding windows, soft-capping, scales, partial rotary, ...): the defaults are
-Llama's. Which config makes which spec is a model family's business: each family is one
+Llama's. A mixture-of-experts model's spec holds a `MoESpec` too: its experts, routing
+and which layers have them (`rayrl.rollout.native.moe` runs it). Which config makes which spec is a model family's business: each family is one
 registered unit (`rayrl.rollout.native.families`), whose `spec_of` asks the family of
 the config's ``model_type``; a model no family runs, or a feature its family does not
 implement, is refused with `UnsupportedModelError`, whose message names the feature and
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["HINT", "NORM_LAYOUTS", "ModelSpec", "UnsupportedModelError"]
+__all__ = ["HINT", "NORM_LAYOUTS", "MoESpec", "ModelSpec", "UnsupportedModelError"]
 
 HINT = "use actor_rollout_ref.rollout.name=hf, which runs any transformers causal LM"
 # Where a decoder layer's norms sit, as the weight slots each layout has (`weights`):
@@ -32,6 +33,22 @@ NORM_LAYOUTS = {
 
 class UnsupportedModelError(ValueError):
     """The model has a feature the native engine does not implement."""
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """A mixture-of-experts MLP (`rayrl.rollout.native.moe`): a router picks ``top_k`` of
+    ``experts`` SwiGLU experts per token, and their outputs are summed, each scaled by its
+    routing weight; a shared expert may run on every token beside them."""
+
+    experts: int
+    top_k: int
+    intermediate: int  # each expert's width
+    layers: tuple[bool, ...]  # per layer: its MLP is this mixture (False: a dense MLP)
+    norm_topk: bool = False  # the top-k probabilities are renormalised to sum to 1
+    weights_in_float: bool = False  # the routing weights scale in float32 (Mixtral)
+    shared: int = 0  # the shared expert's width (0: none)
+    shared_gate: bool = False  # sigmoid(x @ gate) scales the shared expert (Qwen2-MoE)
 
 
 @dataclass(frozen=True)
@@ -67,6 +84,7 @@ class ModelSpec:
     embed_scale_in_dtype: bool = False  # Gemma: the scale rounded to the model dtype first
     residual_scale: float = 1.0  # each sublayer's output, before the residual add (Granite)
     logits_divisor: float = 1.0  # the logits are divided by it (Granite)
+    moe: MoESpec | None = None  # the layers' mixture-of-experts MLP (None: all dense)
 
     @property
     def group(self) -> int:
@@ -93,6 +111,15 @@ class ModelSpec:
     def rope_table(self, layer: int) -> int:
         """Which rotary table layer ``layer`` uses."""
         return self.rope_tables[layer] if self.rope_tables else 0
+
+    def is_moe(self, layer: int) -> bool:
+        """Whether layer ``layer``'s MLP is the mixture of experts (`moe`)."""
+        return self.moe is not None and self.moe.layers[layer]
+
+    def mlp_width(self, layer: int) -> int:
+        """The width of layer ``layer``'s dense MLP: its own, or in a mixture-of-experts
+        layer its shared expert's (0: none)."""
+        return self.moe.shared if self.is_moe(layer) else self.intermediate
 
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
         """Bytes of K and V cache that one token takes over all layers."""

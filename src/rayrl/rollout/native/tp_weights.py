@@ -12,8 +12,10 @@ rank ``g % tp``, `rayrl.rollout.native.tp`):
   all-to-all per bucket: rank ``s`` sends rank ``d``, for each parameter, the piece of
   its own shard that ``d``'s TP part covers, cast to the rollout dtype first: the rows
   of the part it holds (q / k / v / gate / up rows, vocabulary rows of the embedding and
-  LM head), or the part's columns of all its rows (o / down projections), or all its
-  rows (norms and the o bias, which every rank holds whole);
+  LM head), or the part's columns of all its rows (o / down projections; a mixture of
+  experts' 3-D ``down_proj``: its experts' columns), or all its rows (norms, the o bias
+  and the router, which every rank holds whole, and a fused tensor: Phi-3's, a mixture
+  of experts' ``gate_up_proj``, whose rank's part is not one range);
 - rank ``d`` concatenates the pieces in source order: that is its part (rows of the part
   in order; all rows of the part's columns), never the whole tensor except for the small
   ones every rank holds whole. Per bucket a rank receives about ``1 / tp`` of it, where
@@ -86,18 +88,19 @@ def _rows_held(rows: int, world: int, rank: int) -> tuple[int, int]:
 
 def _piece(name: str, shape: torch.Size, held: tuple[int, int], shard: TPShard):
     """What of a source's rows ``held`` destination ``shard`` needs: (rows ``[a, b)`` of
-    the source's local tensor, columns ``[c0, c1)`` or None for all), and its shape."""
+    the source's local tensor, the part of another dim to narrow them to (`Part`; None:
+    all of it), and the piece's shape."""
     r0, r1 = held
     part = shard.part(name) if shard.size > 1 else None
-    if part is None or part.dim == 1:
-        rows, cols = (0, r1 - r0), None if part is None else (part.start, part.stop)
+    if part is None or part.dim > 0:
+        rows, cut = (0, r1 - r0), part
     else:
         a, b = max(r0, part.start), min(r1, part.stop)
-        rows, cols = (a - r0, max(a, b) - r0), None
+        rows, cut = (a - r0, max(a, b) - r0), None
     out = [rows[1] - rows[0], *shape[1:]]
-    if cols is not None:
-        out[1] = cols[1] - cols[0]
-    return rows, cols, out
+    if cut is not None:
+        out[cut.dim] = cut.stop - cut.start
+    return rows, cut, out
 
 
 def _exchange(
@@ -119,10 +122,10 @@ def _exchange(
                 f"not the {held[1] - held[0]} of a torch.chunk split; is it an FSDP2 shard?"
             )
         for d, target in enumerate(targets):
-            rows, cols, _ = _piece(name, param.shape, held, target)
+            rows, cut, _ = _piece(name, param.shape, held, target)
             piece = local[rows[0] : rows[1]]
-            if cols is not None:
-                piece = piece[:, cols[0] : cols[1]]
+            if cut is not None:
+                piece = piece.narrow(cut.dim, cut.start, cut.stop - cut.start)
             send[d].append(piece.reshape(-1))
         for s in range(world):
             recv_shapes[s].append(

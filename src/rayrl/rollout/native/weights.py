@@ -7,8 +7,17 @@ HF parameter name (``model.layers.3.self_attn.k_proj.weight``) to the view of th
 tensor it lives in, as the model's family names them (`Family.layer_names`), so loading a
 checkpoint and `update_weights` from the training model are the same in-place
 ``view.copy_(tensor)``, with any dtype or device conversion done by the copy. An HF
-tensor that itself concatenates several (Phi-3's ``qkv_proj``: `Family.fused`) is split
-into those first.
+tensor that itself concatenates several (Phi-3's ``qkv_proj``: `Family.fused`; a mixture
+of experts' ``gate_up_proj``, along its rows: `Family.layer_fused`) is split into those
+first.
+
+A mixture-of-experts layer (`ModelSpec.moe`) keeps its router, every expert's gate and
+up rows as one ``experts_gate_up`` ``[experts, 2 * width, hidden]`` and down projections
+as ``experts_down`` ``[experts, hidden, width]`` (transformers 5's layout), and a shared
+expert (Qwen2-MoE) in the dense MLP's ``gate_up`` / ``down`` slots. Checkpoints on disk
+hold one tensor per expert: those names are aliases (`Family.layer_aliases`), views of
+one expert in the fused tensors, loaded as the fused names are; `filled` counts a fused
+name filled once all its aliases are.
 
 Split over tensor-parallel ranks (`rayrl.rollout.native.shards`), the tensors
 have the shapes of the rank's slice (``spec`` is the slice's), and a whole HF tensor is
@@ -45,12 +54,16 @@ class LayerWeights:
     o: Tensor  # [hidden, q_size]
     o_bias: Tensor | None
     mlp_norm: Tensor | None  # before the MLP
-    gate_up: Tensor  # [2 * intermediate, hidden]
-    down: Tensor  # [hidden, intermediate]
+    gate_up: Tensor | None  # [2 * width, hidden]: the MLP, or the shared expert (or None)
+    down: Tensor | None  # [hidden, width]
     q_norm: Tensor | None  # [head_dim] (Qwen3, Gemma 3) or [q_size] (OLMo 2)
     k_norm: Tensor | None
     attn_out_norm: Tensor | None = None  # on the attention's output (Gemma 2, OLMo 2)
     mlp_out_norm: Tensor | None = None  # on the MLP's output
+    router: Tensor | None = None  # [experts, hidden]: a mixture-of-experts layer's
+    experts_gate_up: Tensor | None = None  # [experts, 2 * expert width, hidden]
+    experts_down: Tensor | None = None  # [experts, hidden, expert width]
+    shared_gate: Tensor | None = None  # [1, hidden]: scales the shared expert (Qwen2-MoE)
 
 
 class NativeWeights:
@@ -79,12 +92,13 @@ class NativeWeights:
         self.embed = empty(s.vocab, s.hidden)
         self.final_norm = empty(s.hidden)
         self.lm_head = self.embed if s.tie_embeddings else empty(s.vocab, s.hidden)
-        self.layers = [self._layer(empty) for _ in range(s.layers)]
+        self.layers = [self._layer(empty, i) for i in range(s.layers)]
         self._targets = self._build_targets()
         self._fused = self._build_fused()
+        self._aliases = self._build_aliases()
 
-    def _layer(self, empty: Callable[..., Tensor]) -> LayerWeights:
-        s = self.spec
+    def _layer(self, empty: Callable[..., Tensor], i: int) -> LayerWeights:
+        s, width = self.spec, self.spec.mlp_width(i)
         qkv_rows = s.q_size + 2 * s.kv_size
         norms = {slot: empty(s.hidden) for slot in s.norm_slots}
         q_norm, k_norm = (s.head_dim, s.head_dim) if s.qk_norm_per_head else (s.q_size, s.kv_size)
@@ -95,36 +109,71 @@ class NativeWeights:
             o=empty(s.hidden, s.q_size),
             o_bias=empty(s.hidden) if s.o_bias else None,
             mlp_norm=norms.pop("mlp_norm", None),
-            gate_up=empty(2 * s.intermediate, s.hidden),
-            down=empty(s.hidden, s.intermediate),
+            gate_up=empty(2 * width, s.hidden) if width else None,
+            down=empty(s.hidden, width) if width else None,
             q_norm=empty(q_norm) if s.qk_norm else None,
             k_norm=empty(k_norm) if s.qk_norm else None,
             **norms,
+            **self._experts(empty, i),
         )
+
+    def _experts(self, empty: Callable[..., Tensor], i: int) -> dict[str, Tensor]:
+        """Layer ``i``'s router and experts (none unless it is a mixture of experts)."""
+        s, moe = self.spec, self.spec.moe
+        if not s.is_moe(i):
+            return {}
+        out = {
+            "router": empty(moe.experts, s.hidden),
+            "experts_gate_up": empty(moe.experts, 2 * moe.intermediate, s.hidden),
+            "experts_down": empty(moe.experts, s.hidden, moe.intermediate),
+        }
+        if moe.shared_gate:
+            out["shared_gate"] = empty(1, s.hidden)
+        return out
 
     def _build_targets(self) -> dict[str, Tensor]:
         out = {"model.embed_tokens.weight": self.embed, "model.norm.weight": self.final_norm}
         out["lm_head.weight"] = self.lm_head
-        names = self.family.layer_names(self.spec)
         for i, layer in enumerate(self.layers):
-            for name, (slot, rows) in names.items():
+            for name, (slot, index) in self.family.layer_names(self.spec, i).items():
                 tensor = getattr(layer, slot)
-                out[f"model.layers.{i}.{name}"] = tensor if rows is None else tensor[rows]
+                out[f"model.layers.{i}.{name}"] = tensor if index is None else tensor[index]
         return out
 
-    def _build_fused(self) -> dict[str, tuple[str, ...]]:
-        """HF names of fused tensors -> the target names they concatenate, in row order."""
+    def _build_fused(self) -> dict[str, tuple[int, tuple[str, ...]]]:
+        """HF names of fused tensors -> (the dim they concatenate along, the target names
+        they concatenate, in order)."""
         return {
-            f"model.layers.{i}.{name}": tuple(f"model.layers.{i}.{part}" for part in parts)
+            f"model.layers.{i}.{name}": (dim, tuple(f"model.layers.{i}.{p}" for p in parts))
             for i in range(len(self.layers))
-            for name, parts in self.family.fused.items()
+            for name, (dim, parts) in self.family.layer_fused(self.spec, i).items()
+        }
+
+    def _build_aliases(self) -> dict[str, str]:
+        """Checkpoint names (per-expert tensors) -> the HF name whose tensor they fill."""
+        return {
+            f"model.layers.{i}.{alias}": f"model.layers.{i}.{name}"
+            for i in range(len(self.layers))
+            for alias, name in self.family.layer_aliases(self.spec, i).items()
         }
 
     @property
     def names(self) -> list[str]:
-        """Every HF parameter name the model has (``lm_head.weight`` included when tied)."""
-        inside = {part for parts in self._fused.values() for part in parts}
+        """Every HF parameter name the model has (``lm_head.weight`` included when tied),
+        as transformers names them in memory (not the aliases)."""
+        inside = {part for _, parts in self._fused.values() for part in parts}
+        inside.update(self._aliases)
         return [n for n in self._targets if n not in inside] + list(self._fused)
+
+    def filled(self, loaded: Iterable[str]) -> set[str]:
+        """The `names` that the tensors named ``loaded`` fill: themselves, and each name
+        all of whose aliases were loaded."""
+        loaded = set(loaded)
+        groups: dict[str, set[str]] = {}
+        for alias, name in self._aliases.items():
+            groups.setdefault(name, set()).add(alias)
+        whole = {name for name, aliases in groups.items() if aliases <= loaded}
+        return (loaded - set(self._aliases)) | whole
 
     def tensors(self) -> Iterator[Tensor]:
         """The distinct storage tensors (for memory accounting)."""
@@ -145,8 +194,10 @@ class NativeWeights:
     def full_shape(self, name: str) -> tuple[int, ...]:
         """The shape of the whole HF tensor ``name`` (this rank's part, widened)."""
         if name in self._fused:
-            shapes = [self.full_shape(part) for part in self._fused[name]]
-            return (sum(shape[0] for shape in shapes), *shapes[0][1:])
+            dim, parts = self._fused[name]
+            shape = list(self.full_shape(parts[0]))
+            shape[dim] = sum(self.full_shape(part)[dim] for part in parts)
+            return tuple(shape)
         shape = list(self._targets[name].shape)
         part = self.shard.part(name) if self.shard else None
         if part is not None:
@@ -175,8 +226,8 @@ class NativeWeights:
         for name, tensor in pairs:
             if name in self._fused:  # whole even when sharded: split, then narrowed
                 self._check_shape(name, tensor, where, sharded=False)
-                parts = self._fused[name]
-                pieces = tensor.split([self.full_shape(part)[0] for part in parts])
+                dim, parts = self._fused[name]
+                pieces = tensor.split([self.full_shape(part)[dim] for part in parts], dim)
                 for part, piece in zip(parts, pieces, strict=True):
                     self._copy(part, piece, where, sharded=False)
             elif name in self._targets:
@@ -238,7 +289,6 @@ def read_safetensors(
                     tensor = f.get_tensor(name)
                 else:
                     rows = slice(where.start, where.stop)
-                    index = (rows,) if where.dim == 0 else (slice(None), rows)
-                    tensor = f.get_slice(name)[index]
+                    tensor = f.get_slice(name)[(slice(None),) * where.dim + (rows,)]
                 reads.count(tensor.numel() * tensor.element_size())
                 yield name, tensor

@@ -6,6 +6,10 @@ A `Family` is everything the engine knows of one transformers ``model_type``:
   `UnsupportedModelError` naming the feature the engine lacks (`problems`);
 - its **weight-name map** (`layer_names`, `norm_names`, `fused`): which HF tensor fills
   which rows of the engine's fused weights (`rayrl.rollout.native.weights`);
+- its **MLP kind** (`mlp_kind`): ``"dense"``, or ``"moe"`` for a mixture of experts,
+  whose config the family reads (`moe`: the spec's `MoESpec`) and whose per-expert
+  checkpoint names it declares (`expert_names`); the names, the TP plan and the op
+  (`rayrl.rollout.native.moe`) are shared by every MoE family;
 - its **tensor-parallel plan** (`tp_kind`, `tp_problems`): how each HF tensor splits over
   TP ranks (`rayrl.rollout.native.shards`), and which sizes cannot split the model;
 - its **rotary tables** (`rotary`): cos/sin from the family's own transformers rotary
@@ -21,19 +25,30 @@ family is one file. `family_for` finds a config's family.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+import re
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from rayrl.registry import Registry
-from rayrl.rollout.native.spec import HINT, NORM_LAYOUTS, ModelSpec, UnsupportedModelError
+from rayrl.rollout.native.spec import (
+    HINT,
+    NORM_LAYOUTS,
+    ModelSpec,
+    MoESpec,
+    UnsupportedModelError,
+)
 
 __all__ = [
     "FAMILIES",
+    "QWEN_EXPERTS",
+    "ExpertNames",
     "Family",
     "check_longrope",
     "family_for",
+    "moe_layers",
+    "moe_problems",
     "rope_layer_types",
     "rope_parameters",
     "rope_tables",
@@ -58,6 +73,36 @@ TP_PLAN = {
     "mlp.up_proj.weight": "mlp_rows",
     "mlp.down_proj.weight": "mlp_cols",
 }
+# A mixture-of-experts layer's TP plan (`shards._SPLITS`): every expert's gate and up rows
+# and down columns split as a dense MLP's, in memory's fused 3-D tensors (the gate and up
+# parts of ``gate_up_proj``, `moe_names`) and in checkpoints' per-expert ones (``*``: the
+# expert); the shared expert as a dense MLP of its width; the router and the shared
+# expert's gate whole on every rank.
+MOE_TP_PLAN = {
+    "mlp.experts.gate_proj": "experts_rows",
+    "mlp.experts.up_proj": "experts_rows",
+    "mlp.experts.down_proj": "experts_cols",
+    "mlp.shared_expert.gate_proj.weight": "shared_rows",
+    "mlp.shared_expert.up_proj.weight": "shared_rows",
+    "mlp.shared_expert.down_proj.weight": "shared_cols",
+}
+# A layer's weight-name map: HF name -> (the engine's slot, the index of the slot's view
+# the tensor fills: rows, or an expert, or a tuple of both; None: all of it).
+Index = slice | int | tuple[slice | int, ...] | None
+
+
+class ExpertNames(NamedTuple):
+    """How checkpoints on disk name a layer's experts, one tensor per expert: the router
+    ``{block}.gate.weight``, expert e's ``{block}.experts.{e}.{gate|up|down}.weight``.
+    (transformers 5 fuses them into 3-D tensors on load and splits them again on save.)"""
+
+    block: str
+    gate: str
+    up: str
+    down: str
+
+
+QWEN_EXPERTS = ExpertNames("mlp", "gate_proj", "up_proj", "down_proj")
 
 
 def family_for(model: Any) -> Family:
@@ -84,6 +129,10 @@ class Family:
     # HF tensors that concatenate standard ones (rows, in order): Phi-3's qkv_proj.
     fused: dict[str, tuple[str, ...]] = {}
     tp_plan: dict[str, str] = TP_PLAN
+    # The MLP: "dense" (a SwiGLU or GELU-gated MLP) or "moe" (a mixture of experts on
+    # the layers `moe` names, in transformers 5's names, and `expert_names` on disk).
+    mlp_kind: str = "dense"
+    expert_names: ExpertNames = QWEN_EXPERTS
 
     # ------------------------------------------------------------------ config reader
     def read(self, config) -> ModelSpec:
@@ -110,8 +159,13 @@ class Family:
             norm_layout=self.norm_layout(),
             activation=ACTIVATIONS[self.activation_name(config)],
             rope_tables=rope_tables(config),
+            moe=self.moe(config) if self.mlp_kind == "moe" else None,
             **self.variants(config),
         )
+
+    def moe(self, config) -> MoESpec:
+        """The mixture of experts of ``config`` (an ``mlp_kind="moe"`` family's)."""
+        raise NotImplementedError(f"{type(self).__name__} declares mlp_kind='moe' but no moe()")
 
     def variants(self, config) -> dict[str, Any]:
         """The spec's variant fields for ``config`` (`ModelSpec`'s defaults otherwise)."""
@@ -138,10 +192,10 @@ class Family:
         return next(k for k, v in NORM_LAYOUTS.items() if set(v) == slots)
 
     # ------------------------------------------------------------------ weight names
-    def layer_names(self, spec: ModelSpec) -> dict[str, tuple[str, slice | None]]:
-        """A layer's HF tensors (names after ``model.layers.N.``) -> (the engine's slot,
-        the rows of it the tensor fills; None: all)."""
-        q, kv, inter = spec.q_size, spec.kv_size, spec.intermediate
+    def layer_names(self, spec: ModelSpec, layer: int) -> dict[str, tuple[str, Index]]:
+        """Layer ``layer``'s HF tensors (names after ``model.layers.N.``) -> (the engine's
+        slot, the index of the slot's view the tensor fills: rows; None: all)."""
+        q, kv = spec.q_size, spec.kv_size
         out = {f"{hf}.weight": (slot, None) for hf, slot in self.norm_names.items()}
         for name, rows in (("q", slice(0, q)), ("k", slice(q, q + kv)), ("v", slice(q + kv, None))):
             out[f"self_attn.{name}_proj.weight"] = ("qkv", rows)
@@ -153,9 +207,43 @@ class Family:
         if spec.qk_norm:
             out["self_attn.q_norm.weight"] = ("q_norm", None)
             out["self_attn.k_norm.weight"] = ("k_norm", None)
-        out["mlp.gate_proj.weight"] = ("gate_up", slice(0, inter))
-        out["mlp.up_proj.weight"] = ("gate_up", slice(inter, None))
-        out["mlp.down_proj.weight"] = ("down", None)
+        return {**out, **self.mlp_names(spec, layer)}
+
+    def mlp_names(self, spec: ModelSpec, layer: int) -> dict[str, tuple[str, Index]]:
+        """Layer ``layer``'s MLP tensors: a dense MLP's, or a mixture of experts' (with
+        its shared expert in the dense MLP's slots)."""
+        width, out = spec.mlp_width(layer), {}
+        prefix = "mlp.shared_expert." if spec.is_moe(layer) else "mlp."
+        if width:
+            out[f"{prefix}gate_proj.weight"] = ("gate_up", slice(0, width))
+            out[f"{prefix}up_proj.weight"] = ("gate_up", slice(width, None))
+            out[f"{prefix}down_proj.weight"] = ("down", None)
+        if spec.is_moe(layer):
+            out.update(moe_names(spec.moe, self.expert_names))
+        return out
+
+    def layer_fused(self, spec: ModelSpec, layer: int) -> dict[str, tuple[int, tuple[str, ...]]]:
+        """Layer ``layer``'s HF tensors that concatenate others: name -> (the dim they
+        are concatenated along, the parts in order): `fused` (rows), and a mixture of
+        experts' ``gate_up_proj`` ``[experts, 2 * width, hidden]`` (gate, then up)."""
+        out = {name: (0, parts) for name, parts in self.fused.items()}
+        if spec.is_moe(layer):
+            out["mlp.experts.gate_up_proj"] = (1, ("mlp.experts.gate_proj", "mlp.experts.up_proj"))
+        return out
+
+    def layer_aliases(self, spec: ModelSpec, layer: int) -> dict[str, str]:
+        """Layer ``layer``'s checkpoint names that fill part of another name's tensor: the
+        per-expert tensors on disk (`expert_names`) -> transformers' fused tensor."""
+        if not spec.is_moe(layer):
+            return {}
+        n, out = self.expert_names, {}
+        if n.block != "mlp":
+            out[f"{n.block}.gate.weight"] = "mlp.gate.weight"
+        for e in range(spec.moe.experts):
+            prefix = f"{n.block}.experts.{e}."
+            out[f"{prefix}{n.gate}.weight"] = "mlp.experts.gate_up_proj"
+            out[f"{prefix}{n.up}.weight"] = "mlp.experts.gate_up_proj"
+            out[f"{prefix}{n.down}.weight"] = "mlp.experts.down_proj"
         return out
 
     # ------------------------------------------------------------------ tensor parallelism
@@ -163,7 +251,11 @@ class Family:
         """How HF tensor ``name`` splits over TP ranks (None: every rank holds it whole)."""
         if name in VOCAB_NAMES:
             return "vocab"
-        return self.tp_plan.get(name.partition(".layers.")[2].partition(".")[2])
+        key = name.partition(".layers.")[2].partition(".")[2]
+        if self.mlp_kind == "moe":
+            key = re.sub(r"\.experts\.\d+\.", ".experts.*.", key)
+            return self.tp_plan.get(key) or moe_tp_plan(self.expert_names).get(key)
+        return self.tp_plan.get(key)
 
     def tp_problems(self, spec: ModelSpec, size: int) -> list[str]:
         """Why ``size`` ranks cannot split this family's model, beyond the shapes."""
@@ -194,6 +286,59 @@ class Family:
                 f"{config.model_type!r}; {HINT}."
             )
         return classes[0]
+
+
+def moe_names(moe: MoESpec, names: ExpertNames) -> dict[str, tuple[str, Index]]:
+    """A mixture-of-experts layer's tensors (its shared expert's aside): transformers 5's
+    router and fused experts (``gate_up_proj``'s gate and up parts: `Family.layer_fused`),
+    and the per-expert tensors of checkpoints on disk (`ExpertNames`), each a view of the
+    engine's ``experts_gate_up`` ``[experts, 2 * width, hidden]`` / ``experts_down``
+    ``[experts, hidden, width]``."""
+    width, whole = moe.intermediate, slice(None)
+    out = {
+        "mlp.gate.weight": ("router", None),
+        "mlp.experts.gate_proj": ("experts_gate_up", (whole, slice(0, width))),
+        "mlp.experts.up_proj": ("experts_gate_up", (whole, slice(width, None))),
+        "mlp.experts.down_proj": ("experts_down", None),
+    }
+    if moe.shared_gate:
+        out["mlp.shared_expert_gate.weight"] = ("shared_gate", None)
+    out[f"{names.block}.gate.weight"] = ("router", None)
+    for e in range(moe.experts):
+        prefix = f"{names.block}.experts.{e}."
+        out[f"{prefix}{names.gate}.weight"] = ("experts_gate_up", (e, slice(0, width)))
+        out[f"{prefix}{names.up}.weight"] = ("experts_gate_up", (e, slice(width, None)))
+        out[f"{prefix}{names.down}.weight"] = ("experts_down", e)
+    return out
+
+
+def moe_tp_plan(names: ExpertNames) -> dict[str, str]:
+    """`MOE_TP_PLAN` with the per-expert checkpoint names (``*``: any expert)."""
+    prefix = f"{names.block}.experts.*."
+    return {
+        **MOE_TP_PLAN,
+        f"{prefix}{names.gate}.weight": "expert_rows",
+        f"{prefix}{names.up}.weight": "expert_rows",
+        f"{prefix}{names.down}.weight": "expert_cols",
+    }
+
+
+def moe_layers(config, experts: int) -> tuple[bool, ...]:
+    """Each layer's MLP is a mixture of experts (Qwen-MoE's rule: not in
+    ``mlp_only_layers``, and every ``decoder_sparse_step``-th layer)."""
+    dense = set(getattr(config, "mlp_only_layers", None) or ())
+    step = getattr(config, "decoder_sparse_step", None) or 1
+    return tuple(
+        i not in dense and experts > 0 and (i + 1) % step == 0
+        for i in range(config.num_hidden_layers)
+    )
+
+
+def moe_problems(experts: int, top_k: int) -> list[str]:
+    """What of a mixture of experts' config the engine does not run (empty: none)."""
+    if experts and not 0 < top_k <= experts:
+        return [f"num_experts_per_tok={top_k} of {experts} experts"]
+    return []
 
 
 def rotary_table(rotary, max_positions: int, **kwargs) -> tuple[Tensor, Tensor]:
