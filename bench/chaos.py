@@ -32,12 +32,22 @@ run bitwise: tests/test_async_agents.py.)
 
 The model is a tiny Qwen2 (4 layers, hidden 256, random weights) built in `--out`.
 
+`--transport collective` (with `--async`): the replicas take each version by a
+broadcast from actor rank 0 (`async_training.weight_transport=collective`, its timeout
+`--sync-timeout` seconds); `--replica-kill-at any` kills a replica at a random moment
+of the step, whatever it is doing (receiving a broadcast included), instead of in the
+middle of generation. Added records: `weight_publish_max_s` (the longest publish of the
+run, the broadcast's wait included; target 10 s: a replica lost during a broadcast
+costs seconds, not the timeout) and `weight_transport_fallbacks` (versions a replica
+took from the object store instead; at least one per replica lost in a broadcast).
+
 `--agent`: multi-turn episodes (`rollout.multi_turn.enable`), each assistant turn
 answered by a tool call of 0.3 s (`bench/_agent_env.py`: the random model ends a turn
 about every 8 tokens, two tool calls an episode), and the kills may also land while
 an episode's tools run (stage `tools`); `--stages` picks the kill points.
 Usage: `python bench/chaos.py [--steps 10] [--kills 10] [--seed 0] [--out DIR] [--device cuda]
-[--agent] [--stages gen,tools,...] [--async]`
+[--agent] [--stages gen,tools,...] [--async] [--transport collective]
+[--replica-kill-at any]`
 (`--device cuda`: the two ranks on two GPUs over NCCL; `recovery_s` is then issue 14's
 recovery after killing one rank mid-step).
 """
@@ -112,11 +122,11 @@ class ReplicaKiller:
     and the kill is tried again at the next step; kills left when the run ends are
     listed with why."""
 
-    def __init__(self, run, seed: int, kills: int) -> None:
+    def __init__(self, run, seed: int, kills: int, at: str = "gen") -> None:
         import random
         import threading
 
-        self.run, self.kills, self.rng = run, kills, random.Random(seed + 1)
+        self.run, self.kills, self.rng, self.at = run, kills, random.Random(seed + 1), at
         self.plan = KillPlan(kills)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -149,6 +159,8 @@ class ReplicaKiller:
             if watching is not None and step != watching:
                 reason = f"the step ended before a replica was seen generating ({seen})"
                 self.plan.missed(watching, "gen", reason)
+            if watching != step and self.at == "any":  # a random moment of the step
+                time.sleep(self.rng.uniform(0.0, 1.5))
             watching = step
             replicas = list(self.run.trainer.rollouts.replicas)
             if not replicas:
@@ -160,7 +172,8 @@ class ReplicaKiller:
             except Exception as err:  # noqa: BLE001 - being replaced: look again
                 seen = f"a heartbeat failed: {type(err).__name__}"
                 continue
-            if not (beat and (beat.get("busy") or "").endswith("generate")):
+            busy = (beat or {}).get("busy") or ""
+            if not beat or (self.at == "gen" and not busy.endswith("generate")):
                 seen = f"last seen {(beat or {}).get('busy') or 'idle'}"
                 continue
             try:
@@ -168,7 +181,9 @@ class ReplicaKiller:
             except OSError as err:
                 seen = f"pid {beat['pid']} was gone before the kill ({err})"
                 continue
-            self.plan.landed({"step": step, "pid": beat["pid"], "time": time.time()})
+            self.plan.landed(
+                {"step": step, "pid": beat["pid"], "time": time.time(), "busy": busy or "idle"}
+            )
             watching = None
 
     def stop(self) -> None:
@@ -181,6 +196,11 @@ def run_async(args: argparse.Namespace, out: str) -> dict:
     from rayrl.trainer.async_ppo import AsyncPPOTrainer
 
     extra = [*ASYNC, *(AGENT if args.agent else [])]
+    if args.transport == "collective":
+        extra += [
+            "async_training.weight_transport=collective",
+            f"async_training.weight_sync_timeout_s={args.sync_timeout}",
+        ]
     cfg = load_config("grpo", [*overrides(args.steps, out, args.model, args.device), *extra])
     training = Run(AsyncPPOTrainer(cfg, print_fn=lambda text: print(text, file=sys.stderr)))
     monkey = killer = None
@@ -189,7 +209,7 @@ def run_async(args: argparse.Namespace, out: str) -> dict:
         training.setup()
         stages = ["reward", "log_prob", "update"]
         monkey = ChaosMonkey(training, seed=args.seed, stages=stages, kills=args.kills).start()
-        killer = ReplicaKiller(training, args.seed, args.kills)
+        killer = ReplicaKiller(training, args.seed, args.kills, at=args.replica_kill_at)
         history = training.fit()
     except Exception as err:  # noqa: BLE001 - a run that did not survive is a result here
         error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
@@ -220,7 +240,15 @@ def main_async(args: argparse.Namespace, root: str, start: float) -> int:
     """An async run under both monkeys; the planned kills that did not land."""
     chaos = run_async(args, f"{root}/async")
     kills = chaos["kills"]
-    emit("kills", len(kills), "kills", planned=2 * args.kills, steps=args.steps, mode="async")
+    emit(
+        "kills",
+        len(kills),
+        "kills",
+        planned=2 * args.kills,
+        steps=args.steps,
+        mode="async",
+        replicas_busy=[k["busy"] for k in kills if isinstance(k, dict) and "busy" in k],
+    )
     survived = 0 if chaos["error"] else len(kills)
     emit(
         "kills_survived",
@@ -243,8 +271,27 @@ def main_async(args: argparse.Namespace, root: str, start: float) -> int:
         requeued=chaos["requeued"],
         replicas=chaos["events"],
     )
+    if args.transport == "collective":
+        emit_publishes(chaos["history"], args.sync_timeout)
     emit("wall_s", time.time() - start, "s", out=root, hardware=hardware(args.device))
     return account(chaos["plans"])
+
+
+def emit_publishes(history: list[dict], timeout_s: float) -> None:
+    """The longest weight publish of the run (a broadcast waiting for a lost replica
+    shows here) and the versions replicas took from the object store instead."""
+    publish = [row.get("timing_s/weight_publish", 0.0) for row in history]
+    emit(
+        "weight_publish_max_s",
+        max(publish, default=0.0),
+        "s",
+        target=10.0,
+        better="lower",
+        median_s=statistics.median(publish) if publish else 0.0,
+        timeout_s=timeout_s,
+    )
+    fallbacks = sum(row.get("async/weight_transport_fallbacks", 0) for row in history)
+    emit("weight_transport_fallbacks", fallbacks, "versions")
 
 
 def account(plans: dict[str, KillPlan]) -> int:
@@ -330,7 +377,24 @@ def main() -> None:
         action="store_true",
         help="an asynchronous run: training ranks and rollout replicas killed, the ledger checked",
     )
+    parser.add_argument(
+        "--transport",
+        default="object_store",
+        choices=["object_store", "collective"],
+        help="--async: how versions reach the replicas (async_training.weight_transport)",
+    )
+    parser.add_argument(
+        "--sync-timeout", type=float, default=120.0, help="collective: the broadcast's bound, s"
+    )
+    parser.add_argument(
+        "--replica-kill-at",
+        default="gen",
+        choices=["gen", "any"],
+        help="--async: kill a replica in the middle of generation, or at any moment of a step",
+    )
     args = parser.parse_args()
+    if args.transport == "collective" and not args.async_mode:
+        parser.error("--transport collective is asynchronous training's: add --async")
     if not 0 <= args.kills <= args.steps:
         parser.error(f"--kills {args.kills}: at most one kill a step, so 0 to --steps {args.steps}")
     args.stages = args.stages or ",".join(POINTS if args.agent else DEFAULT_STAGES)

@@ -127,3 +127,37 @@ def test_a_member_lost_mid_broadcast_abandons_the_formation(manager):
     manager._lost(manager.replicas[0], dead)  # r1, a member of the group of 3
     assert manager.abandoned == ["group of 3"]
     assert manager.collective.stale
+
+
+def test_a_replaced_sender_forms_a_new_group_and_a_dead_publish_abandons_it(manager):
+    """Actor rank 0 replaced (the training group's generation moved on): the next
+    publish forms a new group even with the same replicas, since they would wait for
+    the dead sender's address; a publish that died abandons the formation at once."""
+    first = manager.begin_collective(1, sender=0)["group"]
+    assert manager.begin_collective(2, sender=0)["group"] is first  # kept while all live
+    formed = []
+    manager.collective.host.form = lambda n, backend, timeout: formed.append(n) or f"new {n}"
+    assert manager.begin_collective(3, sender=1)["group"] == "new 4"  # rank 0 replaced
+    assert formed == [4] and manager.abandoned == []
+    manager.sender_lost()  # its publish died with the replicas waiting for it
+    assert manager.abandoned == ["new 4"] and manager.collective.stale
+
+
+def test_objects_lost_with_their_owner_are_published_again_not_fetched_forever(manager):
+    """A version whose objects died with the process that put them (actor rank 0
+    killed after its publish): the replica that could not fetch it says so once, is not
+    offered the lost objects again (it would fail again, every moment, for as long as
+    the run waits), and takes the trainer's next publish."""
+    manager.publish(1, PublishedWeights(["bucket"], 1000, "object_store"))
+    replica = manager.replicas[0]
+    (ref,) = list(replica.offers)
+    ref.fails = True  # the object's owner is gone
+    manager._offer_done(replica, ref)
+    assert manager.needs_publish
+    before = len(manager.offers)
+    manager._offer(replica)  # what the dispatch loop does each moment
+    assert len(manager.offers) == before
+    assert sum("could not fetch policy 1" in line for line in manager.said) == 1
+    manager.publish(1, PublishedWeights(["again"], 1000, "object_store"))
+    assert not manager.needs_publish
+    assert [o.weights.refs for o in manager.offers[before:]][0] == ["again"]

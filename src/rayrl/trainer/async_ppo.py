@@ -261,9 +261,15 @@ class AsyncPPOTrainer(PPOTrainer):
         with timer(timing, "weight_publish"):
             extra = {}
             if transport == "collective":
-                extra = self.rollouts.begin_collective(version)
+                sender = self._roles().hybrid.generation
+                extra = self.rollouts.begin_collective(version, sender)
             publish = self._roles().actor.publish_weights
-            weights = calls.run("publish_weights", publish, transport=transport, **extra)
+            try:
+                weights = calls.run("publish_weights", publish, transport=transport, **extra)
+            except BaseException:
+                if transport == "collective":  # the replicas waiting for it stop now
+                    self.rollouts.sender_lost()
+                raise
         self.rollouts.publish(version, weights)
 
     def _generate(
@@ -277,6 +283,8 @@ class AsyncPPOTrainer(PPOTrainer):
 
         def check() -> None:
             self.rollouts.check(wait_s)
+            if self.rollouts.needs_publish:  # its objects were lost (their owner died)
+                self._publish(ctx.step, calls, timing)
             calls.stop_check(calls.mutated)  # a first Ctrl-C stops the wait
 
         with timer(timing, "wait_for_batch"):

@@ -274,12 +274,13 @@ class RolloutManager:
             for replica in self.replicas:
                 self._offer(replica)
 
-    def begin_collective(self, version: int) -> dict[str, Any]:
+    def begin_collective(self, version: int, sender: int = 0) -> dict[str, Any]:
         """Ask every live replica to receive policy `version` over the broadcast group
-        (before the trainer's `publish_weights` broadcasts it); the keyword arguments
-        of that call (the group, None without replicas, and the header's key)."""
+        (before the trainer's `publish_weights` broadcasts it from actor rank 0 of the
+        training group's generation `sender`); the keyword arguments of that call (the
+        group, None without replicas, and the header's key)."""
         with self.lock:
-            plan = self.collective.plan([r.name for r in self.replicas])
+            plan = self.collective.plan([r.name for r in self.replicas], sender)
             if plan is None:
                 return {"group": None, "key": ""}
             offer = PublishedWeights([], 0, "collective", group=plan.group, key=plan.key)
@@ -291,8 +292,16 @@ class RolloutManager:
                 self.offers_made["collective"] += 1
             return {"group": plan.group, "key": plan.key}
 
+    def sender_lost(self) -> None:
+        """The trainer's publish died before it returned: the replicas waiting for its
+        broadcast stop waiting (each then takes the object store's copy once the
+        trainer publishes again)."""
+        with self.lock:
+            if self.collective is not None:
+                self.collective.sender_lost()
+
     def _offer(self, replica: Replica) -> None:
-        if self.published is None:
+        if self.published is None or self.needs_publish:  # its objects are gone: wait
             return
         version, weights = self.published
         if replica.version == version or any(o[0] == version for o in replica.offers.values()):
@@ -422,10 +431,11 @@ class RolloutManager:
             if transport == "collective":
                 self._broadcast_missed(replica, version, err)
                 return
-            log.warning(
-                "rollout replica %s could not fetch policy %d: %s", replica.name, version, err
+            self.print(
+                f"WARNING: rollout replica {replica.name} could not fetch policy {version} "
+                f"({_one_line(err)}); the trainer publishes it again"
             )
-            self.needs_publish = True
+            self.needs_publish = True  # no offer of the lost objects until then
             return
         self.sync_seconds.append(time.perf_counter() - sent)
         if transport == "collective":

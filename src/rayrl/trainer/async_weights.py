@@ -55,20 +55,24 @@ class CollectiveWeights:
         self.host: BroadcastHost | None = None
         self.spec: BroadcastSpec | None = None
         self.members: tuple[str, ...] = ()
+        self.sender: int | None = None  # the sending group's generation it formed with
         self.stale = True  # the next publish forms a new generation
         self.publishes = 0
         self.fallbacks = 0  # since the last metrics
         self.broadcast_bytes = 0  # received by replicas over the group, likewise
 
-    def plan(self, replicas: list[str]) -> Plan | None:
-        """The group for a publish to `replicas` (None when there are none)."""
+    def plan(self, replicas: list[str], sender: int = 0) -> Plan | None:
+        """The group for a publish to `replicas` (None when there are none) from actor
+        rank 0 of the training group's generation `sender`: a new formation when the
+        members changed, or the sender did (a replaced rank 0 cannot join the formation
+        its predecessor joined: the others hold the dead process's address)."""
         if not replicas:
             return None
         if self.host is None:
             self.host = BroadcastHost(self.name)
-        if self.stale or tuple(replicas) != self.members:
+        if self.stale or tuple(replicas) != self.members or sender != self.sender:
             self.spec = self.host.form(len(replicas) + 1, self.backend, self.timeout_s)
-            self.members, self.stale = tuple(replicas), False
+            self.members, self.stale, self.sender = tuple(replicas), False, sender
         self.publishes += 1
         ranks = {name: rank for rank, name in enumerate(replicas, start=1)}
         return Plan(self.spec, f"publish{self.publishes}", ranks)
@@ -89,6 +93,14 @@ class CollectiveWeights:
         self.host.abandon(self.spec)
         self.stale = True
         return True
+
+    def sender_lost(self) -> None:
+        """Actor rank 0's publish died (its process, or the training group's): the
+        replicas waiting for its broadcast stop waiting now, and the next publish forms
+        a new group."""
+        if self.spec is not None:
+            self.host.abandon(self.spec)
+        self.stale = True
 
     def send_failed(self) -> None:
         """Actor rank 0's send failed: form a new group next time. Not counted here:
