@@ -1,7 +1,9 @@
 """Load a config: built-in defaults, then a YAML file, then dotted overrides.
 
 `load_config("grpo.yaml", ["actor_rollout_ref.actor.optim.lr=1e-6"])` returns a typed
-`RayRLConfig`. With no file the defaults are verl's (`rayrl.config.schema`). Unknown
+`RayRLConfig`. With no file the defaults are verl's (`rayrl.config.schema`). From Python
+the source may also be a config already loaded, and the overrides a mapping of dotted
+keys to values (`load_config(cfg, {"actor_rollout_ref.actor.optim.lr": 1e-6})`). Unknown
 keys are errors that name the key and the closest valid one; verl's other spellings of
 a key move to it, and verl keys rayrl accepts without acting on them are dropped with
 a one-line warning each (`rayrl.config.compat`); a value that does not parse names its
@@ -14,7 +16,8 @@ from __future__ import annotations
 
 import difflib
 import functools
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import is_dataclass
 from pathlib import Path
 from typing import Any
@@ -163,6 +166,35 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
     raise AssertionError("the overrides parse one by one but not together")
 
 
+def nest_values(values: Mapping[str, object]) -> dict[str, Any]:
+    """Dotted keys with Python values (`{"trainer.seed": 3}`) as a nested dict; paths
+    become strings and tuples lists. A key that is also the group of another is a
+    ConfigError naming both."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        *groups, leaf = key.split(".")
+        node = out
+        for i, group in enumerate(groups):
+            node = node.setdefault(group, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"'{'.'.join(groups[: i + 1])}' is set and '{key}' too")
+        if isinstance(node.get(leaf), dict):
+            raise ConfigError(f"'{key}' is set and keys under it too")
+        node[leaf] = _plain_value(value)
+    return out
+
+
+def _plain_value(value: object) -> object:
+    """A Python value as OmegaConf takes it: paths as strings, tuples as lists."""
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, tuple | list):
+        return [_plain_value(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _plain_value(v) for k, v in value.items()}
+    return value
+
+
 def load_yaml(path: Path) -> dict[str, Any]:
     """A YAML config file as a nested dict; a file that does not parse is a ConfigError
     naming the file and the place."""
@@ -208,22 +240,28 @@ def _structured(schema: type) -> Any:
 
 def load_structured(
     schema: type,
-    source: str | Path | None,
-    overrides: Sequence[str],
+    source: str | Path | object | None,
+    overrides: Sequence[str] | Mapping[str, object],
     user_data: Callable[[dict[str, Any], str], dict[str, Any]],
     builtin_dir: Path = BUILTIN_DIR,
 ) -> Any:
     """An instance of the dataclass `schema`: its defaults <- YAML file (a path or a
-    built-in name in `builtin_dir`) <- dotted overrides. `user_data(data, origin)`
-    checks (and may rewrite) each source's nested dict before it is merged."""
+    built-in name in `builtin_dir`), or an instance already loaded <- dotted overrides
+    (`key=value` texts, or a mapping of dotted keys to values). `user_data(data,
+    origin)` checks (and may rewrite) each source's nested dict before it is merged."""
     merged = _structured(schema)
-    if source is not None:
+    if isinstance(source, schema):
+        merged = OmegaConf.structured(source)
+    elif source is not None:
         path = resolve_source(source, builtin_dir)
         data = load_yaml(path)
         merged = _merge(merged, user_data(data, str(path)), str(path))
     if overrides:
-        data = user_data(parse_overrides(overrides), "command-line overrides")
-        merged = _merge(merged, data, "command-line overrides")
+        if isinstance(overrides, Mapping):
+            origin, data = "keyword arguments", nest_values(overrides)
+        else:
+            origin, data = "command-line overrides", parse_overrides(overrides)
+        merged = _merge(merged, user_data(data, origin), origin)
     try:
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as exc:
@@ -234,13 +272,14 @@ def load_structured(
 
 
 def load_config(
-    source: str | Path | None = None,
-    overrides: Sequence[str] = (),
+    source: str | Path | RayRLConfig | None = None,
+    overrides: Sequence[str] | Mapping[str, object] = (),
     *,
     validate: bool = True,
     warn: Callable[[str], None] = _warn,
 ) -> RayRLConfig:
-    """Defaults <- YAML file (a path or a built-in name) <- dotted overrides, then validated.
+    """Defaults <- YAML file (a path or a built-in name), or a config already loaded <-
+    dotted overrides (texts or a mapping: `load_structured`), then validated.
 
     ``warn`` receives one line per verl key or setting that has no effect in rayrl
     (default: a `ConfigWarning`).

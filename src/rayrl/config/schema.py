@@ -298,6 +298,9 @@ class CustomRewardFunctionConfig:
     path: str | None = None  # a Python file with compute_score(...); None: built-in scorers
     name: str = "compute_score"
     reward_kwargs: dict = field(default_factory=dict)  # extra keyword arguments of every call
+    # Python callables given to `rayrl.GRPOTrainer(reward_funcs=...)`, pickled (base64 of
+    # cloudpickle's bytes; `rayrl.rewards.callables`); set by that API, not by hand
+    pickled: str | None = None
 
 
 @dataclass

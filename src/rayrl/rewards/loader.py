@@ -12,7 +12,9 @@ pool sends specs, not functions, to its spawned processes:
 - a registered data_source name ("gsm8k"): that scorer for every sample;
 - a `(path, name)` pair: `load_function(path, name)`;
 - `(path or None, name, kwargs)`: either of the above, called with the extra keyword
-  arguments `kwargs` (verl's `reward_kwargs`).
+  arguments `kwargs` (verl's `reward_kwargs`);
+- a `PickledFunction`: Python callables given to `rayrl.GRPOTrainer`, pickled
+  (`rayrl.rewards.callables`; config `custom_reward_function.pickled`).
 
 `resolve_function(spec, batched=True)` gives a function of whole batches (verl's batch
 reward manager): a user function taking `data_sources, solution_strs, ground_truths,
@@ -22,13 +24,16 @@ extra_infos`, or the per-sample one called sample by sample.
 from __future__ import annotations
 
 import ast
+import base64
 import difflib
 import hashlib
 import importlib.util
 import inspect
 import os
+import pickle
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +43,42 @@ PARAMS = ("data_source", "solution_str", "ground_truth", "extra_info")
 DEFAULT_NAME = "compute_score"
 
 RewardFunction = Callable[..., float | dict]
-# None, a built-in name, (path, name), or (path or None, name, extra keyword arguments)
-FunctionSpec = str | tuple[str, str] | tuple[str | None, str, dict] | None
 
 
 class RewardFunctionError(ValueError):
     """A reward function could not be loaded or has the wrong signature."""
+
+
+@dataclass(frozen=True)
+class PickledFunction:
+    """A function spec: reward functions pickled by `rayrl.rewards.callables.pickle_funcs`
+    (config `custom_reward_function.pickled`), loaded where they run."""
+
+    payload: str
+
+    def load(self) -> Callable[..., float | dict | None]:
+        try:
+            fn = pickle.loads(base64.b64decode(self.payload))
+        except Exception as exc:  # noqa: BLE001 - a missing module, a bad payload, ...
+            raise RewardFunctionError(
+                "the reward functions given as Python callables (custom_reward_function."
+                f"pickled) cannot be loaded here: {type(exc).__name__}: {exc}. A function "
+                "pickled by reference needs its module importable on every node (install "
+                "it, or put its folder on PYTHONPATH)"
+            ) from None
+        if not callable(fn):
+            raise RewardFunctionError(
+                f"custom_reward_function.pickled holds a {type(fn).__name__}, not a function"
+            )
+        return fn
+
+    def __repr__(self) -> str:
+        return f"PickledFunction({len(self.payload)} characters)"
+
+
+# None, a built-in name, (path, name), (path or None, name, extra keyword arguments),
+# or pickled Python callables
+FunctionSpec = str | tuple[str, str] | tuple[str | None, str, dict] | PickledFunction | None
 
 
 def load_function(path: str | os.PathLike, name: str = DEFAULT_NAME) -> RewardFunction:
@@ -226,6 +261,10 @@ def resolve_function(spec: FunctionSpec, batched: bool = False) -> RewardFunctio
     """The reward function a spec names (see the module docstring). With `batched`, the
     function takes the lists of a whole batch (`BATCH_PARAMS`) and returns one score per
     sample; the built-in scorers are called one sample at a time behind it."""
+    if isinstance(spec, PickledFunction):
+        fn = spec.load()
+        check_signature(fn, where="the reward functions given as Python callables")
+        return BatchedCalls(fn) if batched else fn
     kwargs: dict[str, Any] = {}
     if isinstance(spec, tuple | list) and len(spec) == 3:
         path, name, kwargs = spec
@@ -276,10 +315,22 @@ def check_accepts(fn: Callable, names: list[str], where: str) -> None:
 
 
 def spec_from_config(
-    path: str | None, name: str = DEFAULT_NAME, kwargs: dict[str, Any] | None = None
+    path: str | None,
+    name: str = DEFAULT_NAME,
+    kwargs: dict[str, Any] | None = None,
+    pickled: str | None = None,
 ) -> FunctionSpec:
     """The function spec of config `custom_reward_function.{path,name}` (a file, else the
-    registry), with the extra keyword arguments of every call (`reward_kwargs`)."""
+    registry), with the extra keyword arguments of every call (`reward_kwargs`); or of
+    `custom_reward_function.pickled` (Python callables), which takes no `reward_kwargs`."""
+    if pickled:
+        if kwargs:
+            raise RewardFunctionError(
+                f"reward_kwargs {sorted(kwargs)} were given with reward functions passed as "
+                "Python callables; give the functions default arguments (or functools.partial) "
+                "instead"
+            )
+        return PickledFunction(pickled)
     file = str(Path(path).expanduser().absolute()) if path else None
     if kwargs:
         return (file, name or DEFAULT_NAME, dict(kwargs))

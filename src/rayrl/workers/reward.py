@@ -126,16 +126,26 @@ def make_source(config: RayRLConfig) -> Any:
         return BoundedScores(model, rm.score_transform, rm.score_scale)
     if r.http.url:
         return HTTPReward(r.http.url, timeout_s=r.http.timeout_s, retries=r.http.retries)
-    spec = spec_from_config(fn.path, fn.name, {**r.reward_kwargs, **fn.reward_kwargs})
+    kwargs = {**r.reward_kwargs, **fn.reward_kwargs}
+    spec = spec_from_config(fn.path, fn.name, kwargs, pickled=fn.pickled)
     return make_scorer(r.reward_manager.name, spec, r.num_workers, r.timeout_s)
 
 
 def check_reward_source(config: RayRLConfig) -> None:
     """What `make_source` would load that a mistake in the config can break, checked on
     the driver before Ray starts (RewardFunctionError, as the workers would raise it):
-    the user's reward file and its function, read, not run."""
+    the user's reward file and its function, read, not run; Python callables (pickled),
+    loaded."""
     r, rm, fn = config.reward, config.reward_model, config.custom_reward_function
-    if rm.enable or r.http.url or not fn.path:
+    if rm.enable or r.http.url:
+        return
+    if fn.pickled:
+        from rayrl.rewards.loader import resolve_function
+
+        kwargs = {**r.reward_kwargs, **fn.reward_kwargs}
+        resolve_function(spec_from_config(None, fn.name, kwargs, pickled=fn.pickled))
+        return
+    if not fn.path:
         return
     from rayrl.rewards.loader import DEFAULT_NAME, check_file
 
@@ -154,7 +164,13 @@ def error_policy(config: RayRLConfig) -> tuple[float, str, str, str]:
             rate, key = r.http.max_error_rate, "reward.http.max_error_rate"
         return rate, key, f"HTTP reward {r.http.url}", "check the reward service"
     manager = r.reward_manager.name
-    if fn.path:
+    if fn.pickled:
+        reward = f"reward functions {pickled_names(fn.pickled)} (reward manager {manager})"
+        advice = (
+            "fix the function (call it on one of the samples above: it must return a list "
+            "of one finite score, or a number for rayrl's signature, within reward.timeout_s)"
+        )
+    elif fn.path:
         reward = (
             f"reward function {fn.name or 'compute_score'} in {fn.path} "
             f"(custom_reward_function.path/name, reward manager {manager})"
@@ -167,6 +183,15 @@ def error_policy(config: RayRLConfig) -> tuple[float, str, str, str]:
         reward = f"the built-in reward scorers (reward manager {manager})"
         advice = "check each row's data_source and ground_truth against the built-in scorers"
     return rate, key, reward, advice
+
+
+def pickled_names(pickled: str) -> str:
+    """What reward functions given as Python callables are, in words."""
+    from rayrl.rewards.loader import PickledFunction
+
+    fn = PickledFunction(pickled).load()
+    describe = getattr(fn, "describe", None)
+    return describe() if describe is not None else repr(fn)
 
 
 def episode_extra_info(batch: Batch) -> list | None:
