@@ -1,6 +1,6 @@
 """GRPO from Python with reward functions and a dataset in TRL's style.
 
-    .venv/bin/python examples/python_api.py [--model HF_DIR] [--steps 20] [--output-dir DIR]
+    .venv/bin/python examples/python_api.py [--model HF_DIR] [--steps 20] [--output-dir DIR] [--device auto|cpu|cuda]
 
 The task is `rayrl demo`'s ("Which is larger, 31 or 47? Answer with the number only."),
 built here as a list of dicts with TRL's `prompt` column and an `answer` column that the
@@ -8,7 +8,7 @@ reward functions receive. Two reward functions are summed: `exact` (1 for the ri
 number) and `digits_only` (the share of digits in the answer, which a random tiny model
 learns within a few steps; the exact answer needs a model that knows more, as the demo's
 SFT stage gives it). Without `--model` rayrl builds its tiny demo model in the run
-directory. On a machine with a GPU, remove `trainer.device` below.
+directory. It trains on the GPU when Ray sees one (`--device cpu` keeps it on the CPU).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="a Hugging Face model directory")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--output-dir", default="outputs/python_api")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     args = parser.parse_args()
 
     trainer = GRPOTrainer(
@@ -67,7 +68,7 @@ def main() -> None:
             "data.train_batch_size": 8,
             "actor_rollout_ref.actor.ppo_mini_batch_size": 8,
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 32,
-            "trainer.device": "cpu",
+            "trainer.device": args.device,
         },
     )
     result = trainer.train()
