@@ -195,3 +195,20 @@ def test_random_losses_placements_and_failed_starts_never_pass_the_maximum(
         check(rs, pool, world, "the last starts")
     rs.stop()
     assert not pool.open
+
+
+@pytest.mark.parametrize("broken", ["claim", "make"])
+def test_a_group_that_cannot_be_made_gives_its_bundles_back_and_is_asked_for_again(
+    monkeypatch, broken
+):
+    rs, pool, world, threads = make_set(monkeypatch, size=1, max_size=2)
+    rs.start()
+    (ref,) = rs.pending
+    if broken == "claim":
+        monkeypatch.setattr(pool, "claim_extra", lambda request: 1 / 0)
+    else:
+        rs.make_group = lambda name, bundles: 1 / 0
+    rs.placed(ref)
+    check(rs, pool, world, f"a failed {broken}")
+    assert rs.starting == 0 and len(pool.open) == 1 and ref not in pool.open
+    assert rs._failed_starts == 1 and not threads

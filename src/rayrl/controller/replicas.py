@@ -187,14 +187,23 @@ class ReplicaSet:
                 self._grow()
 
     def placed(self, ref: Any) -> None:
-        """An open request was placed: a new replica starts on its bundles."""
+        """An open request was placed: a new replica starts on its bundles. A group that
+        cannot even be made (its actor class refused, its bundles unreadable) counts as
+        a failed start: the bundles go back and others are asked for."""
         with self.lock:
             request = self._requests.pop(ref, None)
             if request is None:
                 return
-            bundles = self.pool.claim_extra(request)
             self._starting += 1
-        group = self.make_group(self._name(), bundles)
+            bundles: list[Bundle] = []
+            try:
+                bundles = self.pool.claim_extra(request)
+                group = self.make_group(self._name(), bundles)
+            except Exception as err:  # noqa: BLE001 - counted as a failed start
+                if not bundles:
+                    self.pool.cancel_extra(request)
+                self._failed(err, bundles)
+                return
         self._in_thread(lambda: self._start_new(group))
 
     def check_nodes(self, idle: list[Member]) -> None:
