@@ -248,3 +248,27 @@ def test_a_reward_error_names_the_functions(tmp_path):
     trainer = GRPOTrainer(reward_funcs=[recorded, rayrl_style], output_dir=tmp_path)
     _, _, reward, _ = error_policy(trainer.cfg)
     assert "test_api.recorded + test_api.rayrl_style" in reward
+
+
+def test_a_relative_output_dir_is_the_drivers_whatever_the_workers_directory(
+    ray_local, tmp_path, monkeypatch
+):
+    # Ray's workers keep the directory Ray started in (a cluster joined through
+    # resources.address: wherever `ray start` ran); the run's files must land in the
+    # driver's `rel`, the workers' checkpoint shards with the driver's own parts.
+    monkeypatch.chdir(tmp_path)
+    trainer = GRPOTrainer(
+        reward_funcs=exact,
+        train_dataset=larger_rows(16),
+        output_dir="rel",
+        max_steps=1,
+        save_steps=1,
+        print_fn=lambda line: None,
+        **TRL_SETTINGS,
+        **SMALL,
+    )
+    result = trainer.train()
+    step = tmp_path / "rel" / "checkpoints" / "global_step_1"
+    written = sorted(p.relative_to(step).parts[0] for p in step.rglob("*") if p.is_file())
+    assert result.run_dir == tmp_path / "rel" and "actor" in written, written
+    assert (tmp_path / "rel" / "hf" / "config.json").is_file()

@@ -331,3 +331,23 @@ def test_share_prompts_takes_true_false_or_auto_and_the_critic_follows():
     assert off.critic.model.share_prompts is False
     with pytest.raises(ConfigError, match="model.share_prompts='maybe': use true, false or auto"):
         load_config("grpo", ["actor_rollout_ref.model.share_prompts=maybe"])
+
+
+def test_relative_paths_are_the_drivers_and_hub_names_stay(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "train.parquet").touch()
+    cfg = load_config(
+        "grpo",
+        [
+            "trainer.output_dir=runs/a",
+            "actor_rollout_ref.model.path=model",
+            "critic.model.path=Qwen/Qwen2.5-0.5B",  # no such directory here: a hub name
+            "data.train_files=[train.parquet,hdfs://data/x.parquet]",
+        ],
+        validate=False,
+    )
+    assert cfg.trainer.output_dir == str(tmp_path / "runs" / "a")
+    assert cfg.actor_rollout_ref.model.path == str(tmp_path / "model")
+    assert cfg.critic.model.path == "Qwen/Qwen2.5-0.5B"
+    assert cfg.data.train_files == [str(tmp_path / "train.parquet"), "hdfs://data/x.parquet"]

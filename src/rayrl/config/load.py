@@ -37,6 +37,7 @@ from rayrl.config.compat.verl_ppo import RULES
 from rayrl.config.errors import ConfigError
 from rayrl.config.errors import warn as _warn
 from rayrl.config.nulls import settle_nulls
+from rayrl.config.paths import absolute_paths
 from rayrl.config.schema import RayRLConfig, schema_fields
 
 BUILTIN_DIR = Path(__file__).resolve().parent
@@ -292,6 +293,7 @@ def load_config(
         from rayrl.config.validate import validate_config
 
         validate_config(cfg, warn)
+    absolute_paths(cfg)  # the driver's paths, whatever directory a worker runs in
     return cfg
 
 

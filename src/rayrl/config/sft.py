@@ -35,6 +35,7 @@ from rayrl.config.load import (
     load_structured,
 )
 from rayrl.config.nulls import settle_nulls
+from rayrl.config.paths import absolute_paths
 from rayrl.config.schema import ResourcesConfig
 from rayrl.config.validate import check_choice, check_cpus_per_worker, check_role_parallel
 
@@ -209,6 +210,7 @@ def load_sft_config(
         cfg.model.target_modules = as_str_list(modules, "model.target_modules")
     if validate:
         validate_sft_config(cfg)
+    absolute_paths(cfg)  # the driver's paths, whatever directory a worker runs in
     return cfg
 
 
