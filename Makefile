@@ -10,6 +10,7 @@ demo: setup
 lint: setup
 	.venv/bin/ruff check src tests bench
 	.venv/bin/ruff format --check src tests bench
+	.venv/bin/mypy src
 
 test: lint
 	MARK="not slow or command" bash scripts/run_tests.sh

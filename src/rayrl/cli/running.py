@@ -5,9 +5,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rayrl.cli.common import plain_printer
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from rayrl.trainer.contract import Trainer
+    from rayrl.trainer.run import Run
 
 
 class Stopped(Exception):  # noqa: N818 - the user's request, not an error
@@ -20,13 +26,13 @@ class Stopped(Exception):  # noqa: N818 - the user's request, not an error
 
 
 def run_trainer(
-    trainer: Any,
-    out: Any,
+    trainer: Trainer,
+    out: Console,
     *,
     label: str,
     info: Callable[[dict], str],
     validate_only: bool = False,
-) -> tuple[Any, list[dict]]:
+) -> tuple[Run, list[dict]]:
     """`Run(trainer)` set up, fitted under a progress bar labelled `label` (each step's
     text from `info(metrics)`; none with `validate_only`), and shut down; the run and
     its per-step metrics. Raises `Stopped` after a Ctrl-C that ended the run early."""
@@ -123,7 +129,7 @@ def exit_code_of(work: Callable[[], Any]) -> int:
     return 0
 
 
-def _innermost(exc: BaseException, types: Any) -> BaseException | None:
+def _innermost(exc: BaseException | None, types: Any) -> BaseException | None:
     """The innermost of `exc` and its causes (a worker error's `cause`, Ray's remote
     error's `cause`, `raise ... from`) that is of `types`: the error as raised, not Ray's
     copy that carries the remote traceback in its text."""

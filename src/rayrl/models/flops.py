@@ -72,7 +72,7 @@ class FlopModel:
     def of(cls, model: nn.Module) -> FlopModel:
         """Sizes read from a Hugging Face causal LM (sharded parameters count whole)."""
         cfg = model.config
-        skip = set()
+        skip: set[int] = set()
         for module in (model.get_input_embeddings(), model.get_output_embeddings()):
             if module is not None:
                 skip.update(id(p) for p in module.parameters())

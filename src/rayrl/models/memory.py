@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 from rayrl.config.layout import MeshSpec
 
@@ -71,7 +72,7 @@ class ModelShape:
     name: str = ""
 
     @classmethod
-    def from_config(cls, config: dict, name: str = "") -> ModelShape:
+    def from_config(cls, config: dict[str, Any], name: str = "") -> ModelShape:
         heads = int(config["num_attention_heads"])
         return cls(
             hidden=int(config["hidden_size"]),

@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import (
@@ -142,12 +143,12 @@ class TinySpec:
         ids = dict(bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
         return family_config(self.family, shape, ids)
 
-    def build(self, out_dir: str | os.PathLike, *, overwrite: bool = False) -> Path:
+    def build(self, out_dir: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
         """Write this model to `out_dir`; see `build_tiny_model`."""
         return _write(self, Path(out_dir).absolute(), overwrite)
 
 
-def reference_05b(**overrides) -> TinySpec:
+def reference_05b(**overrides: Any) -> TinySpec:
     """The Qwen2.5-0.5B shape (random weights, bf16) that GPU benchmark figures use.
 
     24 layers, hidden 896, 14 heads, 2 KV heads, intermediate 4864, vocabulary 151936,
@@ -174,7 +175,7 @@ def reference_05b(**overrides) -> TinySpec:
 PRESETS: dict[str, Callable[..., TinySpec]] = {"tiny": TinySpec, "qwen2.5-0.5b": reference_05b}
 
 
-def preset(name: str, **overrides) -> TinySpec:
+def preset(name: str, **overrides: Any) -> TinySpec:
     """The spec registered under `name` in PRESETS, with fields replaced by `overrides`."""
     if name not in PRESETS:
         raise ValueError(f"Unknown model preset {name!r}; choose one of {sorted(PRESETS)}.")
@@ -182,7 +183,7 @@ def preset(name: str, **overrides) -> TinySpec:
 
 
 def build_tiny_model(
-    out_dir: str | os.PathLike,
+    out_dir: str | os.PathLike[str],
     *,
     layers: int = 2,
     hidden: int = 64,
@@ -253,7 +254,7 @@ def _write(spec: TinySpec, out: Path, overwrite: bool) -> Path:
     return out
 
 
-def count_parameters(model_dir: str | os.PathLike) -> dict[str, int]:
+def count_parameters(model_dir: str | os.PathLike[str]) -> dict[str, int]:
     """Parameter counts of a saved model, read from its safetensors headers.
 
     Returns `{"total": ..., "embedding": ..., "non_embedding": ...}`; tied weights are

@@ -37,7 +37,7 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
 NORM_ZERO = ("gemma", "gemma2", "gemma3_text")
 
 
-def family_config(family: str, shape: dict[str, Any], ids: dict[str, int]):
+def family_config(family: str, shape: dict[str, Any], ids: dict[str, int]) -> Any:
     """``family``'s config for ``shape`` (transformers' names: hidden_size, ...) and the
     special-token ``ids`` (bos_token_id, eos_token_id, pad_token_id)."""
     if family not in FAMILIES:

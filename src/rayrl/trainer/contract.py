@@ -18,6 +18,8 @@ from typing import Any, Protocol
 from rayrl.batch import Batch
 from rayrl.cluster.pool import ResourcePool
 from rayrl.cluster.spec import PoolSpec
+from rayrl.config.schema import RayRLConfig
+from rayrl.config.sft import SFTConfig
 from rayrl.controller import WorkerGroup
 from rayrl.trainer.roles import GroupEnv
 from rayrl.trainer.stage_calls import StageCalls
@@ -40,11 +42,15 @@ class TrainData:
 class Trainer(Protocol):
     """The part of a training run that differs between trainers (module docstring)."""
 
-    cfg: Any  # the trainer's config; the run reads its `trainer` and `resources` groups
     kind: str  # in the run's name: "ppo", "sft"
     model_path: str
     print: Callable[[str], None]
     validate_at_end: bool  # validate after the last step even when test_freq <= 0
+
+    @property
+    def cfg(self) -> RayRLConfig | SFTConfig:
+        """The trainer's config; the run reads its `trainer`, `resources` and `data`."""
+        ...
 
     @property
     def data_needs_ray(self) -> bool:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rayrl.config.schema import RayRLConfig
+from rayrl.config.sft import SFTConfig
 from rayrl.data import DataError, PromptDataset, read_rows_with_sources, synthetic_rows
 from rayrl.data.custom import build_custom_dataset, custom_rows
 from rayrl.data.files import is_json
@@ -146,7 +147,7 @@ def _warn_single_turn_rows(cfg: RayRLConfig, train: Any) -> None:
         )
 
 
-def no_validation_notice(cfg: Any) -> str | None:
+def no_validation_notice(cfg: RayRLConfig | SFTConfig) -> str | None:
     """The line a run prints when validation was asked for (`trainer.val_before_train`
     or `trainer.test_freq`) but it has no validation prompts: training files of its own
     and no `data.val_files` (the synthetic held-out split is not of its task)."""

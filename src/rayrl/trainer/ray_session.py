@@ -36,6 +36,7 @@ import ray
 from rayrl.cluster.inspect import resolve_address
 from rayrl.cluster.spec import PoolSpec
 from rayrl.config.schema import RayRLConfig
+from rayrl.config.sft import SFTConfig
 from rayrl.trainer.resources import local_ray_cpus
 
 log = logging.getLogger(__name__)
@@ -44,14 +45,14 @@ DEBUG_MODES = {"vscode": "1", "cli": "legacy"}
 WORKER_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
-def debug_env(cfg: RayRLConfig) -> dict[str, str]:
+def debug_env(cfg: RayRLConfig | SFTConfig) -> dict[str, str]:
     """Environment variables that switch Ray's debugger on in workers (empty when off)."""
     if not cfg.trainer.debug:
         return {}
     return {"RAY_DEBUG": DEBUG_MODES[cfg.trainer.debugger], "RAY_DEBUG_POST_MORTEM": "1"}
 
 
-def check_debugger(cfg: RayRLConfig) -> None:
+def check_debugger(cfg: RayRLConfig | SFTConfig) -> None:
     """The VS Code debugger needs debugpy in the workers' environment."""
     if cfg.trainer.debug and cfg.trainer.debugger == "vscode":
         try:
@@ -72,7 +73,7 @@ class RaySession:
 
 
 def connect(
-    cfg: RayRLConfig,
+    cfg: RayRLConfig | SFTConfig,
     cpu_pools: Callable[[], list[PoolSpec]] | None = None,
     print_fn: Callable[[str], None] = print,
     data_cpus: float = 0.0,
@@ -109,7 +110,7 @@ def connect(
 
 
 def _local_cpus(
-    cfg: RayRLConfig,
+    cfg: RayRLConfig | SFTConfig,
     cpu_pools: Callable[[], list[PoolSpec]],
     print_fn: Callable[[str], None],
     data: float = 0.0,

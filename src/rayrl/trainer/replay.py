@@ -125,8 +125,12 @@ class Group(Protocol):
 
     name: str
     role: str
-    world_size: int
-    forms_process_group: bool
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def forms_process_group(self) -> bool: ...
 
     def check_health(self, timeout_s: float = ...) -> Any: ...
 

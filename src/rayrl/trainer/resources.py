@@ -23,9 +23,10 @@ import os
 
 from rayrl.cluster.spec import PoolSpec
 from rayrl.config.schema import RayRLConfig
+from rayrl.config.sft import SFTConfig
 
 
-def resolve_device(cfg: RayRLConfig, cluster_gpus: float) -> str:
+def resolve_device(cfg: RayRLConfig | SFTConfig, cluster_gpus: float) -> str:
     """`trainer.device=auto` means cuda when the cluster has GPUs, else cpu."""
     if cfg.trainer.device != "auto":
         return cfg.trainer.device
@@ -252,7 +253,9 @@ def _shape(spec: PoolSpec) -> str:
     return f"{spec.world_size}{spares} x {cpus:g} CPU{'' if cpus == 1 else 's'}"
 
 
-def local_ray_cpus(cfg: RayRLConfig, specs: list[PoolSpec], extra: float = 0.0) -> int | None:
+def local_ray_cpus(
+    cfg: RayRLConfig | SFTConfig, specs: list[PoolSpec], extra: float = 0.0
+) -> int | None:
     """`local_cpu_count` for a run of `cfg` that starts a local Ray on this machine:
     None unless it runs on CPUs (`trainer.device`, or `auto` on a machine without a
     GPU); raises ResourcesUnsatisfiable as it does."""

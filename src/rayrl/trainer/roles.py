@@ -14,13 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from rayrl.cluster.kv import KVStore
 from rayrl.cluster.pool import ResourcePool
 from rayrl.config.schema import RayRLConfig
 from rayrl.controller import WorkerGroup, colocate, start_groups
 from rayrl.controller.layout import DataLayout
+from rayrl.trainer.protocols import ActorRole, CriticRole, RewardRole, TrainRole
 from rayrl.trainer.ray_session import debug_env
 from rayrl.trainer.resources import reward_colocated
 from rayrl.workers import ActorRolloutRefWorker, CriticWorker, RewardWorker
@@ -47,9 +48,9 @@ class Roles:
     (the actor, the critic or None, the reward), and every group the run owns."""
 
     hybrid: WorkerGroup
-    actor: Any  # the hybrid group, or its actor view when roles are fused
-    critic: Any | None
-    reward: Any
+    actor: ActorRole  # the hybrid group, or its actor view when roles are fused
+    critic: CriticRole | None
+    reward: RewardRole  # a group of its own, or the hybrid's reward view
     groups: list[WorkerGroup]
 
 
@@ -88,18 +89,20 @@ def start_roles(
         init_timeout_s=res.init_timeout_s,
         init_retries=res.init_retries,
     )
+    # The groups bind their worker classes' methods when they start (`bind_methods`):
+    # the casts state which role protocol each one serves.
     started = Roles(
         hybrid=hybrid,
-        actor=hybrid.view("actor") if len(roles) > 1 else hybrid,
-        critic=hybrid.view("critic") if use_critic else None,
-        reward=hybrid.view("reward") if "reward" in roles else starts[1][0],
+        actor=cast(ActorRole, hybrid.view("actor") if len(roles) > 1 else hybrid),
+        critic=cast(CriticRole, hybrid.view("critic")) if use_critic else None,
+        reward=cast(RewardRole, hybrid.view("reward") if "reward" in roles else starts[1][0]),
         groups=[group for group, _ in starts],
     )
     set_data_layouts(hybrid, [started.actor, started.critic])
     return started
 
 
-def set_data_layouts(group: WorkerGroup, roles: list[Any]) -> None:
+def set_data_layouts(group: WorkerGroup, roles: list[TrainRole | None]) -> None:
     """The group's data layouts (`rayrl.controller.layout`) from what each role's ranks
     report (`data_parts`: which part of the rows each rank takes, by layout name): ranks
     of a sequence-parallel group or a tensor-parallel replica share theirs."""

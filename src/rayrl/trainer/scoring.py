@@ -28,12 +28,13 @@ from rayrl.controller import WorkerGroup
 from rayrl.controller.dispatch import Chunks
 from rayrl.controller.locality import even_rows, part_nodes, rows_by_node, split_rows
 from rayrl.rewards.budget import ErrorTally
+from rayrl.trainer.protocols import RewardRole
 from rayrl.workers.reward import error_policy, rewards_from_batch
 
 TRAIN_LAYOUT = "train"
 
 
-def reward_rows(batch: Batch, hybrid: WorkerGroup, reward: Any) -> Batch | Chunks:
+def reward_rows(batch: Batch, hybrid: WorkerGroup, reward: RewardRole) -> Batch | Chunks:
     """`batch` as the argument of the reward group's `compute_score`: split by node when
     the reward has workers of its own (`reward` a WorkerGroup of several ranks), else
     as it is (one worker, or the reward in the actor's process)."""

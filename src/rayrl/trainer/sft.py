@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 from rayrl.batch import Batch
 from rayrl.cluster.pool import ResourcePool
@@ -28,6 +29,7 @@ from rayrl.trainer.contract import TrainData
 from rayrl.trainer.manifest import data_identity, model_identity
 from rayrl.trainer.model_dir import model_dir
 from rayrl.trainer.names import check_sft_names
+from rayrl.trainer.protocols import SFTRole
 from rayrl.trainer.resources import cluster_node_cpus, cpus_per_worker
 from rayrl.trainer.roles import GroupEnv, new_group, set_data_layouts
 from rayrl.trainer.stage_calls import StageCalls
@@ -109,7 +111,7 @@ class SFTTrainer:
         if group.world_size > 1:
             init["backend"] = backend
         group.init(timeout_s=res.init_timeout_s, retries=res.init_retries, **init)
-        set_data_layouts(group, [group])  # sequence-parallel ranks share their rows
+        set_data_layouts(group, [cast(SFTRole, group)])  # sequence-parallel ranks share their rows
         self.group = group
         return [group]
 
@@ -137,10 +139,10 @@ class SFTTrainer:
     def export(self, path: Path) -> None:
         self._group().export_hf(str(path))
 
-    def _group(self) -> WorkerGroup:
+    def _group(self) -> SFTRole:
         if self.group is None:
             raise RuntimeError("the SFT ranks are not started yet: call Run.setup() first")
-        return self.group
+        return cast(SFTRole, self.group)  # its methods are bound when it starts
 
     def step(self, batch: Batch, calls: StageCalls) -> tuple[dict[str, float], list[str]]:
         """One optimizer step on a batch; its metrics (no prompt ledger)."""

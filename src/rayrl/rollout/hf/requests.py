@@ -63,6 +63,25 @@ def can_serve_requests(model: nn.Module) -> bool:
 class _Samples:
     """Per-sample state in numpy arrays, grown as requests need."""
 
+    # The arrays of FIELDS and the per-token ones, set by `grow` (declared for type checkers).
+    max_new: np.ndarray
+    keys: np.ndarray
+    gen: np.ndarray
+    ctx: np.ndarray
+    row: np.ndarray
+    turn_start: np.ndarray
+    order: np.ndarray
+    stopped: np.ndarray
+    finished: np.ndarray
+    running: np.ndarray
+    parked: np.ndarray
+    waiting: np.ndarray
+    parks: np.ndarray
+    aborted: np.ndarray
+    tokens: np.ndarray
+    log_probs: np.ndarray
+    versions: np.ndarray
+
     FIELDS = {
         "max_new": np.int64,
         "keys": np.int64,

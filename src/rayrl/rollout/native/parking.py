@@ -13,6 +13,9 @@ its blocks still). `Parking` is a part of `Scheduler`, whose state it uses.
 
 from __future__ import annotations
 
+from collections import deque
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from rayrl.rollout.native.jobs import Job
@@ -23,6 +26,32 @@ __all__ = ["Parking"]
 
 class Parking:
     """The scheduler's multi-turn part (module docstring)."""
+
+    if TYPE_CHECKING:  # what `Scheduler` (and its `SampleTable`) provides
+        from rayrl.rollout.native.kv_cache import BlockAllocator
+
+        alloc: BlockAllocator
+        running: dict[int, None]
+        parked: dict[int, None]
+        waiting: deque[Job]
+        events: list[tuple[int, str]]
+        resumes: int
+        reclaimed: int
+        prompt_of: list[np.ndarray | None]
+        blocks: list[list[int]]
+        max_new: np.ndarray
+        gen: np.ndarray
+        kv_len: np.ndarray
+        n_blocks: np.ndarray
+        turn_start: np.ndarray
+        stopped: np.ndarray
+        paused: np.ndarray
+        tokens: np.ndarray
+        log_probs: np.ndarray
+
+        def _end(self, sample: int) -> None: ...
+        def _release_blocks(self, sample: int) -> None: ...
+        def _release_slot(self, sample: int) -> None: ...
 
     def _park(self, sample: int) -> None:
         """The sample's turn ended: out of the running set, slot freed, KV kept."""

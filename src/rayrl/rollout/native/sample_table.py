@@ -40,6 +40,25 @@ class SampleTable:
     """Per-sample arrays for ``capacity`` samples of ``width`` response tokens, grown
     as needed, and their ids (module docstring)."""
 
+    # The arrays of PER_SAMPLE and PER_TOKEN, set by `_grow` (declared for type checkers).
+    max_new: np.ndarray
+    keys: np.ndarray
+    gen: np.ndarray
+    kv_len: np.ndarray
+    slot: np.ndarray
+    n_blocks: np.ndarray
+    turn_start: np.ndarray
+    stopped: np.ndarray
+    finished: np.ndarray
+    paused: np.ndarray
+    parks: np.ndarray
+    aborted: np.ndarray
+    _where: np.ndarray
+    chain: np.ndarray
+    tokens: np.ndarray
+    log_probs: np.ndarray
+    versions: np.ndarray
+
     def __init__(self, capacity: int, width: int) -> None:
         self.capacity, self.width = 0, 0
         self.prompt_of: list[np.ndarray | None] = []

@@ -10,11 +10,17 @@ holds it). `Serving` is a part of `NativeRolloutEngine`, whose state it uses.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from rayrl.rollout.native.stops import StopStrings
 from rayrl.rollout.requests import SampleOutput
 from rayrl.rollout.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from rayrl.rollout.native.scheduler import Scheduler
+    from rayrl.rollout.native.step_loop import Stepper
 
 __all__ = ["Serving"]
 
@@ -23,6 +29,16 @@ WHERE = "NativeRolloutEngine"
 
 class Serving:
     """The engine's request API (module docstring)."""
+
+    if TYPE_CHECKING:  # what `NativeRolloutEngine` provides
+        sched: Scheduler
+        stepper: Stepper
+        tokenizer: Any
+        eos_ids: list[int]
+
+        def _check_ready(self, sampling: SamplingParams) -> None: ...
+        def _check_lengths(self, prompts: list[np.ndarray], limits: np.ndarray, n: int) -> None: ...
+        def _ensure_graphs(self) -> None: ...
 
     def add(
         self,
