@@ -272,3 +272,38 @@ def test_a_relative_output_dir_is_the_drivers_whatever_the_workers_directory(
     written = sorted(p.relative_to(step).parts[0] for p in step.rglob("*") if p.is_file())
     assert result.run_dir == tmp_path / "rel" and "actor" in written, written
     assert (tmp_path / "rel" / "hf" / "config.json").is_file()
+
+
+def test_beta_zero_and_max_steps_beside_epochs_keep_trls_meaning(tmp_path):
+    """beta=0 leaves the KL loss off (the base config has it on); max_steps given with
+    num_train_epochs decides the steps, as in TRL."""
+    cfg = GRPOTrainer(output_dir=tmp_path, beta=0.0, max_steps=5, num_train_epochs=2).cfg
+    actor = cfg.actor_rollout_ref.actor
+    assert load_config("grpo").actor_rollout_ref.actor.use_kl_loss  # on in the base
+    assert not actor.use_kl_loss and actor.kl_loss_coef == 0.0
+    assert cfg.trainer.total_training_steps == 5 and cfg.trainer.total_epochs == 2
+
+
+def test_a_column_only_the_train_dataset_has_is_refused(tmp_path):
+    """Reward functions score the eval rows too: a column the eval dataset lacks is
+    refused in the constructor, naming it."""
+    with pytest.raises(RewardFunctionError, match=r"exact needs \['answer'\]"):
+        GRPOTrainer(
+            reward_funcs=exact,
+            train_dataset=[{"prompt": QUESTION, "answer": "7"}],
+            eval_dataset=[{"prompt": QUESTION}],
+            output_dir=tmp_path,
+        )
+
+
+def test_the_prompt_is_passed_as_prompts_not_as_a_column(tmp_path):
+    """A batch-style function asking for `prompt` (TRL passes `prompts`) is refused in
+    the constructor: the dataset's prompt is not one of the columns it is given."""
+
+    def wants_prompt(prompt, completions):
+        return [0.0] * len(completions)
+
+    with pytest.raises(RewardFunctionError, match=r"wants_prompt needs \['prompt'\]"):
+        GRPOTrainer(
+            reward_funcs=wants_prompt, train_dataset=[{"prompt": QUESTION}], output_dir=tmp_path
+        )

@@ -212,3 +212,16 @@ def test_the_plan_counts_and_refuses_a_kill_beyond_it():
         plan.landed("k3")
     plan.finish("the run ended")
     assert plan.lines() == []
+
+
+def test_the_first_reason_a_plan_ended_for_stands():
+    """The run ends, then the monkey is stopped: the kills that did not land keep the
+    first reason (the run's end), not the later one."""
+    plan = KillPlan(2)
+    plan.landed("k1")
+    plan.finish("the run ended (3 steps) with no step left")
+    plan.finish("the monkey was stopped")
+    assert plan.ended == "the run ended (3 steps) with no step left"
+    assert plan.report()["not_landed"] == [
+        {"kill": 2, "attempts": [], "why": "the run ended (3 steps) with no step left"}
+    ]

@@ -148,7 +148,9 @@ def test_verls_whole_ppo_config_as_a_file_loads_with_its_values(tmp_path):
     messages: list[str] = []
     cfg = load_config(path, MICRO, warn=messages.append)
     arr = cfg.actor_rollout_ref
-    assert cfg.trainer.output_dir == os.path.abspath("checkpoints/verl_examples/gsm8k")  # default_local_dir
+    assert cfg.trainer.output_dir == os.path.abspath(
+        "checkpoints/verl_examples/gsm8k"
+    )  # default_local_dir
     assert cfg.trainer.val_examples == 0  # log_val_generations
     assert cfg.reward.num_workers == 8 and cfg.reward.reward_manager.name == "naive"
     assert arr.rollout.max_num_seqs == 256 and arr.actor.clip_ratio_high == 0.2

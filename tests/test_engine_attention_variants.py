@@ -103,3 +103,18 @@ def test_the_flash_call_slides_as_the_per_sequence_path(window):
     got = _varlen(q, k, v, cu, 20, None, variant=variant)
     want = _per_sequence(q.float(), k.float(), v.float(), cu, None, cu, variant)
     torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
+
+
+def test_a_window_that_hides_a_single_key_still_binds(variant_dir):
+    """Sequences one token longer than the window (6 tokens, a window of 5): the last
+    query does not see the first key, unpacked and in a packed row, as in eager."""
+    eager = TrainEngine(variant_dir, attn_implementation="eager", use_remove_padding=False)
+    varlen = TrainEngine(variant_dir, attn_implementation="sdpa", use_remove_padding=True)
+    ids = torch.randint(3, 500, (1, 12), generator=torch.Generator().manual_seed(6))
+    positions = torch.tensor([list(range(6)) * 2])
+    with torch.no_grad():
+        parts = [eager.model(input_ids=ids[:, a:b]).logits for a, b in ((0, 6), (6, 12))]
+        one = varlen.model(input_ids=ids[:, :6]).logits
+        packed = varlen.model(input_ids=ids, position_ids=positions).logits
+    torch.testing.assert_close(one, parts[0], **TOL)
+    torch.testing.assert_close(packed, torch.cat(parts, dim=1), **TOL)

@@ -212,3 +212,25 @@ def test_a_group_that_cannot_be_made_gives_its_bundles_back_and_is_asked_for_aga
     check(rs, pool, world, f"a failed {broken}")
     assert rs.starting == 0 and len(pool.open) == 1 and ref not in pool.open
     assert rs._failed_starts == 1 and not threads
+
+
+def test_the_rollout_manager_grows_its_set_to_max_replicas(monkeypatch):
+    """rollout.max_replicas above the declared replicas (2 GPUs): the rollout manager's
+    set starts 2 replicas on the pool and asks the cluster for 2 more, and no more;
+    without it, for none."""
+    from rayrl.config import load_config
+    from rayrl.trainer.async_rollout import RolloutManager
+
+    def requests(extra: list[str]) -> tuple[int, int]:
+        cfg = load_config(
+            "grpo", ["actor_rollout_ref.rollout.mode=async", "rollout.n_gpus_per_node=2", *extra]
+        )
+        rm = RolloutManager(cfg, SimpleNamespace(), SimpleNamespace(run="t"), "model", 1)
+        _, pool, world, _ = make_set(monkeypatch, size=2, max_size=2)
+        monkeypatch.setattr(rm, "_group", lambda name, bundles: FakeGroup(world, name, bundles))
+        monkeypatch.setattr(rm, "_thread", SimpleNamespace(start=lambda: None, is_alive=bool))
+        rm.start(pool)
+        return len(rm.replicas), len(pool.open)
+
+    assert requests(["rollout.max_replicas=4"]) == (2, 2)
+    assert requests([]) == (2, 0)

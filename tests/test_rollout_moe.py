@@ -20,6 +20,7 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from family_cases import (
+    GREEDY,
     MOE_FAMILIES,
     PROMPTS,
     SMALL,
@@ -291,3 +292,38 @@ def test_experts_on_cuda_in_graphs_match_transformers(moe_dirs, family):
     # rollout and training can differ): nearly every token within bf16's rounding
     close = (gaps < 0.1).float().mean().item()
     assert close >= 0.9 and gaps.median() < 0.03, (close, gaps.tolist(), paths)
+
+
+def test_every_expert_path_runs_every_expert_a_token_chose():
+    """Each token routed to every expert (top-k = experts, the last one included): the
+    grouped and dense paths equal the reference loop."""
+    spec = MoESpec(experts=4, top_k=4, intermediate=16, layers=(True,), norm_topk=False)
+    layer = _layer(4, 32, 16, 0, seed=3)
+    x = torch.randn(7, 32, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        ref, chosen = moe_mlp(x, layer, spec, _act, "reference")
+        assert all(sorted(row) == [0, 1, 2, 3] for row in chosen.tolist())
+        for path in EXPERT_PATHS:
+            out, _ = moe_mlp(x, layer, spec, _act, path)
+            torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5, msg=path)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [dict(norm_topk_prob=False), dict(num_experts_per_tok=4)],
+    ids=["top2-not-renormalised", "top-k-every-expert"],
+)
+def test_qwen3_moe_routing_options_match_transformers(changes):
+    """Qwen3-MoE's routing as its config sets it: without renormalising the top-k
+    probabilities, and with every expert chosen (top-k = experts, allowed): the engine's
+    greedy tokens are transformers' argmax and its log-probs transformers'."""
+    model = family_model("qwen3_moe", **changes)
+    out = NativeRolloutEngine(model=model, **ONE).generate_token_ids(PROMPTS, GREEDY)
+    for prompt, tokens, log_probs in zip(PROMPTS, out.tokens, out.log_probs, strict=True):
+        ids = torch.tensor([list(prompt) + tokens.tolist()])
+        with torch.no_grad():
+            want = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float().log_softmax(-1)
+        assert tokens.tolist() == want.argmax(-1).tolist()
+        torch.testing.assert_close(
+            log_probs, want.gather(-1, tokens[:, None])[:, 0], atol=1e-4, rtol=1e-4
+        )

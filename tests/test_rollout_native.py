@@ -613,3 +613,21 @@ def test_auto_takes_the_native_engines_options_as_the_explicit_name_does():
     cfg = load_config(None, ["actor_rollout_ref.rollout.name=auto", *keys], validate=False)
     hf = resolve_rollout(cfg.actor_rollout_ref.rollout, cfg.data, "cpu", Qwen2Config())
     assert (hf.name, hf.options) == ("hf", {})
+
+
+def test_a_later_turn_finds_the_blocks_its_earlier_turn_decoded(model_dir, tokenizer):
+    """Blocks filled while decoding are recorded as the prefill's are: a prompt that is
+    an earlier prompt and its response (the next turn of an episode) claims every full
+    block of it, those the response filled included, and draws what a cold engine does."""
+    prompt = tokenizer.encode(TEXTS[0])
+    greedy = SamplingParams(do_sample=False, max_new_tokens=R, ignore_eos=True)
+    engine = NativeRolloutEngine(model_path=model_dir, device="cpu", block_size=4)
+    first = engine.generate_token_ids([prompt], greedy)
+    turn = prompt + first.tokens[0, : int(first.lengths[0])].tolist()
+    assert (len(turn) - 1) // 4 > len(prompt) // 4  # the response filled blocks
+    again = engine.generate_token_ids([turn], greedy)
+    assert engine.last_stats["prefix_hit_tokens"] == (len(turn) - 1) // 4 * 4
+    cold = NativeRolloutEngine(
+        model_path=model_dir, device="cpu", block_size=4, enable_prefix_caching=False
+    )
+    assert again.tokens.equal(cold.generate_token_ids([turn], greedy).tokens)
