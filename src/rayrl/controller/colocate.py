@@ -15,7 +15,7 @@ process. The process group belongs to the process: form it once for the fused gr
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ray import ObjectRef
 
@@ -23,9 +23,6 @@ from rayrl.controller.dispatch import MethodSpec, method_specs
 from rayrl.controller.errors import WorkerDescription
 from rayrl.controller.method import bind_methods
 from rayrl.controller.worker import Worker, WorkerContext
-
-if TYPE_CHECKING:
-    from rayrl.controller.group import WorkerGroup
 
 
 class FusedWorker(Worker):
@@ -132,7 +129,7 @@ class RoleView:
     Shares the fused group's actors: calls run on the role's instance in each process.
     """
 
-    def __init__(self, group: WorkerGroup, role: str) -> None:
+    def __init__(self, group: Any, role: str) -> None:
         roles = getattr(group.worker_cls, "ROLES", {})
         if role not in roles:
             raise KeyError(f"group {group.name} has roles {list(roles)}, not '{role}'")

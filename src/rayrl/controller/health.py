@@ -13,13 +13,10 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 from rayrl.controller.errors import DEAD_ERRORS, short_error
 from rayrl.controller.waiting import wait_all
-
-if TYPE_CHECKING:
-    from rayrl.controller.group import WorkerGroup
 
 logger = logging.getLogger("rayrl.controller")
 
@@ -91,7 +88,7 @@ class Replacement:
         return sum(1 for n in self.bytes_read.values() if n > 0)
 
 
-def check_group(group: WorkerGroup, timeout_s: float) -> HealthReport:
+def check_group(group: Any, timeout_s: float) -> HealthReport:
     """Heartbeat every rank of `group` (see WorkerGroup.check_health).
 
     The actors are read under the group's lock; a rank whose actor was swapped while
@@ -132,7 +129,7 @@ class HealthMonitor:
 
     def __init__(
         self,
-        group: WorkerGroup,
+        group: Any,
         interval_s: float = 10.0,
         timeout_s: float = 5.0,
         on_failure: Callable[[HealthReport], None] | None = None,

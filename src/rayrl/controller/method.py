@@ -28,8 +28,7 @@ from rayrl.controller.layout import DataLayout
 class Caller(Protocol):
     """What a GroupMethod needs from the group (or view) it belongs to."""
 
-    @property
-    def world_size(self) -> int: ...
+    world_size: int
 
     def _invoke(self, rank: int, spec: MethodSpec, args: tuple, kwargs: dict) -> ObjectRef: ...
 

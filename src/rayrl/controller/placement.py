@@ -11,15 +11,12 @@ TopologyChangedWarning.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import ray
 
 from rayrl.cluster.bundle import Bundle
 from rayrl.controller.errors import NoSpareBundleError
-
-if TYPE_CHECKING:
-    from rayrl.controller.group import WorkerGroup
 
 
 def alive_nodes() -> set[str]:
@@ -45,7 +42,7 @@ def bundle_usable(bundle: Bundle) -> bool:
     )
 
 
-def pick_bundle(group: WorkerGroup, rank: int) -> bool:
+def pick_bundle(group: Any, rank: int) -> bool:
     """Keep rank's bundle if it is usable; else give rank a spare of the pool, else a new
     bundle wherever the cluster can place one. Returns whether the rank moved bundle."""
     bundle = group.bundles[rank]
@@ -68,7 +65,7 @@ def pick_bundle(group: WorkerGroup, rank: int) -> bool:
     return True
 
 
-def topology_message(group: WorkerGroup, rank: int, old_node: str, new_node: str) -> str:
+def topology_message(group: Any, rank: int, old_node: str, new_node: str) -> str:
     """What moving `rank` did: the nodes, and which ranks now share which node."""
     nodes: dict[str, list[int]] = {}
     for r, bundle in enumerate(group.bundles):

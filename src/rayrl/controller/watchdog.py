@@ -14,20 +14,17 @@ A rank that dies fails the wait at once, as without a watchdog.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ray
 
 from rayrl.controller.errors import WorkerHungError
 
-if TYPE_CHECKING:
-    from rayrl.controller.group import WorkerGroup
-
 
 class Watchdog:
     """Progress checks for the calls of one group (see the module docstring)."""
 
-    def __init__(self, group: WorkerGroup, stage_timeout_s: float) -> None:
+    def __init__(self, group: Any, stage_timeout_s: float) -> None:
         self.group = group
         self.stage_timeout_s = stage_timeout_s
         self.check_every_s = min(5.0, max(0.2, stage_timeout_s / 4))
