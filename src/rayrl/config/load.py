@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import is_dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 from omegaconf import OmegaConf
@@ -39,9 +39,6 @@ from rayrl.config.errors import warn as _warn
 from rayrl.config.nulls import settle_nulls
 from rayrl.config.paths import absolute_paths
 from rayrl.config.schema import RayRLConfig, schema_fields
-
-if TYPE_CHECKING:
-    from rayrl.config.sft import SFTConfig  # imports this module
 
 BUILTIN_DIR = Path(__file__).resolve().parent
 PARSE_ERRORS = (yaml.YAMLError, OmegaConfBaseException, ValueError)
@@ -338,6 +335,6 @@ def normalize(cfg: RayRLConfig, warn: Callable[[str], None] = _warn) -> None:
         )
 
 
-def to_yaml(cfg: RayRLConfig | SFTConfig) -> str:
-    """The resolved config as YAML (what `rayrl config show` prints)."""
+def to_yaml(cfg: object) -> str:
+    """The resolved config (a RayRLConfig or an SFTConfig) as YAML (`rayrl config show`)."""
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))

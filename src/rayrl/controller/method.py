@@ -28,7 +28,8 @@ from rayrl.controller.layout import DataLayout
 class Caller(Protocol):
     """What a GroupMethod needs from the group (or view) it belongs to."""
 
-    world_size: int
+    @property
+    def world_size(self) -> int: ...
 
     def _invoke(self, rank: int, spec: MethodSpec, args: tuple, kwargs: dict) -> ObjectRef: ...
 
