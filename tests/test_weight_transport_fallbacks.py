@@ -19,7 +19,7 @@ from rayrl.train.weight_sync import PublishedWeights
 from rayrl.trainer import async_rollout
 from rayrl.trainer.async_queue import QUEUED
 from rayrl.trainer.async_rollout import Replica, RolloutManager
-from rayrl.trainer.async_weights import CollectiveWeights
+from rayrl.trainer.async_weights import CollectiveWeights, weight_sync_timeout
 
 FALLBACKS = "async/weight_transport_fallbacks"
 
@@ -161,3 +161,34 @@ def test_objects_lost_with_their_owner_are_published_again_not_fetched_forever(m
     manager.publish(1, PublishedWeights(["again"], 1000, "object_store"))
     assert not manager.needs_publish
     assert [o.weights.refs for o in manager.offers[before:]][0] == ["again"]
+
+
+def test_each_replica_has_its_own_rank_after_the_senders():
+    """Actor rank 0 sends as rank 0 of the group; the replicas are ranks 1..n, one each
+    (a replica on rank 0 would wait for a send of its own)."""
+    weights = CollectiveWeights("t", gpus=False, timeout_s=5.0)
+    weights.host = SimpleNamespace(form=lambda n, backend, timeout: f"group of {n}")
+    plan = weights.plan(["r0", "r1", "r2"])
+    assert plan.group == "group of 4" and plan.ranks == {"r0": 1, "r1": 2, "r2": 3}
+    assert weights.plan([]) is None
+
+
+@pytest.mark.parametrize(
+    ("keys", "bound"),
+    [
+        (["async_training.weight_sync_timeout_s=7", "trainer.stage_timeout_s=11"], 7.0),
+        (["trainer.stage_timeout_s=11"], 11.0),
+        (["async_training.weight_sync_timeout_s=7"], 7.0),
+    ],
+)
+def test_the_weight_sync_bound_is_its_own_key_then_the_stage_timeout(keys, bound):
+    cfg = load_config(
+        "grpo",
+        [
+            "actor_rollout_ref.rollout.mode=async",
+            "rollout.n_gpus_per_node=1",
+            "async_training.weight_transport=collective",
+            *keys,
+        ],
+    )
+    assert weight_sync_timeout(cfg) == bound
