@@ -5,6 +5,7 @@ rows, as a validation and `rayrl train` write them, and as `rayrl report` shows 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import warnings
 from pathlib import Path
@@ -198,7 +199,10 @@ def test_the_keys_are_the_schemas_and_verls_scripts_that_set_them_load(tmp_path)
 def _run_dir(tmp_path: Path, rows: list[dict]) -> Path:
     """A run directory `outputs/run` (relative output_dir, started in `tmp_path`) whose
     rollouts went to the relative `dumps/` with `rows` at steps 1 to 4."""
-    cfg = load_config("grpo", ["trainer.output_dir=outputs/run", "trainer.rollout_data_dir=dumps"])
+    with contextlib.chdir(tmp_path):  # the run starts there (its paths are made absolute)
+        cfg = load_config(
+            "grpo", ["trainer.output_dir=outputs/run", "trainer.rollout_data_dir=dumps"]
+        )
     run = tmp_path / "outputs" / "run"
     run.mkdir(parents=True)
     (run / "config.yaml").write_text(to_yaml(cfg))
