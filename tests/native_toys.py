@@ -40,3 +40,10 @@ class InstantTurns:
     def take_ready(self, wait: bool) -> list[Continuation]:
         ready, self.ready = self.ready, []
         return ready
+
+
+def gpt2_config():
+    """A family the native engine does not run."""
+    from transformers import GPT2Config
+
+    return GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, bos_token_id=0, eos_token_id=0)
