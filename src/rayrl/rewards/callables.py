@@ -154,6 +154,8 @@ class RewardFuncs:
         for fn in self.funcs:
             check_function(fn)
         self.names = _unique([metric_name(fn) for fn in self.funcs])
+        # how each is called, read from its signature once, not for every sample
+        self.calls = [Call.of(fn) for fn in self.funcs]
 
     def describe(self) -> str:
         """The functions and their weights, for messages."""
@@ -167,8 +169,8 @@ class RewardFuncs:
     ) -> float | dict | None:
         sample = Sample(data_source, solution_str, ground_truth, extra_info)
         total, found, extra = 0.0, False, {}
-        for fn, weight, name in zip(self.funcs, self.weights, self.names, strict=True):
-            score, more = sample.score_with(fn)
+        for call, weight, name in zip(self.calls, self.weights, self.names, strict=True):
+            score, more = sample.score_with(call)
             extra.update(more)
             if score is None:
                 continue
@@ -181,6 +183,21 @@ class RewardFuncs:
 
 
 @dataclass(frozen=True)
+class Call:
+    """A reward function with how it is called: rayrl's style or the batch style, and
+    the keyword arguments it accepts (None: any, it takes **kwargs)."""
+
+    fn: Callable
+    rayrl_style: bool
+    accepts: frozenset[str] | None
+
+    @classmethod
+    def of(cls, fn: Callable) -> Call:
+        accepts = None if takes_kwargs(fn) else frozenset(_parameters(fn))
+        return cls(fn, is_rayrl_style(fn), accepts)
+
+
+@dataclass(frozen=True)
 class Sample:
     """One sample as rayrl scores it, callable with a function of either style."""
 
@@ -189,9 +206,11 @@ class Sample:
     ground_truth: Any
     extra_info: Any
 
-    def score_with(self, fn: Callable) -> tuple[float | None, dict]:
-        """`fn`'s score of this sample (None: it abstained) and its extra metrics."""
-        if is_rayrl_style(fn):
+    def score_with(self, call: Call) -> tuple[float | None, dict]:
+        """The function's score of this sample (None: it abstained) and its extra
+        metrics."""
+        fn = call.fn
+        if call.rayrl_style:
             value = fn(
                 data_source=self.data_source,
                 solution_str=self.solution_str,
@@ -202,20 +221,20 @@ class Sample:
                 extra = {k: v for k, v in value.items() if k != "score"}
                 return _number(fn, value.get("score")), extra
             return _number(fn, value), {}
-        return _number(fn, _one(fn, fn(**self.batch_style_args(fn)))), {}
+        return _number(fn, _one(fn, fn(**self.batch_style_args(call.accepts)))), {}
 
-    def batch_style_args(self, fn: Callable) -> dict[str, list]:
-        """The keyword arguments of a batch-style function, as lists of one."""
+    def batch_style_args(self, accepts: frozenset[str] | None) -> dict[str, list]:
+        """The keyword arguments of a batch-style function accepting `accepts` (None:
+        any), as lists of one."""
         columns = dict(self.extra_info) if isinstance(self.extra_info, dict) else {}
         prompt = columns.pop(PROMPT_KEY, None)
         chat = isinstance(prompt, list | tuple)
         completion = [{"role": "assistant", "content": self.solution_str}] if chat else None
         args = {"prompts": [prompt], "completions": [completion or self.solution_str]}
         args |= {key: [value] for key, value in columns.items() if key not in args}
-        if takes_kwargs(fn):
+        if accepts is None:
             return args
-        params = _parameters(fn)
-        return {key: value for key, value in args.items() if key in params}
+        return {key: value for key, value in args.items() if key in accepts}
 
 
 def _one(fn: Callable, value: object) -> object:
