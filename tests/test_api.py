@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -307,3 +309,23 @@ def test_the_prompt_is_passed_as_prompts_not_as_a_column(tmp_path):
         GRPOTrainer(
             reward_funcs=wants_prompt, train_dataset=[{"prompt": QUESTION}], output_dir=tmp_path
         )
+
+
+def test_reward_functions_pickle_without_the_cloudpickle_package():
+    # cloudpickle is no dependency of rayrl's (Ray carries its own copy): a machine
+    # without the package pickles and loads a closure all the same.
+    code = """
+import sys
+sys.modules["cloudpickle"] = None  # import cloudpickle fails, as where it is absent
+from rayrl.rewards.callables import RewardFuncs, pickle_funcs
+from rayrl.rewards.loader import PickledFunction
+bonus = 2.0
+funcs = RewardFuncs([lambda completions, **kw: [bonus * len(c) for c in completions]])
+fn = PickledFunction(pickle_funcs(funcs)).load()
+print(fn("src", "abc", ""))
+"""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "6.0", done.stderr[-800:]

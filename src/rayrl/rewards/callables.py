@@ -18,7 +18,7 @@ original prompt travel in its `extra_info` (the prompt under `PROMPT_KEY`), as t
 Python API writes its data.
 
 The reward workers are other processes (Ray actors, and the scoring processes each
-spawns), so the functions travel pickled: `pickle_funcs` pickles them with cloudpickle
+spawns), so the functions travel pickled: `pickle_funcs` pickles them with cloudpickle (Ray's)
 (an importable function by reference, a closure or a function of a script by value)
 into the text of config key `custom_reward_function.pickled`, which the reward loader
 resolves as a `PickledFunction` spec (`rayrl.rewards.loader`). A function
@@ -121,7 +121,7 @@ def pickle_funcs(funcs: RewardFuncs) -> str:
     """`funcs` pickled for the reward workers (base64 text of cloudpickle's bytes).
 
     Raises RewardFunctionError naming the first function that does not pickle."""
-    import cloudpickle
+    from ray import cloudpickle  # Ray's own copy: no dependency of its own
 
     for fn in funcs.funcs:
         try:
