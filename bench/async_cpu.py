@@ -23,7 +23,9 @@ Prints JSON lines: `sync_samples_per_s`, `sync1_samples_per_s` and
 `async_samples_per_s` (medians over the rounds), `samples_per_s_ratio_vs_sync` (target
 1.3) and `samples_per_s_ratio_vs_sync1`, and the async run's staleness, waits and idle
 fractions. `--device cuda` puts both processes on one GPU, each on half
-of it (`resources.gpus_per_worker=0.5`, `rollout.gpus_per_replica=0.5`).
+of it (`resources.gpus_per_worker=0.5`, `rollout.gpus_per_replica=0.5`), and the async
+run keeps the reward in the trainer's process as the sync run does (the host has the
+cores; `sync1` is then the same placement as `sync`'s but for the reward).
 
 `--agent`: the long tail of agents. Each sample is a multi-turn episode (the random
 model's turns end after about 1/`--turn-end` tokens, `_agent_env.end_turns_often`)
@@ -133,9 +135,10 @@ def async_overrides(args: argparse.Namespace, partial: bool | None = None) -> li
             if args.prompts_per_call
             else []
         ),
-        # one core each: the reward in a light process of its own, so the trainer's
-        # bundle (and its torch threads) is one CPU beside the replica's one
-        "reward.colocate=false",
+        # on CPU one core each: the reward in a light process of its own, so the
+        # trainer's bundle (and its torch threads) is one CPU beside the replica's one;
+        # on a GPU the reward stays in the trainer's process, as in the sync run
+        *(["reward.colocate=false"] if args.device == "cpu" else []),
     ]
 
 

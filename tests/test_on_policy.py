@@ -11,6 +11,7 @@ from transformers import AutoTokenizer
 from rayrl.batch import Batch
 from rayrl.models import build_tiny_model
 from rayrl.train import packing
+from rayrl.trainer.metrics import rollout_probs_diff
 from rayrl.trainer.on_policy import separate_pass_reason
 from rayrl.workers import ActorRolloutRefWorker
 from rayrl.workers import actor as actor_module
@@ -100,7 +101,14 @@ def test_an_on_policy_update_of_several_mini_batches_is_refused(model_dir):
         (["actor_rollout_ref.actor.ppo_epochs=2"], "2 PPO epochs"),
         (["actor_rollout_ref.actor.ppo_mini_batch_size=2"], "several mini-batches"),
         (["algorithm.use_kl_in_reward=true"], "KL penalty in the reward"),
-        (["algorithm.rollout_correction.rollout_is=token"], "rollout correction"),
+        (
+            [
+                "algorithm.rollout_correction.rollout_is=token",
+                "algorithm.rollout_correction.rollout_is_batch_normalize=true",
+            ],
+            "normalises its weights",
+        ),
+        (["algorithm.rollout_correction.rollout_rs=token_k1"], "rejection sampling"),
         (
             ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=score"],
             "dynamic sampling",
@@ -117,3 +125,48 @@ def test_an_on_policy_update_of_several_mini_batches_is_refused(model_dir):
 )
 def test_what_reads_old_log_probs_before_the_update_keeps_the_separate_pass(overrides, reason):
     assert reason in separate_pass_reason(config(*SIZES, *overrides), 8)
+
+
+def test_truncated_is_weights_need_no_separate_pass_and_report_the_same(model_dir, monkeypatch):
+    """Token-level truncated importance weights (async's default correction) on the
+    update's own log-probs: the same loss, weights and verl's probs-diff metrics as the
+    separate pass gives, from rollout log-probs of an older policy (perturbed here)."""
+    monkeypatch.setattr(packing, "CPU_MIN_PADDING_TO_PACK", 0.0)
+    cfg = config(
+        *SIZES,
+        "actor_rollout_ref.rollout.calculate_log_probs=true",
+        "algorithm.rollout_correction.rollout_is=token",
+        "algorithm.rollout_correction.rollout_is_threshold=1.5",
+    )
+    assert separate_pass_reason(cfg, 8) is None
+    separate = local_worker(ActorRolloutRefWorker, config=cfg, model_path=model_dir)
+    shortcut = local_worker(ActorRolloutRefWorker, config=cfg, model_path=model_dir)
+    batch = generate(separate, prompts(AutoTokenizer.from_pretrained(model_dir), 4))
+    noise = torch.randn(batch["responses"].shape, generator=torch.Generator().manual_seed(1))
+    batch["rollout_log_probs"] = batch["rollout_log_probs"] + 0.5 * noise
+    batch["advantages"] = torch.randn(
+        batch["responses"].shape, generator=torch.Generator().manual_seed(0)
+    )
+    batch = batch.union(separate.compute_ref_log_prob(batch))
+    old = separate.compute_log_prob(batch)
+    want_diff = rollout_probs_diff(old, batch)  # what the trainer reports after the pass
+
+    got = update_actor(shortcut, batch.select(*batch.keys()), on_policy=True)
+    want = update_actor(separate, batch.union(old.select("old_log_probs")))
+    assert want["actor/tis_clipfrac"] > 0.05  # the cap bites: the weights matter
+    for key in (
+        "actor/pg_loss",
+        "actor/grad_norm",
+        "actor/tis_weight_mean",
+        "actor/tis_clipfrac",
+    ):
+        assert got[key] == want[key], key
+    assert "training/rollout_probs_diff_max" not in want  # the pass reports them, not the update
+    for key, value in want_diff.items():
+        assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+
+
+def test_an_estimator_that_reads_old_log_probs_keeps_the_separate_pass():
+    cfg = config(*SIZES)
+    cfg.algorithm.adv_estimator = "optimal_token_baseline"  # its config check refuses it today
+    assert "estimator optimal_token_baseline reads them" in separate_pass_reason(cfg, 8)

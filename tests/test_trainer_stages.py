@@ -259,8 +259,11 @@ def test_each_stage_is_sent_only_the_columns_it_reads():
     critic = set(only_reads(batch, UPDATE_CRITIC_READS).keys())
     assert critic == engine | {"values", "returns"}
     kl = set(update_actor_reads(_cfg("actor_rollout_ref.actor.use_kl_loss=true")))
-    assert engine | {"advantages", "old_log_probs", "ref_log_prob"} == kl
+    # the rollout's log-probs: an on-policy update reports verl's probs-diff from them
+    assert engine | {"advantages", "old_log_probs", "ref_log_prob", "rollout_log_probs"} == kl
     plain = set(update_actor_reads(_cfg("actor_rollout_ref.actor.use_kl_loss=false")))
     assert plain == kl - {"ref_log_prob"}
+    unrecorded = _cfg("actor_rollout_ref.rollout.calculate_log_probs=false")
+    assert set(update_actor_reads(unrecorded)) == kl - {"rollout_log_probs"}
     corrected = update_actor_reads(_cfg("algorithm.rollout_correction.rollout_is=token"))
     assert {"rollout_log_probs", "rollout_is_norm"} <= set(corrected)

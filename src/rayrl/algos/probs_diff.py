@@ -74,3 +74,17 @@ def probs_diff_metrics(rows: dict[str, Tensor], counts: Tensor) -> dict[str, flo
         "training/rollout_probs_diff_std": math.sqrt(var),
         "training/rollout_actor_probs_pearson_corr": corr,
     }
+
+
+def probs_diff_from_totals(metrics: dict[str, float]) -> dict[str, float]:
+    """verl's metrics from the batch's totals of `probs_diff_rows` (keys
+    ``probs_diff/<column>``, the max column the largest row's, and ``probs_diff/tokens``),
+    which are taken out of ``metrics``; nothing when they are not there."""
+    if "probs_diff/tokens" not in metrics:
+        return {}
+
+    def total(key: str) -> torch.Tensor:
+        return torch.tensor([metrics.pop(f"probs_diff/{key}")], dtype=torch.float64)
+
+    rows = {key: total(key) for key in PROBS_DIFF_COLUMNS}
+    return probs_diff_metrics(rows, total("tokens"))

@@ -80,7 +80,7 @@ from rayrl.train.loading import (
     pick_device,
 )
 from rayrl.train.lora import adapters_disabled, lora_scaling, merged_state_dict
-from rayrl.train.loss_contract import LossFn
+from rayrl.train.loss_contract import LossFn, Peak
 from rayrl.train.optim import (
     OptimSpec,
     build_lr_scheduler,
@@ -91,10 +91,11 @@ from rayrl.train.outputs import response_outputs, response_width
 from rayrl.train.packing import worth_packing
 from rayrl.train.rank_sync import (
     Plan,
-    all_reduce,
     check_same_on_all_ranks,
     global_counts,
+    held_peak,
     micro_batch_plan,
+    reduce_loss_metrics,
 )
 from rayrl.train.recovery import StepRecovery
 from rayrl.train.regional_compile import compile_regions
@@ -422,6 +423,7 @@ class TrainEngine(ModelBuilding, StepRecovery):
         tokens, seqs = global_counts(mini, self.sharded, self.device, counted)
         zero = torch.zeros((), dtype=torch.float64, device=self.device)
         shares: dict[str, Tensor] = defaultdict(lambda: zero, loss=zero)  # on the device
+        peaks: dict[str, Tensor] = {}
         for i, rows in enumerate(plan):
             if self.sharded:  # reduce-scatter once, after the last micro-batch
                 self.model.set_requires_gradient_sync(i == len(plan) - 1)
@@ -434,17 +436,17 @@ class TrainEngine(ModelBuilding, StepRecovery):
                 loss, step_metrics = loss_fn(outputs, micro)
                 shares["loss"] = shares["loss"] + loss.detach().double()
                 for key, value in step_metrics.items():
+                    if isinstance(value, Peak):
+                        peaks[key] = held_peak(peaks.get(key), value.value, self.device)
+                        continue
                     value = torch.as_tensor(value, dtype=torch.float64, device=self.device)
                     shares[key] = shares[key] + value.detach().sum()
             (loss * self.world_size).backward()
             progress.tick(micro_batches=1)
-        keys = sorted(shares)  # the same loss_fn on every rank: the same keys
-        local = torch.stack([shares[k] for k in keys]) * float(counted)
-        summed = all_reduce(local.tolist(), self.sharded, self.device)
-        totals = dict(zip(keys, summed, strict=True))
-        for key in keys:
+        totals = reduce_loss_metrics(shares, peaks, counted, self.sharded, self.device)
+        for key, value in totals.items():
             if key != "loss":
-                loss_metrics[key].append(totals[key])
+                loss_metrics[key].append(value)
         values = {"loss": totals["loss"], "micro_batches": float(len(plan))}
         grad_norm = self._clip_and_step()
         if grad_norm is not None:

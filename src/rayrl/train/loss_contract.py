@@ -16,18 +16,26 @@ gradient, to rounding, whatever the split into micro-batches and ranks. The repo
 
 The loss_fn's *metrics* are shares too (a token mean is a masked sum divided by
 ``global_token_count``): the engine sums them over micro-batches and ranks, so each is
-its mini-batch value whatever the split, then averages over the mini-batches.
+its mini-batch value whatever the split, then averages over the mini-batches. A metric
+given as a `Peak` is a maximum instead: the engine keeps the largest over micro-batches
+and ranks (then averages those over the mini-batches, as the others).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from torch import Tensor
 
 from rayrl.batch import Batch
 
-__all__ = ["LossFn"]
+__all__ = ["LossFn", "Peak"]
 
 LossFn = Callable[[dict[str, Tensor], Batch], tuple[Tensor, dict[str, Any]]]
+
+
+class Peak(NamedTuple):
+    """A loss metric that is a maximum over micro-batches and ranks, not a share."""
+
+    value: Tensor | float

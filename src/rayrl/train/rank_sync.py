@@ -9,10 +9,12 @@ dummies where a rank has fewer), scale losses by the same global counts
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import Tensor
 
 from rayrl.batch import Batch
 from rayrl.train.outputs import response_width
@@ -29,6 +31,29 @@ def all_reduce(values: list[float], sharded: bool, device: Any, op: Any = None) 
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(tensor, op=op if op is not None else dist.ReduceOp.SUM)
     return tensor.tolist()
+
+
+def reduce_loss_metrics(
+    shares: dict[str, Tensor], peaks: dict[str, Tensor], counted: bool, sharded: bool, device: Any
+) -> dict[str, float]:
+    """A mini-batch's loss metrics over the ranks: each share summed, each peak the
+    largest (`rayrl.train.loss_contract`); a rank that is not ``counted`` (the same
+    rows as another) adds nothing. Every rank ran the same loss_fn: the same keys."""
+    keys = sorted(shares)
+    local = torch.stack([shares[k] for k in keys]) * float(counted)
+    totals = dict(zip(keys, all_reduce(local.tolist(), sharded, device), strict=True))
+    if peaks:
+        names = sorted(peaks)
+        local_peaks = [float(peaks[k]) if counted else -math.inf for k in names]
+        highest = all_reduce(local_peaks, sharded, device, op=dist.ReduceOp.MAX)
+        totals.update(zip(names, highest, strict=True))
+    return totals
+
+
+def held_peak(held: Tensor | None, value: Tensor | float, device: Any) -> Tensor:
+    """The larger of a held maximum and a micro-batch's (a tensor on the device)."""
+    value = torch.as_tensor(value, dtype=torch.float64, device=device).detach().max()
+    return value if held is None else torch.maximum(held, value)
 
 
 def micro_batch_plan(

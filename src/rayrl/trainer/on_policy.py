@@ -14,14 +14,23 @@ update, or the update is not a single step on them:
 - several PPO epochs or mini-batches (the later ones are off-policy);
 - the KL penalty in the reward (`algorithm.use_kl_in_reward` reads old vs ref
   log-probs to shape the rewards before the advantages);
-- rollout correction (`algorithm.rollout_correction.rollout_is` / `rollout_rs`: weights
-  or rejection from old vs rollout log-probs);
+- rollout rejection (`algorithm.rollout_correction.rollout_rs`: tokens dropped from the
+  advantages by old vs rollout log-probs) and the batch-normalised importance weights
+  (`rollout_is_batch_normalize`: the whole batch's mean weight, before the update);
+  plain truncated importance weights (`rollout_is` token or sequence) need no pass: the
+  loss computes them from the forward's own detached log-probs, and the update reports
+  verl's `training/rollout_probs_diff_*` from them as the pass would;
+- an advantage estimator that reads them (the optimal token baseline);
 - dynamic sampling (`algorithm.filter_groups`: the batch is assembled over several
   generation rounds and trimmed, so its size is not known when the step starts);
 - a critic (PPO with GAE): such runs keep the separate pass, as verl's do.
 """
 
 from __future__ import annotations
+
+import inspect
+
+from rayrl.algos.advantages import ADV_ESTIMATORS
 
 from rayrl.config.schema import RayRLConfig
 from rayrl.config.validate import critic_enabled
@@ -38,10 +47,13 @@ def separate_pass_reason(cfg: RayRLConfig, samples: int) -> str | None:
         return f"{samples} samples make several mini-batches of {mini_batch}"
     if alg.use_kl_in_reward:
         return "the KL penalty in the reward reads them"
-    if alg.rollout_correction.rollout_is is not None:
-        return "rollout correction weighs by them"
-    if alg.rollout_correction.rollout_rs is not None:
+    correction = alg.rollout_correction
+    if correction.rollout_is is not None and correction.rollout_is_batch_normalize:
+        return "rollout correction normalises its weights over the whole batch"
+    if correction.rollout_rs is not None:
         return "rollout rejection sampling compares them with the rollout's"
+    if "old_log_probs" in inspect.signature(ADV_ESTIMATORS.get(alg.adv_estimator)).parameters:
+        return f"the advantage estimator {alg.adv_estimator} reads them"
     if alg.filter_groups.enable:
         return "dynamic sampling assembles the batch over several rounds"
     if critic_enabled(cfg):

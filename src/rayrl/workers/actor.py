@@ -33,7 +33,7 @@ import torch
 
 from rayrl import progress
 from rayrl.algos import expand_advantages
-from rayrl.algos.probs_diff import probs_diff_rows
+from rayrl.algos.probs_diff import probs_diff_from_totals, probs_diff_rows
 from rayrl.batch import Batch
 from rayrl.cluster.broadcast import BroadcastMember
 from rayrl.config.schema import RayRLConfig
@@ -99,6 +99,8 @@ def update_actor_reads(cfg: RayRLConfig) -> tuple[str, ...]:
         reads.append("ref_log_prob")
     if correction.bypass_mode or correction.rollout_is is not None:
         reads += ["rollout_log_probs", "rollout_is_norm"]
+    elif cfg.actor_rollout_ref.rollout.calculate_log_probs:  # an on-policy update's metrics
+        reads.append("rollout_log_probs")
     if correction.rollout_is is not None and correction.rollout_rs is not None:
         reads.append("rollout_is_mask")  # the weights' mask: before rejection (verl's)
     return tuple(reads)
@@ -458,6 +460,7 @@ class ActorRolloutRefWorker(Worker):
         perf = update_perf_metrics(flops, time.perf_counter() - start, self.actor.device)
         self._stale = self._owns_copy
         out = mean_metrics([metrics], None)
+        out.update(probs_diff_from_totals(out))  # on-policy with the rollout's log-probs
         if a.use_kl_loss:
             out["actor/kl_coef"] = a.kl_loss_coef
         out = {f"actor/{k}" if "/" not in k else k: v for k, v in out.items()}

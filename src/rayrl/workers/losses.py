@@ -25,9 +25,11 @@ from rayrl.algos import (
     truncated_is_weights,
     value_loss,
 )
+from rayrl.algos.probs_diff import PROBS_DIFF_COLUMNS, probs_diff_rows
 from rayrl.algos.rejection import RejectionRule, judge, kept, parse_rejection, rejection_shares
 from rayrl.batch import Batch
 from rayrl.config.schema import ActorConfig, CriticConfig, RolloutCorrectionConfig
+from rayrl.train.loss_contract import Peak
 
 
 def _bypass_weights(
@@ -79,6 +81,17 @@ def _decoupled_weights(
     if "rollout_is_norm" in mb:  # rollout_is_batch_normalize: the batch's mean
         weights = weights / mb["rollout_is_norm"].to(weights.dtype)[:, None]
     return weights, metrics
+
+
+def probs_diff_sums(rollout: Tensor, actor: Tensor, mask: Tensor) -> dict[str, Any]:
+    """This micro-batch's `probs_diff_rows` summed over its rows (``probs_diff/<column>``,
+    shares the engine sums), their maximum as a `Peak`, and its real-token count
+    (``probs_diff/tokens``): `probs_diff_metrics` of the totals is verl's metrics."""
+    rows = probs_diff_rows(rollout, actor, mask)
+    out: dict[str, Any] = {f"probs_diff/{k}": v.sum() for k, v in rows.items()}
+    out[f"probs_diff/{PROBS_DIFF_COLUMNS[0]}"] = Peak(rows[PROBS_DIFF_COLUMNS[0]].max())
+    out["probs_diff/tokens"] = mask.sum()
+    return out
 
 
 def _aggregation(mode: str, mb: Batch, norm_length: int | None) -> LossAggregation:
@@ -157,6 +170,8 @@ def actor_loss_fn(
         elif is_level is not None and "rollout_log_probs" in mb:
             weights, tis = _decoupled_weights(correction, old, mb, mask)
             metrics.update({f"actor/{k}": _token_share(v, mask, mb) for k, v in tis.items()})
+        if on_policy and "rollout_log_probs" in mb:  # what the separate pass would report
+            metrics.update(probs_diff_sums(mb["rollout_log_probs"], old, mask))
         pg_loss, pg = policy(
             log_prob,
             old,
