@@ -31,7 +31,6 @@ from __future__ import annotations
 import inspect
 
 from rayrl.algos.advantages import ADV_ESTIMATORS
-
 from rayrl.config.schema import RayRLConfig
 from rayrl.config.validate import critic_enabled
 
