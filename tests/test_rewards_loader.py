@@ -103,7 +103,7 @@ def test_wrong_signatures_are_refused_with_the_signature_shown(tmp_path, name, c
 
 def test_a_file_that_fails_to_import_says_so(tmp_path):
     path = write(tmp_path, "import not_a_real_module_xyz\n")
-    with pytest.raises(RewardFunctionError, match="importing reward file .*ModuleNotFoundError"):
+    with pytest.raises(RewardFunctionError, match="reward file: importing .*ModuleNotFoundError"):
         load_function(path)
     syntax = write(tmp_path, "def compute_score(:\n", name="broken.py")
     with pytest.raises(RewardFunctionError, match="SyntaxError"):

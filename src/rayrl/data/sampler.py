@@ -46,7 +46,7 @@ def build_sampler(class_path: str, class_name: str, dataset: Any, data_config: A
     Raises:
         DataError: the class cannot be loaded or built, or it cannot be iterated.
     """
-    from rayrl.envs.loader import load_object
+    from rayrl.usercode import load_object
 
     where = f"data.sampler {class_path}:{class_name}"
     spec = f"{class_path.removeprefix('pkg://')}:{class_name}"

@@ -1,10 +1,11 @@
 """Loading user classes and tools named in a config.
 
-`load_object(spec)` imports what a spec names:
+`load_object(spec)` imports what a spec names, through `rayrl.usercode` (the one
+loader of user code), raising LoadError:
 
 - ``"package.module:Name"`` or ``"package.module.Name"`` (verl's ``class_name``);
-- ``"/path/to/file.py:Name"`` or a ``(path, name)`` pair (the file is imported as a
-  fresh module, as reward files are).
+- ``"/path/to/file.py:Name"`` or a ``(path, name)`` pair (the file imported as a
+  module of its own).
 
 `build_tool(spec)` makes one `Tool` from a config entry:
 
@@ -23,17 +24,12 @@ returns the tools it defines at module level: the objects ``@function_tool`` mad
 
 from __future__ import annotations
 
-import difflib
-import hashlib
-import importlib
-import importlib.util
 import inspect
-import os
-import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from rayrl import usercode
 from rayrl.envs.errors import LoadError
 from rayrl.envs.registry import TOOLS
 from rayrl.envs.tool import FunctionTool, Tool
@@ -43,36 +39,13 @@ __all__ = ["LoadError", "build_tool", "build_tools", "load_function_tools", "loa
 
 
 def load_object(spec: str | tuple[str, str] | list, kind: str = "object") -> Any:
-    """The object a spec names (see the module docstring); LoadError says what to fix."""
-    if isinstance(spec, tuple | list):
-        if len(spec) != 2:
-            raise LoadError(f"{kind} spec {spec!r}: give (path, name).")
-        return _from_file(Path(spec[0]), str(spec[1]), kind)
-    text = str(spec).strip()
-    if ":" in text:
-        where, name = text.rsplit(":", 1)
-    elif "." in text and not text.endswith(".py"):
-        where, name = text.rsplit(".", 1)
-    else:
-        raise LoadError(
-            f"{kind} {text!r} is neither a registered name nor 'module.Name', "
-            "'module:Name' or '/path/file.py:Name'."
-        )
-    if where.endswith(".py") or os.sep in where:
-        return _from_file(Path(where), name, kind)
-    try:
-        module = importlib.import_module(where)
-    except Exception as err:
-        raise LoadError(
-            f"{kind} {text!r}: importing module {where!r} failed ({type(err).__name__}: {err}). "
-            "Is it installed, or on PYTHONPATH of every worker?"
-        ) from err
-    return _attribute(module, name, f"module {where}", kind)
+    """The object a spec names (`rayrl.usercode.load_object`); LoadError says what to fix."""
+    return usercode.load_object(spec, kind, error=LoadError)
 
 
 def load_function_tools(path: str | Path) -> list[Tool]:
     """The `Tool` objects a Python file defines at module level (see the module docstring)."""
-    module = _import_file(Path(path), "function_tool_path")
+    module = usercode.import_file(path, "function_tool_path", error=LoadError)
     tools = [value for value in vars(module).values() if isinstance(value, Tool)]
     if not tools:
         raise LoadError(
@@ -80,42 +53,6 @@ def load_function_tools(path: str | Path) -> list[Tool]:
             "@rayrl.envs.function_tool (a module-level FunctionTool each)."
         )
     return tools
-
-
-def _from_file(file: Path, name: str, kind: str) -> Any:
-    return _attribute(_import_file(file, kind), name, str(file.expanduser().absolute()), kind)
-
-
-def _import_file(file: Path, kind: str) -> Any:
-    file = file.expanduser().absolute()
-    if not file.is_file():
-        raise LoadError(f"{kind}: no such file {file} (working directory {Path.cwd()}).")
-    digest = hashlib.sha1(str(file).encode()).hexdigest()[:10]
-    module_name = f"rayrl_user_env_{file.stem}_{digest}"
-    module = sys.modules.get(module_name)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(module_name, file)
-        if spec is None or spec.loader is None:
-            raise LoadError(f"{kind}: {file} is not an importable Python file (use a .py file).")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        try:
-            spec.loader.exec_module(module)
-        except Exception as err:
-            sys.modules.pop(module_name, None)
-            raise LoadError(
-                f"{kind}: importing {file} failed: {type(err).__name__}: {err}"
-            ) from err
-    return module
-
-
-def _attribute(module: Any, name: str, where: str, kind: str) -> Any:
-    if hasattr(module, name):
-        return getattr(module, name)
-    defined = [k for k in vars(module) if not k.startswith("_")]
-    close = difflib.get_close_matches(name, defined, n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    raise LoadError(f"{kind}: {where} defines no {name!r}.{hint}")
 
 
 def build_tool(spec: Any) -> Tool:

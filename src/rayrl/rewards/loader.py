@@ -26,18 +26,16 @@ from __future__ import annotations
 import ast
 import base64
 import difflib
-import hashlib
-import importlib.util
 import inspect
 import os
 import pickle
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rayrl.rewards import registry
+from rayrl.usercode import UserCodeError, import_file
 
 PARAMS = ("data_source", "solution_str", "ground_truth", "extra_info")
 DEFAULT_NAME = "compute_score"
@@ -45,7 +43,7 @@ DEFAULT_NAME = "compute_score"
 RewardFunction = Callable[..., float | dict]
 
 
-class RewardFunctionError(ValueError):
+class RewardFunctionError(UserCodeError):
     """A reward function could not be loaded or has the wrong signature."""
 
 
@@ -96,7 +94,7 @@ def load_function(path: str | os.PathLike, name: str = DEFAULT_NAME) -> RewardFu
 def _load_unchecked(path: str | os.PathLike, name: str) -> RewardFunction:
     file = Path(path).expanduser().absolute()
     _check_exists(file)
-    module = _import_file(file)
+    module = import_file(file, "reward file", fresh=True, error=RewardFunctionError)
     fn = getattr(module, name, None)
     if fn is None:
         defined = [k for k, v in vars(module).items() if callable(v) and not k.startswith("_")]
@@ -335,22 +333,3 @@ def spec_from_config(
     if kwargs:
         return (file, name or DEFAULT_NAME, dict(kwargs))
     return (file, name or DEFAULT_NAME) if file else None
-
-
-def _import_file(file: Path) -> Any:
-    """Import `file` as a fresh module (registered in sys.modules, so dataclasses work)."""
-    digest = hashlib.sha1(str(file).encode()).hexdigest()[:10]
-    module_name = f"rayrl_user_reward_{file.stem}_{digest}"
-    spec = importlib.util.spec_from_file_location(module_name, file)
-    if spec is None or spec.loader is None:
-        raise RewardFunctionError(f"{file} is not an importable Python file (use a .py file).")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        sys.modules.pop(module_name, None)
-        raise RewardFunctionError(
-            f"importing reward file {file} failed: {type(exc).__name__}: {exc}"
-        ) from exc
-    return module

@@ -67,7 +67,7 @@ def _custom_dataset(files: Any, tokenizer: Any, cfg: RayRLConfig) -> PromptDatas
 
     from omegaconf import OmegaConf
 
-    from rayrl.envs.loader import load_object
+    from rayrl.usercode import load_object
 
     c = cfg.data.custom_cls
     where = f"data.custom_cls {c.path}:{c.name}"
