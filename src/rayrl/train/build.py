@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from rayrl import reads
 from rayrl.controller.collective_failure import on_collective_failure
+from rayrl.models.safetensors_read import CheckpointIndex
 from rayrl.train.attention import VARLEN
 from rayrl.train.fsdp import attention_modules, ensure_process_group, shard_model
 from rayrl.train.load_once import (
@@ -48,7 +49,6 @@ from rayrl.train.mesh import MeshError, MeshSpec, TrainMesh, check_heads
 from rayrl.train.rank_sync import all_reduce
 from rayrl.train.rebuild import Kept
 from rayrl.train.ulysses import SPGroup, attach
-from rayrl.train.weights_read import CheckpointIndex
 
 __all__ = ["Filler", "ModelBuilding"]
 

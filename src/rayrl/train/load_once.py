@@ -4,7 +4,7 @@ The training engine builds its model on the meta device (`rayrl.train.loading`),
 shards it, allocates each rank's shards on its device (`materialize`), then fills them:
 
 * `load_checkpoint`: rank 0 alone reads the checkpoint, a tensor at a time in its saved
-  dtype (`rayrl.train.weights_read`), and hands each rank its shard of it: broadcast
+  dtype (`rayrl.models.safetensors_read`), and hands each rank its shard of it: broadcast
   to the first rank of every sharding group (under HSDP one per node), scattered within
   each group; every rank casts its shard to the training dtype as it stores it. Host
   memory never holds a whole copy of the model on any rank (on a GPU, only the tensor
@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from rayrl.train.weights_read import CheckpointIndex, CheckpointReader, TensorEntry
+from rayrl.models.safetensors_read import CheckpointIndex, CheckpointReader, TensorEntry
 
 __all__ = [
     "LoadReport",

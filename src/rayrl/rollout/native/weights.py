@@ -28,7 +28,6 @@ A fused HF tensor always arrives whole (its parts are not one range of rows).
 from __future__ import annotations
 
 import difflib
-import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +35,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from rayrl import reads
+from rayrl.models.safetensors_read import CheckpointIndex, CheckpointReader
 from rayrl.rollout.native.families import family_for
 from rayrl.rollout.native.shards import Part, TPShard
 from rayrl.rollout.native.spec import ModelSpec
@@ -267,28 +266,16 @@ def read_safetensors(
 
     With ``part`` (`TPShard.part`), only each tensor's part is read from the file.
     """
-    from safetensors import safe_open
-
-    model_dir = Path(model_dir)
-    index = model_dir / "model.safetensors.index.json"
-    if index.exists():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        paths = [model_dir / f for f in files]
-    else:
-        paths = sorted(model_dir.glob("*.safetensors"))
-    if not paths:
+    try:
+        index = CheckpointIndex.of(model_dir)
+    except FileNotFoundError as err:
         raise FileNotFoundError(
-            f"native rollout engine: no *.safetensors weights in {model_dir}; save the model "
-            "with save_pretrained(safe_serialization=True) or use the hf rollout engine."
-        )
-    for path in paths:
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not a Mapping)
-                where = part(name) if part is not None else None
-                if where is None:
-                    tensor = f.get_tensor(name)
-                else:
-                    rows = slice(where.start, where.stop)
-                    tensor = f.get_slice(name)[(slice(None),) * where.dim + (rows,)]
-                reads.count(tensor.numel() * tensor.element_size())
-                yield name, tensor
+            f"native rollout engine: {err}; or use the hf rollout engine."
+        ) from None
+    with CheckpointReader(index) as reader:
+        for name in index:
+            where = part(name) if part is not None else None
+            if where is None:
+                yield name, reader.read(name)
+            else:
+                yield name, reader.read_part(name, where.dim, where.start, where.stop)

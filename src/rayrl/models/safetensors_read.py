@@ -1,4 +1,6 @@
-"""Reading a Hugging Face model directory's safetensors one tensor at a time.
+"""Reading a Hugging Face model directory's safetensors one tensor at a time: the one
+reader of safetensors files, for the training engine's load and the native rollout
+engine's (`rayrl.rollout.native.weights.read_safetensors`).
 
 `CheckpointIndex` lists every tensor of a directory (``model.safetensors``, or the
 shards named by ``model.safetensors.index.json``) from the files' JSON headers: name,
@@ -7,11 +9,13 @@ positioned file read into a fresh host tensor, in the dtype it was saved in: no
 memory map, so the pages of the whole file never count towards the reading process's
 resident memory (a mapped 15 GB checkpoint would), and host memory holds one tensor at
 a time. The reader counts the bytes it read (``bytes_read``, and in `rayrl.reads`);
-`read_rows` reads a range of a tensor's first dimension alone (a rank's shard of it).
+`read_rows` reads a range of a tensor's first dimension alone (a rank's shard of it);
+`read_part` a range of any dimension (a tensor-parallel rank's part).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import struct
@@ -56,11 +60,11 @@ class TensorEntry:
         return self.end - self.start
 
 
-class CheckpointIndex(dict):
+class CheckpointIndex(dict[str, TensorEntry]):
     """Saved tensor name -> `TensorEntry`, for a model directory's safetensors."""
 
     @classmethod
-    def of(cls, path: str | os.PathLike) -> CheckpointIndex:
+    def of(cls, path: str | os.PathLike[str]) -> CheckpointIndex:
         """The index of ``path``; FileNotFoundError when it holds no safetensors."""
         root = Path(path)
         sharded = root / "model.safetensors.index.json"
@@ -111,7 +115,7 @@ class CheckpointReader:
     def __init__(self, index: CheckpointIndex) -> None:
         self.index = index
         self.bytes_read = 0
-        self._files: dict[Path, object] = {}
+        self._files: dict[Path, io.FileIO] = {}
 
     def read(self, name: str) -> Tensor:
         """The tensor ``name`` in its saved dtype, in host memory of its own."""
@@ -129,11 +133,18 @@ class CheckpointReader:
         raw = self._read(entry, name, entry.start + start * row_bytes, (stop - start) * row_bytes)
         return raw.reshape((stop - start, *entry.shape[1:]))
 
+    def read_part(self, name: str, dim: int, start: int, stop: int) -> Tensor:
+        """``start:stop`` of dimension ``dim`` of the tensor ``name``: the rows alone for
+        the first dimension, else the whole tensor read and the part copied out of it."""
+        if dim == 0:
+            return self.read_rows(name, start, stop)
+        return self.read(name).narrow(dim, start, stop - start).contiguous()
+
     def _read(self, entry: TensorEntry, name: str, offset: int, nbytes: int) -> Tensor:
         """``nbytes`` of ``entry``'s file from ``offset``, viewed in its dtype."""
         handle = self._files.get(entry.file)
         if handle is None:
-            handle = self._files[entry.file] = open(entry.file, "rb", buffering=0)  # noqa: SIM115
+            handle = self._files[entry.file] = io.FileIO(entry.file, "rb")
         raw = torch.empty(nbytes, dtype=torch.uint8)
         handle.seek(offset)
         view = memoryview(raw.numpy())
