@@ -215,7 +215,7 @@ def test_registry_unknown_source_suggests_the_nearest():
 
 
 def test_register_scorer_adds_refuses_duplicates_and_replaces(monkeypatch):
-    monkeypatch.setattr(registry, "_SCORERS", dict(registry._SCORERS))
+    monkeypatch.setattr(registry, "SCORERS", registry.SCORERS.copy())
 
     @registry.register_scorer("my/task", "mine")
     def exact(solution_str, ground_truth, extra_info=None):

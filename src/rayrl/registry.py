@@ -76,15 +76,27 @@ class Registry(Generic[T]):
 
         return decorator
 
-    def add(self, name: str, obj: T, *, aliases: tuple[str, ...] = (), **info: Any) -> None:
-        """Register ``obj`` under ``name`` without a decorator."""
+    def add(
+        self,
+        name: str,
+        obj: T,
+        *,
+        aliases: tuple[str, ...] = (),
+        replace: bool = False,
+        **info: Any,
+    ) -> None:
+        """Register ``obj`` under ``name`` without a decorator; ``replace`` lets it take
+        the place of what ``name`` (or an alias) held, else that is an error."""
         declared = self._entries.get(name)
         if isinstance(declared, _Declared) and declared.is_target(obj):
             self._entries[name] = obj  # the declared module is being imported
             self._info[name] = {**self._info[name], **info}
             return
         for key in (name, *aliases):
-            if key in self._entries or key in self._aliases:
+            if replace:
+                self._entries.pop(key, None)
+                self._aliases.pop(key, None)
+            elif key in self._entries or key in self._aliases:
                 raise ValueError(f"{self.kind} {key!r} is already registered")
         self._entries[name] = obj
         self._info[name] = dict(info)
@@ -127,6 +139,13 @@ class Registry(Generic[T]):
     def names(self) -> list[str]:
         """Registered names, without aliases, in registration order."""
         return list(self._entries)
+
+    def copy(self) -> Registry[T]:
+        """A registry of the same entries that can change without changing this one."""
+        other: Registry[T] = Registry(self.kind, self.config_key)
+        other._entries, other._info = dict(self._entries), dict(self._info)
+        other._aliases = dict(self._aliases)
+        return other
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries or name in self._aliases

@@ -29,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rayrl.registry import Registry
+
 ONE_TO_ALL = "one_to_all"
 ALL_TO_ALL = "all_to_all"
 DP_SPLIT = "dp_split"
@@ -81,8 +83,8 @@ class DispatchMode:
     adapt_future: Callable | None = None
 
 
-_MODES: dict[str, DispatchMode] = {}
-_COLLECTORS: dict[str, CollectFn] = {}
+MODES: Registry[DispatchMode] = Registry("dispatch mode", config_key=None)
+COLLECTORS: Registry[CollectFn] = Registry("collect function", config_key=None)
 
 
 def register_dispatch_mode(
@@ -92,15 +94,15 @@ def register_dispatch_mode(
     adapt_future: Callable | None = None,
 ) -> DispatchMode:
     """Add a dispatch mode under `name` (usable as `@register(dispatch=name)`)."""
-    known = _MODES.get(name)
+    known = MODES.get(name) if name in MODES else None
     if known is not None and _qualname(known.dispatch) != _qualname(dispatch_fn):
         raise ValueError(
             f"dispatch mode '{name}' is already registered (by {_qualname(known.dispatch)}); "
             "pick another name"
         )
     mode = DispatchMode(name, dispatch_fn, collect_fn, adapt_future)
-    _MODES[name] = mode
-    _COLLECTORS[name] = collect_fn
+    MODES.add(name, mode, replace=True)  # the same function again: a module re-imported
+    COLLECTORS.add(name, collect_fn, replace=True)
     return mode
 
 
@@ -110,18 +112,17 @@ def _qualname(fn: Callable) -> str:
 
 def get_dispatch_mode(name: str) -> DispatchMode:
     """The registered mode called `name`; the error lists the known ones."""
-    try:
-        return _MODES[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown dispatch mode '{name}'; known: {sorted(_MODES)}. "
-            "Add one with rayrl.controller.register_dispatch_mode(name, dispatch_fn, collect_fn)."
-        ) from None
+    if name in MODES:
+        return MODES.get(name)
+    raise ValueError(
+        f"unknown dispatch mode '{name}'; known: {sorted(MODES)}. "
+        "Add one with rayrl.controller.register_dispatch_mode(name, dispatch_fn, collect_fn)."
+    )
 
 
 def register_collector(name: str, collect_fn: CollectFn) -> None:
     """Add a named collect function (usable as `@register(collect=name)`)."""
-    _COLLECTORS[name] = collect_fn
+    COLLECTORS.add(name, collect_fn, replace=True)
 
 
 def get_collector(collect: str | CollectFn | None, mode: DispatchMode) -> CollectFn:
@@ -130,10 +131,9 @@ def get_collector(collect: str | CollectFn | None, mode: DispatchMode) -> Collec
         return mode.collect
     if callable(collect):
         return collect
-    try:
-        return _COLLECTORS[collect]
-    except KeyError:
-        raise ValueError(f"unknown collect '{collect}'; known: {sorted(_COLLECTORS)}") from None
+    if collect in COLLECTORS:
+        return COLLECTORS.get(collect)
+    raise ValueError(f"unknown collect '{collect}'; known: {sorted(COLLECTORS)}")
 
 
 @dataclass(frozen=True)

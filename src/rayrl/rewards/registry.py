@@ -13,12 +13,14 @@ import difflib
 from collections.abc import Callable
 from typing import Any
 
+from rayrl.registry import Registry
 from rayrl.rewards import arithmetic, countdown, gsm8k
 from rayrl.rewards import math as math_scorer
 
 Scorer = Callable[[str, Any, dict | None], float | dict]
 
-_SCORERS: dict[str, Scorer] = {}
+# one entry per data_source name (several names may hold the same scorer)
+SCORERS: Registry[Scorer] = Registry("reward scorer", config_key="data_source")
 
 
 class UnknownDataSourceError(KeyError):
@@ -37,13 +39,13 @@ def register_scorer(*sources: str, replace: bool = False) -> Callable[[Scorer], 
         raise ValueError("register_scorer needs at least one data_source name.")
 
     def decorate(fn: Scorer) -> Scorer:
-        taken = [s for s in sources if s in _SCORERS and _SCORERS[s] is not fn]
+        taken = [s for s in sources if s in SCORERS and SCORERS.get(s) is not fn]
         if taken and not replace:
             raise ValueError(
                 f"data_source {taken} already has a scorer; pass replace=True to override."
             )
         for source in sources:
-            _SCORERS[source] = fn
+            SCORERS.add(source, fn, replace=True)
         return fn
 
     return decorate
@@ -51,14 +53,14 @@ def register_scorer(*sources: str, replace: bool = False) -> Callable[[Scorer], 
 
 def known_sources() -> list[str]:
     """Every registered data_source name, sorted."""
-    return sorted(_SCORERS)
+    return sorted(SCORERS)
 
 
 def get_scorer(data_source: str) -> Scorer:
     """The scorer registered for `data_source`; UnknownDataSourceError with suggestions if none."""
-    if data_source in _SCORERS:
-        return _SCORERS[data_source]
-    close = difflib.get_close_matches(str(data_source), _SCORERS, n=3, cutoff=0.5)
+    if data_source in SCORERS:
+        return SCORERS.get(data_source)
+    close = difflib.get_close_matches(str(data_source), list(SCORERS), n=3, cutoff=0.5)
     hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
     raise UnknownDataSourceError(
         f"No built-in reward scorer for data_source={data_source!r}.{hint} Known sources: "
