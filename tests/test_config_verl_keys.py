@@ -157,8 +157,9 @@ def test_verls_whole_ppo_config_as_a_file_loads_with_its_values(tmp_path):
     assert cfg.trainer.logger == ["console", "wandb"] and arr.rollout.calculate_log_probs
     # one warning per rule and group: the 31 profiler keys in one, each inert key once
     assert sum(m.startswith("global_profiler.") for m in messages) == 1
-    for key in ("actor_rollout_ref.rollout.mode", "trainer.use_v1", "data.image_key"):
+    for key in ("actor_rollout_ref.rollout.mode", "trainer.use_v1", "data.audio_key"):
         assert sum(f"{key}=" in m for m in messages) == 1
+    assert (cfg.data.image_key, cfg.data.video_key) == ("images", "videos")  # schema keys
 
 
 def test_verls_whole_sft_config_as_a_file_loads(tmp_path):
