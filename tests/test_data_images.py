@@ -147,6 +147,61 @@ def test_ids_are_the_chat_template_with_each_placeholder_expanded(tokenizer, vis
     assert batch.non_tensors["raw_prompt"][0] == rows[0]["prompt"]  # as the row has it
 
 
+def test_the_models_own_processor_and_the_pil_path_give_the_same_rows(
+    model_dir, tokenizer, vision, monkeypatch
+):
+    from rayrl.data.vision import FullProcessor
+
+    full = FullProcessor(_reference(model_dir, tokenizer, monkeypatch), tokenizer, {})
+    assert full.options == vision.options and full.image_token_id == vision.image_token_id
+    rows = [
+        _row("<image> is wider than <image>?", [_png(60, 200, 1), _png(200, 60, 2)]),
+        _row("Describe <image>.", [{"bytes": _png(500, 500, 3), "max_pixels": 16 * 28 * 28}]),
+        _row("No picture here."),
+    ]
+    by_pil = PromptDataset(rows, tokenizer, max_prompt_length=256, vision=vision)
+    by_full = PromptDataset(rows, tokenizer, max_prompt_length=256, vision=full)
+    assert by_full.prompt_ids == by_pil.prompt_ids and by_full.rejected == []
+    pil_inputs = by_pil.collate([0, 1, 2]).non_tensors["multi_modal_inputs"]
+    full_inputs = by_full.collate([0, 1, 2]).non_tensors["multi_modal_inputs"]
+    assert pil_inputs[2] == full_inputs[2] == {}
+    for mine, theirs in zip(pil_inputs[:2], full_inputs[:2], strict=True):
+        assert mine.keys() == theirs.keys() == {"pixel_values", "image_grid_thw"}
+        assert torch.equal(mine["image_grid_thw"], theirs["image_grid_thw"])
+        if not torchvision_imports():  # the same PIL image processor: the same pixels
+            assert torch.equal(mine["pixel_values"], theirs["pixel_values"])
+
+
+def test_each_rows_inputs_travel_with_it_through_batch_operations(tokenizer, vision):
+    import pickle
+
+    from rayrl.batch import Batch
+
+    rows = [_row("<image>", [_png(56, 56 * k, k)]) for k in (1, 2, 3)] + [_row("Text only.")]
+    batch = PromptDataset(rows, tokenizer, max_prompt_length=256, vision=vision).collate(range(4))
+    grids = [
+        r["image_grid_thw"].tolist() if r else None for r in batch.non_tensors["multi_modal_inputs"]
+    ]
+    assert grids == [[[1, 4, 4]], [[1, 4, 8]], [[1, 4, 12]], None]
+
+    def grids_of(b: Batch) -> list:
+        return [
+            r["image_grid_thw"][0, 2].item() if r else 0
+            for r in b.non_tensors["multi_modal_inputs"]
+        ]
+
+    assert grids_of(batch.repeat(2)) == [4, 4, 8, 8, 12, 12, 0, 0]  # n samples of a prompt
+    assert grids_of(batch.index([3, 0])) == [0, 4]
+    halves = batch.chunk(2)
+    assert grids_of(Batch.concat([halves[1], halves[0]])) == [12, 0, 4, 8]
+    back = pickle.loads(pickle.dumps(batch))  # as through Ray's object store
+    for mine, theirs in zip(
+        batch.non_tensors["multi_modal_inputs"], back.non_tensors["multi_modal_inputs"], strict=True
+    ):
+        assert mine.keys() == theirs.keys()
+        assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+
+
 def test_images_as_bytes_paths_and_dicts_read_alike(tokenizer, vision, tmp_path):
     folder = tmp_path / "data"
     (folder / "imgs").mkdir(parents=True)
