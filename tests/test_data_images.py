@@ -115,6 +115,30 @@ def test_each_image_expands_to_the_processors_token_count(
         assert torch.equal(inputs["pixel_values"], expected["pixel_values"])
 
 
+def test_a_processor_config_as_qwen25_vl_ships_it_sets_the_bounds(model_dir, tokenizer, tmp_path):
+    import json
+    import shutil
+
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+
+    defaults = dict(Qwen2VLImageProcessorPil.size)
+    shipped = tmp_path / "shipped"
+    shutil.copytree(model_dir, shipped)
+    config = json.loads((shipped / "preprocessor_config.json").read_text())
+    del config["size"]  # top-level min_pixels / max_pixels only
+    config.update(min_pixels=1000, max_pixels=20000)
+    (shipped / "preprocessor_config.json").write_text(json.dumps(config))
+    loaded = load_vision_processor(shipped, tokenizer, backend="pil")
+    assert (loaded.min_pixels, loaded.max_pixels) == (1000, 20000)
+    assert dict(Qwen2VLImageProcessorPil.size) == defaults  # the class's defaults untouched
+    kwargs = load_vision_processor(
+        shipped, tokenizer, mm_processor_kwargs={"max_pixels": 9000}, backend="pil"
+    )
+    assert (kwargs.min_pixels, kwargs.max_pixels) == (1000, 9000)  # verl's key wins
+
+
 def test_ids_are_the_chat_template_with_each_placeholder_expanded(tokenizer, vision):
     image = _image(100, 150)
     rows = [_row("Count the dots in <image> please.", [image]), _row("What is 3+4?")]

@@ -220,7 +220,8 @@ def _pil_image_processor(config: Path) -> Any:
         get_image_processor_class_from_name,
     )
 
-    name = str(json.loads(config.read_text()).get("image_processor_type") or "")
+    settings = json.loads(config.read_text())
+    name = str(settings.get("image_processor_type") or "")
     pil_name = name if name.endswith("Pil") else f"{name}Pil"
     cls = get_image_processor_class_from_name(pil_name) if name else None
     if cls is None or not hasattr(cls, "get_number_of_image_patches"):
@@ -230,7 +231,11 @@ def _pil_image_processor(config: Path) -> Any:
             "image processor (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): install torchvision to "
             "use this model's own processor"
         )
-    return cls.from_pretrained(str(config.parent))
+    # A config with top-level min_pixels/max_pixels and no `size` (as Qwen2.5-VL ships it):
+    # transformers 5.17 would write them into the class's own default `size`, for every
+    # later processor of the process; a copy takes them instead.
+    own = {} if "size" in settings else {"size": dict(cls.size)}
+    return cls.from_pretrained(str(config.parent), **own)
 
 
 def _pixel_options(image_processor: Any, options: dict) -> dict:
