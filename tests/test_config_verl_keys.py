@@ -229,8 +229,9 @@ def test_megatron_and_vision_language_are_refused_with_their_names(tmp_path):
     model = tmp_path / "vl"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"vision_config": {}, "model_type": "x"}))
-    with pytest.raises(ConfigError, match="vision-language"):
+    with pytest.raises(ConfigError, match="vision-language") as refused:
         load_config(None, [*MICRO, f"actor_rollout_ref.model.path={model}"])
+    assert "its rollout and training are the slices" in str(refused.value)  # what is missing
 
 
 def _resolved(overrides: list[str]) -> str:
