@@ -139,6 +139,24 @@ def test_a_processor_config_as_qwen25_vl_ships_it_sets_the_bounds(model_dir, tok
     assert (kwargs.min_pixels, kwargs.max_pixels) == (1000, 9000)  # verl's key wins
 
 
+def test_what_a_vision_processor_cannot_be_made_from_is_named(model_dir, tmp_path):
+    from rayrl.data import DataError
+    from rayrl.models.tokenizer import train_tokenizer
+
+    text_tokenizer = train_tokenizer()  # the tiny text models' own: no vision tokens
+    with pytest.raises(DataError, match=r"the tokenizer has no image token <\|image_pad\|>"):
+        load_vision_processor(model_dir, text_tokenizer, backend="pil")
+    with pytest.raises(DataError, match="has no preprocessor_config.json, so no image processor"):
+        load_vision_processor(tmp_path, text_tokenizer)
+    with pytest.raises(DataError, match="min_pixels=9000 is over max_pixels=5000"):
+        load_vision_processor(
+            model_dir,
+            AutoTokenizer.from_pretrained(model_dir),
+            mm_processor_kwargs={"min_pixels": 9000, "max_pixels": 5000},
+            backend="pil",
+        )
+
+
 def test_ids_are_the_chat_template_with_each_placeholder_expanded(tokenizer, vision):
     image = _image(100, 150)
     rows = [_row("Count the dots in <image> please.", [image]), _row("What is 3+4?")]

@@ -59,7 +59,7 @@ class VisionProcessor(ABC):
         self.factor = int(patch) * self.merge_size if patch else None
         self.options = _pixel_options(image_processor, dict(options or {}))
         self.image_token = str(getattr(tokenizer, "image_token", None) or IMAGE_TOKEN)
-        self.image_token_id = int(tokenizer.convert_tokens_to_ids(self.image_token))
+        self.image_token_id = _token_id(tokenizer, self.image_token)
 
     @property
     def min_pixels(self) -> int:
@@ -140,7 +140,7 @@ class FullProcessor(VisionProcessor):
         super().__init__(tokenizer, processor.image_processor, options)
         self.processor = processor
         self.image_token = str(getattr(processor, "image_token", None) or self.image_token)
-        self.image_token_id = int(tokenizer.convert_tokens_to_ids(self.image_token))
+        self.image_token_id = _token_id(tokenizer, self.image_token)
 
     def encode(self, text: str, images: list[Any]) -> list[int]:
         return self.inputs(text, images)[0]
@@ -236,6 +236,17 @@ def _pil_image_processor(config: Path) -> Any:
     # later processor of the process; a copy takes them instead.
     own = {} if "size" in settings else {"size": dict(cls.size)}
     return cls.from_pretrained(str(config.parent), **own)
+
+
+def _token_id(tokenizer: Any, token: str) -> int:
+    """`token`'s id; a DataError when the tokenizer does not know it as one token."""
+    found = tokenizer.convert_tokens_to_ids(token)
+    if found is None or found == getattr(tokenizer, "unk_token_id", None):
+        raise DataError(
+            f"the tokenizer has no image token {token}: give the vision-language model's "
+            "own tokenizer (actor_rollout_ref.model.tokenizer_path), which has it"
+        )
+    return int(found)
 
 
 def _pixel_options(image_processor: Any, options: dict) -> dict:
