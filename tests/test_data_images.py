@@ -357,6 +357,10 @@ def test_the_length_filter_counts_image_tokens(tokenizer, vision):
     assert cut.rejected[0].reason.endswith(
         "a prompt with images is not cut (its image tokens must stay whole)"
     )
+    from rayrl.data import DataError
+
+    with pytest.raises(DataError, match=r"row 1: prompt .* lower the images' max_pixels"):
+        PromptDataset(rows, tokenizer, max_prompt_length=64, vision=vision, filter_overlong=False)
 
 
 def test_a_tiny_qwen25_vl_forward_takes_the_rows_inputs(model_dir, tokenizer, vision):

@@ -304,27 +304,38 @@ class PromptDataset:
         where: object,
         images: bool = False,
     ):
+        if images:
+            return self._fit_images(ids, truncation, filter_overlong, where)
         limit = self.max_prompt_length
-        if truncation in ("left", "right") and not images:
+        if truncation in ("left", "right"):
             self.truncated += 1
             return (ids[-limit:] if truncation == "left" else ids[:limit]), None
         reason = f"prompt of {len(ids)} tokens is over data.max_prompt_length={limit}"
-        if images and self.media.vision is not None:
-            count = self.media.vision.image_tokens(ids)
-            reason = (
-                f"prompt of {len(ids)} tokens ({count} of them for its images) is over "
-                f"data.max_prompt_length={limit}"
-            )
-            if truncation in ("left", "right"):
-                return (
-                    ids,
-                    f"{reason}; a prompt with images is not cut (its image tokens must stay whole)",
-                )
         if filter_overlong:
             return ids, reason
         raise DataError(
             f"{where}: {reason}; raise max_prompt_length, set data.truncation=left|right, "
             "or data.filter_overlong_prompts=true to set such rows aside"
+        )
+
+    def _fit_images(self, ids: list[int], truncation: str, filter_overlong: bool, where: object):
+        """An over-long prompt with images: set aside, never cut (its image tokens must
+        stay whole), or an error under truncation=error without the filter."""
+        count = self.media.image_tokens(ids)
+        reason = (
+            f"prompt of {len(ids)} tokens ({count} of them for its images) is over "
+            f"data.max_prompt_length={self.max_prompt_length}"
+        )
+        if truncation in ("left", "right"):
+            return (
+                ids,
+                f"{reason}; a prompt with images is not cut (its image tokens must stay whole)",
+            )
+        if filter_overlong:
+            return ids, reason
+        raise DataError(
+            f"{where}: {reason}; raise max_prompt_length, lower the images' max_pixels, or "
+            "set data.filter_overlong_prompts=true to set such rows aside"
         )
 
     def __len__(self) -> int:

@@ -128,6 +128,10 @@ class PromptImages:
         except PromptImageError as err:
             raise RowImageError(str(err)) from None
 
+    def image_tokens(self, ids: list[int]) -> int:
+        """How many of a prompt's `ids` are its images' tokens."""
+        return self._vision().image_tokens(ids)
+
     def _vision(self) -> VisionProcessor:
         if self.vision is None:
             raise RuntimeError("PromptImages reads images only with a vision processor")
