@@ -157,8 +157,9 @@ def test_verls_whole_ppo_config_as_a_file_loads_with_its_values(tmp_path):
     assert cfg.trainer.logger == ["console", "wandb"] and arr.rollout.calculate_log_probs
     # one warning per rule and group: the 31 profiler keys in one, each inert key once
     assert sum(m.startswith("global_profiler.") for m in messages) == 1
-    for key in ("actor_rollout_ref.rollout.mode", "trainer.use_v1", "data.image_key"):
+    for key in ("actor_rollout_ref.rollout.mode", "trainer.use_v1", "data.audio_key"):
         assert sum(f"{key}=" in m for m in messages) == 1
+    assert (cfg.data.image_key, cfg.data.video_key) == ("images", "videos")  # schema keys
 
 
 def test_verls_whole_sft_config_as_a_file_loads(tmp_path):
@@ -228,8 +229,9 @@ def test_megatron_and_vision_language_are_refused_with_their_names(tmp_path):
     model = tmp_path / "vl"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"vision_config": {}, "model_type": "x"}))
-    with pytest.raises(ConfigError, match="vision-language"):
+    with pytest.raises(ConfigError, match="vision-language") as refused:
         load_config(None, [*MICRO, f"actor_rollout_ref.model.path={model}"])
+    assert "its rollout and training are the slices" in str(refused.value)  # what is missing
 
 
 def _resolved(overrides: list[str]) -> str:

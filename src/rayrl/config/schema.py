@@ -76,6 +76,11 @@ class DataConfig:
     # extra arguments of the chat template for prompts and multi-turn episodes
     # (e.g. {reasoning_effort: medium} for gpt-oss, {enable_thinking: false} for Qwen3)
     apply_chat_template_kwargs: dict = field(default_factory=dict)
+    # the column of a row's images (verl's): entries as bytes, paths or dicts of them, one
+    # per `<image>` in the prompt; they need a vision-language model's processor (rayrl.data.vision)
+    image_key: str = "images"
+    # the column of a row's videos (verl's); rayrl reads no videos yet: such rows are set aside
+    video_key: str = "videos"
     custom_cls: CustomDatasetConfig = field(default_factory=CustomDatasetConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
 

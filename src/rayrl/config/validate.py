@@ -242,8 +242,9 @@ VISION_CONFIG_KEYS = ("vision_config", "visual", "vision_tower")
 
 
 def check_text_only(cfg: RayRLConfig) -> None:
-    """Refuse a vision-language model before anything starts: rayrl trains text-only
-    causal LMs. A local model directory is judged by its config.json."""
+    """Refuse a vision-language model before anything starts: rayrl reads its prompts
+    with images (`rayrl.data.vision`) but cannot roll it out or train it yet. A local
+    model directory is judged by its config.json."""
     import json
     from pathlib import Path
 
@@ -262,7 +263,9 @@ def check_text_only(cfg: RayRLConfig) -> None:
         if found:
             raise ConfigError(
                 f"{key}={path} is a vision-language model ({config} has {found[0]}); rayrl "
-                "trains text-only causal LMs: vision-language training is not supported"
+                "reads prompts with images for it (data.image_key, rayrl.data.vision), but "
+                "its rollout and training are the slices of vision-language RL not built "
+                "yet (issue 48): train a text-only model for now"
             )
 
 

@@ -14,6 +14,16 @@ the row's episodes, else the dataset's `default_agent`) is carried into the batc
 `extra_info.tools_kwargs` with `extra_info`. Given the rollout's tool schemas (`tools`),
 a row whose agent uses tools has them rendered into its prompt by the chat template
 (`tools=`), as the model will see them; a `single_turn_agent` row has none.
+
+Rows with images keep verl's layout too (`rayrl.data.prompt_images`): an image column
+(`image_key`) and `<image>` placeholders in the prompt. Given a vision processor
+(`rayrl.data.vision`), such a prompt's ids count each image's tokens, so
+`max_prompt_length` does too; a row whose image does not decode is set aside like any
+bad row, and one with images is never cut by `truncation=left|right` (its image tokens
+must stay whole). The pixels are made per batch, not at load: each row of a collated
+batch carries its own `multi_modal_inputs` (a dict of `pixel_values` and
+`image_grid_thw` tensors, empty for a row without images), a non-tensor column, so rows
+are split, gathered and repeated with their images and never concatenated across rows.
 """
 
 from __future__ import annotations
@@ -33,6 +43,8 @@ import torch
 from rayrl.batch import Batch
 from rayrl.data.errors import DataError
 from rayrl.data.files import read_rows
+from rayrl.data.prompt_images import PromptImages, RowImageError
+from rayrl.data.vision import VisionProcessor
 
 log = logging.getLogger(__name__)
 REQUIRED = ("data_source", "reward_model")
@@ -149,7 +161,9 @@ def messages_problem(messages: object, prompt_key: str) -> str | None:
 
 class PromptDataset:
     """Tokenized prompts (chat template applied, with `chat_template_kwargs`: verl's
-    `data.apply_chat_template_kwargs`) with over-long and malformed rows set aside."""
+    `data.apply_chat_template_kwargs`) with over-long and malformed rows set aside;
+    with `vision`, prompts with images (`image_key`, `video_key`: verl's
+    `data.image_key`, `data.video_key`)."""
 
     def __init__(
         self,
@@ -164,8 +178,14 @@ class PromptDataset:
         tools: Sequence[dict] | None = None,
         default_agent: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        vision: VisionProcessor | None = None,
+        image_key: str = "images",
+        video_key: str = "videos",
     ) -> None:
         self.tokenizer = tokenizer
+        self.media = PromptImages(vision, image_key, video_key)
+        # kept row -> (its rendered prompt, its data file's folder, where it came from)
+        self.image_prompts: dict[int, tuple[str, Path, str]] = {}
         self.sampler = None  # a sampler of one's own orders the epochs (`rayrl.data.sampler`)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.prompt_key = prompt_key
@@ -180,15 +200,20 @@ class PromptDataset:
         self.total_rows = len(rows)
         for i, row in enumerate(rows):
             source = sources[i] if sources is not None else None
-            problem = _row_problem(row, prompt_key)
-            ids = None
+            base = Path(source.file).parent if source else Path.cwd()
+            problem = _row_problem(row, prompt_key) or self.media.problem(row, prompt_key)
+            ids, text = None, None
             if not problem:
-                ids, problem = self._encode(row[prompt_key], self._tools_of(row))
+                ids, text, problem = self._encode_row(row, base)
             if ids is not None and len(ids) > max_prompt_length:
-                ids, problem = self._fit(ids, truncation, filter_overlong, source or f"row {i}")
+                ids, problem = self._fit(
+                    ids, truncation, filter_overlong, source or f"row {i}", text is not None
+                )
             if problem:
                 self.rejected.append(RejectedRow(i, problem, source))
                 continue
+            if text is not None:
+                self.image_prompts[len(self.rows)] = (text, base, str(source or f"row {i}"))
             self.rows.append(row)
             self.prompt_ids.append(ids)
             self.positions.append(i)
@@ -216,10 +241,33 @@ class PromptDataset:
             return None
         return self.tools
 
+    def _encode_row(self, row: dict, base: Path) -> tuple[list[int] | None, str | None, str | None]:
+        """(token ids, the rendered prompt when it has images, why there are no ids)."""
+        if not self.media.entries(row):
+            ids, problem = self._encode(row[self.prompt_key], self._tools_of(row))
+            return ids, None, problem
+        messages = self.media.messages(row[self.prompt_key])
+        text, problem = self._render(messages, self._tools_of(row))
+        if text is None:
+            return None, None, problem
+        try:
+            return self.media.encode(text, row, base), text, None
+        except RowImageError as err:
+            return None, None, str(err)
+
     def _encode(
         self, messages: list[dict], tools: list[dict] | None = None
     ) -> tuple[list[int] | None, str | None]:
         """Token ids of the prompt with the chat template applied, or why there are none."""
+        text, problem = self._render(messages, tools)
+        if text is None:
+            return None, problem
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"], None
+
+    def _render(
+        self, messages: list[dict], tools: list[dict] | None
+    ) -> tuple[str | None, str | None]:
+        """The prompt's text with the chat template applied, or why there is none."""
         extra = dict(self.chat_template_kwargs)
         if tools:
             extra["tools"] = tools
@@ -229,7 +277,7 @@ class PromptDataset:
             )
         except Exception as exc:  # noqa: BLE001 - a template's own error, kept as the reason
             return None, f"the chat template failed: {type(exc).__name__}: {exc}"
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"], None
+        return text, None
 
     @classmethod
     def tokenized(
@@ -239,6 +287,7 @@ class PromptDataset:
         self = cls.__new__(cls)
         self.tokenizer, self.rows, self.prompt_ids, self.uids = tokenizer, rows, prompt_ids, uids
         self.tools, self.default_agent = None, None
+        self.media, self.image_prompts = PromptImages(), {}
         self.positions, self.rejected, self.truncated = list(range(len(rows))), [], 0
         self.max_prompt_length = max((len(p) for p in prompt_ids), default=0)
         return self
@@ -247,7 +296,16 @@ class PromptDataset:
         """Raise DataError unless at least `needed` rows are usable (one batch)."""
         require_rows(self, needed, key)
 
-    def _fit(self, ids: list[int], truncation: str, filter_overlong: bool, where: object):
+    def _fit(
+        self,
+        ids: list[int],
+        truncation: str,
+        filter_overlong: bool,
+        where: object,
+        images: bool = False,
+    ):
+        if images:
+            return self._fit_images(ids, truncation, filter_overlong, where)
         limit = self.max_prompt_length
         if truncation in ("left", "right"):
             self.truncated += 1
@@ -258,6 +316,26 @@ class PromptDataset:
         raise DataError(
             f"{where}: {reason}; raise max_prompt_length, set data.truncation=left|right, "
             "or data.filter_overlong_prompts=true to set such rows aside"
+        )
+
+    def _fit_images(self, ids: list[int], truncation: str, filter_overlong: bool, where: object):
+        """An over-long prompt with images: set aside, never cut (its image tokens must
+        stay whole), or an error under truncation=error without the filter."""
+        count = self.media.image_tokens(ids)
+        reason = (
+            f"prompt of {len(ids)} tokens ({count} of them for its images) is over "
+            f"data.max_prompt_length={self.max_prompt_length}"
+        )
+        if truncation in ("left", "right"):
+            return (
+                ids,
+                f"{reason}; a prompt with images is not cut (its image tokens must stay whole)",
+            )
+        if filter_overlong:
+            return ids, reason
+        raise DataError(
+            f"{where}: {reason}; raise max_prompt_length, lower the images' max_pixels, or "
+            "set data.filter_overlong_prompts=true to set such rows aside"
         )
 
     def __len__(self) -> int:
@@ -299,10 +377,31 @@ class PromptDataset:
         }
         if self.default_agent or any(r.get("agent_name") for r in self.rows):
             non_tensors["agent_name"] = column(lambda i: self.agent_of(self.rows[i]))
+        if self.media.vision is not None:
+            non_tensors["multi_modal_inputs"] = column(self.multi_modal_inputs)
         return Batch(
             tensors={"input_ids": ids, "attention_mask": mask, "position_ids": position_ids},
             non_tensors=non_tensors,
         )
+
+    def multi_modal_inputs(self, index: int) -> dict[str, torch.Tensor]:
+        """Row `index`'s pixel inputs (empty without images), made from its images now; a
+        DataError names the row when they no longer give the ids it was loaded with."""
+        if index not in self.image_prompts:
+            return {}
+        text, base, where = self.image_prompts[index]
+        try:
+            ids, inputs = self.media.inputs(text, self.rows[index], base)
+        except RowImageError as err:
+            raise DataError(
+                f"{where}: {err} (it read well at load: did its files change?)"
+            ) from None
+        if ids != self.prompt_ids[index]:
+            raise DataError(
+                f"{where}: its images give other prompt ids now ({len(ids)} tokens) than at "
+                f"load ({len(self.prompt_ids[index])}); were its image files changed during the run?"
+            )
+        return inputs
 
     def batches(
         self, batch_size: int, *, epoch: int, seed: int, shuffle: bool = True, start: int = 0

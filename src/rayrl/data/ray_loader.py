@@ -88,6 +88,8 @@ class RayPromptLoader:
         tools: Sequence[dict] | None = None,
         default_agent: str | None = None,
         chat_template_kwargs: dict | None = None,
+        image_key: str = "images",
+        video_key: str = "videos",
     ) -> None:
         import pyarrow.compute as pc
         import ray.data
@@ -103,6 +105,8 @@ class RayPromptLoader:
             "tools": list(tools) if tools else None,
             "default_agent": default_agent,
             "chat_template_kwargs": dict(chat_template_kwargs or {}),
+            "image_key": image_key,  # rows with images are set aside: no image processor here
+            "video_key": video_key,
         }
         self.default_agent = default_agent
         ctx = ray.data.DataContext.get_current()

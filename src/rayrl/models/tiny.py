@@ -101,7 +101,7 @@ class TinySpec:
         self.validate()
         vocab, eos = self.vocab_size, SPECIAL_TOKENS.index(ENDOFTEXT)
         if tokenizer is not None:
-            vocab = max(vocab, _round_up(len(tokenizer), 8))
+            vocab = max(vocab, round_up(len(tokenizer), 8))
             eos = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
         if self.family != "qwen2":
             return self._family_config(vocab, eos)
@@ -238,14 +238,26 @@ def _write(spec: TinySpec, out: Path, overwrite: bool) -> Path:
         seed=TOKENIZER_SEED,
         model_max_length=spec.max_position,
     )
-    model = _random_model(spec.to_config(tokenizer), spec.seed, DTYPES[spec.dtype])
-    model.generation_config = _generation_config(tokenizer)
+    model = random_model(spec.to_config(tokenizer), spec.seed, DTYPES[spec.dtype])
+    model.generation_config = chat_generation_config(tokenizer)
+
+    def save(staging: Path) -> None:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+
+    return write_model_dir(out, overwrite, save)
+
+
+def write_model_dir(out: Path, overwrite: bool, save: Callable[[Path], None]) -> Path:
+    """Run `save` on a staging folder beside `out`, then rename it to `out`: a model
+    directory is never seen half-written. An existing non-empty `out` is an error unless
+    `overwrite`, which replaces it."""
+    _check_target(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     staging.chmod(0o755)  # mkdtemp makes it private; a model directory is not
     try:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
+        save(staging)
         for file in staging.iterdir():
             file.chmod(0o644)  # transformers writes weights owner-only
         _move_into_place(staging, out, overwrite)
@@ -277,15 +289,22 @@ def count_parameters(model_dir: str | os.PathLike[str]) -> dict[str, int]:
     return {"total": total, "embedding": embedding, "non_embedding": total - embedding}
 
 
-def _random_model(config: PretrainedConfig, seed: int, dtype: torch.dtype) -> torch.nn.Module:
-    """The config's causal LM whose weights come only from `seed` (global RNG left
-    untouched).
+def random_model(
+    config: PretrainedConfig,
+    seed: int,
+    dtype: torch.dtype,
+    model_class: Callable[[PretrainedConfig], torch.nn.Module] | None = None,
+) -> torch.nn.Module:
+    """The config's causal LM (or `model_class`'s model) whose weights come only from
+    `seed` (global RNG left untouched).
 
     Matrices ~ N(0, INIT_STD) drawn in parameter-name order from one generator; norm
     weights the identity (one; zero where the norm scales by ``1 + weight``); biases zero.
     """
     with torch.random.fork_rng(devices=[]):
-        if isinstance(config, Qwen2Config):
+        if model_class is not None:
+            model = model_class(config)
+        elif isinstance(config, Qwen2Config):
             model = Qwen2ForCausalLM(config)
         else:
             model = AutoModelForCausalLM.from_config(config)
@@ -302,7 +321,7 @@ def _random_model(config: PretrainedConfig, seed: int, dtype: torch.dtype) -> to
     return model.to(dtype).eval()
 
 
-def _generation_config(tokenizer: PreTrainedTokenizerBase) -> GenerationConfig:
+def chat_generation_config(tokenizer: PreTrainedTokenizerBase) -> GenerationConfig:
     """Stop at `<|im_end|>` (end of a chat turn) or `<|endoftext|>`; pad with the latter."""
     eot = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
     im_end = tokenizer.convert_tokens_to_ids(IM_END)
@@ -329,5 +348,5 @@ def _move_into_place(staging: Path, out: Path, overwrite: bool) -> None:
     staging.rename(out)
 
 
-def _round_up(n: int, multiple: int) -> int:
+def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple

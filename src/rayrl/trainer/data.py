@@ -50,6 +50,8 @@ def _dataset(rows: list[dict], tokenizer: Any, cfg: RayRLConfig, sources=None) -
         prompt_key=d.prompt_key,
         sources=sources,
         chat_template_kwargs=d.apply_chat_template_kwargs,
+        image_key=d.image_key,
+        video_key=d.video_key,
         **_agent_settings(cfg),
     )
 
@@ -109,6 +111,8 @@ def ray_loader(cfg: RayRLConfig, tokenizer: Any):
         prompt_key=d.prompt_key,
         num_blocks=d.dataloader_num_workers,
         chat_template_kwargs=d.apply_chat_template_kwargs,
+        image_key=d.image_key,
+        video_key=d.video_key,
         **_agent_settings(cfg),
     )
 

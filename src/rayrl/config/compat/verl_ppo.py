@@ -32,7 +32,10 @@ MEGATRON_LORA = (
     "Megatron's LoRA settings; rayrl's LoRA is actor_rollout_ref.model.lora_rank, "
     "lora_alpha and target_modules"
 )
-TEXT_ONLY = "rayrl trains text-only causal LMs: the column is not read"
+VL_NEXT = (
+    "rayrl reads prompts with images (rayrl.data.vision) but does not yet roll out or "
+    "train vision-language models (issue 48's next slices)"
+)
 RM_POOL = (
     "the reward model runs in the reward role's own pool: reward.workers_per_node workers "
     "(one GPU each, a data-parallel rank of the model) on every node of the training pool"
@@ -252,7 +255,7 @@ ROLLOUT: dict[str, Rule] = {
     f"{ARR}.rollout.disaggregation": Inert("prefill/decode disaggregation settings (off)"),
     f"{ARR}.rollout.disaggregation.enabled": Only((False,), "prefill/decode disaggregation"),
     f"{ARR}.rollout.profiler": Inert(PROFILER),
-    f"{ARR}.rollout.limit_images": Inert(TEXT_ONLY),
+    f"{ARR}.rollout.limit_images": Inert(VL_NEXT),
 }
 
 MODEL: dict[str, Rule] = {
@@ -288,12 +291,15 @@ DATA: dict[str, Rule] = {
     "data.return_raw_input_ids": Inert("rayrl keeps what each stage needs"),
     "data.return_raw_chat": Inert("rayrl always keeps the raw chat messages (raw_prompt)"),
     "data.return_full_prompt": Inert("rayrl keeps what each stage needs"),
-    "data.image_patch_size": Inert(TEXT_ONLY),
-    "data.image_key": Inert(TEXT_ONLY),
-    "data.video_key": Inert(TEXT_ONLY),
-    "data.audio_key": Inert(TEXT_ONLY),
-    "data.return_multi_modal_inputs": Inert(TEXT_ONLY),
-    "data.mm_processor_kwargs": Inert(TEXT_ONLY),
+    "data.image_patch_size": Inert(
+        "images are resized on the image processor's own grid (patch_size x merge_size "
+        "of the model's preprocessor_config.json)"
+    ),
+    "data.audio_key": Inert("rayrl reads no audio"),
+    "data.return_multi_modal_inputs": Inert(
+        "each row of a batch with images carries its multi_modal_inputs"
+    ),
+    "data.mm_processor_kwargs": Inert(VL_NEXT),
     "data.validation_shuffle": Inert("validation runs over every prompt, in file order"),
     "data.filter_overlong_prompts_workers": Inert("prompts are filtered as they are tokenised"),
     "data.trust_remote_code": Inert(
