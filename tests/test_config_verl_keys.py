@@ -285,6 +285,10 @@ def _resolved(overrides: list[str]) -> str:
         (["trainer.default_local_dir=/ckpt/x"], ["trainer.output_dir=/ckpt/x"]),
         (["trainer.log_val_generations=3"], ["trainer.val_examples=3"]),
         (["actor_rollout_ref.rollout.response_length=24"], ["data.max_response_length=24"]),
+        (  # verl's PrefixGrouper is rayrl's shared-prompt training
+            ["actor_rollout_ref.actor.use_prefix_grouper=true"],
+            ["actor_rollout_ref.model.share_prompts=true"],
+        ),
         (  # verl's global sizes (samples on all GPUs; grpo.yaml: 1 GPU) and per-GPU ones
             [
                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",

@@ -158,7 +158,13 @@ ACTOR: dict[str, Rule] = {
     f"{ARR}.actor.freeze_vision_tower": Only((False,), "vision-language models"),
     f"{ARR}.actor.calculate_entropy": Inert("rayrl reports actor/entropy whenever it computes it"),
     f"{ARR}.actor.calculate_sum_pi_squared": Inert("rayrl has no sum-of-squared-probs metric"),
-    f"{ARR}.actor.use_prefix_grouper": Only((False,), "prefix-grouped training"),
+    # verl's PrefixGrouper runs a group's shared prompt once in the actor's forward:
+    # rayrl's shared-prompt training does the same (`rayrl.train.shared_prompts`)
+    f"{ARR}.actor.use_prefix_grouper": Moved(
+        f"{ARR}.model.share_prompts",
+        unset=(False,),
+        note="each prompt runs once for its n samples in the training and log-prob passes",
+    ),
     f"{ARR}.actor.use_fused_kernels": Inert(CHUNKED),
     f"{ARR}.actor.use_remove_padding": Inert(
         "packing follows actor_rollout_ref.model.use_remove_padding"
