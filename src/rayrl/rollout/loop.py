@@ -265,8 +265,12 @@ def run_batch(
 
 
 def responses_of(outputs: Sequence[SampleOutput]) -> Responses:
-    """Rows of sample outputs as one `Responses` (tokens right-padded with 0)."""
+    """Rows of sample outputs as one `Responses` (tokens right-padded with 0), their
+    routing records brought to the host (when every row has one)."""
     rows = len(outputs)
+    routes = None
+    if outputs and all(o.routes is not None for o in outputs):
+        routes = [o.routes.cpu() for o in outputs]  # type: ignore[union-attr]
     width = max((len(o.tokens) for o in outputs), default=0)
     tokens = np.zeros((rows, width), dtype=np.int64)
     log_probs = np.zeros((rows, width), dtype=np.float32)
@@ -283,4 +287,5 @@ def responses_of(outputs: Sequence[SampleOutput]) -> Responses:
         log_probs=torch.from_numpy(log_probs),
         stopped=torch.tensor([bool(o.stopped) for o in outputs], dtype=torch.bool),
         versions=torch.from_numpy(versions),
+        routes=routes,
     )
