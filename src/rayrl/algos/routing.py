@@ -38,7 +38,8 @@ __all__ = [
 ROUTES = "routed_experts"  # the rollout's record (router replay R3)
 ACTOR_ROUTES = "actor_routed_experts"  # the actor's log-prob pass's record (R2)
 
-# Per-row counts of a log-prob pass that had the rollout's record (float64):
+# Per-row counts of a log-prob pass that had the rollout's record (float64), over the
+# row's real positions but the last (its routing changes nothing trained):
 ROUTING_COLUMNS = (
     "routing_positions",  # real token positions of the row
     "routing_recorded",  # of them, positions the record covers
@@ -79,8 +80,8 @@ def routing_metrics(rows: dict[str, Tensor]) -> dict[str, float]:
       replay: the router's own choice; with replay: 0);
     - ``actor/router_disagree_frac``: the same for the router's own top-k (with replay,
       the choices the replay overrode, given the replayed routing of earlier layers);
-    - ``actor/routing_recorded_frac``: the fraction of the real token positions the
-      record covers.
+    - ``actor/routing_recorded_frac``: the fraction of the real token positions (each
+      sequence's last one apart) the record covers.
 
     Nothing when the record covers no decision."""
     total = {key: float(rows[key].double().sum()) for key in ROUTING_COLUMNS}
