@@ -124,3 +124,22 @@ def test_nothing_is_recorded_unless_asked_or_for_a_dense_model():
         model=family_model("qwen2"), record_routes=True, **SMALL, max_model_len=64
     )
     assert dense.routes is None and ROUTES not in dense.generate(prompts, SAMPLED)
+
+
+@pytest.mark.parametrize("family", MOE_FAMILIES)
+def test_the_tiny_moe_models_of_rayrl_models_tiny_record_too(tmp_path, family):
+    """`rayrl models tiny --family` builds each mixture (4 experts, top-2, as its family
+    configures the rest); the native engine loads it from disk and records transformers'
+    routing of its samples."""
+    from transformers import AutoModelForCausalLM
+
+    from rayrl.models.tiny import build_tiny_model
+
+    path = build_tiny_model(tmp_path / family, family=family, vocab_size=320)
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    assert sum(spec_of(model.config).moe.layers) == 2  # every layer a mixture
+    engine = NativeRolloutEngine(model_path=str(path), record_routes=True, **SMALL)
+    out = engine.generate_token_ids(PROMPTS, SAMPLED)
+    for i, record in enumerate(out.routes):
+        tokens = PROMPTS[i // 2] + out.tokens[i, : out.lengths[i]].tolist()
+        check_against_transformers(model, tokens, record)
