@@ -218,3 +218,23 @@ def test_replaying_a_bf16_rollout_takes_the_mismatch_to_zero_and_the_gap_down(mo
     for stat in ("mean", "max"):
         key = f"training/rollout_probs_diff_{stat}"
         assert on[key] < 0.8 * off[key], (stat, off[key], on[key])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_replay_on_cuda_under_bf16_autocast(model_dirs):
+    """On a GPU the actor computes in bf16 under autocast: replaying its own recorded
+    routing changes no bit, and a swapped position changes its row's log-probs."""
+    family = "qwen2_moe"
+    engine = TrainEngine(model_dirs[family], device="cuda")
+    assert engine.mixed_precision
+    batch = rollout(model_dirs[family])
+    plain = forward(engine, batch, None)
+    own = forward(engine, batch, RoutingPass(record=True))[ACTOR_ROUTES]
+    batch[ROUTES] = own
+    replayed = forward(engine, batch, RoutingPass(replay=True))
+    assert torch.equal(replayed["log_probs"], plain["log_probs"])
+    batch[ROUTES] = swapped(own, 2, batch["prompts"].shape[1] + 1, experts=4)
+    bent = forward(engine, batch, RoutingPass(replay=True))
+    rows = {r for r, _ in (bent["log_probs"] != plain["log_probs"]).nonzero().tolist()}
+    assert rows == {2}

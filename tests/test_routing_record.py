@@ -30,12 +30,13 @@ def transformers_routing(model, tokens: list[int]) -> torch.Tensor:
     """``[len(tokens), moe layers, k]``: each router's top-k experts, as transformers
     computes the routing (softmax of the router logits in float32, top-k)."""
     with torch.no_grad():
-        out = model(input_ids=torch.tensor([tokens]), output_router_logits=True)
+        ids = torch.tensor([tokens], device=model.device)
+        out = model(input_ids=ids, output_router_logits=True)
     k = model.config.num_experts_per_tok
     return torch.stack(
         [torch.topk(logits.float().softmax(-1), k, dim=-1).indices for logits in out.router_logits],
         dim=1,
-    )
+    ).cpu()
 
 
 def check_against_transformers(model, tokens: list[int], record: torch.Tensor) -> int:
@@ -143,3 +144,32 @@ def test_the_tiny_moe_models_of_rayrl_models_tiny_record_too(tmp_path, family):
     for i, record in enumerate(out.routes):
         tokens = PROMPTS[i // 2] + out.tokens[i, : out.lengths[i]].tolist()
         check_against_transformers(model, tokens, record)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("enforce_eager", [False, True], ids=["graphs", "eager"])
+def test_record_on_cuda_is_transformers_routing_but_bf16_ties(tmp_path, enforce_eager):
+    """bf16 on CUDA, decode steps (and small prefills) in CUDA graphs or eager, the
+    experts grouped: every position but the last is recorded, and nearly every decision
+    is transformers' bf16 routing of the same tokens (bf16 may flip a near tie)."""
+    from transformers import AutoModelForCausalLM
+
+    from rayrl.models.tiny import build_tiny_model
+
+    path = build_tiny_model(tmp_path / "moe", family="qwen3_moe", vocab_size=320)
+    engine = NativeRolloutEngine(
+        model_path=str(path), record_routes=True, enforce_eager=enforce_eager, max_num_seqs=8
+    )
+    assert engine.use_graphs != enforce_eager
+    out = engine.generate_token_ids(PROMPTS, SAMPLED)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to("cuda").eval()
+    same = total = 0
+    for i, record in enumerate(out.routes):
+        tokens = PROMPTS[i // 2] + out.tokens[i, : out.lengths[i]].tolist()
+        index = as_index(record)
+        assert record.device.type == "cpu" and len(record) == len(tokens)
+        assert bool((index[:-1] >= 0).all()) and int(index.max()) < 4
+        differ = routing_differs(index[:-1], transformers_routing(model, tokens)[:-1])
+        same, total = same + int((~differ).sum()), total + differ.numel()
+    assert same >= 0.95 * total, (same, total)

@@ -269,8 +269,10 @@ def responses_of(outputs: Sequence[SampleOutput]) -> Responses:
     routing records brought to the host (when every row has one)."""
     rows = len(outputs)
     routes = None
-    if outputs and all(o.routes is not None for o in outputs):
-        routes = [o.routes.cpu() for o in outputs]  # type: ignore[union-attr]
+    parts = [o.routes for o in outputs if o.routes is not None]
+    if parts and len(parts) == rows:
+        host = torch.cat(parts).cpu()  # one copy from the device, one wait
+        routes = list(host.split([len(p) for p in parts]))
     width = max((len(o.tokens) for o in outputs), default=0)
     tokens = np.zeros((rows, width), dtype=np.int64)
     log_probs = np.zeros((rows, width), dtype=np.float32)
