@@ -77,7 +77,7 @@ class RouteStore:
         """The record of blocks ``src[i]`` copied to blocks ``dst[i]`` (forks)."""
         offsets = np.arange(block_size)
         rows = [np.asarray(blocks)[:, None] * block_size + offsets for blocks in (src, dst)]
-        src_rows, dst_rows = (torch.from_numpy(r.reshape(-1)).to(self.device) for r in rows)
+        src_rows, dst_rows = (self._to_device(r.reshape(-1)) for r in rows)
         self.data[:, dst_rows] = self.data[:, src_rows]
 
     def on_finish(self, sched: Scheduler, sample: int) -> None:
@@ -98,16 +98,21 @@ class RouteStore:
         slots = (
             blocks[positions // sched.block_size] * sched.block_size + positions % sched.block_size
         )
-        index = torch.from_numpy(slots)
-        if self.device.type == "cuda":  # a copy that never waits for the device's queue
-            index = index.pin_memory()
-        index = index.to(self.device, non_blocking=True)
+        index = self._to_device(slots)
         layers, _, top_k = self.data.shape
         record = torch.full(
             (length, layers, top_k), self.missing, dtype=self.dtype, device=self.device
         )
         record[:cached] = self.data[:, index].transpose(0, 1)
         self.gathered[sample] = record
+
+    def _to_device(self, array: np.ndarray) -> Tensor:
+        """An int64 host array on the device, by a copy that never waits for the
+        device's queue (pinned memory on CUDA)."""
+        host = torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64))
+        if self.device.type == "cuda":
+            host = host.pin_memory()
+        return host.to(self.device, non_blocking=True)
 
     def take(self, sample: int) -> Tensor | None:
         """``sample``'s gathered record (on the device), once; None if it has none."""
