@@ -87,6 +87,8 @@ def test_the_modes_give_the_passes_their_columns(moe_path):
     assert ROUTES in update_actor_reads(r3) and ACTOR_ROUTES not in update_actor_reads(r3)
     assert ACTOR_ROUTES in update_actor_reads(r2) and ROUTES not in update_actor_reads(r2)
     assert not {ROUTES, ACTOR_ROUTES} & set(update_actor_reads(off))
+    watched = load(moe_path, f"{RECORD}=true", NATIVE)  # no replay: an on-policy update counts
+    assert ROUTES in update_actor_reads(watched)
     assert "R2 records" in separate_pass_reason(r2, 8)  # one mini-batch: R2 keeps the pass
     assert separate_pass_reason(off, 8) is None
     recorded = Batch({ROUTES: _routes()})
@@ -108,6 +110,14 @@ def test_a_replay_mode_without_its_record_is_an_error_not_a_fallback(moe_path):
     batch, plan = update_pass(r2, Batch({ACTOR_ROUTES: _routes()}), family_model("qwen3_moe"))
     assert plan == RoutingPass(replay=True) and batch[ROUTES] is batch[ACTOR_ROUTES]
     assert update_pass(r3, Batch({"x": _routes()}), family_model("qwen2"))[1] is None  # dense
+    recorded = Batch({ROUTES: _routes()})  # on-policy: the update counts, as the pass would
+    on_policy = update_pass(r3, recorded, family_model("qwen3_moe"), on_policy=True)[1]
+    assert on_policy == RoutingPass(replay=True, compare=True)
+    off = load(moe_path, f"{RECORD}=true", NATIVE)
+    assert update_pass(off, recorded, family_model("qwen3_moe"), on_policy=True)[1] == RoutingPass(
+        compare=True
+    )
+    assert update_pass(off, recorded, family_model("qwen3_moe"))[1] is None
     with pytest.raises(ValueError, match="this worker's is 'hf'.*name=native"):
         check_recording_engine(r3, "hf")
     check_recording_engine(r3, "native")

@@ -1,8 +1,9 @@
 """GRPO steps on a tiny mixture of experts (Qwen3-MoE from `rayrl models tiny --family`)
 on real Ray and a CPU, with routing replay: R3 (the native rollout records each token's
 experts, both actor passes replay them) reports the routing metrics beside the
-rollout-vs-actor probability gap; R2 (the log-prob pass records, the update replays)
-runs with the hf rollout, which records nothing. A replay mode whose record did not
+rollout-vs-actor probability gap, from the log-prob pass or, on-policy, from the
+update's own forward; R2 (the log-prob pass records, the update replays) runs with the
+hf rollout, which records nothing. A replay mode whose record did not
 reach the update fails the step (`rayrl.workers.routing.update_pass`), so a step that
 completes had it."""
 
@@ -36,6 +37,12 @@ MODES = {
         "actor_rollout_ref.actor.router_replay.mode=R3",
     ],
     "R2": ["actor_rollout_ref.actor.router_replay.mode=R2"],  # rollout: hf on a CPU
+    "R3-on-policy": [  # one mini-batch: the update's own forward counts (no log-prob pass)
+        "actor_rollout_ref.rollout.name=native",
+        "actor_rollout_ref.rollout.enable_rollout_routing_replay=true",
+        "actor_rollout_ref.actor.router_replay.mode=R3",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+    ],
 }
 
 
@@ -64,6 +71,7 @@ def test_grpo_steps_with_routing_replay_on_a_tiny_moe(ray_local, moe_model, tmp_
     assert len(history) == 2
     for metrics in history:
         assert math.isfinite(metrics["actor/pg_loss"])
+        assert (metrics["timing_s/old_log_prob"] == 0) == (mode == "R3-on-policy")
         if mode == "R2":  # no rollout record to compare with
             assert not [key for key in metrics if "routing" in key or "router" in key]
             continue

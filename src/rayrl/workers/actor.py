@@ -78,11 +78,10 @@ from rayrl.workers.weight_transport import check_transport, publish_packed
 
 log = logging.getLogger("rayrl.workers")
 
-# The columns of the step's batch `compute_log_prob` reads: the model's inputs, and
-# the rollout's log-probs and routing record when the samples have them, for the
-# probability sums and routing counts the pass returns beside its own
-# (`rayrl.algos.probs_diff`, `rayrl.workers.routing`). The trainer sends no others
-# (`common.only_reads`).
+# The columns of the step's batch `compute_log_prob` reads: the model's inputs, and the
+# rollout's log-probs and routing record when the samples have them, for the sums the
+# pass returns beside its own (`rayrl.algos.probs_diff`, `rayrl.workers.routing`). The
+# trainer sends no others (`common.only_reads`).
 LOG_PROB_READS = (*MODEL_INPUTS, "rollout_log_probs", ROUTES)
 # Timed parts of `generate` that lie within the generation's own time (`timing_s/gen`),
 # not stages riding along with it: tool calls, CUDA-graph captures, and the engine's
@@ -463,14 +462,14 @@ class ActorRolloutRefWorker(Worker):
         if self.actor.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.actor.device)
         start = time.perf_counter()
-        batch, routed = replay.update_pass(self.cfg, batch, self.actor.model)
-        with routing(self.actor.model, routed):
+        with replay.update_routing(self.cfg, batch, self.actor.model, ctx.on_policy) as batch:
             metrics = self._train_epochs(batch, ctx, mini)
         flops = sum(m.pop("flops", 0.0) for m in metrics)
         perf = update_perf_metrics(flops, time.perf_counter() - start, self.actor.device)
         self._stale = self._owns_copy
         out = mean_metrics([metrics], None)
         out.update(probs_diff_from_totals(out))  # on-policy with the rollout's log-probs
+        out.update(replay.routing_from_totals(out))  # ... and its routing record
         if a.use_kl_loss:
             out["actor/kl_coef"] = a.kl_loss_coef
         out = {f"actor/{k}" if "/" not in k else k: v for k, v in out.items()}

@@ -7,8 +7,10 @@ as `actor_rollout_ref.actor.router_replay.mode` and
   ``actor/routing_mismatch_frac`` and its kin, `rayrl.algos.routing`); under R3 it
   replays the record, under R2 it records the router's own choices
   (``actor_routed_experts``), which the update then replays.
-- The update (`update_pass`) replays the rollout's record (R3) or the log-prob pass's
-  (R2).
+- The update (`update_routing`) replays the rollout's record (R3) or the log-prob
+  pass's (R2). An on-policy update (no separate log-prob pass: `rayrl.trainer.on_policy`)
+  makes the pass's counts itself, summed over its micro-batches (`routing_sums`) and
+  turned into the same metrics (`routing_from_totals`).
 
 The routing is replayed where the record has it; positions it lacks are routed by the
 router (and counted: ``actor/routing_recorded_frac``). A replay mode whose record is
@@ -17,19 +19,27 @@ missing from the batch is an error, not a silent fallback.
 
 from __future__ import annotations
 
-from torch import nn
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
-from rayrl.algos.routing import ACTOR_ROUTES, ROUTES, ROUTING_COLUMNS
+import torch
+from torch import Tensor, nn
+
+from rayrl.algos.routing import ACTOR_ROUTES, ROUTES, ROUTING_COLUMNS, routing_metrics
 from rayrl.batch import Batch
 from rayrl.config.schema import RayRLConfig
-from rayrl.train.router_replay import RoutingPass, moe_routers
+from rayrl.train.router_replay import RoutingPass, moe_routers, routing
 
 __all__ = [
     "check_recording_engine",
     "log_prob_pass",
     "routing_columns",
+    "routing_from_totals",
     "routing_reads",
+    "routing_sums",
     "update_pass",
+    "update_routing",
 ]
 
 
@@ -49,8 +59,12 @@ def check_recording_engine(cfg: RayRLConfig, engine: str) -> None:
 
 
 def routing_reads(cfg: RayRLConfig) -> tuple[str, ...]:
-    """The record `update_actor` reads: the rollout's (R3), the log-prob pass's (R2)."""
-    return {"R3": (ROUTES,), "R2": (ACTOR_ROUTES,)}.get(_mode(cfg), ())
+    """The records `update_actor` reads: the log-prob pass's (R2), the rollout's (R3, and
+    for an on-policy update's counts whenever the rollout records)."""
+    reads = [ACTOR_ROUTES] if _mode(cfg) == "R2" else []
+    if cfg.actor_rollout_ref.rollout.enable_rollout_routing_replay or _mode(cfg) == "R3":
+        reads.append(ROUTES)
+    return tuple(reads)
 
 
 def log_prob_pass(cfg: RayRLConfig, batch: Batch) -> RoutingPass | None:
@@ -61,18 +75,19 @@ def log_prob_pass(cfg: RayRLConfig, batch: Batch) -> RoutingPass | None:
 
 
 def update_pass(
-    cfg: RayRLConfig, batch: Batch, model: nn.Module
+    cfg: RayRLConfig, batch: Batch, model: nn.Module, on_policy: bool = False
 ) -> tuple[Batch, RoutingPass | None]:
     """The update's batch (R2: the log-prob pass's record in the ``routed_experts``
-    column the forward replays) and its routing.
+    column the forward replays) and its routing (``on_policy``: with the counts against
+    the rollout's record, which no log-prob pass made).
 
     Raises:
         ValueError: a replay mode, a mixture of experts, and no record to replay.
     """
-    mode = _mode(cfg)
+    mode, compare = _mode(cfg), on_policy and ROUTES in batch
     if mode == "disabled":
-        return batch, None
-    column = routing_reads(cfg)[0]
+        return batch, RoutingPass(compare=True) if compare else None
+    column = ACTOR_ROUTES if mode == "R2" else ROUTES
     if column not in batch:
         if not moe_routers(model):
             return batch, None  # a dense model: nothing to replay (the config warned)
@@ -88,7 +103,33 @@ def update_pass(
         )
     if column != ROUTES:
         batch[ROUTES] = batch[column]
-    return batch, RoutingPass(replay=True)
+    return batch, RoutingPass(replay=True, compare=compare)
+
+
+@contextmanager
+def update_routing(
+    cfg: RayRLConfig, batch: Batch, model: nn.Module, on_policy: bool
+) -> Iterator[Batch]:
+    """The update's batch, its forwards (and their backwards) routed as `update_pass`
+    says while inside."""
+    batch, plan = update_pass(cfg, batch, model, on_policy)
+    with routing(model, plan):
+        yield batch
+
+
+def routing_sums(outputs: dict[str, Tensor]) -> dict[str, Any]:
+    """A micro-batch's `ROUTING_COLUMNS` summed over its rows (``routing/<column>``), for
+    the loss's metrics (summed over micro-batches and ranks); nothing without them."""
+    return {f"routing/{k}": outputs[k].sum() for k in ROUTING_COLUMNS if k in outputs}
+
+
+def routing_from_totals(metrics: dict[str, float]) -> dict[str, float]:
+    """`routing_metrics` of an update's ``routing/<column>`` totals, which are taken out
+    of ``metrics``; nothing when they are not there."""
+    if f"routing/{ROUTING_COLUMNS[0]}" not in metrics:
+        return {}
+    totals = {k: torch.tensor([metrics.pop(f"routing/{k}")]) for k in ROUTING_COLUMNS}
+    return routing_metrics(totals)
 
 
 def routing_columns(out: Batch) -> dict:
