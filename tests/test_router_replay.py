@@ -238,3 +238,37 @@ def test_replay_on_cuda_under_bf16_autocast(model_dirs):
     bent = forward(engine, batch, RoutingPass(replay=True))
     rows = {r for r, _ in (bent["log_probs"] != plain["log_probs"]).nonzero().tolist()}
     assert rows == {2}
+
+
+def test_an_on_policy_update_counts_its_routing_as_the_log_prob_pass_would(model_dirs):
+    """No separate log-prob pass: the update's own forward replays the rollout's record
+    (R3) and counts against it, summed over micro-batches into the loss's metrics; the
+    actor's metrics from those totals are the pass's."""
+    from rayrl.config import load_config
+    from rayrl.workers.losses import actor_loss_fn
+    from rayrl.workers.routing import routing_from_totals, update_routing
+
+    family = "qwen3_moe"
+    cfg = load_config(
+        "grpo",
+        [
+            f"actor_rollout_ref.model.path={model_dirs[family]}",
+            "actor_rollout_ref.rollout.name=native",
+            "actor_rollout_ref.rollout.enable_rollout_routing_replay=true",
+            "actor_rollout_ref.actor.router_replay.mode=R3",
+            "actor_rollout_ref.actor.use_kl_loss=false",
+            "trainer.device=cpu",
+        ],
+    )
+    engine = TrainEngine(model_dirs[family])
+    batch = rollout(model_dirs[family], dtype="bfloat16")  # some routing differs
+    batch[ROUTES] = swapped(batch[ROUTES], 0, batch["prompts"].shape[1], experts=4)
+    separate = forward(engine, batch, RoutingPass(replay=True, compare=True))
+    want = routing_metrics({k: separate[k] for k in ROUTING_COLUMNS})
+    batch["advantages"] = torch.linspace(-1, 1, len(batch))[:, None] * batch["response_mask"]
+    loss_fn = actor_loss_fn(cfg.actor_rollout_ref.actor, on_policy=True)
+    with update_routing(cfg, batch, engine.model, on_policy=True) as routed:
+        metrics = engine.train_step(routed, loss_fn, micro_batch_size=3)
+    assert routing_from_totals(metrics) == pytest.approx(want, rel=1e-12)
+    assert want["actor/router_disagree_frac"] > 0 and want["actor/routing_mismatch_frac"] == 0
+    assert not [key for key in metrics if key.startswith("routing/")]  # taken out
