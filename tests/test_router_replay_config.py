@@ -42,6 +42,10 @@ def load(*overrides: str):
             f"R3 replays the rollout.s record.*only with {RECORD}=true: set it",
         ),
         ([f"{MODE}=R4"], r"router_replay.mode='R4' is not one of disabled, R2, R3"),
+        (
+            [f"{MODE}=R2", "algorithm.rollout_correction.bypass_mode=true"],
+            "R2 records the routing in the actor's log-prob pass, which .*bypass_mode=true skips",
+        ),
         ([f"{RECORD}=true", "actor_rollout_ref.rollout.name=hf"], "hf engine does not"),
         ([f"{RECORD}=true"], r"rollout.name=auto picks it on a CPU.*name=native"),
         (
@@ -49,7 +53,7 @@ def load(*overrides: str):
             "Ulysses sequence parallelism",
         ),
     ],
-    ids=["R3-unrecorded", "bad-mode", "hf", "auto-on-cpu", "ulysses"],
+    ids=["R3-unrecorded", "bad-mode", "R2-bypass", "hf", "auto-on-cpu", "ulysses"],
 )
 def test_what_cannot_work_is_refused_with_what_to_set(moe_path, overrides, message):
     gpus = ["trainer.n_gpus_per_node=2"] if "ulysses" in message.lower() else []

@@ -4,8 +4,8 @@
 rest of the config.
 
 What cannot work is refused, with the setting that makes it work: R3 without the
-rollout's record, a record from an engine that cannot make one (hf), sequence
-parallelism. What has no effect is said in a warning and left alone, as for other keys
+rollout's record, R2 without the log-prob pass it records in (bypass mode), a record
+from an engine that cannot make one (hf), sequence parallelism. What has no effect is said in a warning and left alone, as for other keys
 of that kind: a dense model (nothing to record or replay), and the actor's regional
 ``torch.compile``, which the routers' hooks turn off.
 """
@@ -47,6 +47,12 @@ def check_router_replay(cfg: RayRLConfig, warn: Callable[[str], None]) -> None:
             f"{MODE}=R3 replays the rollout's record of each token's experts, which the "
             f"rollout makes only with {RECORD}=true: set it (rollout.name=native), or use "
             "R2 (the actor's log-prob pass records the routing the update replays)"
+        )
+    if mode == "R2" and cfg.algorithm.rollout_correction.bypass_mode:
+        raise ConfigError(
+            f"{MODE}=R2 records the routing in the actor's log-prob pass, which "
+            "algorithm.rollout_correction.bypass_mode=true skips (the rollout's log-probs "
+            f"serve): use R3 with {RECORD}=true (the rollout's record), or turn bypass_mode off"
         )
     if record:
         _check_recording_engine(cfg)
