@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from rayrl.algos.routing import ROUTES, unrouted
 from rayrl.batch import Batch
 from rayrl.trainer.async_ledger import LedgerError
 from rayrl.trainer.async_queue import FINISHED, HELD, QUEUED, RUNNING, SampleQueue, concat_samples
@@ -187,7 +188,12 @@ def test_samples_of_several_prompt_widths_are_left_padded_into_one_batch():
         return samples_for(queue.next_work(0, 8), 0)[0]
 
     a, b = one_call("a", 2), one_call("b", 4)
+    for call in (a, b):  # a mixture of experts' routing record, aligned with input_ids
+        call[ROUTES] = torch.full((*call["input_ids"].shape, 3, 2), 5, dtype=torch.uint8)
     both = concat_samples([a, b], pad_id=9)
     assert both["prompts"].shape == (4, 4) and both["input_ids"].shape == (4, 4 + R)
     assert both["prompts"][0].tolist() == [9, 9, 0, 0]
     assert both["attention_mask"][0, :2].tolist() == [0, 0]
+    assert both[ROUTES].shape == (4, 4 + R, 3, 2)
+    assert bool((both[ROUTES][:2, :2] == unrouted(torch.uint8)).all())
+    assert bool((both[ROUTES][:2, 2:] == 5).all()) and bool((both[ROUTES][2:] == 5).all())

@@ -33,6 +33,7 @@ PPO_LANDS = {
     f"{ARR}.actor.optim.warmup_style": f"{ARR}.actor.optim.lr_scheduler_type",
     f"{ARR}.actor.optim.grad_clip": f"{ARR}.actor.optim.clip_grad",
     f"{ARR}.actor.grad_clip": f"{ARR}.actor.optim.clip_grad",
+    f"{ARR}.actor.megatron.router_replay.mode": f"{ARR}.actor.router_replay.mode",
     f"{ARR}.rollout.prompt_length": "data.max_prompt_length",
     f"{ARR}.rollout.response_length": "data.max_response_length",
     "critic.optim.warmup_style": "critic.optim.lr_scheduler_type",
@@ -93,6 +94,7 @@ VALUES = {
     "fsdp_config.dtype": "float32",
     "fsdp_config.model_dtype": "bf16",
     "ulysses_sequence_parallel_size": 2,
+    "router_replay.mode": "R2",
 }
 # what a landing needs beside it to be a valid config (given to both loads)
 CONTEXT = {

@@ -164,6 +164,24 @@ def test_dynamic_sampling_keeps_varying_groups_until_the_batch_is_full():
     assert metrics["train/kept_group_ratio"] == pytest.approx(3 / 5)
 
 
+def test_rounds_of_other_prompt_widths_pad_a_routing_record_as_unrouted():
+    """Each generation round pads its prompts to its own longest: stacked, a narrower
+    round's routing record is padded on the left with the no-routing mark (expert 0
+    would be a routing), aligned with its input_ids."""
+    from rayrl.algos.routing import ROUTES, unrouted
+    from rayrl.trainer.dynamic_sampling import concat_left_padded
+
+    def round_of(width: int, expert: int) -> Batch:
+        ids = torch.ones(2, width + 3, dtype=torch.long)
+        return Batch({"input_ids": ids, ROUTES: torch.full((2, width + 3, 2, 2), expert).byte()})
+
+    both = concat_left_padded([round_of(4, 1), round_of(2, 3)])
+    routes, ids = both[ROUTES], both["input_ids"]
+    assert routes.shape == (4, 7, 2, 2) and ids.shape == (4, 7)
+    assert bool((routes[2:, :2] == unrouted(torch.uint8)).all()) and not ids[2:, :2].any()
+    assert bool((routes[2:, 2:] == 3).all()) and bool((routes[:2] == 1).all())
+
+
 def test_dynamic_sampling_fails_past_its_bound_with_the_numbers():
     cfg = _cfg(
         "algorithm.filter_groups.enable=true",

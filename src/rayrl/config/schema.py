@@ -155,6 +155,14 @@ class PolicyLossConfig:
 
 
 @dataclass
+class RouterReplayConfig:
+    # mixture-of-experts models (rayrl.train.router_replay): disabled | R2 (the log-prob
+    # pass records the router's experts, the update replays them) | R3 (both replay the
+    # rollout's record: rollout.enable_rollout_routing_replay)
+    mode: str = "disabled"
+
+
+@dataclass
 class ActorConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
@@ -184,6 +192,7 @@ class ActorConfig:
     # ranks that split each packed row's tokens (Ulysses; 1: off): must divide the world
     # and the model's attention heads; the data-parallel size is the world over it
     ulysses_sequence_parallel_size: int = 1
+    router_replay: RouterReplayConfig = field(default_factory=RouterReplayConfig)
 
 
 @dataclass
@@ -225,6 +234,10 @@ class RolloutConfig:
     # native engine: full KV blocks found again by the tokens they hold (a prompt seen
     # before, an episode recomputed after a preemption); rollout/prefix_cache_hit_rate
     enable_prefix_caching: bool = True
+    # native engine, mixture-of-experts models: record the experts each token was routed
+    # to (routed_experts), for the actor to replay (router_replay.mode=R3) and compare
+    # (actor/routing_mismatch_frac)
+    enable_rollout_routing_replay: bool = False
     # native engine: GPUs one model copy is split over (tensor parallelism; verl's key, not
     # effective for hf). verl's yaml says 2, and verl then refuses one-GPU runs; rayrl
     # keeps 1 so a run that fits one GPU needs no setting (TP changes speed and memory,

@@ -18,6 +18,7 @@ from rayrl.config.errors import warn as _warn
 from rayrl.config.layout import MeshError, MeshSpec, check_heads
 from rayrl.config.multi_turn import check_multi_turn
 from rayrl.config.ranges import check_ranges
+from rayrl.config.routing_checks import ROUTER_REPLAY_MODES, check_router_replay
 from rayrl.config.schema import WEIGHT_TRANSPORTS, RayRLConfig, RolloutCorrectionConfig
 
 ACTOR = "actor_rollout_ref.actor"
@@ -41,6 +42,7 @@ CHOICES = {
     "trainer.debugger": ("vscode", "cli"),
     "actor_rollout_ref.rollout.mode": ("sync", "async"),
     "async_training.weight_transport": WEIGHT_TRANSPORTS,
+    "actor_rollout_ref.actor.router_replay.mode": ROUTER_REPLAY_MODES,
 }
 
 
@@ -547,6 +549,7 @@ def validate_config(cfg: RayRLConfig, warn: Callable[[str], None] = _warn) -> No
     check_sampler(cfg)
     check_parallel(cfg)
     check_text_only(cfg)
+    check_router_replay(cfg, warn)
     actor, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
     prompts, world = cfg.data.train_batch_size, cfg.world_size
     check_batch_chain(

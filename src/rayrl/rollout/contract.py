@@ -13,6 +13,9 @@ Output, B*n rows, each prompt's n samples adjacent (sample k of prompt ``uid`` h
   ``response_mask`` [B*n, R], ``input_ids`` [B*n, P+R] (prompt + response),
   ``attention_mask`` and ``position_ids`` over P+R, ``rollout_log_probs`` [B*n, R]
   (float32, 0 on padding);
+- ``routed_experts`` [B*n, P+R, layers, k] where the engine recorded each token's
+  experts (a mixture of experts, `rayrl.algos.routing`): aligned with ``input_ids``,
+  unrouted on padding and where nothing was recorded;
 - non-tensor ``finish_reason`` ("stop" | "length") and ``sample_uid``;
 - every other column of the prompt batch, repeated for each sample; meta as given.
 
@@ -29,6 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rayrl.algos.routing import ROUTES, unrouted
 from rayrl.batch import Batch
 
 __all__ = [
@@ -57,6 +61,8 @@ class Responses:
         stopped: ``[N]`` bool, True where the response ended on a stop token or string.
         versions: ``[N, L]`` the policy version each token was drawn with (None: one
             version for all, the engine's).
+        routes: per row, the experts each position of prompt and response was routed
+            to, ``[prompt + length, layers, k]`` (None: not recorded).
     """
 
     tokens: Tensor
@@ -64,6 +70,7 @@ class Responses:
     log_probs: Tensor
     stopped: Tensor
     versions: Tensor | None = None
+    routes: list[Tensor] | None = None
 
 
 def positions_from_mask(attention_mask: Tensor) -> Tensor:
@@ -159,7 +166,29 @@ def assemble_output(
         position_ids=torch.cat([prompt_pos, prompt_pos[:, -1:] + offsets], dim=1),
         rollout_log_probs=log_probs,
     )
+    if out.routes is not None and n_rows:
+        tensors[ROUTES] = _placed_routes(
+            out.routes, prompt_mask.sum(1), lengths, prompt_ids.shape[1], width
+        )
     non_tensors = dict(rows.non_tensors)
     non_tensors["finish_reason"] = reasons
     non_tensors["sample_uid"] = np.array(list(sample_uids), dtype=object)
     return Batch(tensors, non_tensors, rows.meta)
+
+
+def _placed_routes(
+    routes: list[Tensor], prompt_lengths: Tensor, lengths: Tensor, prompt_width: int, width: int
+) -> Tensor:
+    """The rows' routing records aligned with ``input_ids`` ``[N, P + R]``: a row's
+    prompt ends at column P (left padding), its response fills columns P... up to its
+    length (cut to R); unrouted elsewhere."""
+    _, layers, top_k = routes[0].shape
+    dtype = routes[0].dtype
+    out = torch.full(
+        (len(routes), prompt_width + width, layers, top_k), unrouted(dtype), dtype=dtype
+    )
+    for i, record in enumerate(routes):
+        start = prompt_width - int(prompt_lengths[i])
+        count = min(len(record), int(prompt_lengths[i]) + int(lengths[i]))
+        out[i, start : start + count] = record[:count]
+    return out

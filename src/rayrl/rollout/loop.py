@@ -265,8 +265,14 @@ def run_batch(
 
 
 def responses_of(outputs: Sequence[SampleOutput]) -> Responses:
-    """Rows of sample outputs as one `Responses` (tokens right-padded with 0)."""
+    """Rows of sample outputs as one `Responses` (tokens right-padded with 0), their
+    routing records brought to the host (when every row has one)."""
     rows = len(outputs)
+    routes = None
+    parts = [o.routes for o in outputs if o.routes is not None]
+    if parts and len(parts) == rows:
+        host = torch.cat(parts).cpu()  # one copy from the device, one wait
+        routes = list(host.split([len(p) for p in parts]))
     width = max((len(o.tokens) for o in outputs), default=0)
     tokens = np.zeros((rows, width), dtype=np.int64)
     log_probs = np.zeros((rows, width), dtype=np.float32)
@@ -283,4 +289,5 @@ def responses_of(outputs: Sequence[SampleOutput]) -> Responses:
         log_probs=torch.from_numpy(log_probs),
         stopped=torch.tensor([bool(o.stopped) for o in outputs], dtype=torch.bool),
         versions=torch.from_numpy(versions),
+        routes=routes,
     )

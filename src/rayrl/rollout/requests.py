@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+from torch import Tensor
 
 from rayrl.rollout.sampling import SamplingParams
 
@@ -44,12 +45,17 @@ TURN = "turn"  # a parked sample's turn ended: resume it or finish it
 class SampleOutput:
     """A finished sample's response: every token (sampled and appended), each sampled
     token's log-prob (0 on appended ones), the policy version each token was drawn
-    with, and whether it ended on a stop (else its length limit cut it)."""
+    with, and whether it ended on a stop (else its length limit cut it).
+
+    ``routes``: where the engine records them (a mixture of experts), the experts each
+    position of prompt and response was routed to, ``[prompt + response, layers, k]``
+    (`rayrl.algos.routing`; possibly still on the device); None otherwise."""
 
     tokens: np.ndarray
     log_probs: np.ndarray
     versions: np.ndarray
     stopped: bool
+    routes: Tensor | None = None
 
 
 class RequestEngine(Protocol):

@@ -12,6 +12,8 @@ logits exist; other models' logits go through the chunked log-softmax of
 `rayrl.algos.entropy`. A sequence-parallel model (`rayrl.train.ulysses`) runs this
 rank's share of the packed row and gathers every rank's outputs. With
 ``share_prompts`` rows with the same prompt run it once (`rayrl.train.shared_prompts`).
+Inside a `rayrl.train.router_replay.routing` context the model's mixture-of-experts
+routers replay, record or compare the micro-batch's routing, laid out as its input is.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from rayrl.batch import Batch
 from rayrl.train.attention import packed_attention_kwargs
 from rayrl.train.logprob_head import logprob_head_of
 from rayrl.train.packing import ResponseIndex, pack_sequences, padded_response_index
+from rayrl.train.router_replay import active_routing
 from rayrl.train.shared_prompts import share_prompts as share_prompts_of
 from rayrl.train.ulysses import SPGroup, gather_kept, split_packed
 
@@ -53,10 +56,11 @@ def default_position_ids(attention_mask: Tensor) -> Tensor:
 
 def _model_inputs(
     micro: Batch, packed: bool, device: torch.device, share: bool = False
-) -> tuple[dict[str, Tensor], ResponseIndex, bool]:
-    """Model kwargs, the response index and whether the row is packed, built where
-    ``micro`` is, then moved. ``share``: rows with the same prompt run it once
-    (`rayrl.train.shared_prompts`), when some do."""
+) -> tuple[dict[str, Tensor], ResponseIndex, bool, Tensor]:
+    """Model kwargs, the response index, whether the row is packed, and where each
+    token of ``micro`` (``[b, P + R]``) sits in the model's input, flattened (-1: left
+    out), built where ``micro`` is, then moved (all but the last). ``share``: rows with
+    the same prompt run it once (`rayrl.train.shared_prompts`), when some do."""
     ids, mask = micro["input_ids"], micro["attention_mask"]
     positions = micro["position_ids"] if "position_ids" in micro else default_position_ids(mask)
     response_len = response_width(micro)
@@ -64,7 +68,7 @@ def _model_inputs(
     attention = {}
     if shared is not None:
         inputs = {"input_ids": shared.input_ids, "position_ids": shared.position_ids}
-        index, packed = shared.response, True
+        index, packed, where = shared.response, True, shared.where
         keys = (shared.k_lengths, shared.kv_index)
         attention = packed_attention_kwargs(shared.q_lengths, device, keys=keys)
     elif packed:
@@ -73,9 +77,12 @@ def _model_inputs(
         # sequence boundaries for varlen attention, computed here on the host
         lengths = [n for n in mask.sum(dim=1).tolist() if n > 0]
         attention = packed_attention_kwargs(lengths, device)
+        where = torch.full(mask.shape, -1, dtype=torch.long)
+        where[mask.bool()] = torch.arange(p.input_ids.shape[1])
     else:
         index = padded_response_index(ids, mask, response_len)
         inputs = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
+        where = torch.arange(ids.numel()).view(ids.shape)
     inputs = {k: v.to(device, non_blocking=True) for k, v in inputs.items()}
     inputs.update(attention)
     index = ResponseIndex(
@@ -83,7 +90,7 @@ def _model_inputs(
         logit_index=index.logit_index.to(device, non_blocking=True),
         labels=index.labels.to(device, non_blocking=True),
     )
-    return inputs, index, packed
+    return inputs, index, packed, where
 
 
 def _place(values: Tensor, index: ResponseIndex, packed: bool) -> Tensor:
@@ -144,7 +151,10 @@ def response_outputs(
         )
     # A micro-batch without padding gains nothing from packing: run its rows as they are.
     packed = packed and not bool(micro["attention_mask"].bool().all())
-    inputs, index, packed = _model_inputs(micro, packed, device, share_prompts)
+    inputs, index, packed, where = _model_inputs(micro, packed, device, share_prompts)
+    replay = active_routing(model)  # routing replay (`rayrl.train.router_replay`)
+    if replay is not None:
+        replay.feed(micro, where, inputs["input_ids"].numel(), device)
     if value_head:
         scores = model(**inputs, use_cache=False).logits[..., 0]
         picked = scores[0, index.logit_index] if packed else scores[:, index.logit_index]
@@ -156,6 +166,8 @@ def response_outputs(
     result = {"log_probs": _place(log_probs, index, packed)}
     if with_entropy:
         result["entropy"] = _place(entropy, index, packed)
+    if replay is not None:
+        result.update(replay.outputs(micro, where))
     return result
 
 
@@ -196,6 +208,12 @@ def _sequence_parallel_outputs(
 ) -> dict[str, Tensor]:
     """`response_outputs` on a Ulysses rank: the packed row split (`split_packed`), this
     rank's kept positions through the model and the head, every rank's gathered."""
+    if active_routing(model) is not None:
+        raise ValueError(
+            "routing replay does not run with Ulysses sequence parallelism yet; set "
+            "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1, or turn "
+            "router_replay.mode and rollout.enable_rollout_routing_replay off"
+        )
     ids, mask = micro["input_ids"], micro["attention_mask"]
     positions = micro["position_ids"] if "position_ids" in micro else default_position_ids(mask)
     packed = pack_sequences(ids, mask, positions, response_width(micro))

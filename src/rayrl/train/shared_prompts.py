@@ -79,6 +79,7 @@ class SharedPack:
     k_lengths: list[int]  # keys of each segment: a response's prompt and itself
     kv_index: Tensor  # [sum k_lengths] packed positions of each segment's keys
     rows_per_prompt: list[int]  # rows in each group, in packing order
+    where: Tensor  # [b, P + R] packed position of each real token (-1: padding)
 
     @property
     def tokens(self) -> int:
@@ -142,6 +143,7 @@ def _pack(
     k_lengths: list[int] = []
     kv: list[Tensor] = []
     logit_at = torch.full(padded.valid.shape, -1, dtype=torch.long)  # packed position
+    where = torch.full(ids.shape, -1, dtype=torch.long)
     start = 0
     for rows in groups.values():
         first = rows[0]
@@ -155,6 +157,7 @@ def _pack(
             kv.append(prompt)
             start += len(prompt)
         for row in rows:
+            where[row, :prompt_width][mask[row, :prompt_width]] = prompt
             real = mask[row, prompt_width:]
             n = int(real.sum())
             if n == 0:
@@ -168,6 +171,7 @@ def _pack(
             # the logit before response column c: the prompt's last token for c = 0
             before = torch.cat([prompt[-1:], own[:-1]]) if len(prompt) else own[:-1]
             logit_at[row, len(prompt) == 0 : n] = before
+            where[row, prompt_width:][real] = own
             start += n
     valid = padded.valid
     return SharedPack(
@@ -180,4 +184,5 @@ def _pack(
         k_lengths=k_lengths,
         kv_index=torch.cat(kv),
         rows_per_prompt=[len(rows) for rows in groups.values()],
+        where=where,
     )

@@ -48,6 +48,7 @@ from typing import Any
 
 import torch
 
+from rayrl.algos.routing import ROUTES, unrouted
 from rayrl.batch import Batch
 from rayrl.trainer.async_ledger import Ledger
 
@@ -326,8 +327,8 @@ def oldest_version(versions: torch.Tensor, mask: torch.Tensor) -> int:
 
 def concat_samples(groups: list[Batch], pad_id: int) -> Batch:
     """Sample batches of several replica calls as one: prompt-side columns left-padded
-    to the widest (`PROMPT_SIDE`, pad id / 0 / 0), then stacked; batches of one width
-    are stacked as they are."""
+    to the widest (`PROMPT_SIDE`, pad id / 0 / 0, and a routing record with its
+    no-routing mark), then stacked; batches of one width are stacked as they are."""
     widths = {g["prompts"].shape[1] for g in groups}
     if len(widths) > 1:
         width = max(widths)
@@ -340,9 +341,10 @@ def _left_pad(batch: Batch, width: int, pad_id: int) -> Batch:
     if extra == 0:
         return batch
     tensors = dict(batch.tensors)
-    for key in PROMPT_SIDE:
+    for key in [k for k in (*PROMPT_SIDE, ROUTES) if k in tensors]:
         value = tensors[key]
         fill = pad_id if key in ("prompts", "input_ids") else 0
-        pad = torch.full((value.shape[0], extra), fill, dtype=value.dtype)
+        fill = unrouted(value.dtype) if key == ROUTES else fill  # expert 0 is a routing
+        pad = torch.full((value.shape[0], extra, *value.shape[2:]), fill, dtype=value.dtype)
         tensors[key] = torch.cat([pad, value], dim=1)
     return Batch(tensors, dict(batch.non_tensors), dict(batch.meta))

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from rayrl.algos import filter_groups
+from rayrl.algos.routing import ROUTES, unrouted
 from rayrl.batch import Batch
 from rayrl.config.schema import RayRLConfig
 
@@ -93,24 +94,26 @@ def _first_groups(uids: np.ndarray, count: int) -> list[int]:
 def concat_left_padded(parts: list[Batch]) -> Batch:
     """Stack batches whose prompt-side columns have different widths (each round pads
     its prompts to its own longest): narrower columns get zeros on the left, where the
-    attention mask is zero. Columns kept by the workers are fetched first: their
-    widths differ between rounds."""
+    attention mask is zero (a routing record gets `unrouted` there, its padding's mark).
+    Columns kept by the workers are fetched first: their widths differ between rounds."""
     for part in parts:
         part.materialize()
     tensors = {}
     for key in parts[0].tensors:
-        width = (
-            max(p.tensors[key].shape[-1] for p in parts) if parts[0].tensors[key].dim() > 1 else 0
-        )
-        cols = []
-        for p in parts:
-            t = p.tensors[key]
-            if t.dim() > 1 and t.shape[-1] < width:
-                t = torch.nn.functional.pad(t, (width - t.shape[-1], 0))
-            cols.append(t)
-        tensors[key] = cols
+        wide = parts[0].tensors[key].dim() > 1
+        width = max(p.tensors[key].shape[1] for p in parts) if wide else 0
+        tensors[key] = [_left_padded(key, p.tensors[key], width) for p in parts]
     padded = [
         Batch({k: v[i] for k, v in tensors.items()}, dict(p.non_tensors), dict(p.meta))
         for i, p in enumerate(parts)
     ]
     return Batch.concat(padded)
+
+
+def _left_padded(key: str, column: torch.Tensor, width: int) -> torch.Tensor:
+    """``column`` ``[rows, w, ...]`` padded on the left to ``width`` along its second dim."""
+    if column.dim() < 2 or column.shape[1] >= width:
+        return column
+    fill = unrouted(column.dtype) if key == ROUTES else 0
+    pad = column.new_full((column.shape[0], width - column.shape[1], *column.shape[2:]), fill)
+    return torch.cat([pad, column], dim=1)

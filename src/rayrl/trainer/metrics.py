@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from rayrl.algos.probs_diff import PROBS_DIFF_COLUMNS, probs_diff_metrics, probs_diff_rows
+from rayrl.algos.routing import ROUTING_COLUMNS, routing_metrics
 from rayrl.batch import Batch
 
 
@@ -75,6 +76,15 @@ def rollout_probs_diff(old: Batch, batch: Batch) -> dict[str, float]:
     if counts is None:
         counts = batch["response_mask"].sum(-1)
     return probs_diff_metrics(rows, counts)
+
+
+def rollout_routing(old: Batch) -> dict[str, float]:
+    """How the log-prob pass's routing of a mixture of experts compares with the
+    rollout's record (`actor/routing_mismatch_frac`, ...: `rayrl.algos.routing`), from
+    the per-row counts the pass made when the samples had a record; else nothing."""
+    if ROUTING_COLUMNS[0] not in old:
+        return {}
+    return routing_metrics({key: old[key] for key in ROUTING_COLUMNS})
 
 
 @contextmanager

@@ -23,7 +23,9 @@ update, or the update is not a single step on them:
 - an advantage estimator that reads them (the optimal token baseline);
 - dynamic sampling (`algorithm.filter_groups`: the batch is assembled over several
   generation rounds and trimmed, so its size is not known when the step starts);
-- a critic (PPO with GAE): such runs keep the separate pass, as verl's do.
+- a critic (PPO with GAE): such runs keep the separate pass, as verl's do;
+- routing replay R2 (`actor.router_replay.mode`): the pass records the routing of a
+  mixture of experts that the update replays.
 """
 
 from __future__ import annotations
@@ -57,4 +59,6 @@ def separate_pass_reason(cfg: RayRLConfig, samples: int) -> str | None:
         return "dynamic sampling assembles the batch over several rounds"
     if critic_enabled(cfg):
         return "a critic is trained (PPO with GAE keeps the separate pass)"
+    if a.router_replay.mode == "R2":
+        return "router_replay.mode=R2 records in it the routing the update replays"
     return None

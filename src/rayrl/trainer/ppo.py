@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rayrl.algos.routing import ACTOR_ROUTES
 from rayrl.batch import Batch
 from rayrl.cluster.pool import ResourcePool
 from rayrl.cluster.spec import PoolSpec
@@ -56,6 +57,7 @@ from rayrl.trainer.metrics import (
     batch_metrics,
     prefix_cache_metrics,
     rollout_probs_diff,
+    rollout_routing,
     timer,
 )
 from rayrl.trainer.model_dir import model_dir
@@ -403,8 +405,10 @@ class PPOTrainer:
             with timer(timing, "old_log_prob"):
                 sent = only_reads(batch, LOG_PROB_READS)
                 old = calls.run("old_log_prob", self._kept(roles.actor.compute_log_prob), sent)
-                batch = batch.union(old.select("old_log_probs"))
+                kept = [key for key in ("old_log_probs", ACTOR_ROUTES) if key in old]  # R2's
+                batch = batch.union(old.select(*kept))
                 metrics.update(entropy_metric(self.cfg, old, batch))
+                metrics.update(rollout_routing(old))
                 if self.cfg.actor_rollout_ref.rollout.calculate_log_probs:
                     metrics.update(rollout_probs_diff(old, batch))
         if self.use_ref and not self.riding.ref:

@@ -34,8 +34,10 @@ import torch
 from rayrl import progress
 from rayrl.algos import expand_advantages
 from rayrl.algos.probs_diff import probs_diff_from_totals, probs_diff_rows
+from rayrl.algos.routing import ROUTES
 from rayrl.batch import Batch
 from rayrl.cluster.broadcast import BroadcastMember
+from rayrl.config.routing_checks import routing_on
 from rayrl.config.schema import RayRLConfig
 from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
 from rayrl.models.loading import with_chat_template
@@ -50,7 +52,9 @@ from rayrl.rollout.native.tp_weights import tp_rollout_weights
 from rayrl.rollout.service import RolloutService
 from rayrl.train.lora import LoraSpec
 from rayrl.train.outputs import MODEL_INPUTS
+from rayrl.train.router_replay import routing
 from rayrl.train.weight_sync import PublishedWeights
+from rayrl.workers import routing as replay
 from rayrl.workers.agent import configured_interactions, configured_tools, rollout_service
 from rayrl.workers.common import (
     engine_kwargs,
@@ -74,11 +78,11 @@ from rayrl.workers.weight_transport import check_transport, publish_packed
 
 log = logging.getLogger("rayrl.workers")
 
-# The columns of the step's batch `compute_log_prob` reads: the model's inputs, and
-# the rollout's log-probs when the samples have them, for the probability sums the
-# pass returns beside its own (`rayrl.algos.probs_diff`). The trainer sends no
-# others (`common.only_reads`).
-LOG_PROB_READS = (*MODEL_INPUTS, "rollout_log_probs")
+# The columns of the step's batch `compute_log_prob` reads: the model's inputs, and the
+# rollout's log-probs and routing record when the samples have them, for the sums the
+# pass returns beside its own (`rayrl.algos.probs_diff`, `rayrl.workers.routing`). The
+# trainer sends no others (`common.only_reads`).
+LOG_PROB_READS = (*MODEL_INPUTS, "rollout_log_probs", ROUTES)
 # Timed parts of `generate` that lie within the generation's own time (`timing_s/gen`),
 # not stages riding along with it: tool calls, CUDA-graph captures, and the engine's
 # KV cache reacquired before the generation and released after it.
@@ -92,9 +96,9 @@ def update_actor_reads(cfg: RayRLConfig) -> tuple[str, ...]:
     """The columns `update_actor` reads under `cfg`: the model's inputs, advantages and
     old log-probs (none on-policy), the reference's log-probs for a KL loss, and the
     rollout's (with the batch's normaliser, and the mask before rejection) when a
-    rollout correction weighs with them."""
+    rollout correction weighs with them, and the routing record a replay mode replays."""
     correction = cfg.algorithm.rollout_correction
-    reads = [*MODEL_INPUTS, "advantages", "old_log_probs"]
+    reads = [*MODEL_INPUTS, "advantages", "old_log_probs", *replay.routing_reads(cfg)]
     if cfg.actor_rollout_ref.actor.use_kl_loss:
         reads.append("ref_log_prob")
     if correction.bypass_mode or correction.rollout_is is not None:
@@ -138,7 +142,7 @@ class ActorRolloutRefWorker(Worker):
                 arr.model,
                 arr.actor.fsdp_config,
                 seed,
-                arr.actor.use_torch_compile,
+                arr.actor.use_torch_compile and not routing_on(config),  # hooks: eager
                 arr.actor.ulysses_sequence_parallel_size,
             ),
         )
@@ -168,6 +172,7 @@ class ActorRolloutRefWorker(Worker):
             arr.rollout, config.data, self.actor.device.type, self.actor.config
         )
         self.rollout_name = self.rollout_choice.name
+        replay.check_recording_engine(config, self.rollout_name)
         self.rollout_dtype, self._owns_copy = _rollout_placement(self.actor, self.rollout_name)
         self.model_path = model_path
         self.tp = self._tensor_parallel_size()
@@ -400,13 +405,15 @@ class ActorRolloutRefWorker(Worker):
         r = self.cfg.actor_rollout_ref.rollout
         # Entropy comes from the same fused chunk pass (no second read of the logits);
         # the trainer reports it as `actor/entropy`, as verl does.
-        out = self.actor.forward(
-            batch, with_entropy=True, temperature=logprob_temperature(r), **forward_sizes(r)
-        )
+        with routing(self.actor.model, replay.log_prob_pass(self.cfg, batch)):
+            out = self.actor.forward(
+                batch, with_entropy=True, temperature=logprob_temperature(r), **forward_sizes(r)
+            )
         mask = batch["response_mask"]
         entropy_sum = torch.where(mask.bool(), out["entropy"], 0.0).to(torch.float64).sum(-1)
         columns = {"old_log_probs": out["log_probs"], "entropy": out["entropy"]}
         columns["entropy_sum"] = entropy_sum
+        columns.update(replay.routing_columns(out))
         if "rollout_log_probs" in batch:
             rollout = batch["rollout_log_probs"]
             columns.update(probs_diff_rows(rollout, out["log_probs"].to(rollout.device), mask))
@@ -455,12 +462,14 @@ class ActorRolloutRefWorker(Worker):
         if self.actor.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.actor.device)
         start = time.perf_counter()
-        metrics = self._train_epochs(batch, ctx, mini)
+        with replay.update_routing(self.cfg, batch, self.actor.model, ctx.on_policy) as batch:
+            metrics = self._train_epochs(batch, ctx, mini)
         flops = sum(m.pop("flops", 0.0) for m in metrics)
         perf = update_perf_metrics(flops, time.perf_counter() - start, self.actor.device)
         self._stale = self._owns_copy
         out = mean_metrics([metrics], None)
         out.update(probs_diff_from_totals(out))  # on-policy with the rollout's log-probs
+        out.update(replay.routing_from_totals(out))  # ... and its routing record
         if a.use_kl_loss:
             out["actor/kl_coef"] = a.kl_loss_coef
         out = {f"actor/{k}" if "/" not in k else k: v for k, v in out.items()}

@@ -30,6 +30,7 @@ from rayrl.algos.rejection import RejectionRule, judge, kept, parse_rejection, r
 from rayrl.batch import Batch
 from rayrl.config.schema import ActorConfig, CriticConfig, RolloutCorrectionConfig
 from rayrl.train.loss_contract import Peak
+from rayrl.workers.routing import routing_sums
 
 
 def _bypass_weights(
@@ -172,6 +173,8 @@ def actor_loss_fn(
             metrics.update({f"actor/{k}": _token_share(v, mask, mb) for k, v in tis.items()})
         if on_policy and "rollout_log_probs" in mb:  # what the separate pass would report
             metrics.update(probs_diff_sums(mb["rollout_log_probs"], old, mask))
+        if on_policy:  # ... and its routing counts (`rayrl.workers.routing`)
+            metrics.update(routing_sums(outputs))
         pg_loss, pg = policy(
             log_prob,
             old,

@@ -155,6 +155,7 @@ ACTOR: dict[str, Rule] = {
     **_fsdp_config(f"{ARR}.actor.fsdp_config"),
     **_optim(f"{ARR}.actor.optim"),
     f"{ARR}.actor.grad_clip": Moved(f"{ARR}.actor.optim.clip_grad"),
+    f"{ARR}.actor.megatron.router_replay.mode": Moved(f"{ARR}.actor.router_replay.mode"),
     f"{ARR}.actor.freeze_vision_tower": Only((False,), "vision-language models"),
     f"{ARR}.actor.calculate_entropy": Inert("rayrl reports actor/entropy whenever it computes it"),
     f"{ARR}.actor.calculate_sum_pi_squared": Inert("rayrl has no sum-of-squared-probs metric"),
@@ -248,7 +249,6 @@ ROLLOUT: dict[str, Rule] = {
         "weights reach the rollout through rayrl's bucketed bf16 sync"
     ),
     f"{ARR}.rollout.trace": Inert("rayrl has no rollout tracing backends"),
-    f"{ARR}.rollout.enable_rollout_routing_replay": Only((False,), "MoE routing replay"),
     f"{ARR}.rollout.moe_load_balance_metrics_interval": Inert("rayrl reports no MoE metrics"),
     f"{ARR}.rollout.prometheus": Inert("rayrl exports no Prometheus metrics of the rollout"),
     f"{ARR}.rollout.prometheus.enable": Only((False,), "Prometheus metrics of the rollout"),

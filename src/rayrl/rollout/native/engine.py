@@ -32,6 +32,7 @@ broadcast (`tp_turns`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -53,6 +54,7 @@ from rayrl.rollout.native.loop_stats import call_stats, engine_counters, loop_st
 from rayrl.rollout.native.model import NativeModel
 from rayrl.rollout.native.prefill_graphs import PREFILL_GRAPH_TOKENS, PrefillGraphs
 from rayrl.rollout.native.prefix_cache import PrefixCache
+from rayrl.rollout.native.routes import RouteStore
 from rayrl.rollout.native.runner import ModelRunner
 from rayrl.rollout.native.scheduler import Scheduler
 from rayrl.rollout.native.serving import Serving
@@ -131,6 +133,11 @@ class NativeRolloutEngine(Serving, RolloutEngine):
         enable_prefix_caching: full KV blocks are found again by the tokens they hold
             (`prefix_cache`: a prompt seen before, an episode recomputed after a
             preemption prefill only what is new); forgotten at new weights and sleep.
+        record_routes: a mixture-of-experts model records the experts every token of a
+            sample (prompt and response) was routed to (`routes`): the outputs carry
+            them (`SampleOutput.routes`, the ``routed_experts`` column), for training
+            to replay (verl's ``rollout.enable_rollout_routing_replay``). Nothing to
+            record for a dense model.
     """
 
     def __init__(
@@ -158,6 +165,7 @@ class NativeRolloutEngine(Serving, RolloutEngine):
         resume_max_wait: int = RESUME_MAX_WAIT,
         prefill_graph_tokens: int = PREFILL_GRAPH_TOKENS,
         enable_prefix_caching: bool = True,
+        record_routes: bool = False,
     ) -> None:
         if (model is None) == (model_path is None):
             raise ValueError(
@@ -205,6 +213,7 @@ class NativeRolloutEngine(Serving, RolloutEngine):
             and self.prefill_graph_tokens > 0
         )
         self.model = NativeModel(self.local_spec, self.weights, cos, sin, self.kernels, self.tp)
+        moe = self.local_spec.moe if record_routes else None
         blocks = cache_blocks_for(
             self.local_spec,
             self.dtype,
@@ -214,6 +223,7 @@ class NativeRolloutEngine(Serving, RolloutEngine):
             engine_bytes=self.weights.nbytes() + self._activation_bytes(),
             cpu_cache_tokens=cpu_cache_tokens,
             max_blocks=CACHE_HEADROOM * max_num_seqs * -(-self.max_model_len // block_size),
+            extra_bytes_per_token=RouteStore.bytes_per_slot(moe) if moe else 0,
         )
         if self.tp:  # the same blocks and settings on every rank: the same schedule
             count = torch.tensor([blocks], dtype=torch.int64, device=self.device)
@@ -247,6 +257,11 @@ class NativeRolloutEngine(Serving, RolloutEngine):
             resume_max_wait=resume_max_wait,
             capacity=max_num_seqs,
         )
+        self.routes = None  # each token's experts (`record_routes`; a mixture of experts)
+        if moe is not None:
+            self.routes = RouteStore(moe, self.cache.num_blocks * block_size, self.device)
+            self.model.routes = self.routes
+            self.sched.on_finish = functools.partial(self.routes.on_finish, self.sched)
         self.stats: dict[str, float] = loop_stats(with_turns=True)  # since the engine began
         self.stepper = Stepper(self.runner, self.sched, overlap_decode, self.stats)
         self._asleep = False
@@ -267,7 +282,8 @@ class NativeRolloutEngine(Serving, RolloutEngine):
     @classmethod
     def config_options(cls, rollout: Any, data: Any) -> dict[str, Any]:
         """verl's vLLM keys of the ``rollout`` group; the longest sequence defaults to
-        the longest prompt plus the longest response."""
+        the longest prompt plus the longest response; each token's experts are recorded
+        with ``enable_rollout_routing_replay``."""
         return {
             "gpu_memory_utilization": rollout.gpu_memory_utilization,
             "enable_prefix_caching": rollout.enable_prefix_caching,
@@ -276,6 +292,7 @@ class NativeRolloutEngine(Serving, RolloutEngine):
             "enforce_eager": rollout.enforce_eager,
             "max_model_len": rollout.max_model_len
             or data.max_prompt_length + data.max_response_length,
+            "record_routes": rollout.enable_rollout_routing_replay,
         }
 
     def _needed(self) -> set[str]:

@@ -148,6 +148,7 @@ def cache_blocks_for(
     engine_bytes: int,
     cpu_cache_tokens: int,
     max_blocks: int | None = None,
+    extra_bytes_per_token: int = 0,
 ) -> int:
     """Number of KV blocks to allocate.
 
@@ -155,12 +156,13 @@ def cache_blocks_for(
     peak activations), capped by what is free now, in blocks, and by ``max_blocks``
     (what the engine's sequences can ever use: allocating more only costs time at every
     wake, as the cache is freed between rollouts). Elsewhere: room for
-    ``cpu_cache_tokens`` tokens.
+    ``cpu_cache_tokens`` tokens. ``extra_bytes_per_token``: what the engine keeps per
+    cache slot beside the keys and values (the routing record, `routes`).
 
     Raises:
         RuntimeError: not even one block fits (with the numbers and what to change).
     """
-    per_block = block_size * spec.kv_bytes_per_token(dtype)
+    per_block = block_size * (spec.kv_bytes_per_token(dtype) + extra_bytes_per_token)
     if torch.device(device).type != "cuda":
         return max(1, -(-cpu_cache_tokens // block_size))
     free, total = torch.cuda.mem_get_info(device)

@@ -13,7 +13,8 @@ gate, per-layer sliding windows and rotary tables, soft-capped scores and logits
 scaled embeddings, residual branches and logits. A Llama-shaped model (Qwen2, Qwen3,
 Llama) runs exactly the operations it always ran. A mixture-of-experts layer
 (`ModelSpec.moe`) runs `rayrl.rollout.native.moe.moe_mlp` as its MLP, its experts the
-way `moe.expert_path` picks for the device.
+way `moe.expert_path` picks for the device, and writes each token's experts into the
+engine's `routes.RouteStore` where it records them.
 
 Split over tensor-parallel ranks (``tp``), the same code runs the rank's slice (its
 heads, KV heads, MLP columns, vocabulary rows: `rayrl.rollout.native.shards`),
@@ -35,6 +36,7 @@ from rayrl.rollout.native.attention import make_attention, triton_gaps
 from rayrl.rollout.native.kv_cache import KVCache
 from rayrl.rollout.native.moe import expert_path, moe_mlp
 from rayrl.rollout.native.ops import TorchOps
+from rayrl.rollout.native.routes import RouteStore
 from rayrl.rollout.native.spec import ModelSpec, UnsupportedModelError
 from rayrl.rollout.native.step import StepInput
 from rayrl.rollout.native.tp import TensorParallel
@@ -84,6 +86,7 @@ class NativeModel:
         self._adds_o_bias = tp is None or tp.rank == 0  # added once, before the sum
         self._layers = [_LayerPlan.of(spec, i, cos, sin) for i in range(spec.layers)]
         self.experts = None  # how a mixture of experts runs (`moe.EXPERT_PATHS`)
+        self.routes: RouteStore | None = None  # each token's experts, where recorded
         if spec.moe is not None:
             self.experts = expert_path(weights.device, weights.dtype, spec.moe, spec.hidden)
         self._embed_scale = spec.embed_scale
@@ -103,7 +106,7 @@ class NativeModel:
             hidden = self._attend(i, layer, x, step, cache)
             hidden = self._leave(hidden, layer.attn_out_norm)
             x, residual = self._enter(hidden, residual, layer.mlp_norm)
-            hidden = reduce(self._mlp(i, layer, x))
+            hidden = reduce(self._mlp(i, layer, x, step.slot_mapping))
             hidden = self._leave(hidden, layer.mlp_out_norm)
         rows = step.logits_rows
         hidden, _ = self._enter(hidden[rows], residual[rows], w.final_norm)
@@ -175,10 +178,15 @@ class NativeModel:
             q, k = self._norm(q, layer.q_norm), self._norm(k, layer.k_norm)
         return torch.cat((q, k, v), dim=-1)
 
-    def _mlp(self, i: int, layer, x: Tensor) -> Tensor:
-        """Layer ``i``'s MLP output (this rank's part of the sum, before the all-reduce)."""
+    def _mlp(self, i: int, layer, x: Tensor, slots: Tensor) -> Tensor:
+        """Layer ``i``'s MLP output (this rank's part of the sum, before the all-reduce);
+        a mixture of experts writes its tokens' routing at their cache ``slots`` where
+        the engine records it (`routes`)."""
         if self.spec.is_moe(i):
-            return moe_mlp(x, layer, self.spec.moe, self._act, self.experts)[0]
+            out, chosen = moe_mlp(x, layer, self.spec.moe, self._act, self.experts)
+            if self.routes is not None:
+                self.routes.write(i, slots, chosen)
+            return out
         return F.linear(self._act(F.linear(x, layer.gate_up)), layer.down)
 
     def _act(self, gate_up: Tensor) -> Tensor:

@@ -51,6 +51,7 @@ class Parking:
 
         def _end(self, sample: int) -> None: ...
         def _release_blocks(self, sample: int) -> None: ...
+        def _finishing(self, sample: int) -> None: ...
         def _release_slot(self, sample: int) -> None: ...
 
     def _park(self, sample: int) -> None:
@@ -98,6 +99,7 @@ class Parking:
             raise ValueError(f"native rollout engine: sample {sample} is not waiting for a turn.")
         del self.parked[sample]
         self.stopped[sample] = stopped
+        self._finishing(sample)
         self._release_blocks(sample)
         self._end(sample)
 

@@ -68,7 +68,8 @@ class ModelRunner:
 
     # --------------------------------------------------------------- sync
     def sync(self, sched: Scheduler) -> None:
-        """Copy changed block-table rows and pending fork copies to the device."""
+        """Copy changed block-table rows and pending fork copies (KV and routing record)
+        to the device."""
         if sched.dirty_rows:
             rows = sorted(sched.dirty_rows)
             sched.dirty_rows.clear()
@@ -83,6 +84,8 @@ class ModelRunner:
             src, dst = zip(*sched.pending_copies, strict=True)
             sched.pending_copies.clear()
             self.cache.copy_blocks(list(src), list(dst))
+            if self.model.routes is not None:  # the blocks' routing record goes along
+                self.model.routes.copy_blocks(list(src), list(dst), sched.block_size)
 
     def _to_device(self, arrays: list[np.ndarray]) -> list[Tensor]:
         """One host-to-device copy of several equal-length integer arrays (as int64)."""

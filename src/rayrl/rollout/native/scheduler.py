@@ -106,6 +106,9 @@ class Scheduler(SampleTable, Parking):
         self.stop_check = stop_check
         self.set_stop_ids(stop_ids)
         self.version = 0  # the policy version tokens drawn now are tagged with
+        # called with each sample that ends (not aborted) before its blocks are freed: the
+        # engine gathers its routing record then (`routes.RouteStore.on_finish`)
+        self.on_finish: Callable[[int], None] | None = None
         super().__init__(capacity, width)
         self.dirty_rows: set[int] = set()
         self.pending_copies: list[tuple[int, int]] = []  # (src, dst) blocks to copy first
@@ -488,8 +491,14 @@ class Scheduler(SampleTable, Parking):
         return inside & table[np.where(inside, tokens, 0)]
 
     def _finish(self, sample: int) -> None:
+        self._finishing(sample)
         self._release(sample)
         self._end(sample)
+
+    def _finishing(self, sample: int) -> None:
+        """``on_finish`` of a sample that ends (not aborted), while it holds its blocks."""
+        if self.on_finish is not None and not self.aborted[sample]:
+            self.on_finish(sample)
 
     def _end(self, sample: int) -> None:
         """The sample is finished: counted out, and (unless aborted) a done event."""

@@ -19,6 +19,7 @@ from rayrl.rollout.requests import SampleOutput
 from rayrl.rollout.sampling import SamplingParams
 
 if TYPE_CHECKING:
+    from rayrl.rollout.native.routes import RouteStore
     from rayrl.rollout.native.scheduler import Scheduler
     from rayrl.rollout.native.step_loop import Stepper
 
@@ -33,6 +34,7 @@ class Serving:
     if TYPE_CHECKING:  # what `NativeRolloutEngine` provides
         sched: Scheduler
         stepper: Stepper
+        routes: RouteStore | None
         tokenizer: Any
         eos_ids: list[int]
 
@@ -101,10 +103,13 @@ class Serving:
             sched.log_probs[sample, :length].copy(),
             sched.versions[sample, :length].copy(),
             bool(sched.stopped[sample]),
+            None if self.routes is None else self.routes.take(sample),
         )
 
     def release(self, samples) -> None:
         """Give finished samples' ids back (reused once no launched step holds them)."""
+        if self.routes is not None:  # records of samples whose output was never read
+            self.routes.drop(samples)
         self.sched.release(samples)
 
     def drain(self) -> None:
