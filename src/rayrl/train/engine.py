@@ -80,7 +80,7 @@ from rayrl.train.loading import (
     pick_device,
 )
 from rayrl.train.lora import adapters_disabled, lora_scaling, merged_state_dict
-from rayrl.train.loss_contract import LossFn, Peak
+from rayrl.train.loss_contract import LossFn
 from rayrl.train.optim import (
     OptimSpec,
     build_lr_scheduler,
@@ -90,12 +90,11 @@ from rayrl.train.optim import (
 from rayrl.train.outputs import response_outputs, response_width
 from rayrl.train.packing import worth_packing
 from rayrl.train.rank_sync import (
+    LossMetrics,
     Plan,
     check_same_on_all_ranks,
     global_counts,
-    held_peak,
     micro_batch_plan,
-    reduce_loss_metrics,
 )
 from rayrl.train.recovery import StepRecovery
 from rayrl.train.regional_compile import compile_regions
@@ -421,9 +420,7 @@ class TrainEngine(ModelBuilding, StepRecovery):
         """
         counted = self.sp_rank == 0  # an SP group's ranks hold the same rows
         tokens, seqs = global_counts(mini, self.sharded, self.device, counted)
-        zero = torch.zeros((), dtype=torch.float64, device=self.device)
-        shares: dict[str, Tensor] = defaultdict(lambda: zero, loss=zero)  # on the device
-        peaks: dict[str, Tensor] = {}
+        summed = LossMetrics(self.device)  # on the device until the mini-batch ends
         for i, rows in enumerate(plan):
             if self.sharded:  # reduce-scatter once, after the last micro-batch
                 self.model.set_requires_gradient_sync(i == len(plan) - 1)
@@ -434,16 +431,10 @@ class TrainEngine(ModelBuilding, StepRecovery):
                 loss = sum(v.sum() for v in outputs.values()) * 0.0
             else:
                 loss, step_metrics = loss_fn(outputs, micro)
-                shares["loss"] = shares["loss"] + loss.detach().double()
-                for key, value in step_metrics.items():
-                    if isinstance(value, Peak):
-                        peaks[key] = held_peak(peaks.get(key), value.value, self.device)
-                        continue
-                    value = torch.as_tensor(value, dtype=torch.float64, device=self.device)
-                    shares[key] = shares[key] + value.detach().sum()
+                summed.add(loss, step_metrics)
             (loss * self.world_size).backward()
             progress.tick(micro_batches=1)
-        totals = reduce_loss_metrics(shares, peaks, counted, self.sharded, self.device)
+        totals = summed.reduce(counted, self.sharded)
         for key, value in totals.items():
             if key != "loss":
                 loss_metrics[key].append(value)

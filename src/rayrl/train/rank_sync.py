@@ -10,6 +10,7 @@ dummies where a rank has fewer), scale losses by the same global counts
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from typing import Any
 
 import torch
@@ -17,6 +18,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rayrl.batch import Batch
+from rayrl.train.loss_contract import Peak
 from rayrl.train.outputs import response_width
 from rayrl.train.packing import plan_fixed, plan_shared_budget, plan_token_budget, split_to_count
 from rayrl.train.shared_prompts import prompt_groups
@@ -33,27 +35,41 @@ def all_reduce(values: list[float], sharded: bool, device: Any, op: Any = None) 
     return tensor.tolist()
 
 
-def reduce_loss_metrics(
-    shares: dict[str, Tensor], peaks: dict[str, Tensor], counted: bool, sharded: bool, device: Any
-) -> dict[str, float]:
-    """A mini-batch's loss metrics over the ranks: each share summed, each peak the
-    largest (`rayrl.train.loss_contract`); a rank that is not ``counted`` (the same
-    rows as another) adds nothing. Every rank ran the same loss_fn: the same keys."""
-    keys = sorted(shares)
-    local = torch.stack([shares[k] for k in keys]) * float(counted)
-    totals = dict(zip(keys, all_reduce(local.tolist(), sharded, device), strict=True))
-    if peaks:
-        names = sorted(peaks)
-        local_peaks = [float(peaks[k]) if counted else -math.inf for k in names]
-        highest = all_reduce(local_peaks, sharded, device, op=dist.ReduceOp.MAX)
-        totals.update(zip(names, highest, strict=True))
-    return totals
+class LossMetrics:
+    """A mini-batch's loss and loss_fn metrics, micro-batch by micro-batch, on the device:
+    each share summed, each `Peak` the largest (`rayrl.train.loss_contract`)."""
 
+    def __init__(self, device: Any) -> None:
+        self.device = device
+        zero = torch.zeros((), dtype=torch.float64, device=device)
+        self.shares: dict[str, Tensor] = defaultdict(lambda: zero, loss=zero)
+        self.peaks: dict[str, Tensor] = {}
 
-def held_peak(held: Tensor | None, value: Tensor | float, device: Any) -> Tensor:
-    """The larger of a held maximum and a micro-batch's (a tensor on the device)."""
-    value = torch.as_tensor(value, dtype=torch.float64, device=device).detach().max()
-    return value if held is None else torch.maximum(held, value)
+    def add(self, loss: Tensor, metrics: dict[str, Any]) -> None:
+        """One micro-batch's loss share and metrics."""
+        self.shares["loss"] = self.shares["loss"] + loss.detach().double()
+        for key, value in metrics.items():
+            if isinstance(value, Peak):
+                value = torch.as_tensor(value.value, dtype=torch.float64, device=self.device)
+                held = self.peaks.get(key)
+                top = value.detach().max()
+                self.peaks[key] = top if held is None else torch.maximum(held, top)
+                continue
+            value = torch.as_tensor(value, dtype=torch.float64, device=self.device)
+            self.shares[key] = self.shares[key] + value.detach().sum()
+
+    def reduce(self, counted: bool, sharded: bool) -> dict[str, float]:
+        """The totals over the ranks; a rank that is not ``counted`` (the same rows as
+        another) adds nothing. Every rank ran the same loss_fn: the same keys."""
+        keys = sorted(self.shares)
+        local = torch.stack([self.shares[k] for k in keys]) * float(counted)
+        totals = dict(zip(keys, all_reduce(local.tolist(), sharded, self.device), strict=True))
+        if self.peaks:
+            names = sorted(self.peaks)
+            local_peaks = [float(self.peaks[k]) if counted else -math.inf for k in names]
+            highest = all_reduce(local_peaks, sharded, self.device, op=dist.ReduceOp.MAX)
+            totals.update(zip(names, highest, strict=True))
+        return totals
 
 
 def micro_batch_plan(
