@@ -105,7 +105,7 @@ class EpisodeInteraction:
         name = kwargs.get("name")
         if name is None and len(interactions) == 1:
             name = next(iter(interactions))
-        if name not in interactions:
+        if name is None or name not in interactions:
             raise ValueError(
                 f"extra_info.interaction_kwargs.name={name!r} names none of the interactions of "
                 f"multi_turn.interaction_config_path ({', '.join(sorted(interactions))}); give "
