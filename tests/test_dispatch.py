@@ -15,7 +15,17 @@ from conftest import start_local_ray
 from controller_toys import Pickled, Tracer, echo_groups, summary
 from rayrl.batch import Batch
 from rayrl.controller import GroupFuture, GroupTimeoutError, WorkerCallError, traffic
-from rayrl.controller.dispatch import DPState, Outputs, collect_outputs
+from rayrl.controller.dispatch import (
+    CallPlan,
+    DispatchMode,
+    DPState,
+    MethodSpec,
+    Outputs,
+    collect_list,
+    collect_outputs,
+)
+from rayrl.controller.errors import WorkerDescription
+from rayrl.controller.method import GroupMethod
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +119,41 @@ def test_rank_zero_calls_only_rank_zero(groups):
 def test_custom_mode_from_registry(groups):
     # odd ranks 1 and 3 answer rank + 5; collect sums them
     assert groups[0].rank_plus(5) == (1 + 5) + (3 + 5)
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-args", "own-args"])
+def test_a_called_rank_whose_plan_has_no_kwargs_is_called_with_none(shared):
+    """A plan may give a called rank None for its keyword arguments: the rank is called
+    without any, whether or not its positional arguments are shared with other ranks
+    (it failed, "argument after ** must be a mapping", unless they were)."""
+
+    def dispatch(world_size: int, args: tuple, kwargs: dict) -> CallPlan:
+        per_rank: list[tuple | None] = [args if shared else (r,) for r in range(world_size)]
+        return CallPlan(per_rank, [None] * world_size)
+
+    calls = []
+
+    class Owner:  # a WorkerGroup as a GroupMethod sees it (`Caller`), calling in-process
+        world_size = 2
+        watchdog = None
+
+        def _invoke(self, rank, spec, args, kwargs):
+            calls.append((rank, *args, dict(**kwargs)))
+            return f"ref {rank}"
+
+        def describe(self, rank):
+            return WorkerDescription(role="toy", rank=rank)
+
+        def _note_error(self, rank, err):
+            pass
+
+        def data_layout(self, name):
+            return None
+
+    mode = DispatchMode("no-kwargs", dispatch, collect_list)
+    future = GroupMethod(Owner(), MethodSpec("toy", mode, collect_list)).remote("x")
+    assert future.ranks == [0, 1]
+    assert calls == ([(0, "x", {}), (1, "x", {})] if shared else [(0, 0, {}), (1, 1, {})])
 
 
 def test_non_blocking_calls_return_group_futures(groups):

@@ -38,6 +38,7 @@ from rayrl.envs import (
     make_parser,
 )
 from rayrl.envs.builtin.calculator import CalculatorError, evaluate
+from rayrl.envs.interaction import call_interaction
 from rayrl.envs.registry import TOOL_PARSERS
 from rayrl.registry import UnknownNameError
 
@@ -364,6 +365,23 @@ def test_search_ranks_a_local_corpus(tmp_path):
     own = tool.create({"corpus": ["dogs bark", "birds sing"]})
     assert "birds sing" in tool.execute({"query_list": ["sing"]}, own)
     assert "No documents" in tool.execute({"query": "zebra"}, own)
+
+
+def test_an_interactions_awaitable_answer_is_awaited_coroutine_or_not():
+    """verl's interactions are async (a coroutine); any other awaitable is awaited too
+    (`asyncio.run` took coroutines only: it refused a future-like answer)."""
+
+    class Answer:
+        def __await__(self):
+            yield from ()
+            return (True, "done", 1.0)
+
+    async def answer():
+        return (False, "more", None)
+
+    assert call_interaction(lambda: Answer()) == (True, "done", 1.0)
+    assert call_interaction(answer) == (False, "more", None)
+    assert call_interaction(lambda x: x + 1, 1) == 2
 
 
 def test_gsm8k_answer_tool_rewards_the_right_answer():

@@ -30,6 +30,7 @@ from rayrl.batch_codec import decode_objects, decode_tensor, encode_objects, enc
 from rayrl.batch_equal import arrays_equal, tensors_equal, values_equal
 from rayrl.batch_remote import (
     Remote,
+    RowSource,
     concat_remote,
     fetch_columns,
     fetch_shared_remote,
@@ -211,13 +212,13 @@ class Batch:
 
     def select(self, *keys: str) -> Batch:
         """A Batch of the named columns, sharing their storage; meta is copied (shallow)."""
-        keys = _flatten_keys(keys)
-        missing = [k for k in keys if k not in self]
+        names = _flatten_keys(keys)
+        missing = [k for k in names if k not in self]
         if missing:
             raise KeyError(f"Batch.select: no column(s) {missing}; columns are {self.keys()}.")
-        tensors = {k: self.tensors[k] for k in keys if k in self.tensors}
-        non_tensors = {k: self.non_tensors[k] for k in keys if k in self.non_tensors}
-        remote = {k: self.remote[k] for k in keys if k in self.remote}
+        tensors = {k: self.tensors[k] for k in names if k in self.tensors}
+        non_tensors = {k: self.non_tensors[k] for k in names if k in self.non_tensors}
+        remote = {k: self.remote[k] for k in names if k in self.remote}
         return _make(tensors, non_tensors, dict(self.meta), remote)
 
     def pop(self, *keys: str) -> Batch:
@@ -584,7 +585,11 @@ def _describe_tensor(t: torch.Tensor) -> str:
 
 # --------------------------------------------------------------- serialisation
 def _restore_batch(
-    version: int, tensors: list, non_tensors: list, meta: dict, remote: list = ()
+    version: int,
+    tensors: list,
+    non_tensors: list,
+    meta: dict,
+    remote: Sequence[tuple[str, RowSource]] = (),
 ) -> Batch:
     """Unpickle a Batch written by `Batch.__reduce__`."""
     if version != _STATE_VERSION:

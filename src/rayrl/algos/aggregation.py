@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import torch
 from torch import Tensor
@@ -48,7 +49,7 @@ from rayrl.registry import Registry
 
 __all__ = ["AGG_MODES", "LossAggregation", "aggregate_loss", "aggregate_rows"]
 
-Count = int | float | Tensor
+Count: TypeAlias = int | float | Tensor
 # A mode maps (loss_mat, mask, norm_length) to (sum of its terms, unit of the divisor).
 AggFn = Callable[[Tensor, Tensor, float], tuple[Tensor, str]]
 AGG_MODES: Registry[AggFn] = Registry(

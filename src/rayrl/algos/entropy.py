@@ -86,7 +86,8 @@ class _LogProbEntropy(torch.autograd.Function):
         logits, labels, peak, lse, ent = ctx.saved_tensors
         dtype = lse.dtype
         grad = torch.empty_like(logits)
-        use_ent = ctx.with_entropy and grad_ent is not None
+        if not ctx.with_entropy:
+            grad_ent = None
         for start in range(0, logits.shape[0], ctx.chunk_size):
             rows = slice(start, start + ctx.chunk_size)
             log_p = _scaled_chunk(logits, rows, dtype, ctx.temperature)
@@ -96,8 +97,8 @@ class _LogProbEntropy(torch.autograd.Function):
                 labels[rows],
                 ctx.temperature,
                 grad_logp=None if grad_logp is None else grad_logp[rows],
-                ent=ent[rows] if use_ent else None,
-                grad_ent=grad_ent[rows] if use_ent else None,
+                ent=None if grad_ent is None else ent[rows],
+                grad_ent=None if grad_ent is None else grad_ent[rows],
             )
         return grad, None, None, None, None
 

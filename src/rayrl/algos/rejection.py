@@ -66,9 +66,9 @@ REJECTION_OPTIONS: Registry[RejectionOption] = Registry(
     "rollout rejection option", config_key=f"{KEY}.rollout_rs"
 )
 for _level in ("token", "seq_sum", "seq_mean", "seq_max"):
-    for _estimate in ("k1", "k2", "k3"):
-        if (_level, _estimate) != ("seq_max", "k1"):
-            REJECTION_OPTIONS.add(f"{_level}_{_estimate}", RejectionOption(_level, _estimate))
+    for _kind in ("k1", "k2", "k3"):
+        if (_level, _kind) != ("seq_max", "k1"):
+            REJECTION_OPTIONS.add(f"{_level}_{_kind}", RejectionOption(_level, _kind))
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from rayrl.data.files import read_rows
 from rayrl.rewards.callables import PROMPT_KEY
 
 DEFAULT_SOURCE = "custom"  # the data_source of TRL-layout rows that name none
-PathLike = str | os.PathLike
+PathLike = str | os.PathLike[str]
 
 
 @runtime_checkable
@@ -73,7 +73,7 @@ def dataset_files(data: DatasetLike, out_dir: Path, split: str) -> DataFiles:
     when they are in rayrl's layout, else `<out_dir>/<split>-<digest>.parquet` (module
     docstring; named by content, so a run never rewrites a file another one reads)."""
     paths = _paths(data)
-    rows = [row for p in paths for row in read_rows(p)] if paths is not None else None
+    rows = [row for p in paths for row in read_rows(os.fspath(p))] if paths is not None else None
     if paths is not None and rows and all("reward_model" in row for row in rows):
         files = [str(Path(p).expanduser().absolute()) for p in paths]
         return DataFiles(files, _columns(rows))
@@ -127,21 +127,26 @@ def _paths(data: object) -> list[PathLike] | None:
 def dataset_rows(data: object) -> list[dict]:
     """The rows of a list of dicts, a DataFrame or a Hugging Face Dataset."""
     if isinstance(data, DataFrameLike) and not isinstance(data, Sequence):
-        return [_plain(row) for row in data.to_dict("records")]
+        return [_plain_row(row) for row in data.to_dict("records")]
     if isinstance(data, HFDatasetLike) and not isinstance(data, Sequence):
-        return [_plain(row) for row in data.to_list()]
+        return [_plain_row(row) for row in data.to_list()]
     if isinstance(data, Sequence) and all(isinstance(row, Mapping) for row in data):
-        return [_plain(dict(row)) for row in data]
+        return [_plain_row(dict(row)) for row in data]
     raise TypeError(
         f"a dataset must be a list of dicts, a pandas DataFrame, a datasets.Dataset or "
         f"data file path(s); got {type(data).__name__}"
     )
 
 
+def _plain_row(row: Mapping) -> dict[str, object]:
+    """A row with its cells as Python values (`_plain`)."""
+    return {str(k): _plain(v) for k, v in row.items()}
+
+
 def _plain(value: object) -> object:
     """Numpy scalars and arrays (a DataFrame's cells) as Python values; NaN as None."""
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return _plain_row(value)
     if isinstance(value, list | tuple):
         return [_plain(v) for v in value]
     if hasattr(value, "tolist") and not isinstance(value, str | bytes):

@@ -104,7 +104,8 @@ def rendezvous(
     """
     _check_rank(group, rank, world_size)
     deadline = time.monotonic() + timeout
-    me = {"node_ip": node_ip(), "pid": os.getpid(), "time": time.time()}
+    ip = node_ip()
+    me = {"node_ip": ip, "pid": os.getpid(), "time": time.time()}
     key = arrival_key(group, generation, rank)
     kv.put(key, me, namespace=DISCOVERY_NAMESPACE, writer=f"{group} rank {rank}")
     if rank != 0:
@@ -114,7 +115,7 @@ def rendezvous(
         )
         return addr, int(master_port)
     _wait_for_ranks(kv, group, world_size, generation, deadline, timeout)
-    addr, port = me["node_ip"], free_port() if port is None else int(port)
+    addr, port = ip, free_port() if port is None else int(port)
     _publish_master(kv, group, generation, addr, port)
     return addr, port
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import builtins
 import math
 import time
 from collections import deque
@@ -249,7 +250,7 @@ class KVServer:
         }
 
     @staticmethod
-    def _under(ordered: list[str], prefix: str, n: int) -> list[str]:
+    def _under(ordered: builtins.list[str], prefix: str, n: int) -> builtins.list[str]:
         start = bisect.bisect_left(ordered, prefix)
         return [k for k in ordered[start : start + n] if k.startswith(prefix)]
 

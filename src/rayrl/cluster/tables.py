@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rayrl.cluster.inspect import ClusterState, GroupInfo, short_id
+from rayrl.cluster.inspect import ActorInfo, ClusterState, GroupInfo, short_id
 from rayrl.cluster.spec import format_amount
 
 DEFAULT_RESOURCES = ("GPU", "CPU", "memory")
@@ -145,7 +145,7 @@ def detached_table(state: ClusterState) -> Table | None:
     pools: dict[tuple[str, str], list[GroupInfo]] = {}
     for g in groups:
         pools.setdefault((g.run, g.name.rsplit("/", 1)[0]), []).append(g)
-    rows = [
+    rows: list[tuple[str, str, GroupInfo | ActorInfo]] = [
         (run, f"pool {escape(name)} ({sum(len(g.bundles) for g in gs)} bundles)", gs[0])
         for (run, name), gs in sorted(pools.items())
     ]

@@ -49,7 +49,7 @@ def builtin_configs(builtin_dir: Path = BUILTIN_DIR) -> list[str]:
     return sorted(p.stem for p in builtin_dir.glob("*.yaml"))
 
 
-def resolve_source(source: str | Path, builtin_dir: Path = BUILTIN_DIR) -> Path:
+def resolve_source(source: str | os.PathLike[str], builtin_dir: Path = BUILTIN_DIR) -> Path:
     """A config argument is a file path or the name of a built-in config."""
     path = Path(source)
     if path.is_file():
@@ -241,7 +241,7 @@ def _structured(schema: type) -> Any:
 
 def load_structured(
     schema: type,
-    source: str | Path | object | None,
+    source: str | os.PathLike[str] | object | None,
     overrides: Sequence[str] | Mapping[str, object],
     user_data: Callable[[dict[str, Any], str], dict[str, Any]],
     builtin_dir: Path = BUILTIN_DIR,
@@ -254,6 +254,11 @@ def load_structured(
     if isinstance(source, schema):
         merged = OmegaConf.structured(source)
     elif source is not None:
+        if not isinstance(source, str | os.PathLike):
+            raise TypeError(
+                f"config source should be a path, a built-in config name or a "
+                f"{schema.__name__}, not {type(source).__name__}"
+            )
         path = resolve_source(source, builtin_dir)
         data = load_yaml(path)
         merged = _merge(merged, user_data(data, str(path)), str(path))
@@ -273,7 +278,7 @@ def load_structured(
 
 
 def load_config(
-    source: str | Path | RayRLConfig | None = None,
+    source: str | os.PathLike[str] | RayRLConfig | None = None,
     overrides: Sequence[str] | Mapping[str, object] = (),
     *,
     validate: bool = True,

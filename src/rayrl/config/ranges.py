@@ -51,6 +51,7 @@ class Range:
         elif self.low is not None:
             text = f"{'>' if self.low_open else '>='} {_num(self.low)}"
         else:
+            assert self.high is not None, "every Range has a low or a high bound"
             text = f"{'<' if self.high_open else '<='} {_num(self.high)}"
         specials = [("null" if a is None else str(a)) for a in self.also]
         return text + (f" or {' or '.join(specials)}" if specials else "")

@@ -399,6 +399,7 @@ def check_role_parallel(
         raise ConfigError(f"{sp_key}={sp} splits packed rows between ranks; set {packing_key}=true")
     heads = model_heads(path) if sp > 1 and path else None
     if heads is not None:
+        assert path is not None  # model_heads ran on it
         try:
             check_heads(*heads, sp, path)
         except MeshError as err:

@@ -133,7 +133,9 @@ def _tracked(fn: Callable) -> Callable:
     # Ray checks a call's arguments against the signature of the innermost function
     # (`inspect.unwrap`): this wrapper is that function, and accepts the kept flag too.
     del call.__wrapped__
-    call.__signature__ = _with_keep_flag(inspect.signature(fn))
+    # `inspect.signature` reads `__signature__` off any callable; typeshed's wrapper type
+    # does not declare it, so mypy cannot follow this assignment
+    call.__signature__ = _with_keep_flag(inspect.signature(fn))  # type: ignore[attr-defined]
     setattr(call, TRACKED_ATTR, True)
     return call
 

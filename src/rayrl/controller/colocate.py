@@ -21,6 +21,7 @@ from ray import ObjectRef
 
 from rayrl.controller.dispatch import MethodSpec, method_specs
 from rayrl.controller.errors import WorkerDescription
+from rayrl.controller.members import GroupMembers
 from rayrl.controller.method import bind_methods
 from rayrl.controller.worker import Worker, WorkerContext
 
@@ -40,7 +41,9 @@ class FusedWorker(Worker):
         for role, cls in self.ROLES.items():
             self.peers[role] = cls(**roles_args.get(role, {}))
         for instance in self.peers.values():
-            instance.peers = self.peers
+            # only the roles of a fused process have `peers` (a role looks for it with
+            # getattr), so Worker does not declare it and mypy cannot follow this
+            instance.peers = self.peers  # type: ignore[attr-defined]
 
     def _rayrl_setup(self, ctx: WorkerContext, call_hooks: tuple = ()) -> dict:
         for role, instance in self.peers.items():
@@ -129,7 +132,7 @@ class RoleView:
     Shares the fused group's actors: calls run on the role's instance in each process.
     """
 
-    def __init__(self, group: Any, role: str) -> None:
+    def __init__(self, group: GroupMembers, role: str) -> None:
         roles = getattr(group.worker_cls, "ROLES", {})
         if role not in roles:
             raise KeyError(f"group {group.name} has roles {list(roles)}, not '{role}'")

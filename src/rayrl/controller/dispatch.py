@@ -52,6 +52,10 @@ class CallPlan:
         """The ranks that are called, in order."""
         return [r for r, a in enumerate(self.args) if a is not None]
 
+    def called(self) -> list[tuple[int, tuple, dict]]:
+        """(rank, args, kwargs) of each called rank, in order (kwargs None: none)."""
+        return [(r, a, self.kwargs[r] or {}) for r, a in enumerate(self.args) if a is not None]
+
 
 @dataclass(frozen=True)
 class DPState:
@@ -236,8 +240,8 @@ def all_to_all_parts(value: Any, world_size: int, name: str) -> list:
 def _all_to_all(world_size: int, args: tuple, kwargs: dict) -> CallPlan:
     cols = [all_to_all_parts(a, world_size, f"#{i}") for i, a in enumerate(args)]
     kcols = {k: all_to_all_parts(v, world_size, f"'{k}'") for k, v in kwargs.items()}
-    per_args = [tuple(c[r] for c in cols) for r in range(world_size)]
-    per_kwargs = [{k: c[r] for k, c in kcols.items()} for r in range(world_size)]
+    per_args: list[tuple | None] = [tuple(c[r] for c in cols) for r in range(world_size)]
+    per_kwargs: list[dict | None] = [{k: c[r] for k, c in kcols.items()} for r in range(world_size)]
     return CallPlan(per_args, per_kwargs)
 
 
@@ -275,8 +279,8 @@ def _dp_split(world_size: int, args: tuple, kwargs: dict) -> CallPlan:
 
     cols = [split(a) for a in args]
     kcols = {k: split(v) for k, v in kwargs.items()}
-    per_args = [tuple(c[r] for c in cols) for r in range(world_size)]
-    per_kwargs = [{k: c[r] for k, c in kcols.items()} for r in range(world_size)]
+    per_args: list[tuple | None] = [tuple(c[r] for c in cols) for r in range(world_size)]
+    per_kwargs: list[dict | None] = [{k: c[r] for k, c in kcols.items()} for r in range(world_size)]
     return CallPlan(per_args, per_kwargs, state)
 
 

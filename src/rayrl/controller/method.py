@@ -92,10 +92,10 @@ class GroupMethod:
         arguments). An argument Ray cannot send fails as this rank's call."""
         owner, spec = self._owner, self.spec
         refs = []
-        for rank in plan.ranks:
-            traffic.count_sent(spec.name, [*plan.args[rank], *(plan.kwargs[rank] or {}).values()])
+        for rank, args, kwargs in plan.called():
+            traffic.count_sent(spec.name, [*args, *kwargs.values()])
             try:
-                refs.append(owner._invoke(rank, spec, plan.args[rank], plan.kwargs[rank]))
+                refs.append(owner._invoke(rank, spec, args, kwargs))
             except WorkerCallError:
                 raise
             except Exception as err:  # noqa: BLE001 - e.g. an argument Ray cannot pickle
@@ -138,8 +138,9 @@ def share_parts(plan: CallPlan, layout: DataLayout, method: str = "") -> CallPla
 
     if layout.parts == len(layout.part_of):
         return plan
-    args = [tuple(once(a) for a in plan.args[r]) for r in plan.ranks]
-    kwargs = [{k: once(v) for k, v in (plan.kwargs[r] or {}).items()} for r in plan.ranks]
+    calls = plan.called()
+    args: list[tuple | None] = [tuple(once(a) for a in rargs) for _, rargs, _ in calls]
+    kwargs: list[dict | None] = [{k: once(v) for k, v in rkw.items()} for _, _, rkw in calls]
     return CallPlan(args, kwargs, plan.state)
 
 
@@ -167,8 +168,8 @@ def put(value: Any, method: str) -> ObjectRef:
 
 def share_broadcast(plan: CallPlan, method: str = "") -> CallPlan:
     """Put each large argument that several ranks get as the same object once."""
-    called = plan.ranks
-    if len(called) < 2:
+    calls = plan.called()
+    if len(calls) < 2:
         return plan
     shared: dict[int, Any] = {}
 
@@ -178,20 +179,16 @@ def share_broadcast(plan: CallPlan, method: str = "") -> CallPlan:
             shared[id(value)] = put(value, method) if large else value
         return shared[id(value)]
 
-    first_args, first_kwargs = plan.args[called[0]], plan.kwargs[called[0]] or {}
-    repeated = {
-        i for i, a in enumerate(first_args) if all(plan.args[r][i] is a for r in called[1:])
-    }
-    krepeated = {
-        k for k, v in first_kwargs.items() if all(plan.kwargs[r][k] is v for r in called[1:])
-    }
+    _, first_args, first_kwargs = calls[0]
+    repeated = {i for i, a in enumerate(first_args) if all(c[1][i] is a for c in calls[1:])}
+    krepeated = {k for k, v in first_kwargs.items() if all(c[2][k] is v for c in calls[1:])}
     if not repeated and not krepeated:
         return plan
     args = list(plan.args)
     kwargs = list(plan.kwargs)
-    for r in called:
-        args[r] = tuple(share(a) if i in repeated else a for i, a in enumerate(args[r]))
-        kwargs[r] = {k: share(v) if k in krepeated else v for k, v in (kwargs[r] or {}).items()}
+    for r, rargs, rkwargs in calls:
+        args[r] = tuple(share(a) if i in repeated else a for i, a in enumerate(rargs))
+        kwargs[r] = {k: share(v) if k in krepeated else v for k, v in rkwargs.items()}
     return CallPlan(args, kwargs, plan.state)
 
 

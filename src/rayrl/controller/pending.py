@@ -49,10 +49,10 @@ def settled(value: Any) -> Any:
         changed = any(items[k] is not v for k, v in value.items())
         return items if changed else value
     if isinstance(value, list | tuple):
-        items = [settled(v) for v in value]
-        if all(a is b for a, b in zip(items, value, strict=True)):
+        values = [settled(v) for v in value]
+        if all(a is b for a, b in zip(values, value, strict=True)):
             return value
         if hasattr(value, "_fields"):  # a named tuple takes its fields one by one
-            return type(value)(*items)
-        return type(value)(items)
+            return type(value)(*values)
+        return type(value)(values)
     return value

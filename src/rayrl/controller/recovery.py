@@ -44,6 +44,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rayrl.controller.dispatch import collect_list
 from rayrl.controller.errors import WorkerCallError
 from rayrl.controller.future import GroupFuture
+from rayrl.controller.members import GroupMembers
 
 LOST_ERRORS = (ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError)
 logger = logging.getLogger("rayrl.controller")
@@ -91,7 +92,7 @@ class GroupSnapshot:
     @classmethod
     def take(
         cls,
-        group: Any,
+        group: GroupMembers,
         timeout_s: float | None = None,
         previous: GroupSnapshot | None = None,
         replicas: int = 0,
@@ -124,7 +125,7 @@ class GroupSnapshot:
             snap._replicate(group, replicas)
         return snap
 
-    def _replicate(self, group: Any, copies: int) -> None:
+    def _replicate(self, group: GroupMembers, copies: int) -> None:
         """A copy of each rank's state on each of its `buddy_nodes`."""
         self.homes = [group.describe(r).node_id or "?" for r in range(len(self.refs))]
         self.replica_nodes = buddy_nodes(self.homes, _alive_nodes(), copies)
@@ -143,7 +144,7 @@ class GroupSnapshot:
         yet waited for, and the copies onto other nodes (`stored_whole`)."""
         return [*self.handed, *self.copied]
 
-    def wait_stored(self, group: Any, timeout_s: float | None = None) -> None:
+    def wait_stored(self, group: GroupMembers, timeout_s: float | None = None) -> None:
         """Until every rank's state is in the object store; SnapshotLostError when a
         rank died before it got there."""
         for rank, ref in enumerate(self.handed):
@@ -173,12 +174,12 @@ class GroupSnapshot:
         self.copied = []
 
     @staticmethod
-    def nbytes(group: Any, timeout_s: float | None = None) -> int:
+    def nbytes(group: GroupMembers, timeout_s: float | None = None) -> int:
         """What a snapshot of `group` would hold: the sum of its ranks' `snapshot_nbytes()`."""
         return sum(GroupSnapshot.rank_nbytes(group, timeout_s))
 
     @staticmethod
-    def rank_nbytes(group: Any, timeout_s: float | None = None) -> list[int]:
+    def rank_nbytes(group: GroupMembers, timeout_s: float | None = None) -> list[int]:
         """Each rank's `snapshot_nbytes()`: what its snapshot puts in its node's store."""
         refs = [
             group.actor_handle(r, "snapshot size")._rayrl_snapshot_nbytes.remote()
@@ -186,7 +187,7 @@ class GroupSnapshot:
         ]
         return list(_future(group, refs, "snapshot size").get(timeout_s))
 
-    def restore(self, group: Any, timeout_s: float | None = None) -> dict[int, str]:
+    def restore(self, group: GroupMembers, timeout_s: float | None = None) -> dict[int, str]:
         """Every rank of `group` back to this snapshot (a replaced rank included), each
         from its first copy still there; returns the ranks restored from a replica, with
         the node it was on."""
@@ -212,9 +213,9 @@ class GroupSnapshot:
             used = _future(group, refs, "restore").get(timeout_s)
         except WorkerCallError as err:
             if isinstance(err.cause, LOST_ERRORS) or _lost(err.cause):
-                copies = "and its copies are" if self.replicas else "is"
+                what = "and its copies are" if self.replicas else "is"
                 raise SnapshotLostError(
-                    f"{group.name}: the snapshot of rank {err.rank} {copies} gone "
+                    f"{group.name}: the snapshot of rank {err.rank} {what} gone "
                     f"({type(err.cause).__name__}: the node that held it was lost)"
                 ) from err
             raise
@@ -249,7 +250,7 @@ def _alive_nodes() -> list[str]:
     return [str(node["NodeID"]) for node in ray.nodes() if node.get("Alive")]
 
 
-def _future(group: Any, refs: list[ObjectRef], stage: str) -> GroupFuture:
+def _future(group: GroupMembers, refs: list[ObjectRef], stage: str) -> GroupFuture:
     return GroupFuture(
         refs,
         list(range(group.world_size)),

@@ -316,7 +316,9 @@ class Worker:
     def _rayrl_stack(self) -> str:
         """The Python stack of the thread running this worker's current call ("" if idle)."""
         busy = self._rayrl_busy_now()
-        frame = sys._current_frames().get(busy[2]) if busy and len(busy) > 2 else None
+        if not busy or len(busy) < 3:
+            return ""
+        frame = sys._current_frames().get(busy[2])
         if frame is None:
             return ""
         return f"Thread {busy[2]} in {busy[0]}:\n" + "".join(traceback.format_stack(frame))

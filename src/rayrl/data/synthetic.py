@@ -28,6 +28,7 @@ import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 INSTRUCTION = "Answer with the number only."
 LARGER_MAX = 49
@@ -135,7 +136,7 @@ def demonstrations(
     rows = []
     for i, p in enumerate(_problems(task, size, seed)):
         right = choose.random() < correct_rate
-        row = {
+        row: dict[str, Any] = {
             "data_source": task,
             "question": f"{p.question} {INSTRUCTION}",
             "answer": p.answer if right else p.mistake,

@@ -30,7 +30,7 @@ import asyncio
 import inspect
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +105,7 @@ class EpisodeInteraction:
         name = kwargs.get("name")
         if name is None and len(interactions) == 1:
             name = next(iter(interactions))
-        if name not in interactions:
+        if name is None or name not in interactions:
             raise ValueError(
                 f"extra_info.interaction_kwargs.name={name!r} names none of the interactions of "
                 f"multi_turn.interaction_config_path ({', '.join(sorted(interactions))}); give "
@@ -137,9 +137,14 @@ BUILTIN_INTERACTIONS: dict[str, type[Interaction]] = {
 
 
 def call_interaction(method: Any, *args: Any, **kwargs: Any) -> Any:
-    """Call an interaction's method; a coroutine (verl's async methods) is run to its end."""
+    """Call an interaction's method; an awaitable it returns (a coroutine of verl's async
+    methods, or any other) is awaited to its end."""
     result = method(*args, **kwargs)
-    return asyncio.run(result) if inspect.isawaitable(result) else result
+    return asyncio.run(_awaited(result)) if inspect.isawaitable(result) else result
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
 
 
 def load_interaction_config(path: str | Path) -> dict[str, Any]:

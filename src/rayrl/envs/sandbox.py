@@ -249,6 +249,7 @@ class Sandbox:
             _Reader(proc.stderr, self.limits.max_output_bytes),
             _Reader(os.fdopen(report_r, "rb"), 1 << 20),
         ]
+        assert proc.stdin is not None  # stdin=PIPE
         try:
             proc.stdin.write(json.dumps(request).encode())
             proc.stdin.close()

@@ -21,7 +21,7 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from rayrl.envs.arguments import EMPTY_PARAMETERS, schema_from_function
 
@@ -57,9 +57,9 @@ class Tool:
             parameters.
     """
 
-    name: ClassVar[str] = ""
-    description: ClassVar[str] = ""
-    parameters: ClassVar[dict[str, Any]] = EMPTY_PARAMETERS
+    name: str = ""
+    description: str = ""
+    parameters: dict[str, Any] = EMPTY_PARAMETERS
     timeout_s: float | None = None
 
     def __init__(

@@ -22,6 +22,7 @@ or a tool did.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -125,9 +126,11 @@ class ToolSession:
             if problem is not None:
                 results[i] = problem
                 continue
+            # `_problem` found none: the call names a tool, with an object of arguments
+            assert call.name is not None and call.arguments is not None
             tool = self.tools[call.name]
             futures[i] = self.box.runner.submit(
-                lambda tool=tool, call=call: self._execute(tool, call.arguments),
+                functools.partial(self._execute, tool, call.arguments),
                 tool.timeout_s,
                 name=tool.name,
             )

@@ -151,7 +151,7 @@ class VerlTool(Tool):
         view = _SchemaView(_full_schema(schema)) if schema else None
         inner = tool_class(config=config, tool_schema=view)
         own = getattr(inner, "tool_schema", None)
-        dump = own.model_dump() if hasattr(own, "model_dump") else own
+        dump = own.model_dump() if own is not None and hasattr(own, "model_dump") else own
         wrapped = cls(inner, _full_schema(dump or schema or {}))
         wrapped.config = dict(config)
         if config.get("timeout_s") is not None:
@@ -179,7 +179,7 @@ def _full_schema(schema: Any) -> dict[str, Any]:
     if not schema:
         return {}
     name, description, parameters = split_schema(schema)
-    function = {"name": name, "description": description or ""}
+    function: dict[str, Any] = {"name": name, "description": description or ""}
     if parameters is not None:
         function["parameters"] = parameters
     return {"type": "function", "function": function}

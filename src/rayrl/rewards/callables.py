@@ -30,7 +30,7 @@ from __future__ import annotations
 import base64
 import inspect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,7 +82,7 @@ def required_args(fn: Callable) -> list[str]:
     ]
 
 
-def check_function(fn: object, columns: Sequence[str] | None = None) -> None:
+def check_function(fn: object, columns: Collection[str] | None = None) -> None:
     """Raise RewardFunctionError unless `fn` is a reward function of either style whose
     required arguments are all passed; `columns`, when known, are the dataset's extra
     columns (what a batch-style function may ask for by name)."""

@@ -56,12 +56,14 @@ def parse_equation(equation: str) -> ast.expr:
 
 def numbers_used(tree: ast.expr) -> list[int]:
     """The integer literals of a parsed equation (in no particular order)."""
-    return [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)]
+    return [
+        n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, int)
+    ]
 
 
 def evaluate(tree: ast.expr) -> Fraction:
     """The exact value of a checked equation; ZeroDivisionError on division by zero."""
-    if isinstance(tree, ast.Constant):
+    if isinstance(tree, ast.Constant) and isinstance(tree.value, int):
         return Fraction(tree.value)
     if isinstance(tree, ast.UnaryOp):
         return -evaluate(tree.operand)

@@ -30,7 +30,10 @@ def make_items(
     ground truth.
     """
     n = len(solution_strs)
-    columns = {"data_source": data_sources, "reward_model": reward_models}
+    columns: dict[str, Sequence[Any] | None] = {
+        "data_source": data_sources,
+        "reward_model": reward_models,
+    }
     columns |= {"extra_info": extra_infos, "prompt": prompts}
     for name, column in columns.items():
         if column is not None and len(column) != n:

@@ -40,7 +40,8 @@ from rayrl.usercode import UserCodeError, import_file
 PARAMS = ("data_source", "solution_str", "ground_truth", "extra_info")
 DEFAULT_NAME = "compute_score"
 
-RewardFunction = Callable[..., float | dict]
+# A score, a dict with one under "score", or None: no score (a failed sample)
+RewardFunction = Callable[..., float | dict | None]
 
 
 class RewardFunctionError(UserCodeError):
@@ -54,7 +55,7 @@ class PickledFunction:
 
     payload: str
 
-    def load(self) -> Callable[..., float | dict | None]:
+    def load(self) -> RewardFunction:
         try:
             fn = pickle.loads(base64.b64decode(self.payload))
         except Exception as exc:  # noqa: BLE001 - a missing module, a bad payload, ...
@@ -119,7 +120,8 @@ def check_file(path: str | os.PathLike, name: str = DEFAULT_NAME) -> None:
     try:
         tree = ast.parse(file.read_bytes(), filename=str(file))
     except (SyntaxError, ValueError) as exc:
-        where = f" line {exc.lineno}" if getattr(exc, "lineno", None) else ""
+        lineno = getattr(exc, "lineno", None)
+        where = f" line {lineno}" if lineno else ""
         raise RewardFunctionError(
             f"reward file {file}{where} is not valid Python: {exc}. Fix it, or point "
             "custom_reward_function.path at another file."
@@ -260,9 +262,9 @@ def resolve_function(spec: FunctionSpec, batched: bool = False) -> RewardFunctio
     function takes the lists of a whole batch (`BATCH_PARAMS`) and returns one score per
     sample; the built-in scorers are called one sample at a time behind it."""
     if isinstance(spec, PickledFunction):
-        fn = spec.load()
-        check_signature(fn, where="the reward functions given as Python callables")
-        return BatchedCalls(fn) if batched else fn
+        pickled = spec.load()
+        check_signature(pickled, where="the reward functions given as Python callables")
+        return BatchedCalls(pickled) if batched else pickled
     kwargs: dict[str, Any] = {}
     if isinstance(spec, tuple | list) and len(spec) == 3:
         path, name, kwargs = spec

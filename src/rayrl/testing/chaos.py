@@ -185,7 +185,9 @@ class ChaosMonkey:
             self.plan.finish(why or self._why_ended())
 
     def _attempt(self, step: int, stage: str) -> None:
-        number = self.plan.current.number
+        current = self.plan.current
+        assert current is not None  # `_loop` attempts only while a planned kill is left
+        number = current.number
         kill, reason = self._try(step, stage)
         if kill is not None:
             self.plan.landed(kill)

@@ -208,17 +208,18 @@ class AdvantageStage:
             or not needed <= set(batch.keys())
         ):
             return None
-        return self._truncated_weights(batch)
+        return self._truncated_weights(batch, rc.rollout_is)
 
-    def _truncated_weights(self, batch: Batch) -> torch.Tensor:
-        """`algorithm.rollout_correction`'s truncated importance weights of the batch."""
+    def _truncated_weights(self, batch: Batch, level: str) -> torch.Tensor:
+        """`algorithm.rollout_correction`'s truncated importance weights of the batch
+        (`level`: its `rollout_is`)."""
         rc = self.cfg.algorithm.rollout_correction
         weights, _ = truncated_is_weights(
             batch["old_log_probs"],
             batch["rollout_log_probs"],
             batch["response_mask"],
             cap=rc.rollout_is_threshold,
-            level=rc.rollout_is,
+            level=level,
         )
         return weights
 
@@ -232,7 +233,7 @@ class AdvantageStage:
             return {}  # bypass mode normalises in the loss, against the current policy
         if not needed <= set(batch.keys()):
             return {}
-        weights = self._truncated_weights(batch)
+        weights = self._truncated_weights(batch, rc.rollout_is)
         factor = is_batch_norm_factor(weights, batch["response_mask"], rc.rollout_is)
         batch["rollout_is_norm"] = torch.full((len(batch),), factor)
         return {"rollout_corr/rollout_is_batch_norm_factor": factor}
@@ -265,7 +266,7 @@ class AdvantageStage:
         batch["response_mask"] = batch["response_mask"] * keep
         return {"response_length/masked_truncated": float(truncated.sum())}
 
-    def state_dict(self) -> dict[str, float]:
+    def state_dict(self) -> dict[str, dict[str, float]]:
         """What a checkpoint keeps: the KL controller's coefficient."""
         return {"kl_ctrl": self.kl_ctrl.state_dict()}
 

@@ -35,8 +35,9 @@ import copy
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -101,7 +102,9 @@ class AsyncState:
     def load_state_dict(self, state: dict) -> None:
         queue, rollouts = self.trainer.queue, self.trainer.rollouts
         queue.load_state_dict(state)
-        published = rollouts.published_version if rollouts is not None else None
+        if rollouts is None:
+            return
+        published = rollouts.published_version
         if published is not None and published > queue.steps_done:
             rollouts.invalidate()
 
@@ -124,7 +127,7 @@ class AsyncPPOTrainer(PPOTrainer):
         )
         self.rollouts: RolloutManager | None = None
         self.total_steps = 0
-        self._feeder = None
+        self._feeder: Iterator[tuple[int, Batch]] | None = None
         self._feeder_next: int | None = None
         self._taken: list[Prompt] = []
         self._since = time.time()
@@ -147,14 +150,14 @@ class AsyncPPOTrainer(PPOTrainer):
             raise RuntimeError(
                 f"the async trainer expects the rollout pool last; got {pool.spec.name!r}"
             )
-        self.rollouts = RolloutManager(
+        rollouts = self.rollouts = RolloutManager(
             self.cfg, self.queue, env, self.model_path, self.max_lag, self.print
         )
         failed: list[BaseException] = []
 
         def start_rollouts() -> None:
             try:
-                self.rollouts.start(pool)
+                rollouts.start(pool)
             except BaseException as err:  # noqa: BLE001 - raised below, in this thread
                 failed.append(err)
 
@@ -164,7 +167,7 @@ class AsyncPPOTrainer(PPOTrainer):
             groups = super().start(pools[:-1], env, device, total_steps)
         except BaseException:
             starter.join()
-            self.rollouts.stop()
+            rollouts.stop()
             raise
         starter.join()
         if failed:
@@ -172,7 +175,7 @@ class AsyncPPOTrainer(PPOTrainer):
                 group.shutdown()
             raise failed[0]
         self.riding = Riding()  # generation is not the trainer's: nothing rides on it
-        replicas = self.rollouts.replicas
+        replicas = rollouts.replicas
         nodes = ", ".join(sorted({r.node[:8] for r in replicas}))
         self.print(
             f"{ROLLOUT_POOL}: {len(replicas)} replica(s) on node(s) {nodes}; staleness up to "
@@ -180,6 +183,11 @@ class AsyncPPOTrainer(PPOTrainer):
             f"{'on' if self.cfg.async_training.partial_rollout else 'off'}"
         )
         return groups
+
+    def _rollouts(self) -> RolloutManager:
+        if self.rollouts is None:
+            raise RuntimeError("the rollout replicas are not started yet: call start() first")
+        return self.rollouts
 
     def parts(self) -> dict[str, Stateful]:
         return {**super().parts(), "async": AsyncState(self)}
@@ -222,16 +230,18 @@ class AsyncPPOTrainer(PPOTrainer):
         if queue.fed_through >= last:
             return
         if self._feeder is None or self._feeder_next != queue.fed_through + 1:
-            t = self.cfg.trainer
+            t, data = self.cfg.trainer, self.data
+            if data is None:
+                raise RuntimeError("the trainer's data is not loaded yet: call load_data() first")
             start = Progress(step, int(meta["epoch"]), int(meta["batch_index"]))
             self._feeder = epoch_batches(
-                self.data.dataset,
-                self.data.batch_size,
+                data.dataset,
+                data.batch_size,
                 start=start,
                 total=self.total_steps,
                 epochs=None if t.total_training_steps is not None else t.total_epochs,
                 seed=t.seed,
-                shuffle=self.data.shuffle,
+                shuffle=data.shuffle,
             )
         for fed, batch in self._feeder:
             self._feeder_next = fed + 1
@@ -244,7 +254,7 @@ class AsyncPPOTrainer(PPOTrainer):
         """Publish this step's policy when the replicas lack it: after a resume or a
         restore, or when a replica could not fetch the last one; a fresh run's replicas
         hold the model directory's weights, version 0, already."""
-        rollouts = self.rollouts
+        rollouts = self._rollouts()
         held = rollouts.published_version
         if held is not None and held <= step and not rollouts.needs_publish:
             return
@@ -257,20 +267,20 @@ class AsyncPPOTrainer(PPOTrainer):
         """Policy `version` to the replicas, by `async_training.weight_transport`: with
         ``collective`` the replicas are asked to receive first, then actor rank 0
         broadcasts (`RolloutManager.begin_collective`)."""
-        transport = self.cfg.async_training.weight_transport
+        transport, rollouts = self.cfg.async_training.weight_transport, self._rollouts()
         with timer(timing, "weight_publish"):
-            extra = {}
+            extra: dict[str, Any] = {}
             if transport == "collective":
                 sender = self._roles().hybrid.generation
-                extra = self.rollouts.begin_collective(version, sender)
+                extra = rollouts.begin_collective(version, sender)
             publish = self._roles().actor.publish_weights
             try:
                 weights = calls.run("publish_weights", publish, transport=transport, **extra)
             except BaseException:
                 if transport == "collective":  # the replicas waiting for it stop now
-                    self.rollouts.sender_lost()
+                    rollouts.sender_lost()
                 raise
-        self.rollouts.publish(version, weights)
+        rollouts.publish(version, weights)
 
     def _generate(
         self, prompts: Batch, ctx: StepContext, calls: StageCalls, timing: dict, metrics: dict
@@ -279,17 +289,21 @@ class AsyncPPOTrainer(PPOTrainer):
         staleness, balanced across ranks as the synchronous step's samples are."""
         # the same imbalance metrics as a synchronous step
         self._balanced(prompts, metrics, "gen", self._parts("rollout"))
-        wait_s = self.cfg.trainer.stage_timeout_s
+        wait_s, rollouts = self.cfg.trainer.stage_timeout_s, self._rollouts()
 
         def check() -> None:
-            self.rollouts.check(wait_s)
-            if self.rollouts.needs_publish:  # its objects were lost (their owner died)
+            rollouts.check(wait_s)
+            if rollouts.needs_publish:  # its objects were lost (their owner died)
                 self._publish(ctx.step, calls, timing)
             calls.stop_check(calls.mutated)  # a first Ctrl-C stops the wait
 
         with timer(timing, "wait_for_batch"):
             taken = self._taken = self.queue.wait_take(ctx.step, check)
-        batch = concat_samples([p.samples for p in taken], self.tokenizer.pad_token_id)
+        samples = []
+        for p in taken:
+            assert p.samples is not None  # a prompt taken is finished: its samples are in
+            samples.append(p.samples)
+        batch = concat_samples(samples, self._actor_tokenizer().pad_token_id)
         batch = Batch(batch.tensors, batch.non_tensors, dict(prompts.meta))
         versions = torch.cat([p.versions for p in taken])
         metrics.update(staleness_metrics(ctx.step, versions, batch["response_mask"]))
@@ -301,8 +315,8 @@ class AsyncPPOTrainer(PPOTrainer):
         return self._balanced(batch, metrics, "train", self._parts("train"))
 
     def _async_metrics(self, metrics: dict, timing: dict) -> dict[str, float]:
-        now = time.time()
-        out = self.rollouts.metrics(self._since, now)
+        now, rollouts = time.time(), self._rollouts()
+        out = rollouts.metrics(self._since, now)
         self._since = now
         queue = self.queue
         requeued = sum(queue.ledger.requeued.values())
@@ -320,7 +334,7 @@ class AsyncPPOTrainer(PPOTrainer):
         wait = metrics.get("timing_s/wait_for_batch", 0.0)
         if step_s > 0:
             out["perf/train_idle_fraction"] = wait / step_s
-        out.update(usage_metrics({ROLLOUT_POOL: self.rollouts.usage()}))
+        out.update(usage_metrics({ROLLOUT_POOL: rollouts.usage()}))
         return out
 
 

@@ -150,6 +150,7 @@ class SampleQueue:
             if samples is None:
                 self._requeue(live, "aborted")
                 return 0
+            assert versions is not None  # they come with the samples (`ReplicaResult`)
             n = self.n
             for i, seq in enumerate(item.seqs):
                 if seq not in live:

@@ -40,7 +40,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import ray
 
@@ -56,6 +56,7 @@ from rayrl.train.weight_sync import PublishedWeights
 from rayrl.trainer.async_queue import QUEUED, SampleQueue, WorkItem
 from rayrl.trainer.async_weights import CollectiveWeights, weight_sync_timeout
 from rayrl.trainer.metrics import prefix_cache_metrics
+from rayrl.trainer.protocols import ReplicaRole
 from rayrl.trainer.resources import ROLLOUT_POOL
 from rayrl.trainer.roles import GroupEnv
 from rayrl.workers.rollout import ReplicaCall, ReplicaResult, RolloutWorker
@@ -183,6 +184,18 @@ class RolloutManager:
             self.replicas = [Replica(member, version=0) for member in self.set.members]
         self._thread.start()
 
+    def _replica_set(self) -> ReplicaSet:
+        if self.set is None:
+            raise RuntimeError("the rollout replicas are not started yet: call start() first")
+        return self.set
+
+    def _collective(self) -> CollectiveWeights:
+        if self.collective is None:
+            raise RuntimeError(
+                "no broadcast group: async_training.weight_transport is not collective"
+            )
+        return self.collective
+
     @property
     def events(self) -> list[dict]:
         """Replicas lost, joined and stopped (`ReplicaSet.events`)."""
@@ -247,7 +260,7 @@ class RolloutManager:
     def all_hold(self, version: int) -> bool:
         """Whether every replica holds policy `version` (none is starting or fetching)."""
         with self.lock:
-            return self.set.starting == 0 and all(
+            return self._replica_set().starting == 0 and all(
                 r.version == version and not r.offers for r in self.replicas
             )
 
@@ -280,7 +293,7 @@ class RolloutManager:
         training group's generation `sender`); the keyword arguments of that call (the
         group, None without replicas, and the header's key)."""
         with self.lock:
-            plan = self.collective.plan([r.name for r in self.replicas], sender)
+            plan = self._collective().plan([r.name for r in self.replicas], sender)
             if plan is None:
                 return {"group": None, "key": ""}
             offer = PublishedWeights([], 0, "collective", group=plan.group, key=plan.key)
@@ -363,7 +376,8 @@ class RolloutManager:
                 return
             call = ReplicaCall(item.step, self.partial, self.max_lag)
             try:
-                future = replica.group.generate.remote(item.prompts, call)
+                group = cast(ReplicaRole, replica.group)  # its methods are bound at start
+                future = group.generate.remote(item.prompts, call)
             except WorkerCallError as err:
                 self.queue.lose(item)
                 self._lost(replica, err)
@@ -379,7 +393,8 @@ class RolloutManager:
                     waiting[ref] = ("call", replica)
                 for ref in replica.offers:
                     waiting[ref] = ("offer", replica)
-            for ref in self.set.pending:
+            replica_set = self._replica_set()
+            for ref in replica_set.pending:
                 waiting[ref] = ("slot", None)
         if not waiting:
             time.sleep(POLL_S)
@@ -400,7 +415,7 @@ class RolloutManager:
             if self.replicas:
                 self._last_live = time.monotonic()
         for ref in placed:  # outside the lock: the set takes its own
-            self.set.placed(ref)
+            replica_set.placed(ref)
 
     def _call_done(self, replica: Replica, ref: Any) -> None:
         item, future, started = replica.in_flight.pop(ref)
@@ -439,7 +454,7 @@ class RolloutManager:
             return
         self.sync_seconds.append(time.perf_counter() - sent)
         if transport == "collective":
-            self.collective.broadcast_bytes += nbytes
+            self._collective().broadcast_bytes += nbytes
         if not replica.offers:
             replica.version = version
 
@@ -447,7 +462,7 @@ class RolloutManager:
         """`replica` did not receive policy `version` over the group: one warning, the
         object store's copy offered (now, or once the trainer has published it), and a
         new group at the next publish."""
-        self.collective.failed()
+        self._collective().failed()
         cause = _one_line(getattr(err, "cause", None) or err)
         self.print(
             f"WARNING: rollout replica {replica.name} missed the broadcast of policy "
@@ -472,10 +487,10 @@ class RolloutManager:
         replica.in_flight.clear()
         if self.collective is not None:  # a broadcast waiting for it ends now
             self.collective.abandon(replica.name)
-        self.set.lose(replica.member, err)
+        self._replica_set().lose(replica.member, err)
 
     # ---------------------------------------------------------------- trainer
-    def check(self, wait_s: float) -> None:
+    def check(self, wait_s: float | None) -> None:
         """Raise what the thread (or the replica set) kept, or NoReplicaError when no
         replica was alive for `wait_s` seconds (None: wait as long as it takes)."""
         if self.error is not None:
@@ -488,9 +503,10 @@ class RolloutManager:
             idle = time.monotonic() - self._last_live
         if idle > wait_s:
             shape = self.pool.spec.bundle if self.pool is not None else {}
+            pending = len(self.set.pending) if self.set is not None else 0
             raise NoReplicaError(
                 f"no rollout replica has been alive for {idle:.0f} s (trainer.stage_timeout_s="
-                f"{wait_s:.0f}); {len(self.set.pending)} bundle(s) of {shape} are waiting "
+                f"{wait_s:.0f}); {pending} bundle(s) of {shape} are waiting "
                 "for room in the cluster: add a node, or lower rollout.gpus_per_replica / "
                 "rollout.cpus_per_replica"
             )

@@ -73,6 +73,7 @@ class CollectiveWeights:
         if self.stale or tuple(replicas) != self.members or sender != self.sender:
             self.spec = self.host.form(len(replicas) + 1, self.backend, self.timeout_s)
             self.members, self.stale, self.sender = tuple(replicas), False, sender
+        assert self.spec is not None  # formed above while stale, as it is at first
         self.publishes += 1
         ranks = {name: rank for rank, name in enumerate(replicas, start=1)}
         return Plan(self.spec, f"publish{self.publishes}", ranks)
@@ -90,6 +91,7 @@ class CollectiveWeights:
         was a member."""
         if self.spec is None or replica not in self.members:
             return False
+        assert self.host is not None  # it formed the spec
         self.host.abandon(self.spec)
         self.stale = True
         return True
@@ -99,6 +101,7 @@ class CollectiveWeights:
         replicas waiting for its broadcast stop waiting now, and the next publish forms
         a new group."""
         if self.spec is not None:
+            assert self.host is not None  # it formed the spec
             self.host.abandon(self.spec)
         self.stale = True
 

@@ -82,13 +82,14 @@ def _dir_bytes(path: Path) -> int:
 def _out_of_space(err: BaseException) -> bool:
     """Whether `err` (or what it wraps, or its text: a worker's error arrives as text)
     says the disk is full."""
-    while err is not None:
-        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+    cause: BaseException | None = err
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.errno == errno.ENOSPC:
             return True
-        text = str(err)
+        text = str(cause)
         if "No space left on device" in text or "unexpected pos" in text:
             return True  # torch's zip writer on a full disk says the latter
-        err = err.__cause__ or err.__context__
+        cause = cause.__cause__ or cause.__context__
     return False
 
 

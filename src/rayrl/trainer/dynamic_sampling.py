@@ -33,8 +33,9 @@ def group_metric(batch: Batch, name: str) -> torch.Tensor:
     if name == "seq_reward":
         return batch["token_level_scores"].double().sum(-1)
     extras = batch["reward_extra"] if "reward_extra" in batch else [{}] * len(batch)
-    values = [e.get(name) if isinstance(e, dict) else None for e in extras]
-    if any(v is None for v in values):
+    found = [e.get(name) if isinstance(e, dict) else None for e in extras]
+    values = [v for v in found if v is not None]
+    if len(values) < len(found):
         raise DynamicSamplingError(
             f"algorithm.filter_groups.metric={name!r}: the reward gives no {name!r} for "
             "some samples; use score or seq_reward, or return it from compute_score "
@@ -59,6 +60,10 @@ def fill_batch(
     the metrics `train/num_gen_batches` and `train/kept_group_ratio`.
     """
     fg, want = cfg.algorithm.filter_groups, cfg.data.train_batch_size
+    if not fg.metric:  # refused by validation, but a config may be loaded without it
+        raise DynamicSamplingError(
+            "algorithm.filter_groups.enable=true needs algorithm.filter_groups.metric"
+        )
     parts, kept, seen, rounds = [], 0, 0, 0
     batch = first
     while True:

@@ -68,7 +68,7 @@ def generation_rows(
     extras = batch.get("reward_extra")
     rows = []
     for i, score in enumerate(batch["scores"].tolist()):
-        row = {"input": inputs[i], "output": outputs[i]}
+        row: dict[str, Any] = {"input": inputs[i], "output": outputs[i]}
         if truths is not None:
             row["gts"] = truths[i]
         row.update(score=score, step=step, uid=batch["uid"][i], weight_version=versions[i])

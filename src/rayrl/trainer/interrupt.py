@@ -58,7 +58,8 @@ class StopOnInterrupt:
         self._previous = {}
 
     def _handle(self, signum: int, frame: Any) -> None:
-        name = NAMES.get(signum, signal.Signals(signum).name)
+        sig = signal.Signals(signum)
+        name = NAMES.get(sig, sig.name)
         if not self.requested:
             self.signal = signum
             self.print(

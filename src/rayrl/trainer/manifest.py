@@ -14,7 +14,7 @@ import json
 import os
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from rayrl.trainer.content_digest import content_sha256
 
@@ -93,7 +93,7 @@ def fingerprint_changes(saved: dict[str, Any], now: dict[str, Any]) -> list[str]
     return changes
 
 
-def _has_files(value: Any) -> bool:
+def _has_files(value: Any) -> TypeGuard[dict[str, Any]]:
     """A model directory is known by its files where they were read: the same model
     copied or moved elsewhere resumes; its path counts only when no files were read."""
     return isinstance(value, dict) and isinstance(value.get("files"), dict)

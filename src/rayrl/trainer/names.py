@@ -12,6 +12,7 @@ seconds, not a cluster start. `check_sft_names` does the same for `rayrl sft`'s 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from rayrl.algos import (
     ADV_ESTIMATORS,
@@ -88,7 +89,9 @@ def check_rejection(cfg: RayRLConfig) -> None:
 
 def check_sft_names(cfg: SFTConfig) -> None:
     """`rayrl sft`'s registry-backed names: the LR schedule, trackers, synthetic task."""
-    named = [("optim.lr_scheduler", cfg.optim.lr_scheduler, LR_SCHEDULES)]
+    named: list[tuple[str, str, Registry[Any]]] = [
+        ("optim.lr_scheduler", cfg.optim.lr_scheduler, LR_SCHEDULES)
+    ]
     named += [("trainer.logger", tracker, TRACKERS) for tracker in cfg.trainer.logger]
     for key, value, registry in named:
         if value not in registry:

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from rayrl.controller.method import GroupMethod
 
-__all__ = ["ActorRole", "CriticRole", "RewardRole", "SFTRole", "TrainRole"]
+__all__ = ["ActorRole", "CriticRole", "ReplicaRole", "RewardRole", "SFTRole", "TrainRole"]
 
 
 class TrainRole(Protocol):
@@ -36,6 +36,7 @@ class ActorRole(TrainRole, Protocol):
     compute_ref_log_prob: GroupMethod
     update_actor: GroupMethod
     export_hf: GroupMethod  # (path: str) -> None
+    publish_weights: GroupMethod  # (transport, group, key) -> PublishedWeights | None
 
 
 class CriticRole(TrainRole, Protocol):
@@ -51,6 +52,12 @@ class SFTRole(TrainRole, Protocol):
     train_batch: GroupMethod  # (batch: Batch) -> dict[str, float]
     nll: GroupMethod  # (batch: Batch) -> Batch of per-row "nll" and "tokens"
     export_hf: GroupMethod  # (path: str) -> None
+
+
+class ReplicaRole(Protocol):
+    """A rollout replica of asynchronous training: `RolloutWorker`."""
+
+    generate: GroupMethod  # (prompts: Batch, call: ReplicaCall) -> ReplicaResult
 
 
 class RewardRole(Protocol):

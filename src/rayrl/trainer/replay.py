@@ -44,11 +44,12 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rayrl.controller.errors import WorkerCallError, WorkerError, WorkerHungError
+from rayrl.controller.members import GroupMembers
 from rayrl.controller.recovery import (
     GroupSnapshot,
     SnapshotLostError,
@@ -120,14 +121,9 @@ class WorkerRestartLimitError(RuntimeError):
     """A rank failed more than `trainer.max_worker_restarts` times at the same point."""
 
 
-class Group(Protocol):
-    """What replay needs of a worker group (`rayrl.controller.WorkerGroup`)."""
-
-    name: str
-    role: str
-
-    @property
-    def world_size(self) -> int: ...
+class Group(GroupMembers, Protocol):
+    """What replay needs of a worker group (`rayrl.controller.WorkerGroup`): what its
+    snapshots take and restore (`GroupMembers`), its health and its replacements."""
 
     @property
     def forms_process_group(self) -> bool: ...
@@ -135,8 +131,6 @@ class Group(Protocol):
     def check_health(self, timeout_s: float = ...) -> Any: ...
 
     def replace(self, ranks: list[int], timeout_s: float = ..., retries: int = ...) -> Any: ...
-
-    def describe(self, rank: int) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -173,8 +167,8 @@ class StepReplay:
 
     def __init__(
         self,
-        groups: list[Group],
-        stateful: list[Group],
+        groups: Sequence[Group],
+        stateful: Sequence[Group],
         calls: StageCalls,
         policy: ReplayPolicy,
         rewind: Callable[[str], int],
@@ -359,7 +353,7 @@ class StepReplay:
             raise err  # an error in the code, not a lost worker: running again fails again
         self._count(err, failed, failures)
         self.print(f"recovering from a worker failure in {what}: {_one_line(err)}")
-        record = {
+        record: dict[str, Any] = {
             "what": what,
             "stage": err.stage,
             "replaced": [],

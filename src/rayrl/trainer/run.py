@@ -151,11 +151,12 @@ class Run:
     def _report_rejected(self, data: TrainData) -> Path | None:
         """Write the rows set aside to `rejected_rows.jsonl` and say what they were; the
         file's path, or None when no row was set aside."""
-        splits = {
-            split: dataset.rejected
-            for split, dataset in (("train", data.dataset), ("val", data.val))
-            if isinstance(getattr(dataset, "rejected", None), list)
+        found = {
+            "train": getattr(data.dataset, "rejected", None),
+            "val": getattr(data.val, "rejected", None),
         }
+        # rows of a dataset (Any); write_rejected takes a dict, invariant in its values
+        splits: dict[str, Any] = {s: rows for s, rows in found.items() if isinstance(rows, list)}
         path = self.run_dir.rejected_rows
         if not write_rejected(path, splits):
             return None
@@ -188,6 +189,11 @@ class Run:
         if self.data is None:
             raise RuntimeError("the run's data is not loaded yet: call Run.setup() first")
         return self.data
+
+    def _replay_of_fit(self) -> StepReplay:
+        if self.replay is None:
+            raise RuntimeError("the run's step replay starts with Run.fit()")
+        return self.replay
 
     def shutdown(self) -> None:
         """Kill the run's workers, release its pools and KV store; a Ray this run
@@ -261,8 +267,9 @@ class Run:
         if path is not None:
             self.restore(path)
         else:
+            replay = self._replay_of_fit()
             for group in self.trainer.stateful_groups():  # fresh engines: the first state
-                self.replay.replace(group, list(range(group.world_size)))
+                replay.replace(group, list(range(group.world_size)))
             self.write_workers()
             restore(self.parts(), self._start_states)
         step = self.progress.global_step
@@ -351,12 +358,14 @@ class Run:
         beside its groups (`more_workers`: async training's rollout replicas)."""
         more = getattr(self.trainer, "more_workers", None)
         groups = [*self.groups, *(more() if more else [])]
+        if self.session is None:
+            raise RuntimeError("the run has no workers yet: call Run.setup() first")
         self.run_dir.write_workers(groups, self.session.log_dir)
 
     def _train(self, tracking: Tracking, history: list[dict], on_step, interrupt) -> None:
         """Validation before training, the steps with what follows each, the export; each
         under recovery. A rewind to a checkpoint (a lost snapshot) continues from there."""
-        t, replay = self.cfg.trainer, self.replay
+        t, replay = self.cfg.trainer, self._replay_of_fit()
         validates = self._data().val is not None
         notice = None if validates else no_validation_notice(self.cfg)
         if notice:
@@ -402,14 +411,13 @@ class Run:
             self._step_span = (started, time.time())  # the overhead comes with the usage
             return metrics, trained
 
+        replay = self._replay_of_fit()
         self._step_states = capture(self.parts())
-        metrics = self.replay.run_step(step, work, self.parts())
+        metrics = replay.run_step(step, work, self.parts())
         self._step_states = None  # the step is done: a stop now keeps it
         self.progress.advance(batch.meta, self._data().batch_size, self.steps_per_epoch())
-        metrics.update(
-            self.replay.run(lambda: self._after_step(batch), "checkpoint and validation")
-        )
-        metrics.update(self.replay.take_recovery_metrics())
+        metrics.update(replay.run(lambda: self._after_step(batch), "checkpoint and validation"))
+        metrics.update(replay.take_recovery_metrics())
         return metrics
 
     def _after_step(self, batch: Batch) -> dict[str, float]:
@@ -433,8 +441,10 @@ class Run:
         """After a first Ctrl-C or SIGTERM: the step abandoned (its state undone from the
         snapshot) or finished, then a checkpoint of the step boundary the run stands at."""
         if self._step_states is not None:  # stopped inside a step: abandon it
-            if self.calls.mutated and self.replay.can_undo:
-                self.replay.undo()
+            if self.calls.mutated:
+                replay = self._replay_of_fit()
+                if replay.can_undo:
+                    replay.undo()
             restore(self.parts(), self._step_states)  # the KL controller, for one
         path = self.save_checkpoint()
         self.stopped, self.exit_code = True, interrupt.exit_code

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from rayrl.batch import Batch
 from rayrl.cluster.pool import ResourcePool
@@ -104,7 +104,11 @@ class SFTTrainer:
     ) -> list[WorkerGroup]:
         """One SFT worker per rank, FSDP2 over them."""
         res = self.cfg.resources
-        init = {"config": self.cfg, "model_path": self.model_path, "total_steps": total_steps}
+        init: dict[str, Any] = {
+            "config": self.cfg,
+            "model_path": self.model_path,
+            "total_steps": total_steps,
+        }
         group, init = new_group({"sft": (SFTWorker, init)}, pools[0], "sft", env)
         group.create(timeout_s=res.create_timeout_s)
         backend = "nccl" if device == "cuda" else "gloo"
@@ -162,7 +166,9 @@ class SFTTrainer:
 
     def validate(self, step: int) -> dict[str, float]:
         """`val/loss`: the token-mean negative log-likelihood of the validation responses."""
-        val = self.data.val
+        val = self.data.val if self.data is not None else None
+        if val is None:
+            raise RuntimeError("no validation data to validate on (data.val_files)")
         nll = tokens = 0.0
         size = self.cfg.data.train_batch_size
         for start in range(0, len(val), size):

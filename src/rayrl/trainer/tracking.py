@@ -174,7 +174,9 @@ class WandbTracker:
             name=experiment,
             config=config,
             dir=str(run_dir),
-            mode=os.environ.get("WANDB_MODE", "offline"),
+            # free text that wandb validates itself (its settings take "dryrun" and "run"
+            # too); init's annotation lists fewer modes, so mypy cannot follow it
+            mode=os.environ.get("WANDB_MODE", "offline"),  # type: ignore[arg-type]
         )
 
     def log(self, metrics: dict[str, float], step: int) -> None:

@@ -9,6 +9,7 @@ each call submits an ``answer`` and hears whether it is right; the episode's rew
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -42,7 +43,7 @@ class Gsm8kAnswer(Tool):
         "required": ["answer"],
     }
 
-    def create(self, create_kwargs: dict[str, Any]) -> dict[str, Any]:
+    def create(self, create_kwargs: Mapping[str, Any]) -> dict[str, Any]:
         return {"ground_truth": create_kwargs.get("ground_truth"), "reward": 0.0}
 
     def execute(self, arguments: dict[str, Any], state: dict[str, Any]) -> str:

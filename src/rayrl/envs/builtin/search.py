@@ -15,7 +15,7 @@ import json
 import math
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +110,7 @@ class LocalSearch(Tool):
         self.top_k = int(c.get("top_k", c.get("topk", 3)))
         self.max_doc_chars = int(c.get("max_doc_chars", 500))
 
-    def create(self, create_kwargs: dict[str, Any]) -> Any:
+    def create(self, create_kwargs: Mapping[str, Any]) -> Any:
         corpus = create_kwargs.get("corpus")
         return BM25(corpus) if corpus else self.index
 
