@@ -14,7 +14,11 @@ and prints one JSON object per line:
 - `wall_s`: the whole pipeline, Ray and worker start-ups included (target <= 600).
 
 The demo's own output goes to stderr. Usage: `python bench/e2e_cpu.py [--seed 1]
-[--output-dir DIR]`; extra `KEY=VALUE` arguments override the RL stage.
+[--output-dir DIR] [--family qwen3_moe]`; extra `KEY=VALUE` arguments override the RL
+stage. With an MoE family, e.g. routing replay: `--family qwen3_moe
+actor_rollout_ref.rollout.name=native
+actor_rollout_ref.rollout.enable_rollout_routing_replay=true
+actor_rollout_ref.actor.router_replay.mode=R3`.
 """
 
 from __future__ import annotations
@@ -48,10 +52,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--output-dir", default=None, help="default: a temporary directory")
     parser.add_argument("--sft", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument(
+        "--family", default=None, help="the tiny model's family (qwen2; qwen3_moe, mixtral, ...)"
+    )
     parser.add_argument("overrides", nargs="*", help="overrides of the RL stage")
     args = parser.parse_args()
     out = Path(args.output_dir or tempfile.mkdtemp(prefix="rayrl-e2e-"))
-    plan = DemoPlan(out, seed=args.seed, sft=args.sft, rl=args.overrides)
+    model = {"family": args.family} if args.family else {}
+    plan = DemoPlan(out, seed=args.seed, sft=args.sft, rl=args.overrides, model=model)
     start = time.perf_counter()
     result = run_pipeline(plan, console(stderr=True))
     wall = time.perf_counter() - start
