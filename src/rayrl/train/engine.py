@@ -55,7 +55,7 @@ import os
 import time
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any
 
@@ -67,19 +67,9 @@ from rayrl.batch import Batch
 from rayrl.models.flops import FlopModel
 from rayrl.train.attention import attention_for
 from rayrl.train.build import ModelBuilding
-from rayrl.train.checkpoint_io import (
-    export_hf,
-    full_model_state_dict,
-    load_sharded,
-    save_sharded,
-)
+from rayrl.train.engine_io import EngineIO
 from rayrl.train.fsdp import dp_world_size
-from rayrl.train.loading import (
-    DTYPES,
-    has_tokenizer,
-    pick_device,
-)
-from rayrl.train.lora import adapters_disabled, lora_scaling, merged_state_dict
+from rayrl.train.loading import pick_device
 from rayrl.train.loss_contract import LossFn
 from rayrl.train.optim import (
     OptimSpec,
@@ -96,17 +86,15 @@ from rayrl.train.rank_sync import (
     global_counts,
     micro_batch_plan,
 )
-from rayrl.train.recovery import StepRecovery
 from rayrl.train.regional_compile import compile_regions
 from rayrl.train.residency import Residency
 from rayrl.train.shared_prompts import repeated_prompt_tokens, share_prompts_on
 from rayrl.train.ulysses import check_same_rows
-from rayrl.train.weight_sync import DEFAULT_BUCKET_BYTES, rollout_weights
 
 __all__ = ["LossFn", "TrainEngine"]
 
 
-class TrainEngine(ModelBuilding, StepRecovery):
+class TrainEngine(ModelBuilding, EngineIO):
     """A (possibly sharded) HF model with AdamW, an LR schedule and micro-batching.
 
     Args:
@@ -495,98 +483,3 @@ class TrainEngine(ModelBuilding, StepRecovery):
                 share_prompts=self._sharing,
             )
         return micro, outputs
-
-    # ------------------------------------------------------ memory and state
-    def offload(self, params: bool = True, optimizer: bool = True) -> None:
-        """Move parameters (and gradients) and/or optimizer state to host memory;
-        `onload` brings back whatever it moved."""
-        self.residency.offload(params=params, optimizer=optimizer and self.trainable)
-
-    def onload(self) -> None:
-        self.residency.onload()
-
-    def resident(self):
-        """Context with the parameters on the device; engine calls inside move nothing."""
-        self.residency.require(optimizer=False)
-        self._weights_needed()
-        return self.residency.resident()
-
-    def _require_trainable(self) -> None:
-        if not self.trainable:
-            raise RuntimeError(
-                "this engine was built with trainable=False (a frozen reference "
-                "model): it cannot train or checkpoint; build it trainable."
-            )
-
-    def _extra_state(self) -> dict[str, Any]:
-        return {"scheduler": self.scheduler.state_dict(), **self._counters()}
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Write a sharded checkpoint (model, optimizer, LR schedule, counters) to
-        the directory ``path``; every rank must call it."""
-        self._require_trainable()
-        self.residency.require(optimizer=True)
-        self._weights_needed()
-        with self.residency.resident(), self.residency.stepping():
-            save_sharded(path, self.model, self.optimizer, self._extra_state())
-
-    def load(self, path: str | os.PathLike) -> None:
-        """Restore a checkpoint written by `save` (with any number of ranks)."""
-        self._require_trainable()
-        self.residency.require(optimizer=True)
-        self._snapshot_copies_done()
-        with self.residency.resident(), self.residency.stepping():
-            extra = load_sharded(path, self.model, self.optimizer, self._extra_state())
-        self.scheduler.load_state_dict(extra["scheduler"])
-        self._set_counters(extra)
-        self._pending = None  # the checkpoint held every weight
-
-    def export_hf(self, path: str | os.PathLike, dtype: str | None = None) -> None:
-        """Write a directory that ``transformers`` loads (weights gathered to rank 0,
-        plus config, generation config and tokenizer); every rank must call it."""
-        with self.resident():
-            export_hf(
-                self.model,
-                path,
-                state=self.full_state_dict(cpu_offload=True) if self.lora else None,
-                config=self.config,
-                architecture=self.architecture,
-                tokenizer_dir=self.tokenizer_path if has_tokenizer(self.tokenizer_path) else None,
-                generation_config=self.generation_config,
-                dtype=DTYPES[dtype] if dtype else None,
-            )
-
-    def rollout_weights(
-        self, dtype: torch.dtype, bucket_bytes: int = DEFAULT_BUCKET_BYTES
-    ) -> Iterator[tuple[str, Tensor]]:
-        """Full weights by HF name in ``dtype``, for a rollout engine's ``update_weights``:
-        gathered a bucket at a time (`rayrl.train.weight_sync`), LoRA merged in.
-
-        Consume it inside `resident()` when the engine offloads parameters; every rank
-        of a sharded engine must consume all of it.
-        """
-        self.residency.require(optimizer=False)
-        self._weights_needed()
-        if self.lora:
-            return ((k, v.to(dtype)) for k, v in self.full_state_dict().items())
-        return rollout_weights(self.model, dtype, bucket_bytes)
-
-    @property
-    def training_dtype(self) -> str:
-        """The dtype the model computes in: bfloat16 under mixed precision, else its weights'."""
-        if self.mixed_precision:
-            return "bfloat16"
-        return next(n for n, d in DTYPES.items() if d == next(self.model.parameters()).dtype)
-
-    def full_state_dict(self, cpu_offload: bool = False) -> dict[str, Tensor]:
-        """Unsharded weights by name (fp32 master weights); a collective when sharded.
-        With ``cpu_offload`` only rank 0 receives them, on CPU."""
-        with self.resident():
-            state = full_model_state_dict(self.model, cpu_offload=cpu_offload)
-        if self.lora and state:
-            state = merged_state_dict(state, lora_scaling(self.model))
-        return state
-
-    def adapters_disabled(self):
-        """Context in which forward passes run the base model (LoRA only)."""
-        return adapters_disabled(self.model)
