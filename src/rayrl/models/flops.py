@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
+from rayrl.models.vision_language import vision_tower
+
 __all__ = ["PEAK_BF16_FLOPS", "FlopModel", "peak_flops"]
 
 # Dense bf16 tensor-core peak (no sparsity), FLOP/s, by a substring of the device name.
@@ -70,10 +72,13 @@ class FlopModel:
 
     @classmethod
     def of(cls, model: nn.Module) -> FlopModel:
-        """Sizes read from a Hugging Face causal LM (sharded parameters count whole)."""
-        cfg = model.config
+        """Sizes read from a Hugging Face causal LM (sharded parameters count whole). A
+        vision-language model counts its language model only: its vision tower's FLOPs
+        (per image, not per token) are not counted yet."""
+        cfg = model.config.get_text_config(decoder=True)
         skip: set[int] = set()
-        for module in (model.get_input_embeddings(), model.get_output_embeddings()):
+        tower = vision_tower(model)
+        for module in (model.get_input_embeddings(), model.get_output_embeddings(), tower):
             if module is not None:
                 skip.update(id(p) for p in module.parameters())
         body = sum(p.numel() for p in model.parameters() if id(p) not in skip)

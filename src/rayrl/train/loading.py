@@ -1,7 +1,8 @@
 """Building a Hugging Face model for training: policy or value model.
 
-A causal LM, or the same weights under a one-label token-classification head (a critic
-built from a policy checkpoint), with the requested dtype and attention
+A causal LM (a vision-language model's generating class, `causal_lm_class`), or the
+same weights under a one-label token-classification head (a critic built from a policy
+checkpoint), with the requested dtype and attention
 implementation, dropout switched off. Two ways:
 
 * `build_empty_model`: the model's structure from its config, parameters on the meta
@@ -19,6 +20,8 @@ import os
 
 import torch
 from torch import nn
+
+from rayrl.models.vision_language import causal_lm_class
 
 __all__ = ["DTYPES", "build_empty_model", "has_tokenizer", "load_hf_model", "pick_device"]
 
@@ -75,7 +78,7 @@ def build_empty_model(
     on the meta device (``dtype``) and its buffers in host memory; dropout off, as `load_hf_model`'s. Its generation
     config is the directory's, when it has one."""
     from accelerate import init_empty_weights
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, GenerationConfig
+    from transformers import AutoModelForTokenClassification, GenerationConfig
 
     config, torch_dtype = load_config(path, dtype, trust_remote_code, config_overrides)
     kwargs = {
@@ -86,7 +89,7 @@ def build_empty_model(
     if value_head:
         config.num_labels = 1
         config.classifier_dropout = 0.0
-    auto = AutoModelForTokenClassification if value_head else AutoModelForCausalLM
+    auto = AutoModelForTokenClassification if value_head else causal_lm_class(config)
     with init_empty_weights(include_buffers=False):
         model = auto.from_config(config, **kwargs)
     if getattr(model.config, "tie_word_embeddings", False):
@@ -112,7 +115,7 @@ def load_hf_model(
     missing from the checkpoint is initialised from ``seed``, so every rank and every
     run draws the same one.
     """
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers import AutoModelForTokenClassification
 
     config, torch_dtype = load_config(path, dtype, trust_remote_code, config_overrides)
     kwargs = {
@@ -128,7 +131,7 @@ def load_hf_model(
             config.classifier_dropout = 0.0
             model = AutoModelForTokenClassification.from_pretrained(path, **kwargs)
         else:
-            model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+            model = causal_lm_class(config).from_pretrained(path, **kwargs)
     return _for_training(model)
 
 

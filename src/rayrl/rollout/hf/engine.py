@@ -471,9 +471,10 @@ def _load(path: str, tokenizer, dtype, device, config_overrides=None, load_weigh
     """An HF causal LM (and its tokenizer unless given) from a directory, its config with
     ``config_overrides`` set on it; without ``load_weights`` its parameters are
     allocated, not read (its buffers computed as a load computes them)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     from rayrl.models.config_overrides import apply_config_overrides
+    from rayrl.models.vision_language import causal_lm_class
     from rayrl.train.load_once import weight_file_bytes
 
     if isinstance(dtype, str) and dtype != "auto":
@@ -484,7 +485,8 @@ def _load(path: str, tokenizer, dtype, device, config_overrides=None, load_weigh
         config = AutoConfig.from_pretrained(path)
         apply_config_overrides(config, config_overrides, "model.override_config")
         if load_weights:
-            model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype or "auto")
+            auto = causal_lm_class(config)
+            model = auto.from_pretrained(path, config=config, dtype=dtype or "auto")
             reads.count(weight_file_bytes(path))
         else:
             model = _empty_model(path, config, dtype, device)
@@ -506,7 +508,9 @@ def _empty_model(path: str, config, dtype, device) -> nn.Module:
     import os
 
     from accelerate import init_empty_weights
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers import GenerationConfig
+
+    from rayrl.models.vision_language import causal_lm_class
 
     from rayrl.train.load_once import materialize
 
@@ -514,7 +518,7 @@ def _empty_model(path: str, config, dtype, device) -> nn.Module:
         dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype or torch.float32
     with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model = causal_lm_class(config).from_config(config, dtype=dtype)
     if getattr(model.config, "tie_word_embeddings", False):
         model.tie_weights()  # parameters made on meta one by one come untied
     materialize(model, torch.device(device))  # the rotary tables kept as computed

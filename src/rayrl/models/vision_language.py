@@ -1,0 +1,151 @@
+"""Vision-language models: how rayrl tells one from a text-only model, which of them it
+runs, the transformers class that builds one, and the pieces of one the layers above read.
+
+A model is vision-language when its config has a vision tower (`vision_config`, as
+Qwen2-VL, Qwen2.5-VL and Qwen3-VL have). rayrl rolls out and trains the families of
+`SUPPORTED`: a multimodal core (``model.model``) that owns the vision tower
+(``visual``), the language model, ``get_image_features`` and ``get_rope_index``
+(M-RoPE positions from ``mm_token_type_ids``). Qwen3-VL feeds its vision features to
+several decoder layers (deepstack), which the training engine's splice of image
+features (`rayrl.train.vision_inputs`) does not do: it is refused, named.
+
+transformers builds such a model with ``AutoModelForImageTextToText``
+(``AutoModelForCausalLM`` does not map it), `causal_lm_class`. A row's images travel as
+its ``multi_modal_inputs`` (`rayrl.data.dataset`); `stack_images` concatenates those of
+several rows, in row order, as the model takes them.
+
+A leaf module: it imports nothing of rayrl and no transformers model class at import.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "IMAGE_INPUTS",
+    "PROCESSOR_FILES",
+    "SUPPORTED",
+    "causal_lm_class",
+    "copy_processor_files",
+    "is_vision_language",
+    "local_config",
+    "multimodal_core",
+    "stack_images",
+    "unsupported_reason",
+    "vision_tower",
+]
+
+VISION_CONFIG_KEYS = ("vision_config", "visual", "vision_tower")
+# model_type -> family name, for the messages
+SUPPORTED = {"qwen2_5_vl": "Qwen2.5-VL", "qwen2_vl": "Qwen2-VL"}
+UNSUPPORTED = {
+    "qwen3_vl": "its vision features also enter several decoder layers (deepstack), "
+    "which rayrl's training forward does not feed yet",
+    "qwen3_vl_moe": "its vision features also enter several decoder layers (deepstack), "
+    "which rayrl's training forward does not feed yet",
+}
+# What a row's multi_modal_inputs hold for the supported families (images only)
+IMAGE_INPUTS = ("pixel_values", "image_grid_thw")
+# A model directory's processor files: an export carries them beside the tokenizer
+PROCESSOR_FILES = (
+    "preprocessor_config.json",
+    "processor_config.json",
+    "video_preprocessor_config.json",
+    "chat_template.json",
+)
+
+
+def is_vision_language(config: Any) -> bool:
+    """Whether ``config`` (a transformers config, or a config.json's dict) has a vision tower."""
+    if isinstance(config, Mapping):
+        return any(key in config for key in VISION_CONFIG_KEYS)
+    return any(getattr(config, key, None) is not None for key in VISION_CONFIG_KEYS)
+
+
+def local_config(path: str | Path | None) -> dict[str, Any] | None:
+    """The config.json of a local model directory, or None (no such file, or unreadable)."""
+    if not path:
+        return None
+    file = Path(path).expanduser() / "config.json"
+    try:
+        found = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def unsupported_reason(config: Any) -> str | None:
+    """Why rayrl cannot roll out and train this vision-language model, or None."""
+    model_type = (
+        config.get("model_type") if isinstance(config, Mapping) else config.model_type
+    ) or "?"
+    if model_type in SUPPORTED:
+        return None
+    families = ", ".join(SUPPORTED.values())
+    why = UNSUPPORTED.get(model_type, "its vision inputs are not wired into rayrl's training")
+    return f"model_type {model_type!r} is not one rayrl trains yet ({why}); it trains {families}"
+
+
+def causal_lm_class(config: Any) -> Any:
+    """The transformers auto class that builds ``config``'s generating model."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
+
+
+def multimodal_core(model: nn.Module) -> nn.Module | None:
+    """The module that owns the vision tower, ``get_image_features`` and
+    ``get_rope_index`` (a Qwen-VL model's ``model.model``; under peft, deeper), or None
+    for a text-only model."""
+    for module in model.modules():
+        if hasattr(module, "visual") and hasattr(module, "get_rope_index"):
+            return module
+    return None
+
+
+def vision_tower(model: nn.Module) -> nn.Module | None:
+    """The model's vision tower (patch embedding, blocks and merger), or None."""
+    core = multimodal_core(model)
+    return None if core is None else core.visual
+
+
+def stack_images(rows: Iterable[Mapping[str, Tensor] | None]) -> dict[str, Tensor] | None:
+    """The images of ``rows`` (each a row's ``multi_modal_inputs``; empty or None for a
+    row without images) as one model input: ``pixel_values`` and ``image_grid_thw``
+    concatenated in row order (the order of their placeholders in the flattened ids);
+    None when no row has images. A ValueError names an input it cannot take."""
+    parts: dict[str, list[Tensor]] = {key: [] for key in IMAGE_INPUTS}
+    for i, row in enumerate(rows):
+        if not row:
+            continue
+        extra = sorted(set(row) - set(IMAGE_INPUTS))
+        if extra:
+            raise ValueError(
+                f"row {i}'s multi_modal_inputs hold {', '.join(extra)} beside "
+                f"{', '.join(IMAGE_INPUTS)}: rayrl feeds images only (videos and other "
+                "inputs are not read yet)"
+            )
+        for key in IMAGE_INPUTS:
+            parts[key].append(torch.as_tensor(row[key]))
+    if not parts["pixel_values"]:
+        return None
+    return {key: torch.cat(values) for key, values in parts.items()}
+
+
+def copy_processor_files(model_dir: str | Path, out_dir: str | Path) -> list[str]:
+    """Copy the processor files of `PROCESSOR_FILES` that ``model_dir`` has into
+    ``out_dir``; the names copied."""
+    copied = []
+    for name in PROCESSOR_FILES:
+        source = Path(model_dir) / name
+        if source.is_file():
+            shutil.copyfile(source, Path(out_dir) / name)
+            copied.append(name)
+    return copied
