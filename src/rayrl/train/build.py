@@ -31,9 +31,11 @@ from rayrl import reads
 from rayrl.controller.collective_failure import on_collective_failure
 from rayrl.models.safetensors_read import CheckpointIndex
 from rayrl.train.attention import VARLEN
+from rayrl.train.checkpoint_names import as_model_names
 from rayrl.train.fsdp import attention_modules, ensure_process_group, shard_model
 from rayrl.train.load_once import (
     LoadReport,
+    checkpoint_tensors,
     copy_weights,
     load_checkpoint,
     load_own_shards,
@@ -217,6 +219,8 @@ class ModelBuilding:
         except FileNotFoundError as err:
             reason = str(err)
         else:
+            wanted = {name for name, _ in checkpoint_tensors(model)}
+            index = as_model_names(index, model, wanted)  # a VL checkpoint's saved names
             plan = weight_plan(model, index, value_head)
             if not isinstance(plan, str):
                 if self.join:

@@ -36,6 +36,7 @@ from rayrl.models.safetensors_read import CheckpointIndex, CheckpointReader, Ten
 
 __all__ = [
     "LoadReport",
+    "checkpoint_tensors",
     "copy_weights",
     "host_peak_bytes",
     "load_checkpoint",
