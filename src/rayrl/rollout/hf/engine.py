@@ -20,6 +20,13 @@ the static path fails once, the engine logs a warning and uses the dynamic cache
 then on; a model that cannot serve requests then decodes in
 `rayrl.rollout.hf.decode.lean_decode` where it can.
 
+A vision-language model (`rayrl.models.vision_language`) generates through
+``generate()``: each prompt row's images (its ``multi_modal_inputs``) go in stacked in
+row order with the image tokens marked, and ``generate()`` feeds the pixels at the
+prefill and computes the model's M-RoPE positions, as it does for the model's own
+users; such a model serves no requests yet (multi-turn episodes and asynchronous
+replicas with images are refused, named).
+
 The engine wraps an existing module without copying
 (``HFRolloutEngine(model=train_model, tok)``: the hybrid engine) or loads its own copy
 (``HFRolloutEngine(model_path=...)``; with ``load_weights=False`` only the config and
@@ -46,8 +53,9 @@ from transformers import (
     StopStringCriteria,
 )
 
-from rayrl import progress, reads
+from rayrl import progress
 from rayrl.batch import Batch
+from rayrl.models.vision_language import is_vision_language, stack_images
 from rayrl.rollout.base import ROLLOUT_ENGINES, RolloutEngine, WeightSource
 from rayrl.rollout.contract import (
     Responses,
@@ -56,6 +64,7 @@ from rayrl.rollout.contract import (
     expand_samples,
 )
 from rayrl.rollout.hf.decode import can_lean_decode, decode_threads, lean_decode
+from rayrl.rollout.hf.loading import load_model
 from rayrl.rollout.hf.requests import HFRequests, can_serve_requests
 from rayrl.rollout.loop import run_batch
 from rayrl.rollout.requests import SampleOutput
@@ -161,7 +170,7 @@ class HFRolloutEngine(RolloutEngine):
         if decode not in DECODE_LOOPS:
             raise ValueError(f"HFRolloutEngine: decode={decode!r} is not one of {DECODE_LOOPS}.")
         if model_path is not None:
-            model, tokenizer = _load(
+            model, tokenizer = load_model(
                 model_path, tokenizer, dtype, device, config_overrides, load_weights
             )
         # parameters no load has filled yet (load_weights=False), by identity (tied: one)
@@ -171,12 +180,15 @@ class HFRolloutEngine(RolloutEngine):
         self.owns_weights = model_path is not None
         self.cache = cache
         self.compile = compile
-        self.lean = decode == "auto" and can_lean_decode(model)
+        # a vision-language model generates with its images through ``generate()``,
+        # which computes its M-RoPE positions and feeds the pixels at the prefill only
+        self.vision = is_vision_language(getattr(model, "config", None) or {})
+        self.lean = decode == "auto" and can_lean_decode(model) and not self.vision
         self._asleep = False
         gen_config = getattr(model, "generation_config", None)
         self.eos_ids = eos_ids(gen_config, getattr(model, "config", None), tokenizer)
         self.pad_id = pad_id(gen_config, tokenizer, self.eos_ids, "HFRolloutEngine")
-        self.serves = can_serve_requests(model)
+        self.serves = can_serve_requests(model) and not self.vision
         self.requests = HFRequests(model, self.pad_id, self.eos_ids, tokenizer)
 
     # ------------------------------------------------------------------ generate
@@ -246,6 +258,12 @@ class HFRolloutEngine(RolloutEngine):
     def _require_requests(self) -> None:
         if self._asleep:
             raise RuntimeError("HFRolloutEngine: the engine is asleep; call wake() first.")
+        if self.vision:
+            raise NotImplementedError(
+                f"HFRolloutEngine: {type(self.model).__name__} is a vision-language model, "
+                "which rayrl rolls out in single-turn synchronous calls only: multi-turn "
+                "episodes and asynchronous replicas with images are not built yet (issue 48)"
+            )
         if not self.serves:
             raise NotImplementedError(
                 f"HFRolloutEngine: {type(self.model).__name__} cannot serve requests (multi-"
@@ -346,6 +364,8 @@ class HFRolloutEngine(RolloutEngine):
         device = _device_of(self.model)
         columns = ("input_ids", "attention_mask", "position_ids")
         inputs = {name: rows.tensors[name].to(device) for name in columns}
+        if self.vision:
+            inputs = self._with_images(rows, inputs, device)
         prompt_len = inputs["input_ids"].shape[1]
         stop_ids = self._stop_ids(sampling, device)
         strings = StopStringCriteria(self.tokenizer, list(sampling.stop)) if sampling.stop else None
@@ -384,6 +404,26 @@ class HFRolloutEngine(RolloutEngine):
             tracker.done, tracker.stop_len, torch.full_like(tracker.stop_len, steps)
         )
         return Responses(tokens, lengths, log_probs, tracker.done)
+
+    def _with_images(self, rows: Batch, inputs: dict, device: torch.device) -> dict:
+        """A vision-language model's ``generate()`` inputs: its rows' images stacked in
+        row order (`stack_images`), the image tokens marked (``mm_token_type_ids``, from
+        which it computes the M-RoPE positions), and no text positions."""
+        ids, mask = inputs["input_ids"], inputs["attention_mask"].bool()
+        marked = (ids == int(self.model.config.image_token_id)) & mask
+        out = {"input_ids": ids, "attention_mask": inputs["attention_mask"]}
+        out["mm_token_type_ids"] = marked.int()
+        column = rows.non_tensors.get("multi_modal_inputs")
+        images = stack_images(column) if column is not None else None
+        if images is not None:
+            out.update({k: v.to(device) for k, v in images.items()})
+        elif bool(marked.any()):
+            raise ValueError(
+                "HFRolloutEngine.generate: the prompts hold image tokens but no "
+                "multi_modal_inputs column with their images; send the prompt rows' "
+                "multi_modal_inputs (rayrl.data.dataset collates them)"
+            )
+        return out
 
     def _require_weights(self, call: str) -> None:
         if self._unset:
@@ -467,66 +507,6 @@ class HFRolloutEngine(RolloutEngine):
 
 
 # ---------------------------------------------------------------------- helpers
-def _load(path: str, tokenizer, dtype, device, config_overrides=None, load_weights=True):
-    """An HF causal LM (and its tokenizer unless given) from a directory, its config with
-    ``config_overrides`` set on it; without ``load_weights`` its parameters are
-    allocated, not read (its buffers computed as a load computes them)."""
-    from transformers import AutoConfig, AutoTokenizer
-
-    from rayrl.models.config_overrides import apply_config_overrides
-    from rayrl.models.vision_language import causal_lm_class
-    from rayrl.train.load_once import weight_file_bytes
-
-    if isinstance(dtype, str) and dtype != "auto":
-        dtype = getattr(torch, dtype)
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        config = AutoConfig.from_pretrained(path)
-        apply_config_overrides(config, config_overrides, "model.override_config")
-        if load_weights:
-            auto = causal_lm_class(config)
-            model = auto.from_pretrained(path, config=config, dtype=dtype or "auto")
-            reads.count(weight_file_bytes(path))
-        else:
-            model = _empty_model(path, config, dtype, device)
-    except OSError as err:
-        raise OSError(
-            f"HFRolloutEngine: cannot load a model from {path!r} ({err}); pass a local HF "
-            "model directory (config.json + weights)."
-        ) from err
-    model.to(device).eval()
-    if tokenizer is None:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    return model, tokenizer
-
-
-def _empty_model(path: str, config, dtype, device) -> nn.Module:
-    """``config``'s causal LM with its parameters allocated on ``device``, uninitialised
-    (in ``dtype``, else the dtype the config names), its buffers as built (the rotary
-    tables), and the directory's generation config."""
-    import os
-
-    from accelerate import init_empty_weights
-    from transformers import GenerationConfig
-
-    from rayrl.models.vision_language import causal_lm_class
-
-    from rayrl.train.load_once import materialize
-
-    if dtype in (None, "auto"):
-        dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype or torch.float32
-    with init_empty_weights(include_buffers=False):
-        model = causal_lm_class(config).from_config(config, dtype=dtype)
-    if getattr(model.config, "tie_word_embeddings", False):
-        model.tie_weights()  # parameters made on meta one by one come untied
-    materialize(model, torch.device(device))  # the rotary tables kept as computed
-    if os.path.isfile(os.path.join(path, "generation_config.json")):
-        model.generation_config = GenerationConfig.from_pretrained(path)
-    return model
-
-
 def _device_of(model: nn.Module) -> torch.device:
     for param in model.parameters():
         return param.device
