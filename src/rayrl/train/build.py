@@ -30,6 +30,7 @@ import torch.distributed as dist
 from rayrl import reads
 from rayrl.controller.collective_failure import on_collective_failure
 from rayrl.models.safetensors_read import CheckpointIndex
+from rayrl.models.vision_language import vision_tower
 from rayrl.train.attention import VARLEN
 from rayrl.train.checkpoint_names import as_model_names
 from rayrl.train.fsdp import attention_modules, ensure_process_group, shard_model
@@ -51,6 +52,7 @@ from rayrl.train.mesh import MeshError, MeshSpec, TrainMesh, check_heads
 from rayrl.train.rank_sync import all_reduce
 from rayrl.train.rebuild import Kept
 from rayrl.train.ulysses import SPGroup, attach
+from rayrl.train.vision_inputs import install_image_splice
 
 __all__ = ["Filler", "ModelBuilding"]
 
@@ -67,6 +69,7 @@ class ModelBuilding:
     before `_build_model` runs; it sets ``_pending`` for a new rank's deferred read."""
 
     _kept: Kept | None = None
+    freeze_vision_tower = False  # the engine's argument (`TrainEngine`)
 
     def _build_mesh(self, sp: int, fsdp_size: int) -> None:
         """The layout of ranks (`rayrl.train.mesh`): sharding mesh, SP and DP ranks."""
@@ -122,6 +125,9 @@ class ModelBuilding:
             self._check_sequence_parallel(model.config, attn)
         if not value_head:
             install_logprob_head(model)
+            install_image_splice(model)  # a vision-language model's images (none: no-op)
+        if self.freeze_vision_tower:
+            self._freeze_vision_tower(model)
         self.lora = lora is not None
         if self.lora:
             model = apply_lora(model, lora)
@@ -146,6 +152,16 @@ class ModelBuilding:
                 weights_from,
             )
         return model, fill
+
+    def _freeze_vision_tower(self, model: torch.nn.Module) -> None:
+        """No gradients for the vision tower (and so no optimizer state for it)."""
+        tower = vision_tower(model)
+        if tower is None:
+            raise ValueError(
+                f"freeze_vision_tower=True, but {self.model_path} is a text-only model "
+                "(no vision tower); set actor_rollout_ref.actor.freeze_vision_tower=false"
+            )
+        tower.requires_grad_(False)
 
     def _empty_model(
         self, value_head: bool, dtype: str, attn: str, trust_remote_code: bool

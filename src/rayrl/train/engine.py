@@ -90,6 +90,7 @@ from rayrl.train.regional_compile import compile_regions
 from rayrl.train.residency import Residency
 from rayrl.train.shared_prompts import repeated_prompt_tokens, share_prompts_on
 from rayrl.train.ulysses import check_same_rows
+from rayrl.train.vision_inputs import VisionModel
 
 __all__ = ["LossFn", "TrainEngine"]
 
@@ -137,6 +138,8 @@ class TrainEngine(ModelBuilding, EngineIO):
             a frozen engine reads its own shards, a trainable one (every weight in its
             snapshots and checkpoints) waits for `restore` or `load`, and reads its own
             shards only if something needs the weights before either.
+        freeze_vision_tower: a vision-language model's vision tower gets no gradients
+            and no optimizer state (verl's ``actor.freeze_vision_tower``).
 
     Attributes beyond the arguments: ``dp_rank``, ``dp_size`` (the data-parallel rank:
     ranks of one sequence-parallel group share it and need the same rows), ``sp_rank``,
@@ -175,6 +178,7 @@ class TrainEngine(ModelBuilding, EngineIO):
         weights_from: TrainEngine | None = None,
         config_overrides: dict | None = None,
         join: bool = False,
+        freeze_vision_tower: bool = False,
     ) -> None:
         self._args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self.join = join
@@ -185,6 +189,7 @@ class TrainEngine(ModelBuilding, EngineIO):
         self.value_head = value_head
         self.config_overrides = dict(config_overrides or {})
         self.use_remove_padding = use_remove_padding
+        self.freeze_vision_tower = freeze_vision_tower
         self.device = pick_device(device)
         self.share_prompts = share_prompts_on(share_prompts, self.device, attn_implementation)
         self.logit_chunk_size = logit_chunk_size or (4096 if self.device.type == "cuda" else 1024)
@@ -213,6 +218,10 @@ class TrainEngine(ModelBuilding, EngineIO):
             model, self.device, attention_in_graph=self.sp is None
         )
         self.model = model
+        # a vision-language model's images (`rayrl.train.vision_inputs`): its rows' prompts
+        # differ by their images, so they never share one run of a prompt
+        self.vision = VisionModel.of(model, self.sharded)
+        self.share_prompts = self.share_prompts and self.vision is None
         self.optim_spec = (
             optim if isinstance(optim, OptimSpec) else OptimSpec.from_config(optim or {})
         )
@@ -481,5 +490,6 @@ class TrainEngine(ModelBuilding, EngineIO):
                 device=self.device,
                 sp=self.sp,
                 share_prompts=self._sharing,
+                vision=self.vision,
             )
         return micro, outputs

@@ -1,10 +1,12 @@
 """FSDP2 wrapping, mixed precision and CPU offload for the training engine.
 
-`shard_model` applies ``torch.distributed.fsdp.fully_shard`` to every decoder layer
-and then to the root module, over the engine's mesh (`rayrl.train.mesh`: 1-D over
-all ranks, or 2-D for hybrid sharding) or a 1-D mesh of all ranks (one rank too: then
-it is how a single GPU computes in bf16 from fp32 master weights, each weight cast
-once per forward or backward of its layer instead of at every use as autocast does;
+`shard_model` applies ``torch.distributed.fsdp.fully_shard`` to every decoder layer (a
+vision-language model's vision blocks too, then its vision tower as a whole, so that a
+frozen tower's parameters are never in a unit with trained ones) and then to the root
+module, over the engine's mesh (`rayrl.train.mesh`: 1-D over all ranks, or 2-D for
+hybrid sharding) or a 1-D mesh of all ranks (one rank too: then it is how a single GPU
+computes in bf16 from fp32 master weights, each weight cast once per forward or
+backward of its layer instead of at every use as autocast does;
 `ensure_process_group` gives such a process the one-rank group a mesh needs). On GPU the
 parameters are cast to bf16 for compute while the sharded fp32 parameters stay the
 master copy the optimizer updates, and gradients are reduced in fp32; on CPU
@@ -19,6 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from rayrl.models.vision_language import vision_tower
 
 __all__ = [
     "attention_modules",
@@ -98,6 +102,9 @@ def shard_model(
         policy = MixedPrecisionPolicy()
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    tower = vision_tower(model)  # its patch embedding and merger: a unit of their own
+    if tower is not None:
+        fully_shard(tower, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
     return model
 

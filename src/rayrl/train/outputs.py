@@ -18,6 +18,8 @@ routers replay, record or compare the micro-batch's routing, laid out as its inp
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -29,13 +31,21 @@ from rayrl.train.packing import ResponseIndex, pack_sequences, padded_response_i
 from rayrl.train.router_replay import active_routing
 from rayrl.train.shared_prompts import share_prompts as share_prompts_of
 from rayrl.train.ulysses import SPGroup, gather_kept, split_packed
+from rayrl.train.vision_inputs import SPLICE_KEY, VisionModel, image_inputs, packed_image_inputs
 
 __all__ = ["MODEL_INPUTS", "default_position_ids", "response_outputs", "response_width"]
 
 # What the model is run on: token ids, mask and (optionally) positions over prompt and
-# response, and the responses' width R, read from `responses` or, when a caller sends
-# only the mask, `response_mask` (`response_width`).
-MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "response_mask")
+# response, the responses' width R, read from `responses` or, when a caller sends only
+# the mask, `response_mask` (`response_width`), and a vision-language model's images
+# (`multi_modal_inputs`: a column only batches of prompts with images have).
+MODEL_INPUTS = (
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "response_mask",
+    "multi_modal_inputs",
+)
 
 
 def response_width(batch: Batch) -> int:
@@ -55,15 +65,22 @@ def default_position_ids(attention_mask: Tensor) -> Tensor:
 
 
 def _model_inputs(
-    micro: Batch, packed: bool, device: torch.device, share: bool = False
-) -> tuple[dict[str, Tensor], ResponseIndex, bool, Tensor]:
+    micro: Batch,
+    packed: bool,
+    device: torch.device,
+    share: bool = False,
+    vision: VisionModel | None = None,
+) -> tuple[dict[str, Any], ResponseIndex, bool, Tensor]:
     """Model kwargs, the response index, whether the row is packed, and where each
     token of ``micro`` (``[b, P + R]``) sits in the model's input, flattened (-1: left
     out), built where ``micro`` is, then moved (all but the last). ``share``: rows with
-    the same prompt run it once (`rayrl.train.shared_prompts`), when some do."""
+    the same prompt run it once (`rayrl.train.shared_prompts`), when some do.
+    ``vision``: the rows' images go in beside their ids, with the model's M-RoPE
+    positions (`rayrl.train.vision_inputs`)."""
     ids, mask = micro["input_ids"], micro["attention_mask"]
     positions = micro["position_ids"] if "position_ids" in micro else default_position_ids(mask)
     response_len = response_width(micro)
+    images = image_inputs(vision, micro, response_len) if vision is not None else None
     shared = share_prompts_of(ids, mask, positions, response_len) if share else None
     attention = {}
     if shared is not None:
@@ -74,6 +91,8 @@ def _model_inputs(
     elif packed:
         p = pack_sequences(ids, mask, positions, response_len)
         inputs, index = {"input_ids": p.input_ids, "position_ids": p.position_ids}, p.response
+        if images is not None:  # each sequence's own M-RoPE positions, text ones first
+            images = packed_image_inputs(images, mask, p.position_ids)
         # sequence boundaries for varlen attention, computed here on the host
         lengths = [n for n in mask.sum(dim=1).tolist() if n > 0]
         attention = packed_attention_kwargs(lengths, device)
@@ -83,8 +102,13 @@ def _model_inputs(
         index = padded_response_index(ids, mask, response_len)
         inputs = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
         where = torch.arange(ids.numel()).view(ids.shape)
-    inputs = {k: v.to(device, non_blocking=True) for k, v in inputs.items()}
-    inputs.update(attention)
+    if images is not None:
+        inputs["position_ids"] = images.position_ids
+    moved: dict[str, Any] = {k: v.to(device, non_blocking=True) for k, v in inputs.items()}
+    if images is not None:
+        moved[SPLICE_KEY] = images.splice.to(device)
+    moved.update(attention)
+    inputs = moved
     index = ResponseIndex(
         valid=index.valid.to(device, non_blocking=True),
         logit_index=index.logit_index.to(device, non_blocking=True),
@@ -113,6 +137,7 @@ def response_outputs(
     device: torch.device | str | None = None,
     sp: SPGroup | None = None,
     share_prompts: bool = False,
+    vision: VisionModel | None = None,
 ) -> dict[str, Tensor]:
     """Run ``model`` on one micro-batch.
 
@@ -140,18 +165,27 @@ def response_outputs(
         share_prompts: rows with the same prompt (GRPO's samples of one prompt) run
             it once, packed with their responses (`rayrl.train.shared_prompts`); not
             with ``sp``.
+        vision: a vision-language model's image side (`rayrl.train.vision_inputs`):
+            the rows' ``multi_modal_inputs`` spliced into their prompts; not with
+            ``sp`` or ``share_prompts``.
 
     Returns:
         ``{"log_probs": ..., "entropy": ...}`` or ``{"values": ...}``, each ``[b, R]``.
     """
     device = torch.device(device) if device is not None else micro["input_ids"].device
+    if vision is not None and (sp is not None or share_prompts):
+        raise ValueError(
+            "a vision-language model's micro-batches run neither sequence-parallel nor "
+            "with shared prompts (their images would be split, or run once per prompt); "
+            "set ulysses_sequence_parallel_size=1 and model.share_prompts=false"
+        )
     if sp is not None:
         return _sequence_parallel_outputs(
             model, micro, sp, value_head, temperature, with_entropy, chunk_size, device
         )
     # A micro-batch without padding gains nothing from packing: run its rows as they are.
     packed = packed and not bool(micro["attention_mask"].bool().all())
-    inputs, index, packed, where = _model_inputs(micro, packed, device, share_prompts)
+    inputs, index, packed, where = _model_inputs(micro, packed, device, share_prompts, vision)
     replay = active_routing(model)  # routing replay (`rayrl.train.router_replay`)
     if replay is not None:
         replay.feed(micro, where, inputs["input_ids"].numel(), device)
