@@ -20,6 +20,7 @@ A leaf module: it imports nothing of rayrl and no transformers model class at im
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -139,7 +140,9 @@ def stack_images(rows: Iterable[Mapping[str, Tensor] | None]) -> dict[str, Tenso
     return {key: torch.cat(values) for key, values in parts.items()}
 
 
-def copy_processor_files(model_dir: str | Path, out_dir: str | Path) -> list[str]:
+def copy_processor_files(
+    model_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str]
+) -> list[str]:
     """Copy the processor files of `PROCESSOR_FILES` that ``model_dir`` has into
     ``out_dir``; the names copied."""
     copied = []

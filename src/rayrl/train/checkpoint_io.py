@@ -32,6 +32,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from rayrl.models.vision_language import copy_processor_files
+
 __all__ = [
     "export_hf",
     "full_model_state_dict",
@@ -143,6 +145,7 @@ def export_hf(
     generation_config: Any = None,
     dtype: torch.dtype | None = None,
     state: dict[str, torch.Tensor] | None = None,
+    processor_dir: str | os.PathLike | None = None,
 ) -> Path | None:
     """Write a Hugging Face model directory from a (possibly sharded) model.
 
@@ -156,6 +159,8 @@ def export_hf(
         generation_config: saved when given.
         dtype: cast floating weights to it (default: keep the training dtype).
         state: the full weights, when the caller gathered (and transformed) them.
+        processor_dir: where a vision-language model's processor files are, to copy
+            beside the weights (`rayrl.models.vision_language.PROCESSOR_FILES`).
 
     Returns:
         The directory on rank 0, None on other ranks.
@@ -164,7 +169,9 @@ def export_hf(
         state = full_model_state_dict(model, cpu_offload=True)
     out = Path(out_dir).absolute()
     if _rank() == 0:
-        write_hf_dir(state, out, config, architecture, tokenizer_dir, generation_config, dtype)
+        write_hf_dir(
+            state, out, config, architecture, tokenizer_dir, generation_config, dtype, processor_dir
+        )
     _barrier()
     return out if _rank() == 0 else None
 
@@ -177,10 +184,11 @@ def write_hf_dir(
     tokenizer_dir: str | os.PathLike | None,
     generation_config: Any,
     dtype: torch.dtype | None,
+    processor_dir: str | os.PathLike | None = None,
 ) -> None:
     """Write `state` as an HF model directory at `out` (staged, then renamed into place):
     config with `architectures`, safetensors (cast to `dtype`; a tied lm_head left
-    out), generation config and tokenizer when given."""
+    out), generation config, tokenizer and processor files when given."""
     from huggingface_hub import save_torch_state_dict
 
     if dtype is not None:
@@ -202,6 +210,8 @@ def write_hf_dir(
             from transformers import AutoTokenizer
 
             AutoTokenizer.from_pretrained(str(tokenizer_dir)).save_pretrained(staging)
+        if processor_dir is not None:
+            copy_processor_files(processor_dir, staging)
         staging.chmod(0o755)
         if out.exists():
             shutil.rmtree(out)

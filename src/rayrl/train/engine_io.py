@@ -46,6 +46,7 @@ class EngineIO(StepRecovery):
     config: Any
     architecture: str
     tokenizer_path: str
+    model_path: str
     generation_config: Any
 
     def offload(self, params: bool = True, optimizer: bool = True) -> None:
@@ -94,7 +95,8 @@ class EngineIO(StepRecovery):
 
     def export_hf(self, path: str | os.PathLike, dtype: str | None = None) -> None:
         """Write a directory that ``transformers`` loads (weights gathered to rank 0,
-        plus config, generation config and tokenizer); every rank must call it."""
+        plus config, generation config, tokenizer and a vision-language model's
+        processor files); every rank must call it."""
         with self.resident():
             export_hf(
                 self.model,
@@ -105,6 +107,7 @@ class EngineIO(StepRecovery):
                 tokenizer_dir=self.tokenizer_path if has_tokenizer(self.tokenizer_path) else None,
                 generation_config=self.generation_config,
                 dtype=DTYPES[dtype] if dtype else None,
+                processor_dir=self.model_path,
             )
 
     def rollout_weights(

@@ -1,12 +1,14 @@
 """A Hugging Face model directory from a sharded training checkpoint, offline.
 
 Beside its DCP shards, every actor checkpoint keeps what an export needs: the model's
-config, generation config and tokenizer (`huggingface/`) and `hf_meta.json` (the
-architecture, the training dtype, the LoRA scaling when adapters are trained).
-`export_checkpoint` reads only the model weights from the shards (no optimizer state,
-no Ray, no torch.distributed), folds LoRA adapters into their base weights, casts to
-the training dtype and writes a directory that `AutoModelForCausalLM.from_pretrained`
-and `AutoTokenizer.from_pretrained` load: what `rayrl export` runs.
+config, generation config, tokenizer and a vision-language model's processor files
+(`huggingface/`), and `hf_meta.json` (the architecture, the training dtype, the LoRA
+scaling when adapters are trained). `export_checkpoint` reads only the model weights
+from the shards (no optimizer state, no Ray, no torch.distributed), folds LoRA adapters
+into their base weights, casts to the training dtype and writes a directory that
+`AutoModelForCausalLM.from_pretrained` (a vision-language model:
+`AutoModelForImageTextToText`) and `AutoTokenizer.from_pretrained` load: what `rayrl
+export` runs.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from rayrl.models.vision_language import copy_processor_files
 from rayrl.train.checkpoint_io import quiet_dcp, write_hf_dir
 from rayrl.train.loading import DTYPES
 from rayrl.train.lora import merged_state_dict
@@ -48,6 +51,7 @@ def write_hf_meta(engine: Any, path: str | os.PathLike) -> None:
         engine.generation_config.save_pretrained(hf)
     if has_tokenizer(engine.tokenizer_path):
         AutoTokenizer.from_pretrained(engine.tokenizer_path).save_pretrained(hf)
+    copy_processor_files(engine.model_path, hf)  # a vision-language model's
     meta = {
         "architecture": engine.architecture,
         "dtype": engine.training_dtype,
@@ -117,5 +121,6 @@ def export_checkpoint(
         generation = None
     tokenizer = hf if (hf / "tokenizer_config.json").is_file() else None
     out = Path(out_dir).absolute()
-    write_hf_dir(state, out, config, meta["architecture"], tokenizer, generation, DTYPES[dtype])
+    architecture = meta["architecture"]
+    write_hf_dir(state, out, config, architecture, tokenizer, generation, DTYPES[dtype], hf)
     return out
