@@ -81,6 +81,9 @@ class DataConfig:
     image_key: str = "images"
     # the column of a row's videos (verl's); rayrl reads no videos yet: such rows are set aside
     video_key: str = "videos"
+    # options of the image processor (verl's): min_pixels / max_pixels bound each image,
+    # the others go to the processor call as they are (rayrl.data.vision)
+    mm_processor_kwargs: dict = field(default_factory=dict)
     custom_cls: CustomDatasetConfig = field(default_factory=CustomDatasetConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
 
@@ -193,6 +196,8 @@ class ActorConfig:
     # and the model's attention heads; the data-parallel size is the world over it
     ulysses_sequence_parallel_size: int = 1
     router_replay: RouterReplayConfig = field(default_factory=RouterReplayConfig)
+    # a vision-language model's vision tower gets no gradients and no optimizer state
+    freeze_vision_tower: bool = False
 
 
 @dataclass

@@ -20,6 +20,7 @@ from rayrl.config.multi_turn import check_multi_turn
 from rayrl.config.ranges import check_ranges
 from rayrl.config.routing_checks import ROUTER_REPLAY_MODES, check_router_replay
 from rayrl.config.schema import WEIGHT_TRANSPORTS, RayRLConfig, RolloutCorrectionConfig
+from rayrl.config.vision_checks import check_vision_language
 
 ACTOR = "actor_rollout_ref.actor"
 
@@ -238,37 +239,6 @@ def check_fsdp_size(key: str, size: int, world: int) -> None:
         MeshSpec(world, 1, size)
     except MeshError as err:
         raise ConfigError(str(err).replace("fsdp_config.fsdp_size", key)) from None
-
-
-VISION_CONFIG_KEYS = ("vision_config", "visual", "vision_tower")
-
-
-def check_text_only(cfg: RayRLConfig) -> None:
-    """Refuse a vision-language model before anything starts: rayrl reads its prompts
-    with images (`rayrl.data.vision`) but cannot roll it out or train it yet. A local
-    model directory is judged by its config.json."""
-    import json
-    from pathlib import Path
-
-    for key, path in (
-        ("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path),
-        ("critic.model.path", cfg.critic.model.path),
-    ):
-        config = Path(path).expanduser() / "config.json" if path else None
-        if config is None or not config.is_file():
-            continue
-        try:
-            model = json.loads(config.read_text())
-        except (OSError, ValueError):
-            continue
-        found = [k for k in VISION_CONFIG_KEYS if k in model]
-        if found:
-            raise ConfigError(
-                f"{key}={path} is a vision-language model ({config} has {found[0]}); rayrl "
-                "reads prompts with images for it (data.image_key, rayrl.data.vision), but "
-                "its rollout and training are the slices of vision-language RL not built "
-                "yet (issue 48): train a text-only model for now"
-            )
 
 
 def model_heads(path: str | None) -> tuple[int, int] | None:
@@ -549,7 +519,7 @@ def validate_config(cfg: RayRLConfig, warn: Callable[[str], None] = _warn) -> No
     check_lora(cfg)
     check_sampler(cfg)
     check_parallel(cfg)
-    check_text_only(cfg)
+    check_vision_language(cfg, critic_enabled(cfg))
     check_router_replay(cfg, warn)
     actor, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
     prompts, world = cfg.data.train_batch_size, cfg.world_size

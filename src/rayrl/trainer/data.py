@@ -9,7 +9,9 @@ without them, a run on the synthetic task validates on its held-out split (rows 
 training split does not contain), and a run on files of its own does not validate,
 saying so once (`no_validation_notice`).
 With multi-turn rollouts on, prompts show the configured tools' schemas through the
-chat template and carry their rows' `agent_name` (`rayrl.workers.agent`).
+chat template and carry their rows' `agent_name` (`rayrl.workers.agent`). A
+vision-language policy's prompts are read with its image processor (`vision_processor`):
+rows with images carry their pixels (`rayrl.data.dataset`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ def _agent_settings(cfg: RayRLConfig) -> dict[str, Any]:
     return {"tools": tool_schemas(cfg), "default_agent": default_agent(cfg)}
 
 
-def _dataset(rows: list[dict], tokenizer: Any, cfg: RayRLConfig, sources=None) -> PromptDataset:
+def _dataset(
+    rows: list[dict], tokenizer: Any, cfg: RayRLConfig, sources=None, vision: Any = None
+) -> PromptDataset:
     d = cfg.data
     return PromptDataset(
         rows,
@@ -52,18 +56,23 @@ def _dataset(rows: list[dict], tokenizer: Any, cfg: RayRLConfig, sources=None) -
         chat_template_kwargs=d.apply_chat_template_kwargs,
         image_key=d.image_key,
         video_key=d.video_key,
+        vision=vision,
         **_agent_settings(cfg),
     )
 
 
-def _files_dataset(files: Any, tokenizer: Any, cfg: RayRLConfig) -> PromptDataset:
+def _files_dataset(
+    files: Any, tokenizer: Any, cfg: RayRLConfig, vision: Any = None
+) -> PromptDataset:
     if cfg.data.custom_cls.path is not None:
-        return _custom_dataset(files, tokenizer, cfg)
+        return _custom_dataset(files, tokenizer, cfg, vision)
     rows, sources = read_rows_with_sources(files)
-    return _dataset(rows, tokenizer, cfg, sources)
+    return _dataset(rows, tokenizer, cfg, sources, vision)
 
 
-def _custom_dataset(files: Any, tokenizer: Any, cfg: RayRLConfig) -> PromptDataset:
+def _custom_dataset(
+    files: Any, tokenizer: Any, cfg: RayRLConfig, vision: Any = None
+) -> PromptDataset:
     """The rows of the user's dataset class (`data.custom_cls`) on `files`."""
     from dataclasses import asdict
 
@@ -79,23 +88,24 @@ def _custom_dataset(files: Any, tokenizer: Any, cfg: RayRLConfig) -> PromptDatas
     data_config = OmegaConf.create(asdict(cfg.data))
     dataset = build_custom_dataset(cls, files, tokenizer, data_config, where)
     rows, sources = custom_rows(dataset, cfg.data.prompt_key, where)
-    return _dataset(rows, tokenizer, cfg, sources)
+    return _dataset(rows, tokenizer, cfg, sources, vision)
 
 
 @LOADERS.register("default")
-def default_loader(cfg: RayRLConfig, tokenizer: Any) -> PromptDataset:
+def default_loader(cfg: RayRLConfig, tokenizer: Any, vision: Any = None) -> PromptDataset:
     d = cfg.data
     if d.train_files:
-        return _files_dataset(d.train_files, tokenizer, cfg)
-    return _dataset(
-        synthetic_rows(d.synthetic_task, d.synthetic_size, cfg.trainer.seed), tokenizer, cfg
-    )
+        return _files_dataset(d.train_files, tokenizer, cfg, vision)
+    rows = synthetic_rows(d.synthetic_task, d.synthetic_size, cfg.trainer.seed)
+    return _dataset(rows, tokenizer, cfg, vision=vision)
 
 
 @LOADERS.register("ray")
-def ray_loader(cfg: RayRLConfig, tokenizer: Any):
+def ray_loader(cfg: RayRLConfig, tokenizer: Any, vision: Any = None):
     from rayrl.data.ray_loader import RayPromptLoader
 
+    if vision is not None:  # the config refuses it first (`rayrl.config.vision_checks`)
+        raise DataError("data.loader=ray reads no prompts with images; set data.loader=default")
     d = cfg.data
     files = [d.train_files] if isinstance(d.train_files, str) else list(d.train_files)
     rows = None if files else synthetic_rows(d.synthetic_task, d.synthetic_size, cfg.trainer.seed)
@@ -182,11 +192,32 @@ def truncation_notes(data: Any, d: Any) -> list[str]:
     return notes
 
 
-def load_datasets(cfg: RayRLConfig, tokenizer: Any) -> tuple[Any, PromptDataset | None]:
+def vision_processor(cfg: RayRLConfig, model_path: str, tokenizer: Any) -> Any:
+    """The image processor of a vision-language policy (`rayrl.data.vision`, with
+    ``data.mm_processor_kwargs``), or None for a text-only one; a DataError names a
+    family rayrl does not train (`rayrl.models.vision_language`)."""
+    from rayrl.models.vision_language import is_vision_language, local_config, unsupported_reason
+
+    config = local_config(model_path)
+    if config is None or not is_vision_language(config):
+        return None
+    why = unsupported_reason(config)
+    if why is not None:
+        raise DataError(f"actor_rollout_ref.model.path={model_path}: {why}")
+    from rayrl.data.vision import load_vision_processor
+
+    kwargs = dict(cfg.data.mm_processor_kwargs or {})
+    return load_vision_processor(model_path, tokenizer, mm_processor_kwargs=kwargs)
+
+
+def load_datasets(
+    cfg: RayRLConfig, tokenizer: Any, vision: Any = None
+) -> tuple[Any, PromptDataset | None]:
     """(training prompts, validation prompts or None); whether they fill a batch is the
-    run's check (`require_batch`), after it has listed the rows set aside."""
+    run's check (`require_batch`), after it has listed the rows set aside. ``vision``:
+    the policy's image processor (`vision_processor`), for prompts with images."""
     d = cfg.data
-    train = LOADERS.get(d.loader)(cfg, tokenizer)
+    train = LOADERS.get(d.loader)(cfg, tokenizer, vision)
     if d.sampler.class_path:  # verl's data.sampler: the class orders the epochs
         from dataclasses import asdict
 
@@ -200,9 +231,9 @@ def load_datasets(cfg: RayRLConfig, tokenizer: Any) -> tuple[Any, PromptDataset 
         )
     _warn_single_turn_rows(cfg, train)
     if d.val_files:
-        val = _files_dataset(d.val_files, tokenizer, cfg)
+        val = _files_dataset(d.val_files, tokenizer, cfg, vision)
     elif not d.train_files and d.synthetic_val_size > 0:
-        val = _dataset(synthetic_val_rows(cfg), tokenizer, cfg)
+        val = _dataset(synthetic_val_rows(cfg), tokenizer, cfg, vision=vision)
     else:
         val = None
     return train, (val if val is not None and len(val) else None)

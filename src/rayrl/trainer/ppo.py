@@ -48,7 +48,7 @@ from rayrl.trainer.advantage import (
 from rayrl.trainer.agent_checks import check_agent_setup
 from rayrl.trainer.balance import balance_batch, balanced_samples, sequence_lengths
 from rayrl.trainer.contract import TrainData
-from rayrl.trainer.data import load_datasets
+from rayrl.trainer.data import load_datasets, vision_processor
 from rayrl.trainer.dynamic_sampling import fill_batch
 from rayrl.trainer.episodes import episode_metrics, is_multi_turn, token_check
 from rayrl.trainer.generations import generations_dir, write_training_step
@@ -172,7 +172,9 @@ class PPOTrainer:
     def load_data(self) -> TrainData:
         """Tokenizer, training prompts and validation prompts (before any reservation)."""
         d = self.cfg.data
-        train, val = load_datasets(self.cfg, self._actor_tokenizer())
+        tokenizer = self._actor_tokenizer()
+        vision = vision_processor(self.cfg, self.model_path, tokenizer)
+        train, val = load_datasets(self.cfg, tokenizer, vision)
         seed = self.cfg.trainer.seed if d.seed is None else d.seed  # verl's data.seed
         self.data = TrainData(train, d.train_batch_size, d.shuffle, val, seed=seed)
         return self.data

@@ -138,6 +138,7 @@ class ActorRolloutRefWorker(Worker):
             total_steps=total_steps,
             lora=lora,
             join=self.joining,  # a replacement: its state comes from the snapshot restore
+            freeze_vision_tower=arr.actor.freeze_vision_tower,
             **engine_kwargs(
                 arr.model,
                 arr.actor.fsdp_config,

@@ -32,10 +32,6 @@ MEGATRON_LORA = (
     "Megatron's LoRA settings; rayrl's LoRA is actor_rollout_ref.model.lora_rank, "
     "lora_alpha and target_modules"
 )
-VL_NEXT = (
-    "rayrl reads prompts with images (rayrl.data.vision) but does not yet roll out or "
-    "train vision-language models (issue 48's next slices)"
-)
 RM_POOL = (
     "the reward model runs in the reward role's own pool: reward.workers_per_node workers "
     "(one GPU each, a data-parallel rank of the model) on every node of the training pool"
@@ -156,7 +152,6 @@ ACTOR: dict[str, Rule] = {
     **_optim(f"{ARR}.actor.optim"),
     f"{ARR}.actor.grad_clip": Moved(f"{ARR}.actor.optim.clip_grad"),
     f"{ARR}.actor.megatron.router_replay.mode": Moved(f"{ARR}.actor.router_replay.mode"),
-    f"{ARR}.actor.freeze_vision_tower": Only((False,), "vision-language models"),
     f"{ARR}.actor.calculate_entropy": Inert("rayrl reports actor/entropy whenever it computes it"),
     f"{ARR}.actor.calculate_sum_pi_squared": Inert("rayrl has no sum-of-squared-probs metric"),
     # verl's PrefixGrouper runs a group's shared prompt once in the actor's forward:
@@ -261,7 +256,9 @@ ROLLOUT: dict[str, Rule] = {
     f"{ARR}.rollout.disaggregation": Inert("prefill/decode disaggregation settings (off)"),
     f"{ARR}.rollout.disaggregation.enabled": Only((False,), "prefill/decode disaggregation"),
     f"{ARR}.rollout.profiler": Inert(PROFILER),
-    f"{ARR}.rollout.limit_images": Inert(VL_NEXT),
+    f"{ARR}.rollout.limit_images": Inert(
+        VLLM + " (vLLM's cap on images per prompt; the hf engine takes a row's every image)"
+    ),
 }
 
 MODEL: dict[str, Rule] = {
@@ -305,7 +302,6 @@ DATA: dict[str, Rule] = {
     "data.return_multi_modal_inputs": Inert(
         "each row of a batch with images carries its multi_modal_inputs"
     ),
-    "data.mm_processor_kwargs": Inert(VL_NEXT),
     "data.validation_shuffle": Inert("validation runs over every prompt, in file order"),
     "data.filter_overlong_prompts_workers": Inert("prompts are filtered as they are tokenised"),
     "data.trust_remote_code": Inert(

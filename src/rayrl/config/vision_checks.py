@@ -1,0 +1,101 @@
+"""The config checks of a vision-language policy (issue 48), before anything starts.
+
+rayrl rolls out a vision-language model with the hf engine, one synchronous turn per
+sample, and trains it with GRPO-style critic-free estimators (its images spliced into
+the actor's and reference's forwards: `rayrl.train.vision_inputs`). What is not built
+yet is refused here, naming what to change: the native rollout engine, multi-turn
+episodes, asynchronous rollouts, a critic, Ulysses sequence parallelism, LoRA and the
+Ray Data loader. ``actor.freeze_vision_tower`` on a text-only model is refused too.
+Which families are run (Qwen2-VL, Qwen2.5-VL) is checked where the model's processor is
+loaded (`rayrl.trainer.data`). A local model directory is judged by its config.json.
+"""
+
+from __future__ import annotations
+
+from rayrl.config.errors import ConfigError
+from rayrl.config.schema import RayRLConfig
+
+__all__ = ["check_vision_language"]
+
+ARR = "actor_rollout_ref"
+
+
+def check_vision_language(cfg: RayRLConfig, critic: bool) -> None:
+    """ConfigError for the first setting a vision-language actor cannot run with (module
+    docstring); ``critic``: whether the run trains a critic."""
+    arr = cfg.actor_rollout_ref
+    vision = _is_vision_language(arr.model.path)
+    if arr.actor.freeze_vision_tower and vision is False:
+        raise ConfigError(
+            f"{ARR}.actor.freeze_vision_tower=true, but {ARR}.model.path={arr.model.path} is a "
+            "text-only model (its config.json has no vision_config); set it to false"
+        )
+    if _is_vision_language(cfg.critic.model.path):
+        raise ConfigError(
+            f"critic.model.path={cfg.critic.model.path} is a vision-language model: rayrl "
+            "has no value model with a vision tower yet; give a text-only critic, or train "
+            "without a critic (algorithm.adv_estimator=grpo)"
+        )
+    if not vision:
+        return
+    where = f"{ARR}.model.path={arr.model.path} is a vision-language model, and"
+    for refused, what, change in _unbuilt(cfg, critic):
+        if refused:
+            raise ConfigError(f"{where} {what} is not built yet (issue 48); {change}")
+
+
+def _unbuilt(cfg: RayRLConfig, critic: bool) -> list[tuple[bool, str, str]]:
+    """(refused, what is not built for a vision-language model, what to change)."""
+    arr = cfg.actor_rollout_ref
+    rollout = arr.rollout
+    sp = max(arr.actor.ulysses_sequence_parallel_size, arr.ref.ulysses_sequence_parallel_size)
+    return [
+        (
+            rollout.name == "native",
+            "its rollout on the native engine (images in its prefill, M-RoPE positions)",
+            f"set {ARR}.rollout.name=hf (or auto: the hf engine)",
+        ),
+        (
+            rollout.multi_turn.enable,
+            "a multi-turn rollout with images",
+            f"set {ARR}.rollout.multi_turn.enable=false",
+        ),
+        (
+            rollout.mode == "async",
+            "an asynchronous rollout with images",
+            f"set {ARR}.rollout.mode=sync",
+        ),
+        (
+            critic,
+            "a critic (a value model with a vision tower)",
+            "use a critic-free estimator (algorithm.adv_estimator=grpo, rloo, ...) and "
+            "critic.enable=false",
+        ),
+        (
+            sp > 1,
+            "Ulysses sequence parallelism (its images would be split between ranks)",
+            f"set {ARR}.actor.ulysses_sequence_parallel_size=1 and "
+            f"{ARR}.ref.ulysses_sequence_parallel_size=1",
+        ),
+        (
+            arr.model.lora_rank > 0,
+            "LoRA (adapters beside a vision tower)",
+            f"set {ARR}.model.lora_rank=0 to train the full model",
+        ),
+        (
+            cfg.data.loader == "ray",
+            "the Ray Data loader (its tasks have no image processor)",
+            "set data.loader=default",
+        ),
+    ]
+
+
+def _is_vision_language(path: str | None) -> bool | None:
+    """Whether the local model directory ``path`` is a vision-language model's; None when
+    it has no readable config.json (a hub name: the engine judges it when it loads)."""
+    if not path:
+        return None
+    from rayrl.models.vision_language import is_vision_language, local_config
+
+    config = local_config(path)
+    return None if config is None else is_vision_language(config)
