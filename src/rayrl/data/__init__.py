@@ -9,10 +9,11 @@ from rayrl.data.dataset import (
     write_parquet,
 )
 from rayrl.data.errors import DataError
-from rayrl.data.synthetic import SYNTHETIC_TASKS, synthetic_rows
+from rayrl.data.synthetic import SYNTHETIC_TASKS, VISUAL_TASKS, synthetic_rows
 
 __all__ = [
     "SYNTHETIC_TASKS",
+    "VISUAL_TASKS",
     "DataError",
     "PromptDataset",
     "RejectedRow",

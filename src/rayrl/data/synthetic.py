@@ -7,6 +7,9 @@
   (`agent_name`), so a multi-turn rollout lets the model call the `calculator` tool;
   a tiny model cannot multiply, but can learn to call the tool and copy its answer.
 
+The visual tasks `colors` ("What colour is the image?") and `count_squares` ("How many
+squares are in the image?") draw an image per row (`rayrl.data.synthetic_images`).
+
 `arithmetic` and `larger` are scored by the built-in `arithmetic` scorer (the last
 number of the response must equal the ground truth), `multiply` by the `multiply`
 scorer (1 for the exact product, else 0). Rows are deterministic for a seed.
@@ -70,20 +73,27 @@ SYNTHETIC_TASKS: dict[str, Callable[[random.Random], Problem]] = {
     "multiply": _multiply,
 }
 TOOL_TASKS = ("multiply",)  # tasks whose rows run the tool agent
+# tasks whose rows hold an image (`rayrl.data.synthetic_images`; Pillow draws them)
+VISUAL_TASKS = ("colors", "count_squares")
 
 
 def _problems(task: str, size: int, seed: int) -> list[Problem]:
     if task not in SYNTHETIC_TASKS:
+        known = ", ".join([*SYNTHETIC_TASKS, *VISUAL_TASKS])
         raise ValueError(
-            f"unknown synthetic task {task!r}; choose one of {', '.join(SYNTHETIC_TASKS)} "
-            "(data.synthetic_task)"
+            f"unknown synthetic task {task!r}; choose one of {known} (data.synthetic_task)"
         )
     rng = random.Random(seed)
     return [SYNTHETIC_TASKS[task](rng) for _ in range(size)]
 
 
 def synthetic_rows(task: str = "arithmetic", size: int = 512, seed: int = 0) -> list[dict]:
-    """`size` prompt rows of a synthetic task, the same for the same seed."""
+    """`size` prompt rows of a synthetic task (a visual one's with their images:
+    `rayrl.data.synthetic_images`), the same for the same seed."""
+    if task in VISUAL_TASKS:
+        from rayrl.data.synthetic_images import image_rows
+
+        return image_rows(task, size, seed)
     agent = {"agent_name": TOOL_AGENT} if task in TOOL_TASKS else {}
     return [
         {
@@ -121,8 +131,13 @@ def held_out_rows(task: str, size: int, val_size: int, seed: int) -> list[dict]:
     """Validation rows of a synthetic task: drawn after the `size` training rows of
     `synthetic_rows(task, size, seed)`, minus any whose question those also ask."""
     rows = synthetic_rows(task, size + val_size, seed)
-    seen = {str(r["prompt"]) for r in rows[:size]}
-    return [r for r in rows[size:] if str(r["prompt"]) not in seen]
+    seen = {_question(r) for r in rows[:size]}
+    return [r for r in rows[size:] if _question(r) not in seen]
+
+
+def _question(row: dict) -> str:
+    """What a row asks: its prompt, and for a visual task what its image shows."""
+    return f"{row['prompt']} {row['extra_info']['question']}"
 
 
 def demonstrations(

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rayrl.registry import Registry
-from rayrl.rewards import arithmetic, countdown, gsm8k
+from rayrl.rewards import arithmetic, countdown, gsm8k, words
 from rayrl.rewards import math as math_scorer
 
 Scorer = Callable[[str, Any, dict | None], float | dict]
@@ -87,3 +87,6 @@ register_scorer("countdown", "Jiayi-Pan/Countdown-Tasks-3to4")(countdown.compute
 # The synthetic tasks (`rayrl.data.synthetic`): the answer is a number.
 register_scorer("arithmetic", "rayrl/arithmetic", "larger")(arithmetic.compute_score)
 register_scorer("multiply")(arithmetic.compute_exact)
+# The synthetic visual tasks (`rayrl.data.synthetic_images`): a word, or a count.
+register_scorer("colors")(words.compute_score)
+register_scorer("count_squares")(arithmetic.compute_score)

@@ -26,7 +26,7 @@ from rayrl.algos import (
 from rayrl.config.errors import ConfigError
 from rayrl.config.schema import RayRLConfig
 from rayrl.config.sft import SFTConfig
-from rayrl.data import SYNTHETIC_TASKS
+from rayrl.data import SYNTHETIC_TASKS, VISUAL_TASKS
 from rayrl.envs import ENVIRONMENTS, TOOL_PARSERS
 from rayrl.registry import Registry
 from rayrl.rewards.managers import REWARD_MANAGERS
@@ -66,10 +66,10 @@ def check_names(cfg: RayRLConfig) -> None:
     for key, value, registry in _named(cfg):
         if value not in registry and not (registry is ROLLOUT_ENGINES and value == AUTO):
             raise ConfigError(f"{key}={value!r}: {registry.unknown_message(value, key)}")
-    task = cfg.data.synthetic_task
-    if not cfg.data.train_files and task not in SYNTHETIC_TASKS:
+    task, tasks = cfg.data.synthetic_task, (*SYNTHETIC_TASKS, *VISUAL_TASKS)
+    if not cfg.data.train_files and task not in tasks:
         raise ConfigError(
-            f"data.synthetic_task={task!r} is not one of {', '.join(SYNTHETIC_TASKS)} "
+            f"data.synthetic_task={task!r} is not one of {', '.join(tasks)} "
             "(used when data.train_files is empty)"
         )
     check_rejection(cfg)
