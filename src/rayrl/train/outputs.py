@@ -31,21 +31,27 @@ from rayrl.train.packing import ResponseIndex, pack_sequences, padded_response_i
 from rayrl.train.router_replay import active_routing
 from rayrl.train.shared_prompts import share_prompts as share_prompts_of
 from rayrl.train.ulysses import SPGroup, gather_kept, split_packed
-from rayrl.train.vision_inputs import SPLICE_KEY, VisionModel, image_inputs, packed_image_inputs
+from rayrl.train.vision_inputs import (
+    IMAGE_COLUMN,
+    SPLICE_KEY,
+    VisionModel,
+    image_inputs,
+    packed_image_inputs,
+)
 
-__all__ = ["MODEL_INPUTS", "default_position_ids", "response_outputs", "response_width"]
+__all__ = [
+    "IMAGE_COLUMN",
+    "MODEL_INPUTS",
+    "default_position_ids",
+    "response_outputs",
+    "response_width",
+]
 
 # What the model is run on: token ids, mask and (optionally) positions over prompt and
-# response, the responses' width R, read from `responses` or, when a caller sends only
-# the mask, `response_mask` (`response_width`), and a vision-language model's images
-# (`multi_modal_inputs`: a column only batches of prompts with images have).
-MODEL_INPUTS = (
-    "input_ids",
-    "attention_mask",
-    "position_ids",
-    "response_mask",
-    "multi_modal_inputs",
-)
+# response, and the responses' width R, read from `responses` or, when a caller sends
+# only the mask, `response_mask` (`response_width`). A vision-language model's passes
+# also read the rows' images, `IMAGE_COLUMN` (only batches of prompts with images have it).
+MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "response_mask")
 
 
 def response_width(batch: Batch) -> int:

@@ -42,6 +42,7 @@ from rayrl.batch import Batch
 from rayrl.models.vision_language import multimodal_core, stack_images
 
 __all__ = [
+    "IMAGE_COLUMN",
     "SPLICE_KEY",
     "ImageSplice",
     "VisionModel",
@@ -51,7 +52,7 @@ __all__ = [
 ]
 
 SPLICE_KEY = "rayrl_images"  # the forward keyword the splice hook takes (and removes)
-ROWS_KEY = "multi_modal_inputs"  # the rows' images, a non-tensor column
+IMAGE_COLUMN = "multi_modal_inputs"  # the rows' images, a non-tensor column
 
 
 @dataclass
@@ -102,7 +103,7 @@ def image_inputs(vision: VisionModel, micro: Batch, response_len: int) -> ImageI
     """The image side of a padded micro-batch (module docstring); None when it has no
     images and the engine need not run the tower (text rows take the text path)."""
     ids, mask = micro["input_ids"], micro["attention_mask"].bool()
-    rows = micro[ROWS_KEY] if ROWS_KEY in micro else [None] * len(micro)
+    rows = micro[IMAGE_COLUMN] if IMAGE_COLUMN in micro else [None] * len(micro)
     images = stack_images(rows)
     if images is None:
         if not vision.sharded:

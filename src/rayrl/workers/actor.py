@@ -51,7 +51,7 @@ from rayrl.rollout.native.tp import make_tp_groups
 from rayrl.rollout.native.tp_weights import tp_rollout_weights
 from rayrl.rollout.service import RolloutService
 from rayrl.train.lora import LoraSpec
-from rayrl.train.outputs import MODEL_INPUTS
+from rayrl.train.outputs import IMAGE_COLUMN, MODEL_INPUTS
 from rayrl.train.router_replay import routing
 from rayrl.train.weight_sync import PublishedWeights
 from rayrl.workers import routing as replay
@@ -78,11 +78,12 @@ from rayrl.workers.weight_transport import check_transport, publish_packed
 
 log = logging.getLogger("rayrl.workers")
 
-# The columns of the step's batch `compute_log_prob` reads: the model's inputs, and the
-# rollout's log-probs and routing record when the samples have them, for the sums the
-# pass returns beside its own (`rayrl.algos.probs_diff`, `rayrl.workers.routing`). The
-# trainer sends no others (`common.only_reads`).
-LOG_PROB_READS = (*MODEL_INPUTS, "rollout_log_probs", ROUTES)
+# The columns of the step's batch `compute_log_prob` reads: the model's inputs (and the
+# rows' images, where prompts have them), and the rollout's log-probs and routing record
+# when the samples have them, for the sums the pass returns beside its own
+# (`rayrl.algos.probs_diff`, `rayrl.workers.routing`). The trainer sends no others
+# (`common.only_reads`).
+LOG_PROB_READS = (*MODEL_INPUTS, IMAGE_COLUMN, "rollout_log_probs", ROUTES)
 # Timed parts of `generate` that lie within the generation's own time (`timing_s/gen`),
 # not stages riding along with it: tool calls, CUDA-graph captures, and the engine's
 # KV cache reacquired before the generation and released after it.
@@ -93,12 +94,14 @@ PREFIX_COUNTS = ("prefix_hit_tokens", "prefix_tokens")
 
 
 def update_actor_reads(cfg: RayRLConfig) -> tuple[str, ...]:
-    """The columns `update_actor` reads under `cfg`: the model's inputs, advantages and
-    old log-probs (none on-policy), the reference's log-probs for a KL loss, and the
-    rollout's (with the batch's normaliser, and the mask before rejection) when a
-    rollout correction weighs with them, and the routing record a replay mode replays."""
+    """The columns `update_actor` reads under `cfg`: the model's inputs (and the rows'
+    images, where prompts have them), advantages and old log-probs (none on-policy),
+    the reference's log-probs for a KL loss, the rollout's (with the batch's normaliser,
+    and the mask before rejection) when a rollout correction weighs with them, and the
+    routing record a replay mode replays."""
     correction = cfg.algorithm.rollout_correction
-    reads = [*MODEL_INPUTS, "advantages", "old_log_probs", *replay.routing_reads(cfg)]
+    reads = [*MODEL_INPUTS, IMAGE_COLUMN, "advantages", "old_log_probs"]
+    reads += replay.routing_reads(cfg)
     if cfg.actor_rollout_ref.actor.use_kl_loss:
         reads.append("ref_log_prob")
     if correction.bypass_mode or correction.rollout_is is not None:

@@ -9,12 +9,12 @@ from __future__ import annotations
 from rayrl.batch import Batch
 from rayrl.config.schema import RayRLConfig
 from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
-from rayrl.train.outputs import MODEL_INPUTS
+from rayrl.train.outputs import IMAGE_COLUMN, MODEL_INPUTS
 from rayrl.workers.common import forward_sizes, logprob_temperature, reference_kwargs
 
-# The columns of the step's batch `compute_ref_log_prob` reads: the model's inputs
-# (the same as the actor's own reference pass, `actor.LOG_PROB_READS`).
-REF_LOG_PROB_READS = MODEL_INPUTS
+# The columns of the step's batch `compute_ref_log_prob` reads: the model's inputs and
+# the rows' images where prompts have them (as the actor's own reference pass reads).
+REF_LOG_PROB_READS = (*MODEL_INPUTS, IMAGE_COLUMN)
 
 
 class ReferenceWorker(Worker):
