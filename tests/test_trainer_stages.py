@@ -277,8 +277,10 @@ def test_each_stage_is_sent_only_the_columns_it_reads():
     critic = set(only_reads(batch, UPDATE_CRITIC_READS).keys())
     assert critic == engine | {"values", "returns"}
     kl = set(update_actor_reads(_cfg("actor_rollout_ref.actor.use_kl_loss=true")))
-    # the rollout's log-probs: an on-policy update reports verl's probs-diff from them
-    assert engine | {"advantages", "old_log_probs", "ref_log_prob", "rollout_log_probs"} == kl
+    # the rollout's log-probs: an on-policy update reports verl's probs-diff from them;
+    # the rows' images where prompts have them (a vision-language policy's)
+    read = {"advantages", "old_log_probs", "ref_log_prob", "rollout_log_probs"}
+    assert engine | read | {"multi_modal_inputs"} == kl
     plain = set(update_actor_reads(_cfg("actor_rollout_ref.actor.use_kl_loss=false")))
     assert plain == kl - {"ref_log_prob"}
     unrecorded = _cfg("actor_rollout_ref.rollout.calculate_log_probs=false")
