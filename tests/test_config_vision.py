@@ -1,6 +1,7 @@
 """A vision-language policy in the config (issue 48): it loads with the hf rollout and a
-critic-free estimator, verl's freeze_vision_tower and mm_processor_kwargs are read, and
-what is not built yet is refused before anything starts, naming what to change."""
+critic-free estimator (LoRA too), verl's freeze_vision_tower and mm_processor_kwargs are
+read, and what is not built yet is refused before anything starts, naming what to
+change."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ def test_a_vision_language_policy_loads_with_verls_keys(tmp_path):
             "actor_rollout_ref.actor.freeze_vision_tower=true",
             "data.mm_processor_kwargs={max_pixels: 12544}",
             "actor_rollout_ref.rollout.limit_images=2",  # vLLM's: accepted, no effect
+            "actor_rollout_ref.model.lora_rank=8",
         ],
         warn=lambda message: None,
     )
@@ -50,7 +52,6 @@ def test_a_vision_language_policy_loads_with_verls_keys(tmp_path):
         ("actor_rollout_ref.rollout.name=native", "native engine", "rollout.name=hf"),
         ("actor_rollout_ref.rollout.multi_turn.enable=true", "multi-turn", "enable=false"),
         ("algorithm.adv_estimator=gae", "a critic", "adv_estimator=grpo"),
-        ("actor_rollout_ref.model.lora_rank=8", "LoRA", "lora_rank=0"),
         ("data.loader=ray", "Ray Data loader", "data.loader=default"),
         (
             "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",

@@ -2,7 +2,8 @@
 sampled responses are transformers' own forward with each row's pixel_values and
 image_grid_thw (fp32, 1e-5), padded, packed and in token-budget micro-batches, and
 another image gives other log-probs; a sampled image token in a response is fed as the
-token generation fed; a frozen vision tower has no gradients and no optimizer state."""
+token generation fed; a frozen vision tower has no gradients and no optimizer state;
+LoRA adapters train beside the images, the reference is the base model."""
 
 from __future__ import annotations
 
@@ -144,3 +145,19 @@ def test_freezing_the_vision_tower_of_a_text_model_is_refused(tmp_path):
     text = build_tiny_model(tmp_path / "text", layers=1, seed=0)
     with pytest.raises(ValueError, match="text-only model.*freeze_vision_tower=false"):
         _engine(text, freeze_vision_tower=True)
+
+
+def test_lora_adapters_train_with_the_images_and_the_reference_is_the_base(model_dir, model, batch):
+    from rayrl.train.lora import LoraSpec
+
+    engine = _engine(model_dir, optim={"lr": 1e-2}, lora=LoraSpec(8), freeze_vision_tower=True)
+    assert _matches(engine.forward(batch, micro_batch_size=3)["log_probs"], model, batch)
+    tower = {id(p) for p in engine.model.base_model.model.model.visual.parameters()}
+    trained = [p for p in engine.model.parameters() if p.requires_grad]
+    assert trained and not tower & {id(p) for p in trained}  # frozen: adapters there too
+    engine.train_step(batch, _loss, micro_batch_size=3)
+    assert not _matches(engine.forward(batch, micro_batch_size=3)["log_probs"], model, batch)
+    with engine.adapters_disabled():
+        assert _matches(engine.forward(batch, micro_batch_size=3)["log_probs"], model, batch)
+    merged = engine.full_state_dict()
+    assert set(merged) == set(model.state_dict())  # the base model's names

@@ -4,8 +4,10 @@ rayrl rolls out a vision-language model with the hf engine, one synchronous turn
 sample, and trains it with GRPO-style critic-free estimators (its images spliced into
 the actor's and reference's forwards: `rayrl.train.vision_inputs`). What is not built
 yet is refused here, naming what to change: the native rollout engine, multi-turn
-episodes, asynchronous rollouts, a critic, Ulysses sequence parallelism, LoRA and the
-Ray Data loader. ``actor.freeze_vision_tower`` on a text-only model is refused too.
+episodes, asynchronous rollouts, a critic, Ulysses sequence parallelism and the Ray
+Data loader. LoRA puts adapters on the vision tower's linear layers too (peft's
+``all-linear``), unless ``actor.freeze_vision_tower`` or ``model.exclude_modules``
+keeps them out of training. ``actor.freeze_vision_tower`` on a text-only model is refused too.
 Which families are run (Qwen2-VL, Qwen2.5-VL) is checked where the model's processor is
 loaded (`rayrl.trainer.data`). A local model directory is judged by its config.json.
 """
@@ -76,11 +78,6 @@ def _unbuilt(cfg: RayRLConfig, critic: bool) -> list[tuple[bool, str, str]]:
             "Ulysses sequence parallelism (its images would be split between ranks)",
             f"set {ARR}.actor.ulysses_sequence_parallel_size=1 and "
             f"{ARR}.ref.ulysses_sequence_parallel_size=1",
-        ),
-        (
-            arr.model.lora_rank > 0,
-            "LoRA (adapters beside a vision tower)",
-            f"set {ARR}.model.lora_rank=0 to train the full model",
         ),
         (
             cfg.data.loader == "ray",

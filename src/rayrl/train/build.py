@@ -126,11 +126,11 @@ class ModelBuilding:
         if not value_head:
             install_logprob_head(model)
             install_image_splice(model)  # a vision-language model's images (none: no-op)
-        if self.freeze_vision_tower:
-            self._freeze_vision_tower(model)
         self.lora = lora is not None
         if self.lora:
             model = apply_lora(model, lora)
+        if self.freeze_vision_tower:  # after LoRA, so that the tower's adapters freeze too
+            self._freeze_vision_tower(model)
         self.config = model.config
         self.generation_config = getattr(model, "generation_config", None)
         if gradient_checkpointing:
@@ -154,7 +154,8 @@ class ModelBuilding:
         return model, fill
 
     def _freeze_vision_tower(self, model: torch.nn.Module) -> None:
-        """No gradients for the vision tower (and so no optimizer state for it)."""
+        """No gradients for the vision tower, its LoRA adapters included (and so no
+        optimizer state for it)."""
         tower = vision_tower(model)
         if tower is None:
             raise ValueError(
