@@ -1,7 +1,7 @@
 """GRPO on a vision-language model through `rayrl train` (issue 48): the tiny Qwen2.5-VL
 on a parquet of image prompts (the synthetic count_squares task), two steps with the hf
-rollout, checkpoints, a resume, and an HF export that transformers loads as
-Qwen2.5-VL; its vision tower learns, or with actor.freeze_vision_tower stays as it was
+rollout, checkpoints, a resume, and HF exports (the run's and `rayrl export`'s) that
+transformers loads as Qwen2.5-VL; its vision tower learns, or with actor.freeze_vision_tower stays as it was
 while the language model learns."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from transformers import Qwen2_5_VLForConditionalGeneration
 from rayrl.cli.main import main
 from rayrl.data import write_parquet
 from rayrl.data.synthetic_images import image_rows
+from rayrl.train.hf_export import export_checkpoint
 from vision_cases import sharp_vision_model
 
 pytestmark = pytest.mark.slow
@@ -91,12 +92,16 @@ def test_grpo_steps_train_the_vision_tower_checkpoint_resume_and_export(ray_loca
     assert _train(setup, out) == 0
     steps = _steps(out)
     assert len(steps) == 2 and all(s["actor/grad_norm"] > 0 for s in steps)
+    # the rollout's log-probs are the actor's own (images and M-RoPE positions alike)
+    assert all(s["training/rollout_probs_diff_max"] < 1e-5 for s in steps)
     assert (out / "checkpoints" / "global_step_2" / "actor").is_dir()
     assert (out / "hf" / "preprocessor_config.json").is_file()  # the export's processor
     assert _towers(setup[0], out / "hf") == {"visual": True, "language_model": True}
+    offline = export_checkpoint(out / "checkpoints" / "global_step_2", tmp_path / "offline")
+    assert _towers(out / "hf", offline) == {"visual": False, "language_model": False}
     # a third step resumes from the second's checkpoint
     assert _train(setup, out, "trainer.total_training_steps=3") == 0
-    assert [s["step"] for s in _steps(out)][-1] == 3
+    assert [s["step"] for s in _steps(out)] == [1, 2, 3]
     assert (out / "checkpoints" / "global_step_3").is_dir()
 
 
