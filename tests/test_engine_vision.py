@@ -3,7 +3,8 @@ sampled responses are transformers' own forward with each row's pixel_values and
 image_grid_thw (fp32, 1e-5), padded, packed and in token-budget micro-batches, and
 another image gives other log-probs; a sampled image token in a response is fed as the
 token generation fed; a frozen vision tower has no gradients and no optimizer state;
-LoRA adapters train beside the images, the reference is the base model."""
+LoRA adapters train beside the images, the reference is the base model; a Qwen2-VL
+runs alike."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from vision_cases import (
     mixed_rows,
     png,
     prompts,
+    qwen2_vl_model,
     reference_log_probs,
     row,
     samples,
@@ -161,3 +163,25 @@ def test_lora_adapters_train_with_the_images_and_the_reference_is_the_base(model
         assert _matches(engine.forward(batch, micro_batch_size=3)["log_probs"], model, batch)
     merged = engine.full_state_dict()
     assert set(merged) == set(model.state_dict())  # the base model's names
+
+
+def test_a_qwen2_vl_trains_and_rolls_out_alike(model_dir, tmp_path, pack_on_cpu):
+    from transformers import Qwen2VLForConditionalGeneration
+
+    from rayrl.rollout.hf.engine import HFRolloutEngine
+    from rayrl.rollout.sampling import SamplingParams
+
+    qwen2 = qwen2_vl_model(tmp_path, model_dir)
+    model = Qwen2VLForConditionalGeneration.from_pretrained(qwen2).eval()
+    _, prompt_batch = prompts(qwen2, mixed_rows())
+    responses = torch.randint(0, 500, (3, WIDTH), generator=torch.Generator().manual_seed(0))
+    batch = samples(prompt_batch, responses, LENGTHS)
+    for packed in (False, True):
+        engine = _engine(qwen2, use_remove_padding=packed)
+        assert _matches(engine.forward(batch, micro_batch_size=3)["log_probs"], model, batch)
+    sampled = SamplingParams(n=1, temperature=1.0, do_sample=True, max_new_tokens=WIDTH, seed=0)
+    out = HFRolloutEngine(model=model).generate(prompt_batch, sampled)
+    for i in range(3):
+        n = int(out["response_mask"][i].sum())
+        expected = reference_log_probs(model, out, i, model.config.image_token_id)[:n]
+        assert torch.allclose(out["rollout_log_probs"][i, :n], expected, atol=1e-4)

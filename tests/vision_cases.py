@@ -44,6 +44,54 @@ def sharp_vision_model(root: Path) -> Path:
     return out
 
 
+def qwen2_vl_model(root: Path, sharp: Path) -> Path:
+    """A tiny Qwen2-VL (its own vision tower: no window attention, a LayerNorm merger)
+    with the tokens, tokenizer and processor config of the ``sharp`` Qwen2.5-VL, weights
+    ~ N(0, 0.2) (seed 0), saved under ``root / "qwen2-vl"``."""
+    from transformers import AutoConfig, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    like = AutoConfig.from_pretrained(sharp)
+    text = like.text_config
+    config = Qwen2VLConfig(
+        text_config={
+            "vocab_size": text.vocab_size,
+            "hidden_size": text.hidden_size,
+            "intermediate_size": text.intermediate_size,
+            "num_hidden_layers": text.num_hidden_layers,
+            "num_attention_heads": text.num_attention_heads,
+            "num_key_value_heads": text.num_key_value_heads,
+            "rope_parameters": dict(text.rope_parameters),
+            **{k: getattr(text, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")},
+        },
+        vision_config={
+            "depth": 2,
+            "embed_dim": 32,
+            "hidden_size": text.hidden_size,
+            "num_heads": 2,
+            "mlp_ratio": 2,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+        },
+        **{
+            k: getattr(like, k)
+            for k in ("image_token_id", "video_token_id", "vision_start_token_id")
+        },
+        vision_end_token_id=like.vision_end_token_id,
+        tie_word_embeddings=True,
+    )
+    model = Qwen2VLForConditionalGeneration(config)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator) * SHARP_STD)
+    out = root / "qwen2-vl"
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(sharp).save_pretrained(out)
+    shutil.copyfile(sharp / "preprocessor_config.json", out / "preprocessor_config.json")
+    return out
+
+
 def png(height: int, width: int, seed: int) -> bytes:
     """A random RGB image's PNG bytes."""
     pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
