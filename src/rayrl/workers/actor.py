@@ -67,6 +67,7 @@ from rayrl.workers.common import (
     per_rank_mini_batch,
     reference_kwargs,
     rng_state,
+    sampling_params,
     save_rng,
     set_rng_state,
     update_perf_metrics,
@@ -552,34 +553,6 @@ class ActorRolloutRefWorker(Worker):
             "rollout_dtype": str(self.rollout_dtype).removeprefix("torch."),
             "rollout_weights_unset": getattr(self.rollout, "weights_unset", 0),
         }
-
-
-def sampling_params(cfg: RayRLConfig, mode: str = "train") -> SamplingParams:
-    """How a generate call samples: the training settings (`rollout.*`), validation's
-    (`rollout.val_kwargs.*`) or one greedy response per prompt (`StepContext.sampling`)."""
-    rollout = cfg.actor_rollout_ref.rollout
-    validate = mode == "validate"
-    r = rollout.val_kwargs if validate else rollout
-    if mode == "greedy":
-        return SamplingParams(
-            n=1,
-            temperature=0.0,
-            top_p=1.0,
-            top_k=0,
-            do_sample=False,
-            max_new_tokens=cfg.data.max_response_length,
-            seed=cfg.trainer.seed,
-        )
-    return SamplingParams(
-        n=r.n,
-        temperature=r.temperature,
-        top_p=r.top_p,
-        top_k=max(r.top_k, 0),
-        max_new_tokens=cfg.data.max_response_length,
-        do_sample=r.do_sample and r.temperature > 0,
-        ignore_eos=rollout.ignore_eos and not validate,
-        seed=cfg.trainer.seed,
-    )
 
 
 def _rollout_placement(actor: TrainEngine, engine: str) -> tuple[torch.dtype, bool]:

@@ -1,6 +1,6 @@
-"""Pieces the role workers share: engine arguments from the config, metric collection,
-the per-rank mini-batch size, the actor update's throughput and memory figures, and
-the columns of the step's batch a method is sent (`only_reads`)."""
+"""Pieces the role workers share: engine arguments and sampling settings from the
+config, metric collection, the per-rank mini-batch size, the actor update's throughput
+and memory figures, and the columns of the step's batch a method is sent (`only_reads`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from typing import Any
 import torch
 
 from rayrl.batch import Batch
+from rayrl.config.schema import RayRLConfig
+from rayrl.rollout.sampling import SamplingParams
 from rayrl.train.optim import OptimSpec
 
 # verl's short dtype names -> torch's
@@ -235,3 +237,31 @@ def epoch_rows(batch: Batch, step: int, epoch: int, shuffle: bool, seed: int, ra
         return batch
     generator = torch.Generator().manual_seed(hash((seed, step, epoch, rank)) & (2**63 - 1))
     return batch.index(torch.randperm(len(batch), generator=generator).tolist())
+
+
+def sampling_params(cfg: RayRLConfig, mode: str = "train") -> SamplingParams:
+    """How a generate call samples: the training settings (`rollout.*`), validation's
+    (`rollout.val_kwargs.*`) or one greedy response per prompt (`StepContext.sampling`)."""
+    rollout = cfg.actor_rollout_ref.rollout
+    validate = mode == "validate"
+    r = rollout.val_kwargs if validate else rollout
+    if mode == "greedy":
+        return SamplingParams(
+            n=1,
+            temperature=0.0,
+            top_p=1.0,
+            top_k=0,
+            do_sample=False,
+            max_new_tokens=cfg.data.max_response_length,
+            seed=cfg.trainer.seed,
+        )
+    return SamplingParams(
+        n=r.n,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=max(r.top_k, 0),
+        max_new_tokens=cfg.data.max_response_length,
+        do_sample=r.do_sample and r.temperature > 0,
+        ignore_eos=rollout.ignore_eos and not validate,
+        seed=cfg.trainer.seed,
+    )

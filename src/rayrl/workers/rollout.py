@@ -42,9 +42,8 @@ from rayrl.rollout import HFRolloutEngine, make_rollout_engine, resolve_rollout
 from rayrl.rollout.native.tp import make_tp_groups
 from rayrl.rollout.service import Aborted, CallPolicy
 from rayrl.train.weight_sync import PublishedWeights, unpack_bucket
-from rayrl.workers.actor import sampling_params
 from rayrl.workers.agent import configured_interactions, configured_tools, rollout_service
-from rayrl.workers.common import DTYPE_NAMES
+from rayrl.workers.common import DTYPE_NAMES, sampling_params
 from rayrl.workers.weight_transport import check_transport, receive_packed
 
 __all__ = ["ReplicaCall", "ReplicaResult", "RolloutWorker"]
