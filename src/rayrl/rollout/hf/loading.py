@@ -15,7 +15,6 @@ from torch import nn
 from rayrl import reads
 from rayrl.models.config_overrides import apply_config_overrides
 from rayrl.models.vision_language import causal_lm_class
-from rayrl.train.load_once import materialize, weight_file_bytes
 
 __all__ = ["empty_model", "load_model"]
 
@@ -25,6 +24,8 @@ def load_model(path: str, tokenizer, dtype, device, config_overrides=None, load_
     ``config_overrides`` set on it; without ``load_weights`` its parameters are
     allocated, not read (its buffers computed as a load computes them)."""
     from transformers import AutoConfig, AutoTokenizer
+
+    from rayrl.train.load_once import weight_file_bytes
 
     if isinstance(dtype, str) and dtype != "auto":
         dtype = getattr(torch, dtype)
@@ -56,6 +57,8 @@ def empty_model(path: str, config, dtype, device) -> nn.Module:
     tables), and the directory's generation config."""
     from accelerate import init_empty_weights
     from transformers import GenerationConfig
+
+    from rayrl.train.load_once import materialize
 
     if dtype in (None, "auto"):
         dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
