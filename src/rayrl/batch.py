@@ -36,6 +36,7 @@ from rayrl.batch_remote import (
     fetch_shared_remote,
     take_rows,
 )
+from rayrl.batch_stack import cat_tensors, place_arrays, place_tensors
 
 _NUMERIC_KINDS = "biufc"  # numpy dtype kinds that become tensor columns
 _STATE_VERSION = 4  # 2: string columns as UTF-8 buffers; 3: narrowed integers; 4: remote
@@ -283,7 +284,7 @@ class Batch:
             _check_same_columns(first, b, i)
         if rows is not None:
             return _concat_rows(batches, rows)
-        tensors = {k: _cat_tensors(k, [b.tensors[k] for b in batches]) for k in first.tensors}
+        tensors = {k: cat_tensors(k, [b.tensors[k] for b in batches]) for k in first.tensors}
         non_tensors = {
             k: np.concatenate([b.non_tensors[k] for b in batches]) for k in first.non_tensors
         }
@@ -514,25 +515,6 @@ def _check_same_columns(first: Batch, other: Batch, i: int) -> None:
             )
 
 
-def _cat_tensors(key: str, parts: list[torch.Tensor]) -> torch.Tensor:
-    _check_stackable(key, parts)
-    try:
-        return torch.cat(parts, dim=0)
-    except RuntimeError as err:  # e.g. parts on different devices
-        raise ValueError(f"Batch.concat: cannot stack column {key!r}: {err}") from err
-
-
-def _check_stackable(key: str, parts: list[torch.Tensor]) -> None:
-    dtypes = {p.dtype for p in parts}
-    if len(dtypes) > 1:
-        raise ValueError(
-            f"Batch.concat: column {key!r} has mixed dtypes {sorted(map(str, dtypes))}."
-        )
-    shapes = [tuple(p.shape) for p in parts]
-    if len({s[1:] for s in shapes}) > 1 or any(len(s) == 0 for s in shapes):
-        raise ValueError(f"Batch.concat: cannot stack column {key!r} (shapes {shapes}).")
-
-
 def _concat_rows(batches: list[Batch], rows: Sequence[int]) -> Batch:
     """`Batch.concat(batches, rows)`: each batch's rows placed straight at their
     positions in the output (one copy per column)."""
@@ -553,29 +535,10 @@ def _concat_rows(batches: list[Batch], rows: Sequence[int]) -> Batch:
         spans.append((b, n, position[start : start + n]))
         start += len(b)
     first = batches[0]
-    tensors = {k: _place_tensors(k, spans, kept) for k in first.tensors}
-    non_tensors = {k: _place_arrays(k, spans, kept) for k in first.non_tensors}
+    tensors = {k: place_tensors(k, spans, kept) for k in first.tensors}
+    non_tensors = {k: place_arrays(k, spans, kept) for k in first.non_tensors}
     remote = take_rows(concat_remote([b.remote for b in batches]), order)
     return _make(tensors, non_tensors, dict(first.meta), remote)
-
-
-def _place_tensors(key: str, spans: list, kept: int) -> torch.Tensor:
-    parts = [b.tensors[key] for b, _, _ in spans]
-    _check_stackable(key, parts)
-    out = torch.empty((kept, *parts[0].shape[1:]), dtype=parts[0].dtype, device=parts[0].device)
-    for part, (_, n, where) in zip(parts, spans, strict=True):
-        if n:
-            out.index_copy_(0, where.to(out.device), part[:n])
-    return out
-
-
-def _place_arrays(key: str, spans: list, kept: int) -> np.ndarray:
-    parts = [b.non_tensors[key] for b, _, _ in spans]
-    out = np.empty((kept, *parts[0].shape[1:]), dtype=np.result_type(*parts))
-    for part, (_, n, where) in zip(parts, spans, strict=True):
-        if n:
-            out[where.numpy()] = part[:n]
-    return out
 
 
 def _describe_tensor(t: torch.Tensor) -> str:
