@@ -81,6 +81,7 @@ from rayrl.train.loading import (
 )
 from rayrl.train.lora import adapters_disabled, lora_scaling, merged_state_dict
 from rayrl.train.loss_contract import LossFn
+from rayrl.train.moe_aux import add_aux_loss
 from rayrl.train.optim import (
     OptimSpec,
     build_lr_scheduler,
@@ -431,6 +432,7 @@ class TrainEngine(ModelBuilding, StepRecovery):
                 loss = sum(v.sum() for v in outputs.values()) * 0.0
             else:
                 loss, step_metrics = loss_fn(outputs, micro)
+                loss = add_aux_loss(loss, step_metrics, outputs, micro, self.config)
                 summed.add(loss, step_metrics)
             (loss * self.world_size).backward()
             progress.tick(micro_batches=1)
@@ -493,6 +495,7 @@ class TrainEngine(ModelBuilding, StepRecovery):
                 device=self.device,
                 sp=self.sp,
                 share_prompts=self._sharing,
+                aux_loss=counts is not None,
             )
         return micro, outputs
 
