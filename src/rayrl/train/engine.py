@@ -74,6 +74,7 @@ from rayrl.train.checkpoint_io import (
     save_sharded,
 )
 from rayrl.train.fsdp import dp_world_size
+from rayrl.train.grad_norm import clip_grad_norm
 from rayrl.train.loading import (
     DTYPES,
     has_tokenizer,
@@ -142,6 +143,8 @@ class TrainEngine(ModelBuilding, StepRecovery):
             (1: off); divides the world and the model's attention heads.
         fsdp_size: ranks per sharding group; -1 all of them, a divisor of the world
             below it shards within groups and replicates across them (HSDP).
+        expert_parallel_size: ranks that split a mixture-of-experts model's experts
+            (1: off; `rayrl.train.expert_parallel`); divides the world and the experts.
         weights_from: another engine in this process whose model has the same names
             and shapes: its weights are copied (cast to ``dtype``), nothing is read.
             Building a sharded engine, or rebuilding one, is a collective.
@@ -185,6 +188,7 @@ class TrainEngine(ModelBuilding, StepRecovery):
         torch_compile: bool = False,
         ulysses_sequence_parallel_size: int = 1,
         fsdp_size: int = -1,
+        expert_parallel_size: int = 1,
         weights_from: TrainEngine | None = None,
         config_overrides: dict | None = None,
         join: bool = False,
@@ -205,7 +209,7 @@ class TrainEngine(ModelBuilding, StepRecovery):
         self.sharded = self.world_size > 1  # FSDP over one rank would change nothing
         self.fsdp = self.sharded or fsdp
         self.mixed_precision = mixed_precision and self.device.type == "cuda"
-        self._build_mesh(ulysses_sequence_parallel_size, fsdp_size)
+        self._build_mesh(ulysses_sequence_parallel_size, fsdp_size, expert_parallel_size)
         packs = use_remove_padding or self.share_prompts or self.sp_size > 1
         attn = attention_for(attn_implementation, packed=packs)
         start = time.perf_counter()
@@ -449,7 +453,7 @@ class TrainEngine(ModelBuilding, StepRecovery):
     def _clip_and_step(self) -> float | None:
         """Clip, then step, unless the gradient norm is not finite (then skip and count)."""
         clip = self.optim_spec.grad_clip or float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        norm = clip_grad_norm(self.model, clip)
         norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         if not math.isfinite(norm):
             warn_nonfinite_gradients(self.model, norm, self.skipped_steps + 1)
