@@ -138,6 +138,7 @@ class ActorRolloutRefWorker(Worker):
             total_steps=total_steps,
             lora=lora,
             join=self.joining,  # a replacement: its state comes from the snapshot restore
+            expert_parallel_size=arr.actor.expert_parallel_size,
             **engine_kwargs(
                 arr.model,
                 arr.actor.fsdp_config,
