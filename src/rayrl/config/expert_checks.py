@@ -46,6 +46,6 @@ def check_expert_parallel(cfg: RayRLConfig) -> None:
         )
         experts = model_experts(cfg.actor_rollout_ref.model.path)
         if experts is not False:
-            check_experts(experts, ep, cfg.actor_rollout_ref.model.path)
+            check_experts(experts, ep, str(cfg.actor_rollout_ref.model.path))
     except MeshError as err:
         raise ConfigError(str(err)) from None

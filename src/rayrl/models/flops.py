@@ -137,11 +137,14 @@ def _inactive_expert_params(model: nn.Module, skip: set[int]) -> int:
         return 0
     inactive = 0
     for module in model.modules():
-        weights = [getattr(module, n, None) for n in EXPERT_WEIGHTS]
-        if not all(isinstance(w, Tensor) and w.dim() == 3 for w in weights):
-            continue
+        weights: list[Tensor] = []
+        for name in EXPERT_WEIGHTS:
+            w = getattr(module, name, None)
+            if isinstance(w, Tensor) and w.dim() == 3:
+                weights.append(w)
+        if len(weights) < len(EXPERT_WEIGHTS):
+            continue  # not an experts module
         for w in weights:
             if id(w) not in skip:
-                experts = w.shape[0]
-                inactive += w.numel() - w.numel() * top_k // experts
+                inactive += w.numel() - w.numel() * top_k // w.shape[0]
     return inactive
