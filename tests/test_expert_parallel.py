@@ -71,6 +71,7 @@ def _same_as_one_process(result, reference):
         torch.testing.assert_close(result["weights"][name], value, atol=1e-5, rtol=0, msg=name)
 
 
+@pytest.mark.slow  # two spawns of 2 and 4 ranks: ~100 s on two cores
 @pytest.mark.parametrize("world", [2, 4])
 def test_engine_step_matches_one_process(tmp_path, moe_dir, one_process, world):
     from ep_cases import LAYOUTS, engine_worker
