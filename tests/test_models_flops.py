@@ -30,3 +30,29 @@ def test_peak_flops_by_device_name():
     assert peak_flops("NVIDIA H100 PCIe") == 756e12
     assert peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
     assert peak_flops("cpu") is None
+
+
+def test_a_mixture_of_experts_counts_the_active_experts_only():
+    """Top-2 of 4 experts: each token meets half of every expert weight; the router
+    and the rest count whole."""
+    from transformers import Qwen3MoeConfig
+
+    config = Qwen3MoeConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_experts=4,
+        num_experts_per_tok=2,
+        tie_word_embeddings=True,
+    )
+    model = AutoModelForCausalLM.from_config(config)
+    named = dict(model.named_parameters())
+    experts = sum(p.numel() for n, p in named.items() if ".experts." in n)
+    rest = sum(p.numel() for n, p in named.items() if ".experts." not in n)
+    embedding = model.get_input_embeddings().weight.numel()
+    assert experts == 2 * 4 * (2 * 16 * 32 + 32 * 16)
+    assert FlopModel.of(model).body_params == rest - embedding + experts // 2

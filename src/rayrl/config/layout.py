@@ -12,6 +12,11 @@ sequence-parallel groups; plain arithmetic, no torch.
   consecutive ranks form one sequence-parallel group that holds the same rows and
   splits each packed row's tokens between them; the ``world / sp`` groups are the
   data-parallel ranks (``dp_rank``, ``dp_size``).
+* **Experts** (`MeshSpec.ep`, ``actor.expert_parallel_size``): a mixture-of-experts
+  model's experts are split over groups of ``ep`` consecutive ranks, each holding
+  ``experts / ep`` of them (`rayrl.train.expert_parallel`); the rows are split as
+  without it (each rank is still its own data-parallel rank). The ranks that hold the
+  same experts (every ``ep``-th) shard those experts' weights between them.
 
 Sharding does not depend on the data split: every rank holds a shard of the same model,
 SP ranks included. The config's validation, ``rayrl plan`` and the training engine's
@@ -22,7 +27,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["MeshError", "MeshSpec", "check_heads"]
+__all__ = ["EP_KEY", "MeshError", "MeshSpec", "check_experts", "check_heads"]
+
+EP_KEY = "actor_rollout_ref.actor.expert_parallel_size"
 
 
 class MeshError(ValueError):
@@ -39,11 +46,14 @@ class MeshSpec:
         fsdp_size: ranks per sharding group; -1 (or ``world`` or more, as in verl)
             shards over all of them, a divisor of ``world`` below it replicates across
             ``world / fsdp_size`` groups.
+        ep: expert-parallel size (1: off); must divide ``world``; not yet with ``sp``
+            or hybrid sharding.
     """
 
     world: int
     sp: int = 1
     fsdp_size: int = -1
+    ep: int = 1
 
     def __post_init__(self) -> None:
         if self.world < 1:
@@ -65,6 +75,25 @@ class MeshSpec:
                 f"(e.g. the GPUs per node, to shard within a node and replicate across nodes), "
                 "or be -1 (or at least the world size) to shard over all of them"
             )
+        self._check_ep()
+
+    def _check_ep(self) -> None:
+        if self.ep < 1 or self.world % self.ep:
+            raise MeshError(
+                f"{EP_KEY}={self.ep} must be at least 1 and divide the {self.world} "
+                f"data-parallel ranks; pick a divisor of {self.world}"
+            )
+        if self.ep > 1 and (self.sp > 1 or self.hybrid):
+            raise MeshError(
+                f"{EP_KEY}={self.ep} does not run with Ulysses sequence parallelism or "
+                "hybrid sharding yet; set ulysses_sequence_parallel_size=1 and "
+                "fsdp_config.fsdp_size=-1, or expert_parallel_size=1"
+            )
+
+    @property
+    def edp(self) -> int:
+        """Ranks that hold the same experts (and shard their weights between them)."""
+        return self.world // self.ep
 
     @property
     def shard(self) -> int:
@@ -110,7 +139,8 @@ class MeshSpec:
         else:
             fsdp = f"FSDP, shard {self.shard} (every rank holds 1/{self.shard})"
         data = f"data parallel {self.dp} x Ulysses SP {self.sp}"
-        return f"{self.world} rank(s): {fsdp}; {data}"
+        experts = f"; expert parallel {self.ep}" if self.ep > 1 else ""
+        return f"{self.world} rank(s): {fsdp}; {data}{experts}"
 
 
 def check_heads(num_heads: int, num_kv_heads: int, sp: int, where: str = "") -> None:
@@ -129,4 +159,22 @@ def check_heads(num_heads: int, num_kv_heads: int, sp: int, where: str = "") -> 
         raise MeshError(
             f"ulysses_sequence_parallel_size={sp}{at} and the model's {num_kv_heads} key/value "
             f"heads: one must divide the other"
+        )
+
+
+def check_experts(num_experts: int | None, ep: int, where: str = "") -> None:
+    """MeshError unless ``ep`` ranks can split the model's ``num_experts`` experts
+    (None: not a mixture-of-experts model)."""
+    if ep <= 1:
+        return
+    at = f" ({where})" if where else ""
+    if not num_experts:
+        raise MeshError(
+            f"{EP_KEY}={ep}{at}: the model is not a mixture of experts (its config names "
+            "no experts); set expert_parallel_size=1"
+        )
+    if num_experts % ep:
+        raise MeshError(
+            f"{EP_KEY}={ep}{at} must divide the model's {num_experts} experts; pick a "
+            f"divisor of {num_experts}"
         )

@@ -195,6 +195,9 @@ class ActorConfig:
     # ranks that split each packed row's tokens (Ulysses; 1: off): must divide the world
     # and the model's attention heads; the data-parallel size is the world over it
     ulysses_sequence_parallel_size: int = 1
+    # ranks that split a mixture-of-experts model's experts (1: off;
+    # `rayrl.train.expert_parallel`): must divide the world and the model's experts
+    expert_parallel_size: int = 1
     router_replay: RouterReplayConfig = field(default_factory=RouterReplayConfig)
     # a vision-language model's vision tower gets no gradients and no optimizer state
     freeze_vision_tower: bool = False

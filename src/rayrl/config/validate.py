@@ -15,6 +15,7 @@ from typing import Any
 from rayrl.config.async_checks import check_async
 from rayrl.config.errors import ConfigError
 from rayrl.config.errors import warn as _warn
+from rayrl.config.expert_checks import check_expert_parallel
 from rayrl.config.layout import MeshError, MeshSpec, check_heads
 from rayrl.config.multi_turn import check_multi_turn
 from rayrl.config.ranges import check_ranges
@@ -520,6 +521,7 @@ def validate_config(cfg: RayRLConfig, warn: Callable[[str], None] = _warn) -> No
     check_sampler(cfg)
     check_parallel(cfg)
     check_vision_language(cfg, critic_enabled(cfg))
+    check_expert_parallel(cfg)
     check_router_replay(cfg, warn)
     actor, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
     prompts, world = cfg.data.train_batch_size, cfg.world_size

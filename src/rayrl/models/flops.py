@@ -11,6 +11,12 @@ attention, whose score and value products grow with the sequence length. Counted
 * causal attention: ``2 x L^2 x (heads x head_dim)`` per layer forward for a sequence
   of ``L`` tokens (``QK^T`` and ``PV``, half of the square each).
 
+A mixture-of-experts model counts its *active* parameters: each token meets only the
+``top_k`` experts its router picks (``num_experts_per_tok``) of a block's ``E``, so
+each 3-D expert weight (transformers 5's ``gate_up_proj`` / ``down_proj``, experts
+on dim 0) counts ``top_k / E`` of its size; the router and any shared expert count
+whole.
+
 Padding, activation recomputation and the fused head's recomputed logits are not
 counted: they are overhead, not useful work. `peak_flops` gives a device's dense
 bf16 peak by name (None when unknown, e.g. a CPU); MFU is achieved over peak.
@@ -82,6 +88,7 @@ class FlopModel:
             if module is not None:
                 skip.update(id(p) for p in module.parameters())
         body = sum(p.numel() for p in model.parameters() if id(p) not in skip)
+        body -= _inactive_expert_params(model, skip)
         heads = cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
         return cls(
@@ -122,3 +129,27 @@ class FlopModel:
             response_mask = attention_mask[:, -response_len:]
         skipped = 6.0 * self.body_params * skipped_tokens
         return self.train_flops(lengths, int(response_mask.sum())) - skipped
+
+
+EXPERT_WEIGHTS = ("gate_up_proj", "down_proj")
+
+
+def _inactive_expert_params(model: nn.Module, skip: set[int]) -> int:
+    """Expert weights a token does not meet: of each experts module's 3-D weights,
+    ``1 - top_k / E`` (module docstring); 0 for a dense model."""
+    top_k = getattr(model.config, "num_experts_per_tok", None)
+    if not top_k:
+        return 0
+    inactive = 0
+    for module in model.modules():
+        weights: list[Tensor] = []
+        for name in EXPERT_WEIGHTS:
+            w = getattr(module, name, None)
+            if isinstance(w, Tensor) and w.dim() == 3:
+                weights.append(w)
+        if len(weights) < len(EXPERT_WEIGHTS):
+            continue  # not an experts module
+        for w in weights:
+            if id(w) not in skip:
+                inactive += w.numel() - w.numel() * top_k // w.shape[0]
+    return inactive

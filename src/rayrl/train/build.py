@@ -33,6 +33,7 @@ from rayrl.models.safetensors_read import CheckpointIndex
 from rayrl.models.vision_language import vision_tower
 from rayrl.train.attention import VARLEN
 from rayrl.train.checkpoint_names import as_model_names
+from rayrl.train.expert_parallel import num_experts
 from rayrl.train.fsdp import attention_modules, ensure_process_group, shard_model
 from rayrl.train.load_once import (
     LoadReport,
@@ -48,7 +49,7 @@ from rayrl.train.load_once import (
 from rayrl.train.loading import build_empty_model, load_hf_model
 from rayrl.train.logprob_head import install_logprob_head
 from rayrl.train.lora import apply_lora
-from rayrl.train.mesh import MeshError, MeshSpec, TrainMesh, check_heads
+from rayrl.train.mesh import MeshError, MeshSpec, TrainMesh, check_experts, check_heads
 from rayrl.train.rank_sync import all_reduce
 from rayrl.train.rebuild import Kept
 from rayrl.train.ulysses import SPGroup, attach
@@ -71,9 +72,9 @@ class ModelBuilding:
     _kept: Kept | None = None
     freeze_vision_tower = False  # the engine's argument (`TrainEngine`)
 
-    def _build_mesh(self, sp: int, fsdp_size: int) -> None:
-        """The layout of ranks (`rayrl.train.mesh`): sharding mesh, SP and DP ranks."""
-        self.mesh_spec = MeshSpec(self.world_size, sp, fsdp_size)
+    def _build_mesh(self, sp: int, fsdp_size: int, ep: int = 1) -> None:
+        """The layout of ranks (`rayrl.train.mesh`): sharding mesh, SP, DP and EP ranks."""
+        self.mesh_spec = MeshSpec(self.world_size, sp, fsdp_size, ep)
         self.mesh = None
         if self.fsdp:
             ensure_process_group(self.device.type)
@@ -135,8 +136,13 @@ class ModelBuilding:
         self.generation_config = getattr(model, "generation_config", None)
         if gradient_checkpointing:
             model.gradient_checkpointing_enable({"use_reentrant": False})
+        if self.mesh_spec.ep > 1:
+            check_experts(num_experts(model.config), self.mesh_spec.ep, self.model_path)
         if self.fsdp:
-            shard_model(model, self.device.type, self.mixed_precision, mesh=self.mesh.fsdp)
+            experts = self.mesh.experts
+            shard_model(
+                model, self.device.type, self.mixed_precision, mesh=self.mesh.fsdp, experts=experts
+            )
         if self.sp is not None:
             attach(model, self.sp, attention_modules(model))
         if self.join and not self._layouts_hold(model):

@@ -69,8 +69,10 @@ from rayrl.train.attention import attention_for
 from rayrl.train.build import ModelBuilding
 from rayrl.train.engine_io import EngineIO
 from rayrl.train.fsdp import dp_world_size
+from rayrl.train.grad_norm import clip_grad_norm
 from rayrl.train.loading import pick_device
 from rayrl.train.loss_contract import LossFn
+from rayrl.train.moe_aux import add_aux_loss
 from rayrl.train.optim import (
     OptimSpec,
     build_lr_scheduler,
@@ -130,6 +132,8 @@ class TrainEngine(ModelBuilding, EngineIO):
             (1: off); divides the world and the model's attention heads.
         fsdp_size: ranks per sharding group; -1 all of them, a divisor of the world
             below it shards within groups and replicates across them (HSDP).
+        expert_parallel_size: ranks that split a mixture-of-experts model's experts
+            (1: off; `rayrl.train.expert_parallel`); divides the world and the experts.
         weights_from: another engine in this process whose model has the same names
             and shapes: its weights are copied (cast to ``dtype``), nothing is read.
             Building a sharded engine, or rebuilding one, is a collective.
@@ -175,6 +179,7 @@ class TrainEngine(ModelBuilding, EngineIO):
         torch_compile: bool = False,
         ulysses_sequence_parallel_size: int = 1,
         fsdp_size: int = -1,
+        expert_parallel_size: int = 1,
         weights_from: TrainEngine | None = None,
         config_overrides: dict | None = None,
         join: bool = False,
@@ -197,7 +202,7 @@ class TrainEngine(ModelBuilding, EngineIO):
         self.sharded = self.world_size > 1  # FSDP over one rank would change nothing
         self.fsdp = self.sharded or fsdp
         self.mixed_precision = mixed_precision and self.device.type == "cuda"
-        self._build_mesh(ulysses_sequence_parallel_size, fsdp_size)
+        self._build_mesh(ulysses_sequence_parallel_size, fsdp_size, expert_parallel_size)
         packs = use_remove_padding or self.share_prompts or self.sp_size > 1
         attn = attention_for(attn_implementation, packed=packs)
         start = time.perf_counter()
@@ -428,6 +433,7 @@ class TrainEngine(ModelBuilding, EngineIO):
                 loss = sum(v.sum() for v in outputs.values()) * 0.0
             else:
                 loss, step_metrics = loss_fn(outputs, micro)
+                loss = add_aux_loss(loss, step_metrics, outputs, micro, self.config)
                 summed.add(loss, step_metrics)
             (loss * self.world_size).backward()
             progress.tick(micro_batches=1)
@@ -444,7 +450,7 @@ class TrainEngine(ModelBuilding, EngineIO):
     def _clip_and_step(self) -> float | None:
         """Clip, then step, unless the gradient norm is not finite (then skip and count)."""
         clip = self.optim_spec.grad_clip or float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        norm = clip_grad_norm(self.model, clip)
         norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         if not math.isfinite(norm):
             warn_nonfinite_gradients(self.model, norm, self.skipped_steps + 1)
@@ -491,5 +497,6 @@ class TrainEngine(ModelBuilding, EngineIO):
                 sp=self.sp,
                 share_prompts=self._sharing,
                 vision=self.vision,
+                aux_loss=counts is not None,
             )
         return micro, outputs

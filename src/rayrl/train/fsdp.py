@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from rayrl.models.vision_language import vision_tower
+from rayrl.train.expert_parallel import shard_experts
 
 __all__ = [
     "attention_modules",
@@ -81,6 +82,7 @@ def shard_model(
     mixed_precision: bool,
     reshard_after_forward: bool = True,
     mesh: Any = None,
+    experts: tuple[Any, Any] | None = None,
 ) -> nn.Module:
     """Apply FSDP2 to each decoder layer and the root; returns the model.
 
@@ -100,6 +102,8 @@ def shard_model(
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     else:
         policy = MixedPrecisionPolicy()
+    if experts is not None:
+        shard_experts(model, *experts, policy, reshard_after_forward)
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
     tower = vision_tower(model)  # its patch embedding and merger: a unit of their own

@@ -27,6 +27,7 @@ from rayrl.algos.entropy import log_probs_and_entropy, log_probs_from_logits
 from rayrl.batch import Batch
 from rayrl.train.attention import packed_attention_kwargs
 from rayrl.train.logprob_head import logprob_head_of
+from rayrl.train.moe_aux import AUX_KEY
 from rayrl.train.packing import ResponseIndex, pack_sequences, padded_response_index
 from rayrl.train.router_replay import active_routing
 from rayrl.train.shared_prompts import share_prompts as share_prompts_of
@@ -144,6 +145,7 @@ def response_outputs(
     sp: SPGroup | None = None,
     share_prompts: bool = False,
     vision: VisionModel | None = None,
+    aux_loss: bool = False,
 ) -> dict[str, Tensor]:
     """Run ``model`` on one micro-batch.
 
@@ -174,6 +176,9 @@ def response_outputs(
         vision: a vision-language model's image side (`rayrl.train.vision_inputs`):
             the rows' ``multi_modal_inputs`` spliced into their prompts; not with
             ``sp`` or ``share_prompts``.
+        aux_loss: also return the router's load-balancing loss of a mixture-of-experts
+            model whose config enables router logits, a scalar under
+            `rayrl.train.moe_aux.AUX_KEY` (`rayrl.train.moe_aux`); not with ``sp``.
 
     Returns:
         ``{"log_probs": ..., "entropy": ...}`` or ``{"values": ...}``, each ``[b, R]``.
@@ -200,12 +205,14 @@ def response_outputs(
         picked = scores[0, index.logit_index] if packed else scores[:, index.logit_index]
         return {"values": _place(picked, index, packed)}
     labels = index.labels if packed else index.labels.clamp(min=0)  # pads may be negative
-    log_probs, entropy = _token_log_probs(
+    log_probs, entropy, aux = _token_log_probs(
         model, inputs, index.logit_index, labels, packed, temperature, with_entropy, chunk_size
     )
     result = {"log_probs": _place(log_probs, index, packed)}
     if with_entropy:
         result["entropy"] = _place(entropy, index, packed)
+    if aux_loss and aux is not None:
+        result[AUX_KEY] = aux
     if replay is not None:
         result.update(replay.outputs(micro, where))
     return result
@@ -220,20 +227,22 @@ def _token_log_probs(
     temperature: float,
     with_entropy: bool,
     chunk_size: int,
-) -> tuple[Tensor, Tensor | None]:
-    """Log-probs of ``labels`` (and entropy) at the kept positions, shaped like ``labels``."""
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """Log-probs of ``labels`` (and entropy) at the kept positions, shaped like ``labels``,
+    and the forward's router aux loss (None unless the model returns one)."""
     head = logprob_head_of(model)
     if head is not None:  # fused: no [tokens x vocab] logits
         target = labels.reshape(1, -1) if packed else labels
         with head.requested(target, temperature, with_entropy, chunk_size):
-            out = model(**inputs, use_cache=False, logits_to_keep=keep).logits
-        out = out[0] if packed else out
-        return out[..., 0], out[..., 1]
-    logits = model(**inputs, use_cache=False, logits_to_keep=keep).logits
-    logits = logits[0] if packed else logits
+            result = model(**inputs, use_cache=False, logits_to_keep=keep)
+        out = result.logits[0] if packed else result.logits
+        return out[..., 0], out[..., 1], getattr(result, "aux_loss", None)
+    result = model(**inputs, use_cache=False, logits_to_keep=keep)
+    logits = result.logits[0] if packed else result.logits
+    aux = getattr(result, "aux_loss", None)
     if with_entropy:
-        return log_probs_and_entropy(logits, labels, temperature, chunk_size)
-    return log_probs_from_logits(logits, labels, temperature, chunk_size), None
+        return (*log_probs_and_entropy(logits, labels, temperature, chunk_size), aux)
+    return log_probs_from_logits(logits, labels, temperature, chunk_size), None, aux
 
 
 def _sequence_parallel_outputs(
@@ -277,7 +286,7 @@ def _sequence_parallel_outputs(
         return {"values": _place(row[index.logit_index], index, packed=True)}
     keep = part.keep.to(device, non_blocking=True)
     labels = packed.response.labels[part.keep_mask].to(device, non_blocking=True)
-    log_probs, entropy = _token_log_probs(
+    log_probs, entropy, _ = _token_log_probs(
         model, inputs, keep, labels, True, temperature, with_entropy, chunk_size
     )
     if entropy is None:

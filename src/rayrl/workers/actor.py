@@ -143,6 +143,7 @@ class ActorRolloutRefWorker(Worker):
             lora=lora,
             join=self.joining,  # a replacement: its state comes from the snapshot restore
             freeze_vision_tower=arr.actor.freeze_vision_tower,
+            expert_parallel_size=arr.actor.expert_parallel_size,
             **engine_kwargs(
                 arr.model,
                 arr.actor.fsdp_config,
