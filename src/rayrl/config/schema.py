@@ -201,6 +201,10 @@ class ActorConfig:
     router_replay: RouterReplayConfig = field(default_factory=RouterReplayConfig)
     # a vision-language model's vision tower gets no gradients and no optimizer state
     freeze_vision_tower: bool = False
+    # the log-prob pass also returns each token's sum over the vocabulary of squared
+    # probabilities (`sum_pi_squared`): algorithm.adv_estimator=optimal_token_baseline
+    # reads it
+    calculate_sum_pi_squared: bool = False
 
 
 @dataclass

@@ -153,7 +153,6 @@ ACTOR: dict[str, Rule] = {
     f"{ARR}.actor.grad_clip": Moved(f"{ARR}.actor.optim.clip_grad"),
     f"{ARR}.actor.megatron.router_replay.mode": Moved(f"{ARR}.actor.router_replay.mode"),
     f"{ARR}.actor.calculate_entropy": Inert("rayrl reports actor/entropy whenever it computes it"),
-    f"{ARR}.actor.calculate_sum_pi_squared": Inert("rayrl has no sum-of-squared-probs metric"),
     # verl's PrefixGrouper runs a group's shared prompt once in the actor's forward:
     # rayrl's shared-prompt training does the same (`rayrl.train.shared_prompts`)
     f"{ARR}.actor.use_prefix_grouper": Moved(
