@@ -160,8 +160,9 @@ def test_the_advantages_are_the_estimator_on_the_passs_columns(pass_and_batch):
 def test_a_grpo_step_with_the_optimal_token_baseline_runs_through_the_trainer(
     ray_local, tmp_path, monkeypatch
 ):
-    """One step on real Ray: the log-prob pass runs (the shortcut is off) and the
-    trainer's advantages are the estimator on the step's own columns."""
+    """One step on real Ray: the log-prob pass runs (the shortcut is off), the trainer's
+    advantages are the estimator on the step's own columns, and verl's variance_proxy/*
+    metrics are reported from them."""
     seen = []
     stage_call = AdvantageStage.__call__
 
@@ -193,7 +194,8 @@ def test_a_grpo_step_with_the_optimal_token_baseline_runs_through_the_trainer(
     finally:
         run.shutdown()
     assert metrics["timing_s/old_log_prob"] > 0
-    assert math.isfinite(metrics["actor/pg_loss"])
+    assert metrics["variance_proxy/expected_w"] > 0
+    assert math.isfinite(metrics["variance_proxy/proxy2_total_power"])
     (batch,) = seen
     want, _ = optimal_token_baseline_advantages(
         batch["token_level_rewards"],

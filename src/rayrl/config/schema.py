@@ -203,7 +203,7 @@ class ActorConfig:
     freeze_vision_tower: bool = False
     # the log-prob pass also returns each token's sum over the vocabulary of squared
     # probabilities (`sum_pi_squared`): algorithm.adv_estimator=optimal_token_baseline
-    # reads it
+    # reads it, and the step reports verl's variance_proxy/* metrics from it
     calculate_sum_pi_squared: bool = False
 
 

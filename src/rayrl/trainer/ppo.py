@@ -59,6 +59,7 @@ from rayrl.trainer.metrics import (
     rollout_probs_diff,
     rollout_routing,
     timer,
+    variance_proxy,
 )
 from rayrl.trainer.model_dir import model_dir
 from rayrl.trainer.names import check_names
@@ -323,6 +324,7 @@ class PPOTrainer:
                 metrics.update(self._checked_tokens(batch))
             self._updates(batch, ctx, calls, timing, metrics)
         metrics.update(batch_metrics(batch, lengths))
+        metrics.update(variance_proxy(batch, metrics))
         metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
         tokens = float(sequence_lengths(batch).sum())
         ranks = self.cfg.trainer.nnodes * self.cfg.trainer.n_gpus_per_node
