@@ -97,6 +97,7 @@ VALUES = {
     "ulysses_sequence_parallel_size": 2,
     "router_replay.mode": "R2",
     "share_prompts": True,  # rayrl's default is auto
+    "sandbox_fusion.url": "http://sandbox:8080/run_code",  # an HTTP endpoint, checked at load
 }
 # what a landing needs beside it to be a valid config (given to both loads)
 CONTEXT = {

@@ -342,13 +342,6 @@ REWARD: dict[str, Rule] = {
     "reward.reward_manager.module": Inert(
         "a custom reward manager module (reward.reward_manager.source is register)"
     ),
-    "reward.sandbox_fusion.url": Only(
-        (None,),
-        "SandboxFusion code execution",
-        hint="score code in your compute_score, or serve it at reward.http.url",
-    ),
-    "reward.sandbox_fusion.max_concurrent": Inert("SandboxFusion is not used (no url)"),
-    "reward.sandbox_fusion.memory_limit_mb": Inert("SandboxFusion is not used (no url)"),
     "sandbox_fusion": Moved("reward.sandbox_fusion", unset=(None,)),
     "sandbox_fusion.url": Moved("reward.sandbox_fusion.url", unset=(None,)),
     "sandbox_fusion.max_concurrent": Moved("reward.sandbox_fusion.max_concurrent", unset=(None,)),
