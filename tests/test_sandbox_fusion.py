@@ -1,6 +1,7 @@
 """SandboxFusion against a real local stand-in server (`sandbox_fusion_server`): the
 client's run_code protocol, retries and bounds; the reward of verl's code data sources
-(pass, fail, compile error, timeout, server down, under the reward's error budget)."""
+(pass, fail, compile error, timeout, server down, under the reward's error budget); and
+verl's SandboxFusion tool in a multi-turn episode."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ import threading
 import pytest
 
 from rayrl.config import ConfigError, load_config
+from rayrl.envs import Episode, build_tool, load_tool_config, make_environment, make_parser
+from rayrl.envs.builtin.python_code import PythonInterpreter
+from rayrl.envs.builtin.sandbox_fusion import SandboxFusionTool
+from rayrl.envs.toolbox import Toolbox
 from rayrl.rewards.budget import ErrorBudget, RewardErrorRateError
 from rayrl.rewards.code_tests import case_passed, extract_code, parse_test_cases
 from rayrl.sandbox_fusion import SandboxFusion, SandboxFusionError
@@ -257,3 +262,58 @@ def test_the_url_with_a_function_of_ones_own_warns_as_verl_ignores_it(tmp_path):
         assert type(source).__name__ == "RewardPool"
     finally:
         source.close()
+
+
+# ------------------------------------------------------------------------- the tool
+
+
+def verl_tool_yaml(tmp_path, config: str):
+    path = tmp_path / "tools.yaml"
+    path.write_text(
+        "tools:\n  - class_name: verl.tools.sandbox_fusion_tools.SandboxFusionTool\n"
+        f"    config: {config}\n"
+        "    tool_schema: {type: function, function: {name: code_interpreter, description: "
+        "Run code., parameters: {type: object, properties: {code: {type: string}}, "
+        "required: [code]}}}\n"
+    )
+    return load_tool_config(path)
+
+
+def test_verls_tool_with_a_url_runs_on_the_server_in_an_episode(server, tmp_path):
+    (entry,) = verl_tool_yaml(
+        tmp_path,
+        f"{{sandbox_fusion_url: '{server.url}', default_timeout: 3, memory_limit_mb: 128, "
+        "rate_limit: 4, type: native}",
+    )
+    tool = build_tool(entry)
+    assert isinstance(tool, SandboxFusionTool) and tool.name == "code_interpreter"
+    env = make_environment("tool_agent", toolbox=Toolbox.of([tool]), parser=make_parser("hermes"))
+    env.reset(Episode("u/0", [{"role": "user", "content": "what is 6*7?"}], {}, {}))
+    before = len(server.requests)
+    call = {"name": "code_interpreter", "arguments": {"code": "print(6 * 7)"}}
+    step = env.step([], "<tool_call>" + json.dumps(call) + "</tool_call>")
+    assert step.observation == [{"role": "tool", "name": "code_interpreter", "content": "42\n"}]
+    loop = {"name": "code_interpreter", "arguments": {"code": "while True: pass"}}
+    step = env.step([], "<tool_call>" + json.dumps(loop) + "</tool_call>")
+    assert "killed at the time limit" in step.observation[0]["content"]
+    assert env.step([], "The answer is 42.").done
+    sent = server.requests[before:]
+    assert [(r["run_timeout"], r["memory_limit_MB"]) for r in sent] == [(3.0, 128)] * 2
+    assert [e.status for e in env.events] == ["ok", "ok"]
+
+
+def test_verls_tool_without_a_url_stays_local_and_an_outage_is_a_failed_call(tmp_path):
+    (local,) = verl_tool_yaml(tmp_path, "{default_timeout: 3, type: native}")
+    assert isinstance(build_tool(local), PythonInterpreter)
+    (down,) = verl_tool_yaml(tmp_path, f"{{sandbox_fusion_url: '{closed_port_url()}'}}")
+    tool = build_tool(down)
+    tool.client.backoff_s = 0.01
+    session = Toolbox.of([tool]).session()
+    ((_, text),) = session.run(
+        make_parser("hermes")
+        .parse(
+            '<tool_call>{"name": "code_interpreter", "arguments": {"code": "print(1)"}}</tool_call>'
+        )
+        .calls
+    )
+    assert "failed after 4 attempt(s)" in text and session.events[0].status == "error"
