@@ -113,6 +113,20 @@ def test_a_changed_temperature_changes_the_column(models):
     assert bool((columns[0][~real] == 0).all())
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_compiled_bf16_head_on_cuda_gives_the_column(models, tiny_model_dir):  # noqa: F811
+    """On a GPU the engine computes in bf16 with the head's chunk math compiled
+    (`rayrl.train.regional_compile`): the column is the fp32 one to bf16's precision."""
+    from rayrl.train.engine import TrainEngine
+
+    engine = TrainEngine(tiny_model_dir, torch_compile=True, trainable=False)
+    batch = ragged_batch(6, seed=3)
+    out = engine.forward(batch, with_entropy=True, temperature=0.7, with_sum_pi_squared=True)
+    want = direct_sum_pi_squared(models["logits"], batch, temperature=0.7)
+    torch.testing.assert_close(out["sum_pi_squared"], want, atol=1e-4, rtol=3e-2)
+
+
 @pytest.fixture(scope="module")
 def pass_and_batch(tiny_model_dir):  # noqa: F811
     """A worker's samples and its log-prob pass under the optimal token baseline."""
