@@ -136,14 +136,14 @@ def tool_returns_no_text(tmp: Path) -> dict:
 
 
 def sandbox_fusion_limits(tmp: Path) -> dict:
-    """verl's SandboxFusion tool config: its default_timeout (3 s) stops an endless
-    loop, its memory_limit_mb (256) fails a 600 MB allocation, and the service's keys
-    that have no effect are named."""
+    """verl's SandboxFusion tool config without a sandbox_fusion_url (the local sandbox):
+    its default_timeout (3 s) stops an endless loop, its memory_limit_mb (256) fails a
+    600 MB allocation, and the service's keys that have no effect are named."""
     tools = tmp / "tools.yaml"
     tools.write_text(
         "tools:\n  - class_name: verl.tools.sandbox_fusion_tools.SandboxFusionTool\n"
-        "    config: {sandbox_fusion_url: 'https://sandbox.example/run_code', num_workers: 10, "
-        "default_timeout: 3, memory_limit_mb: 256, type: native}\n"
+        "    config: {num_workers: 10, rate_limit: 4, default_timeout: 3, memory_limit_mb: 256, "
+        "type: native}\n"
         "    tool_schema: {type: function, function: {name: code_interpreter, description: "
         "Run code., parameters: {type: object, properties: {code: {type: string}}, "
         "required: [code]}}}\n"
@@ -158,7 +158,7 @@ def sandbox_fusion_limits(tmp: Path) -> dict:
     )
     looped = [s for s in seen if "killed after 3." in s]
     failed = [s for s in seen if "MemoryError" in s and "allocated" not in s]
-    named = "sandbox_fusion_url, num_workers of its config have no effect" in text(done)
+    named = "num_workers, rate_limit of its config have no effect" in text(done)
     ok = done.returncode == 0 and looped and failed and named
     took = time.monotonic() - start
     return verdict(

@@ -34,6 +34,7 @@ PPO_LANDS = {
     f"{ARR}.actor.optim.grad_clip": f"{ARR}.actor.optim.clip_grad",
     f"{ARR}.actor.grad_clip": f"{ARR}.actor.optim.clip_grad",
     f"{ARR}.actor.megatron.router_replay.mode": f"{ARR}.actor.router_replay.mode",
+    f"{ARR}.actor.use_prefix_grouper": f"{ARR}.model.share_prompts",
     f"{ARR}.rollout.prompt_length": "data.max_prompt_length",
     f"{ARR}.rollout.response_length": "data.max_response_length",
     "critic.optim.warmup_style": "critic.optim.lr_scheduler_type",
@@ -95,6 +96,8 @@ VALUES = {
     "fsdp_config.model_dtype": "bf16",
     "ulysses_sequence_parallel_size": 2,
     "router_replay.mode": "R2",
+    "share_prompts": True,  # rayrl's default is auto
+    "sandbox_fusion.url": "http://sandbox:8080/run_code",  # an HTTP endpoint, checked at load
 }
 # what a landing needs beside it to be a valid config (given to both loads)
 CONTEXT = {
@@ -103,7 +106,10 @@ CONTEXT = {
     "ulysses_sequence_parallel_size": ["trainer.n_gpus_per_node=2", "use_remove_padding=true"],
 }
 # keys that follow another by design, with its value (they are not "somewhere else")
-FOLLOWS = {"data.max_response_length": ["reward_model.overlong_buffer.max_resp_len"]}
+FOLLOWS = {
+    "data.max_response_length": ["reward_model.overlong_buffer.max_resp_len"],
+    f"{ARR}.model.share_prompts": ["critic.model.share_prompts"],
+}
 
 
 class Kind:

@@ -1,10 +1,11 @@
 """Ulysses sequence parallelism on two real gloo processes, fast enough for `make test`
 (the four-rank layouts are `test_engine_parallel`, marked slow): a training step and a
-forward under SP=2 give one unsharded process's loss, gradients, log-probs and
-entropy, so a wrong all-to-all (heads or tokens sent to the wrong rank, a missing
-exchange) fails here; and each rank's FLOPs are its share of the work it computes:
-half the rows' tokens, every row's prompt run (micro-batches do not share prompts
-under Ulysses), so perf/mfu neither doubles nor drops the repeated prompts."""
+forward under SP=2 give one unsharded process's loss, gradients, log-probs, entropy
+and sums of squared probabilities, so a wrong all-to-all (heads or tokens sent to the
+wrong rank, a missing exchange) fails here; and each rank's FLOPs are its share of
+the work it computes: half the rows' tokens, every row's prompt run (micro-batches do
+not share prompts under Ulysses), so perf/mfu neither doubles nor drops the repeated
+prompts."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def test_sequence_parallel_ranks_match_one_process(two_ranks, one_process):
         assert set(got["grads"]) == set(want["grads"])
         for name, grad in want["grads"].items():
             torch.testing.assert_close(got["grads"][name], grad, atol=2e-6, rtol=1e-4, msg=name)
-        for key in ("log_probs", "entropy"):
+        for key in ("log_probs", "entropy", "sum_pi_squared"):
             torch.testing.assert_close(got["forward"][key], want["forward"][key], atol=2e-5, rtol=0)
 
 

@@ -284,23 +284,24 @@ def test_output_is_truncated_and_the_code_tool_summarises():
 
 
 def test_verls_sandbox_fusion_limits_become_the_local_sandboxs(caplog, monkeypatch):
-    """verl's SandboxFusion tool runs in the local sandbox under its own limits: an
-    endless loop stops at about its default_timeout of 3 s, 600 MB fail under its
-    memory_limit_mb of 256, and the service's keys that have no effect are named."""
+    """verl's SandboxFusion tool without a sandbox_fusion_url runs in the local sandbox
+    under its own limits: an endless loop stops at about its default_timeout of 3 s,
+    600 MB fail under its memory_limit_mb of 256, and the service's keys that have no
+    effect are named. (With a URL it runs on that server: `test_sandbox_fusion`.)"""
     monkeypatch.setattr(verl, "_warned", set())  # said once per process: say it here
     tool = build_tool(
         {
             "class_name": "verl.tools.sandbox_fusion_tools.SandboxFusionTool",
             "config": {
-                "sandbox_fusion_url": "https://sandbox.example/run_code",
                 "num_workers": 10,
+                "rate_limit": 4,
                 "default_timeout": 3,
                 "memory_limit_mb": 256,
                 "type": "native",
             },
         }
     )
-    assert "sandbox_fusion_url, num_workers of its config have no effect" in caplog.text
+    assert "num_workers, rate_limit of its config have no effect" in caplog.text
     start = time.perf_counter()
     looped = tool.execute({"code": "while True: pass"}, None)
     assert 2.5 < time.perf_counter() - start < 6

@@ -456,7 +456,7 @@ def test_tools_load_from_files_dotted_paths_and_verl_yaml(tmp_path):
             f"""
             tools:
               - class_name: "verl.tools.sandbox_fusion_tools.SandboxFusionTool"
-                config: {{"sandbox_fusion_url": "http://unused", "type": "native"}}
+                config: {{"type": "native"}}
                 tool_schema:
                   type: "function"
                   function:

@@ -167,6 +167,15 @@ def test_truncated_is_weights_need_no_separate_pass_and_report_the_same(model_di
 
 
 def test_an_estimator_that_reads_old_log_probs_keeps_the_separate_pass():
-    cfg = config(*SIZES)
-    cfg.algorithm.adv_estimator = "optimal_token_baseline"  # its config check refuses it today
+    cfg = config(
+        *SIZES,
+        "algorithm.adv_estimator=optimal_token_baseline",
+        "actor_rollout_ref.actor.calculate_sum_pi_squared=true",
+    )
     assert "estimator optimal_token_baseline reads them" in separate_pass_reason(cfg, 8)
+
+
+def test_sum_pi_squared_keeps_the_separate_pass_whatever_the_estimator():
+    """Only the log-prob pass returns it (verl's variance_proxy/* metrics read it)."""
+    cfg = config(*SIZES, "actor_rollout_ref.actor.calculate_sum_pi_squared=true")
+    assert "sum_pi_squared" in separate_pass_reason(cfg, 8)

@@ -15,7 +15,8 @@ from rayrl.config.errors import ConfigError, ConfigWarning
 from rayrl.config.routing_checks import MOE_MODEL_TYPES
 from rayrl.train.router_replay import ROUTER_STYLES, RoutingPass
 from rayrl.trainer.on_policy import separate_pass_reason
-from rayrl.workers.actor import LOG_PROB_READS, update_actor_reads
+from rayrl.workers.actor import update_actor_reads
+from rayrl.workers.log_prob_pass import LOG_PROB_READS
 from rayrl.workers.routing import check_recording_engine, log_prob_pass, update_pass
 
 MODE = "actor_rollout_ref.actor.router_replay.mode"

@@ -1,6 +1,7 @@
 """The body of the two-rank gloo run of `test_engine_ulysses` (imported by name in each
 spawned process): one training step and a forward under Ulysses SP=2, with shared
-prompts asked for, on rows where several share a prompt. Each rank saves its metrics,
+prompts asked for, on rows where several share a prompt (the forward with each token's
+sum of squared probabilities too). Each rank saves its metrics,
 the full gradients before the optimizer step and the forward's outputs for the parent
 to compare with one unsharded process."""
 
@@ -32,7 +33,12 @@ def train_and_forward(engine) -> dict:
     metrics = engine.train_step(
         shared_batch(), pg_loss, max_tokens_per_micro_batch=BUDGET, with_entropy=True
     )
-    forward = engine.forward(shared_batch(), max_tokens_per_micro_batch=BUDGET, with_entropy=True)
+    forward = engine.forward(
+        shared_batch(),
+        max_tokens_per_micro_batch=BUDGET,
+        with_entropy=True,
+        with_sum_pi_squared=True,
+    )
     return {"metrics": metrics, "grads": grads, "forward": forward.tensors}
 
 

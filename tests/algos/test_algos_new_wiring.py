@@ -84,7 +84,16 @@ def test_verl_defaults_of_the_new_keys():
         (
             "grpo",
             ["algorithm.adv_estimator=optimal_token_baseline"],
-            "needs each token's sum of squared probabilities",
+            "set actor_rollout_ref.actor.calculate_sum_pi_squared=true",
+        ),
+        (
+            "grpo",
+            [
+                f"{ACTOR}.calculate_sum_pi_squared=true",
+                "algorithm.rollout_correction.rollout_is=token",
+                "algorithm.rollout_correction.bypass_mode=true",
+            ],
+            "bypass_mode=true skips",
         ),
         ("ppo", ["algorithm.pf_ppo.reweight_method=maxmin"], "Did you mean 'max_min'"),
         (
@@ -104,8 +113,15 @@ def test_bad_settings_are_refused_with_the_key(capsys, source, overrides, messag
     assert code == 2 and message in err
 
 
-def test_optimal_token_baseline_is_registered_though_the_actor_cannot_feed_it_yet():
+def test_optimal_token_baseline_is_registered_and_loads_with_its_column(capsys):
     assert ADV_ESTIMATORS.get("optimal_token_baseline") is optimal_token_baseline_advantages
+    code, _, err = config_show(
+        capsys,
+        "grpo",
+        "algorithm.adv_estimator=optimal_token_baseline",
+        f"{ACTOR}.calculate_sum_pi_squared=true",
+    )
+    assert code == 0, err
 
 
 def test_pf_ppo_without_gae_warns_that_it_has_no_effect(capsys):
@@ -291,13 +307,18 @@ def test_pf_ppo_needs_the_step():
 
 
 def test_the_stage_feeds_the_optimal_token_baseline_its_inputs():
-    """The estimator the actor cannot feed yet: given `sum_pi_squared` in the batch, the
-    stage passes it, the old log-probs and the rollout-correction weights."""
+    """Given `sum_pi_squared` in the batch (the log-prob pass's, with
+    actor.calculate_sum_pi_squared), the stage passes it, the old log-probs and the
+    rollout-correction weights."""
     cfg = load_config(
         "grpo",
-        [*SMALL, "algorithm.rollout_correction.rollout_is=token"],
+        [
+            *SMALL,
+            "algorithm.rollout_correction.rollout_is=token",
+            "algorithm.adv_estimator=optimal_token_baseline",
+            f"{ACTOR}.calculate_sum_pi_squared=true",
+        ],
     )
-    cfg.algorithm.adv_estimator = "optimal_token_baseline"  # past the config's refusal
     batch = scored_batch([1.0, 0.0, 5.0, 3.0, 2.0, 2.5], ["a", "a", "a", "b", "b", "b"])
     g = torch.Generator().manual_seed(0)
     batch["old_log_probs"] = -torch.rand(6, 4, generator=g)

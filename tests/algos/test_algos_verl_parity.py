@@ -24,6 +24,7 @@ from rayrl.algos import (
     reinforce_policy_loss,
     sapo_policy_loss,
 )
+from rayrl.algos.variance_proxy import variance_proxy_metrics
 
 TOL = 1e-6
 VERL = load_verl()
@@ -115,6 +116,36 @@ def test_optimal_token_baseline_matches_verl(shape, seed, handle_zero_tail, with
     assert max_diff(got, want) <= TOL
     # verl leaves the reward-to-go on masked positions inside a response; rayrl zeroes them
     assert max_diff(got_ret, want_ret * x["mask"]) <= TOL
+
+
+@pytest.mark.parametrize("shape", SHAPES[1:])
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("with_is", [False, True])
+@pytest.mark.parametrize("grad_norm", [None, 0.3])
+def test_variance_proxy_metrics_match_verl(shape, seed, with_is, grad_norm):
+    x = inputs(shape, seed, torch.float64, holes=seed == 2, min_len=1)
+    adv = torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    columns = {
+        "old_log_probs": x["old"],
+        "sum_pi_squared": x["spi"],
+        "advantages": adv,
+        "response_mask": x["mask"],
+    }
+    if with_is:
+        columns["rollout_is_weights"] = x["is_w"]
+    want = VERL.compute_variance_proxy_metrics(DataProto(columns, {}), gradient_norm=grad_norm)
+    got = variance_proxy_metrics(
+        x["old"],
+        x["spi"],
+        adv,
+        x["mask"],
+        rollout_is_weights=columns.get("rollout_is_weights"),
+        grad_norm=grad_norm,
+    )
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        # verl divides a masked mean by count + 1e-8, rayrl by the count
+        assert got[key] == pytest.approx(float(value), rel=1e-7, abs=1e-12), key
 
 
 def test_optimal_token_baseline_zero_tail_case_is_exercised():

@@ -40,6 +40,7 @@ FILES: dict[str, str] = {
     "compute_policy_loss_geo_mean": "verl/trainer/ppo/core_algos.py",
     "compute_policy_loss_cispo": "verl/trainer/ppo/core_algos.py",
     "compute_pf_ppo_reweight_data": "verl/trainer/ppo/core_algos.py",
+    "compute_variance_proxy_metrics": "verl/trainer/ppo/metric_utils.py",
     "_parse_rollout_rs_thresholds": "verl/trainer/ppo/rollout_corr_helper.py",
     "compute_rs_metrics": "verl/trainer/ppo/rollout_corr_helper.py",
     "compute_rollout_rejection_mask": "verl/trainer/ppo/rollout_corr_helper.py",
@@ -168,6 +169,7 @@ def load_verl() -> types.SimpleNamespace | None:
         "DictConfig": DictConfig,
         "AlgoConfig": AlgoConfig,
         "ActorConfig": ActorConfig,
+        "DataProto": DataProto,
     }
     for name in ("masked_sum", "masked_mean"):
         exec(compile(sources[name], f"{FILES[name]}:{name}", "exec"), namespace)

@@ -12,7 +12,9 @@ logits); the gradient comes back in the logits' dtype.
 For logits ``z`` scaled by ``1 / temperature``, ``p = softmax(z)``:
 
 - ``log p(y) = z_y - logsumexp(z)``, gradient ``(onehot(y) - p) / temperature``;
-- ``H = logsumexp(z) - sum(p z)``, gradient ``-p (log p + H) / temperature``.
+- ``H = logsumexp(z) - sum(p z)``, gradient ``-p (log p + H) / temperature``;
+- ``sum p^2 = exp(logsumexp(2 z) - 2 logsumexp(z))`` (`sum_pi_squared_from_logits`, no
+  gradient: the optimal token baseline reads it from the log-prob pass).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ __all__ = [
     "log_probs_and_entropy",
     "log_probs_from_logits",
     "logit_grad_",
+    "sum_pi_squared_from_logits",
 ]
 
 DEFAULT_CHUNK = 512
@@ -191,3 +194,24 @@ def entropy_from_logits(
     """Entropy of ``softmax(logits / temperature)`` over the last dim, shape ``[...]``."""
     labels = torch.zeros(logits.shape[:-1], dtype=torch.long, device=logits.device)
     return _run(logits, labels, temperature, chunk_size, with_entropy=True)[1]
+
+
+@torch.no_grad()
+def sum_pi_squared_from_logits(
+    logits: Tensor, temperature: float = 1.0, chunk_size: int = DEFAULT_CHUNK
+) -> Tensor:
+    """``sum_v softmax(logits / temperature)_v^2`` over the last dim, shape ``[...]``, in
+    float32 (float64 for float64 logits), chunk by chunk; no gradient."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    flat = logits.reshape(-1, logits.shape[-1])
+    dtype = _compute_dtype(logits.dtype)
+    out = torch.empty(flat.shape[0], dtype=dtype, device=logits.device)
+    for start in range(0, flat.shape[0], chunk_size):
+        rows = slice(start, start + chunk_size)
+        z = _scaled_chunk(flat, rows, dtype, temperature)
+        log_norm = torch.logsumexp(z, dim=-1)
+        out[rows] = torch.exp(torch.logsumexp(z.mul_(2), dim=-1) - 2 * log_norm)
+    return out.reshape(logits.shape[:-1])

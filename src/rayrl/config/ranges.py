@@ -191,6 +191,8 @@ RANGES: dict[str, Range] = {
         "the failed fraction of the samples scored so far that stops the run; 1.0 never stops"
     ),
     "reward.timeout_s": SECONDS,
+    "reward.sandbox_fusion.max_concurrent": at_least(1, "requests at once (verl's default 64)"),
+    "reward.sandbox_fusion.memory_limit_mb": at_least(1, "MB per run (verl's default 1024)"),
     "reward.num_workers": at_least(1, "scoring processes"),
     "reward.workers_per_node": at_least(1, "reward workers on each node of the training pool"),
     "reward.cpus_per_worker": positive("CPUs of each reward worker's bundle"),

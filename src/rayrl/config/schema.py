@@ -201,6 +201,10 @@ class ActorConfig:
     router_replay: RouterReplayConfig = field(default_factory=RouterReplayConfig)
     # a vision-language model's vision tower gets no gradients and no optimizer state
     freeze_vision_tower: bool = False
+    # the log-prob pass also returns each token's sum over the vocabulary of squared
+    # probabilities (`sum_pi_squared`): algorithm.adv_estimator=optimal_token_baseline
+    # reads it, and the step reports verl's variance_proxy/* metrics from it
+    calculate_sum_pi_squared: bool = False
 
 
 @dataclass
@@ -365,6 +369,17 @@ class RewardHTTPConfig:
 
 
 @dataclass
+class RewardSandboxFusionConfig:
+    """verl's SandboxFusion reward (`rayrl.rewards.code_sandbox`): with a url and no
+    custom_reward_function, the code data sources (codecontests, apps, codeforces, taco)
+    are scored by running each answer against its test cases on that server."""
+
+    url: str | None = None  # the server's run_code endpoint, e.g. http://host:8080/run_code
+    max_concurrent: int = 64  # requests at once from each reward worker
+    memory_limit_mb: int = 1024  # each run's memory limit
+
+
+@dataclass
 class RewardManagerConfig:
     """How a reward function is called (verl's reward managers, `rayrl.rewards.managers`):
     naive or prime (one sample per call, in reward.num_workers processes), dapo (as naive,
@@ -384,6 +399,7 @@ class RewardConfig:
     reward_manager: RewardManagerConfig = field(default_factory=RewardManagerConfig)
     reward_kwargs: dict = field(default_factory=dict)  # extra keyword arguments of every call
     http: RewardHTTPConfig = field(default_factory=RewardHTTPConfig)
+    sandbox_fusion: RewardSandboxFusionConfig = field(default_factory=RewardSandboxFusionConfig)
     # The failed fraction of the samples scored so far (a function that raised, hung or
     # returned no finite number; an HTTP outage; a reward model's NaN) past which the
     # run stops (rayrl.rewards.budget); 1.0: never stop, failed samples score 0.

@@ -19,6 +19,7 @@ from rayrl.config.expert_checks import check_expert_parallel
 from rayrl.config.layout import MeshError, MeshSpec, check_heads
 from rayrl.config.multi_turn import check_multi_turn
 from rayrl.config.ranges import check_ranges
+from rayrl.config.reward_checks import check_sandbox_fusion
 from rayrl.config.routing_checks import ROUTER_REPLAY_MODES, check_router_replay
 from rayrl.config.schema import WEIGHT_TRANSPORTS, RayRLConfig, RolloutCorrectionConfig
 from rayrl.config.vision_checks import check_vision_language
@@ -399,11 +400,17 @@ GROUP_ESTIMATORS = ("grpo", "rloo", "dr_grpo", "gpg", "optimal_token_baseline")
 def check_new_algorithms(cfg: RayRLConfig, warn: Callable[[str], None] = _warn) -> None:
     """The optimal token baseline's inputs, SAPO's temperatures, PF-PPO's estimator."""
     alg, actor = cfg.algorithm, cfg.actor_rollout_ref.actor
-    if alg.adv_estimator == "optimal_token_baseline":
+    if alg.adv_estimator == "optimal_token_baseline" and not actor.calculate_sum_pi_squared:
         raise ConfigError(
-            "algorithm.adv_estimator=optimal_token_baseline needs each token's sum of squared "
-            "probabilities over the vocabulary (verl's actor.calculate_sum_pi_squared), which "
-            "rayrl's actor does not compute yet; use grpo, rloo or gpg"
+            "algorithm.adv_estimator=optimal_token_baseline reads each token's sum of squared "
+            "probabilities over the vocabulary, which the log-prob pass returns only when "
+            f"asked: set {ACTOR}.calculate_sum_pi_squared=true (verl requires it too)"
+        )
+    if actor.calculate_sum_pi_squared and alg.rollout_correction.bypass_mode:
+        raise ConfigError(
+            f"{ACTOR}.calculate_sum_pi_squared=true needs the log-prob pass, which "
+            "algorithm.rollout_correction.bypass_mode=true skips (the rollout's log-probs "
+            "serve as the old ones); turn bypass_mode off"
         )
     if actor.policy_loss.loss_mode == "sapo" and min(actor.tau_pos, actor.tau_neg) <= 0:
         raise ConfigError(
@@ -523,6 +530,7 @@ def validate_config(cfg: RayRLConfig, warn: Callable[[str], None] = _warn) -> No
     check_vision_language(cfg, critic_enabled(cfg))
     check_expert_parallel(cfg)
     check_router_replay(cfg, warn)
+    check_sandbox_fusion(cfg, warn)
     actor, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
     prompts, world = cfg.data.train_batch_size, cfg.world_size
     check_batch_chain(

@@ -98,8 +98,7 @@ def _from_mapping(entry: Mapping[str, Any]) -> Tool:
     config = dict(entry.get("config") or {})
     schema = entry.get("tool_schema") or entry.get("schema")
     verl.check_tool_type(config, target)
-    config = verl.builtin_config(target, config)
-    target = verl.BUILTIN_FOR_CLASS.get(target, target)
+    target, config = verl.builtin_tool(target, config)
     if target in TOOLS or not any(c in str(target) for c in ".:/"):
         return TOOLS.get(target)(config=config, schema=schema)
     return instantiate_tool(load_object(target, "tool"), config, schema, where=str(target))

@@ -4,14 +4,13 @@
   tool_config_path``: a ``tools:`` list of ``{class_name, config, tool_schema}`` entries
   (``config.type`` is ``native``; verl's ``mcp`` tools are not run here). Each entry
   goes to `rayrl.envs.loader.build_tool`.
-- verl's own tool classes map to rayrl's built-ins (`BUILTIN_FOR_CLASS`): the
-  SandboxFusion code tool to ``code_interpreter`` (rayrl's local sandbox, not a remote
-  service), the retrieval search tool to ``search`` (a local corpus given in its
-  config instead of a retrieval service URL), the GSM8K answer tool to ``gsm8k_answer``.
-  The SandboxFusion tool's limits carry over (`sandbox_fusion_config`:
-  ``default_timeout`` is the sandbox's time limit, ``memory_limit_mb`` its memory
-  limit); its keys for the remote service have no effect here, and a warning names
-  each one given.
+- verl's own tool classes map to rayrl's built-ins (`builtin_tool`): the SandboxFusion
+  code tool to ``sandbox_fusion`` (the code runs on the SandboxFusion server its
+  ``sandbox_fusion_url`` names, `rayrl.envs.builtin.sandbox_fusion`), or without a URL
+  to ``code_interpreter`` (rayrl's local sandbox, under the tool's ``default_timeout``
+  and ``memory_limit_mb``; a warning names the keys that then have no effect); the
+  retrieval search tool to ``search`` (a local corpus given in its config instead of a
+  retrieval service URL), the GSM8K answer tool to ``gsm8k_answer``.
 - A user's class written against verl's ``BaseTool`` (async ``create`` / ``execute``
   / ``calc_reward`` / ``release`` with instance ids) runs through `VerlTool`, each
   coroutine on its own event loop in the tool's worker thread.
@@ -34,7 +33,7 @@ from rayrl.envs.tool import Tool, split_schema
 __all__ = [
     "BUILTIN_FOR_CLASS",
     "VerlTool",
-    "builtin_config",
+    "builtin_tool",
     "episode_fields",
     "is_verl_tool_class",
     "load_tool_config",
@@ -52,26 +51,26 @@ BUILTIN_FOR_CLASS = {
 }
 # verl's SandboxFusion keys -> the `code_interpreter` keys that honour them.
 SANDBOX_FUSION_LIMITS = {"default_timeout": "timeout_s", "memory_limit_mb": "memory_mb"}
-# verl's SandboxFusion keys for the remote service: nothing here honours them.
-SANDBOX_FUSION_SERVICE = (
-    "sandbox_fusion_url",
-    "num_workers",
-    "rate_limit",
-    "enable_global_rate_limit",
-)
+# verl's SandboxFusion keys for the remote service: the local sandbox ignores them.
+SANDBOX_FUSION_SERVICE = ("num_workers", "rate_limit", "enable_global_rate_limit")
 _warned: set[str] = set()  # each warning once per process (the driver builds tools often)
 
 
-def builtin_config(target: str, config: dict[str, Any]) -> dict[str, Any]:
-    """The config a verl tool class's built-in gets from the class's own ``config``."""
-    return sandbox_fusion_config(config) if target == SANDBOX_FUSION else config
+def builtin_tool(target: str, config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The built-in a tool class maps to (``target`` itself when none), with its config:
+    verl's SandboxFusion tool runs on its server when it names one, else locally."""
+    if target == SANDBOX_FUSION:
+        if config.get("sandbox_fusion_url"):
+            return "sandbox_fusion", config
+        return "code_interpreter", sandbox_fusion_config(config)
+    return BUILTIN_FOR_CLASS.get(target, target), config
 
 
 def sandbox_fusion_config(config: dict[str, Any]) -> dict[str, Any]:
-    """verl's SandboxFusion ``config`` as ``code_interpreter``'s: its limits mapped onto
-    the local sandbox's (a ``code_interpreter`` key given as well wins); a warning names
-    the keys that have no effect here (the remote service's, a language other than
-    Python)."""
+    """verl's SandboxFusion ``config`` without a server, as ``code_interpreter``'s: its
+    limits mapped onto the local sandbox's (a ``code_interpreter`` key given as well
+    wins); a warning names the keys that have no effect here (the remote service's, a
+    language other than Python)."""
     mapped = dict(config)
     for verl_key, key in SANDBOX_FUSION_LIMITS.items():
         if verl_key in mapped and key not in mapped:
@@ -82,9 +81,9 @@ def sandbox_fusion_config(config: dict[str, Any]) -> dict[str, Any]:
         ignored.append(f"default_language={language!r} (the local sandbox runs Python only)")
     if ignored:
         _warn_once(
-            f"tool {SANDBOX_FUSION} runs in rayrl's local sandbox (code_interpreter), not "
-            f"on a SandboxFusion service: {', '.join(ignored)} of its config have no effect "
-            "(default_timeout and memory_limit_mb are its limits; "
+            f"tool {SANDBOX_FUSION} names no sandbox_fusion_url, so it runs in rayrl's "
+            f"local sandbox (code_interpreter): {', '.join(ignored)} of its config have no "
+            "effect (default_timeout and memory_limit_mb are its limits; "
             "multi_turn.max_concurrent_tools bounds the calls at once)"
         )
     return mapped

@@ -53,7 +53,7 @@ def batched(spec: FunctionSpec, num_workers: int, timeout_s: float) -> RewardPoo
 class NumberAsAcc:
     """A source whose plain-number scores are also reported as the extra `acc`."""
 
-    def __init__(self, source: RewardPool) -> None:
+    def __init__(self, source: Any) -> None:  # a reward source: a pool, or one in front of it
         self.source = source
 
     def score(self, items: list[dict[str, Any]]) -> list[RewardResult]:

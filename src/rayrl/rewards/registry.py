@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rayrl.registry import Registry
-from rayrl.rewards import arithmetic, countdown, gsm8k, words
+from rayrl.rewards import arithmetic, code_tests, countdown, gsm8k, words
 from rayrl.rewards import math as math_scorer
 
 Scorer = Callable[[str, Any, dict | None], float | dict]
@@ -90,3 +90,6 @@ register_scorer("multiply")(arithmetic.compute_exact)
 # The synthetic visual tasks (`rayrl.data.synthetic_images`): a word, or a count.
 register_scorer("colors")(words.compute_score)
 register_scorer("count_squares")(arithmetic.compute_score)
+# verl's code sources run on a SandboxFusion server (`rayrl.rewards.code_sandbox`); without
+# one (reward.sandbox_fusion.url) they fail with what to set.
+register_scorer(*code_tests.CODE_SOURCES)(code_tests.needs_sandbox)

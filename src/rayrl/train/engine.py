@@ -263,8 +263,10 @@ class TrainEngine(ModelBuilding, EngineIO):
         max_tokens_per_micro_batch: int | None = None,
         with_entropy: bool = False,
         temperature: float = 1.0,
+        with_sum_pi_squared: bool = False,
     ) -> Batch:
-        """Log-probs (``log_probs``, optionally ``entropy``) or ``values``, no gradients.
+        """Log-probs (``log_probs``, optionally ``entropy`` and ``sum_pi_squared``) or
+        ``values``, no gradients.
 
         ``batch`` holds ``input_ids``, ``attention_mask``, ``responses`` (or only
         ``response_mask``: the responses' width is read) and optionally
@@ -289,7 +291,13 @@ class TrainEngine(ModelBuilding, EngineIO):
         parts, order = [], []
         with torch.no_grad(), self.residency.resident():
             for rows in plan:
-                _, outputs = self._run(batch, rows, with_entropy, temperature=temperature)
+                _, outputs = self._run(
+                    batch,
+                    rows,
+                    with_entropy,
+                    temperature=temperature,
+                    with_sum_pi_squared=with_sum_pi_squared,
+                )
                 if rows is not None:
                     parts.append({k: v.cpu() for k, v in outputs.items()})
                     order.extend(rows)
@@ -472,6 +480,7 @@ class TrainEngine(ModelBuilding, EngineIO):
         *,
         counts: tuple[float, float] | None = None,
         temperature: float = 1.0,
+        with_sum_pi_squared: bool = False,
     ) -> tuple[Batch, dict[str, Tensor]]:
         """The micro-batch of ``rows`` (row 0 for a dummy) and its outputs; with
         ``counts`` (training) the micro-batch moves to the device for ``loss_fn``."""
@@ -498,5 +507,6 @@ class TrainEngine(ModelBuilding, EngineIO):
                 share_prompts=self._sharing,
                 vision=self.vision,
                 aux_loss=counts is not None,
+                with_sum_pi_squared=with_sum_pi_squared and not self.value_head,
             )
         return micro, outputs

@@ -7,7 +7,10 @@ autograd would keep them (and their gradient) for the backward pass. `LogProbHea
 replaces a causal LM's ``lm_head`` (same weight Parameter, same state-dict name, still
 tied to the embedding where it was): called normally it is the plain linear layer
 (generation, HF export); inside ``with head.requested(labels, temperature, ...)`` it
-returns, in place of logits, ``[..., 2]``: the log-prob of each label and the entropy.
+returns, in place of logits, ``[..., 2]``: the log-prob of each label and the entropy;
+with ``with_sum_pi_squared`` ``[..., 3]``: also each token's sum over the vocabulary of
+the squared probabilities (verl's ``sum_pi_squared``, which the optimal token baseline
+reads), without a gradient.
 A model whose forward changes the head's output before it returns it (Granite's
 ``logits_scaling``, Gemma 2 and 3's final soft-cap) keeps its linear head
 (`changes_logits`): its log-probs come from its logits.
@@ -23,8 +26,9 @@ the backward recomputes each chunk's logits (one more projection matmul). Either
 it writes the gradients of the hidden states and of the weight.
 
 For logits ``z`` (already divided by the temperature ``T``), ``p = softmax(z)``:
-``log p(y) = z_y - logsumexp(z)``, ``H = logsumexp(z) - sum(p z)``; the gradient with
-respect to ``z`` is ``g_lp (onehot(y) - p) - g_H p (log p + H)``, then ``/ T``.
+``log p(y) = z_y - logsumexp(z)``, ``H = logsumexp(z) - sum(p z)``,
+``sum p^2 = exp(logsumexp(2 z) - 2 logsumexp(z))``; the gradient with respect to ``z``
+is ``g_lp (onehot(y) - p) - g_H p (log p + H)``, then ``/ T``.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ class _Request:
     temperature: float
     with_entropy: bool
     chunk_size: int
+    with_sum_pi_squared: bool = False
 
 
 class LogProbHead(nn.Linear):
@@ -71,15 +76,23 @@ class LogProbHead(nn.Linear):
 
     @contextmanager
     def requested(
-        self, labels: Tensor, temperature: float, with_entropy: bool, chunk_size: int
+        self,
+        labels: Tensor,
+        temperature: float,
+        with_entropy: bool,
+        chunk_size: int,
+        with_sum_pi_squared: bool = False,
     ) -> Iterator[None]:
         """Inside, a call on hidden states ``[..., H]`` (with ``labels`` ``[...]``)
-        returns ``[..., 2]``: log p(label) and the entropy (0 without ``with_entropy``)."""
+        returns ``[..., 2]``: log p(label) and the entropy (0 without ``with_entropy``);
+        with ``with_sum_pi_squared``, ``[..., 3]``: and sum p^2 (no gradient)."""
         if temperature <= 0:
             raise ValueError(f"temperature must be positive, got {temperature}")
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-        self._request = _Request(labels, float(temperature), with_entropy, int(chunk_size))
+        self._request = _Request(
+            labels, float(temperature), with_entropy, int(chunk_size), with_sum_pi_squared
+        )
         try:
             yield
         finally:
@@ -104,7 +117,7 @@ class LogProbHead(nn.Linear):
         bias = None if self.bias is None else self.bias.to(dtype)
         grad = torch.is_grad_enabled() and (flat.requires_grad or weight.requires_grad)
         nbytes = flat.shape[0] * weight.shape[0] * weight.element_size()
-        logp, ent = _FusedLogProbs.apply(
+        logp, ent, squares = _FusedLogProbs.apply(
             flat,
             weight,
             bias,
@@ -114,8 +127,10 @@ class LogProbHead(nn.Linear):
             request.with_entropy,
             self.chunk_math or EAGER,
             grad and keep_logits(nbytes, hidden.device),
+            request.with_sum_pi_squared,
         )
-        return torch.stack([logp, ent], dim=-1).reshape(*hidden.shape[:-1], 2)
+        columns = [logp, ent, squares] if request.with_sum_pi_squared else [logp, ent]
+        return torch.stack(columns, dim=-1).reshape(*hidden.shape[:-1], len(columns))
 
 
 def keep_logits(nbytes: int, device: torch.device) -> bool:
@@ -183,10 +198,12 @@ def forward_chunk(
     temperature: float,
     with_entropy: bool,
     keep_logits: bool = False,
-) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    """One chunk's ``(log p(label), log-normaliser, entropy, logits)`` (entropy 0
-    without ``with_entropy``), each ``[rows]`` in the logits' float dtype; the logits
-    (the projection's output, unscaled) only with ``keep_logits``, else None."""
+    with_sum_pi_squared: bool = False,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
+    """One chunk's ``(log p(label), log-normaliser, entropy, sum p^2, logits)``
+    (entropy 0 without ``with_entropy``), each ``[rows]`` in the logits' float dtype;
+    sum p^2 only with ``with_sum_pi_squared`` and the logits (the projection's output,
+    unscaled) only with ``keep_logits``, else None."""
     raw = F.linear(hidden, weight, bias)
     z = _scaled(raw, temperature, fresh=not keep_logits)
     log_norm = torch.logsumexp(z, dim=-1)
@@ -195,7 +212,10 @@ def forward_chunk(
         ent = log_norm - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
     else:
         ent = torch.zeros_like(log_norm)
-    return logp, log_norm, ent, (raw if keep_logits else None)
+    squares = None
+    if with_sum_pi_squared:  # log sum_v p_v^2 = logsumexp(2 z) - 2 logsumexp(z)
+        squares = torch.exp(torch.logsumexp(z * 2, dim=-1) - 2 * log_norm)
+    return logp, log_norm, ent, squares, (raw if keep_logits else None)
 
 
 def backward_chunk(
@@ -258,16 +278,19 @@ class _FusedLogProbs(torch.autograd.Function):
         with_entropy: bool,
         math: ChunkMath = EAGER,
         keep_logits: bool = False,
-    ) -> tuple[Tensor, Tensor]:
+        with_sum_pi_squared: bool = False,
+    ) -> tuple[Tensor, Tensor, Tensor]:
         n, dtype = hidden.shape[0], torch.promote_types(hidden.dtype, torch.float32)
         logp = torch.empty(n, dtype=dtype, device=hidden.device)
         ent = torch.zeros(n, dtype=dtype, device=hidden.device)
         log_norm = torch.empty(n, dtype=dtype, device=hidden.device)
+        # sum p^2 has no gradient: empty unless asked for
+        squares = torch.zeros(n if with_sum_pi_squared else 0, dtype=dtype, device=hidden.device)
         ctx.kept = []  # each chunk's logits for the backward, with ``keep_logits``
         with torch.autocast(hidden.device.type, enabled=False):
             for start in range(0, n, chunk_size):
                 rows = slice(start, start + chunk_size)
-                logp[rows], log_norm[rows], ent[rows], raw = math.forward(
+                logp[rows], log_norm[rows], ent[rows], chunk_squares, raw = math.forward(
                     hidden[rows],
                     weight,
                     bias,
@@ -275,7 +298,10 @@ class _FusedLogProbs(torch.autograd.Function):
                     temperature,
                     with_entropy,
                     keep_logits,
+                    with_sum_pi_squared,
                 )
+                if chunk_squares is not None:
+                    squares[rows] = chunk_squares
                 ctx.kept.append(raw)
         ctx.save_for_backward(hidden, weight, bias, labels, log_norm, ent)
         ctx.temperature, ctx.chunk_size, ctx.with_entropy = temperature, chunk_size, with_entropy
@@ -283,11 +309,14 @@ class _FusedLogProbs(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         if not with_entropy:
             ctx.mark_non_differentiable(ent)
-        return logp, ent
+        ctx.mark_non_differentiable(squares)
+        return logp, ent, squares
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad_logp: Tensor | None, grad_ent: Tensor | None) -> tuple:
+    def backward(
+        ctx: Any, grad_logp: Tensor | None, grad_ent: Tensor | None, _grad_squares: Any
+    ) -> tuple:
         hidden, weight, bias, labels, log_norm, ent = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         acc = log_norm.dtype  # float32, or float64 for float64 inputs
@@ -319,4 +348,4 @@ class _FusedLogProbs(torch.autograd.Function):
                     grad_b += g.to(acc).sum(dim=0)
         grad_w = grad_w.to(weight.dtype) if need_w else None
         grad_b = grad_b.to(bias.dtype) if need_b else None
-        return grad_h, grad_w, grad_b, None, None, None, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None, None, None, None

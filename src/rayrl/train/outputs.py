@@ -9,8 +9,11 @@ Only the positions that predict response tokens reach the output head
 `rayrl.train.logprob_head.LogProbHead` (the training engine installs one) returns
 log-probs and entropy from hidden states chunk by chunk, so no ``[tokens x vocab]``
 logits exist; other models' logits go through the chunked log-softmax of
-`rayrl.algos.entropy`. A sequence-parallel model (`rayrl.train.ulysses`) runs this
-rank's share of the packed row and gathers every rank's outputs. With
+`rayrl.algos.entropy`. With ``with_sum_pi_squared`` each token's sum over the vocabulary
+of its squared probabilities comes back too (``sum_pi_squared``, from the same logits,
+without a gradient: the optimal token baseline reads it). A sequence-parallel model
+(`rayrl.train.ulysses`) runs this rank's share of the packed row and gathers every
+rank's outputs. With
 ``share_prompts`` rows with the same prompt run it once (`rayrl.train.shared_prompts`).
 Inside a `rayrl.train.router_replay.routing` context the model's mixture-of-experts
 routers replay, record or compare the micro-batch's routing, laid out as its input is.
@@ -18,12 +21,17 @@ routers replay, record or compare the micro-batch's routing, laid out as its inp
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from rayrl.algos.entropy import log_probs_and_entropy, log_probs_from_logits
+from rayrl.algos.entropy import (
+    log_probs_and_entropy,
+    log_probs_from_logits,
+    sum_pi_squared_from_logits,
+)
 from rayrl.batch import Batch
 from rayrl.train.attention import packed_attention_kwargs
 from rayrl.train.logprob_head import logprob_head_of
@@ -146,6 +154,7 @@ def response_outputs(
     share_prompts: bool = False,
     vision: VisionModel | None = None,
     aux_loss: bool = False,
+    with_sum_pi_squared: bool = False,
 ) -> dict[str, Tensor]:
     """Run ``model`` on one micro-batch.
 
@@ -179,9 +188,12 @@ def response_outputs(
         aux_loss: also return the router's load-balancing loss of a mixture-of-experts
             model whose config enables router logits, a scalar under
             `rayrl.train.moe_aux.AUX_KEY` (`rayrl.train.moe_aux`); not with ``sp``.
+        with_sum_pi_squared: also return ``sum_pi_squared``: sum over the vocabulary
+            of ``softmax(logits / temperature)^2`` at each response token (no gradient).
 
     Returns:
-        ``{"log_probs": ..., "entropy": ...}`` or ``{"values": ...}``, each ``[b, R]``.
+        ``{"log_probs": ..., "entropy": ..., "sum_pi_squared": ...}`` (the last two
+        when asked for) or ``{"values": ...}``, each ``[b, R]``.
     """
     device = torch.device(device) if device is not None else micro["input_ids"].device
     if vision is not None and (sp is not None or share_prompts):
@@ -190,10 +202,9 @@ def response_outputs(
             "with shared prompts (their images would be split, or run once per prompt); "
             "set ulysses_sequence_parallel_size=1 and model.share_prompts=false"
         )
+    wanted = _Wanted(temperature, with_entropy, chunk_size, with_sum_pi_squared)
     if sp is not None:
-        return _sequence_parallel_outputs(
-            model, micro, sp, value_head, temperature, with_entropy, chunk_size, device
-        )
+        return _sequence_parallel_outputs(model, micro, sp, value_head, wanted, device)
     # A micro-batch without padding gains nothing from packing: run its rows as they are.
     packed = packed and not bool(micro["attention_mask"].bool().all())
     inputs, index, packed, where = _model_inputs(micro, packed, device, share_prompts, vision)
@@ -205,17 +216,33 @@ def response_outputs(
         picked = scores[0, index.logit_index] if packed else scores[:, index.logit_index]
         return {"values": _place(picked, index, packed)}
     labels = index.labels if packed else index.labels.clamp(min=0)  # pads may be negative
-    log_probs, entropy, aux = _token_log_probs(
-        model, inputs, index.logit_index, labels, packed, temperature, with_entropy, chunk_size
-    )
-    result = {"log_probs": _place(log_probs, index, packed)}
-    if with_entropy:
-        result["entropy"] = _place(entropy, index, packed)
+    columns, aux = _token_log_probs(model, inputs, index.logit_index, labels, packed, wanted)
+    result = {key: _place(values, index, packed) for key, values in columns.items()}
     if aux_loss and aux is not None:
         result[AUX_KEY] = aux
     if replay is not None:
         result.update(replay.outputs(micro, where))
     return result
+
+
+@dataclass(frozen=True)
+class _Wanted:
+    """What the log-prob head computes besides the label log-probs, and how."""
+
+    temperature: float
+    with_entropy: bool
+    chunk_size: int
+    with_sum_pi_squared: bool
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The output columns, in order."""
+        keys = ["log_probs"]
+        if self.with_entropy:
+            keys.append("entropy")
+        if self.with_sum_pi_squared:
+            keys.append("sum_pi_squared")
+        return tuple(keys)
 
 
 def _token_log_probs(
@@ -224,25 +251,32 @@ def _token_log_probs(
     keep: Tensor,
     labels: Tensor,
     packed: bool,
-    temperature: float,
-    with_entropy: bool,
-    chunk_size: int,
-) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """Log-probs of ``labels`` (and entropy) at the kept positions, shaped like ``labels``,
-    and the forward's router aux loss (None unless the model returns one)."""
+    wanted: _Wanted,
+) -> tuple[dict[str, Tensor], Tensor | None]:
+    """Log-probs of ``labels`` (and what else ``wanted`` names) at the kept positions,
+    each shaped like ``labels``, by ``wanted.keys``; and the forward's router aux loss
+    (None unless the model returns one)."""
+    t, chunk = wanted.temperature, wanted.chunk_size
     head = logprob_head_of(model)
     if head is not None:  # fused: no [tokens x vocab] logits
         target = labels.reshape(1, -1) if packed else labels
-        with head.requested(target, temperature, with_entropy, chunk_size):
+        with head.requested(target, t, wanted.with_entropy, chunk, wanted.with_sum_pi_squared):
             result = model(**inputs, use_cache=False, logits_to_keep=keep)
         out = result.logits[0] if packed else result.logits
-        return out[..., 0], out[..., 1], getattr(result, "aux_loss", None)
+        columns = {"log_probs": out[..., 0], "entropy": out[..., 1]}
+        if wanted.with_sum_pi_squared:
+            columns["sum_pi_squared"] = out[..., 2]
+        return {key: columns[key] for key in wanted.keys}, getattr(result, "aux_loss", None)
     result = model(**inputs, use_cache=False, logits_to_keep=keep)
     logits = result.logits[0] if packed else result.logits
-    aux = getattr(result, "aux_loss", None)
-    if with_entropy:
-        return (*log_probs_and_entropy(logits, labels, temperature, chunk_size), aux)
-    return log_probs_from_logits(logits, labels, temperature, chunk_size), None, aux
+    if wanted.with_entropy:
+        log_probs, entropy = log_probs_and_entropy(logits, labels, t, chunk)
+        columns = {"log_probs": log_probs, "entropy": entropy}
+    else:
+        columns = {"log_probs": log_probs_from_logits(logits, labels, t, chunk)}
+    if wanted.with_sum_pi_squared:
+        columns["sum_pi_squared"] = sum_pi_squared_from_logits(logits, t, chunk)
+    return columns, getattr(result, "aux_loss", None)
 
 
 def _sequence_parallel_outputs(
@@ -250,9 +284,7 @@ def _sequence_parallel_outputs(
     micro: Batch,
     sp: SPGroup,
     value_head: bool,
-    temperature: float,
-    with_entropy: bool,
-    chunk_size: int,
+    wanted: _Wanted,
     device: torch.device,
 ) -> dict[str, Tensor]:
     """`response_outputs` on a Ulysses rank: the packed row split (`split_packed`), this
@@ -286,13 +318,6 @@ def _sequence_parallel_outputs(
         return {"values": _place(row[index.logit_index], index, packed=True)}
     keep = part.keep.to(device, non_blocking=True)
     labels = packed.response.labels[part.keep_mask].to(device, non_blocking=True)
-    log_probs, entropy, _ = _token_log_probs(
-        model, inputs, keep, labels, True, temperature, with_entropy, chunk_size
-    )
-    if entropy is None:
-        entropy = torch.zeros_like(log_probs)
-    every = gather_kept(torch.stack([log_probs, entropy], dim=-1), part.counts, sp)
-    result = {"log_probs": _place(every[:, 0], index, packed=True)}
-    if with_entropy:
-        result["entropy"] = _place(every[:, 1], index, packed=True)
-    return result
+    columns, _ = _token_log_probs(model, inputs, keep, labels, True, wanted)
+    every = gather_kept(torch.stack(list(columns.values()), dim=-1), part.counts, sp)
+    return {key: _place(every[:, i], index, packed=True) for i, key in enumerate(columns)}

@@ -131,6 +131,8 @@ class AdvantageStage:
             rollout_is_weights=is_weights,
         )
         batch["token_level_rewards"], batch["advantages"], batch["returns"] = rewards, adv, returns
+        if is_weights is not None:  # for the variance proxy metrics (trainer.metrics)
+            batch["rollout_is_weights"] = is_weights
         if alg.use_pf_ppo and alg.adv_estimator == "gae":
             metrics.update(self._pf_ppo(batch))
         mask = batch["response_mask"]

@@ -5,6 +5,8 @@
   (`rayrl.workers.reward.reward_metrics` adds `reward/<key>/mean` for every numeric
   extra key a reward function returns in its dict, verl's `{"score": ..., "acc": ...}`,
   from the reward's per-row columns);
+- `variance_proxy`: verl's `variance_proxy/*` (how noisy the step's gradient is), when
+  the log-prob pass returned `sum_pi_squared` (`rayrl.algos.variance_proxy`);
 - `timer`: adds a stage's wall time to `timing_s/<stage>`;
 - `controller_overhead`: the part of a step when no worker was in a method, i.e. the
   controller's own time on the step's critical path (`timing_s/controller_overhead`);
@@ -19,6 +21,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -26,6 +29,7 @@ from contextlib import contextmanager
 
 from rayrl.algos.probs_diff import PROBS_DIFF_COLUMNS, probs_diff_metrics, probs_diff_rows
 from rayrl.algos.routing import ROUTING_COLUMNS, routing_metrics
+from rayrl.algos.variance_proxy import variance_proxy_metrics
 from rayrl.batch import Batch
 
 
@@ -43,6 +47,22 @@ def batch_metrics(batch: Batch, lengths) -> dict[str, float]:
         "response_length/clip_ratio": finish.count("length") / max(len(finish), 1),
         "reward/errors": float(errors),
     }
+
+
+def variance_proxy(batch: Batch, metrics: dict[str, float]) -> dict[str, float]:
+    """verl's `variance_proxy/*` of a step whose log-prob pass returned `sum_pi_squared`
+    (after the update: the signal is its `actor/grad_norm`); nothing otherwise."""
+    if "sum_pi_squared" not in batch or "advantages" not in batch:
+        return {}
+    norm = metrics.get("actor/grad_norm")
+    return variance_proxy_metrics(
+        batch["old_log_probs"],
+        batch["sum_pi_squared"],
+        batch["advantages"],
+        batch["response_mask"],
+        rollout_is_weights=batch.get("rollout_is_weights"),
+        grad_norm=norm if norm is not None and math.isfinite(norm) else None,
+    )
 
 
 def spread(name: str, values, mask=None) -> dict[str, float]:

@@ -20,7 +20,9 @@ update, or the update is not a single step on them:
   plain truncated importance weights (`rollout_is` token or sequence) need no pass: the
   loss computes them from the forward's own detached log-probs, and the update reports
   verl's `training/rollout_probs_diff_*` from them as the pass would;
-- an advantage estimator that reads them (the optimal token baseline);
+- an advantage estimator that reads them (the optimal token baseline), or
+  `actor.calculate_sum_pi_squared` (each token's sum of squared probabilities, which
+  only the pass returns);
 - dynamic sampling (`algorithm.filter_groups`: the batch is assembled over several
   generation rounds and trimmed, so its size is not known when the step starts);
 - a critic (PPO with GAE): such runs keep the separate pass, as verl's do;
@@ -55,6 +57,8 @@ def separate_pass_reason(cfg: RayRLConfig, samples: int) -> str | None:
         return "rollout rejection sampling compares them with the rollout's"
     if "old_log_probs" in inspect.signature(ADV_ESTIMATORS.get(alg.adv_estimator)).parameters:
         return f"the advantage estimator {alg.adv_estimator} reads them"
+    if a.calculate_sum_pi_squared:
+        return "actor.calculate_sum_pi_squared: the pass returns each token's sum_pi_squared"
     if alg.filter_groups.enable:
         return "dynamic sampling assembles the batch over several rounds"
     if critic_enabled(cfg):

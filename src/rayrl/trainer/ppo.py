@@ -59,6 +59,7 @@ from rayrl.trainer.metrics import (
     rollout_probs_diff,
     rollout_routing,
     timer,
+    variance_proxy,
 )
 from rayrl.trainer.model_dir import model_dir
 from rayrl.trainer.names import check_names
@@ -72,10 +73,11 @@ from rayrl.trainer.stage_calls import StageCalls
 from rayrl.trainer.state import Stateful
 from rayrl.trainer.tool_budget import ToolBudget
 from rayrl.trainer.validate import Validator
-from rayrl.workers.actor import GEN_PARTS, LOG_PROB_READS, update_actor_reads
+from rayrl.workers.actor import GEN_PARTS, update_actor_reads
 from rayrl.workers.common import only_reads
 from rayrl.workers.context import StageResult, StepContext, collect_stage
 from rayrl.workers.critic import UPDATE_CRITIC_READS, VALUES_READS
+from rayrl.workers.log_prob_pass import LOG_PROB_READS
 from rayrl.workers.ref import REF_LOG_PROB_READS
 from rayrl.workers.reward import SCORE_READS, check_reward_source, reward_metrics
 
@@ -322,6 +324,7 @@ class PPOTrainer:
                 metrics.update(self._checked_tokens(batch))
             self._updates(batch, ctx, calls, timing, metrics)
         metrics.update(batch_metrics(batch, lengths))
+        metrics.update(variance_proxy(batch, metrics))
         metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
         tokens = float(sequence_lengths(batch).sum())
         ranks = self.cfg.trainer.nnodes * self.cfg.trainer.n_gpus_per_node
@@ -407,7 +410,9 @@ class PPOTrainer:
             with timer(timing, "old_log_prob"):
                 sent = only_reads(batch, LOG_PROB_READS)
                 old = calls.run("old_log_prob", self._kept(roles.actor.compute_log_prob), sent)
-                kept = [key for key in ("old_log_probs", ACTOR_ROUTES) if key in old]  # R2's
+                # the optimal token baseline's sum_pi_squared; R2's routing record
+                wanted = ("old_log_probs", "sum_pi_squared", ACTOR_ROUTES)
+                kept = [key for key in wanted if key in old]
                 batch = batch.union(old.select(*kept))
                 metrics.update(entropy_metric(self.cfg, old, batch))
                 metrics.update(rollout_routing(old))

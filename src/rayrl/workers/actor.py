@@ -33,8 +33,7 @@ import torch
 
 from rayrl import progress
 from rayrl.algos import expand_advantages
-from rayrl.algos.probs_diff import probs_diff_from_totals, probs_diff_rows
-from rayrl.algos.routing import ROUTES
+from rayrl.algos.probs_diff import probs_diff_from_totals
 from rayrl.batch import Batch
 from rayrl.cluster.broadcast import BroadcastMember
 from rayrl.config.routing_checks import routing_on
@@ -74,17 +73,12 @@ from rayrl.workers.common import (
     with_lengths,
 )
 from rayrl.workers.context import StageResult, StepContext, collect_stage
+from rayrl.workers.log_prob_pass import log_prob_columns
 from rayrl.workers.losses import actor_loss_fn
 from rayrl.workers.weight_transport import check_transport, publish_packed
 
 log = logging.getLogger("rayrl.workers")
 
-# The columns of the step's batch `compute_log_prob` reads: the model's inputs (and the
-# rows' images, where prompts have them), and the rollout's log-probs and routing record
-# when the samples have them, for the sums the pass returns beside its own
-# (`rayrl.algos.probs_diff`, `rayrl.workers.routing`). The trainer sends no others
-# (`common.only_reads`).
-LOG_PROB_READS = (*MODEL_INPUTS, IMAGE_COLUMN, "rollout_log_probs", ROUTES)
 # Timed parts of `generate` that lie within the generation's own time (`timing_s/gen`),
 # not stages riding along with it: tool calls, CUDA-graph captures, and the engine's
 # KV cache reacquired before the generation and released after it.
@@ -407,23 +401,20 @@ class ActorRolloutRefWorker(Worker):
     # --------------------------------------------------------------- log-probs
     @register(dispatch=DP_SPLIT, layout="train")
     def compute_log_prob(self, batch: Batch) -> Batch:
-        """The current policy's log-probs of the sampled responses (`old_log_probs`)."""
-        r = self.cfg.actor_rollout_ref.rollout
-        # Entropy comes from the same fused chunk pass (no second read of the logits);
-        # the trainer reports it as `actor/entropy`, as verl does.
+        """The current policy's log-probs of the sampled responses (`old_log_probs`) and
+        what the pass returns beside them (`rayrl.workers.log_prob_pass`)."""
+        arr = self.cfg.actor_rollout_ref
+        # Entropy (and sum_pi_squared) come from the same fused chunk pass (no second
+        # read of the logits); the trainer reports `actor/entropy`, as verl does.
         with routing(self.actor.model, replay.log_prob_pass(self.cfg, batch)):
             out = self.actor.forward(
-                batch, with_entropy=True, temperature=logprob_temperature(r), **forward_sizes(r)
+                batch,
+                with_entropy=True,
+                temperature=logprob_temperature(arr.rollout),
+                with_sum_pi_squared=arr.actor.calculate_sum_pi_squared,
+                **forward_sizes(arr.rollout),
             )
-        mask = batch["response_mask"]
-        entropy_sum = torch.where(mask.bool(), out["entropy"], 0.0).to(torch.float64).sum(-1)
-        columns = {"old_log_probs": out["log_probs"], "entropy": out["entropy"]}
-        columns["entropy_sum"] = entropy_sum
-        columns.update(replay.routing_columns(out))
-        if "rollout_log_probs" in batch:
-            rollout = batch["rollout_log_probs"]
-            columns.update(probs_diff_rows(rollout, out["log_probs"].to(rollout.device), mask))
-        return Batch(columns)
+        return log_prob_columns(batch, out)
 
     @register(dispatch=DP_SPLIT, layout="ref")
     def compute_ref_log_prob(self, batch: Batch) -> Batch:

@@ -1,5 +1,7 @@
 """Reward: scores responses with a rule-based function (a timeout-safe process pool),
-a remote HTTP service, or a reward model, and puts the score on the last token.
+a remote HTTP service, or a reward model, and puts the score on the last token. With
+``reward.sandbox_fusion.url`` the built-in scorers' code data sources run their answers
+against their test cases on that SandboxFusion server (`rayrl.rewards.code_sandbox`).
 
 A sample whose function raises, hangs or returns no finite number scores 0 and is
 counted (`reward/errors`); an outage of the HTTP service scores its items 0 too, and a
@@ -36,8 +38,10 @@ from rayrl.config.schema import RayRLConfig
 from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
 from rayrl.rewards import HTTPReward, RewardResult, make_scorer, spec_from_config
 from rayrl.rewards.budget import RATE_KEY, BoundedScores, ErrorBudget
+from rayrl.rewards.code_sandbox import with_code_sandbox
 from rayrl.rewards.items import make_items, summarize
 from rayrl.rollout.text_codec import TextCodec
+from rayrl.sandbox_fusion import SandboxFusion
 
 EPISODE_EXTRAS = {  # extra_info key -> the multi-turn rollout's column
     "num_turns": "num_turns",
@@ -128,7 +132,21 @@ def make_source(config: RayRLConfig) -> Any:
         return HTTPReward(r.http.url, timeout_s=r.http.timeout_s, retries=r.http.retries)
     kwargs = {**r.reward_kwargs, **fn.reward_kwargs}
     spec = spec_from_config(fn.path, fn.name, kwargs, pickled=fn.pickled)
-    return make_scorer(r.reward_manager.name, spec, r.num_workers, r.timeout_s)
+    scorer = make_scorer(r.reward_manager.name, spec, r.num_workers, r.timeout_s)
+    if not sandbox_scores_code(config):
+        return scorer
+    sandbox = r.sandbox_fusion
+    client = SandboxFusion(
+        sandbox.url, max_concurrent=sandbox.max_concurrent, memory_limit_mb=sandbox.memory_limit_mb
+    )
+    return with_code_sandbox(scorer, client)
+
+
+def sandbox_scores_code(config: RayRLConfig) -> bool:
+    """Whether the code data sources run on `reward.sandbox_fusion.url`: a URL is set and
+    the built-in scorers score (verl's rule: not a function of one's own)."""
+    fn = config.custom_reward_function
+    return bool(config.reward.sandbox_fusion.url) and not (fn.path or fn.pickled)
 
 
 def check_reward_source(config: RayRLConfig) -> None:
@@ -178,6 +196,16 @@ def error_policy(config: RayRLConfig) -> tuple[float, str, str, str]:
         advice = (
             "fix the function (call it on one of the samples above: it must return a "
             "finite number, or a dict with a numeric 'score', within reward.timeout_s)"
+        )
+    elif sandbox_scores_code(config):
+        url = r.sandbox_fusion.url
+        reward = (
+            f"the built-in reward scorers (reward manager {manager}), code data sources on "
+            f"the SandboxFusion server {url} (reward.sandbox_fusion.url)"
+        )
+        advice = (
+            f"check that the SandboxFusion server {url} is up and reachable from the reward "
+            "workers, and each row's data_source and ground_truth (test cases for code)"
         )
     else:
         reward = f"the built-in reward scorers (reward manager {manager})"

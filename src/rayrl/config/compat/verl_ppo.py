@@ -153,7 +153,6 @@ ACTOR: dict[str, Rule] = {
     f"{ARR}.actor.grad_clip": Moved(f"{ARR}.actor.optim.clip_grad"),
     f"{ARR}.actor.megatron.router_replay.mode": Moved(f"{ARR}.actor.router_replay.mode"),
     f"{ARR}.actor.calculate_entropy": Inert("rayrl reports actor/entropy whenever it computes it"),
-    f"{ARR}.actor.calculate_sum_pi_squared": Inert("rayrl has no sum-of-squared-probs metric"),
     # verl's PrefixGrouper runs a group's shared prompt once in the actor's forward:
     # rayrl's shared-prompt training does the same (`rayrl.train.shared_prompts`)
     f"{ARR}.actor.use_prefix_grouper": Moved(
@@ -343,13 +342,6 @@ REWARD: dict[str, Rule] = {
     "reward.reward_manager.module": Inert(
         "a custom reward manager module (reward.reward_manager.source is register)"
     ),
-    "reward.sandbox_fusion.url": Only(
-        (None,),
-        "SandboxFusion code execution",
-        hint="score code in your compute_score, or serve it at reward.http.url",
-    ),
-    "reward.sandbox_fusion.max_concurrent": Inert("SandboxFusion is not used (no url)"),
-    "reward.sandbox_fusion.memory_limit_mb": Inert("SandboxFusion is not used (no url)"),
     "sandbox_fusion": Moved("reward.sandbox_fusion", unset=(None,)),
     "sandbox_fusion.url": Moved("reward.sandbox_fusion.url", unset=(None,)),
     "sandbox_fusion.max_concurrent": Moved("reward.sandbox_fusion.max_concurrent", unset=(None,)),

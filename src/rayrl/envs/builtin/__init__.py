@@ -1,9 +1,18 @@
 """Built-in tools, registered in ``TOOLS`` on import: ``calculator``,
-``code_interpreter`` (alias ``python``), ``search``, ``gsm8k_answer``."""
+``code_interpreter`` (alias ``python``), ``sandbox_fusion`` (code on a SandboxFusion
+server), ``search``, ``gsm8k_answer``."""
 
 from rayrl.envs.builtin.calculator import Calculator
 from rayrl.envs.builtin.gsm8k import Gsm8kAnswer
 from rayrl.envs.builtin.python_code import PythonInterpreter
+from rayrl.envs.builtin.sandbox_fusion import SandboxFusionTool
 from rayrl.envs.builtin.search import BM25, LocalSearch
 
-__all__ = ["BM25", "Calculator", "Gsm8kAnswer", "LocalSearch", "PythonInterpreter"]
+__all__ = [
+    "BM25",
+    "Calculator",
+    "Gsm8kAnswer",
+    "LocalSearch",
+    "PythonInterpreter",
+    "SandboxFusionTool",
+]
