@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from rayrl.config.errors import ConfigError
 from rayrl.config.schema import RayRLConfig
+from rayrl.model_dirs import is_vision_language, local_config
 
 __all__ = ["check_vision_language"]
 
@@ -92,7 +93,5 @@ def _is_vision_language(path: str | None) -> bool | None:
     it has no readable config.json (a hub name: the engine judges it when it loads)."""
     if not path:
         return None
-    from rayrl.models.vision_language import is_vision_language, local_config
-
     config = local_config(path)
     return None if config is None else is_vision_language(config)

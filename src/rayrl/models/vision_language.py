@@ -14,12 +14,13 @@ transformers builds such a model with ``AutoModelForImageTextToText``
 its ``multi_modal_inputs`` (`rayrl.data.dataset`); `stack_images` concatenates those of
 several rows, in row order, as the model takes them.
 
-A leaf module: it imports nothing of rayrl and no transformers model class at import.
+A leaf module: it imports no transformers model class at import, and of rayrl only
+`rayrl.model_dirs` (what a model directory's config.json says, which the config checks
+read too).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Iterable, Mapping
@@ -28,6 +29,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from rayrl.model_dirs import is_vision_language, local_config
 
 __all__ = [
     "IMAGE_INPUTS",
@@ -43,7 +46,6 @@ __all__ = [
     "vision_tower",
 ]
 
-VISION_CONFIG_KEYS = ("vision_config", "visual", "vision_tower")
 # model_type -> family name, for the messages
 SUPPORTED = {"qwen2_5_vl": "Qwen2.5-VL", "qwen2_vl": "Qwen2-VL"}
 UNSUPPORTED = {
@@ -61,25 +63,6 @@ PROCESSOR_FILES = (
     "video_preprocessor_config.json",
     "chat_template.json",
 )
-
-
-def is_vision_language(config: Any) -> bool:
-    """Whether ``config`` (a transformers config, or a config.json's dict) has a vision tower."""
-    if isinstance(config, Mapping):
-        return any(key in config for key in VISION_CONFIG_KEYS)
-    return any(getattr(config, key, None) is not None for key in VISION_CONFIG_KEYS)
-
-
-def local_config(path: str | Path | None) -> dict[str, Any] | None:
-    """The config.json of a local model directory, or None (no such file, or unreadable)."""
-    if not path:
-        return None
-    file = Path(path).expanduser() / "config.json"
-    try:
-        found = json.loads(file.read_text())
-    except (OSError, ValueError):
-        return None
-    return found if isinstance(found, dict) else None
 
 
 def unsupported_reason(config: Any) -> str | None:
