@@ -69,6 +69,7 @@ def test_auto_takes_the_native_engines_options_as_the_explicit_name_does():
             "max_num_batched_tokens": 1234,
             "enforce_eager": True,
             "max_model_len": 64,
+            "record_routes": False,  # routing replay's record (off: no R3)
         }
     )
     cfg = load_config(None, ["actor_rollout_ref.rollout.name=auto", *keys], validate=False)
