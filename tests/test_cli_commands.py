@@ -288,14 +288,28 @@ def test_mistakes_in_the_users_paths_stop_train_before_ray_starts(
             "reward_model.model.path=/nonexistent/rm: no such directory"
         ),
     }
-    for i, (overrides, says) in enumerate(cases.items()):
-        done = rayrl(
-            *_grpo_train(tiny_model, gsm8k_parquet),
-            "trainer.device=cpu",
-            f"trainer.output_dir={tmp_path / f'run{i}'}",
-            *overrides.split(),
-            timeout=120,
+    runs = [  # each a `rayrl train` of its own, all at once (each only loads and checks)
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "rayrl.cli.main",
+                *_grpo_train(tiny_model, gsm8k_parquet),
+                "trainer.device=cpu",
+                f"trainer.output_dir={tmp_path / f'run{i}'}",
+                *overrides.split(),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=os.environ,
         )
+        for i, overrides in enumerate(cases)
+    ]
+    for run, says in zip(runs, cases.values(), strict=True):
+        stdout, stderr = run.communicate(timeout=300)
+        done = subprocess.CompletedProcess(run.args, run.returncode, stdout, stderr)
+        assert "Traceback" not in done.stderr, done.stderr[-4000:]
         assert done.returncode == 2, done.stderr[-2000:]
         assert done.stderr.startswith(("config error: ", "model error: ")), done.stderr
         assert says in done.stderr, done.stderr
