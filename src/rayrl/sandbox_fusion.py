@@ -34,18 +34,15 @@ attempt, or at once on another HTTP error or a reply outside the protocol,
 
 from __future__ import annotations
 
-import http.client
 import json
 import threading
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+from rayrl.json_post import BadReply, PostFailed, excerpt, post_json
+
 __all__ = ["CommandResult", "RunResult", "SandboxFusion", "SandboxFusionError"]
 
-RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 REPLY_SLACK_S = 10.0  # beyond compile and run time, for the server's own work (verl's)
 
 
@@ -68,7 +65,7 @@ class CommandResult:
         if data is None:
             return None
         if not isinstance(data, dict) or not isinstance(data.get("status"), str):
-            raise ValueError(f"a step result needs a status; got {_excerpt(data)}")
+            raise ValueError(f"a step result needs a status; got {excerpt(data)}")
         code = data.get("return_code")
         return cls(
             status=data["status"],
@@ -134,7 +131,7 @@ class RunResult:
     @classmethod
     def parse(cls, data: Any) -> RunResult:
         if not isinstance(data, dict) or not isinstance(data.get("status"), str):
-            raise ValueError(f"a reply needs a status; got {_excerpt(data)}")
+            raise ValueError(f"a reply needs a status; got {excerpt(data)}")
         return cls(
             status=data["status"],
             message=str(data.get("message") or ""),
@@ -214,41 +211,25 @@ class SandboxFusion:
             ) from None
 
     def _post(self, body: bytes, work_s: float) -> Any:
-        last = "no attempt made"
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
-            with self._count:
-                self.requests += 1
-                self.retried += attempt > 0
-            try:
-                with self._slots:
-                    return self._request(body, work_s + REPLY_SLACK_S)
-            except urllib.error.HTTPError as exc:
-                last = f"HTTP {exc.code} {exc.reason}: {_excerpt(exc.read())}"
-                if exc.code not in RETRY_STATUS:
-                    break
-            except (OSError, http.client.HTTPException) as exc:  # refused, reset, timed out
-                last = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
-        raise SandboxFusionError(
-            f"SandboxFusion at {self.url} failed after {attempt + 1} attempt(s); last: "
-            f"{last}. Check that the server is up and reachable from this node "
-            f"({self.config_key})."
-        )
-
-    def _request(self, body: bytes, timeout_s: float) -> Any:
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        request = urllib.request.Request(self.url, data=body, method="POST", headers=headers)
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            raw = response.read()
         try:
-            return json.loads(raw)
-        except ValueError:
+            return post_json(
+                self.url,
+                body,
+                timeout_s=work_s + REPLY_SLACK_S,
+                retries=self.retries,
+                backoff_s=self.backoff_s,
+                attempted=self._attempted,
+                slot=self._slots,
+            )
+        except PostFailed as err:
             raise SandboxFusionError(
-                f"SandboxFusion at {self.url} replied with invalid JSON: {_excerpt(raw)}"
+                f"SandboxFusion at {self.url} {err}. Check that the server is up and "
+                f"reachable from this node ({self.config_key})."
             ) from None
+        except BadReply as err:
+            raise SandboxFusionError(f"SandboxFusion at {self.url} {err}") from None
 
-
-def _excerpt(data: Any, limit: int = 200) -> str:
-    text = data.decode(errors="replace") if isinstance(data, bytes) else repr(data)
-    return text if len(text) <= limit else text[:limit] + "..."
+    def _attempted(self, attempt: int) -> None:
+        with self._count:
+            self.requests += 1
+            self.retried += attempt > 0

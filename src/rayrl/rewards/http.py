@@ -18,17 +18,13 @@ and numbers. Only the standard library is used (urllib).
 
 from __future__ import annotations
 
-import http.client
 import json
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 
+from rayrl.json_post import BadReply, PostFailed, excerpt, post_json
 from rayrl.rewards.loader import PARAMS
 from rayrl.rewards.result import RewardResult, failed, to_result
-
-RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 
 
 class RewardServiceError(RuntimeError):
@@ -85,7 +81,7 @@ class HTTPReward:
         elapsed = time.monotonic() - started
         scores = reply.get("scores") if isinstance(reply, dict) else None
         if not isinstance(scores, list) or len(scores) != len(items):
-            got = f"{len(scores)} scores" if isinstance(scores, list) else _excerpt(reply)
+            got = f"{len(scores)} scores" if isinstance(scores, list) else excerpt(reply)
             raise RewardServiceError(
                 f"reward service {self.url} broke the protocol: sent {len(items)} items, "
                 f"expected {{'scores': [...]}} with {len(items)} entries, got {got}."
@@ -95,38 +91,27 @@ class HTTPReward:
     def post(self, payload: dict) -> Any:
         """POST `payload` as JSON and return the decoded reply, retrying transient failures."""
         body = json.dumps(payload, default=_to_json).encode()
-        last = "no attempt made"
-        for attempt in range(self.retries + 1):
-            if attempt:
-                self.retried += 1
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
-            self.requests += 1
-            try:
-                return self._request(body)
-            except urllib.error.HTTPError as exc:
-                last = f"HTTP {exc.code} {exc.reason}: {_excerpt(exc.read())}"
-                if exc.code not in RETRY_STATUS:
-                    break
-            except (OSError, http.client.HTTPException) as exc:  # refused, reset, timed out
-                last = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
-        raise RewardServiceError(
-            f"reward service {self.url} failed after {attempt + 1} attempt(s); last: {last}. "
-            "Check that the service is up and reachable from this node "
-            "(reward.http.url), or raise reward.http.retries / reward.http.timeout_s."
-        )
-
-    def _request(self, body: bytes) -> Any:
-        request = urllib.request.Request(
-            self.url, data=body, method="POST", headers={"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-            raw = response.read()
         try:
-            return json.loads(raw)
-        except ValueError:
+            return post_json(
+                self.url,
+                body,
+                timeout_s=self.timeout_s,
+                retries=self.retries,
+                backoff_s=self.backoff_s,
+                attempted=self._attempted,
+            )
+        except PostFailed as err:
             raise RewardServiceError(
-                f"reward service {self.url} replied with invalid JSON: {_excerpt(raw)}"
+                f"reward service {self.url} {err}. Check that the service is up and reachable "
+                "from this node (reward.http.url), or raise reward.http.retries / "
+                "reward.http.timeout_s."
             ) from None
+        except BadReply as err:
+            raise RewardServiceError(f"reward service {self.url} {err}") from None
+
+    def _attempted(self, attempt: int) -> None:
+        self.requests += 1
+        self.retried += attempt > 0
 
 
 def _entry_result(entry: Any, elapsed_s: float) -> RewardResult:
@@ -144,8 +129,3 @@ def _to_json(value: Any) -> Any:
     if isinstance(value, bytes):
         return value.decode(errors="replace")
     return str(value)
-
-
-def _excerpt(data: Any, limit: int = 200) -> str:
-    text = data.decode(errors="replace") if isinstance(data, bytes) else repr(data)
-    return text if len(text) <= limit else text[:limit] + "..."
