@@ -33,15 +33,7 @@ def sharp_vision_model(root: Path) -> Path:
     processor config beside them, saved under ``root / "sharp"``."""
     base = build_tiny_vision_model(root / "base")
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(base)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.copy_(torch.randn(param.shape, generator=generator) * SHARP_STD)
-    out = root / "sharp"
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(base).save_pretrained(out)
-    shutil.copyfile(base / "preprocessor_config.json", out / "preprocessor_config.json")
-    return out
+    return _sharpened(model, base, root / "sharp")
 
 
 def qwen2_vl_model(root: Path, sharp: Path) -> Path:
@@ -80,15 +72,19 @@ def qwen2_vl_model(root: Path, sharp: Path) -> Path:
         vision_end_token_id=like.vision_end_token_id,
         tie_word_embeddings=True,
     )
-    model = Qwen2VLForConditionalGeneration(config)
+    return _sharpened(Qwen2VLForConditionalGeneration(config), sharp, root / "qwen2-vl")
+
+
+def _sharpened(model, like: Path, out: Path) -> Path:
+    """``model`` with weights redrawn ~ N(0, 0.2) (seed 0), saved at ``out`` with the
+    tokenizer and processor config of the model directory ``like``."""
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for param in model.parameters():
             param.copy_(torch.randn(param.shape, generator=generator) * SHARP_STD)
-    out = root / "qwen2-vl"
     model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(sharp).save_pretrained(out)
-    shutil.copyfile(sharp / "preprocessor_config.json", out / "preprocessor_config.json")
+    AutoTokenizer.from_pretrained(like).save_pretrained(out)
+    shutil.copyfile(like / "preprocessor_config.json", out / "preprocessor_config.json")
     return out
 
 
