@@ -55,3 +55,11 @@ def test_a_dense_model_or_ulysses_with_ep_is_an_error_naming_the_key(dense_dir, 
         _load(dense_dir, f"{KEY}=2")
     with pytest.raises(ConfigError, match=f"{KEY}=2 does not run with Ulysses"):
         _load(moe_dir, f"{KEY}=2", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2")
+
+
+def test_lora_with_ep_is_refused_naming_both_keys_and_loads_at_ep_1(moe_dir):
+    """peft's expert adapters crash on the ranks' expert shards (a traceback in the
+    first forward): refused at load instead, with what to set."""
+    with pytest.raises(ConfigError, match="lora_rank=4.*expert_parallel_size=1 for LoRA"):
+        _load(moe_dir, f"{KEY}=2", "actor_rollout_ref.model.lora_rank=4")
+    assert _load(moe_dir, "actor_rollout_ref.model.lora_rank=4").actor_rollout_ref.model.lora_rank

@@ -7,12 +7,10 @@ is not local yet is read there)."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from rayrl.config.errors import ConfigError
 from rayrl.config.layout import MeshError, MeshSpec, check_experts
 from rayrl.config.schema import RayRLConfig
+from rayrl.model_dirs import local_config
 
 __all__ = ["check_expert_parallel", "model_experts"]
 
@@ -21,12 +19,8 @@ def model_experts(path: str | None) -> int | None | bool:
     """A local model directory's experts per block (``num_experts`` or Mixtral's
     ``num_local_experts``), None for a dense model, False when there is no config to
     read."""
-    file = Path(path) / "config.json" if path else None
-    if file is None or not file.is_file():
-        return False
-    try:
-        config = json.loads(file.read_text())
-    except (OSError, ValueError):
+    config = local_config(path)
+    if config is None:
         return False
     for key in ("num_experts", "num_local_experts"):
         if config.get(key):
@@ -40,6 +34,14 @@ def check_expert_parallel(cfg: RayRLConfig) -> None:
     ep = int(actor.expert_parallel_size)
     if ep == 1:
         return
+    if cfg.actor_rollout_ref.model.lora_rank:
+        raise ConfigError(
+            f"actor_rollout_ref.actor.expert_parallel_size={ep} with "
+            f"actor_rollout_ref.model.lora_rank={cfg.actor_rollout_ref.model.lora_rank}: LoRA "
+            "adapters on experts split over ranks are not built yet (peft's expert adapters "
+            "meet the ranks' expert shards in one matmul); set expert_parallel_size=1 for "
+            "LoRA, or lora_rank=0 for expert parallelism"
+        )
     try:
         MeshSpec(
             cfg.world_size, actor.ulysses_sequence_parallel_size, actor.fsdp_config.fsdp_size, ep

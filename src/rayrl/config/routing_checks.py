@@ -12,12 +12,11 @@ of that kind: a dense model (nothing to record or replay), and the actor's regio
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from pathlib import Path
 
 from rayrl.config.errors import ConfigError
 from rayrl.config.schema import RayRLConfig
+from rayrl.model_dirs import local_config
 
 __all__ = ["MOE_MODEL_TYPES", "ROUTER_REPLAY_MODES", "check_router_replay", "routing_on"]
 
@@ -94,8 +93,6 @@ def _model_type(path: str | None) -> str | None:
     model, a Qwen2, when there is no path); None when it cannot be read here."""
     if not path:
         return "qwen2"
-    config = Path(path).expanduser() / "config.json"
-    try:
-        return str(json.loads(config.read_text())["model_type"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    config = local_config(path)
+    model_type = config.get("model_type") if config is not None else None
+    return str(model_type) if model_type else None
