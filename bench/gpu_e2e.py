@@ -146,9 +146,11 @@ def run_rayrl(
     seqs: int,
     extra: tuple[str, ...] = (),
     keep_warmup: bool = False,
+    history_to: list | None = None,
 ) -> dict:
     """rayrl's GRPO through the product path (`PPOTrainer`); per-step metrics (with
-    ``extra`` overrides last; ``keep_warmup``: the peak memory over warm-up steps too)."""
+    ``extra`` overrides last; ``keep_warmup``: the peak memory over warm-up steps too;
+    ``history_to``: a list that gets every step's metrics, warm-up included)."""
     import ray
 
     from rayrl.config.load import load_config
@@ -198,6 +200,8 @@ def run_rayrl(
             history = run.setup().fit()
         finally:
             run.shutdown()
+    if history_to is not None:
+        history_to.extend(history)
     summary = summarize_rayrl(history[args.warmup :])
     if keep_warmup:
         summary["peak_mem_gb"] = summarize_rayrl(history)["peak_mem_gb"]

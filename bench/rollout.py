@@ -26,7 +26,7 @@ Prints JSON lines: ``tokens_per_s`` (per engine and workload), ``peak_mem_gb``,
 roofline is the time a step needs at the machine's measured HBM bandwidth or bf16
 matmul rate, whichever binds, summed over the prefill and every decode step.
 
-    python bench/rollout.py [--device cuda|cpu] [--shape reference|tiny]
+    python bench/rollout.py [--device cuda|cpu] [--shape reference|tiny|moe|mistral|gemma2|gemma3]
         [--engines native,rayrl_hf,hf_dynamic,hf_static] [--workloads A,B,C,G,M]
         [--skip hf_dynamic@B,...] [--repeats 3] [--profile] [--tune-decode] [--tune-sampler]
         [--sync-decode] [--tp N] [--resume-prefill-cost C] [--prefill-graph-tokens T]
@@ -97,13 +97,42 @@ def moe_config():
     )
 
 
+def family_config(family: str):
+    """The reference shape (Qwen2.5-0.5B's sizes) as another dense family's config, for
+    the families' tokens/s side by side: Mistral (Llama's layer; no sliding window at
+    these lengths), Gemma 2 (soft-capping, pre- and post-norms, alternating sliding
+    windows of 4096: wider than any workload here), Gemma 3 (text; QK-norm, local and
+    global rotary)."""
+    import transformers
+
+    ref = reference_05b()
+    sizes = dict(
+        vocab_size=ref.vocab_size,
+        hidden_size=ref.hidden,
+        num_hidden_layers=ref.layers,
+        num_attention_heads=ref.heads,
+        num_key_value_heads=ref.kv_heads,
+        intermediate_size=ref.intermediate,
+        head_dim=ref.hidden // ref.heads,
+        max_position_embeddings=32768,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+    )
+    name = {"mistral": "MistralConfig", "gemma2": "Gemma2Config", "gemma3": "Gemma3TextConfig"}
+    return getattr(transformers, name[family])(**sizes)
+
+
+FAMILIES = ("mistral", "gemma2", "gemma3")
+
+
 def build_model(shape: str, device: str):
     from transformers import AutoModelForCausalLM, Qwen2ForCausalLM
 
-    if shape == "moe":
+    if shape == "moe" or shape in FAMILIES:
+        config = moe_config() if shape == "moe" else family_config(shape)
         torch.manual_seed(0)
         with torch.device(device):
-            model = AutoModelForCausalLM.from_config(moe_config(), dtype=torch.bfloat16).eval()
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
         model.generation_config.eos_token_id = None
         return model
     spec = (
@@ -167,7 +196,7 @@ def max_model_len(prompts: list[np.ndarray], out_lens: np.ndarray, shape: str) -
     """4096 tokens for the reference shape (64 for the tiny one), or the workload's
     longest sequence rounded up to 64 where that is longer (workload C)."""
     longest = max(len(p) for p in prompts) + int(out_lens.max())
-    return max(4096 if shape == "reference" else 64, -(-longest // 64) * 64)
+    return max(4096 if shape in ("reference", *FAMILIES) else 64, -(-longest // 64) * 64)
 
 
 def run_native(model, prompts, out_lens, args, overlap: bool = True) -> Callable[[], None]:
@@ -387,9 +416,10 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument(
         "--shape",
-        choices=("reference", "tiny", "moe"),
+        choices=("reference", "tiny", "moe", *FAMILIES),
         default=None,
-        help="moe: a Qwen3-MoE model of 30B-A3B's layer at 8 layers (`moe_config`)",
+        help="moe: a Qwen3-MoE model of 30B-A3B's layer at 8 layers (`moe_config`); "
+        "mistral, gemma2, gemma3: the reference shape as that family (`family_config`)",
     )
     parser.add_argument("--engines", default="native,rayrl_hf,hf_dynamic,hf_static")
     parser.add_argument("--workloads", default="A,B")
