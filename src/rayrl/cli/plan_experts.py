@@ -16,11 +16,12 @@ __all__ = ["MAX_NODES", "expert_advice", "nodes_to_fit"]
 
 MAX_NODES = 64  # the most nodes `nodes_to_fit` tries
 ARR = "actor_rollout_ref"
-# What lowers each item of a phase (`rayrl.models.memory.ROWS`).
+# What lowers each item of a phase (`rayrl.models.memory.ROWS`); `_hint` drops a
+# setting the run has already.
 HINTS = {
     "actor weights": f"{ARR}.actor.fsdp_config.model_dtype=bf16, or more GPUs",
     "gradients": f"{ARR}.actor.fsdp_config.model_dtype=bf16, or more GPUs",
-    "Adam moments": f"{ARR}.actor.fsdp_config.optimizer_offload=true",
+    "Adam moments": f"{ARR}.actor.fsdp_config.optimizer_offload=true, or more GPUs",
     "gathered layers": f"a larger {EP_KEY}",
     "activations": f"a smaller {ARR}.actor.ppo_max_token_len_per_gpu (or micro-batch)",
     "log-prob head": f"a smaller {ARR}.actor.ppo_max_token_len_per_gpu (or micro-batch)",
@@ -79,7 +80,7 @@ def _why_not(shape: ModelShape, setup: TrainingSetup, widest: MemoryPlan) -> str
     """Why no expert-parallel size fits: the widest's peak items and what lowers each,
     and the nodes that would fit."""
     items = "; ".join(
-        f"{name} {size / GiB:.1f} GiB ({HINTS.get(name, 'fixed')})"
+        f"{name} {size / GiB:.1f} GiB ({_hint(name, widest.setup)})"
         for name, size in widest.largest()
     )
     text = (
@@ -92,6 +93,24 @@ def _why_not(shape: ModelShape, setup: TrainingSetup, widest: MemoryPlan) -> str
         return f"{text}; no count of nodes up to {MAX_NODES} fits as configured"
     n, ep = nodes
     return f"{text}; it fits on trainer.nnodes={n} with {EP_KEY}={ep}"
+
+
+def _hint(name: str, setup: TrainingSetup) -> str:
+    """What lowers item ``name`` of a phase, less what ``setup`` has already."""
+    hint = HINTS.get(name, "fixed")
+    done = (
+        (
+            setup.master_dtype in ("bf16", "bfloat16"),
+            f"{ARR}.actor.fsdp_config.model_dtype=bf16, or ",
+        ),
+        (setup.optimizer_offload, f"{ARR}.actor.fsdp_config.optimizer_offload=true, or "),
+    )
+    for already, text in done:
+        if already and hint.startswith(text):
+            hint = hint[len(text) :]
+    if name == "rollout weights":
+        hint += f" (now {setup.rollout_tp})"
+    return hint
 
 
 def nodes_to_fit(shape: ModelShape, setup: TrainingSetup) -> tuple[int, int] | None:

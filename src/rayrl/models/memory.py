@@ -145,8 +145,14 @@ class MemoryPlan:
         return max(self.phases, key=lambda p: p.total)
 
     @property
+    def rollout_starved(self) -> bool:
+        """The rollout's share of the GPU (``gpu_memory_utilization``) holds its weights
+        and no KV cache beside them: it cannot generate."""
+        return self.kv_cache_tokens == 0
+
+    @property
     def fits(self) -> bool:
-        return self.peak.total <= self.setup.gpu_bytes
+        return self.peak.total <= self.setup.gpu_bytes and not self.rollout_starved
 
     def render(self) -> str:
         s, shape = self.setup, self.shape
@@ -167,6 +173,13 @@ class MemoryPlan:
         lines.append(
             "  " + "total".ljust(width) + "".join(f"{p.total / GiB:>12.1f}" for p in self.phases)
         )
+        if self.rollout_starved:
+            lines.append(
+                f"  the rollout's share, gpu_memory_utilization {s.gpu_memory_utilization} x "
+                f"{s.gpu_bytes / GiB:.1f} GiB, leaves no room for a KV cache beside its "
+                "weights: raise actor_rollout_ref.rollout.gpu_memory_utilization or "
+                "tensor_model_parallel_size"
+            )
         peak = self.peak
         verdict = "FITS" if self.fits else "DOES NOT FIT"
         lines.append(
