@@ -10,7 +10,8 @@ are held or it waits for an autoscaler to add nodes, 2 when it can never fit.
 
 On GPUs it also prints the training mesh (FSDP sharding, HSDP, Ulysses SP) and the
 per-GPU memory budget of each phase of a step (`rayrl.models.memory`), from the
-model directory's config.json. ``--no-cluster`` plans for a cluster that is not here
+model directory's config.json (`rayrl.cli.plan_model`); for a mixture of experts, the
+budget at each expert-parallel size and which to set (`rayrl.cli.plan_experts`). ``--no-cluster`` plans for a cluster that is not here
 (``trainer.nnodes`` x ``trainer.n_gpus_per_node`` GPUs of ``--gpu-gib`` each): no Ray,
 only the mesh and the budget; exit code 0 when the budget fits, 2 when it does not.
 """
@@ -74,18 +75,21 @@ def _offline(cfg, args: argparse.Namespace, out) -> int:
 
 
 def _print_budget(cfg, gpu_gib: float, out):
-    """Print the memory budget; None (with a line saying why) without a model config."""
-    from rayrl.models.memory import ModelShape, plan_memory
+    """Print the memory budget (and, for a mixture of experts, the expert-parallel sizes
+    and which to set); None (with a line saying why) without a model config."""
+    from rayrl.cli.plan_experts import expert_advice
+    from rayrl.cli.plan_model import model_shape
+    from rayrl.models.memory import plan_memory
 
-    path = cfg.actor_rollout_ref.model.path
-    shape = ModelShape.from_dir(path) if path else None
-    if shape is None:
-        out.print(
-            f"memory per GPU: not estimated (no config.json in actor_rollout_ref.model.path={path!r})"
-        )
+    shape = model_shape(cfg.actor_rollout_ref.model.path)
+    if isinstance(shape, str):
+        out.print(f"memory per GPU: not estimated ({shape})", markup=False, highlight=False)
         return None
-    budget = plan_memory(shape, training_setup(cfg, gpu_gib))
-    out.print(budget.render())
+    setup = training_setup(cfg, gpu_gib)
+    budget = plan_memory(shape, setup)
+    out.print(budget.render(), markup=False, highlight=False)
+    if shape.experts is not None:
+        out.print(expert_advice(shape, setup), markup=False, highlight=False)
     return budget
 
 
@@ -123,6 +127,7 @@ def training_setup(cfg, gpu_gib: float):
         rollout_tp=int(getattr(rollout, "tensor_model_parallel_size", 1)),
         gpu_memory_utilization=rollout.gpu_memory_utilization,
         free_cache_engine=rollout.free_cache_engine,
+        ep=actor.expert_parallel_size,
     )
 
 

@@ -13,14 +13,27 @@ bundle). Per GPU, by phase:
   weights and forward temporaries;
 * **update**: the actor's weights, gradients (both in the master dtype, sharded),
   Adam moments (or the 4 GiB slice an offloaded step brings), FSDP's gathered layers in
-  the compute dtype, the activations of one micro-batch (with activation
+  the compute dtype (two layers and the root unit, and in the backward one layer's
+  unsharded gradients with their float32 copy for the reduce-scatter), the activations of one micro-batch (with activation
   checkpointing: each layer's input, plus one layer recomputed), the log-prob head's
   chunk temporaries and its float32 weight gradient, beside the rollout's weights.
 
 Activations per token and layer count the tensors a Qwen2/Llama decoder layer keeps
 for its backward in bf16 (norms in float32): ``24 h + 4 kv + 8 i`` bytes for hidden
-size ``h``, key/value width ``kv`` and MLP width ``i``. Ulysses splits a micro-batch's
-tokens over ``sp`` GPUs. A fixed 1.5 GiB stands for the CUDA context and communicator
+size ``h``, key/value width ``kv`` and MLP width ``i`` (a mixture of experts' layer:
+`rayrl.models.model_shape.ModelShape.layer_activation_bytes`). Ulysses splits a
+micro-batch's tokens over ``sp`` GPUs.
+
+A mixture of experts (`ExpertShape`) with expert parallelism (``ep``,
+``actor.expert_parallel_size``): a rank holds ``1/ep`` of the experts, FSDP-sharded
+over the ``world/ep`` ranks holding the same ones, so its shard of weights, gradients
+and moments stays ``1/world`` of the model, as without it; what ``ep`` shrinks is the
+working set FSDP gathers, a layer's dense weights and ``1/ep`` of its experts. The
+reference has no expert parallelism: it gathers whole layers. Tokens travel to their
+experts' ranks and back (all-to-all); with balanced routing a rank runs as many expert
+copies as its own tokens chose, so the activations do not depend on ``ep`` (an
+unbalanced router's hot ranks hold more: not modelled). The rollout engine holds the
+whole model (every expert) on each tensor-parallel replica. A fixed 1.5 GiB stands for the CUDA context and communicator
 buffers. The caching allocator's fragmentation is not modelled: a measured reserved
 peak can exceed these sums (docs/benchmarks.md compares them).
 
@@ -30,14 +43,22 @@ the reference) for the node's GPUs.
 
 from __future__ import annotations
 
-import json
-import os
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
 
-from rayrl.config.layout import MeshSpec
+from rayrl.config.layout import MeshError, MeshSpec
+from rayrl.models.model_shape import ExpertShape, ModelShape
 
-__all__ = ["GiB", "MemoryPlan", "ModelShape", "Phase", "TrainingSetup", "plan_memory"]
+__all__ = [
+    "ExpertShape",
+    "GiB",
+    "MemoryPlan",
+    "ModelShape",
+    "Phase",
+    "TrainingSetup",
+    "expert_parallel_sizes",
+    "plan_memory",
+    "plans_by_ep",
+]
 
 GiB = 2**30
 CONTEXT_BYTES = 1.5 * GiB  # CUDA context, NCCL buffers
@@ -56,75 +77,6 @@ ROWS = (
     "context, buffers",
 )
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """A decoder-only transformer's sizes (a Hugging Face ``config.json``'s fields)."""
-
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-    vocab: int
-    tied: bool = False
-    name: str = ""
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any], name: str = "") -> ModelShape:
-        heads = int(config["num_attention_heads"])
-        return cls(
-            hidden=int(config["hidden_size"]),
-            layers=int(config["num_hidden_layers"]),
-            heads=heads,
-            kv_heads=int(config.get("num_key_value_heads") or heads),
-            intermediate=int(config["intermediate_size"]),
-            vocab=int(config["vocab_size"]),
-            tied=bool(config.get("tie_word_embeddings", False)),
-            name=name or (config.get("architectures") or [""])[0],
-        )
-
-    @classmethod
-    def from_dir(cls, path: str) -> ModelShape | None:
-        """From a local model directory's config.json; None when there is none."""
-        file = os.path.join(path, "config.json")
-        if not os.path.isfile(file):
-            return None
-        with open(file) as f:
-            return cls.from_config(json.load(f))
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-    @property
-    def kv_width(self) -> int:
-        return self.kv_heads * self.head_dim
-
-    @property
-    def layer_params(self) -> int:
-        h, kv = self.hidden, self.kv_width
-        attention = h * (h + 2 * kv) + (h + 2 * kv) + h * h  # q, k, v (with biases), o
-        return attention + 3 * h * self.intermediate + 2 * h  # MLP, two norms
-
-    @property
-    def root_params(self) -> int:
-        """Embedding, output head (unless tied) and final norm: FSDP's root unit."""
-        return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
-
-    @property
-    def params(self) -> int:
-        return self.layers * self.layer_params + self.root_params
-
-    def activation_bytes(self) -> int:
-        """Bytes one token's layer keeps for its backward (bf16 compute)."""
-        return 24 * self.hidden + 4 * self.kv_width + 8 * self.intermediate
-
-    def kv_bytes_per_token(self, tp: int) -> int:
-        """KV cache bytes of one token on one GPU of a ``tp``-way replica (bf16)."""
-        heads = max(1, self.kv_heads // tp)
-        return 2 * self.layers * heads * self.head_dim * 2
 
 
 @dataclass(frozen=True)
@@ -156,13 +108,14 @@ class TrainingSetup:
     rollout_tp: int = 1
     gpu_memory_utilization: float = 0.5
     free_cache_engine: bool = True
+    ep: int = 1  # actor.expert_parallel_size
 
     @property
     def world(self) -> int:
         return self.nnodes * self.gpus_per_node
 
     def mesh(self) -> MeshSpec:
-        return MeshSpec(self.world, self.sp, self.fsdp_size)
+        return MeshSpec(self.world, self.sp, self.fsdp_size, self.ep)
 
 
 @dataclass
@@ -192,16 +145,21 @@ class MemoryPlan:
         return max(self.phases, key=lambda p: p.total)
 
     @property
+    def rollout_starved(self) -> bool:
+        """The rollout's share of the GPU (``gpu_memory_utilization``) holds its weights
+        and no KV cache beside them: it cannot generate."""
+        return self.kv_cache_tokens == 0
+
+    @property
     def fits(self) -> bool:
-        return self.peak.total <= self.setup.gpu_bytes
+        return self.peak.total <= self.setup.gpu_bytes and not self.rollout_starved
 
     def render(self) -> str:
         s, shape = self.setup, self.shape
         lines = [
-            f"memory per GPU: {shape.name or 'model'} {shape.params / 1e9:.2f} B parameters "
-            f"(hidden {shape.hidden}, {shape.layers} layers, {shape.heads} heads / "
-            f"{shape.kv_heads} KV, vocab {shape.vocab}); GPU {s.gpu_bytes / GiB:.1f} GiB",
+            f"memory per GPU: {shape.describe()}; GPU {s.gpu_bytes / GiB:.1f} GiB",
             f"  actor mesh: {s.mesh().describe()}",
+            *self._experts_line(),
             f"  rollout: tensor parallel {s.rollout_tp} ({s.world // s.rollout_tp} replica(s)), "
             f"gpu_memory_utilization {s.gpu_memory_utilization}: KV cache for "
             f"{self.kv_cache_tokens:,} tokens per replica",
@@ -215,6 +173,13 @@ class MemoryPlan:
         lines.append(
             "  " + "total".ljust(width) + "".join(f"{p.total / GiB:>12.1f}" for p in self.phases)
         )
+        if self.rollout_starved:
+            lines.append(
+                f"  the rollout's share, gpu_memory_utilization {s.gpu_memory_utilization} x "
+                f"{s.gpu_bytes / GiB:.1f} GiB, leaves no room for a KV cache beside its "
+                "weights: raise actor_rollout_ref.rollout.gpu_memory_utilization or "
+                "tensor_model_parallel_size"
+            )
         peak = self.peak
         verdict = "FITS" if self.fits else "DOES NOT FIT"
         lines.append(
@@ -227,6 +192,32 @@ class MemoryPlan:
             f"  host memory per node (offloaded state): {total / GiB:.0f} GiB ({host or 'none'})"
         )
         return "\n".join(lines)
+
+    def _experts_line(self) -> list[str]:
+        """How the actor's ranks hold a mixture's experts (nothing for a dense model)."""
+        e, mesh = self.shape.experts, self.setup.mesh()
+        if e is None:
+            return []
+        if mesh.world == 1:
+            return [f"  experts: all {e.experts} per layer on the one rank"]
+        if mesh.ep == 1:
+            return [
+                f"  experts: no expert parallelism: FSDP shards every expert over the "
+                f"{mesh.shard} rank(s) and gathers all {e.experts} of a layer at a time "
+                f"({self.shape.gathered_layer() / 1e9:.2f} B parameters in the largest layer)"
+            ]
+        return [
+            f"  experts: expert parallel {mesh.ep}: each rank holds {e.experts // mesh.ep} of "
+            f"{e.experts} per layer, sharded over the {mesh.edp} rank(s) holding the same "
+            f"ones; FSDP gathers {self.shape.gathered_layer(mesh.ep) / 1e9:.2f} B parameters "
+            f"of the largest layer at a time (the reference, without expert parallelism: "
+            f"{self.shape.gathered_layer() / 1e9:.2f} B)"
+        ]
+
+    def largest(self, count: int = 3) -> list[tuple[str, float]]:
+        """The peak phase's ``count`` largest items (name, bytes), largest first."""
+        items = sorted(self.peak.items.items(), key=lambda kv: -kv[1])
+        return items[:count]
 
 
 def plan_memory(shape: ModelShape, setup: TrainingSetup) -> MemoryPlan:
@@ -247,7 +238,16 @@ def plan_memory(shape: ModelShape, setup: TrainingSetup) -> MemoryPlan:
     optimizer_resident = 0.0 if setup.optimizer_offload else moments
     ref_resident = 0.0 if setup.ref_offload or not setup.ref else ref_weights
     sharded = setup.world > 1 or setup.wrap_one_gpu
-    gathered = (2 * shape.layer_params + shape.root_params) * compute if sharded else 0.0
+    gathered = float((2 * shape.gathered_layer(setup.ep) + shape.root_params) * compute)
+    ref_gathered = float((2 * shape.gathered_layer() + shape.root_params) * compute)
+    if not setup.ref:
+        ref_gathered = 0.0
+    # backward: a layer's unsharded gradients, in the compute dtype and, mixed, the
+    # float32 copy FSDP reduce-scatters (`rayrl.train.fsdp`'s reduce_dtype)
+    reduce = compute + (4 if setup.mixed_precision else 0)
+    layer_grads = float(shape.gathered_layer(setup.ep) * reduce)
+    if not sharded:
+        gathered = ref_gathered = layer_grads = 0.0
     if not sharded and setup.mixed_precision and master > 2:
         gathered = params * 2  # autocast keeps a bf16 copy of every weight it cast
 
@@ -268,7 +268,7 @@ def plan_memory(shape: ModelShape, setup: TrainingSetup) -> MemoryPlan:
     reference.items["reference weights"] = ref_weights if setup.ref else 0.0
     reference.items["rollout weights"] = rollout_weights
     reference.items["rollout KV cache"] = 0.0 if setup.free_cache_engine else kv_bytes
-    reference.items["gathered layers"] = gathered
+    reference.items["gathered layers"] = max(gathered, ref_gathered)  # ref: no EP
     reference.items["forward temporaries"] = (
         tokens * shape.activation_bytes() + 3 * chunk * shape.vocab * 4
     )
@@ -283,11 +283,11 @@ def plan_memory(shape: ModelShape, setup: TrainingSetup) -> MemoryPlan:
     update.items["reference weights"] = ref_resident
     update.items["rollout weights"] = rollout_weights
     update.items["rollout KV cache"] = 0.0 if setup.free_cache_engine else kv_bytes
-    update.items["gathered layers"] = gathered
+    update.items["gathered layers"] = gathered + layer_grads
     if setup.gradient_checkpointing:
         kept = tokens * (shape.layers * 2 * shape.hidden + shape.activation_bytes())
     else:
-        kept = tokens * shape.layers * shape.activation_bytes()
+        kept = tokens * shape.all_activation_bytes()
     update.items["activations"] = kept
     update.items["log-prob head"] = (
         response * shape.vocab * 2  # logits kept for the backward (bf16)
@@ -304,3 +304,27 @@ def plan_memory(shape: ModelShape, setup: TrainingSetup) -> MemoryPlan:
     }
     kv_tokens = int(kv_bytes / shape.kv_bytes_per_token(setup.rollout_tp)) if kv_bytes > 0 else 0
     return MemoryPlan(shape, setup, [generate, reference, update], host, kv_tokens)
+
+
+def expert_parallel_sizes(shape: ModelShape, setup: TrainingSetup) -> list[int]:
+    """The expert-parallel sizes the actor's mesh can take for this model: the divisors
+    of the world that divide the experts, ascending (only 1 for a dense model, or with
+    Ulysses SP or hybrid sharding, which expert parallelism does not run with yet)."""
+    e = shape.experts
+    if e is None:
+        return [1]
+    sizes = []
+    for ep in range(1, setup.world + 1):
+        if setup.world % ep or e.experts % ep:
+            continue
+        try:
+            MeshSpec(setup.world, setup.sp, setup.fsdp_size, ep)
+        except MeshError:
+            continue
+        sizes.append(ep)
+    return sizes
+
+
+def plans_by_ep(shape: ModelShape, setup: TrainingSetup) -> list[MemoryPlan]:
+    """The budget at each of `expert_parallel_sizes`, ascending."""
+    return [plan_memory(shape, replace(setup, ep=ep)) for ep in expert_parallel_sizes(shape, setup)]
