@@ -88,13 +88,19 @@ def test_join_puts_the_calls_on_one_clock(tmp_path):
     [
         ("global_profiler.tool=nsys", "global_profiler.tool=torch"),
         ("global_profiler.tool=npu", "does not run Ascend"),
-        ("global_profiler.steps=null", "needs global_profiler.steps"),
+        ("global_profiler.steps=[two]", "must be a list"),
         ("critic.profiler.tool_config.torch.contents=[gpu]", "choose from"),
     ],
 )
 def test_what_cannot_be_profiled_is_refused_with_what_to_do(override, says):
     with pytest.raises(ConfigError, match=says):
         load_config("demo", ["global_profiler.tool=torch", "global_profiler.steps=[1]", override])
+
+
+def test_a_tool_without_steps_profiles_nothing_and_says_so():
+    warned: list[str] = []  # verl's example scripts set tool=torch_memory so
+    load_config("demo", ["global_profiler.tool=torch_memory"], warn=warned.append)
+    assert any("global_profiler.steps is not set" in w for w in warned)
 
 
 def test_verls_profiler_keys_land_under_global_profiler():

@@ -4,10 +4,14 @@
 
 rayrl takes torch.profiler traces only. verl's other tools (Nsight Systems, Ascend's
 NPU profiler, CUDA memory snapshots, the precision debugger) are refused with what to
-use instead, as is a trace that spans several steps.
+use instead, as is a trace that spans several steps. A tool without
+`global_profiler.steps` profiles nothing, as in verl (whose example scripts set one so):
+it is said in a warning.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from rayrl.config.errors import ConfigError
 from rayrl.config.profiler import (
@@ -29,9 +33,15 @@ OTHER_TOOLS = {
 }
 
 
-def check_profiler(cfg: RayRLConfig) -> None:
+def check_profiler(cfg: RayRLConfig, warn: Callable[[str], None]) -> None:
     prof: ProfilerConfig = cfg.global_profiler
     if prof.tool is None:
+        return
+    if not prof.steps:
+        warn(
+            f"{KEY}.tool={prof.tool} has no effect: {KEY}.steps is not set; give the step "
+            f"numbers to trace with {KEY}.tool=torch, e.g. {KEY}.steps=[2,3]"
+        )
         return
     if prof.tool in OTHER_TOOLS:
         raise ConfigError(
@@ -42,10 +52,12 @@ def check_profiler(cfg: RayRLConfig) -> None:
     if prof.tool != "torch":
         raise ConfigError(f"{KEY}.tool={prof.tool!r} is not a profiler: use torch, or null (off)")
     steps = prof.steps
-    if not steps or not all(isinstance(s, int) and not isinstance(s, bool) for s in steps):
+    if not isinstance(steps, list) or not all(
+        isinstance(s, int) and not isinstance(s, bool) for s in steps
+    ):
         raise ConfigError(
-            f"{KEY}.tool=torch needs {KEY}.steps, a list of the step numbers to trace "
-            f"(1 is the first step), e.g. {KEY}.steps=[2,3]; got {steps!r}"
+            f"{KEY}.steps={steps!r} must be a list of the step numbers to trace (1 is the "
+            f"first step), e.g. {KEY}.steps=[2,3]"
         )
     if min(steps) < 1:
         raise ConfigError(f"{KEY}.steps={list(steps)}: steps count from 1 (the first step)")

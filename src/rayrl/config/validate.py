@@ -532,7 +532,7 @@ def validate_config(cfg: RayRLConfig, warn: Callable[[str], None] = _warn) -> No
     check_expert_parallel(cfg)
     check_router_replay(cfg, warn)
     check_sandbox_fusion(cfg, warn)
-    check_profiler(cfg)
+    check_profiler(cfg, warn)
     actor, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
     prompts, world = cfg.data.train_batch_size, cfg.world_size
     check_batch_chain(
