@@ -43,12 +43,23 @@ def hardware(device: str = "cpu") -> str:
     return f"{model}, {os.cpu_count()} cores, {gpu}"
 
 
+def gpu_name() -> str | None:
+    """The card this process computes on (`torch.cuda.get_device_name`), or None where
+    CUDA was not used (a CPU bench)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    return torch.cuda.get_device_name()
+
+
 def emit_line(
     bench: str, metric: str, value: Any, unit: str, *, stream: TextIO | None = None, **extra
 ) -> None:
-    """Print one figure as a JSON line (`bench`, `metric`, `value`, `unit`, then `extra`)
-    to `stream` (stdout by default); a float value is rounded to 4 decimals."""
+    """Print one figure as a JSON line (`bench`, `metric`, `value`, `unit`, then `extra`,
+    and `gpu`: the card's name, unless `extra` gives it) to `stream` (stdout by
+    default); a float value is rounded to 4 decimals."""
     if isinstance(value, float):
         value = round(value, 4)
     row = {"bench": bench, "metric": metric, "value": value, "unit": unit, **extra}
+    row.setdefault("gpu", gpu_name())
     print(json.dumps(row), file=stream or sys.stdout, flush=True)

@@ -66,6 +66,7 @@ from pathlib import Path
 import torch
 
 from gpu_e2e_report import lines_for, roofline_of
+from roofline import resolve_card
 
 BENCH = "gpu_e2e"
 STAGES = (
@@ -488,6 +489,12 @@ def main() -> None:
         help="a rayrl config override for every rayrl run, after the bench's own (repeatable)",
     )
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument(
+        "--measure-card",
+        action="store_true",
+        help="measure the card's bandwidth and bf16 matmul rate at start for the roofline "
+        "(default: the table by device name; an unknown card is always measured)",
+    )
     p.add_argument("--out", default=None)
     p.add_argument("--trl-job", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -497,9 +504,11 @@ def main() -> None:
     out = Path(args.out or Path(__file__).parent / "results" / f"{BENCH}-{date:%Y-%m-%d}.jsonl")
     out.parent.mkdir(parents=True, exist_ok=True)
     gpu = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    card = resolve_card(gpu, args.measure_card) if args.device == "cuda" else None
     common = {
         "bench": BENCH,
         "device": gpu,
+        **(card.fields() if card else {"gpu": None}),
         "date": date.isoformat(timespec="seconds"),
         "prompt_len": args.prompt_len,
         "response_len": args.response_len,
@@ -522,7 +531,9 @@ def main() -> None:
                 run = run_rayrl if system == "rayrl" else run_trl
                 results[system] = run(args, model_dir, rows, seqs)
                 if system == "rayrl" and "error" not in results[system]:
-                    results[system].update(roofline_of(model_dir, seqs, args, results[system], gpu))
+                    results[system].update(
+                        roofline_of(model_dir, seqs, args, results[system], card)
+                    )
                 for line in lines_for(system, seqs, results[system], common):
                     emit(line, out)
             mine, theirs = results.get("rayrl", {}), results.get("trl", {})

@@ -6,22 +6,23 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from roofline import grpo_step_seconds, shared_prompt_savings
+from roofline import Card, grpo_step_seconds, shared_prompt_savings
 
 
 def roofline_of(
-    model_dir: Path, seqs: int, args: argparse.Namespace, res: dict, device_name: str
+    model_dir: Path, seqs: int, args: argparse.Namespace, res: dict, card: Card | None
 ) -> dict:
     """``roofline_step_s`` (with its generation and training parts) and
-    ``step_vs_roofline`` of a rayrl result on a known GPU; {} elsewhere. The forward
-    passes that ran (old log-probs, reference) count in the training part."""
+    ``step_vs_roofline`` of a rayrl result on ``card`` (None: a CPU run, {}); training
+    at the card's dense bf16 peak (`peak_flops`), else at its measured matmul rate.
+    The forward passes that ran (old log-probs, reference) count in the training part."""
     from transformers import AutoConfig
 
     from rayrl.models.flops import peak_flops
 
-    peak = peak_flops(device_name)
-    if peak is None or not res.get("step_s"):
+    if card is None or not res.get("step_s"):
         return {}
+    peak = peak_flops(card.name) or card.matmul_flops
     stages = res.get("stages", {})
     passes = sum(1 for s in ("old_log_prob", "ref") if (stages.get(s) or 0) > 0)
     found = grpo_step_seconds(
@@ -31,6 +32,7 @@ def roofline_of(
         res.get("response_len") or args.response_len,
         peak,
         forward_passes=passes,
+        card=card,
     )
     saved = shared_prompt_savings(
         AutoConfig.from_pretrained(model_dir), seqs, args.group, args.prompt_len, peak, passes

@@ -68,7 +68,7 @@ from rayrl.models.tiny import TinySpec, reference_05b
 from rayrl.rollout import HFRolloutEngine, NativeRolloutEngine, SamplingParams
 from rayrl.rollout.native.tp import make_tp_groups
 from rollout_agent import run_multi_turn
-from roofline import generation_seconds
+from roofline import H200, generation_seconds, resolve_card
 
 TARGETS = {("tokens_per_s", "A"): 100_000.0, "speedup_vs_hf_static": 5.0}
 QUIET = {"on": False}  # TP ranks past 0 run the workload but report nothing
@@ -415,6 +415,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument(
+        "--measure-card",
+        action="store_true",
+        help="measure the card's bandwidth and bf16 matmul rate at start for the roofline "
+        "(default: the table by device name; an unknown card is always measured)",
+    )
+    parser.add_argument(
         "--shape",
         choices=("reference", "tiny", "moe", *FAMILIES),
         default=None,
@@ -514,11 +520,16 @@ def run_bench(args: argparse.Namespace, out_path: str | None) -> None:
     if args.tune_sampler and args.device == "cuda":
         tune_sampler(out)
     model = build_model(args.shape, args.device)
+    card = None
+    if args.device == "cuda":
+        card = resolve_card(torch.cuda.get_device_name(), getattr(args, "measure_card", False))
     base = {
         "bench": "rollout",
         "shape": args.shape,
         "tp": args.tp,
         "hardware": hardware(args.device),
+        # a CPU run's roofline_fraction is against the H200 reference (as it always was)
+        **(card or H200).fields(),
         "date": datetime.date.today().isoformat(),
     }
     for name in args.workloads.split(","):
@@ -593,7 +604,7 @@ def run_bench(args: argparse.Namespace, out_path: str | None) -> None:
             )
         if "native" in rates:
             rows = sample_rows(prompts, out_lens)
-            ideal = tokens / generation_seconds(model.config, rows, out_lens, args.tp)
+            ideal = tokens / generation_seconds(model.config, rows, out_lens, card or H200, args.tp)
             emit(
                 {
                     **base,

@@ -1,28 +1,108 @@
 """The time a workload needs at the hardware's limits: generation and a GRPO step.
 
 Shared by `bench/rollout.py` (`roofline_fraction`) and `bench/gpu_e2e.py`
-(`roofline_step_s`, `step_vs_roofline`). The limits were measured on the H200 of the
-GPU machine (`../shared/gpu/README.md`): HBM bandwidth and the bf16 matmul rate of an
-8192^3 product. Training is counted at the device's dense bf16 peak
-(`rayrl.models.flops.peak_flops`), with the FLOP count of `perf/mfu/actor`
-(`rayrl.models.flops.FlopModel`), so that ``step_vs_roofline`` and the MFU agree.
+(`roofline_step_s`, `step_vs_roofline`). The limits are the card's (`Card`): HBM
+bandwidth and bf16 matmul rate for generation, from the table below by the device's
+name (`card_for`), or measured at start (`measure_card`: a device-to-device copy and an
+8192^3 bf16 product), which an unknown card always gets (`resolve_card`). Training is
+counted at the device's dense bf16 peak (`rayrl.models.flops.peak_flops`), with the
+FLOP count of `perf/mfu/actor` (`rayrl.models.flops.FlopModel`), so that
+``step_vs_roofline`` and the MFU agree.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
-HBM_BYTES_PER_S = 4.3e12  # measured on the H200 here (../shared/gpu/README.md)
-MATMUL_FLOPS = 790e12  # bf16, measured there on an 8192^3 product
+
+@dataclass(frozen=True)
+class Card:
+    """A GPU's limits as a roofline uses them; `source` says where they come from."""
+
+    name: str
+    hbm_bytes_per_s: float
+    matmul_flops: float  # bf16, what a large product reaches
+    source: str  # "table: ..." or "measured ..."
+
+    def fields(self) -> dict:
+        """The card as a bench's JSON line records it (``gpu``, ``roofline_card``)."""
+        return {"gpu": self.name, "roofline_card": asdict(self)}
 
 
-def generation_seconds(config, prompts, out_lens, gpus: int = 1) -> float:
+# By a substring of `torch.cuda.get_device_name()`; the first match wins. The H200's
+# are measured on the lent H200 (../shared/gpu/README.md: 4.3 TB/s copy, 790 TFLOP/s on
+# an 8192^3 bf16 product; spec 4.8 TB/s, 989 TFLOP/s dense): every reference figure
+# so far used them. The H100 SXM's are its spec (3.35 TB/s HBM3, 989 TFLOP/s dense
+# bf16) until one is measured (`--measure-card` on an H100).
+CARDS: tuple[tuple[str, float, float, str], ...] = (
+    ("H200", 4.3e12, 790e12, "table: measured on the lent H200, 2026-11-29"),
+    ("H100 PCIe", 2.0e12, 756e12, "table: H100 PCIe spec (2.0 TB/s, 756 TFLOP/s)"),
+    ("H100", 3.35e12, 989e12, "table: H100 SXM spec (3.35 TB/s, 989 TFLOP/s)"),
+)
+# the card every reference figure before issue 49 was computed for
+H200 = Card("NVIDIA H200", CARDS[0][1], CARDS[0][2], CARDS[0][3])
+HBM_BYTES_PER_S = H200.hbm_bytes_per_s
+
+
+def card_for(device_name: str) -> Card | None:
+    """The table's limits for a device name, or None for a card not in it."""
+    for key, hbm, flops, source in CARDS:
+        if key.lower() in device_name.lower():
+            return Card(device_name, hbm, flops, source)
+    return None
+
+
+def measure_card(device: str = "cuda", copy_bytes: int = 2**30, matmul_n: int = 8192) -> Card:
+    """The limits measured on `device` now: bandwidth from a copy of `copy_bytes`
+    (read + write), the matmul rate from an ``matmul_n``^3 bf16 product; best of 5."""
+    import time
+
+    import torch
+
+    def best(fn) -> float:
+        fn()  # warm-up
+        times = []
+        for _ in range(5):
+            if device == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            fn()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    src = torch.empty(copy_bytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    hbm = 2 * copy_bytes / best(lambda: dst.copy_(src))
+    a = torch.randn(matmul_n, matmul_n, dtype=torch.bfloat16, device=device)
+    flops = 2 * matmul_n**3 / best(lambda: a @ a)
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    return Card(name, hbm, flops, f"measured at start ({copy_bytes} B copy, {matmul_n}^3 bf16)")
+
+
+def resolve_card(device_name: str, measure: bool = False, device: str = "cuda") -> Card:
+    """The card's limits: measured when asked or when the table lacks the card (its
+    `source` then says so), else the table's."""
+    known = card_for(device_name)
+    if known is not None and not measure:
+        return known
+    card = measure_card(device)
+    if known is None:
+        return Card(
+            device_name, card.hbm_bytes_per_s, card.matmul_flops, card.source + "; not in the table"
+        )
+    return card
+
+
+def generation_seconds(config, prompts, out_lens, card: Card, gpus: int = 1) -> float:
     """Ideal generation time of ``prompts`` (token lists, or anything with a length)
     answered with ``out_lens`` tokens each: the prefill at the matmul rate, then each
     decode step at max(bytes / bandwidth, FLOPs / matmul rate), with the bandwidth and
-    rate of ``gpus`` GPUs (a tensor-parallel replica). bf16 weights and KV cache."""
+    rate of ``gpus`` of ``card`` (a tensor-parallel replica). bf16 weights and KV cache."""
     hidden, layers, inter = config.hidden_size, config.num_hidden_layers, config.intermediate_size
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     head_dim = hidden // heads
@@ -36,13 +116,13 @@ def generation_seconds(config, prompts, out_lens, gpus: int = 1) -> float:
     out_lens = np.asarray(out_lens)
     attn_q = 2 * 2 * layers * heads * head_dim  # qk and pv, per query-key pair
     prefill = 2 * body * p.sum() + 2 * head * len(p) + attn_q * (p * p / 2).sum()
-    total = prefill / MATMUL_FLOPS
+    total = prefill / card.matmul_flops
     for t in range(int(out_lens.max())):
         live = out_lens > t
         ctx = p[live] + t
         flops = 2 * (body + head) * live.sum() + attn_q * ctx.sum()
         bytes_ = weight_bytes + kv_per_token * ctx.sum()
-        total += max(bytes_ / HBM_BYTES_PER_S, flops / MATMUL_FLOPS)
+        total += max(bytes_ / card.hbm_bytes_per_s, flops / card.matmul_flops)
     return float(total / gpus)
 
 
@@ -78,12 +158,14 @@ def grpo_step_seconds(
     response_len: float,
     peak_flops: float,
     forward_passes: int = 0,
+    *,
+    card: Card,
 ) -> dict[str, float]:
     """The GRPO step of ``seqs`` sequences of ``prompt_len`` + ``response_len`` tokens
-    at the roofline: generation (`generation_seconds`) plus training
+    at the roofline of ``card``: generation (`generation_seconds`) plus training
     (`training_seconds`); the three figures by name."""
     response = int(round(response_len))
-    gen = generation_seconds(config, [range(prompt_len)] * seqs, [response] * seqs)
+    gen = generation_seconds(config, [range(prompt_len)] * seqs, [response] * seqs, card)
     train = training_seconds(
         config, [prompt_len + response] * seqs, seqs * response, peak_flops, forward_passes
     )

@@ -33,6 +33,7 @@ from rayrl.config.async_training import (  # noqa: F401 - part of the schema
     RolloutPoolConfig,
 )
 from rayrl.config.multi_turn import AgentConfig, MultiTurnConfig
+from rayrl.config.profiler import ProfilerConfig
 
 _ACTOR = "actor_rollout_ref.actor"
 
@@ -574,6 +575,7 @@ class RayRLConfig:
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     rollout: RolloutPoolConfig = field(default_factory=RolloutPoolConfig)
     async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
+    global_profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
 
     @property
     def world_size(self) -> int:

@@ -214,6 +214,17 @@ class Worker:
         thread so that a busy worker takes them too; returns how many are installed."""
         return calls.add_call_hooks(hooks)
 
+    @ray.method(concurrency_group=HEALTH_GROUP)
+    def _rayrl_trace(self, window: Any) -> list[str]:
+        """Arm `window` (a `tracing.TraceWindow`: trace the calls it names), or with
+        None disarm it: the trace files written since it was armed."""
+        from rayrl.controller import tracing
+
+        if window is None:
+            return tracing.disarm()
+        tracing.arm(window)
+        return []
+
     # --- for subclasses -----------------------------------------------------------------
 
     def init_worker(self, **kwargs: Any) -> None:

@@ -7,7 +7,8 @@
   from the reward's per-row columns);
 - `variance_proxy`: verl's `variance_proxy/*` (how noisy the step's gradient is), when
   the log-prob pass returned `sum_pi_squared` (`rayrl.algos.variance_proxy`);
-- `timer`: adds a stage's wall time to `timing_s/<stage>`;
+- `timer`: adds a stage's wall time to `timing_s/<stage>` (and, inside
+  `recording_spans`, its start and end on the wall clock: a profiled step's timeline);
 - `controller_overhead`: the part of a step when no worker was in a method, i.e. the
   controller's own time on the step's critical path (`timing_s/controller_overhead`);
 - `usage_metrics`: per role, the CPU use (percent of one core), GPU utilisation and
@@ -26,6 +27,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 from rayrl.algos.probs_diff import PROBS_DIFF_COLUMNS, probs_diff_metrics, probs_diff_rows
 from rayrl.algos.routing import ROUTING_COLUMNS, routing_metrics
@@ -107,13 +109,32 @@ def rollout_routing(old: Batch) -> dict[str, float]:
     return routing_metrics({key: old[key] for key in ROUTING_COLUMNS})
 
 
+# (stage, wall-clock start, end) of each `timer` block, while `recording_spans` is open
+_SPANS: ContextVar[list[tuple[str, float, float]] | None] = ContextVar("spans", default=None)
+
+
 @contextmanager
 def timer(timing: dict[str, float], name: str) -> Iterator[None]:
-    start = time.perf_counter()
+    start, wall = time.perf_counter(), time.time()
     try:
         yield
     finally:
         timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
+        spans = _SPANS.get()
+        if spans is not None:
+            spans.append((name, wall, time.time()))
+
+
+@contextmanager
+def recording_spans() -> Iterator[list[tuple[str, float, float]]]:
+    """The (stage, start, end) wall-clock spans of the `timer` blocks that run inside
+    (on this thread), in the order they end."""
+    spans: list[tuple[str, float, float]] = []
+    token = _SPANS.set(spans)
+    try:
+        yield spans
+    finally:
+        _SPANS.reset(token)
 
 
 def controller_overhead(reports: dict[str, list[dict]], start: float, end: float) -> float:

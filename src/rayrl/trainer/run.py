@@ -46,6 +46,7 @@ from rayrl.trainer.data import no_validation_notice, require_batch, truncation_n
 from rayrl.trainer.epochs import epoch_batches, total_steps
 from rayrl.trainer.interrupt import StopOnInterrupt, StopRequested
 from rayrl.trainer.metrics import controller_overhead, usage_metrics
+from rayrl.trainer.profiling import StepProfiler
 from rayrl.trainer.ray_session import RaySession, check_debugger, connect
 from rayrl.trainer.replay import ReplayPolicy, Rewound, StepReplay
 from rayrl.trainer.resources import resolve_device
@@ -75,6 +76,8 @@ class Run:
         self.run_dir = RunDir(Path(t.output_dir))
         self.checkpoints = CheckpointManager(self.run_dir.checkpoints, trainer.max_ckpt_to_keep)
         self.progress = Progress()
+        prof = getattr(self.cfg, "global_profiler", None)  # rayrl sft's config has none
+        self.profiler = StepProfiler(prof, self.run_dir.root, self.print)
         self.data: TrainData | None = None
         self.session: RaySession | None = None
         self.kv: KVStore | None = None
@@ -118,6 +121,9 @@ class Run:
         self.groups = trainer.start(self.pools, env, device, self.total_steps())
         self.write_workers()
         print_placement(self.groups, cfg.trainer.debug, self.print)
+        profiling = self.profiler.describe(self.total_steps())
+        if profiling:
+            self.print(profiling)
         self.usage()  # start the first step's usage sampling afresh (setup is not a step)
         return self
 
@@ -356,11 +362,14 @@ class Run:
         """Rewrite `workers.json` from the groups as they are now (after a replacement:
         the new workers' pids, nodes and log files), with the workers the trainer keeps
         beside its groups (`more_workers`: async training's rollout replicas)."""
-        more = getattr(self.trainer, "more_workers", None)
-        groups = [*self.groups, *(more() if more else [])]
         if self.session is None:
             raise RuntimeError("the run has no workers yet: call Run.setup() first")
-        self.run_dir.write_workers(groups, self.session.log_dir)
+        self.run_dir.write_workers(self.all_groups(), self.session.log_dir)
+
+    def all_groups(self) -> list[WorkerGroup]:
+        """The run's groups and the workers the trainer keeps beside them."""
+        more = getattr(self.trainer, "more_workers", None)
+        return [*self.groups, *(more() if more else [])]
 
     def _train(self, tracking: Tracking, history: list[dict], on_step, interrupt) -> None:
         """Validation before training, the steps with what follows each, the export; each
@@ -406,9 +415,11 @@ class Run:
         usage, validation and a checkpoint when due; the step's metrics."""
 
         def work() -> tuple[dict, list[str]]:
-            started = time.time()
-            metrics, trained = self.trainer.step(batch, self.calls)
-            self._step_span = (started, time.time())  # the overhead comes with the usage
+            with self.profiler.step(step + 1, self.all_groups()) as profiled:
+                started = time.time()
+                metrics, trained = self.trainer.step(batch, self.calls)
+                self._step_span = (started, time.time())  # the overhead comes with the usage
+                profiled.update(metrics)
             return metrics, trained
 
         replay = self._replay_of_fit()

@@ -9,6 +9,7 @@ verl's default). The rule kinds are in `rayrl.config.compat.rules`.
 from __future__ import annotations
 
 from rayrl.config.compat.rules import Inert, Moved, Only, Rule
+from rayrl.config.profiler import VERL_ROLE_GROUPS
 
 ARR = "actor_rollout_ref"
 
@@ -19,7 +20,10 @@ SP_ROLE = (
     "not the fsdp_config copy"
 )
 VLLM = "a vLLM/SGLang engine setting; rayrl's rollout engines do not use it"
-PROFILER = "rayrl has no profiler hooks (timing_s/* and perf/* metrics are always on)"
+ROLE_PROFILER = (
+    "rayrl traces with torch.profiler only, with the tool and save_path of global_profiler "
+    "and no schedule within a step"
+)
 SEEDED = "every random draw is seeded from trainer.seed, the step and the sample id"
 ENGINE = "an FSDP1/verl-engine tuning knob; rayrl's FSDP2 engine has no such setting"
 CHUNKED = "rayrl computes log-probs and entropy from the hidden states in chunks, always"
@@ -135,7 +139,6 @@ def _role_common(group: str) -> dict[str, Rule]:
         f"{group}.rollout_n": Inert(FOLLOWS_N),
         f"{group}.strategy": STRATEGY,
         f"{group}.megatron": Only((None, {}), "Megatron-LM training", hint=STRATEGY.hint),
-        f"{group}.profiler": Inert(PROFILER),
         f"{group}.entropy_from_logits_with_chunking": Inert(CHUNKED),
         f"{group}.entropy_from_logits_chunk_size": Inert(CHUNKED),
         f"{group}.entropy_checkpointing": Inert(CHUNKED),
@@ -254,7 +257,6 @@ ROLLOUT: dict[str, Rule] = {
     f"{ARR}.rollout.qat.enable": Only((False,), QAT),
     f"{ARR}.rollout.disaggregation": Inert("prefill/decode disaggregation settings (off)"),
     f"{ARR}.rollout.disaggregation.enabled": Only((False,), "prefill/decode disaggregation"),
-    f"{ARR}.rollout.profiler": Inert(PROFILER),
     f"{ARR}.rollout.limit_images": Inert(
         VLLM + " (vLLM's cap on images per prompt; the hf engine takes a row's every image)"
     ),
@@ -408,6 +410,13 @@ TRAINER: dict[str, Rule] = {
     ),
 }
 
+# Each role's `profiler` group lives under `global_profiler` (`rayrl.config.profiler`).
+PROFILER: dict[str, Rule] = {
+    **{verl: Moved(f"global_profiler.{role}") for role, verl in VERL_ROLE_GROUPS.items()},
+    **{f"global_profiler.{role}": Inert(ROLE_PROFILER) for role in VERL_ROLE_GROUPS},
+}
+
+
 # A verl config file of one's own: Hydra's settings, and a defaults list that starts
 # from verl's ppo_trainer (rayrl's schema defaults are verl's).
 HYDRA: dict[str, Rule] = {
@@ -420,7 +429,10 @@ HYDRA: dict[str, Rule] = {
 }
 
 OTHER: dict[str, Rule] = {
-    "global_profiler": Inert(PROFILER),
+    "global_profiler": Inert(
+        "rayrl reads global_profiler's tool, steps, profile_continuous_steps and save_path"
+    ),
+    **PROFILER,
     "transfer_queue": Inert("batches move through Ray's object store"),
     "transfer_queue.enable": Only((False,), "verl's TransferQueue"),
     "distillation": Inert("on-policy distillation settings (off)"),

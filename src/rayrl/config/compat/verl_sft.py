@@ -16,7 +16,6 @@ from rayrl.config.compat.rules import Inert, Moved, Only, Rule
 from rayrl.config.compat.verl_ppo import (
     CKPT,
     DEPRECATED,
-    PROFILER,
     RUN_DIR,
     STRATEGY,
     _fsdp_config,
@@ -24,6 +23,10 @@ from rayrl.config.compat.verl_ppo import (
 )
 
 CONVERSATIONS = "conversation rows need data.multiturn.enable=true"
+PROFILER = (
+    "rayrl sft takes no profiles (rayrl train does: global_profiler.tool=torch); its "
+    "timing_s/* metrics are always on"
+)
 TEMPLATE = "rayrl renders each conversation with the model's chat template as it is"
 
 RULES: dict[str, Rule] = {
