@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from gpu_e2e import emit, make_rows, run_rayrl
-from rollout import moe_config
+from rollout_models import moe_config
 
 BENCH = "gpu_moe"
 PER_STEP = (

@@ -64,89 +64,15 @@ import torch.multiprocessing as mp
 
 from _common import cold_prefix, hardware, seqs_limit
 from rayrl.batch import Batch
-from rayrl.models.tiny import TinySpec, reference_05b
+from rayrl.models.tiny import reference_05b
 from rayrl.rollout import HFRolloutEngine, NativeRolloutEngine, SamplingParams
 from rayrl.rollout.native.tp import make_tp_groups
 from rollout_agent import run_multi_turn
+from rollout_models import FAMILIES, build_model
 from roofline import H200, generation_seconds, resolve_card
 
 TARGETS = {("tokens_per_s", "A"): 100_000.0, "speedup_vs_hf_static": 5.0}
 QUIET = {"on": False}  # TP ranks past 0 run the workload but report nothing
-
-
-def moe_config():
-    """Qwen3-30B-A3B's layer (hidden 2048, 32 query and 4 KV heads of 128, 128 experts
-    of width 768, top-8 renormalised) at 8 of its 48 layers, its vocabulary: 4.8B
-    parameters, 0.7B active a token."""
-    from transformers import Qwen3MoeConfig
-
-    return Qwen3MoeConfig(
-        vocab_size=151936,
-        hidden_size=2048,
-        num_hidden_layers=8,
-        num_attention_heads=32,
-        num_key_value_heads=4,
-        head_dim=128,
-        num_experts=128,
-        num_experts_per_tok=8,
-        moe_intermediate_size=768,
-        norm_topk_prob=True,
-        max_position_embeddings=32768,
-        tie_word_embeddings=False,
-        pad_token_id=0,
-    )
-
-
-def family_config(family: str):
-    """The reference shape (Qwen2.5-0.5B's sizes) as another dense family's config, for
-    the families' tokens/s side by side: Mistral (Llama's layer; no sliding window at
-    these lengths), Gemma 2 (soft-capping, pre- and post-norms, alternating sliding
-    windows of 4096: wider than any workload here), Gemma 3 (text; QK-norm, local and
-    global rotary)."""
-    import transformers
-
-    ref = reference_05b()
-    sizes = dict(
-        vocab_size=ref.vocab_size,
-        hidden_size=ref.hidden,
-        num_hidden_layers=ref.layers,
-        num_attention_heads=ref.heads,
-        num_key_value_heads=ref.kv_heads,
-        intermediate_size=ref.intermediate,
-        head_dim=ref.hidden // ref.heads,
-        max_position_embeddings=32768,
-        tie_word_embeddings=True,
-        pad_token_id=0,
-    )
-    name = {"mistral": "MistralConfig", "gemma2": "Gemma2Config", "gemma3": "Gemma3TextConfig"}
-    return getattr(transformers, name[family])(**sizes)
-
-
-FAMILIES = ("mistral", "gemma2", "gemma3")
-
-
-def build_model(shape: str, device: str):
-    from transformers import AutoModelForCausalLM, Qwen2ForCausalLM
-
-    if shape == "moe" or shape in FAMILIES:
-        config = moe_config() if shape == "moe" else family_config(shape)
-        torch.manual_seed(0)
-        with torch.device(device):
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
-        model.generation_config.eos_token_id = None
-        return model
-    spec = (
-        reference_05b()
-        if shape == "reference"
-        else TinySpec(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab_size=512)
-    )
-    config = spec.to_config()
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = Qwen2ForCausalLM(config).to(dtype).eval()
-    model.generation_config.eos_token_id = None  # fixed-length workloads
-    return model
 
 
 def workload(name: str, shape: str, vocab: int) -> tuple[list[np.ndarray], np.ndarray]:
@@ -530,6 +456,7 @@ def run_bench(args: argparse.Namespace, out_path: str | None) -> None:
         "hardware": hardware(args.device),
         # a CPU run's roofline_fraction is against the H200 reference (as it always was)
         **(card or H200).fields(),
+        **({} if card else {"gpu": None}),  # no card ran it
         "date": datetime.date.today().isoformat(),
     }
     for name in args.workloads.split(","):
@@ -604,19 +531,24 @@ def run_bench(args: argparse.Namespace, out_path: str | None) -> None:
             )
         if "native" in rates:
             rows = sample_rows(prompts, out_lens)
-            ideal = tokens / generation_seconds(model.config, rows, out_lens, card or H200, args.tp)
-            emit(
-                {
-                    **base,
-                    "metric": "roofline_fraction",
-                    "workload": name,
-                    "engine": "native",
-                    "value": round(rates["native"] / ideal, 3),
-                    "unit": "fraction",
-                    "roofline_tokens_per_s": round(ideal, 1),
-                },
-                out,
-            )
+            # a mixture of experts: the physical limit (the experts the batch touches),
+            # and the active-parameter one (each token's experts only) beside it
+            for kind in ("touched", "active") if args.shape == "moe" else ("touched",):
+                at = card or H200
+                ideal = tokens / generation_seconds(model.config, rows, out_lens, at, args.tp, kind)
+                metric = "roofline_fraction" + ("_active" if kind == "active" else "")
+                emit(
+                    {
+                        **base,
+                        "metric": metric,
+                        "workload": name,
+                        "engine": "native",
+                        "value": round(rates["native"] / ideal, 3),
+                        "unit": "fraction",
+                        "roofline_tokens_per_s": round(ideal, 1),
+                    },
+                    out,
+                )
     if out:
         out.close()
 

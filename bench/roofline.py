@@ -35,12 +35,12 @@ class Card:
 # By a substring of `torch.cuda.get_device_name()`; the first match wins. The H200's
 # are measured on the lent H200 (../shared/gpu/README.md: 4.3 TB/s copy, 790 TFLOP/s on
 # an 8192^3 bf16 product; spec 4.8 TB/s, 989 TFLOP/s dense): every reference figure
-# so far used them. The H100 SXM's are its spec (3.35 TB/s HBM3, 989 TFLOP/s dense
-# bf16) until one is measured (`--measure-card` on an H100).
+# so far used them. The H100 SXM's were measured the same way on a lent H100 (spec 3.35
+# TB/s HBM3, 989 TFLOP/s dense bf16); the PCIe H100's are its spec.
 CARDS: tuple[tuple[str, float, float, str], ...] = (
     ("H200", 4.3e12, 790e12, "table: measured on the lent H200, 2026-11-29"),
     ("H100 PCIe", 2.0e12, 756e12, "table: H100 PCIe spec (2.0 TB/s, 756 TFLOP/s)"),
-    ("H100", 3.35e12, 989e12, "table: H100 SXM spec (3.35 TB/s, 989 TFLOP/s)"),
+    ("H100", 3.03e12, 783e12, "table: measured on a lent H100 (SXM), 2026-12-05"),
 )
 # the card every reference figure before issue 49 was computed for
 H200 = Card("NVIDIA H200", CARDS[0][1], CARDS[0][2], CARDS[0][3])
@@ -98,30 +98,43 @@ def resolve_card(device_name: str, measure: bool = False, device: str = "cuda") 
     return card
 
 
-def generation_seconds(config, prompts, out_lens, card: Card, gpus: int = 1) -> float:
+def generation_seconds(
+    config, prompts, out_lens, card: Card, gpus: int = 1, experts: str = "touched"
+) -> float:
     """Ideal generation time of ``prompts`` (token lists, or anything with a length)
     answered with ``out_lens`` tokens each: the prefill at the matmul rate, then each
     decode step at max(bytes / bandwidth, FLOPs / matmul rate), with the bandwidth and
-    rate of ``gpus`` of ``card`` (a tensor-parallel replica). bf16 weights and KV cache."""
-    hidden, layers, inter = config.hidden_size, config.num_hidden_layers, config.intermediate_size
-    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-    head_dim = hidden // heads
-    layer_params = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden
-    layer_params += 3 * hidden * inter
-    body = layers * layer_params
-    head = config.vocab_size * hidden
-    weight_bytes = 2 * (body + head)
-    kv_per_token = 2 * layers * kv_heads * head_dim * 2
+    rate of ``gpus`` of ``card`` (a tensor-parallel replica). bf16 weights and KV cache.
+
+    A mixture of experts' decode step reads the experts its tokens chose: with
+    ``experts="touched"`` (the physical limit) the expected number of distinct experts
+    that ``B`` live tokens pick under uniform routing, ``E (1 - (1 - k/E)^B)`` of each
+    sparse layer's ``E`` (at 256 tokens, top-8 of 128: all of them); with
+    ``experts="active"`` only the ``k`` one token meets, as if the batch shared its
+    experts (below the physical limit at any batch past one token). FLOPs count the
+    active experts either way."""
+    from rayrl.cli.plan_model import shape_of
+
+    shape = shape_of(config)
+    head = config.vocab_size * shape.hidden
+    experts_all = shape.expert_params
+    dense = shape.params - shape.root_params - experts_all + head  # what every token reads
+    share = shape.experts.top_k / shape.experts.experts if shape.experts else 0.0
+    active = dense + experts_all * share
+    layers, heads, head_dim = shape.layers, shape.heads, shape.head_size
+    kv_per_token = 2 * layers * shape.kv_heads * head_dim * 2
     p = np.array([len(x) for x in prompts], dtype=np.float64)
     out_lens = np.asarray(out_lens)
     attn_q = 2 * 2 * layers * heads * head_dim  # qk and pv, per query-key pair
-    prefill = 2 * body * p.sum() + 2 * head * len(p) + attn_q * (p * p / 2).sum()
+    prefill = 2 * (active - head) * p.sum() + 2 * head * len(p) + attn_q * (p * p / 2).sum()
     total = prefill / card.matmul_flops
     for t in range(int(out_lens.max())):
         live = out_lens > t
         ctx = p[live] + t
-        flops = 2 * (body + head) * live.sum() + attn_q * ctx.sum()
-        bytes_ = weight_bytes + kv_per_token * ctx.sum()
+        batch = int(live.sum())
+        read = 1.0 - (1.0 - share) ** batch if experts == "touched" else share
+        flops = 2 * active * batch + attn_q * ctx.sum()
+        bytes_ = 2 * (dense + experts_all * read) + kv_per_token * ctx.sum()
         total += max(bytes_ / card.hbm_bytes_per_s, flops / card.matmul_flops)
     return float(total / gpus)
 
