@@ -81,6 +81,14 @@ class Job:
         if rows == 0:
             self.done.set()
 
+    def results(self) -> list[SampleOutput]:
+        """Every row's output: the job is done, and was not aborted."""
+        outputs = [o for o in self.outputs if o is not None]
+        if len(outputs) != len(self.outputs):
+            missing = len(self.outputs) - len(outputs)
+            raise RuntimeError(f"the job has {missing} rows without an output (aborted?)")
+        return outputs
+
 
 class TurnLoop:
     """Jobs on one request engine (module docstring).
@@ -169,6 +177,7 @@ class TurnLoop:
         for sample, kind in self.engine.step():
             job, row = self._owner[sample]
             if kind == TURN:
+                assert job.driver is not None  # only a driven job's samples park (`_add`)
                 response = self.engine.output(sample).tokens
                 job.driver.turn_ended(row, response)
             elif kind == DONE:
@@ -217,15 +226,16 @@ class TurnLoop:
         engine = self.engine
         if not engine.parked:
             return
-        drivers = [j for j in self._jobs if j.driver is not None]
+        drivers = [(j, j.driver) for j in self._jobs if j.driver is not None]
         blocked = engine.stalled
         since = time.perf_counter()
         got = 0
         while True:
             single = len(drivers) == 1
-            for job in drivers:
-                answers = job.driver.take_ready(wait=blocked and single)
+            for job, driver in drivers:
+                answers = driver.take_ready(wait=blocked and single)
                 got += len(answers)
+                assert job.ids is not None  # set by `_add` as the job joined
                 for answer in answers:
                     sample = int(job.ids[answer.sample])
                     if answer.tokens is None:
@@ -261,7 +271,7 @@ def run_batch(
     (rows adjacent), the `Responses` of every row."""
     job = Job(prompts, keys, limits, sampling, driver)
     TurnLoop(engine, stats=stats).run(job)
-    return responses_of(job.outputs)
+    return responses_of(job.results())
 
 
 def responses_of(outputs: Sequence[SampleOutput]) -> Responses:

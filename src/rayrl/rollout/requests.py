@@ -61,7 +61,7 @@ class SampleOutput:
 class RequestEngine(Protocol):
     """A rollout engine's request API (module docstring)."""
 
-    eos_ids: list[int]
+    eos_ids: tuple[int, ...]
     pad_id: int
     tokenizer: object
 

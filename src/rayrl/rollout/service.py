@@ -32,11 +32,12 @@ answers (`rayrl.rollout.native.tp_turns`).
 
 from __future__ import annotations
 
+import enum
 import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import torch
@@ -57,7 +58,13 @@ from rayrl.rollout.turns import TurnDriver
 __all__ = ["Aborted", "CallPolicy", "Generated", "RolloutService"]
 
 AGREE_EVERY = 8  # passes between a tensor-parallel replica's agreements on a staged version
-SKIP = object()  # `_agreed_offer` on a pass without an agreement: nothing changes
+
+
+class _Skip(enum.Enum):
+    SKIP = enum.auto()
+
+
+SKIP: Final = _Skip.SKIP  # `_agreed_offer` on a pass without an agreement: nothing changes
 
 
 class Aborted(Exception):  # noqa: N818 - what happened to the call, not a fault
@@ -183,7 +190,7 @@ class RolloutService:
                 f"the call's samples would lag the offered policy by more than "
                 f"{call.policy.max_lag} version(s)"
             )
-        return responses_of(job.outputs)
+        return responses_of(job.results())
 
     # ---------------------------------------------------------------- weights
     @property
@@ -221,7 +228,7 @@ class RolloutService:
             self.swap_s += time.perf_counter() - start
         return True
 
-    def _agreed_offer(self) -> int | object | None:
+    def _agreed_offer(self) -> int | _Skip | None:
         """The staged version to act on: the newest one, or on a tensor-parallel
         replica the newest every rank has staged, so that all ranks swap together: one
         small all-reduce at the same pass on every rank (their loops run in lockstep),

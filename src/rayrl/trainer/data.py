@@ -80,10 +80,12 @@ def _custom_dataset(
 
     from rayrl.usercode import load_object
 
-    c = cfg.data.custom_cls
-    where = f"data.custom_cls {c.path}:{c.name}"
-    spec = f"{c.path.removeprefix('pkg://')}:{c.name}" if c.path.startswith("pkg://") else None
-    cls = load_object(spec or (c.path, c.name), kind="data.custom_cls")
+    path, name = cfg.data.custom_cls.path, cfg.data.custom_cls.name
+    if path is None or not name:  # `check_run_keys` refuses it
+        raise ValueError(f"data.custom_cls: path={path!r} and name={name!r}: give both")
+    where = f"data.custom_cls {path}:{name}"
+    spec = f"{path.removeprefix('pkg://')}:{name}" if path.startswith("pkg://") else None
+    cls = load_object(spec or (path, name), kind="data.custom_cls")
     files = [files] if isinstance(files, str) else list(files)
     data_config = OmegaConf.create(asdict(cfg.data))
     dataset = build_custom_dataset(cls, files, tokenizer, data_config, where)
@@ -218,17 +220,20 @@ def load_datasets(
     the policy's image processor (`vision_processor`), for prompts with images."""
     d = cfg.data
     train = LOADERS.get(d.loader)(cfg, tokenizer, vision)
-    if d.sampler.class_path:  # verl's data.sampler: the class orders the epochs
+    if class_path := d.sampler.class_path:  # verl's data.sampler: the class orders the epochs
         from dataclasses import asdict
 
         from omegaconf import OmegaConf
 
         from rayrl.data.sampler import build_sampler
 
+        class_name = d.sampler.class_name
+        if not class_name:  # `check_sampler` refuses it
+            raise ValueError(
+                f"data.sampler.class_path={class_path!r} needs data.sampler.class_name"
+            )
         data_config = OmegaConf.create(asdict(d))
-        train.sampler = build_sampler(
-            d.sampler.class_path, d.sampler.class_name, train, data_config
-        )
+        train.sampler = build_sampler(class_path, class_name, train, data_config)
     _warn_single_turn_rows(cfg, train)
     if d.val_files:
         val = _files_dataset(d.val_files, tokenizer, cfg, vision)

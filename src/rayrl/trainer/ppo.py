@@ -25,6 +25,7 @@ import logging
 import random
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -81,6 +82,9 @@ from rayrl.workers.log_prob_pass import LOG_PROB_READS
 from rayrl.workers.ref import REF_LOG_PROB_READS
 from rayrl.workers.reward import SCORE_READS, check_reward_source, reward_metrics
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 log = logging.getLogger("rayrl.trainer")
 
 
@@ -109,7 +113,7 @@ class PPOTrainer:
         self.advantage = AdvantageStage(cfg)  # holds the KL controller: checkpointed
         self.data: TrainData | None = None
         self._sampler_step = -1  # the last step a curriculum sampler was updated with
-        self.tokenizer = None
+        self.tokenizer: PreTrainedTokenizerBase | None = None
         self.roles: Roles | None = None
         self.riding = Riding()  # stages the generate call computes (ride_along)
         self.validator: Validator | None = None
@@ -133,7 +137,8 @@ class PPOTrainer:
         keeps = [t.max_actor_ckpt_to_keep]
         if self.use_critic:
             keeps.append(t.max_critic_ckpt_to_keep)
-        return None if None in keeps else max(keeps)
+        kept = [k for k in keeps if k is not None]
+        return max(kept) if len(kept) == len(keeps) else None
 
     @property
     def pg_timeout_s(self) -> float | None:
@@ -157,7 +162,7 @@ class PPOTrainer:
             if directory is not None:
                 directory.prepare()
 
-    def _actor_tokenizer(self):
+    def _actor_tokenizer(self) -> PreTrainedTokenizerBase:
         """The actor's tokenizer (its chat template replaced by `custom_chat_template`),
         loaded once."""
         if self.tokenizer is None:
@@ -209,9 +214,9 @@ class PPOTrainer:
         cfg = self.cfg
         return Validator(
             dataset,
-            self.roles.actor.generate,
+            self._roles().actor.generate,
             self._validation_scores,
-            self.tokenizer.batch_decode,
+            self._tokenizer().batch_decode,
             n=cfg.actor_rollout_ref.rollout.val_kwargs.n,
             batch_size=cfg.data.val_batch_size,
             examples=cfg.trainer.val_examples,
@@ -222,7 +227,9 @@ class PPOTrainer:
     def _validation_scores(self, batch: Batch) -> Batch:
         """The validation samples' scores, counted in the run's reward error budget."""
         scores = self.score(batch)
-        self.reward_errors.check(batch.union(_score_columns(scores)), self.tokenizer.batch_decode)
+        self.reward_errors.check(
+            batch.union(_score_columns(scores)), self._tokenizer().batch_decode
+        )
         return scores
 
     def score(self, batch: Batch, calls: StageCalls | None = None, stage: str = "") -> Batch:
@@ -285,6 +292,11 @@ class PPOTrainer:
             raise RuntimeError("the PPO roles are not started yet: call Run.setup() first")
         return self.roles
 
+    def _tokenizer(self) -> PreTrainedTokenizerBase:
+        if self.tokenizer is None:
+            raise RuntimeError("the tokenizer is not loaded yet: call load_data() first")
+        return self.tokenizer
+
     # ------------------------------------------------------------------ a step
     def step(self, prompts: Batch, calls: StageCalls) -> tuple[dict[str, float], list[str]]:
         """One PPO step on a batch of prompts: its metrics and the prompt uids it trained."""
@@ -299,6 +311,7 @@ class PPOTrainer:
                 score = self._kept(roles.reward.compute_score)
                 reward_future = calls.start("reward", score, self._sent(batch))
             if alg.filter_groups.enable:
+                assert reward_future is not None  # riding scores exclude filter_groups
                 with timer(timing, "dynamic_sampling"):
                     batch = self._scored(batch, reward_future.get(), metrics)
                     batch, sampled = fill_batch(
@@ -332,7 +345,7 @@ class PPOTrainer:
         metrics["perf/throughput"] = tokens / (timing["step"] * ranks)  # per GPU, as verl
         self._update_sampler(ctx.step, batch)
         if self.rollout_data is not None:  # after the metrics: not in timing_s/step
-            decode = self.tokenizer.batch_decode
+            decode = self._tokenizer().batch_decode
             metrics.update(write_training_step(self.rollout_data, batch, decode, ctx.step))
         return metrics, sorted(set(batch["uid"]))
 
@@ -480,7 +493,7 @@ class PPOTrainer:
         count in the run's reward error budget (`RewardErrors`: it may stop the run)."""
         if scores is not None:
             batch = batch.union(_score_columns(scores))
-        self.reward_errors.check(batch, self.tokenizer.batch_decode)
+        self.reward_errors.check(batch, self._tokenizer().batch_decode)
         for key, value in reward_metrics(batch).items():
             metrics.setdefault(key, value)
         if not self._warned_extreme:  # once a run: the reward's scale is the user's to fix
@@ -503,7 +516,7 @@ class PPOTrainer:
         scored = greedy.batch.union(
             _score_columns(self.score(greedy.batch, calls, "reward_greedy"))
         )
-        self.reward_errors.check(scored, self.tokenizer.batch_decode)
+        self.reward_errors.check(scored, self._tokenizer().batch_decode)
         return greedy_baselines(batch, scored)
 
     def _extra_round(
@@ -512,6 +525,8 @@ class PPOTrainer:
         """Dynamic sampling: fresh prompts (seeded by run seed, step and round),
         generated and scored; their uids carry the round so groups never merge."""
         roles, d = self._roles(), self.cfg.data
+        if self.data is None:
+            raise RuntimeError("the trainer's data is not loaded yet: call load_data() first")
         dataset = self.data.dataset
         size = min(d.gen_batch_size or d.train_batch_size, len(dataset))
         rng = random.Random(f"{self.cfg.trainer.seed}:extra:{ctx.step}:{round_}")

@@ -35,6 +35,7 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,7 +121,8 @@ class Episodes:
         self._turn_thread_alive = False
         self._lock = threading.Lock()
         self._busy, self._busy_since, self.busy_s = 0, 0.0, 0.0
-        self._phase = None  # the `tools` progress phase while steps run
+        # the `tools` progress phase while steps run
+        self._phase: AbstractContextManager[None] | None = None
         self.turns_handled = 0
 
     # ------------------------------------------------------------ TurnDriver
@@ -272,6 +274,7 @@ class Episodes:
             self.turns_handled += 1
             if self._busy == 0:
                 self.busy_s += time.perf_counter() - self._busy_since
+                assert self._phase is not None  # entered by `_started` as _busy left 0
                 self._phase.__exit__(None, None, None)
                 self._phase = None
 

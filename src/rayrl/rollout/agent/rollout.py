@@ -253,7 +253,8 @@ class MultiTurnRollout:
     def _episode(self, rows: Batch, i: int, uid: str) -> EpisodeState:
         row = {k: v[i] for k, v in rows.non_tensors.items()}
         agent, tools_kwargs = episode_fields(row)
-        extra = row.get("extra_info") if isinstance(row.get("extra_info"), Mapping) else {}
+        extra_info = row.get("extra_info")
+        extra = extra_info if isinstance(extra_info, Mapping) else {}
         messages = _messages(row.get("raw_prompt"))
         if messages is None:
             ids = rows.tensors["input_ids"][i][rows.tensors["attention_mask"][i].bool()]

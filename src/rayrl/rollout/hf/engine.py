@@ -173,6 +173,7 @@ class HFRolloutEngine(RolloutEngine):
             model, tokenizer = load_model(
                 model_path, tokenizer, dtype, device, config_overrides, load_weights
             )
+        assert model is not None  # exactly one of model, model_path (checked above)
         # parameters no load has filled yet (load_weights=False), by identity (tied: one)
         self._unset = set() if load_weights else {id(p) for p in model.parameters()}
         self.model = model

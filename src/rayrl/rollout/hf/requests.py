@@ -28,7 +28,7 @@ drew it; weights may change between steps (the samples keep their caches).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -149,7 +149,7 @@ class HFRequests:
         self,
         model: nn.Module,
         pad_id: int,
-        eos_ids: list[int],
+        eos_ids: Sequence[int],
         tokenizer=None,
         forward_mode: Callable | None = None,
         resume_cost: float = RESUME_PREFILL_COST,
@@ -162,7 +162,7 @@ class HFRequests:
         self.version = 0
         self.sampling: SamplingParams | None = None
         self._stop_table = np.zeros(0, dtype=bool)
-        self._stop_check = None
+        self._stop_check: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
         self.cache = None
         self.mask: Tensor | None = None  # [rows, columns] of the cache
         self.rows: list[int] = []  # the sample of each cache row (-1: dead)
@@ -393,6 +393,8 @@ class HFRequests:
         at = s.gen[samples]
         keys = torch.from_numpy(s.keys[samples]).to(logits.device)
         positions = torch.from_numpy(at).to(logits.device)
+        if self.sampling is None:
+            raise RuntimeError(f"{WHERE}: a draw before add() set the samples' sampling")
         chosen, log_probs = sample_tokens(logits, keys, positions, self.sampling)
         chosen = chosen.cpu().numpy()
         s.tokens[samples, at] = chosen

@@ -104,6 +104,8 @@ class TorchAttention:
         heads = q.shape[1]
         out = torch.empty_like(q)
         starts, lens = step.q_start_host, step.seq_lens_host
+        if starts is None or lens is None:
+            raise ValueError("a prefill step needs its host lists (q_start_host, seq_lens_host)")
         rows = step.seq_rows_host if step.seq_rows_host is not None else step.seq_rows.tolist()
         for i, row in enumerate(rows):
             a, b, total = starts[i], starts[i + 1], lens[i]

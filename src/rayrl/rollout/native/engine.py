@@ -35,13 +35,13 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch import nn
+from torch import Tensor, nn
 
 from rayrl.batch import Batch
 from rayrl.rollout.base import ROLLOUT_ENGINES, RolloutEngine, WeightSource
@@ -199,9 +199,10 @@ class NativeRolloutEngine(Serving, RolloutEngine):
         if model_path and not load_weights:
             self._unset = self._needed()
         elif model_path:  # tensor-parallel: each rank reads its parts of the files only
-            parts = read_safetensors(model_path, shard and shard.part)
+            parts = read_safetensors(model_path, shard.part if shard is not None else None)
             self._load_all(parts, sharded=shard is not None)
         else:
+            assert model is not None  # exactly one of model, model_path (checked above)
             self._load_all(model.state_dict().items())
         cos, sin = rotary_tables(config, self.max_model_len, self.device)
         self.kernels = choose_kernels(kernels, self.device, self.spec.head_dim)
@@ -303,8 +304,8 @@ class NativeRolloutEngine(Serving, RolloutEngine):
         return names
 
     def _load_all(self, state, sharded: bool = False) -> None:
-        seen = []
-        self.weights.load(((seen.append(n) or n, t) for n, t in state), WHERE, sharded)
+        seen: list[str] = []
+        self.weights.load(_noting(state, seen), WHERE, sharded)
         missing = self._needed() - self.weights.filled(seen)
         if missing:
             raise KeyError(
@@ -471,10 +472,8 @@ class NativeRolloutEngine(Serving, RolloutEngine):
         if not self._unset:
             return self.weights.load(weights, f"{WHERE}.update_weights", sharded)
         seen: list[str] = []
-        pairs = weights.items() if isinstance(weights, dict) else weights
-        copied = self.weights.load(
-            ((seen.append(n) or n, t) for n, t in pairs), f"{WHERE}.update_weights", sharded
-        )
+        pairs = weights.items() if isinstance(weights, Mapping) else weights
+        copied = self.weights.load(_noting(pairs, seen), f"{WHERE}.update_weights", sharded)
         self._unset -= self.weights.filled(seen)
         return copied
 
@@ -526,3 +525,10 @@ class NativeRolloutEngine(Serving, RolloutEngine):
     def weights_unset(self) -> int:
         """Weights no load has filled yet (built with ``load_weights=False``)."""
         return len(self._unset)
+
+
+def _noting(pairs: Iterable[tuple[str, Tensor]], seen: list[str]) -> Iterator[tuple[str, Tensor]]:
+    """``pairs`` as they are, each name noted in ``seen`` as it is taken."""
+    for name, tensor in pairs:
+        seen.append(name)
+        yield name, tensor

@@ -73,13 +73,19 @@ class KVCache:
 
     def layer(self, index: int) -> tuple[Tensor, Tensor]:
         """``(k, v)`` of one layer, each ``[blocks, block_size, kv_heads, head_dim]``."""
-        return self.data[index, 0], self.data[index, 1]
+        data = self._live()
+        return data[index, 0], data[index, 1]
 
     def copy_blocks(self, src: list[int], dst: list[int]) -> None:
         """Copy blocks ``src[i]`` to ``dst[i]`` in every layer, keys and values."""
         if src:
-            index = torch.tensor(src, device=self.device)
-            self.data[:, :, torch.tensor(dst, device=self.device)] = self.data[:, :, index]
+            data, index = self._live(), torch.tensor(src, device=self.device)
+            data[:, :, torch.tensor(dst, device=self.device)] = data[:, :, index]
+
+    def _live(self) -> Tensor:
+        if self.data is None:
+            raise RuntimeError("the KV cache is freed (the engine sleeps): allocate() it first")
+        return self.data
 
 
 class BlockAllocator:

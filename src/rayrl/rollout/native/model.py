@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +36,7 @@ from torch import Tensor
 from rayrl.rollout.native.attention import make_attention, triton_gaps
 from rayrl.rollout.native.kv_cache import KVCache
 from rayrl.rollout.native.moe import expert_path, moe_mlp
-from rayrl.rollout.native.ops import TorchOps
+from rayrl.rollout.native.ops import Ops, TorchOps
 from rayrl.rollout.native.routes import RouteStore
 from rayrl.rollout.native.spec import ModelSpec, UnsupportedModelError
 from rayrl.rollout.native.step import StepInput
@@ -47,7 +48,14 @@ __all__ = ["NativeModel", "make_ops"]
 _TORCH = TorchOps()  # the variants the Triton kernels leave to torch (CUDA-graph safe)
 
 
-def make_ops(kernels: str) -> TorchOps:
+class _NormStyle(TypedDict, total=False):
+    """`TorchOps.rms_norm`'s style arguments (Gemma's, OLMo 2's norms)."""
+
+    offset: float
+    in_float: bool
+
+
+def make_ops(kernels: str) -> Ops:
     """`TritonOps` for ``kernels="triton"`` (imported only then: Triton is optional),
     `TorchOps` for ``"torch"``."""
     if kernels == "triton":
@@ -85,7 +93,7 @@ class NativeModel:
         self._reduce = tp.all_reduce if tp is not None else _unchanged
         self._adds_o_bias = tp is None or tp.rank == 0  # added once, before the sum
         self._layers = [_LayerPlan.of(spec, i, cos, sin) for i in range(spec.layers)]
-        self.experts = None  # how a mixture of experts runs (`moe.EXPERT_PATHS`)
+        self.experts: str | None = None  # how the experts run (`moe.EXPERT_PATHS`)
         self.routes: RouteStore | None = None  # each token's experts, where recorded
         if spec.moe is not None:
             self.experts = expert_path(weights.device, weights.dtype, spec.moe, spec.hidden)
@@ -93,7 +101,9 @@ class NativeModel:
         if spec.embed_scale_in_dtype:  # Gemma: the factor rounded to the model dtype
             self._embed_scale = float(torch.tensor(spec.embed_scale, dtype=weights.dtype))
         styled = spec.norm_offset or spec.norm_in_float
-        self._style = dict(offset=spec.norm_offset, in_float=spec.norm_in_float) if styled else {}
+        self._style: _NormStyle = (
+            {"offset": spec.norm_offset, "in_float": spec.norm_in_float} if styled else {}
+        )
 
     @torch.inference_mode()
     def forward(self, step: StepInput, cache: KVCache) -> Tensor:
@@ -109,6 +119,7 @@ class NativeModel:
             hidden = reduce(self._mlp(i, layer, x, step.slot_mapping))
             hidden = self._leave(hidden, layer.mlp_out_norm)
         rows = step.logits_rows
+        assert hidden is not None, "a model has at least one layer"
         hidden, _ = self._enter(hidden[rows], residual[rows], w.final_norm)
         return self._head(hidden)
 
@@ -182,8 +193,10 @@ class NativeModel:
         """Layer ``i``'s MLP output (this rank's part of the sum, before the all-reduce);
         a mixture of experts writes its tokens' routing at their cache ``slots`` where
         the engine records it (`routes`)."""
-        if self.spec.is_moe(i):
-            out, chosen = moe_mlp(x, layer, self.spec.moe, self._act, self.experts)
+        moe = self.spec.layer_moe(i)
+        if moe is not None:
+            assert self.experts is not None, "set in __init__ for a mixture of experts"
+            out, chosen = moe_mlp(x, layer, moe, self._act, self.experts)
             if self.routes is not None:
                 self.routes.write(i, slots, chosen)
             return out
@@ -231,7 +244,8 @@ class _LayerPlan:
 
     @classmethod
     def of(cls, spec: ModelSpec, i: int, cos: Tensor, sin: Tensor) -> _LayerPlan:
-        table, options = spec.rope_table(i), {}
+        table = spec.rope_table(i)
+        options: dict[str, float] = {}
         if spec.window(i):
             options["window"] = spec.window(i)
         if spec.attn_softcap:

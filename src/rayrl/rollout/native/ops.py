@@ -13,16 +13,47 @@ weight applied to the float32 values, rounded once), rotary embedding over part 
 `TorchOps` is the CPU implementation and the reference the Triton kernels
 (`rayrl.rollout.native.triton_ops`) are checked against; the model
 (`rayrl.rollout.native.model.make_ops`) picks one by the engine's ``kernels``
-setting.
+setting. Both are `Ops`: the operations the model calls on the kernels it picked (the
+styled norms are `TorchOps`' alone, which the model calls itself).
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["TorchOps"]
+__all__ = ["Ops", "TorchOps"]
+
+
+class Ops(Protocol):
+    """The operations a set of kernels implements (`TorchOps`, `TritonOps`): Llama's
+    RMSNorm (no ``offset`` / ``in_float`` style), rotary-and-store, SiLU-and-mul."""
+
+    name: str
+
+    def rms_norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor: ...
+
+    def add_rms_norm(
+        self, x: Tensor, residual: Tensor, weight: Tensor, eps: float
+    ) -> tuple[Tensor, Tensor]: ...
+
+    def rope_and_store(
+        self,
+        qkv: Tensor,
+        positions: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        slot_mapping: Tensor,
+        shape: tuple[int, int, int],
+        qk_norm: tuple[Tensor, Tensor, float] | None = None,
+    ) -> Tensor: ...
+
+    def silu_and_mul(self, gate_up: Tensor) -> Tensor: ...
 
 
 class TorchOps:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -25,6 +26,10 @@ from rayrl.rollout.native.sampler import DeviceSampler
 from rayrl.rollout.native.scheduler import Chunk, Scheduler
 from rayrl.rollout.native.step import PREFILL_TILE, StepInput
 from rayrl.rollout.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from rayrl.rollout.native.graphs import DecodeGraphs
+    from rayrl.rollout.native.prefill_graphs import PrefillGraphs
 
 __all__ = ["Launch", "ModelRunner"]
 
@@ -62,8 +67,8 @@ class ModelRunner:
         self.table_host = np.zeros((max_seqs, table_width), dtype=np.int32)
         self.table = torch.zeros(max_seqs, table_width, dtype=torch.int32, device=self.device)
         self.sampler = sampler if sampler is not None else DeviceSampler(model.kernels)
-        self.graphs = None  # set by the engine on CUDA (DecodeGraphs)
-        self.prefill_graphs = None  # likewise (PrefillGraphs)
+        self.graphs: DecodeGraphs | None = None  # set by the engine on CUDA
+        self.prefill_graphs: PrefillGraphs | None = None  # likewise
         self.forward_s = 0.0  # host time spent in prefill forwards (queueing them on CUDA)
 
     # --------------------------------------------------------------- sync

@@ -279,8 +279,9 @@ class Scheduler(SampleTable, Parking):
         if self.prefix is not None and not job.blocks:
             self.prefix.claim(hits, looked=length)  # before allocating: none is evicted
             job.blocks, job.done = list(hits), len(hits) * self.block_size
-        job.blocks = job.blocks + self.alloc.allocate(need)
-        job.fork_blocks = self.alloc.allocate(extra)
+        fresh, fork_blocks = self.alloc.allocate(need), self.alloc.allocate(extra)
+        assert fresh is not None and fork_blocks is not None, "_room counted them free"
+        job.blocks, job.fork_blocks = job.blocks + fresh, fork_blocks
         for s in job.samples:
             self.slot[s] = self.free_slots.pop()
         self._set_row(int(self.slot[job.samples[0]]), job.blocks)
@@ -373,7 +374,7 @@ class Scheduler(SampleTable, Parking):
             if s not in self.running:
                 continue  # preempted while finding room for another sample
             if self.prefix is not None and self.n_blocks[s]:
-                self._record_filled(s)
+                self._record_filled(self.prefix, s)
             while True:
                 block = self.alloc.allocate(1)
                 if block is not None:
@@ -392,17 +393,18 @@ class Scheduler(SampleTable, Parking):
             samples = np.fromiter(self.running, dtype=np.int64, count=len(self.running))
         return samples
 
-    def _record_filled(self, sample: int) -> None:
+    def _record_filled(self, prefix: PrefixCache, sample: int) -> None:
         """The sample's last block just filled while decoding: into the prefix cache."""
         bs, last = self.block_size, int(self.n_blocks[sample]) - 1
         prompt = self.prompt_of[sample]
+        assert prompt is not None  # a running sample's prompt
         start, end = last * bs, (last + 1) * bs
         if start >= len(prompt):
             tokens = self.tokens[sample, start - len(prompt) : end - len(prompt)]
         else:
             tokens = np.concatenate([prompt[start:], self.tokens[sample, : end - len(prompt)]])
         block = self.blocks[sample][last]
-        self.chain[sample] = self.prefix.extend(block, int(self.chain[sample]), tokens)
+        self.chain[sample] = prefix.extend(block, int(self.chain[sample]), tokens)
 
     def decode_inputs(self, samples: np.ndarray) -> dict[str, np.ndarray]:
         """Host arrays of a decode step: last tokens, positions, cache slots, rows, lengths."""

@@ -36,7 +36,7 @@ class Serving:
         stepper: Stepper
         routes: RouteStore | None
         tokenizer: Any
-        eos_ids: list[int]
+        eos_ids: tuple[int, ...]
 
         def _check_ready(self, sampling: SamplingParams) -> None: ...
         def _check_lengths(self, prompts: list[np.ndarray], limits: np.ndarray, n: int) -> None: ...

@@ -187,6 +187,8 @@ class TPShard:
             return s.q_size
         if what == "mlp":
             return s.intermediate
+        if s.moe is None:
+            raise ValueError(f"{s.model_type} has no mixture of experts to split ({what!r})")
         return s.moe.intermediate if what == "expert" else s.moe.shared
 
     def take(self, name: str, tensor: Tensor) -> Tensor:

@@ -112,14 +112,19 @@ class ModelSpec:
         """Which rotary table layer ``layer`` uses."""
         return self.rope_tables[layer] if self.rope_tables else 0
 
+    def layer_moe(self, layer: int) -> MoESpec | None:
+        """Layer ``layer``'s mixture of experts (`moe`), or None where its MLP is dense."""
+        return self.moe if self.moe is not None and self.moe.layers[layer] else None
+
     def is_moe(self, layer: int) -> bool:
         """Whether layer ``layer``'s MLP is the mixture of experts (`moe`)."""
-        return self.moe is not None and self.moe.layers[layer]
+        return self.layer_moe(layer) is not None
 
     def mlp_width(self, layer: int) -> int:
         """The width of layer ``layer``'s dense MLP: its own, or in a mixture-of-experts
         layer its shared expert's (0: none)."""
-        return self.moe.shared if self.is_moe(layer) else self.intermediate
+        moe = self.layer_moe(layer)
+        return moe.shared if moe is not None else self.intermediate
 
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
         """Bytes of K and V cache that one token takes over all layers."""

@@ -44,6 +44,13 @@ class Stepper:
         return self.sched.keys
 
     @property
+    def drawing(self) -> SamplingParams:
+        """``sampling``, which the engine sets before it adds the first live sample."""
+        if self.sampling is None:
+            raise RuntimeError("Stepper: no sampling set; the engine sets it as it adds samples")
+        return self.sampling
+
+    @property
     def busy(self) -> bool:
         """True while a sample is live or a launched step is not committed."""
         return not self.sched.done or self.pending is not None
@@ -87,7 +94,7 @@ class Stepper:
                 if pending is None
                 else (pending.drawn[0], self.sched.rows_in(pending.samples, samples))
             )
-            launch = self.runner.decode(self.sched, samples, self.keys, self.sampling, feed)
+            launch = self.runner.decode(self.sched, samples, self.keys, self.drawing, feed)
             launch.at = self.sched.launch_decode(samples)
             self.stats["decode_steps"] += 1
             self.stats["overlapped_steps"] += feed is not None
@@ -114,7 +121,7 @@ class Stepper:
         runner, sched, stats = self.runner, self.sched, self.stats
         since = time.perf_counter()
         forward, wait = runner.forward_s, runner.sampler.wait_s
-        launch = runner.prefill(sched, chunks, self.keys, self.sampling)
+        launch = runner.prefill(sched, chunks, self.keys, self.drawing)
         stats["prefill_forward_s"] += runner.forward_s - forward
         stats["prefill_steps"] += 1
         stats["prefill_tokens"] += sum(c.count for c in chunks)

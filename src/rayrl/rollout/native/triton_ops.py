@@ -18,8 +18,6 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from rayrl.rollout.native.ops import TorchOps
-
 __all__ = ["TritonOps"]
 
 
@@ -158,8 +156,9 @@ def _silu_mul_kernel(GU, OUT, stride_gu, stride_out, n_cols, BLOCK: tl.constexpr
     tl.store(OUT + row * stride_out + cols, (act * up.to(tl.float32)).to(dtype), mask=mask)
 
 
-class TritonOps(TorchOps):
-    """`TorchOps` with each operation as one Triton kernel."""
+class TritonOps:
+    """The `Ops` of `TorchOps`, each operation as one Triton kernel (the styled norms,
+    Gemma's and OLMo 2's, are `TorchOps`' alone)."""
 
     name = "triton"
 
@@ -167,7 +166,9 @@ class TritonOps(TorchOps):
     def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
         return _norm(x, None, weight, eps)
 
-    def add_rms_norm(self, x: Tensor, residual: Tensor, weight: Tensor, eps: float):
+    def add_rms_norm(
+        self, x: Tensor, residual: Tensor, weight: Tensor, eps: float
+    ) -> tuple[Tensor, Tensor]:
         """Like `TorchOps.add_rms_norm`, but ``residual`` is updated in place and returned."""
         return _norm(x, residual, weight, eps), residual
 

@@ -118,8 +118,8 @@ class NativeWeights:
 
     def _experts(self, empty: Callable[..., Tensor], i: int) -> dict[str, Tensor]:
         """Layer ``i``'s router and experts (none unless it is a mixture of experts)."""
-        s, moe = self.spec, self.spec.moe
-        if not s.is_moe(i):
+        s, moe = self.spec, self.spec.layer_moe(i)
+        if moe is None:
             return {}
         out = {
             "router": empty(moe.experts, s.hidden),

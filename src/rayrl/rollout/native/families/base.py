@@ -108,7 +108,7 @@ QWEN_EXPERTS = ExpertNames("mlp", "gate_proj", "up_proj", "down_proj")
 def family_for(model: Any) -> Family:
     """The family of ``model`` (a transformers config, a `ModelSpec`, or a model_type)."""
     model_type = model if isinstance(model, str) else getattr(model, "model_type", None)
-    if model_type not in FAMILIES:
+    if not isinstance(model_type, str) or model_type not in FAMILIES:
         raise UnsupportedModelError(
             f"native rollout engine: model_type {model_type!r} is not supported (supported: "
             f"{', '.join(FAMILIES.names())}); {HINT}."
@@ -196,7 +196,9 @@ class Family:
         """Layer ``layer``'s HF tensors (names after ``model.layers.N.``) -> (the engine's
         slot, the index of the slot's view the tensor fills: rows; None: all)."""
         q, kv = spec.q_size, spec.kv_size
-        out = {f"{hf}.weight": (slot, None) for hf, slot in self.norm_names.items()}
+        out: dict[str, tuple[str, Index]] = {
+            f"{hf}.weight": (slot, None) for hf, slot in self.norm_names.items()
+        }
         for name, rows in (("q", slice(0, q)), ("k", slice(q, q + kv)), ("v", slice(q + kv, None))):
             out[f"self_attn.{name}_proj.weight"] = ("qkv", rows)
             if spec.qkv_bias:
@@ -212,14 +214,15 @@ class Family:
     def mlp_names(self, spec: ModelSpec, layer: int) -> dict[str, tuple[str, Index]]:
         """Layer ``layer``'s MLP tensors: a dense MLP's, or a mixture of experts' (with
         its shared expert in the dense MLP's slots)."""
-        width, out = spec.mlp_width(layer), {}
-        prefix = "mlp.shared_expert." if spec.is_moe(layer) else "mlp."
+        width, moe = spec.mlp_width(layer), spec.layer_moe(layer)
+        out: dict[str, tuple[str, Index]] = {}
+        prefix = "mlp.shared_expert." if moe is not None else "mlp."
         if width:
             out[f"{prefix}gate_proj.weight"] = ("gate_up", slice(0, width))
             out[f"{prefix}up_proj.weight"] = ("gate_up", slice(width, None))
             out[f"{prefix}down_proj.weight"] = ("down", None)
-        if spec.is_moe(layer):
-            out.update(moe_names(spec.moe, self.expert_names))
+        if moe is not None:
+            out.update(moe_names(moe, self.expert_names))
         return out
 
     def layer_fused(self, spec: ModelSpec, layer: int) -> dict[str, tuple[int, tuple[str, ...]]]:
@@ -234,12 +237,14 @@ class Family:
     def layer_aliases(self, spec: ModelSpec, layer: int) -> dict[str, str]:
         """Layer ``layer``'s checkpoint names that fill part of another name's tensor: the
         per-expert tensors on disk (`expert_names`) -> transformers' fused tensor."""
-        if not spec.is_moe(layer):
+        moe = spec.layer_moe(layer)
+        if moe is None:
             return {}
-        n, out = self.expert_names, {}
+        n = self.expert_names
+        out: dict[str, str] = {}
         if n.block != "mlp":
             out[f"{n.block}.gate.weight"] = "mlp.gate.weight"
-        for e in range(spec.moe.experts):
+        for e in range(moe.experts):
             prefix = f"{n.block}.experts.{e}."
             out[f"{prefix}{n.gate}.weight"] = "mlp.experts.gate_up_proj"
             out[f"{prefix}{n.up}.weight"] = "mlp.experts.gate_up_proj"
@@ -295,7 +300,7 @@ def moe_names(moe: MoESpec, names: ExpertNames) -> dict[str, tuple[str, Index]]:
     engine's ``experts_gate_up`` ``[experts, 2 * width, hidden]`` / ``experts_down``
     ``[experts, hidden, width]``."""
     width, whole = moe.intermediate, slice(None)
-    out = {
+    out: dict[str, tuple[str, Index]] = {
         "mlp.gate.weight": ("router", None),
         "mlp.experts.gate_proj": ("experts_gate_up", (whole, slice(0, width))),
         "mlp.experts.up_proj": ("experts_gate_up", (whole, slice(width, None))),
