@@ -161,3 +161,31 @@ def demonstrations(
             row["messages"] = conversation(p, right)
         rows.append(row)
     return rows
+
+
+def preference_pairs(
+    task: str = "larger", size: int = 512, seed: int = 0, val_size: int = 0
+) -> tuple[list[dict], list[dict]]:
+    """Preference pairs of a synthetic task (`rayrl rm` and `rayrl dpo`'s demo data):
+    `prompt` (the question with the instruction), `chosen` (the right answer) and
+    `rejected` (the task's typical mistake: `larger` names the smaller number). The
+    training pairs ask the questions of `synthetic_rows(task, size, seed)`; the
+    `val_size` held-out pairs are drawn after them, minus any question the training
+    pairs ask. Returns (training pairs, held-out pairs)."""
+    if task in TOOL_TASKS:
+        raise ValueError(f"synthetic preference pairs are single-turn; {task!r} uses a tool")
+    problems = _problems(task, size + val_size, seed)
+
+    def pair(i: int, p: Problem) -> dict:
+        return {
+            "data_source": task,
+            "prompt": f"{p.question} {INSTRUCTION}",
+            "chosen": p.answer,
+            "rejected": p.mistake,
+            "extra_info": {"index": i, "question": p.question},
+        }
+
+    train = [pair(i, p) for i, p in enumerate(problems[:size])]
+    seen = {p.question for p in problems[:size]}
+    val = [pair(i, p) for i, p in enumerate(problems[size:]) if p.question not in seen]
+    return train, val
