@@ -3,10 +3,10 @@
 Both commands train on (prompt, chosen, rejected) pairs with one trainer
 (`rayrl.trainer.pref.PrefTrainer`) and an objective (`objective.name`, the registry
 `rayrl.algos.preference.PREFERENCE_LOSSES`): `bt` (Bradley-Terry) trains a reward
-model (`rayrl rm`'s default), `dpo` (sigmoid DPO) or `ipo` a policy against a frozen
-reference (`rayrl dpo`'s default is `dpo`). `objective.beta` is DPO's and IPO's beta
-(TRL's and OpenRLHF's name, default 0.1), `objective.label_smoothing` conservative
-DPO's (and Bradley-Terry's) label noise.
+model (`rayrl rm`'s default), `dpo` (sigmoid DPO), `ipo` or `robust` a policy against a
+frozen reference (`rayrl dpo`'s default is `dpo`). `objective.beta` is DPO's and IPO's
+beta (TRL's and OpenRLHF's name, default 0.1), `objective.label_smoothing` the label
+noise of conservative DPO (`dpo`, and `bt`) and robust DPO (`robust`).
 
 The model, optimizer and trainer groups are `rayrl sft`'s (`rayrl.config.sft`: verl's
 SFT trainer names, `model.partial_pretrain`, `model.lora_rank`, `optim.lr`,
@@ -69,7 +69,7 @@ class PrefDataConfig:
 
 @dataclass
 class PrefObjectiveConfig:
-    name: str | None = None  # bt | dpo | ipo; None: the command's (rm: bt, dpo: dpo)
+    name: str | None = None  # bt | dpo | ipo | robust; None: the command's (rm: bt, dpo: dpo)
     beta: float = 0.1  # DPO's and IPO's beta
     label_smoothing: float = 0.0  # conservative DPO / Bradley-Terry label noise
 

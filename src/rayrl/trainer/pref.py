@@ -104,18 +104,19 @@ class PrefTrainer(SFTTrainer):
         for start in range(0, len(val), size):
             batch = val.collate(list(range(start, min(start + size, len(val)))))
             parts.append(cast(Any, self._group()).pair_scores(batch))
-        columns = {k: torch.cat([p[k] for p in parts]) for k in ("score", "ref", "logp_sum")}
+        columns = {k: torch.cat([p[k] for p in parts]) for k in ("score", "ref", "tokens")}
         o = cast(PrefConfig, self.cfg).objective
         return {f"val/{k}": v for k, v in pair_summary(columns, o).items()}
 
 
 def pair_summary(columns: dict[str, torch.Tensor], objective: Any) -> dict[str, float]:
-    """A set of pairs' metrics from per-row ``score``, ``ref`` and ``logp_sum`` (rows in
-    pairs): the objective's mean loss, TRL's reward metrics and `preference_accuracy`."""
+    """A set of pairs' metrics from per-row ``score``, ``ref`` and ``tokens`` (rows in
+    pairs): the objective's mean loss, TRL's reward metrics and `preference_accuracy`
+    (the share of pairs whose chosen score, or summed log-prob, is the higher)."""
     chosen, rejected = split_pairs(columns["score"])
-    ref = (None, None) if columns["ref"] is None else split_pairs(columns["ref"])
-    if PREFERENCE_LOSSES.info(objective.name)["model"] == "reward":
-        ref = (None, None)
+    scored = PREFERENCE_LOSSES.info(objective.name)["model"] == "reward"
+    ref = (None, None) if scored else split_pairs(columns["ref"])
+    tokens = split_pairs(columns["tokens"])
     losses, chosen_r, rejected_r = preference_loss(
         objective.name,
         chosen,
@@ -123,8 +124,9 @@ def pair_summary(columns: dict[str, torch.Tensor], objective: Any) -> dict[str, 
         *ref,
         beta=objective.beta,
         label_smoothing=objective.label_smoothing,
+        chosen_tokens=tokens[0],
+        rejected_tokens=tokens[1],
     )
     metrics = {k: float(v) for k, v in pair_metrics(losses, chosen_r, rejected_r).items()}
-    own_chosen, own_rejected = split_pairs(columns["logp_sum"])
-    metrics["preference_accuracy"] = float((own_chosen > own_rejected).double().mean())
+    metrics["preference_accuracy"] = float((chosen > rejected).double().mean())
     return metrics

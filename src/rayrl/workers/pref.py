@@ -53,8 +53,7 @@ def pair_loss_fn(name: str, beta: float, label_smoothing: float):
     """The engine's loss (`rayrl.train.loss_contract`) of an objective: each pair's loss
     over the mini-batch's pair count (all ranks), so the step's loss is the mean over its
     pairs; the metrics (TRL's names) are shares of their means in the same way."""
-    info = PREFERENCE_LOSSES.info(name)
-    scored, mean = info["model"] == "reward", bool(info.get("length_normalized"))
+    scored = PREFERENCE_LOSSES.info(name)["model"] == "reward"
 
     def loss_fn(outputs: dict[str, Tensor], mb: Batch) -> tuple[Tensor, dict[str, Any]]:
         roles = mb["pair_role"]
@@ -63,15 +62,25 @@ def pair_loss_fn(name: str, beta: float, label_smoothing: float):
                 "a micro-batch's rows are not whole (chosen, rejected) pairs; preference "
                 "batches must split into micro-batches of an even number of rows"
             )
+        mask = mb["response_mask"].float()
+        tokens: tuple[Tensor, Tensor] | tuple[None, None] = (None, None)
         if scored:
             seq = outputs["values"][:, 0]
             ref: tuple[Tensor, Tensor] | tuple[None, None] = (None, None)
         else:
-            seq = sequence_logps(outputs["log_probs"], mb["response_mask"].float(), mean)
+            seq = sequence_logps(outputs["log_probs"], mask)
             ref = split_pairs(mb["ref_logps"].to(seq.dtype))
+            tokens = split_pairs(mask.sum(-1))
         chosen, rejected = split_pairs(seq)
         losses, chosen_r, rejected_r = preference_loss(
-            name, chosen, rejected, *ref, beta=beta, label_smoothing=label_smoothing
+            name,
+            chosen,
+            rejected,
+            *ref,
+            beta=beta,
+            label_smoothing=label_smoothing,
+            chosen_tokens=tokens[0],
+            rejected_tokens=tokens[1],
         )
         pairs = float(mb.meta["global_seq_count"]) / 2.0
         share = len(losses) / pairs  # this micro-batch's part of the mini-batch's mean
@@ -98,7 +107,6 @@ class PrefWorker(SFTWorker):
         name = o.name or "dpo"
         info = PREFERENCE_LOSSES.info(name)
         self.scored = info["model"] == "reward"
-        self.mean_logps = bool(info.get("length_normalized"))
         kwargs = sft_engine_kwargs(config)
         self.engine = TrainEngine(
             model_path,
@@ -139,13 +147,13 @@ class PrefWorker(SFTWorker):
         return 2 * self.cfg.data.micro_batch_size_per_gpu
 
     def _reference_logps(self, batch: Batch) -> Tensor:
-        """Per row: the reference policy's summed (IPO: token-mean) response log-probs."""
+        """Per row: the reference policy's summed response log-probs."""
         if self.ref is not None:
             out = self.ref.forward(batch, micro_batch_size=self._rows())
         else:
             with self.engine.adapters_disabled():
                 out = self.engine.forward(batch, micro_batch_size=self._rows())
-        return sequence_logps(out["log_probs"], batch["response_mask"].float(), self.mean_logps)
+        return sequence_logps(out["log_probs"], batch["response_mask"].float())
 
     def before_train(self, batch: Batch) -> Batch:
         if not self.scored:
@@ -154,22 +162,18 @@ class PrefWorker(SFTWorker):
 
     @register(dispatch=DP_SPLIT, layout="train")
     def pair_scores(self, batch: Batch) -> Batch:
-        """Per row, no gradients: ``score`` (a reward model's score; a policy's summed,
-        for IPO token-mean, response log-probs: the objective's input), ``ref`` (the
-        reference's, 0 for a reward model) and ``logp_sum`` (a policy's summed response
-        log-probs; a reward model's score)."""
+        """Per row, no gradients: ``score`` (a reward model's score; a policy's summed
+        response log-probs), ``ref`` (the reference's summed log-probs; 0 for a reward
+        model) and ``tokens`` (the response's token count)."""
         out = self.engine.forward(batch, micro_batch_size=self._rows())
+        mask = batch["response_mask"].float()
         if self.scored:
             score = out["values"][:, 0].double()
-            return Batch({"score": score, "ref": torch.zeros_like(score), "logp_sum": score})
-        mask = batch["response_mask"].float()
-        return Batch(
-            {
-                "score": sequence_logps(out["log_probs"], mask, self.mean_logps).double(),
-                "ref": self._reference_logps(batch).double(),
-                "logp_sum": sequence_logps(out["log_probs"], mask).double(),
-            }
-        )
+            ref = torch.zeros_like(score)
+        else:
+            score = sequence_logps(out["log_probs"], mask).double()
+            ref = self._reference_logps(batch).double()
+        return Batch({"score": score, "ref": ref, "tokens": mask.sum(-1).double()})
 
     @register(dispatch=ONE_TO_ALL)
     def export_hf(self, path: str) -> None:
