@@ -48,6 +48,7 @@ SMALL = [
     "data.micro_batch_size_per_gpu=2",
     "trainer.total_training_steps=2",
     "trainer.test_freq=2",
+    "trainer.n_gpus_per_node=1",
     "trainer.device=cpu",
     "trainer.logger=[console]",
 ]

@@ -129,12 +129,19 @@ def test_truncation(tokenizer):
 def test_synthetic_pairs_are_right_against_wrong_and_held_out():
     train, val = preference_pairs("larger", 64, seed=3, val_size=32)
     assert len(train) == 64 and 0 < len(val) <= 32
+    typical = larger_than_right = 0
     for row in train + val:
         question = row["extra_info"]["question"]
         a, b = (
             int(x) for x in question.removeprefix("Which is larger, ").rstrip("?").split(" or ")
         )
-        assert row["chosen"] == str(max(a, b)) and row["rejected"] == str(min(a, b))
+        assert row["chosen"] == str(max(a, b)) and row["rejected"] != row["chosen"]
+        if row["extra_info"]["typical_mistake"]:
+            typical += 1
+            assert row["rejected"] == str(min(a, b))
+        larger_than_right += int(row["rejected"]) > max(a, b)
+    # both kinds of wrong answer; a larger number is not always the better one
+    assert 0 < typical < len(train) + len(val) and larger_than_right > 0
     seen = {r["extra_info"]["question"] for r in train}
     assert not any(r["extra_info"]["question"] in seen for r in val)
 

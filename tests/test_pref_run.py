@@ -118,7 +118,8 @@ def test_dpo_on_two_ranks_matches_one_rank_and_the_hand_computation(ray_local, t
 
 def test_dpo_with_lora_starts_at_log_2_and_learns(ray_local, tmp_path):
     """With LoRA the reference is the policy with its adapters off: equal at the start
-    (B = 0), so step 1's loss is log 2; then the margins grow."""
+    (B = 0), so step 1's loss is log 2; then, on the same four pairs every step, the
+    loss falls and the margins grow."""
     pytest.importorskip("peft")
     from rayrl.models import build_tiny_model
 
@@ -129,17 +130,20 @@ def test_dpo_with_lora_starts_at_log_2_and_learns(ray_local, tmp_path):
         base,
         "model.lora_rank=8",
         "model.lora_alpha=16",
+        "data.synthetic_size=4",
         "trainer.total_training_steps=6",
         "trainer.save_freq=-1",
         "optim.lr=2e-2",
     )
     history = _run(cfg)
     assert history[0]["train/loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert history[-1]["train/loss"] < history[0]["train/loss"]
     assert history[-1]["train/rewards/margins"] > 0
 
 
 def test_rm_with_lora_trains_its_head_and_exports(ray_local, tmp_path):
-    """A LoRA reward model trains its (new) score head too; two ranks, packing."""
+    """A LoRA reward model trains its (new) score head too (two ranks, packing, the
+    same four pairs every step); its export has no head bias."""
     pytest.importorskip("peft")
     from transformers import AutoModelForSequenceClassification
 
@@ -151,6 +155,7 @@ def test_rm_with_lora_trains_its_head_and_exports(ray_local, tmp_path):
         tmp_path / "rm",
         base,
         "model.lora_rank=8",
+        "data.synthetic_size=4",
         "trainer.total_training_steps=6",
         "trainer.save_freq=-1",
         "trainer.test_freq=6",
