@@ -164,16 +164,16 @@ def demonstrations(
 
 
 def _distractor(task: str, p: Problem, rng: random.Random) -> str:
-    """A wrong answer other than the task's typical mistake, of one of three kinds: a
-    near miss (`larger`: any other number of the range, often larger than the right one
+    """A wrong answer other than the task's typical mistake, of one of three kinds: most
+    often (60%) a near miss (`larger`: any other number of the range, often larger than the right one
     and not in the question; `arithmetic`: the value off by 2 to 5), a long number (3 to
     8 random digits), or the right answer with digits after it; so that no shortcut (a
     larger number, a longer one, one that starts right) ranks pairs as well as the
     right answer does."""
-    kind = rng.randrange(3)
-    if kind == 1:
+    kind = rng.random()
+    if kind < 0.2:
         return "".join(rng.choice("0123456789") for _ in range(rng.randint(3, 8)))
-    if kind == 2:
+    if kind < 0.4:
         return p.answer + "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 4)))
     if task == "larger":
         return str(rng.choice([n for n in range(LARGER_MAX + 1) if str(n) != p.answer]))
@@ -187,7 +187,7 @@ def preference_pairs(
     size: int = 512,
     seed: int = 0,
     val_size: int = 0,
-    mistake_rate: float = 0.5,
+    mistake_rate: float = 0.3,
 ) -> tuple[list[dict], list[dict]]:
     """Preference pairs of a synthetic task (`rayrl rm` and `rayrl dpo`'s demo data):
     `prompt` (the question with the instruction), `chosen` (the right answer) and
