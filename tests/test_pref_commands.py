@@ -95,6 +95,7 @@ def test_rayrl_dpo_demo_and_ipo_with_label_smoothing(tmp_path):
     done = rayrl("dpo", *SMALL, "objective.label_smoothing=0.1", f"trainer.output_dir={out}")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "the built-in `rayrl dpo` config 'demo'" in done.stderr
+    assert "held-out preference accuracy:" in done.stdout
     rows = _rows(out)
     assert rows[1]["train/loss"] == pytest.approx(0.693147, abs=1e-5)  # log 2: pi = ref
     assert rows[1]["train/rewards/margins"] == pytest.approx(0.0, abs=1e-6)

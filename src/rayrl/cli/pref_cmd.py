@@ -39,6 +39,9 @@ def train_pairs(cfg, out=None, *, table_rows: int = 20) -> list[dict]:
         info=lambda m: f"loss {m['train/loss']:.3f} acc {m['train/rewards/accuracies']:.2f}",
     )
     out.print(metrics_table(history, table_rows, trainer.kind))
+    line = accuracy_line(run.run_dir.root)
+    if line:
+        out.print(line)
     if cfg.trainer.export_hf:
         hf = run.run_dir.hf
         if trainer.scored:
@@ -52,6 +55,20 @@ def train_pairs(cfg, out=None, *, table_rows: int = 20) -> list[dict]:
                 f"actor_rollout_ref.model.path={hf} ...`"
             )
     return history
+
+
+def accuracy_line(run_dir) -> str | None:
+    """`val/preference_accuracy` at the run's first and last validation, or None."""
+    from rayrl.trainer.run_dir import read_metrics
+
+    rows = [r for r in read_metrics(run_dir) if "val/preference_accuracy" in r]
+    if not rows:
+        return None
+    first, last = rows[0], rows[-1]
+    return (
+        f"held-out preference accuracy: {first['val/preference_accuracy']:.3f} at step "
+        f"{first['step']} -> {last['val/preference_accuracy']:.3f} at step {last['step']}"
+    )
 
 
 def metrics_table(history: list[dict], rows: int, kind: str) -> Table:

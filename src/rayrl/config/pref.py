@@ -100,14 +100,6 @@ class PrefConfig:
     def dp_size(self) -> int:
         return self.world_size // max(self.ulysses_sequence_parallel_size, 1)
 
-    @property
-    def command(self) -> str:
-        """`rm` or `dpo`: the kind of model the objective trains."""
-        from rayrl.algos.preference import PREFERENCE_LOSSES
-
-        kind = PREFERENCE_LOSSES.info(self.objective.name or "dpo")["model"]
-        return "rm" if kind == "reward" else "dpo"
-
 
 def pref_source_data(data: dict, origin: str, warn: Callable[[str], None]) -> dict:
     map_bool_frequencies(data)
