@@ -129,6 +129,37 @@ def load_sft_from_args(args: argparse.Namespace):
         _refuse(err, exc)
 
 
+def checked_pref_config(command, source, overrides, warn):
+    """`rayrl rm`'s or `rayrl dpo`'s config (`rayrl.config.pref`), names checked."""
+    from rayrl.config.pref import load_pref_config
+
+    cfg = load_pref_config(command, source, overrides, warn=warn)
+    from rayrl.trainer.names import check_pref_names  # imports torch: after the cheap checks
+
+    check_pref_names(cfg)
+    return cfg
+
+
+def load_pref_from_args(args: argparse.Namespace, command: str):
+    """`rayrl rm`'s or `rayrl dpo`'s validated config; with no -c, model or data, the
+    command's built-in `demo` config. Exits 2 with the message on a ConfigError."""
+    from rayrl.config import ConfigError
+
+    err = console(stderr=True)
+    file = config_file(args)
+    source = config_source(file, args.overrides, PREF_DEMO_TRIGGERS, "demo")
+    if source is not None and file is None:
+        err.print(
+            f"[dim]no -c, model (model.partial_pretrain) or train files given: the built-in "
+            f"`rayrl {command}` config 'demo' (tiny model, synthetic preference pairs)[/]",
+            highlight=False,
+        )
+    try:
+        return checked_pref_config(command, source, args.overrides, _warner(err))
+    except ConfigError as exc:
+        _refuse(err, exc)
+
+
 def _warner(err: Console):
     from rich.markup import escape
 
@@ -147,6 +178,7 @@ def _refuse(err: Console, exc: Exception, hint: str = "") -> NoReturn:
 
 DEMO_TRIGGERS = ("actor_rollout_ref.model.path", "data.train_files")
 SFT_DEMO_TRIGGERS = ("model.partial_pretrain", "model.path", "data.train_files")
+PREF_DEMO_TRIGGERS = ("model.partial_pretrain", "data.train_files")
 
 
 def config_source(

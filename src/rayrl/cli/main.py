@@ -20,6 +20,7 @@ COMMANDS = [
     "plan_cmd",
     "train_cmd",
     "sft_cmd",
+    "pref_cmd",
     "export_cmd",
     "report_cmd",
     "data_cmd",

@@ -244,9 +244,22 @@ def _get(cfg: Any, path: str) -> Any:
 
 def validate_sft_config(cfg: SFTConfig) -> None:
     """Raise ConfigError for the first rule the config breaks, with the numbers."""
+    validate_run_keys(cfg, SFT_POSITIVE)
+    d = cfg.data
+    if not 0.0 <= d.synthetic_correct_rate <= 1.0:
+        raise ConfigError(
+            f"data.synthetic_correct_rate={d.synthetic_correct_rate} must be in [0, 1]"
+        )
+    _check_batch(cfg)
+
+
+def validate_run_keys(cfg: Any, positive: Sequence[str]) -> None:
+    """The checks `rayrl sft` shares with `rayrl rm` and `rayrl dpo` (same model,
+    optimizer and trainer groups): choices, positive numbers, sample limits,
+    frequencies, resume, and the ranks' layout."""
     for path, allowed in SFT_CHOICES.items():
         check_choice(path, _get(cfg, path), allowed)
-    for path in SFT_POSITIVE:
+    for path in positive:
         value = _get(cfg, path)
         if value is not None and value < 1:
             raise ConfigError(f"{path}={value} must be at least 1")
@@ -255,10 +268,6 @@ def validate_sft_config(cfg: SFTConfig) -> None:
     for key in ("train_max_samples", "val_max_samples"):
         if getattr(d, key) == 0 or getattr(d, key) < -1:
             raise ConfigError(f"data.{key}={getattr(d, key)} must be -1 (every row) or >= 1")
-    if not 0.0 <= d.synthetic_correct_rate <= 1.0:
-        raise ConfigError(
-            f"data.synthetic_correct_rate={d.synthetic_correct_rate} must be in [0, 1]"
-        )
     for key in ("save_freq", "test_freq"):
         value = getattr(t, key)
         if value != EACH_EPOCH and (type(value) is not int or value == 0 or value < -1):
@@ -280,7 +289,6 @@ def validate_sft_config(cfg: SFTConfig) -> None:
         cfg.use_remove_padding,
         cfg.model.partial_pretrain,
     )
-    _check_batch(cfg)
 
 
 def _check_batch(cfg: SFTConfig) -> None:

@@ -50,7 +50,7 @@ from rayrl.data.dataset import (
 log = logging.getLogger(__name__)
 
 
-def _field(row: Any, key: str, nested: Sequence[str]) -> tuple[Any, str | None]:
+def row_field(row: Any, key: str, nested: Sequence[str]) -> tuple[Any, str | None]:
     """`row[key][nested[0]][nested[1]]...`, or why it is not there."""
     if not isinstance(row, dict):
         return None, f"a row must be a mapping, got {type(row).__name__}"
@@ -66,7 +66,7 @@ def _field(row: Any, key: str, nested: Sequence[str]) -> tuple[Any, str | None]:
     return value, None
 
 
-def _messages(prompt: Any, key: str) -> tuple[list[dict] | None, str | None]:
+def prompt_messages(prompt: Any, key: str) -> tuple[list[dict] | None, str | None]:
     if isinstance(prompt, str):
         if not prompt.strip():
             return None, f"'{key}' is an empty string"
@@ -135,15 +135,15 @@ class SFTDataset:
 
     def _encode_pair(self, row: Any) -> tuple[tuple | None, str | None]:
         prompt_key, prompt_nested, response_key, response_nested = self.keys
-        prompt, problem = _field(row, prompt_key, prompt_nested)
+        prompt, problem = row_field(row, prompt_key, prompt_nested)
         if problem:
             return None, problem
-        response, problem = _field(row, response_key, response_nested)
+        response, problem = row_field(row, response_key, response_nested)
         if problem:
             return None, problem
         if not isinstance(response, str) or not response.strip():
             return None, f"'{response_key}' must be a non-empty string, got {response!r}"
-        messages, problem = _messages(prompt, prompt_key)
+        messages, problem = prompt_messages(prompt, prompt_key)
         if problem:
             return None, problem
         try:
@@ -160,10 +160,10 @@ class SFTDataset:
 
     def _encode_conversation(self, row: Any) -> tuple[tuple | None, str | None]:
         """(prompt ids, response ids, response mask) of a multi-turn row (module doc)."""
-        messages, problem = _field(row, self.messages_key, ())
+        messages, problem = row_field(row, self.messages_key, ())
         if problem:
             return None, problem
-        messages, problem = _messages(messages, self.messages_key)
+        messages, problem = prompt_messages(messages, self.messages_key)
         if problem:
             return None, problem
         roles = [m["role"] for m in messages]
@@ -251,26 +251,11 @@ class SFTDataset:
     def collate(self, indices: Sequence[int]) -> Batch:
         """Left-padded prompts, right-padded responses: `input_ids`, `attention_mask`,
         `position_ids` over both, and `responses`, `response_mask` over the responses."""
-        pad = self.tokenizer.pad_token_id
-        pad = pad if pad is not None else self.tokenizer.eos_token_id or 0
-        width_p = max(len(self.prompt_ids[i]) for i in indices)
-        width_r = max(len(self.response_ids[i]) for i in indices)
-        ids = torch.full((len(indices), width_p + width_r), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        trained = torch.zeros((len(indices), width_r), dtype=torch.long)
-        for row, i in enumerate(indices):
-            p, r = self.prompt_ids[i], self.response_ids[i]
-            ids[row, width_p - len(p) : width_p + len(r)] = torch.tensor(p + r, dtype=torch.long)
-            mask[row, width_p - len(p) : width_p + len(r)] = 1
-            trained[row, : len(r)] = torch.tensor(self.response_masks[i], dtype=torch.long)
-        return Batch(
-            {
-                "input_ids": ids,
-                "attention_mask": mask,
-                "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
-                "responses": ids[:, width_p:].clone(),
-                "response_mask": trained,
-            }
+        return collate_rows(
+            [self.prompt_ids[i] for i in indices],
+            [self.response_ids[i] for i in indices],
+            [self.response_masks[i] for i in indices],
+            pad_id(self.tokenizer),
         )
 
     def batches(
@@ -280,3 +265,38 @@ class SFTDataset:
         order = self.order(epoch, seed, shuffle)
         for b in range(start, len(order) // batch_size):
             yield self.collate(order[b * batch_size : (b + 1) * batch_size])
+
+
+def pad_id(tokenizer: Any) -> int:
+    """The id padding is written with: the pad token's, else end-of-sequence's, else 0."""
+    pad = tokenizer.pad_token_id
+    return pad if pad is not None else tokenizer.eos_token_id or 0
+
+
+def collate_rows(
+    prompts: Sequence[list[int]],
+    responses: Sequence[list[int]],
+    response_masks: Sequence[list[int]],
+    pad: int,
+) -> Batch:
+    """A rollout-layout Batch of token rows: left-padded prompts, right-padded responses
+    (`input_ids`, `attention_mask`, `position_ids` over both; `responses` and
+    `response_mask` over the responses)."""
+    width_p = max(len(p) for p in prompts)
+    width_r = max(len(r) for r in responses)
+    ids = torch.full((len(prompts), width_p + width_r), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    trained = torch.zeros((len(prompts), width_r), dtype=torch.long)
+    for row, (p, r, m) in enumerate(zip(prompts, responses, response_masks, strict=True)):
+        ids[row, width_p - len(p) : width_p + len(r)] = torch.tensor(p + r, dtype=torch.long)
+        mask[row, width_p - len(p) : width_p + len(r)] = 1
+        trained[row, : len(r)] = torch.tensor(m, dtype=torch.long)
+    return Batch(
+        {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+            "responses": ids[:, width_p:].clone(),
+            "response_mask": trained,
+        }
+    )

@@ -161,3 +161,64 @@ def demonstrations(
             row["messages"] = conversation(p, right)
         rows.append(row)
     return rows
+
+
+def _distractor(task: str, p: Problem, rng: random.Random) -> str:
+    """A wrong answer other than the task's typical mistake, of one of three kinds: most
+    often (60%) a near miss (`larger`: any other number of the range, often larger than the right one
+    and not in the question; `arithmetic`: the value off by 2 to 5), a long number (3 to
+    8 random digits), or the right answer with digits after it; so that no shortcut (a
+    larger number, a longer one, one that starts right) ranks pairs as well as the
+    right answer does."""
+    kind = rng.random()
+    if kind < 0.2:
+        return "".join(rng.choice("0123456789") for _ in range(rng.randint(3, 8)))
+    if kind < 0.4:
+        return p.answer + "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 4)))
+    if task == "larger":
+        return str(rng.choice([n for n in range(LARGER_MAX + 1) if str(n) != p.answer]))
+    if task == "arithmetic":
+        return str(int(p.answer) + rng.choice([-5, -4, -3, -2, 2, 3, 4, 5]))
+    return p.mistake
+
+
+def preference_pairs(
+    task: str = "larger",
+    size: int = 512,
+    seed: int = 0,
+    val_size: int = 0,
+    mistake_rate: float = 0.3,
+) -> tuple[list[dict], list[dict]]:
+    """Preference pairs of a synthetic task (`rayrl rm` and `rayrl dpo`'s demo data):
+    `prompt` (the question with the instruction), `chosen` (the right answer) and
+    `rejected` (a wrong one: with probability `mistake_rate` the task's typical mistake,
+    for `larger` the smaller number; else another kind of wrong answer, `_distractor`:
+    a reward model trained on the typical mistake alone learns "the larger number wins"
+    and a policy it scores learns to write long numbers). The training
+    pairs ask the questions of `synthetic_rows(task, size, seed)`; the `val_size`
+    held-out pairs are drawn after them, minus any question the training pairs ask.
+    Returns (training pairs, held-out pairs)."""
+    if task in TOOL_TASKS:
+        raise ValueError(f"synthetic preference pairs are single-turn; {task!r} uses a tool")
+    problems = _problems(task, size + val_size, seed)
+    rng = random.Random(f"{seed}:preference_pairs")
+
+    def pair(i: int, p: Problem) -> dict:
+        typical = rng.random() < mistake_rate
+        return {
+            "data_source": task,
+            "prompt": f"{p.question} {INSTRUCTION}",
+            "chosen": p.answer,
+            "rejected": p.mistake if typical else _distractor(task, p, rng),
+            "extra_info": {"index": i, "question": p.question, "typical_mistake": typical},
+        }
+
+    rows = [pair(i, p) for i, p in enumerate(problems)]
+    train = rows[:size]
+    seen = {p.question for p in problems[:size]}
+    val = [
+        {**row, "extra_info": {**row["extra_info"], "index": i}}
+        for i, (row, p) in enumerate(zip(rows[size:], problems[size:], strict=True))
+        if p.question not in seen
+    ]
+    return train, val

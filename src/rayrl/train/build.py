@@ -48,7 +48,7 @@ from rayrl.train.load_once import (
 )
 from rayrl.train.loading import build_empty_model, load_hf_model
 from rayrl.train.logprob_head import install_logprob_head
-from rayrl.train.lora import apply_lora
+from rayrl.train.lora import apply_lora, value_head_module
 from rayrl.train.mesh import MeshError, MeshSpec, TrainMesh, check_experts, check_heads
 from rayrl.train.rank_sync import all_reduce
 from rayrl.train.rebuild import Kept
@@ -130,6 +130,8 @@ class ModelBuilding:
         self.lora = lora is not None
         if self.lora:
             model = apply_lora(model, lora)
+            if value_head:  # peft froze it; a value head is new, so it trains whole
+                value_head_module(model).requires_grad_(True)
         if self.freeze_vision_tower:  # after LoRA, so that the tower's adapters freeze too
             self._freeze_vision_tower(model)
         self.config = model.config

@@ -139,8 +139,16 @@ class EngineIO(StepRecovery):
             state = full_model_state_dict(self.model, cpu_offload=cpu_offload)
         if self.lora and state:
             state = merged_state_dict(state, lora_scaling(self.model))
+            # a gathered shard's padding (a dimension smaller than the ranks, such as a
+            # one-label head's) leaves a view of a larger buffer, which safetensors refuses
+            state = {k: v if _owns_storage(v) else v.clone() for k, v in state.items()}
         return state
 
     def adapters_disabled(self):
         """Context in which forward passes run the base model (LoRA only)."""
         return adapters_disabled(self.model)
+
+
+def _owns_storage(tensor: Tensor) -> bool:
+    """Whether `tensor` covers the whole of its storage."""
+    return tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()

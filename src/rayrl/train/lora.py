@@ -107,3 +107,14 @@ def merged_state_dict(state: dict[str, torch.Tensor], scaling: float) -> dict[st
             tensor = (tensor.float() + delta).to(tensor.dtype)
         merged[re.sub(r"\.base_layer\.", ".", base)] = tensor
     return merged
+
+
+def value_head_module(model: nn.Module) -> nn.Module:
+    """The one-label head of a token- or sequence-classification model (``score``, or
+    ``classifier``), through a peft wrapper."""
+    inner = model.get_base_model() if is_lora(model) else model
+    for name in ("score", "classifier"):
+        head = getattr(inner, name, None)
+        if isinstance(head, nn.Module):
+            return head
+    raise ValueError(f"{type(inner).__name__} has no 'score' or 'classifier' head")

@@ -24,6 +24,7 @@ from rayrl.algos import (
     parse_rejection,
 )
 from rayrl.config.errors import ConfigError
+from rayrl.config.pref import PrefConfig
 from rayrl.config.schema import RayRLConfig
 from rayrl.config.sft import SFTConfig
 from rayrl.data import SYNTHETIC_TASKS, VISUAL_TASKS
@@ -87,8 +88,9 @@ def check_rejection(cfg: RayRLConfig) -> None:
         raise ConfigError(str(exc)) from None
 
 
-def check_sft_names(cfg: SFTConfig) -> None:
-    """`rayrl sft`'s registry-backed names: the LR schedule, trackers, synthetic task."""
+def check_sft_names(cfg: SFTConfig | PrefConfig) -> None:
+    """`rayrl sft`'s registry-backed names: the LR schedule, trackers, synthetic task
+    (`rayrl rm`'s and `rayrl dpo`'s too)."""
     named: list[tuple[str, str, Registry[Any]]] = [
         ("optim.lr_scheduler", cfg.optim.lr_scheduler, LR_SCHEDULES)
     ]
@@ -101,4 +103,16 @@ def check_sft_names(cfg: SFTConfig) -> None:
         raise ConfigError(
             f"data.synthetic_task={task!r} is not one of {', '.join(SYNTHETIC_TASKS)} "
             "(used when data.train_files is empty)"
+        )
+
+
+def check_pref_names(cfg: PrefConfig) -> None:
+    """`rayrl rm`'s and `rayrl dpo`'s names: `rayrl sft`'s and the objective."""
+    from rayrl.algos.preference import PREFERENCE_LOSSES
+
+    check_sft_names(cfg)
+    name = cfg.objective.name
+    if name is not None and name not in PREFERENCE_LOSSES:
+        raise ConfigError(
+            f"objective.name={name!r}: {PREFERENCE_LOSSES.unknown_message(name, 'objective.name')}"
         )

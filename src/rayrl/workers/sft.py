@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from rayrl.batch import Batch
+from rayrl.config.pref import PrefConfig
 from rayrl.config.sft import SFTConfig
 from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
 from rayrl.train.lora import LoraSpec
@@ -34,7 +35,7 @@ from rayrl.workers.common import (
 from rayrl.workers.losses import sft_loss_fn
 
 
-def sft_engine_kwargs(cfg: SFTConfig) -> dict[str, Any]:
+def sft_engine_kwargs(cfg: SFTConfig | PrefConfig) -> dict[str, Any]:
     """TrainEngine arguments from the model group; verl's `cpu_offload` with
     `offload_params` keeps weights and optimizer state in host memory between uses."""
     m, fsdp = cfg.model, cfg.model.fsdp_config
@@ -95,13 +96,22 @@ class SFTWorker(Worker):
         if self.engine.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.engine.device)
         start = time.perf_counter()
+        batch = self.before_train(batch)
         out = self.engine.train_step(batch, self.loss_fn, **self._sizes())
         perf = update_perf_metrics(
             out.pop("flops"), time.perf_counter() - start, self.engine.device
         )
-        metrics = {f"train/{k}": out[k] for k in ("loss", "grad_norm", "lr", "skipped_steps")}
+        keys = ("loss", "grad_norm", "lr", "skipped_steps", *self.loss_metrics)
+        metrics = {f"train/{k}": out[k] for k in keys}
         metrics.update({f"perf/{k}": v for k, v in perf.items()})
         return metrics
+
+    loss_metrics: tuple[str, ...] = ()  # the loss function's metrics (train/ prefixed)
+
+    def before_train(self, batch: Batch) -> Batch:
+        """What a step adds to its rows before the engine trains on them (nothing here;
+        `rayrl dpo`'s reference log-probs in `PrefWorker`)."""
+        return batch
 
     @register(dispatch=DP_SPLIT, layout="train")
     def nll(self, batch: Batch) -> Batch:
