@@ -10,11 +10,19 @@ from pathlib import Path
 
 import pytest
 
+from conftest import start_local_ray
 from rayrl.data import write_parquet
 from rayrl.data.synthetic import preference_pairs
 from test_cli_commands import rayrl
 
 pytestmark = pytest.mark.command
+
+
+@pytest.fixture(scope="module")
+def gcs():
+    """The session's local Ray, which the commands below join."""
+    return start_local_ray().get_runtime_context().gcs_address
+
 
 TRL_METRICS = (
     "loss",
@@ -55,7 +63,7 @@ SMALL = [
 
 
 @pytest.mark.timeout(900)
-def test_rayrl_rm_on_openrlhf_parquet_exports_a_reward_model_train_loads(tmp_path):
+def test_rayrl_rm_on_openrlhf_parquet_exports_a_reward_model_train_loads(tmp_path, gcs):
     train, val = preference_pairs("larger", 8, seed=2, val_size=8)
     train_file = write_parquet(_conversation_pairs(train), tmp_path / "train.parquet")
     val_file = write_parquet(_conversation_pairs(val), tmp_path / "val.parquet")
@@ -67,6 +75,7 @@ def test_rayrl_rm_on_openrlhf_parquet_exports_a_reward_model_train_loads(tmp_pat
         "data.max_length=64",
         *SMALL,
         f"trainer.output_dir={out}",
+        f"resources.address={gcs}",
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "reward_model.model.path=" in done.stdout
@@ -90,9 +99,12 @@ def test_rayrl_rm_on_openrlhf_parquet_exports_a_reward_model_train_loads(tmp_pat
 
 
 @pytest.mark.timeout(900)
-def test_rayrl_dpo_demo_and_ipo_with_label_smoothing(tmp_path):
+def test_rayrl_dpo_demo_and_ipo_with_label_smoothing(tmp_path, gcs):
     out = tmp_path / "dpo"
-    done = rayrl("dpo", *SMALL, "objective.label_smoothing=0.1", f"trainer.output_dir={out}")
+    joined = f"resources.address={gcs}"
+    done = rayrl(
+        "dpo", *SMALL, "objective.label_smoothing=0.1", f"trainer.output_dir={out}", joined
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "the built-in `rayrl dpo` config 'demo'" in done.stderr
     assert "held-out preference accuracy:" in done.stdout
@@ -109,6 +121,7 @@ def test_rayrl_dpo_demo_and_ipo_with_label_smoothing(tmp_path):
         "objective.name=ipo",
         "objective.beta=0.5",
         f"trainer.output_dir={ipo}",
+        joined,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert _rows(ipo)[1]["train/loss"] == pytest.approx(1.0, abs=1e-5)  # (0 - 1/(2 beta))^2
