@@ -1,6 +1,6 @@
 """docs/config-reference.md is generated from the schema (scripts/config_reference.py):
 it must be what the generator writes today, and it must hold every key of `rayrl
-train`'s and `rayrl sft`'s schemas."""
+train`'s, `rayrl sft`'s and `rayrl rm` / `rayrl dpo`'s schemas."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 from rayrl.config.load import all_paths
+from rayrl.config.pref import PrefConfig
 from rayrl.config.schema import RayRLConfig, schema_fields
 from rayrl.config.sft import SFTConfig
 
@@ -49,8 +50,13 @@ def test_the_config_reference_is_what_the_schema_generates():
 
 def test_the_config_reference_names_every_schema_key():
     page = PAGE.read_text()
-    train, sft = page.split("\n## `rayrl sft`\n")
-    for name, part, cls in (("rayrl train", train, RayRLConfig), ("rayrl sft", sft, SFTConfig)):
+    train, rest = page.split("\n## `rayrl sft`\n")
+    sft, pref = rest.split("\n## `rayrl rm` and `rayrl dpo`\n")
+    for name, part, cls in (
+        ("rayrl train", train, RayRLConfig),
+        ("rayrl sft", sft, SFTConfig),
+        ("rayrl rm / dpo", pref, PrefConfig),
+    ):
         rows = set(re.findall(r"^\| `([^`]+)` \|", part, flags=re.M))
         missing = [key for key in _leaves(cls) if key not in rows]
         assert not missing, f"{name} keys missing from docs/config-reference.md: {missing}"
