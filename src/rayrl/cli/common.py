@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.table import Table
 
 
 def add_config_args(
@@ -212,3 +213,22 @@ def plain_printer(out: Console) -> Callable[[str], None]:
     (they quote error texts, paths and log lines that hold brackets, such as gloo's
     ``[/path/pair.cc:553]``, which rich would take for a closing tag and fail on)."""
     return lambda text: out.print(text, highlight=False, markup=False)
+
+
+def step_table(
+    history: list[dict], columns: dict[str, str], title: str, rows: int | None = None
+) -> Table:
+    """A table of per-step metrics: the step, then ``columns`` (metric key -> title), for
+    every step or up to ``rows`` evenly spaced ones (the last included)."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for name in ("step", *columns.values()):
+        table.add_column(name, justify="right")
+    every = max(1, -(-len(history) // rows)) if rows else 1
+    for i, metrics in enumerate(history):
+        if i % every and i != len(history) - 1:
+            continue
+        cells = ["-" if metrics.get(k) is None else f"{metrics[k]:.4g}" for k in columns]
+        table.add_row(str(int(metrics["training/global_step"])), *cells)
+    return table

@@ -8,11 +8,17 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from rayrl.cli.common import add_config_args, console, load_pref_from_args, plain_printer
+from rayrl.cli.common import (
+    add_config_args,
+    console,
+    load_pref_from_args,
+    plain_printer,
+    step_table,
+)
 from rayrl.cli.running import exit_code_of, run_trainer
 
 if TYPE_CHECKING:
-    from rich.table import Table
+    pass
 
 COLUMNS = {
     "train/loss": "loss",
@@ -38,7 +44,7 @@ def train_pairs(cfg, out=None, *, table_rows: int = 20) -> list[dict]:
         label=trainer.kind,
         info=lambda m: f"loss {m['train/loss']:.3f} acc {m['train/rewards/accuracies']:.2f}",
     )
-    out.print(metrics_table(history, table_rows, trainer.kind))
+    out.print(step_table(history, COLUMNS, f"{trainer.kind.upper()} metrics", table_rows))
     line = accuracy_line(run.run_dir.root)
     if line:
         out.print(line)
@@ -69,21 +75,6 @@ def accuracy_line(run_dir) -> str | None:
         f"held-out preference accuracy: {first['val/preference_accuracy']:.3f} at step "
         f"{first['step']} -> {last['val/preference_accuracy']:.3f} at step {last['step']}"
     )
-
-
-def metrics_table(history: list[dict], rows: int, kind: str) -> Table:
-    """Up to `rows` evenly spaced steps (the last one included)."""
-    from rich.table import Table
-
-    table = Table(title=f"{kind.upper()} metrics")
-    for title in ("step", *COLUMNS.values()):
-        table.add_column(title, justify="right")
-    every = max(1, -(-len(history) // rows))
-    shown = [m for i, m in enumerate(history) if i % every == 0 or i == len(history) - 1]
-    for metrics in shown:
-        cells = [f"{metrics[k]:.4g}" if metrics.get(k) is not None else "-" for k in COLUMNS]
-        table.add_row(str(int(metrics["training/global_step"])), *cells)
-    return table
 
 
 def _runner(command: str):

@@ -6,11 +6,11 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from rayrl.cli.common import add_config_args, console, load_sft_from_args, plain_printer
+from rayrl.cli.common import add_config_args, console, load_sft_from_args, plain_printer, step_table
 from rayrl.cli.running import exit_code_of, run_trainer
 
 if TYPE_CHECKING:
-    from rich.table import Table
+    pass
 
 COLUMNS = {
     "train/loss": "loss",
@@ -31,28 +31,13 @@ def sft(cfg, out=None, *, table_rows: int = 20) -> list[dict]:
     run, history = run_trainer(
         trainer, out, label="sft", info=lambda metrics: f"loss {metrics['train/loss']:.3f}"
     )
-    out.print(metrics_table(history, table_rows))
+    out.print(step_table(history, COLUMNS, "SFT metrics", table_rows))
     if cfg.trainer.export_hf:
         out.print(
             f"model: {run.run_dir.hf}; start RL from it with `rayrl train "
             f"actor_rollout_ref.model.path={run.run_dir.hf} ...`"
         )
     return history
-
-
-def metrics_table(history: list[dict], rows: int) -> Table:
-    """Up to `rows` evenly spaced steps (the last one included)."""
-    from rich.table import Table
-
-    table = Table(title="SFT metrics")
-    for title in ("step", *COLUMNS.values()):
-        table.add_column(title, justify="right")
-    every = max(1, -(-len(history) // rows))
-    shown = [m for i, m in enumerate(history) if i % every == 0 or i == len(history) - 1]
-    for metrics in shown:
-        cells = [f"{metrics[k]:.4g}" if metrics.get(k) is not None else "-" for k in COLUMNS]
-        table.add_row(str(int(metrics["training/global_step"])), *cells)
-    return table
 
 
 def run(args: argparse.Namespace) -> int:

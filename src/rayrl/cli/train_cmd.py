@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from rayrl.cli.common import add_config_args, console, load_from_args, plain_printer
+from rayrl.cli.common import add_config_args, console, load_from_args, plain_printer, step_table
 from rayrl.cli.running import exit_code_of, run_trainer
 
 if TYPE_CHECKING:
-    from rich.table import Table
+    pass
 
 COLUMNS = {
     "step": "step",
@@ -48,7 +48,9 @@ def train(cfg, out=None, *, table_rows: int | None = None) -> list[dict]:
     if cfg.trainer.val_only:
         return _print_validation(run, out)
     if history:
-        out.print(metrics_table(history, table_rows))
+        out.print(
+            step_table(history, dict(list(COLUMNS.items())[1:]), "metrics per step", table_rows)
+        )
     return history
 
 
@@ -61,25 +63,6 @@ def _print_validation(run, out) -> list[dict]:
         if key.startswith("val-core/"):
             out.print(f"{key} = {value:.4g}", highlight=False)
     return []
-
-
-def metrics_table(history: list[dict], rows: int | None = None) -> Table:
-    """Every step, or up to `rows` evenly spaced ones (the last included)."""
-    from rich.table import Table
-
-    table = Table(title="metrics per step")
-    for title in COLUMNS.values():
-        table.add_column(title, justify="right")
-    every = max(1, -(-len(history) // rows)) if rows else 1
-    for i, metrics in enumerate(history):
-        if i % every and i != len(history) - 1:
-            continue
-        row = [str(int(metrics["training/global_step"]))]
-        for key in list(COLUMNS)[1:]:
-            value = metrics.get(key)
-            row.append("-" if value is None else f"{value:.4g}")
-        table.add_row(*row)
-    return table
 
 
 def run(args: argparse.Namespace) -> int:

@@ -28,13 +28,10 @@ from typing import Any, cast
 import torch
 
 from rayrl.algos.preference import PREFERENCE_LOSSES, pair_metrics, preference_loss, split_pairs
-from rayrl.cluster.pool import ResourcePool
 from rayrl.config.pref import PrefConfig
-from rayrl.controller import WorkerGroup
 from rayrl.models.loading import load_tokenizer
 from rayrl.trainer.contract import TrainData
 from rayrl.trainer.names import check_pref_names
-from rayrl.trainer.roles import GroupEnv, new_group, set_data_layouts
 from rayrl.trainer.sft import SFTTrainer
 from rayrl.workers.pref import PrefWorker
 
@@ -43,6 +40,9 @@ __all__ = ["PrefTrainer", "pair_summary"]
 
 class PrefTrainer(SFTTrainer):
     """Preference-pair training for one `PrefConfig` (module docstring)."""
+
+    role = "pref"
+    worker_cls = PrefWorker
 
     def __init__(self, cfg: PrefConfig, print_fn: Callable[[str], None] = print) -> None:
         check_pref_names(cfg)
@@ -65,25 +65,6 @@ class PrefTrainer(SFTTrainer):
         d = cfg.data
         self.data = TrainData(train, d.train_batch_size, d.shuffle, val)
         return self.data
-
-    def start(
-        self, pools: list[ResourcePool], env: GroupEnv, device: str, total_steps: int
-    ) -> list[WorkerGroup]:
-        """One preference worker per rank, FSDP2 over them."""
-        res = self.cfg.resources
-        init: dict[str, Any] = {
-            "config": self.cfg,
-            "model_path": self.model_path,
-            "total_steps": total_steps,
-        }
-        group, init = new_group({"pref": (PrefWorker, init)}, pools[0], "pref", env)
-        group.create(timeout_s=res.create_timeout_s)
-        if group.world_size > 1:
-            init["backend"] = "nccl" if device == "cuda" else "gloo"
-        group.init(timeout_s=res.init_timeout_s, retries=res.init_retries, **init)
-        set_data_layouts(group, [cast(Any, group)])
-        self.group = group
-        return [group]
 
     def fingerprint(self) -> dict:
         o = cast(PrefConfig, self.cfg).objective

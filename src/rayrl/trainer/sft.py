@@ -63,6 +63,8 @@ class SFTTrainer:
     that `Run` drives; `print_fn` gets its messages."""
 
     kind = "sft"
+    role = "sft"  # the worker group's name
+    worker_cls: type = SFTWorker  # each rank's worker
     data_needs_ray = False
     pg_timeout_s = PG_TIMEOUT_S
     validate_at_end = True  # the validation loss after the last step, whatever test_freq
@@ -105,14 +107,15 @@ class SFTTrainer:
     def start(
         self, pools: list[ResourcePool], env: GroupEnv, device: str, total_steps: int
     ) -> list[WorkerGroup]:
-        """One SFT worker per rank, FSDP2 over them."""
+        """One `worker_cls` per rank, FSDP2 over them."""
         res = self.cfg.resources
         init: dict[str, Any] = {
             "config": self.cfg,
             "model_path": self.model_path,
             "total_steps": total_steps,
         }
-        group, init = new_group({"sft": (SFTWorker, init)}, pools[0], "sft", env)
+        role = self.role
+        group, init = new_group({role: (self.worker_cls, init)}, pools[0], role, env)
         group.create(timeout_s=res.create_timeout_s)
         backend = "nccl" if device == "cuda" else "gloo"
         if group.world_size > 1:
