@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rayrl.config.compat import GLOBAL_MICRO_BATCH
 from rayrl.config.load import all_paths
+from rayrl.config.profiler import PROFILED_ROLES
 from rayrl.config.schema import RayRLConfig, schema_fields
 from rayrl.config.sft import SFTConfig
 
@@ -26,6 +27,11 @@ SFT_PENDING: set[str] = set()
 # verl's deprecated global micro-batch sizes: the config layer turns them into the
 # per-GPU keys (`rayrl.config.compat.micro_batch`), which the code reads.
 RESOLVED_AT_LOAD = set(GLOBAL_MICRO_BATCH)
+# The profiler's per-role all_ranks is read through `ProfilerConfig.traced_ranks` (the
+# config's own method, which the trainer calls); profile_continuous_steps=true is refused
+# at load (`rayrl.config.profiler_checks`).
+RESOLVED_AT_LOAD |= {f"global_profiler.{r}.all_ranks" for r in PROFILED_ROLES}
+RESOLVED_AT_LOAD |= {"global_profiler.profile_continuous_steps"}
 
 
 def leaf_paths(schema: type = RayRLConfig) -> list[str]:
