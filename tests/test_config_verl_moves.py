@@ -41,6 +41,11 @@ PPO_LANDS = {
     "critic.optim.grad_clip": "critic.optim.clip_grad",
     "critic.grad_clip": "critic.optim.clip_grad",
     "critic.fsdp": "critic.model.fsdp_config",
+    # each role's profiler group, spelled out here (not from the table's own map)
+    f"{ARR}.rollout.profiler": "global_profiler.rollout",
+    f"{ARR}.actor.profiler": "global_profiler.actor",
+    f"{ARR}.ref.profiler": "global_profiler.ref",
+    "critic.profiler": "global_profiler.critic",
     "reward.custom_reward_function": "custom_reward_function",
     "custom_reward_function.name": "custom_reward_function.name",
     "reward.reward_model.enable": "reward_model.enable",
@@ -98,6 +103,8 @@ VALUES = {
     "router_replay.mode": "R2",
     "share_prompts": True,  # rayrl's default is auto
     "sandbox_fusion.url": "http://sandbox:8080/run_code",  # an HTTP endpoint, checked at load
+    ".ranks": [1],  # a profiled role's traced ranks (rank 0 when empty)
+    "torch.contents": ["cpu"],  # what a torch trace records (every kind when empty)
 }
 # what a landing needs beside it to be a valid config (given to both loads)
 CONTEXT = {
