@@ -14,8 +14,10 @@ and prints one JSON object per line:
 - `wall_s`: the whole pipeline, Ray and worker start-ups included (target <= 600).
 
 The demo's own output goes to stderr. Usage: `python bench/e2e_cpu.py [--seed 1]
-[--output-dir DIR] [--family qwen3_moe]`; extra `KEY=VALUE` arguments override the RL
-stage. With an MoE family, e.g. routing replay: `--family qwen3_moe
+[--output-dir DIR] [--family qwen3_moe] [--task vision [--no-images]]`; extra
+`KEY=VALUE` arguments override the RL stage. `--task vision` is `rayrl demo --task
+vision` (a tiny vision-language model names the colour of an image); `--no-images` its
+control, the same questions without the images, whose accuracies stay at chance (1/8). With an MoE family, e.g. routing replay: `--family qwen3_moe
 actor_rollout_ref.rollout.name=native
 actor_rollout_ref.rollout.enable_rollout_routing_replay=true
 actor_rollout_ref.actor.router_replay.mode=R3`.
@@ -55,15 +57,32 @@ def main() -> None:
     parser.add_argument(
         "--family", default=None, help="the tiny model's family (qwen2; qwen3_moe, mixtral, ...)"
     )
+    parser.add_argument("--task", default="larger", help="the demo's task: larger, tools, vision")
+    parser.add_argument(
+        "--no-images", action="store_true", help="--task vision without its images (control)"
+    )
     parser.add_argument("overrides", nargs="*", help="overrides of the RL stage")
     args = parser.parse_args()
     out = Path(args.output_dir or tempfile.mkdtemp(prefix="rayrl-e2e-"))
     model = {"family": args.family} if args.family else {}
-    plan = DemoPlan(out, seed=args.seed, sft=args.sft, rl=args.overrides, model=model)
+    plan = DemoPlan(
+        out,
+        seed=args.seed,
+        sft=args.sft,
+        rl=args.overrides,
+        model=model,
+        task=args.task,
+        images=not args.no_images,
+    )
     start = time.perf_counter()
     result = run_pipeline(plan, console(stderr=True))
     wall = time.perf_counter() - start
-    seed = {"seed": args.seed, "val_size": result.val_size}
+    seed = {
+        "seed": args.seed,
+        "val_size": result.val_size,
+        "task": args.task,
+        **({"images": False} if args.no_images else {}),
+    }
     emit("accuracy_base", result.accuracy["base"], "fraction", **seed)
     emit("accuracy_before_rl", result.accuracy["sft"], "fraction", **seed)
     emit("accuracy_after_rl", result.accuracy["rl"], "fraction", **seed)

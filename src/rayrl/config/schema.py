@@ -73,6 +73,7 @@ class DataConfig:
     synthetic_task: str = "arithmetic"  # used when train_files is empty
     synthetic_size: int = 512
     synthetic_val_size: int = 32  # held-out rows of the synthetic task (when no val_files)
+    synthetic_images: bool = True  # false: a visual task's rows without images (a control)
     loader: str = "default"  # default (in memory) | ray (Ray Data: parallel read, streamed)
     # extra arguments of the chat template for prompts and multi-turn episodes
     # (e.g. {reasoning_effort: medium} for gpt-oss, {enable_thinking: false} for Qwen3)

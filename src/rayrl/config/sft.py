@@ -76,6 +76,10 @@ class SFTDataConfig:
     synthetic_size: int = 512
     synthetic_val_size: int = 64  # held-out rows (when no val_files)
     synthetic_correct_rate: float = 1.0  # share of demonstrations that are right
+    synthetic_images: bool = True  # false: a visual task's rows without images (a control)
+    # rows with images (a vision-language model): verl's image column, `<image>` in the prompt
+    image_key: str = "images"
+    mm_processor_kwargs: dict = field(default_factory=dict)  # min_pixels / max_pixels, ...
     multiturn: SFTMultiturnConfig = field(default_factory=SFTMultiturnConfig)
 
 

@@ -390,18 +390,7 @@ class PromptDataset:
         if index not in self.image_prompts:
             return {}
         text, base, where = self.image_prompts[index]
-        try:
-            ids, inputs = self.media.inputs(text, self.rows[index], base)
-        except RowImageError as err:
-            raise DataError(
-                f"{where}: {err} (it read well at load: did its files change?)"
-            ) from None
-        if ids != self.prompt_ids[index]:
-            raise DataError(
-                f"{where}: its images give other prompt ids now ({len(ids)} tokens) than at "
-                f"load ({len(self.prompt_ids[index])}); were its image files changed during the run?"
-            )
-        return inputs
+        return self.media.pixel_inputs(text, self.rows[index], base, self.prompt_ids[index], where)
 
     def batches(
         self, batch_size: int, *, epoch: int, seed: int, shuffle: bool = True, start: int = 0

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rayrl.data.errors import DataError
 from rayrl.data.images import ImageEntryError, open_image
 from rayrl.data.vision import PromptImageError, VisionProcessor
 
@@ -127,6 +128,24 @@ class PromptImages:
             return self._vision().inputs(text, images)
         except PromptImageError as err:
             raise RowImageError(str(err)) from None
+
+    def pixel_inputs(
+        self, text: str, row: dict, base_dir: Path, ids: list[int], where: str
+    ) -> dict[str, torch.Tensor]:
+        """The pixel inputs of a row read at load as `ids` (its rendered prompt `text`),
+        made now; a DataError names the row when its images no longer give those ids."""
+        try:
+            now, inputs = self.inputs(text, row, base_dir)
+        except RowImageError as err:
+            raise DataError(
+                f"{where}: {err} (it read well at load: did its files change?)"
+            ) from None
+        if now != ids:
+            raise DataError(
+                f"{where}: its images give other prompt ids now ({len(now)} tokens) than at "
+                f"load ({len(ids)}); were its image files changed during the run?"
+            )
+        return inputs
 
     def image_tokens(self, ids: list[int]) -> int:
         """How many of a prompt's `ids` are its images' tokens."""

@@ -22,6 +22,16 @@ response, `responses` and `response_mask`; the engine computes log-probs over th
 response columns only, so the loss covers response tokens where `response_mask` is 1
 and nothing else.
 
+Rows with images (a vision-language model's SFT, `vision` its image processor) keep
+verl's layout, as `rayrl train`'s prompts do (`rayrl.data.prompt_images`): an image
+column (`image_key`) and an `<image>` placeholder in the prompt's text per image. The
+prompt's ids count each image's tokens, and a collated batch carries each row's
+`multi_modal_inputs` (its `pixel_values` and `image_grid_thw`, empty for a row without
+images), which the training engine splices into the prompt's image tokens
+(`rayrl.train.vision_inputs`), as for the actor's passes. Such a prompt is never cut
+(its image tokens must stay whole); multi-turn rows with images are set aside (not read
+yet).
+
 Rows that cannot be used are set aside with their file, row number and reason (a
 missing key, an empty prompt or response, malformed messages, a response truncation
 leaves empty); a row longer than `data.max_length` is cut (`truncation=left|right`) or
@@ -32,6 +42,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -46,6 +57,8 @@ from rayrl.data.dataset import (
     messages_problem,
     require_rows,
 )
+from rayrl.data.prompt_images import PromptImages, RowImageError
+from rayrl.data.vision import VisionProcessor
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +115,13 @@ class SFTDataset:
         multiturn: bool = False,
         messages_key: str = "messages",
         tools_key: str = "tools",
+        vision: VisionProcessor | None = None,
+        image_key: str = "images",
     ) -> None:
         self.tokenizer = tokenizer
+        self.media = PromptImages(vision, image_key)
+        # kept row -> (its rendered prompt, the row, its file's folder, where it came from)
+        self.image_prompts: dict[int, tuple[str, dict, Path, str]] = {}
         self.max_length, self.truncation = max_length, truncation
         self.keys = (prompt_key, tuple(prompt_dict_keys), response_key, tuple(response_dict_keys))
         self.multiturn, self.messages_key, self.tools_key = multiturn, messages_key, tools_key
@@ -116,12 +134,15 @@ class SFTDataset:
         encode = self._encode_conversation if multiturn else self._encode_pair
         for i, row in enumerate(rows):
             source = sources[i] if sources is not None else None
-            triple, problem = encode(row)
+            base = Path(source.file).parent if source else Path.cwd()
+            triple, problem, text = encode(row, base)
             if triple is not None:
-                triple, problem = self._fit(*triple, source or f"row {i}")
+                triple, problem = self._fit(*triple, source or f"row {i}", text is not None)
             if problem:
                 self.rejected.append(RejectedRow(i, problem, source))
                 continue
+            if text is not None:
+                self.image_prompts[len(self)] = (text, row, base, str(source or f"row {i}"))
             self.prompt_ids.append(triple[0])
             self.response_ids.append(triple[1])
             self.response_masks.append(triple[2])
@@ -133,36 +154,63 @@ class SFTDataset:
                 self.rejected[0],
             )
 
-    def _encode_pair(self, row: Any) -> tuple[tuple | None, str | None]:
+    def _encode_pair(self, row: Any, base: Path) -> tuple[tuple | None, str | None, str | None]:
+        """((prompt ids, response ids, response mask), why there are none, the rendered
+        prompt when it has images)."""
         prompt_key, prompt_nested, response_key, response_nested = self.keys
         prompt, problem = row_field(row, prompt_key, prompt_nested)
         if problem:
-            return None, problem
+            return None, problem, None
         response, problem = row_field(row, response_key, response_nested)
         if problem:
-            return None, problem
+            return None, problem, None
         if not isinstance(response, str) or not response.strip():
-            return None, f"'{response_key}' must be a non-empty string, got {response!r}"
+            return None, f"'{response_key}' must be a non-empty string, got {response!r}", None
         messages, problem = prompt_messages(prompt, prompt_key)
         if problem:
-            return None, problem
+            return None, problem, None
+        images = {**row, prompt_key: messages}  # the placeholders are counted in the messages
+        problem = self.media.problem(images, prompt_key)
+        if problem:
+            return None, problem, None
+        with_images = bool(self.media.entries(row))
+        if with_images:
+            messages = self.media.messages(messages)
         try:
             text = self.tokenizer.apply_chat_template(
                 messages, tokenize=False, add_generation_prompt=True, **self.template_kwargs
             )
         except Exception as exc:  # noqa: BLE001 - a template's own error, kept as the reason
-            return None, f"the chat template failed: {type(exc).__name__}: {exc}"
+            return None, f"the chat template failed: {type(exc).__name__}: {exc}", None
         eos = self.tokenizer.eos_token or ""
         encode = self.tokenizer
-        prompt_ids = encode(text, add_special_tokens=False)["input_ids"]
+        if with_images:
+            try:
+                prompt_ids = self.media.encode(text, row, base)
+            except RowImageError as err:
+                return None, str(err), None
+        else:
+            prompt_ids = encode(text, add_special_tokens=False)["input_ids"]
         response_ids = encode(response + eos, add_special_tokens=False)["input_ids"]
-        return (prompt_ids, response_ids, [1] * len(response_ids)), None
+        triple = (prompt_ids, response_ids, [1] * len(response_ids))
+        return triple, None, text if with_images else None
 
-    def _encode_conversation(self, row: Any) -> tuple[tuple | None, str | None]:
+    def _encode_conversation(
+        self, row: Any, base: Path
+    ) -> tuple[tuple | None, str | None, str | None]:
         """(prompt ids, response ids, response mask) of a multi-turn row (module doc)."""
+        triple, problem = self._conversation(row)
+        return triple, problem, None
+
+    def _conversation(self, row: Any) -> tuple[tuple | None, str | None]:
         messages, problem = row_field(row, self.messages_key, ())
         if problem:
             return None, problem
+        if isinstance(row, dict) and self.media.entries(row):
+            return None, (
+                f"the row has images in column '{self.media.image_key}': multi-turn SFT "
+                "reads no images yet; drop them or train single-turn rows"
+            )
         messages, problem = prompt_messages(messages, self.messages_key)
         if problem:
             return None, problem
@@ -215,8 +263,16 @@ class SFTDataset:
                 done = text
         return pieces
 
-    def _fit(self, prompt: list[int], response: list[int], mask: list[int], where: object):
-        """Apply `data.truncation` to a row over `max_length` tokens (the mask with it)."""
+    def _fit(
+        self,
+        prompt: list[int],
+        response: list[int],
+        mask: list[int],
+        where: object,
+        images: bool = False,
+    ):
+        """Apply `data.truncation` to a row over `max_length` tokens (the mask with it); a
+        prompt with `images` is never cut (a row that would be is set aside)."""
         limit, total = self.max_length, len(prompt) + len(response)
         if total <= limit:
             return (prompt, response, mask), None
@@ -225,6 +281,12 @@ class SFTDataset:
                 f"{where}: prompt {len(prompt)} + response {len(response)} = {total} tokens is "
                 f"over data.max_length={limit}; raise data.max_length or set "
                 "data.truncation=left (drop the start) or right (drop the end)"
+            )
+        if images and (self.truncation == "left" or len(prompt) >= limit):
+            return None, (
+                f"prompt {len(prompt)} + response {len(response)} = {total} tokens is over "
+                f"data.max_length={limit}, and a prompt with images is not cut (its image "
+                "tokens must stay whole)"
             )
         if self.truncation == "left":  # the prompt's start goes first, then the response's
             cut = total - limit
@@ -250,13 +312,26 @@ class SFTDataset:
 
     def collate(self, indices: Sequence[int]) -> Batch:
         """Left-padded prompts, right-padded responses: `input_ids`, `attention_mask`,
-        `position_ids` over both, and `responses`, `response_mask` over the responses."""
-        return collate_rows(
+        `position_ids` over both, and `responses`, `response_mask` over the responses;
+        with an image processor, each row's `multi_modal_inputs` too."""
+        batch = collate_rows(
             [self.prompt_ids[i] for i in indices],
             [self.response_ids[i] for i in indices],
             [self.response_masks[i] for i in indices],
             pad_id(self.tokenizer),
         )
+        if self.media.vision is not None:
+            column = np.empty(len(indices), dtype=object)
+            column[:] = [self.multi_modal_inputs(i) for i in indices]
+            batch["multi_modal_inputs"] = column
+        return batch
+
+    def multi_modal_inputs(self, index: int) -> dict[str, torch.Tensor]:
+        """Row `index`'s pixel inputs (empty without images), made from its images now."""
+        if index not in self.image_prompts:
+            return {}
+        text, row, base, where = self.image_prompts[index]
+        return self.media.pixel_inputs(text, row, base, self.prompt_ids[index], where)
 
     def batches(
         self, batch_size: int, *, epoch: int, seed: int, shuffle: bool = True, start: int = 0

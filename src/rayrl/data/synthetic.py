@@ -87,13 +87,15 @@ def _problems(task: str, size: int, seed: int) -> list[Problem]:
     return [SYNTHETIC_TASKS[task](rng) for _ in range(size)]
 
 
-def synthetic_rows(task: str = "arithmetic", size: int = 512, seed: int = 0) -> list[dict]:
-    """`size` prompt rows of a synthetic task (a visual one's with their images:
-    `rayrl.data.synthetic_images`), the same for the same seed."""
+def synthetic_rows(
+    task: str = "arithmetic", size: int = 512, seed: int = 0, images: bool = True
+) -> list[dict]:
+    """`size` prompt rows of a synthetic task (a visual one's with their images unless
+    `images=False`: `rayrl.data.synthetic_images`), the same for the same seed."""
     if task in VISUAL_TASKS:
         from rayrl.data.synthetic_images import image_rows
 
-        return image_rows(task, size, seed)
+        return image_rows(task, size, seed, images)
     agent = {"agent_name": TOOL_AGENT} if task in TOOL_TASKS else {}
     return [
         {
@@ -127,10 +129,12 @@ def conversation(p: Problem, right: bool) -> list[dict]:
     ]
 
 
-def held_out_rows(task: str, size: int, val_size: int, seed: int) -> list[dict]:
+def held_out_rows(
+    task: str, size: int, val_size: int, seed: int, images: bool = True
+) -> list[dict]:
     """Validation rows of a synthetic task: drawn after the `size` training rows of
-    `synthetic_rows(task, size, seed)`, minus any whose question those also ask."""
-    rows = synthetic_rows(task, size + val_size, seed)
+    `synthetic_rows(task, size, seed, images)`, minus any whose question those also ask."""
+    rows = synthetic_rows(task, size + val_size, seed, images)
     seen = {_question(r) for r in rows[:size]}
     return [r for r in rows[size:] if _question(r) not in seen]
 

@@ -11,8 +11,15 @@ and tests of vision-language RL need no download.
 Each row holds its image as PNG bytes in the `images` column (`data.image_key`'s
 default, an entry `rayrl.data.images` opens) and an `<image>` placeholder before its
 question, as verl's geo3k rows do; `extra_info.question` names what the image shows,
-so held-out rows are told apart from the training ones. Rows are deterministic for a
-seed; drawing them needs Pillow (the `vision` extra).
+so held-out rows are told apart from the training ones. With `images=False` the rows
+are the same questions with neither the image nor its placeholder: a control whose
+prompts say nothing of the answer (`data.synthetic_images=false`). Rows are
+deterministic for a seed; drawing them needs Pillow (the `vision` extra).
+
+`image_demonstrations` gives SFT rows (`question` with its placeholder, `answer`,
+`images`) for the same pictures, right with probability `correct_rate`, else the task's
+typical mistake (`colors`: a neighbouring colour, `MISTAKES`; `count_squares`: one too
+many), as `rayrl.data.synthetic.demonstrations` does for the text tasks.
 """
 
 from __future__ import annotations
@@ -36,6 +43,17 @@ COLORS = {
     "white": (245, 245, 245),
     "orange": (240, 140, 20),
     "purple": (130, 40, 170),
+}
+# the demonstrator's typical mistake of a colour: always the same other colour
+MISTAKES = {
+    "red": "orange",
+    "orange": "yellow",
+    "yellow": "green",
+    "green": "blue",
+    "blue": "purple",
+    "purple": "red",
+    "black": "white",
+    "white": "black",
 }
 SHADE = 12  # each channel of a colour's shade within this of its own
 MAX_SQUARES = 4
@@ -87,24 +105,61 @@ def _png(image: Any) -> bytes:
     return out.getvalue()
 
 
-def image_rows(task: str, size: int, seed: int = 0) -> list[dict]:
-    """`size` prompt rows of a synthetic visual task, the same for the same seed."""
+def _pictures(task: str, size: int, seed: int) -> list[Picture]:
     if task not in IMAGE_TASKS:
         raise ValueError(
             f"unknown synthetic visual task {task!r}; choose one of {', '.join(IMAGE_TASKS)}"
         )
     rng = random.Random(f"{task}:{seed}")
+    return [IMAGE_TASKS[task](rng) for _ in range(size)]
+
+
+def image_rows(task: str, size: int, seed: int = 0, images: bool = True) -> list[dict]:
+    """`size` prompt rows of a synthetic visual task, the same for the same seed; with
+    `images=False`, without their images and placeholders (module docstring)."""
     rows = []
-    for i in range(size):
-        picture = IMAGE_TASKS[task](rng)
+    for i, picture in enumerate(_pictures(task, size, seed)):
+        shown = {"images": [{"bytes": _png(picture.image)}]} if images else {}
         rows.append(
             {
                 "data_source": task,
-                "prompt": [{"role": "user", "content": f"{IMAGE}{picture.question}"}],
-                "images": [{"bytes": _png(picture.image)}],
+                "prompt": [
+                    {"role": "user", "content": f"{IMAGE if images else ''}{picture.question}"}
+                ],
+                **shown,
                 "ability": "vision",
                 "reward_model": {"style": "rule", "ground_truth": picture.answer},
                 "extra_info": {"index": i, "question": picture.shows},
             }
         )
     return rows
+
+
+def mistake(task: str, answer: str) -> str:
+    """The demonstrator's typical wrong answer (module docstring)."""
+    return MISTAKES[answer] if task == "colors" else str(int(answer) + 1)
+
+
+def image_demonstrations(
+    task: str, size: int, seed: int = 0, correct_rate: float = 1.0, images: bool = True
+) -> list[dict]:
+    """SFT rows (`question`, `answer`, `images`) for the pictures of `image_rows(task,
+    size, seed)`: each answer right with probability `correct_rate`, else `mistake`;
+    `extra_info.correct` says which."""
+    choose = random.Random(f"{seed}:demonstrations")
+    out = []
+    for row in image_rows(task, size, seed, images):
+        truth = row["reward_model"]["ground_truth"]
+        right = choose.random() < correct_rate
+        extra = {**row["extra_info"], "correct": right, "ground_truth": truth}
+        shown = {"images": row["images"]} if images else {}
+        out.append(
+            {
+                "data_source": task,
+                "question": row["prompt"][0]["content"],
+                "answer": truth if right else mistake(task, truth),
+                **shown,
+                "extra_info": extra,
+            }
+        )
+    return out

@@ -98,7 +98,7 @@ def default_loader(cfg: RayRLConfig, tokenizer: Any, vision: Any = None) -> Prom
     d = cfg.data
     if d.train_files:
         return _files_dataset(d.train_files, tokenizer, cfg, vision)
-    rows = synthetic_rows(d.synthetic_task, d.synthetic_size, cfg.trainer.seed)
+    rows = synthetic_rows(d.synthetic_task, d.synthetic_size, cfg.trainer.seed, d.synthetic_images)
     return _dataset(rows, tokenizer, cfg, vision=vision)
 
 
@@ -110,7 +110,12 @@ def ray_loader(cfg: RayRLConfig, tokenizer: Any, vision: Any = None):
         raise DataError("data.loader=ray reads no prompts with images; set data.loader=default")
     d = cfg.data
     files = [d.train_files] if isinstance(d.train_files, str) else list(d.train_files)
-    rows = None if files else synthetic_rows(d.synthetic_task, d.synthetic_size, cfg.trainer.seed)
+    seed = cfg.trainer.seed
+    rows = (
+        None
+        if files
+        else synthetic_rows(d.synthetic_task, d.synthetic_size, seed, d.synthetic_images)
+    )
     if any(is_json(f) for f in files):  # Ray Data reads Parquet here; JSON rows as items
         rows, files = read_rows_with_sources(files)[0], []
     return RayPromptLoader(
@@ -133,7 +138,13 @@ def synthetic_val_rows(cfg: RayRLConfig) -> list[dict]:
     """The synthetic task's held-out split: rows after the training ones, minus any
     whose question the training split also asks."""
     d = cfg.data
-    return held_out_rows(d.synthetic_task, d.synthetic_size, d.synthetic_val_size, cfg.trainer.seed)
+    return held_out_rows(
+        d.synthetic_task,
+        d.synthetic_size,
+        d.synthetic_val_size,
+        cfg.trainer.seed,
+        d.synthetic_images,
+    )
 
 
 def require_batch(train: Any, batch_size: int) -> None:
@@ -195,9 +206,18 @@ def truncation_notes(data: Any, d: Any) -> list[str]:
 
 
 def vision_processor(cfg: RayRLConfig, model_path: str, tokenizer: Any) -> Any:
-    """The image processor of a vision-language policy (`rayrl.data.vision`, with
-    ``data.mm_processor_kwargs``), or None for a text-only one; a DataError names a
-    family rayrl does not train (`rayrl.models.vision_language`)."""
+    """The image processor of a vision-language policy (`model_vision_processor`, with
+    ``data.mm_processor_kwargs``), or None for a text-only one."""
+    kwargs = dict(cfg.data.mm_processor_kwargs or {})
+    return model_vision_processor(model_path, tokenizer, kwargs, "actor_rollout_ref.model.path")
+
+
+def model_vision_processor(
+    model_path: str, tokenizer: Any, mm_processor_kwargs: dict, key: str
+) -> Any:
+    """The image processor of a vision-language model directory (`rayrl.data.vision`),
+    or None for a text-only one; a DataError names the config ``key`` of a family rayrl
+    does not train (`rayrl.models.vision_language`)."""
     from rayrl.models.vision_language import is_vision_language, local_config, unsupported_reason
 
     config = local_config(model_path)
@@ -205,11 +225,10 @@ def vision_processor(cfg: RayRLConfig, model_path: str, tokenizer: Any) -> Any:
         return None
     why = unsupported_reason(config)
     if why is not None:
-        raise DataError(f"actor_rollout_ref.model.path={model_path}: {why}")
+        raise DataError(f"{key}={model_path}: {why}")
     from rayrl.data.vision import load_vision_processor
 
-    kwargs = dict(cfg.data.mm_processor_kwargs or {})
-    return load_vision_processor(model_path, tokenizer, mm_processor_kwargs=kwargs)
+    return load_vision_processor(model_path, tokenizer, mm_processor_kwargs=mm_processor_kwargs)
 
 
 def load_datasets(

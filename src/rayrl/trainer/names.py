@@ -88,9 +88,9 @@ def check_rejection(cfg: RayRLConfig) -> None:
         raise ConfigError(str(exc)) from None
 
 
-def check_sft_names(cfg: SFTConfig | PrefConfig) -> None:
+def check_sft_names(cfg: SFTConfig | PrefConfig, visual: bool = True) -> None:
     """`rayrl sft`'s registry-backed names: the LR schedule, trackers, synthetic task
-    (`rayrl rm`'s and `rayrl dpo`'s too)."""
+    (`rayrl rm`'s and `rayrl dpo`'s too, whose pairs have no images: `visual=False`)."""
     named: list[tuple[str, str, Registry[Any]]] = [
         ("optim.lr_scheduler", cfg.optim.lr_scheduler, LR_SCHEDULES)
     ]
@@ -99,9 +99,10 @@ def check_sft_names(cfg: SFTConfig | PrefConfig) -> None:
         if value not in registry:
             raise ConfigError(f"{key}={value!r}: {registry.unknown_message(value, key)}")
     task = cfg.data.synthetic_task
-    if not cfg.data.train_files and task not in SYNTHETIC_TASKS:
+    tasks = (*SYNTHETIC_TASKS, *(VISUAL_TASKS if visual else ()))
+    if not cfg.data.train_files and task not in tasks:
         raise ConfigError(
-            f"data.synthetic_task={task!r} is not one of {', '.join(SYNTHETIC_TASKS)} "
+            f"data.synthetic_task={task!r} is not one of {', '.join(tasks)} "
             "(used when data.train_files is empty)"
         )
 
@@ -110,7 +111,7 @@ def check_pref_names(cfg: PrefConfig) -> None:
     """`rayrl rm`'s and `rayrl dpo`'s names: `rayrl sft`'s and the objective."""
     from rayrl.algos.preference import PREFERENCE_LOSSES
 
-    check_sft_names(cfg)
+    check_sft_names(cfg, visual=False)
     name = cfg.objective.name
     if name is not None and name not in PREFERENCE_LOSSES:
         raise ConfigError(

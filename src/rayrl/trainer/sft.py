@@ -3,7 +3,9 @@
 `SFTTrainer` is `rayrl sft`: one pool of `nnodes x n_gpus_per_node` bundles holds one
 `SFTWorker` per rank (FSDP2 over them, gloo on CPU, NCCL on GPU). Each step sends a
 batch of `data.train_batch_size` (prompt, response) pairs, split over the ranks, for
-one optimizer step on the response tokens' negative log-likelihood. Around the steps
+one optimizer step on the response tokens' negative log-likelihood (a vision-language
+model's rows may hold images: read with its image processor, spliced into the prompts'
+image tokens in the engine's forward, as for `rayrl train`). Around the steps
 `rayrl.trainer.run.Run` keeps what it keeps for `rayrl train` (`trainer.run_dir`): the
 resolved config, metrics.jsonl and the trackers, atomic checkpoints with resume
 (`trainer.resume_mode`), the validation loss (`val/loss`, every `trainer.test_freq`
@@ -22,6 +24,7 @@ from typing import Any, cast
 from rayrl.batch import Batch
 from rayrl.cluster.pool import ResourcePool
 from rayrl.cluster.spec import PoolSpec
+from rayrl.config.errors import ConfigError
 from rayrl.config.sft import SFTConfig
 from rayrl.controller import WorkerGroup
 from rayrl.models.loading import load_tokenizer
@@ -96,10 +99,26 @@ class SFTTrainer:
             key="model.partial_pretrain",
             trust_remote_code=self.cfg.model.trust_remote_code,
         )
-        train, val = load_sft_datasets(self.cfg, tokenizer)
+        train, val = load_sft_datasets(self.cfg, tokenizer, self._vision(tokenizer))
         d = self.cfg.data
         self.data = TrainData(train, d.train_batch_size, d.shuffle, val)
         return self.data
+
+    def _vision(self, tokenizer: Any) -> Any:
+        """The image processor of a vision-language model (None for a text-only one);
+        a ConfigError for what its images cannot run with."""
+        from rayrl.trainer.data import model_vision_processor
+
+        d = self.cfg.data
+        key = "model.partial_pretrain"
+        vision = model_vision_processor(self.model_path, tokenizer, d.mm_processor_kwargs, key)
+        if vision is not None and self.cfg.ulysses_sequence_parallel_size > 1:
+            raise ConfigError(
+                f"{key}={self.model_path} is a vision-language model, and Ulysses sequence "
+                "parallelism with images is not built yet (its images would be split between "
+                "ranks); set ulysses_sequence_parallel_size=1"
+            )
+        return vision
 
     def pool_specs(self, device: str) -> list[PoolSpec]:
         return [sft_pool(self.cfg, device, cluster_node_cpus(device))]
