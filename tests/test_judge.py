@@ -209,34 +209,58 @@ async def compute_score(data_source, solution_str, ground_truth, extra_info,
 '''
 
 
-def test_rayrl_train_scores_with_a_verl_genrm_file(tmp_path, judge_dir):
+def _train(out, judge_dir, *overrides: str) -> dict:
+    """`rayrl train` (the CLI's entry, in this process) for one GRPO step scored by the
+    judge; the step's metrics."""
     from rayrl.cli.main import main
     from rayrl.trainer.run_dir import read_metrics
 
     start_local_ray()
-    reward_file = tmp_path / "genrm.py"
-    reward_file.write_text(GENRM_FILE)
-    out = tmp_path / "run"
     args = [
         "train",
         "-c",
         "grpo",
         "trainer.total_training_steps=1",
         "trainer.device=cpu",
-        "data.train_batch_size=2",
+        "data.train_batch_size=4",
         "data.max_response_length=4",
         "actor_rollout_ref.rollout.n=2",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
         "trainer.val_before_train=false",
         "trainer.export_hf=false",
         "trainer.logger=[jsonl]",
         "reward.reward_model.enable=true",
         f"reward.reward_model.model_path={judge_dir}",
-        f"reward.custom_reward_function.path={reward_file}",
         f"trainer.output_dir={out}",
+        *overrides,
     ]
     assert main(args) == 0
     [row] = read_metrics(out / "metrics.jsonl")
+    return row
+
+
+def test_rayrl_train_scores_with_a_verl_genrm_file(tmp_path, judge_dir):
+    reward_file = tmp_path / "genrm.py"
+    reward_file.write_text(GENRM_FILE)
+    row = _train(tmp_path / "run", judge_dir, f"reward.custom_reward_function.path={reward_file}")
     assert row["reward/errors"] == 0 and row["reward/judged/mean"] == 1.0
     assert row["reward/rendered/mean"] == 1.0
     assert row["judge/tokens_per_s"] > 0 and row["judge/latency_s"] > 0
+
+
+def test_rayrl_train_with_the_builtin_judge_on_its_own_pool(tmp_path, judge_dir):
+    row = _train(
+        tmp_path / "run",
+        judge_dir,
+        f"reward.judge.template={json.dumps(TEMPLATE)}",
+        "reward.judge.max_tokens=6",
+        "reward.judge.temperature=1.0",
+        "reward.max_error_rate=1.0",  # a random judge: most verdicts have no number
+        "reward.reward_model.enable_resource_pool=true",
+        "reward.reward_model.nnodes=1",
+        "reward.reward_model.n_gpus_per_node=1",
+    )
+    # each unreadable verdict is a reward error, and counted as a parse failure
+    assert row["reward/errors"] == round(8 * row["judge/parse_failures"])
+    assert row["judge/tokens_per_s"] > 0 and row["judge/latency_s"] > 0
+    assert row["judge/batch"] > 1  # the scoring's 8 verdicts shared engine steps

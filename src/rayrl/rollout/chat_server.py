@@ -2,8 +2,8 @@
 
 It serves ``POST /v1/chat/completions`` (the messages rendered with the tokenizer's
 chat template, generation prompt added), ``POST /v1/completions`` (a text prompt, or
-token ids), ``GET /v1/models`` and ``GET /health``, on a thread per connection
-(`ThreadingHTTPServer`). Each request is one job of the service's turn loop
+token ids), ``GET /v1/models``, ``GET /health`` and ``GET /stats`` (`stats()`), on a
+thread per connection (`ThreadingHTTPServer`). Each request is one job of the service's turn loop
 (`RolloutService.serve`), so requests that arrive together share the engine's steps:
 continuous batching, as any rollout. At most ``max_num_seqs`` samples are in the
 engine at once; more wait for a slot.
@@ -235,6 +235,8 @@ def _handler(server: ChatServer) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             if self.path.rstrip("/") == "/health":
                 self._send(200, {"status": "ok"})
+            elif self.path.rstrip("/") == "/stats":
+                self._send(200, server.stats())
             elif self.path.rstrip("/") == "/v1/models":
                 model = {"id": server.model_name, "object": "model", "owned_by": "rayrl"}
                 self._send(200, {"object": "list", "data": [model]})

@@ -22,6 +22,7 @@ import math
 import os
 
 from rayrl.cluster.spec import PoolSpec
+from rayrl.config.judge import judge_on_own_pool
 from rayrl.config.schema import RayRLConfig
 from rayrl.config.sft import SFTConfig
 
@@ -114,6 +115,8 @@ def pools_from_config(
     ]
     if not colocated:
         pools.append(reward_pool_spec(cfg, device))
+    if judge_on_own_pool(cfg):
+        pools.append(judge_pool_spec(cfg, device))
     if cfg.asynchronous:
         pools.append(rollout_pool_spec(cfg, device))
     return pools
@@ -127,7 +130,7 @@ def reward_pool_spec(cfg: RayRLConfig, device: str) -> PoolSpec:
     reward model on GPUs, one GPU. Spares too, so that a lost node that held reward
     workers is survived like any other."""
     bundle: dict[str, float] = {"CPU": float(cfg.reward.cpus_per_worker)}
-    if cfg.reward_model.enable and device == "cuda":
+    if cfg.reward_model.enable and device == "cuda" and not judge_on_own_pool(cfg):
         bundle["GPU"] = 1.0
     return PoolSpec(
         name=REWARD_POOL,
@@ -136,6 +139,34 @@ def reward_pool_spec(cfg: RayRLConfig, device: str) -> PoolSpec:
         strategy="STRICT_PACK",
         capacity_factor=cfg.resources.capacity_factor,
         align_with=TRAIN_POOL,
+    )
+
+
+JUDGE_POOL = "judge"
+
+
+def judge_pool_spec(cfg: RayRLConfig, device: str) -> PoolSpec:
+    """The judge's replicas (`reward_model.enable_resource_pool`): `n_gpus_per_node` on
+    each of `reward_model.nnodes` nodes, a GPU each on a GPU run (else
+    `reward.cpus_per_worker` CPUs), each serving the judge over HTTP."""
+    rm = cfg.reward_model
+    if rm.nnodes < 1 or rm.n_gpus_per_node < 1:
+        from rayrl.config.errors import ConfigError
+
+        raise ConfigError(
+            f"reward_model.enable_resource_pool=true needs reward_model.nnodes >= 1 and "
+            f"reward_model.n_gpus_per_node >= 1 (got {rm.nnodes} and {rm.n_gpus_per_node}): "
+            "the judge's pool has that many replicas on each of that many nodes"
+        )
+    bundle: dict[str, float] = {"CPU": float(cfg.reward.cpus_per_worker)}
+    if device == "cuda":
+        bundle["GPU"] = 1.0
+    return PoolSpec(
+        name=JUDGE_POOL,
+        per_node=[rm.n_gpus_per_node] * rm.nnodes,
+        bundle=bundle,
+        strategy="PACK",
+        capacity_factor=cfg.resources.capacity_factor,
     )
 
 
@@ -201,6 +232,7 @@ POOL_KEYS = {
     TRAIN_POOL: ("trainer.n_gpus_per_node", "trainer.nnodes", "resources.cpus_per_worker"),
     REWARD_POOL: ("reward.workers_per_node", "trainer.nnodes", "reward.cpus_per_worker"),
     ROLLOUT_POOL: ("rollout.n_gpus_per_node", "rollout.nnodes", "rollout.cpus_per_replica"),
+    JUDGE_POOL: ("reward_model.n_gpus_per_node", "reward_model.nnodes", "reward.cpus_per_worker"),
 }
 
 

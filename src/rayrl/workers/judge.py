@@ -24,23 +24,24 @@ from typing import Any
 
 import torch
 
-from rayrl.config.judge import JudgeRolloutConfig
+from rayrl.config.judge import JudgeRolloutConfig, judge_enabled, judge_on_own_pool
 from rayrl.config.schema import RayRLConfig
+from rayrl.controller import ONE_TO_ALL, Worker, register
 from rayrl.rollout.chat_server import ChatServer
 from rayrl.rollout.sampling import SamplingParams
 from rayrl.rollout.service import RolloutService
 
-__all__ = ["JudgeServer", "judge_engine", "judge_enabled", "judge_engine_name"]
+__all__ = [
+    "JudgeServer",
+    "JudgeWorker",
+    "RemoteJudge",
+    "judge_enabled",
+    "judge_engine",
+    "judge_engine_name",
+    "judge_on_own_pool",
+]
 
 VERL_NAMES = ("vllm", "sglang", "trtllm")  # verl's engines: rayrl picks its own (auto)
-
-
-def judge_enabled(config: RayRLConfig) -> bool:
-    """Whether the reward model is an LLM judge: `reward_model.enable` with a reward
-    function of one's own (verl's generative reward model) or `reward.judge.template`
-    (the built-in judge); otherwise it is a discriminative reward model."""
-    fn = config.custom_reward_function
-    return config.reward_model.enable and bool(fn.path or config.reward.judge.template)
 
 
 def judge_engine_name(rollout: JudgeRolloutConfig, device: str, model_config: Any) -> str:
@@ -221,3 +222,51 @@ def check_judge(config: RayRLConfig) -> None:
         make_parser(judge.parser, judge.labels, judge.score_range)
     except (ValueError, UnknownNameError) as exc:
         raise ConfigError(str(exc)) from None
+
+
+class JudgeWorker(Worker):
+    """One judge replica on the judge's own pool: a `JudgeServer` on the node's IP, so
+    that reward workers on any node reach it. It never sleeps (the pool is its own)."""
+
+    def init_worker(self, config: RayRLConfig) -> None:  # type: ignore[override]  # a role's own init
+        import ray
+
+        from rayrl.workers.reward import reward_model_placement
+
+        device, _ = reward_model_placement()
+        self.judge = JudgeServer(config, device, host=ray.util.get_node_ip_address())
+
+    @register(dispatch=ONE_TO_ALL)
+    def address(self) -> str:
+        return self.judge.address
+
+    @register(dispatch=ONE_TO_ALL)
+    def stats(self) -> dict[str, float]:
+        return self.judge.stats()
+
+
+class RemoteJudge:
+    """What a reward worker holds of a judge replica on the judge's pool: its address
+    (reward worker i uses replica i mod replicas), the judge's tokenizer, and the
+    replica's counts read over HTTP (``GET /stats``)."""
+
+    def __init__(self, config: RayRLConfig, addresses: list[str], rank: int) -> None:
+        from transformers import AutoTokenizer
+
+        if not addresses:
+            raise ValueError("RemoteJudge: the judge pool reported no replica addresses")
+        self.address = addresses[rank % len(addresses)]
+        self.tokenizer = AutoTokenizer.from_pretrained(str(config.reward_model.model.path))
+
+    def stats(self) -> dict[str, float]:
+        import json
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://{self.address}/stats", timeout=30) as reply:
+            return dict(json.loads(reply.read()))
+
+    def awake(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def close(self) -> None:
+        pass

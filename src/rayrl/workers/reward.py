@@ -46,8 +46,10 @@ from rayrl.rollout.text_codec import TextCodec
 from rayrl.sandbox_fusion import SandboxFusion
 from rayrl.workers.judge import (
     JudgeServer,
+    RemoteJudge,
     check_judge,
     judge_enabled,
+    judge_on_own_pool,
     judge_source,
     server_figures,
 )
@@ -76,17 +78,22 @@ SCORE_READS = (
 class RewardWorker(Worker):
     """One reward source per worker, chosen by the config's reward group."""
 
-    def init_worker(self, config: RayRLConfig, tokenizer_path: str) -> None:
+    def init_worker(
+        self, config: RayRLConfig, tokenizer_path: str, judge_addresses: list[str] | None = None
+    ) -> None:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(
             tokenizer_path, trust_remote_code=config.actor_rollout_ref.model.trust_remote_code
         )
         self.codec = TextCodec(self.tokenizer)
-        # an LLM judge served in this process (`rayrl.workers.judge`), sleeping between
-        # scorings as the rollout does while the actor trains
-        self.judge: JudgeServer | None = None
-        if judge_enabled(config):
+        # an LLM judge (`rayrl.workers.judge`): a replica on the judge's own pool, or one
+        # served in this process, sleeping between scorings as the rollout does while
+        # the actor trains
+        self.judge: JudgeServer | RemoteJudge | None = None
+        if judge_on_own_pool(config):
+            self.judge = RemoteJudge(config, judge_addresses or [], self.rank)
+        elif judge_enabled(config):
             device, _ = reward_model_placement()
             self.judge = JudgeServer(config, device, sleeps=True)
         # counted here for `stats`; the run's budget is the trainer's (it sees every row)
@@ -135,7 +142,7 @@ def response_token_lists(batch: Batch) -> list[list[int]]:
     return [row[m].tolist() for row, m in zip(tokens, keep, strict=True)]
 
 
-def make_source(config: RayRLConfig, judge: JudgeServer | None = None) -> Any:
+def make_source(config: RayRLConfig, judge: JudgeServer | RemoteJudge | None = None) -> Any:
     """The reward source the config's reward group names: an LLM judge (`judge`, served
     by the caller), a reward model, the HTTP service, or a function (a user's file or the
     built-in scorers) through its manager."""
