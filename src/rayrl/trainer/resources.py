@@ -22,7 +22,7 @@ import math
 import os
 
 from rayrl.cluster.spec import PoolSpec
-from rayrl.config.judge import judge_on_own_pool
+from rayrl.config.judge import judge_enabled, judge_on_own_pool
 from rayrl.config.schema import RayRLConfig
 from rayrl.config.sft import SFTConfig
 
@@ -180,7 +180,15 @@ def reward_layout(cfg: RayRLConfig, device: str) -> str:
         )
     spec = reward_pool_spec(cfg, device)
     per_node, nodes = cfg.reward.workers_per_node, cfg.trainer.nnodes
-    if cfg.reward_model.enable:
+    if judge_on_own_pool(cfg):
+        rm = cfg.reward_model
+        holds = (
+            f"a client of the LLM judge's pool: {rm.n_gpus_per_node} replica(s) on each of "
+            f"{rm.nnodes} node(s), reward_model.enable_resource_pool"
+        )
+    elif judge_enabled(cfg):
+        holds = "an LLM judge replica served in its process, asleep between scorings"
+    elif cfg.reward_model.enable:
         holds = "a data-parallel rank of the reward model"
     elif cfg.reward.http.url:
         holds = "a client of reward.http.url"
