@@ -89,10 +89,10 @@ def test_concurrent_requests_share_engine_steps(judge):
     replies: list[dict] = []
 
     def ask(i: int) -> None:
-        body = {"messages": [{"role": "user", "content": f"q{i}"}], "max_tokens": 12}
+        body = {"messages": [{"role": "user", "content": f"q{i}"}], "max_tokens": 6}
         replies.append(_post(judge.address, "/v1/chat/completions", body))
 
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(48)]
     for t in threads:
         t.start()
     for t in threads:
@@ -100,7 +100,8 @@ def test_concurrent_requests_share_engine_steps(judge):
     after = judge.stats()
     tokens = after["completion_tokens"] - before["completion_tokens"]
     steps = after["steps"] - before["steps"]
-    assert len(replies) == 8 and after["requests"] - before["requests"] == 8
+    # a burst of connections at once: none refused (the listen backlog holds them)
+    assert len(replies) == 48 and after["requests"] - before["requests"] == 48
     # one by one, each token would be a step of its own; batched, the steps are shared
     assert steps < tokens / 2, (steps, tokens)
     assert (after["stepped"] - before["stepped"]) / steps > 2

@@ -86,8 +86,7 @@ class ChatServer:
         self._free = max_num_seqs  # samples the engine may still take
         self._lock = threading.Lock()
         self._counts = _Counts()
-        self._http = ThreadingHTTPServer((host, port), _handler(self))
-        self._http.daemon_threads = True
+        self._http = _Listener((host, port), _handler(self))
         self._thread = threading.Thread(
             target=self._http.serve_forever, name="chat-server", daemon=True
         )
@@ -221,6 +220,14 @@ class ChatServer:
     def refused(self) -> None:
         with self._lock:
             self._counts.refused += 1
+
+
+class _Listener(ThreadingHTTPServer):
+    """A thread per connection, and a listen backlog for a reward worker's burst of
+    connections (the default 5 resets connections past it: ConnectionResetError)."""
+
+    daemon_threads = True
+    request_queue_size = 1024
 
 
 def _handler(server: ChatServer) -> type[BaseHTTPRequestHandler]:
