@@ -127,6 +127,8 @@ def test_builtin_judge_checks_its_settings(judge_dir):
         check_judge(_config(judge_dir, "reward.judge.template='rate it'"))
     with pytest.raises(ConfigError, match="verdict parser 'numbr'"):
         check_judge(_config(judge_dir, "reward.judge.parser=numbr"))
+    with pytest.raises(ConfigError, match="needs reward_model.nnodes >= 1"):
+        _config(judge_dir, "reward.reward_model.enable_resource_pool=true")  # verl's nnodes 0
 
 
 def test_unparseable_verdicts_are_reward_errors_under_the_budget(judge):

@@ -149,15 +149,7 @@ def judge_pool_spec(cfg: RayRLConfig, device: str) -> PoolSpec:
     """The judge's replicas (`reward_model.enable_resource_pool`): `n_gpus_per_node` on
     each of `reward_model.nnodes` nodes, a GPU each on a GPU run (else
     `reward.cpus_per_worker` CPUs), each serving the judge over HTTP."""
-    rm = cfg.reward_model
-    if rm.nnodes < 1 or rm.n_gpus_per_node < 1:
-        from rayrl.config.errors import ConfigError
-
-        raise ConfigError(
-            f"reward_model.enable_resource_pool=true needs reward_model.nnodes >= 1 and "
-            f"reward_model.n_gpus_per_node >= 1 (got {rm.nnodes} and {rm.n_gpus_per_node}): "
-            "the judge's pool has that many replicas on each of that many nodes"
-        )
+    rm = cfg.reward_model  # sizes checked at load (`config.reward_checks.check_judge_pool`)
     bundle: dict[str, float] = {"CPU": float(cfg.reward.cpus_per_worker)}
     if device == "cuda":
         bundle["GPU"] = 1.0
