@@ -21,6 +21,7 @@ import pytest
 from rayrl.config import ConfigError, load_config
 from rayrl.config.compat import GLOBAL_MICRO_BATCH, Moved, verl_ppo, verl_sft
 from rayrl.config.compat.rules import flatten
+from rayrl.config.judge import JudgeRolloutConfig
 from rayrl.config.load import parse_overrides, source_data
 from rayrl.config.sft import load_sft_config, sft_source_data
 
@@ -62,9 +63,17 @@ PPO_LANDS = {
     "reward_model.reward_loop_source": "reward.reward_manager.source",
     "reward_model.reward_loop_module_path": "reward.reward_manager.module.path",
     "reward_model.reward_loop_class_name": "reward.reward_manager.module.name",
-    "reward_model.enable_resource_pool": "reward.reward_model.enable_resource_pool",
-    "reward_model.n_gpus_per_node": "reward.reward_model.n_gpus_per_node",
-    "reward_model.nnodes": "reward.reward_model.nnodes",
+    "reward.reward_model.enable_resource_pool": "reward_model.enable_resource_pool",
+    "reward.reward_model.n_gpus_per_node": "reward_model.n_gpus_per_node",
+    "reward.reward_model.nnodes": "reward_model.nnodes",
+    "reward.reward_model.rollout": "reward_model.rollout",
+    "reward_model.enable_resource_pool": "reward_model.enable_resource_pool",
+    "reward_model.n_gpus_per_node": "reward_model.n_gpus_per_node",
+    "reward_model.nnodes": "reward_model.nnodes",
+    **{
+        f"reward_model.rollout.{f.name}": f"reward_model.rollout.{f.name}"
+        for f in dataclasses.fields(JudgeRolloutConfig)
+    },
     "reward_model.reward_kwargs": "reward.reward_kwargs",
     "reward_model.sandbox_fusion": "reward.sandbox_fusion",
     "trainer.default_local_dir": "trainer.output_dir",

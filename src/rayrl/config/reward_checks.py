@@ -1,5 +1,5 @@
 """The checks of the reward's SandboxFusion keys at load (`check_sandbox_fusion`, called
-by `rayrl.config.validate`): ``reward.sandbox_fusion.*`` (verl's names; verl's older
+by `rayrl.config.validate`), and of the LLM judge's pool (`check_judge_pool`): ``reward.sandbox_fusion.*`` (verl's names; verl's older
 ``sandbox_fusion.*`` and ``reward_model.sandbox_fusion.*`` land there).
 
 A URL that is not an HTTP endpoint is refused. A URL that nothing reads is said in a
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from rayrl.config.errors import ConfigError
 from rayrl.config.schema import RayRLConfig
 
-__all__ = ["check_sandbox_fusion"]
+__all__ = ["check_judge_pool", "check_sandbox_fusion"]
 
 KEY = "reward.sandbox_fusion.url"
 
@@ -42,3 +42,17 @@ def check_sandbox_fusion(cfg: RayRLConfig, warn: Callable[[str], None]) -> None:
     else:
         return
     warn(f"{KEY}={url} has no effect: {instead}")
+
+
+def check_judge_pool(cfg: RayRLConfig) -> None:
+    """An LLM judge on a pool of its own (`reward_model.enable_resource_pool`) needs a
+    pool of at least one replica: verl's `nnodes` default 0 means none."""
+    from rayrl.config.judge import judge_on_own_pool
+
+    rm = cfg.reward_model
+    if judge_on_own_pool(cfg) and (rm.nnodes < 1 or rm.n_gpus_per_node < 1):
+        raise ConfigError(
+            f"reward_model.enable_resource_pool=true needs reward_model.nnodes >= 1 and "
+            f"reward_model.n_gpus_per_node >= 1 (got {rm.nnodes} and {rm.n_gpus_per_node}): "
+            "the judge's pool has n_gpus_per_node replicas on each of nnodes nodes"
+        )

@@ -20,7 +20,7 @@ from rayrl.config.layout import MeshError, MeshSpec, check_heads
 from rayrl.config.multi_turn import check_multi_turn
 from rayrl.config.profiler_checks import check_profiler
 from rayrl.config.ranges import check_ranges
-from rayrl.config.reward_checks import check_sandbox_fusion
+from rayrl.config.reward_checks import check_judge_pool, check_sandbox_fusion
 from rayrl.config.routing_checks import ROUTER_REPLAY_MODES, check_router_replay
 from rayrl.config.schema import WEIGHT_TRANSPORTS, RayRLConfig, RolloutCorrectionConfig
 from rayrl.config.vision_checks import check_vision_language
@@ -532,6 +532,7 @@ def validate_config(cfg: RayRLConfig, warn: Callable[[str], None] = _warn) -> No
     check_expert_parallel(cfg)
     check_router_replay(cfg, warn)
     check_sandbox_fusion(cfg, warn)
+    check_judge_pool(cfg)
     check_profiler(cfg, warn)
     actor, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
     prompts, world = cfg.data.train_batch_size, cfg.world_size

@@ -87,12 +87,14 @@ def load_function(path: str | os.PathLike, name: str = DEFAULT_NAME) -> RewardFu
     missing or fails to import, the function is missing, or its signature cannot take
     the four arguments `data_source, solution_str, ground_truth, extra_info` by name.
     """
-    fn = _load_unchecked(path, name)
+    fn = import_function(path, name)
     check_signature(fn, where=f"{Path(path).expanduser().absolute()}:{name}")
     return fn
 
 
-def _load_unchecked(path: str | os.PathLike, name: str) -> RewardFunction:
+def import_function(path: str | os.PathLike, name: str) -> RewardFunction:
+    """The function `name` of the file at `path`, its signature not checked (the caller
+    checks it for how it calls it)."""
     file = Path(path).expanduser().absolute()
     _check_exists(file)
     module = import_file(file, "reward file", fresh=True, error=RewardFunctionError)
@@ -289,16 +291,16 @@ def resolve_function(spec: FunctionSpec, batched: bool = False) -> RewardFunctio
 
 
 def _user_function(path: str, name: str, batched: bool, kwargs: dict) -> RewardFunction:
-    """A user file's function, its signature checked for how it is called."""
-    if not batched:
-        fn = load_function(path, name)
-    else:
-        fn = _load_unchecked(path, name)
-        check_signature(fn, where=f"{path}:{name}", params=BATCH_PARAMS)
+    """A user file's function, its signature checked for how it is called: the reward
+    arguments (per sample or batched) and the extra keyword arguments `kwargs`
+    (`reward_kwargs`; a generative reward model's `reward_router_address`, ...)."""
+    fn = import_function(path, name)
+    where = f"{Path(path).expanduser().absolute()}:{name}"
     if kwargs:
-        check_accepts(fn, list(kwargs), where=f"{path}:{name}")
-        return WithKwargs(fn, kwargs)
-    return fn
+        check_accepts(fn, list(kwargs), where=where)
+    params = (BATCH_PARAMS if batched else PARAMS) + tuple(kwargs)
+    check_signature(fn, where=where, params=params)
+    return WithKwargs(fn, kwargs) if kwargs else fn
 
 
 def check_accepts(fn: Callable, names: list[str], where: str) -> None:

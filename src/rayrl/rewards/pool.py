@@ -25,7 +25,9 @@ it is imported by the reward function's module.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 import os
 import signal
 import threading
@@ -336,13 +338,26 @@ def _worker_main(spec: FunctionSpec, conn: Connection, parent_pid: int, batched:
             return
         _, kwargs = message
         try:
-            result = _batch_to_results(fn(**kwargs), kwargs) if batched else to_result(fn(**kwargs))
+            out = _awaited(fn(**kwargs))
+            result = _batch_to_results(out, kwargs) if batched else to_result(out)
         except BaseException as exc:
             result = failed(f"{type(exc).__name__}: {exc}")
         try:
             conn.send(("result", result))
         except Exception as exc:  # e.g. an extra metric that cannot be pickled
             conn.send(("result", failed(f"result could not be sent back: {exc!r}")))
+
+
+def _awaited(out: Any) -> Any:
+    """A function's return, awaited when it is a coroutine (an ``async def``
+    compute_score, as verl's generative reward models write theirs)."""
+    if inspect.isawaitable(out):
+        return asyncio.run(_wait_for(out))
+    return out
+
+
+async def _wait_for(awaitable: Any) -> Any:
+    return await awaitable
 
 
 def _batch_to_results(out: Any, kwargs: dict[str, list]) -> list[RewardResult] | RewardResult:

@@ -118,6 +118,9 @@ class TurnLoop:
         # True: submitted jobs wait before they join the engine (a weight receiver holds
         # them until the version it waits to swap in is in: `between_steps` sets it)
         self.holding = False
+        # engine steps taken, and the live samples they stepped, summed: stepped / steps
+        # is the mean batch (a server's concurrent requests sharing steps)
+        self.steps = self.stepped = 0
 
     # ------------------------------------------------------------------ calls
     def run(self, job: Job) -> Job:
@@ -174,6 +177,8 @@ class TurnLoop:
         if not self._jobs:
             time.sleep(POLL_S)  # nothing to run (a job is held, or a waiter returns)
             return
+        self.steps += 1
+        self.stepped += self.engine.live
         for sample, kind in self.engine.step():
             job, row = self._owner[sample]
             if kind == TURN:

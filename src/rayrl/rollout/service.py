@@ -154,6 +154,20 @@ class RolloutService:
         versions = _versions(done.get("out"), len(batch), width, first)
         return Generated(batch, versions, first, self.version)
 
+    def serve(
+        self, token_lists: list[list[int]], sampling: SamplingParams, keys: np.ndarray
+    ) -> Responses:
+        """One request's samples: token-id prompts, ``sampling.n`` samples each, one
+        sampler key per sample, as a job of the shared loop, so that requests served
+        from several threads at once (an OpenAI-compatible server's,
+        `rayrl.rollout.chat_server`) share the engine's steps."""
+        if not self.engine.serves_requests:
+            raise RuntimeError(
+                f"{type(self.engine).__name__} cannot serve requests for this model (an HF "
+                "model needs cache=dynamic and a decoder without sliding windows)"
+            )
+        return self._decode(token_lists, sampling, np.asarray(keys), None, _Call(CallPolicy()))
+
     def _single_turns(self, prompts: Batch, sampling: SamplingParams, decode) -> Batch:
         prompts = check_prompts(prompts, "RolloutService.generate")
         rows, uids = expand_samples(prompts, sampling.n)

@@ -22,6 +22,7 @@ import math
 import os
 
 from rayrl.cluster.spec import PoolSpec
+from rayrl.config.judge import judge_enabled, judge_on_own_pool
 from rayrl.config.schema import RayRLConfig
 from rayrl.config.sft import SFTConfig
 
@@ -114,6 +115,8 @@ def pools_from_config(
     ]
     if not colocated:
         pools.append(reward_pool_spec(cfg, device))
+    if judge_on_own_pool(cfg):
+        pools.append(judge_pool_spec(cfg, device))
     if cfg.asynchronous:
         pools.append(rollout_pool_spec(cfg, device))
     return pools
@@ -127,7 +130,7 @@ def reward_pool_spec(cfg: RayRLConfig, device: str) -> PoolSpec:
     reward model on GPUs, one GPU. Spares too, so that a lost node that held reward
     workers is survived like any other."""
     bundle: dict[str, float] = {"CPU": float(cfg.reward.cpus_per_worker)}
-    if cfg.reward_model.enable and device == "cuda":
+    if cfg.reward_model.enable and device == "cuda" and not judge_on_own_pool(cfg):
         bundle["GPU"] = 1.0
     return PoolSpec(
         name=REWARD_POOL,
@@ -136,6 +139,26 @@ def reward_pool_spec(cfg: RayRLConfig, device: str) -> PoolSpec:
         strategy="STRICT_PACK",
         capacity_factor=cfg.resources.capacity_factor,
         align_with=TRAIN_POOL,
+    )
+
+
+JUDGE_POOL = "judge"
+
+
+def judge_pool_spec(cfg: RayRLConfig, device: str) -> PoolSpec:
+    """The judge's replicas (`reward_model.enable_resource_pool`): `n_gpus_per_node` on
+    each of `reward_model.nnodes` nodes, a GPU each on a GPU run (else
+    `reward.cpus_per_worker` CPUs), each serving the judge over HTTP."""
+    rm = cfg.reward_model  # sizes checked at load (`config.reward_checks.check_judge_pool`)
+    bundle: dict[str, float] = {"CPU": float(cfg.reward.cpus_per_worker)}
+    if device == "cuda":
+        bundle["GPU"] = 1.0
+    return PoolSpec(
+        name=JUDGE_POOL,
+        per_node=[rm.n_gpus_per_node] * rm.nnodes,
+        bundle=bundle,
+        strategy="PACK",
+        capacity_factor=cfg.resources.capacity_factor,
     )
 
 
@@ -149,7 +172,15 @@ def reward_layout(cfg: RayRLConfig, device: str) -> str:
         )
     spec = reward_pool_spec(cfg, device)
     per_node, nodes = cfg.reward.workers_per_node, cfg.trainer.nnodes
-    if cfg.reward_model.enable:
+    if judge_on_own_pool(cfg):
+        rm = cfg.reward_model
+        holds = (
+            f"a client of the LLM judge's pool: {rm.n_gpus_per_node} replica(s) on each of "
+            f"{rm.nnodes} node(s), reward_model.enable_resource_pool"
+        )
+    elif judge_enabled(cfg):
+        holds = "an LLM judge replica served in its process, asleep between scorings"
+    elif cfg.reward_model.enable:
         holds = "a data-parallel rank of the reward model"
     elif cfg.reward.http.url:
         holds = "a client of reward.http.url"
@@ -201,6 +232,7 @@ POOL_KEYS = {
     TRAIN_POOL: ("trainer.n_gpus_per_node", "trainer.nnodes", "resources.cpus_per_worker"),
     REWARD_POOL: ("reward.workers_per_node", "trainer.nnodes", "reward.cpus_per_worker"),
     ROLLOUT_POOL: ("rollout.n_gpus_per_node", "rollout.nnodes", "rollout.cpus_per_replica"),
+    JUDGE_POOL: ("reward_model.n_gpus_per_node", "reward_model.nnodes", "reward.cpus_per_worker"),
 }
 
 

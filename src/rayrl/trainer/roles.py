@@ -23,7 +23,7 @@ from rayrl.controller import WorkerGroup, colocate, start_groups
 from rayrl.controller.layout import DataLayout
 from rayrl.trainer.protocols import ActorRole, CriticRole, RewardRole, TrainRole
 from rayrl.trainer.ray_session import debug_env
-from rayrl.trainer.resources import reward_colocated
+from rayrl.trainer.resources import JUDGE_POOL, reward_colocated
 from rayrl.workers import ActorRolloutRefWorker, CriticWorker, RewardWorker
 
 __all__ = ["GroupEnv", "Roles", "new_group", "print_placement", "start_roles"]
@@ -81,14 +81,22 @@ def start_roles(
     if hybrid.world_size > 1:
         init["backend"] = "nccl" if device == "cuda" else "gloo"
     starts = [(hybrid, init)]
+    judges = start_judges(cfg, env, pools)
+    if judges is not None:  # replicas of their own: the reward workers are told where
+        reward[1]["judge_addresses"] = list(judges.call("address"))
     if "reward" not in roles:
         starts.append(new_group({"reward": reward}, pools[1], "reward", env))
-    start_groups(
-        starts,
-        create_timeout_s=res.create_timeout_s,
-        init_timeout_s=res.init_timeout_s,
-        init_retries=res.init_retries,
-    )
+    try:
+        start_groups(
+            starts,
+            create_timeout_s=res.create_timeout_s,
+            init_timeout_s=res.init_timeout_s,
+            init_retries=res.init_retries,
+        )
+    except BaseException:
+        if judges is not None:
+            judges.shutdown()
+        raise
     # The groups bind their worker classes' methods when they start (`bind_methods`):
     # the casts state which role protocol each one serves.
     started = Roles(
@@ -96,10 +104,30 @@ def start_roles(
         actor=cast(ActorRole, hybrid.view("actor") if len(roles) > 1 else hybrid),
         critic=cast(CriticRole, hybrid.view("critic")) if use_critic else None,
         reward=cast(RewardRole, hybrid.view("reward") if "reward" in roles else starts[1][0]),
-        groups=[group for group, _ in starts],
+        groups=[group for group, _ in starts] + ([judges] if judges is not None else []),
     )
     set_data_layouts(hybrid, [started.actor, started.critic])
     return started
+
+
+def start_judges(cfg: RayRLConfig, env: GroupEnv, pools: list[ResourcePool]) -> WorkerGroup | None:
+    """The LLM judge's replicas on its own pool (`reward_model.enable_resource_pool`),
+    started before the reward workers, which are given their addresses; None when the
+    judge has no pool of its own (each reward worker serves one in its process)."""
+    pool = next((p for p in pools if p.spec.name == JUDGE_POOL), None)
+    if pool is None:
+        return None
+    from rayrl.workers.judge import JudgeWorker
+
+    group, init = new_group({"judge": (JudgeWorker, {"config": cfg})}, pool, JUDGE_POOL, env)
+    res = cfg.resources
+    start_groups(
+        [(group, init)],
+        create_timeout_s=res.create_timeout_s,
+        init_timeout_s=res.init_timeout_s,
+        init_retries=res.init_retries,
+    )
+    return group
 
 
 def set_data_layouts(group: WorkerGroup, roles: list[TrainRole | None]) -> None:

@@ -28,6 +28,7 @@ so a `compute_score(data_source, solution_str, ground_truth, extra_info)` may us
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -40,8 +41,18 @@ from rayrl.rewards import HTTPReward, RewardResult, make_scorer, spec_from_confi
 from rayrl.rewards.budget import RATE_KEY, BoundedScores, ErrorBudget
 from rayrl.rewards.code_sandbox import with_code_sandbox
 from rayrl.rewards.items import make_items, summarize
+from rayrl.rewards.judge import judge_metrics
 from rayrl.rollout.text_codec import TextCodec
 from rayrl.sandbox_fusion import SandboxFusion
+from rayrl.workers.judge import (
+    JudgeServer,
+    RemoteJudge,
+    check_judge,
+    judge_enabled,
+    judge_on_own_pool,
+    judge_source,
+    server_figures,
+)
 
 EPISODE_EXTRAS = {  # extra_info key -> the multi-turn rollout's column
     "num_turns": "num_turns",
@@ -67,15 +78,27 @@ SCORE_READS = (
 class RewardWorker(Worker):
     """One reward source per worker, chosen by the config's reward group."""
 
-    def init_worker(self, config: RayRLConfig, tokenizer_path: str) -> None:
+    def init_worker(
+        self, config: RayRLConfig, tokenizer_path: str, judge_addresses: list[str] | None = None
+    ) -> None:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(
             tokenizer_path, trust_remote_code=config.actor_rollout_ref.model.trust_remote_code
         )
         self.codec = TextCodec(self.tokenizer)
+        # an LLM judge (`rayrl.workers.judge`): a replica on the judge's own pool, or one
+        # served in this process, sleeping between scorings as the rollout does while
+        # the actor trains
+        self.judge: JudgeServer | RemoteJudge | None = None
+        if judge_on_own_pool(config):
+            self.judge = RemoteJudge(config, judge_addresses or [], self.rank)
+        elif judge_enabled(config):
+            device, _ = reward_model_placement()
+            self.judge = JudgeServer(config, device, sleeps=True)
         # counted here for `stats`; the run's budget is the trainer's (it sees every row)
-        self.source = ErrorBudget(make_source(config), *error_policy(config), enforce=False)
+        source = make_source(config, self.judge)
+        self.source = ErrorBudget(source, *error_policy(config), enforce=False)
 
     @register(dispatch=DP_SPLIT)
     def compute_score(self, batch: Batch) -> Batch:
@@ -96,7 +119,14 @@ class RewardWorker(Worker):
             episode_extra_info(batch),
             list(batch["raw_prompt"]) if "raw_prompt" in batch else None,
         )
-        results: list[RewardResult] = self.source.score(items)
+        if self.judge is None:
+            return scores_to_batch(self.source.score(items), mask)
+        with self.judge.awake():
+            before, started = self.judge.stats(), time.perf_counter()
+            results: list[RewardResult] = self.source.score(items)
+            figures = server_figures(before, self.judge.stats(), time.perf_counter() - started)
+        for result in results:
+            result.extra.update(figures)
         return scores_to_batch(results, mask)
 
     @register(dispatch=ONE_TO_ALL)
@@ -112,10 +142,13 @@ def response_token_lists(batch: Batch) -> list[list[int]]:
     return [row[m].tolist() for row, m in zip(tokens, keep, strict=True)]
 
 
-def make_source(config: RayRLConfig) -> Any:
-    """The reward source the config's reward group names: a reward model, the HTTP
-    service, or a function (a user's file or the built-in scorers) through its manager."""
+def make_source(config: RayRLConfig, judge: JudgeServer | RemoteJudge | None = None) -> Any:
+    """The reward source the config's reward group names: an LLM judge (`judge`, served
+    by the caller), a reward model, the HTTP service, or a function (a user's file or the
+    built-in scorers) through its manager."""
     r, rm, fn = config.reward, config.reward_model, config.custom_reward_function
+    if judge is not None:
+        return judge_source(config, judge.address, judge.tokenizer)
     if rm.enable:
         from rayrl.rewards import ModelReward
 
@@ -155,7 +188,10 @@ def check_reward_source(config: RayRLConfig) -> None:
     the user's reward file and its function, read, not run; Python callables (pickled),
     loaded."""
     r, rm, fn = config.reward, config.reward_model, config.custom_reward_function
-    if rm.enable or r.http.url:
+    if judge_enabled(config) and not fn.path:
+        check_judge(config)
+        return
+    if (rm.enable and not fn.path) or r.http.url:
         return
     if fn.pickled:
         from rayrl.rewards.loader import resolve_function
@@ -175,7 +211,16 @@ def error_policy(config: RayRLConfig) -> tuple[float, str, str, str]:
     what to check first), for `ErrorTally` / `ErrorBudget`."""
     r, rm, fn = config.reward, config.reward_model, config.custom_reward_function
     rate, key = r.max_error_rate, RATE_KEY
-    if rm.enable:
+    if judge_enabled(config) and not fn.path:
+        judge = r.judge
+        return (
+            rate,
+            key,
+            f"the LLM judge {rm.model.path} (reward.judge, parser {judge.parser})",
+            "check the judge's verdicts against reward.judge.template and reward.judge.parser "
+            "(the failures above quote them)",
+        )
+    if rm.enable and not fn.path:
         return rate, key, f"reward model {rm.model.path}", "check the reward model's scores"
     if r.http.url:
         if r.http.max_error_rate is not None:
@@ -275,7 +320,9 @@ def scores_to_batch(results: list[RewardResult], response_mask: torch.Tensor) ->
 def reward_metrics(batch: Batch) -> dict[str, float]:
     """The scoring's metrics over ``batch``'s rows (`reward/score/mean`, `reward/errors`,
     `reward/elapsed_s/mean`, `reward/<extra>/mean`), from `scores_to_batch`'s columns."""
-    return {f"reward/{k}": v for k, v in summarize(rewards_from_batch(batch)).items()}
+    results = rewards_from_batch(batch)
+    out = {f"reward/{k}": v for k, v in summarize(results).items() if not k.startswith("judge/")}
+    return out | judge_metrics(results)
 
 
 def rewards_from_batch(batch: Batch) -> list[RewardResult]:

@@ -8,7 +8,10 @@ verl's default). The rule kinds are in `rayrl.config.compat.rules`.
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from rayrl.config.compat.rules import Inert, Moved, Only, Rule
+from rayrl.config.judge import JudgeRolloutConfig
 from rayrl.config.profiler import VERL_ROLE_GROUPS
 
 ARR = "actor_rollout_ref"
@@ -36,13 +39,11 @@ MEGATRON_LORA = (
     "Megatron's LoRA settings; rayrl's LoRA is actor_rollout_ref.model.lora_rank, "
     "lora_alpha and target_modules"
 )
-RM_POOL = (
-    "the reward model runs in the reward role's own pool: reward.workers_per_node workers "
-    "(one GPU each, a data-parallel rank of the model) on every node of the training pool"
-)
-RM_SERVED = (
-    "rayrl runs the reward model with transformers as a sequence classifier, not as a "
-    "served generative model"
+JUDGE_ENGINE = (
+    "a vLLM/SGLang setting of the judge's engine; rayrl's judge engine takes "
+    "reward_model.rollout's name, dtype, gpu_memory_utilization, tensor_model_parallel_size, "
+    "max_num_seqs, prompt_length, response_length, temperature, top_k, top_p, do_sample, "
+    "seed and free_cache_engine"
 )
 
 DEPRECATED = "verl deprecated this name"
@@ -329,10 +330,10 @@ REWARD: dict[str, Rule] = {
     "custom_reward_function.name": Moved("custom_reward_function.name", unset=(None,)),
     "reward.reward_model.enable": Moved("reward_model.enable"),
     "reward.reward_model.model_path": Moved("reward_model.model.path"),
-    "reward.reward_model.enable_resource_pool": Inert(RM_POOL),
-    "reward.reward_model.n_gpus_per_node": Inert(RM_POOL),
-    "reward.reward_model.nnodes": Inert(RM_POOL),
-    "reward.reward_model.rollout": Inert(RM_SERVED),
+    "reward.reward_model.enable_resource_pool": Moved("reward_model.enable_resource_pool"),
+    "reward.reward_model.n_gpus_per_node": Moved("reward_model.n_gpus_per_node"),
+    "reward.reward_model.nnodes": Moved("reward_model.nnodes"),
+    "reward.reward_model.rollout": Moved("reward_model.rollout"),
     "reward.reward_kwargs.overlong_buffer_cfg": Moved("reward_model.overlong_buffer"),
     "reward.reward_kwargs.max_resp_len": Moved("reward_model.overlong_buffer.max_resp_len"),
     "reward.reward_manager.source": Only(
@@ -359,13 +360,16 @@ REWARD: dict[str, Rule] = {
     "reward_model.reward_loop_class_name": Moved(
         "reward.reward_manager.module.name", unset=(None,)
     ),
-    "reward_model.enable_resource_pool": Moved(
-        "reward.reward_model.enable_resource_pool", unset=(None,)
-    ),
-    "reward_model.n_gpus_per_node": Moved("reward.reward_model.n_gpus_per_node", unset=(None,)),
-    "reward_model.nnodes": Moved("reward.reward_model.nnodes", unset=(None,)),
+    "reward_model.enable_resource_pool": Moved("reward_model.enable_resource_pool", unset=(None,)),
+    "reward_model.n_gpus_per_node": Moved("reward_model.n_gpus_per_node", unset=(None,)),
+    "reward_model.nnodes": Moved("reward_model.nnodes", unset=(None,)),
     "reward_model.reward_kwargs": Moved("reward.reward_kwargs"),
-    "reward_model.rollout": Inert(RM_SERVED),
+    "reward_model.rollout": Inert(JUDGE_ENGINE),
+    # verl's legacy reward_model.rollout.* (null: not set) on the keys the judge takes
+    **{
+        f"reward_model.rollout.{f.name}": Moved(f"reward_model.rollout.{f.name}", unset=(None,))
+        for f in fields(JudgeRolloutConfig)
+    },
     "reward_model.model.external_lib": Only((None,), "importing a model library"),
     "reward_model.model.trust_remote_code": Only((None, False), "reward models with remote code"),
     "reward_model.strategy": STRATEGY,
