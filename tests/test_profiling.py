@@ -86,8 +86,6 @@ def test_join_puts_the_calls_on_one_clock(tmp_path):
 @pytest.mark.parametrize(
     ("override", "says"),
     [
-        ("global_profiler.tool=nsys", "global_profiler.tool=torch"),
-        ("global_profiler.tool=npu", "does not run Ascend"),
         ("global_profiler.steps=[two]", "must be a list"),
         ("critic.profiler.tool_config.torch.contents=[gpu]", "choose from"),
     ],
@@ -95,6 +93,22 @@ def test_join_puts_the_calls_on_one_clock(tmp_path):
 def test_what_cannot_be_profiled_is_refused_with_what_to_do(override, says):
     with pytest.raises(ConfigError, match=says):
         load_config("demo", ["global_profiler.tool=torch", "global_profiler.steps=[1]", override])
+
+
+@pytest.mark.parametrize(
+    ("tool", "says"), [("nsys", "Nsight Systems"), ("npu", "does not run Ascend")]
+)
+def test_another_tool_traces_nothing_and_says_what_to_use(tool, says, tmp_path):
+    """A script written for Nsight or an NPU still loads (and trains): no traces, a
+    warning naming tool=torch."""
+    warned: list[str] = []
+    cfg = load_config(
+        "demo", [f"global_profiler.tool={tool}", "global_profiler.steps=[1]"], warn=warned.append
+    )
+    assert any(says in w and "global_profiler.tool=torch" in w for w in warned), warned
+    from rayrl.trainer.profiling import StepProfiler
+
+    assert StepProfiler(cfg.global_profiler, tmp_path, print).steps == set()
 
 
 def test_a_tool_without_steps_profiles_nothing_and_says_so():

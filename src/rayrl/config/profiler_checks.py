@@ -3,8 +3,9 @@
 (`rayrl.config.profiler`).
 
 rayrl takes torch.profiler traces only. verl's other tools (Nsight Systems, Ascend's
-NPU profiler, CUDA memory snapshots, the precision debugger) are refused with what to
-use instead, as is a trace that spans several steps. A tool without
+NPU profiler, CUDA memory snapshots, the precision debugger) take no traces: the run
+goes on without them and a warning says what to use instead (a script written for an
+NPU still trains). A trace that spans several steps is refused. A tool without
 `global_profiler.steps` profiles nothing, as in verl (whose example scripts set one so):
 it is said in a warning.
 """
@@ -44,11 +45,13 @@ def check_profiler(cfg: RayRLConfig, warn: Callable[[str], None]) -> None:
         )
         return
     if prof.tool in OTHER_TOOLS:
-        raise ConfigError(
-            f"{KEY}.tool={prof.tool}: rayrl does not run {OTHER_TOOLS[prof.tool]}; set "
-            f"{KEY}.tool=torch for torch.profiler traces (CPU and CUDA activity, open "
-            "in Perfetto), or run the whole command under nsys yourself"
+        warn(
+            f"{KEY}.tool={prof.tool}: rayrl does not run {OTHER_TOOLS[prof.tool]}, so "
+            f"steps {list(prof.steps)} are not traced; set {KEY}.tool=torch for "
+            "torch.profiler traces (CPU and CUDA activity, open in Perfetto), or run the "
+            "whole command under nsys yourself"
         )
+        return
     if prof.tool != "torch":
         raise ConfigError(f"{KEY}.tool={prof.tool!r} is not a profiler: use torch, or null (off)")
     steps = prof.steps
