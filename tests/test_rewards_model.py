@@ -137,7 +137,7 @@ def test_reward_worker_runs_the_model_where_its_bundle_is_with_bounded_scores(rm
     from rayrl.config import load_config
     from rayrl.rewards.budget import BoundedScores
     from rayrl.workers import RewardWorker
-    from rayrl.workers.reward import reward_model_placement
+    from rayrl.workers.model_placement import reward_model_placement
     from workers_cases import local_worker
 
     cfg = load_config(

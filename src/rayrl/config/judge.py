@@ -6,17 +6,13 @@ A judge runs when `reward_model.enable` is true and either a reward function of 
 own is set (`custom_reward_function.path`: verl's generative reward model, the
 function posts to the judge's OpenAI-compatible server) or `reward.judge.template` is
 (the built-in judge). Without either, `reward_model.model.path` is a discriminative
-reward model (a sequence classifier). `rayrl.rewards.judge` scores with it;
-`rayrl.workers.judge` serves it.
+reward model (a sequence classifier): `rayrl.config.judge_mode` says which.
+`rayrl.rewards.judge` scores with it; `rayrl.workers.judge` serves it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from rayrl.config.schema import RayRLConfig
 
 
 @dataclass
@@ -64,17 +60,3 @@ class JudgeConfig:
     temperature: float = 0.0  # 0: greedy verdicts
     concurrency: int = 64  # judge requests in flight from each reward worker
     timeout_s: float = 120.0  # one judge request's limit (a timeout is a reward error)
-
-
-def judge_enabled(config: RayRLConfig) -> bool:
-    """Whether the reward model is an LLM judge: `reward_model.enable` with a reward
-    function of one's own (verl's generative reward model) or `reward.judge.template`
-    (the built-in judge); otherwise it is a discriminative reward model."""
-    fn = config.custom_reward_function
-    return config.reward_model.enable and bool(fn.path or config.reward.judge.template)
-
-
-def judge_on_own_pool(config: RayRLConfig) -> bool:
-    """Whether the judge runs on a pool of its own (`reward_model.enable_resource_pool`),
-    its replicas reached by the reward workers over HTTP."""
-    return judge_enabled(config) and config.reward_model.enable_resource_pool

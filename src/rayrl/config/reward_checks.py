@@ -47,7 +47,7 @@ def check_sandbox_fusion(cfg: RayRLConfig, warn: Callable[[str], None]) -> None:
 def check_judge_pool(cfg: RayRLConfig) -> None:
     """An LLM judge on a pool of its own (`reward_model.enable_resource_pool`) needs a
     pool of at least one replica: verl's `nnodes` default 0 means none."""
-    from rayrl.config.judge import judge_on_own_pool
+    from rayrl.config.judge_mode import judge_on_own_pool
 
     rm = cfg.reward_model
     if judge_on_own_pool(cfg) and (rm.nnodes < 1 or rm.n_gpus_per_node < 1):

@@ -22,7 +22,7 @@ import math
 import os
 
 from rayrl.cluster.spec import PoolSpec
-from rayrl.config.judge import judge_enabled, judge_on_own_pool
+from rayrl.config.judge_mode import judge_enabled, judge_on_own_pool
 from rayrl.config.schema import RayRLConfig
 from rayrl.config.sft import SFTConfig
 

@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-from rayrl.config.judge import JudgeRolloutConfig, judge_enabled, judge_on_own_pool
+from rayrl.config.judge import JudgeRolloutConfig
+from rayrl.config.judge_mode import judge_enabled, judge_on_own_pool
 from rayrl.config.schema import RayRLConfig
 from rayrl.controller import ONE_TO_ALL, Worker, register
 from rayrl.rollout.chat_server import ChatServer
@@ -231,7 +232,7 @@ class JudgeWorker(Worker):
     def init_worker(self, config: RayRLConfig) -> None:  # type: ignore[override]  # a role's own init
         import ray
 
-        from rayrl.workers.reward import reward_model_placement
+        from rayrl.workers.model_placement import reward_model_placement
 
         device, _ = reward_model_placement()
         self.judge = JudgeServer(config, device, host=ray.util.get_node_ip_address())

@@ -53,6 +53,7 @@ from rayrl.workers.judge import (
     judge_source,
     server_figures,
 )
+from rayrl.workers.model_placement import reward_model_placement
 
 EPISODE_EXTRAS = {  # extra_info key -> the multi-turn rollout's column
     "num_turns": "num_turns",
@@ -281,13 +282,6 @@ def episode_extra_info(batch: Batch) -> list | None:
                 info[key] = batch[column][i]
         out.append(info)
     return out
-
-
-def reward_model_placement() -> tuple[str, torch.dtype]:
-    """Where the reward model runs: the bundle's GPU in bf16, else the CPU in fp32."""
-    if torch.cuda.is_available():
-        return f"cuda:{torch.cuda.current_device()}", torch.bfloat16
-    return "cpu", torch.float32
 
 
 def _column(values: list) -> np.ndarray:
