@@ -36,6 +36,7 @@ from rayrl.config.nulls import settle_nulls
 from rayrl.config.paths import absolute_paths
 from rayrl.config.schema import ResourcesConfig
 from rayrl.config.sft import (
+    RankSizes,
     SFTModelConfig,
     SFTOptimConfig,
     SFTTrainerConfig,
@@ -82,7 +83,7 @@ class PrefTrainerConfig(SFTTrainerConfig):
 
 
 @dataclass
-class PrefConfig:
+class PrefConfig(RankSizes):
     data: PrefDataConfig = field(default_factory=PrefDataConfig)
     model: SFTModelConfig = field(default_factory=SFTModelConfig)
     optim: SFTOptimConfig = field(default_factory=SFTOptimConfig)
@@ -91,14 +92,6 @@ class PrefConfig:
     ulysses_sequence_parallel_size: int = 1
     trainer: PrefTrainerConfig = field(default_factory=PrefTrainerConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
-
-    @property
-    def world_size(self) -> int:
-        return self.trainer.nnodes * self.trainer.n_gpus_per_node
-
-    @property
-    def dp_size(self) -> int:
-        return self.world_size // max(self.ulysses_sequence_parallel_size, 1)
 
 
 def pref_source_data(data: dict, origin: str, warn: Callable[[str], None]) -> dict:

@@ -150,16 +150,12 @@ class SFTTrainerConfig:
     debugger: str = "vscode"
 
 
-@dataclass
-class SFTConfig:
-    data: SFTDataConfig = field(default_factory=SFTDataConfig)
-    model: SFTModelConfig = field(default_factory=SFTModelConfig)
-    optim: SFTOptimConfig = field(default_factory=SFTOptimConfig)
-    use_remove_padding: bool = False  # sequence packing
-    # Ulysses: ranks that split each packed row's tokens (verl's top-level key)
-    ulysses_sequence_parallel_size: int = 1
-    trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)
-    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+class RankSizes:
+    """The ranks of a run of one pool (`rayrl sft`, `rayrl rm`, `rayrl dpo`), from its
+    `trainer.nnodes`, `trainer.n_gpus_per_node` and `ulysses_sequence_parallel_size`."""
+
+    trainer: Any
+    ulysses_sequence_parallel_size: int
 
     @property
     def world_size(self) -> int:
@@ -169,6 +165,18 @@ class SFTConfig:
     def dp_size(self) -> int:
         """Data-parallel ranks: the ranks of a sequence-parallel group share their rows."""
         return self.world_size // max(self.ulysses_sequence_parallel_size, 1)
+
+
+@dataclass
+class SFTConfig(RankSizes):
+    data: SFTDataConfig = field(default_factory=SFTDataConfig)
+    model: SFTModelConfig = field(default_factory=SFTModelConfig)
+    optim: SFTOptimConfig = field(default_factory=SFTOptimConfig)
+    use_remove_padding: bool = False  # sequence packing
+    # Ulysses: ranks that split each packed row's tokens (verl's top-level key)
+    ulysses_sequence_parallel_size: int = 1
+    trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
 
 
 _TABLE = rule_table(RULES, SFTConfig)

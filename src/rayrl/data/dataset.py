@@ -72,6 +72,29 @@ def require_rows(data: Any, needed: int, key: str, what: str = "the dataset") ->
     )
 
 
+class EpochBatches:
+    """An epoch of a dataset as whole batches (`order` and `collate` are the dataset's):
+    the part of a dataset that the trainers' data loop reads."""
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def collate(self, indices: Sequence[int]) -> Batch:
+        raise NotImplementedError
+
+    def order(self, epoch: int, seed: int, shuffle: bool = True) -> list[int]:
+        """The row order of an epoch: a permutation seeded by (seed, epoch) when shuffling."""
+        return epoch_order(len(self), epoch, seed, shuffle)
+
+    def batches(
+        self, batch_size: int, *, epoch: int, seed: int, shuffle: bool = True, start: int = 0
+    ) -> Iterator[Batch]:
+        """Whole batches of an epoch from batch number `start` (the dataloader position)."""
+        order = self.order(epoch, seed, shuffle)
+        for b in range(start, len(order) // batch_size):
+            yield self.collate(order[b * batch_size : (b + 1) * batch_size])
+
+
 @dataclass(frozen=True)
 class RowSource:
     """Where a row comes from: its file and its row number (from 0) in that file."""
@@ -159,7 +182,7 @@ def messages_problem(messages: object, prompt_key: str) -> str | None:
     return None
 
 
-class PromptDataset:
+class PromptDataset(EpochBatches):
     """Tokenized prompts (chat template applied, with `chat_template_kwargs`: verl's
     `data.apply_chat_template_kwargs`) with over-long and malformed rows set aside;
     with `vision`, prompts with images (`image_key`, `video_key`: verl's
@@ -391,11 +414,3 @@ class PromptDataset:
             return {}
         text, base, where = self.image_prompts[index]
         return self.media.pixel_inputs(text, self.rows[index], base, self.prompt_ids[index], where)
-
-    def batches(
-        self, batch_size: int, *, epoch: int, seed: int, shuffle: bool = True, start: int = 0
-    ) -> Iterator[Batch]:
-        """Whole batches of an epoch from batch number `start` (the dataloader position)."""
-        order = self.order(epoch, seed, shuffle)
-        for b in range(start, len(order) // batch_size):
-            yield self.collate(order[b * batch_size : (b + 1) * batch_size])

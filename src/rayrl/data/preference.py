@@ -32,14 +32,14 @@ conversation's start; `right`: the response's end) or stops the load (`error`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
 from rayrl.batch import Batch
-from rayrl.data.dataset import DataError, RejectedRow, RowSource, epoch_order, require_rows
+from rayrl.data.dataset import DataError, EpochBatches, RejectedRow, RowSource, require_rows
 from rayrl.data.sft import collate_rows, pad_id, prompt_messages
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ def _response(value: Any, key: str) -> tuple[str | None, list[dict] | None, str 
     return None, None, f"'{key}' must be a string or a list of chat messages, got {value!r}"
 
 
-class PairDataset:
+class PairDataset(EpochBatches):
     """Tokenized preference pairs (module docstring); unusable rows in `rejected`."""
 
     def __init__(
@@ -218,9 +218,6 @@ class PairDataset:
         """Raise DataError unless at least `needed` pairs are usable (one batch)."""
         require_rows(self, needed, key, what="the preference pairs")
 
-    def order(self, epoch: int, seed: int, shuffle: bool = True) -> list[int]:
-        return epoch_order(len(self), epoch, seed, shuffle)
-
     def collate(self, indices: Sequence[int]) -> Batch:
         """`2 x len(indices)` rows: each pair's chosen row, then its rejected row
         (`pair_role` 1 and 0); a scored pair's `response_mask` is its placeholder."""
@@ -233,11 +230,3 @@ class PairDataset:
         )
         batch["pair_role"] = torch.tensor([1, 0] * len(indices), dtype=torch.long)
         return batch
-
-    def batches(
-        self, batch_size: int, *, epoch: int, seed: int, shuffle: bool = True, start: int = 0
-    ) -> Iterator[Batch]:
-        """Whole batches of `batch_size` pairs of an epoch from batch number `start`."""
-        order = self.order(epoch, seed, shuffle)
-        for b in range(start, len(order) // batch_size):
-            yield self.collate(order[b * batch_size : (b + 1) * batch_size])

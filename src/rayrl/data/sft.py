@@ -41,7 +41,7 @@ stops the load with its file and row (`error`, verl's default).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +51,9 @@ import torch
 from rayrl.batch import Batch
 from rayrl.data.dataset import (
     DataError,
+    EpochBatches,
     RejectedRow,
     RowSource,
-    epoch_order,
     messages_problem,
     require_rows,
 )
@@ -96,7 +96,7 @@ def _turn_mask(ids: list[int], special: set[int]) -> list[int]:
     return [1] * (last + 1) + [0] * (len(ids) - last - 1)
 
 
-class SFTDataset:
+class SFTDataset(EpochBatches):
     """Tokenized (prompt, response) pairs; unusable rows set aside in `rejected`."""
 
     def __init__(
@@ -306,10 +306,6 @@ class SFTDataset:
         """Raise DataError unless at least `needed` rows are usable (one batch)."""
         require_rows(self, needed, key, what="the SFT data")
 
-    def order(self, epoch: int, seed: int, shuffle: bool = True) -> list[int]:
-        """The row order of an epoch: a permutation seeded by (seed, epoch) when shuffling."""
-        return epoch_order(len(self), epoch, seed, shuffle)
-
     def collate(self, indices: Sequence[int]) -> Batch:
         """Left-padded prompts, right-padded responses: `input_ids`, `attention_mask`,
         `position_ids` over both, and `responses`, `response_mask` over the responses;
@@ -332,14 +328,6 @@ class SFTDataset:
             return {}
         text, row, base, where = self.image_prompts[index]
         return self.media.pixel_inputs(text, row, base, self.prompt_ids[index], where)
-
-    def batches(
-        self, batch_size: int, *, epoch: int, seed: int, shuffle: bool = True, start: int = 0
-    ) -> Iterator[Batch]:
-        """Whole batches of an epoch from batch number `start` (the data position)."""
-        order = self.order(epoch, seed, shuffle)
-        for b in range(start, len(order) // batch_size):
-            yield self.collate(order[b * batch_size : (b + 1) * batch_size])
 
 
 def pad_id(tokenizer: Any) -> int:
