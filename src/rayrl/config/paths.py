@@ -9,7 +9,8 @@ the loaders make them absolute before anything reads them:
 
 - a field named `*_dir` (the run directory and the other output directories): always;
 - a field named `*path`, `train_files`, `val_files` or SFT's `partial_pretrain` (inputs,
-  a path or a list of them): where the relative
+  a path or a list of them), or a `*path` entry of a mapping field (a distillation
+  teacher's `model_path`): where the relative
   path exists here, so that a hub name (`Qwen/Qwen2.5-0.5B`) or a URL stays as written.
 """
 
@@ -31,11 +32,23 @@ def absolute_paths(cfg: Any) -> None:
             absolute_paths(value)
         elif f.name.endswith("_dir") and isinstance(value, str) and value:
             setattr(cfg, f.name, _absolute(value, always=True))
+        elif isinstance(value, dict):
+            _absolute_in(value)
         elif f.name.endswith("path") or f.name in INPUTS:
             if isinstance(value, list):
                 setattr(cfg, f.name, [_absolute(v, always=False) for v in value])
             elif isinstance(value, str) and value:
                 setattr(cfg, f.name, _absolute(value, always=False))
+
+
+def _absolute_in(mapping: dict) -> None:
+    """The `*path` entries of a free-form mapping (distillation's teacher entries, by
+    name) and of the mappings in it, made absolute as fields of those names are."""
+    for key, value in mapping.items():
+        if isinstance(value, dict):
+            _absolute_in(value)
+        elif isinstance(key, str) and key.endswith("path") and isinstance(value, str) and value:
+            mapping[key] = _absolute(value, always=False)
 
 
 def _absolute(value: Any, always: bool) -> Any:

@@ -32,6 +32,7 @@ from rayrl.config.async_training import (  # noqa: F401 - part of the schema
     AsyncTrainingConfig,
     RolloutPoolConfig,
 )
+from rayrl.config.distill import DistillationConfig
 from rayrl.config.multi_turn import AgentConfig, MultiTurnConfig
 from rayrl.config.profiler import ProfilerConfig
 from rayrl.config.reward import (  # noqa: F401 - part of the schema
@@ -490,6 +491,7 @@ class RayRLConfig:
     rollout: RolloutPoolConfig = field(default_factory=RolloutPoolConfig)
     async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
     global_profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+    distillation: DistillationConfig = field(default_factory=DistillationConfig)
 
     @property
     def world_size(self) -> int:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rayrl.config.async_checks import check_async
+from rayrl.config.distill_checks import check_distillation
 from rayrl.config.errors import ConfigError
 from rayrl.config.errors import warn as _warn
 from rayrl.config.expert_checks import check_expert_parallel
@@ -534,6 +535,7 @@ def validate_config(cfg: RayRLConfig, warn: Callable[[str], None] = _warn) -> No
     check_sandbox_fusion(cfg, warn)
     check_judge_pool(cfg)
     check_profiler(cfg, warn)
+    check_distillation(cfg, warn)
     actor, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
     prompts, world = cfg.data.train_batch_size, cfg.world_size
     check_batch_chain(

@@ -72,6 +72,7 @@ from rayrl.trainer.roles import GroupEnv, Roles, start_roles
 from rayrl.trainer.scoring import RewardErrors, reward_rows
 from rayrl.trainer.stage_calls import StageCalls
 from rayrl.trainer.state import Stateful
+from rayrl.trainer.teachers import check_teachers
 from rayrl.trainer.tool_budget import ToolBudget
 from rayrl.trainer.validate import Validator
 from rayrl.workers.actor import GEN_PARTS, update_actor_reads
@@ -81,6 +82,7 @@ from rayrl.workers.critic import UPDATE_CRITIC_READS, VALUES_READS
 from rayrl.workers.log_prob_pass import LOG_PROB_READS
 from rayrl.workers.ref import REF_LOG_PROB_READS
 from rayrl.workers.reward import SCORE_READS, check_reward_source, reward_metrics
+from rayrl.workers.teacher import teacher_reads
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -146,7 +148,8 @@ class PPOTrainer:
 
     def preflight(self) -> None:
         """The critic's and the reward model's paths (the actor's: `load_data`, with its
-        tokenizer) and the user's reward file and function, read; the directories of
+        tokenizer), the user's reward file and function, read, the distillation
+        teachers' models and tokenizers checked (`rayrl.trainer.teachers`); the directories of
         `trainer.rollout_data_dir` and `trainer.validation_data_dir` created; with
         multi-turn rollouts the tools, interactions and chat template checked
         (`rayrl.trainer.agent_checks`)."""
@@ -156,6 +159,7 @@ class PPOTrainer:
         if cfg.reward_model.enable and cfg.reward_model.model.path:
             check_model_path(cfg.reward_model.model.path, key="reward_model.model.path")
         check_reward_source(cfg)
+        check_teachers(cfg, self._actor_tokenizer())
         if cfg.actor_rollout_ref.rollout.multi_turn.enable:
             check_agent_setup(cfg, self._actor_tokenizer(), self.model_path)
         for directory in (self.rollout_data, self.validation_data):
@@ -411,7 +415,8 @@ class PPOTrainer:
     def _log_probs(
         self, batch: Batch, ctx: StepContext, calls: StageCalls, timing: dict, metrics: dict
     ) -> tuple[Batch, StepContext]:
-        """Old log-probs (or the on-policy shortcut), reference log-probs and values."""
+        """Old log-probs (or the on-policy shortcut), reference and teacher log-probs and
+        values."""
         roles = self._roles()
         if self.cfg.algorithm.rollout_correction.bypass_mode:  # verl's: the rollout's serve
             timing["old_log_prob"] = 0.0
@@ -436,6 +441,11 @@ class PPOTrainer:
                 sent = only_reads(batch, REF_LOG_PROB_READS)
                 ref = self._kept(roles.actor.compute_ref_log_prob)
                 batch = batch.union(calls.run("ref", ref, sent))
+        if roles.teacher is not None:  # on-policy distillation
+            with timer(timing, "teacher"):
+                sent = only_reads(batch, teacher_reads(self.cfg))
+                teacher = self._kept(roles.teacher.compute_teacher_log_prob)
+                batch = batch.union(calls.run("teacher", teacher, sent))
         if roles.critic is not None:
             with timer(timing, "values"):
                 sent = only_reads(batch, VALUES_READS)

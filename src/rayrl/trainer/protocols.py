@@ -14,7 +14,15 @@ from typing import Protocol
 
 from rayrl.controller.method import GroupMethod
 
-__all__ = ["ActorRole", "CriticRole", "ReplicaRole", "RewardRole", "SFTRole", "TrainRole"]
+__all__ = [
+    "ActorRole",
+    "CriticRole",
+    "ReplicaRole",
+    "RewardRole",
+    "SFTRole",
+    "TeacherRole",
+    "TrainRole",
+]
 
 
 class TrainRole(Protocol):
@@ -44,6 +52,17 @@ class CriticRole(TrainRole, Protocol):
 
     compute_values: GroupMethod
     update_critic: GroupMethod
+
+
+class TeacherRole(Protocol):
+    """The teachers of on-policy distillation: `TeacherWorker`, in the actor's processes
+    or on a pool of their own."""
+
+    @property
+    def world_size(self) -> int: ...
+
+    data_parts: GroupMethod
+    compute_teacher_log_prob: GroupMethod  # (batch: Batch) -> Batch of teacher_log_prob
 
 
 class SFTRole(TrainRole, Protocol):

@@ -22,6 +22,7 @@ import math
 import os
 
 from rayrl.cluster.spec import PoolSpec
+from rayrl.config.distill import teacher_pool_size
 from rayrl.config.judge_mode import judge_enabled, judge_on_own_pool
 from rayrl.config.schema import RayRLConfig
 from rayrl.config.sft import SFTConfig
@@ -117,6 +118,8 @@ def pools_from_config(
         pools.append(reward_pool_spec(cfg, device))
     if judge_on_own_pool(cfg):
         pools.append(judge_pool_spec(cfg, device))
+    if teacher_pool_size(cfg.distillation):
+        pools.append(teacher_pool_spec(cfg, device, worker_cpus))
     if cfg.asynchronous:
         pools.append(rollout_pool_spec(cfg, device))
     return pools
@@ -156,6 +159,25 @@ def judge_pool_spec(cfg: RayRLConfig, device: str) -> PoolSpec:
     return PoolSpec(
         name=JUDGE_POOL,
         per_node=[rm.n_gpus_per_node] * rm.nnodes,
+        bundle=bundle,
+        strategy="PACK",
+        capacity_factor=cfg.resources.capacity_factor,
+    )
+
+
+TEACHER_POOL = "teacher"
+
+
+def teacher_pool_spec(cfg: RayRLConfig, device: str, worker_cpus: float) -> PoolSpec:
+    """The distillation teachers' own pool (`distillation.n_gpus_per_node` x `nnodes`
+    > 0): a training worker's bundle each, the teachers FSDP-sharded over its ranks."""
+    dist = cfg.distillation
+    bundle: dict[str, float] = {"CPU": worker_cpus}
+    if device == "cuda":
+        bundle["GPU"] = cfg.resources.gpus_per_worker
+    return PoolSpec(
+        name=TEACHER_POOL,
+        per_node=[dist.n_gpus_per_node] * dist.nnodes,
         bundle=bundle,
         strategy="PACK",
         capacity_factor=cfg.resources.capacity_factor,
@@ -233,6 +255,11 @@ POOL_KEYS = {
     REWARD_POOL: ("reward.workers_per_node", "trainer.nnodes", "reward.cpus_per_worker"),
     ROLLOUT_POOL: ("rollout.n_gpus_per_node", "rollout.nnodes", "rollout.cpus_per_replica"),
     JUDGE_POOL: ("reward_model.n_gpus_per_node", "reward_model.nnodes", "reward.cpus_per_worker"),
+    TEACHER_POOL: (
+        "distillation.n_gpus_per_node",
+        "distillation.nnodes",
+        "resources.cpus_per_worker",
+    ),
 }
 
 

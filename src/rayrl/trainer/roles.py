@@ -12,7 +12,7 @@ one formation path. `start_roles` returns the started groups as a `Roles` value.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -21,10 +21,10 @@ from rayrl.cluster.pool import ResourcePool
 from rayrl.config.schema import RayRLConfig
 from rayrl.controller import WorkerGroup, colocate, start_groups
 from rayrl.controller.layout import DataLayout
-from rayrl.trainer.protocols import ActorRole, CriticRole, RewardRole, TrainRole
+from rayrl.trainer.protocols import ActorRole, CriticRole, RewardRole, TeacherRole, TrainRole
 from rayrl.trainer.ray_session import debug_env
-from rayrl.trainer.resources import JUDGE_POOL, reward_colocated
-from rayrl.workers import ActorRolloutRefWorker, CriticWorker, RewardWorker
+from rayrl.trainer.resources import JUDGE_POOL, TEACHER_POOL, reward_colocated
+from rayrl.workers import ActorRolloutRefWorker, CriticWorker, RewardWorker, TeacherWorker
 
 __all__ = ["GroupEnv", "Roles", "new_group", "print_placement", "start_roles"]
 
@@ -52,6 +52,8 @@ class Roles:
     critic: CriticRole | None
     reward: RewardRole  # a group of its own, or the hybrid's reward view
     groups: list[WorkerGroup]
+    # distillation's teachers: the hybrid's teacher view, a group of their own, or None
+    teacher: TeacherRole | None = None
 
 
 def start_roles(
@@ -66,7 +68,8 @@ def start_roles(
     use_critic: bool,
 ) -> Roles:
     """The hybrid actor (with the critic and, where `reward_colocated`, the reward in its
-    processes) and the reward worker, created and initialised concurrently; the hybrid's
+    processes), the reward worker and, with on-policy distillation, the teachers (in the
+    actor's processes, or on their own pool), created and initialised concurrently; the hybrid's
     ranks form a process group (the group forms it, generation by generation, before
     the roles build engines; one rank has no peers and forms none)."""
     res = cfg.resources
@@ -77,15 +80,19 @@ def start_roles(
         roles["critic"] = (CriticWorker, common)
     if reward_colocated(cfg, device):
         roles["reward"] = reward
+    teacher_pool = next((p for p in pools if p.spec.name == TEACHER_POOL), None)
+    if cfg.distillation.enabled and teacher_pool is None:  # in the actor's processes
+        roles["teacher"] = (TeacherWorker, {"config": cfg})
     hybrid, init = new_group(roles, pools[0], "actor_rollout_ref", env)
-    if hybrid.world_size > 1:
-        init["backend"] = "nccl" if device == "cuda" else "gloo"
-    starts = [(hybrid, init)]
+    starts = [with_backend(hybrid, init, device)]
     judges = start_judges(cfg, env, pools)
     if judges is not None:  # replicas of their own: the reward workers are told where
         reward[1]["judge_addresses"] = list(judges.call("address"))
     if "reward" not in roles:
         starts.append(new_group({"reward": reward}, pools[1], "reward", env))
+    if teacher_pool is not None:
+        own = new_group({"teacher": (TeacherWorker, {"config": cfg})}, teacher_pool, "teacher", env)
+        starts.append(with_backend(*own, device))
     try:
         start_groups(
             starts,
@@ -105,9 +112,31 @@ def start_roles(
         critic=cast(CriticRole, hybrid.view("critic")) if use_critic else None,
         reward=cast(RewardRole, hybrid.view("reward") if "reward" in roles else starts[1][0]),
         groups=[group for group, _ in starts] + ([judges] if judges is not None else []),
+        teacher=_teacher_view(hybrid, starts, "teacher" in roles),
     )
     set_data_layouts(hybrid, [started.actor, started.critic])
+    if started.teacher is not None:  # the teachers' layout, on the group that holds them
+        held_by = hybrid if "teacher" in roles else cast(WorkerGroup, started.teacher)
+        set_data_layouts(held_by, [started.teacher])
     return started
+
+
+def with_backend(group: WorkerGroup, init: dict, device: str) -> tuple[WorkerGroup, dict]:
+    """`group` and its init kwargs, with the process group's backend where its ranks
+    form one (several ranks: nccl on GPUs, gloo on CPUs)."""
+    if group.world_size > 1:
+        init["backend"] = "nccl" if device == "cuda" else "gloo"
+    return group, init
+
+
+def _teacher_view(
+    hybrid: WorkerGroup, starts: list[tuple[WorkerGroup, dict]], fused: bool
+) -> TeacherRole | None:
+    """The teachers as the step calls them: the hybrid's view, their own group, or None."""
+    if fused:
+        return cast(TeacherRole, hybrid.view("teacher"))
+    own = [group for group, _ in starts if group.role == "teacher"]
+    return cast(TeacherRole, own[0]) if own else None
 
 
 def start_judges(cfg: RayRLConfig, env: GroupEnv, pools: list[ResourcePool]) -> WorkerGroup | None:
@@ -130,7 +159,7 @@ def start_judges(cfg: RayRLConfig, env: GroupEnv, pools: list[ResourcePool]) -> 
     return group
 
 
-def set_data_layouts(group: WorkerGroup, roles: list[TrainRole | None]) -> None:
+def set_data_layouts(group: WorkerGroup, roles: Sequence[TrainRole | TeacherRole | None]) -> None:
     """The group's data layouts (`rayrl.controller.layout`) from what each role's ranks
     report (`data_parts`: which part of the rows each rank takes, by layout name): ranks
     of a sequence-parallel group or a tensor-parallel replica share theirs."""

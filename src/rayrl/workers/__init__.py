@@ -1,4 +1,5 @@
-"""Role workers: ActorRolloutRef (hybrid engine), Critic, Reward of a PPO/GRPO run; SFT.
+"""Role workers: ActorRolloutRef (hybrid engine), Critic, Reward, Teacher of a PPO/GRPO
+run; SFT.
 
 The worker classes are imported on first use, so that a module which needs only a
 helper of this package (`rayrl.workers.agent`, read when a config is checked) does not
@@ -13,6 +14,7 @@ _WORKERS = {
     "ReferenceWorker": "rayrl.workers.ref",
     "RewardWorker": "rayrl.workers.reward",
     "SFTWorker": "rayrl.workers.sft",
+    "TeacherWorker": "rayrl.workers.teacher",
 }
 
 __all__ = list(_WORKERS)

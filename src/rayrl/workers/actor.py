@@ -74,7 +74,7 @@ from rayrl.workers.common import (
 )
 from rayrl.workers.context import StageResult, StepContext, collect_stage
 from rayrl.workers.log_prob_pass import log_prob_columns
-from rayrl.workers.losses import actor_loss_fn
+from rayrl.workers.losses import actor_loss_fn, distill_spec
 from rayrl.workers.weight_transport import check_transport, publish_packed
 
 log = logging.getLogger("rayrl.workers")
@@ -91,7 +91,7 @@ PREFIX_COUNTS = ("prefix_hit_tokens", "prefix_tokens")
 def update_actor_reads(cfg: RayRLConfig) -> tuple[str, ...]:
     """The columns `update_actor` reads under `cfg`: the model's inputs (and the rows'
     images, where prompts have them), advantages and old log-probs (none on-policy),
-    the reference's log-probs for a KL loss, the rollout's (with the batch's normaliser,
+    the reference's log-probs for a KL loss, the teachers' for distillation, the rollout's (with the batch's normaliser,
     and the mask before rejection) when a rollout correction weighs with them, and the
     routing record a replay mode replays."""
     correction = cfg.algorithm.rollout_correction
@@ -99,6 +99,8 @@ def update_actor_reads(cfg: RayRLConfig) -> tuple[str, ...]:
     reads += replay.routing_reads(cfg)
     if cfg.actor_rollout_ref.actor.use_kl_loss:
         reads.append("ref_log_prob")
+    if cfg.distillation.enabled:
+        reads.append("teacher_log_prob")
     if correction.bypass_mode or correction.rollout_is is not None:
         reads += ["rollout_log_probs", "rollout_is_norm"]
     elif cfg.actor_rollout_ref.rollout.calculate_log_probs:  # an on-policy update's metrics
@@ -424,12 +426,12 @@ class ActorRolloutRefWorker(Worker):
 
     def _ref_log_prob(self, batch: Batch) -> Batch:
         sizes = forward_sizes(self.cfg.actor_rollout_ref.ref)
-        sizes["temperature"] = logprob_temperature(self.cfg.actor_rollout_ref.rollout)
+        temperature = logprob_temperature(self.cfg.actor_rollout_ref.rollout)
         if self.lora:
             with self.actor.adapters_disabled():
-                out = self.actor.forward(batch, **sizes)
+                out = self.actor.forward(batch, temperature=temperature, **sizes)
         elif self.ref is not None:
-            out = self.ref.forward(batch, **sizes)
+            out = self.ref.forward(batch, temperature=temperature, **sizes)
         else:
             raise RuntimeError(
                 f"actor rank {self.rank}: compute_ref_log_prob called but the reference "
@@ -484,6 +486,7 @@ class ActorRolloutRefWorker(Worker):
             self.cfg.data.max_response_length,
             self.cfg.algorithm.rollout_correction,
             on_policy=ctx.on_policy,
+            distill=distill_spec(self.cfg.distillation),
         )
         metrics = []
         for epoch in range(a.ppo_epochs):

@@ -5,7 +5,7 @@ and memory figures, and the columns of the step's batch a method is sent (`only_
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -71,7 +71,14 @@ def with_lengths(samples: Batch) -> Batch:
     return samples
 
 
-def forward_sizes(group: Any) -> dict[str, int | None]:
+class ForwardSizes(TypedDict, total=False):
+    """`TrainEngine.forward`'s micro-batch keywords: a size, or a token budget."""
+
+    micro_batch_size: int | None
+    max_tokens_per_micro_batch: int | None
+
+
+def forward_sizes(group: Any) -> ForwardSizes:
     """Micro-batch size or token budget of a log-prob pass (a `rollout` or `ref` group)."""
     if group.log_prob_use_dynamic_bsz:
         return {"max_tokens_per_micro_batch": group.log_prob_max_token_len_per_gpu}

@@ -25,9 +25,11 @@ from rayrl.algos import (
     truncated_is_weights,
     value_loss,
 )
+from rayrl.algos.distill import DistillSpec, distillation_loss
 from rayrl.algos.probs_diff import PROBS_DIFF_COLUMNS, probs_diff_rows
 from rayrl.algos.rejection import RejectionRule, judge, kept, parse_rejection, rejection_shares
 from rayrl.batch import Batch
+from rayrl.config.distill import DistillationConfig
 from rayrl.config.schema import ActorConfig, CriticConfig, RolloutCorrectionConfig
 from rayrl.train.loss_contract import Peak
 from rayrl.workers.routing import routing_sums
@@ -125,6 +127,7 @@ def actor_loss_fn(
     correction: RolloutCorrectionConfig | None = None,
     *,
     on_policy: bool = False,
+    distill: DistillSpec | None = None,
 ):
     """PPO-family policy loss + optional entropy bonus + optional KL-to-reference loss,
     with truncated importance weights against the rollout's log-probs when
@@ -138,7 +141,11 @@ def actor_loss_fn(
     mean over the micro-batch with ``rollout_is_batch_normalize``. Rollout rejection
     (``correction.rollout_rs``) then drops tokens from the policy loss by this forward's
     ratio to the rollout (`_bypass_rejection`); without bypass mode the advantage stage
-    took them out of ``response_mask`` already."""
+    took them out of ``response_mask`` already.
+
+    With ``distill`` (on-policy distillation, `rayrl.algos.distill`) the divergence to the
+    teacher's log-probs (``teacher_log_prob``) is added, weighted by ``distill.weight``;
+    without ``distill.with_task`` it is the whole loss (the task's terms still report)."""
     policy = POLICY_LOSSES.get(cfg.policy_loss.loss_mode)
     is_level = correction.rollout_is if correction is not None else None
     bypass = correction is not None and correction.bypass_mode
@@ -196,9 +203,47 @@ def actor_loss_fn(
             kl, _ = kl_loss(log_prob, mb["ref_log_prob"], mask, estimator=cfg.kl_loss_type, agg=agg)
             loss = loss + cfg.kl_loss_coef * kl
             metrics["actor/kl_loss"] = _metric(kl)
+        if distill is not None:
+            loss = _with_distillation(loss, log_prob, old, mb, agg, distill, metrics)
         return loss, metrics
 
     return loss_fn
+
+
+def _with_distillation(
+    loss: Tensor,
+    log_prob: Tensor,
+    old: Tensor,
+    mb: Batch,
+    agg: LossAggregation,
+    spec: DistillSpec,
+    metrics: dict[str, Tensor | float],
+) -> Tensor:
+    """The task's ``loss`` with the distillation term (or the term alone without
+    ``spec.with_task``); its metrics under ``distillation/`` (verl's names)."""
+    mask = mb["response_mask"]
+    term, found = distillation_loss(log_prob, mb["teacher_log_prob"], old, mask, spec, agg)
+    metrics["distillation/loss"] = _metric(term)
+    metrics["distillation/loss_max"] = Peak(_metric(found.pop("loss_max")))
+    metrics.update({f"distillation/{k}": _token_share(v, mask, mb) for k, v in found.items()})
+    weighted = spec.weight * term
+    return loss + weighted if spec.with_task else weighted
+
+
+def distill_spec(cfg: DistillationConfig) -> DistillSpec | None:
+    """The distillation term's settings, or None when distillation is off."""
+    if not cfg.enabled:
+        return None
+    loss = cfg.distillation_loss
+    return DistillSpec(
+        loss_mode=loss.loss_mode,
+        use_policy_gradient=loss.use_policy_gradient,
+        loss_max_clamp=loss.loss_max_clamp,
+        clip_ratio_low=loss.clip_ratio_low,
+        clip_ratio_high=loss.clip_ratio_high,
+        with_task=loss.use_task_rewards,
+        coef=loss.distillation_loss_coef,
+    )
 
 
 def critic_loss_fn(cfg: CriticConfig, max_response_length: int | None = None):

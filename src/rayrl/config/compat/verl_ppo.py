@@ -46,6 +46,9 @@ JUDGE_ENGINE = (
     "seed and free_cache_engine"
 )
 
+TOPK = (
+    "a setting of forward_kl_topk, which rayrl refuses (its engines return no top-k log-probs yet)"
+)
 DEPRECATED = "verl deprecated this name"
 RUN_DIR = (
     "the run directory, which holds config, metrics and checkpoints/global_step_N "
@@ -439,8 +442,17 @@ OTHER: dict[str, Rule] = {
     **PROFILER,
     "transfer_queue": Inert("batches move through Ray's object store"),
     "transfer_queue.enable": Only((False,), "verl's TransferQueue"),
-    "distillation": Inert("on-policy distillation settings (off)"),
-    "distillation.enabled": Only((False,), "on-policy distillation"),
+    "distillation.distillation_loss.topk": Inert(TOPK),
+    "distillation.distillation_loss.log_prob_min_clamp": Inert(TOPK),
+    "distillation.distillation_loss.clip_ratio": Inert(
+        "rayrl's distillation term clips with clip_ratio_low and clip_ratio_high, which verl's "
+        "vanilla policy loss reads"
+    ),
+    "distillation.distillation_loss.policy_loss_mode": Only(
+        ("vanilla",),
+        "a distillation policy loss other than PPO's clipped one",
+        hint="set distillation.distillation_loss.policy_loss_mode=vanilla (verl's only choice)",
+    ),
     "skip": Inert("rollout dumps for replay (off)"),
     "skip.*.enable": Only((False,), "replaying dumped rollouts"),
     "ray_kwargs": Inert(
