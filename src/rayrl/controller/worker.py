@@ -227,8 +227,10 @@ class Worker:
 
     # --- for subclasses -----------------------------------------------------------------
 
-    def init_worker(self, **kwargs: Any) -> None:
+    def init_worker(self, *args: Any, **kwargs: Any) -> None:
         """One-time setup after placement (load a model, build an optimizer). No-op here.
+        A subclass takes the arguments of its own (the group passes them as keywords);
+        mypy lets an override of this ``*args, **kwargs`` signature narrow them.
 
         With a backend, the group formed the process group before this runs."""
 

@@ -235,6 +235,8 @@ class PromptDataset(EpochBatches):
             if problem:
                 self.rejected.append(RejectedRow(i, problem, source))
                 continue
+            if ids is None:  # _encode_row gives ids or a reason, never neither
+                raise RuntimeError(f"row {i}: no token ids and no reason why (a bug in rayrl)")
             if text is not None:
                 self.image_prompts[len(self.rows)] = (text, base, str(source or f"row {i}"))
             self.rows.append(row)
@@ -326,7 +328,7 @@ class PromptDataset(EpochBatches):
         filter_overlong: bool,
         where: object,
         images: bool = False,
-    ):
+    ) -> tuple[list[int], str | None]:
         if images:
             return self._fit_images(ids, truncation, filter_overlong, where)
         limit = self.max_prompt_length
@@ -341,7 +343,9 @@ class PromptDataset(EpochBatches):
             "or data.filter_overlong_prompts=true to set such rows aside"
         )
 
-    def _fit_images(self, ids: list[int], truncation: str, filter_overlong: bool, where: object):
+    def _fit_images(
+        self, ids: list[int], truncation: str, filter_overlong: bool, where: object
+    ) -> tuple[list[int], str | None]:
         """An over-long prompt with images: set aside, never cut (its image tokens must
         stay whole), or an error under truncation=error without the filter."""
         count = self.media.image_tokens(ids)

@@ -62,6 +62,9 @@ from rayrl.data.vision import VisionProcessor
 
 log = logging.getLogger(__name__)
 
+# A row's token lists: (prompt ids, response ids, response mask).
+TokenRow = tuple[list[int], list[int], list[int]]
+
 
 def row_field(row: Any, key: str, nested: Sequence[str]) -> tuple[Any, str | None]:
     """`row[key][nested[0]][nested[1]]...`, or why it is not there."""
@@ -141,6 +144,8 @@ class SFTDataset(EpochBatches):
             if problem:
                 self.rejected.append(RejectedRow(i, problem, source))
                 continue
+            if triple is None:  # the encoders give token lists or a reason, never neither
+                raise RuntimeError(f"row {i}: no token ids and no reason why (a bug in rayrl)")
             if text is not None:
                 self.image_prompts[len(self)] = (text, row, base, str(source or f"row {i}"))
             self.prompt_ids.append(triple[0])
@@ -154,7 +159,7 @@ class SFTDataset(EpochBatches):
                 self.rejected[0],
             )
 
-    def _encode_pair(self, row: Any, base: Path) -> tuple[tuple | None, str | None, str | None]:
+    def _encode_pair(self, row: Any, base: Path) -> tuple[TokenRow | None, str | None, str | None]:
         """((prompt ids, response ids, response mask), why there are none, the rendered
         prompt when it has images)."""
         prompt_key, prompt_nested, response_key, response_nested = self.keys
@@ -167,7 +172,7 @@ class SFTDataset(EpochBatches):
         if not isinstance(response, str) or not response.strip():
             return None, f"'{response_key}' must be a non-empty string, got {response!r}", None
         messages, problem = prompt_messages(prompt, prompt_key)
-        if problem:
+        if messages is None:
             return None, problem, None
         images = {**row, prompt_key: messages}  # the placeholders are counted in the messages
         problem = self.media.problem(images, prompt_key)
@@ -197,12 +202,12 @@ class SFTDataset(EpochBatches):
 
     def _encode_conversation(
         self, row: Any, base: Path
-    ) -> tuple[tuple | None, str | None, str | None]:
+    ) -> tuple[TokenRow | None, str | None, str | None]:
         """(prompt ids, response ids, response mask) of a multi-turn row (module doc)."""
         triple, problem = self._conversation(row)
         return triple, problem, None
 
-    def _conversation(self, row: Any) -> tuple[tuple | None, str | None]:
+    def _conversation(self, row: Any) -> tuple[TokenRow | None, str | None]:
         messages, problem = row_field(row, self.messages_key, ())
         if problem:
             return None, problem
@@ -212,7 +217,7 @@ class SFTDataset(EpochBatches):
                 "reads no images yet; drop them or train single-turn rows"
             )
         messages, problem = prompt_messages(messages, self.messages_key)
-        if problem:
+        if messages is None:
             return None, problem
         roles = [m["role"] for m in messages]
         if "assistant" not in roles or roles.index("assistant") == 0:
@@ -270,7 +275,7 @@ class SFTDataset(EpochBatches):
         mask: list[int],
         where: object,
         images: bool = False,
-    ):
+    ) -> tuple[TokenRow | None, str | None]:
         """Apply `data.truncation` to a row over `max_length` tokens (the mask with it); a
         prompt with `images` is never cut (a row that would be is set aside)."""
         limit, total = self.max_length, len(prompt) + len(response)

@@ -29,6 +29,7 @@ the modeling code itself is untouched.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from functools import cache
 
 import torch
@@ -52,7 +53,7 @@ VARLEN = "rayrl_varlen"
 SHARED_KV_INDEX = "rayrl_kv_index"
 # ``(varlen_attn, has_gqa_argument)`` once `register_varlen_attention` ran and this
 # torch has the kernel: a plain global, which ``torch.compile`` reads without a break.
-_FLASH: tuple[object, bool] | None = None
+_FLASH: tuple[Callable[..., Tensor], bool] | None = None
 # Attention implementations whose packed rows would attend over a dense mask.
 _DENSE_ON_PACKED = ("sdpa", "eager")
 
@@ -202,7 +203,9 @@ def _each_row(query: Tensor, key: Tensor, value: Tensor, scaling, variant: Varia
     cu_k = torch.tensor([0, key.shape[2]], dtype=torch.int32, device=query.device)
     rows = [
         _varlen(
-            *(t[i : i + 1] for t in (query, key, value)),
+            query[i : i + 1],
+            key[i : i + 1],
+            value[i : i + 1],
             cu,
             None,
             scaling,
@@ -262,7 +265,7 @@ def _varlen_dtype(q: Tensor, k: Tensor, v: Tensor) -> torch.dtype | None:
 
 
 @cache
-def _varlen_api() -> tuple[object, bool] | None:
+def _varlen_api() -> tuple[Callable[..., Tensor], bool] | None:
     """``(varlen_attn, has_gqa_argument)``, or None when this torch has no varlen kernel."""
     try:
         from torch.nn.attention.varlen import varlen_attn
@@ -279,6 +282,11 @@ def _flash_varlen(
     sliding one, ``(window - 1, 0)``: the query and the ``window - 1`` keys before it)
     is aligned to each segment's last key (flash's rule where a segment has more keys
     than queries)."""
+    if _FLASH is None:
+        raise RuntimeError(
+            "no flash varlen kernel: this torch has no torch.nn.attention.varlen, or "
+            "register_varlen_attention() has not run"
+        )
     varlen_attn, has_gqa = _FLASH
     dtype = _varlen_dtype(q, k, v)
     q, k, v = (t.to(dtype) for t in (q, k, v))

@@ -22,7 +22,7 @@ import logging
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -72,6 +72,22 @@ class ModelBuilding:
     _kept: Kept | None = None
     freeze_vision_tower = False  # the engine's argument (`TrainEngine`)
 
+    # Set by `TrainEngine.__init__` before the building steps run.
+    world_size: int
+    sharded: bool
+    fsdp: bool
+    mixed_precision: bool
+    device: torch.device
+    model_path: str
+    config_overrides: dict[str, Any]
+    trainable: bool
+    join: bool
+    _pending: Callable[[], int] | None  # a new rank's deferred read of its own shards
+
+    if TYPE_CHECKING:
+
+        def _release_groups(self) -> None: ...  # `rayrl.train.recovery.StepRecovery`'s
+
     def _build_mesh(self, sp: int, fsdp_size: int, ep: int = 1) -> None:
         """The layout of ranks (`rayrl.train.mesh`): sharding mesh, SP, DP and EP ranks."""
         self.mesh_spec = MeshSpec(self.world_size, sp, fsdp_size, ep)
@@ -84,7 +100,7 @@ class ModelBuilding:
         self.sp_rank, self.dp_rank = self.mesh_spec.sp_rank(rank), self.mesh_spec.dp_rank(rank)
         self.sp = None
         if self.sp_size > 1:
-            self.sp = SPGroup(self.mesh.sp_group, self.sp_size, self.sp_rank)
+            self.sp = SPGroup(self._wrapped_mesh().sp_group, self.sp_size, self.sp_rank)
         if self.mesh is not None:  # its groups let go of when a peer is lost mid-collective
             on_collective_failure(self._release_groups)
 
@@ -104,7 +120,7 @@ class ModelBuilding:
         map) loaded whole by transformers in this process, with None. A rebuild whose
         kept shards no longer fit the new layout on some rank builds it again, as a
         start does, on every rank."""
-        fill = None
+        fill: Filler | None = None
         if self._kept is not None:  # a rebuild: the structure only, the kept shards fill it
             model = self._empty_model(value_head, dtype, attn, trust_remote_code)
             fill = self._from_kept
@@ -141,9 +157,9 @@ class ModelBuilding:
         if self.mesh_spec.ep > 1:
             check_experts(num_experts(model.config), self.mesh_spec.ep, self.model_path)
         if self.fsdp:
-            experts = self.mesh.experts
+            mesh = self._wrapped_mesh()
             shard_model(
-                model, self.device.type, self.mixed_precision, mesh=self.mesh.fsdp, experts=experts
+                model, self.device.type, self.mixed_precision, mesh=mesh.fsdp, experts=mesh.experts
             )
         if self.sp is not None:
             attach(model, self.sp, attention_modules(model))
@@ -188,7 +204,7 @@ class ModelBuilding:
         """Whether every rank's kept shards fit ``model``'s layout (a new rank's always
         do: it kept none); a collective when sharded. Says why not, on every rank."""
         why = self._kept.layout_change(model) if self._kept is not None else ""
-        reasons = [why]
+        reasons: list[str | None] = [why]
         if self.sharded:
             reasons = [None] * dist.get_world_size()
             dist.all_gather_object(reasons, why)
@@ -206,8 +222,16 @@ class ModelBuilding:
         return False
 
     def _from_kept(self, target: torch.nn.Module, home: torch.device) -> tuple[str, int]:
+        if self._kept is None:
+            raise RuntimeError(f"{self.model_path}: no kept shards to fill the rebuilt model")
         self._kept.fill_model(target)
         return "kept", 0
+
+    def _wrapped_mesh(self) -> TrainMesh:
+        """``mesh``, which `_build_mesh` makes for an engine wrapped in FSDP2."""
+        if self.mesh is None:
+            raise RuntimeError(f"{self.model_path}: no device mesh; the engine is not wrapped")
+        return self.mesh
 
     def _check_sequence_parallel(self, config: Any, attn: str) -> None:
         """MeshError unless Ulysses can split this model's heads and attention."""

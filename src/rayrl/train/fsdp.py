@@ -68,7 +68,8 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
             f"cannot find decoder layers in {type(model).__name__}: it has no "
             "_no_split_modules and no nn.ModuleList; FSDP needs per-layer units."
         )
-    return list(max(lists, key=len))
+    longest = max(lists, key=len)
+    return list(longest)
 
 
 def attention_modules(model: nn.Module) -> list[nn.Module]:

@@ -283,6 +283,8 @@ def _scatter(
     piece = torch.empty((rows, *shape[1:]), dtype=dtype, device=device)
     parts = None
     if leader:
+        if full is None:  # rank 0 reads; each group's first rank got it by broadcast
+            raise RuntimeError("a sharding group's first rank has no tensor to scatter")
         parts = [_padded(c, rows) for c in full.split(rows)]
         parts += [torch.zeros_like(piece) for _ in range(ranks - len(parts))]
     dist.scatter(piece, parts, group=mesh.get_group(last), group_src=0)

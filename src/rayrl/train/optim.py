@@ -64,7 +64,8 @@ class OptimSpec:
     grad_clip: float | None = 1.0
 
     def __post_init__(self) -> None:
-        self.betas = tuple(float(b) for b in self.betas)
+        beta1, beta2 = self.betas  # a list from YAML becomes the pair of floats
+        self.betas = (float(beta1), float(beta2))
         LR_SCHEDULES.canonical(self.lr_scheduler)  # fail early with the valid names
         if self.lr < 0 or self.warmup_steps < 0:
             raise ValueError(

@@ -119,7 +119,8 @@ def plan_shared_budget(
     plan_token_budget(lengths, max_tokens)  # a row longer than the budget: its error
     chunks: list[tuple[list[int], int]] = []
     for rows, _prompt in groups:
-        chunk, cost = [], 0
+        chunk: list[int] = []
+        cost = 0
         for row in rows:
             if chunk and cost + lengths[row] > max_tokens:
                 chunks.append((chunk, cost))

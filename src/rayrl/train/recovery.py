@@ -21,14 +21,21 @@ from __future__ import annotations
 
 import gc
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
 from rayrl.controller.pending import Pending, settled
 from rayrl.train import snapshot
 from rayrl.train.group_release import release_groups
-from rayrl.train.rebuild import keep
+from rayrl.train.rebuild import Kept, keep
+
+if TYPE_CHECKING:
+    from rayrl.train.mesh import TrainMesh
+    from rayrl.train.residency import Residency
+    from rayrl.train.ulysses import SPGroup
 
 __all__ = ["StepRecovery"]
 
@@ -40,6 +47,25 @@ class StepRecovery:
 
     _copy_stream: torch.cuda.Stream | None = None  # a snapshot's copies, on a GPU
     _snapshot_copies: torch.cuda.Event | None = None  # their end, until waited for
+
+    # The engine's state, set by `TrainEngine.__init__` and `ModelBuilding`; `rebuild`
+    # lets go of model, optimizer, schedule and residency (None) and builds them again.
+    model: nn.Module
+    optimizer: torch.optim.Optimizer | None
+    scheduler: Any  # torch's LR scheduler; None when not trainable
+    residency: Residency | None
+    trainable: bool
+    device: torch.device
+    mesh: TrainMesh | None
+    sp: SPGroup | None
+    model_path: str
+    bytes_read: int
+    skipped_steps: int
+    optimizer_steps: int
+    train_steps: int
+    _args: dict[str, Any]  # the engine's arguments, which `rebuild` builds it from again
+    _kept: Kept | None
+    _pending: Callable[[], int] | None  # a new rank's deferred read of its own shards
 
     def snapshot(self, reuse: bool = False, wait: bool = True) -> dict[str, Any] | Pending:
         """This rank's state (its shard when sharded) in host memory: trainable weights,
@@ -53,8 +79,9 @@ class StepRecovery:
         self._weights_needed()
         optimizer = self.optimizer if self.trainable else None
         behind = not wait and reuse and self.device.type == "cuda"
-        if not (behind and self.residency.on_device):
-            with self.residency.resident():
+        residency = self._residency()
+        if not (behind and residency.on_device):
+            with residency.resident():
                 return snapshot.capture(
                     self.model, optimizer, self.scheduler, self._counters(), reuse
                 )
@@ -85,14 +112,14 @@ class StepRecovery:
 
     def restore(self, state: dict[str, Any] | Pending) -> None:
         """Put back a `snapshot()` of this rank (taken in this process or another)."""
-        state = settled(state)
+        values: dict[str, Any] = settled(state)
         self._snapshot_copies_done()
         names = {name for name, _ in self.model.named_parameters()}
-        if not names <= set(state["params"]):  # frozen weights: this rank's own first
+        if not names <= set(values["params"]):  # frozen weights: this rank's own first
             self._weights_needed()
         optimizer = self.optimizer if self.trainable else None
-        with self.residency.resident():
-            self._set_counters(snapshot.restore(self.model, optimizer, self.scheduler, state))
+        with self._residency().resident():
+            self._set_counters(snapshot.restore(self.model, optimizer, self.scheduler, values))
         self._pending = None
 
     def rebuild(self) -> None:
@@ -109,8 +136,15 @@ class StepRecovery:
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        self.__init__(**{**self._args, "join": True})
+        type(self).__init__(self, **{**self._args, "join": True})
         self._kept = None
+
+    def _residency(self) -> Residency:
+        if self.residency is None:
+            raise RuntimeError(
+                f"{self.model_path}: the engine's last rebuild() did not finish; rebuild() again"
+            )
+        return self.residency
 
     def _release_groups(self) -> None:
         """Drop this engine's references to the process groups (module docstring): the

@@ -108,10 +108,11 @@ class Residency:
         optimizer steps that slice (the others' gradients are hidden from it, so it
         skips them; Adam is elementwise, so the result is one whole step's), and the
         moments go home before the next slice."""
+        optimizer = self._optimizer()
         if not self.optimizer_offload:
-            self.optimizer.step()
+            optimizer.step()
             return
-        params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
         grads = {p: p.grad for p in params}
         try:
             for part in _slices(params, STEP_SLICE_BYTES // 2):  # two moments per element
@@ -119,12 +120,17 @@ class Residency:
                     p.grad = None
                 for p in part:
                     p.grad = grads[p]
-                onload_optimizer(self.optimizer, self.device, part)
-                self.optimizer.step()
-                offload_optimizer(self.optimizer, part)
+                onload_optimizer(optimizer, self.device, part)
+                optimizer.step()
+                offload_optimizer(optimizer, part)
         finally:
             for p, grad in grads.items():
                 p.grad = grad
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        if self.optimizer is None:
+            raise RuntimeError("a frozen engine (trainable=False) has no optimizer to step")
+        return self.optimizer
 
     @contextmanager
     def stepping(self) -> Iterator[None]:

@@ -229,7 +229,7 @@ class JudgeWorker(Worker):
     """One judge replica on the judge's own pool: a `JudgeServer` on the node's IP, so
     that reward workers on any node reach it. It never sleeps (the pool is its own)."""
 
-    def init_worker(self, config: RayRLConfig) -> None:  # type: ignore[override]  # a role's own init
+    def init_worker(self, config: RayRLConfig) -> None:
         import ray
 
         from rayrl.workers.model_placement import reward_model_placement

@@ -43,7 +43,7 @@ from rayrl.batch import Batch
 from rayrl.config.pref import PrefConfig
 from rayrl.controller import DP_SPLIT, ONE_TO_ALL, register
 from rayrl.workers.common import optim_spec
-from rayrl.workers.sft import SFTWorker, sft_engine_kwargs
+from rayrl.workers.sft import MicroBatchSizes, SFTWorker, sft_engine_kwargs
 
 REWARD_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins")
 POLICY_METRICS = (*REWARD_METRICS, "logps/chosen", "logps/rejected")
@@ -139,7 +139,7 @@ class PrefWorker(SFTWorker):
             # normalisation would turn into steps of the learning rate's size
             bias.requires_grad_(False)
 
-    def _sizes(self) -> dict[str, int | None]:
+    def _sizes(self) -> MicroBatchSizes:
         return {"micro_batch_size": self._rows()}
 
     def _rows(self) -> int:

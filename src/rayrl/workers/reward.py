@@ -35,6 +35,8 @@ import numpy as np
 import torch
 
 from rayrl.batch import Batch
+from rayrl.config.errors import ConfigError
+from rayrl.config.reward import RewardModelConfig
 from rayrl.config.schema import RayRLConfig
 from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
 from rayrl.rewards import HTTPReward, RewardResult, make_scorer, spec_from_config
@@ -151,29 +153,40 @@ def make_source(config: RayRLConfig, judge: JudgeServer | RemoteJudge | None = N
     if judge is not None:
         return judge_source(config, judge.address, judge.tokenizer)
     if rm.enable:
-        from rayrl.rewards import ModelReward
-
-        device, dtype = reward_model_placement()
-        model = ModelReward(
-            rm.model.path,
-            device=device,
-            dtype=dtype,
-            micro_batch_size=rm.micro_batch_size_per_gpu,
-            max_length=rm.max_length,
-        )
-        return BoundedScores(model, rm.score_transform, rm.score_scale)
+        return _reward_model(rm)
     if r.http.url:
         return HTTPReward(r.http.url, timeout_s=r.http.timeout_s, retries=r.http.retries)
     kwargs = {**r.reward_kwargs, **fn.reward_kwargs}
     spec = spec_from_config(fn.path, fn.name, kwargs, pickled=fn.pickled)
     scorer = make_scorer(r.reward_manager.name, spec, r.num_workers, r.timeout_s)
-    if not sandbox_scores_code(config):
-        return scorer
     sandbox = r.sandbox_fusion
+    if sandbox.url is None or not sandbox_scores_code(config):
+        return scorer
     client = SandboxFusion(
         sandbox.url, max_concurrent=sandbox.max_concurrent, memory_limit_mb=sandbox.memory_limit_mb
     )
     return with_code_sandbox(scorer, client)
+
+
+def _reward_model(rm: RewardModelConfig) -> BoundedScores:
+    """The reward model `reward_model` names, on the device its bundle reserves."""
+    from rayrl.rewards import ModelReward
+
+    path, micro_batch_size = rm.model.path, rm.micro_batch_size_per_gpu
+    if path is None or micro_batch_size is None:  # load_config checks and sets them
+        raise ConfigError(
+            "reward_model.enable=true needs reward_model.model.path and "
+            "reward_model.micro_batch_size_per_gpu (rayrl.config.load_config sets them)"
+        )
+    device, dtype = reward_model_placement()
+    model = ModelReward(
+        path,
+        device=device,
+        dtype=dtype,
+        micro_batch_size=micro_batch_size,
+        max_length=rm.max_length,
+    )
+    return BoundedScores(model, rm.score_transform, rm.score_scale)
 
 
 def sandbox_scores_code(config: RayRLConfig) -> bool:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -57,6 +57,13 @@ def sft_engine_kwargs(cfg: SFTConfig | PrefConfig) -> dict[str, Any]:
     }
 
 
+class MicroBatchSizes(TypedDict, total=False):
+    """The engine's micro-batch keywords (`TrainEngine.forward`, ``train_step``)."""
+
+    micro_batch_size: int | None
+    max_tokens_per_micro_batch: int | None
+
+
 class SFTWorker(Worker):
     """A rank of supervised fine-tuning."""
 
@@ -77,7 +84,7 @@ class SFTWorker(Worker):
         """After the process group re-formed (an init retried): sharded anew."""
         self.engine.rebuild()
 
-    def _sizes(self) -> dict[str, int | None]:
+    def _sizes(self) -> MicroBatchSizes:
         d = self.cfg.data
         if d.use_dynamic_bsz:
             return {"max_tokens_per_micro_batch": d.max_token_len_per_gpu}
