@@ -323,7 +323,7 @@ class _FusedLogProbs(torch.autograd.Function):
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
         grad_b = torch.zeros(weight.shape[:1], dtype=acc, device=weight.device) if need_b else None
-        use_ent = ctx.with_entropy and grad_ent is not None
+        ent_grad = grad_ent if ctx.with_entropy else None  # None: no entropy gradient
         with torch.autocast(hidden.device.type, enabled=False):
             for i, start in enumerate(range(0, hidden.shape[0], ctx.chunk_size)):
                 rows = slice(start, start + ctx.chunk_size)
@@ -336,16 +336,16 @@ class _FusedLogProbs(torch.autograd.Function):
                     log_norm[rows],
                     ctx.temperature,
                     None if grad_logp is None else grad_logp[rows],
-                    ent[rows] if use_ent else None,
-                    grad_ent[rows] if use_ent else None,
+                    None if ent_grad is None else ent[rows],
+                    None if ent_grad is None else ent_grad[rows],
                     logits,
                 )
-                if need_h:
+                if grad_h is not None:
                     grad_h[rows] = g @ weight
-                if need_w:
+                if grad_w is not None:
                     _accumulate_matmul(grad_w, g.t(), hidden[rows])
-                if need_b:
+                if grad_b is not None:
                     grad_b += g.to(acc).sum(dim=0)
-        grad_w = grad_w.to(weight.dtype) if need_w else None
-        grad_b = grad_b.to(bias.dtype) if need_b else None
-        return grad_h, grad_w, grad_b, None, None, None, None, None, None, None
+        out_w = None if grad_w is None else grad_w.to(weight.dtype)
+        out_b = None if grad_b is None else grad_b.to(bias.dtype)
+        return grad_h, out_w, out_b, None, None, None, None, None, None, None

@@ -27,7 +27,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -111,6 +111,7 @@ def update_actor_reads(cfg: RayRLConfig) -> tuple[str, ...]:
 
 
 if TYPE_CHECKING:  # the engine loads in the worker (init_worker), not in the driver
+    from rayrl.rollout.native.engine import NativeRolloutEngine
     from rayrl.train.engine import TrainEngine
 
 
@@ -312,10 +313,11 @@ class ActorRolloutRefWorker(Worker):
         start = time.perf_counter()
         with self.actor.resident(), progress.phase("weight_sync"):
             if self.tp > 1 and not self.lora:  # each rank receives only its TP part
+                native = cast("NativeRolloutEngine", self.rollout)  # TP: native only
                 parts = tp_rollout_weights(
-                    self.actor.model, self.rollout_dtype, self.rollout.spec, self.tp
+                    self.actor.model, self.rollout_dtype, native.spec, self.tp
                 )
-                self.rollout.update_weights(parts, sharded=True)
+                native.update_weights(parts, sharded=True)
             else:
                 self.rollout.update_weights(self.actor.rollout_weights(self.rollout_dtype))
         if self.actor.device.type == "cuda":

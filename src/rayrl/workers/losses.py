@@ -68,7 +68,7 @@ def _bypass_rejection(
 
 
 def _decoupled_weights(
-    correction: RolloutCorrectionConfig, old: Tensor, mb: Batch, mask: Tensor
+    correction: RolloutCorrectionConfig, level: str, old: Tensor, mb: Batch, mask: Tensor
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The truncated weights of the old log-probs against the rollout's, over the
     response mask before rollout rejection (``rollout_is_mask``, as verl's) when the
@@ -79,7 +79,7 @@ def _decoupled_weights(
         mb["rollout_log_probs"],
         is_mask,
         cap=correction.rollout_is_threshold,
-        level=correction.rollout_is,
+        level=level,
     )
     if "rollout_is_norm" in mb:  # rollout_is_batch_normalize: the batch's mean
         weights = weights / mb["rollout_is_norm"].to(weights.dtype)[:, None]
@@ -147,9 +147,10 @@ def actor_loss_fn(
     teacher's log-probs (``teacher_log_prob``) is added, weighted by ``distill.weight``;
     without ``distill.with_task`` it is the whole loss (the task's terms still report)."""
     policy = POLICY_LOSSES.get(cfg.policy_loss.loss_mode)
-    is_level = correction.rollout_is if correction is not None else None
-    bypass = correction is not None and correction.bypass_mode
-    rules = ()
+    correction = correction if correction is not None else RolloutCorrectionConfig()  # none
+    is_level = correction.rollout_is
+    bypass = correction.bypass_mode
+    rules: tuple[RejectionRule, ...] = ()
     if bypass and correction.rollout_rs is not None:
         rules = parse_rejection(correction.rollout_rs, correction.rollout_rs_threshold)
     if bypass and correction.loss_type == "reinforce":
@@ -176,7 +177,7 @@ def actor_loss_fn(
                 pg_mask, rejected = _bypass_rejection(rules, log_prob, mb, mask)
                 metrics.update(rejected)
         elif is_level is not None and "rollout_log_probs" in mb:
-            weights, tis = _decoupled_weights(correction, old, mb, mask)
+            weights, tis = _decoupled_weights(correction, is_level, old, mb, mask)
             metrics.update({f"actor/{k}": _token_share(v, mask, mb) for k, v in tis.items()})
         if on_policy and "rollout_log_probs" in mb:  # what the separate pass would report
             metrics.update(probs_diff_sums(mb["rollout_log_probs"], old, mask))

@@ -47,7 +47,7 @@ def teacher_reads(cfg: RayRLConfig) -> tuple[str, ...]:
 class TeacherWorker(Worker):
     """Teacher log-probs (`teacher_log_prob`) of sampled responses."""
 
-    def init_worker(self, config: RayRLConfig) -> None:  # type: ignore[override]  # a role's own init
+    def init_worker(self, config: RayRLConfig) -> None:
         from rayrl.train.engine import TrainEngine  # in the worker only
 
         self.cfg = config

@@ -124,6 +124,15 @@ class _FinishTracker(StoppingCriteria):
         return self.done.clone()
 
 
+def served_model(model: nn.Module) -> nn.Module:
+    """The transformers model that decodes for ``model``: a PeftModel's wrapped model
+    (its layers hold the LoRA adapters, active as the PeftModel's are), else itself."""
+    get_base = getattr(model, "get_base_model", None)
+    if get_base is not None and hasattr(model, "peft_config"):
+        return get_base()
+    return model
+
+
 @ROLLOUT_ENGINES.register("hf")
 class HFRolloutEngine(RolloutEngine):
     """Rollout on ``model.generate()`` with seeded, replayable sampling.
@@ -184,13 +193,17 @@ class HFRolloutEngine(RolloutEngine):
         # a vision-language model generates with its images through ``generate()``,
         # which computes its M-RoPE positions and feeds the pixels at the prefill only
         self.vision = is_vision_language(getattr(model, "config", None) or {})
-        self.lean = decode == "auto" and can_lean_decode(model) and not self.vision
+        # a LoRA model (a PeftModel) decodes through the transformers model it wraps,
+        # whose layers carry the adapters: the same tokens, with the lean decoder and
+        # requests (multi-turn episodes, async replicas) that a PeftModel lacks
+        self.served = served_model(model)
+        self.lean = decode == "auto" and can_lean_decode(self.served) and not self.vision
         self._asleep = False
         gen_config = getattr(model, "generation_config", None)
         self.eos_ids = eos_ids(gen_config, getattr(model, "config", None), tokenizer)
         self.pad_id = pad_id(gen_config, tokenizer, self.eos_ids, "HFRolloutEngine")
-        self.serves = can_serve_requests(model) and not self.vision
-        self.requests = HFRequests(model, self.pad_id, self.eos_ids, tokenizer)
+        self.serves = can_serve_requests(self.served) and not self.vision
+        self.requests = HFRequests(self.served, self.pad_id, self.eos_ids, tokenizer)
 
     # ------------------------------------------------------------------ generate
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
@@ -373,7 +386,7 @@ class HFRolloutEngine(RolloutEngine):
         if cache == "dynamic" and self.lean and not self.compile:
             with _generation_mode(self.model):
                 return lean_decode(
-                    self.model,
+                    self.served,
                     inputs,
                     keys.to(device),
                     sampling,

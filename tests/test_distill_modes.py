@@ -1,0 +1,100 @@
+"""On-policy distillation composed with the other modes: multi-turn episodes with tools
+and asynchronous training (replicas at staleness 0) train exactly what the synchronous
+run trains, teacher log-probs included; with LoRA, the hybrid engine serves the episodes
+through the adapted model (a PeftModel used to be refused there)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rayrl.config import load_config
+from rayrl.models import build_tiny_model
+from rayrl.testing.chaos import deterministic, final_weights
+from rayrl.trainer.async_ppo import AsyncPPOTrainer
+from rayrl.trainer.ppo import PPOTrainer
+from rayrl.trainer.run import Run
+
+pytestmark = pytest.mark.slow
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))
+from _agent_env import ENVIRONMENT, end_turns_often  # noqa: E402
+
+MT = "actor_rollout_ref.rollout.multi_turn"
+RUN = [
+    "data.train_batch_size=2",
+    "data.max_response_length=40",
+    "actor_rollout_ref.rollout.n=2",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    "trainer.device=cpu",
+    "trainer.val_before_train=false",
+    "trainer.logger=[jsonl]",
+    "trainer.total_training_steps=2",
+    "trainer.resume_mode=disable",
+    f"{MT}.enable=true",
+    f"actor_rollout_ref.rollout.agent.default_agent_loop={BENCH / '_agent_env.py'}:{ENVIRONMENT}",
+    f"{MT}.max_tool_response_length=8",
+    "distillation.enabled=true",
+    "distillation.distillation_loss.use_policy_gradient=true",
+    "distillation.distillation_loss.loss_mode=k1",
+]
+ASYNC = [
+    "actor_rollout_ref.rollout.mode=async",
+    "rollout.n_gpus_per_node=1",
+    "async_training.trigger_parameter_sync_step=1",
+    "async_training.staleness_threshold=0",
+    "async_training.partial_rollout=false",
+]
+
+
+def _fit(models: tuple[str, str], out: Path, extra: list[str], trainer_cls) -> list[dict]:
+    student, teacher = models
+    cfg = load_config(
+        "grpo",
+        [
+            *RUN,
+            *extra,
+            f"trainer.output_dir={out}",
+            f"actor_rollout_ref.model.path={student}",
+            f"distillation.teacher_models.teacher_model.model_path={teacher}",
+        ],
+    )
+    run = Run(trainer_cls(cfg, print_fn=lambda _: None))
+    try:
+        run.setup()
+        return run.fit()
+    finally:
+        run.shutdown()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> tuple[str, str]:
+    root = tmp_path_factory.mktemp("distill-modes")
+    student = str(build_tiny_model(root / "student", layers=2, hidden=64, seed=4))
+    end_turns_often(student, share=1 / 6)  # turns of about 6 tokens: tool calls
+    teacher = str(build_tiny_model(root / "teacher", layers=3, hidden=96, seed=5))
+    return student, teacher
+
+
+def test_async_multi_turn_distillation_trains_what_the_synchronous_run_does(
+    ray_local, models, tmp_path
+):
+    sync = _fit(models, tmp_path / "sync", [], PPOTrainer)
+    got = _fit(models, tmp_path / "async", ASYNC, AsyncPPOTrainer)
+    assert len(sync) == len(got) == 2
+    for want, row in zip(sync, got, strict=True):
+        same = deterministic(want)
+        assert {k: row.get(k) for k in same} == same
+        assert row["distillation/abs_loss"] > 0 and row["multi_turn/num_turns/mean"] > 2
+    weights, mine = final_weights(tmp_path / "sync"), final_weights(tmp_path / "async")
+    assert all(torch.equal(weights[k], mine[k]) for k in weights)
+
+
+def test_lora_multi_turn_distillation_runs_in_the_hybrid_engine(ray_local, models, tmp_path):
+    rows = _fit(models, tmp_path / "lora", ["actor_rollout_ref.model.lora_rank=8"], PPOTrainer)
+    assert len(rows) == 2 and rows[-1]["multi_turn/num_turns/mean"] > 2
+    assert rows[0]["distillation/abs_loss"] > 0 and rows[0]["actor/grad_norm"] > 0
