@@ -154,9 +154,11 @@ def agreement(judge_dir: Path, rows: list[dict]) -> tuple[float, float]:
     return agree / len(rows), sum(not r.ok for r in results) / len(rows)
 
 
-def val_accuracy(root: Path, stage: str, model: Path, seed: int, out) -> float:
+def val_accuracy(
+    root: Path, stage: str, model: Path, seed: int, out, extra: tuple[str, ...] = ()
+) -> float:
     """Greedy held-out accuracy of `model` with the rule scorer (`rayrl train -c demo
-    trainer.val_only=true`)."""
+    trainer.val_only=true`, with the `extra` keys the stages shared)."""
     from rayrl.cli.demo_cmd import _val
     from rayrl.cli.train_cmd import train
     from rayrl.config import load_config
@@ -170,6 +172,7 @@ def val_accuracy(root: Path, stage: str, model: Path, seed: int, out) -> float:
             "trainer.val_only=true",
             f"trainer.output_dir={root / stage}",
             f"actor_rollout_ref.model.path={model}",
+            *extra,
         ],
     )
     train(cfg, out)

@@ -265,3 +265,33 @@ def _rayrl(*args: str) -> subprocess.CompletedProcess:
     )
     assert "Traceback" not in done.stderr, done.stderr[-4000:]
     return done
+
+
+def test_a_window_no_shorter_than_the_longest_sequence_is_left_out_of_the_attention():
+    """Mistral's 4096-token window over 2048 positions hides nothing: the layer attends
+    plainly (the Triton kernels, which have no window, run it), a shorter window stays."""
+    import torch
+
+    from rayrl.rollout.native.model import _LayerPlan
+    from rayrl.rollout.native.spec import ModelSpec
+
+    spec = ModelSpec(
+        model_type="mistral",
+        layers=2,
+        hidden=8,
+        heads=2,
+        kv_heads=1,
+        head_dim=4,
+        intermediate=16,
+        vocab=32,
+        rms_eps=1e-6,
+        qkv_bias=False,
+        o_bias=False,
+        qk_norm=False,
+        tie_embeddings=False,
+        max_positions=2048,
+        windows=(4096, 512),
+    )
+    cos = sin = torch.zeros(1, 2048, 4)
+    assert _LayerPlan.of(spec, 0, cos, sin).attention == {}
+    assert _LayerPlan.of(spec, 1, cos, sin).attention == {"window": 512}

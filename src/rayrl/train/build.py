@@ -145,7 +145,7 @@ class ModelBuilding:
             install_image_splice(model)  # a vision-language model's images (none: no-op)
         self.lora = lora is not None
         if self.lora:
-            model = apply_lora(model, lora)
+            model = apply_lora(model, lora, seed)
             if value_head:  # peft froze it; a value head is new, so it trains whole
                 value_head_module(model).requires_grad_(True)
         if self.freeze_vision_tower:  # after LoRA, so that the tower's adapters freeze too

@@ -52,8 +52,11 @@ class LoraSpec:
         )
 
 
-def apply_lora(model: nn.Module, lora: LoraSpec) -> nn.Module:
-    """Wrap `model` with LoRA adapters."""
+def apply_lora(model: nn.Module, lora: LoraSpec, seed: int = 0) -> nn.Module:
+    """Wrap `model` with LoRA adapters, their random matrices drawn from `seed` (the
+    run's): the same on every rank and in every run of the seed (the process's own
+    random state, which a load may or may not have drawn from, would make each run's
+    adapters, and so its gradients, its own)."""
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError as exc:  # pragma: no cover - depends on the install
@@ -69,7 +72,10 @@ def apply_lora(model: nn.Module, lora: LoraSpec) -> nn.Module:
         target_modules=modules if isinstance(modules, str) else list(modules),
         bias="none",
     )
-    return get_peft_model(model, config)
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):  # wherever the model is, seeded
+        torch.manual_seed(seed)
+        return get_peft_model(model, config)
 
 
 def is_lora(model: nn.Module) -> bool:

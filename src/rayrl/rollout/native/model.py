@@ -244,9 +244,12 @@ class _LayerPlan:
 
     @classmethod
     def of(cls, spec: ModelSpec, i: int, cos: Tensor, sin: Tensor) -> _LayerPlan:
+        """Layer ``i``'s plan; a window no shorter than the rotary tables' positions (the
+        longest sequence the engine runs) hides nothing, and is left out (as
+        `triton_gaps` leaves it out of what the Triton kernels must do)."""
         table = spec.rope_table(i)
         options: dict[str, float] = {}
-        if spec.window(i):
+        if 0 < spec.window(i) < cos.shape[1]:
             options["window"] = spec.window(i)
         if spec.attn_softcap:
             options["softcap"] = spec.attn_softcap
