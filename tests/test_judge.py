@@ -267,3 +267,55 @@ def test_rayrl_train_with_the_builtin_judge_on_its_own_pool(tmp_path, judge_dir)
     assert row["reward/errors"] == round(8 * row["judge/parse_failures"])
     assert row["judge/tokens_per_s"] > 0 and row["judge/latency_s"] > 0
     assert row["judge/batch"] > 1  # the scoring's 8 verdicts shared engine steps
+
+
+@pytest.mark.slow
+def test_a_judge_replica_killed_between_steps_is_replaced_and_found(tmp_path, judge_dir):
+    """The judge's replica on its own pool is SIGKILLed after step 1: step 2's scoring
+    fails to reach it, the step's recovery replaces it (another process, another port),
+    and the reward worker finds the new address in the run's KV store: the run ends
+    with every sample scored."""
+    import os
+    import signal
+
+    from rayrl.trainer.ppo import PPOTrainer
+    from rayrl.trainer.run import Run
+
+    start_local_ray()
+    cfg = _config(
+        judge_dir,
+        "trainer.total_training_steps=3",
+        "trainer.device=cpu",
+        "data.train_batch_size=4",
+        "data.max_response_length=4",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "trainer.val_before_train=false",
+        "trainer.logger=[jsonl]",
+        "reward.judge.max_tokens=4",
+        "reward.max_error_rate=1.0",  # a random judge's verdicts mostly fail to parse
+        "reward.reward_model.enable_resource_pool=true",
+        "reward.reward_model.nnodes=1",
+        "reward.reward_model.n_gpus_per_node=1",
+        f"trainer.output_dir={tmp_path / 'run'}",
+    )
+    printed: list[str] = []
+    run = Run(PPOTrainer(cfg, print_fn=printed.append))
+    killed: list[str] = []
+
+    def on_step(step: int, _metrics: dict) -> None:
+        if step == 1:
+            [judges] = [g for g in run.trainer.roles.groups if g.role == "judge"]
+            killed.append(judges.call("address")[0])
+            os.kill(int(judges.infos[0]["pid"]), signal.SIGKILL)
+
+    try:
+        run.setup()
+        history = run.fit(on_step=on_step)
+        [judges] = [g for g in run.trainer.roles.groups if g.role == "judge"]
+        now = judges.call("address")[0]
+    finally:
+        run.shutdown()
+    assert len(history) == 3 and run.replay.recoveries, printed
+    assert now != killed[0]  # a new replica, found by the reward worker
+    assert all(row["judge/tokens_per_s"] > 0 for row in history)

@@ -102,3 +102,18 @@ def test_a_kept_call_of_a_recovered_group_runs_again_its_rows_left_with_the_work
     calls.new_attempt()
     assert calls.run("gen", gen, 1) == 10 and gen.calls == 2
     assert calls.run("reward", score, 2) == 20 and score.calls == 1  # its group was spared
+
+
+def test_a_call_that_raised_runs_again_though_its_group_was_not_replaced():
+    """A reward call fails because another group lost a worker (the judge replica it
+    posts to): the replay replaces that group only, and the reward is called again
+    instead of raising its kept error once more."""
+    calls = StageCalls()
+    reward = Method("reward", fail_first=True)
+    calls.new_step()
+    with pytest.raises(RuntimeError):
+        calls.run("reward", reward, 2)
+    calls.forget({"judge"})
+    calls.new_attempt()
+    assert calls.run("reward", reward, 2) == 20 and reward.calls == 2
+    assert reward.futures[0].discarded

@@ -4,7 +4,9 @@
 `StageCalls.start` (a future). Each result is kept under (stage, occurrence), so when
 the step runs again after a failure (`rayrl.trainer.replay`), the calls that had
 finished return their kept result at once: the step's inputs and seeds are the same,
-so running them again would give the same result, only later. Calls that change a
+so running them again would give the same result, only later. A call that raised runs
+again (its group may be whole, and the failure another's: a reward worker that could
+not reach a judge replica that was lost). Calls that change a
 group's state (`mutates=True`: the updates) are forgotten when that group is restored
 to the step's start, and run again; so are calls of a recovered group still in flight,
 and those whose rows stayed with its workers (`GroupMethod.keeping()`).
@@ -29,6 +31,7 @@ class _Kept:
     future: Any = None  # a GroupFuture not yet collected
     collect: Any = None  # instead of the method's own collect
     keeps_rows: bool = False  # its result's token columns stay with the group's workers
+    failed: bool = False  # it raised: a replayed step calls it again
 
 
 class _Started:
@@ -41,7 +44,11 @@ class _Started:
         kept = self.kept
         if kept.future is not None:
             own = kept.collect is None
-            value = kept.future.get(timeout) if own else kept.future.get(timeout, kept.collect)
+            try:
+                value = kept.future.get(timeout) if own else kept.future.get(timeout, kept.collect)
+            except BaseException:
+                kept.failed = True  # kept for `forget` to discard; `start` calls anew
+                raise
             kept.value, kept.future = value, None
         return kept.value
 
@@ -95,7 +102,9 @@ class StageCalls:
         key = (stage, self.counts[stage])
         self.counts[stage] += 1
         kept = self.kept.get(key)
-        if kept is None:
+        if kept is None or kept.failed:
+            if kept is not None and kept.future is not None:
+                kept.future.discard()
             self.stop_check(self.mutated)
             future = method.remote(*args, **kwargs)
             kept = _Kept(_group_of(method), mutates, future=future, collect=collect)

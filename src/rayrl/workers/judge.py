@@ -225,9 +225,14 @@ def check_judge(config: RayRLConfig) -> None:
         raise ConfigError(str(exc)) from None
 
 
+JUDGE_KV = "judge"  # the run's KV namespace of the replicas' addresses, by rank
+
+
 class JudgeWorker(Worker):
     """One judge replica on the judge's own pool: a `JudgeServer` on the node's IP, so
-    that reward workers on any node reach it. It never sleeps (the pool is its own)."""
+    that reward workers on any node reach it. It never sleeps (the pool is its own).
+    Its address goes into the run's KV store under its rank: a replica that replaces a
+    lost one (another process, another port) is found there by the reward workers."""
 
     def init_worker(self, config: RayRLConfig) -> None:
         import ray
@@ -236,6 +241,9 @@ class JudgeWorker(Worker):
 
         device, _ = reward_model_placement()
         self.judge = JudgeServer(config, device, host=ray.util.get_node_ip_address())
+        self.kv.put(
+            str(self.rank), self.judge.address, namespace=JUDGE_KV, writer=f"judge {self.rank}"
+        )
 
     @register(dispatch=ONE_TO_ALL)
     def address(self) -> str:
@@ -249,15 +257,25 @@ class JudgeWorker(Worker):
 class RemoteJudge:
     """What a reward worker holds of a judge replica on the judge's pool: its address
     (reward worker i uses replica i mod replicas), the judge's tokenizer, and the
-    replica's counts read over HTTP (``GET /stats``)."""
+    replica's counts read over HTTP (``GET /stats``: a replica that is gone fails it,
+    and so the scoring, and the step's recovery replaces the replica). `refresh` reads
+    the replica's address again from the run's KV store, where a replacement writes it."""
 
-    def __init__(self, config: RayRLConfig, addresses: list[str], rank: int) -> None:
+    def __init__(self, config: RayRLConfig, addresses: list[str], rank: int, kv: Any) -> None:
         from transformers import AutoTokenizer
 
         if not addresses:
             raise ValueError("RemoteJudge: the judge pool reported no replica addresses")
-        self.address = addresses[rank % len(addresses)]
+        self.replica = rank % len(addresses)
+        self.address = addresses[self.replica]
+        self.kv = kv
         self.tokenizer = AutoTokenizer.from_pretrained(str(config.reward_model.model.path))
+
+    def refresh(self) -> bool:
+        """The replica's address as its worker last wrote it; True when it moved."""
+        address = self.kv.get(str(self.replica), self.address, namespace=JUDGE_KV)
+        moved, self.address = address != self.address, address
+        return moved
 
     def stats(self) -> dict[str, float]:
         import json

@@ -95,11 +95,12 @@ class RewardWorker(Worker):
         # the actor trains
         self.judge: JudgeServer | RemoteJudge | None = None
         if judge_on_own_pool(config):
-            self.judge = RemoteJudge(config, judge_addresses or [], self.rank)
+            self.judge = RemoteJudge(config, judge_addresses or [], self.rank, self.kv)
         elif judge_enabled(config):
             device, _ = reward_model_placement()
             self.judge = JudgeServer(config, device, sleeps=True)
         # counted here for `stats`; the run's budget is the trainer's (it sees every row)
+        self.config = config
         source = make_source(config, self.judge)
         self.source = ErrorBudget(source, *error_policy(config), enforce=False)
 
@@ -124,6 +125,9 @@ class RewardWorker(Worker):
         )
         if self.judge is None:
             return scores_to_batch(self.source.score(items), mask)
+        if isinstance(self.judge, RemoteJudge) and self.judge.refresh():
+            # its replica was replaced: the scorer posts to the new one's address
+            self.source.source = make_source(self.config, self.judge)
         with self.judge.awake():
             before, started = self.judge.stats(), time.perf_counter()
             results: list[RewardResult] = self.source.score(items)
