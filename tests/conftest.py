@@ -78,6 +78,35 @@ def subprocess_pythonpath(*first: Path | str) -> str:
     return os.pathsep.join(e for e in entries if e)
 
 
+# One GRPO step of the default tiny model, as `rayrl train` is typed (`train_one_step`).
+ONE_GRPO_STEP = [
+    "train",
+    "-c",
+    "grpo",
+    "trainer.total_training_steps=1",
+    "trainer.device=cpu",
+    "data.train_batch_size=4",
+    "data.max_response_length=4",
+    "actor_rollout_ref.rollout.n=2",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "trainer.val_before_train=false",
+    "trainer.export_hf=false",
+    "trainer.logger=[jsonl]",
+]
+
+
+def train_one_step(out: Path, *overrides: str) -> dict:
+    """`rayrl train` (the CLI's entry, in this process, on the session's local Ray) for
+    one GRPO step with `overrides`, its run directory `out`; the step's metrics."""
+    from rayrl.cli.main import main
+    from rayrl.trainer.run_dir import read_metrics
+
+    start_local_ray()
+    assert main([*ONE_GRPO_STEP, f"trainer.output_dir={out}", *overrides]) == 0
+    [row] = read_metrics(out / "metrics.jsonl")
+    return row
+
+
 _state: dict = {}
 
 

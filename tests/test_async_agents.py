@@ -13,49 +13,18 @@ takes the current policy and generates them again, and every prompt trains once.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from async_cases import ReplicaKiller, tools_running
+from async_cases import EXACT, SMALL, ReplicaKiller, end_turns_often, tools_running
 from rayrl.config import load_config
 from rayrl.models import build_tiny_model
 from rayrl.testing.chaos import deterministic, final_weights
 from rayrl.trainer.async_ppo import AsyncPPOTrainer
 from rayrl.trainer.ppo import PPOTrainer
 from rayrl.trainer.run import Run
-
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-sys.path.insert(0, str(BENCH))
-from _agent_env import ENVIRONMENT, end_turns_often  # noqa: E402
-
-MT = "actor_rollout_ref.rollout.multi_turn"
-SMALL = [
-    "data.train_batch_size=2",
-    "data.max_response_length=40",
-    "actor_rollout_ref.rollout.n=2",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-    "trainer.device=cpu",
-    "trainer.val_before_train=false",
-    "trainer.logger=[jsonl]",
-    "trainer.total_training_steps=3",
-    "trainer.resume_mode=disable",
-    f"{MT}.enable=true",
-    f"actor_rollout_ref.rollout.agent.default_agent_loop={BENCH / '_agent_env.py'}:{ENVIRONMENT}",
-    f"{MT}.environment_config.latency_s=0.15",
-    f"{MT}.environment_config.calls=2",
-    f"{MT}.max_tool_response_length=8",
-]
-EXACT = [
-    "actor_rollout_ref.rollout.mode=async",
-    "rollout.n_gpus_per_node=1",
-    "async_training.trigger_parameter_sync_step=1",
-    "async_training.staleness_threshold=0",
-    "async_training.partial_rollout=false",
-]
 
 
 @pytest.fixture(scope="module")

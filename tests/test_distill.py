@@ -248,33 +248,10 @@ def test_each_row_goes_to_its_teacher_and_every_rank_runs_every_teacher():
 
 # ------------------------------------------------------------------ rayrl train
 def _train(out, *overrides: str) -> dict:
-    """`rayrl train` (the CLI's entry, in this process) for one GRPO step with
-    distillation; the step's metrics."""
-    from conftest import start_local_ray
-    from rayrl.cli.main import main
-    from rayrl.trainer.run_dir import read_metrics
+    """`rayrl train` for one GRPO step with distillation; the step's metrics."""
+    from conftest import train_one_step
 
-    start_local_ray()
-    args = [
-        "train",
-        "-c",
-        "grpo",
-        "trainer.total_training_steps=1",
-        "trainer.device=cpu",
-        "data.train_batch_size=4",
-        "data.max_response_length=4",
-        "actor_rollout_ref.rollout.n=2",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "trainer.val_before_train=false",
-        "trainer.export_hf=false",
-        "trainer.logger=[jsonl]",
-        "distillation.enabled=true",
-        f"trainer.output_dir={out}",
-        *overrides,
-    ]
-    assert main(args) == 0
-    [row] = read_metrics(out / "metrics.jsonl")
-    return row
+    return train_one_step(out, "distillation.enabled=true", *overrides)
 
 
 @pytest.fixture(scope="module")

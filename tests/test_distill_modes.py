@@ -5,12 +5,12 @@ through the adapted model: a PeftModel used to be refused there)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from async_cases import EXACT, SMALL, end_turns_often
 from rayrl.config import load_config
 from rayrl.models import build_tiny_model
 from rayrl.testing.chaos import deterministic, final_weights
@@ -19,36 +19,13 @@ from rayrl.trainer.ppo import PPOTrainer
 from rayrl.trainer.run import Run
 
 pytestmark = pytest.mark.slow
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-sys.path.insert(0, str(BENCH))
-from _agent_env import ENVIRONMENT, end_turns_often  # noqa: E402
-
-MT = "actor_rollout_ref.rollout.multi_turn"
-RUN = [
-    "data.train_batch_size=2",
-    "data.max_response_length=40",
-    "actor_rollout_ref.rollout.n=2",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-    "trainer.device=cpu",
-    "trainer.val_before_train=false",
-    "trainer.logger=[jsonl]",
+LORA = "actor_rollout_ref.model.lora_rank=8"
+RUN = [  # the async tests' small multi-turn run, two steps, with distillation
+    *SMALL,
     "trainer.total_training_steps=2",
-    "trainer.resume_mode=disable",
-    f"{MT}.enable=true",
-    f"actor_rollout_ref.rollout.agent.default_agent_loop={BENCH / '_agent_env.py'}:{ENVIRONMENT}",
-    f"{MT}.max_tool_response_length=8",
     "distillation.enabled=true",
     "distillation.distillation_loss.use_policy_gradient=true",
     "distillation.distillation_loss.loss_mode=k1",
-]
-LORA = "actor_rollout_ref.model.lora_rank=8"
-ASYNC = [
-    "actor_rollout_ref.rollout.mode=async",
-    "rollout.n_gpus_per_node=1",
-    "async_training.trigger_parameter_sync_step=1",
-    "async_training.staleness_threshold=0",
-    "async_training.partial_rollout=false",
 ]
 
 
@@ -85,7 +62,7 @@ def test_async_multi_turn_lora_distillation_trains_what_the_synchronous_run_does
     ray_local, models, tmp_path
 ):
     sync = _fit(models, tmp_path / "sync", [LORA], PPOTrainer)
-    got = _fit(models, tmp_path / "async", [LORA, *ASYNC], AsyncPPOTrainer)
+    got = _fit(models, tmp_path / "async", [LORA, *EXACT], AsyncPPOTrainer)
     assert len(sync) == len(got) == 2
     for want, row in zip(sync, got, strict=True):
         same = deterministic(want)

@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from conftest import start_local_ray
+from conftest import start_local_ray, train_one_step
 from rayrl.config import load_config
 from rayrl.config.errors import ConfigError
 from rayrl.rewards.budget import ErrorBudget, RewardErrorRateError
@@ -213,33 +213,9 @@ async def compute_score(data_source, solution_str, ground_truth, extra_info,
 
 
 def _train(out, judge_dir, *overrides: str) -> dict:
-    """`rayrl train` (the CLI's entry, in this process) for one GRPO step scored by the
-    judge; the step's metrics."""
-    from rayrl.cli.main import main
-    from rayrl.trainer.run_dir import read_metrics
-
-    start_local_ray()
-    args = [
-        "train",
-        "-c",
-        "grpo",
-        "trainer.total_training_steps=1",
-        "trainer.device=cpu",
-        "data.train_batch_size=4",
-        "data.max_response_length=4",
-        "actor_rollout_ref.rollout.n=2",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "trainer.val_before_train=false",
-        "trainer.export_hf=false",
-        "trainer.logger=[jsonl]",
-        "reward.reward_model.enable=true",
-        f"reward.reward_model.model_path={judge_dir}",
-        f"trainer.output_dir={out}",
-        *overrides,
-    ]
-    assert main(args) == 0
-    [row] = read_metrics(out / "metrics.jsonl")
-    return row
+    """`rayrl train` for one GRPO step scored by the judge; the step's metrics."""
+    judge = ["reward.reward_model.enable=true", f"reward.reward_model.model_path={judge_dir}"]
+    return train_one_step(out, *judge, *overrides)
 
 
 def test_rayrl_train_scores_with_a_verl_genrm_file(tmp_path, judge_dir):

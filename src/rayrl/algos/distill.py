@@ -24,11 +24,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
 from rayrl.algos.aggregation import LossAggregation
-from rayrl.algos.kl import KL_ESTIMATORS
+from rayrl.algos.kl import KL_ESTIMATORS, kl_divergence
 from rayrl.algos.losses import PolicyLossConfig, ppo_policy_loss
 from rayrl.algos.masked import masked_mean
 from rayrl.registry import Registry
@@ -68,13 +67,9 @@ def token_divergence(
     student: Tensor, teacher: Tensor, mask: Tensor, loss_mode: str = "k3"
 ) -> Tensor:
     """Each response token's divergence ``[batch, response_len]`` (0 on padding, which
-    carries no gradient)."""
-    estimator = KL_ESTIMATORS.get(DISTILL_LOSSES.get(loss_mode))
-    keep = mask.bool()
-    student = torch.where(keep, student, torch.zeros_like(student))
-    teacher = torch.where(keep, teacher.to(student.dtype), torch.zeros_like(student))
-    out = estimator(student, teacher)
-    return torch.where(keep, out, torch.zeros_like(out))
+    carries no gradient): `rayrl.algos.kl.kl_divergence` by the mode's estimator."""
+    estimator = DISTILL_LOSSES.get(loss_mode)
+    return kl_divergence(student, teacher.to(student.dtype), estimator, mask)
 
 
 def distillation_loss(

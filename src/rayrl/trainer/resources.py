@@ -153,12 +153,21 @@ def judge_pool_spec(cfg: RayRLConfig, device: str) -> PoolSpec:
     each of `reward_model.nnodes` nodes, a GPU each on a GPU run (else
     `reward.cpus_per_worker` CPUs), each serving the judge over HTTP."""
     rm = cfg.reward_model  # sizes checked at load (`config.reward_checks.check_judge_pool`)
-    bundle: dict[str, float] = {"CPU": float(cfg.reward.cpus_per_worker)}
+    cpus = float(cfg.reward.cpus_per_worker)
+    return model_pool(cfg, JUDGE_POOL, rm.n_gpus_per_node, rm.nnodes, cpus, device, 1.0)
+
+
+def model_pool(
+    cfg: RayRLConfig, name: str, per_node: int, nodes: int, cpus: float, device: str, gpus: float
+) -> PoolSpec:
+    """A pool of its own for a model's workers: `per_node` bundles on each of `nodes`
+    nodes, packed, each of `cpus` CPUs and, on a GPU run, `gpus` GPUs."""
+    bundle: dict[str, float] = {"CPU": cpus}
     if device == "cuda":
-        bundle["GPU"] = 1.0
+        bundle["GPU"] = gpus
     return PoolSpec(
-        name=JUDGE_POOL,
-        per_node=[rm.n_gpus_per_node] * rm.nnodes,
+        name=name,
+        per_node=[per_node] * nodes,
         bundle=bundle,
         strategy="PACK",
         capacity_factor=cfg.resources.capacity_factor,
@@ -171,16 +180,9 @@ TEACHER_POOL = "teacher"
 def teacher_pool_spec(cfg: RayRLConfig, device: str, worker_cpus: float) -> PoolSpec:
     """The distillation teachers' own pool (`distillation.n_gpus_per_node` x `nnodes`
     > 0): a training worker's bundle each, the teachers FSDP-sharded over its ranks."""
-    dist = cfg.distillation
-    bundle: dict[str, float] = {"CPU": worker_cpus}
-    if device == "cuda":
-        bundle["GPU"] = cfg.resources.gpus_per_worker
-    return PoolSpec(
-        name=TEACHER_POOL,
-        per_node=[dist.n_gpus_per_node] * dist.nnodes,
-        bundle=bundle,
-        strategy="PACK",
-        capacity_factor=cfg.resources.capacity_factor,
+    dist, gpus = cfg.distillation, cfg.resources.gpus_per_worker
+    return model_pool(
+        cfg, TEACHER_POOL, dist.n_gpus_per_node, dist.nnodes, worker_cpus, device, gpus
     )
 
 
