@@ -140,7 +140,7 @@ def _model_dir(tmp_path, shape: dict) -> str:
     import json
 
     path = tmp_path / "model"
-    path.mkdir()
+    path.mkdir(parents=True)
     config = {"architectures": ["Qwen2ForCausalLM"], "tie_word_embeddings": False, **shape}
     (path / "config.json").write_text(json.dumps(config))
     return str(path)
@@ -148,7 +148,7 @@ def _model_dir(tmp_path, shape: dict) -> str:
 
 def _totals(out: str) -> dict[str, float]:
     line = next(x for x in out.splitlines() if x.strip().startswith("total"))
-    generate, reference, update = (float(v) for v in line.split()[1:])
+    generate, reference, update = (float(v) for v in line.split()[1:4])
     return {"generate": generate, "reference": reference, "update": update}
 
 
@@ -261,3 +261,27 @@ def test_plan_72b_from_the_command_line(tmp_path, capsys):
         == 2
     )
     assert "DOES NOT FIT" in capsys.readouterr().out
+
+
+def test_plan_counts_a_distillation_teacher_in_the_actor_s_processes(tmp_path, capsys):
+    """A 7B teacher beside the 7B student on one H200, offloaded as the reference is: its
+    weights are in host memory, and the phase it scores in holds them on the GPU; a 72B
+    teacher does not fit there, and the plan says so (exit 2)."""
+    student = _model_dir(tmp_path / "s", QWEN25_7B)
+    args = ["plan", "--no-cluster", "-c", "grpo", f"actor_rollout_ref.model.path={student}"]
+    for shape, name, fits in ((QWEN25_7B, "t7", True), (QWEN25_72B, "t72", False)):
+        teacher = _model_dir(tmp_path / name, shape)
+        keys = [
+            "distillation.enabled=true",
+            f"distillation.teacher_models.teacher_model.model_path={teacher}",
+        ]
+        assert main([*args, *SETTINGS_7B, *keys]) == (0 if fits else 2)
+        out = capsys.readouterr().out
+        header = next(x for x in out.splitlines() if "generate" in x and "update" in x)
+        assert header.split()[-1] == "teacher"
+        row = next(x for x in out.splitlines() if x.strip().startswith("teacher weights"))
+        gib = 7.62 if fits else 72.71
+        assert abs(float(row.split()[-1]) - gib * 1e9 * 2 / 2**30) < 0.2  # bf16, on the GPU
+        assert float(row.split()[2]) == 0.0  # offloaded while the actor generates
+        assert ("FITS" if fits else "DOES NOT FIT") in out
+        assert "teacher weights" in out.split("host memory per node")[1]

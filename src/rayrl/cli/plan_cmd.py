@@ -19,6 +19,7 @@ only the mesh and the budget; exit code 0 when the budget fits, 2 when it does n
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from rayrl.cli.common import add_config_args, console, load_from_args
 
@@ -86,11 +87,34 @@ def _print_budget(cfg, gpu_gib: float, out):
         out.print(f"memory per GPU: not estimated ({shape})", markup=False, highlight=False)
         return None
     setup = training_setup(cfg, gpu_gib)
+    teachers = teacher_shapes(cfg)
+    if isinstance(teachers, str):
+        out.print(f"memory per GPU: not estimated ({teachers})", markup=False, highlight=False)
+        return None
+    setup = replace(setup, teachers=teachers)
     budget = plan_memory(shape, setup)
     out.print(budget.render(), markup=False, highlight=False)
     if shape.experts is not None:
         out.print(expert_advice(shape, setup), markup=False, highlight=False)
     return budget
+
+
+def teacher_shapes(cfg) -> tuple | str:
+    """The shapes of distillation's teachers in the actor's processes (none on a pool of
+    their own, or without distillation); a string saying why one cannot be read."""
+    from rayrl.cli.plan_model import model_shape
+    from rayrl.config.distill import teacher_pool_size, teachers
+
+    dist = cfg.distillation
+    if not dist.enabled or teacher_pool_size(dist):
+        return ()
+    shapes = []
+    for teacher in teachers(dist).values():
+        shape = model_shape(teacher.model_path)
+        if isinstance(shape, str):
+            return f"teacher {teacher.key}: {shape}"
+        shapes.append(shape)
+    return tuple(shapes)
 
 
 def training_setup(cfg, gpu_gib: float):

@@ -72,6 +72,7 @@ ROWS = (
     "log-prob head",
     "forward temporaries",
     "reference weights",
+    "teacher weights",
     "rollout weights",
     "rollout KV cache",
     "context, buffers",
@@ -109,6 +110,9 @@ class TrainingSetup:
     gpu_memory_utilization: float = 0.5
     free_cache_engine: bool = True
     ep: int = 1  # actor.expert_parallel_size
+    # on-policy distillation's teachers in the actor's processes (`distillation.nnodes=0`),
+    # sharded and offloaded as the reference is
+    teachers: tuple[ModelShape, ...] = ()
 
     @property
     def world(self) -> int:
@@ -303,7 +307,46 @@ def plan_memory(shape: ModelShape, setup: TrainingSetup) -> MemoryPlan:
         "reference weights": ref_weights * per_node if setup.ref_offload and setup.ref else 0.0,
     }
     kv_tokens = int(kv_bytes / shape.kv_bytes_per_token(setup.rollout_tp)) if kv_bytes > 0 else 0
-    return MemoryPlan(shape, setup, [generate, reference, update], host, kv_tokens)
+    phases = [generate, reference, update]
+    if setup.teachers:
+        phases.append(_with_teachers(phases, setup, ref_shard, compute, reference, host))
+    return MemoryPlan(shape, setup, phases, host, kv_tokens)
+
+
+def _with_teachers(
+    phases: list[Phase],
+    setup: TrainingSetup,
+    ref_shard: int,
+    compute: int,
+    reference: Phase,
+    host: dict[str, float],
+) -> Phase:
+    """Distillation's teachers in the actor's processes: their weights in every phase
+    (host memory instead with the reference's `param_offload`), and the phase in which
+    they score: the reference phase's items, with the largest teacher's weights (on the
+    GPU for its pass even when offloaded), gathered layers and forward temporaries."""
+    dtype = DTYPE_BYTES[setup.ref_dtype]
+    each = [t.params * dtype / ref_shard for t in setup.teachers]
+    resident = 0.0 if setup.ref_offload else sum(each)
+    for phase in phases:
+        phase.items["teacher weights"] = resident
+    if setup.ref_offload:
+        host["teacher weights"] = sum(each) * setup.gpus_per_node
+    largest = max(setup.teachers, key=lambda t: t.params)
+    scoring = Phase("teacher", dict(reference.items))
+    scoring.items["reference weights"] = (
+        0.0 if setup.ref_offload or not setup.ref else (reference.items["reference weights"])
+    )
+    scoring.items["teacher weights"] = max(resident, max(each))
+    sharded = setup.world > 1 or setup.wrap_one_gpu
+    gathered = (2 * largest.gathered_layer() + largest.root_params) * compute if sharded else 0.0
+    scoring.items["gathered layers"] = float(gathered)
+    tokens = setup.tokens_per_micro_batch / setup.sp
+    chunk = min(setup.logit_chunk, tokens * setup.response_share)
+    scoring.items["forward temporaries"] = (
+        tokens * largest.activation_bytes() + 3 * chunk * largest.vocab * 4
+    )
+    return scoring
 
 
 def expert_parallel_sizes(shape: ModelShape, setup: TrainingSetup) -> list[int]:
