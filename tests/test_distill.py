@@ -300,3 +300,32 @@ def test_a_teacher_on_its_own_pool_trains_the_student_alone(tmp_path, models):
     assert row["critic/score/mean"] == 0  # no task signal
     assert row["distillation/abs_loss"] > 0.01 and row["actor/grad_norm"] > 0
     assert "distillation/pg_clipfrac" in row
+
+
+def test_a_teacher_key_of_the_rows_extra_info_picks_the_teacher():
+    """verl's `teacher_key` names a field of the data (`task`): in rayrl's rows the
+    dataset's other fields travel in `extra_info`, where the key is looked up; a key the
+    rows have nowhere is refused when the data loads."""
+    import numpy as np
+
+    from rayrl.controller.worker import WorkerContext
+    from rayrl.trainer.teachers import check_teacher_key
+    from rayrl.workers.teacher import TeacherWorker
+
+    cfg = _config(
+        "distillation.teacher_key=task",
+        "+distillation.teacher_models.a.key=gsm8k",
+        "+distillation.teacher_models.a.model_path=/a",
+        "+distillation.teacher_models.b.key=math",
+        "+distillation.teacher_models.b.model_path=/b",
+    )
+    infos = np.array([{"task": "math"}, {"task": "gsm8k"}], dtype=object)
+    rows = Batch({"response_mask": torch.ones(2, 2)}, non_tensors={"extra_info": infos})
+    worker = TeacherWorker.__new__(TeacherWorker)
+    worker.ctx = WorkerContext(group="teacher", role="teacher", rank=0, world_size=1)
+    worker.cfg, worker.engines = cfg, {"gsm8k": _Engine(-1.0), "math": _Engine(-2.0)}
+    assert worker.compute_teacher_log_prob(rows)["teacher_log_prob"][:, 0].tolist() == [-2, -1]
+    check_teacher_key(cfg, rows)
+    bare = Batch({"response_mask": torch.ones(2, 2)}, non_tensors={"data_source": infos})
+    with pytest.raises(ConfigError, match="teacher_key='task': the training rows have no"):
+        check_teacher_key(cfg, bare)

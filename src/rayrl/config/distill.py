@@ -79,7 +79,8 @@ class DistillationConfig:
     # it is dropped, as verl drops it, and each teacher scores the rows whose
     # `teacher_key` column equals its `key`
     teacher_models: dict = field(default_factory=_default_teachers)
-    teacher_key: str = "data_source"  # the batch column that picks a row's teacher
+    # what picks a row's teacher: a column of the rows (data_source) or an extra_info entry
+    teacher_key: str = "data_source"
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ from rayrl.trainer.roles import GroupEnv, Roles, start_roles
 from rayrl.trainer.scoring import RewardErrors, reward_rows
 from rayrl.trainer.stage_calls import StageCalls
 from rayrl.trainer.state import Stateful
-from rayrl.trainer.teachers import check_teachers
+from rayrl.trainer.teachers import check_teacher_key, check_teachers
 from rayrl.trainer.tool_budget import ToolBudget
 from rayrl.trainer.validate import Validator
 from rayrl.workers.actor import GEN_PARTS, update_actor_reads
@@ -186,6 +186,7 @@ class PPOTrainer:
         tokenizer = self._actor_tokenizer()
         vision = vision_processor(self.cfg, self.model_path, tokenizer)
         train, val = load_datasets(self.cfg, tokenizer, vision)
+        check_teacher_key(self.cfg, train.collate([0]))
         seed = self.cfg.trainer.seed if d.seed is None else d.seed  # verl's data.seed
         self.data = TrainData(train, d.train_batch_size, d.shuffle, val, seed=seed)
         return self.data

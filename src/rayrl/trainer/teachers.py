@@ -16,7 +16,7 @@ from rayrl.config.errors import ConfigError
 from rayrl.config.schema import RayRLConfig
 from rayrl.models.loading import check_model_path, load_tokenizer
 
-__all__ = ["check_teachers"]
+__all__ = ["check_teacher_key", "check_teachers"]
 
 
 def check_teachers(cfg: RayRLConfig, student_tokenizer: Any) -> None:
@@ -45,4 +45,19 @@ def _mismatch(key: str, teacher: dict[str, int], student: dict[str, int]) -> str
         f"{student.get(token)} for the student). The teacher scores the student's token "
         "ids, so both must share one vocabulary: distil from a teacher of the student's "
         "model family and tokenizer"
+    )
+
+
+def check_teacher_key(cfg: RayRLConfig, rows: Any) -> None:
+    """With several teachers, the training rows (a collated sample `rows`) carry
+    `distillation.teacher_key`: as a column, or in every row's `extra_info`."""
+    from rayrl.workers.teacher import teacher_picks
+
+    dist = cfg.distillation
+    if not dist.enabled or len(teachers(dist)) < 2 or teacher_picks(rows, dist.teacher_key):
+        return
+    raise ConfigError(
+        f"distillation.teacher_key={dist.teacher_key!r}: the training rows have no such "
+        f"column ({', '.join(rows.keys())}) nor an extra_info entry of that name, so no row "
+        "could pick its teacher; set it to data_source or to a key of the rows' extra_info"
     )

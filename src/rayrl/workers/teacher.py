@@ -8,7 +8,8 @@ returns each response token's log-prob under its row's teacher (`teacher_log_pro
 at the student's log-prob temperature.
 
 The role lives in the actor's processes (`distillation.nnodes=0`) or on a pool of its
-own. With several teachers, a row's `distillation.teacher_key` column picks its teacher;
+own. With several teachers, a row's `distillation.teacher_key` (a column, or an entry of
+its `extra_info`) picks its teacher;
 every rank runs every teacher's forward (FSDP's collectives need all ranks in step), on
 one stand-in row where it has none of that teacher's rows.
 """
@@ -31,17 +32,29 @@ from rayrl.workers.common import forward_sizes, logprob_temperature, reference_k
 if TYPE_CHECKING:
     from rayrl.train.engine import TrainEngine
 
-__all__ = ["TeacherWorker", "teacher_reads"]
+__all__ = ["TeacherWorker", "teacher_picks", "teacher_reads"]
 
 
 def teacher_reads(cfg: RayRLConfig) -> tuple[str, ...]:
     """The columns of the step's batch `compute_teacher_log_prob` reads: the model's
-    inputs, the rows' images where prompts have them, and with several teachers the
-    column that picks each row's teacher."""
+    inputs, the rows' images where prompts have them, and with several teachers what
+    picks each row's teacher (`teacher_picks`)."""
     reads: tuple[str, ...] = (*MODEL_INPUTS, IMAGE_COLUMN)
     if len(teachers(cfg.distillation)) > 1:
-        reads += (cfg.distillation.teacher_key,)
+        reads += (cfg.distillation.teacher_key, "extra_info")
     return reads
+
+
+def teacher_picks(batch: Batch, key: str) -> list[str] | None:
+    """Each row's value of `distillation.teacher_key`: a column of the batch
+    (`data_source`), else an entry of the rows' `extra_info` (where a dataset's other
+    fields travel, as in verl's data); None where neither has it."""
+    if key in batch:
+        return [str(value) for value in batch[key]]
+    infos = batch.get("extra_info")
+    if infos is None or not all(isinstance(i, dict) and key in i for i in infos):
+        return None
+    return [str(info[key]) for info in infos]
 
 
 class TeacherWorker(Worker):
@@ -84,7 +97,14 @@ class TeacherWorker(Worker):
             [engine] = self.engines.values()
             return Batch({"teacher_log_prob": self._forward(engine, batch)})
         dist = self.cfg.distillation
-        picks = np.array([str(value) for value in batch[dist.teacher_key]], dtype=object)
+        found = teacher_picks(batch, dist.teacher_key)
+        if found is None:
+            raise ValueError(
+                f"teacher rank {self.rank}: rows without `{dist.teacher_key}` (a column or an "
+                "extra_info entry), which picks each row's teacher: set "
+                "distillation.teacher_key to one the data has (data_source, by default)"
+            )
+        picks = np.array(found, dtype=object)
         unknown = sorted({str(value) for value in picks} - set(self.engines))
         if unknown:
             raise ValueError(
