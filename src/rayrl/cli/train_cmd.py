@@ -48,9 +48,10 @@ def train(cfg, out=None, *, table_rows: int | None = None) -> list[dict]:
     if cfg.trainer.val_only:
         return _print_validation(run, out)
     if history:
-        out.print(
-            step_table(history, dict(list(COLUMNS.items())[1:]), "metrics per step", table_rows)
-        )
+        columns = dict(list(COLUMNS.items())[1:])
+        if cfg.distillation.enabled:  # the student's divergence to its teachers
+            columns = {**columns, "distillation/reverse_kl": "teacher kl"}
+        out.print(step_table(history, columns, "metrics per step", table_rows))
     return history
 
 
