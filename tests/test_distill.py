@@ -325,7 +325,7 @@ def test_a_teacher_key_of_the_rows_extra_info_picks_the_teacher():
     worker.ctx = WorkerContext(group="teacher", role="teacher", rank=0, world_size=1)
     worker.cfg, worker.engines = cfg, {"gsm8k": _Engine(-1.0), "math": _Engine(-2.0)}
     assert worker.compute_teacher_log_prob(rows)["teacher_log_prob"][:, 0].tolist() == [-2, -1]
-    check_teacher_key(cfg, rows)
+    check_teacher_key(cfg, type("Rows", (), {"collate": lambda self, i: rows})())
     bare = Batch({"response_mask": torch.ones(2, 2)}, non_tensors={"data_source": infos})
     with pytest.raises(ConfigError, match="teacher_key='task': the training rows have no"):
-        check_teacher_key(cfg, bare)
+        check_teacher_key(cfg, type("Rows", (), {"collate": lambda self, i: bare})())

@@ -186,7 +186,7 @@ class PPOTrainer:
         tokenizer = self._actor_tokenizer()
         vision = vision_processor(self.cfg, self.model_path, tokenizer)
         train, val = load_datasets(self.cfg, tokenizer, vision)
-        check_teacher_key(self.cfg, train.collate([0]))
+        check_teacher_key(self.cfg, train)
         seed = self.cfg.trainer.seed if d.seed is None else d.seed  # verl's data.seed
         self.data = TrainData(train, d.train_batch_size, d.shuffle, val, seed=seed)
         return self.data

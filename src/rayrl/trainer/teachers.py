@@ -48,13 +48,19 @@ def _mismatch(key: str, teacher: dict[str, int], student: dict[str, int]) -> str
     )
 
 
-def check_teacher_key(cfg: RayRLConfig, rows: Any) -> None:
-    """With several teachers, the training rows (a collated sample `rows`) carry
-    `distillation.teacher_key`: as a column, or in every row's `extra_info`."""
+def check_teacher_key(cfg: RayRLConfig, dataset: Any) -> None:
+    """With several teachers, the training rows carry `distillation.teacher_key`: as a
+    column, or in every row's `extra_info` (checked on the dataset's first row; a
+    streamed dataset, which collates nothing up front, is checked by the teachers as
+    rows come)."""
     from rayrl.workers.teacher import teacher_picks
 
     dist = cfg.distillation
-    if not dist.enabled or len(teachers(dist)) < 2 or teacher_picks(rows, dist.teacher_key):
+    collate = getattr(dataset, "collate", None)
+    if not dist.enabled or len(teachers(dist)) < 2 or collate is None:
+        return
+    rows = collate([0])
+    if teacher_picks(rows, dist.teacher_key):
         return
     raise ConfigError(
         f"distillation.teacher_key={dist.teacher_key!r}: the training rows have no such "
