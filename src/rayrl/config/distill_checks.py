@@ -3,7 +3,6 @@ each refusal names the key to change."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from rayrl.config.distill import teachers
@@ -16,7 +15,7 @@ DISTILL_LOSS_MODES = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl", "forwa
 KEY = "distillation.distillation_loss"
 
 
-def check_distillation(cfg: Any, warn: Callable[[str], None]) -> None:
+def check_distillation(cfg: Any) -> None:
     """`distillation.enabled`'s settings: a teacher for every row, a loss that trains
     (verl's refusal of a backpropagated k1, whose gradient does not see the teacher),
     a pool with ranks."""

@@ -535,7 +535,7 @@ def validate_config(cfg: RayRLConfig, warn: Callable[[str], None] = _warn) -> No
     check_sandbox_fusion(cfg, warn)
     check_judge_pool(cfg)
     check_profiler(cfg, warn)
-    check_distillation(cfg, warn)
+    check_distillation(cfg)
     actor, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
     prompts, world = cfg.data.train_batch_size, cfg.world_size
     check_batch_chain(

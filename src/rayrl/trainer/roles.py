@@ -85,14 +85,16 @@ def start_roles(
         roles["teacher"] = (TeacherWorker, {"config": cfg})
     hybrid, init = new_group(roles, pools[0], "actor_rollout_ref", env)
     starts = [with_backend(hybrid, init, device)]
+    # replicas of their own, before the reward workers, which find their addresses in
+    # the run's KV store (`rayrl.workers.judge.RemoteJudge`)
     judges = start_judges(cfg, env, pools)
-    if judges is not None:  # replicas of their own: the reward workers are told where
-        reward[1]["judge_addresses"] = list(judges.call("address"))
     if "reward" not in roles:
         starts.append(new_group({"reward": reward}, pools[1], "reward", env))
+    teachers: WorkerGroup | None = None  # on a pool of their own
     if teacher_pool is not None:
         own = new_group({"teacher": (TeacherWorker, {"config": cfg})}, teacher_pool, "teacher", env)
         starts.append(with_backend(*own, device))
+        teachers = own[0]
     try:
         start_groups(
             starts,
@@ -112,12 +114,13 @@ def start_roles(
         critic=cast(CriticRole, hybrid.view("critic")) if use_critic else None,
         reward=cast(RewardRole, hybrid.view("reward") if "reward" in roles else starts[1][0]),
         groups=[group for group, _ in starts] + ([judges] if judges is not None else []),
-        teacher=_teacher_view(hybrid, starts, "teacher" in roles),
+        teacher=cast(
+            "TeacherRole | None", hybrid.view("teacher") if "teacher" in roles else teachers
+        ),
     )
     set_data_layouts(hybrid, [started.actor, started.critic])
     if started.teacher is not None:  # the teachers' layout, on the group that holds them
-        held_by = hybrid if "teacher" in roles else cast(WorkerGroup, started.teacher)
-        set_data_layouts(held_by, [started.teacher])
+        set_data_layouts(teachers or hybrid, [started.teacher])
     return started
 
 
@@ -127,16 +130,6 @@ def with_backend(group: WorkerGroup, init: dict, device: str) -> tuple[WorkerGro
     if group.world_size > 1:
         init["backend"] = "nccl" if device == "cuda" else "gloo"
     return group, init
-
-
-def _teacher_view(
-    hybrid: WorkerGroup, starts: list[tuple[WorkerGroup, dict]], fused: bool
-) -> TeacherRole | None:
-    """The teachers as the step calls them: the hybrid's view, their own group, or None."""
-    if fused:
-        return cast(TeacherRole, hybrid.view("teacher"))
-    own = [group for group, _ in starts if group.role == "teacher"]
-    return cast(TeacherRole, own[0]) if own else None
 
 
 def start_judges(cfg: RayRLConfig, env: GroupEnv, pools: list[ResourcePool]) -> WorkerGroup | None:

@@ -256,20 +256,25 @@ class JudgeWorker(Worker):
 
 class RemoteJudge:
     """What a reward worker holds of a judge replica on the judge's pool: its address
-    (reward worker i uses replica i mod replicas), the judge's tokenizer, and the
-    replica's counts read over HTTP (``GET /stats``: a replica that is gone fails it,
-    and so the scoring, and the step's recovery replaces the replica). `refresh` reads
-    the replica's address again from the run's KV store, where a replacement writes it."""
+    (reward worker i uses replica i mod replicas), read from the run's KV store where
+    each replica writes it, the judge's tokenizer, and the replica's counts read over
+    HTTP (``GET /stats``: a replica that is gone fails it, and so the scoring, and the
+    step's recovery replaces the replica). `refresh` reads the address again: a
+    replacement writes its own."""
 
-    def __init__(self, config: RayRLConfig, addresses: list[str], rank: int, kv: Any) -> None:
+    def __init__(self, config: RayRLConfig, rank: int, kv: Any) -> None:
         from transformers import AutoTokenizer
 
-        if not addresses:
-            raise ValueError("RemoteJudge: the judge pool reported no replica addresses")
-        self.replica = rank % len(addresses)
-        self.address = addresses[self.replica]
-        self.kv = kv
-        self.tokenizer = AutoTokenizer.from_pretrained(str(config.reward_model.model.path))
+        rm = config.reward_model
+        self.replica, self.kv = rank % (rm.nnodes * rm.n_gpus_per_node), kv
+        self.address = kv.get(str(self.replica), namespace=JUDGE_KV)
+        if self.address is None:
+            raise RuntimeError(
+                f"reward rank {rank}: judge replica {self.replica} wrote no address into "
+                "the run's KV store; the judge's pool starts before the reward workers, "
+                "so it failed to start: read its worker log"
+            )
+        self.tokenizer = AutoTokenizer.from_pretrained(str(rm.model.path))
 
     def refresh(self) -> bool:
         """The replica's address as its worker last wrote it; True when it moved."""

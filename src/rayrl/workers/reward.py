@@ -81,9 +81,7 @@ SCORE_READS = (
 class RewardWorker(Worker):
     """One reward source per worker, chosen by the config's reward group."""
 
-    def init_worker(
-        self, config: RayRLConfig, tokenizer_path: str, judge_addresses: list[str] | None = None
-    ) -> None:
+    def init_worker(self, config: RayRLConfig, tokenizer_path: str) -> None:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(
@@ -95,7 +93,7 @@ class RewardWorker(Worker):
         # the actor trains
         self.judge: JudgeServer | RemoteJudge | None = None
         if judge_on_own_pool(config):
-            self.judge = RemoteJudge(config, judge_addresses or [], self.rank, self.kv)
+            self.judge = RemoteJudge(config, self.rank, self.kv)
         elif judge_enabled(config):
             device, _ = reward_model_placement()
             self.judge = JudgeServer(config, device, sleeps=True)

@@ -74,10 +74,9 @@ class TeacherWorker(Worker):
             arr.ref.use_torch_compile,
             arr.ref.ulysses_sequence_parallel_size,
         )
-        self.teachers = teachers(config.distillation)
         self.engines: dict[str, TrainEngine] = {
             key: TrainEngine(teacher.model_path, trainable=False, join=self.joining, **kwargs)
-            for key, teacher in sorted(self.teachers.items())
+            for key, teacher in sorted(teachers(config.distillation).items())
         }
 
     def rebuild(self) -> None:
@@ -126,4 +125,4 @@ class TeacherWorker(Worker):
         out = engine.forward(
             batch, temperature=logprob_temperature(arr.rollout), **forward_sizes(arr.ref)
         )
-        return out["log_probs"].float()
+        return out["log_probs"]
