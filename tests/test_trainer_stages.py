@@ -242,8 +242,8 @@ def test_with_the_kl_penalty_in_the_reward_advantages_come_from_the_penalised_re
 
 
 def test_each_stage_is_sent_only_the_columns_it_reads():
+    from rayrl.trainer.stages import only_reads
     from rayrl.workers.actor import update_actor_reads
-    from rayrl.workers.common import only_reads
     from rayrl.workers.critic import UPDATE_CRITIC_READS
     from rayrl.workers.log_prob_pass import LOG_PROB_READS
     from rayrl.workers.reward import SCORE_READS

@@ -69,14 +69,15 @@ from rayrl.trainer.per_sequence import response_lengths
 from rayrl.trainer.resources import cluster_node_cpus, pools_from_config
 from rayrl.trainer.ride_along import Riding, riding_stages
 from rayrl.trainer.roles import GroupEnv, Roles, start_roles
-from rayrl.trainer.scoring import RewardErrors, reward_rows
+from rayrl.trainer.scoring import SCORE_COLUMNS, RewardErrors, reward_rows, score_columns
 from rayrl.trainer.stage_calls import StageCalls
+from rayrl.trainer.stages import GroupStage, LocalStage, Stage, only_reads, run_stages, update_stage
 from rayrl.trainer.state import Stateful
+from rayrl.trainer.step_state import StepState
 from rayrl.trainer.teachers import check_teacher_key, check_teachers
 from rayrl.trainer.tool_budget import ToolBudget
 from rayrl.trainer.validate import Validator
 from rayrl.workers.actor import GEN_PARTS, update_actor_reads
-from rayrl.workers.common import only_reads
 from rayrl.workers.context import StageResult, StepContext, collect_stage
 from rayrl.workers.critic import UPDATE_CRITIC_READS, VALUES_READS
 from rayrl.workers.log_prob_pass import LOG_PROB_READS
@@ -232,9 +233,7 @@ class PPOTrainer:
     def _validation_scores(self, batch: Batch) -> Batch:
         """The validation samples' scores, counted in the run's reward error budget."""
         scores = self.score(batch)
-        self.reward_errors.check(
-            batch.union(_score_columns(scores)), self._tokenizer().batch_decode
-        )
+        self.reward_errors.check(batch.union(score_columns(scores)), self._tokenizer().batch_decode)
         return scores
 
     def score(self, batch: Batch, calls: StageCalls | None = None, stage: str = "") -> Batch:
@@ -304,55 +303,132 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ a step
     def step(self, prompts: Batch, calls: StageCalls) -> tuple[dict[str, float], list[str]]:
-        """One PPO step on a batch of prompts: its metrics and the prompt uids it trained."""
-        roles, alg = self._roles(), self.cfg.algorithm
-        timing: dict[str, float] = {}
-        metrics: dict[str, float] = {}
-        ctx = StepContext(step=int(prompts.meta["step"]))
-        with timer(timing, "step"):
-            batch = self._generate(prompts, ctx, calls, timing, metrics)
-            reward_future = None
-            if not self.riding.scores:
-                score = self._kept(roles.reward.compute_score)
-                reward_future = calls.start("reward", score, self._sent(batch))
-            if alg.filter_groups.enable:
-                assert reward_future is not None  # riding scores exclude filter_groups
-                with timer(timing, "dynamic_sampling"):
-                    batch = self._scored(batch, reward_future.get(), metrics)
-                    batch, sampled = fill_batch(
-                        self.cfg,
-                        batch,
-                        lambda r: self._extra_round(prompts, ctx, r, calls, metrics),
-                    )
-                metrics.update(sampled)
-                reward_future = None
-            elif self.riding.scores:
-                batch = self._scored(batch, None, metrics)
-            if alg.adv_estimator == "remax":
-                with timer(timing, "gen_baseline"):
-                    batch["reward_baselines"] = self._greedy_baselines(prompts, ctx, batch, calls)
-            batch, ctx = self._log_probs(batch, ctx, calls, timing, metrics)
-            if reward_future is not None:
-                with timer(timing, "reward"):
-                    batch = self._scored(batch, reward_future.get(), metrics)
-            lengths = response_lengths(batch).float()
-            with timer(timing, "adv"):
-                metrics.update(self.advantage(batch))
-            if is_multi_turn(batch):
-                metrics.update(self._checked_tokens(batch))
-            self._updates(batch, ctx, calls, timing, metrics)
-        metrics.update(batch_metrics(batch, lengths))
+        """One PPO step on a batch of prompts (its `stages`, in order): its metrics and
+        the prompt uids it trained."""
+        state = StepState.begin(prompts, calls)
+        with timer(state.timing, "step"):
+            run_stages(self.stages(), state)
+        batch, metrics = state.samples, state.metrics
+        lengths = state.lengths if state.lengths is not None else response_lengths(batch)
+        metrics.update(batch_metrics(batch, lengths.float()))
         metrics.update(variance_proxy(batch, metrics))
-        metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
+        metrics.update({f"timing_s/{k}": v for k, v in state.timing.items()})
         tokens = float(sequence_lengths(batch).sum())
         ranks = self.cfg.trainer.nnodes * self.cfg.trainer.n_gpus_per_node
         metrics["perf/total_num_tokens"] = tokens
-        metrics["perf/throughput"] = tokens / (timing["step"] * ranks)  # per GPU, as verl
-        self._update_sampler(ctx.step, batch)
+        metrics["perf/throughput"] = tokens / (state.timing["step"] * ranks)  # per GPU, as verl
+        self._update_sampler(state.ctx.step, batch)
         if self.rollout_data is not None:  # after the metrics: not in timing_s/step
             decode = self._tokenizer().batch_decode
-            metrics.update(write_training_step(self.rollout_data, batch, decode, ctx.step))
+            metrics.update(write_training_step(self.rollout_data, batch, decode, state.ctx.step))
         return metrics, sorted(set(batch["uid"]))
+
+    def stages(self) -> list[Stage]:
+        """The step's stages for this run's config and roles, in order: generate; the
+        reward call started beside the log-prob passes (or awaited first by dynamic
+        sampling, or ridden along); ReMax's greedy baselines; the old, reference and
+        teacher log-probs and the values; the scores collected; advantages (and the
+        token check of multi-turn rows); the critic's update, then the actor's."""
+        roles, alg = self._roles(), self.cfg.algorithm
+        stages: list[Stage] = [LocalStage("gen", self._generate_stage)]
+        if alg.filter_groups.enable:  # riding scores exclude filter_groups
+            stages.append(
+                LocalStage("dynamic_sampling", self._dynamic_sampling, "dynamic_sampling")
+            )
+        elif self.riding.scores:
+            stages.append(LocalStage("scores_ridden", self._ridden_scores))
+        else:
+            stages.append(LocalStage("reward_start", self._start_scores))
+        if alg.adv_estimator == "remax":
+            stages.append(LocalStage("gen_baseline", self._baselines, "gen_baseline"))
+        stages.append(LocalStage("old_log_prob", self._old_log_probs))
+        if self.use_ref and not self.riding.ref:
+            ref = self._kept(roles.actor.compute_ref_log_prob)
+            stages.append(GroupStage("ref", ref, REF_LOG_PROB_READS))
+        if roles.teacher is not None:  # on-policy distillation
+            teacher = self._kept(roles.teacher.compute_teacher_log_prob)
+            stages.append(GroupStage("teacher", teacher, teacher_reads(self.cfg)))
+        if roles.critic is not None:
+            values = self._kept(roles.critic.compute_values)
+            stages.append(GroupStage("values", values, VALUES_READS))
+        if not alg.filter_groups.enable and not self.riding.scores:
+            stages.append(LocalStage("reward", self._collect_scores, "reward"))
+        stages.append(LocalStage("adv", self._advantages))
+        if roles.critic is not None:
+            critic = roles.critic.update_critic
+            stages.append(update_stage("update_critic", critic, UPDATE_CRITIC_READS))
+        actor, reads = roles.actor.update_actor, update_actor_reads(self.cfg)
+        learns = lambda state: self.actor_learns(state.ctx.step)  # noqa: E731
+        stages.append(update_stage("update_actor", actor, reads, when=learns))
+        return stages
+
+    def _generate_stage(self, state: StepState) -> None:
+        state.batch = self._generate(
+            state.prompts, state.ctx, state.calls, state.timing, state.metrics
+        )
+
+    def _start_scores(self, state: StepState) -> None:
+        """The reward call, started: it runs beside the log-prob passes."""
+        score = self._kept(self._roles().reward.compute_score)
+        state.scores = state.calls.start("reward", score, self._sent(state.samples))
+
+    def _collect_scores(self, state: StepState) -> None:
+        state.batch = self._scored(state.samples, state.scores.get(), state.metrics)
+        state.scores = None
+
+    def _ridden_scores(self, state: StepState) -> None:
+        """The generate call scored its samples itself (`trainer.ride_along`)."""
+        state.batch = self._scored(state.samples, None, state.metrics)
+
+    def _dynamic_sampling(self, state: StepState) -> None:
+        """DAPO: the scores awaited, then further rounds of prompts until the batch is
+        full (`rayrl.trainer.dynamic_sampling`)."""
+        self._start_scores(state)
+        self._collect_scores(state)
+        prompts, ctx, calls, metrics = state.prompts, state.ctx, state.calls, state.metrics
+        extra = lambda r: self._extra_round(prompts, ctx, r, calls, metrics)  # noqa: E731
+        state.batch, sampled = fill_batch(self.cfg, state.samples, extra)
+        metrics.update(sampled)
+
+    def _baselines(self, state: StepState) -> None:
+        """ReMax: each prompt's greedy response, scored, as its samples' baseline."""
+        baselines = self._greedy_baselines(state.prompts, state.ctx, state.samples, state.calls)
+        state.samples["reward_baselines"] = baselines
+
+    def _old_log_probs(self, state: StepState) -> None:
+        """The old log-probs: the rollout's (`rollout_correction.bypass_mode`), the
+        update's own (`rayrl.trainer.on_policy`), or a separate pass of the actor."""
+        batch = state.samples
+        if self.cfg.algorithm.rollout_correction.bypass_mode:  # verl's: the rollout's serve
+            state.timing["old_log_prob"] = 0.0
+            batch["old_log_probs"] = batch["rollout_log_probs"].clone()
+        elif separate_pass_reason(self.cfg, len(batch)) is None:
+            state.timing["old_log_prob"] = 0.0  # the update's own log-probs (trainer.on_policy)
+            state.ctx = state.ctx.but(on_policy=True)
+        else:
+            self._old_pass().run(state)
+
+    def _old_pass(self) -> GroupStage:
+        """The actor's pass over the samples: the old log-probs, the optimal token
+        baseline's `sum_pi_squared` and R2's routing record, with their metrics."""
+        method = self._kept(self._roles().actor.compute_log_prob)
+        keep = ("old_log_probs", "sum_pi_squared", ACTOR_ROUTES)
+        return GroupStage("old_log_prob", method, LOG_PROB_READS, keep, after=self._old_metrics)
+
+    def _old_metrics(self, old: Batch, batch: Batch) -> dict[str, float]:
+        metrics = {**entropy_metric(self.cfg, old, batch), **rollout_routing(old)}
+        if self.cfg.actor_rollout_ref.rollout.calculate_log_probs:
+            metrics.update(rollout_probs_diff(old, batch))
+        return metrics
+
+    def _advantages(self, state: StepState) -> None:
+        """Advantages on the controller (`timing_s/adv`), then, for multi-turn rows, the
+        token check of what the updates train on."""
+        state.lengths = response_lengths(state.samples)  # before rejection masks tokens
+        with timer(state.timing, "adv"):
+            state.metrics.update(self.advantage(state.samples))
+        if is_multi_turn(state.samples):
+            state.metrics.update(self._checked_tokens(state.samples))
 
     def _update_sampler(self, step: int, batch: Batch) -> None:
         """A curriculum sampler (`data.sampler` with ``update``) sees the step's batch, once
@@ -413,62 +489,6 @@ class PPOTrainer:
             )
         return checked
 
-    def _log_probs(
-        self, batch: Batch, ctx: StepContext, calls: StageCalls, timing: dict, metrics: dict
-    ) -> tuple[Batch, StepContext]:
-        """Old log-probs (or the on-policy shortcut), reference and teacher log-probs and
-        values."""
-        roles = self._roles()
-        if self.cfg.algorithm.rollout_correction.bypass_mode:  # verl's: the rollout's serve
-            timing["old_log_prob"] = 0.0
-            batch["old_log_probs"] = batch["rollout_log_probs"].clone()
-        elif separate_pass_reason(self.cfg, len(batch)) is None:
-            timing["old_log_prob"] = 0.0  # the update's own log-probs (trainer.on_policy)
-            ctx = ctx.but(on_policy=True)
-        else:
-            with timer(timing, "old_log_prob"):
-                sent = only_reads(batch, LOG_PROB_READS)
-                old = calls.run("old_log_prob", self._kept(roles.actor.compute_log_prob), sent)
-                # the optimal token baseline's sum_pi_squared; R2's routing record
-                wanted = ("old_log_probs", "sum_pi_squared", ACTOR_ROUTES)
-                kept = [key for key in wanted if key in old]
-                batch = batch.union(old.select(*kept))
-                metrics.update(entropy_metric(self.cfg, old, batch))
-                metrics.update(rollout_routing(old))
-                if self.cfg.actor_rollout_ref.rollout.calculate_log_probs:
-                    metrics.update(rollout_probs_diff(old, batch))
-        if self.use_ref and not self.riding.ref:
-            with timer(timing, "ref"):
-                sent = only_reads(batch, REF_LOG_PROB_READS)
-                ref = self._kept(roles.actor.compute_ref_log_prob)
-                batch = batch.union(calls.run("ref", ref, sent))
-        if roles.teacher is not None:  # on-policy distillation
-            with timer(timing, "teacher"):
-                sent = only_reads(batch, teacher_reads(self.cfg))
-                teacher = self._kept(roles.teacher.compute_teacher_log_prob)
-                batch = batch.union(calls.run("teacher", teacher, sent))
-        if roles.critic is not None:
-            with timer(timing, "values"):
-                sent = only_reads(batch, VALUES_READS)
-                values = self._kept(roles.critic.compute_values)
-                batch = batch.union(calls.run("values", values, sent))
-        return batch, ctx
-
-    def _updates(
-        self, batch: Batch, ctx: StepContext, calls: StageCalls, timing: dict, metrics: dict
-    ) -> None:
-        """The critic's update, then the actor's (not during `trainer.critic_warmup`)."""
-        roles = self._roles()
-        if roles.critic is not None:
-            with timer(timing, "update_critic"):
-                update, sent = roles.critic.update_critic, only_reads(batch, UPDATE_CRITIC_READS)
-                metrics.update(calls.run("update_critic", update, sent, ctx, mutates=True))
-        if self.actor_learns(ctx.step):
-            with timer(timing, "update_actor"):
-                update = roles.actor.update_actor
-                sent = only_reads(batch, update_actor_reads(self.cfg))
-                metrics.update(calls.run("update_actor", update, sent, ctx, mutates=True))
-
     def _kept(self, method, driver: tuple[str, ...] | None = None):
         """`method` (a group method) called so that its result's token columns (or all
         but `driver`) stay with the workers (`trainer.rows_on_workers`,
@@ -503,7 +523,7 @@ class PPOTrainer:
         `scores` None: `batch` carries them already (`trainer.ride_along`). The samples
         count in the run's reward error budget (`RewardErrors`: it may stop the run)."""
         if scores is not None:
-            batch = batch.union(_score_columns(scores))
+            batch = batch.union(score_columns(scores))
         self.reward_errors.check(batch, self._tokenizer().batch_decode)
         for key, value in reward_metrics(batch).items():
             metrics.setdefault(key, value)
@@ -524,9 +544,7 @@ class PPOTrainer:
         """ReMax: each prompt's greedy response, scored, as its samples' baseline."""
         roles = self._roles()
         greedy = calls.run("gen_greedy", roles.actor.generate, prompts, ctx.but(sampling="greedy"))
-        scored = greedy.batch.union(
-            _score_columns(self.score(greedy.batch, calls, "reward_greedy"))
-        )
+        scored = greedy.batch.union(score_columns(self.score(greedy.batch, calls, "reward_greedy")))
         self.reward_errors.check(scored, self._tokenizer().batch_decode)
         return greedy_baselines(batch, scored)
 
@@ -548,15 +566,6 @@ class PPOTrainer:
         return self._scored(batch, self.score(batch, calls, "reward_extra"), metrics)
 
 
-SCORE_COLUMNS = (
-    "token_level_scores",
-    "scores",
-    "reward_elapsed_s",
-    "reward_error",
-    "reward_extra",
-)
-
-
 # The columns of the generated samples the controller reads (the others stay with the
 # workers that generated them under `trainer.rows_on_workers`; one read elsewhere is
 # fetched): prompt groups, finish reasons and lengths, the scores a generate call
@@ -571,8 +580,3 @@ DRIVER_COLUMNS = (
     "tool_stats",
     "multi_turn_events",
 )
-
-
-def _score_columns(scores: Batch) -> Batch:
-    """The reward's columns of a scored batch (`rayrl.workers.reward.scores_to_batch`)."""
-    return scores.select(*SCORE_COLUMNS)

@@ -75,3 +75,18 @@ def _item(batch: Batch, row: int, decode: Any) -> dict[str, Any]:
         "ground_truth": batch["ground_truth"][row],
         "solution_str": text,
     }
+
+
+# The reward's columns of a scored batch (`rayrl.workers.reward.scores_to_batch`).
+SCORE_COLUMNS = (
+    "token_level_scores",
+    "scores",
+    "reward_elapsed_s",
+    "reward_error",
+    "reward_extra",
+)
+
+
+def score_columns(scores: Batch) -> Batch:
+    """The reward's columns of a scored batch (`SCORE_COLUMNS`)."""
+    return scores.select(*SCORE_COLUMNS)

@@ -34,7 +34,7 @@ from typing import Any
 
 from rayrl.batch import Batch
 from rayrl.trainer.generations import GenerationsDir, generation_rows
-from rayrl.workers.common import only_reads
+from rayrl.trainer.stages import only_reads
 from rayrl.workers.context import StageResult, StepContext
 from rayrl.workers.reward import SCORE_READS
 

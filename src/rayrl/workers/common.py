@@ -1,6 +1,6 @@
 """Pieces the role workers share: engine arguments and sampling settings from the
 config, metric collection, the per-rank mini-batch size, the actor update's throughput
-and memory figures, and the columns of the step's batch a method is sent (`only_reads`)."""
+and memory figures."""
 
 from __future__ import annotations
 
@@ -52,13 +52,6 @@ def engine_kwargs(
         "trust_remote_code": model.trust_remote_code,
         "config_overrides": dict(getattr(model, "override_config", None) or {}),
     }
-
-
-def only_reads(batch: Batch, reads: tuple[str, ...]) -> Batch:
-    """The Batch a stage call is sent: `batch`'s columns among `reads` (the columns the
-    method declares it reads, next to itself), sharing their storage, meta as it is.
-    A declared column the batch lacks is left out: the method reads it only when there."""
-    return batch.select(*[key for key in reads if key in batch])
 
 
 def with_lengths(samples: Batch) -> Batch:

@@ -21,7 +21,7 @@ from rayrl.workers.context import StepContext
 from rayrl.workers.losses import critic_loss_fn
 
 # The columns of the step's batch each method reads; the trainer sends no others
-# (`common.only_reads`).
+# (`rayrl.trainer.stages.only_reads`).
 VALUES_READS = MODEL_INPUTS
 UPDATE_CRITIC_READS = (*MODEL_INPUTS, "values", "returns")
 

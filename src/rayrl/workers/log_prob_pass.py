@@ -29,7 +29,7 @@ __all__ = ["LOG_PROB_READS", "log_prob_columns"]
 # The columns of the step's batch the pass reads: the model's inputs (and the rows'
 # images, where prompts have them), and the rollout's log-probs and routing record when
 # the samples have them, for the sums the pass returns beside its own. The trainer sends
-# no others (`common.only_reads`).
+# no others (`rayrl.trainer.stages.only_reads`).
 LOG_PROB_READS = (*MODEL_INPUTS, IMAGE_COLUMN, "rollout_log_probs", ROUTES)
 
 

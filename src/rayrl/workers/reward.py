@@ -66,7 +66,7 @@ EPISODE_EXTRAS = {  # extra_info key -> the multi-turn rollout's column
 
 # The columns of the step's batch `compute_score` reads: the responses' tokens and mask
 # (decoded here), what each row is scored against, and a multi-turn episode's columns.
-# The trainer sends no others (`common.only_reads`).
+# The trainer sends no others (`rayrl.trainer.stages.only_reads`).
 SCORE_READS = (
     "responses",
     "response_mask",
