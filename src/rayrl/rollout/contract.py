@@ -19,8 +19,9 @@ Output, B*n rows, each prompt's n samples adjacent (sample k of prompt ``uid`` h
 - non-tensor ``finish_reason`` ("stop" | "length") and ``sample_uid``;
 - every other column of the prompt batch, repeated for each sample; meta as given.
 
-Every engine checks its input with `check_prompts`, expands it with `expand_samples`
-and builds its output with `assemble_output`, so all engines agree on the format.
+Every engine starts from `sample_rows` (its input checked with `check_prompts`, each
+prompt's rows and sample uids from `expand_samples`, the samples' keys) and builds its
+output with `assemble_output`, so all engines agree on the format and the seeds.
 """
 
 from __future__ import annotations
@@ -34,15 +35,18 @@ from torch import Tensor
 
 from rayrl.algos.routing import ROUTES, unrouted
 from rayrl.batch import Batch
+from rayrl.rollout.sampling import sample_keys
 
 __all__ = [
     "FINISH_LENGTH",
     "FINISH_STOP",
     "Responses",
+    "SampleRows",
     "assemble_output",
     "check_prompts",
     "expand_samples",
     "positions_from_mask",
+    "sample_rows",
 ]
 
 FINISH_STOP = "stop"
@@ -123,6 +127,30 @@ def expand_samples(prompts: Batch, n: int) -> tuple[Batch, list[str]]:
     rows = prompts.repeat(n, interleave=True)
     uids = [f"{uid}/{k}" for uid in prompts.non_tensors["uid"] for k in range(n)]
     return rows, uids
+
+
+@dataclass(frozen=True)
+class SampleRows:
+    """A checked prompt batch and its samples: each prompt's rows repeated n times
+    (adjacent), the sample uids ``f"{uid}/{k}"`` and their keys (`sample_keys` of the
+    sampling seed, the batch's step and the uid)."""
+
+    prompts: Batch
+    rows: Batch
+    uids: list[str]
+    keys: Tensor
+
+    def token_lists(self) -> list[list[int]]:
+        """Each prompt's real tokens (its left padding dropped)."""
+        ids, mask = self.prompts.tensors["input_ids"], self.prompts.tensors["attention_mask"]
+        return [row[m].tolist() for row, m in zip(ids, mask.bool(), strict=True)]
+
+
+def sample_rows(prompts: Batch, n: int, seed: int, where: str) -> SampleRows:
+    """`prompts` checked (`check_prompts`, naming `where`), their ``n`` samples each."""
+    prompts = check_prompts(prompts, where)
+    rows, uids = expand_samples(prompts, n)
+    return SampleRows(prompts, rows, uids, sample_keys(seed, int(prompts.meta["step"]), uids))
 
 
 def assemble_output(

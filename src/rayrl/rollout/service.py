@@ -48,11 +48,10 @@ from rayrl.rollout.base import WeightSource
 from rayrl.rollout.contract import (
     Responses,
     assemble_output,
-    check_prompts,
-    expand_samples,
+    sample_rows,
 )
 from rayrl.rollout.loop import Job, TurnLoop, responses_of
-from rayrl.rollout.sampling import SamplingParams, sample_keys
+from rayrl.rollout.sampling import SamplingParams
 from rayrl.rollout.turns import TurnDriver
 
 __all__ = ["Aborted", "CallPolicy", "Generated", "RolloutService"]
@@ -169,13 +168,10 @@ class RolloutService:
         return self._decode(token_lists, sampling, np.asarray(keys), None, _Call(CallPolicy()))
 
     def _single_turns(self, prompts: Batch, sampling: SamplingParams, decode) -> Batch:
-        prompts = check_prompts(prompts, "RolloutService.generate")
-        rows, uids = expand_samples(prompts, sampling.n)
-        keys = sample_keys(sampling.seed, int(prompts.meta["step"]), uids).numpy()
-        ids, mask = prompts.tensors["input_ids"], prompts.tensors["attention_mask"].bool()
-        token_lists = [row[m].tolist() for row, m in zip(ids, mask, strict=True)]
-        out = decode(token_lists, sampling, keys, None)
-        return assemble_output(rows, uids, out, sampling.max_new_tokens, self.engine.pad_id)
+        samples = sample_rows(prompts, sampling.n, sampling.seed, "RolloutService.generate")
+        out = decode(samples.token_lists(), sampling, samples.keys.numpy(), None)
+        width, pad = sampling.max_new_tokens, self.engine.pad_id
+        return assemble_output(samples.rows, samples.uids, out, width, pad)
 
     def _decode(
         self,

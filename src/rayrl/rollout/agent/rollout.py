@@ -72,14 +72,14 @@ from rayrl.rollout.agent.episodes import EVENT_KEYS, Episodes, EpisodeState
 from rayrl.rollout.agent.format import TurnFormat
 from rayrl.rollout.contract import (
     Responses,
+    SampleRows,
     assemble_output,
-    check_prompts,
-    expand_samples,
+    sample_rows,
 )
 from rayrl.rollout.native import NativeRolloutEngine
 from rayrl.rollout.native.tp import TensorParallel
 from rayrl.rollout.native.tp_turns import FollowerTurns
-from rayrl.rollout.sampling import SamplingParams, sample_keys
+from rayrl.rollout.sampling import SamplingParams
 from rayrl.rollout.turns import TurnDriver
 
 if TYPE_CHECKING:
@@ -171,16 +171,14 @@ class MultiTurnRollout:
         its shared loop. When it raises (an aborted call), the episodes' environments
         are closed before the error goes on."""
         decode = decode or self._engine_decode
-        prompts = check_prompts(prompts, "MultiTurnRollout.generate")
-        rows, uids = expand_samples(prompts, sampling.n)
-        keys = sample_keys(sampling.seed, int(prompts.meta["step"]), uids)
+        samples = sample_rows(prompts, sampling.n, sampling.seed, "MultiTurnRollout.generate")
         sampling = self._turn_sampling(sampling)
         tp = self._tensor_parallel()
         if tp is not None and tp.rank != 0:
-            return self._follow(prompts, rows, keys, sampling, tp, decode)
+            return self._follow(samples, sampling, tp, decode)
         start = time.perf_counter()
         episodes = Episodes(
-            [self._episode(rows, i, uid) for i, uid in enumerate(uids)],
+            [self._episode(samples.rows, i, uid) for i, uid in enumerate(samples.uids)],
             self.format,
             eos_ids=self.engine.eos_ids,
             width=sampling.max_new_tokens,
@@ -189,12 +187,12 @@ class MultiTurnRollout:
             env_timeout_s=self.config.env_timeout_s,
         )
         try:
-            out = self._decode(prompts, rows, keys, sampling, episodes, decode)
+            out = self._decode(samples, sampling, episodes, decode)
         except BaseException:
             self._close(episodes)
             raise
         try:
-            batch = self._assemble(rows, uids, out, sampling, episodes, start)
+            batch = self._assemble(samples, out, sampling, episodes, start)
         except BaseException as err:
             if tp is not None:  # the other ranks wait for this rank's output
                 tp.broadcast_object(f"{type(err).__name__}: {err}")
@@ -203,7 +201,10 @@ class MultiTurnRollout:
             tp.broadcast_object((batch, self.last_stats))
         return batch
 
-    def _assemble(self, rows, uids, out: Responses, sampling, episodes, start: float) -> Batch:
+    def _assemble(
+        self, samples: SampleRows, out: Responses, sampling, episodes, start: float
+    ) -> Batch:
+        rows, uids = samples.rows, samples.uids
         masks = [
             episodes.finish(i, out.tokens[i, : out.lengths[i]].numpy()) for i in range(len(rows))
         ]
@@ -221,10 +222,10 @@ class MultiTurnRollout:
         """The engine's TP group (None: one rank holds the whole model)."""
         return getattr(self.engine, "tp", None)
 
-    def _follow(self, prompts, rows, keys, sampling, tp: TensorParallel, decode) -> Batch:
+    def _follow(self, samples: SampleRows, sampling, tp: TensorParallel, decode) -> Batch:
         """A TP rank other than 0: decode in lockstep with TP rank 0, whose environments
         answer every turn (`tp_turns`), then return TP rank 0's output."""
-        self._decode(prompts, rows, keys, sampling, FollowerTurns(), decode)
+        self._decode(samples, sampling, FollowerTurns(), decode)
         shared = tp.broadcast_object(None)
         if isinstance(shared, str):
             raise RuntimeError(
@@ -238,14 +239,12 @@ class MultiTurnRollout:
         stops = tuple(s for s in self.parser.stop if s not in sampling.stop)
         return replace(sampling, stop=sampling.stop + stops) if stops else sampling
 
-    def _decode(self, prompts, rows, keys, sampling, episodes, decode: Decode) -> Responses:
+    def _decode(self, samples: SampleRows, sampling, episodes, decode: Decode) -> Responses:
         """The episodes' turns through ``decode`` (the one turn loop)."""
-        if not len(rows):
+        if not len(samples.rows):
             none = torch.zeros(0, 0)
             return Responses(none.long(), none.sum(1).long(), none, none.sum(1).bool())
-        ids, mask = prompts.tensors["input_ids"], prompts.tensors["attention_mask"].bool()
-        token_lists = [row[m].tolist() for row, m in zip(ids, mask, strict=True)]
-        return decode(token_lists, sampling, keys.numpy(), episodes)
+        return decode(samples.token_lists(), sampling, samples.keys.numpy(), episodes)
 
     def _engine_decode(self, token_lists, sampling, keys, driver) -> Responses:
         return self.engine.generate_token_ids(token_lists, sampling, keys=keys, turns=driver)

@@ -60,8 +60,7 @@ from rayrl.rollout.base import ROLLOUT_ENGINES, RolloutEngine, WeightSource
 from rayrl.rollout.contract import (
     Responses,
     assemble_output,
-    check_prompts,
-    expand_samples,
+    sample_rows,
 )
 from rayrl.rollout.hf.decode import can_lean_decode, decode_threads, lean_decode
 from rayrl.rollout.hf.loading import load_model
@@ -216,20 +215,18 @@ class HFRolloutEngine(RolloutEngine):
                 "HFRolloutEngine.generate: stop strings need a tokenizer; build the engine "
                 "with tokenizer=... or drop SamplingParams.stop."
             )
-        prompts = check_prompts(prompts, "HFRolloutEngine.generate")
-        rows, uids = expand_samples(prompts, sampling.n)
-        keys = sample_keys(sampling.seed, int(prompts.meta["step"]), uids)
-        if len(rows) == 0:
+        samples = sample_rows(prompts, sampling.n, sampling.seed, "HFRolloutEngine.generate")
+        if len(samples.rows) == 0:
             none = torch.zeros(0, 0)
             out = Responses(none.long(), none.sum(1).long(), none, none.sum(1).bool())
         elif self.serves and self.cache == "dynamic":
-            ids, mask = prompts.tensors["input_ids"], prompts.tensors["attention_mask"].bool()
-            token_lists = [row[m].tolist() for row, m in zip(ids, mask, strict=True)]
-            out = self.generate_token_ids(token_lists, sampling, keys=keys.numpy())
+            keys = samples.keys.numpy()
+            out = self.generate_token_ids(samples.token_lists(), sampling, keys=keys)
         else:
             with decode_threads(self.model, _device_of(self.model)):
-                out = self._generate_rows(rows, keys, sampling)
-        return assemble_output(rows, uids, out, sampling.max_new_tokens, self.pad_id)
+                out = self._generate_rows(samples.rows, samples.keys, sampling)
+        width = sampling.max_new_tokens
+        return assemble_output(samples.rows, samples.uids, out, width, self.pad_id)
 
     def generate_token_ids(
         self,
