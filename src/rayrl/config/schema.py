@@ -268,6 +268,11 @@ class RolloutConfig:
     # keeps 1 so a run that fits one GPU needs no setting (TP changes speed and memory,
     # not the samples: rayrl.rollout.native.tp)
     tensor_model_parallel_size: int = 1
+    # native engine: fp8 keeps the dense layers' matrices in FP8 (e4m3, a scale per
+    # output row), quantized at every weight sync; matmuls in FP8 where the GPU has FP8
+    # tensor cores, emulated elsewhere. Truncated importance sampling is then on by
+    # default (algorithm.rollout_correction.rollout_is=token; rayrl.rollout.native.fp8)
+    quantization: str | None = None
     # agents: multi-turn episodes with tools (verl's keys; `rayrl.config.multi_turn`)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)

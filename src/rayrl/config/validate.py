@@ -20,6 +20,7 @@ from rayrl.config.expert_checks import check_expert_parallel
 from rayrl.config.layout import MeshError, MeshSpec, check_heads
 from rayrl.config.multi_turn import check_multi_turn
 from rayrl.config.profiler_checks import check_profiler
+from rayrl.config.quantization import QUANTIZATIONS, check_quantization
 from rayrl.config.ranges import check_ranges
 from rayrl.config.reward_checks import check_judge_pool, check_sandbox_fusion
 from rayrl.config.routing_checks import ROUTER_REPLAY_MODES, check_router_replay
@@ -46,6 +47,7 @@ CHOICES = {
     "reward_model.score_transform": ("none", "clip", "tanh"),
     "trainer.debugger": ("vscode", "cli"),
     "actor_rollout_ref.rollout.mode": ("sync", "async"),
+    "actor_rollout_ref.rollout.quantization": QUANTIZATIONS,
     "async_training.weight_transport": WEIGHT_TRANSPORTS,
     "actor_rollout_ref.actor.router_replay.mode": ROUTER_REPLAY_MODES,
 }
@@ -524,6 +526,7 @@ def validate_config(cfg: RayRLConfig, warn: Callable[[str], None] = _warn) -> No
     check_numeric(cfg)
     check_micro_set(cfg)
     check_rollout(cfg, warn)
+    check_quantization(cfg)
     check_multi_turn(cfg.actor_rollout_ref.rollout.multi_turn)
     check_run_keys(cfg)
     check_lora(cfg)

@@ -148,6 +148,14 @@ def resolve_rollout(rollout: Any, data: Any, device_type: str, model_config: Any
                 break
             skipped.append(f"not {candidate}: {why_not}")
         reason = f"auto on {device_type}: {name}" + (f" ({'; '.join(skipped)})" if skipped else "")
+    quantization = getattr(rollout, "quantization", None)
+    if quantization and name != "native":
+        why = f" ({reason})" if reason else ""
+        raise ValueError(
+            f"actor_rollout_ref.rollout.quantization={quantization} runs on the native engine "
+            f"only, and the rollout is the {name} engine{why}; set "
+            "actor_rollout_ref.rollout.name=native, or quantization=null"
+        )
     engine = ROLLOUT_ENGINES.get(name)
     return RolloutChoice(name, engine.config_options(rollout, data), reason)
 

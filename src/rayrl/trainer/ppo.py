@@ -33,6 +33,7 @@ from rayrl.algos.routing import ACTOR_ROUTES
 from rayrl.batch import Batch
 from rayrl.cluster.pool import ResourcePool
 from rayrl.cluster.spec import PoolSpec
+from rayrl.config.quantization import with_quantized_correction
 from rayrl.config.schema import RayRLConfig
 from rayrl.config.validate import critic_enabled, ref_enabled
 from rayrl.controller import WorkerGroup
@@ -108,6 +109,7 @@ class PPOTrainer:
 
     def __init__(self, cfg: RayRLConfig, print_fn: Callable[[str], None] = print) -> None:
         check_names(cfg)
+        cfg = with_quantized_correction(cfg, print_fn)
         self.cfg = cfg
         self.print = print_fn
         self.model_path = resolve_model_path(cfg)

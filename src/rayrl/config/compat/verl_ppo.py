@@ -253,8 +253,9 @@ ROLLOUT: dict[str, Rule] = {
     f"{ARR}.rollout.moe_load_balance_metrics_interval": Inert("rayrl reports no MoE metrics"),
     f"{ARR}.rollout.prometheus": Inert("rayrl exports no Prometheus metrics of the rollout"),
     f"{ARR}.rollout.prometheus.enable": Only((False,), "Prometheus metrics of the rollout"),
-    f"{ARR}.rollout.quantization": Only((None,), "quantized rollouts"),
-    f"{ARR}.rollout.quantization_config_file": Only((None,), "quantized rollouts"),
+    f"{ARR}.rollout.quantization_config_file": Only(
+        (None,), "quantization config files", hint="rollout.quantization=fp8 needs none"
+    ),
     f"{ARR}.rollout.mtp": Inert(MTP + " settings (off)"),
     f"{ARR}.rollout.mtp.enable": Only((False,), MTP),
     f"{ARR}.rollout.qat": Inert(QAT + " settings (off)"),

@@ -45,7 +45,7 @@ from torch import Tensor, nn
 
 from rayrl.batch import Batch
 from rayrl.rollout.base import ROLLOUT_ENGINES, RolloutEngine, WeightSource
-from rayrl.rollout.contract import Responses, assemble_output, check_prompts, expand_samples
+from rayrl.rollout.contract import Responses, assemble_output, sample_rows
 from rayrl.rollout.loop import run_batch
 from rayrl.rollout.native.attention import choose_kernels, triton_gaps
 from rayrl.rollout.native.families import rotary_tables, spec_of
@@ -70,6 +70,8 @@ from rayrl.rollout.special_ids import eos_ids, pad_id
 from rayrl.rollout.turns import TurnDriver
 
 __all__ = ["NativeRolloutEngine"]
+
+QUANTIZATIONS = (None, "fp8")  # `rollout.quantization`: the weights' rollout copies
 
 logger = logging.getLogger(__name__)
 # The KV cache holds at most this many times what max_num_seqs full-length sequences
@@ -166,11 +168,16 @@ class NativeRolloutEngine(Serving, RolloutEngine):
         prefill_graph_tokens: int = PREFILL_GRAPH_TOKENS,
         enable_prefix_caching: bool = True,
         record_routes: bool = False,
+        quantization: str | None = None,
     ) -> None:
         if (model is None) == (model_path is None):
             raise ValueError(
                 f"{WHERE}: pass exactly one of model= (an HF module to copy) or model_path= "
                 "(an HF model directory to load)."
+            )
+        if quantization not in QUANTIZATIONS:
+            raise ValueError(
+                f"{WHERE}: quantization={quantization!r} is not one of {QUANTIZATIONS}."
             )
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(
@@ -193,7 +200,8 @@ class NativeRolloutEngine(Serving, RolloutEngine):
             raise ValueError(f"{WHERE}: prefill_graph_tokens={prefill_graph_tokens} must be >= 0.")
         self.prefill_graph_tokens = min(prefill_graph_tokens, max_num_batched_tokens)
         shard = self.tp.shard if self.tp else None
-        self.weights = NativeWeights(self.spec, self.dtype, self.device, shard)
+        self.quantization = quantization
+        self.weights = NativeWeights(self.spec, self.dtype, self.device, shard, quantization)
         self.local_spec = self.weights.spec  # this rank's slice (the spec without TP)
         self._unset: set[str] = set()  # weights no load has filled yet
         if model_path and not load_weights:
@@ -284,7 +292,8 @@ class NativeRolloutEngine(Serving, RolloutEngine):
     def config_options(cls, rollout: Any, data: Any) -> dict[str, Any]:
         """verl's vLLM keys of the ``rollout`` group; the longest sequence defaults to
         the longest prompt plus the longest response; each token's experts are recorded
-        with ``enable_rollout_routing_replay``."""
+        with ``enable_rollout_routing_replay``; ``quantization`` (fp8) keeps the
+        dense layers' matrices in FP8 (`rayrl.rollout.native.fp8`)."""
         return {
             "gpu_memory_utilization": rollout.gpu_memory_utilization,
             "enable_prefix_caching": rollout.enable_prefix_caching,
@@ -294,6 +303,7 @@ class NativeRolloutEngine(Serving, RolloutEngine):
             "max_model_len": rollout.max_model_len
             or data.max_prompt_length + data.max_response_length,
             "record_routes": rollout.enable_rollout_routing_replay,
+            "quantization": rollout.quantization,
         }
 
     def _needed(self) -> set[str]:
@@ -330,13 +340,11 @@ class NativeRolloutEngine(Serving, RolloutEngine):
     # ------------------------------------------------------------------ generate
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
         """Sample ``sampling.n`` responses per prompt; see `RolloutEngine.generate`."""
-        prompts = check_prompts(prompts, f"{WHERE}.generate")
-        rows, uids = expand_samples(prompts, sampling.n)
-        keys = sample_keys(sampling.seed, int(prompts.meta["step"]), uids).numpy()
-        ids, mask = prompts.tensors["input_ids"], prompts.tensors["attention_mask"].bool()
-        token_lists = [row[m].tolist() for row, m in zip(ids, mask, strict=True)]
-        out = self.generate_token_ids(token_lists, sampling, keys=keys)
-        return assemble_output(rows, uids, out, sampling.max_new_tokens, self.pad_id)
+        samples = sample_rows(prompts, sampling.n, sampling.seed, f"{WHERE}.generate")
+        keys = samples.keys.numpy()
+        out = self.generate_token_ids(samples.token_lists(), sampling, keys=keys)
+        width = sampling.max_new_tokens
+        return assemble_output(samples.rows, samples.uids, out, width, self.pad_id)
 
     def generate_token_ids(
         self,

@@ -37,6 +37,7 @@ from torch import Tensor
 
 from rayrl.models.safetensors_read import CheckpointIndex, CheckpointReader
 from rayrl.rollout.native.families import family_for
+from rayrl.rollout.native.fp8 import QUANTIZED_SLOTS, Fp8Weight
 from rayrl.rollout.native.shards import Part, TPShard
 from rayrl.rollout.native.spec import ModelSpec
 
@@ -69,7 +70,9 @@ class NativeWeights:
     """All parameters of one model, allocated once (uninitialised) on `device` in `dtype`.
 
     With ``shard`` (tensor parallelism), the parameters of that rank's slice:
-    ``shard.local_spec()`` sizes them.
+    ``shard.local_spec()`` sizes them. With ``quantization="fp8"`` the dense layers'
+    matrices also keep an FP8 copy (`fp8`, by layer and slot), rewritten from the bf16
+    one after every load that wrote it (`rayrl.rollout.native.fp8`).
     """
 
     def __init__(
@@ -78,6 +81,7 @@ class NativeWeights:
         dtype: torch.dtype,
         device: torch.device,
         shard: TPShard | None = None,
+        quantization: str | None = None,
     ) -> None:
         self.shard = shard if shard is not None and shard.size > 1 else None
         spec = self.shard.local_spec() if self.shard else spec
@@ -92,9 +96,22 @@ class NativeWeights:
         self.final_norm = empty(s.hidden)
         self.lm_head = self.embed if s.tie_embeddings else empty(s.vocab, s.hidden)
         self.layers = [self._layer(empty, i) for i in range(s.layers)]
+        self._slots: dict[str, tuple[int, str]] = {}  # target name -> (layer, slot)
         self._targets = self._build_targets()
         self._fused = self._build_fused()
         self._aliases = self._build_aliases()
+        self.fp8 = self._fp8_copies() if quantization == "fp8" else {}
+        self._stale: set[tuple[int, str]] = set()  # FP8 copies a load has made stale
+
+    def _fp8_copies(self) -> dict[tuple[int, str], Fp8Weight]:
+        """An FP8 copy of each dense layer's matrices (a mixture of experts' layers keep
+        theirs, shared expert included, in the model dtype)."""
+        return {
+            (i, slot): Fp8Weight.empty_like(getattr(layer, slot))
+            for i, layer in enumerate(self.layers)
+            for slot in QUANTIZED_SLOTS
+            if getattr(layer, slot) is not None and self.spec.layer_moe(i) is None
+        }
 
     def _layer(self, empty: Callable[..., Tensor], i: int) -> LayerWeights:
         s, width = self.spec, self.spec.mlp_width(i)
@@ -137,6 +154,7 @@ class NativeWeights:
             for name, (slot, index) in self.family.layer_names(self.spec, i).items():
                 tensor = getattr(layer, slot)
                 out[f"model.layers.{i}.{name}"] = tensor if index is None else tensor[index]
+                self._slots[f"model.layers.{i}.{name}"] = (i, slot)
         return out
 
     def _build_fused(self) -> dict[str, tuple[int, tuple[str, ...]]]:
@@ -188,7 +206,8 @@ class NativeWeights:
                 yield t
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors())
+        fp8 = sum(copy.nbytes() for copy in self.fp8.values())
+        return sum(t.numel() * t.element_size() for t in self.tensors()) + fp8
 
     def full_shape(self, name: str) -> tuple[int, ...]:
         """The shape of the whole HF tensor ``name`` (this rank's part, widened)."""
@@ -240,13 +259,24 @@ class NativeWeights:
                     "Pass unwrapped (HF) parameter names."
                 )
             copied += 1
+        self._requantize()
         return copied
+
+    def _requantize(self) -> None:
+        """The FP8 copies of the matrices the last load wrote, rewritten."""
+        for key in self._stale:
+            i, slot = key
+            self.fp8[key].quantize(getattr(self.layers[i], slot))
+        self._stale.clear()
 
     def _copy(self, name: str, tensor: Tensor, where: str, sharded: bool) -> None:
         self._check_shape(name, tensor, where, sharded)
         if self.shard is not None and not sharded:
             tensor = self.shard.take(name, tensor)
         self._targets[name].copy_(tensor.detach())
+        slot = self._slots.get(name)
+        if slot in self.fp8:
+            self._stale.add(slot)
 
     def _check_shape(self, name: str, tensor: Tensor, where: str, sharded: bool) -> None:
         expected = tuple(self._targets[name].shape) if sharded else self.full_shape(name)

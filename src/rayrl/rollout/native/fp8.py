@@ -1,0 +1,98 @@
+"""FP8 rollout (``actor_rollout_ref.rollout.quantization=fp8``): the native engine's
+linear weights in float8 (e4m3), quantized at every weight sync.
+
+Each of a layer's matrices (``qkv``, ``o``, ``gate_up``, ``down``) keeps, beside its
+bf16 copy (what loads and weight syncs write into), an e4m3 copy and one float32 scale
+per output row (``amax / 448``). A matmul quantizes its input per token the same way
+(dynamic scales) and runs ``torch._scaled_mm`` with both scales on a card that has FP8
+tensor cores (compute capability 8.9 or above: Ada, Hopper, Blackwell), in float32
+accumulation, its output in the model's dtype. Elsewhere (a CPU, an older card, a
+matrix whose sides are not multiples of 16) the same quantization is emulated: both
+operands are rounded through e4m3 and scaled back, then multiplied in the model's
+dtype, so a CPU run samples from the numerics an FP8 GPU run has, up to the order of
+accumulation.
+
+The embeddings, the LM head, the norms, the routers and the experts of a mixture of
+experts stay in the model's dtype. The quantized copies are allocated once and
+rewritten in place, so CUDA graphs captured over them stay valid across syncs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["FP8", "FP8_MAX", "QUANTIZED_SLOTS", "Fp8Weight", "fp8_linear"]
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8).max)  # 448
+QUANTIZED_SLOTS = ("qkv", "o", "gate_up", "down")  # `LayerWeights` fields
+_ROWS = 4096  # rows quantized at a time (bounds the float32 temporary)
+
+
+def _scaled_mm_ok(device: torch.device, rows: int, cols: int) -> bool:
+    if device.type != "cuda" or rows % 16 or cols % 16:
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+@dataclass
+class Fp8Weight:
+    """One matrix ``[out, in]`` in e4m3 with a float32 scale per output row; ``fast``:
+    whether its matmul runs on FP8 tensor cores (else it is emulated: module doc)."""
+
+    weight: Tensor
+    scale: Tensor
+    fast: bool
+    dequantized: Tensor | None = None  # the emulated path's weight, in the model dtype
+
+    @classmethod
+    def empty_like(cls, weight: Tensor) -> Fp8Weight:
+        out, cols = weight.shape
+        fast = _scaled_mm_ok(weight.device, out, cols)
+        q = torch.empty(out, cols, dtype=FP8, device=weight.device)
+        scale = torch.empty(out, dtype=torch.float32, device=weight.device)
+        return cls(q, scale, fast, None if fast else torch.empty_like(weight))
+
+    @torch.no_grad()
+    def quantize(self, weight: Tensor) -> None:
+        """Rewrite this copy, in place, from ``weight`` (the bf16 matrix)."""
+        for start in range(0, weight.shape[0], _ROWS):
+            rows = weight[start : start + _ROWS].float()
+            scale = rows.abs().amax(dim=1).clamp(min=1e-12) / FP8_MAX
+            q = (rows / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+            self.weight[start : start + _ROWS].copy_(q)
+            self.scale[start : start + _ROWS].copy_(scale)
+            if self.dequantized is not None:
+                self.dequantized[start : start + _ROWS].copy_(q.float() * scale[:, None])
+
+    def nbytes(self) -> int:
+        emulated = self.dequantized
+        extra = 0 if emulated is None else emulated.numel() * emulated.element_size()
+        return self.weight.numel() + self.scale.numel() * 4 + extra
+
+
+def _quantized_input(x: Tensor) -> tuple[Tensor, Tensor]:
+    """``x`` [tokens, in] in e4m3, and its float32 scale per token ``[tokens, 1]``."""
+    scale = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
+def fp8_linear(x: Tensor, w: Fp8Weight, bias: Tensor | None = None) -> Tensor:
+    """``F.linear(x, weight, bias)`` with ``weight`` and ``x`` quantized (module doc)."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    xq, x_scale = _quantized_input(x2)
+    if w.fast:
+        out = torch._scaled_mm(
+            xq, w.weight.t(), scale_a=x_scale, scale_b=w.scale[None], out_dtype=x.dtype
+        )
+    else:
+        assert w.dequantized is not None  # allocated for every emulated weight
+        out = F.linear((xq.float() * x_scale).to(x.dtype), w.dequantized)
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*shape[:-1], out.shape[-1])

@@ -1,0 +1,129 @@
+"""FP8 rollout (`actor_rollout_ref.rollout.quantization=fp8`) on CPU: the emulated
+e4m3 quantization of weights and inputs, the native engine sampling with it, weight
+syncs re-quantizing in place, the config's refusals, and one GRPO step through
+`rayrl train` with truncated importance sampling on by itself."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from native_toys import perturbed
+from rayrl.batch import Batch
+from rayrl.config import load_config
+from rayrl.config.errors import ConfigError
+from rayrl.models.tiny import build_tiny_model
+from rayrl.rollout import NativeRolloutEngine, SamplingParams, positions_from_mask
+from rayrl.rollout.native.fp8 import FP8_MAX, Fp8Weight, fp8_linear
+
+TINY = dict(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab_size=320)
+ENGINE = dict(device="cpu", block_size=4, max_num_seqs=4, max_num_batched_tokens=16)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = build_tiny_model(tmp_path_factory.mktemp("fp8") / "tiny", **TINY)
+    perturbed(AutoModelForCausalLM.from_pretrained(path)).save_pretrained(path)
+    return str(path)
+
+
+def test_each_row_is_scaled_to_e4m3s_range_and_rounded_within_its_precision():
+    weight = torch.randn(40, 32) * torch.logspace(-3, 2, 40)[:, None]  # rows of any scale
+    copy = Fp8Weight.empty_like(weight)
+    copy.quantize(weight)
+    assert copy.weight.dtype == torch.float8_e4m3fn and not copy.fast  # CPU: emulated
+    assert torch.allclose(copy.weight.float().abs().amax(1), torch.full((40,), FP8_MAX))
+    err = (copy.dequantized - weight).abs()
+    assert bool((err <= weight.abs() / 16 + copy.scale[:, None] * 2**-9).all())  # 3 bits
+    assert err.max() > 0  # rounded, not copied
+
+
+def test_an_fp8_matmul_is_close_to_the_full_one_and_not_equal():
+    gen = torch.Generator().manual_seed(0)
+    x, weight = torch.randn(5, 32, generator=gen), torch.randn(48, 32, generator=gen)
+    copy = Fp8Weight.empty_like(weight)
+    copy.quantize(weight)
+    full, quantized = F.linear(x, weight), fp8_linear(x, copy)
+    rel = (quantized - full).norm() / full.norm()
+    assert 0 < rel < 0.1
+
+
+def _prompts(tokenizer) -> Batch:
+    texts = ["1 + 2 =", "the answer is", "hello there", "what is 9 - 4"]
+    enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left")
+    columns = {**enc, "position_ids": positions_from_mask(enc["attention_mask"])}
+    uids = [f"p{i}" for i in range(len(texts))]
+    return Batch.from_dict({**columns, "uid": uids}, meta={"step": 0})
+
+
+def test_the_engine_samples_from_the_quantized_weights(model_dir):
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompts, greedy = _prompts(tokenizer), SamplingParams(temperature=0.0, max_new_tokens=8)
+    plain = NativeRolloutEngine(model_path=model_dir, **ENGINE)
+    fp8 = NativeRolloutEngine(model_path=model_dir, quantization="fp8", **ENGINE)
+    assert len(fp8.weights.fp8) == 2 * 4  # qkv, o, gate_up, down of each layer
+    a, b = plain.generate(prompts, greedy), fp8.generate(prompts, greedy)
+    same = (a["responses"] == b["responses"]).float().mean()
+    diff = (a["rollout_log_probs"] - b["rollout_log_probs"]).abs().max()
+    assert same > 0.5  # mostly the same tokens ...
+    assert diff > 1e-4  # ... from other numerics
+
+
+def test_a_weight_sync_requantizes_in_place(model_dir):
+    """After `update_weights`, the engine samples as one built on the new weights: its
+    FP8 copies were rewritten (the same tensors, so CUDA graphs stay valid)."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompts = _prompts(tokenizer)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=8, seed=3)
+    other = perturbed(AutoModelForCausalLM.from_pretrained(model_dir), seed=1)
+    engine = NativeRolloutEngine(model_path=model_dir, quantization="fp8", **ENGINE)
+    storage = {key: copy.weight.data_ptr() for key, copy in engine.weights.fp8.items()}
+    before = engine.generate(prompts, sampling)
+    engine.update_weights(other.state_dict())
+    after = engine.generate(prompts, sampling)
+    fresh = NativeRolloutEngine(model=other, tokenizer=tokenizer, quantization="fp8", **ENGINE)
+    expected = fresh.generate(prompts, sampling)
+    assert torch.equal(after["responses"], expected["responses"])
+    assert torch.equal(after["rollout_log_probs"], expected["rollout_log_probs"])
+    assert not torch.equal(before["rollout_log_probs"], after["rollout_log_probs"])
+    assert {k: c.weight.data_ptr() for k, c in engine.weights.fp8.items()} == storage
+
+
+def test_fp8_needs_the_native_engine(model_dir):
+    with pytest.raises(ConfigError, match="rollout.name=hf has no FP8 path"):
+        load_config(
+            "grpo",
+            ["actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.quantization=fp8"],
+        )
+    with pytest.raises(ConfigError, match="one of"):
+        load_config("grpo", ["actor_rollout_ref.rollout.quantization=int4"])
+    from transformers import AutoConfig
+
+    from rayrl.rollout.base import resolve_rollout
+
+    cfg = load_config("grpo", ["actor_rollout_ref.rollout.quantization=fp8"])
+    with pytest.raises(ValueError, match="auto on cpu: hf"):  # auto picks hf on a CPU
+        resolve_rollout(
+            cfg.actor_rollout_ref.rollout, cfg.data, "cpu", AutoConfig.from_pretrained(model_dir)
+        )
+
+
+def test_one_grpo_step_with_fp8_rollout_corrects_by_importance_ratios(tmp_path, model_dir):
+    from conftest import train_one_step
+
+    common = (
+        f"actor_rollout_ref.model.path={model_dir}",
+        "actor_rollout_ref.rollout.name=native",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",
+        "actor_rollout_ref.actor.ppo_epochs=2",  # a separate old-log-prob pass
+    )
+    plain = train_one_step(tmp_path / "plain", *common)
+    fp8 = train_one_step(tmp_path / "fp8", *common, "actor_rollout_ref.rollout.quantization=fp8")
+    assert plain["training/rollout_probs_diff_max"] < 1e-4  # fp32: the same numerics
+    assert fp8["training/rollout_probs_diff_max"] > 10 * plain["training/rollout_probs_diff_max"]
+    assert "actor/tis_weight_mean" in fp8  # truncated importance sampling, on by itself
+    assert "actor/tis_weight_mean" not in plain
