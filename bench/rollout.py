@@ -36,7 +36,9 @@ matmul rate, whichever binds, summed over the prefill and every decode step.
 ``--profile`` adds the native engine's top CUDA kernels and GPU busy fraction;
 ``--tune-decode`` / ``--tune-sampler`` first sweep the decode-attention / sampler kernel's
 launch settings. Engine ``native_sync`` is the native engine without overlapped decode
-(``--sync-decode`` turns it off for ``native`` too).
+(``--sync-decode`` turns it off for ``native`` too); ``native_fp8`` keeps its dense
+layers' matrices in FP8 (``rollout.quantization=fp8``), and ``fp8_over_bf16`` compares
+it with ``native`` where both ran.
 
 ``--tp N`` splits the native engine's model over N GPUs (tensor parallelism: one
 process a GPU, NCCL; gloo on CPU), one replica running the whole workload; rank 0
@@ -125,7 +127,9 @@ def max_model_len(prompts: list[np.ndarray], out_lens: np.ndarray, shape: str) -
     return max(4096 if shape in ("reference", *FAMILIES) else 64, -(-longest // 64) * 64)
 
 
-def run_native(model, prompts, out_lens, args, overlap: bool = True) -> Callable[[], None]:
+def run_native(
+    model, prompts, out_lens, args, overlap: bool = True, quantization: str | None = None
+) -> Callable[[], None]:
     engine = NativeRolloutEngine(
         model=model,
         device=args.device,
@@ -135,6 +139,7 @@ def run_native(model, prompts, out_lens, args, overlap: bool = True) -> Callable
         overlap_decode=overlap and not args.sync_decode,
         tp_size=args.tp,
         tp_group=getattr(args, "tp_group", None),
+        quantization=quantization,
     )
     n = samples_per_prompt(prompts, out_lens)
     params = SamplingParams(n=n, max_new_tokens=int(out_lens.max()), ignore_eos=True, seed=1)
@@ -153,6 +158,11 @@ def run_native(model, prompts, out_lens, args, overlap: bool = True) -> Callable
 def run_native_sync(model, prompts, out_lens, args) -> Callable[[], None]:
     """The native engine with every decode step committed before the next is launched."""
     return run_native(model, prompts, out_lens, args, overlap=False)
+
+
+def run_native_fp8(model, prompts, out_lens, args) -> Callable[[], None]:
+    """The native engine with its dense layers' matrices in FP8 (`rollout.quantization`)."""
+    return run_native(model, prompts, out_lens, args, quantization="fp8")
 
 
 def run_rayrl_hf(model, prompts, out_lens, args) -> Callable[[], None]:
@@ -202,6 +212,7 @@ def run_hf(cache: str):
 ENGINES = {
     "native": run_native,
     "native_sync": run_native_sync,
+    "native_fp8": run_native_fp8,
     "rayrl_hf": run_rayrl_hf,
     "hf_dynamic": run_hf("dynamic"),
     "hf_static": run_hf("static"),
@@ -516,6 +527,19 @@ def run_bench(args: argparse.Namespace, out_path: str | None) -> None:
                 run_native.engine.sleep()
                 del run_native.engine
             torch.cuda.empty_cache() if args.device == "cuda" else None
+        if "native" in rates and "native_fp8" in rates:
+            emit(
+                {
+                    **base,
+                    "metric": "fp8_over_bf16",
+                    "workload": name,
+                    "value": round(rates["native_fp8"] / rates["native"], 3),
+                    "unit": "x",
+                    "target": 1.25,
+                    "better": "higher",
+                },
+                out,
+            )
         if "native" in rates and "hf_static" in rates:
             emit(
                 {

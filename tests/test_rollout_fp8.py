@@ -127,3 +127,21 @@ def test_one_grpo_step_with_fp8_rollout_corrects_by_importance_ratios(tmp_path, 
     assert fp8["training/rollout_probs_diff_max"] > 10 * plain["training/rollout_probs_diff_max"]
     assert "actor/tis_weight_mean" in fp8  # truncated importance sampling, on by itself
     assert "actor/tis_weight_mean" not in plain
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="FP8 tensor cores are on GPUs")
+def test_on_a_card_with_fp8_tensor_cores_the_matmul_runs_there_as_emulated():
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("this card has no FP8 tensor cores")
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(7, 256, generator=gen).cuda().bfloat16()
+    weight = torch.randn(512, 256, generator=gen).cuda().bfloat16()
+    fast = Fp8Weight.empty_like(weight)
+    fast.quantize(weight)
+    emulated = Fp8Weight(fast.weight, fast.scale, False, fast.weight.float() * fast.scale[:, None])
+    assert fast.fast
+    a, b = fp8_linear(x, fast).float(), fp8_linear(x.float(), emulated)
+    full = F.linear(x.float(), weight.float())
+    assert (a - b).norm() / b.norm() < 1e-2  # bf16 output rounding
+    assert 0 < (a - full).norm() / full.norm() < 0.1
