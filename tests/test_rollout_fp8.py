@@ -112,7 +112,10 @@ def test_fp8_needs_the_native_engine(model_dir):
         )
 
 
+@pytest.mark.command
 def test_one_grpo_step_with_fp8_rollout_corrects_by_importance_ratios(tmp_path, model_dir):
+    """docs/performance.md's command (below), for one step of a small model."""
+    # rayrl train -c grpo actor_rollout_ref.rollout.name=native actor_rollout_ref.rollout.quantization=fp8  # noqa: E501
     from conftest import train_one_step
 
     common = (
