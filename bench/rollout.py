@@ -26,7 +26,7 @@ Prints JSON lines: ``tokens_per_s`` (per engine and workload), ``peak_mem_gb``,
 roofline is the time a step needs at the machine's measured HBM bandwidth or bf16
 matmul rate, whichever binds, summed over the prefill and every decode step.
 
-    python bench/rollout.py [--device cuda|cpu] [--shape reference|tiny|moe|mistral|gemma2|gemma3]
+    python bench/rollout.py [--device cuda|cpu] [--shape reference|tiny|moe|7b|mistral|gemma2|gemma3]
         [--engines native,rayrl_hf,hf_dynamic,hf_static] [--workloads A,B,C,G,M]
         [--skip hf_dynamic@B,...] [--repeats 3] [--profile] [--tune-decode] [--tune-sampler]
         [--sync-decode] [--tp N] [--resume-prefill-cost C] [--prefill-graph-tokens T]
@@ -124,7 +124,7 @@ def max_model_len(prompts: list[np.ndarray], out_lens: np.ndarray, shape: str) -
     """4096 tokens for the reference shape (64 for the tiny one), or the workload's
     longest sequence rounded up to 64 where that is longer (workload C)."""
     longest = max(len(p) for p in prompts) + int(out_lens.max())
-    return max(4096 if shape in ("reference", *FAMILIES) else 64, -(-longest // 64) * 64)
+    return max(4096 if shape in ("reference", "7b", *FAMILIES) else 64, -(-longest // 64) * 64)
 
 
 def run_native(
@@ -359,7 +359,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--shape",
-        choices=("reference", "tiny", "moe", *FAMILIES),
+        choices=("reference", "tiny", "moe", "7b", *FAMILIES),
         default=None,
         help="moe: a Qwen3-MoE model of 30B-A3B's layer at 8 layers (`moe_config`); "
         "mistral, gemma2, gemma3: the reference shape as that family (`family_config`)",

@@ -1,5 +1,6 @@
 """The models `bench/rollout.py` runs: the reference shape (Qwen2.5-0.5B's sizes, as
-Qwen2 or as another dense family) and a mixture of experts of Qwen3-30B-A3B's layer."""
+Qwen2 or as another dense family), Qwen2.5-7B's sizes, and a mixture of experts of
+Qwen3-30B-A3B's layer."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 
 from rayrl.models.tiny import TinySpec, reference_05b
 
-__all__ = ["FAMILIES", "build_model", "family_config", "moe_config"]
+__all__ = ["FAMILIES", "build_model", "dense_7b_config", "family_config", "moe_config"]
 
 
 def moe_config():
@@ -27,6 +28,25 @@ def moe_config():
         num_experts_per_tok=8,
         moe_intermediate_size=768,
         norm_topk_prob=True,
+        max_position_embeddings=32768,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+    )
+
+
+def dense_7b_config():
+    """Qwen2.5-7B's sizes (hidden 3584, 28 layers, 28 query and 4 KV heads, intermediate
+    18,944, vocabulary 152,064, untied head): 7.6B parameters, where decode reads
+    15 GB of bf16 weights a step (the FP8 rollout's figure)."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=152064,
+        hidden_size=3584,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        intermediate_size=18944,
         max_position_embeddings=32768,
         tie_word_embeddings=False,
         pad_token_id=0,
@@ -64,8 +84,9 @@ FAMILIES = ("mistral", "gemma2", "gemma3")
 def build_model(shape: str, device: str):
     from transformers import AutoModelForCausalLM, Qwen2ForCausalLM
 
-    if shape == "moe" or shape in FAMILIES:
-        config = moe_config() if shape == "moe" else family_config(shape)
+    if shape in ("moe", "7b") or shape in FAMILIES:
+        configs = {"moe": moe_config, "7b": dense_7b_config}
+        config = configs[shape]() if shape in configs else family_config(shape)
         torch.manual_seed(0)
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()

@@ -148,3 +148,16 @@ def test_on_a_card_with_fp8_tensor_cores_the_matmul_runs_there_as_emulated():
     full = F.linear(x.float(), weight.float())
     assert (a - b).norm() / b.norm() < 1e-2  # bf16 output rounding
     assert 0 < (a - full).norm() / full.norm() < 0.1
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton kernel runs on CUDA")
+def test_the_triton_row_quantization_equals_torchs():
+    from rayrl.rollout.native.fp8 import _quantized_input
+    from rayrl.rollout.native.triton_fp8 import quantize_rows
+
+    x = (torch.randn(33, 3000) * torch.logspace(-2, 2, 33)[:, None]).cuda().bfloat16()
+    q, scale = quantize_rows(x)
+    q_ref, scale_ref = _quantized_input(x)
+    assert torch.equal(scale, scale_ref)
+    assert (q.float() - q_ref.float()).abs().max() <= 0  # bitwise the same e4m3 values

@@ -4,7 +4,7 @@ linear weights in float8 (e4m3), quantized at every weight sync.
 Each of a layer's matrices (``qkv``, ``o``, ``gate_up``, ``down``) keeps, beside its
 bf16 copy (what loads and weight syncs write into), an e4m3 copy and one float32 scale
 per output row (``amax / 448``). A matmul quantizes its input per token the same way
-(dynamic scales) and runs ``torch._scaled_mm`` with both scales on a card that has FP8
+(dynamic scales; one Triton kernel: `rayrl.rollout.native.triton_fp8`) and runs ``torch._scaled_mm`` with both scales on a card that has FP8
 tensor cores (compute capability 8.9 or above: Ada, Hopper, Blackwell), in float32
 accumulation, its output in the model's dtype. Elsewhere (a CPU, an older card, a
 matrix whose sides are not multiples of 16) the same quantization is emulated: both
@@ -81,16 +81,24 @@ def _quantized_input(x: Tensor) -> tuple[Tensor, Tensor]:
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
+def _cuda_quantized_input(x: Tensor) -> tuple[Tensor, Tensor]:
+    """`_quantized_input` as one Triton kernel (`rayrl.rollout.native.triton_fp8`)."""
+    from rayrl.rollout.native.triton_fp8 import quantize_rows  # Triton: CUDA machines
+
+    return quantize_rows(x.contiguous())
+
+
 def fp8_linear(x: Tensor, w: Fp8Weight, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)`` with ``weight`` and ``x`` quantized (module doc)."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
-    xq, x_scale = _quantized_input(x2)
     if w.fast:
+        xq, x_scale = _cuda_quantized_input(x2)
         out = torch._scaled_mm(
             xq, w.weight.t(), scale_a=x_scale, scale_b=w.scale[None], out_dtype=x.dtype
         )
     else:
+        xq, x_scale = _quantized_input(x2)
         assert w.dequantized is not None  # allocated for every emulated weight
         out = F.linear((xq.float() * x_scale).to(x.dtype), w.dequantized)
     if bias is not None:
