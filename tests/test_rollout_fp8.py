@@ -161,3 +161,40 @@ def test_the_triton_row_quantization_equals_torchs():
     q_ref, scale_ref = _quantized_input(x)
     assert torch.equal(scale, scale_ref)
     assert (q.float() - q_ref.float()).abs().max() <= 0  # bitwise the same e4m3 values
+
+
+@pytest.mark.slow
+def test_fp8_composes_with_async_agents_lora_and_tensor_parallel_replicas(ray_local, tmp_path):
+    """An FP8 rollout on a replica split over two ranks, generating multi-turn episodes
+    asynchronously for a LoRA actor: the episodes train token-exact, corrected by
+    their importance ratios."""
+    from async_cases import EXACT, SMALL, end_turns_often
+    from rayrl.trainer.async_ppo import AsyncPPOTrainer
+    from rayrl.trainer.run import Run
+
+    model = build_tiny_model(tmp_path / "m", layers=2, hidden=64, seed=4)
+    perturbed(AutoModelForCausalLM.from_pretrained(model)).save_pretrained(model)
+    end_turns_often(str(model), share=1 / 6)  # turns of about 6 tokens: tool calls
+    overrides = [
+        *SMALL,
+        *EXACT,
+        "trainer.total_training_steps=2",
+        "actor_rollout_ref.rollout.name=native",
+        "actor_rollout_ref.rollout.quantization=fp8",
+        "rollout.n_gpus_per_node=2",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+        "actor_rollout_ref.model.lora_rank=4",
+        f"trainer.output_dir={tmp_path / 'run'}",
+        f"actor_rollout_ref.model.path={model}",
+    ]
+    printed: list[str] = []
+    run = Run(AsyncPPOTrainer(load_config("grpo", overrides), print_fn=printed.append))
+    try:
+        run.setup()
+        history = run.fit()
+    finally:
+        run.shutdown()
+    assert len(history) == 2, printed
+    for row in history:
+        assert row["rollout/token_mismatch"] == 0 and row["multi_turn/num_turns/mean"] > 2
+        assert "actor/tis_weight_mean" in row and row["training/rollout_probs_diff_max"] > 1e-4
