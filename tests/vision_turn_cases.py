@@ -75,3 +75,22 @@ def reference_episode_log_probs(model, batch: Batch, row: int, image_token_id: i
         logits = model(inputs_embeds=embeds, position_ids=positions).logits[0].float()
     log_probs = torch.log_softmax(logits, -1)
     return log_probs[prompt - 1 : -1].gather(-1, ids[0, prompt:, None])[:, 0]
+
+
+def ending_turns_often(model_dir: Path, out: Path, share: float = 0.05) -> Path:
+    """A copy of ``model_dir`` at ``out`` whose generation config makes every
+    ``1 / share``-th id an EOS id (a random tiny model then ends its turns often, so its
+    episodes have several turns); the vision token ids stay plain."""
+    import shutil
+
+    from transformers import AutoConfig, GenerationConfig
+
+    shutil.copytree(model_dir, out)
+    config = AutoConfig.from_pretrained(out)
+    vision = {config.image_token_id, config.vision_start_token_id, config.vision_end_token_id}
+    vocab = config.get_text_config().vocab_size
+    ids = [i for i in range(3, vocab, max(1, round(1 / share))) if i not in vision]
+    generation = GenerationConfig.from_pretrained(out)
+    generation.eos_token_id = ids
+    generation.save_pretrained(out)
+    return out
