@@ -11,8 +11,8 @@ import torch
 from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
 from rayrl.rollout.hf.engine import HFRolloutEngine
-from rayrl.rollout.service import RolloutService
 from rayrl.rollout.sampling import SamplingParams
+from rayrl.rollout.service import RolloutService
 from vision_cases import mixed_rows, png, prompts, reference_log_probs, row, sharp_vision_model
 
 NEW = 8

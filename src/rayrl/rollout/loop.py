@@ -2,8 +2,8 @@
 
 `TurnLoop` drives any engine of the request contract (`rayrl.rollout.requests`:
 the native engine, the HF engine, a tensor-parallel native replica) for any number of
-*jobs*. A job is one call's samples: prompts, each with its samples' sampler keys and
-length limits, sampled with one `SamplingParams`, and optionally a `TurnDriver` that
+*jobs*. A job is one call's samples: prompts (a vision-language model's with their
+images), each with its samples' sampler keys and length limits, sampled with one `SamplingParams`, and optionally a `TurnDriver` that
 runs their episodes (`rayrl.rollout.turns`: the driver is told when a sample's
 turn ends and answers with tokens to append, or the end of the episode). A pass of the
 loop (`pump`):
@@ -217,9 +217,13 @@ class TurnLoop:
             for i, prompt in enumerate(job.prompts):
                 rows = slice(i * n, (i + 1) * n)
                 images = job.images[i] if job.images is not None else None
-                extra = {"images": images} if images else {}  # a vision-language engine's
                 added = self.engine.add(
-                    prompt, job.keys[rows], job.limits[rows], job.sampling, park=park, **extra
+                    prompt,
+                    job.keys[rows],
+                    job.limits[rows],
+                    job.sampling,
+                    park=park,
+                    images=dict(images) if images else None,
                 )
                 ids.extend(int(s) for s in added)
         except Exception as err:  # noqa: BLE001 - raised in the job's own thread
@@ -254,10 +258,7 @@ class TurnLoop:
                         engine.finish(sample, answer.stopped)
                         continue
                     tokens = np.asarray(answer.tokens, dtype=np.int64)
-                    if answer.images is None:
-                        engine.resume(sample, tokens)
-                    else:  # a vision-language engine's
-                        engine.resume(sample, tokens, images=answer.images)
+                    engine.resume(sample, tokens, images=answer.images)
             if got or not blocked or single:
                 break
             time.sleep(POLL_S)

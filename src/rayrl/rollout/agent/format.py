@@ -168,7 +168,7 @@ class TurnFormat:
                 marks = np.flatnonzero(np.asarray(content) == self.vision.image_token_id)
                 offsets.append(len(tokens) + marks)
                 images.append(pixels)
-                message["content"] = _shown(message.get("content"))
+                message["content"] = _shown(list(message.get("content") or []))
                 cut = False
             else:
                 content, cut = self._content_tokens(_text(message.get("content")))

@@ -396,6 +396,7 @@ class HFRequests:
         if not s.media_of[sample]:
             return marks
         prompt = s.prompt_of[sample]
+        assert prompt is not None  # a live sample's
         marks[: len(prompt)] = prompt == self.image_token_id
         columns = np.asarray(s.marks_of[sample], dtype=np.int64) + len(prompt)
         marks[columns[columns < length]] = True
