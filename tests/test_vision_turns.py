@@ -5,6 +5,8 @@ M-RoPE positions kept across turns, so the rollout's log-probs are transformers'
 the whole episode; the trained tokens are the episode's record (the token check); the
 training engine's log-probs of the response tokens, padded and packed, are the
 rollout's, and without the observations' images they are not. Qwen2.5-VL and Qwen2-VL.
+What a tool returns becomes the observation's image parts (rayrl's `ToolResult.images`,
+verl's `ToolResponse.image`), which a text-only model's format refuses, named.
 """
 
 from __future__ import annotations
@@ -139,3 +141,42 @@ def _prompt_images_only(images: dict, out, row: int, image_token: int) -> dict:
     if not kept:
         return {}
     return {"pixel_values": images["pixel_values"][:patches], "image_grid_thw": torch.stack(kept)}
+
+
+class _VerlResponse:
+    """verl's ``ToolResponse`` as a tool returns it: ``text`` and ``image``."""
+
+    def __init__(self, text, image):
+        self.text, self.image = text, image
+
+
+def test_a_tools_images_become_the_observations_image_parts(model_dirs):
+    from PIL import Image
+
+    from rayrl.envs import build_tools
+    from rayrl.envs.tool import ToolResult, as_result, not_text, observation_content
+    from rayrl.rollout.agent.format import TurnFormat, TurnFormatError
+
+    red = Image.new("RGB", (28, 28), (255, 0, 0))
+    ours = as_result((ToolResult("seen", images=[red]), 1.0))
+    assert ours.images == [red] and ours.reward == 1.0
+    verl = _VerlResponse("seen", [red, red])
+    assert as_result(verl).images == [red, red] and not_text(verl) is None
+    assert observation_content(as_result("plain")) == "plain"
+    parts = observation_content(ours)
+    assert parts == [{"type": "image", "image": red}, {"type": "text", "text": "seen"}]
+    # the look tool crops its image, 56 x 56
+    (look,) = build_tools(["look"])
+    view = look.execute({"region": "top"}, look.create({"image": png(64, 96, 1)}))
+    assert view.images[0].size == (SIDE, SIDE) and view.text == "the top of the image"
+    # a vision-language model's format expands the placeholder; a text-only one refuses
+    model_dir = model_dirs["qwen2_5_vl"]
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    vision = load_vision_processor(model_dir, tokenizer, backend="pil")
+    message = [{"role": "tool", "content": observation_content(view)}]
+    shown = TurnFormat(tokenizer, vision=vision).observation(message, None)
+    assert shown.images is not None and len(shown.images.offsets) == (SIDE // 28) ** 2
+    assert all(shown.tokens[o] == vision.image_token_id for o in shown.images.offsets)
+    assert shown.messages[0]["content"][0] == {"type": "image"}  # no pixels in the trajectory
+    with pytest.raises(TurnFormatError, match="no image processor"):
+        TurnFormat(tokenizer).observation(message, None)
