@@ -1,7 +1,7 @@
 """A vision-language policy in the config (issue 48): it loads with the hf rollout and a
-critic-free estimator (LoRA too), verl's freeze_vision_tower and mm_processor_kwargs are
-read, and what is not built yet is refused before anything starts, naming what to
-change."""
+critic-free estimator (LoRA too), multi-turn episodes and asynchronous rollouts, verl's
+freeze_vision_tower and mm_processor_kwargs are read, and what is not built yet is
+refused before anything starts, naming what to change."""
 
 from __future__ import annotations
 
@@ -50,7 +50,6 @@ def test_a_vision_language_policy_loads_with_verls_keys(tmp_path):
     "override, named, change",
     [
         ("actor_rollout_ref.rollout.name=native", "native engine", "rollout.name=hf"),
-        ("actor_rollout_ref.rollout.multi_turn.enable=true", "multi-turn", "enable=false"),
         ("algorithm.adv_estimator=gae", "a critic", "adv_estimator=grpo"),
         ("data.loader=ray", "Ray Data loader", "data.loader=default"),
         (
@@ -77,6 +76,22 @@ def test_what_is_not_built_for_a_vision_language_policy_is_refused(
     message = str(refused.value)
     assert "is a vision-language model" in message and "issue 48" in message
     assert named in message and change in message
+
+
+def test_multi_turn_episodes_and_asynchronous_rollouts_compose_with_images(tmp_path):
+    model = _model(tmp_path)
+    cfg = load_config(
+        "grpo",
+        [
+            f"actor_rollout_ref.model.path={model}",
+            "actor_rollout_ref.rollout.multi_turn.enable=true",
+            "actor_rollout_ref.rollout.mode=async",
+            "rollout.n_gpus_per_node=1",
+            "trainer.device=cpu",
+        ],
+        warn=lambda message: None,
+    )
+    assert cfg.asynchronous and cfg.actor_rollout_ref.rollout.multi_turn.enable
 
 
 def test_a_vision_tower_frozen_on_a_text_model_or_a_vision_critic_is_refused(tmp_path):

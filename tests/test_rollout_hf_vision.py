@@ -1,7 +1,8 @@
 """The HF rollout engine on a vision-language model (issue 48): each prompt row's images
 go in with it (rows with one, two and no images left-padded in one batch), greedy
 tokens are transformers' own generate()'s for the row alone, they follow the image, and
-sampled tokens carry the model's own log-probs."""
+sampled tokens carry the model's own log-probs; the request path (multi-turn episodes,
+asynchronous replicas) feeds the images alike."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
 from rayrl.rollout.hf.engine import HFRolloutEngine
 from rayrl.rollout.sampling import SamplingParams
+from rayrl.rollout.service import RolloutService
 from vision_cases import mixed_rows, png, prompts, reference_log_probs, row, sharp_vision_model
 
 NEW = 8
@@ -82,7 +84,24 @@ def test_sampled_tokens_carry_the_models_log_probs(model, model_dir, engine):
         assert torch.allclose(got, expected[:length], atol=1e-4), i
 
 
-def test_a_vision_language_model_serves_no_requests_yet(engine):
-    assert not engine.serves_requests
-    with pytest.raises(NotImplementedError, match="vision-language model.*single-turn"):
-        engine.generate_token_ids([[1, 2, 3]], GREEDY)
+def test_requests_feed_each_prompts_images_as_generate_does(model, model_dir, engine):
+    """The request path (the one turn loop of multi-turn episodes, asynchronous replicas
+    and the rollout service's single turns) feeds each prompt's images at its prefill,
+    with the model's M-RoPE positions: greedy tokens are transformers' generate()'s for
+    each row alone, and sampled ones (the same sampler keys) the batch path's."""
+    assert engine.serves_requests
+    _, batch = prompts(model_dir, mixed_rows())
+    ids, mask = batch["input_ids"], batch["attention_mask"].bool()
+    lists = [r[m].tolist() for r, m in zip(ids, mask, strict=True)]
+    images = list(batch.non_tensors["multi_modal_inputs"])
+    out = engine.generate_token_ids(lists, GREEDY, images=images)
+    for i in range(3):
+        expected = _alone(model, batch, i)
+        for k in range(2):
+            length = int(out.lengths[2 * i + k])
+            assert out.tokens[2 * i + k, :length].tolist() == expected[:length]
+    sampled = SamplingParams(n=2, temperature=1.0, do_sample=True, max_new_tokens=NEW, seed=3)
+    served = RolloutService(engine).generate(batch, sampled).batch
+    direct = engine.generate(batch, sampled)
+    assert torch.equal(served["responses"], direct["responses"])
+    assert torch.allclose(served["rollout_log_probs"], direct["rollout_log_probs"], atol=1e-5)

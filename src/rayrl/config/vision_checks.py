@@ -1,11 +1,13 @@
 """The config checks of a vision-language policy (issue 48), before anything starts.
 
-rayrl rolls out a vision-language model with the hf engine, one synchronous turn per
-sample, and trains it with GRPO-style critic-free estimators (its images spliced into
+rayrl rolls out a vision-language model with the hf engine, single turns or multi-turn
+episodes whose tools and environments may show it more images
+(`rayrl.rollout.agent.rollout`), synchronously or on asynchronous replicas
+(``rollout.mode=async``: the prompts' images travel to the replicas and back), and
+trains it with GRPO-style critic-free estimators (every image of a sample spliced into
 the actor's and reference's forwards: `rayrl.train.vision_inputs`). What is not built
-yet is refused here, naming what to change: the native rollout engine, multi-turn
-episodes, asynchronous rollouts, a critic, Ulysses sequence parallelism and the Ray
-Data loader. LoRA puts adapters on the vision tower's linear layers too (peft's
+yet is refused here, naming what to change: the native rollout engine, a critic,
+Ulysses sequence parallelism and the Ray Data loader. LoRA puts adapters on the vision tower's linear layers too (peft's
 ``all-linear``), unless ``actor.freeze_vision_tower`` or ``model.exclude_modules``
 keeps them out of training. ``actor.freeze_vision_tower`` on a text-only model is refused too.
 Which families are run (Qwen2-VL, Qwen2.5-VL) is checked where the model's processor is
@@ -57,16 +59,6 @@ def _unbuilt(cfg: RayRLConfig, critic: bool) -> list[tuple[bool, str, str]]:
             rollout.name == "native",
             "its rollout on the native engine (images in its prefill, M-RoPE positions)",
             f"set {ARR}.rollout.name=hf (or auto: the hf engine)",
-        ),
-        (
-            rollout.multi_turn.enable,
-            "a multi-turn rollout with images",
-            f"set {ARR}.rollout.multi_turn.enable=false",
-        ),
-        (
-            rollout.mode == "async",
-            "an asynchronous rollout with images",
-            f"set {ARR}.rollout.mode=sync",
         ),
         (
             critic,

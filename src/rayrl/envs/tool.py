@@ -13,6 +13,12 @@ else; `as_result` turns every return value into text, so a tool that returns gar
 still gives the model an observation. A value it can show only as its ``str()`` (a
 number, an arbitrary object: `not_text` names its type) is counted as the call's error
 (`rayrl.envs.toolbox`), while the model still sees that text.
+
+A tool may also show the model images (a vision-language policy): a `ToolResult` with
+``images`` (PIL images), or an object with ``text`` and ``image`` (verl's
+``ToolResponse(text=..., image=[...])``). The observation is then the images and the
+text, as content parts (`observation_content`), which the multi-turn rollout feeds
+through the model's image processor (`rayrl.rollout.agent.format`).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ __all__ = [
     "as_result",
     "function_tool",
     "not_text",
+    "observation_content",
     "split_schema",
 ]
 
@@ -40,11 +47,13 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$")
 
 @dataclass
 class ToolResult:
-    """What a tool call returns: the observation text, and optionally a reward and metrics."""
+    """What a tool call returns: the observation text, and optionally a reward, metrics
+    and images to show the model (PIL images, before the text)."""
 
     text: str
     reward: float | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
+    images: list[Any] = field(default_factory=list)
 
 
 class Tool:
@@ -169,12 +178,33 @@ def as_result(value: Any) -> ToolResult:
     lists become JSON; None becomes an empty string; anything else its ``str``.
     """
     if isinstance(value, ToolResult):
-        return ToolResult(_text(value.text), _reward(value.reward), dict(value.metrics or {}))
+        text, reward = _text(value.text), _reward(value.reward)
+        return ToolResult(text, reward, dict(value.metrics or {}), list(value.images or []))
     if isinstance(value, tuple) and value and len(value) <= 3:
         reward = _reward(value[1]) if len(value) > 1 else None
         metrics = value[2] if len(value) > 2 and isinstance(value[2], dict) else {}
-        return ToolResult(as_result(value[0]).text, reward, dict(metrics))
-    return ToolResult(_text(value))
+        first = as_result(value[0])
+        return ToolResult(first.text, reward, dict(metrics), first.images)
+    return ToolResult(_text(value), images=_images(value))
+
+
+def observation_content(result: ToolResult) -> str | list[dict[str, Any]]:
+    """What the model is shown of a result: its text, or with images the content parts
+    ``{"type": "image", "image": ...}`` (each image) then ``{"type": "text", ...}``."""
+    if not result.images:
+        return result.text
+    parts: list[dict[str, Any]] = [{"type": "image", "image": i} for i in result.images]
+    return [*parts, {"type": "text", "text": result.text}]
+
+
+def _images(value: Any) -> list[Any]:
+    """The images of an object with ``text`` and ``image`` (verl's ``ToolResponse``)."""
+    if isinstance(value, str | bytes | bytearray | dict | list | type) or value is None:
+        return []
+    image = getattr(value, "image", None)
+    if image is None or not hasattr(value, "text"):
+        return []
+    return list(image) if isinstance(image, list | tuple) else [image]
 
 
 def not_text(value: Any) -> str | None:

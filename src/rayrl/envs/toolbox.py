@@ -31,7 +31,7 @@ from typing import Any
 from rayrl.envs.arguments import check_arguments
 from rayrl.envs.parsers import ToolCall
 from rayrl.envs.runner import CallOutcome, ToolRunner
-from rayrl.envs.tool import Tool, ToolResult, as_result, not_text
+from rayrl.envs.tool import Tool, ToolResult, as_result, not_text, observation_content
 
 __all__ = ["STATUSES", "ToolEvent", "ToolSession", "Toolbox"]
 
@@ -112,11 +112,12 @@ class ToolSession:
         self._lock = threading.Lock()
         self._create_lock = threading.Lock()
 
-    def run(self, calls: Sequence[ToolCall]) -> list[tuple[str, str]]:
-        """Run one turn's calls; ``(tool name, observation text)`` for each, in order."""
+    def run(self, calls: Sequence[ToolCall]) -> list[tuple[str, str | list[dict[str, Any]]]]:
+        """Run one turn's calls; ``(tool name, observation)`` for each, in order: its
+        text, or content parts when it shows images (`observation_content`)."""
         limit = self.box.max_parallel_calls
         futures: dict[int, Any] = {}
-        results: dict[int, tuple[str, ToolEvent]] = {}
+        results: dict[int, tuple[str | list[dict[str, Any]], ToolEvent]] = {}
         for i, call in enumerate(calls):
             if i >= limit:
                 text = f"Error: not run; at most {limit} tool call(s) per turn."
@@ -190,7 +191,9 @@ class ToolSession:
         return rewards
 
 
-def _observation(name: str | None, outcome: CallOutcome, timeout: float) -> tuple[str, ToolEvent]:
+def _observation(
+    name: str | None, outcome: CallOutcome, timeout: float
+) -> tuple[str | list[dict[str, Any]], ToolEvent]:
     if outcome.timed_out:
         text = f"Error: tool {name!r} did not finish within {timeout:g} s."
         return text, ToolEvent(name, TIMEOUT, outcome.latency_s, text)
@@ -201,7 +204,8 @@ def _observation(name: str | None, outcome: CallOutcome, timeout: float) -> tupl
     if returned is not None:  # shown as its str(), counted as the tool's error
         message = f"tool {name!r} returned {returned}, not text; the model was shown its str()"
         return result.text, ToolEvent(name, ERROR, outcome.latency_s, message, result.reward)
-    return result.text, ToolEvent(name, OK, outcome.latency_s, reward=result.reward)
+    shown = observation_content(result)
+    return shown, ToolEvent(name, OK, outcome.latency_s, reward=result.reward)
 
 
 def _describe(err: BaseException) -> str:

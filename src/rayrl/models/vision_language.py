@@ -12,7 +12,11 @@ features (`rayrl.train.vision_inputs`) does not do: it is refused, named.
 transformers builds such a model with ``AutoModelForImageTextToText``
 (``AutoModelForCausalLM`` does not map it), `causal_lm_class`. A row's images travel as
 its ``multi_modal_inputs`` (`rayrl.data.dataset`); `stack_images` concatenates those of
-several rows, in row order, as the model takes them.
+several rows, in row order, as the model takes them. The row of a multi-turn episode also
+holds the images its observations showed (after the prompt's, in order) and, under
+`RESPONSE_IMAGES`, the response columns of their placeholder tokens (a sampled image
+token is no placeholder: only these columns of a response are).
+`splice_image_features` puts an image's vision features at its placeholders.
 
 A leaf module: it imports no transformers model class at import, and of rayrl only
 `rayrl.model_dirs` (what a model directory's config.json says, which the config checks
@@ -35,12 +39,14 @@ from rayrl.model_dirs import is_vision_language, local_config
 __all__ = [
     "IMAGE_INPUTS",
     "PROCESSOR_FILES",
+    "RESPONSE_IMAGES",
     "SUPPORTED",
     "causal_lm_class",
     "copy_processor_files",
     "is_vision_language",
     "local_config",
     "multimodal_core",
+    "splice_image_features",
     "stack_images",
     "unsupported_reason",
     "vision_tower",
@@ -56,6 +62,8 @@ UNSUPPORTED = {
 }
 # What a row's multi_modal_inputs hold for the supported families (images only)
 IMAGE_INPUTS = ("pixel_values", "image_grid_thw")
+# A multi-turn row's response columns holding its observations' image placeholders
+RESPONSE_IMAGES = "response_image_columns"
 # A model directory's processor files: an export carries them beside the tokenizer
 PROCESSOR_FILES = (
     "preprocessor_config.json",
@@ -109,7 +117,7 @@ def stack_images(rows: Iterable[Mapping[str, Tensor] | None]) -> dict[str, Tenso
     for i, row in enumerate(rows):
         if not row:
             continue
-        extra = sorted(set(row) - set(IMAGE_INPUTS))
+        extra = sorted(set(row) - {*IMAGE_INPUTS, RESPONSE_IMAGES})
         if extra:
             raise ValueError(
                 f"row {i}'s multi_modal_inputs hold {', '.join(extra)} beside "
@@ -121,6 +129,18 @@ def stack_images(rows: Iterable[Mapping[str, Tensor] | None]) -> dict[str, Tenso
     if not parts["pixel_values"]:
         return None
     return {key: torch.cat(values) for key, values in parts.items()}
+
+
+def splice_image_features(
+    core: nn.Module, ids: Tensor, pixel_values: Tensor, grid: Tensor, placeholders: Tensor
+) -> Tensor:
+    """The embeddings of ``ids`` with the vision tower's merged features of the images
+    (``pixel_values``, ``image_grid_thw`` = ``grid``, in placeholder order) put at the
+    ``placeholders`` (bool, shaped like ``ids``), in row-major order."""
+    embeds = core.get_input_embeddings()(ids)
+    features = torch.cat(core.get_image_features(pixel_values, grid).pooler_output)
+    where = placeholders.unsqueeze(-1).expand_as(embeds)
+    return embeds.masked_scatter(where, features.to(embeds.dtype))
 
 
 def copy_processor_files(

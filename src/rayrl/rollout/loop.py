@@ -2,8 +2,8 @@
 
 `TurnLoop` drives any engine of the request contract (`rayrl.rollout.requests`:
 the native engine, the HF engine, a tensor-parallel native replica) for any number of
-*jobs*. A job is one call's samples: prompts, each with its samples' sampler keys and
-length limits, sampled with one `SamplingParams`, and optionally a `TurnDriver` that
+*jobs*. A job is one call's samples: prompts (a vision-language model's with their
+images), each with its samples' sampler keys and length limits, sampled with one `SamplingParams`, and optionally a `TurnDriver` that
 runs their episodes (`rayrl.rollout.turns`: the driver is told when a sample's
 turn ends and answers with tokens to append, or the end of the episode). A pass of the
 loop (`pump`):
@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -56,6 +57,9 @@ class Job:
         limits: one response length limit per sample row.
         sampling: how every sample of the job draws (``n`` samples per prompt).
         driver: the episodes' driver, or None (single turns).
+        images: one entry per prompt, its images' pixel inputs (``multi_modal_inputs``;
+            empty or None for a prompt without images), for a vision-language engine;
+            None: no prompt has images.
         outputs: per row, filled as samples finish.
         aborted: the job was aborted (`TurnLoop.abort`): its outputs are incomplete.
     """
@@ -65,6 +69,7 @@ class Job:
     limits: np.ndarray
     sampling: SamplingParams
     driver: TurnDriver | None = None
+    images: Sequence[Mapping[str, Any] | None] | None = None
     outputs: list[SampleOutput | None] = field(default_factory=list)
     aborted: bool = False
     remaining: int = 0
@@ -211,8 +216,14 @@ class TurnLoop:
         try:
             for i, prompt in enumerate(job.prompts):
                 rows = slice(i * n, (i + 1) * n)
+                images = job.images[i] if job.images is not None else None
                 added = self.engine.add(
-                    prompt, job.keys[rows], job.limits[rows], job.sampling, park=park
+                    prompt,
+                    job.keys[rows],
+                    job.limits[rows],
+                    job.sampling,
+                    park=park,
+                    images=dict(images) if images else None,
                 )
                 ids.extend(int(s) for s in added)
         except Exception as err:  # noqa: BLE001 - raised in the job's own thread
@@ -245,8 +256,9 @@ class TurnLoop:
                     sample = int(job.ids[answer.sample])
                     if answer.tokens is None:
                         engine.finish(sample, answer.stopped)
-                    else:
-                        engine.resume(sample, np.asarray(answer.tokens, dtype=np.int64))
+                        continue
+                    tokens = np.asarray(answer.tokens, dtype=np.int64)
+                    engine.resume(sample, tokens, images=answer.images)
             if got or not blocked or single:
                 break
             time.sleep(POLL_S)
@@ -271,10 +283,11 @@ def run_batch(
     limits: np.ndarray,
     driver: TurnDriver | None = None,
     stats: dict[str, float] | None = None,
+    images: Sequence[Mapping[str, Any] | None] | None = None,
 ) -> Responses:
     """A batch of prompts through `TurnLoop` on its own: ``sampling.n`` samples each
-    (rows adjacent), the `Responses` of every row."""
-    job = Job(prompts, keys, limits, sampling, driver)
+    (rows adjacent), the `Responses` of every row; ``images``: `Job.images`."""
+    job = Job(prompts, keys, limits, sampling, driver, images)
     TurnLoop(engine, stats=stats).run(job)
     return responses_of(job.results())
 

@@ -9,7 +9,10 @@ Both engines serve *requests* from a scheduler that lives as long as the engine
   returns their sample ids (engine-chosen, reused after `release`). With ``park`` a
   sample that ends a turn (a stop token or string, with room left) is *parked*: it
   keeps its KV cache and waits for `resume` (tokens to append: a tool's answer) or
-  `finish`.
+  `finish`. ``images``: the prompt's pixel inputs (a vision-language model's
+  ``multi_modal_inputs``); ``resume(sample, tokens, images)`` may append an
+  observation's (`rayrl.rollout.turns.TurnImages`). An engine without a vision tower
+  refuses them.
 - ``step()`` runs one pass of the scheduler (a prefill, a decode, a commit) and returns
   what happened since the last call: ``(sample, DONE)`` for a sample whose output is
   final, ``(sample, TURN)`` for a parked one. ``stalled`` is True when the pass found
@@ -34,6 +37,7 @@ import numpy as np
 from torch import Tensor
 
 from rayrl.rollout.sampling import SamplingParams
+from rayrl.rollout.turns import TurnImages
 
 __all__ = ["DONE", "TURN", "RequestEngine", "SampleOutput"]
 
@@ -73,9 +77,10 @@ class RequestEngine(Protocol):
         sampling: SamplingParams,
         *,
         park: bool = False,
+        images: dict | None = None,
     ) -> np.ndarray: ...
 
-    def resume(self, sample: int, tokens: np.ndarray) -> None: ...
+    def resume(self, sample: int, tokens: np.ndarray, images: TurnImages | None = None) -> None: ...
 
     def finish(self, sample: int, stopped: bool) -> None: ...
 

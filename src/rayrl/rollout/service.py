@@ -138,8 +138,8 @@ class RolloutService:
         call = _Call(policy or CallPolicy())
         done: dict[str, Responses] = {}
 
-        def decode(token_lists, sampling_, keys, driver) -> Responses:
-            done["out"] = self._decode(token_lists, sampling_, keys, driver, call)
+        def decode(token_lists, sampling_, keys, driver, images=None) -> Responses:
+            done["out"] = self._decode(token_lists, sampling_, keys, driver, call, images)
             return done["out"]
 
         if self.episodes is not None:
@@ -169,7 +169,9 @@ class RolloutService:
 
     def _single_turns(self, prompts: Batch, sampling: SamplingParams, decode) -> Batch:
         samples = sample_rows(prompts, sampling.n, sampling.seed, "RolloutService.generate")
-        out = decode(samples.token_lists(), sampling, samples.keys.numpy(), None)
+        images = prompts.non_tensors.get("multi_modal_inputs")  # a vision-language prompt's
+        pixels = None if images is None else list(images)
+        out = decode(samples.token_lists(), sampling, samples.keys.numpy(), None, pixels)
         width, pad = sampling.max_new_tokens, self.engine.pad_id
         return assemble_output(samples.rows, samples.uids, out, width, pad)
 
@@ -180,13 +182,15 @@ class RolloutService:
         keys: np.ndarray,
         driver: TurnDriver | None,
         call: _Call,
+        images: list | None = None,
     ) -> Responses:
-        """One job on the shared loop: the samples' responses (every turn)."""
+        """One job on the shared loop: the samples' responses (every turn); ``images``:
+        per prompt, its pixel inputs (`Job.images`)."""
         engine = self.engine
         arrays = [np.asarray(p, dtype=np.int64) for p in token_lists]
         limits = np.full(len(arrays) * sampling.n, sampling.max_new_tokens, dtype=np.int64)
         driver = engine.prepare_call(arrays, np.asarray(keys), limits, sampling, driver)
-        job = Job(arrays, keys, limits, sampling, driver)
+        job = Job(arrays, keys, limits, sampling, driver, images)
         with engine.measured(with_turns=driver is not None) as timing:
             before = dict(self.loop.stats)
             self._calls[id(job)] = call

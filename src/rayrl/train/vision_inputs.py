@@ -10,7 +10,10 @@ as (prompt + response); a row's images, its ``multi_modal_inputs`` (`pixel_value
 - the rows' images concatenated in row order (`rayrl.models.vision_language.stack_images`):
   the order of their placeholders in the flattened ids, the order the model's vision
   tower and its position rule read them in;
-- the placeholders: the image tokens of the *prompts* only. A response may hold a
+- the placeholders: the image tokens of the *prompts*, and in a multi-turn episode's
+  response the columns its observations' images were appended at (the row's
+  ``multi_modal_inputs`` name them: `rayrl.models.vision_language.RESPONSE_IMAGES`;
+  their images follow the prompt's in the row's pixels). A response may hold a
   sampled ``<|image_pad|>`` (a random tiny policy draws one now and then): generation
   fed it to the model as a token, so the training forward does too (transformers' own
   forward would count it as an image's and refuse the micro-batch);
@@ -39,7 +42,12 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from rayrl.batch import Batch
-from rayrl.models.vision_language import multimodal_core, stack_images
+from rayrl.models.vision_language import (
+    RESPONSE_IMAGES,
+    multimodal_core,
+    splice_image_features,
+    stack_images,
+)
 
 __all__ = [
     "IMAGE_COLUMN",
@@ -111,9 +119,14 @@ def image_inputs(vision: VisionModel, micro: Batch, response_len: int) -> ImageI
         blank = ImageSplice(None, None, torch.zeros_like(mask), blank=True)
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0) * mask
         return ImageInputs(positions.unsqueeze(0).expand(3, -1, -1), blank)
-    prompt = torch.zeros_like(mask)
-    prompt[:, : ids.shape[1] - response_len] = True
-    placeholders = (ids == vision.image_token_id) & mask & prompt
+    placeable = torch.zeros_like(mask)  # the prompts, and the observations' image columns
+    start = ids.shape[1] - response_len
+    placeable[:, :start] = True
+    for row, inputs in enumerate(rows):
+        columns = (inputs or {}).get(RESPONSE_IMAGES)
+        if columns is not None and len(columns):
+            placeable[row, start + torch.as_tensor(columns, dtype=torch.long)] = True
+    placeholders = (ids == vision.image_token_id) & mask & placeable
     _check_counts(vision, placeholders, images["image_grid_thw"])
     positions, _ = vision.core.get_rope_index(
         ids,
@@ -170,14 +183,15 @@ def _splice(core: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | 
     ids = kwargs.pop("input_ids", None)
     if ids is None and args:
         ids, args = args[0], args[1:]
-    embeds = core.get_input_embeddings()(ids)
     if request.blank:
+        embeds = core.get_input_embeddings()(ids)
         features = _tower(core, *_blank_image(core, embeds))
         embeds = embeds + features.sum() * 0.0  # the tower ran; nothing of it is used
     else:
-        features = _tower(core, request.pixel_values, request.image_grid_thw)
-        where = request.placeholders.unsqueeze(-1).expand_as(embeds)
-        embeds = embeds.masked_scatter(where, features.to(embeds.dtype))
+        assert request.pixel_values is not None and request.image_grid_thw is not None
+        embeds = splice_image_features(
+            core, ids, request.pixel_values, request.image_grid_thw, request.placeholders
+        )
     kwargs.update(input_ids=None, inputs_embeds=embeds, pixel_values=None, image_grid_thw=None)
     return args, kwargs
 

@@ -195,7 +195,12 @@ class ActorRolloutRefWorker(Worker):
         rollouts, the episodes (the tools are the worker's, loaded once)."""
         if self._service is None or self._service.engine is not self.rollout:
             self._service = rollout_service(
-                self.rollout, self.cfg, self.tools, self.interactions, self.tokenizer
+                self.rollout,
+                self.cfg,
+                self.tools,
+                self.interactions,
+                self.tokenizer,
+                model_path=self.model_path,
             )
         return self._service
 

@@ -9,6 +9,9 @@ and rayrl's `multi_turn.tools` list, in that order; two tools with one name are 
 error. verl's interactions (`multi_turn.interaction_config_path`: a simulated user
 answering messages without tool calls) load the same way (`configured_interactions`). The driver loads the same tools before anything is reserved, to render their
 schemas into the prompts (`tool_schemas`) and to fail early on a bad tool config.
+For a vision-language policy the episodes also get its image processor (loaded from
+the model directory, with ``data.mm_processor_kwargs``, as the prompts were read), so
+that a tool or environment may show the model images (`rayrl.rollout.agent.format`).
 """
 
 from __future__ import annotations
@@ -101,10 +104,12 @@ def rollout_service(
     interactions: dict[str, Any],
     tokenizer,
     receiver: bool = False,
+    model_path: str | None = None,
 ) -> RolloutService:
     """The rollout service of a rollout worker: ``engine``, and with multi-turn rollouts
-    the episodes over it with the worker's tools and interactions; ``receiver``: an
-    asynchronous replica's (weights offered mid-call)."""
+    the episodes over it with the worker's tools and interactions (and the image
+    processor of the model directory ``model_path``, a vision-language one);
+    ``receiver``: an asynchronous replica's (weights offered mid-call)."""
     episodes = None
     if cfg.actor_rollout_ref.rollout.multi_turn.enable:
         episodes = MultiTurnRollout(
@@ -112,6 +117,21 @@ def rollout_service(
             tools,
             tokenizer=tokenizer,
             interactions=interactions,
+            vision=episode_vision(cfg, model_path, tokenizer),
             **episode_settings(cfg),
         )
     return RolloutService(engine, episodes, receiver)
+
+
+def episode_vision(cfg: RayRLConfig, model_path: str | None, tokenizer) -> Any:
+    """The image processor of a vision-language model directory (as the prompts were
+    read: ``data.mm_processor_kwargs``), or None (a text-only model, or no directory)."""
+    from rayrl.models.vision_language import is_vision_language, local_config
+
+    config = local_config(model_path) if model_path else None
+    if config is None or not is_vision_language(config):
+        return None
+    from rayrl.data.vision import load_vision_processor
+
+    kwargs = dict(cfg.data.mm_processor_kwargs or {})
+    return load_vision_processor(str(model_path), tokenizer, mm_processor_kwargs=kwargs)

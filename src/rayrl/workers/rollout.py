@@ -137,7 +137,7 @@ class RolloutWorker(Worker):
         self.engine.version = version
         tools, interactions = configured_tools(config), configured_interactions(config)
         self.service = rollout_service(
-            self.engine, config, tools, interactions, tokenizer, receiver=True
+            self.engine, config, tools, interactions, tokenizer, True, model_path
         )
         self._broadcast = BroadcastMember()  # the collective transport's group, if used
 

@@ -24,7 +24,10 @@ response limit cuts a turn short.
 
 Each episode keeps its own record of its response, piece by piece: the tokens of every
 turn as the engine reported them, and every observation's tokens as appended
-(`EpisodeState.record`). The trainer compares it with the tokens it trains on
+(`EpisodeState.record`). An observation that shows images (a tool's image, for a
+vision-language model) appends them with its tokens: the episode keeps their pixel
+inputs and the response columns of their placeholders (`EpisodeState.images`,
+``image_columns``), for the training forwards. The trainer compares it with the tokens it trains on
 (``rollout/token_mismatch``). While any environment step runs, the process's progress
 phase is ``tools`` (`rayrl.progress`: the worker's heartbeat shows it).
 """
@@ -76,6 +79,8 @@ class EpisodeState:
     events: dict[str, int] = field(default_factory=lambda: dict.fromkeys(EVENT_KEYS, 0))
     errors: list[str] = field(default_factory=list)
     record: list[tuple[np.ndarray, bool]] = field(default_factory=list)  # (tokens, sampled)
+    images: list[dict] = field(default_factory=list)  # the observations' pixel inputs
+    image_columns: list[int] = field(default_factory=list)  # their placeholders' columns
 
     def recorded(self) -> tuple[np.ndarray, np.ndarray]:
         """The response as recorded piece by piece: its tokens, and 1 where sampled."""
@@ -238,7 +243,10 @@ class Episodes:
         state.turn_start = length + len(observation.tokens)
         state.conversation.extend(observation.messages)
         state.events["truncated_observations"] += observation.truncated
-        return Continuation(sample, observation.tokens)
+        if observation.images is not None:
+            state.images.append(observation.images.inputs)
+            state.image_columns.extend(int(length + o) for o in observation.images.offsets)
+        return Continuation(sample, observation.tokens, images=observation.images)
 
     def _step_result(self, state: EpisodeState, outcome: CallOutcome) -> StepResult | None:
         if outcome.timed_out:

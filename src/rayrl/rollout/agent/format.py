@@ -18,6 +18,16 @@ Each piece and each message's content is tokenised on its own, and a content lon
 than the per-message token limit is cut (``left``, ``right`` or ``middle``, verl's
 ``tool_response_truncate_side``) with a ``(truncated)`` marker, so the limit is exact
 in tokens.
+
+A message may show images (a tool's or an environment's observation: content parts
+``{"type": "image", "image": <PIL image>}`` beside text parts, as verl's tool responses
+with an image). With the model's image processor (``vision``,
+`rayrl.data.vision.VisionProcessor`) such a content is rendered as the chat template
+renders an image part (the markup derived once from the template, e.g.
+``<|vision_start|><|image_pad|><|vision_end|>``) and tokenised by the processor as the
+data path does a prompt's: each placeholder expanded to the image's merged patch count,
+its pixel inputs made; the observation carries them (`Observation.images`). Such a
+content is never cut to the token limit (an image's tokens cannot be).
 """
 
 from __future__ import annotations
@@ -27,13 +37,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import torch
+
 from rayrl.rollout.text_codec import TextCodec
+from rayrl.rollout.turns import TurnImages
 
 __all__ = ["Observation", "TurnFormat", "TurnFormatError"]
 
 _ASSISTANT = "RAYRLASSISTANTMARK"
 _PROMPT = "RAYRLPROMPTMARK"
 _CONTENT = "RAYRLCONTENTMARK{}END"
+_BEFORE_IMAGE, _AFTER_IMAGE = "RAYRLBEFOREIMAGE", "RAYRLAFTERIMAGE"
 TRUNCATE_SIDES = ("left", "right", "middle")
 # Content longer than this many characters per allowed token is cut before tokenising.
 _CHARS_PER_TOKEN_BOUND = 16
@@ -51,11 +66,14 @@ class Observation:
         tokens: every appended token, in order (closing, messages, next turn's opening).
         messages: the messages as the model sees them (contents after truncation).
         truncated: how many messages were cut to the token limit.
+        images: the images the messages show, and where their placeholders sit in
+            ``tokens`` (None: none).
     """
 
     tokens: list[int]
     messages: list[dict[str, Any]]
     truncated: int = 0
+    images: TurnImages | None = None
 
 
 class TurnFormat:
@@ -71,6 +89,8 @@ class TurnFormat:
             ``enable_thinking``).
         keep_special_tokens: `decode` keeps special tokens (for a parser that reads a
             format made of them, such as ``gpt-oss``'s harmony channels).
+        vision: the model's image processor (`rayrl.data.vision.VisionProcessor`), for
+            observations that show images (None: a message with an image is refused).
     """
 
     def __init__(
@@ -81,6 +101,7 @@ class TurnFormat:
         truncate_side: str = "middle",
         template_kwargs: dict[str, Any] | None = None,
         keep_special_tokens: bool = False,
+        vision: Any = None,
     ) -> None:
         if truncate_side not in TRUNCATE_SIDES:
             raise ValueError(
@@ -94,6 +115,8 @@ class TurnFormat:
         self.truncate_side = truncate_side
         self.template_kwargs = dict(template_kwargs or {})
         self.keep_special_tokens = keep_special_tokens
+        self.vision = vision
+        self._image_markup: str | None = None
         self._pieces: dict[tuple[str, ...], list[str]] = {}
         self._lock = threading.Lock()  # tokenizers are shared by the driver's threads
         self._marker_ids = {side: self._encode(_marker(side)) for side in TRUNCATE_SIDES}
@@ -136,15 +159,59 @@ class TurnFormat:
                 pieces[0] = pieces[0][len(closing) :]
         tokens = list(self._piece_tokens(pieces[0]))
         shown, truncated = [], 0
+        images: list[dict] = []
+        offsets: list[np.ndarray] = []
         for message, after in zip(messages, pieces[1:], strict=True):
-            content, cut = self._content_tokens(_text(message.get("content")))
+            shows = _images(message.get("content"))
+            if shows:
+                content, pixels = self._image_content(message.get("content"), shows)
+                marks = np.flatnonzero(np.asarray(content) == self.vision.image_token_id)
+                offsets.append(len(tokens) + marks)
+                images.append(pixels)
+                message["content"] = _shown(list(message.get("content") or []))
+                cut = False
+            else:
+                content, cut = self._content_tokens(_text(message.get("content")))
             tokens += content + self._piece_tokens(after)
             truncated += cut
             if cut:
                 with self._lock:
                     message["content"] = self.codec.decode(content, skip_special_tokens=False)
             shown.append(message)
-        return Observation(tokens, shown, truncated)
+        return Observation(tokens, shown, truncated, _turn_images(images, offsets))
+
+    def _image_content(self, content: Any, images: list[Any]) -> tuple[list[int], dict]:
+        """A content with images: its tokens, placeholders expanded, and its pixel inputs,
+        by the image processor (module docstring)."""
+        if self.vision is None:
+            raise TurnFormatError(
+                f"an observation shows {len(images)} image(s), but the rollout has no image "
+                "processor (a text-only model); return text, or train a vision-language model"
+            )
+        markup = self._markup()
+        text = "".join(markup if _is_image(p) else _text([p]) for p in content)
+        with self._lock:
+            return self.vision.inputs(text, images)
+
+    def _markup(self) -> str:
+        """How the chat template renders an image part (derived once, module docstring)."""
+        if self._image_markup is None:
+            parts = [
+                {"type": "text", "text": _BEFORE_IMAGE},
+                {"type": "image"},
+                {"type": "text", "text": _AFTER_IMAGE},
+            ]
+            with self._lock:
+                text = self.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": parts}], tokenize=False, **self.template_kwargs
+                )
+            if _BEFORE_IMAGE not in text or _AFTER_IMAGE not in text:
+                raise TurnFormatError(
+                    "the chat template does not render a message's text parts verbatim, so "
+                    "an image part's markup cannot be derived from it"
+                )
+            self._image_markup = text.split(_BEFORE_IMAGE, 1)[1].split(_AFTER_IMAGE, 1)[0]
+        return self._image_markup
 
     def _content_tokens(self, text: str) -> tuple[list[int], bool]:
         limit = self.max_message_tokens
@@ -216,6 +283,29 @@ def _marker(side: str) -> str:
     return {"left": "(truncated)...", "right": "...(truncated)", "middle": "...(truncated)..."}[
         side
     ]
+
+
+def _is_image(part: Any) -> bool:
+    return isinstance(part, dict) and part.get("type") == "image"
+
+
+def _images(content: Any) -> list[Any]:
+    """The images of a content's image parts (each part's ``image``)."""
+    if not isinstance(content, list):
+        return []
+    return [p["image"] for p in content if _is_image(p) and p.get("image") is not None]
+
+
+def _shown(content: list) -> list[dict[str, Any]]:
+    """A content with images as the trajectory keeps it: its image parts without pixels."""
+    return [{"type": "image"} if _is_image(p) else dict(p) for p in content]
+
+
+def _turn_images(images: list[dict], offsets: list[np.ndarray]) -> TurnImages | None:
+    if not images:
+        return None
+    inputs = {k: torch.cat([torch.as_tensor(i[k]) for i in images]) for k in images[0]}
+    return TurnImages(inputs, np.concatenate(offsets).astype(np.int64))
 
 
 def _text(content: Any) -> str:

@@ -26,6 +26,15 @@ model saw it), for the reward function, and the episode's own record of its resp
 apart from the engine's output, for the trainer's token check. `multi_turn_metrics` sums them up as verl's
 metrics.
 
+A vision-language model's episode starts from its prompt's images (the prompt rows'
+``multi_modal_inputs``, fed with the prompt) and may be shown more: a tool or an
+environment whose observation holds image parts (`rayrl.rollout.agent.format`; e.g.
+a tool returning ``ToolResult(text, images=[...])``). Each row's ``multi_modal_inputs``
+then holds the prompt's images and its observations' after them, in order, and the
+response columns of the observations' placeholders
+(`rayrl.models.vision_language.RESPONSE_IMAGES`), so that the actor's and reference's
+forwards see every image of the episode where the rollout did.
+
 The environment of a row is its ``agent_name`` column (verl's; ``tool_agent``,
 ``single_turn_agent``, a registered or dotted-path environment), else
 ``config.environment``; its tools' per-episode arguments come from
@@ -68,6 +77,7 @@ from rayrl.envs import (
     make_parser,
 )
 from rayrl.envs.toolbox import CLOSE_ERROR, OK, TIMEOUT
+from rayrl.models.vision_language import IMAGE_INPUTS, RESPONSE_IMAGES
 from rayrl.rollout.agent.episodes import EVENT_KEYS, Episodes, EpisodeState
 from rayrl.rollout.agent.format import TurnFormat
 from rayrl.rollout.contract import (
@@ -87,8 +97,13 @@ if TYPE_CHECKING:
 
 __all__ = ["Decode", "MultiTurnConfig", "MultiTurnRollout", "multi_turn_metrics"]
 
-# decode(token_lists, sampling, keys, driver) -> the samples' responses (every turn)
-Decode = Callable[[list[list[int]], SamplingParams, np.ndarray, TurnDriver], Responses]
+IMAGE_COLUMN = "multi_modal_inputs"  # the rows' images (`rayrl.data.dataset`)
+
+# decode(token_lists, sampling, keys, driver, images) -> the samples' responses (every
+# turn); images: per prompt, its pixel inputs (`rayrl.rollout.loop.Job.images`) or None
+Decode = Callable[
+    [list[list[int]], SamplingParams, np.ndarray, TurnDriver, Sequence[Any] | None], Responses
+]
 
 
 class MultiTurnRollout:
@@ -106,6 +121,8 @@ class MultiTurnRollout:
             ``agent.default_agent_loop``).
         chat_template_kwargs: extra arguments of the chat template
             (``data.apply_chat_template_kwargs``).
+        vision: a vision-language model's image processor
+            (`rayrl.data.vision.VisionProcessor`), for observations that show images.
     """
 
     def __init__(
@@ -118,6 +135,7 @@ class MultiTurnRollout:
         *,
         environment: str = "tools",
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        vision: Any = None,
     ) -> None:
         from rayrl.rollout.hf.engine import HFRolloutEngine  # imports transformers
 
@@ -150,6 +168,7 @@ class MultiTurnRollout:
             truncate_side=c.tool_response_truncate_side,
             template_kwargs=dict(chat_template_kwargs or {}),
             keep_special_tokens=self.parser.keeps_special_tokens,
+            vision=vision,
         )
         self.format.pieces(("tool",))  # a template that cannot render tool turns fails here
         self._environment(environment)  # an unknown environment fails here, not per row
@@ -166,7 +185,7 @@ class MultiTurnRollout:
     ) -> Batch:
         """Episodes for ``sampling.n`` samples of each prompt (module docstring).
 
-        ``decode(token_lists, sampling, keys, driver)`` runs the samples' turns (default:
+        ``decode(token_lists, sampling, keys, driver, images)`` runs the samples' turns (default:
         the engine's own loop, ``engine.generate_token_ids``); a rollout service passes
         its shared loop. When it raises (an aborted call), the episodes' environments
         are closed before the error goes on."""
@@ -244,10 +263,15 @@ class MultiTurnRollout:
         if not len(samples.rows):
             none = torch.zeros(0, 0)
             return Responses(none.long(), none.sum(1).long(), none, none.sum(1).bool())
-        return decode(samples.token_lists(), sampling, samples.keys.numpy(), episodes)
+        images = samples.prompts.non_tensors.get(IMAGE_COLUMN)
+        images = None if images is None else list(images)
+        return decode(samples.token_lists(), sampling, samples.keys.numpy(), episodes, images)
 
-    def _engine_decode(self, token_lists, sampling, keys, driver) -> Responses:
-        return self.engine.generate_token_ids(token_lists, sampling, keys=keys, turns=driver)
+    def _engine_decode(self, token_lists, sampling, keys, driver, images) -> Responses:
+        extra = {"images": images} if images is not None else {}  # the HF engine's
+        return self.engine.generate_token_ids(
+            token_lists, sampling, keys=keys, turns=driver, **extra
+        )
 
     def _episode(self, rows: Batch, i: int, uid: str) -> EpisodeState:
         row = {k: v[i] for k, v in rows.non_tensors.items()}
@@ -315,11 +339,27 @@ class MultiTurnRollout:
         records = [s.recorded() for s in states]
         columns["rollout_token_ids"] = [tokens for tokens, _ in records]
         columns["rollout_sampled"] = [sampled for _, sampled in records]
+        if IMAGE_COLUMN in batch.non_tensors or any(s.images for s in states):
+            columns[IMAGE_COLUMN] = _episode_images(batch.non_tensors.get(IMAGE_COLUMN), states)
         for name, values in columns.items():
             column = np.empty(len(states), dtype=object)
             for i, value in enumerate(values):  # one object each, whatever their shapes
                 column[i] = value
             batch.non_tensors[name] = column
+
+
+def _episode_images(prompt_images, states: Sequence[EpisodeState]) -> list[dict]:
+    """Each row's images: its prompt's, then its observations' (concatenated in order),
+    and the response columns of the observations' placeholders (module docstring)."""
+    rows = []
+    for i, state in enumerate(states):
+        own = dict(prompt_images[i] or {}) if prompt_images is not None else {}
+        if state.images:
+            parts = ([own] if own else []) + state.images
+            own = {k: torch.cat([torch.as_tensor(p[k]) for p in parts]) for k in IMAGE_INPUTS}
+            own[RESPONSE_IMAGES] = torch.tensor(state.image_columns, dtype=torch.long)
+        rows.append(own)
+    return rows
 
 
 def _messages(raw: Any) -> list[dict[str, Any]] | None:

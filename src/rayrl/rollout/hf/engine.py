@@ -21,11 +21,13 @@ then on; a model that cannot serve requests then decodes in
 `rayrl.rollout.hf.decode.lean_decode` where it can.
 
 A vision-language model (`rayrl.models.vision_language`) generates through
-``generate()``: each prompt row's images (its ``multi_modal_inputs``) go in stacked in
-row order with the image tokens marked, and ``generate()`` feeds the pixels at the
-prefill and computes the model's M-RoPE positions, as it does for the model's own
-users; such a model serves no requests yet (multi-turn episodes and asynchronous
-replicas with images are refused, named).
+``generate()`` in `generate`: each prompt row's images (its ``multi_modal_inputs``) go
+in stacked in row order with the image tokens marked, and ``generate()`` feeds the
+pixels at the prefill and computes the model's M-RoPE positions, as it does for the
+model's own users. It serves requests too (a prompt's images at ``add``, an
+observation's at ``resume``: `rayrl.rollout.hf.requests` feeds their pixels and keeps
+the M-RoPE positions), so multi-turn episodes that show it images and asynchronous
+replicas run it through the one turn loop.
 
 The engine wraps an existing module without copying
 (``HFRolloutEngine(model=train_model, tok)``: the hybrid engine) or loads its own copy
@@ -69,7 +71,7 @@ from rayrl.rollout.loop import run_batch
 from rayrl.rollout.requests import SampleOutput
 from rayrl.rollout.sampling import SamplingParams, sample_keys, sample_tokens
 from rayrl.rollout.special_ids import eos_ids, pad_id
-from rayrl.rollout.turns import TurnDriver
+from rayrl.rollout.turns import TurnDriver, TurnImages
 
 __all__ = ["HFRolloutEngine"]
 
@@ -201,7 +203,7 @@ class HFRolloutEngine(RolloutEngine):
         gen_config = getattr(model, "generation_config", None)
         self.eos_ids = eos_ids(gen_config, getattr(model, "config", None), tokenizer)
         self.pad_id = pad_id(gen_config, tokenizer, self.eos_ids, "HFRolloutEngine")
-        self.serves = can_serve_requests(self.served) and not self.vision
+        self.serves = can_serve_requests(self.served)
         self.requests = HFRequests(self.served, self.pad_id, self.eos_ids, tokenizer)
 
     # ------------------------------------------------------------------ generate
@@ -219,7 +221,7 @@ class HFRolloutEngine(RolloutEngine):
         if len(samples.rows) == 0:
             none = torch.zeros(0, 0)
             out = Responses(none.long(), none.sum(1).long(), none, none.sum(1).bool())
-        elif self.serves and self.cache == "dynamic":
+        elif self.serves and self.cache == "dynamic" and not self.vision:
             keys = samples.keys.numpy()
             out = self.generate_token_ids(samples.token_lists(), sampling, keys=keys)
         else:
@@ -236,10 +238,12 @@ class HFRolloutEngine(RolloutEngine):
         keys: np.ndarray | None = None,
         max_new_tokens=None,
         turns: TurnDriver | None = None,
+        images=None,
     ) -> Responses:
         """Generate from unpadded token-id prompts (rows as in `generate`, samples
         adjacent): a thin loop over the request API (`rayrl.rollout.loop`), as
-        the native engine's; ``turns`` runs multi-turn episodes."""
+        the native engine's; ``turns`` runs multi-turn episodes; ``images``: per prompt,
+        its pixel inputs (`rayrl.rollout.loop.Job.images`)."""
         self._require_weights("generate")
         self._require_requests()
         n_rows = len(prompts) * sampling.n
@@ -250,7 +254,8 @@ class HFRolloutEngine(RolloutEngine):
         if max_new_tokens is not None:
             limits = np.asarray(max_new_tokens, dtype=np.int64).reshape(n_rows)
         arrays = [np.asarray(p, dtype=np.int64) for p in prompts]
-        return run_batch(self, arrays, sampling, np.asarray(keys, dtype=np.int64), limits, turns)
+        keys = np.asarray(keys, dtype=np.int64)
+        return run_batch(self, arrays, sampling, keys, limits, turns, images=images)
 
     def prepare_call(self, prompts, keys, limits, sampling: SamplingParams, turns):
         """Check a call before any of its prompts runs; the turn driver to run it with."""
@@ -269,12 +274,6 @@ class HFRolloutEngine(RolloutEngine):
     def _require_requests(self) -> None:
         if self._asleep:
             raise RuntimeError("HFRolloutEngine: the engine is asleep; call wake() first.")
-        if self.vision:
-            raise NotImplementedError(
-                f"HFRolloutEngine: {type(self.model).__name__} is a vision-language model, "
-                "which rayrl rolls out in single-turn synchronous calls only: multi-turn "
-                "episodes and asynchronous replicas with images are not built yet (issue 48)"
-            )
         if not self.serves:
             raise NotImplementedError(
                 f"HFRolloutEngine: {type(self.model).__name__} cannot serve requests (multi-"
@@ -283,16 +282,19 @@ class HFRolloutEngine(RolloutEngine):
                 "layers. Use a Qwen2/Qwen3/Llama-style model, or single-turn synchronous rollouts."
             )
 
-    def add(self, prompt, keys, limits, sampling: SamplingParams, *, park: bool = False):
-        """Queue one prompt and its samples (`rayrl.rollout.requests`); their ids."""
+    def add(
+        self, prompt, keys, limits, sampling: SamplingParams, *, park: bool = False, images=None
+    ):
+        """Queue one prompt and its samples (`rayrl.rollout.requests`); their ids.
+        ``images``: the prompt's pixel inputs (a vision-language model's)."""
         self._require_weights("generate")
         self._require_requests()
         if sampling.stop and self.tokenizer is None:
             raise ValueError("HFRolloutEngine: stop strings need a tokenizer.")
-        return self.requests.add(prompt, keys, limits, sampling, park=park)
+        return self.requests.add(prompt, keys, limits, sampling, park=park, images=images)
 
-    def resume(self, sample: int, tokens) -> None:
-        self.requests.resume(sample, tokens)
+    def resume(self, sample: int, tokens, images: TurnImages | None = None) -> None:
+        self.requests.resume(sample, tokens, images)
 
     def finish(self, sample: int, stopped: bool) -> None:
         self.requests.finish(sample, stopped)

@@ -20,6 +20,16 @@ the decode steps they lost, summed, reach ``resume_cost`` times the running samp
 are prefilled at once. When no sample runs, rows of finished samples and columns no
 live row uses are dropped from the cache; an empty engine drops the cache.
 
+A vision-language model's sample may come with images (its prompt's pixel inputs at
+`add`, an observation's at `resume`, `rayrl.rollout.turns.TurnImages`): the prefill
+that feeds their placeholder tokens embeds the ids, runs the vision tower on those
+images and puts their features at the placeholders (the prompt's image tokens and the
+observations' placeholder columns, never a sampled image token). Its positions are the
+model's M-RoPE ones (``get_rope_index`` over the whole sequence so far, the piece fed
+cut from them); a text token after them sits at the last position + 1 on all three
+axes, so each sample keeps the position of its next token (``pos``; for a text sample,
+its count of tokens).
+
 A token is drawn with the seeded sampler at its column in the response (appended
 tokens count), so this draws the tokens the native engine draws and a sample replays
 alone, in any batch. Each token carries the policy `version` the engine held when it
@@ -35,9 +45,11 @@ import torch
 from torch import Tensor, nn
 
 from rayrl import progress
+from rayrl.models.vision_language import multimodal_core, splice_image_features, stack_images
 from rayrl.rollout.native.stops import StopStrings
 from rayrl.rollout.requests import DONE, TURN, SampleOutput
 from rayrl.rollout.sampling import SamplingParams, sample_tokens
+from rayrl.rollout.turns import TurnImages
 
 __all__ = ["HFRequests", "can_serve_requests"]
 
@@ -68,6 +80,7 @@ class _Samples:
     keys: np.ndarray
     gen: np.ndarray
     ctx: np.ndarray
+    pos: np.ndarray
     row: np.ndarray
     turn_start: np.ndarray
     order: np.ndarray
@@ -87,6 +100,7 @@ class _Samples:
         "keys": np.int64,
         "gen": np.int64,  # response tokens so far (sampled and appended)
         "ctx": np.int64,  # tokens of its sequence (prompt + response) the cache holds
+        "pos": np.int64,  # the position of its next token (M-RoPE: past its images)
         "row": np.int64,  # cache row (-1: none)
         "turn_start": np.int64,
         "order": np.int64,  # when it was added: new cache rows follow this order
@@ -102,6 +116,9 @@ class _Samples:
     def __init__(self) -> None:
         self.capacity = self.width = 0
         self.prompt_of: list[np.ndarray | None] = []
+        self.media_of: list[list[dict]] = []  # each sample's images, in order
+        self.pending_of: list[list[dict]] = []  # those the cache has not seen yet
+        self.marks_of: list[list[int]] = []  # response columns of observation images
         self.free: list[int] = []
         self.grow(16, 16)
 
@@ -123,6 +140,8 @@ class _Samples:
                 array[:old_cap, :old_width] = getattr(self, name)
             setattr(self, name, array)
         self.prompt_of.extend([None] * (capacity - old_cap))
+        for media in (self.media_of, self.pending_of, self.marks_of):
+            media.extend([] for _ in range(capacity - old_cap))
         self.free = list(range(capacity - 1, old_cap - 1, -1)) + self.free
         self.capacity, self.width = capacity, width
 
@@ -156,6 +175,8 @@ class HFRequests:
         resume_max_wait: int = RESUME_MAX_WAIT,
     ) -> None:
         self.model, self.pad_id, self.eos_ids = model, pad_id, list(eos_ids)
+        self.core = multimodal_core(model)  # a vision-language model's (None: text)
+        self.image_token_id = None if self.core is None else int(self.core.config.image_token_id)
         self.tokenizer, self.forward_mode = tokenizer, forward_mode
         self.resume_cost, self.resume_max_wait = resume_cost, resume_max_wait
         self.s = _Samples()
@@ -174,8 +195,14 @@ class HFRequests:
         self.steps = {"prefill_steps": 0, "decode_steps": 0}
 
     # ------------------------------------------------------------------ requests
-    def add(self, prompt, keys, limits, sampling: SamplingParams, *, park: bool = False):
+    def add(
+        self, prompt, keys, limits, sampling: SamplingParams, *, park: bool = False, images=None
+    ):
         limits = np.asarray(limits, dtype=np.int64).reshape(-1)
+        if images and self.core is None:
+            raise ValueError(
+                f"{WHERE}.add: a prompt with images, but the model has no vision tower"
+            )
         drawing = sampling.drawing()
         if self.live and drawing != self.sampling:
             raise ValueError(
@@ -189,8 +216,11 @@ class HFRequests:
         prompt = np.asarray(prompt, dtype=np.int64)
         for i in ids.tolist():
             s.prompt_of[i] = prompt
+            s.media_of[i] = [dict(images)] if images else []
+            s.pending_of[i] = list(s.media_of[i])
+            s.marks_of[i] = []
         s.max_new[ids], s.keys[ids] = limits, np.asarray(keys, dtype=np.int64).reshape(-1)
-        for name in ("gen", "ctx", "turn_start"):
+        for name in ("gen", "ctx", "pos", "turn_start"):
             getattr(s, name)[ids] = 0
         s.row[ids] = -1
         for name in ("stopped", "finished", "running", "parked", "aborted"):
@@ -223,7 +253,7 @@ class HFRequests:
     def turn_start(self) -> np.ndarray:
         return self.s.turn_start
 
-    def resume(self, sample: int, tokens) -> None:
+    def resume(self, sample: int, tokens, images: TurnImages | None = None) -> None:
         s, tokens = self.s, np.asarray(tokens, dtype=np.int64).reshape(-1)
         at, count = int(s.gen[sample]), len(tokens)
         if not s.parked[sample]:
@@ -233,6 +263,12 @@ class HFRequests:
                 f"{WHERE}: sample {sample} has {at} of {s.max_new[sample]} response tokens; "
                 f"appending {count} must leave room for one more."
             )
+        if images is not None:
+            if self.core is None:
+                raise ValueError(f"{WHERE}.resume: images, but the model has no vision tower")
+            s.media_of[sample].append(dict(images.inputs))
+            s.pending_of[sample].append(dict(images.inputs))
+            s.marks_of[sample].extend(int(at + o) for o in images.offsets)
         s.tokens[sample, at : at + count] = tokens
         s.log_probs[sample, at : at + count] = 0.0
         s.versions[sample, at : at + count] = self.version
@@ -280,6 +316,7 @@ class HFRequests:
             if not self.s.finished[i]:
                 raise ValueError(f"{WHERE}: sample {i} is not finished")
             self.s.prompt_of[i] = None
+            self.s.media_of[i], self.s.pending_of[i], self.s.marks_of[i] = [], [], []
             self.s.free.append(i)
 
     # ------------------------------------------------------------------ steps
@@ -317,20 +354,67 @@ class HFRequests:
         pieces = {}
         for i in samples.tolist():
             sequence = np.concatenate([s.prompt_of[i], s.tokens[i, : s.gen[i]]])
-            pieces[i] = sequence[s.ctx[i] :]
-        width = max(len(p) for p in pieces.values())
+            pieces[i] = (sequence[s.ctx[i] :], self._positions(i, sequence))
+        width = max(len(p) for p, _ in pieces.values())
         ids, mask, positions = self._blank(width)
-        for i, piece in pieces.items():
+        marks = np.zeros_like(mask, dtype=bool)
+        for i, (piece, placed) in pieces.items():
             row, count = int(s.row[i]), len(piece)
             ids[row, width - count :] = piece
             mask[row, width - count :] = 1
-            positions[row, width - count :] = s.ctx[i] + np.arange(count)
+            positions[:, row, width - count :] = placed[:, s.ctx[i] :]
+            marks[row, width - count :] = self._placeholders(i, len(placed[0]))[s.ctx[i] :]
             s.ctx[i] += count
-        logits = self._forward(ids, mask, positions)
+            s.pos[i] = int(placed[:, -1].max()) + 1
+        logits = self._forward(ids, mask, positions, self._images(samples, marks))
         s.waiting[samples] = False
         self.deferred = self.deferred_steps = 0
         self.steps["prefill_steps"] += 1
         self._draw(samples, logits[torch.from_numpy(s.row[samples])])
+
+    def _positions(self, sample: int, sequence: np.ndarray) -> np.ndarray:
+        """The positions ``[3, len(sequence)]`` of a sample's whole sequence: the model's
+        M-RoPE ones when it has images, else its token count (module docstring)."""
+        s = self.s
+        if not s.media_of[sample]:
+            start = int(s.pos[sample]) - int(s.ctx[sample])  # a text sample's: 0
+            return np.broadcast_to(start + np.arange(len(sequence)), (3, len(sequence)))
+        assert self.core is not None  # `add` refuses images without a vision tower
+        ids = torch.from_numpy(sequence)[None]
+        marks = torch.from_numpy(self._placeholders(sample, len(sequence)))[None]
+        grid = torch.cat([torch.as_tensor(m["image_grid_thw"]) for m in s.media_of[sample]])
+        placed, _ = self.core.get_rope_index(
+            ids, mm_token_type_ids=marks.int(), image_grid_thw=grid, attention_mask=None
+        )
+        return placed[:, 0].numpy()
+
+    def _placeholders(self, sample: int, length: int) -> np.ndarray:
+        """Where a sample's image placeholders are in its first ``length`` sequence tokens:
+        its prompt's image tokens and its observations' placeholder columns."""
+        s = self.s
+        marks = np.zeros(length, dtype=bool)
+        if not s.media_of[sample]:
+            return marks
+        prompt = s.prompt_of[sample]
+        assert prompt is not None  # a live sample's
+        marks[: len(prompt)] = prompt == self.image_token_id
+        columns = np.asarray(s.marks_of[sample], dtype=np.int64) + len(prompt)
+        marks[columns[columns < length]] = True
+        return marks
+
+    def _images(self, samples: np.ndarray, marks: np.ndarray) -> dict | None:
+        """The images a prefill feeds (those of ``samples`` the cache has not seen, in
+        cache-row order, as their placeholders ``marks`` run), or None."""
+        s = self.s
+        order = samples[np.argsort(s.row[samples], kind="stable")]
+        fed = [m for i in order.tolist() for m in s.pending_of[i]]
+        for i in samples.tolist():
+            s.pending_of[i] = []
+        if not fed:
+            return None
+        stacked = stack_images(fed)
+        assert stacked is not None  # every entry holds images
+        return {**stacked, "placeholders": marks}
 
     def _decode(self, samples: np.ndarray, waiting: int) -> None:
         """Feed each running sample its last drawn token; draw the next."""
@@ -339,8 +423,9 @@ class HFRequests:
         rows = s.row[samples]
         ids[rows, 0] = s.tokens[samples, s.gen[samples] - 1]
         mask[rows, 0] = 1
-        positions[rows, 0] = s.ctx[samples]
+        positions[:, rows, 0] = s.pos[samples]
         s.ctx[samples] += 1
+        s.pos[samples] += 1
         logits = self._forward(ids, mask, positions)
         if waiting:
             self.deferred += waiting
@@ -349,27 +434,43 @@ class HFRequests:
         self._draw(samples, logits[torch.from_numpy(rows)])
 
     def _blank(self, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """A step's inputs for every cache row, all holes: ids, mask, positions."""
+        """A step's inputs for every cache row, all holes: ids, mask, positions (three
+        axes: M-RoPE's; a text model reads the first)."""
         rows = len(self.rows)
         return (
             np.full((rows, width), self.pad_id, dtype=np.int64),
             np.zeros((rows, width), dtype=np.int64),
-            np.zeros((rows, width), dtype=np.int64),
+            np.zeros((3, rows, width), dtype=np.int64),
         )
 
-    def _forward(self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray) -> Tensor:
-        """One forward over every cache row; the float32 logits of each row's last column."""
+    def _forward(
+        self, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, images: dict | None = None
+    ) -> Tensor:
+        """One forward over every cache row (``images``: the features put at their
+        placeholders first); the float32 logits of each row's last column."""
         from transformers import DynamicCache
 
         device = next(self.model.parameters()).device
-        ids_t, mask_t, pos_t = (torch.from_numpy(a).to(device) for a in (ids, mask, positions))
+        ids_t, mask_t = (torch.from_numpy(a).to(device) for a in (ids, mask))
+        pos_t = torch.from_numpy(positions if self.core is not None else positions[0]).to(device)
         if self.cache is None:
             self.cache = DynamicCache(config=self.model.config.get_text_config(decoder=True))
             self.mask = mask_t[:, :0]
         self.mask = torch.cat([self.mask, mask_t], dim=1)
+        tokens: dict[str, Tensor | None] = {"input_ids": ids_t}
         with torch.no_grad():
+            if images is not None:
+                assert self.core is not None  # only a vision-language sample has images
+                embeds = splice_image_features(
+                    self.core,
+                    ids_t,
+                    images["pixel_values"].to(device),
+                    images["image_grid_thw"].to(device),
+                    torch.from_numpy(images["placeholders"]).to(device),
+                )
+                tokens = {"input_ids": None, "inputs_embeds": embeds}
             out = self.model(
-                input_ids=ids_t,
+                **tokens,
                 attention_mask=self.mask,
                 position_ids=pos_t,
                 past_key_values=self.cache,

@@ -17,6 +17,7 @@ import numpy as np
 from rayrl.rollout.native.stops import StopStrings
 from rayrl.rollout.requests import SampleOutput
 from rayrl.rollout.sampling import SamplingParams
+from rayrl.rollout.turns import TurnImages
 
 if TYPE_CHECKING:
     from rayrl.rollout.native.routes import RouteStore
@@ -50,8 +51,10 @@ class Serving:
         sampling: SamplingParams,
         *,
         park: bool = False,
+        images: dict | None = None,
     ) -> np.ndarray:
         """Queue one prompt and its samples (`rayrl.rollout.requests`); their ids."""
+        _no_images(images)
         self._check_ready(sampling)
         prompt = np.asarray(prompt, dtype=np.int64)
         limits = np.asarray(limits, dtype=np.int64).reshape(-1)
@@ -77,8 +80,9 @@ class Serving:
         if drawing.stop:
             self.sched.stop_check = StopStrings(self.tokenizer, drawing.stop).checker(self.sched)
 
-    def resume(self, sample: int, tokens: np.ndarray) -> None:
+    def resume(self, sample: int, tokens: np.ndarray, images: TurnImages | None = None) -> None:
         """Continue a parked sample with ``tokens`` appended (its next turn)."""
+        _no_images(images)
         self.sched.resume(int(sample), tokens)
 
     def finish(self, sample: int, stopped: bool) -> None:
@@ -149,3 +153,13 @@ class Serving:
     @version.setter
     def version(self, value: int) -> None:
         self.sched.version = int(value)
+
+
+def _no_images(images: Any) -> None:
+    """The native engine feeds no images (a vision-language model rolls out on the hf
+    engine: `rayrl.config.vision_checks` refuses rollout.name=native for one)."""
+    if images:
+        raise ValueError(
+            f"{WHERE}: a request with images, which the native engine does not feed; roll "
+            "out a vision-language model with actor_rollout_ref.rollout.name=hf"
+        )
