@@ -33,8 +33,7 @@ def model_dir(tmp_path_factory):
 
 def test_each_row_is_scaled_to_e4m3s_range_and_rounded_within_its_precision():
     weight = torch.randn(40, 32) * torch.logspace(-3, 2, 40)[:, None]  # rows of any scale
-    copy = Fp8Weight.empty_like(weight)
-    copy.quantize(weight)
+    copy = Fp8Weight.empty(*weight.shape, weight.dtype, weight.device).copy_(weight)
     assert copy.weight.dtype == torch.float8_e4m3fn and not copy.fast  # CPU: emulated
     assert torch.allclose(copy.weight.float().abs().amax(1), torch.full((40,), FP8_MAX))
     err = (copy.dequantized - weight).abs()
@@ -45,8 +44,7 @@ def test_each_row_is_scaled_to_e4m3s_range_and_rounded_within_its_precision():
 def test_an_fp8_matmul_is_close_to_the_full_one_and_not_equal():
     gen = torch.Generator().manual_seed(0)
     x, weight = torch.randn(5, 32, generator=gen), torch.randn(48, 32, generator=gen)
-    copy = Fp8Weight.empty_like(weight)
-    copy.quantize(weight)
+    copy = Fp8Weight.empty(*weight.shape, weight.dtype, weight.device).copy_(weight)
     full, quantized = F.linear(x, weight), fp8_linear(x, copy)
     rel = (quantized - full).norm() / full.norm()
     assert 0 < rel < 0.1
@@ -65,12 +63,23 @@ def test_the_engine_samples_from_the_quantized_weights(model_dir):
     prompts, greedy = _prompts(tokenizer), SamplingParams(temperature=0.0, max_new_tokens=8)
     plain = NativeRolloutEngine(model_path=model_dir, **ENGINE)
     fp8 = NativeRolloutEngine(model_path=model_dir, quantization="fp8", **ENGINE)
-    assert len(fp8.weights.fp8) == 2 * 4  # qkv, o, gate_up, down of each layer
+    matrices = [w for layer in fp8.weights.layers for w in vars(layer).values()]
+    assert sum(isinstance(w, Fp8Weight) for w in matrices) == 2 * 4  # qkv, o, gate_up, down
     a, b = plain.generate(prompts, greedy), fp8.generate(prompts, greedy)
     same = (a["responses"] == b["responses"]).float().mean()
     diff = (a["rollout_log_probs"] - b["rollout_log_probs"]).abs().max()
     assert same > 0.5  # mostly the same tokens ...
     assert diff > 1e-4  # ... from other numerics
+
+
+def _fp8_storage(engine) -> list[int]:
+    layers = engine.weights.layers
+    return [
+        w.weight.data_ptr()
+        for layer in layers
+        for w in vars(layer).values()
+        if isinstance(w, Fp8Weight)
+    ]
 
 
 def test_a_weight_sync_requantizes_in_place(model_dir):
@@ -81,7 +90,7 @@ def test_a_weight_sync_requantizes_in_place(model_dir):
     sampling = SamplingParams(temperature=1.0, max_new_tokens=8, seed=3)
     other = perturbed(AutoModelForCausalLM.from_pretrained(model_dir), seed=1)
     engine = NativeRolloutEngine(model_path=model_dir, quantization="fp8", **ENGINE)
-    storage = {key: copy.weight.data_ptr() for key, copy in engine.weights.fp8.items()}
+    storage = _fp8_storage(engine)
     before = engine.generate(prompts, sampling)
     engine.update_weights(other.state_dict())
     after = engine.generate(prompts, sampling)
@@ -90,7 +99,7 @@ def test_a_weight_sync_requantizes_in_place(model_dir):
     assert torch.equal(after["responses"], expected["responses"])
     assert torch.equal(after["rollout_log_probs"], expected["rollout_log_probs"])
     assert not torch.equal(before["rollout_log_probs"], after["rollout_log_probs"])
-    assert {k: c.weight.data_ptr() for k, c in engine.weights.fp8.items()} == storage
+    assert _fp8_storage(engine) == storage
 
 
 def test_fp8_needs_the_native_engine(model_dir):
@@ -140,8 +149,7 @@ def test_on_a_card_with_fp8_tensor_cores_the_matmul_runs_there_as_emulated():
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(7, 256, generator=gen).cuda().bfloat16()
     weight = torch.randn(512, 256, generator=gen).cuda().bfloat16()
-    fast = Fp8Weight.empty_like(weight)
-    fast.quantize(weight)
+    fast = Fp8Weight.empty(*weight.shape, weight.dtype, weight.device).copy_(weight)
     emulated = Fp8Weight(fast.weight, fast.scale, False, fast.weight.float() * fast.scale[:, None])
     assert fast.fast
     a, b = fp8_linear(x, fast).float(), fp8_linear(x.float(), emulated)

@@ -1,19 +1,21 @@
 """FP8 rollout (``actor_rollout_ref.rollout.quantization=fp8``): the native engine's
 linear weights in float8 (e4m3), quantized at every weight sync.
 
-Each of a layer's matrices (``qkv``, ``o``, ``gate_up``, ``down``) keeps, beside its
-bf16 copy (what loads and weight syncs write into), an e4m3 copy and one float32 scale
-per output row (``amax / 448``). A matmul quantizes its input per token the same way
+Each of a dense layer's matrices (``qkv``, ``o``, ``gate_up``, ``down``) is held in
+e4m3 with one float32 scale per output row (``amax / 448``), in place of its bf16
+copy: a load or a weight sync writes its tensor straight into it, scaling and rounding
+each row (a row's scale needs that row alone, so q, k and v, or gate and up, load one
+at a time, and a tensor-parallel rank's rows are its own). A matmul quantizes its input per token the same way
 (dynamic scales; one Triton kernel: `rayrl.rollout.native.triton_fp8`) and runs ``torch._scaled_mm`` with both scales on a card that has FP8
 tensor cores (compute capability 8.9 or above: Ada, Hopper, Blackwell), in float32
 accumulation, its output in the model's dtype. Elsewhere (a CPU, an older card, a
 matrix whose sides are not multiples of 16) the same quantization is emulated: both
 operands are rounded through e4m3 and scaled back, then multiplied in the model's
 dtype, so a CPU run samples from the numerics an FP8 GPU run has, up to the order of
-accumulation.
+accumulation (an emulated matrix also keeps its dequantized copy in the model dtype).
 
 The embeddings, the LM head, the norms, the routers and the experts of a mixture of
-experts stay in the model's dtype. The quantized copies are allocated once and
+experts stay in the model's dtype. The quantized matrices are allocated once and
 rewritten in place, so CUDA graphs captured over them stay valid across syncs.
 """
 
@@ -41,8 +43,14 @@ def _scaled_mm_ok(device: torch.device, rows: int, cols: int) -> bool:
 
 @dataclass
 class Fp8Weight:
-    """One matrix ``[out, in]`` in e4m3 with a float32 scale per output row; ``fast``:
-    whether its matmul runs on FP8 tensor cores (else it is emulated: module doc)."""
+    """One matrix ``[out, in]`` (or a range of its rows: `__getitem__`) in e4m3 with a
+    float32 scale per output row; ``fast``: whether its matmul runs on FP8 tensor cores
+    (else it is emulated, from ``dequantized``: module doc).
+
+    It stands where the model-dtype matrix would in `NativeWeights`: a load copies a
+    tensor into it (`copy_`: each row scaled and rounded), so the engine holds no
+    model-dtype copy of a quantized matrix.
+    """
 
     weight: Tensor
     scale: Tensor
@@ -50,24 +58,40 @@ class Fp8Weight:
     dequantized: Tensor | None = None  # the emulated path's weight, in the model dtype
 
     @classmethod
-    def empty_like(cls, weight: Tensor) -> Fp8Weight:
-        out, cols = weight.shape
-        fast = _scaled_mm_ok(weight.device, out, cols)
-        q = torch.empty(out, cols, dtype=FP8, device=weight.device)
-        scale = torch.empty(out, dtype=torch.float32, device=weight.device)
-        return cls(q, scale, fast, None if fast else torch.empty_like(weight))
+    def empty(cls, rows: int, cols: int, dtype: torch.dtype, device: torch.device) -> Fp8Weight:
+        """Uninitialised, on ``device``; emulated ones keep a ``dtype`` copy to multiply."""
+        fast = _scaled_mm_ok(device, rows, cols)
+        q = torch.empty(rows, cols, dtype=FP8, device=device)
+        scale = torch.empty(rows, dtype=torch.float32, device=device)
+        dequantized = None if fast else torch.empty(rows, cols, dtype=dtype, device=device)
+        return cls(q, scale, fast, dequantized)
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.weight.shape
+
+    def __getitem__(self, rows: slice) -> Fp8Weight:
+        """Rows ``rows`` of this matrix, sharing its storage (q, k and v of a fused qkv)."""
+        emulated = self.dequantized
+        return Fp8Weight(
+            self.weight[rows],
+            self.scale[rows],
+            self.fast,
+            None if emulated is None else emulated[rows],
+        )
 
     @torch.no_grad()
-    def quantize(self, weight: Tensor) -> None:
-        """Rewrite this copy, in place, from ``weight`` (the bf16 matrix)."""
+    def copy_(self, weight: Tensor) -> Fp8Weight:
+        """Rewrite these rows, in place, from ``weight`` (any float dtype)."""
         for start in range(0, weight.shape[0], _ROWS):
-            rows = weight[start : start + _ROWS].float()
+            rows = weight[start : start + _ROWS].to(self.weight.device, torch.float32)
             scale = rows.abs().amax(dim=1).clamp(min=1e-12) / FP8_MAX
             q = (rows / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
             self.weight[start : start + _ROWS].copy_(q)
             self.scale[start : start + _ROWS].copy_(scale)
             if self.dequantized is not None:
                 self.dequantized[start : start + _ROWS].copy_(q.float() * scale[:, None])
+        return self
 
     def nbytes(self) -> int:
         emulated = self.dequantized

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rayrl.rollout.native.attention import make_attention, triton_gaps
-from rayrl.rollout.native.fp8 import fp8_linear
+from rayrl.rollout.native.fp8 import Fp8Weight, fp8_linear
 from rayrl.rollout.native.kv_cache import KVCache
 from rayrl.rollout.native.moe import expert_path, moe_mlp
 from rayrl.rollout.native.ops import Ops, TorchOps
@@ -128,7 +128,7 @@ class NativeModel:
         """Layer ``i``'s attention output (all-reduced), o bias included."""
         s, ops, plan = self.spec, self.ops, self._layers[i]
         n = x.shape[0]
-        qkv = self._linear(i, "qkv", x, layer.qkv, layer.qkv_bias)
+        qkv = _linear(x, layer.qkv, layer.qkv_bias)
         qk_norm = None
         if layer.q_norm is not None and s.qk_norm_per_head and not self._style:
             qk_norm = (layer.q_norm, layer.k_norm, s.rms_eps)  # fused into the rotary kernel
@@ -148,7 +148,7 @@ class NativeModel:
         )
         attn = self.attention(q, k_cache, v_cache, step, self.scale, **plan.attention)
         o_bias = layer.o_bias if self._adds_o_bias else None
-        return self._reduce(self._linear(i, "o", attn.reshape(n, s.q_size), layer.o, o_bias))
+        return self._reduce(_linear(attn.reshape(n, s.q_size), layer.o, o_bias))
 
     def _enter(self, hidden: Tensor | None, residual: Tensor, norm: Tensor | None):
         """``(a sublayer's input, the residual stream)``: ``hidden`` (the last sublayer's
@@ -201,18 +201,7 @@ class NativeModel:
             if self.routes is not None:
                 self.routes.write(i, slots, chosen)
             return out
-        gate_up = self._linear(i, "gate_up", x, layer.gate_up)
-        return self._linear(i, "down", self._act(gate_up), layer.down)
-
-    def _linear(
-        self, i: int, slot: str, x: Tensor, weight: Tensor, bias: Tensor | None = None
-    ) -> Tensor:
-        """Layer ``i``'s matrix ``slot`` applied to ``x``: in FP8 where the weights
-        keep an FP8 copy of it (`rayrl.rollout.native.fp8`)."""
-        quantized = self.weights.fp8.get((i, slot)) if self.weights.fp8 else None
-        if quantized is not None:
-            return fp8_linear(x, quantized, bias)
-        return F.linear(x, weight, bias)
+        return _linear(self._act(_linear(x, layer.gate_up)), layer.down)
 
     def _act(self, gate_up: Tensor) -> Tensor:
         act = self.spec.activation
@@ -266,6 +255,14 @@ class _LayerPlan:
         if spec.attn_softcap:
             options["softcap"] = spec.attn_softcap
         return cls(cos[table], sin[table], options)
+
+
+def _linear(x: Tensor, weight: Tensor | Fp8Weight, bias: Tensor | None = None) -> Tensor:
+    """``x`` through a layer's matrix: in FP8 where the weights hold it so
+    (`rayrl.rollout.native.fp8`)."""
+    if isinstance(weight, Fp8Weight):
+        return fp8_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
 def _unchanged(x: Tensor) -> Tensor:

@@ -37,7 +37,7 @@ from torch import Tensor
 
 from rayrl.models.safetensors_read import CheckpointIndex, CheckpointReader
 from rayrl.rollout.native.families import family_for
-from rayrl.rollout.native.fp8 import QUANTIZED_SLOTS, Fp8Weight
+from rayrl.rollout.native.fp8 import Fp8Weight
 from rayrl.rollout.native.shards import Part, TPShard
 from rayrl.rollout.native.spec import ModelSpec
 
@@ -49,13 +49,14 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some older checkpoints c
 @dataclass
 class LayerWeights:
     attn_norm: Tensor | None  # before attention (None: the "post" layout has none)
-    qkv: Tensor  # [q_size + 2 * kv_size, hidden]
+    # the four matrices: tensors, or `Fp8Weight`s in an FP8 rollout's dense layers
+    qkv: Tensor | Fp8Weight  # [q_size + 2 * kv_size, hidden]
     qkv_bias: Tensor | None
-    o: Tensor  # [hidden, q_size]
+    o: Tensor | Fp8Weight  # [hidden, q_size]
     o_bias: Tensor | None
     mlp_norm: Tensor | None  # before the MLP
-    gate_up: Tensor | None  # [2 * width, hidden]: the MLP, or the shared expert (or None)
-    down: Tensor | None  # [hidden, width]
+    gate_up: Tensor | Fp8Weight | None  # [2 * width, hidden]: the MLP, or the shared expert
+    down: Tensor | Fp8Weight | None  # [hidden, width]
     q_norm: Tensor | None  # [head_dim] (Qwen3, Gemma 3) or [q_size] (OLMo 2)
     k_norm: Tensor | None
     attn_out_norm: Tensor | None = None  # on the attention's output (Gemma 2, OLMo 2)
@@ -71,8 +72,8 @@ class NativeWeights:
 
     With ``shard`` (tensor parallelism), the parameters of that rank's slice:
     ``shard.local_spec()`` sizes them. With ``quantization="fp8"`` the dense layers'
-    matrices also keep an FP8 copy (`fp8`, by layer and slot), rewritten from the bf16
-    one after every load that wrote it (`rayrl.rollout.native.fp8`).
+    four matrices are `Fp8Weight`s, which a load writes into as into a tensor
+    (`rayrl.rollout.native.fp8`).
     """
 
     def __init__(
@@ -95,43 +96,42 @@ class NativeWeights:
         self.embed = empty(s.vocab, s.hidden)
         self.final_norm = empty(s.hidden)
         self.lm_head = self.embed if s.tie_embeddings else empty(s.vocab, s.hidden)
+        self.quantization = quantization
         self.layers = [self._layer(empty, i) for i in range(s.layers)]
-        self._slots: dict[str, tuple[int, str]] = {}  # target name -> (layer, slot)
         self._targets = self._build_targets()
         self._fused = self._build_fused()
         self._aliases = self._build_aliases()
-        self.fp8 = self._fp8_copies() if quantization == "fp8" else {}
-        self._stale: set[tuple[int, str]] = set()  # FP8 copies a load has made stale
-
-    def _fp8_copies(self) -> dict[tuple[int, str], Fp8Weight]:
-        """An FP8 copy of each dense layer's matrices (a mixture of experts' layers keep
-        theirs, shared expert included, in the model dtype)."""
-        return {
-            (i, slot): Fp8Weight.empty_like(getattr(layer, slot))
-            for i, layer in enumerate(self.layers)
-            for slot in QUANTIZED_SLOTS
-            if getattr(layer, slot) is not None and self.spec.layer_moe(i) is None
-        }
 
     def _layer(self, empty: Callable[..., Tensor], i: int) -> LayerWeights:
         s, width = self.spec, self.spec.mlp_width(i)
         qkv_rows = s.q_size + 2 * s.kv_size
         norms = {slot: empty(s.hidden) for slot in s.norm_slots}
         q_norm, k_norm = (s.head_dim, s.head_dim) if s.qk_norm_per_head else (s.q_size, s.kv_size)
+        matrix = self._matrix_maker(empty, i)
         return LayerWeights(
             attn_norm=norms.pop("attn_norm", None),
-            qkv=empty(qkv_rows, s.hidden),
+            qkv=matrix(qkv_rows, s.hidden),
             qkv_bias=empty(qkv_rows) if s.qkv_bias else None,
-            o=empty(s.hidden, s.q_size),
+            o=matrix(s.hidden, s.q_size),
             o_bias=empty(s.hidden) if s.o_bias else None,
             mlp_norm=norms.pop("mlp_norm", None),
-            gate_up=empty(2 * width, s.hidden) if width else None,
-            down=empty(s.hidden, width) if width else None,
+            gate_up=matrix(2 * width, s.hidden) if width else None,
+            down=matrix(s.hidden, width) if width else None,
             q_norm=empty(q_norm) if s.qk_norm else None,
             k_norm=empty(k_norm) if s.qk_norm else None,
             **norms,
             **self._experts(empty, i),
         )
+
+    def _matrix_maker(
+        self, empty: Callable[..., Tensor], i: int
+    ) -> Callable[[int, int], Tensor | Fp8Weight]:
+        """How layer ``i``'s four matrices are held: in FP8 (`rayrl.rollout.native.fp8`)
+        for a dense layer of an FP8 rollout, else in the model dtype (a mixture of
+        experts' layer keeps its shared expert there too)."""
+        if self.quantization == "fp8" and self.spec.layer_moe(i) is None:
+            return lambda rows, cols: Fp8Weight.empty(rows, cols, self.dtype, self.device)
+        return empty
 
     def _experts(self, empty: Callable[..., Tensor], i: int) -> dict[str, Tensor]:
         """Layer ``i``'s router and experts (none unless it is a mixture of experts)."""
@@ -154,7 +154,6 @@ class NativeWeights:
             for name, (slot, index) in self.family.layer_names(self.spec, i).items():
                 tensor = getattr(layer, slot)
                 out[f"model.layers.{i}.{name}"] = tensor if index is None else tensor[index]
-                self._slots[f"model.layers.{i}.{name}"] = (i, slot)
         return out
 
     def _build_fused(self) -> dict[str, tuple[int, tuple[str, ...]]]:
@@ -193,11 +192,12 @@ class NativeWeights:
         return (loaded - set(self._aliases)) | whole
 
     def tensors(self) -> Iterator[Tensor]:
-        """The distinct storage tensors (for memory accounting)."""
+        """The distinct storage tensors (for memory accounting; an `Fp8Weight`'s are
+        counted by `nbytes`)."""
         seen: set[int] = set()
         for layer in self.layers:
             for t in vars(layer).values():
-                if t is not None and id(t) not in seen:
+                if isinstance(t, Tensor) and id(t) not in seen:
                     seen.add(id(t))
                     yield t
         for t in (self.embed, self.final_norm, self.lm_head):
@@ -206,8 +206,9 @@ class NativeWeights:
                 yield t
 
     def nbytes(self) -> int:
-        fp8 = sum(copy.nbytes() for copy in self.fp8.values())
-        return sum(t.numel() * t.element_size() for t in self.tensors()) + fp8
+        fp8 = [w for layer in self.layers for w in vars(layer).values() if isinstance(w, Fp8Weight)]
+        held = sum(t.numel() * t.element_size() for t in self.tensors())
+        return held + sum(w.nbytes() for w in fp8)
 
     def full_shape(self, name: str) -> tuple[int, ...]:
         """The shape of the whole HF tensor ``name`` (this rank's part, widened)."""
@@ -259,24 +260,13 @@ class NativeWeights:
                     "Pass unwrapped (HF) parameter names."
                 )
             copied += 1
-        self._requantize()
         return copied
-
-    def _requantize(self) -> None:
-        """The FP8 copies of the matrices the last load wrote, rewritten."""
-        for key in self._stale:
-            i, slot = key
-            self.fp8[key].quantize(getattr(self.layers[i], slot))
-        self._stale.clear()
 
     def _copy(self, name: str, tensor: Tensor, where: str, sharded: bool) -> None:
         self._check_shape(name, tensor, where, sharded)
         if self.shard is not None and not sharded:
             tensor = self.shard.take(name, tensor)
         self._targets[name].copy_(tensor.detach())
-        slot = self._slots.get(name)
-        if slot in self.fp8:
-            self._stale.add(slot)
 
     def _check_shape(self, name: str, tensor: Tensor, where: str, sharded: bool) -> None:
         expected = tuple(self._targets[name].shape) if sharded else self.full_shape(name)
