@@ -212,6 +212,25 @@ def test_memory_budget_72b_grpo_on_8_nodes_of_8_h200():
     assert not heavy.fits and "DOES NOT FIT" in heavy.render()
 
 
+def test_an_fp8_rollout_holds_its_dense_matrices_in_one_byte():
+    """Qwen2.5-72B's rollout weights with rollout.quantization=fp8: the embeddings, head
+    and norms in bf16, each layer's q/k/v, o, gate/up and down in one byte; the KV cache
+    gets the difference."""
+    from dataclasses import replace
+
+    from rayrl.models.memory import ModelShape, plan_memory
+
+    shape = ModelShape.from_config(QWEN25_72B)
+    matrices = 80 * (8192 * (8192 + 2 * 1024) + 8192 * 8192 + 3 * 8192 * 29568)
+    assert shape.dense_matrix_params == matrices
+    bf16 = {p.name: p for p in plan_memory(shape, _setup_72b()).phases}["generate"]
+    fp8 = {p.name: p for p in plan_memory(shape, replace(_setup_72b(), rollout_fp8=True)).phases}
+    saved = bf16.items["rollout weights"] - fp8["generate"].items["rollout weights"]
+    assert saved == matrices / 8  # one byte fewer each, split over TP 8
+    kv = fp8["generate"].items["rollout KV cache"] - bf16.items["rollout KV cache"]
+    assert kv == saved
+
+
 def _has_rollout_tp() -> bool:
     from rayrl.config.schema import RolloutConfig, schema_fields
 

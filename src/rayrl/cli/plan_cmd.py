@@ -149,6 +149,7 @@ def training_setup(cfg, gpu_gib: float):
         ref_offload=arr.ref.fsdp_config.param_offload,
         ref_fsdp_size=arr.ref.fsdp_config.fsdp_size,
         rollout_tp=int(getattr(rollout, "tensor_model_parallel_size", 1)),
+        rollout_fp8=rollout.quantization == "fp8",
         gpu_memory_utilization=rollout.gpu_memory_utilization,
         free_cache_engine=rollout.free_cache_engine,
         ep=actor.expert_parallel_size,

@@ -33,7 +33,8 @@ reference has no expert parallelism: it gathers whole layers. Tokens travel to t
 experts' ranks and back (all-to-all); with balanced routing a rank runs as many expert
 copies as its own tokens chose, so the activations do not depend on ``ep`` (an
 unbalanced router's hot ranks hold more: not modelled). The rollout engine holds the
-whole model (every expert) on each tensor-parallel replica. A fixed 1.5 GiB stands for the CUDA context and communicator
+whole model (every expert) on each tensor-parallel replica, its dense layers' matrices
+in one byte each with ``rollout.quantization=fp8``. A fixed 1.5 GiB stands for the CUDA context and communicator
 buffers. The caching allocator's fragmentation is not modelled: a measured reserved
 peak can exceed these sums (docs/benchmarks.md compares them).
 
@@ -107,6 +108,7 @@ class TrainingSetup:
     ref_offload: bool = False
     ref_fsdp_size: int = -1
     rollout_tp: int = 1
+    rollout_fp8: bool = False  # rollout.quantization=fp8: the dense matrices in one byte
     gpu_memory_utilization: float = 0.5
     free_cache_engine: bool = True
     ep: int = 1  # actor.expert_parallel_size
@@ -235,7 +237,8 @@ def plan_memory(shape: ModelShape, setup: TrainingSetup) -> MemoryPlan:
     moments = 2 * weights
     ref_shard = MeshSpec(setup.world, 1, setup.ref_fsdp_size).shard if setup.world > 1 else 1
     ref_weights = params * DTYPE_BYTES[setup.ref_dtype] / ref_shard
-    rollout_weights = params * 2 / setup.rollout_tp
+    in_fp8 = shape.dense_matrix_params if setup.rollout_fp8 else 0
+    rollout_weights = (params * 2 - in_fp8) / setup.rollout_tp
     rollout_share = max(setup.gpu_memory_utilization * setup.gpu_bytes, rollout_weights)
     kv_bytes = rollout_share - rollout_weights
     actor_resident = 0.0 if setup.param_offload else weights

@@ -123,6 +123,14 @@ class ModelShape:
         return base + h * e.experts + shared + self.expert_params_of(layer)
 
     @property
+    def dense_matrix_params(self) -> int:
+        """The dense layers' q/k/v, o, gate/up and down matrices, all layers: what an FP8
+        rollout holds in one byte each (`rayrl.rollout.native.fp8`)."""
+        h, q, kv = self.hidden, self.q_width, self.kv_width
+        per_layer = h * (q + 2 * kv) + q * h + 3 * h * self.intermediate
+        return per_layer * sum(not self.is_sparse(i) for i in range(self.layers))
+
+    @property
     def root_params(self) -> int:
         """Embedding, output head (unless tied) and final norm: FSDP's root unit."""
         return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
