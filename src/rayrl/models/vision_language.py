@@ -38,9 +38,11 @@ __all__ = [
     "SUPPORTED",
     "causal_lm_class",
     "copy_processor_files",
+    "image_features",
     "is_vision_language",
     "local_config",
     "multimodal_core",
+    "rope_index",
     "stack_images",
     "unsupported_reason",
     "vision_tower",
@@ -98,6 +100,33 @@ def vision_tower(model: nn.Module) -> nn.Module | None:
     """The model's vision tower (patch embedding, blocks and merger), or None."""
     core = multimodal_core(model)
     return None if core is None else core.visual
+
+
+def image_features(core: nn.Module, pixel_values: Tensor, grid: Tensor) -> Tensor:
+    """The vision tower's merged features of every image, in order: ``[tokens, hidden]``
+    (the multimodal ``core``'s own ``get_image_features``: patch embedding, blocks,
+    merger)."""
+    return torch.cat(core.get_image_features(pixel_values, grid).pooler_output)
+
+
+def rope_index(
+    core: nn.Module,
+    ids: Tensor,
+    placeholders: Tensor,
+    grid: Tensor,
+    attention_mask: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """The model's M-RoPE positions ``[3, b, L]`` of ``ids`` ``[b, L]`` whose image tokens
+    are ``placeholders`` (bool, shaped like ``ids``), and each row's ``rope_deltas``
+    ``[b, 1]`` (a text token after the sequence sits at its index plus the delta on all
+    three axes): the ``core``'s own ``get_rope_index``."""
+    positions, deltas = core.get_rope_index(
+        ids,
+        mm_token_type_ids=placeholders.int(),
+        image_grid_thw=grid,
+        attention_mask=attention_mask,
+    )
+    return positions, deltas
 
 
 def stack_images(rows: Iterable[Mapping[str, Tensor] | None]) -> dict[str, Tensor] | None:

@@ -32,6 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -56,6 +57,8 @@ class Job:
         limits: one response length limit per sample row.
         sampling: how every sample of the job draws (``n`` samples per prompt).
         driver: the episodes' driver, or None (single turns).
+        images: per prompt, a vision-language prompt's images as its engine runs them
+            (None: text), handed to ``engine.add`` with the prompt; None: all text.
         outputs: per row, filled as samples finish.
         aborted: the job was aborted (`TurnLoop.abort`): its outputs are incomplete.
     """
@@ -65,6 +68,7 @@ class Job:
     limits: np.ndarray
     sampling: SamplingParams
     driver: TurnDriver | None = None
+    images: Sequence[Any] | None = None  # per prompt: the engine's images, or None
     outputs: list[SampleOutput | None] = field(default_factory=list)
     aborted: bool = False
     remaining: int = 0
@@ -211,8 +215,10 @@ class TurnLoop:
         try:
             for i, prompt in enumerate(job.prompts):
                 rows = slice(i * n, (i + 1) * n)
+                images = job.images[i] if job.images is not None else None
+                extra = {"images": images} if images is not None else {}
                 added = self.engine.add(
-                    prompt, job.keys[rows], job.limits[rows], job.sampling, park=park
+                    prompt, job.keys[rows], job.limits[rows], job.sampling, park=park, **extra
                 )
                 ids.extend(int(s) for s in added)
         except Exception as err:  # noqa: BLE001 - raised in the job's own thread
@@ -271,10 +277,11 @@ def run_batch(
     limits: np.ndarray,
     driver: TurnDriver | None = None,
     stats: dict[str, float] | None = None,
+    images: Sequence[Any] | None = None,
 ) -> Responses:
     """A batch of prompts through `TurnLoop` on its own: ``sampling.n`` samples each
-    (rows adjacent), the `Responses` of every row."""
-    job = Job(prompts, keys, limits, sampling, driver)
+    (rows adjacent), the `Responses` of every row; ``images``: `Job.images`."""
+    job = Job(prompts, keys, limits, sampling, driver, images)
     TurnLoop(engine, stats=stats).run(job)
     return responses_of(job.results())
 

@@ -39,7 +39,12 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from rayrl.batch import Batch
-from rayrl.models.vision_language import multimodal_core, stack_images
+from rayrl.models.vision_language import (
+    image_features,
+    multimodal_core,
+    rope_index,
+    stack_images,
+)
 
 __all__ = [
     "IMAGE_COLUMN",
@@ -115,12 +120,7 @@ def image_inputs(vision: VisionModel, micro: Batch, response_len: int) -> ImageI
     prompt[:, : ids.shape[1] - response_len] = True
     placeholders = (ids == vision.image_token_id) & mask & prompt
     _check_counts(vision, placeholders, images["image_grid_thw"])
-    positions, _ = vision.core.get_rope_index(
-        ids,
-        mm_token_type_ids=placeholders.int(),
-        image_grid_thw=images["image_grid_thw"],
-        attention_mask=mask.long(),
-    )
+    positions, _ = rope_index(vision.core, ids, placeholders, images["image_grid_thw"], mask.long())
     splice = ImageSplice(images["pixel_values"], images["image_grid_thw"], placeholders)
     return ImageInputs(positions, splice)
 
@@ -172,19 +172,14 @@ def _splice(core: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | 
         ids, args = args[0], args[1:]
     embeds = core.get_input_embeddings()(ids)
     if request.blank:
-        features = _tower(core, *_blank_image(core, embeds))
+        features = image_features(core, *_blank_image(core, embeds))
         embeds = embeds + features.sum() * 0.0  # the tower ran; nothing of it is used
     else:
-        features = _tower(core, request.pixel_values, request.image_grid_thw)
+        features = image_features(core, request.pixel_values, request.image_grid_thw)
         where = request.placeholders.unsqueeze(-1).expand_as(embeds)
         embeds = embeds.masked_scatter(where, features.to(embeds.dtype))
     kwargs.update(input_ids=None, inputs_embeds=embeds, pixel_values=None, image_grid_thw=None)
     return args, kwargs
-
-
-def _tower(core: nn.Module, pixel_values: Tensor, grid: Tensor) -> Tensor:
-    """The vision tower's merged features of every image, in order: ``[tokens, hidden]``."""
-    return torch.cat(core.get_image_features(pixel_values, grid).pooler_output)
 
 
 def _blank_image(core: nn.Module, like: Tensor) -> tuple[Tensor, Tensor]:

@@ -19,6 +19,7 @@ from rayrl.rollout.requests import SampleOutput
 from rayrl.rollout.sampling import SamplingParams
 
 if TYPE_CHECKING:
+    from rayrl.rollout.native.images import PromptImages
     from rayrl.rollout.native.routes import RouteStore
     from rayrl.rollout.native.scheduler import Scheduler
     from rayrl.rollout.native.step_loop import Stepper
@@ -50,8 +51,10 @@ class Serving:
         sampling: SamplingParams,
         *,
         park: bool = False,
+        images: PromptImages | None = None,
     ) -> np.ndarray:
-        """Queue one prompt and its samples (`rayrl.rollout.requests`); their ids."""
+        """Queue one prompt and its samples (`rayrl.rollout.requests`); their ids.
+        ``images``: a vision-language prompt's (`NativeRolloutEngine.generate` makes them)."""
         self._check_ready(sampling)
         prompt = np.asarray(prompt, dtype=np.int64)
         limits = np.asarray(limits, dtype=np.int64).reshape(-1)
@@ -65,7 +68,7 @@ class Serving:
         if not self.sched.live:
             self._draw_with(drawing)
         self._ensure_graphs()
-        return self.sched.add(prompt, limits, keys, park)
+        return self.sched.add(prompt, limits, keys, park, images)
 
     def _draw_with(self, drawing: SamplingParams) -> None:
         """Set the sampling every live sample shares: the draw, the stop ids and strings."""
