@@ -11,11 +11,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForImageTextToText, AutoTokenizer
+from transformers import AutoModelForImageTextToText
 
 import rayrl.rollout.native.vision as native_vision
 from rayrl.rollout.native.engine import NativeRolloutEngine
 from rayrl.rollout.sampling import SamplingParams
+from rayrl.rollout.service import RolloutService
 from vision_cases import (
     mixed_rows,
     png,
@@ -46,7 +47,11 @@ def models(model_dirs):
 
 def _engine(model_dir, **options) -> NativeRolloutEngine:
     return NativeRolloutEngine(
-        model_path=str(model_dir), max_num_seqs=8, max_model_len=512, cpu_cache_tokens=4096, **options
+        model_path=str(model_dir),
+        max_num_seqs=8,
+        max_model_len=512,
+        cpu_cache_tokens=4096,
+        **options,
     )
 
 
@@ -173,6 +178,18 @@ def test_a_weight_update_reaches_the_vision_tower(model_dirs, models):
     assert not torch.equal(before["responses"][:2], after["responses"][:2])
 
 
+def test_the_rollout_service_hands_the_images_to_the_engine(model_dirs, models):
+    """The workers' path (`RolloutService.generate`: the engine's request API, the images
+    with each prompt) gives the engine's own tokens and log-probs."""
+    model_dir = model_dirs["qwen2_5_vl"]
+    _, batch = prompts(model_dir, mixed_rows())
+    engine = _engine(model_dir)
+    served = RolloutService(engine).generate(batch, SAMPLED).batch
+    direct = engine.generate(batch, SAMPLED)
+    assert torch.equal(served["responses"], direct["responses"])
+    assert torch.equal(served["rollout_log_probs"], direct["rollout_log_probs"])
+
+
 def test_image_tokens_without_their_images_are_refused(model_dirs):
     model_dir = model_dirs["qwen2_vl"]
     _, batch = prompts(model_dir, mixed_rows())
@@ -189,4 +206,3 @@ def test_a_text_row_alone_runs_as_text(model_dirs, models):
     images = engine.vision.prompt_images([np.asarray(batch["input_ids"][0])], [None])
     assert images == [None]
     _greedy_matches(model, batch, engine.generate(batch, GREEDY))
-    assert AutoTokenizer.from_pretrained(model_dir) is not None

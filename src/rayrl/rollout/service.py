@@ -139,8 +139,8 @@ class RolloutService:
         call = _Call(policy or CallPolicy())
         done: dict[str, Responses] = {}
 
-        def decode(token_lists, sampling_, keys, driver) -> Responses:
-            done["out"] = self._decode(token_lists, sampling_, keys, driver, call)
+        def decode(token_lists, sampling_, keys, driver, images=None) -> Responses:
+            done["out"] = self._decode(token_lists, sampling_, keys, driver, call, images)
             return done["out"]
 
         if self.episodes is not None:
@@ -174,7 +174,8 @@ class RolloutService:
         keys = sample_keys(sampling.seed, int(prompts.meta["step"]), uids).numpy()
         ids, mask = prompts.tensors["input_ids"], prompts.tensors["attention_mask"].bool()
         token_lists = [row[m].tolist() for row, m in zip(ids, mask, strict=True)]
-        out = decode(token_lists, sampling, keys, None)
+        images = self.engine.prompt_images(prompts, token_lists, sampling)  # None: text
+        out = decode(token_lists, sampling, keys, None, images)
         return assemble_output(rows, uids, out, sampling.max_new_tokens, self.engine.pad_id)
 
     def _decode(
@@ -184,13 +185,15 @@ class RolloutService:
         keys: np.ndarray,
         driver: TurnDriver | None,
         call: _Call,
+        images: list | None = None,
     ) -> Responses:
-        """One job on the shared loop: the samples' responses (every turn)."""
+        """One job on the shared loop: the samples' responses (every turn); ``images``:
+        per prompt, its images as the engine takes them (`RolloutEngine.prompt_images`)."""
         engine = self.engine
         arrays = [np.asarray(p, dtype=np.int64) for p in token_lists]
         limits = np.full(len(arrays) * sampling.n, sampling.max_new_tokens, dtype=np.int64)
         driver = engine.prepare_call(arrays, np.asarray(keys), limits, sampling, driver)
-        job = Job(arrays, keys, limits, sampling, driver)
+        job = Job(arrays, keys, limits, sampling, driver, images)
         with engine.measured(with_turns=driver is not None) as timing:
             before = dict(self.loop.stats)
             self._calls[id(job)] = call

@@ -372,15 +372,15 @@ class NativeRolloutEngine(Serving, RolloutEngine):
         keys = sample_keys(sampling.seed, int(prompts.meta["step"]), uids).numpy()
         ids, mask = prompts.tensors["input_ids"], prompts.tensors["attention_mask"].bool()
         token_lists = [row[m].tolist() for row, m in zip(ids, mask, strict=True)]
-        images = self._prompt_images(prompts, token_lists, sampling)
+        images = self.prompt_images(prompts, token_lists, sampling)
         out = self.generate_token_ids(token_lists, sampling, keys=keys, images=images)
         return assemble_output(rows, uids, out, sampling.max_new_tokens, self.pad_id)
 
-    def _prompt_images(
+    def prompt_images(
         self, prompts: Batch, token_lists: list[list[int]], sampling: SamplingParams
     ) -> list[PromptImages | None] | None:
         """A vision-language model's prompts' images (`vision.VisionEncoder.prompt_images`,
-        from the rows' ``multi_modal_inputs``); None for a text model."""
+        from the rows' ``multi_modal_inputs``), for `add`; None for a text model."""
         if self.vision is None or not token_lists:
             return None
         self._check_ready(sampling)  # its tower's weights are set
