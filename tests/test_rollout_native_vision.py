@@ -46,13 +46,8 @@ def models(model_dirs):
 
 
 def _engine(model_dir, **options) -> NativeRolloutEngine:
-    return NativeRolloutEngine(
-        model_path=str(model_dir),
-        max_num_seqs=8,
-        max_model_len=512,
-        cpu_cache_tokens=4096,
-        **options,
-    )
+    options = {"max_num_seqs": 8, "max_model_len": 512, "cpu_cache_tokens": 4096, **options}
+    return NativeRolloutEngine(model_path=str(model_dir), **options)
 
 
 def _synced(model_dir, model) -> NativeRolloutEngine:
@@ -176,6 +171,21 @@ def test_a_weight_update_reaches_the_vision_tower(model_dirs, models):
     after = engine.generate(batch, GREEDY)
     _greedy_matches(changed, batch, after)
     assert not torch.equal(before["responses"][:2], after["responses"][:2])
+
+
+def test_a_preempted_sample_is_recomputed_with_its_images_and_positions(model_dirs, models):
+    """A KV cache too small for every sample: samples are preempted, recomputed from
+    prompt + response (the images spliced again, the response's positions continued from
+    the rope delta), and their log-probs are still the model's."""
+    model_dir, model = model_dirs["qwen2_5_vl"], models["qwen2_5_vl"]
+    _, batch = prompts(model_dir, mixed_rows())
+    long = SamplingParams(n=2, temperature=1.0, max_new_tokens=24, seed=3, ignore_eos=True)
+    engine = _engine(model_dir, cpu_cache_tokens=192, enable_prefix_caching=False)
+    out = engine.generate(batch, long)
+    assert engine.sched.preemptions > 0
+    for i in range(len(out)):
+        expected = reference_log_probs(model, out, i, model.config.image_token_id)
+        assert torch.allclose(out["rollout_log_probs"][i], expected, atol=1e-4), i
 
 
 def test_the_rollout_service_hands_the_images_to_the_engine(model_dirs, models):
