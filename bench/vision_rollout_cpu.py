@@ -6,8 +6,10 @@ validates greedily on 128 held-out prompts (`rayrl/config/demo_vision.yaml`). Bo
 engines run those calls on the demo's tiny Qwen2.5-VL (`rayrl.models.tiny_vision`,
 float32), in one process, alternating, the same seed and prompts each time; the
 samples are the same tokens (checked). Ratios only: the 2-core machines are shared.
+``--threads 1`` runs as a Ray worker of one CPU does (the rollout worker of the demo);
+the native engine's many small CPU ops suffer most from threads that contend.
 
-    python bench/vision_rollout_cpu.py [--repeats 5] [--out bench/results/FILE.jsonl]
+    python bench/vision_rollout_cpu.py [--repeats 5] [--threads N] [--out FILE.jsonl]
 
 Prints JSON lines: per engine and call, the median ``seconds``; then
 ``native_speedup`` (hf's median over native's) per call.
@@ -53,8 +55,11 @@ def _batch(model_dir: Path, size: int):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: its default)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_vision_model(Path(tmp) / "tiny")
         model = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
@@ -93,6 +98,7 @@ def main() -> None:
                     "value": round(medians["hf"] / medians["native"], 2),
                     "unit": "x",
                     "better": "higher",
+                    "threads": torch.get_num_threads(),
                 }
             )
     for line in lines:
