@@ -146,7 +146,7 @@ class ModelRunner:
     ):
         """The prefill forward, eager: its logits, and ``draw`` on the device (one copy
         with the step's inputs, ``images``' positions and placeholder rows too)."""
-        mrope, image_rows, features = images if images is not None else (_NO_TILES, _NO_TILES, [])
+        mrope, image_rows, features = images if images is not None else (_EMPTY, _EMPTY, [])
         parts = self._upload(
             [
                 host["input_ids"],
@@ -251,6 +251,7 @@ class ModelRunner:
 
 
 _NO_TILES = np.zeros(0, dtype=np.int64)
+_EMPTY = _NO_TILES  # no positions, no placeholder rows (a text step)
 
 
 def _fed(drawn: Tensor, rows: Tensor, host_ids: Tensor, mixed: bool) -> Tensor:
@@ -299,7 +300,7 @@ def _prefill_images(chunks: list[Chunk], q_start: np.ndarray) -> _Images | None:
     if all(c.job.images is None for c in chunks):
         return None
     mrope: list[np.ndarray] = []
-    rows: list[np.ndarray] = [_NO_TILES]
+    rows: list[np.ndarray] = [_EMPTY]
     features: list[Tensor] = []
     for chunk, first in zip(chunks, q_start[:-1].tolist(), strict=True):
         images = chunk.job.images
