@@ -1,7 +1,7 @@
-"""A vision-language policy in the config (issue 48): it loads with the hf rollout and a
-critic-free estimator (LoRA too), multi-turn episodes and asynchronous rollouts, verl's
-freeze_vision_tower and mm_processor_kwargs are read, and what is not built yet is
-refused before anything starts, naming what to change."""
+"""A vision-language policy in the config (issue 48): it loads with the hf or the native
+rollout and a critic-free estimator (LoRA too), multi-turn episodes (hf) and
+asynchronous rollouts, verl's freeze_vision_tower and mm_processor_kwargs are read, and
+what is not built yet is refused before anything starts, naming what to change."""
 
 from __future__ import annotations
 
@@ -46,10 +46,28 @@ def test_a_vision_language_policy_loads_with_verls_keys(tmp_path):
     assert cfg.data.mm_processor_kwargs == {"max_pixels": 12544}
 
 
+def test_a_vision_language_policy_loads_with_the_native_rollout(tmp_path):
+    model = _model(tmp_path)
+    cfg = load_config(
+        "grpo", [f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.rollout.name=native"]
+    )
+    assert cfg.actor_rollout_ref.rollout.name == "native"
+
+
 @pytest.mark.parametrize(
     "override, named, change",
     [
-        ("actor_rollout_ref.rollout.name=native", "native engine", "rollout.name=hf"),
+        (
+            "actor_rollout_ref.rollout.name=native "
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+            "tensor-parallel rollout on the native engine",
+            "tensor_model_parallel_size=1",
+        ),
+        (
+            "actor_rollout_ref.rollout.name=native actor_rollout_ref.rollout.multi_turn.enable=true",
+            "multi-turn episodes on the native engine",
+            "rollout.name=hf",
+        ),
         ("algorithm.adv_estimator=gae", "a critic", "adv_estimator=grpo"),
         ("data.loader=ray", "Ray Data loader", "data.loader=default"),
         (
@@ -70,7 +88,7 @@ def test_what_is_not_built_for_a_vision_language_policy_is_refused(
                 *MICRO,
                 f"actor_rollout_ref.model.path={model}",
                 "trainer.n_gpus_per_node=2",
-                override,
+                *override.split(),
             ],
         )
     message = str(refused.value)

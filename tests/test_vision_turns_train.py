@@ -96,3 +96,13 @@ def test_async_multi_turn_episodes_shown_images_train_one_step(ray_local, model,
     step = _step(model, tmp_path / "run", *ASYNC, *TURNS)
     assert step["async/replicas"] == 1
     _episodes_trained_exactly(step)
+
+
+def test_an_async_replica_on_the_native_engine_rolls_out_the_prompts_images(
+    ray_local, model, tmp_path
+):
+    """The native engine's vision tower on an asynchronous replica: the images reach its
+    prefill (the actor's log-probs are the rollout's), the tower's weights every sync."""
+    step = _step(model, tmp_path / "run", *ASYNC, "actor_rollout_ref.rollout.name=native")
+    assert step["async/replicas"] == 1 and step["async/staleness/max"] == 0
+    assert step["training/rollout_probs_diff_max"] < PROBS_DIFF

@@ -1,13 +1,15 @@
 """The config checks of a vision-language policy (issue 48), before anything starts.
 
-rayrl rolls out a vision-language model with the hf engine, single turns or multi-turn
-episodes whose tools and environments may show it more images
-(`rayrl.rollout.agent.rollout`), synchronously or on asynchronous replicas
-(``rollout.mode=async``: the prompts' images travel to the replicas and back), and
-trains it with GRPO-style critic-free estimators (every image of a sample spliced into
-the actor's and reference's forwards: `rayrl.train.vision_inputs`). What is not built
-yet is refused here, naming what to change: the native rollout engine, a critic,
-Ulysses sequence parallelism and the Ray Data loader. LoRA puts adapters on the vision tower's linear layers too (peft's
+rayrl rolls out a vision-language model with the hf engine or the native one (its own
+vision tower, the image features in the prefill, M-RoPE positions:
+`rayrl.rollout.native.vision`), single turns or, on the hf engine, multi-turn episodes
+whose tools and environments may show it more images (`rayrl.rollout.agent.rollout`),
+synchronously or on asynchronous replicas (``rollout.mode=async``: the prompts' images
+travel to the replicas and back), and trains it with GRPO-style critic-free estimators
+(every image of a sample spliced into the actor's and reference's forwards:
+`rayrl.train.vision_inputs`). What is not built yet is refused here, naming what to
+change: a tensor-parallel native rollout, multi-turn episodes on the native engine, a
+critic, Ulysses sequence parallelism and the Ray Data loader. LoRA puts adapters on the vision tower's linear layers too (peft's
 ``all-linear``), unless ``actor.freeze_vision_tower`` or ``model.exclude_modules``
 keeps them out of training. ``actor.freeze_vision_tower`` on a text-only model is refused too.
 Which families are run (Qwen2-VL, Qwen2.5-VL) is checked where the model's processor is
@@ -56,9 +58,15 @@ def _unbuilt(cfg: RayRLConfig, critic: bool) -> list[tuple[bool, str, str]]:
     sp = max(arr.actor.ulysses_sequence_parallel_size, arr.ref.ulysses_sequence_parallel_size)
     return [
         (
-            rollout.name == "native",
-            "its rollout on the native engine (images in its prefill, M-RoPE positions)",
-            f"set {ARR}.rollout.name=hf (or auto: the hf engine)",
+            rollout.name == "native" and rollout.tensor_model_parallel_size > 1,
+            "a tensor-parallel rollout on the native engine (its vision tower is not split)",
+            f"set {ARR}.rollout.tensor_model_parallel_size=1, or {ARR}.rollout.name=hf",
+        ),
+        (
+            rollout.name == "native" and rollout.multi_turn.enable,
+            "multi-turn episodes on the native engine (it feeds a prompt's images at its "
+            "prefill only, not a tool's or an environment's)",
+            f"set {ARR}.rollout.name=hf for multi-turn episodes with images",
         ),
         (
             critic,

@@ -45,6 +45,7 @@ from rayrl.data.errors import DataError
 from rayrl.data.files import read_rows
 from rayrl.data.prompt_images import PromptImages, RowImageError
 from rayrl.data.vision import VisionProcessor
+from rayrl.models.vision_language import IMAGE_COLUMN
 
 log = logging.getLogger(__name__)
 REQUIRED = ("data_source", "reward_model")
@@ -405,7 +406,7 @@ class PromptDataset(EpochBatches):
         if self.default_agent or any(r.get("agent_name") for r in self.rows):
             non_tensors["agent_name"] = column(lambda i: self.agent_of(self.rows[i]))
         if self.media.vision is not None:
-            non_tensors["multi_modal_inputs"] = column(self.multi_modal_inputs)
+            non_tensors[IMAGE_COLUMN] = column(self.multi_modal_inputs)
         return Batch(
             tensors={"input_ids": ids, "attention_mask": mask, "position_ids": position_ids},
             non_tensors=non_tensors,

@@ -59,6 +59,7 @@ from rayrl.data.dataset import (
 )
 from rayrl.data.prompt_images import PromptImages, RowImageError
 from rayrl.data.vision import VisionProcessor
+from rayrl.models.vision_language import IMAGE_COLUMN
 
 log = logging.getLogger(__name__)
 
@@ -324,7 +325,7 @@ class SFTDataset(EpochBatches):
         if self.media.vision is not None:
             column = np.empty(len(indices), dtype=object)
             column[:] = [self.multi_modal_inputs(i) for i in indices]
-            batch["multi_modal_inputs"] = column
+            batch[IMAGE_COLUMN] = column
         return batch
 
     def multi_modal_inputs(self, index: int) -> dict[str, torch.Tensor]:

@@ -37,20 +37,25 @@ from torch import Tensor, nn
 from rayrl.model_dirs import is_vision_language, local_config
 
 __all__ = [
+    "IMAGE_COLUMN",
     "IMAGE_INPUTS",
     "PROCESSOR_FILES",
     "RESPONSE_IMAGES",
     "SUPPORTED",
     "causal_lm_class",
     "copy_processor_files",
+    "image_features",
     "is_vision_language",
     "local_config",
     "multimodal_core",
+    "rope_index",
     "splice_image_features",
     "stack_images",
     "unsupported_reason",
     "vision_tower",
 ]
+
+IMAGE_COLUMN = "multi_modal_inputs"  # a Batch's non-tensor column of each row's images
 
 # model_type -> family name, for the messages
 SUPPORTED = {"qwen2_5_vl": "Qwen2.5-VL", "qwen2_vl": "Qwen2-VL"}
@@ -108,6 +113,33 @@ def vision_tower(model: nn.Module) -> nn.Module | None:
     return None if core is None else core.visual
 
 
+def image_features(core: nn.Module, pixel_values: Tensor, grid: Tensor) -> Tensor:
+    """The vision tower's merged features of every image, in order: ``[tokens, hidden]``
+    (the multimodal ``core``'s own ``get_image_features``: patch embedding, blocks,
+    merger)."""
+    return torch.cat(core.get_image_features(pixel_values, grid).pooler_output)
+
+
+def rope_index(
+    core: nn.Module,
+    ids: Tensor,
+    placeholders: Tensor,
+    grid: Tensor,
+    attention_mask: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """The model's M-RoPE positions ``[3, b, L]`` of ``ids`` ``[b, L]`` whose image tokens
+    are ``placeholders`` (bool, shaped like ``ids``), and each row's ``rope_deltas``
+    ``[b, 1]`` (a text token after the sequence sits at its index plus the delta on all
+    three axes): the ``core``'s own ``get_rope_index``."""
+    positions, deltas = core.get_rope_index(
+        ids,
+        mm_token_type_ids=placeholders.int(),
+        image_grid_thw=grid,
+        attention_mask=attention_mask,
+    )
+    return positions, deltas
+
+
 def stack_images(rows: Iterable[Mapping[str, Tensor] | None]) -> dict[str, Tensor] | None:
     """The images of ``rows`` (each a row's ``multi_modal_inputs``; empty or None for a
     row without images) as one model input: ``pixel_values`` and ``image_grid_thw``
@@ -138,7 +170,7 @@ def splice_image_features(
     (``pixel_values``, ``image_grid_thw`` = ``grid``, in placeholder order) put at the
     ``placeholders`` (bool, shaped like ``ids``), in row-major order."""
     embeds = core.get_input_embeddings()(ids)
-    features = torch.cat(core.get_image_features(pixel_values, grid).pooler_output)
+    features = image_features(core, pixel_values, grid)
     where = placeholders.unsqueeze(-1).expand_as(embeds)
     return embeds.masked_scatter(where, features.to(embeds.dtype))
 

@@ -85,6 +85,15 @@ class RolloutEngine(ABC):
     def is_asleep(self) -> bool:
         """True between `sleep` and `wake`; `generate` refuses to run then."""
 
+    def prompt_images(
+        self, prompts: Batch, token_lists: list[list[int]], sampling: SamplingParams
+    ) -> list[Any] | None:
+        """The images of ``prompts`` (their ``multi_modal_inputs``) as this engine's
+        request API takes them with each prompt of ``token_lists`` (``add(...,
+        images=)``), one per prompt (None: a text prompt); None where the engine takes
+        none through its requests (a text model, or images in `generate` only)."""
+        return None
+
     @classmethod
     def unsupported_reason(cls, device_type: str, model_config: Any) -> str | None:
         """Why ``rollout.name=auto`` should not pick this engine for the model of

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,9 +57,10 @@ class Job:
         limits: one response length limit per sample row.
         sampling: how every sample of the job draws (``n`` samples per prompt).
         driver: the episodes' driver, or None (single turns).
-        images: one entry per prompt, its images' pixel inputs (``multi_modal_inputs``;
-            empty or None for a prompt without images), for a vision-language engine;
-            None: no prompt has images.
+        images: per prompt, a vision-language prompt's images as its engine takes them
+            (`RolloutEngine.prompt_images`: the hf engine's pixel inputs, the native
+            engine's `PromptImages`; None: text), handed to ``engine.add`` with the
+            prompt; None: all text.
         outputs: per row, filled as samples finish.
         aborted: the job was aborted (`TurnLoop.abort`): its outputs are incomplete.
     """
@@ -69,7 +70,7 @@ class Job:
     limits: np.ndarray
     sampling: SamplingParams
     driver: TurnDriver | None = None
-    images: Sequence[Mapping[str, Any] | None] | None = None
+    images: Sequence[Any] | None = None  # per prompt: the engine's images, or None
     outputs: list[SampleOutput | None] = field(default_factory=list)
     aborted: bool = False
     remaining: int = 0
@@ -217,13 +218,9 @@ class TurnLoop:
             for i, prompt in enumerate(job.prompts):
                 rows = slice(i * n, (i + 1) * n)
                 images = job.images[i] if job.images is not None else None
+                extra = {"images": images} if images is not None else {}
                 added = self.engine.add(
-                    prompt,
-                    job.keys[rows],
-                    job.limits[rows],
-                    job.sampling,
-                    park=park,
-                    images=dict(images) if images else None,
+                    prompt, job.keys[rows], job.limits[rows], job.sampling, park=park, **extra
                 )
                 ids.extend(int(s) for s in added)
         except Exception as err:  # noqa: BLE001 - raised in the job's own thread
@@ -283,7 +280,7 @@ def run_batch(
     limits: np.ndarray,
     driver: TurnDriver | None = None,
     stats: dict[str, float] | None = None,
-    images: Sequence[Mapping[str, Any] | None] | None = None,
+    images: Sequence[Any] | None = None,
 ) -> Responses:
     """A batch of prompts through `TurnLoop` on its own: ``sampling.n`` samples each
     (rows adjacent), the `Responses` of every row; ``images``: `Job.images`."""

@@ -9,8 +9,10 @@ Both engines serve *requests* from a scheduler that lives as long as the engine
   returns their sample ids (engine-chosen, reused after `release`). With ``park`` a
   sample that ends a turn (a stop token or string, with room left) is *parked*: it
   keeps its KV cache and waits for `resume` (tokens to append: a tool's answer) or
-  `finish`. ``images``: the prompt's pixel inputs (a vision-language model's
-  ``multi_modal_inputs``); ``resume(sample, tokens, images)`` may append an
+  `finish`. ``images``: the prompt's images as the engine takes them
+  (`RolloutEngine.prompt_images`: the hf engine's pixel inputs, the row's
+  ``multi_modal_inputs``; the native engine's `PromptImages`); ``resume(sample, tokens,
+  images)`` may append an
   observation's (`rayrl.rollout.turns.TurnImages`). An engine without a vision tower
   refuses them.
 - ``step()`` runs one pass of the scheduler (a prefill, a decode, a commit) and returns
@@ -31,7 +33,7 @@ top-p, stops); the loop holds back a request that does not until the engine is e
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from torch import Tensor
@@ -77,7 +79,7 @@ class RequestEngine(Protocol):
         sampling: SamplingParams,
         *,
         park: bool = False,
-        images: dict | None = None,
+        images: Any = None,
     ) -> np.ndarray: ...
 
     def resume(self, sample: int, tokens: np.ndarray, images: TurnImages | None = None) -> None: ...

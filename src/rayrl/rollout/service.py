@@ -169,9 +169,9 @@ class RolloutService:
 
     def _single_turns(self, prompts: Batch, sampling: SamplingParams, decode) -> Batch:
         samples = sample_rows(prompts, sampling.n, sampling.seed, "RolloutService.generate")
-        images = prompts.non_tensors.get("multi_modal_inputs")  # a vision-language prompt's
-        pixels = None if images is None else list(images)
-        out = decode(samples.token_lists(), sampling, samples.keys.numpy(), None, pixels)
+        token_lists = samples.token_lists()
+        images = self.engine.prompt_images(prompts, token_lists, sampling)  # None: text
+        out = decode(token_lists, sampling, samples.keys.numpy(), None, images)
         width, pad = sampling.max_new_tokens, self.engine.pad_id
         return assemble_output(samples.rows, samples.uids, out, width, pad)
 
@@ -185,7 +185,7 @@ class RolloutService:
         images: list | None = None,
     ) -> Responses:
         """One job on the shared loop: the samples' responses (every turn); ``images``:
-        per prompt, its pixel inputs (`Job.images`)."""
+        per prompt, its images as the engine takes them (`RolloutEngine.prompt_images`)."""
         engine = self.engine
         arrays = [np.asarray(p, dtype=np.int64) for p in token_lists]
         limits = np.full(len(arrays) * sampling.n, sampling.max_new_tokens, dtype=np.int64)

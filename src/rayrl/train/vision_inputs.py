@@ -43,8 +43,11 @@ from torch.utils.hooks import RemovableHandle
 
 from rayrl.batch import Batch
 from rayrl.models.vision_language import (
+    IMAGE_COLUMN,
     RESPONSE_IMAGES,
+    image_features,
     multimodal_core,
+    rope_index,
     splice_image_features,
     stack_images,
 )
@@ -60,7 +63,6 @@ __all__ = [
 ]
 
 SPLICE_KEY = "rayrl_images"  # the forward keyword the splice hook takes (and removes)
-IMAGE_COLUMN = "multi_modal_inputs"  # the rows' images, a non-tensor column
 
 
 @dataclass
@@ -128,12 +130,7 @@ def image_inputs(vision: VisionModel, micro: Batch, response_len: int) -> ImageI
             placeable[row, start + torch.as_tensor(columns, dtype=torch.long)] = True
     placeholders = (ids == vision.image_token_id) & mask & placeable
     _check_counts(vision, placeholders, images["image_grid_thw"])
-    positions, _ = vision.core.get_rope_index(
-        ids,
-        mm_token_type_ids=placeholders.int(),
-        image_grid_thw=images["image_grid_thw"],
-        attention_mask=mask.long(),
-    )
+    positions, _ = rope_index(vision.core, ids, placeholders, images["image_grid_thw"], mask.long())
     splice = ImageSplice(images["pixel_values"], images["image_grid_thw"], placeholders)
     return ImageInputs(positions, splice)
 
@@ -185,7 +182,7 @@ def _splice(core: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | 
         ids, args = args[0], args[1:]
     if request.blank:
         embeds = core.get_input_embeddings()(ids)
-        features = _tower(core, *_blank_image(core, embeds))
+        features = image_features(core, *_blank_image(core, embeds))
         embeds = embeds + features.sum() * 0.0  # the tower ran; nothing of it is used
     else:
         assert request.pixel_values is not None and request.image_grid_thw is not None
@@ -194,11 +191,6 @@ def _splice(core: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | 
         )
     kwargs.update(input_ids=None, inputs_embeds=embeds, pixel_values=None, image_grid_thw=None)
     return args, kwargs
-
-
-def _tower(core: nn.Module, pixel_values: Tensor, grid: Tensor) -> Tensor:
-    """The vision tower's merged features of every image, in order: ``[tokens, hidden]``."""
-    return torch.cat(core.get_image_features(pixel_values, grid).pooler_output)
 
 
 def _blank_image(core: nn.Module, like: Tensor) -> tuple[Tensor, Tensor]:

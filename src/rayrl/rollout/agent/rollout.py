@@ -77,7 +77,7 @@ from rayrl.envs import (
     make_parser,
 )
 from rayrl.envs.toolbox import CLOSE_ERROR, OK, TIMEOUT
-from rayrl.models.vision_language import IMAGE_INPUTS, RESPONSE_IMAGES
+from rayrl.models.vision_language import IMAGE_COLUMN, IMAGE_INPUTS, RESPONSE_IMAGES
 from rayrl.rollout.agent.episodes import EVENT_KEYS, Episodes, EpisodeState
 from rayrl.rollout.agent.format import TurnFormat
 from rayrl.rollout.contract import (
@@ -97,7 +97,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Decode", "MultiTurnConfig", "MultiTurnRollout", "multi_turn_metrics"]
 
-IMAGE_COLUMN = "multi_modal_inputs"  # the rows' images (`rayrl.data.dataset`)
 
 # decode(token_lists, sampling, keys, driver, images) -> the samples' responses (every
 # turn); images: per prompt, its pixel inputs (`rayrl.rollout.loop.Job.images`) or None

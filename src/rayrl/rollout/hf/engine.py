@@ -42,6 +42,7 @@ import difflib
 import gc
 import logging
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -57,7 +58,7 @@ from transformers import (
 
 from rayrl import progress
 from rayrl.batch import Batch
-from rayrl.models.vision_language import is_vision_language, stack_images
+from rayrl.models.vision_language import IMAGE_COLUMN, is_vision_language, stack_images
 from rayrl.rollout.base import ROLLOUT_ENGINES, RolloutEngine, WeightSource
 from rayrl.rollout.contract import (
     Responses,
@@ -296,6 +297,14 @@ class HFRolloutEngine(RolloutEngine):
     def resume(self, sample: int, tokens, images: TurnImages | None = None) -> None:
         self.requests.resume(sample, tokens, images)
 
+    def prompt_images(
+        self, prompts: Batch, token_lists: list[list[int]], sampling: SamplingParams
+    ) -> list[Any] | None:
+        """The prompts' pixel inputs (their ``multi_modal_inputs``), as `add` takes them
+        (None for a prompt without images; None: no prompt has any)."""
+        column = prompts.non_tensors.get(IMAGE_COLUMN)
+        return None if column is None else [dict(x) if x else None for x in column]
+
     def finish(self, sample: int, stopped: bool) -> None:
         self.requests.finish(sample, stopped)
 
@@ -426,7 +435,7 @@ class HFRolloutEngine(RolloutEngine):
         marked = (ids == int(self.model.config.image_token_id)) & mask
         out = {"input_ids": ids, "attention_mask": inputs["attention_mask"]}
         out["mm_token_type_ids"] = marked.int()
-        column = rows.non_tensors.get("multi_modal_inputs")
+        column = rows.non_tensors.get(IMAGE_COLUMN)
         images = stack_images(column) if column is not None else None
         if images is not None:
             out.update({k: v.to(device) for k, v in images.items()})

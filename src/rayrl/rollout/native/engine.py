@@ -27,6 +27,15 @@ the next decode step takes the prefilled samples' first tokens from the device (
 drain of the overlapped decoding, no wait for them). Tensor-parallel, the
 episodes run on TP rank 0 and its answers reach the other ranks of the replica by
 broadcast (`tp_turns`).
+
+A vision-language model (Qwen2-VL, Qwen2.5-VL: `families.qwen2_vl`) runs its own vision
+tower, transformers' (`vision`), on the images of each prompt row (its
+``multi_modal_inputs``) once per `generate`; their features go into the prefill at the
+image placeholders, every token rotates by its M-RoPE positions, and each sample's
+decode positions continue from its prompt's ``rope_delta`` (`images`). KV blocks are
+cached by the prompt's images as well as its tokens (`prefix_cache`). Weight updates
+fill the tower too (a trained tower's, or merger's, new weights). Single-turn and
+synchronous with images, as the hf engine; not tensor-parallel yet.
 """
 
 from __future__ import annotations
@@ -44,11 +53,13 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from rayrl.batch import Batch
+from rayrl.models.vision_language import IMAGE_COLUMN
 from rayrl.rollout.base import ROLLOUT_ENGINES, RolloutEngine, WeightSource
 from rayrl.rollout.contract import Responses, assemble_output, sample_rows
 from rayrl.rollout.loop import run_batch
 from rayrl.rollout.native.attention import choose_kernels, triton_gaps
-from rayrl.rollout.native.families import rotary_tables, spec_of
+from rayrl.rollout.native.families import family_for, rotary_tables, spec_of
+from rayrl.rollout.native.images import PromptImages
 from rayrl.rollout.native.kv_cache import BlockAllocator, KVCache, cache_blocks_for
 from rayrl.rollout.native.loop_stats import call_stats, engine_counters, loop_stats
 from rayrl.rollout.native.model import NativeModel
@@ -64,6 +75,7 @@ from rayrl.rollout.native.step_loop import Stepper
 from rayrl.rollout.native.tp import call_fingerprint, digest, tensor_parallel_for
 from rayrl.rollout.native.tp_sampler import SplitVocabSampler
 from rayrl.rollout.native.tp_turns import LockstepTurns
+from rayrl.rollout.native.vision import VisionEncoder
 from rayrl.rollout.native.weights import NativeWeights, read_safetensors
 from rayrl.rollout.sampling import SamplingParams, sample_keys
 from rayrl.rollout.special_ids import eos_ids, pad_id
@@ -189,7 +201,15 @@ class NativeRolloutEngine(Serving, RolloutEngine):
         self.device = torch.device(device)
         self.dtype = engine_dtype(dtype, self.device)
         self.spec = spec_of(config)
+        if self.spec.mrope and tp_size > 1:
+            raise UnsupportedModelError(
+                f"{WHERE}: tp_size={tp_size} on a vision-language model ({self.spec.model_type}) "
+                "is not built yet (issue 48); set actor_rollout_ref.rollout."
+                "tensor_model_parallel_size=1, or use actor_rollout_ref.rollout.name=hf"
+            )
         self.tp = tensor_parallel_for(self.spec, tp_size, tp_group, self.device, WHERE)
+        # a vision-language model's tower (its weights come with the model's, below)
+        self.vision = VisionEncoder(config, self.dtype, self.device) if self.spec.mrope else None
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids(gen_config, config, tokenizer)
         self.pad_id = pad_id(gen_config, tokenizer, self.eos_ids, WHERE)
@@ -222,6 +242,8 @@ class NativeRolloutEngine(Serving, RolloutEngine):
             and self.prefill_graph_tokens > 0
         )
         self.model = NativeModel(self.local_spec, self.weights, cos, sin, self.kernels, self.tp)
+        if self.spec.mrope:
+            self.model.mrope_rotary = family_for(config).mrope_rotary(config, self.device)
         moe = self.local_spec.moe if record_routes else None
         blocks = cache_blocks_for(
             self.local_spec,
@@ -229,7 +251,7 @@ class NativeRolloutEngine(Serving, RolloutEngine):
             block_size,
             device=self.device,
             gpu_memory_utilization=gpu_memory_utilization,
-            engine_bytes=self.weights.nbytes() + self._activation_bytes(),
+            engine_bytes=self.weights.nbytes() + self._vision_bytes() + self._activation_bytes(),
             cpu_cache_tokens=cpu_cache_tokens,
             max_blocks=CACHE_HEADROOM * max_num_seqs * -(-self.max_model_len // block_size),
             extra_bytes_per_token=RouteStore.bytes_per_slot(moe) if moe else 0,
@@ -286,6 +308,8 @@ class NativeRolloutEngine(Serving, RolloutEngine):
             spec = spec_of(model_config)
         except UnsupportedModelError as err:
             return str(err)
+        if spec.mrope:  # its image prefill is tested on CPU only: asked for by name
+            return "a vision-language model runs on it when named (rollout.name=native)"
         return triton_gaps(spec, spec.max_positions)
 
     @classmethod
@@ -309,19 +333,33 @@ class NativeRolloutEngine(Serving, RolloutEngine):
     def _needed(self) -> set[str]:
         """The names a complete load fills."""
         names = set(self.weights.names)
+        if self.vision is not None:
+            names.update(self.vision.names)
         if self.spec.tie_embeddings:
             names.discard("lm_head.weight")
         return names
 
     def _load_all(self, state, sharded: bool = False) -> None:
         seen: list[str] = []
-        self.weights.load(_noting(state, seen), WHERE, sharded)
+        self.weights.load(_noting(self._routed(state, seen), seen), WHERE, sharded)
         missing = self._needed() - self.weights.filled(seen)
         if missing:
             raise KeyError(
                 f"{WHERE}: the checkpoint lacks {len(missing)} tensors the model needs, e.g. "
                 f"{sorted(missing)[:3]}; is it a complete {self.spec.model_type} checkpoint?"
             )
+
+    def _routed(
+        self, pairs: Mapping[str, Tensor] | Iterable[tuple[str, Tensor]], seen: list[str]
+    ) -> Iterable[tuple[str, Tensor]]:
+        """``pairs`` for the language model's weights: a vision-language model's tower
+        tensors copied into its tower on the way (noted in ``seen``), the others renamed
+        as on disk (`vision.VisionEncoder.take`)."""
+        pairs = pairs.items() if isinstance(pairs, Mapping) else pairs
+        return pairs if self.vision is None else self.vision.take(pairs, seen)
+
+    def _vision_bytes(self) -> int:
+        return 0 if self.vision is None else self.vision.nbytes()
 
     def _activation_bytes(self) -> int:
         """Upper bound of the memory a step needs besides weights and cache (the logits
@@ -341,10 +379,24 @@ class NativeRolloutEngine(Serving, RolloutEngine):
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
         """Sample ``sampling.n`` responses per prompt; see `RolloutEngine.generate`."""
         samples = sample_rows(prompts, sampling.n, sampling.seed, f"{WHERE}.generate")
-        keys = samples.keys.numpy()
-        out = self.generate_token_ids(samples.token_lists(), sampling, keys=keys)
+        token_lists, keys = samples.token_lists(), samples.keys.numpy()
+        images = self.prompt_images(samples.prompts, token_lists, sampling)
+        out = self.generate_token_ids(token_lists, sampling, keys=keys, images=images)
         width = sampling.max_new_tokens
         return assemble_output(samples.rows, samples.uids, out, width, self.pad_id)
+
+    def prompt_images(
+        self, prompts: Batch, token_lists: list[list[int]], sampling: SamplingParams
+    ) -> list[PromptImages | None] | None:
+        """A vision-language model's prompts' images (`vision.VisionEncoder.prompt_images`,
+        from the rows' ``multi_modal_inputs``), for `add`; None for a text model."""
+        if self.vision is None or not token_lists:
+            return None
+        self._check_ready(sampling)  # its tower's weights are set
+        column = prompts.non_tensors.get(IMAGE_COLUMN)
+        rows = list(column) if column is not None else [None] * len(token_lists)
+        arrays = [np.asarray(p, dtype=np.int64) for p in token_lists]
+        return self.vision.prompt_images(arrays, rows)
 
     def generate_token_ids(
         self,
@@ -354,6 +406,7 @@ class NativeRolloutEngine(Serving, RolloutEngine):
         keys: np.ndarray | None = None,
         max_new_tokens: Sequence[int] | None = None,
         turns: TurnDriver | None = None,
+        images: Sequence[PromptImages | None] | None = None,
     ) -> Responses:
         """Generate from unpadded token-id prompts; rows as in `generate` (samples
         adjacent): a thin loop over the request API (`rayrl.rollout.loop`).
@@ -367,6 +420,8 @@ class NativeRolloutEngine(Serving, RolloutEngine):
                 tokens too (log-prob 0), and the length limit counts them. Tensor-
                 parallel, TP rank 0's driver runs the episodes and the other ranks
                 apply its answers (`tp_turns`); they pass `tp_turns.FollowerTurns`.
+            images: a vision-language model's prompts' images, one per prompt (None: a
+                text prompt), as `generate` makes them from the rows.
         """
         n_rows = len(prompts) * sampling.n
         if keys is None:
@@ -382,7 +437,9 @@ class NativeRolloutEngine(Serving, RolloutEngine):
             empty = torch.zeros(0, 0)
             return Responses(empty.long(), empty.sum(1).long(), empty, empty.sum(1).bool())
         with self.measured(with_turns=turns is not None) as timing:
-            return run_batch(self, arrays, sampling, keys, limits, turns, stats=timing)
+            return run_batch(
+                self, arrays, sampling, keys, limits, turns, stats=timing, images=images
+            )
 
     def prepare_call(
         self,
@@ -477,12 +534,13 @@ class NativeRolloutEngine(Serving, RolloutEngine):
             self.prefix.clear()
         if version is not None:
             self.sched.version = int(version)
-        if not self._unset:
-            return self.weights.load(weights, f"{WHERE}.update_weights", sharded)
         seen: list[str] = []
-        pairs = weights.items() if isinstance(weights, Mapping) else weights
-        copied = self.weights.load(_noting(pairs, seen), f"{WHERE}.update_weights", sharded)
-        self._unset -= self.weights.filled(seen)
+        before = 0 if self.vision is None else self.vision.copied
+        pairs = _noting(self._routed(weights, seen), seen)
+        copied = self.weights.load(pairs, f"{WHERE}.update_weights", sharded)
+        copied += 0 if self.vision is None else self.vision.copied - before
+        if self._unset:
+            self._unset -= self.weights.filled(seen)
         return copied
 
     # ------------------------------------------------------------------ memory

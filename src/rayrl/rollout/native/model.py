@@ -21,6 +21,15 @@ heads, KV heads, MLP columns, vocabulary rows: `rayrl.rollout.native.shards`),
 with an all-reduce (sum over the ranks) after the masked embedding lookup and after
 every layer's output and down projections; the logits are the rank's vocabulary rows.
 Without ``tp`` no collective is issued.
+
+A vision-language model's language model (`ModelSpec.mrope`: Qwen2-VL, Qwen2.5-VL) runs
+the same layers. A prefill step with images (`StepInput.mrope`) has its image features
+put at their placeholder rows after the embedding, and rotates each token by its three
+positions: per-token cos/sin tables from the model's own rotary module
+(``mrope_rotary``, `rayrl.rollout.native.families.qwen2_vl`), read at the tokens'
+indices. Every other step (decode, text) reads the one-axis table, which is M-RoPE's
+for a text token (its three positions equal, each offset by its prompt's
+``rope_delta``).
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ from typing import TypedDict
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from rayrl.rollout.native.attention import make_attention, triton_gaps
 from rayrl.rollout.native.fp8 import Fp8Weight, fp8_linear
@@ -96,6 +105,8 @@ class NativeModel:
         self._layers = [_LayerPlan.of(spec, i, cos, sin) for i in range(spec.layers)]
         self.experts: str | None = None  # how the experts run (`moe.EXPERT_PATHS`)
         self.routes: RouteStore | None = None  # each token's experts, where recorded
+        # M-RoPE: the model's rotary module, (x, positions [3, 1, T]) -> cos, sin [1, T, D]
+        self.mrope_rotary: nn.Module | None = None
         if spec.moe is not None:
             self.experts = expert_path(weights.device, weights.dtype, spec.moe, spec.hidden)
         self._embed_scale = spec.embed_scale
@@ -112,9 +123,13 @@ class NativeModel:
         this rank's vocabulary rows)."""
         w, reduce = self.weights, self._reduce
         residual, hidden = self._embed(step.input_ids), None
+        if step.image_rows is not None and step.image_features is not None:
+            features = step.image_features.to(residual.dtype)
+            residual = residual.index_copy(0, step.image_rows, features)
+        rope = self._mrope(step)
         for i, layer in enumerate(w.layers):
             x, residual = self._enter(hidden, residual, layer.attn_norm)
-            hidden = self._attend(i, layer, x, step, cache)
+            hidden = self._attend(i, layer, x, step, cache, rope)
             hidden = self._leave(hidden, layer.attn_out_norm)
             x, residual = self._enter(hidden, residual, layer.mlp_norm)
             hidden = reduce(self._mlp(i, layer, x, step.slot_mapping))
@@ -124,9 +139,34 @@ class NativeModel:
         hidden, _ = self._enter(hidden[rows], residual[rows], w.final_norm)
         return self._head(hidden)
 
-    def _attend(self, i: int, layer, x: Tensor, step: StepInput, cache: KVCache) -> Tensor:
-        """Layer ``i``'s attention output (all-reduced), o bias included."""
+    def _mrope(self, step: StepInput) -> tuple[Tensor, Tensor, Tensor] | None:
+        """A prefill with images: (the tokens' indices, per-token cos, sin) for the
+        rotary kernel; None for any other step (the layers' tables, `step.positions`)."""
+        if step.mrope is None:
+            return None
+        if self.mrope_rotary is None:
+            raise RuntimeError(
+                f"native rollout engine: a step with M-RoPE positions on a "
+                f"{self.spec.model_type} model, which has no M-RoPE rotary module"
+            )
+        probe = torch.zeros(1, dtype=torch.float32, device=step.mrope.device)
+        cos, sin = self.mrope_rotary(probe, step.mrope.unsqueeze(1))
+        indices = torch.arange(step.mrope.shape[1], device=step.mrope.device)
+        return indices, cos[0].contiguous(), sin[0].contiguous()
+
+    def _attend(
+        self,
+        i: int,
+        layer,
+        x: Tensor,
+        step: StepInput,
+        cache: KVCache,
+        rope: tuple[Tensor, Tensor, Tensor] | None = None,
+    ) -> Tensor:
+        """Layer ``i``'s attention output (all-reduced), o bias included; ``rope``: the
+        tokens' own rotary tables (`_mrope`) in place of the layer's."""
         s, ops, plan = self.spec, self.ops, self._layers[i]
+        positions, cos, sin = rope if rope is not None else (step.positions, plan.cos, plan.sin)
         n = x.shape[0]
         qkv = _linear(x, layer.qkv, layer.qkv_bias)
         qk_norm = None
@@ -137,9 +177,9 @@ class NativeModel:
         k_cache, v_cache = cache.layer(i)
         q = ops.rope_and_store(
             qkv,
-            step.positions,
-            plan.cos,
-            plan.sin,
+            positions,
+            cos,
+            sin,
             k_cache,
             v_cache,
             step.slot_mapping,

@@ -28,6 +28,7 @@ class Parking:
     """The scheduler's multi-turn part (module docstring)."""
 
     if TYPE_CHECKING:  # what `Scheduler` (and its `SampleTable`) provides
+        from rayrl.rollout.native.images import PromptImages
         from rayrl.rollout.native.kv_cache import BlockAllocator
 
         alloc: BlockAllocator
@@ -38,6 +39,7 @@ class Parking:
         resumes: int
         reclaimed: int
         prompt_of: list[np.ndarray | None]
+        images_of: list[PromptImages | None]
         blocks: list[list[int]]
         max_new: np.ndarray
         gen: np.ndarray
@@ -87,7 +89,13 @@ class Parking:
         self.turn_start[sample] = at + count
         prompt = self.prompt_of[sample]
         sequence = np.concatenate([prompt, self.tokens[sample, : at + count]])
-        job = Job(sequence, [sample], done=int(self.kv_len[sample]), blocks=self.blocks[sample])
+        job = Job(
+            sequence,
+            [sample],
+            done=int(self.kv_len[sample]),
+            blocks=self.blocks[sample],
+            images=self.images_of[sample],
+        )
         self.blocks[sample] = []
         self.n_blocks[sample] = 0
         self.waiting.appendleft(job)  # it holds KV blocks: let it use them first

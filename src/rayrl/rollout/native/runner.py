@@ -8,6 +8,11 @@ tokens and log-probs come back in one copy, the step's only synchronisation. A d
 step returns once it is queued (a `Launch`): the host waits for its tokens when it
 commits them, and the next step may take its input tokens from the device (`feed`),
 so that the device runs one step while the host does the bookkeeping of the last.
+
+A prefill step whose chunks hold a vision-language prompt's tokens (`images`) runs
+eager: the chunks' M-RoPE positions and image features (`_prefill_images`) go with it;
+a decode step is text and needs nothing more (its positions carry each prompt's
+``rope_delta``: `Scheduler.decode_inputs`), in CUDA graphs or not.
 """
 
 from __future__ import annotations
@@ -117,12 +122,17 @@ class ModelRunner:
         tiles = _tiles(host["q_start"]) if self.model.kernels == "triton" else _NO_TILES
         draw = [pick, keys[samples], sched.gen[samples]]  # the first tokens' draw's inputs
         graphs = self.prefill_graphs
+        images = _prefill_images(chunks, host["q_start"])
         since = time.perf_counter()
-        if graphs is not None and graphs.fits(len(host["input_ids"]), len(chunks)):
+        if (
+            graphs is not None
+            and images is None
+            and graphs.fits(len(host["input_ids"]), len(chunks))
+        ):
             pick_d, keys_d, gen_d = self._upload(draw)
             logits = graphs.forward(host, tiles)
         else:
-            logits, (pick_d, keys_d, gen_d) = self._eager_prefill(host, tiles, draw)
+            logits, (pick_d, keys_d, gen_d) = self._eager_prefill(host, tiles, draw, images)
         self.forward_s += time.perf_counter() - since
         if not len(samples):
             return None
@@ -131,9 +141,12 @@ class ModelRunner:
         drawn = self.sampler.draw(logits, keys_d, gen_d, params)
         return Launch(samples, drawn, *self.sampler.fetch(drawn))
 
-    def _eager_prefill(self, host: dict, tiles: np.ndarray, draw: list[np.ndarray]):
+    def _eager_prefill(
+        self, host: dict, tiles: np.ndarray, draw: list[np.ndarray], images: _Images | None
+    ):
         """The prefill forward, eager: its logits, and ``draw`` on the device (one copy
-        with the step's inputs)."""
+        with the step's inputs, ``images``' positions and placeholder rows too)."""
+        mrope, image_rows, features = images if images is not None else (_EMPTY, _EMPTY, [])
         parts = self._upload(
             [
                 host["input_ids"],
@@ -145,6 +158,8 @@ class ModelRunner:
                 host["last"],
                 *draw,
                 tiles,
+                mrope.reshape(-1),
+                image_rows,
             ]
         )
         input_ids, positions, slots, q_start, lens, rows, last = parts[:7]
@@ -163,6 +178,10 @@ class ModelRunner:
             seq_rows_host=host["seq_rows"].tolist(),
             tiles=parts[10].view(torch.int32).view(-1, 2) if len(tiles) else None,
         )
+        if images is not None:
+            step.mrope = parts[11].view(3, -1)
+            if features:
+                step.image_rows, step.image_features = parts[12], torch.cat(features)
         return self.model.forward(step, self.cache), parts[7:10]
 
     def _upload(self, arrays: list[np.ndarray]) -> list[Tensor]:
@@ -232,6 +251,7 @@ class ModelRunner:
 
 
 _NO_TILES = np.zeros(0, dtype=np.int64)
+_EMPTY = _NO_TILES  # no positions, no placeholder rows (a text step)
 
 
 def _fed(drawn: Tensor, rows: Tensor, host_ids: Tensor, mixed: bool) -> Tensor:
@@ -267,6 +287,33 @@ def _prefill_inputs(chunks: list[Chunk], table: np.ndarray, block_size: int) -> 
         "seq_rows": rows,
         "last": q_start[1:][completes] - 1,
     }
+
+
+# A prefill step's images: M-RoPE positions [3, T], placeholder rows [K], their features.
+_Images = tuple[np.ndarray, np.ndarray, list[Tensor]]
+
+
+def _prefill_images(chunks: list[Chunk], q_start: np.ndarray) -> _Images | None:
+    """The M-RoPE positions of a prefill step's tokens (a text chunk's three equal to its
+    indices), and the image placeholders among them with their features; None when no
+    chunk is of a prompt with images (the step runs as text: graphs allowed)."""
+    if all(c.job.images is None for c in chunks):
+        return None
+    mrope: list[np.ndarray] = []
+    rows: list[np.ndarray] = [_EMPTY]
+    features: list[Tensor] = []
+    for chunk, first in zip(chunks, q_start[:-1].tolist(), strict=True):
+        images = chunk.job.images
+        if images is None:
+            indices = np.arange(chunk.start, chunk.start + chunk.count, dtype=np.int64)
+            mrope.append(np.broadcast_to(indices, (3, chunk.count)))
+            continue
+        mrope.append(images.rope_positions(chunk.start, chunk.count))
+        offsets, rows_features = images.features_in(chunk.start, chunk.count)
+        if len(offsets):
+            rows.append(offsets + first)
+            features.append(rows_features)
+    return np.concatenate(mrope, axis=1), np.concatenate(rows), features
 
 
 def _tiles(q_start: np.ndarray) -> np.ndarray:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from rayrl.rollout.native.images import PromptImages
+
 __all__ = ["SampleTable"]
 
 # One value per sample: its limits and key, where it stands, its flags.
@@ -31,6 +33,8 @@ PER_SAMPLE = {
     "aborted": bool,
     "_where": np.int64,  # scratch of `Scheduler.rows_in`
     "chain": np.int64,  # the prefix cache's hash of its last full block
+    "rope_delta": np.int64,  # M-RoPE: a text token's position is its index plus this
+    "salt": np.int64,  # the prefix cache's key of its prompt's images (0: none)
 }
 # One value per response column: the token, its log-prob, the version that drew it.
 PER_TOKEN = {"tokens": np.int64, "log_probs": np.float32, "versions": np.int64}
@@ -55,6 +59,8 @@ class SampleTable:
     aborted: np.ndarray
     _where: np.ndarray
     chain: np.ndarray
+    rope_delta: np.ndarray
+    salt: np.ndarray
     tokens: np.ndarray
     log_probs: np.ndarray
     versions: np.ndarray
@@ -62,6 +68,7 @@ class SampleTable:
     def __init__(self, capacity: int, width: int) -> None:
         self.capacity, self.width = 0, 0
         self.prompt_of: list[np.ndarray | None] = []
+        self.images_of: list[PromptImages | None] = []  # its prompt's images (or None)
         self.blocks: list[list[int]] = []
         self.free_ids: list[int] = []
         self.retired: list[int] = []  # released ids not yet safe to reuse (`recycle`)
@@ -81,7 +88,7 @@ class SampleTable:
         for s in [int(s) for s in samples]:
             if not self.finished[s]:
                 raise ValueError(f"native rollout engine: sample {s} is not finished")
-            self.prompt_of[s] = None
+            self.prompt_of[s] = self.images_of[s] = None
             self.retired.append(s)
 
     def recycle(self, in_flight: np.ndarray | None) -> None:
@@ -109,6 +116,7 @@ class SampleTable:
             setattr(self, name, grown)
         if capacity > old_cap:
             self.prompt_of.extend([None] * (capacity - old_cap))
+            self.images_of.extend([None] * (capacity - old_cap))
             self.blocks.extend([] for _ in range(capacity - old_cap))
             self.free_ids = list(range(capacity - 1, old_cap - 1, -1)) + self.free_ids
         self.capacity, self.width = capacity, width

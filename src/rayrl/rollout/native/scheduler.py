@@ -68,6 +68,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from rayrl.rollout.native.images import PromptImages
 from rayrl.rollout.native.jobs import Chunk, Job
 from rayrl.rollout.native.kv_cache import BlockAllocator
 from rayrl.rollout.native.parking import Parking
@@ -135,18 +136,27 @@ class Scheduler(SampleTable, Parking):
         self._is_stop[self.stop_ids] = True
 
     def add(
-        self, prompt: np.ndarray, limits: np.ndarray, keys: np.ndarray, park: bool = False
+        self,
+        prompt: np.ndarray,
+        limits: np.ndarray,
+        keys: np.ndarray,
+        park: bool = False,
+        images: PromptImages | None = None,
     ) -> np.ndarray:
         """Queue ``prompt`` with ``len(limits)`` samples forking from it, sample k drawing
         with ``keys[k]`` and at most ``limits[k]`` response tokens; with ``park`` they
-        park at the end of each turn. Returns their sample ids."""
+        park at the end of each turn; ``images``: a vision-language prompt's (its
+        features, M-RoPE positions and cache key). Returns their sample ids."""
         limits = np.asarray(limits, dtype=np.int64).reshape(-1)
         count = len(limits)
         ids = self.take_ids(count, int(limits.max()))
         prompt = np.asarray(prompt, dtype=np.int64)
         for s in ids.tolist():
             self.prompt_of[s] = prompt
+            self.images_of[s] = images
             self.blocks[s] = []
+        self.rope_delta[ids] = 0 if images is None else images.delta
+        self.salt[ids] = 0 if images is None else images.salt
         self.max_new[ids] = limits
         self.keys[ids] = np.asarray(keys, dtype=np.int64).reshape(count)
         for name in ("gen", "kv_len", "n_blocks", "turn_start"):
@@ -160,7 +170,7 @@ class Scheduler(SampleTable, Parking):
         self.parks[ids] = park
         self.live += count
         self.parking += count if park else 0
-        self.waiting.append(Job(prompt, ids.tolist()))
+        self.waiting.append(Job(prompt, ids.tolist(), images=images))
         return ids
 
     def abort(self, samples) -> None:
@@ -292,7 +302,7 @@ class Scheduler(SampleTable, Parking):
         prefix cache is off)."""
         if self.prefix is None or job.done or job.blocks:
             return []
-        return self.prefix.match(job.tokens)
+        return self.prefix.match(job.tokens, job.salt)
 
     def _room(self, hits: list[int]) -> int:
         """Free blocks once ``hits`` are claimed (a hit still in the free pool leaves it)."""
@@ -324,7 +334,7 @@ class Scheduler(SampleTable, Parking):
                 continue
             self.prefilling.remove(job)
             if self.prefix is not None:  # its full blocks, found again by later jobs
-                self.chain[job.samples] = self.prefix.record(job.blocks, job.tokens)
+                self.chain[job.samples] = self.prefix.record(job.blocks, job.tokens, job.salt)
             self._fork(job)
             samples.extend(job.samples)
         samples = np.asarray(samples, dtype=np.int64)
@@ -404,16 +414,19 @@ class Scheduler(SampleTable, Parking):
         else:
             tokens = np.concatenate([prompt[start:], self.tokens[sample, : end - len(prompt)]])
         block = self.blocks[sample][last]
-        self.chain[sample] = prefix.extend(block, int(self.chain[sample]), tokens)
+        salt = int(self.salt[sample])
+        self.chain[sample] = prefix.extend(block, int(self.chain[sample]), tokens, salt)
 
     def decode_inputs(self, samples: np.ndarray) -> dict[str, np.ndarray]:
-        """Host arrays of a decode step: last tokens, positions, cache slots, rows, lengths."""
+        """Host arrays of a decode step: last tokens, positions, cache slots, rows, lengths.
+        A position is the rotary one: the token's index plus its prompt's M-RoPE
+        ``rope_delta`` (0 without images); its cache slot is by its index."""
         pos = self.kv_len[samples]
         rows = self.slot[samples]
         blocks = self.table[rows, pos // self.block_size].astype(np.int64)
         return {
             "input_ids": self.tokens[samples, self.gen[samples] - 1],
-            "positions": pos,
+            "positions": pos + self.rope_delta[samples],
             "slot_mapping": blocks * self.block_size + pos % self.block_size,
             "seq_rows": rows,
             "seq_lens": pos + 1,
@@ -532,7 +545,8 @@ class Scheduler(SampleTable, Parking):
         generated = self.tokens[sample, : self.gen[sample]]
         self._release(sample)
         self.kv_len[sample] = 0
-        self.waiting.appendleft(Job(np.concatenate([prompt, generated]), [sample]))
+        images = self.images_of[sample]
+        self.waiting.appendleft(Job(np.concatenate([prompt, generated]), [sample], images=images))
         self.preemptions += 1
 
     def _set_row(self, row: int, blocks: list[int]) -> None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rayrl.rollout.native.images import PromptImages
 from rayrl.rollout.native.stops import StopStrings
 from rayrl.rollout.requests import SampleOutput
 from rayrl.rollout.sampling import SamplingParams
@@ -51,10 +52,13 @@ class Serving:
         sampling: SamplingParams,
         *,
         park: bool = False,
-        images: dict | None = None,
+        images: PromptImages | None = None,
     ) -> np.ndarray:
-        """Queue one prompt and its samples (`rayrl.rollout.requests`); their ids."""
-        _no_images(images)
+        """Queue one prompt and its samples (`rayrl.rollout.requests`); their ids.
+        ``images``: a vision-language prompt's (`NativeRolloutEngine.prompt_images` makes
+        them; the raw pixel inputs an episode carries are refused: `_no_images`)."""
+        if images is not None and not isinstance(images, PromptImages):
+            _no_images(images)
         self._check_ready(sampling)
         prompt = np.asarray(prompt, dtype=np.int64)
         limits = np.asarray(limits, dtype=np.int64).reshape(-1)
@@ -68,7 +72,7 @@ class Serving:
         if not self.sched.live:
             self._draw_with(drawing)
         self._ensure_graphs()
-        return self.sched.add(prompt, limits, keys, park)
+        return self.sched.add(prompt, limits, keys, park, images)
 
     def _draw_with(self, drawing: SamplingParams) -> None:
         """Set the sampling every live sample shares: the draw, the stop ids and strings."""
@@ -156,10 +160,11 @@ class Serving:
 
 
 def _no_images(images: Any) -> None:
-    """The native engine feeds no images (a vision-language model rolls out on the hf
-    engine: `rayrl.config.vision_checks` refuses rollout.name=native for one)."""
+    """The native engine feeds a prompt's images at its prefill only: an episode's turns
+    with images (a tool's or an environment's) run on the hf engine
+    (`rayrl.config.vision_checks` refuses the setting before anything starts)."""
     if images:
         raise ValueError(
-            f"{WHERE}: a request with images, which the native engine does not feed; roll "
-            "out a vision-language model with actor_rollout_ref.rollout.name=hf"
+            f"{WHERE}: a multi-turn request with images, which the native engine does not "
+            "feed yet; roll out vision-language episodes with actor_rollout_ref.rollout.name=hf"
         )

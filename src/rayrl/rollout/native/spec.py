@@ -85,6 +85,10 @@ class ModelSpec:
     residual_scale: float = 1.0  # each sublayer's output, before the residual add (Granite)
     logits_divisor: float = 1.0  # the logits are divided by it (Granite)
     moe: MoESpec | None = None  # the layers' mixture-of-experts MLP (None: all dense)
+    # positions have three axes (time, height, width: Qwen2-VL's M-RoPE); a text token's
+    # are equal, so decode and text use the one-axis table, a prefill with images
+    # per-token tables from the model's rotary module (`families.qwen2_vl`)
+    mrope: bool = False
 
     @property
     def group(self) -> int:

@@ -35,6 +35,11 @@ class StepInput:
             as Python lists (prefill).
         tiles: prefill on CUDA only, [n, 2] (sequence, first query index) of each
             PREFILL_TILE query tokens.
+        mrope: a prefill with images (a vision-language model's), [3, T] each token's
+            M-RoPE positions (time, height, width); ``positions`` then stay the tokens'
+            indices (the cache's), and the rotation takes these.
+        image_rows, image_features: a prefill with images, [K] the indices (into T) of
+            its image placeholder tokens and [K, hidden] the features put there.
     """
 
     input_ids: Tensor
@@ -50,3 +55,6 @@ class StepInput:
     seq_lens_host: list[int] | None = None
     seq_rows_host: list[int] | None = None
     tiles: Tensor | None = None
+    mrope: Tensor | None = None
+    image_rows: Tensor | None = None
+    image_features: Tensor | None = None

@@ -278,6 +278,13 @@ class Family:
         cos = torch.stack([c for c, _ in pairs]).to(device).contiguous()
         return cos, torch.stack([s for _, s in pairs]).to(device).contiguous()
 
+    def mrope_rotary(self, config, device) -> torch.nn.Module:
+        """A family whose positions have three axes (`ModelSpec.mrope`: Qwen2-VL's) returns
+        its transformers rotary module, which takes them; others have none."""
+        raise UnsupportedModelError(
+            f"native rollout engine: {config.model_type} has no multimodal (M-RoPE) positions"
+        )
+
     def rotary_class(self, config) -> type:
         """The family's ``<Family>RotaryEmbedding`` class."""
         name = (
