@@ -16,8 +16,11 @@ Per way it prints the sync's median seconds (rank 0), the collective calls per s
 (all-gathers, counted by the profiler on rank 0), and the peak bytes a rank held beyond
 its shards while the stream ran (the CPU allocator's live bytes, profiled on rank 0,
 each yielded tensor copied into a preallocated target and dropped, as
-``update_weights`` does); then the after/before ratios, and whether the two streams
-gave the same tensors bit for bit.
+``update_weights`` does; also over the bucket size); then the after/before ratios, and
+whether the two streams gave the same tensors bit for bit. On gloo a gathered bucket is
+counted about twice: gloo's all-gather fills a flat buffer of its own and copies it out
+(NCCL gathers in place), and the rank's packed shards (``1 / ranks`` of the bucket) live
+until the gather ends.
 
 Usage: ``python bench/moe_weight_sync.py [--ranks 2] [--experts 16] [--ep N]
 [--bucket-mb 16] [--repeats 5]``.
@@ -170,6 +173,7 @@ def main() -> None:
         emit(f"sync_s_{way}", median[way], "s", repeats=args.repeats)
         emit(f"all_gathers_{way}", result[way]["calls"], "calls")
         emit(f"peak_extra_mb_{way}", result[way]["peak"] / 2**20, "MiB")
+        emit(f"peak_extra_over_bucket_{way}", result[way]["peak"] / 2**20 / args.bucket_mb, "x")
     emit(
         "sync_time_ratio_after_over_before", median["after"] / median["before"], "x", better="lower"
     )
