@@ -132,8 +132,13 @@ def test_expert_parallelism_shrinks_what_fsdp_gathers_not_the_shards(tmp_path):
     assert one["update"].items["gathered layers"] > eight["update"].items["gathered layers"] + GiB
     # a rank's shard is 1/8 of every weight with or without expert parallelism
     assert eight["update"].items["actor weights"] == one["update"].items["actor weights"]
-    # the reference has no expert parallelism: it gathers every expert
-    assert eight["reference"].items["gathered layers"] == one["reference"].items["gathered layers"]
+    # the reference splits its experts as the actor does (ref.expert_parallel_size unset);
+    # at ref_ep=1 it gathers every expert of a layer
+    ref_one = {p.name: p for p in plan_memory(shape, replace(_setup(), ep=8, ref_ep=1)).phases}
+    assert eight["reference"].items["gathered layers"] < one["reference"].items["gathered layers"]
+    assert (
+        ref_one["reference"].items["gathered layers"] == (one["reference"].items["gathered layers"])
+    )
     assert plans[8].peak.total < plans[1].peak.total
     # sequence parallelism and hybrid sharding leave no room for expert parallelism yet
     assert [p.setup.ep for p in plans_by_ep(shape, _setup(sp=2))] == [1]

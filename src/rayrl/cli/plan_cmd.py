@@ -153,6 +153,10 @@ def training_setup(cfg, gpu_gib: float):
         gpu_memory_utilization=rollout.gpu_memory_utilization,
         free_cache_engine=rollout.free_cache_engine,
         ep=actor.expert_parallel_size,
+        # None: the reference follows the actor's size (also as `plans_by_ep` varies it)
+        ref_ep=None
+        if arr.ref.expert_parallel_size == actor.expert_parallel_size
+        else arr.ref.expert_parallel_size,
     )
 
 

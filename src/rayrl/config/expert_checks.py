@@ -1,4 +1,5 @@
-"""The check of ``actor_rollout_ref.actor.expert_parallel_size`` at load
+"""The check of ``actor_rollout_ref.actor.expert_parallel_size`` (and the reference's,
+``actor_rollout_ref.ref.expert_parallel_size``) at load
 (`check_expert_parallel`, called by `rayrl.config.validate`): the ranks that split a
 mixture-of-experts model's experts (`rayrl.train.expert_parallel`) must divide the
 actor's data-parallel world and the model's experts, and the model must have experts.
@@ -29,25 +30,45 @@ def model_experts(path: str | None) -> int | None | bool:
 
 
 def check_expert_parallel(cfg: RayRLConfig) -> None:
-    """ConfigError, naming the key, unless the actor's expert-parallel size fits."""
-    actor = cfg.actor_rollout_ref.actor
-    ep = int(actor.expert_parallel_size)
+    """ConfigError, naming the key, unless the actor's expert-parallel size fits, and the
+    reference's (``actor_rollout_ref.ref.expert_parallel_size``, the actor's unless set)
+    where it has a model of its own (not with LoRA: adapters off are its reference)."""
+    arr = cfg.actor_rollout_ref
+    actor, ref = arr.actor, arr.ref
+    _check_role(
+        "actor",
+        int(actor.expert_parallel_size),
+        cfg,
+        actor.ulysses_sequence_parallel_size,
+        actor.fsdp_config.fsdp_size,
+    )
+    if not arr.model.lora_rank:
+        _check_role(
+            "ref",
+            int(ref.expert_parallel_size),
+            cfg,
+            ref.ulysses_sequence_parallel_size,
+            ref.fsdp_config.fsdp_size,
+        )
+
+
+def _check_role(role: str, ep: int, cfg: RayRLConfig, sp: int, fsdp_size: int) -> None:
+    """One role's expert-parallel size against the world, its layout and the model."""
     if ep == 1:
         return
+    key = f"actor_rollout_ref.{role}.expert_parallel_size"
     if cfg.actor_rollout_ref.model.lora_rank:
         raise ConfigError(
-            f"actor_rollout_ref.actor.expert_parallel_size={ep} with "
+            f"{key}={ep} with "
             f"actor_rollout_ref.model.lora_rank={cfg.actor_rollout_ref.model.lora_rank}: LoRA "
             "adapters on experts split over ranks are not built yet (peft's expert adapters "
             "meet the ranks' expert shards in one matmul); set expert_parallel_size=1 for "
             "LoRA, or lora_rank=0 for expert parallelism"
         )
     try:
-        MeshSpec(
-            cfg.world_size, actor.ulysses_sequence_parallel_size, actor.fsdp_config.fsdp_size, ep
-        )
+        MeshSpec(cfg.world_size, sp, fsdp_size, ep, ep_key=key)
         experts = model_experts(cfg.actor_rollout_ref.model.path)
         if experts is not False:
-            check_experts(experts, ep, str(cfg.actor_rollout_ref.model.path))
+            check_experts(experts, ep, str(cfg.actor_rollout_ref.model.path), key)
     except MeshError as err:
         raise ConfigError(str(err)) from None

@@ -12,7 +12,8 @@ sequence-parallel groups; plain arithmetic, no torch.
   consecutive ranks form one sequence-parallel group that holds the same rows and
   splits each packed row's tokens between them; the ``world / sp`` groups are the
   data-parallel ranks (``dp_rank``, ``dp_size``).
-* **Experts** (`MeshSpec.ep`, ``actor.expert_parallel_size``): a mixture-of-experts
+* **Experts** (`MeshSpec.ep`, ``actor.expert_parallel_size``, the reference's
+  ``ref.expert_parallel_size``): a mixture-of-experts
   model's experts are split over groups of ``ep`` consecutive ranks, each holding
   ``experts / ep`` of them (`rayrl.train.expert_parallel`); the rows are split as
   without it (each rank is still its own data-parallel rank). The ranks that hold the
@@ -25,7 +26,7 @@ device meshes (`rayrl.train.mesh`) all read their layout from `MeshSpec`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["EP_KEY", "MeshError", "MeshSpec", "check_experts", "check_heads"]
 
@@ -48,12 +49,15 @@ class MeshSpec:
             ``world / fsdp_size`` groups.
         ep: expert-parallel size (1: off); must divide ``world``; not yet with ``sp``
             or hybrid sharding.
+        ep_key: the config key ``ep`` came from, for the errors (the actor's by default;
+            the reference's is ``actor_rollout_ref.ref.expert_parallel_size``).
     """
 
     world: int
     sp: int = 1
     fsdp_size: int = -1
     ep: int = 1
+    ep_key: str = field(default=EP_KEY, compare=False)
 
     def __post_init__(self) -> None:
         if self.world < 1:
@@ -80,12 +84,12 @@ class MeshSpec:
     def _check_ep(self) -> None:
         if self.ep < 1 or self.world % self.ep:
             raise MeshError(
-                f"{EP_KEY}={self.ep} must be at least 1 and divide the {self.world} "
+                f"{self.ep_key}={self.ep} must be at least 1 and divide the {self.world} "
                 f"data-parallel ranks; pick a divisor of {self.world}"
             )
         if self.ep > 1 and (self.sp > 1 or self.hybrid):
             raise MeshError(
-                f"{EP_KEY}={self.ep} does not run with Ulysses sequence parallelism or "
+                f"{self.ep_key}={self.ep} does not run with Ulysses sequence parallelism or "
                 "hybrid sharding yet; set ulysses_sequence_parallel_size=1 and "
                 "fsdp_config.fsdp_size=-1, or expert_parallel_size=1"
             )
@@ -162,19 +166,19 @@ def check_heads(num_heads: int, num_kv_heads: int, sp: int, where: str = "") -> 
         )
 
 
-def check_experts(num_experts: int | None, ep: int, where: str = "") -> None:
-    """MeshError unless ``ep`` ranks can split the model's ``num_experts`` experts
-    (None: not a mixture-of-experts model)."""
+def check_experts(num_experts: int | None, ep: int, where: str = "", key: str = EP_KEY) -> None:
+    """MeshError, naming ``key``, unless ``ep`` ranks can split the model's
+    ``num_experts`` experts (None: not a mixture-of-experts model)."""
     if ep <= 1:
         return
     at = f" ({where})" if where else ""
     if not num_experts:
         raise MeshError(
-            f"{EP_KEY}={ep}{at}: the model is not a mixture of experts (its config names "
+            f"{key}={ep}{at}: the model is not a mixture of experts (its config names "
             "no experts); set expert_parallel_size=1"
         )
     if num_experts % ep:
         raise MeshError(
-            f"{EP_KEY}={ep}{at} must divide the model's {num_experts} experts; pick a "
+            f"{key}={ep}{at} must divide the model's {num_experts} experts; pick a "
             f"divisor of {num_experts}"
         )

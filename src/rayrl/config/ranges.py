@@ -159,6 +159,7 @@ RANGES: dict[str, Range] = {
     ),
     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": COUNT,
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size": COUNT,
+    "actor_rollout_ref.ref.expert_parallel_size": COUNT,
     "actor_rollout_ref.nccl_timeout": SECONDS,
     # the critic
     **_optim("critic.optim"),

@@ -292,6 +292,11 @@ class RefConfig:
     log_prob_max_token_len_per_gpu: int = f"${{{_ACTOR}.ppo_max_token_len_per_gpu}}"  # type: ignore[assignment]
     use_torch_compile: bool = f"${{{_ACTOR}.use_torch_compile}}"  # type: ignore[assignment]
     ulysses_sequence_parallel_size: int = f"${{{_ACTOR}.ulysses_sequence_parallel_size}}"  # type: ignore[assignment]
+    # ranks that split a mixture-of-experts reference's experts, as the actor's do
+    # (`rayrl.train.expert_parallel`); the actor's size unless set, as verl's reference
+    # takes the actor's ulysses_sequence_parallel_size (verl's FSDP reference has no such
+    # key): must divide the world and the model's experts
+    expert_parallel_size: int = f"${{{_ACTOR}.expert_parallel_size}}"  # type: ignore[assignment]
 
 
 @dataclass

@@ -29,7 +29,8 @@ A mixture of experts (`ExpertShape`) with expert parallelism (``ep``,
 over the ``world/ep`` ranks holding the same ones, so its shard of weights, gradients
 and moments stays ``1/world`` of the model, as without it; what ``ep`` shrinks is the
 working set FSDP gathers, a layer's dense weights and ``1/ep`` of its experts. The
-reference has no expert parallelism: it gathers whole layers. Tokens travel to their
+reference splits its experts as the actor does unless ``ref_ep`` (``ref.expert_parallel_size``)
+says otherwise. Tokens travel to their
 experts' ranks and back (all-to-all); with balanced routing a rank runs as many expert
 copies as its own tokens chose, so the activations do not depend on ``ep`` (an
 unbalanced router's hot ranks hold more: not modelled). The rollout engine holds the
@@ -112,6 +113,7 @@ class TrainingSetup:
     gpu_memory_utilization: float = 0.5
     free_cache_engine: bool = True
     ep: int = 1  # actor.expert_parallel_size
+    ref_ep: int | None = None  # ref.expert_parallel_size; None: the actor's
     # on-policy distillation's teachers in the actor's processes (`distillation.nnodes=0`),
     # sharded and offloaded as the reference is
     teachers: tuple[ModelShape, ...] = ()
@@ -122,6 +124,11 @@ class TrainingSetup:
 
     def mesh(self) -> MeshSpec:
         return MeshSpec(self.world, self.sp, self.fsdp_size, self.ep)
+
+    @property
+    def reference_ep(self) -> int:
+        """The reference's expert-parallel size (the actor's unless ``ref_ep`` is set)."""
+        return self.ep if self.ref_ep is None else self.ref_ep
 
 
 @dataclass
@@ -216,8 +223,9 @@ class MemoryPlan:
             f"  experts: expert parallel {mesh.ep}: each rank holds {e.experts // mesh.ep} of "
             f"{e.experts} per layer, sharded over the {mesh.edp} rank(s) holding the same "
             f"ones; FSDP gathers {self.shape.gathered_layer(mesh.ep) / 1e9:.2f} B parameters "
-            f"of the largest layer at a time (the reference, without expert parallelism: "
-            f"{self.shape.gathered_layer() / 1e9:.2f} B)"
+            f"of the largest layer at a time (the reference, at expert parallel "
+            f"{self.setup.reference_ep}: "
+            f"{self.shape.gathered_layer(self.setup.reference_ep) / 1e9:.2f} B)"
         ]
 
     def largest(self, count: int = 3) -> list[tuple[str, float]]:
@@ -246,7 +254,8 @@ def plan_memory(shape: ModelShape, setup: TrainingSetup) -> MemoryPlan:
     ref_resident = 0.0 if setup.ref_offload or not setup.ref else ref_weights
     sharded = setup.world > 1 or setup.wrap_one_gpu
     gathered = float((2 * shape.gathered_layer(setup.ep) + shape.root_params) * compute)
-    ref_gathered = float((2 * shape.gathered_layer() + shape.root_params) * compute)
+    ref_layer = shape.gathered_layer(setup.reference_ep)
+    ref_gathered = float((2 * ref_layer + shape.root_params) * compute)
     if not setup.ref:
         ref_gathered = 0.0
     # backward: a layer's unsharded gradients, in the compute dtype and, mixed, the
@@ -275,7 +284,7 @@ def plan_memory(shape: ModelShape, setup: TrainingSetup) -> MemoryPlan:
     reference.items["reference weights"] = ref_weights if setup.ref else 0.0
     reference.items["rollout weights"] = rollout_weights
     reference.items["rollout KV cache"] = 0.0 if setup.free_cache_engine else kv_bytes
-    reference.items["gathered layers"] = max(gathered, ref_gathered)  # ref: no EP
+    reference.items["gathered layers"] = max(gathered, ref_gathered)
     reference.items["forward temporaries"] = (
         tokens * shape.activation_bytes() + 3 * chunk * shape.vocab * 4
     )

@@ -10,6 +10,13 @@ within a rank's sharding group (its replicas hold the same shards), so it stays 
 node. An unsharded parameter is cast
 (or, when it already has the dtype, handed over as it is, without a copy).
 
+A mixture-of-experts model under expert parallelism holds its experts on another mesh
+(``[edp, ep]``); they go in the same buckets as the other weights, each bucket's experts
+made whole by one all-gather of their own (`rayrl.train.expert_sync`), so a rank holds
+at most a bucket of gathered experts beyond its own shards, never all of a layer's
+experts one tensor after another with two collectives each. Without expert parallelism
+the experts are FSDP2 shards like any other weight.
+
 Names are the model's own (FSDP2 keeps Hugging Face names); tied parameters appear
 once, under their first name.
 
@@ -29,6 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from rayrl import progress
+from rayrl.train.expert_sync import expert_shard, gather_experts
 
 __all__ = [
     "DEFAULT_BUCKET_BYTES",
@@ -64,8 +72,9 @@ def _dim0_shard(param: Tensor) -> bool:
 
 def _gather_bucket(
     params: list[tuple[str, Tensor]], dtype: torch.dtype
-) -> list[tuple[str, Tensor]]:
-    """Full tensors of dim-0 shards on one mesh, with ONE all-gather for the bucket.
+) -> Iterator[tuple[str, Tensor]]:
+    """Full tensors of dim-0 shards on one mesh, with ONE all-gather for the bucket (run
+    by the call; the tensors are cut from it as they are consumed).
 
     Each rank packs its shards, cast to ``dtype`` and padded to the chunk size
     (``ceil(rows / world)`` rows, as FSDP2's ``torch.chunk`` split), into one buffer; after
@@ -91,13 +100,19 @@ def _gather_bucket(
     else:
         gathered = torch.empty(world * local.numel(), dtype=dtype, device=local.device)
         dist.all_gather_into_tensor(gathered, local, group=mesh.get_group(shard_dim))
-    gathered = gathered.view(world, -1)
-    out, at = [], 0
-    for (name, _), shape, size in zip(params, shapes, chunk, strict=True):
+    return _unpacked(gathered.view(world, -1), [n for n, _ in params], shapes, chunk)
+
+
+def _unpacked(
+    gathered: Tensor, names: list[str], shapes: list[torch.Size], chunk: list[int]
+) -> Iterator[tuple[str, Tensor]]:
+    """Each tensor of a gathered bucket (``[world, packed]``), made when it is asked
+    for: the bucket and one tensor at a time are held, not the bucket twice."""
+    at = 0
+    for name, shape, size in zip(names, shapes, chunk, strict=True):
         rows = gathered[:, at : at + size].reshape(-1, *shape[1:])
-        out.append((name, rows[: shape[0]].contiguous()))
+        yield name, rows[: shape[0]].contiguous()
         at += size
-    return out
 
 
 def rollout_weights(
@@ -107,15 +122,46 @@ def rollout_weights(
 
     Every rank of a sharded model must consume the whole iterator (each bucket's
     gather is a collective). FSDP2 parameters of a bucket are gathered together
-    (`_gather_bucket`); any other parameter alone, in order.
+    (`_gather_bucket`), expert-parallel weights of a bucket too
+    (`rayrl.train.expert_sync.gather_experts`); any other parameter alone, in order.
     """
     return stream_buckets(
         model,
         dtype,
         bucket_bytes,
-        bucket=lambda params: _gather_bucket(params, dtype),
+        bucket=lambda params: gather_any(params, dtype),
         single=lambda name, param: full_tensor(param, dtype),
+        shardable=bucketable,
     )
+
+
+def bucketable(param: Tensor) -> bool:
+    """A parameter a bucket gathers: an FSDP2 dim-0 shard or an expert-parallel weight."""
+    return _dim0_shard(param) or expert_shard(param)
+
+
+def gather_any(
+    params: list[tuple[str, Tensor]], dtype: torch.dtype
+) -> Iterator[tuple[str, Tensor]]:
+    """Full tensors of `bucketable` parameters on one mesh: one collective."""
+    if expert_shard(params[0][1]):
+        return gather_experts(params, dtype)
+    return _gather_bucket(params, dtype)
+
+
+Bucket = Callable[[list[tuple[str, Tensor]]], Iterable[tuple[str, Tensor]]]
+
+
+def _by_mesh(params: list[tuple[str, Tensor]], bucket: Bucket) -> Iterator[tuple[str, Tensor]]:
+    """`bucket` called once per device mesh of ``params`` (its collective run at once,
+    meshes in order of first appearance: the same on every rank; equal meshes are one),
+    the tensors then taken in the order of ``params``."""
+    groups: dict[Any, list[tuple[str, Tensor]]] = {}  # equal meshes (FSDP2 makes one per
+    for name, param in params:  # experts module, over the same ranks) share a call
+        groups.setdefault(param.device_mesh, []).append((name, param))
+    streams = {mesh: iter(bucket(part)) for mesh, part in groups.items()}
+    for _, param in params:
+        yield next(streams[param.device_mesh])
 
 
 def stream_buckets(
@@ -123,30 +169,34 @@ def stream_buckets(
     dtype: torch.dtype,
     bucket_bytes: int,
     *,
-    bucket: Callable[[list[tuple[str, Tensor]]], list[tuple[str, Tensor]]],
+    bucket: Bucket,
     single: Callable[[str, Tensor], Tensor],
     shardable: Callable[[Tensor], bool] = _dim0_shard,
 ) -> Iterator[tuple[str, Tensor]]:
-    """``(name, tensor)`` for every parameter in order: `shardable` parameters of one mesh
-    in buckets of about ``bucket_bytes`` (in ``dtype``), each bucket turned into its
-    tensors by one `bucket` call (a collective), any other parameter by `single`."""
-    pending: list[tuple[str, Tensor]] = []  # dim-0 shards on one mesh, not yet sent
+    """``(name, tensor)`` for every parameter in order: `shardable` parameters in buckets
+    of at most ``bucket_bytes`` (in ``dtype``; a larger tensor is a bucket of its own),
+    each bucket turned into its tensors by one `bucket` call (a collective) per device
+    mesh it holds (an expert-parallel model's experts and its other weights share a
+    bucket: two calls), any other parameter by `single`."""
+    pending: list[tuple[str, Tensor]] = []  # shards not yet sent, of one or more meshes
     size = 0
 
-    def flush() -> list[tuple[str, Tensor]]:
+    def flush() -> Iterator[tuple[str, Tensor]]:
         nonlocal pending, size
-        done = bucket(pending) if pending else []
+        if not pending:
+            return iter(())
+        done = _by_mesh(pending, bucket)
         pending, size = [], 0
-        if done:
-            progress.tick(weight_buckets=1)  # the watchdog sees the sync move
+        progress.tick(weight_buckets=1)  # the watchdog sees the sync move
         return done
 
     for name, param in model.named_parameters():
-        if shardable(param) and (not pending or param.device_mesh is pending[0][1].device_mesh):
-            pending.append((name, param))
-            size += param.numel() * dtype.itemsize
-            if size >= bucket_bytes:
+        if shardable(param):
+            nbytes = param.numel() * dtype.itemsize
+            if pending and size + nbytes > bucket_bytes:
                 yield from flush()
+            pending.append((name, param))
+            size += nbytes
             continue
         yield from flush()
         yield name, single(name, param)

@@ -9,7 +9,9 @@ GPU), refreshed in place before the first generation after an update from weight
 streamed in that dtype a bucket at a time (`TrainEngine.rollout_weights`: a sharded
 parameter is cast before it is gathered, so no rank ever holds the fp32 state).
 The reference policy is bf16 on a GPU (``ref.fsdp_config.model_dtype`` unset, as in
-verl); with LoRA it is the same model with its adapters disabled: no second copy.
+verl); with LoRA it is the same model with its adapters disabled: no second copy. A
+mixture-of-experts reference splits its experts over ``ref.expert_parallel_size`` ranks
+(the actor's ``expert_parallel_size`` unless set), as the actor does.
 ``actor.fsdp_config.param_offload`` (``ref.fsdp_config.param_offload``) keeps the
 actor's (reference's) weights in host memory between calls, ``optimizer_offload`` the
 Adam moments outside the optimizer step.
@@ -64,7 +66,7 @@ from rayrl.workers.common import (
     mean_metrics,
     optim_spec,
     per_rank_mini_batch,
-    reference_kwargs,
+    ref_engine_kwargs,
     rng_state,
     sampling_params,
     save_rng,
@@ -157,13 +159,7 @@ class ActorRolloutRefWorker(Worker):
                 trainable=False,
                 weights_from=self.actor,  # the actor's load, not a second read
                 join=self.joining,  # a replacement: its own shards, read alone
-                **reference_kwargs(
-                    arr.model,
-                    arr.ref.fsdp_config,
-                    seed,
-                    arr.ref.use_torch_compile,
-                    arr.ref.ulysses_sequence_parallel_size,
-                ),
+                **ref_engine_kwargs(arr, seed),
             )
         self.with_ref = with_ref
         self.tokenizer = with_chat_template(

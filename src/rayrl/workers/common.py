@@ -1,4 +1,4 @@
-"""Pieces the role workers share: engine arguments and sampling settings from the
+"""Pieces the role workers share: engine arguments (the reference's included) and sampling settings from the
 config, metric collection, the per-rank mini-batch size, the actor update's throughput
 and memory figures."""
 
@@ -126,6 +126,20 @@ def reference_kwargs(
     if not explicit and kwargs["mixed_precision"] and torch.cuda.is_available():
         kwargs["dtype"] = "bfloat16"
     kwargs["optimizer_offload"] = False
+    return kwargs
+
+
+def ref_engine_kwargs(arr: Any, seed: int) -> dict[str, Any]:
+    """TrainEngine keyword arguments of the ``actor_rollout_ref`` group's reference
+    policy, wherever it runs (in the actor's processes or on workers of its own):
+    `reference_kwargs` of ``ref.fsdp_config``, ``ref.use_torch_compile`` and
+    ``ref.ulysses_sequence_parallel_size``, and ``ref.expert_parallel_size`` (the actor's
+    unless set: a mixture-of-experts reference splits its experts as the actor does)."""
+    ref = arr.ref
+    kwargs = reference_kwargs(
+        arr.model, ref.fsdp_config, seed, ref.use_torch_compile, ref.ulysses_sequence_parallel_size
+    )
+    kwargs["expert_parallel_size"] = int(ref.expert_parallel_size)
     return kwargs
 
 

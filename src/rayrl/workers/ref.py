@@ -1,7 +1,9 @@
 """Reference: the frozen initial policy on its own workers (the standalone layout).
 
 Colocated runs keep the reference inside ActorRolloutRef; this worker serves runs
-that place it on separate resources. No optimizer, no gradients.
+that place it on separate resources. No optimizer, no gradients. A mixture-of-experts
+reference splits its experts over ``actor_rollout_ref.ref.expert_parallel_size`` ranks
+(the actor's size unless set), as the actor does.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from rayrl.batch import Batch
 from rayrl.config.schema import RayRLConfig
 from rayrl.controller import DP_SPLIT, ONE_TO_ALL, Worker, register
 from rayrl.train.outputs import IMAGE_COLUMN, MODEL_INPUTS
-from rayrl.workers.common import forward_sizes, logprob_temperature, reference_kwargs
+from rayrl.workers.common import forward_sizes, logprob_temperature, ref_engine_kwargs
 
 # The columns of the step's batch `compute_ref_log_prob` reads: the model's inputs and
 # the rows' images where prompts have them (as the actor's own reference pass reads).
@@ -29,13 +31,7 @@ class ReferenceWorker(Worker):
             model_path,
             trainable=False,
             join=self.joining,  # a replacement: its own shards, read alone
-            **reference_kwargs(
-                arr.model,
-                arr.ref.fsdp_config,
-                config.trainer.seed,
-                arr.ref.use_torch_compile,
-                arr.ref.ulysses_sequence_parallel_size,
-            ),
+            **ref_engine_kwargs(arr, config.trainer.seed),
         )
 
     def rebuild(self) -> None:

@@ -20,6 +20,9 @@ rank ``g % tp``, `rayrl.rollout.native.tp`):
   in order; all rows of the part's columns), never the whole tensor except for the small
   ones every rank holds whole. Per bucket a rank receives about ``1 / tp`` of it, where
   `rollout_weights` all-gathers the whole bucket to every rank;
+- a mixture of experts' weights under expert parallelism (on the ``[edp, ep]`` mesh) go
+  in the same buckets, made whole by one all-gather per bucket
+  (`rayrl.train.expert_sync`) and narrowed on each rank;
 - a parameter that is not a dim-0 shard on a 1-D mesh (one process, or HSDP's 2-D
   mesh) is made whole (``full_tensor()``, a collective) and narrowed on each rank, as
   `rollout_weights` followed by ``update_weights`` does.
@@ -32,7 +35,7 @@ gathers are collectives). LoRA adapters are not merged here: stream
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -40,6 +43,7 @@ from torch import Tensor, nn
 
 from rayrl.rollout.native.shards import TPShard
 from rayrl.rollout.native.spec import ModelSpec
+from rayrl.train.expert_sync import expert_shard, gather_experts
 from rayrl.train.weight_sync import DEFAULT_BUCKET_BYTES, full_tensor, stream_buckets
 
 __all__ = ["tp_rollout_weights"]
@@ -65,10 +69,21 @@ def tp_rollout_weights(
         model,
         dtype,
         bucket_bytes,
-        bucket=lambda params: _exchange(params, dtype, shards),
+        bucket=lambda params: _bucket(params, dtype, shards, mine),
         single=lambda name, param: mine.take(name, full_tensor(param, dtype)).contiguous(),
-        shardable=_dim0_shard,
+        shardable=lambda param: _dim0_shard(param) or expert_shard(param),
     )
+
+
+def _bucket(
+    params: list[tuple[str, Tensor]], dtype: torch.dtype, shards: list[TPShard], mine: TPShard
+) -> Iterable[tuple[str, Tensor]]:
+    """This rank's parts of one bucket's parameters on one mesh: FSDP2 shards by one
+    all-to-all (`_exchange`), expert-parallel weights made whole by one all-gather
+    (`rayrl.train.expert_sync`) and narrowed."""
+    if expert_shard(params[0][1]):
+        return ((n, mine.take(n, t).contiguous()) for n, t in gather_experts(params, dtype))
+    return _exchange(params, dtype, shards)
 
 
 def _dim0_shard(param: Tensor) -> bool:
