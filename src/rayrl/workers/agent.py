@@ -99,7 +99,7 @@ def rollout_service(
     cfg: RayRLConfig,
     tools: list[Tool],
     interactions: dict[str, Any],
-    tokenizer,
+    tokenizer: Any,
     receiver: bool = False,
 ) -> RolloutService:
     """The rollout service of a rollout worker: ``engine``, and with multi-turn rollouts

@@ -200,7 +200,7 @@ def load_rng(path: Any, rank: int) -> None:
         set_rng_state(torch.load(file, weights_only=False))
 
 
-def mean_metrics(outputs: list, state: Any) -> dict[str, float]:
+def mean_metrics(outputs: list[Any], state: Any) -> dict[str, float]:
     """Collect: per-rank metric dicts (or lists of them) averaged key by key."""
     sums: dict[str, list[float]] = defaultdict(list)
     stack = list(outputs)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -192,7 +192,9 @@ def judge_source(config: RayRLConfig, address: str, tokenizer: Any) -> Any:
     )
 
 
-def server_figures(before: dict, after: dict, wall_s: float) -> dict[str, float]:
+def server_figures(
+    before: dict[str, Any], after: dict[str, Any], wall_s: float
+) -> dict[str, float]:
     """A scoring's judge figures from the server's counts before and after it: verdict
     tokens per second of the scoring's wall time, mean request latency, mean batch."""
     requests = after["requests"] - before["requests"]
@@ -280,7 +282,7 @@ class RemoteJudge:
         """The replica's address as its worker last wrote it; True when it moved."""
         address = self.kv.get(str(self.replica), self.address, namespace=JUDGE_KV)
         moved, self.address = address != self.address, address
-        return moved
+        return cast(bool, moved)
 
     def stats(self) -> dict[str, float]:
         import json
