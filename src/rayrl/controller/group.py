@@ -41,6 +41,8 @@ from ray import ObjectRef
 
 from rayrl.cluster import ray_private
 from rayrl.cluster.bundle import Bundle
+from rayrl.cluster.kv import KVStore
+from rayrl.cluster.pool import ResourcePool
 from rayrl.controller.calls import CallHook
 from rayrl.controller.dispatch import MethodSpec, method_specs
 from rayrl.controller.errors import (
@@ -90,9 +92,9 @@ class WorkerGroup:
         bundles: list[Bundle],
         role: str,
         run: str = "",
-        kv: Any = None,
+        kv: KVStore | None = None,
         *,
-        pool: Any = None,
+        pool: ResourcePool | None = None,
         name: str | None = None,
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,

@@ -10,7 +10,7 @@ from typing import Any, TypedDict
 import torch
 
 from rayrl.batch import Batch
-from rayrl.config.schema import RayRLConfig
+from rayrl.config.schema import RayRLConfig, RefConfig, RolloutConfig
 from rayrl.rollout.sampling import SamplingParams
 from rayrl.train.optim import OptimSpec
 
@@ -71,7 +71,7 @@ class ForwardSizes(TypedDict, total=False):
     max_tokens_per_micro_batch: int | None
 
 
-def forward_sizes(group: Any) -> ForwardSizes:
+def forward_sizes(group: RolloutConfig | RefConfig) -> ForwardSizes:
     """Micro-batch size or token budget of a log-prob pass (a `rollout` or `ref` group)."""
     if group.log_prob_use_dynamic_bsz:
         return {"max_tokens_per_micro_batch": group.log_prob_max_token_len_per_gpu}
