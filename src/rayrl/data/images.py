@@ -70,7 +70,7 @@ def open_image(entry: object, base_dir: Path) -> tuple[Any, ImageBounds]:
         return _decode(bytes(entry), f"{len(entry)} bytes"), bounds
     if isinstance(entry, str) and entry.startswith("data:"):
         return _decode(_data_uri(entry), "a data: URI"), bounds
-    if isinstance(entry, str | os.PathLike[str]):
+    if isinstance(entry, str | os.PathLike):
         path = _local_path(entry, base_dir)
         try:
             data = path.read_bytes()

@@ -134,7 +134,7 @@ def model_identity(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def data_identity(files: Any) -> list[dict[str, Any]]:
     """Data files by absolute path and size (empty: the built-in synthetic task)."""
-    paths = [files] if isinstance(files, str | os.PathLike[str]) else list(files or [])
+    paths = [files] if isinstance(files, str | os.PathLike) else list(files or [])
     out = []
     for path in paths:
         p = Path(path)
