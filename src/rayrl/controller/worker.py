@@ -42,6 +42,7 @@ import ray
 
 from rayrl import reads
 from rayrl.cluster import ray_private
+from rayrl.cluster.kv import KVStore
 from rayrl.controller import calls
 from rayrl.controller.calls import hooked, running
 from rayrl.controller.pending import settled
@@ -70,7 +71,7 @@ class WorkerContext:
     local_rank: int = 0
     local_world_size: int = 1
     run: str = ""
-    kv: Any = None
+    kv: KVStore | None = None
     generation: int = 0
     scope: str = ""  # discovery keys live under it: unique to one WorkerGroup object
     usage_interval_s: float = 0.5  # resource-usage sampling period (0 disables it)

@@ -5,7 +5,7 @@ and memory figures."""
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 import torch
 
@@ -15,6 +15,11 @@ from rayrl.rollout.sampling import SamplingParams
 from rayrl.train.optim import OptimSpec
 
 # verl's short dtype names -> torch's
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+Config = TypeVar("Config", bound="DataclassInstance")  # a config group `_with` copies
+
 DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
@@ -129,7 +134,7 @@ def reference_kwargs(
     return kwargs
 
 
-def _with(config: Any, **changes: Any) -> Any:
+def _with(config: Config, **changes: Any) -> Config:
     import dataclasses
 
     return dataclasses.replace(config, **changes)

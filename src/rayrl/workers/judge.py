@@ -24,6 +24,7 @@ from typing import Any, cast
 
 import torch
 
+from rayrl.cluster.kv import KVStore
 from rayrl.config.judge import JudgeRolloutConfig
 from rayrl.config.judge_mode import judge_enabled, judge_on_own_pool
 from rayrl.config.schema import RayRLConfig
@@ -264,7 +265,7 @@ class RemoteJudge:
     step's recovery replaces the replica). `refresh` reads the address again: a
     replacement writes its own."""
 
-    def __init__(self, config: RayRLConfig, rank: int, kv: Any) -> None:
+    def __init__(self, config: RayRLConfig, rank: int, kv: KVStore) -> None:
         from transformers import AutoTokenizer
 
         rm = config.reward_model
