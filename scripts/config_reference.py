@@ -117,7 +117,9 @@ def _type_name(tp: typing.Any) -> str:
         return tp
     text = getattr(tp, "__name__", None) if not typing.get_args(tp) else None
     text = text or str(tp).replace("typing.", "")
-    return text.replace("NoneType", "None").replace("Any", "any")
+    text = text.replace("NoneType", "None").replace("Any", "any")
+    # a free-form mapping or list (typed `dict[Any, Any]` for mypy) reads as plain dict/list
+    return text.replace("dict[any, any]", "dict").replace("list[any]", "list")
 
 
 def _default(f) -> typing.Any:

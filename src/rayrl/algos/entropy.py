@@ -84,8 +84,10 @@ class _LogProbEntropy(torch.autograd.Function):
         return logp, ent
 
     @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, grad_logp: Tensor | None, grad_ent: Tensor | None) -> tuple:
+    @once_differentiable  # type: ignore[untyped-decorator]  # torch is not followed
+    def backward(
+        ctx: Any, grad_logp: Tensor | None, grad_ent: Tensor | None
+    ) -> tuple[Tensor | None, ...]:
         logits, labels, peak, lse, ent = ctx.saved_tensors
         dtype = lse.dtype
         grad = torch.empty_like(logits)
@@ -196,7 +198,7 @@ def entropy_from_logits(
     return _run(logits, labels, temperature, chunk_size, with_entropy=True)[1]
 
 
-@torch.no_grad()
+@torch.no_grad()  # type: ignore[untyped-decorator]  # torch is not followed
 def sum_pi_squared_from_logits(
     logits: Tensor, temperature: float = 1.0, chunk_size: int = DEFAULT_CHUNK
 ) -> Tensor:

@@ -24,7 +24,6 @@ coefficient from a :data:`KL_CONTROLLERS` controller) or as a loss term
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -166,7 +165,7 @@ def kl_loss(
     return loss, {"kl_loss": masked_mean(kl, response_mask).detach()}
 
 
-KL_CONTROLLERS: Registry[Callable[..., Any]] = Registry(
+KL_CONTROLLERS: Registry[Callable[..., FixedKLController | AdaptiveKLController]] = Registry(
     "KL controller", config_key="algorithm.kl_ctrl.type"
 )
 

@@ -76,7 +76,13 @@ def bt_loss(
     return losses, chosen.detach(), rejected.detach()
 
 
-def _log_ratios(chosen, rejected, ref_chosen, ref_rejected, beta):
+def _log_ratios(
+    chosen: Tensor,
+    rejected: Tensor,
+    ref_chosen: Tensor | None,
+    ref_rejected: Tensor | None,
+    beta: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(chosen log-ratio, rejected log-ratio, their rewards ``beta * ratio``)."""
     if ref_chosen is None or ref_rejected is None:
         raise ValueError("DPO and IPO need the reference model's log-probs of both responses")

@@ -27,7 +27,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 
@@ -45,14 +45,14 @@ class DataFrameLike(Protocol):
 
     columns: Iterable[str]
 
-    def to_dict(self, orient: str) -> list[dict]: ...
+    def to_dict(self, orient: str) -> list[dict[str, object]]: ...
 
 
 @runtime_checkable
 class HFDatasetLike(Protocol):
     """A Hugging Face `datasets.Dataset`, as far as it is used here."""
 
-    def to_list(self) -> list[dict]: ...
+    def to_list(self) -> list[dict[str, object]]: ...
 
 
 DatasetLike = (
@@ -84,19 +84,19 @@ def dataset_files(data: DatasetLike, out_dir: Path, split: str) -> DataFiles:
     return DataFiles([str(_write(converted, out_dir, split))], _columns(converted))
 
 
-def _filled(rows: list[dict]) -> list[dict]:
+def _filled(rows: list[dict[str, object]]) -> list[dict[str, object]]:
     """Rows with every column of any row, None where a row lacks it (as in a table)."""
     keys = list(dict.fromkeys(key for row in rows for key in row))
     return [{key: row.get(key) for key in keys} for row in rows]
 
 
-def _columns(rows: list[dict]) -> frozenset[str]:
+def _columns(rows: list[dict[str, object]]) -> frozenset[str]:
     """The extra columns of rows in rayrl's layout (their `extra_info` keys)."""
-    keys = {k for row in rows if isinstance(row.get("extra_info"), dict) for k in row["extra_info"]}
+    keys = {k for row in rows if isinstance(info := row.get("extra_info"), dict) for k in info}
     return frozenset(keys - {PROMPT_KEY})
 
 
-def _write(rows: list[dict], out_dir: Path, split: str) -> Path:
+def _write(rows: list[dict[str, object]], out_dir: Path, split: str) -> Path:
     """`rows` as `<out_dir>/<split>-<digest>.parquet` (written once, atomically)."""
     text = json.dumps(rows, sort_keys=True, default=repr)
     path = out_dir / f"{split}-{hashlib.sha1(text.encode()).hexdigest()[:12]}.parquet"
@@ -124,7 +124,7 @@ def _paths(data: object) -> list[PathLike] | None:
     return None
 
 
-def dataset_rows(data: object) -> list[dict]:
+def dataset_rows(data: object) -> list[dict[str, object]]:
     """The rows of a list of dicts, a DataFrame or a Hugging Face Dataset."""
     if isinstance(data, DataFrameLike) and not isinstance(data, Sequence):
         return [_plain_row(row) for row in data.to_dict("records")]
@@ -138,7 +138,7 @@ def dataset_rows(data: object) -> list[dict]:
     )
 
 
-def _plain_row(row: Mapping) -> dict[str, object]:
+def _plain_row(row: Mapping[Any, object]) -> dict[str, object]:
     """A row with its cells as Python values (`_plain`)."""
     return {str(k): _plain(v) for k, v in row.items()}
 
@@ -156,7 +156,7 @@ def _plain(value: object) -> object:
     return value
 
 
-def rayrl_row(row: dict, index: int) -> dict:
+def rayrl_row(row: dict[str, object], index: int) -> dict[str, object]:
     """One row in rayrl's layout (module docstring); DataError naming the row when it
     has no usable prompt."""
     if "reward_model" in row:

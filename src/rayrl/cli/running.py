@@ -96,7 +96,7 @@ def exit_code_of(work: Callable[[], Any]) -> int:
     from rayrl.rewards.loader import RewardFunctionError
     from rayrl.trainer.checkpoint import CheckpointWriteError
     from rayrl.trainer.resume import ResumeError
-    from rayrl.trainer.run import RunDirError
+    from rayrl.trainer.run_dir import RunDirError
     from rayrl.trainer.run_lock import RunDirLockedError
     from rayrl.trainer.tracking import TrackerUnavailable
     from rayrl.workers.agent import ToolConfigError

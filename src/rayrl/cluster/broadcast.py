@@ -123,7 +123,7 @@ class BroadcastMember:
     group: Any = None
     sent_bytes: int = 0
     received_bytes: int = 0
-    _keep: list = field(default_factory=list)
+    _keep: list[Any] = field(default_factory=list)
 
     def join(self, spec: BroadcastSpec, rank: int) -> None:
         """Be member `rank` of `spec` (a no-op when already); an older formation is dropped."""
@@ -167,7 +167,7 @@ class BroadcastMember:
             self.sent_bytes += tensor.numel() * tensor.element_size()
         _settle(tensors)
 
-    def receive(self, key: str, device: torch.device | str = "cpu") -> tuple[Any, list]:
+    def receive(self, key: str, device: torch.device | str = "cpu") -> tuple[Any, list[Any]]:
         """Members 1..: the sender's metadata and its tensors under `key`, on `device`."""
         spec = self._joined(self.rank)
         try:

@@ -27,7 +27,7 @@ import os
 import socket
 import time
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import ray
 
@@ -67,12 +67,12 @@ def free_port() -> int:
     """A TCP port that was free when asked (another process may take it before you bind)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("", 0))
-        return sock.getsockname()[1]
+        return cast(int, sock.getsockname()[1])
 
 
 def node_ip() -> str:
     """This node's IP address as Ray sees it (reachable from the other nodes)."""
-    return ray.util.get_node_ip_address()
+    return cast(str, ray.util.get_node_ip_address())
 
 
 def master_key(group: str, generation: int = 0) -> str:

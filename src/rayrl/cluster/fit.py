@@ -220,7 +220,7 @@ class _Search:
         return True
 
 
-def _size_key(unit: Unit, need: Mapping[str, float]) -> tuple:
+def _size_key(unit: Unit, need: Mapping[str, float]) -> tuple[float | str | int, ...]:
     rest = sum(v for k, v in need.items() if k not in ("GPU", "CPU") and "memory" not in k)
     return (-need.get("GPU", 0.0), -need.get("CPU", 0.0), -rest, unit.pool, unit.kind, unit.index)
 

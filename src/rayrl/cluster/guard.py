@@ -29,8 +29,9 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from rich.console import Group
 from rich.markup import escape
@@ -38,7 +39,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rayrl.cluster.fit import Unit, aggregate_shortfall, anchors, holds, pack, pool_units
-from rayrl.cluster.inspect import ClusterState, short_id, snapshot
+from rayrl.cluster.inspect import ActorInfo, ClusterState, short_id, snapshot
 from rayrl.cluster.spec import PoolSpec, format_amount
 from rayrl.cluster.tables import (
     groups_table,
@@ -163,7 +164,7 @@ def assess(pools: Sequence[PoolSpec], cluster: ClusterState) -> Verdict:
     return Verdict("never", units, None, reason, cluster)
 
 
-def _beyond_autoscaler(units: list[Unit], autoscaler: dict) -> str | None:
+def _beyond_autoscaler(units: list[Unit], autoscaler: dict[str, Any]) -> str | None:
     """Why the nodes the autoscaler may add could not hold the demand; None if they could
     (or if it does not say which node types it has)."""
     types = [t for t in autoscaler.get("node_types", []) if t.get("max_count", 0) != 0]
@@ -238,7 +239,7 @@ def check(
     *,
     poll_s: float = 0.5,
     log_every_s: float = 10.0,
-    autoscaler: dict | None | bool = True,
+    autoscaler: dict[str, Any] | None | bool = True,
 ) -> Verdict:
     """Return a "fits" verdict, waiting at most `timeout_s` for held resources or for
     nodes an autoscaler adds.
@@ -276,7 +277,7 @@ def check(
     return verdict
 
 
-def _looker(autoscaler: dict | None | bool):
+def _looker(autoscaler: dict[str, Any] | None | bool) -> Callable[[], ClusterState]:
     """A snapshot function that sets the cluster's autoscaler as `check` was told."""
 
     def look() -> ClusterState:
@@ -348,7 +349,7 @@ def _waiting_message(names: str, verdict: Verdict, left_s: float) -> str:
     )
 
 
-def loose_holder_line(actor) -> str:
+def loose_holder_line(actor: ActorInfo) -> str:
     """One line naming an actor outside placement groups and what it holds."""
     name = actor.name or actor.actor_id[:12]
     return (

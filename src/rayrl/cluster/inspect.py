@@ -14,6 +14,7 @@ import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import ray
 from ray.util.placement_group import PlacementGroup
@@ -129,7 +130,7 @@ class ClusterState:
     jobs_dead: dict[str, bool]
     actors: list[ActorInfo] = field(default_factory=list)
     attached: dict[str, list[str]] = field(default_factory=dict)
-    autoscaler: dict | None = None  # what ray_private.autoscaler() found, if any
+    autoscaler: dict[str, Any] | None = None  # what ray_private.autoscaler() found, if any
 
     def node(self, node_id: str) -> NodeInfo | None:
         return next((n for n in self.nodes if n.node_id == node_id), None)
@@ -260,12 +261,12 @@ def _plain(resources: dict[str, float]) -> dict[str, float]:
     }
 
 
-def _group(raw: dict, jobs_dead: dict[str, bool]) -> GroupInfo:
+def _group(raw: dict[str, Any], jobs_dead: dict[str, bool]) -> GroupInfo:
     job_dead = raw["job_dead"] or jobs_dead.get(raw["job_id"], False)
     return GroupInfo(**{**raw, "job_dead": job_dead})
 
 
-def _actor(raw: dict, jobs_dead: dict[str, bool]) -> ActorInfo:
+def _actor(raw: dict[str, Any], jobs_dead: dict[str, bool]) -> ActorInfo:
     fields = {k: raw[k] for k in ActorInfo.__dataclass_fields__ if k in raw}
     return ActorInfo(**fields, job_dead=jobs_dead.get(raw["job_id"], False))
 
@@ -295,7 +296,7 @@ def _attached_runs(jobs_dead: dict[str, bool]) -> dict[str, list[str]]:
     return found
 
 
-@ray.remote(num_cpus=0)
+@ray.remote(num_cpus=0)  # type: ignore[untyped-decorator]  # ray is not followed
 def _versions() -> dict[str, str]:
     import importlib.metadata as metadata
     import platform

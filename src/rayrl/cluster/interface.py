@@ -22,6 +22,7 @@ import logging
 import os
 import socket
 from dataclasses import dataclass
+from typing import cast
 
 __all__ = [
     "IFNAME_VARS",
@@ -73,7 +74,7 @@ def interface_holding(address: str) -> str | None:
         for addr in addrs:
             ip = addr.family in (socket.AF_INET, socket.AF_INET6)
             if ip and _canonical(addr.address.split("%")[0]) == wanted:
-                return name
+                return cast(str, name)
     return None
 
 

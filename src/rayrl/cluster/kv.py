@@ -22,7 +22,8 @@ from __future__ import annotations
 import contextlib
 import pickle
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import ray
 from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError
@@ -168,19 +169,21 @@ class KVStore:
     def delete(self, key: str, *, namespace: str = DEFAULT_NAMESPACE) -> bool:
         """Remove `key`; True if it was present."""
         _check_key(key, namespace)
-        return self._call("delete", namespace, key, writer_identity(), what=f"delete {key!r}")
+        removed = self._call("delete", namespace, key, writer_identity(), what=f"delete {key!r}")
+        return cast(bool, removed)
 
     def delete_prefix(self, prefix: str, *, namespace: str = DEFAULT_NAMESPACE) -> int:
         """Remove every key of `namespace` starting with `prefix` (non-empty); returns how many."""
         _check_key(prefix, namespace)
-        return self._call(
+        removed = self._call(
             "delete_prefix", namespace, prefix, writer_identity(), what=f"delete {prefix!r}*"
         )
+        return cast(int, removed)
 
     def list(self, prefix: str = "", *, namespace: str = DEFAULT_NAMESPACE) -> list[str]:
         """Sorted keys of `namespace` starting with `prefix`."""
         _check_name(namespace, "namespace")
-        return self._call("list", namespace, prefix, what=f"list {prefix!r}")
+        return cast("list[str]", self._call("list", namespace, prefix, what=f"list {prefix!r}"))
 
     def wait(self, key: str, timeout: float, *, namespace: str = DEFAULT_NAMESPACE) -> Any:
         """Block until `key` is present and return its value; KVTimeoutError after `timeout` s."""
@@ -193,19 +196,23 @@ class KVStore:
             raise KVTimeoutError.from_report(self.run, namespace, key, timeout, payload)
         return self._unbox(payload, is_ref, namespace, key)
 
-    def info(self, key: str, *, namespace: str = DEFAULT_NAMESPACE) -> dict | None:
+    def info(self, key: str, *, namespace: str = DEFAULT_NAMESPACE) -> dict[str, Any] | None:
         """How `key` is stored: stored_as ("inline" or "ref"), size_bytes, writer, time."""
         _check_key(key, namespace)
-        return self._call("info", namespace, key, what=f"info {key!r}")
+        return cast(
+            "dict[str, Any] | None", self._call("info", namespace, key, what=f"info {key!r}")
+        )
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """Counters (puts, gets, deletes, waits, timeouts, immediate_hits), wait_p50_ms,
         wait_p99_ms (arrival to wake-up), pending_waiters, keys per namespace, ref values."""
-        return self._call("stats", what="stats")
+        return cast("dict[str, Any]", self._call("stats", what="stats"))
 
     # -- internals -------------------------------------------------------------------
 
-    def _put_request(self, key: str, value: Any, namespace: str, writer: str | None) -> tuple:
+    def _put_request(
+        self, key: str, value: Any, namespace: str, writer: str | None
+    ) -> tuple[str, str, Any, bool, int, dict[str, Any]]:
         """The server's put request; a large value goes to the object store as an ObjectRef."""
         _check_key(key, namespace)
         size = estimate_size(value, key)
@@ -223,7 +230,9 @@ class KVStore:
             info = self._call("info", namespace, key, what=f"info {key!r}")
             raise self._lost(namespace, key, err, info) from err
 
-    def _lost(self, namespace: str, key: str, err: Exception, info: dict | None) -> KVStoreError:
+    def _lost(
+        self, namespace: str, key: str, err: Exception, info: dict[str, Any] | None
+    ) -> KVStoreError:
         info = info or {}
         return KVStoreError(
             f"The large value of key {key!r} (namespace {namespace!r}, run {self.run!r}) is lost "
@@ -298,7 +307,7 @@ def _check_timeout(timeout: float) -> float:
     return float(timeout)
 
 
-def kv_latency(kv: KVStore, n: int = 200, *, namespace: str = "bench") -> dict:
+def kv_latency(kv: KVStore, n: int = 200, *, namespace: str = "bench") -> dict[str, Any]:
     """Time `n` puts, gets and waits from this process; percentiles in milliseconds.
 
     The wait figure is put-to-wake-up: a wait is parked on the server first, then the
@@ -307,7 +316,7 @@ def kv_latency(kv: KVStore, n: int = 200, *, namespace: str = "bench") -> dict:
     """
     timings: dict[str, list[float]] = {"rpc": [], "put": [], "get": [], "wait": []}
 
-    def timed(name: str, fn, *args, **kwargs) -> None:
+    def timed(name: str, fn: Callable[..., object], *args: Any, **kwargs: Any) -> None:
         t0 = time.perf_counter()
         fn(*args, **kwargs)
         timings[name].append(time.perf_counter() - t0)

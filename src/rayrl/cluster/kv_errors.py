@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 # How many nearby keys a timeout message lists.
@@ -35,7 +36,7 @@ class KVTimeoutError(TimeoutError):
         run: str = "",
         waited_s: float = 0.0,
         nearest: list[str] | None = None,
-        last_write: dict | None = None,
+        last_write: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -46,14 +47,16 @@ class KVTimeoutError(TimeoutError):
         self.nearest = list(nearest or [])
         self.last_write = last_write
 
-    def __reduce__(self):
+    def __reduce__(
+        self,
+    ) -> tuple[Callable[[str, dict[str, Any]], KVTimeoutError], tuple[str, dict[str, Any]]]:
         state = {k: getattr(self, k) for k in ("key", "namespace", "run", "waited_s")}
         state.update(nearest=self.nearest, last_write=self.last_write)
         return (_rebuild_timeout, (self.message, state))
 
     @classmethod
     def from_report(
-        cls, run: str, namespace: str, key: str, timeout: float, report: dict
+        cls, run: str, namespace: str, key: str, timeout: float, report: dict[str, Any]
     ) -> KVTimeoutError:
         """Build the error (and its message) from the server's timeout report."""
         report = {**report, "nearest": nearest_keys(key, report)}
@@ -80,7 +83,7 @@ class KVTimeoutError(TimeoutError):
         )
 
 
-def nearest_keys(key: str, report: dict) -> list[str]:
+def nearest_keys(key: str, report: dict[str, Any]) -> list[str]:
     """Present keys close to a missing one: close spellings first, then its siblings.
 
     Ranked here, in the client, from the few candidates the server sent."""
@@ -92,11 +95,11 @@ def nearest_keys(key: str, report: dict) -> list[str]:
     return list(dict.fromkeys(nearest))[:NEAREST_KEYS]
 
 
-def _rebuild_timeout(message: str, state: dict) -> KVTimeoutError:
+def _rebuild_timeout(message: str, state: dict[str, Any]) -> KVTimeoutError:
     return KVTimeoutError(message, **state)
 
 
-def _history_lines(key: str, report: dict) -> list[str]:
+def _history_lines(key: str, report: dict[str, Any]) -> list[str]:
     """The 'what is around the missing key' part of a timeout message."""
     nearest = report["nearest"]
     if nearest:
@@ -128,7 +131,7 @@ def _ago(when: float) -> str:
     return f"at {stamp} ({time.time() - when:.1f} s ago)"
 
 
-def writer_identity(label: str | None = None) -> dict:
+def writer_identity(label: str | None = None) -> dict[str, Any]:
     """Who is calling: an explicit `label` plus Ray actor/task/worker/node ids and the pid.
 
     Computed per call (a few microseconds): a driver may reconnect to another cluster.
@@ -152,7 +155,7 @@ def writer_identity(label: str | None = None) -> dict:
     return identity
 
 
-def describe_writer(writer: dict | None) -> str:
+def describe_writer(writer: dict[str, Any] | None) -> str:
     """One line naming a writer: label, actor or driver, task, pid and node."""
     if not writer:
         return "an unknown writer"

@@ -54,7 +54,7 @@ class Entry:
     payload: Any
     is_ref: bool
     size: int
-    writer: dict
+    writer: dict[str, Any]
     time: float
 
 
@@ -81,9 +81,9 @@ class KVServer:
         self.started = time.time()
         self._data: dict[str, dict[str, Entry]] = {}
         self._sorted: dict[str, list[str]] = {}
-        self._waiters: dict[tuple[str, str], list[asyncio.Future]] = {}
+        self._waiters: dict[tuple[str, str], list[asyncio.Future[Entry]]] = {}
         # Last put/delete per key, oldest first, kept after deletion, for timeout reports.
-        self._history: dict[str, dict[str, dict]] = {}
+        self._history: dict[str, dict[str, dict[str, Any]]] = {}
         # Per namespace and key prefix: the latest puts under it (key, newest last).
         self._puts: dict[str, dict[str, deque[str]]] = {}
         self._wait_ms: deque[float] = deque(maxlen=WAIT_SAMPLES)
@@ -94,7 +94,7 @@ class KVServer:
         """Liveness check; returns the run name."""
         return self.run
 
-    def put(self, request: tuple[str, str, Any, bool, int, dict]) -> None:
+    def put(self, request: tuple[str, str, Any, bool, int, dict[str, Any]]) -> None:
         """Store (namespace, key, payload, is_ref, size, writer) and wake the key's waiters."""
         namespace, key, payload, is_ref, size, writer = request
         now = time.time()
@@ -119,7 +119,7 @@ class KVServer:
             return False, None, False
         return True, entry.payload, entry.is_ref
 
-    def delete(self, namespace: str, key: str, writer: dict) -> bool:
+    def delete(self, namespace: str, key: str, writer: dict[str, Any]) -> bool:
         """Remove the key; True if it was present. Its ObjectRef (if any) is released."""
         self._counts["deletes"] += 1
         if key not in self._data.get(namespace, {}):
@@ -127,14 +127,14 @@ class KVServer:
         self._drop(namespace, [key], writer)
         return True
 
-    def delete_prefix(self, namespace: str, prefix: str, writer: dict) -> int:
+    def delete_prefix(self, namespace: str, prefix: str, writer: dict[str, Any]) -> int:
         """Remove every key of the namespace starting with `prefix`; returns how many."""
         keys = self.list(namespace, prefix)
         self._counts["deletes"] += len(keys)
         self._drop(namespace, keys, writer)
         return len(keys)
 
-    def _drop(self, namespace: str, keys: list[str], writer: dict) -> None:
+    def _drop(self, namespace: str, keys: list[str], writer: dict[str, Any]) -> None:
         data, ordered, now = (
             self._data.get(namespace, {}),
             self._sorted.get(namespace, []),
@@ -150,7 +150,9 @@ class KVServer:
             self._data.pop(namespace, None)
             self._sorted.pop(namespace, None)
 
-    def _remember(self, namespace: str, key: str, op: str, writer: dict, when: float) -> None:
+    def _remember(
+        self, namespace: str, key: str, op: str, writer: dict[str, Any], when: float
+    ) -> None:
         """Record the latest operation on a key, keeping at most HISTORY_LIMIT keys."""
         history = self._history.setdefault(namespace, {})
         history.pop(key, None)
@@ -179,7 +181,7 @@ class KVServer:
             end = bisect.bisect_left(ordered, prefix[:-1] + chr(ord(prefix[-1]) + 1), start)
         return ordered[start:end]
 
-    def info(self, namespace: str, key: str) -> dict | None:
+    def info(self, namespace: str, key: str) -> dict[str, Any] | None:
         """How a key is stored (inline or as an ObjectRef), its size, writer and time."""
         entry = self._data.get(namespace, {}).get(key)
         if entry is None:
@@ -192,7 +194,7 @@ class KVServer:
             "payload_type": type(entry.payload).__name__,
         }
 
-    async def wait(self, request: tuple[str, str, float]) -> tuple:
+    async def wait(self, request: tuple[str, str, float]) -> tuple[str, Any, bool]:
         """Wait until (namespace, key) exists or `timeout` seconds pass.
 
         Returns ("ok", payload, is_ref) or ("timeout", report, False) where report holds
@@ -228,7 +230,7 @@ class KVServer:
                 if not parked and self._waiters.get((namespace, key)) is parked:
                     del self._waiters[(namespace, key)]
 
-    def _timeout_report(self, namespace: str, key: str, waited: float) -> dict:
+    def _timeout_report(self, namespace: str, key: str, waited: float) -> dict[str, Any]:
         """Raw facts about the neighbourhood of a key that never arrived (cheap to build:
         bisect and slices; the client ranks the candidates)."""
         ordered = self._sorted.get(namespace, [])
@@ -254,7 +256,7 @@ class KVServer:
         start = bisect.bisect_left(ordered, prefix)
         return [k for k in ordered[start : start + n] if k.startswith(prefix)]
 
-    def _last_write_near(self, namespace: str, key: str) -> dict | None:
+    def _last_write_near(self, namespace: str, key: str) -> dict[str, Any] | None:
         """The latest put, of a key still present, under the nearest ancestor prefix of
         `key` that has one."""
         index, data = self._puts.get(namespace, {}), self._data.get(namespace, {})
@@ -270,7 +272,7 @@ class KVServer:
                     }
         return None
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """Counters, wait-time percentiles (ms) and key counts per namespace."""
         samples = list(self._wait_ms)
         refs = [e for d in self._data.values() for e in d.values() if e.is_ref]

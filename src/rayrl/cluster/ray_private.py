@@ -30,7 +30,7 @@ import json
 import os
 import subprocess
 import time
-from typing import Any
+from typing import Any, cast
 
 import ray
 
@@ -60,7 +60,7 @@ def node_resources() -> tuple[dict[str, dict[str, float]], dict[str, dict[str, f
     return state.total_resources_per_node(), state.available_resources_per_node()
 
 
-def placement_groups() -> list[dict]:
+def placement_groups() -> list[dict[str, Any]]:
     """Every placement group the GCS holds (removed ones included), as plain dicts:
     group_id, name, state, strategy, job_id, job_dead, detached, namespace, bundles
     (resource dicts in index order) and bundle_nodes (node id or "" per bundle)."""
@@ -90,7 +90,7 @@ def placement_groups() -> list[dict]:
     return out
 
 
-def actors() -> list[dict]:
+def actors() -> list[dict[str, Any]]:
     """Every actor the GCS holds, as plain dicts: actor_id, name, namespace, class_name,
     state, job_id, detached, group_id (placement group, "" if none), node_id, pid and
     resources (what it holds while alive)."""
@@ -122,10 +122,10 @@ def actors() -> list[dict]:
 
 def actor_id(handle: Any) -> str:
     """The hex id of an actor handle."""
-    return handle._actor_id.hex()
+    return cast(str, handle._actor_id.hex())
 
 
-def actor_row(handle: Any) -> dict:
+def actor_row(handle: Any) -> dict[str, Any]:
     """What the GCS says of one actor: state, pid (0 before its process starts), node id."""
     row = _state().actors(actor_id(handle))
     return {
@@ -200,7 +200,7 @@ def stop_local_ray(grace_s: float = 0.5) -> bool:
     return True
 
 
-def _terminate(processes: list[subprocess.Popen], grace_s: float) -> None:
+def _terminate(processes: list[subprocess.Popen[Any]], grace_s: float) -> None:
     """SIGTERM to all of `processes` at once; SIGKILL to those alive `grace_s` later."""
     for process in processes:
         if process.poll() is None:
@@ -217,7 +217,7 @@ def _terminate(processes: list[subprocess.Popen], grace_s: float) -> None:
 # --- the GCS internal KV -----------------------------------------------------------------
 
 
-def kv_put(key: str, value: dict) -> None:
+def kv_put(key: str, value: dict[str, Any]) -> None:
     """Store a small JSON record in the GCS under rayrl's namespace (outlives every job)."""
     from ray.experimental import internal_kv
 
@@ -226,7 +226,7 @@ def kv_put(key: str, value: dict) -> None:
     )
 
 
-def kv_get(key: str) -> dict | None:
+def kv_get(key: str) -> dict[str, Any] | None:
     """A record `kv_put` stored, or None."""
     from ray.experimental import internal_kv
 
@@ -234,7 +234,7 @@ def kv_get(key: str) -> dict | None:
     return json.loads(raw) if raw else None
 
 
-def kv_list(prefix: str) -> dict[str, dict]:
+def kv_list(prefix: str) -> dict[str, dict[str, Any]]:
     """Every record whose key starts with `prefix`, by key."""
     from ray.experimental import internal_kv
 
@@ -255,7 +255,7 @@ def kv_delete(key: str) -> None:
     internal_kv._internal_kv_del(key, namespace=RAYRL_KV_NAMESPACE)
 
 
-def autoscaler() -> dict | None:
+def autoscaler() -> dict[str, Any] | None:
     """What the GCS shows of an autoscaler, or None when the cluster has none.
 
     Autoscaler v2 stores the cluster config in the GCS: node types with their resources
@@ -326,4 +326,4 @@ def actor_name_marker() -> str | None:
         from ray._private.ray_constants import LOG_PREFIX_ACTOR_NAME
     except ImportError:  # pragma: no cover - a Ray without the marker
         return None
-    return LOG_PREFIX_ACTOR_NAME
+    return cast(str, LOG_PREFIX_ACTOR_NAME)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from rayrl.config.async_training import AsyncTrainingConfig
 from rayrl.config.errors import ConfigError
 from rayrl.config.schema import RayRLConfig
 
@@ -78,7 +79,7 @@ def check_async(cfg: RayRLConfig, warn: Callable[[str], None]) -> None:
         )
 
 
-def _check_ranges(a) -> None:
+def _check_ranges(a: AsyncTrainingConfig) -> None:
     """The `async_training` keys' ranges: out of range is an error with or without a
     rollout pool (a config that trains synchronously today may declare one tomorrow)."""
     if a.staleness_threshold < 0:

@@ -78,7 +78,7 @@ class DistillationConfig:
     # teacher_model is the single teacher (its key is `default`); with others beside it,
     # it is dropped, as verl drops it, and each teacher scores the rows whose
     # `teacher_key` column equals its `key`
-    teacher_models: dict = field(default_factory=_default_teachers)
+    teacher_models: dict[Any, Any] = field(default_factory=_default_teachers)
     # what picks a row's teacher: a column of the rows (data_source) or an extra_info entry
     teacher_key: str = "data_source"
 

@@ -3,10 +3,13 @@ each refusal names the key to change."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rayrl.config.distill import teachers
 from rayrl.config.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rayrl.config.schema import RayRLConfig
 
 __all__ = ["DISTILL_LOSS_MODES", "check_distillation"]
 
@@ -15,7 +18,7 @@ DISTILL_LOSS_MODES = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl", "forwa
 KEY = "distillation.distillation_loss"
 
 
-def check_distillation(cfg: Any) -> None:
+def check_distillation(cfg: RayRLConfig) -> None:
     """`distillation.enabled`'s settings: a teacher for every row, a loss that trains
     (verl's refusal of a backpropagated k1, whose gradient does not see the teacher),
     a pool with ranks."""

@@ -13,6 +13,7 @@ reward model (a sequence classifier): `rayrl.config.judge_mode` says which.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -54,8 +55,8 @@ class JudgeConfig:
     # number: the last number in the verdict (within score_range, if set); label: the
     # last of `labels`' words in the verdict, scored by that map
     parser: str = "number"
-    labels: dict = field(default_factory=dict)  # label parser: verdict word -> score
-    score_range: list | None = None  # number parser: [low, high]; a number outside fails
+    labels: dict[Any, Any] = field(default_factory=dict)  # label parser: verdict word -> score
+    score_range: list[Any] | None = None  # number parser: [low, high]; a number outside fails
     max_tokens: int = 32  # tokens of each verdict
     temperature: float = 0.0  # 0: greedy verdicts
     concurrency: int = 64  # judge requests in flight from each reward worker

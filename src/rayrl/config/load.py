@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import yaml
 from omegaconf import OmegaConf
@@ -39,6 +39,12 @@ from rayrl.config.errors import warn as _warn
 from rayrl.config.nulls import settle_nulls
 from rayrl.config.paths import absolute_paths
 from rayrl.config.schema import RayRLConfig, schema_fields
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+# the config dataclass a `load_structured` call builds
+Schema = TypeVar("Schema", bound="DataclassInstance")
 
 BUILTIN_DIR = Path(__file__).resolve().parent
 PARSE_ERRORS = (yaml.YAMLError, OmegaConfBaseException, ValueError)
@@ -151,7 +157,8 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
     # them) set the key like `key=value`: every key here is in the schema.
     plain = [o.lstrip("+") for o in overrides]
     try:
-        return OmegaConf.to_container(OmegaConf.from_dotlist(plain))
+        nested: dict[str, Any] = OmegaConf.to_container(OmegaConf.from_dotlist(plain))
+        return nested
     except PARSE_ERRORS:
         pass
     for override in plain:  # which one does not parse
@@ -215,7 +222,7 @@ _TABLE = rule_table(RULES, RayRLConfig)
 REWARD_MODEL_MICRO_BATCH = 8  # sequences per reward-model forward when none is given
 
 
-def source_data(data: dict[str, Any], origin: str, warn: Callable[[str], None]) -> dict:
+def source_data(data: dict[str, Any], origin: str, warn: Callable[[str], None]) -> dict[str, Any]:
     """What `load_config` does with one source's nested dict before merging it: verl
     compatibility (`rayrl.config.compat`: rollout names, moved keys, keys
     without effect, refused features), then known keys only, and nulls where a key
@@ -240,12 +247,12 @@ def _structured(schema: type) -> Any:
 
 
 def load_structured(
-    schema: type,
+    schema: type[Schema],
     source: str | os.PathLike[str] | object | None,
     overrides: Sequence[str] | Mapping[str, object],
     user_data: Callable[[dict[str, Any], str], dict[str, Any]],
     builtin_dir: Path = BUILTIN_DIR,
-) -> Any:
+) -> Schema:
     """An instance of the dataclass `schema`: its defaults <- YAML file (a path or a
     built-in name in `builtin_dir`), or an instance already loaded <- dotted overrides
     (`key=value` texts, or a mapping of dotted keys to values). `user_data(data,
@@ -274,7 +281,7 @@ def load_structured(
         key = getattr(exc, "full_key", None) or "?"
         raise ConfigError(f"bad value for config key '{key}': {exc.msg.splitlines()[0]}") from None
     assert is_dataclass(cfg)
-    return cfg
+    return cast(Schema, cfg)
 
 
 def load_config(
@@ -342,4 +349,5 @@ def normalize(cfg: RayRLConfig, warn: Callable[[str], None] = _warn) -> None:
 
 def to_yaml(cfg: object) -> str:
     """The resolved config (a RayRLConfig or an SFTConfig) as YAML (`rayrl config show`)."""
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    text: str = OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    return text

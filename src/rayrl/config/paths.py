@@ -18,18 +18,21 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 INPUTS = ("train_files", "val_files", "partial_pretrain")  # inputs not named *path
 
 
-def absolute_paths(cfg: Any) -> None:
+def absolute_paths(cfg: DataclassInstance) -> None:
     """Make the relative paths of the config dataclass `cfg` (and its groups) absolute
     in place (module docstring)."""
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
         if dataclasses.is_dataclass(value):
-            absolute_paths(value)
+            absolute_paths(cast("DataclassInstance", value))
         elif f.name.endswith("_dir") and isinstance(value, str) and value:
             setattr(cfg, f.name, _absolute(value, always=True))
         elif isinstance(value, dict):
@@ -41,7 +44,7 @@ def absolute_paths(cfg: Any) -> None:
                 setattr(cfg, f.name, _absolute(value, always=False))
 
 
-def _absolute_in(mapping: dict) -> None:
+def _absolute_in(mapping: dict[Any, Any]) -> None:
     """The `*path` entries of a free-form mapping (distillation's teacher entries, by
     name) and of the mappings in it, made absolute as fields of those names are."""
     for key, value in mapping.items():

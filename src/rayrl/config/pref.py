@@ -61,7 +61,7 @@ class PrefDataConfig:
     rejected_key: str = "rejected"
     max_length: int = 1024  # prompt + response tokens, each of the two sequences
     truncation: str = "error"  # error | left | right
-    apply_chat_template_kwargs: dict = field(default_factory=dict)
+    apply_chat_template_kwargs: dict[Any, Any] = field(default_factory=dict)
     shuffle: bool = True  # a new order every epoch (seeded)
     synthetic_task: str = "larger"  # used when train_files is empty
     synthetic_size: int = 512
@@ -94,7 +94,9 @@ class PrefConfig(RankSizes):
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
 
 
-def pref_source_data(data: dict, origin: str, warn: Callable[[str], None]) -> dict:
+def pref_source_data(
+    data: dict[str, Any], origin: str, warn: Callable[[str], None]
+) -> dict[str, Any]:
     map_bool_frequencies(data)
     check_keys(data, PrefConfig, origin=origin)
     settle_nulls(data, PrefConfig, origin, warn)

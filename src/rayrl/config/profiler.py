@@ -11,6 +11,7 @@ at load are `rayrl.config.profiler_checks`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = [
     "PROFILED_ROLES",
@@ -36,7 +37,9 @@ TORCH_CONTENTS = ("cpu", "cuda", "memory", "shapes", "stack")
 
 @dataclass
 class TorchToolConfig:
-    contents: list = field(default_factory=list)  # cpu, cuda, memory, shapes, stack; []: cpu+cuda
+    contents: list[Any] = field(
+        default_factory=list
+    )  # cpu, cuda, memory, shapes, stack; []: cpu+cuda
     # true: a trace per call (rollout_rank0.generate.json.gz); false: one per role and
     # rank for the step, the role's calls side by side
     discrete: bool = False
@@ -53,7 +56,7 @@ class RoleProfilerConfig:
 
     enable: bool = False  # no role enabled: every role is traced
     all_ranks: bool = False  # every rank of the role (else `ranks`)
-    ranks: list = field(default_factory=list)  # []: rank 0, unless all_ranks
+    ranks: list[Any] = field(default_factory=list)  # []: rank 0, unless all_ranks
     tool_config: RoleToolConfig = field(default_factory=RoleToolConfig)
 
 
@@ -62,7 +65,7 @@ class ProfilerConfig:
     """verl's `global_profiler` group: the tool and the steps, for every role."""
 
     tool: str | None = None  # torch, or None (off); verl's nsys / npu / torch_memory: refused
-    steps: list | None = None  # the step numbers traced (1 is the first step)
+    steps: list[Any] | None = None  # the step numbers traced (1 is the first step)
     profile_continuous_steps: bool = False  # one trace across consecutive steps: refused
     save_path: str | None = None  # None: the run directory's profiles/
     rollout: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)

@@ -14,9 +14,12 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rayrl.config.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rayrl.config.schema import RayRLConfig
 
 
 @dataclass(frozen=True)
@@ -31,7 +34,7 @@ class Range:
     also: tuple[Any, ...] = ()
     note: str = ""
 
-    def holds(self, value: Any) -> bool:
+    def holds(self, value: object) -> bool:
         if any(value is a or (a is not None and value == a) for a in self.also):
             return True
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -235,13 +238,13 @@ RANGES: dict[str, Range] = {
 }
 
 
-def _get(cfg: Any, path: str) -> Any:
+def _get(cfg: object, path: str) -> Any:
     for part in path.split("."):
         cfg = getattr(cfg, part)
     return cfg
 
 
-def check_ranges(cfg: Any, ranges: dict[str, Range] = RANGES) -> None:
+def check_ranges(cfg: RayRLConfig, ranges: dict[str, Range] = RANGES) -> None:
     """Raise ConfigError for the first key of `ranges` whose value in `cfg` is outside
     its range: the key, the value, the range and the note."""
     for key, rule in ranges.items():

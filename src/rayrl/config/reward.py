@@ -7,6 +7,7 @@ a remote service, SandboxFusion, the error budget, placement, and the LLM judge
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from rayrl.config.judge import JudgeConfig, JudgeRolloutConfig
 
@@ -15,7 +16,9 @@ from rayrl.config.judge import JudgeConfig, JudgeRolloutConfig
 class CustomRewardFunctionConfig:
     path: str | None = None  # a Python file with compute_score(...); None: built-in scorers
     name: str = "compute_score"
-    reward_kwargs: dict = field(default_factory=dict)  # extra keyword arguments of every call
+    reward_kwargs: dict[Any, Any] = field(
+        default_factory=dict
+    )  # extra keyword arguments of every call
     # Python callables given to `rayrl.GRPOTrainer(reward_funcs=...)`, pickled (base64 of
     # cloudpickle's bytes; `rayrl.rewards.callables`); set by that API, not by hand
     pickled: str | None = None
@@ -93,7 +96,9 @@ class RewardConfig:
     `custom_reward_function` and `reward_model` groups here (`rayrl.config.compat`)."""
 
     reward_manager: RewardManagerConfig = field(default_factory=RewardManagerConfig)
-    reward_kwargs: dict = field(default_factory=dict)  # extra keyword arguments of every call
+    reward_kwargs: dict[Any, Any] = field(
+        default_factory=dict
+    )  # extra keyword arguments of every call
     http: RewardHTTPConfig = field(default_factory=RewardHTTPConfig)
     sandbox_fusion: RewardSandboxFusionConfig = field(default_factory=RewardSandboxFusionConfig)
     judge: JudgeConfig = field(default_factory=JudgeConfig)  # the built-in LLM judge

@@ -27,23 +27,41 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rayrl.config.async_training import (  # noqa: F401 - part of the schema
-    WEIGHT_TRANSPORTS,
-    AsyncTrainingConfig,
-    RolloutPoolConfig,
+from rayrl.config.async_training import (  # part of the schema: re-exported
+    WEIGHT_TRANSPORTS as WEIGHT_TRANSPORTS,
+)
+from rayrl.config.async_training import (
+    AsyncTrainingConfig as AsyncTrainingConfig,
+)
+from rayrl.config.async_training import (
+    RolloutPoolConfig as RolloutPoolConfig,
 )
 from rayrl.config.distill import DistillationConfig
 from rayrl.config.multi_turn import AgentConfig, MultiTurnConfig
 from rayrl.config.profiler import ProfilerConfig
-from rayrl.config.reward import (  # noqa: F401 - part of the schema
-    CustomRewardFunctionConfig,
-    OverlongBufferConfig,
-    RewardConfig,
-    RewardHTTPConfig,
-    RewardManagerConfig,
-    RewardModelConfig,
-    RewardModelPathConfig,
-    RewardSandboxFusionConfig,
+from rayrl.config.reward import (  # part of the schema: re-exported
+    CustomRewardFunctionConfig as CustomRewardFunctionConfig,
+)
+from rayrl.config.reward import (
+    OverlongBufferConfig as OverlongBufferConfig,
+)
+from rayrl.config.reward import (
+    RewardConfig as RewardConfig,
+)
+from rayrl.config.reward import (
+    RewardHTTPConfig as RewardHTTPConfig,
+)
+from rayrl.config.reward import (
+    RewardManagerConfig as RewardManagerConfig,
+)
+from rayrl.config.reward import (
+    RewardModelConfig as RewardModelConfig,
+)
+from rayrl.config.reward import (
+    RewardModelPathConfig as RewardModelPathConfig,
+)
+from rayrl.config.reward import (
+    RewardSandboxFusionConfig as RewardSandboxFusionConfig,
 )
 
 _ACTOR = "actor_rollout_ref.actor"
@@ -88,7 +106,7 @@ class DataConfig:
     loader: str = "default"  # default (in memory) | ray (Ray Data: parallel read, streamed)
     # extra arguments of the chat template for prompts and multi-turn episodes
     # (e.g. {reasoning_effort: medium} for gpt-oss, {enable_thinking: false} for Qwen3)
-    apply_chat_template_kwargs: dict = field(default_factory=dict)
+    apply_chat_template_kwargs: dict[Any, Any] = field(default_factory=dict)
     # the column of a row's images (verl's): entries as bytes, paths or dicts of them, one
     # per `<image>` in the prompt; they need a vision-language model's processor (rayrl.data.vision)
     image_key: str = "images"
@@ -96,7 +114,7 @@ class DataConfig:
     video_key: str = "videos"
     # options of the image processor (verl's): min_pixels / max_pixels bound each image,
     # the others go to the processor call as they are (rayrl.data.vision)
-    mm_processor_kwargs: dict = field(default_factory=dict)
+    mm_processor_kwargs: dict[Any, Any] = field(default_factory=dict)
     custom_cls: CustomDatasetConfig = field(default_factory=CustomDatasetConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
 
@@ -145,7 +163,7 @@ class ModelConfig:
     exclude_modules: Any = None  # modules without adapters: a regex or a list of names
     # values set on the HF model config of every role that builds this model (actor,
     # reference, rollout; the critic's own): `rayrl.models.config_overrides`
-    override_config: dict = field(default_factory=dict)
+    override_config: dict[Any, Any] = field(default_factory=dict)
     # a Jinja chat template that replaces the tokenizer's for prompts and multi-turn
     # episodes (the exported hf/ directory keeps the model's own)
     custom_chat_template: str | None = None
@@ -318,7 +336,7 @@ class CriticModelConfig:
     use_remove_padding: bool = False
     share_prompts: Any = "${actor_rollout_ref.model.share_prompts}"
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
-    override_config: dict = field(default_factory=dict)  # set on the critic's HF config
+    override_config: dict[Any, Any] = field(default_factory=dict)  # set on the critic's HF config
 
 
 def _critic_optim() -> OptimConfig:
@@ -342,7 +360,7 @@ class CriticConfig:
     ppo_epochs: int = f"${{{_ACTOR}.ppo_epochs}}"  # type: ignore[assignment]
     shuffle: bool = f"${{{_ACTOR}.shuffle}}"  # type: ignore[assignment]
     cliprange_value: float = 0.5
-    loss_agg_mode: str = f"${{{_ACTOR}.loss_agg_mode}}"  # type: ignore[assignment]
+    loss_agg_mode: str = f"${{{_ACTOR}.loss_agg_mode}}"
     ulysses_sequence_parallel_size: int = 1
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rayrl.config.compat import apply_rules, map_bool_frequencies, rule_table
 from rayrl.config.compat.verl_sft import RULES
@@ -38,6 +38,9 @@ from rayrl.config.nulls import settle_nulls
 from rayrl.config.paths import absolute_paths
 from rayrl.config.schema import ResourcesConfig
 from rayrl.config.validate import check_choice, check_cpus_per_worker, check_role_parallel
+
+if TYPE_CHECKING:
+    from rayrl.config.pref import PrefConfig
 
 SFT_BUILTIN_DIR = Path(__file__).resolve().parent / "sft"
 EACH_EPOCH = "after_each_epoch"  # a save or validation frequency: the steps of an epoch
@@ -70,7 +73,7 @@ class SFTDataConfig:
     response_dict_keys: Any = None
     max_length: int = 1024  # prompt + response tokens
     truncation: str = "error"  # error | left | right
-    apply_chat_template_kwargs: dict = field(default_factory=dict)
+    apply_chat_template_kwargs: dict[Any, Any] = field(default_factory=dict)
     shuffle: bool = True  # a new order every epoch (seeded)
     synthetic_task: str = "larger"  # used when train_files is empty
     synthetic_size: int = 512
@@ -79,7 +82,9 @@ class SFTDataConfig:
     synthetic_images: bool = True  # false: a visual task's rows without images (a control)
     # rows with images (a vision-language model): verl's image column, `<image>` in the prompt
     image_key: str = "images"
-    mm_processor_kwargs: dict = field(default_factory=dict)  # min_pixels / max_pixels, ...
+    mm_processor_kwargs: dict[Any, Any] = field(
+        default_factory=dict
+    )  # min_pixels / max_pixels, ...
     multiturn: SFTMultiturnConfig = field(default_factory=SFTMultiturnConfig)
 
 
@@ -105,7 +110,7 @@ class SFTModelConfig:
     lora_alpha: int = 16
     target_modules: Any = "all-linear"
     exclude_modules: Any = None  # modules without adapters: a regex or a list of names
-    override_config: dict = field(default_factory=dict)  # set on the HF model config
+    override_config: dict[Any, Any] = field(default_factory=dict)  # set on the HF model config
 
 
 @dataclass
@@ -154,7 +159,7 @@ class RankSizes:
     """The ranks of a run of one pool (`rayrl sft`, `rayrl rm`, `rayrl dpo`), from its
     `trainer.nnodes`, `trainer.n_gpus_per_node` and `ulysses_sequence_parallel_size`."""
 
-    trainer: Any
+    trainer: SFTTrainerConfig
     ulysses_sequence_parallel_size: int
 
     @property
@@ -182,7 +187,9 @@ class SFTConfig(RankSizes):
 _TABLE = rule_table(RULES, SFTConfig)
 
 
-def sft_source_data(data: dict, origin: str, warn: Callable[[str], None]) -> dict:
+def sft_source_data(
+    data: dict[str, Any], origin: str, warn: Callable[[str], None]
+) -> dict[str, Any]:
     """What `load_sft_config` does with one source before merging it (`source_data`)."""
     try:
         data = apply_rules(data, _TABLE, warn)
@@ -248,7 +255,7 @@ SFT_POSITIVE = (
 )
 
 
-def _get(cfg: Any, path: str) -> Any:
+def _get(cfg: object, path: str) -> Any:
     for part in path.split("."):
         cfg = getattr(cfg, part)
     return cfg
@@ -265,7 +272,7 @@ def validate_sft_config(cfg: SFTConfig) -> None:
     _check_batch(cfg)
 
 
-def validate_run_keys(cfg: Any, positive: Sequence[str]) -> None:
+def validate_run_keys(cfg: SFTConfig | PrefConfig, positive: Sequence[str]) -> None:
     """The checks `rayrl sft` shares with `rayrl rm` and `rayrl dpo` (same model,
     optimizer and trainer groups): choices, positive numbers, sample limits,
     frequencies, resume, and the ranks' layout."""

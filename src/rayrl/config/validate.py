@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rayrl.config.async_checks import check_async
+from rayrl.config.async_training import WEIGHT_TRANSPORTS
 from rayrl.config.distill_checks import check_distillation
 from rayrl.config.errors import ConfigError
 from rayrl.config.errors import warn as _warn
@@ -24,7 +25,7 @@ from rayrl.config.quantization import QUANTIZATIONS, check_quantization
 from rayrl.config.ranges import check_ranges
 from rayrl.config.reward_checks import check_judge_pool, check_sandbox_fusion
 from rayrl.config.routing_checks import ROUTER_REPLAY_MODES, check_router_replay
-from rayrl.config.schema import WEIGHT_TRANSPORTS, RayRLConfig, RolloutCorrectionConfig
+from rayrl.config.schema import RayRLConfig, RolloutCorrectionConfig
 from rayrl.config.vision_checks import check_vision_language
 
 ACTOR = "actor_rollout_ref.actor"
@@ -53,15 +54,15 @@ CHOICES = {
 }
 
 
-def _get(cfg: RayRLConfig, path: str):
-    obj = cfg
+def _get(cfg: RayRLConfig, path: str) -> Any:
+    obj: Any = cfg
     for part in path.split("."):
         obj = getattr(obj, part)
     return obj
 
 
 # What a value that is not a choice means, where rayrl can say more than "not one of".
-CHOICE_NOTES = {
+CHOICE_NOTES: dict[tuple[str, object], str] = {
     ("trainer.device", "npu"): "rayrl runs on NVIDIA GPUs (cuda) and CPUs; Ascend NPUs are "
     "not supported",
     ("trainer.device", "xpu"): "rayrl runs on NVIDIA GPUs (cuda) and CPUs; Intel XPUs are "
@@ -73,7 +74,7 @@ CHOICE_NOTES = {
 }
 
 
-def check_choice(path: str, value, allowed: tuple) -> None:
+def check_choice(path: str, value: object, allowed: tuple[object, ...]) -> None:
     """ConfigError naming the key, the value and the choices, unless `value` is one."""
     if value in allowed:
         return
@@ -126,7 +127,7 @@ def check_numeric(cfg: RayRLConfig) -> None:
     check_cpus_per_worker(cfg.resources.cpus_per_worker)
 
 
-def check_cpus_per_worker(value: Any) -> None:
+def check_cpus_per_worker(value: object) -> None:
     """`resources.cpus_per_worker` is `auto` or a whole number of CPUs, at least 1."""
     if value == "auto":
         return

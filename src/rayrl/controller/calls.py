@@ -60,7 +60,7 @@ from rayrl.controller.collective_failure import release_after_collective_failure
 from rayrl.controller.dispatch import method_specs
 from rayrl.controller.kept import KEEP_KWARG, keep_wide_columns, resolve_arguments
 
-CallHook = Callable[[Any, str], "AbstractContextManager | None"]
+CallHook = Callable[[Any, str], "AbstractContextManager[Any] | None"]
 
 TRACKED_ATTR = "__rayrl_tracked__"
 
@@ -119,7 +119,7 @@ def track(cls: type) -> None:
         setattr(cls, name, _tracked(fn))
 
 
-def _tracked(fn: Callable) -> Callable:
+def _tracked(fn: Callable[..., Any]) -> Callable[..., Any]:
     name = fn.__name__
 
     @functools.wraps(fn)  # keeps the MethodSpec and any Ray method options

@@ -33,6 +33,7 @@ import threading
 import traceback
 import weakref
 from collections.abc import Callable
+from typing import Any
 
 logger = logging.getLogger("rayrl.controller")
 
@@ -41,7 +42,7 @@ GLOO_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Read
 
 
 # Release callbacks registered in this process (weakly: an engine that is gone drops out)
-_CALLBACKS: list[weakref.ref] = []
+_CALLBACKS: list[weakref.ref[Callable[[], None]]] = []
 _LOCK = threading.Lock()
 
 
@@ -67,7 +68,7 @@ def _run_callbacks(where: str) -> None:
             logger.exception("%s: a release callback failed (%r)", where, callback)
 
 
-def _drop_import_time_defaults(dist) -> None:
+def _drop_import_time_defaults(dist: Any) -> None:
     """``torch.distributed.nn.functional``'s collectives default to ``group.WORLD`` as it
     was when the module was imported: the process group object of that time. Their
     defaults become None (the default group at call time: the same meaning)."""

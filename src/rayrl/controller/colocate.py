@@ -34,7 +34,7 @@ class FusedWorker(Worker):
 
     ROLES: dict[str, type[Worker]] = {}
 
-    def __init__(self, roles_args: dict[str, dict] | None = None) -> None:
+    def __init__(self, roles_args: dict[str, dict[str, Any]] | None = None) -> None:
         roles_args = dict(roles_args or {})
         _check_roles(self.ROLES, roles_args, "constructor arguments")
         self.peers: dict[str, Worker] = {}
@@ -45,19 +45,19 @@ class FusedWorker(Worker):
             # getattr), so Worker does not declare it and mypy cannot follow this
             instance.peers = self.peers  # type: ignore[attr-defined]
 
-    def _rayrl_setup(self, ctx: WorkerContext, call_hooks: tuple = ()) -> dict:
+    def _rayrl_setup(self, ctx: WorkerContext, call_hooks: tuple[Any, ...] = ()) -> dict[str, Any]:
         for role, instance in self.peers.items():
             instance._rayrl_setup(replace(ctx, role=role))
         return super()._rayrl_setup(ctx, call_hooks)  # hooks belong to the process: once
 
-    def _rayrl_set_context(self, ctx: WorkerContext) -> dict:
+    def _rayrl_set_context(self, ctx: WorkerContext) -> dict[str, Any]:
         for role, instance in self.peers.items():
             instance.ctx = replace(ctx, role=role)
         return super()._rayrl_set_context(ctx)
 
     def _rayrl_join(
         self, ctx: WorkerContext, backend: str, timeout: float, pg_timeout: float | None = None
-    ) -> dict:
+    ) -> dict[str, Any]:
         info = super()._rayrl_join(ctx, backend, timeout, pg_timeout)
         for role, instance in self.peers.items():
             instance.ctx = replace(ctx, role=role)
@@ -71,7 +71,7 @@ class FusedWorker(Worker):
         return super()._rayrl_busy_now()
 
     @classmethod
-    def check_init_kwargs(cls, kwargs: dict) -> None:
+    def check_init_kwargs(cls, kwargs: dict[str, Any]) -> None:
         _check_roles(cls.ROLES, kwargs, "init arguments")
         for role, role_kwargs in kwargs.items():
             cls.ROLES[role].check_init_kwargs(role_kwargs)
@@ -106,7 +106,7 @@ class FusedWorker(Worker):
         return getattr(self.peers[_rayrl_role_], _rayrl_method_)(*args, **kwargs)
 
 
-def _check_roles(roles: dict[str, type], given: dict, what: str) -> None:
+def _check_roles(roles: dict[str, type], given: dict[str, Any], what: str) -> None:
     unknown = sorted(set(given) - set(roles))
     if unknown:
         raise ValueError(
@@ -149,7 +149,9 @@ class RoleView:
     def world_size(self) -> int:
         return self.group.world_size
 
-    def _invoke(self, rank: int, spec: MethodSpec, args: tuple, kwargs: dict) -> ObjectRef:
+    def _invoke(
+        self, rank: int, spec: MethodSpec, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> ObjectRef:
         method = self.group.actor_handle(rank, spec.name)._rayrl_role_call
         if spec.options:
             method = method.options(**spec.options)

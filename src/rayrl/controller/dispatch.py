@@ -43,8 +43,8 @@ SPEC_ATTR = "__rayrl_dispatch__"
 class CallPlan:
     """Per-rank arguments for one group call; `None` for ranks that are not called."""
 
-    args: list[tuple | None]
-    kwargs: list[dict | None]
+    args: list[tuple[Any, ...] | None]
+    kwargs: list[dict[str, Any] | None]
     state: Any = None
 
     @property
@@ -52,7 +52,7 @@ class CallPlan:
         """The ranks that are called, in order."""
         return [r for r, a in enumerate(self.args) if a is not None]
 
-    def called(self) -> list[tuple[int, tuple, dict]]:
+    def called(self) -> list[tuple[int, tuple[Any, ...], dict[str, Any]]]:
         """(rank, args, kwargs) of each called rank, in order (kwargs None: none)."""
         return [(r, a, self.kwargs[r] or {}) for r, a in enumerate(self.args) if a is not None]
 
@@ -69,12 +69,12 @@ class DPState:
 class Chunks:
     """An argument that is already split: element i goes to rank i (refs or values)."""
 
-    parts: list
+    parts: list[Any]
     state: Any = None
 
 
-DispatchFn = Callable[[int, tuple, dict], CallPlan]
-CollectFn = Callable[[list, Any], Any]
+DispatchFn = Callable[[int, tuple[Any, ...], dict[str, Any]], CallPlan]
+CollectFn = Callable[[list[Any], Any], Any]
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ class DispatchMode:
     name: str
     dispatch: DispatchFn
     collect: CollectFn
-    adapt_future: Callable | None = None
+    adapt_future: Callable[..., Any] | None = None
 
 
 MODES: Registry[DispatchMode] = Registry("dispatch mode", config_key=None)
@@ -95,7 +95,7 @@ def register_dispatch_mode(
     name: str,
     dispatch_fn: DispatchFn,
     collect_fn: CollectFn,
-    adapt_future: Callable | None = None,
+    adapt_future: Callable[..., Any] | None = None,
 ) -> DispatchMode:
     """Add a dispatch mode under `name` (usable as `@register(dispatch=name)`)."""
     known = MODES.get(name) if name in MODES else None
@@ -110,7 +110,7 @@ def register_dispatch_mode(
     return mode
 
 
-def _qualname(fn: Callable) -> str:
+def _qualname(fn: Callable[..., Any]) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
@@ -148,7 +148,7 @@ class MethodSpec:
     mode: DispatchMode
     collect: CollectFn
     blocking: bool = True
-    options: dict = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
     layout: str | None = None  # the group's data layout it follows (`controller.layout`)
 
 
@@ -158,7 +158,7 @@ def register(
     blocking: bool = True,
     layout: str | None = None,
     **options: Any,
-) -> Callable:
+) -> Callable[..., Any]:
     """Mark a Worker method as callable on a WorkerGroup with this dispatch and collect.
 
     `dispatch` names a registered mode (ONE_TO_ALL, ALL_TO_ALL, DP_SPLIT, RANK_ZERO or
@@ -178,7 +178,7 @@ def register(
     if layout is not None and dispatch != DP_SPLIT:
         raise ValueError(f"layout={layout!r} applies to DP_SPLIT methods only, not {dispatch}")
 
-    def decorate(fn: Callable) -> Callable:
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         spec = MethodSpec(fn.__name__, mode, collect_fn, blocking, options, layout)
         setattr(fn, SPEC_ATTR, spec)
         return fn
@@ -210,16 +210,16 @@ def is_batch(value: Any) -> bool:
     return module is not None and isinstance(value, module.Batch)
 
 
-def _one_to_all(world_size: int, args: tuple, kwargs: dict) -> CallPlan:
+def _one_to_all(world_size: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CallPlan:
     return CallPlan([args] * world_size, [kwargs] * world_size)
 
 
-def collect_list(outputs: list, state: Any) -> list:
+def collect_list(outputs: list[Any], state: Any) -> list[Any]:
     """The outputs of the called ranks, as a list in rank order."""
     return list(outputs)
 
 
-def all_to_all_parts(value: Any, world_size: int, name: str) -> list:
+def all_to_all_parts(value: Any, world_size: int, name: str) -> list[Any]:
     """The per-rank elements of an ALL_TO_ALL argument; ValueError unless it is a list
     (or tuple) with one element per rank."""
     if isinstance(value, Chunks):
@@ -237,24 +237,26 @@ def all_to_all_parts(value: Any, world_size: int, name: str) -> list:
     return list(value)
 
 
-def _all_to_all(world_size: int, args: tuple, kwargs: dict) -> CallPlan:
+def _all_to_all(world_size: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CallPlan:
     cols = [all_to_all_parts(a, world_size, f"#{i}") for i, a in enumerate(args)]
     kcols = {k: all_to_all_parts(v, world_size, f"'{k}'") for k, v in kwargs.items()}
-    per_args: list[tuple | None] = [tuple(c[r] for c in cols) for r in range(world_size)]
-    per_kwargs: list[dict | None] = [{k: c[r] for k, c in kcols.items()} for r in range(world_size)]
+    per_args: list[tuple[Any, ...] | None] = [tuple(c[r] for c in cols) for r in range(world_size)]
+    per_kwargs: list[dict[str, Any] | None] = [
+        {k: c[r] for k, c in kcols.items()} for r in range(world_size)
+    ]
     return CallPlan(per_args, per_kwargs)
 
 
-def _rank_zero(world_size: int, args: tuple, kwargs: dict) -> CallPlan:
+def _rank_zero(world_size: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CallPlan:
     return CallPlan([args] + [None] * (world_size - 1), [kwargs] + [None] * (world_size - 1))
 
 
-def collect_first(outputs: list, state: Any) -> Any:
+def collect_first(outputs: list[Any], state: Any) -> Any:
     """The output of the first called rank."""
     return outputs[0]
 
 
-def _dp_split(world_size: int, args: tuple, kwargs: dict) -> CallPlan:
+def _dp_split(world_size: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CallPlan:
     """Split every Batch argument (or take pre-split Chunks); broadcast everything else."""
     values = list(args) + list(kwargs.values())
     lengths = {len(v) for v in values if is_batch(v)}
@@ -263,7 +265,7 @@ def _dp_split(world_size: int, args: tuple, kwargs: dict) -> CallPlan:
     states = [v.state for v in values if isinstance(v, Chunks) and v.state is not None]
     state: Any = states[0] if states else None
 
-    def split(value: Any) -> list:
+    def split(value: Any) -> list[Any]:
         nonlocal state
         if isinstance(value, Chunks):
             if len(value.parts) != world_size:
@@ -274,17 +276,20 @@ def _dp_split(world_size: int, args: tuple, kwargs: dict) -> CallPlan:
         if is_batch(value):
             padded, pad = value.pad_to_multiple(world_size)
             state = DPState(pad, len(padded))
-            return padded.chunk(world_size)
+            parts: list[Any] = padded.chunk(world_size)
+            return parts
         return [value] * world_size
 
     cols = [split(a) for a in args]
     kcols = {k: split(v) for k, v in kwargs.items()}
-    per_args: list[tuple | None] = [tuple(c[r] for c in cols) for r in range(world_size)]
-    per_kwargs: list[dict | None] = [{k: c[r] for k, c in kcols.items()} for r in range(world_size)]
+    per_args: list[tuple[Any, ...] | None] = [tuple(c[r] for c in cols) for r in range(world_size)]
+    per_kwargs: list[dict[str, Any] | None] = [
+        {k: c[r] for k, c in kcols.items()} for r in range(world_size)
+    ]
     return CallPlan(per_args, per_kwargs, state)
 
 
-def split_by_layout(layout: Any, args: tuple, kwargs: dict) -> CallPlan:
+def split_by_layout(layout: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CallPlan:
     """DP_SPLIT over a `DataLayout`: the rows split into one chunk per part, every rank
     given its part's chunk (non-Batch arguments go whole to every rank)."""
     plan = _dp_split(layout.parts, args, kwargs)
@@ -293,7 +298,7 @@ def split_by_layout(layout: Any, args: tuple, kwargs: dict) -> CallPlan:
     return CallPlan(per_args, per_kwargs, plan.state)
 
 
-def collect_dp(outputs: list, state: Any) -> Any:
+def collect_dp(outputs: list[Any], state: Any) -> Any:
     """Concatenate per-rank Batches and drop the rows DP_SPLIT padded.
 
     If each rank returned k rows per input row (e.g. k samples per prompt), the
@@ -324,11 +329,11 @@ class Outputs:
     """The called ranks' outputs in rank order and the call's dispatch state, as they
     came: what `collect_outputs` returns to a caller that collects them itself."""
 
-    outputs: list
+    outputs: list[Any]
     state: Any
 
 
-def collect_outputs(outputs: list, state: Any) -> Outputs:
+def collect_outputs(outputs: list[Any], state: Any) -> Outputs:
     """Collect nothing: the outputs and the state as they are (`Outputs`)."""
     return Outputs(list(outputs), state)
 

@@ -30,18 +30,22 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rayrl.controller.errors import DEAD_ERRORS, WorkerInitError, short_error
 from rayrl.controller.health import Replacement, TopologyChangedWarning
 from rayrl.controller.placement import bundle_usable, pick_bundle, topology_message
 from rayrl.controller.waiting import wait_all
 
+if TYPE_CHECKING:
+    from rayrl.controller.errors import WorkerDescription
+    from rayrl.controller.group import WorkerGroup
+
 logger = logging.getLogger("rayrl.controller")
 
 
 def bring_up(
-    group: Any, lost: set[int], timeout_s: float, retries: int, stage: str
+    group: WorkerGroup, lost: set[int], timeout_s: float, retries: int, stage: str
 ) -> list[Replacement]:
     """Settle, respawn `lost`, join, build (see the module docstring); returns what
     was replaced. Raises WorkerInitError after `retries` failed attempts."""
@@ -87,7 +91,7 @@ def bring_up(
     return _report(group, old, spare, read)
 
 
-def _tell_survivors(group: Any, old: dict) -> None:
+def _tell_survivors(group: WorkerGroup, old: dict[int, WorkerDescription]) -> None:
     """When a rank moved node, the others' local ranks changed: send their contexts."""
     if all(group.describe(r).node_id == old[r].node_id for r in old):
         return
@@ -99,7 +103,7 @@ def _tell_survivors(group: Any, old: dict) -> None:
     wait_all(pending, group.dist_timeout_s)
 
 
-def settle(group: Any, lost: set[int]) -> set[int]:
+def settle(group: WorkerGroup, lost: set[int]) -> set[int]:
     """Survivors still busy (or silent) `abort_grace_s` after the loss; they are lost too."""
     survivors = [r for r in range(group.world_size) if r not in lost]
     missing = {r for r in survivors if group.actors[r] is None}
@@ -127,7 +131,9 @@ def settle(group: Any, lost: set[int]) -> set[int]:
     return missing
 
 
-def respawn(group: Any, ranks: list[int], timeout_s: float, spare: dict[int, bool]) -> dict:
+def respawn(
+    group: WorkerGroup, ranks: list[int], timeout_s: float, spare: dict[int, bool]
+) -> dict[int, BaseException]:
     """Kill and start `ranks` again (own bundle, else a spare) and set them up; returns
     the failures. A rank whose bundle became unusable while it started moves once."""
     for rank in ranks:
@@ -145,7 +151,7 @@ def respawn(group: Any, ranks: list[int], timeout_s: float, spare: dict[int, boo
     return failures
 
 
-def join(group: Any) -> dict:
+def join(group: WorkerGroup) -> dict[int, BaseException]:
     """Every rank joins the next generation's process group; returns the failures."""
     if group.formed:
         group.generation += 1
@@ -165,7 +171,9 @@ def join(group: Any) -> dict:
     return failures
 
 
-def build(group: Any, timeout_s: float, read: dict[int, int] | None = None) -> dict:
+def build(
+    group: WorkerGroup, timeout_s: float, read: dict[int, int] | None = None
+) -> dict[int, BaseException]:
     """init_worker on ranks never built (joining the survivors when some rank was built
     and kept its state); rebuild on ranks built on an older generation. Adds what each
     rank read from storage to `read`; returns the failures."""
@@ -188,7 +196,10 @@ def build(group: Any, timeout_s: float, read: dict[int, int] | None = None) -> d
 
 
 def _report(
-    group: Any, old: dict, spare: dict[int, bool], read: dict[int, int]
+    group: WorkerGroup,
+    old: dict[int, WorkerDescription],
+    spare: dict[int, bool],
+    read: dict[int, int],
 ) -> list[Replacement]:
     out = []
     if old:

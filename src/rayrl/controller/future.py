@@ -97,7 +97,7 @@ class GroupFuture:
     def __len__(self) -> int:
         return len(self.refs)
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[Any, ...]:
         raise TypeError(
             f"a GroupFuture ({self.stage!r}) cannot be sent to a worker inside another value; "
             "pass it as a top-level argument of a group call (group.method(future)) so its "
@@ -207,31 +207,31 @@ def _cause_text(cause: BaseException) -> str:
     return f"{type(inner).__name__}: {inner}"
 
 
-@ray.remote(num_cpus=0)
+@ray.remote(num_cpus=0)  # type: ignore[untyped-decorator]  # ray is not followed
 def _collect_task(collect: CollectFn, state: Any, *outputs: Any) -> Any:
     return collect(list(outputs), state)
 
 
-@ray.remote(num_cpus=0)
-def _rechunk_task(world_size: int, state: Any, *parts: Any) -> tuple:
+@ray.remote(num_cpus=0)  # type: ignore[untyped-decorator]  # ray is not followed
+def _rechunk_task(world_size: int, state: Any, *parts: Any) -> tuple[Any, ...]:
     """Concatenate and unpad DP_SPLIT `parts`, then pad and chunk for `world_size` ranks."""
     return _dp_parts(collect_dp(list(parts), state), world_size)
 
 
-@ray.remote(num_cpus=0)
-def _dp_task(world_size: int, collect: CollectFn, state: Any, *outputs: Any) -> tuple:
+@ray.remote(num_cpus=0)  # type: ignore[untyped-decorator]  # ray is not followed
+def _dp_task(world_size: int, collect: CollectFn, state: Any, *outputs: Any) -> tuple[Any, ...]:
     """What DP_SPLIT makes of a collected value: chunks of a Batch, else the value for all."""
     return _dp_parts(collect(list(outputs), state), world_size)
 
 
-def _dp_parts(value: Any, world_size: int) -> tuple:
+def _dp_parts(value: Any, world_size: int) -> tuple[Any, ...]:
     if not is_batch(value):
         return (None, *([value] * world_size))
     padded, pad = value.pad_to_multiple(world_size)
     return (DPState(pad, len(padded)), *padded.chunk(world_size))
 
 
-@ray.remote(num_cpus=0)
+@ray.remote(num_cpus=0)  # type: ignore[untyped-decorator]  # ray is not followed
 def _per_rank_task(
     world_size: int, name: str, collect: CollectFn, state: Any, *outputs: Any
 ) -> Any:
@@ -240,7 +240,7 @@ def _per_rank_task(
     return parts[0] if world_size == 1 else tuple(parts)
 
 
-def _adapt_dp(future: GroupFuture, world_size: int) -> tuple[Chunks, list]:
+def _adapt_dp(future: GroupFuture, world_size: int) -> tuple[Chunks, list[Any]]:
     if future.split and len(future.refs) == world_size:
         return Chunks(list(future.refs), state=future.state), []
     if future.split:
@@ -255,7 +255,7 @@ def _adapt_dp(future: GroupFuture, world_size: int) -> tuple[Chunks, list]:
     return Chunks(list(out[1:]), state=out[0]), [out[0]]
 
 
-def _adapt_per_rank(future: GroupFuture, world_size: int) -> tuple[Chunks, list]:
+def _adapt_per_rank(future: GroupFuture, world_size: int) -> tuple[Chunks, list[Any]]:
     name = f"(the result of '{future.stage}')"
     if future.collect is collect_list:  # a list of one output per called rank
         all_to_all_parts(future.refs, world_size, name)  # the wrong length fails here
@@ -267,20 +267,20 @@ def _adapt_per_rank(future: GroupFuture, world_size: int) -> tuple[Chunks, list]
     return Chunks(out), [out[0]]
 
 
-def _adapt_whole(future: GroupFuture, world_size: int) -> tuple[ObjectRef, list]:
+def _adapt_whole(future: GroupFuture, world_size: int) -> tuple[ObjectRef, list[Any]]:
     ref = future.ref()
     return ref, ([] if ref in future.refs else [ref])
 
 
-_ADAPTERS: dict[str, Callable[[GroupFuture, int], tuple[Any, list]]] = {
+_ADAPTERS: dict[str, Callable[[GroupFuture, int], tuple[Any, list[Any]]]] = {
     DP_SPLIT: _adapt_dp,
     ALL_TO_ALL: _adapt_per_rank,
 }
 
 
 def adapt_arguments(
-    mode: DispatchMode, world_size: int, args: tuple, kwargs: dict
-) -> tuple[tuple, dict, list[GroupFuture], list[tuple[str, ObjectRef]]]:
+    mode: DispatchMode, world_size: int, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any], list[GroupFuture], list[tuple[str, ObjectRef]]]:
     """Replace GroupFuture arguments by what `mode` dispatches (refs, never fetched data).
 
     Returns the new args and kwargs, the futures found, and (producer stage, ref) of

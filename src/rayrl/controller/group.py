@@ -41,6 +41,8 @@ from ray import ObjectRef
 
 from rayrl.cluster import ray_private
 from rayrl.cluster.bundle import Bundle
+from rayrl.cluster.kv import KVStore
+from rayrl.cluster.pool import ResourcePool
 from rayrl.controller.calls import CallHook
 from rayrl.controller.dispatch import MethodSpec, method_specs
 from rayrl.controller.errors import (
@@ -90,13 +92,13 @@ class WorkerGroup:
         bundles: list[Bundle],
         role: str,
         run: str = "",
-        kv: Any = None,
+        kv: KVStore | None = None,
         *,
-        pool: Any = None,
+        pool: ResourcePool | None = None,
         name: str | None = None,
-        args: tuple = (),
-        kwargs: dict | None = None,
-        runtime_env: dict | None = None,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        runtime_env: dict[str, Any] | None = None,
         usage_interval_s: float = 0.5,
     ) -> None:
         if not (isinstance(worker_cls, type) and issubclass(worker_cls, Worker)):
@@ -120,7 +122,7 @@ class WorkerGroup:
         self._runtime_env = runtime_env
         self.usage_interval_s = usage_interval_s
         self.actors: list[Any] = [None] * len(self.bundles)
-        self.infos: list[dict] = [{} for _ in self.bundles]
+        self.infos: list[dict[str, Any]] = [{} for _ in self.bundles]
         self.generation = 0
         self.formed = False  # whether generation `generation` was formed already
         self.built: list[int | None] = [None] * len(self.bundles)  # generation built on
@@ -134,7 +136,7 @@ class WorkerGroup:
         # follows (`rayrl.controller.layout`); unnamed layouts split over every rank
         self.data_layouts: dict[str, DataLayout] = {}
         self.call_hooks: list[CallHook] = []  # installed in every worker started from now on
-        self._init_kwargs: dict | None = None
+        self._init_kwargs: dict[str, Any] | None = None
         self.dead: set[int] = set()
         # Guards `actors` between the driver and a HealthMonitor thread.
         self.lock = threading.RLock()
@@ -224,7 +226,9 @@ class WorkerGroup:
         self.infos[rank] = {"node_id": bundle.node_id}
         return self.actors[rank]._rayrl_setup.remote(self._context(rank), tuple(self.call_hooks))
 
-    def _collect_setup(self, pending: dict[int, ObjectRef], timeout_s: float) -> dict:
+    def _collect_setup(
+        self, pending: dict[int, ObjectRef], timeout_s: float
+    ) -> dict[int, BaseException]:
         results, failures = wait_all(pending, timeout_s)
         for rank, info in results.items():
             self.infos[rank] = info
@@ -323,7 +327,9 @@ class WorkerGroup:
             )
         return actor
 
-    def _invoke(self, rank: int, spec: MethodSpec, args: tuple, kwargs: dict) -> ObjectRef:
+    def _invoke(
+        self, rank: int, spec: MethodSpec, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> ObjectRef:
         method = getattr(self.actor_handle(rank, spec.name), spec.name)
         if spec.options:
             method = method.options(**spec.options)
@@ -382,7 +388,7 @@ class WorkerGroup:
         `replacing`, never as failed: a check racing `replace` raises no false alarm."""
         return check_group(self, timeout_s)
 
-    def usage(self, timeout_s: float = 10.0, reset: bool = True) -> list[dict]:
+    def usage(self, timeout_s: float = 10.0, reset: bool = True) -> list[dict[str, Any]]:
         """Each rank's resource use per stage since the last call (`controller.usage`);
         a rank that does not answer within `timeout_s` gives an empty report."""
         pending = {r: a._rayrl_usage.remote(reset) for r, a in enumerate(self.actors) if a}

@@ -13,10 +13,13 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rayrl.controller.errors import DEAD_ERRORS, short_error
 from rayrl.controller.waiting import wait_all
+
+if TYPE_CHECKING:
+    from rayrl.controller.group import WorkerGroup
 
 logger = logging.getLogger("rayrl.controller")
 
@@ -33,7 +36,7 @@ class HealthReport:
     alive: list[int] = field(default_factory=list)
     dead: dict[int, str] = field(default_factory=dict)
     unresponsive: dict[int, str] = field(default_factory=dict)
-    heartbeats: dict[int, dict] = field(default_factory=dict)
+    heartbeats: dict[int, dict[str, Any]] = field(default_factory=dict)
     replacing: list[int] = field(default_factory=list)
 
     @property
@@ -88,7 +91,7 @@ class Replacement:
         return sum(1 for n in self.bytes_read.values() if n > 0)
 
 
-def check_group(group: Any, timeout_s: float) -> HealthReport:
+def check_group(group: WorkerGroup, timeout_s: float) -> HealthReport:
     """Heartbeat every rank of `group` (see WorkerGroup.check_health).
 
     The actors are read under the group's lock; a rank whose actor was swapped while
@@ -129,7 +132,7 @@ class HealthMonitor:
 
     def __init__(
         self,
-        group: Any,
+        group: WorkerGroup,
         interval_s: float = 10.0,
         timeout_s: float = 5.0,
         on_failure: Callable[[HealthReport], None] | None = None,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from itertools import chain
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import ray
@@ -52,16 +52,16 @@ class Directory:
 
     __slots__ = ("_refs", "_ref")
 
-    def __init__(self, refs: tuple | None = None, ref: ObjectRef | None = None) -> None:
+    def __init__(self, refs: tuple[Any, ...] | None = None, ref: ObjectRef | None = None) -> None:
         self._refs, self._ref = refs, ref
 
     @property
-    def refs(self) -> tuple:
+    def refs(self) -> tuple[Any, ...]:
         if self._refs is None:
             self._refs = ray.get(self._ref)
         return self._refs
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[Any, ...]:
         if self._refs is not None and len(self._refs) > 1 and _on_driver():
             if self._ref is None:
                 traffic.count_sent("directory", [self._refs])
@@ -86,7 +86,7 @@ class KeptRows:
     def __repr__(self) -> str:
         return f"KeptRows({len(self)} rows in {len(self.pieces)} pieces)"
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[Any, ...]:
         return KeptRows, (self.directory, self.pieces)
 
     def take(self, rows: Any) -> KeptRows:
@@ -153,7 +153,7 @@ def _rows_of(batch: Any, rows: Any) -> Any:
 
 
 def _on_driver() -> bool:
-    return ray.get_runtime_context().worker.mode == ray.SCRIPT_MODE
+    return cast(bool, ray.get_runtime_context().worker.mode == ray.SCRIPT_MODE)
 
 
 def keep_batch(batch: Any, driver: tuple[str, ...] | None = None) -> Any:
@@ -190,7 +190,7 @@ def keep_wide_columns(result: Any, keep: Any = True) -> Any:
     return result
 
 
-def resolve_arguments(args: tuple, kwargs: dict) -> None:
+def resolve_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """Fetch, in place, the remote columns of the Batch arguments of a call: the rows
     the worker was given, from the workers that keep them (every object pulled side by
     side first, then read locally)."""

@@ -18,9 +18,12 @@ A rank may get no rows (fewer rows than ranks on a node).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rayrl.controller.dispatch import Chunks
+
+if TYPE_CHECKING:
+    from rayrl.controller.group import WorkerGroup
 
 
 def part_rows(n_rows: int, parts: int) -> list[int]:
@@ -30,7 +33,7 @@ def part_rows(n_rows: int, parts: int) -> list[int]:
     return [max(0, min(size, n_rows - part * size)) for part in range(parts)]
 
 
-def part_nodes(group: Any, layout: str | None = None) -> list[str]:
+def part_nodes(group: WorkerGroup, layout: str | None = None) -> list[str]:
     """The node of each data-parallel part of `group` (a WorkerGroup) for calls that
     follow data layout `layout` (the node of each part's first rank); every rank is
     its own part without one."""

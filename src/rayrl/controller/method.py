@@ -31,7 +31,9 @@ class Caller(Protocol):
     @property
     def world_size(self) -> int: ...
 
-    def _invoke(self, rank: int, spec: MethodSpec, args: tuple, kwargs: dict) -> ObjectRef: ...
+    def _invoke(
+        self, rank: int, spec: MethodSpec, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> ObjectRef: ...
 
     def describe(self, rank: int) -> WorkerDescription: ...
 
@@ -78,7 +80,9 @@ class GroupMethod:
         plan = share_broadcast(spec.mode.dispatch(owner.world_size, args, kwargs), spec.name)
         return self._start(plan, split=spec.collect is collect_dp, inputs=inputs, adapters=adapters)
 
-    def _remote_by_layout(self, layout: DataLayout, args: tuple, kwargs: dict) -> GroupFuture:
+    def _remote_by_layout(
+        self, layout: DataLayout, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> GroupFuture:
         """DP_SPLIT over a data layout: one chunk per part, the same chunk for the ranks
         of a part (stored once), the output taken from each part's first rank. Future
         arguments are collected here first: their chunks follow another split."""
@@ -139,8 +143,10 @@ def share_parts(plan: CallPlan, layout: DataLayout, method: str = "") -> CallPla
     if layout.parts == len(layout.part_of):
         return plan
     calls = plan.called()
-    args: list[tuple | None] = [tuple(once(a) for a in rargs) for _, rargs, _ in calls]
-    kwargs: list[dict | None] = [{k: once(v) for k, v in rkw.items()} for _, _, rkw in calls]
+    args: list[tuple[Any, ...] | None] = [tuple(once(a) for a in rargs) for _, rargs, _ in calls]
+    kwargs: list[dict[str, Any] | None] = [
+        {k: once(v) for k, v in rkw.items()} for _, _, rkw in calls
+    ]
     return CallPlan(args, kwargs, plan.state)
 
 
@@ -216,7 +222,7 @@ def nbytes_at_least(value: Any, limit: int, depth: int = 0) -> bool:
     return sys.getsizeof(value) >= limit
 
 
-def _sum_at_least(items: list, limit: int, depth: int) -> bool:
+def _sum_at_least(items: list[Any], limit: int, depth: int) -> bool:
     if depth >= 3 or len(items) > 1000:
         return True
     total = 0

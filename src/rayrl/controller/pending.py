@@ -31,7 +31,7 @@ class Pending:
         self._wait()
         return self._value
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Callable[[Any], Any], tuple[Any]]:
         return _identity, (self.result(),)
 
 

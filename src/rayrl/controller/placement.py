@@ -11,12 +11,15 @@ TopologyChangedWarning.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 import ray
 
 from rayrl.cluster.bundle import Bundle
 from rayrl.controller.errors import NoSpareBundleError
+
+if TYPE_CHECKING:
+    from rayrl.controller.group import WorkerGroup
 
 
 def alive_nodes() -> set[str]:
@@ -36,13 +39,14 @@ def bundle_usable(bundle: Bundle) -> bool:
         table = ray.util.placement_group_table(bundle.pg)
     except Exception:  # noqa: BLE001 - a removed group is not usable
         return False
-    return (
+    usable = (
         table.get("state") == "CREATED"
         and table["bundles_to_node_id"].get(bundle.index) == bundle.node_id
     )
+    return cast(bool, usable)
 
 
-def pick_bundle(group: Any, rank: int) -> bool:
+def pick_bundle(group: WorkerGroup, rank: int) -> bool:
     """Keep rank's bundle if it is usable; else give rank a spare of the pool, else a new
     bundle wherever the cluster can place one. Returns whether the rank moved bundle."""
     bundle = group.bundles[rank]
@@ -65,7 +69,7 @@ def pick_bundle(group: Any, rank: int) -> bool:
     return True
 
 
-def topology_message(group: Any, rank: int, old_node: str, new_node: str) -> str:
+def topology_message(group: WorkerGroup, rank: int, old_node: str, new_node: str) -> str:
     """What moving `rank` did: the nodes, and which ranks now share which node."""
     nodes: dict[str, list[int]] = {}
     for r, bundle in enumerate(group.bundles):

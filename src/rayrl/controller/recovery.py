@@ -69,7 +69,7 @@ def buddy_nodes(homes: list[str], alive: list[str], copies: int) -> list[list[st
     return out
 
 
-@ray.remote(num_cpus=0, num_returns=2, max_retries=0)
+@ray.remote(num_cpus=0, num_returns=2, max_retries=0)  # type: ignore[untyped-decorator]  # ray is not followed
 def _copy(state: Any) -> tuple[bool, Any]:
     """(done, `state`): run on a buddy node, whose object store then holds the copy."""
     return True, state

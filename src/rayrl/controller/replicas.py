@@ -85,7 +85,7 @@ class ReplicaSet:
         self,
         pool: ResourcePool,
         make_group: Callable[[str, list[Bundle]], WorkerGroup],
-        init_kwargs: Callable[[], dict],
+        init_kwargs: Callable[[], dict[str, Any]],
         *,
         max_size: int | None = None,
         timeouts: dict[str, float] | None = None,
@@ -102,7 +102,7 @@ class ReplicaSet:
         self.ranks = ranks_per_replica
         self.lock = threading.RLock()
         self.members: list[Member] = []
-        self.events: list[dict] = []
+        self.events: list[dict[str, Any]] = []
         self.error: BaseException | None = None
         self._requests: dict[Any, ExtraRequest] = {}  # ready ref -> request
         self._starting = 0
@@ -291,7 +291,7 @@ class ReplicaSet:
         return f"{self.pool.run}/{self.pool.spec.name}{self._names - 1}"
 
     @staticmethod
-    def _event(kind: str, member: Member) -> dict:
+    def _event(kind: str, member: Member) -> dict[str, Any]:
         return {"event": kind, "replica": member.name, "node": member.node, "time": time.time()}
 
 

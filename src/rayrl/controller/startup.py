@@ -14,7 +14,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rayrl.controller.group import WorkerGroup
 
 logger = logging.getLogger("rayrl.controller")
 
@@ -27,7 +30,7 @@ class PhaseFuture:
     group, or raises the phase's error. It runs once; later calls repeat the outcome.
     """
 
-    def __init__(self, group: Any, phase: str, finish: Callable[[], Any]) -> None:
+    def __init__(self, group: WorkerGroup, phase: str, finish: Callable[[], Any]) -> None:
         self.group = group
         self.phase = phase
         self._finish: Callable[[], Any] | None = finish
@@ -50,7 +53,7 @@ class PhaseFuture:
         return self._value
 
 
-def in_background(group: Any, phase: str, work: Callable[[], Any]) -> PhaseFuture:
+def in_background(group: WorkerGroup, phase: str, work: Callable[[], Any]) -> PhaseFuture:
     """Run `work` (a phase that waits on its own, such as the one formation path of a
     group's init) in a thread now; the PhaseFuture's `result()` joins it and returns its
     value or raises its error. Several groups' phases then run side by side."""
@@ -75,7 +78,7 @@ def in_background(group: Any, phase: str, work: Callable[[], Any]) -> PhaseFutur
 
 
 def start_groups(
-    groups: Sequence[tuple[Any, dict]],
+    groups: Sequence[tuple[Any, dict[str, Any]]],
     *,
     create_timeout_s: float,
     init_timeout_s: float,
@@ -109,7 +112,7 @@ def start_groups(
         raise errors[0]
 
 
-def _shutdown(groups: Sequence[tuple[Any, dict]]) -> None:
+def _shutdown(groups: Sequence[tuple[Any, dict[str, Any]]]) -> None:
     for group, _ in groups:
         try:
             group.shutdown()

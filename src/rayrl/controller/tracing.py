@@ -21,10 +21,10 @@ import json
 import os
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 __all__ = ["TraceTarget", "TraceWindow", "arm", "disarm", "join_traces"]
 
@@ -86,7 +86,7 @@ def disarm() -> list[str]:
     return sorted(out)
 
 
-def _hook(worker: Any, name: str):
+def _hook(worker: Any, name: str) -> AbstractContextManager[None] | None:
     """The call hook: a traced call's profiler session, or None."""
     window = _ARMED
     target = window.targets.get(name) if window is not None else None
@@ -161,7 +161,7 @@ def join_traces(parts: list[Path], out: Path) -> None:
         part.unlink()
 
 
-def _read(path: Path) -> dict:
+def _read(path: Path) -> dict[str, Any]:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as f:
-        return json.load(f)
+        return cast("dict[str, Any]", json.load(f))

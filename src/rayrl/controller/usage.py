@@ -227,7 +227,7 @@ def _cuda_peak_gb(reset: bool) -> float | None:
         return None
     import torch
 
-    peak = torch.cuda.max_memory_allocated() / GB
+    peak: float = torch.cuda.max_memory_allocated() / GB
     if reset:
         torch.cuda.reset_peak_memory_stats()
     return peak

@@ -9,7 +9,9 @@ import ray
 from ray import ObjectRef
 
 
-def wait_all(pending: dict[int, ObjectRef], timeout_s: float) -> tuple[dict, dict]:
+def wait_all(
+    pending: dict[int, ObjectRef], timeout_s: float
+) -> tuple[dict[int, Any], dict[int, BaseException]]:
     """Wait for every ref up to `timeout_s`; returns (results, failures) by rank.
 
     A failure is the exception the ref raised, or a TimeoutError if it was not ready.

@@ -14,22 +14,25 @@ A rank that dies fails the wait at once, as without a watchdog.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import ray
 
 from rayrl.controller.errors import WorkerHungError
 
+if TYPE_CHECKING:
+    from rayrl.controller.group import WorkerGroup
+
 
 class Watchdog:
     """Progress checks for the calls of one group (see the module docstring)."""
 
-    def __init__(self, group: Any, stage_timeout_s: float) -> None:
+    def __init__(self, group: WorkerGroup, stage_timeout_s: float) -> None:
         self.group = group
         self.stage_timeout_s = stage_timeout_s
         self.check_every_s = min(5.0, max(0.2, stage_timeout_s / 4))
 
-    def wait(self, future: Any, timeout: float | None) -> list:
+    def wait(self, future: Any, timeout: float | None) -> list[Any]:
         """The outputs of `future`'s refs; raises as `ray.get` would (a failed rank,
         GetTimeoutError after `timeout`) or WorkerHungError for a rank without progress."""
         end = None if timeout is None else time.monotonic() + timeout
@@ -51,7 +54,7 @@ class Watchdog:
                 ]
                 self.check(future.stage, running, silent, future._describe)
                 next_check = time.monotonic() + self.check_every_s
-        return ray.get(future.refs)
+        return cast("list[Any]", ray.get(future.refs))
 
     def check(
         self, stage: str, ranks: list[int], silent: dict[int, float], describe: Any = None

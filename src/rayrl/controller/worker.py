@@ -36,12 +36,13 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import ray
 
 from rayrl import reads
 from rayrl.cluster import ray_private
+from rayrl.cluster.kv import KVStore
 from rayrl.controller import calls
 from rayrl.controller.calls import hooked, running
 from rayrl.controller.pending import settled
@@ -70,7 +71,7 @@ class WorkerContext:
     local_rank: int = 0
     local_world_size: int = 1
     run: str = ""
-    kv: Any = None
+    kv: KVStore | None = None
     generation: int = 0
     scope: str = ""  # discovery keys live under it: unique to one WorkerGroup object
     usage_interval_s: float = 0.5  # resource-usage sampling period (0 disables it)
@@ -107,7 +108,7 @@ class Worker:
 
     # --- set by the group ---------------------------------------------------------------
 
-    def _rayrl_setup(self, ctx: WorkerContext, call_hooks: tuple = ()) -> dict:
+    def _rayrl_setup(self, ctx: WorkerContext, call_hooks: tuple[Any, ...] = ()) -> dict[str, Any]:
         """Receive this worker's context and install the group's call hooks in this
         process (create phase); returns `info()`."""
         self.ctx = ctx
@@ -125,12 +126,12 @@ class Worker:
         _announce_log_prefix(f"{ctx.role} rank {ctx.rank}")
         return self.info()
 
-    def _rayrl_set_context(self, ctx: WorkerContext) -> dict:
+    def _rayrl_set_context(self, ctx: WorkerContext) -> dict[str, Any]:
         """Update rank, local rank or generation after a replacement elsewhere."""
         self.ctx = ctx
         return self.info()
 
-    def _rayrl_init(self, kwargs: dict, joining: bool = False) -> dict:
+    def _rayrl_init(self, kwargs: dict[str, Any], joining: bool = False) -> dict[str, Any]:
         """Run `init_worker(**kwargs)` (init phase; `joining`: see the class attribute);
         returns `info()`, with what it read from storage."""
         self._rayrl_init_kwargs = dict(kwargs)
@@ -146,7 +147,7 @@ class Worker:
 
     def _rayrl_join(
         self, ctx: WorkerContext, backend: str, timeout: float, pg_timeout: float | None = None
-    ) -> dict:
+    ) -> dict[str, Any]:
         """Leave the current process group and join generation `ctx.generation`."""
         self.ctx = ctx
         with running(self, "init_distributed"):
@@ -154,7 +155,7 @@ class Worker:
             self.init_distributed(backend, timeout=timeout, pg_timeout=pg_timeout)
         return self.info()
 
-    def _rayrl_rebuild(self) -> dict:
+    def _rayrl_rebuild(self) -> dict[str, Any]:
         """After the process group re-formed: rebuild what was bound to the old one."""
         before = reads.total()
         try:
@@ -171,7 +172,7 @@ class Worker:
             self._rayrl_captured = self.snapshot_state()
             return self.ctx.rank if self.ctx else 0
 
-    @ray.method(concurrency_group=SNAPSHOT_GROUP)
+    @ray.method(concurrency_group=SNAPSHOT_GROUP)  # type: ignore[untyped-decorator]  # ray is not followed
     def _rayrl_snapshot_publish(self) -> tuple[int, Any]:
         """(rank, the state `_rayrl_snapshot` captured), on a thread of its own: called
         with two returns, so the driver owns the state without fetching it, while Ray
@@ -192,7 +193,7 @@ class Worker:
         with running(self, "restore"):
             self.restore_state(state)
 
-    def _rayrl_restore_from(self, copies: list) -> int:
+    def _rayrl_restore_from(self, copies: list[Any]) -> int:
         """Put back the first of `copies` (ObjectRefs of one rank's snapshot: the
         primary, then its replicas on other nodes) that is still there; returns its
         index. Raises the last copy's error when none is."""
@@ -208,13 +209,13 @@ class Worker:
                 return index
             raise ValueError("_rayrl_restore_from needs at least one copy")
 
-    @ray.method(concurrency_group=HEALTH_GROUP)
-    def _rayrl_add_call_hooks(self, hooks: list) -> int:
+    @ray.method(concurrency_group=HEALTH_GROUP)  # type: ignore[untyped-decorator]  # ray is not followed
+    def _rayrl_add_call_hooks(self, hooks: list[Any]) -> int:
         """Install call hooks in this process (`rayrl.controller.calls`), on the health
         thread so that a busy worker takes them too; returns how many are installed."""
         return calls.add_call_hooks(hooks)
 
-    @ray.method(concurrency_group=HEALTH_GROUP)
+    @ray.method(concurrency_group=HEALTH_GROUP)  # type: ignore[untyped-decorator]  # ray is not followed
     def _rayrl_trace(self, window: Any) -> list[str]:
         """Arm `window` (a `tracing.TraceWindow`: trace the calls it names), or with
         None disarm it: the trace files written since it was armed."""
@@ -254,7 +255,7 @@ class Worker:
         return 0
 
     @classmethod
-    def check_init_kwargs(cls, kwargs: dict) -> None:
+    def check_init_kwargs(cls, kwargs: dict[str, Any]) -> None:
         """Reject bad `init_worker` arguments on the driver, before any worker runs."""
 
     def init_distributed(
@@ -296,7 +297,7 @@ class Worker:
 
     # --- health and introspection -------------------------------------------------------
 
-    @ray.method(concurrency_group=HEALTH_GROUP)
+    @ray.method(concurrency_group=HEALTH_GROUP)  # type: ignore[untyped-decorator]  # ray is not followed
     def ping(self) -> int:
         """Answer a health check (on its own thread); returns this worker's rank."""
         return self.ctx.rank if self.ctx else -1
@@ -305,8 +306,8 @@ class Worker:
         """(method, start time, thread id) of the call this worker is in, or None."""
         return getattr(self, "_rayrl_busy", None)
 
-    @ray.method(concurrency_group=HEALTH_GROUP)
-    def heartbeat(self) -> dict:
+    @ray.method(concurrency_group=HEALTH_GROUP)  # type: ignore[untyped-decorator]  # ray is not followed
+    def heartbeat(self) -> dict[str, Any]:
         """Liveness and what the worker is doing: the method it is in, for how long, and
         for how long that call has made no progress (`idle_s`, see `rayrl.progress`)."""
         from rayrl import progress
@@ -325,7 +326,7 @@ class Worker:
             "progress": moved["counts"] if busy else {},
         }
 
-    @ray.method(concurrency_group=HEALTH_GROUP)
+    @ray.method(concurrency_group=HEALTH_GROUP)  # type: ignore[untyped-decorator]  # ray is not followed
     def _rayrl_stack(self) -> str:
         """The Python stack of the thread running this worker's current call ("" if idle)."""
         busy = self._rayrl_busy_now()
@@ -336,8 +337,8 @@ class Worker:
             return ""
         return f"Thread {busy[2]} in {busy[0]}:\n" + "".join(traceback.format_stack(frame))
 
-    @ray.method(concurrency_group=HEALTH_GROUP)
-    def _rayrl_usage(self, reset: bool = True) -> dict:
+    @ray.method(concurrency_group=HEALTH_GROUP)  # type: ignore[untyped-decorator]  # ray is not followed
+    def _rayrl_usage(self, reset: bool = True) -> dict[str, Any]:
         """This process's resource use per stage since the last call (see controller.usage)."""
         from rayrl.controller import usage
 
@@ -346,7 +347,7 @@ class Worker:
             return {"stages": {}, "max_memory_allocated_gb": None, "num_cpus": 0.0, "calls": calls}
         return {**usage._SAMPLER.report(reset=reset), "calls": calls}
 
-    def debugger_state(self) -> dict:
+    def debugger_state(self) -> dict[str, Any]:
         """Whether Ray's debugger is on in this process: mode, post-mortem, breakpoint hook."""
         import sys
 
@@ -364,7 +365,7 @@ class Worker:
         ctx = self.ctx
         return f"{ctx.role} rank {ctx.rank}" if ctx else type(self).__name__
 
-    def info(self) -> dict:
+    def info(self) -> dict[str, Any]:
         """Where this worker runs: group, role, ranks, node, host, pid, log file, distributed."""
         ctx = self.ctx or WorkerContext(group="", role="", rank=-1, world_size=0)
         return {
@@ -430,7 +431,7 @@ class Worker:
 
     @property
     def node_id(self) -> str:
-        return ray.get_runtime_context().get_node_id()
+        return cast(str, ray.get_runtime_context().get_node_id())
 
     @property
     def pid(self) -> int:

@@ -20,7 +20,7 @@ GSM8K_SOURCE = "openai/gsm8k"
 _GSM8K_ANSWER = re.compile(r"#### (\-?[0-9\.\,]+)")
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """The objects of a JSONL file; a bad line is an error naming its number."""
     path = Path(path)
     if not path.is_file():
@@ -39,7 +39,7 @@ def read_jsonl(path: str | Path) -> list[dict]:
     return rows
 
 
-def _messages(value: Any, system: str | None, suffix: str) -> list[dict]:
+def _messages(value: Any, system: str | None, suffix: str) -> list[dict[str, Any]]:
     if isinstance(value, str):
         text = f"{value} {suffix}".strip() if suffix else value
         messages = [{"role": "user", "content": text}]
@@ -53,7 +53,7 @@ def _messages(value: Any, system: str | None, suffix: str) -> list[dict]:
 
 
 def convert_rows(
-    rows: Iterable[dict],
+    rows: Iterable[dict[str, Any]],
     *,
     prompt_key: str = "prompt",
     answer_key: str = "answer",
@@ -62,7 +62,7 @@ def convert_rows(
     split: str = "train",
     system: str | None = None,
     suffix: str = "",
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """Map rows with a question column and an answer column to verl's columns.
 
     The other columns of a row are kept in `extra_info`. `data_source` is required:
@@ -70,7 +70,7 @@ def convert_rows(
     """
     if not data_source:
         raise ValueError("data_source is required: it picks the reward scorer (--data-source)")
-    out = []
+    out: list[dict[str, Any]] = []
     for index, row in enumerate(rows):
         for key in (prompt_key, answer_key):
             if key not in row:
@@ -99,7 +99,7 @@ def gsm8k_answer(answer: str) -> str:
     return found.group(1).replace(",", "")
 
 
-def gsm8k_rows(rows: Iterable[dict], split: str = "train") -> list[dict]:
+def gsm8k_rows(rows: Iterable[dict[str, Any]], split: str = "train") -> list[dict[str, Any]]:
     """GSM8K rows (`question`, `answer` ending in `#### N`) in verl's layout, as verl's
     gsm8k preprocessing writes them."""
     out = []

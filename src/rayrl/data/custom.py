@@ -51,7 +51,9 @@ def build_custom_dataset(
     return dataset
 
 
-def custom_rows(dataset: Any, prompt_key: str, where: str) -> tuple[list[dict], list[RowSource]]:
+def custom_rows(
+    dataset: Any, prompt_key: str, where: str
+) -> tuple[list[dict[str, Any]], list[RowSource]]:
     """Every row of `dataset` in order, as a prompt row (messages under `prompt_key`),
     and where each comes from (`where`, its index)."""
     rows, sources = [], []

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,11 +121,11 @@ class RejectedRow:
 
 def read_rows_with_sources(
     files: str | Path | Sequence[str | Path],
-) -> tuple[list[dict], list[RowSource]]:
+) -> tuple[list[dict[str, Any]], list[RowSource]]:
     """All rows of one or more data files (Parquet, or JSON by extension:
     `rayrl.data.files`), in order, and where each comes from."""
     paths = [files] if isinstance(files, str | Path) else list(files)
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     sources: list[RowSource] = []
     for path in paths:
         table = read_rows(path)
@@ -134,12 +134,12 @@ def read_rows_with_sources(
     return rows, sources
 
 
-def read_parquet(files: str | Path | Sequence[str | Path]) -> list[dict]:
+def read_parquet(files: str | Path | Sequence[str | Path]) -> list[dict[str, Any]]:
     """All rows of one or more data files, in order."""
     return read_rows_with_sources(files)[0]
 
 
-def write_parquet(rows: Sequence[dict], path: str | Path) -> Path:
+def write_parquet(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     """Write rows to a parquet file (parent folders created)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -191,15 +191,15 @@ class PromptDataset(EpochBatches):
 
     def __init__(
         self,
-        rows: Sequence[dict],
-        tokenizer,
+        rows: Sequence[dict[str, Any]],
+        tokenizer: Any,
         *,
         max_prompt_length: int,
         truncation: str = "error",
         filter_overlong: bool = True,
         prompt_key: str = "prompt",
         sources: Sequence[RowSource] | None = None,
-        tools: Sequence[dict] | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
         default_agent: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
         vision: VisionProcessor | None = None,
@@ -216,7 +216,7 @@ class PromptDataset(EpochBatches):
         self.max_prompt_length = max_prompt_length
         self.tools = list(tools) if tools else None
         self.default_agent = default_agent
-        self.rows: list[dict] = []
+        self.rows: list[dict[str, Any]] = []
         self.prompt_ids: list[list[int]] = []
         self.positions: list[int] = []  # index of each kept row in the input
         self.rejected: list[RejectedRow] = []
@@ -252,7 +252,7 @@ class PromptDataset(EpochBatches):
                 self.rejected[0],
             )
 
-    def agent_of(self, row: dict) -> str | None:
+    def agent_of(self, row: dict[str, Any]) -> str | None:
         """The row's environment: its `agent_name` column (or `extra_info.agent_name`,
         as `rayrl.envs.episode_fields` reads it), else the dataset's default."""
         extra = row.get("extra_info")
@@ -261,13 +261,15 @@ class PromptDataset(EpochBatches):
         )
         return str(named) if named else self.default_agent
 
-    def _tools_of(self, row: dict) -> list[dict] | None:
+    def _tools_of(self, row: dict[str, Any]) -> list[dict[str, Any]] | None:
         """The tool schemas the row's prompt shows (none for a single-turn agent)."""
         if not self.tools or self.agent_of(row) in SINGLE_TURN_AGENTS:
             return None
         return self.tools
 
-    def _encode_row(self, row: dict, base: Path) -> tuple[list[int] | None, str | None, str | None]:
+    def _encode_row(
+        self, row: dict[str, Any], base: Path
+    ) -> tuple[list[int] | None, str | None, str | None]:
         """(token ids, the rendered prompt when it has images, why there are no ids)."""
         if not self.media.entries(row):
             ids, problem = self._encode(row[self.prompt_key], self._tools_of(row))
@@ -282,7 +284,7 @@ class PromptDataset(EpochBatches):
             return None, None, str(err)
 
     def _encode(
-        self, messages: list[dict], tools: list[dict] | None = None
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
     ) -> tuple[list[int] | None, str | None]:
         """Token ids of the prompt with the chat template applied, or why there are none."""
         text, problem = self._render(messages, tools)
@@ -291,7 +293,7 @@ class PromptDataset(EpochBatches):
         return self.tokenizer(text, add_special_tokens=False)["input_ids"], None
 
     def _render(
-        self, messages: list[dict], tools: list[dict] | None
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
     ) -> tuple[str | None, str | None]:
         """The prompt's text with the chat template applied, or why there is none."""
         extra = dict(self.chat_template_kwargs)
@@ -307,7 +309,11 @@ class PromptDataset(EpochBatches):
 
     @classmethod
     def tokenized(
-        cls, rows: list[dict], prompt_ids: list[list[int]], uids: list[str], tokenizer
+        cls,
+        rows: list[dict[str, Any]],
+        prompt_ids: list[list[int]],
+        uids: list[str],
+        tokenizer: Any,
     ) -> PromptDataset:
         """A dataset of rows tokenised elsewhere (e.g. by Ray Data tasks), ready to collate."""
         self = cls.__new__(cls)
@@ -391,7 +397,7 @@ class PromptDataset(EpochBatches):
                 mask[row, width - len(seq) :] = 1
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
 
-        def column(fn) -> np.ndarray:
+        def column(fn: Callable[[int], object]) -> np.ndarray:
             out = np.empty(len(indices), dtype=object)
             out[:] = [fn(i) for i in indices]
             return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -25,7 +26,7 @@ def is_json(path: str | Path) -> bool:
     return Path(path).suffix.lower() in JSON_SUFFIXES
 
 
-def read_rows(path: str | Path) -> list[dict]:
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
     """The rows of one data file (module docstring)."""
     file = Path(path)
     if not file.is_file():
@@ -33,7 +34,7 @@ def read_rows(path: str | Path) -> list[dict]:
     if is_json(file):
         return _json_rows(file)
     try:
-        return pq.read_table(file).to_pylist()
+        return cast("list[dict[str, Any]]", pq.read_table(file).to_pylist())
     except (pa.ArrowInvalid, OSError) as err:
         raise DataError(
             f"data file {file} is not a Parquet file ({err}); rayrl reads Parquet, and "
@@ -42,7 +43,7 @@ def read_rows(path: str | Path) -> list[dict]:
         ) from None
 
 
-def _json_rows(file: Path) -> list[dict]:
+def _json_rows(file: Path) -> list[dict[str, Any]]:
     text = file.read_text(encoding="utf-8")
     if file.suffix.lower() == ".json":
         try:
@@ -71,7 +72,7 @@ def _json_rows(file: Path) -> list[dict]:
     return rows
 
 
-def _rows_of(whole: object, file: Path) -> list[dict]:
+def _rows_of(whole: object, file: Path) -> list[dict[str, Any]]:
     """A whole-file JSON value as rows: a list of objects or an object of columns."""
     if isinstance(whole, list) and all(isinstance(row, dict) for row in whole):
         return whole

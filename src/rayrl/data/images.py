@@ -87,7 +87,7 @@ def open_image(entry: object, base_dir: Path) -> tuple[Any, ImageBounds]:
     )
 
 
-def _dict_payload(entry: dict) -> object:
+def _dict_payload(entry: dict[str, Any]) -> object:
     """What an image dict holds: `image`, else `bytes`, else `path`."""
     for key in ("image", "bytes", "path"):
         if entry.get(key) is not None:
@@ -98,7 +98,7 @@ def _dict_payload(entry: dict) -> object:
     )
 
 
-def _bounds_of(entry: dict) -> ImageBounds:
+def _bounds_of(entry: dict[str, Any]) -> ImageBounds:
     values = {}
     for key in ("min_pixels", "max_pixels"):
         value = entry.get(key)
@@ -110,7 +110,7 @@ def _bounds_of(entry: dict) -> ImageBounds:
     return ImageBounds(**values)
 
 
-def _local_path(entry: str | os.PathLike, base_dir: Path) -> Path:
+def _local_path(entry: str | os.PathLike[str], base_dir: Path) -> Path:
     text = os.fspath(entry)
     if text.startswith(URL_PREFIXES):
         raise ImageEntryError(

@@ -39,7 +39,8 @@ import numpy as np
 import torch
 
 from rayrl.batch import Batch
-from rayrl.data.dataset import DataError, EpochBatches, RejectedRow, RowSource, require_rows
+from rayrl.data.dataset import EpochBatches, RejectedRow, RowSource, require_rows
+from rayrl.data.errors import DataError
 from rayrl.data.sft import collate_rows, pad_id, prompt_messages
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,9 @@ CHOSEN_VARIANTS = ("chosen", "chosen_response", "response_chosen", "positive", "
 REJECTED_VARIANTS = ("rejected", "rejected_response", "response_rejected", "negative", "neg")
 
 
-def _column(row: dict, key: str, default: str, variants: Sequence[str]) -> tuple[Any, str]:
+def _column(
+    row: dict[str, Any], key: str, default: str, variants: Sequence[str]
+) -> tuple[Any, str]:
     """(value, column) of `key`, or at the default key of its first variant present."""
     if key in row and row[key] is not None:
         return row[key], key
@@ -62,7 +65,7 @@ def _column(row: dict, key: str, default: str, variants: Sequence[str]) -> tuple
     return None, key
 
 
-def _response(value: Any, key: str) -> tuple[str | None, list[dict] | None, str | None]:
+def _response(value: Any, key: str) -> tuple[str | None, list[dict[str, Any]] | None, str | None]:
     """(response text, the messages before it when `value` is a conversation, problem)."""
     if isinstance(value, str):
         if not value.strip():
@@ -89,7 +92,7 @@ class PairDataset(EpochBatches):
 
     def __init__(
         self,
-        rows: Sequence[dict],
+        rows: Sequence[dict[str, Any]],
         tokenizer: Any,
         *,
         encoding: str = "policy",
@@ -98,7 +101,7 @@ class PairDataset(EpochBatches):
         rejected_key: str = "rejected",
         max_length: int = 1024,
         truncation: str = "error",
-        chat_template_kwargs: dict | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
         sources: Sequence[RowSource] | None = None,
     ) -> None:
         if encoding not in ENCODINGS:
@@ -163,7 +166,9 @@ class PairDataset(EpochBatches):
                 return None, tokens
         return tuple(encoded), None
 
-    def _tokens(self, messages: list[dict], response: str, where: object):
+    def _tokens(
+        self, messages: list[dict[str, Any]], response: str, where: object
+    ) -> tuple[list[int], list[int]] | str:
         """(prompt ids, response ids) of one response, cut to `max_length`; or why not."""
         encode = self.tokenizer
         if self.encoding == "score":
@@ -196,7 +201,9 @@ class PairDataset(EpochBatches):
         keep = self.max_length
         return ids[-keep:] if self.truncation == "left" else ids[:keep]
 
-    def _fit(self, prompt: list[int], response: list[int], where: object):
+    def _fit(
+        self, prompt: list[int], response: list[int], where: object
+    ) -> tuple[list[int], list[int]] | str:
         limit, total = self.max_length, len(prompt) + len(response)
         if total <= limit:
             return prompt, response

@@ -30,7 +30,7 @@ from rayrl.data.errors import DataError
 DATA_CPUS = 1.0
 
 
-def _row_id(row: dict) -> str:
+def _row_id(row: dict[str, Any]) -> str:
     text = json.dumps(row, sort_keys=True, default=str)
     return "r" + hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
@@ -40,7 +40,7 @@ def _order_key(seed: int, epoch: int, uid: str) -> int:
     return int.from_bytes(digest, "big") >> 1  # fits int64
 
 
-def _tokenise(table: Any, tokenizer: Any, settings: dict) -> Any:
+def _tokenise(table: Any, tokenizer: Any, settings: dict[str, Any]) -> Any:
     """A Ray Data task: verl rows -> uid, token ids, the row as JSON, `ok` (1: usable)
     and `problem` (why a row was set aside)."""
     import pyarrow as pa
@@ -77,7 +77,7 @@ class RayPromptLoader:
         self,
         *,
         files: Sequence[str] | None = None,
-        rows: list[dict] | None = None,
+        rows: list[dict[str, Any]] | None = None,
         tokenizer: Any,
         max_prompt_length: int,
         truncation: str = "error",
@@ -85,9 +85,9 @@ class RayPromptLoader:
         prompt_key: str = "prompt",
         prefetch_batches: int = 2,
         num_blocks: int = 0,
-        tools: Sequence[dict] | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
         default_agent: str | None = None,
-        chat_template_kwargs: dict | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
         image_key: str = "images",
         video_key: str = "videos",
     ) -> None:
@@ -135,7 +135,7 @@ class RayPromptLoader:
     def __len__(self) -> int:
         return self._len
 
-    def epoch(self, epoch: int, seed: int, shuffle: bool = True):
+    def epoch(self, epoch: int, seed: int, shuffle: bool = True) -> Any:
         """The epoch's rows in their seeded order, as a Ray Dataset."""
         return self.base.map_batches(
             _usable_in_order, fn_args=(seed, epoch if shuffle else -1), batch_format="pyarrow"

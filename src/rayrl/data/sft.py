@@ -50,13 +50,13 @@ import torch
 
 from rayrl.batch import Batch
 from rayrl.data.dataset import (
-    DataError,
     EpochBatches,
     RejectedRow,
     RowSource,
     messages_problem,
     require_rows,
 )
+from rayrl.data.errors import DataError
 from rayrl.data.prompt_images import PromptImages, RowImageError
 from rayrl.data.vision import VisionProcessor
 from rayrl.models.vision_language import IMAGE_COLUMN
@@ -83,7 +83,7 @@ def row_field(row: Any, key: str, nested: Sequence[str]) -> tuple[Any, str | Non
     return value, None
 
 
-def prompt_messages(prompt: Any, key: str) -> tuple[list[dict] | None, str | None]:
+def prompt_messages(prompt: Any, key: str) -> tuple[list[dict[str, Any]] | None, str | None]:
     if isinstance(prompt, str):
         if not prompt.strip():
             return None, f"'{key}' is an empty string"
@@ -105,7 +105,7 @@ class SFTDataset(EpochBatches):
 
     def __init__(
         self,
-        rows: Sequence[dict],
+        rows: Sequence[dict[str, Any]],
         tokenizer: Any,
         *,
         prompt_key: str = "question",
@@ -114,7 +114,7 @@ class SFTDataset(EpochBatches):
         response_dict_keys: Sequence[str] = (),
         max_length: int = 1024,
         truncation: str = "error",
-        chat_template_kwargs: dict | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
         sources: Sequence[RowSource] | None = None,
         multiturn: bool = False,
         messages_key: str = "messages",
@@ -125,7 +125,7 @@ class SFTDataset(EpochBatches):
         self.tokenizer = tokenizer
         self.media = PromptImages(vision, image_key)
         # kept row -> (its rendered prompt, the row, its file's folder, where it came from)
-        self.image_prompts: dict[int, tuple[str, dict, Path, str]] = {}
+        self.image_prompts: dict[int, tuple[str, dict[str, Any], Path, str]] = {}
         self.max_length, self.truncation = max_length, truncation
         self.keys = (prompt_key, tuple(prompt_dict_keys), response_key, tuple(response_dict_keys))
         self.multiturn, self.messages_key, self.tools_key = multiturn, messages_key, tools_key
@@ -241,15 +241,18 @@ class SFTDataset(EpochBatches):
             )
         return (prompt_ids, response, mask), None
 
-    def _pieces(self, messages: list[dict], tools: list | None) -> list[tuple[str, bool]] | str:
+    def _pieces(
+        self, messages: list[dict[str, Any]], tools: list[Any] | None
+    ) -> list[tuple[str, bool]] | str:
         """The conversation's text in pieces (text, is an assistant message): the prompt
         first; or why the template cannot render it message by message."""
         kwargs = {**self.template_kwargs, **({"tools": tools} if tools else {})}
 
         def render(upto: int, generation: bool) -> str:
-            return self.tokenizer.apply_chat_template(
+            text: str = self.tokenizer.apply_chat_template(
                 messages[:upto], tokenize=False, add_generation_prompt=generation, **kwargs
             )
+            return text
 
         first = [m["role"] for m in messages].index("assistant")
         done = render(first, True)

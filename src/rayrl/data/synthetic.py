@@ -89,7 +89,7 @@ def _problems(task: str, size: int, seed: int) -> list[Problem]:
 
 def synthetic_rows(
     task: str = "arithmetic", size: int = 512, seed: int = 0, images: bool = True
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """`size` prompt rows of a synthetic task (a visual one's with their images unless
     `images=False`: `rayrl.data.synthetic_images`), the same for the same seed."""
     if task in VISUAL_TASKS:
@@ -110,12 +110,12 @@ def synthetic_rows(
     ]
 
 
-def tool_call(name: str, **arguments) -> str:
+def tool_call(name: str, **arguments: Any) -> str:
     """One tool call as the model writes it (hermes: JSON inside <tool_call> tags)."""
     return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
 
 
-def conversation(p: Problem, right: bool) -> list[dict]:
+def conversation(p: Problem, right: bool) -> list[dict[str, Any]]:
     """A `multiply` demonstration: the calculator called and its answer copied, or a guess."""
     user = {"role": "user", "content": f"{p.question} {INSTRUCTION}"}
     if not right:
@@ -131,7 +131,7 @@ def conversation(p: Problem, right: bool) -> list[dict]:
 
 def held_out_rows(
     task: str, size: int, val_size: int, seed: int, images: bool = True
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """Validation rows of a synthetic task: drawn after the `size` training rows of
     `synthetic_rows(task, size, seed, images)`, minus any whose question those also ask."""
     rows = synthetic_rows(task, size + val_size, seed, images)
@@ -139,14 +139,14 @@ def held_out_rows(
     return [r for r in rows[size:] if _question(r) not in seen]
 
 
-def _question(row: dict) -> str:
+def _question(row: dict[str, Any]) -> str:
     """What a row asks: its prompt, and for a visual task what its image shows."""
     return f"{row['prompt']} {row['extra_info']['question']}"
 
 
 def demonstrations(
     task: str = "larger", size: int = 512, seed: int = 0, correct_rate: float = 1.0
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """SFT rows (`question`, `answer`) for the questions of `synthetic_rows(task, size,
     seed)`: each answer is right with probability `correct_rate`, else the task's
     typical mistake. `extra_info.correct` says which. A tool task's rows also have the
@@ -192,7 +192,7 @@ def preference_pairs(
     seed: int = 0,
     val_size: int = 0,
     mistake_rate: float = 0.3,
-) -> tuple[list[dict], list[dict]]:
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Preference pairs of a synthetic task (`rayrl rm` and `rayrl dpo`'s demo data):
     `prompt` (the question with the instruction), `chosen` (the right answer) and
     `rejected` (a wrong one: with probability `mistake_rate` the task's typical mistake,
@@ -207,7 +207,7 @@ def preference_pairs(
     problems = _problems(task, size + val_size, seed)
     rng = random.Random(f"{seed}:preference_pairs")
 
-    def pair(i: int, p: Problem) -> dict:
+    def pair(i: int, p: Problem) -> dict[str, Any]:
         typical = rng.random() < mistake_rate
         return {
             "data_source": task,

@@ -114,7 +114,7 @@ def _pictures(task: str, size: int, seed: int) -> list[Picture]:
     return [IMAGE_TASKS[task](rng) for _ in range(size)]
 
 
-def image_rows(task: str, size: int, seed: int = 0, images: bool = True) -> list[dict]:
+def image_rows(task: str, size: int, seed: int = 0, images: bool = True) -> list[dict[str, Any]]:
     """`size` prompt rows of a synthetic visual task, the same for the same seed; with
     `images=False`, without their images and placeholders (module docstring)."""
     rows = []
@@ -142,7 +142,7 @@ def mistake(task: str, answer: str) -> str:
 
 def image_demonstrations(
     task: str, size: int, seed: int = 0, correct_rate: float = 1.0, images: bool = True
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """SFT rows (`question`, `answer`, `images`) for the pictures of `image_rows(task,
     size, seed)`: each answer right with probability `correct_rate`, else `mistake`;
     `extra_info.correct` says which."""

@@ -67,7 +67,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> type[ModelReward]:
     if name == "ModelReward":  # keep `import rayrl.rewards` free of torch
         from rayrl.rewards.model import ModelReward
 

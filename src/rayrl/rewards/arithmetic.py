@@ -19,7 +19,7 @@ WELL_FORMED = 0.1
 def compute_score(
     solution_str: str,
     ground_truth: Any,
-    extra_info: dict | None = None,
+    extra_info: dict[str, Any] | None = None,
     *,
     correct_score: float = CORRECT,
     format_score: float = WELL_FORMED,
@@ -34,7 +34,7 @@ def compute_score(
 
 
 def compute_exact(
-    solution_str: str, ground_truth: Any, extra_info: dict | None = None
+    solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None = None
 ) -> dict[str, float]:
     """1.0 when the last number of the response is the ground truth, else 0.0."""
     return compute_score(solution_str, ground_truth, extra_info, format_score=0.0)

@@ -40,20 +40,20 @@ PROMPT_KEY = "prompt"  # the original prompt (a string or chat messages), in ext
 BATCH_STYLE_ARGS = ("prompts", "completions")  # what a batch-style function is given
 
 
-def describe(fn: Callable) -> str:
+def describe(fn: Callable[..., Any]) -> str:
     """A callable's name for messages: module.qualname, or its type's for an object."""
     name = getattr(fn, "__qualname__", None) or f"{type(fn).__qualname__} object"
     module = getattr(fn, "__module__", None) or type(fn).__module__
     return f"{module}.{name}" if module and module != "builtins" else name
 
 
-def metric_name(fn: Callable) -> str:
+def metric_name(fn: Callable[..., Any]) -> str:
     """A short name for a function's extra metric (`reward/<name>/mean`)."""
     name = getattr(fn, "__name__", None) or type(fn).__name__
     return "lambda" if name == "<lambda>" else name
 
 
-def _parameters(fn: Callable) -> dict[str, inspect.Parameter]:
+def _parameters(fn: Callable[..., Any]) -> dict[str, inspect.Parameter]:
     try:
         return dict(inspect.signature(fn).parameters)
     except (TypeError, ValueError) as exc:
@@ -62,17 +62,17 @@ def _parameters(fn: Callable) -> dict[str, inspect.Parameter]:
         ) from None
 
 
-def is_rayrl_style(fn: Callable) -> bool:
+def is_rayrl_style(fn: Callable[..., Any]) -> bool:
     """Whether `fn` takes rayrl's per-sample arguments (it has a `solution_str`)."""
     return "solution_str" in _parameters(fn)
 
 
-def takes_kwargs(fn: Callable) -> bool:
+def takes_kwargs(fn: Callable[..., Any]) -> bool:
     """Whether `fn` takes **kwargs."""
     return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in _parameters(fn).values())
 
 
-def required_args(fn: Callable) -> list[str]:
+def required_args(fn: Callable[..., Any]) -> list[str]:
     """The parameters of `fn` that have no default (not *args nor **kwargs)."""
     skip = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
     return [
@@ -141,7 +141,9 @@ class RewardFuncs:
     """Several reward functions, either style, as one per-sample function of rayrl's
     signature returning their weighted sum (module docstring)."""
 
-    def __init__(self, funcs: Sequence[Callable], weights: Sequence[float] | None = None) -> None:
+    def __init__(
+        self, funcs: Sequence[Callable[..., Any]], weights: Sequence[float] | None = None
+    ) -> None:
         self.funcs = list(funcs)
         self.weights = [1.0] * len(self.funcs) if weights is None else [float(w) for w in weights]
         if not self.funcs:
@@ -166,7 +168,7 @@ class RewardFuncs:
 
     def __call__(
         self, data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None
-    ) -> float | dict | None:
+    ) -> float | dict[str, Any] | None:
         sample = Sample(data_source, solution_str, ground_truth, extra_info)
         total, found, extra = 0.0, False, {}
         for call, weight, name in zip(self.calls, self.weights, self.names, strict=True):
@@ -187,12 +189,12 @@ class Call:
     """A reward function with how it is called: rayrl's style or the batch style, and
     the keyword arguments it accepts (None: any, it takes **kwargs)."""
 
-    fn: Callable
+    fn: Callable[..., Any]
     rayrl_style: bool
     accepts: frozenset[str] | None
 
     @classmethod
-    def of(cls, fn: Callable) -> Call:
+    def of(cls, fn: Callable[..., Any]) -> Call:
         accepts = None if takes_kwargs(fn) else frozenset(_parameters(fn))
         return cls(fn, is_rayrl_style(fn), accepts)
 
@@ -206,7 +208,7 @@ class Sample:
     ground_truth: Any
     extra_info: Any
 
-    def score_with(self, call: Call) -> tuple[float | None, dict]:
+    def score_with(self, call: Call) -> tuple[float | None, dict[str, Any]]:
         """The function's score of this sample (None: it abstained) and its extra
         metrics."""
         fn = call.fn
@@ -223,7 +225,7 @@ class Sample:
             return _number(fn, value), {}
         return _number(fn, _one(fn, fn(**self.batch_style_args(call.accepts)))), {}
 
-    def batch_style_args(self, accepts: frozenset[str] | None) -> dict[str, list]:
+    def batch_style_args(self, accepts: frozenset[str] | None) -> dict[str, list[Any]]:
         """The keyword arguments of a batch-style function accepting `accepts` (None:
         any), as lists of one."""
         columns = dict(self.extra_info) if isinstance(self.extra_info, dict) else {}
@@ -237,7 +239,7 @@ class Sample:
         return {key: value for key, value in args.items() if key in accepts}
 
 
-def _one(fn: Callable, value: object) -> object:
+def _one(fn: Callable[..., Any], value: object) -> object:
     """The single score of a batch-style function called on one sample."""
     if hasattr(value, "tolist"):  # a numpy array or a tensor
         value = value.tolist()
@@ -250,7 +252,7 @@ def _one(fn: Callable, value: object) -> object:
     return value[0]
 
 
-def _number(fn: Callable, value: object) -> float | None:
+def _number(fn: Callable[..., Any], value: object) -> float | None:
     """`value` as a float; None stays None; anything else is a TypeError naming `fn`."""
     if value is None:
         return None

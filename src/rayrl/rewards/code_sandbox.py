@@ -38,6 +38,7 @@ from rayrl.rewards.code_tests import (
 )
 from rayrl.rewards.managers import NumberAsAcc
 from rayrl.rewards.result import RewardResult, failed
+from rayrl.rewards.source import RewardSource
 from rayrl.sandbox_fusion import SandboxFusion, SandboxFusionError
 
 __all__ = ["CodeSandboxReward", "with_code_sandbox"]
@@ -78,7 +79,7 @@ class CodeSandboxReward:
     bounds each case's compilation and its run (verl's 10 s)."""
 
     def __init__(
-        self, client: SandboxFusion, rest: Any, case_timeout_s: float = CASE_TIMEOUT_S
+        self, client: SandboxFusion, rest: RewardSource, case_timeout_s: float = CASE_TIMEOUT_S
     ) -> None:
         self.client, self.rest, self.case_timeout_s = client, rest, case_timeout_s
         self.calls = self.errors = 0
@@ -157,7 +158,7 @@ class CodeSandboxReward:
             close()
 
 
-def with_code_sandbox(scorer: Any, client: SandboxFusion) -> Any:
+def with_code_sandbox(scorer: RewardSource, client: SandboxFusion) -> RewardSource:
     """``scorer`` (a reward manager's) with the code samples scored on ``client``'s
     server; under the DAPO manager their scores are reported as ``acc`` too."""
     if isinstance(scorer, NumberAsAcc):

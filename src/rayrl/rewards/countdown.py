@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from fractions import Fraction
 from typing import Any
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_BINARY = {
+_BINARY: dict[type[ast.operator], Callable[[Fraction, Fraction], Fraction]] = {
     ast.Add: lambda a, b: a + b,
     ast.Sub: lambda a, b: a - b,
     ast.Mult: lambda a, b: a * b,
@@ -89,7 +89,7 @@ def check_equation(equation: str, numbers: Iterable[int], target: int) -> bool:
 def compute_score(
     solution_str: str,
     ground_truth: Any,
-    extra_info: dict | None = None,
+    extra_info: dict[str, Any] | None = None,
     *,
     format_score: float = 0.1,
     score: float = 1.0,

@@ -29,7 +29,7 @@ def extract_solution(solution_str: str, method: str = "strict") -> str | None:
 def compute_score(
     solution_str: str,
     ground_truth: Any,
-    extra_info: dict | None = None,
+    extra_info: dict[str, Any] | None = None,
     *,
     method: str = "strict",
     format_score: float = 0.0,

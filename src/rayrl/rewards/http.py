@@ -88,7 +88,7 @@ class HTTPReward:
             )
         return [_entry_result(entry, elapsed) for entry in scores]
 
-    def post(self, payload: dict) -> Any:
+    def post(self, payload: dict[str, Any]) -> Any:
         """POST `payload` as JSON and return the decoded reply, retrying transient failures."""
         body = json.dumps(payload, default=_to_json).encode()
         try:

@@ -48,7 +48,7 @@ JUDGE_FIELDS = ("question", "response", "ground_truth")
 PREFIX = "judge/"
 
 
-def genrm_kwargs(fn: Callable, address: str, tokenizer: Any) -> dict[str, Any]:
+def genrm_kwargs(fn: Callable[..., Any], address: str, tokenizer: Any) -> dict[str, Any]:
     """verl's extra arguments of a generative reward model's `compute_score`, those its
     signature takes (by name, or through ``**kwargs``)."""
     params = inspect.signature(fn).parameters

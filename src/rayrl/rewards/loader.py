@@ -29,10 +29,10 @@ import difflib
 import inspect
 import os
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from rayrl.rewards import registry
 from rayrl.usercode import UserCodeError, import_file
@@ -40,8 +40,9 @@ from rayrl.usercode import UserCodeError, import_file
 PARAMS = ("data_source", "solution_str", "ground_truth", "extra_info")
 DEFAULT_NAME = "compute_score"
 
-# A score, a dict with one under "score", or None: no score (a failed sample)
-RewardFunction = Callable[..., float | dict | None]
+# A score, a dict with one under "score", or None: no score (a failed sample); a batched
+# function (`resolve_function(batched=True)`), one of those per sample
+RewardFunction = Callable[..., float | dict[str, Any] | list[Any] | None]
 
 
 class RewardFunctionError(UserCodeError):
@@ -69,7 +70,7 @@ class PickledFunction:
             raise RewardFunctionError(
                 f"custom_reward_function.pickled holds a {type(fn).__name__}, not a function"
             )
-        return fn
+        return cast(RewardFunction, fn)
 
     def __repr__(self) -> str:
         return f"PickledFunction({len(self.payload)} characters)"
@@ -77,10 +78,12 @@ class PickledFunction:
 
 # None, a built-in name, (path, name), (path or None, name, extra keyword arguments),
 # or pickled Python callables
-FunctionSpec = str | tuple[str, str] | tuple[str | None, str, dict] | PickledFunction | None
+FunctionSpec = (
+    str | tuple[str, str] | tuple[str | None, str, dict[str, Any]] | PickledFunction | None
+)
 
 
-def load_function(path: str | os.PathLike, name: str = DEFAULT_NAME) -> RewardFunction:
+def load_function(path: str | os.PathLike[str], name: str = DEFAULT_NAME) -> RewardFunction:
     """Import the file at `path` and return its function `name`, signature checked.
 
     Raises RewardFunctionError naming the file and what to fix when the file is
@@ -92,7 +95,7 @@ def load_function(path: str | os.PathLike, name: str = DEFAULT_NAME) -> RewardFu
     return fn
 
 
-def import_function(path: str | os.PathLike, name: str) -> RewardFunction:
+def import_function(path: str | os.PathLike[str], name: str) -> RewardFunction:
     """The function `name` of the file at `path`, its signature not checked (the caller
     checks it for how it calls it)."""
     file = Path(path).expanduser().absolute()
@@ -109,10 +112,10 @@ def import_function(path: str | os.PathLike, name: str) -> RewardFunction:
         )
     if not callable(fn):
         raise RewardFunctionError(f"{file}: {name!r} is a {type(fn).__name__}, not a function.")
-    return fn
+    return cast(RewardFunction, fn)
 
 
-def check_file(path: str | os.PathLike, name: str = DEFAULT_NAME) -> None:
+def check_file(path: str | os.PathLike[str], name: str = DEFAULT_NAME) -> None:
     """Raise RewardFunctionError, as `load_function` would, when the file at `path` is
     missing, is not valid Python, or defines no top-level `name` (a function, a class,
     an assignment or an import of that name); the file is read, not run, so a file
@@ -175,7 +178,7 @@ def _blocks(node: ast.stmt) -> list[ast.stmt]:
 
 
 def check_signature(
-    fn: Callable, where: str = "reward function", params: tuple[str, ...] = PARAMS
+    fn: Callable[..., Any], where: str = "reward function", params: tuple[str, ...] = PARAMS
 ) -> None:
     """Raise RewardFunctionError unless `fn` accepts the reward arguments `params` by name
     (default: the four per-sample ones; `BATCH_PARAMS` for a batched function).
@@ -220,7 +223,7 @@ class BuiltinScorer:
 
     def __call__(
         self, data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None
-    ) -> float | dict:
+    ) -> float | dict[str, Any]:
         return registry.get_scorer(self.source)(solution_str, ground_truth, extra_info)
 
     def __repr__(self) -> str:
@@ -237,7 +240,14 @@ class BatchedCalls:
     def __init__(self, fn: RewardFunction) -> None:
         self.fn = fn
 
-    def __call__(self, data_sources, solution_strs, ground_truths, extra_infos=None, **kwargs):
+    def __call__(
+        self,
+        data_sources: Sequence[str],
+        solution_strs: Sequence[str],
+        ground_truths: Sequence[Any],
+        extra_infos: Sequence[dict[str, Any] | None] | None = None,
+        **kwargs: Any,
+    ) -> list[float | dict[str, Any] | list[Any] | None]:
         infos = extra_infos if extra_infos is not None else [None] * len(data_sources)
         return [
             self.fn(data_source=d, solution_str=s, ground_truth=g, extra_info=e, **kwargs)
@@ -290,7 +300,7 @@ def resolve_function(spec: FunctionSpec, batched: bool = False) -> RewardFunctio
     return BatchedCalls(fn) if batched else fn
 
 
-def _user_function(path: str, name: str, batched: bool, kwargs: dict) -> RewardFunction:
+def _user_function(path: str, name: str, batched: bool, kwargs: dict[str, Any]) -> RewardFunction:
     """A user file's function, its signature checked for how it is called: the reward
     arguments (per sample or batched) and the extra keyword arguments `kwargs`
     (`reward_kwargs`; a generative reward model's `reward_router_address`, ...)."""
@@ -303,7 +313,7 @@ def _user_function(path: str, name: str, batched: bool, kwargs: dict) -> RewardF
     return WithKwargs(fn, kwargs) if kwargs else fn
 
 
-def check_accepts(fn: Callable, names: list[str], where: str) -> None:
+def check_accepts(fn: Callable[..., Any], names: list[str], where: str) -> None:
     """Raise RewardFunctionError unless `fn` takes each of `names` by keyword."""
     params = inspect.signature(fn).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):

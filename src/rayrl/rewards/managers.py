@@ -28,13 +28,16 @@ from rayrl.registry import Registry
 from rayrl.rewards.loader import FunctionSpec
 from rayrl.rewards.pool import RewardPool
 from rayrl.rewards.result import RewardResult
+from rayrl.rewards.source import RewardSource
 
-REWARD_MANAGERS: Registry[Callable[..., Any]] = Registry(
+REWARD_MANAGERS: Registry[Callable[[FunctionSpec, int, float], RewardSource]] = Registry(
     "reward manager", config_key="reward.reward_manager.name"
 )
 
 
-def make_scorer(manager: str, spec: FunctionSpec, num_workers: int, timeout_s: float) -> Any:
+def make_scorer(
+    manager: str, spec: FunctionSpec, num_workers: int, timeout_s: float
+) -> RewardSource:
     """The reward source of manager `manager`: `score(items)`, `stats()`, `close()`."""
     return REWARD_MANAGERS.get(manager)(spec, num_workers, timeout_s)
 
@@ -53,7 +56,7 @@ def batched(spec: FunctionSpec, num_workers: int, timeout_s: float) -> RewardPoo
 class NumberAsAcc:
     """A source whose plain-number scores are also reported as the extra `acc`."""
 
-    def __init__(self, source: Any) -> None:  # a reward source: a pool, or one in front of it
+    def __init__(self, source: RewardSource) -> None:  # a pool, or one in front of it
         self.source = source
 
     def score(self, items: list[dict[str, Any]]) -> list[RewardResult]:
@@ -62,7 +65,7 @@ class NumberAsAcc:
             for r in self.source.score(items)
         ]
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Any]:
         return self.source.stats()
 
     def close(self) -> None:

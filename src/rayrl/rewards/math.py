@@ -89,7 +89,7 @@ def is_equivalent(answer: str, reference: str) -> bool:
 
 
 def compute_score(
-    solution_str: str, ground_truth: Any, extra_info: dict | None = None
+    solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None = None
 ) -> dict[str, float]:
     r"""1.0 when the last `\boxed{}` of the response equals `ground_truth`, else 0.0.
 

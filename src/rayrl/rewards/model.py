@@ -36,7 +36,7 @@ class ModelReward:
 
     def __init__(
         self,
-        model_path: str | os.PathLike,
+        model_path: str | os.PathLike[str],
         device: str | torch.device = "cpu",
         dtype: str | torch.dtype = torch.float32,
         micro_batch_size: int = 8,
@@ -54,7 +54,7 @@ class ModelReward:
         self.model.eval()
         self._head = _score_head(self.model, model_path)
 
-    @torch.no_grad()
+    @torch.no_grad()  # type: ignore[untyped-decorator]  # torch is not followed
     def score_ids(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Scores (float32, shape [batch]) of padded token ids; padding on either side."""
         if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
@@ -100,7 +100,8 @@ class ModelReward:
         """The text of a conversation ending in `response` as the assistant turn."""
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         messages = [*messages, {"role": "assistant", "content": response}]
-        return self.tokenizer.apply_chat_template(messages, tokenize=False)
+        text: str = self.tokenizer.apply_chat_template(messages, tokenize=False)
+        return text
 
     def _score_token_lists(self, sequences: list[list[int]]) -> list[float]:
         if self.max_length is not None:

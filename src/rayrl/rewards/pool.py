@@ -38,7 +38,7 @@ from multiprocessing import get_context, util
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from multiprocessing.reduction import ForkingPickler
-from typing import Any
+from typing import Any, cast
 
 from rayrl.rewards.loader import BATCH_PARAMS, PARAMS, FunctionSpec, resolve_function
 from rayrl.rewards.result import RewardResult, failed, to_result
@@ -62,8 +62,8 @@ class _Worker:
     conn: Connection
     since: float  # spawn time until ready, then when the sample it is scoring started
     ready: bool = False
-    queue: deque = field(default_factory=deque)  # samples sent, in order; the first is scoring
-    sizes: deque = field(default_factory=deque)  # their pickled bytes
+    queue: deque[int] = field(default_factory=deque)  # samples sent, in order; the first is scoring
+    sizes: deque[int] = field(default_factory=deque)  # their pickled bytes
 
     @property
     def index(self) -> int | None:
@@ -139,7 +139,9 @@ class RewardPool:
         self.errors += sum(r.error is not None for r in results)
         return results
 
-    def _batch_results(self, items: list[dict], calls: list[dict]) -> list[RewardResult]:
+    def _batch_results(
+        self, items: list[dict[str, Any]], calls: list[dict[str, Any]]
+    ) -> list[RewardResult]:
         """One call with the lists of every item; its failure fails each item."""
         if not items:
             return []
@@ -149,7 +151,7 @@ class RewardPool:
         (out,) = self._run([batch], self.timeout_s * len(items))
         if isinstance(out, RewardResult):  # the call failed as a whole
             return [replace(out) for _ in items]
-        return out
+        return cast("list[RewardResult]", out)
 
     def _run(self, calls: list[dict[str, Any]], timeout_s: float) -> list[Any]:
         """Each call's answer (a RewardResult, or the list a batched call returns), the
@@ -198,7 +200,7 @@ class RewardPool:
         self._workers[slot] = self._spawn()
         self.restarts += 1
 
-    def _fill(self, pending: deque, calls: list[dict], results: list) -> None:
+    def _fill(self, pending: deque[Any], calls: list[dict[str, Any]], results: list[Any]) -> None:
         """Send pending samples to the ready workers: one to each idle worker, then up to
         `AHEAD_SAMPLES` behind the one a worker is scoring (`AHEAD_BYTES`), fewer near
         the end so that no sample waits behind a slow one while a worker is idle."""
@@ -216,7 +218,9 @@ class RewardPool:
             if not progressed:
                 return
 
-    def _dispatch(self, worker: _Worker, pending: deque, calls: list[dict], results: list) -> bool:
+    def _dispatch(
+        self, worker: _Worker, pending: deque[Any], calls: list[dict[str, Any]], results: list[Any]
+    ) -> bool:
         """Send the next pending sample to ``worker`` if its queue has room; whether one
         left ``pending`` (sent, or failed because it could not be pickled)."""
         index = pending[0]
@@ -239,7 +243,7 @@ class RewardPool:
         worker.sizes.append(len(payload))
         return True
 
-    def _requeue(self, worker: _Worker, pending: deque) -> None:
+    def _requeue(self, worker: _Worker, pending: deque[Any]) -> None:
         """The samples queued behind the first (never started) go back to the front."""
         for index in reversed(list(worker.queue)[1:]):
             pending.appendleft(index)
@@ -256,12 +260,14 @@ class RewardPool:
                 deadlines.append(w.since + self.start_timeout_s)
         return max(0.0, min(deadlines) - time.monotonic()) if deadlines else 1.0
 
-    def _receive(self, slot: int, worker: _Worker, results: list, pending: deque) -> None:
+    def _receive(self, slot: int, worker: _Worker, results: list[Any], pending: deque[Any]) -> None:
         """Every message the worker has sent (one result per sample, in order)."""
         while self._receive_one(slot, worker, results, pending) and worker.conn.poll():
             pass
 
-    def _receive_one(self, slot: int, worker: _Worker, results: list, pending: deque) -> bool:
+    def _receive_one(
+        self, slot: int, worker: _Worker, results: list[Any], pending: deque[Any]
+    ) -> bool:
         """One message; False when the worker died (and was replaced)."""
         try:
             message = worker.conn.recv()
@@ -299,7 +305,7 @@ class RewardPool:
         worker.since = now  # the worker starts the next one, if any, now
         return True
 
-    def _expire(self, results: list, pending: deque) -> None:
+    def _expire(self, results: list[Any], pending: deque[Any]) -> None:
         now = time.monotonic()
         for slot, worker in enumerate(self._workers):
             if worker.index is not None and now - worker.since >= self._call_timeout_s:
@@ -360,7 +366,7 @@ async def _wait_for(awaitable: Any) -> Any:
     return await awaitable
 
 
-def _batch_to_results(out: Any, kwargs: dict[str, list]) -> list[RewardResult] | RewardResult:
+def _batch_to_results(out: Any, kwargs: dict[str, list[Any]]) -> list[RewardResult] | RewardResult:
     """A batched function's answer: one score (number or dict) per sample, in order."""
     n = len(kwargs[BATCH_PARAMS[0]])
     if hasattr(out, "tolist"):  # a numpy array or a tensor of scores

@@ -17,7 +17,7 @@ from rayrl.registry import Registry
 from rayrl.rewards import arithmetic, code_tests, countdown, gsm8k, words
 from rayrl.rewards import math as math_scorer
 
-Scorer = Callable[[str, Any, dict | None], float | dict]
+Scorer = Callable[[str, Any, dict[str, Any] | None], float | dict[str, Any]]
 
 # one entry per data_source name (several names may hold the same scorer)
 SCORERS: Registry[Scorer] = Registry("reward scorer", config_key="data_source")
@@ -70,8 +70,8 @@ def get_scorer(data_source: str) -> Scorer:
 
 
 def compute_score(
-    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
-) -> float | dict:
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None = None
+) -> float | dict[str, Any]:
     """Score one sample with the built-in scorer of its `data_source` (verl's signature)."""
     return get_scorer(data_source)(solution_str, ground_truth, extra_info)
 

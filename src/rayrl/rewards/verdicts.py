@@ -37,7 +37,9 @@ class VerdictError(ValueError):
     """A verdict the parser cannot read (the sample is a reward error)."""
 
 
-def make_parser(name: str, labels: dict | None = None, score_range: Any = None) -> VerdictParser:
+def make_parser(
+    name: str, labels: dict[str, Any] | None = None, score_range: Any = None
+) -> VerdictParser:
     """The parser `reward.judge.parser` names, with its settings checked now (a bad map
     or range is a config mistake, raised as ValueError naming the key)."""
     return VERDICT_PARSERS.get(name)(labels=dict(labels or {}), score_range=score_range)
@@ -48,7 +50,7 @@ def _short(text: str, limit: int = 80) -> str:
 
 
 @VERDICT_PARSERS.register("number")
-def number_parser(labels: dict, score_range: Any) -> VerdictParser:
+def number_parser(labels: dict[str, Any], score_range: Any) -> VerdictParser:
     """The last number in the verdict, within `score_range` when set."""
     low, high = _range(score_range)
 
@@ -83,7 +85,7 @@ def _range(score_range: Any) -> tuple[float, float]:
 
 
 @VERDICT_PARSERS.register("label")
-def label_parser(labels: dict, score_range: Any) -> VerdictParser:
+def label_parser(labels: dict[str, Any], score_range: Any) -> VerdictParser:
     """The last label word in the verdict (whole words, case ignored), scored by `labels`."""
     if not labels:
         raise ValueError(

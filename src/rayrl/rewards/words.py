@@ -17,7 +17,7 @@ _WORD = re.compile(r"[A-Za-z]+")
 
 
 def compute_score(
-    solution_str: str, ground_truth: Any, extra_info: dict | None = None
+    solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None = None
 ) -> dict[str, float]:
     """Score one response; returns {"score": ..., "acc": 1.0 or 0.0}."""
     words = _WORD.findall(solution_str)

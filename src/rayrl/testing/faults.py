@@ -21,7 +21,10 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rayrl.controller.group import WorkerGroup
 
 ACTIONS = ("kill", "hang", "raise")
 _LOCK = threading.Lock()
@@ -85,7 +88,7 @@ def _hang_forever() -> None:
         time.sleep(3600)
 
 
-def inject(group: Any, fault: Fault) -> None:
+def inject(group: WorkerGroup, fault: Fault) -> None:
     """Arm `fault` in the workers of `group` (a WorkerGroup) now running; one with
     `times=None` in every worker that replaces one, too."""
     group.add_call_hook(FaultHook(fault), new_workers=fault.times is None)

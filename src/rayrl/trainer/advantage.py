@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import inspect
 import random
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -67,7 +69,7 @@ def shape_rewards(cfg: RayRLConfig, batch: Batch) -> dict[str, float]:
 EXTREME_SCORE = 1e4
 
 
-def warn_extreme_scores(scores: torch.Tensor, print_fn) -> bool:
+def warn_extreme_scores(scores: torch.Tensor, print_fn: Callable[[str], None]) -> bool:
     """Say so (a WARNING line) when some scores are beyond +-`EXTREME_SCORE`: GRPO's group
     statistics cope, but GAE, the KL penalty's balance and the logged rewards do not."""
     extreme = scores.abs() > EXTREME_SCORE
@@ -272,7 +274,7 @@ class AdvantageStage:
         """What a checkpoint keeps: the KL controller's coefficient."""
         return {"kl_ctrl": self.kl_ctrl.state_dict()}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
 
 

@@ -95,6 +95,7 @@ def warn_if_tools_dropped(
 
 
 def _render(tokenizer: Any, kwargs: dict[str, Any]) -> str:
-    return tokenizer.apply_chat_template(
+    text: str = tokenizer.apply_chat_template(
         _PROBE, tokenize=False, add_generation_prompt=True, **kwargs
     )
+    return text

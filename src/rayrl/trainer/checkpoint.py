@@ -49,7 +49,7 @@ def is_complete(path: Path) -> bool:
     return step_of(path) is not None and (path / STATE_FILE).is_file()
 
 
-def load_states(path: str | os.PathLike) -> dict[str, dict[str, Any]]:
+def load_states(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     """The driver parts' states of a checkpoint directory, by part name."""
     file = Path(path) / STATE_FILE
     if not file.is_file():
@@ -96,7 +96,7 @@ def _out_of_space(err: BaseException) -> bool:
 class CheckpointManager:
     """Saves, lists, prunes and finds the checkpoints under one `checkpoints/` folder."""
 
-    def __init__(self, root: str | os.PathLike, max_to_keep: int | None = None) -> None:
+    def __init__(self, root: str | os.PathLike[str], max_to_keep: int | None = None) -> None:
         self.root = Path(root)
         self.max_to_keep = max_to_keep
 
@@ -134,7 +134,7 @@ class CheckpointManager:
         )
         return f"{marker} names {named!r}, which is missing or incomplete; {fallback}"
 
-    def resolve(self, mode: str, path: str | os.PathLike | None = None) -> Path | None:
+    def resolve(self, mode: str, path: str | os.PathLike[str] | None = None) -> Path | None:
         """`trainer.resume_mode`: "auto" (the latest checkpoint here, if any), "disable",
         or "resume_path" (`trainer.resume_from_path`, a global_step_N directory)."""
         if mode == "disable":

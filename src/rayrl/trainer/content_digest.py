@@ -28,10 +28,11 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 PIECE_BYTES = 16 << 20  # pieces hashed on their own (16 MiB: `workers` of them in memory)
 
-_known: dict[tuple, str] = {}
+_known: dict[tuple[Any, ...], str] = {}
 _lock = threading.Lock()
 
 
@@ -44,7 +45,7 @@ def default_workers() -> int:
     return max(1, min(8, cores))
 
 
-def content_sha256(path: str | os.PathLike, workers: int | None = None) -> str:
+def content_sha256(path: str | os.PathLike[str], workers: int | None = None) -> str:
     """The hex SHA-256 of a file's size and contents (module docstring), once per
     process for a file that did not change since."""
     path = Path(path)

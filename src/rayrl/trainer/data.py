@@ -17,17 +17,20 @@ rows with images carry their pixels (`rayrl.data.dataset`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from rayrl.config.schema import RayRLConfig
 from rayrl.config.sft import SFTConfig
-from rayrl.data import DataError, PromptDataset, read_rows_with_sources, synthetic_rows
+from rayrl.data import DataError, PromptDataset, RowSource, read_rows_with_sources, synthetic_rows
 from rayrl.data.custom import build_custom_dataset, custom_rows
 from rayrl.data.files import is_json
 from rayrl.data.synthetic import held_out_rows
 from rayrl.registry import Registry
 from rayrl.workers.agent import configured_interactions, default_agent, tool_schemas
+
+if TYPE_CHECKING:
+    from rayrl.data.ray_loader import RayPromptLoader
 
 log = logging.getLogger("rayrl.trainer")
 LOADERS: Registry[Callable[..., Any]] = Registry("data loader", config_key="data.loader")
@@ -42,7 +45,11 @@ def _agent_settings(cfg: RayRLConfig) -> dict[str, Any]:
 
 
 def _dataset(
-    rows: list[dict], tokenizer: Any, cfg: RayRLConfig, sources=None, vision: Any = None
+    rows: list[dict[str, Any]],
+    tokenizer: Any,
+    cfg: RayRLConfig,
+    sources: Sequence[RowSource] | None = None,
+    vision: Any = None,
 ) -> PromptDataset:
     d = cfg.data
     return PromptDataset(
@@ -103,7 +110,7 @@ def default_loader(cfg: RayRLConfig, tokenizer: Any, vision: Any = None) -> Prom
 
 
 @LOADERS.register("ray")
-def ray_loader(cfg: RayRLConfig, tokenizer: Any, vision: Any = None):
+def ray_loader(cfg: RayRLConfig, tokenizer: Any, vision: Any = None) -> RayPromptLoader:
     from rayrl.data.ray_loader import RayPromptLoader
 
     if vision is not None:  # the config refuses it first (`rayrl.config.vision_checks`)
@@ -134,7 +141,7 @@ def ray_loader(cfg: RayRLConfig, tokenizer: Any, vision: Any = None):
     )
 
 
-def synthetic_val_rows(cfg: RayRLConfig) -> list[dict]:
+def synthetic_val_rows(cfg: RayRLConfig) -> list[dict[str, Any]]:
     """The synthetic task's held-out split: rows after the training ones, minus any
     whose question the training split also asks."""
     d = cfg.data
@@ -213,7 +220,7 @@ def vision_processor(cfg: RayRLConfig, model_path: str, tokenizer: Any) -> Any:
 
 
 def model_vision_processor(
-    model_path: str, tokenizer: Any, mm_processor_kwargs: dict, key: str
+    model_path: str, tokenizer: Any, mm_processor_kwargs: dict[str, Any], key: str
 ) -> Any:
     """The image processor of a vision-language model directory (`rayrl.data.vision`),
     or None for a text-only one; a DataError names the config ``key`` of a family rayrl

@@ -13,10 +13,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from rayrl.batch import Batch
+from rayrl.config.schema import TrainerConfig
+from rayrl.config.sft import SFTTrainerConfig
 from rayrl.trainer.state import Progress
 
 
-def total_steps(trainer_cfg: Any, rows: int, batch_size: int) -> int:
+def total_steps(trainer_cfg: TrainerConfig | SFTTrainerConfig, rows: int, batch_size: int) -> int:
     """`trainer.total_training_steps`, or the whole batches of `rows` x `total_epochs`."""
     if trainer_cfg.total_training_steps is not None:
         return trainer_cfg.total_training_steps

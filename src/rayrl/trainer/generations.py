@@ -31,7 +31,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -49,7 +49,7 @@ def oldest_versions(versions: torch.Tensor, mask: torch.Tensor) -> list[int]:
     newest = torch.iinfo(versions.dtype).max
     masked = versions.masked_fill(~mask, newest).min(-1).values
     whole = versions.min(-1).values
-    return torch.where(mask.any(-1), masked, whole).tolist()
+    return cast("list[int]", torch.where(mask.any(-1), masked, whole).tolist())
 
 
 def generation_rows(
@@ -152,7 +152,9 @@ def generations_dir(path: str | None, key: str) -> GenerationsDir | None:
     return GenerationsDir(path, key) if path else None
 
 
-def read_generations(path: Path, steps: int, per_step: int) -> list[tuple[int, list[dict]]]:
+def read_generations(
+    path: Path, steps: int, per_step: int
+) -> list[tuple[int, list[dict[str, Any]]]]:
     """The first `per_step` samples of each of the last `steps` steps written to `path`
     (`<step>.jsonl` files), oldest step first; nothing when there are none."""
     files = sorted((int(f.stem), f) for f in path.glob("*.jsonl") if f.stem.isdigit())

@@ -14,7 +14,7 @@ import json
 import os
 import zlib
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, TypeGuard, cast
 
 from rayrl.trainer.content_digest import content_sha256
 
@@ -57,7 +57,7 @@ def read_manifest(step_dir: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
+        return cast("dict[str, Any]", json.loads(path.read_text()))
     except ValueError as err:
         raise CheckpointDamagedError(step_dir, MANIFEST, f"not valid JSON ({err})") from None
 
@@ -99,7 +99,7 @@ def _has_files(value: Any) -> TypeGuard[dict[str, Any]]:
     return isinstance(value, dict) and isinstance(value.get("files"), dict)
 
 
-def _file_changes(saved: dict[str, dict], now: dict[str, dict]) -> list[str]:
+def _file_changes(saved: dict[str, dict[str, Any]], now: dict[str, dict[str, Any]]) -> list[str]:
     """Each file added, removed or changed. A file is compared by the digests both sides
     hold (a checkpoint saved before `sha256` was kept is compared by size and CRC)."""
     changes = []
@@ -116,7 +116,7 @@ def _file_changes(saved: dict[str, dict], now: dict[str, dict]) -> list[str]:
     return changes
 
 
-def model_identity(path: str | os.PathLike) -> dict[str, Any]:
+def model_identity(path: str | os.PathLike[str]) -> dict[str, Any]:
     """A model directory: where it is, and its config and weight files' sizes, a CRC of
     their ends and a SHA-256 of every byte (`rayrl.trainer.content_digest`): another
     model in the same place is told apart, weights swapped under the same config and

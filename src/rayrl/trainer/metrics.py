@@ -28,14 +28,18 @@ from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
 
 from rayrl.algos.probs_diff import PROBS_DIFF_COLUMNS, probs_diff_metrics, probs_diff_rows
 from rayrl.algos.routing import ROUTING_COLUMNS, routing_metrics
 from rayrl.algos.variance_proxy import variance_proxy_metrics
 from rayrl.batch import Batch
 
+if TYPE_CHECKING:
+    from torch import Tensor
 
-def batch_metrics(batch: Batch, lengths) -> dict[str, float]:
+
+def batch_metrics(batch: Batch, lengths: Tensor) -> dict[str, float]:
     """verl's batch metrics; `lengths` are the response lengths before any masking.
     `critic/rewards/*` come from the token rewards when the batch has them (per-row
     advantages report them themselves: `rayrl.trainer.per_sequence`)."""
@@ -67,7 +71,7 @@ def variance_proxy(batch: Batch, metrics: dict[str, float]) -> dict[str, float]:
     )
 
 
-def spread(name: str, values, mask=None) -> dict[str, float]:
+def spread(name: str, values: Tensor, mask: Tensor | None = None) -> dict[str, float]:
     """`<name>/mean`, `/max` and `/min` of `values` (over `mask`'s positions when
     given), as verl logs them; nothing when no position is left."""
     if mask is not None:
@@ -137,7 +141,9 @@ def recording_spans() -> Iterator[list[tuple[str, float, float]]]:
         _SPANS.reset(token)
 
 
-def controller_overhead(reports: dict[str, list[dict]], start: float, end: float) -> float:
+def controller_overhead(
+    reports: dict[str, list[dict[str, Any]]], start: float, end: float
+) -> float:
     """Seconds of the step from `start` to `end` (wall clock) in which no worker of any
     group was in a registered method, from the `calls` of each rank's usage report:
     what the controller itself adds (splitting and joining Batches, moving them
@@ -159,7 +165,7 @@ def controller_overhead(reports: dict[str, list[dict]], start: float, end: float
     return max(0.0, (end - start) - busy)
 
 
-def usage_metrics(reports: dict[str, list[dict]]) -> dict[str, float]:
+def usage_metrics(reports: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
     """Per-role (and per-stage) usage metrics from each group's per-rank reports.
 
     A stage is `role/method`; means are over the ranks that sampled it.

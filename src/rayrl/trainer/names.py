@@ -37,7 +37,7 @@ from rayrl.trainer.data import LOADERS
 from rayrl.trainer.tracking import TRACKERS
 
 
-def _named(cfg: RayRLConfig) -> Iterable[tuple[str, str, Registry]]:
+def _named(cfg: RayRLConfig) -> Iterable[tuple[str, str, Registry[Any]]]:
     """(config key, value, registry) for every registry-backed name of a config."""
     arr, alg = cfg.actor_rollout_ref, cfg.algorithm
     actor = "actor_rollout_ref.actor"

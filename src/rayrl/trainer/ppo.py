@@ -25,7 +25,7 @@ import logging
 import random
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -37,7 +37,7 @@ from rayrl.config.quantization import with_quantized_correction
 from rayrl.config.schema import RayRLConfig
 from rayrl.config.validate import critic_enabled, ref_enabled
 from rayrl.controller import WorkerGroup
-from rayrl.controller.dispatch import Outputs, collect_outputs
+from rayrl.controller.dispatch import Chunks, Outputs, collect_outputs
 from rayrl.data.sampler import StepView
 from rayrl.models.loading import check_model_path, load_tokenizer
 from rayrl.trainer.advantage import (
@@ -87,7 +87,10 @@ from rayrl.workers.reward import SCORE_READS, check_reward_source, reward_metric
 from rayrl.workers.teacher import teacher_reads
 
 if TYPE_CHECKING:
+    import torch
     from transformers import PreTrainedTokenizerBase
+
+    from rayrl.controller.method import GroupMethod
 
 log = logging.getLogger("rayrl.trainer")
 
@@ -218,7 +221,7 @@ class PPOTrainer:
             self.validator = self._validator(self.data.val)
         return roles.groups
 
-    def _validator(self, dataset) -> Validator:
+    def _validator(self, dataset: Any) -> Validator:
         cfg = self.cfg
         return Validator(
             dataset,
@@ -244,10 +247,10 @@ class PPOTrainer:
         roles = self._roles()
         rows = self._sent(batch)
         if calls is None:
-            return roles.reward.compute_score(rows)
-        return calls.run(stage, roles.reward.compute_score, rows)
+            return cast(Batch, roles.reward.compute_score(rows))
+        return cast(Batch, calls.run(stage, roles.reward.compute_score, rows))
 
-    def _sent(self, batch: Batch):
+    def _sent(self, batch: Batch) -> Batch | Chunks:
         """What the reward group's `compute_score` is sent of `batch`: the columns it
         reads, its rows split by node (`reward_rows`)."""
         roles = self._roles()
@@ -259,7 +262,7 @@ class PPOTrainer:
     def parts(self) -> dict[str, Stateful]:
         return {"advantage": self.advantage, "reward_errors": self.reward_errors}
 
-    def fingerprint(self) -> dict:
+    def fingerprint(self) -> dict[str, Any]:
         cfg = self.cfg
         d, arr, alg = cfg.data, cfg.actor_rollout_ref, cfg.algorithm
         return {
@@ -444,7 +447,12 @@ class PPOTrainer:
         self._sampler_step = step
 
     def _generate(
-        self, prompts: Batch, ctx: StepContext, calls: StageCalls, timing: dict, metrics: dict
+        self,
+        prompts: Batch,
+        ctx: StepContext,
+        calls: StageCalls,
+        timing: dict[str, float],
+        metrics: dict[str, Any],
     ) -> Batch:
         """The step's samples (balanced across ranks before and after), with what rides
         on the generate call; `timing_s/gen` excludes the riding stages."""
@@ -491,7 +499,7 @@ class PPOTrainer:
             )
         return checked
 
-    def _kept(self, method, driver: tuple[str, ...] | None = None):
+    def _kept(self, method: GroupMethod, driver: tuple[str, ...] | None = None) -> GroupMethod:
         """`method` (a group method) called so that its result's token columns (or all
         but `driver`) stay with the workers (`trainer.rows_on_workers`,
         `rayrl.controller.kept`)."""
@@ -542,7 +550,9 @@ class PPOTrainer:
             )
         return batch
 
-    def _greedy_baselines(self, prompts: Batch, ctx: StepContext, batch: Batch, calls: StageCalls):
+    def _greedy_baselines(
+        self, prompts: Batch, ctx: StepContext, batch: Batch, calls: StageCalls
+    ) -> torch.Tensor:
         """ReMax: each prompt's greedy response, scored, as its samples' baseline."""
         roles = self._roles()
         greedy = calls.run("gen_greedy", roles.actor.generate, prompts, ctx.but(sampling="greedy"))
@@ -551,7 +561,12 @@ class PPOTrainer:
         return greedy_baselines(batch, scored)
 
     def _extra_round(
-        self, prompts: Batch, ctx: StepContext, round_: int, calls: StageCalls, metrics: dict
+        self,
+        prompts: Batch,
+        ctx: StepContext,
+        round_: int,
+        calls: StageCalls,
+        metrics: dict[str, Any],
     ) -> Batch:
         """Dynamic sampling: fresh prompts (seeded by run seed, step and round),
         generated and scored; their uids carry the round so groups never merge."""

@@ -66,7 +66,7 @@ class PrefTrainer(SFTTrainer):
         self.data = TrainData(train, d.train_batch_size, d.shuffle, val)
         return self.data
 
-    def fingerprint(self) -> dict:
+    def fingerprint(self) -> dict[str, Any]:
         o = cast(PrefConfig, self.cfg).objective
         return {
             **super().fingerprint(),

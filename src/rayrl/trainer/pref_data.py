@@ -9,15 +9,22 @@ typical mistake), validated on its held-out pairs.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from rayrl.config.pref import PrefConfig
-from rayrl.data import read_rows_with_sources
+from rayrl.data import RowSource, read_rows_with_sources
 from rayrl.data.preference import PairDataset
 from rayrl.data.synthetic import preference_pairs
 
 
-def _dataset(cfg: PrefConfig, tokenizer: Any, rows: list[dict], encoding: str, sources=None):
+def _dataset(
+    cfg: PrefConfig,
+    tokenizer: Any,
+    rows: list[dict[str, Any]],
+    encoding: str,
+    sources: Sequence[RowSource] | None = None,
+) -> PairDataset:
     d = cfg.data
     return PairDataset(
         rows,
@@ -33,14 +40,16 @@ def _dataset(cfg: PrefConfig, tokenizer: Any, rows: list[dict], encoding: str, s
     )
 
 
-def _files(cfg: PrefConfig, tokenizer: Any, files: list[str], limit: int, encoding: str):
+def _files(
+    cfg: PrefConfig, tokenizer: Any, files: list[str], limit: int, encoding: str
+) -> PairDataset:
     rows, sources = read_rows_with_sources(files)
     if limit > 0:
         rows, sources = rows[:limit], sources[:limit]
     return _dataset(cfg, tokenizer, rows, encoding, sources)
 
 
-def synthetic_pair_rows(cfg: PrefConfig) -> tuple[list[dict], list[dict]]:
+def synthetic_pair_rows(cfg: PrefConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(training pairs, held-out pairs) of the synthetic task, in the config's columns."""
     d = cfg.data
     train, val = preference_pairs(

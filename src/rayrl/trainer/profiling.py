@@ -118,7 +118,7 @@ def _targets(cfg: ProfilerConfig) -> dict[str, TraceTarget]:
     return targets
 
 
-def _each(actors: list, window: TraceWindow | None) -> list[list[str]]:
+def _each(actors: list[Any], window: TraceWindow | None) -> list[list[str]]:
     """Arm (or, with None, disarm) `window` in every worker; a worker that does not
     answer (lost in the step: the replay replaces it) is left out, with a log line."""
     import ray

@@ -30,12 +30,13 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import ray
 
 from rayrl.cluster.inspect import resolve_address
 from rayrl.cluster.spec import PoolSpec
-from rayrl.config.schema import RayRLConfig
+from rayrl.config.schema import RayRLConfig, ResourcesConfig
 from rayrl.config.sft import SFTConfig
 from rayrl.trainer.resources import local_ray_cpus
 
@@ -86,7 +87,7 @@ def connect(
     started = False
     if not ray.is_initialized():
         plain_worker_prefixes()
-        kwargs: dict = {"log_to_driver": t.log_worker_output}
+        kwargs: dict[str, Any] = {"log_to_driver": t.log_worker_output}
         env = debug_env(cfg)
         if env:
             kwargs["runtime_env"] = {"env_vars": env}
@@ -130,7 +131,7 @@ def _local_cpus(
     return cpus
 
 
-def plain_worker_prefixes(streams: tuple = ()) -> bool:
+def plain_worker_prefixes(streams: tuple[Any, ...] = ()) -> bool:
     """Plain text from Ray when the driver's stdout or stderr (or ``streams``) is not a
     terminal, so that redirected logs hold no ANSI colour codes: the worker-output
     prefixes (Ray's driver reads `RAY_COLOR_PREFIX`, 0: no colour, at each line it
@@ -170,7 +171,7 @@ class _PlainText(logging.Filter):
         return True
 
 
-def _is_tty(stream) -> bool:
+def _is_tty(stream: object) -> bool:
     isatty = getattr(stream, "isatty", None)
     try:
         return bool(isatty()) if callable(isatty) else False
@@ -178,7 +179,7 @@ def _is_tty(stream) -> bool:
         return False
 
 
-def _start_local(kwargs: dict, res) -> None:
+def _start_local(kwargs: dict[str, Any], res: ResourcesConfig) -> None:
     """Start a local Ray; with its dashboard, on a port no concurrent start takes too
     (`reserve_dashboard_port`)."""
     kwargs.update(address="local", include_dashboard=False)
@@ -194,7 +195,7 @@ def _start_local(kwargs: dict, res) -> None:
 
 
 @contextmanager
-def reserve_dashboard_port(host: str, wanted: int, listen_timeout_s: float = 20.0):
+def reserve_dashboard_port(host: str, wanted: int, listen_timeout_s: float = 20.0) -> Iterator[int]:
     """A free dashboard port (``wanted``, or the next free one above), chosen under a
     host-wide lock that is held until something listens there (the dashboard binds
     after ``ray.init`` returns) or ``listen_timeout_s`` passed: two runs started

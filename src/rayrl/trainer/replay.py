@@ -46,7 +46,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from rayrl.controller.errors import WorkerCallError, WorkerError, WorkerHungError
 from rayrl.controller.members import GroupMembers
@@ -60,6 +60,7 @@ from rayrl.trainer.stage_calls import StageCalls
 from rayrl.trainer.state import Stateful, capture, restore
 
 log = logging.getLogger("rayrl.trainer")
+Result = TypeVar("Result")  # what a unit of work `StepReplay.run` runs returns
 
 
 # `trainer.step_snapshots=auto` keeps snapshots while they need at most this share of
@@ -183,7 +184,7 @@ class StepReplay:
         self.snapshots: dict[str, GroupSnapshot] = {}
         self.previous: Boundary | None = None  # until `snapshots` are stored whole
         self._previous_lock = threading.Lock()
-        self.recoveries: list[dict] = []
+        self.recoveries: list[dict[str, Any]] = []
         self.ledger: list[tuple[int, list[str]]] = []
         self._reported = 0  # recoveries already in a step's metrics
         self._told_replicas = False
@@ -257,7 +258,10 @@ class StepReplay:
             )
 
     def run_step(
-        self, step: int, work: Callable[[], tuple[dict, list[str]]], parts: dict[str, Stateful]
+        self,
+        step: int,
+        work: Callable[[], tuple[dict[str, Any], list[str]]],
+        parts: dict[str, Stateful],
     ) -> dict[str, float]:
         """Step `step`: `work()` returns its metrics and the prompt uids it trained; it
         is replayed until it completes, each attempt from the same driver state
@@ -266,7 +270,7 @@ class StepReplay:
         before = capture(parts)
         self.calls.new_step()
 
-        def attempt() -> tuple[dict, list[str], dict]:
+        def attempt() -> tuple[dict[str, Any], list[str], dict[str, Any]]:
             self.calls.new_attempt()
             restore(parts, before)
             metrics, trained = work()
@@ -334,7 +338,7 @@ class StepReplay:
             self.snapshots[group.name].restore(group)
 
     # ------------------------------------------------------------------ work
-    def run(self, work: Callable[[], Any], what: str) -> Any:
+    def run(self, work: Callable[[], Result], what: str) -> Result:
         """`work()`, brought back and run again after each recoverable failure."""
         failures: Counter[tuple[str, int]] = Counter()
         while True:
@@ -343,7 +347,7 @@ class StepReplay:
             except WorkerError as err:
                 self.recover(err, what, failures)
 
-    def recover(self, err: WorkerError, what: str, failures: Counter) -> None:
+    def recover(self, err: WorkerError, what: str, failures: Counter[tuple[str, int]]) -> None:
         """Bring the failed groups back and restore their state (module docstring)."""
         if self.policy.max_restarts <= 0 or not isinstance(err, WorkerCallError):
             raise err
@@ -469,7 +473,9 @@ class StepReplay:
                 return failed
             time.sleep(0.5)
 
-    def _count(self, err: WorkerError, failed: dict[Any, set[int]], failures: Counter) -> None:
+    def _count(
+        self, err: WorkerError, failed: dict[Any, set[int]], failures: Counter[tuple[str, int]]
+    ) -> None:
         limit = self.policy.max_restarts
         for group, ranks in failed.items():
             for rank in ranks:
@@ -487,7 +493,7 @@ class StepReplay:
                     ) from err
 
 
-def _reloading(record: dict) -> str:
+def _reloading(record: dict[str, Any]) -> str:
     """How many ranks read weights from storage in a recovery, and how much."""
     total = sum(n for ranks in record["bytes_read"].values() for n in ranks.values())
     return f"{record['ranks_reloading']} rank(s) read weights from storage, {total / 2**20:.1f} MiB"

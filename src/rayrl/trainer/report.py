@@ -17,6 +17,7 @@ import fnmatch
 import html
 import json
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -78,7 +79,9 @@ def _matches(key: str, name: str) -> bool:
     return key == name or (name.endswith("/") and key.startswith(name))
 
 
-def _series(rows: list[dict], names: list[str]) -> dict[str, tuple[list[int], list[float]]]:
+def _series(
+    rows: list[dict[str, Any]], names: list[str]
+) -> dict[str, tuple[list[int], list[float]]]:
     keys = sorted({k for r in rows for k in r if any(_matches(k, n) for n in names)})
     out = {}
     for key in keys:
@@ -88,7 +91,7 @@ def _series(rows: list[dict], names: list[str]) -> dict[str, tuple[list[int], li
     return out
 
 
-def _line_plot(path: Path, title: str, ylabel: str, series: dict) -> None:
+def _line_plot(path: Path, title: str, ylabel: str, series: dict[str, Any]) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -102,7 +105,7 @@ def _line_plot(path: Path, title: str, ylabel: str, series: dict) -> None:
     plt.close(fig)
 
 
-def _timing_plot(path: Path, rows: list[dict]) -> bool:
+def _timing_plot(path: Path, rows: list[dict[str, Any]]) -> bool:
     """Stacked bars of each step's stage times (the total `timing_s/step` and the tools'
     time within the generation left out)."""
     import matplotlib.pyplot as plt
@@ -156,7 +159,12 @@ def write_report(run_dir: str | Path) -> Path:
 
 
 def _html(
-    root: Path, rows: list[dict], written: list, missing: list, config: str, generations: str
+    root: Path,
+    rows: list[dict[str, Any]],
+    written: list[Any],
+    missing: list[Any],
+    config: str,
+    generations: str,
 ) -> str:
     steps = [r["step"] for r in rows]
     figures = "\n".join(
@@ -221,7 +229,7 @@ def _run_cwd(root: Path, output_dir: str | None) -> Path:
     return Path.cwd()
 
 
-def _sample_html(sample: dict) -> str:
+def _sample_html(sample: dict[str, Any]) -> str:
     """One sample: its score and ids, then its prompt and response (an agent's turns)."""
     about = [f"score {sample.get('score')}", f"uid {sample.get('uid')}"]
     if sample.get("weight_version") is not None:
@@ -238,7 +246,7 @@ def _sample_html(sample: dict) -> str:
     return f"<p>{html.escape(' · '.join(about))}</p>{body}"
 
 
-def _turns_text(turns: list) -> str:
+def _turns_text(turns: list[Any]) -> str:
     """A trajectory's messages as text: `[role] content`, each tool call on its own line."""
     lines = []
     for message in turns:

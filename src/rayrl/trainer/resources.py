@@ -60,7 +60,7 @@ def reward_colocated(cfg: RayRLConfig, device: str) -> bool:
 WORKER_CPU_SHARE = 0.65
 
 
-def cpus_per_worker(cfg, device: str, node_cpus: float | None) -> float:
+def cpus_per_worker(cfg: RayRLConfig | SFTConfig, device: str, node_cpus: float | None) -> float:
     """The CPUs of one model worker's bundle: `resources.cpus_per_worker`, or for `auto`
     on a GPU run `WORKER_CPU_SHARE` of a node's CPUs (`node_cpus`: the smallest node
     that would hold workers; None when unknown) split among its `n_gpus_per_node`

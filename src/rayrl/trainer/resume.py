@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from rayrl.trainer.checkpoint import CheckpointManager
 from rayrl.trainer.manifest import (
@@ -96,7 +96,7 @@ def restore_from(run: Any, path: Path) -> Progress:
     """`run.restore(path)`, with a load that fails named (file, step) and the step to
     go back to suggested."""
     try:
-        return run.restore(path)
+        return cast(Progress, run.restore(path))
     except Exception as err:  # noqa: BLE001 - whatever broke, the checkpoint is at fault
         earlier = [p for p in run.checkpoints.steps() if _step(p) < _step(path)]
         offer = (

@@ -19,6 +19,7 @@ from typing import Any, cast
 from rayrl.cluster.kv import KVStore
 from rayrl.cluster.pool import ResourcePool
 from rayrl.config.schema import RayRLConfig
+from rayrl.config.sft import SFTConfig
 from rayrl.controller import WorkerGroup, colocate, start_groups
 from rayrl.controller.layout import DataLayout
 from rayrl.trainer.protocols import ActorRole, CriticRole, RewardRole, TeacherRole, TrainRole
@@ -124,7 +125,9 @@ def start_roles(
     return started
 
 
-def with_backend(group: WorkerGroup, init: dict, device: str) -> tuple[WorkerGroup, dict]:
+def with_backend(
+    group: WorkerGroup, init: dict[str, Any], device: str
+) -> tuple[WorkerGroup, dict[str, Any]]:
     """`group` and its init kwargs, with the process group's backend where its ranks
     form one (several ranks: nccl on GPUs, gloo on CPUs)."""
     if group.world_size > 1:
@@ -165,8 +168,8 @@ def set_data_layouts(group: WorkerGroup, roles: Sequence[TrainRole | TeacherRole
 
 
 def new_group(
-    roles: dict[str, tuple[type, dict]], pool: ResourcePool, name: str, env: GroupEnv
-) -> tuple[WorkerGroup, dict]:
+    roles: dict[str, tuple[type, dict[str, Any]]], pool: ResourcePool, name: str, env: GroupEnv
+) -> tuple[WorkerGroup, dict[str, Any]]:
     """A group for `roles` (one class, or several fused) on `pool`, and its init
     kwargs (the process group's timeout among them); not started yet."""
     if len(roles) == 1:
@@ -188,7 +191,9 @@ def new_group(
     return group, {**init, "pg_timeout_s": env.pg_timeout_s}
 
 
-def group_env(cfg: Any, run: str, kv: KVStore, pg_timeout_s: float | None) -> GroupEnv:
+def group_env(
+    cfg: RayRLConfig | SFTConfig, run: str, kv: KVStore, pg_timeout_s: float | None
+) -> GroupEnv:
     """A run's `GroupEnv` from its config (`rayrl train`'s or `rayrl sft`'s)."""
     t = cfg.trainer
     return GroupEnv(

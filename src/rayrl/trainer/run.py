@@ -35,6 +35,8 @@ from rayrl.cluster import ray_private
 from rayrl.cluster.kv import KVStore
 from rayrl.cluster.pool import ResourcePool, reserve_pools
 from rayrl.config.load import to_yaml
+from rayrl.config.schema import RayRLConfig
+from rayrl.config.sft import SFTConfig
 from rayrl.controller import WorkerGroup
 from rayrl.controller.usage import starved_stages
 from rayrl.data import DataError
@@ -88,8 +90,10 @@ class Run:
         self.lock = RunLock(self.run_dir.root)
         self.stopped = False  # a Ctrl-C or SIGTERM ended fit() early, with a checkpoint
         self.exit_code = 0  # the shell's code for how it stopped (130, 143)
-        self._start_states: dict[str, dict] = {}
-        self._step_states: dict[str, dict] | None = None  # driver parts at the step's start
+        self._start_states: dict[str, dict[str, Any]] = {}
+        self._step_states: dict[str, dict[str, Any]] | None = (
+            None  # driver parts at the step's start
+        )
         self._step_span: tuple[float, float] | None = None
         self._warned: set[str] = set()
 
@@ -236,9 +240,10 @@ class Run:
             fingerprint=self.fingerprint(),
         )
 
-    def fingerprint(self) -> dict:
+    def fingerprint(self) -> dict[str, Any]:
         """What must not change between this run and its resume (as JSON would store it)."""
-        return json.loads(json.dumps(self.trainer.fingerprint(), default=str))
+        plain: dict[str, Any] = json.loads(json.dumps(self.trainer.fingerprint(), default=str))
+        return plain
 
     def restore(self, path: str | Path) -> Progress:
         """Put every role and the driver's parts back to a checkpoint's step boundary."""
@@ -302,14 +307,16 @@ class Run:
             epochs=None if t.total_training_steps is not None else t.total_epochs,
         )
 
-    def fit(self, on_step: Callable[[int, dict], None] | None = None) -> list[dict]:
+    def fit(
+        self, on_step: Callable[[int, dict[str, Any]], None] | None = None
+    ) -> list[dict[str, Any]]:
         """Resume, validate, train to the end with checkpoints and tracking, export.
 
         Worker failures are recovered and the step replayed (`trainer.replay`); a first
         Ctrl-C stops at a safe point with a checkpoint (`self.stopped` then)."""
         self.resume()
         self._start_states = capture(self.parts())
-        history: list[dict] = []
+        history: list[dict[str, Any]] = []
         tracking = self._tracking()
         replay = self.replay = self._replay()
         try:
@@ -371,7 +378,13 @@ class Run:
         more = getattr(self.trainer, "more_workers", None)
         return [*self.groups, *(more() if more else [])]
 
-    def _train(self, tracking: Tracking, history: list[dict], on_step, interrupt) -> None:
+    def _train(
+        self,
+        tracking: Tracking,
+        history: list[dict[str, Any]],
+        on_step: Callable[[int, dict[str, Any]], None] | None,
+        interrupt: StopOnInterrupt,
+    ) -> None:
         """Validation before training, the steps with what follows each, the export; each
         under recovery. A rewind to a checkpoint (a lost snapshot) continues from there."""
         t, replay = self.cfg.trainer, self._replay_of_fit()
@@ -414,7 +427,7 @@ class Run:
         """One step under replay, the data position advanced, then (under replay too)
         usage, validation and a checkpoint when due; the step's metrics."""
 
-        def work() -> tuple[dict, list[str]]:
+        def work() -> tuple[dict[str, Any], list[str]]:
             with self.profiler.step(step + 1, self.all_groups()) as profiled:
                 started = time.time()
                 metrics, trained = self.trainer.step(batch, self.calls)
@@ -482,7 +495,8 @@ class Run:
         return metrics
 
 
-def _config_dict(cfg: Any) -> dict:
+def _config_dict(cfg: RayRLConfig | SFTConfig) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_container(OmegaConf.structured(cfg))
+    data: dict[str, Any] = OmegaConf.to_container(OmegaConf.structured(cfg))
+    return data

@@ -99,7 +99,7 @@ class RunDir:
         self.metrics.write_text("".join(line + "\n" for line in kept))
 
 
-def read_metrics(path: str | Path) -> list[dict]:
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """The rows of a metrics.jsonl file (a run directory or the file itself)."""
     path = Path(path)
     if path.is_dir():

@@ -18,6 +18,7 @@ import os
 import socket
 import time
 from pathlib import Path
+from typing import Any, cast
 
 LOCK_FILE = ".rayrl.lock"
 
@@ -71,14 +72,14 @@ class RunLock:
         return self._fd is not None
 
 
-def _read(fd: int) -> dict:
+def _read(fd: int) -> dict[str, Any]:
     try:
-        return json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+        return cast("dict[str, Any]", json.loads(os.pread(fd, 4096, 0).decode() or "{}"))
     except (OSError, ValueError):
         return {}
 
 
-def _describe(holder: dict) -> str:
+def _describe(holder: dict[str, Any]) -> str:
     if not holder:
         return "holder unknown"
     return (

@@ -150,7 +150,7 @@ class SFTTrainer:
     def parts(self) -> dict[str, Stateful]:
         return {}
 
-    def fingerprint(self) -> dict:
+    def fingerprint(self) -> dict[str, Any]:
         d = self.cfg.data
         return {
             "model": model_identity(self.model_path),

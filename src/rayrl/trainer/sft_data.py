@@ -14,10 +14,11 @@ and tool responses included), its held-out rows the right ones. A visual task's
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from rayrl.config.sft import SFTConfig
-from rayrl.data import read_rows_with_sources
+from rayrl.data import RowSource, read_rows_with_sources
 from rayrl.data.sft import SFTDataset
 from rayrl.data.synthetic import (
     TOOL_TASKS,
@@ -30,7 +31,11 @@ from rayrl.data.synthetic import (
 
 
 def _dataset(
-    cfg: SFTConfig, tokenizer: Any, rows: list[dict], sources=None, vision: Any = None
+    cfg: SFTConfig,
+    tokenizer: Any,
+    rows: list[dict[str, Any]],
+    sources: Sequence[RowSource] | None = None,
+    vision: Any = None,
 ) -> SFTDataset:
     d = cfg.data
     return SFTDataset(
@@ -59,7 +64,7 @@ def _files(cfg: SFTConfig, tokenizer: Any, files: list[str], limit: int, vision:
     return _dataset(cfg, tokenizer, rows, sources, vision)
 
 
-def synthetic_sft_rows(cfg: SFTConfig) -> tuple[list[dict], list[dict]]:
+def synthetic_sft_rows(cfg: SFTConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(training demonstrations, held-out rows with right answers) of the synthetic task,
     in the config's prompt/response columns."""
     d, seed = cfg.data, cfg.trainer.seed
@@ -90,12 +95,14 @@ def synthetic_sft_rows(cfg: SFTConfig) -> tuple[list[dict], list[dict]]:
     )
 
 
-def _conversations(cfg: SFTConfig, train: list[dict], held_out: list[dict]):
+def _conversations(
+    cfg: SFTConfig, train: list[dict[str, Any]], held_out: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The synthetic demonstrations and right held-out answers as conversations."""
     key = cfg.data.multiturn.messages_key
     tool_task = cfg.data.synthetic_task in TOOL_TASKS
 
-    def chat(question: str, answer: str) -> list[dict]:
+    def chat(question: str, answer: str) -> list[dict[str, Any]]:
         return [
             {"role": "user", "content": question},
             {"role": "assistant", "content": answer},

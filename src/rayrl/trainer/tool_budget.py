@@ -24,7 +24,9 @@ An episode's tool turn was cut when it ended with ``length`` after calling a too
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -70,7 +72,7 @@ class ToolBudget:
         return message
 
 
-def cut_turn(sampled, width: int) -> CutTurn | None:
+def cut_turn(sampled: Sequence[int] | np.ndarray, width: int) -> CutTurn | None:
     """The last tool turn of an episode that ended with ``length``, if the budget cut it
     (module docstring); `sampled` is the episode's record: 1 on sampled tokens."""
     runs = _runs(np.asarray(sampled))
@@ -94,7 +96,7 @@ def _runs(sampled: np.ndarray) -> list[tuple[bool, int]]:
     return [(bool(sampled[s]), int(e - s)) for s, e in zip(starts, ends, strict=True)]
 
 
-def _calls(stats) -> int:
+def _calls(stats: dict[str, dict[str, Any]] | None) -> int:
     return int(sum(entry.get("calls", 0) for entry in (stats or {}).values()))
 
 

@@ -165,7 +165,7 @@ def tensorboard_log_dir(run_dir: Path, configured: str | None = None) -> str:
 @TRACKERS.register("wandb")
 class WandbTracker:
     def __init__(
-        self, run_dir: Path, project: str, experiment: str, config: dict, **_: Any
+        self, run_dir: Path, project: str, experiment: str, config: dict[str, Any], **_: Any
     ) -> None:
         import wandb
 
@@ -189,7 +189,7 @@ class WandbTracker:
 @TRACKERS.register("mlflow")
 class MlflowTracker:
     def __init__(
-        self, run_dir: Path, project: str, experiment: str, config: dict, **_: Any
+        self, run_dir: Path, project: str, experiment: str, config: dict[str, Any], **_: Any
     ) -> None:
         import mlflow
 
@@ -215,7 +215,7 @@ class MlflowTracker:
 @TRACKERS.register("swanlab")
 class SwanlabTracker:
     def __init__(
-        self, run_dir: Path, project: str, experiment: str, config: dict, **_: Any
+        self, run_dir: Path, project: str, experiment: str, config: dict[str, Any], **_: Any
     ) -> None:
         import swanlab
 
@@ -234,7 +234,7 @@ class SwanlabTracker:
         self.run.finish()
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict[str, str]:
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
     out: dict[str, str] = {}
     for key, value in tree.items():
         if isinstance(value, dict):
@@ -254,7 +254,7 @@ class Tracking:
         *,
         project: str,
         experiment: str,
-        config: dict,
+        config: dict[str, Any],
         print_fn: Callable[[str], None] = print,
         tensorboard_dir: str | None = None,
     ) -> None:

@@ -30,7 +30,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from rayrl.batch import Batch
 from rayrl.trainer.generations import GenerationsDir, generation_rows
@@ -39,11 +39,11 @@ from rayrl.workers.context import StageResult, StepContext
 from rayrl.workers.reward import SCORE_READS
 
 
-def _correct(sample: dict) -> bool:
+def _correct(sample: dict[str, Any]) -> bool:
     acc = sample["extra"].get("acc")
     if isinstance(acc, numbers.Real):
         return float(acc) > 0
-    return sample["score"] > 0
+    return cast(bool, sample["score"] > 0)
 
 
 def pass_at_k(n: int, correct: int, k: int) -> float:
@@ -55,7 +55,7 @@ def pass_at_k(n: int, correct: int, k: int) -> float:
 
 def validation_metrics(samples: list[dict[str, Any]], n: int) -> dict[str, float]:
     """verl-named metrics from per-sample dicts {data_source, uid, score, extra}."""
-    by_source: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    by_source: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for sample in samples:
         by_source[sample["data_source"]][sample["uid"]].append(sample)
     out: dict[str, float] = {}
@@ -85,7 +85,7 @@ def validation_metrics(samples: list[dict[str, Any]], n: int) -> dict[str, float
     return out
 
 
-def _extra_keys(groups: list[list[dict]]) -> list[str]:
+def _extra_keys(groups: list[list[dict[str, Any]]]) -> list[str]:
     """Extra reward keys that every sample has as a finite number."""
     samples = [s for g in groups for s in g]
     keys = set(samples[0]["extra"]) if samples else set()
@@ -141,8 +141,8 @@ class Validator:
 
     def run(self, step: int) -> dict[str, float]:
         """Validate the current policy; `step` is the global step it has trained."""
-        samples: list[dict] = []
-        rows: list[dict] = []  # for `data_dir`
+        samples: list[dict[str, Any]] = []
+        rows: list[dict[str, Any]] = []  # for `data_dir`
         order = list(range(len(self.dataset)))
         ctx = StepContext(step=step, sampling="validate")
         for start in range(0, len(order), self.batch_size):
@@ -168,12 +168,12 @@ class Validator:
         out = self.generate(prompts, ctx).batch
         return out, self.score(only_reads(out, SCORE_READS))
 
-    def _rows(self, out: Batch, scores: Batch, step: int) -> list[dict]:
+    def _rows(self, out: Batch, scores: Batch, step: int) -> list[dict[str, Any]]:
         """The samples as `data_dir` keeps them: the policy of `step` sampled them."""
         scored = out.union(scores.select(*[k for k in ("scores", "reward_extra") if k in scores]))
         return generation_rows(scored, self.decode, step=step, version=step)
 
-    def _samples(self, out: Batch, scores: Batch) -> list[dict]:
+    def _samples(self, out: Batch, scores: Batch) -> list[dict[str, Any]]:
         texts = self.decode(
             [
                 row[m.bool()].tolist()
@@ -201,7 +201,7 @@ class Validator:
                 sample["trajectory"] = out["trajectory"][i]
         return samples
 
-    def _write_examples(self, samples: list[dict], step: int) -> None:
+    def _write_examples(self, samples: list[dict[str, Any]], step: int) -> None:
         if self.examples <= 0:
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)

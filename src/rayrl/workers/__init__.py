@@ -7,6 +7,7 @@ import every engine.
 """
 
 import importlib
+from typing import Any
 
 _WORKERS = {
     "ActorRolloutRefWorker": "rayrl.workers.actor",
@@ -20,7 +21,7 @@ _WORKERS = {
 __all__ = list(_WORKERS)
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name in _WORKERS:
         return getattr(importlib.import_module(_WORKERS[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

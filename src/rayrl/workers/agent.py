@@ -102,7 +102,7 @@ def rollout_service(
     cfg: RayRLConfig,
     tools: list[Tool],
     interactions: dict[str, Any],
-    tokenizer,
+    tokenizer: Any,
     receiver: bool = False,
     model_path: str | None = None,
 ) -> RolloutService:
@@ -123,7 +123,7 @@ def rollout_service(
     return RolloutService(engine, episodes, receiver)
 
 
-def episode_vision(cfg: RayRLConfig, model_path: str | None, tokenizer) -> Any:
+def episode_vision(cfg: RayRLConfig, model_path: str | None, tokenizer: Any) -> Any:
     """The image processor of a vision-language model directory (as the prompts were
     read: ``data.mm_processor_kwargs``), or None (a text-only model, or no directory)."""
     from rayrl.models.vision_language import is_vision_language, local_config

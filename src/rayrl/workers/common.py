@@ -5,16 +5,21 @@ and memory figures."""
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 import torch
 
 from rayrl.batch import Batch
-from rayrl.config.schema import RayRLConfig
+from rayrl.config.schema import ActorRolloutRefConfig, RayRLConfig, RefConfig, RolloutConfig
 from rayrl.rollout.sampling import SamplingParams
 from rayrl.train.optim import OptimSpec
 
 # verl's short dtype names -> torch's
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+Config = TypeVar("Config", bound="DataclassInstance")  # a config group `_with` copies
+
 DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
@@ -71,7 +76,7 @@ class ForwardSizes(TypedDict, total=False):
     max_tokens_per_micro_batch: int | None
 
 
-def forward_sizes(group: Any) -> ForwardSizes:
+def forward_sizes(group: RolloutConfig | RefConfig) -> ForwardSizes:
     """Micro-batch size or token budget of a log-prob pass (a `rollout` or `ref` group)."""
     if group.log_prob_use_dynamic_bsz:
         return {"max_tokens_per_micro_batch": group.log_prob_max_token_len_per_gpu}
@@ -129,7 +134,7 @@ def reference_kwargs(
     return kwargs
 
 
-def ref_engine_kwargs(arr: Any, seed: int) -> dict[str, Any]:
+def ref_engine_kwargs(arr: ActorRolloutRefConfig, seed: int) -> dict[str, Any]:
     """TrainEngine keyword arguments of the ``actor_rollout_ref`` group's reference
     policy, wherever it runs (in the actor's processes or on workers of its own):
     `reference_kwargs` of ``ref.fsdp_config``, ``ref.use_torch_compile`` and
@@ -143,7 +148,7 @@ def ref_engine_kwargs(arr: Any, seed: int) -> dict[str, Any]:
     return kwargs
 
 
-def _with(config: Any, **changes: Any) -> Any:
+def _with(config: Config, **changes: Any) -> Config:
     import dataclasses
 
     return dataclasses.replace(config, **changes)
@@ -214,7 +219,7 @@ def load_rng(path: Any, rank: int) -> None:
         set_rng_state(torch.load(file, weights_only=False))
 
 
-def mean_metrics(outputs: list, state: Any) -> dict[str, float]:
+def mean_metrics(outputs: list[Any], state: Any) -> dict[str, float]:
     """Collect: per-rank metric dicts (or lists of them) averaged key by key."""
     sums: dict[str, list[float]] = defaultdict(list)
     stack = list(outputs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from rayrl.batch import Batch
 from rayrl.config.schema import RayRLConfig
@@ -50,14 +51,14 @@ class CriticWorker(Worker):
         )
         self.loss_fn = critic_loss_fn(c, config.data.max_response_length)
 
-    def snapshot_state(self) -> dict:
+    def snapshot_state(self) -> dict[str, Any]:
         """The critic's state at a step boundary (copied out before the next)."""
         return {"critic": self.engine.snapshot(reuse=True, wait=False)}
 
     def snapshot_nbytes(self) -> int:
         return self.engine.snapshot_nbytes()
 
-    def restore_state(self, state: dict) -> None:
+    def restore_state(self, state: dict[str, Any]) -> None:
         self.engine.restore(state["critic"])
 
     def rebuild(self) -> None:

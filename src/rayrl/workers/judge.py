@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 
+from rayrl.cluster.kv import KVStore
 from rayrl.config.judge import JudgeRolloutConfig
 from rayrl.config.judge_mode import judge_enabled, judge_on_own_pool
 from rayrl.config.schema import RayRLConfig
@@ -192,7 +193,9 @@ def judge_source(config: RayRLConfig, address: str, tokenizer: Any) -> Any:
     )
 
 
-def server_figures(before: dict, after: dict, wall_s: float) -> dict[str, float]:
+def server_figures(
+    before: dict[str, Any], after: dict[str, Any], wall_s: float
+) -> dict[str, float]:
     """A scoring's judge figures from the server's counts before and after it: verdict
     tokens per second of the scoring's wall time, mean request latency, mean batch."""
     requests = after["requests"] - before["requests"]
@@ -262,7 +265,7 @@ class RemoteJudge:
     step's recovery replaces the replica). `refresh` reads the address again: a
     replacement writes its own."""
 
-    def __init__(self, config: RayRLConfig, rank: int, kv: Any) -> None:
+    def __init__(self, config: RayRLConfig, rank: int, kv: KVStore) -> None:
         from transformers import AutoTokenizer
 
         rm = config.reward_model
@@ -280,7 +283,7 @@ class RemoteJudge:
         """The replica's address as its worker last wrote it; True when it moved."""
         address = self.kv.get(str(self.replica), self.address, namespace=JUDGE_KV)
         moved, self.address = address != self.address, address
-        return moved
+        return cast(bool, moved)
 
     def stats(self) -> dict[str, float]:
         import json

@@ -31,7 +31,7 @@ from rayrl.algos.rejection import RejectionRule, judge, kept, parse_rejection, r
 from rayrl.batch import Batch
 from rayrl.config.distill import DistillationConfig
 from rayrl.config.schema import ActorConfig, CriticConfig, RolloutCorrectionConfig
-from rayrl.train.loss_contract import Peak
+from rayrl.train.loss_contract import LossFn, Peak
 from rayrl.workers.routing import routing_sums
 
 
@@ -128,7 +128,7 @@ def actor_loss_fn(
     *,
     on_policy: bool = False,
     distill: DistillSpec | None = None,
-):
+) -> LossFn:
     """PPO-family policy loss + optional entropy bonus + optional KL-to-reference loss,
     with truncated importance weights against the rollout's log-probs when
     ``correction.rollout_is`` names a level (token or sequence). ``on_policy``: the
@@ -247,7 +247,7 @@ def distill_spec(cfg: DistillationConfig) -> DistillSpec | None:
     )
 
 
-def critic_loss_fn(cfg: CriticConfig, max_response_length: int | None = None):
+def critic_loss_fn(cfg: CriticConfig, max_response_length: int | None = None) -> LossFn:
     """Clipped value loss against the returns."""
 
     def loss_fn(outputs: dict[str, Tensor], mb: Batch) -> tuple[Tensor, dict[str, Tensor | float]]:
@@ -268,7 +268,7 @@ def critic_loss_fn(cfg: CriticConfig, max_response_length: int | None = None):
     return loss_fn
 
 
-def sft_loss_fn():
+def sft_loss_fn() -> LossFn:
     """Supervised fine-tuning: the negative log-likelihood of the response tokens, a
     token mean over the whole batch (all micro-batches and ranks). Prompt tokens are
     not in ``log_probs`` at all: the engine scores the response columns only."""

@@ -42,6 +42,7 @@ from rayrl.algos.preference import (
 from rayrl.batch import Batch
 from rayrl.config.pref import PrefConfig
 from rayrl.controller import DP_SPLIT, ONE_TO_ALL, register
+from rayrl.train.loss_contract import LossFn
 from rayrl.workers.common import optim_spec
 from rayrl.workers.sft import MicroBatchSizes, SFTWorker, sft_engine_kwargs
 
@@ -49,7 +50,7 @@ REWARD_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "r
 POLICY_METRICS = (*REWARD_METRICS, "logps/chosen", "logps/rejected")
 
 
-def pair_loss_fn(name: str, beta: float, label_smoothing: float):
+def pair_loss_fn(name: str, beta: float, label_smoothing: float) -> LossFn:
     """The engine's loss (`rayrl.train.loss_contract`) of an objective: each pair's loss
     over the mini-batch's pair count (all ranks), so the step's loss is the mean over its
     pairs; the metrics (TRL's names) are shares of their means in the same way."""

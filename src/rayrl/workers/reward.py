@@ -135,7 +135,7 @@ class RewardWorker(Worker):
         return scores_to_batch(results, mask)
 
     @register(dispatch=ONE_TO_ALL)
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         return self.source.stats()
 
 
@@ -283,7 +283,7 @@ def pickled_names(pickled: str) -> str:
     return describe() if describe is not None else repr(fn)
 
 
-def episode_extra_info(batch: Batch) -> list | None:
+def episode_extra_info(batch: Batch) -> list[Any] | None:
     """Each row's `extra_info`, with its episode's columns added for a multi-turn rollout
     (`EPISODE_EXTRAS`; a copy: the batch's own column is left as it is)."""
     extras = list(batch["extra_info"]) if "extra_info" in batch else None
@@ -299,7 +299,7 @@ def episode_extra_info(batch: Batch) -> list | None:
     return out
 
 
-def _column(values: list) -> np.ndarray:
+def _column(values: list[Any]) -> np.ndarray:
     out = np.empty(len(values), dtype=object)
     out[:] = values
     return out

@@ -132,6 +132,6 @@ def routing_from_totals(metrics: dict[str, float]) -> dict[str, float]:
     return routing_metrics(totals)
 
 
-def routing_columns(out: Batch) -> dict:
+def routing_columns(out: Batch) -> dict[str, Any]:
     """The log-prob pass's routing outputs to return: the per-row counts and R2's record."""
     return {k: out[k] for k in (*ROUTING_COLUMNS, ACTOR_ROUTES) if k in out}

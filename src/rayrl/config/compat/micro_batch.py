@@ -9,9 +9,12 @@ uses the quotient as the `*_per_gpu` size; giving both is an error, as in verl.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rayrl.config.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rayrl.config.schema import RayRLConfig
 
 ARR = "actor_rollout_ref"
 
@@ -26,7 +29,8 @@ GLOBAL_MICRO_BATCH: dict[str, str] = {
 }
 
 
-def _node(cfg: Any, path: str) -> tuple[Any, str]:
+def _node(cfg: object, path: str) -> tuple[Any, str]:
+    """The group that holds the dotted key `path`, and the key's last part."""
     *groups, leaf = path.split(".")
     for group in groups:
         cfg = getattr(cfg, group)
@@ -34,7 +38,7 @@ def _node(cfg: Any, path: str) -> tuple[Any, str]:
 
 
 def resolve_global_micro_batches(
-    cfg: Any, world: int, warn: Callable[[str], None], dynamic: Callable[[str], bool]
+    cfg: RayRLConfig, world: int, warn: Callable[[str], None], dynamic: Callable[[str], bool]
 ) -> None:
     """Set each per-GPU size from its deprecated global one (`global // world`), with a
     deprecation note; the global key is cleared. `dynamic(key)` says whether that

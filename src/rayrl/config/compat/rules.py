@@ -38,7 +38,7 @@ class Only:
     change nothing); any other value is refused: `feature` is what rayrl lacks, `hint`
     what to do instead."""
 
-    accepted: tuple
+    accepted: tuple[object, ...]
     feature: str
     note: str | None = None
     hint: str = ""
@@ -51,7 +51,7 @@ class Moved:
     is printed after "KEY=VALUE sets TARGET: " (a deprecation, or what changes)."""
 
     target: str
-    unset: tuple = ()
+    unset: tuple[object, ...] = ()
     note: str = ""
 
 
@@ -66,7 +66,9 @@ class RuleTable:
     """Rules by dotted pattern, and the schema's own paths (which no rule overrides,
     except a `Moved` rule whose target is the key itself)."""
 
-    def __init__(self, rules: dict[str, Rule], schema_paths: Iterable[str], dict_leaves=()):
+    def __init__(
+        self, rules: dict[str, Rule], schema_paths: Iterable[str], dict_leaves: Iterable[str] = ()
+    ) -> None:
         self.rules = [(_split(p), r) for p, r in rules.items()]
         self.schema = set(schema_paths)
         self.dict_leaves = set(dict_leaves)
@@ -126,7 +128,9 @@ def _move(path: str, value: Any, table: RuleTable) -> str | None:
     raise AssertionError(f"moved keys loop at {path}")
 
 
-def apply_rules(data: dict[str, Any], table: RuleTable, warn: Callable[[str], None]) -> dict:
+def apply_rules(
+    data: dict[str, Any], table: RuleTable, warn: Callable[[str], None]
+) -> dict[str, Any]:
     """`data` (one source's nested dict) with the rules applied: moved keys at their
     schema names, inert keys dropped with one warning per rule and group, keys without
     a rule kept (unknown ones are refused later, with a suggestion). Raises ConfigError
@@ -158,13 +162,20 @@ def apply_rules(data: dict[str, Any], table: RuleTable, warn: Callable[[str], No
     return out
 
 
-def _note_move(path: str, target: str, value: Any, table: RuleTable, warn) -> None:
+def _note_move(
+    path: str, target: str, value: Any, table: RuleTable, warn: Callable[[str], None]
+) -> None:
     found = table.match(path, moved=True)
     if found is not None and isinstance(found[1], Moved) and found[1].note:
         warn(f"{path}={_shown(value)} sets {target}: {found[1].note}")
 
 
-def _drop(path: str, value: Any, found: tuple[str, Rule], dropped: dict) -> None:
+def _drop(
+    path: str,
+    value: Any,
+    found: tuple[str, Rule],
+    dropped: dict[tuple[int, str], tuple[str, list[str]]],
+) -> None:
     matched, rule = found
     if isinstance(rule, Only):
         if not _accepted(value, rule.accepted):
@@ -182,7 +193,7 @@ def _drop(path: str, value: Any, found: tuple[str, Rule], dropped: dict) -> None
     entry[1].append(f"{path}={_shown(value)}")
 
 
-def _accepted(value: Any, accepted: tuple) -> bool:
+def _accepted(value: Any, accepted: tuple[object, ...]) -> bool:
     return any(value == a and type(value) is type(a) for a in accepted)
 
 
