@@ -216,3 +216,24 @@ def test_a_text_row_alone_runs_as_text(model_dirs, models):
     images = engine.vision.prompt_images([np.asarray(batch["input_ids"][0])], [None])
     assert images == [None]
     _greedy_matches(model, batch, engine.generate(batch, GREEDY))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("family", FAMILIES)
+def test_on_cuda_the_engine_draws_the_cpu_engines_tokens(model_dirs, models, family):
+    """The CUDA path (Triton kernels, decode CUDA graphs whose positions carry each
+    prompt's rope_delta, eager prefills with images) against the CPU engine, in fp32."""
+    model_dir = model_dirs[family]
+    _, batch = prompts(model_dir, mixed_rows())
+    cpu = _engine(model_dir).generate(batch, GREEDY)
+    gpu = _engine(model_dir, device="cuda", dtype=torch.float32).generate(batch, GREEDY)
+    assert torch.equal(cpu["responses"], gpu["responses"].cpu())
+    sampled = _engine(model_dir, device="cuda", dtype=torch.float32).generate(batch, SAMPLED)
+    for i in range(len(sampled)):
+        expected = reference_log_probs(
+            models[family], sampled, i, models[family].config.image_token_id
+        )
+        length = int(sampled["response_mask"][i].sum())
+        got = sampled["rollout_log_probs"][i, :length].cpu()
+        assert torch.allclose(got, expected[:length], atol=1e-3), i
