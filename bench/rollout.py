@@ -139,7 +139,7 @@ def run_native(
         overlap_decode=overlap and not args.sync_decode,
         tp_size=args.tp,
         tp_group=getattr(args, "tp_group", None),
-        quantization=quantization,
+        **({"quantization": quantization} if quantization else {}),
     )
     n = samples_per_prompt(prompts, out_lens)
     params = SamplingParams(n=n, max_new_tokens=int(out_lens.max()), ignore_eos=True, seed=1)
