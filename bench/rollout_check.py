@@ -1,8 +1,8 @@
 """GPU correctness check of the native engine's CUDA paths (not a benchmark; prints JSON lines).
 
 1. Each Triton kernel against its torch reference on fresh random inputs, in bfloat16
-   and float32: add+RMSNorm, rotary+KV write (with and without Qwen3 q/k norms),
-   SiLU-and-mul, split-KV decode attention (1 and 4 splits, empty rows included),
+   and float32: add+RMSNorm (Llama's, OLMo 2's and Gemma's styles), rotary+KV write
+   (with and without Qwen3 q/k norms), SiLU-and-mul, GELU-and-mul (tanh and erf), split-KV decode attention (1 and 4 splits, empty rows included),
    chunked prefill attention, and the fused sampler against `reference_sample_tokens`.
 2. The engine on the reference shape (random weights): greedy tokens against
    transformers' greedy ``generate()`` in float32; CUDA graphs against eager; Triton
@@ -57,9 +57,28 @@ def check_kernels(dtype: torch.dtype) -> None:
         residual_equal=bool(torch.equal(ar, br)),
         mismatched=int((a != b).sum()),
     )
+    for style in ({"offset": 0.0, "in_float": True}, {"offset": 1.0, "in_float": True}):
+        a, ar = ref.add_rms_norm(x, r.clone(), w, 1e-6, **style)
+        b, br = tri.add_rms_norm(x, r.clone(), w, 1e-6, **style)
+        emit(
+            check="add_rms_norm_styled",
+            style=style,
+            dtype=name,
+            rel_err=rel(b, a),
+            residual_equal=bool(torch.equal(ar, br)),
+            mismatched=int((a != b).sum()),
+        )
     gu = torch.randn(300, 2 * 4864, device=dev, dtype=dtype)
     a, b = ref.silu_and_mul(gu), tri.silu_and_mul(gu)
     emit(check="silu_and_mul", dtype=name, rel_err=rel(b, a), mismatched=int((a != b).sum()))
+    for approximate in ("tanh", "none"):
+        a, b = ref.gelu_and_mul(gu, approximate), tri.gelu_and_mul(gu, approximate)
+        emit(
+            check=f"gelu_and_mul_{approximate}",
+            dtype=name,
+            rel_err=rel(b, a),
+            mismatched=int((a != b).sum()),
+        )
     heads, kvh, d = 14, 2, 64
     qkv = torch.randn(300, (heads + 2 * kvh) * d, device=dev, dtype=dtype)
     pos = torch.randint(0, 4000, (300,), device=dev)

@@ -88,6 +88,44 @@ def test_elementwise_kernels(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(
+    ("offset", "in_float"),
+    [(0.0, True), (1.0, True), (1.0, False)],
+    ids=["olmo2", "gemma", "offset"],
+)
+def test_styled_norms_and_the_gelu_gate(dtype, offset, in_float):
+    """OLMo 2's and Gemma's norms (in float32, Gemma's weight offset by 1) and Gemma's
+    GELU gate in one kernel each, as the torch ops compute them."""
+    from rayrl.rollout.native.ops import TorchOps
+    from rayrl.rollout.native.triton_ops import TritonOps
+
+    torch.manual_seed(2)
+    ref, tri = TorchOps(), TritonOps()
+    exact = dtype != torch.float32
+    tol = {"rtol": 0, "atol": 0} if exact else {"rtol": 1e-5, "atol": 1e-5}
+    x, r, w = torch.randn(5, 48, dtype=dtype), torch.randn(5, 48, dtype=dtype), torch.randn(48)
+    w = w.to(dtype)
+    style = {"offset": offset, "in_float": in_float}
+    torch.testing.assert_close(
+        tri.rms_norm(x, w, 1e-6, **style), ref.rms_norm(x, w, 1e-6, **style), **tol
+    )
+    (a, ar), (b, br) = (
+        ref.add_rms_norm(x, r.clone(), w, 1e-6, **style),
+        tri.add_rms_norm(x, r.clone(), w, 1e-6, **style),
+    )
+    assert torch.equal(ar, br)
+    torch.testing.assert_close(b, a, **tol)
+    gu = torch.randn(5, 80, dtype=dtype) * 3
+    for approximate in ("tanh", "none"):
+        torch.testing.assert_close(
+            tri.gelu_and_mul(gu, approximate),
+            ref.gelu_and_mul(gu, approximate),
+            rtol=1e-3 if exact else 1e-5,  # one rounding step apart at most
+            atol=1e-3 if exact else 1e-6,
+        )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_paged_attention_kernels(dtype, monkeypatch):
     import rayrl.rollout.native.triton_attention as ta
     from rayrl.rollout.native.attention import TorchAttention

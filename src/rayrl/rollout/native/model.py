@@ -55,8 +55,6 @@ from rayrl.rollout.native.weights import NativeWeights
 
 __all__ = ["NativeModel", "make_ops"]
 
-_TORCH = TorchOps()  # the variants the Triton kernels leave to torch (CUDA-graph safe)
-
 
 class _NormStyle(TypedDict, total=False):
     """`TorchOps.rms_norm`'s style arguments (Gemma's, OLMo 2's norms)."""
@@ -200,9 +198,7 @@ class NativeModel:
             return residual, residual
         if hidden is None:
             return self._norm(residual, norm), residual
-        if self._style:
-            return _TORCH.add_rms_norm(hidden, residual, norm, s.rms_eps, **self._style)
-        return ops.add_rms_norm(hidden, residual, norm, s.rms_eps)
+        return ops.add_rms_norm(hidden, residual, norm, s.rms_eps, **self._style)
 
     def _leave(self, hidden: Tensor, out_norm: Tensor | None) -> Tensor:
         """A sublayer's output as the residual add takes it: normed (sandwich and post
@@ -214,9 +210,7 @@ class NativeModel:
         return hidden
 
     def _norm(self, x: Tensor, weight: Tensor) -> Tensor:
-        if self._style:  # not a Triton kernel's: torch (CUDA-graph safe)
-            return _TORCH.rms_norm(x, weight, self.spec.rms_eps, **self._style)
-        return self.ops.rms_norm(x, weight, self.spec.rms_eps)
+        return self.ops.rms_norm(x, weight, self.spec.rms_eps, **self._style)
 
     def _qk_normed(self, qkv: Tensor, layer) -> Tensor:
         """``qkv`` with q and k normed on their own (OLMo 2's over all heads; Gemma 3's
@@ -247,7 +241,7 @@ class NativeModel:
         act = self.spec.activation
         if act == "silu":
             return self.ops.silu_and_mul(gate_up)
-        return _TORCH.gelu_and_mul(gate_up, "tanh" if act == "gelu_tanh" else "none")
+        return self.ops.gelu_and_mul(gate_up, "tanh" if act == "gelu_tanh" else "none")
 
     def _head(self, hidden: Tensor) -> Tensor:
         s = self.spec

@@ -29,15 +29,24 @@ __all__ = ["Ops", "TorchOps"]
 
 
 class Ops(Protocol):
-    """The operations a set of kernels implements (`TorchOps`, `TritonOps`): Llama's
-    RMSNorm (no ``offset`` / ``in_float`` style), rotary-and-store, SiLU-and-mul."""
+    """The operations a set of kernels implements (`TorchOps`, `TritonOps`): RMSNorm in
+    Llama's style or, with ``in_float`` and an ``offset``, OLMo 2's and Gemma's,
+    rotary-and-store, SiLU-and-mul and GELU-and-mul."""
 
     name: str
 
-    def rms_norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor: ...
+    def rms_norm(
+        self, x: Tensor, weight: Tensor, eps: float, offset: float = 0.0, in_float: bool = False
+    ) -> Tensor: ...
 
     def add_rms_norm(
-        self, x: Tensor, residual: Tensor, weight: Tensor, eps: float
+        self,
+        x: Tensor,
+        residual: Tensor,
+        weight: Tensor,
+        eps: float,
+        offset: float = 0.0,
+        in_float: bool = False,
     ) -> tuple[Tensor, Tensor]: ...
 
     def rope_and_store(
@@ -54,6 +63,8 @@ class Ops(Protocol):
     ) -> Tensor: ...
 
     def silu_and_mul(self, gate_up: Tensor) -> Tensor: ...
+
+    def gelu_and_mul(self, gate_up: Tensor, approximate: str = "tanh") -> Tensor: ...
 
 
 class TorchOps:
@@ -75,12 +86,18 @@ class TorchOps:
         return (weight + offset if offset else weight) * h.to(dtype)
 
     def add_rms_norm(
-        self, x: Tensor, residual: Tensor, weight: Tensor, eps: float, **style
+        self,
+        x: Tensor,
+        residual: Tensor,
+        weight: Tensor,
+        eps: float,
+        offset: float = 0.0,
+        in_float: bool = False,
     ) -> tuple[Tensor, Tensor]:
         """``(rms_norm(residual + x), residual + x)``: the decoder's residual add and norm
-        (``style``: `rms_norm`'s ``offset`` and ``in_float``)."""
+        (`rms_norm`'s ``offset`` and ``in_float`` style)."""
         residual = residual + x
-        return self.rms_norm(residual, weight, eps, **style), residual
+        return self.rms_norm(residual, weight, eps, offset, in_float), residual
 
     def rope_and_store(
         self,

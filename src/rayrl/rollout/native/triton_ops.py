@@ -5,7 +5,9 @@
 - rotary embedding + KV-cache write: splits the fused qkv output, applies Qwen3's
   per-head q/k norms if the model has them, rotates q and k, writes k and v to their
   cache slots and q to a packed output;
-- SiLU-and-mul of the fused gate_up output.
+- SiLU-and-mul, or GELU-and-mul (Gemma's gate), of the fused gate_up output;
+- the norms' styles: Llama's, and OLMo 2's and Gemma's (in float32, Gemma's weight
+  offset by 1).
 
 Each rounds to the model dtype where `rayrl.rollout.native.ops.TorchOps` (and so
 transformers) does, and is tested against it. ``TRITON_INTERPRET=1`` runs them on CPU.
@@ -13,12 +15,17 @@ transformers) does, and is tested against it. ``TRITON_INTERPRET=1`` runs them o
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.language.extra import libdevice
 
 __all__ = ["TritonOps"]
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter
 
 
 @triton.jit
@@ -32,7 +39,9 @@ def _rms_norm_kernel(
     stride_y,
     n_cols,
     eps,
+    offset,
     HAS_RESIDUAL: tl.constexpr,
+    IN_FLOAT: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -46,9 +55,13 @@ def _rms_norm_kernel(
         tl.store(R + row * stride_r + cols, x, mask=mask)
     h = x.to(tl.float32)
     var = tl.sum(h * h, axis=0) / n_cols
-    h = (h * (1.0 / tl.sqrt(var + eps))).to(dtype)
-    w = tl.load(W + cols, mask=mask, other=0.0)
-    tl.store(Y + row * stride_y + cols, (w.to(tl.float32) * h.to(tl.float32)).to(dtype), mask=mask)
+    h = h * (1.0 / tl.sqrt(var + eps))
+    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    if IN_FLOAT:  # noqa: SIM108 - a constexpr branch. OLMo 2, Gemma: normed * (weight + offset) in float32
+        y = h * (w + offset)
+    else:  # Llama's: (weight + offset) * normed, each rounded to the model dtype first
+        y = _round(w + offset, dtype) * _round(h, dtype)
+    tl.store(Y + row * stride_y + cols, y.to(dtype), mask=mask)
 
 
 @triton.jit
@@ -156,21 +169,64 @@ def _silu_mul_kernel(GU, OUT, stride_gu, stride_out, n_cols, BLOCK: tl.constexpr
     tl.store(OUT + row * stride_out + cols, (act * up.to(tl.float32)).to(dtype), mask=mask)
 
 
+@triton.jit
+def _one_plus_tanh(y, LIBDEVICE: tl.constexpr):
+    """1 + tanh(y): with CUDA's tanh (as torch's kernels take it) on a GPU; in the CPU
+    interpreter, which has no libdevice, as 2 sigmoid(2y) (no cancellation near -1)."""
+    if LIBDEVICE:
+        return 1.0 + libdevice.tanh(y)
+    return 2.0 / (1.0 + tl.exp(-2.0 * y))
+
+
+@triton.jit
+def _gelu_mul_kernel(
+    GU,
+    OUT,
+    stride_gu,
+    stride_out,
+    n_cols,
+    TANH: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    gate = tl.load(GU + row * stride_gu + cols, mask=mask, other=0.0)
+    up = tl.load(GU + row * stride_gu + n_cols + cols, mask=mask, other=0.0)
+    dtype = gate.dtype
+    g = gate.to(tl.float32)
+    if TANH:  # torch's tanh approximation, in float32 as torch computes it
+        inner = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+        act = 0.5 * g * _one_plus_tanh(inner, LIBDEVICE)
+    else:
+        act = 0.5 * g * (1.0 + tl.erf(g * 0.7071067811865476))
+    act = act.to(dtype).to(tl.float32)
+    tl.store(OUT + row * stride_out + cols, (act * up.to(tl.float32)).to(dtype), mask=mask)
+
+
 class TritonOps:
-    """The `Ops` of `TorchOps`, each operation as one Triton kernel (the styled norms,
-    Gemma's and OLMo 2's, are `TorchOps`' alone)."""
+    """The `Ops` of `TorchOps`, each operation as one Triton kernel."""
 
     name = "triton"
 
     @staticmethod
-    def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-        return _norm(x, None, weight, eps)
+    def rms_norm(
+        x: Tensor, weight: Tensor, eps: float, offset: float = 0.0, in_float: bool = False
+    ) -> Tensor:
+        return _norm(x, None, weight, eps, offset, in_float)
 
     def add_rms_norm(
-        self, x: Tensor, residual: Tensor, weight: Tensor, eps: float
+        self,
+        x: Tensor,
+        residual: Tensor,
+        weight: Tensor,
+        eps: float,
+        offset: float = 0.0,
+        in_float: bool = False,
     ) -> tuple[Tensor, Tensor]:
         """Like `TorchOps.add_rms_norm`, but ``residual`` is updated in place and returned."""
-        return _norm(x, residual, weight, eps), residual
+        return _norm(x, residual, weight, eps, offset, in_float), residual
 
     def rope_and_store(
         self, qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, shape, qk_norm=None
@@ -220,8 +276,34 @@ class TritonOps:
             )
         return out
 
+    @staticmethod
+    def gelu_and_mul(gate_up: Tensor, approximate: str = "tanh") -> Tensor:
+        """Like `TorchOps.gelu_and_mul` (Gemma's gate), one kernel."""
+        n, cols = gate_up.shape[0], gate_up.shape[1] // 2
+        out = torch.empty(n, cols, dtype=gate_up.dtype, device=gate_up.device)
+        if n:
+            block = 1024
+            _gelu_mul_kernel[(n, triton.cdiv(cols, block))](
+                gate_up,
+                out,
+                gate_up.stride(0),
+                out.stride(0),
+                cols,
+                TANH=approximate == "tanh",
+                LIBDEVICE=not INTERPRETED,
+                BLOCK=block,
+            )
+        return out
 
-def _norm(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float) -> Tensor:
+
+def _norm(
+    x: Tensor,
+    residual: Tensor | None,
+    weight: Tensor,
+    eps: float,
+    offset: float = 0.0,
+    in_float: bool = False,
+) -> Tensor:
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     out = torch.empty_like(x2)
@@ -237,7 +319,9 @@ def _norm(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float) -> Ten
             out.stride(0),
             shape[-1],
             eps,
+            float(offset),
             HAS_RESIDUAL=residual is not None,
+            IN_FLOAT=bool(in_float),
             BLOCK=triton.next_power_of_2(shape[-1]),
         )
     return out.view(shape)
