@@ -76,7 +76,7 @@ def quiet_dcp() -> Iterator[None]:
 
 
 def save_sharded(
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     extra: dict[str, Any],
@@ -103,7 +103,7 @@ def _device_bytes(state: Any) -> int:
 
 
 def load_sharded(
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     extra_template: dict[str, Any],
@@ -137,15 +137,15 @@ def full_model_state_dict(model: nn.Module, cpu_offload: bool = True) -> dict[st
 
 def export_hf(
     model: nn.Module,
-    out_dir: str | os.PathLike,
+    out_dir: str | os.PathLike[str],
     *,
     config: Any,
     architecture: str,
-    tokenizer_dir: str | os.PathLike | None = None,
+    tokenizer_dir: str | os.PathLike[str] | None = None,
     generation_config: Any = None,
     dtype: torch.dtype | None = None,
     state: dict[str, torch.Tensor] | None = None,
-    processor_dir: str | os.PathLike | None = None,
+    processor_dir: str | os.PathLike[str] | None = None,
 ) -> Path | None:
     """Write a Hugging Face model directory from a (possibly sharded) model.
 
@@ -181,10 +181,10 @@ def write_hf_dir(
     out: Path,
     config: Any,
     architecture: str,
-    tokenizer_dir: str | os.PathLike | None,
+    tokenizer_dir: str | os.PathLike[str] | None,
     generation_config: Any,
     dtype: torch.dtype | None,
-    processor_dir: str | os.PathLike | None = None,
+    processor_dir: str | os.PathLike[str] | None = None,
 ) -> None:
     """Write `state` as an HF model directory at `out` (staged, then renamed into place):
     config with `architectures`, safetensors (cast to `dtype`; a tied lm_head left
