@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -33,6 +33,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from rayrl.models.vision_language import copy_processor_files
+
+if TYPE_CHECKING:
+    from transformers import GenerationConfig, PretrainedConfig
 
 __all__ = [
     "export_hf",
@@ -139,10 +142,10 @@ def export_hf(
     model: nn.Module,
     out_dir: str | os.PathLike[str],
     *,
-    config: Any,
+    config: PretrainedConfig,
     architecture: str,
     tokenizer_dir: str | os.PathLike[str] | None = None,
-    generation_config: Any = None,
+    generation_config: GenerationConfig | None = None,
     dtype: torch.dtype | None = None,
     state: dict[str, torch.Tensor] | None = None,
     processor_dir: str | os.PathLike[str] | None = None,
@@ -179,10 +182,10 @@ def export_hf(
 def write_hf_dir(
     state: dict[str, torch.Tensor],
     out: Path,
-    config: Any,
+    config: PretrainedConfig,
     architecture: str,
     tokenizer_dir: str | os.PathLike[str] | None,
-    generation_config: Any,
+    generation_config: GenerationConfig | None,
     dtype: torch.dtype | None,
     processor_dir: str | os.PathLike[str] | None = None,
 ) -> None:

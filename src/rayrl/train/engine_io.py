@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -31,6 +31,9 @@ from rayrl.train.recovery import StepRecovery
 from rayrl.train.residency import Residency
 from rayrl.train.weight_sync import DEFAULT_BUCKET_BYTES, rollout_weights
 
+if TYPE_CHECKING:
+    from transformers import GenerationConfig, PretrainedConfig
+
 __all__ = ["EngineIO"]
 
 
@@ -45,11 +48,11 @@ class EngineIO(StepRecovery):
     trainable: bool
     lora: bool
     mixed_precision: bool
-    config: Any
+    config: PretrainedConfig
     architecture: str
     tokenizer_path: str
     model_path: str
-    generation_config: Any
+    generation_config: GenerationConfig | None
 
     def offload(self, params: bool = True, optimizer: bool = True) -> None:
         """Move parameters (and gradients) and/or optimizer state to host memory;
