@@ -60,7 +60,8 @@ def _rank() -> int:
 
 
 def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized()
+    distributed: bool = dist.is_available() and dist.is_initialized()
+    return distributed
 
 
 def _barrier() -> None:
@@ -128,14 +129,16 @@ def load_sharded(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
     )
     _barrier()
-    return state["extra"]
+    extra: dict[str, Any] = state["extra"]
+    return extra
 
 
 def full_model_state_dict(model: nn.Module, cpu_offload: bool = True) -> dict[str, torch.Tensor]:
     """Unsharded weights. With ``cpu_offload`` only rank 0 gets them (on CPU; other
     ranks get an empty dict); without, every rank gets them on the device."""
     options = StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload)
-    return get_model_state_dict(model, options=options)
+    full: dict[str, torch.Tensor] = get_model_state_dict(model, options=options)
+    return full
 
 
 def export_hf(

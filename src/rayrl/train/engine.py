@@ -181,7 +181,7 @@ class TrainEngine(ModelBuilding, EngineIO):
         fsdp_size: int = -1,
         expert_parallel_size: int = 1,
         weights_from: TrainEngine | None = None,
-        config_overrides: dict | None = None,
+        config_overrides: dict[str, Any] | None = None,
         join: bool = False,
         freeze_vision_tower: bool = False,
     ) -> None:

@@ -217,7 +217,8 @@ class PackedBucket:
 
     @property
     def nbytes(self) -> int:
-        return self.flat.numel() * self.flat.element_size()
+        size: int = self.flat.numel() * self.flat.element_size()
+        return size
 
 
 @dataclass
