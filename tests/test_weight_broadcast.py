@@ -108,6 +108,17 @@ def test_a_formation_abandoned_for_a_lost_member_ends_every_wait_at_once(ray_loc
     assert again.transport == "collective" and len(buckets) >= 2
 
 
+def test_a_collective_offer_without_a_group_is_refused_by_name():
+    """An offer that says ``collective`` but names no group (never made by
+    `publish_packed` or `RolloutManager.begin_collective`) fails with the offer's key,
+    and the member is left outside any group."""
+    member = BroadcastMember()
+    offer = PublishedWeights([], 0, "collective", key="rollout-weights/v3")
+    with pytest.raises(ValueError, match="'rollout-weights/v3' names no broadcast group"):
+        receive_packed(member, offer, 1, torch.device("cpu"))
+    assert member.spec is None and member.rank == -1
+
+
 @pytest.mark.slow
 def test_collective_staleness_zero_run_equals_the_object_store_run_bitwise(
     ray_local, async_model, tmp_path

@@ -51,11 +51,11 @@ class PromptImages:
         self.image_key = image_key
         self.video_key = video_key
 
-    def entries(self, row: dict) -> list[Any]:
+    def entries(self, row: dict[str, Any]) -> list[Any]:
         """The row's image entries (none when the column is missing or null)."""
         return _column(row, self.image_key)
 
-    def problem(self, row: dict, prompt_key: str) -> str | None:
+    def problem(self, row: dict[str, Any], prompt_key: str) -> str | None:
         """Why the row's media cannot be read, or None (also for a row without images)."""
         try:
             videos, images = _column(row, self.video_key), self.entries(row)
@@ -83,7 +83,7 @@ class PromptImages:
             )
         return None
 
-    def messages(self, messages: list[dict]) -> list[dict]:
+    def messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The messages for the chat template: each `<image>` an image part (module docstring)."""
         out = []
         for message in messages:
@@ -98,7 +98,7 @@ class PromptImages:
             out.append({**message, "content": content})
         return out
 
-    def open(self, row: dict, base_dir: Path) -> list[Any]:
+    def open(self, row: dict[str, Any], base_dir: Path) -> list[Any]:
         """The row's images as the processor gets them; a RowImageError names the first
         entry that cannot be used and why."""
         vision = self._vision()
@@ -111,7 +111,7 @@ class PromptImages:
                 raise RowImageError(f"image {k} in column '{self.image_key}' {err}") from None
         return images
 
-    def encode(self, text: str, row: dict, base_dir: Path) -> list[int]:
+    def encode(self, text: str, row: dict[str, Any], base_dir: Path) -> list[int]:
         """The token ids of the row's rendered prompt `text`, placeholders expanded."""
         images = self.open(row, base_dir)
         try:
@@ -120,7 +120,7 @@ class PromptImages:
             raise RowImageError(str(err)) from None
 
     def inputs(
-        self, text: str, row: dict, base_dir: Path
+        self, text: str, row: dict[str, Any], base_dir: Path
     ) -> tuple[list[int], dict[str, torch.Tensor]]:
         """The token ids and pixel inputs of the row's rendered prompt `text`."""
         images = self.open(row, base_dir)
@@ -130,7 +130,7 @@ class PromptImages:
             raise RowImageError(str(err)) from None
 
     def pixel_inputs(
-        self, text: str, row: dict, base_dir: Path, ids: list[int], where: str
+        self, text: str, row: dict[str, Any], base_dir: Path, ids: list[int], where: str
     ) -> dict[str, torch.Tensor]:
         """The pixel inputs of a row read at load as `ids` (its rendered prompt `text`),
         made now; a DataError names the row when its images no longer give those ids."""
@@ -157,7 +157,7 @@ class PromptImages:
         return self.vision
 
 
-def _column(row: dict, key: str) -> list[Any]:
+def _column(row: dict[str, Any], key: str) -> list[Any]:
     value = row.get(key)
     if value is None:
         return []
@@ -169,6 +169,6 @@ def _column(row: dict, key: str) -> list[Any]:
     )
 
 
-def _text(message: dict) -> str:
+def _text(message: dict[str, Any]) -> str:
     content = message.get("content")
     return content if isinstance(content, str) else ""

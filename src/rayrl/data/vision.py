@@ -51,7 +51,9 @@ class VisionProcessor(ABC):
 
     backend = ""
 
-    def __init__(self, tokenizer: Any, image_processor: Any, options: dict | None) -> None:
+    def __init__(
+        self, tokenizer: Any, image_processor: Any, options: dict[str, Any] | None
+    ) -> None:
         self.tokenizer = tokenizer
         self.image_processor = image_processor
         self.merge_size = int(getattr(image_processor, "merge_size", 1) or 1)
@@ -135,7 +137,7 @@ class FullProcessor(VisionProcessor):
 
     backend = "processor"
 
-    def __init__(self, processor: Any, tokenizer: Any, options: dict | None) -> None:
+    def __init__(self, processor: Any, tokenizer: Any, options: dict[str, Any] | None) -> None:
         processor.tokenizer = tokenizer  # one tokenizer: the run's (its chat template too)
         super().__init__(tokenizer, processor.image_processor, options)
         self.processor = processor
@@ -179,7 +181,7 @@ def load_vision_processor(
     model_dir: str | Path,
     tokenizer: Any,
     *,
-    mm_processor_kwargs: dict | None = None,
+    mm_processor_kwargs: dict[str, Any] | None = None,
     backend: str = "auto",
 ) -> VisionProcessor:
     """The image processor of the model directory `model_dir`: the full processor where
@@ -249,7 +251,7 @@ def _token_id(tokenizer: Any, token: str) -> int:
     return int(found)
 
 
-def _pixel_options(image_processor: Any, options: dict) -> dict:
+def _pixel_options(image_processor: Any, options: dict[str, Any]) -> dict[str, Any]:
     """The processor call's options: `options` with min_pixels and max_pixels both set
     (the processor's own where `options` has none; transformers applies them only together)."""
     size = getattr(image_processor, "size", None)
@@ -280,6 +282,9 @@ def _grid_size(height: int, width: int, factor: int, low: int, high: int) -> tup
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
     try:
-        return smart_resize(height, width, factor=factor, min_pixels=low, max_pixels=high)
+        resized: tuple[int, int] = smart_resize(
+            height, width, factor=factor, min_pixels=low, max_pixels=high
+        )
     except ValueError as err:
         raise ImageEntryError(f"cannot be resized for the model: {err}") from None
+    return resized

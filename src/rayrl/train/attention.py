@@ -31,13 +31,14 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from functools import cache
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rayrl.train.attention_variant import Variant
-from rayrl.train.ulysses import attend, group_of
+from rayrl.train.ulysses import SPGroup, attend, group_of
 
 __all__ = [
     "SHARED_KV_INDEX",
@@ -72,7 +73,7 @@ def packed_attention_kwargs(
     lengths: list[int],
     device: torch.device,
     keys: tuple[list[int], Tensor] | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Model keyword arguments that tell `VARLEN` where each packed sequence starts.
 
     ``lengths`` are the real-token counts of the sequences in the packed row, in order.
@@ -111,7 +112,7 @@ def register_varlen_attention() -> None:
     AttentionMaskInterface.register(VARLEN, varlen_mask)
 
 
-def varlen_mask(*args, **kwargs):
+def varlen_mask(*args: Any, **kwargs: Any) -> Any:
     """transformers' mask function for `VARLEN`: none for an unpadded row (a packed
     row gets its boundaries from the kwargs, an unpadded one is plain causal), else
     ``sdpa``'s."""
@@ -131,7 +132,7 @@ def varlen_attention_forward(
     attention_mask: Tensor | None,
     dropout: float = 0.0,
     scaling: float | None = None,
-    **kwargs,
+    **kwargs: Any,
 ) -> tuple[Tensor, None]:
     """transformers' attention signature: ``query`` ``[b, Hq, T, D]``, ``key``/``value``
     ``[b, Hkv, T, D]``; returns ``([b, T, Hq, D], None)``."""
@@ -152,9 +153,10 @@ def varlen_attention_forward(
     if cu is None and variant.softcap is not None:  # a padded batch: sdpa has no soft-cap
         return _eager(query, key, value, attention_mask, scaling, variant.softcap), None
     if cu is None or query.shape[0] != 1:
-        return sdpa_attention_forward(
+        sdpa: tuple[Tensor, None] = sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
+        return sdpa
     if dropout:
         raise ValueError("rayrl_varlen attention has no dropout; the engine trains without it.")
     index, cu_k, longest_k = kwargs.get(SHARED_KV_INDEX), None, None
@@ -171,10 +173,10 @@ def _varlen(
     key: Tensor,
     value: Tensor,
     cu: Tensor,
-    longest,
-    scaling,
+    longest: int | None,
+    scaling: float | None,
     cu_k: Tensor | None = None,
-    longest_k=None,
+    longest_k: int | None = None,
     *,
     variant: Variant | None = None,
 ) -> Tensor:
@@ -196,7 +198,9 @@ def _varlen(
     return _per_sequence(query, key, value, cu, scaling, cu_k, variant)
 
 
-def _each_row(query: Tensor, key: Tensor, value: Tensor, scaling, variant: Variant) -> Tensor:
+def _each_row(
+    query: Tensor, key: Tensor, value: Tensor, scaling: float | None, variant: Variant
+) -> Tensor:
     """``[b, T, Hq, D]``: each row of a batch without a mask attends causally on its own
     (its queries the last positions of its keys, as in a decode step), in ``variant``."""
     cu = torch.tensor([0, query.shape[2]], dtype=torch.int32, device=query.device)
@@ -219,7 +223,15 @@ def _each_row(query: Tensor, key: Tensor, value: Tensor, scaling, variant: Varia
 
 
 def _sequence_parallel(
-    sp, query, key, value, cu, kwargs: dict, dropout: float, scaling, variant: Variant
+    sp: SPGroup,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    cu: Tensor | None,
+    kwargs: dict[str, Any],
+    dropout: float,
+    scaling: float | None,
+    variant: Variant,
 ) -> Tensor:
     """A Ulysses rank's attention (`rayrl.train.ulysses.attend`): its tokens in, the
     whole row attended per sequence with heads split over the group, its tokens out."""
@@ -238,7 +250,7 @@ def _sequence_parallel(
     return attend(sp, query, key, value, whole_row)
 
 
-def _boundaries_from_positions(kwargs: dict) -> tuple[Tensor | None, dict]:
+def _boundaries_from_positions(kwargs: dict[str, Any]) -> tuple[Tensor | None, dict[str, Any]]:
     """Sequence starts of a packed row from its restarting ``position_ids`` (a caller
     that packed without `packed_attention_kwargs`); None when the row is one sequence."""
     positions = kwargs.get("position_ids")
@@ -275,7 +287,13 @@ def _varlen_api() -> tuple[Callable[..., Tensor], bool] | None:
 
 
 def _flash_varlen(
-    q: Tensor, k: Tensor, v: Tensor, cu: tuple, longest: tuple, scale, window: int | None = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu: tuple[Tensor, Tensor],
+    longest: tuple[int, int],
+    scale: float | None,
+    window: int | None = None,
 ) -> Tensor:
     """One flash call over the packed row: ``[T, Hq, D]`` from ``[T, H, D]`` inputs;
     ``cu`` and ``longest`` are (queries', keys'). The causal window ``(-1, 0)`` (a
@@ -290,7 +308,7 @@ def _flash_varlen(
     varlen_attn, has_gqa = _FLASH
     dtype = _varlen_dtype(q, k, v)
     q, k, v = (t.to(dtype) for t in (q, k, v))
-    extra = {}
+    extra: dict[str, Any] = {}
     groups = q.shape[1] // k.shape[1]
     if groups > 1 and has_gqa:
         extra["enable_gqa"] = True
@@ -316,7 +334,7 @@ def _per_sequence(
     key: Tensor,
     value: Tensor,
     cu: Tensor,
-    scale,
+    scale: float | None,
     cu_k: Tensor,
     variant: Variant | None = None,
 ) -> Tensor:
@@ -362,7 +380,12 @@ def _causal(queries: int, keys: int, window: int | None, device: torch.device) -
 
 
 def _eager(
-    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, scale, softcap: float
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Tensor | None,
+    scale: float | None,
+    softcap: float,
 ) -> Tensor:
     """Soft-capped attention as transformers' eager path computes it: ``[b, T, Hq, D]``
     from ``[b, H, T, D]`` inputs; ``mask`` boolean (True: attended) or additive."""

@@ -13,6 +13,7 @@ sees its own key and the ``w - 1`` before it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from torch import nn
 
@@ -28,7 +29,7 @@ class Variant:
     softcap: float | None = None
 
     @classmethod
-    def of(cls, module: nn.Module, kwargs: dict) -> Variant:
+    def of(cls, module: nn.Module, kwargs: dict[str, Any]) -> Variant:
         """The variant of the call transformers makes on ``module`` with ``kwargs``;
         refuses what the engine's attention cannot compute (attention sinks)."""
         if kwargs.get("s_aux") is not None:

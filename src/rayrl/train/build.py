@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from rayrl import reads
 from rayrl.controller.collective_failure import on_collective_failure
-from rayrl.models.safetensors_read import CheckpointIndex
+from rayrl.models.safetensors_read import CheckpointIndex, TensorEntry
 from rayrl.models.vision_language import vision_tower
 from rayrl.train.attention import VARLEN
 from rayrl.train.checkpoint_names import as_model_names
@@ -288,7 +288,9 @@ class ModelBuilding:
         )
         return None
 
-    def _joining_filler(self, plan: dict, index: CheckpointIndex, seed: int) -> Filler:
+    def _joining_filler(
+        self, plan: dict[str, TensorEntry | None], index: CheckpointIndex, seed: int
+    ) -> Filler:
         """A new rank among ranks that kept their weights: its own shards, read with no
         collective; a trainable engine's only when they are needed before a restore
         (`TrainEngine.restore` or `load`) puts them back (``_pending``)."""

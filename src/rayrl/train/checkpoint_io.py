@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -33,6 +33,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from rayrl.models.vision_language import copy_processor_files
+
+if TYPE_CHECKING:
+    from transformers import GenerationConfig, PretrainedConfig
 
 __all__ = [
     "export_hf",
@@ -57,7 +60,8 @@ def _rank() -> int:
 
 
 def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized()
+    distributed: bool = dist.is_available() and dist.is_initialized()
+    return distributed
 
 
 def _barrier() -> None:
@@ -76,7 +80,7 @@ def quiet_dcp() -> Iterator[None]:
 
 
 def save_sharded(
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     extra: dict[str, Any],
@@ -103,7 +107,7 @@ def _device_bytes(state: Any) -> int:
 
 
 def load_sharded(
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     extra_template: dict[str, Any],
@@ -125,27 +129,29 @@ def load_sharded(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
     )
     _barrier()
-    return state["extra"]
+    extra: dict[str, Any] = state["extra"]
+    return extra
 
 
 def full_model_state_dict(model: nn.Module, cpu_offload: bool = True) -> dict[str, torch.Tensor]:
     """Unsharded weights. With ``cpu_offload`` only rank 0 gets them (on CPU; other
     ranks get an empty dict); without, every rank gets them on the device."""
     options = StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload)
-    return get_model_state_dict(model, options=options)
+    full: dict[str, torch.Tensor] = get_model_state_dict(model, options=options)
+    return full
 
 
 def export_hf(
     model: nn.Module,
-    out_dir: str | os.PathLike,
+    out_dir: str | os.PathLike[str],
     *,
-    config: Any,
+    config: PretrainedConfig,
     architecture: str,
-    tokenizer_dir: str | os.PathLike | None = None,
-    generation_config: Any = None,
+    tokenizer_dir: str | os.PathLike[str] | None = None,
+    generation_config: GenerationConfig | None = None,
     dtype: torch.dtype | None = None,
     state: dict[str, torch.Tensor] | None = None,
-    processor_dir: str | os.PathLike | None = None,
+    processor_dir: str | os.PathLike[str] | None = None,
 ) -> Path | None:
     """Write a Hugging Face model directory from a (possibly sharded) model.
 
@@ -179,12 +185,12 @@ def export_hf(
 def write_hf_dir(
     state: dict[str, torch.Tensor],
     out: Path,
-    config: Any,
+    config: PretrainedConfig,
     architecture: str,
-    tokenizer_dir: str | os.PathLike | None,
-    generation_config: Any,
+    tokenizer_dir: str | os.PathLike[str] | None,
+    generation_config: GenerationConfig | None,
     dtype: torch.dtype | None,
-    processor_dir: str | os.PathLike | None = None,
+    processor_dir: str | os.PathLike[str] | None = None,
 ) -> None:
     """Write `state` as an HF model directory at `out` (staged, then renamed into place):
     config with `architectures`, safetensors (cast to `dtype`; a tied lm_head left

@@ -13,9 +13,14 @@ experts, is not applied: the names then stay unmatched and the engine loads with
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import nn
 
 from rayrl.models.safetensors_read import CheckpointIndex
+
+if TYPE_CHECKING:
+    from transformers.core_model_loading import WeightRenaming
 
 __all__ = ["as_model_names"]
 
@@ -37,7 +42,7 @@ def as_model_names(index: CheckpointIndex, model: nn.Module, wanted: set[str]) -
     return renamed
 
 
-def _renamings(model: nn.Module) -> list:
+def _renamings(model: nn.Module) -> list[WeightRenaming]:
     """transformers' pure renamings of saved names for ``model`` (none if it has no
     conversion mapping, or this transformers has no such API)."""
     try:

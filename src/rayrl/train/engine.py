@@ -155,7 +155,7 @@ class TrainEngine(ModelBuilding, EngineIO):
 
     def __init__(
         self,
-        model_path: str | os.PathLike,
+        model_path: str | os.PathLike[str],
         *,
         value_head: bool = False,
         dtype: str = "float32",
@@ -168,7 +168,7 @@ class TrainEngine(ModelBuilding, EngineIO):
         mixed_precision: bool = True,
         device: str | torch.device | None = None,
         seed: int = 0,
-        tokenizer_path: str | os.PathLike | None = None,
+        tokenizer_path: str | os.PathLike[str] | None = None,
         logit_chunk_size: int | None = None,
         trainable: bool = True,
         lora: Any = None,
@@ -181,7 +181,7 @@ class TrainEngine(ModelBuilding, EngineIO):
         fsdp_size: int = -1,
         expert_parallel_size: int = 1,
         weights_from: TrainEngine | None = None,
-        config_overrides: dict | None = None,
+        config_overrides: dict[str, Any] | None = None,
         join: bool = False,
         freeze_vision_tower: bool = False,
     ) -> None:

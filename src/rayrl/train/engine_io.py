@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -27,7 +28,11 @@ from rayrl.train.checkpoint_io import (
 from rayrl.train.loading import DTYPES, has_tokenizer
 from rayrl.train.lora import adapters_disabled, lora_scaling, merged_state_dict
 from rayrl.train.recovery import StepRecovery
+from rayrl.train.residency import Residency
 from rayrl.train.weight_sync import DEFAULT_BUCKET_BYTES, rollout_weights
+
+if TYPE_CHECKING:
+    from transformers import GenerationConfig, PretrainedConfig
 
 __all__ = ["EngineIO"]
 
@@ -39,15 +44,15 @@ class EngineIO(StepRecovery):
     model: Any
     optimizer: Any
     scheduler: Any
-    residency: Any
+    residency: Residency
     trainable: bool
     lora: bool
     mixed_precision: bool
-    config: Any
+    config: PretrainedConfig
     architecture: str
     tokenizer_path: str
     model_path: str
-    generation_config: Any
+    generation_config: GenerationConfig | None
 
     def offload(self, params: bool = True, optimizer: bool = True) -> None:
         """Move parameters (and gradients) and/or optimizer state to host memory;
@@ -57,7 +62,7 @@ class EngineIO(StepRecovery):
     def onload(self) -> None:
         self.residency.onload()
 
-    def resident(self):
+    def resident(self) -> AbstractContextManager[None]:
         """Context with the parameters on the device; engine calls inside move nothing."""
         self.residency.require(optimizer=False)
         self._weights_needed()
@@ -73,7 +78,7 @@ class EngineIO(StepRecovery):
     def _extra_state(self) -> dict[str, Any]:
         return {"scheduler": self.scheduler.state_dict(), **self._counters()}
 
-    def save(self, path: str | os.PathLike) -> None:
+    def save(self, path: str | os.PathLike[str]) -> None:
         """Write a sharded checkpoint (model, optimizer, LR schedule, counters) to
         the directory ``path``; every rank must call it."""
         self._require_trainable()
@@ -82,7 +87,7 @@ class EngineIO(StepRecovery):
         with self.residency.resident(), self.residency.stepping():
             save_sharded(path, self.model, self.optimizer, self._extra_state())
 
-    def load(self, path: str | os.PathLike) -> None:
+    def load(self, path: str | os.PathLike[str]) -> None:
         """Restore a checkpoint written by `save` (with any number of ranks)."""
         self._require_trainable()
         self.residency.require(optimizer=True)
@@ -93,7 +98,7 @@ class EngineIO(StepRecovery):
         self._set_counters(extra)
         self._pending = None  # the checkpoint held every weight
 
-    def export_hf(self, path: str | os.PathLike, dtype: str | None = None) -> None:
+    def export_hf(self, path: str | os.PathLike[str], dtype: str | None = None) -> None:
         """Write a directory that ``transformers`` loads (weights gathered to rank 0,
         plus config, generation config, tokenizer and a vision-language model's
         processor files); every rank must call it."""
@@ -144,11 +149,12 @@ class EngineIO(StepRecovery):
             state = {k: v if _owns_storage(v) else v.clone() for k, v in state.items()}
         return state
 
-    def adapters_disabled(self):
+    def adapters_disabled(self) -> AbstractContextManager[None]:
         """Context in which forward passes run the base model (LoRA only)."""
         return adapters_disabled(self.model)
 
 
 def _owns_storage(tensor: Tensor) -> bool:
     """Whether `tensor` covers the whole of its storage."""
-    return tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
+    owns: bool = tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
+    return owns

@@ -21,10 +21,14 @@ bucket, never more (`weight_sync.stream_buckets` sizes the buckets).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = ["EXPERT_MESH_DIMS", "expert_shard", "gather_experts"]
 
@@ -46,7 +50,7 @@ def expert_shard(param: Tensor) -> bool:
     )
 
 
-def _world_order(mesh) -> list[int]:
+def _world_order(mesh: DeviceMesh) -> list[int]:
     """The world ranks in the order their chunks make a whole tensor: EP block by EP
     block, each block's ``edp`` ranks in order."""
     edp, ep = mesh.size(0), mesh.size(1)
@@ -58,7 +62,8 @@ def _world_order(mesh) -> list[int]:
             f"process group {world}; expert parallelism shards over the whole group "
             "(rayrl.train.mesh.TrainMesh), so this weight was sharded elsewhere"
         )
-    return ranks.t().reshape(-1).tolist()
+    order: list[int] = ranks.t().reshape(-1).tolist()
+    return order
 
 
 def gather_experts(

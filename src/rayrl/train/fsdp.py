@@ -166,7 +166,9 @@ def onload_model(model: nn.Module, device: torch.device) -> None:
 
 
 def _move_optimizer_state(
-    optimizer: torch.optim.Optimizer, device: torch.device | str, params: list | None = None
+    optimizer: torch.optim.Optimizer,
+    device: torch.device | str,
+    params: list[nn.Parameter] | None = None,
 ) -> None:
     """Move the state tensors (not the step counts) of ``params`` (default: all) to ``device``.
 
@@ -241,7 +243,9 @@ def _register_pinned(buffer: torch.Tensor) -> None:
         weakref.finalize(buffer, cudart.cudaHostUnregister, ptr)
 
 
-def offload_optimizer(optimizer: torch.optim.Optimizer, params: list | None = None) -> None:
+def offload_optimizer(
+    optimizer: torch.optim.Optimizer, params: list[nn.Parameter] | None = None
+) -> None:
     """Move the optimizer's state tensors (Adam moments) of ``params`` (default: all) to
     host memory."""
     devices = {v.device for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)}
@@ -252,7 +256,7 @@ def offload_optimizer(optimizer: torch.optim.Optimizer, params: list | None = No
 
 
 def onload_optimizer(
-    optimizer: torch.optim.Optimizer, device: torch.device, params: list | None = None
+    optimizer: torch.optim.Optimizer, device: torch.device, params: list[nn.Parameter] | None = None
 ) -> None:
     """Move the optimizer's state tensors of ``params`` (default: all) back to ``device``."""
     _move_optimizer_state(optimizer, device, params)

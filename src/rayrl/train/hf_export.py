@@ -33,7 +33,7 @@ META = "hf_meta.json"
 HF_DIR = "huggingface"
 
 
-def write_hf_meta(engine: Any, path: str | os.PathLike) -> None:
+def write_hf_meta(engine: Any, path: str | os.PathLike[str]) -> None:
     """Write `huggingface/` (config, generation config, tokenizer) and `hf_meta.json`
     for `engine` (a TrainEngine) into the checkpoint directory `path`; call on rank 0."""
     from transformers import AutoTokenizer
@@ -60,7 +60,7 @@ def write_hf_meta(engine: Any, path: str | os.PathLike) -> None:
     (path / META).write_text(json.dumps(meta, indent=2) + "\n")
 
 
-def find_engine_dir(path: str | os.PathLike, role: str = "actor") -> Path:
+def find_engine_dir(path: str | os.PathLike[str], role: str = "actor") -> Path:
     """The engine checkpoint inside `path`: `path` itself, or `path/<role>` (a step dir)."""
     path = Path(path)
     for candidate in (path, path / role):
@@ -86,7 +86,7 @@ def _model_template(engine_dir: Path) -> dict[str, torch.Tensor]:
     return template
 
 
-def load_model_weights(engine_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
+def load_model_weights(engine_dir: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """The model weights of an engine checkpoint, unsharded, on CPU, under their names."""
     engine_dir = Path(engine_dir)
     state = {"model": _model_template(engine_dir)}
@@ -96,7 +96,7 @@ def load_model_weights(engine_dir: str | os.PathLike) -> dict[str, torch.Tensor]
 
 
 def export_checkpoint(
-    path: str | os.PathLike, out_dir: str | os.PathLike, dtype: str | None = None
+    path: str | os.PathLike[str], out_dir: str | os.PathLike[str], dtype: str | None = None
 ) -> Path:
     """Write an HF model directory from the actor checkpoint in `path`.
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -87,7 +88,7 @@ def node_peak_gb(sharded: bool) -> float:
     mine = (socket.gethostname(), host_peak_bytes())
     if not sharded:
         return mine[1] / 2**30
-    every: list = [None] * dist.get_world_size()
+    every: list[Any] = [None] * dist.get_world_size()  # (host, peak bytes) per rank
     dist.all_gather_object(every, mine)
     nodes: dict[str, int] = {}
     for host, peak in every:
@@ -265,7 +266,11 @@ def _dim0_shard(target: Tensor) -> bool:
 
 
 def _scatter(
-    target: Tensor, full: Tensor | None, shape: tuple, dtype: torch.dtype, device: torch.device
+    target: Tensor,
+    full: Tensor | None,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
 ) -> None:
     """Give each rank its dim-0 shard of the tensor rank 0 holds: broadcast to the first
     rank of each sharding group (one per replica; under HSDP, one per node), then

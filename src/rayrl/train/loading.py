@@ -17,11 +17,15 @@ implementation, dropout switched off. Two ways:
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from rayrl.models.vision_language import causal_lm_class
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 __all__ = ["DTYPES", "build_empty_model", "has_tokenizer", "load_hf_model", "pick_device"]
 
@@ -44,8 +48,11 @@ def has_tokenizer(path: str) -> bool:
 
 
 def load_config(
-    path: str, dtype: str, trust_remote_code: bool = False, config_overrides: dict | None = None
-):
+    path: str,
+    dtype: str,
+    trust_remote_code: bool = False,
+    config_overrides: dict[str, Any] | None = None,
+) -> tuple[PretrainedConfig, torch.dtype]:
     """The model directory's config, with verl's ``override_config`` values set on it
     (`rayrl.models.config_overrides`), and the torch dtype of ``dtype`` ("auto": float32)."""
     from transformers import AutoConfig
@@ -72,7 +79,7 @@ def build_empty_model(
     dtype: str,
     attn_implementation: str,
     trust_remote_code: bool = False,
-    config_overrides: dict | None = None,
+    config_overrides: dict[str, Any] | None = None,
 ) -> nn.Module:
     """The model of ``path``'s config (``config_overrides`` set on it) with its parameters
     on the meta device (``dtype``) and its buffers in host memory; dropout off, as `load_hf_model`'s. Its generation
@@ -106,7 +113,7 @@ def load_hf_model(
     attn_implementation: str,
     seed: int,
     trust_remote_code: bool = False,
-    config_overrides: dict | None = None,
+    config_overrides: dict[str, Any] | None = None,
 ) -> nn.Module:
     """A causal LM, or a one-label token-classification model (``value_head``), on CPU,
     built from ``path``'s config with ``config_overrides`` set on it.

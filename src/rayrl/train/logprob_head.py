@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +44,9 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from rayrl.algos.entropy import logit_grad_
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 __all__ = [
     "LogProbHead",
@@ -142,7 +145,8 @@ def keep_logits(nbytes: int, device: torch.device) -> bool:
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-        return nbytes <= KEEP_LOGITS_SHARE * (free + cached)
+        keep: bool = nbytes <= KEEP_LOGITS_SHARE * (free + cached)
+        return keep
     return nbytes <= KEEP_LOGITS_HOST_BYTES
 
 
@@ -166,7 +170,7 @@ def install_logprob_head(model: nn.Module) -> LogProbHead | None:
     return head
 
 
-def changes_logits(config) -> bool:
+def changes_logits(config: PretrainedConfig) -> bool:
     """The model's forward transforms the head's output (Granite divides it by
     ``logits_scaling``, Gemma 2 and 3 soft-cap it by ``final_logit_softcapping``): it
     would do the same to a fused head's log-probs."""
@@ -313,10 +317,10 @@ class _FusedLogProbs(torch.autograd.Function):
         return logp, ent, squares
 
     @staticmethod
-    @once_differentiable
+    @once_differentiable  # type: ignore[untyped-decorator]  # torch is not followed
     def backward(
         ctx: Any, grad_logp: Tensor | None, grad_ent: Tensor | None, _grad_squares: Any
-    ) -> tuple:
+    ) -> tuple[Tensor | None, ...]:
         hidden, weight, bias, labels, log_norm, ent = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         acc = log_norm.dtype  # float32, or float64 for float64 inputs

@@ -52,7 +52,7 @@ CPU_MIN_PADDING_TO_PACK = 0.25
 
 def worth_packing(attention_mask: Tensor, device: torch.device) -> bool:
     """Whether the rows of `attention_mask` run faster packed than padded on `device`."""
-    padding = 1.0 - float(attention_mask.sum()) / max(attention_mask.numel(), 1)
+    padding: float = 1.0 - float(attention_mask.sum()) / max(attention_mask.numel(), 1)
     return padding >= (CPU_MIN_PADDING_TO_PACK if device.type == "cpu" else 0.0) and padding > 0
 
 
@@ -207,7 +207,9 @@ def _valid_response(attention_mask: Tensor, response_len: int) -> Tensor:
     return mask[:, width - response_len :] & mask[:, width - response_len - 1 : width - 1]
 
 
-def padded_response_index(input_ids: Tensor, attention_mask: Tensor, response_len: int):
+def padded_response_index(
+    input_ids: Tensor, attention_mask: Tensor, response_len: int
+) -> ResponseIndex:
     """The `ResponseIndex` of a padded ``[b, P + R]`` micro-batch (no packing)."""
     width = input_ids.shape[1]
     if not 0 < response_len < width:

@@ -32,7 +32,8 @@ def all_reduce(values: list[float], sharded: bool, device: Any, op: Any = None) 
         return values
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(tensor, op=op if op is not None else dist.ReduceOp.SUM)
-    return tensor.tolist()
+    reduced: list[float] = tensor.tolist()
+    return reduced
 
 
 class LossMetrics:

@@ -30,6 +30,12 @@ from torch import Tensor, nn
 
 from rayrl.train.load_once import checkpoint_tensors
 
+# What decides which part of a tensor a rank holds (`_layout`): global shape, local
+# shape, dtype, and for a DTensor its placements and the ranks of its mesh.
+Layout = tuple[
+    tuple[int, ...], tuple[int, ...], torch.dtype, tuple[str, ...] | None, tuple[int, ...] | None
+]
+
 __all__ = ["Kept", "keep"]
 
 
@@ -37,7 +43,7 @@ def _local(t: Tensor) -> Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def _layout(t: Tensor) -> tuple:
+def _layout(t: Tensor) -> Layout:
     """What decides which part of a tensor a rank holds: global shape, local shape, dtype,
     and for a DTensor its placements and the ranks of its mesh."""
     if not hasattr(t, "to_local"):
@@ -65,11 +71,11 @@ class Kept:
     """One rank's shards of an engine's model and optimizer, taken by `keep`."""
 
     tensors: dict[str, Tensor]
-    layouts: dict[str, tuple]
+    layouts: dict[str, Layout]
     optim: dict[str, dict[str, Any]] = field(default_factory=dict)
-    optim_layouts: dict[str, dict[str, tuple]] = field(default_factory=dict)
-    groups: list[dict] = field(default_factory=list)
-    scheduler: dict | None = None
+    optim_layouts: dict[str, dict[str, Layout]] = field(default_factory=dict)
+    groups: list[dict[str, Any]] = field(default_factory=list)
+    scheduler: dict[str, Any] | None = None
     counters: dict[str, int] = field(default_factory=dict)
 
     def layout_change(self, model: nn.Module) -> str:

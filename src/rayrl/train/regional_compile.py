@@ -32,6 +32,8 @@ Only on CUDA: on a CPU the compile time would dwarf the tiny models run there.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -84,14 +86,14 @@ def _eager_varlen() -> str:
 
 
 @functools.cache
-def _dispatching_forward(forward):
+def _dispatching_forward(forward: Callable[..., Any]) -> Callable[..., Any]:
     """A layer class's forward: compiled (one function shared by its instances) for
     whole-sequence passes, the eager original for calls with a KV cache (generation
     through the training model, e.g. the HF rollout engine in hybrid mode)."""
     compiled = torch.compile(forward, dynamic=None)
 
     @functools.wraps(forward)
-    def dispatch(self, *args, **kwargs):
+    def dispatch(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         cache = kwargs.get("past_key_values", kwargs.get("past_key_value"))
         if cache is not None:
             return forward(self, *args, **kwargs)
@@ -113,7 +115,7 @@ _DYNAMIC_DIMS = {
 }
 
 
-def _rows_and_tokens_dynamic(args: tuple, kwargs: dict) -> None:
+def _rows_and_tokens_dynamic(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """Mark the dimensions of a layer call's inputs that change between micro-batches
     dynamic, so the first compile already serves every micro-batch shape (a size that
     the graph needs as a constant stays one: ``maybe_mark_dynamic`` never fails a

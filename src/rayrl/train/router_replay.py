@@ -26,9 +26,10 @@ checkpointing in the backward replays the same experts.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -42,6 +43,13 @@ from rayrl.algos.routing import (
     routing_differs,
     unrouted,
 )
+
+if TYPE_CHECKING:
+    from rayrl.batch import Batch
+
+# a router's forward output: (logits, routing weights, chosen experts)
+RouterOutput = tuple[Tensor, Tensor, Tensor]
+RouterHook = Callable[[nn.Module, tuple[Any, ...], RouterOutput], RouterOutput | None]
 
 __all__ = [
     "ROUTER_STYLES",
@@ -118,8 +126,10 @@ class RouterReplay:
         for layer, router in enumerate(self.routers):
             router.register_forward_hook(self._hook(layer))
 
-    def _hook(self, layer: int):
-        def hook(router: nn.Module, args, output):
+    def _hook(self, layer: int) -> RouterHook:
+        def hook(
+            router: nn.Module, args: tuple[Any, ...], output: RouterOutput
+        ) -> RouterOutput | None:
             plan = self.plan
             if plan is None:
                 return None
@@ -145,7 +155,7 @@ class RouterReplay:
         return hook
 
     # ------------------------------------------------------------- a forward
-    def feed(self, micro, where: Tensor, tokens: int, device: torch.device) -> None:
+    def feed(self, micro: Batch, where: Tensor, tokens: int, device: torch.device) -> None:
         """Before a forward of ``tokens`` positions: the micro-batch's record (if it has
         one and the pass replays or compares) laid out at ``where`` (`given_at`)."""
         self.own = [None] * len(self.routers)
@@ -164,7 +174,7 @@ class RouterReplay:
             )
         self.given = given_at(routes, where, tokens).to(device, non_blocking=True)
 
-    def outputs(self, micro, where: Tensor) -> dict[str, Tensor]:
+    def outputs(self, micro: Batch, where: Tensor) -> dict[str, Tensor]:
         """After the forward: the record of the router's own choices (``record``) and
         the per-row counts against the micro-batch's record (``compare``)."""
         plan = self.plan

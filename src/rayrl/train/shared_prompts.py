@@ -31,12 +31,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from rayrl.train.attention import SHARED_KV_INDEX, VARLEN, attention_for
 from rayrl.train.packing import ResponseIndex, check_contiguous, padded_response_index
+
+if TYPE_CHECKING:
+    from rayrl.batch import Batch
 
 __all__ = [
     "SHARED_KV_INDEX",
@@ -101,7 +105,7 @@ def share_prompts(
     return _pack(input_ids, mask, position_ids, response_len, groups, padded)
 
 
-def prompt_groups(batch, response_len: int) -> list[tuple[list[int], int]]:
+def prompt_groups(batch: Batch, response_len: int) -> list[tuple[list[int], int]]:
     """``(rows, real prompt length)`` of each distinct prompt of ``batch``, in order of
     first appearance (`rayrl.train.packing.plan_shared_budget`)."""
     ids, mask = batch["input_ids"], batch["attention_mask"].bool()
@@ -111,13 +115,15 @@ def prompt_groups(batch, response_len: int) -> list[tuple[list[int], int]]:
     return [(rows, int(mask[rows[0], :prompt_width].sum())) for rows in groups.values()]
 
 
-def repeated_prompt_tokens(batch, response_len: int) -> int:
+def repeated_prompt_tokens(batch: Batch, response_len: int) -> int:
     """Real prompt tokens of ``batch``'s rows beyond the first row of each distinct
     prompt: what sharing prompts leaves out when each prompt's rows run together."""
     return sum(prompt * (len(rows) - 1) for rows, prompt in prompt_groups(batch, response_len))
 
 
-def _groups(ids: Tensor, mask: Tensor, positions: Tensor, prompt_width: int) -> dict:
+def _groups(
+    ids: Tensor, mask: Tensor, positions: Tensor, prompt_width: int
+) -> dict[bytes, list[int]]:
     """Rows by their real prompt (tokens and positions), in order of first appearance."""
     groups: dict[bytes, list[int]] = {}
     # as arrays: indexing a tensor row by row costs several times more
@@ -133,7 +139,7 @@ def _pack(
     mask: Tensor,
     positions: Tensor,
     response_len: int,
-    groups: dict,
+    groups: dict[bytes, list[int]],
     padded: ResponseIndex,
 ) -> SharedPack:
     prompt_width = ids.shape[1] - response_len

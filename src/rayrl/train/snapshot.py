@@ -52,7 +52,7 @@ def nbytes(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> int:
     """Bytes a `capture` of this rank holds: the trainable tensors' local parts and the
     optimizer's state (before its first step: two moments per trainable element, as
     AdamW will make)."""
-    weights = sum(
+    weights: int = sum(
         _local(p).numel() * p.element_size() for p in model.parameters() if p.requires_grad
     )
     if optimizer is None:
@@ -60,7 +60,8 @@ def nbytes(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> int:
     state = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
     if not state:
         return 3 * weights
-    return weights + sum(_local(v).numel() * v.element_size() for v in state)
+    total: int = weights + sum(_local(v).numel() * v.element_size() for v in state)
+    return total
 
 
 def _to_host(
@@ -152,7 +153,10 @@ def _capture(
 
 
 def restore(
-    model: nn.Module, optimizer: torch.optim.Optimizer | None, scheduler: Any, state: dict
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    scheduler: Any,
+    state: dict[str, Any],
 ) -> dict[str, int]:
     """Put `capture`'s state back into an engine of the same shape; returns its counters."""
     params = dict(model.named_parameters())
@@ -176,7 +180,7 @@ def restore(
     return dict(state["counters"])
 
 
-def _optim_tensor(param: torch.Tensor, value: tuple) -> torch.Tensor:
+def _optim_tensor(param: torch.Tensor, value: tuple[np.ndarray, str, str]) -> torch.Tensor:
     """An optimizer state tensor: shaped (and sharded) like `param` when it was, else a
     plain tensor (a step count) on the device it was captured on."""
     host = _from_host(value)

@@ -35,7 +35,9 @@ rank alike): one without images runs it on a blank image, its output added times
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -77,7 +79,9 @@ class ImageSplice:
     blank: bool = False
 
     def to(self, device: torch.device) -> ImageSplice:
-        move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
+        move: Callable[[Tensor | None], Tensor | None] = (  # noqa: E731
+            lambda t: None if t is None else t.to(device, non_blocking=True)
+        )
         return ImageSplice(
             move(self.pixel_values), move(self.image_grid_thw), move(self.placeholders), self.blank
         )
@@ -172,7 +176,9 @@ def install_image_splice(model: nn.Module) -> RemovableHandle | None:
     return core.register_forward_pre_hook(_splice, with_kwargs=True)
 
 
-def _splice(core: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+def _splice(
+    core: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
     """The core's inputs with the images spliced in (module docstring)."""
     request: ImageSplice | None = kwargs.pop(SPLICE_KEY, None)
     if request is None:

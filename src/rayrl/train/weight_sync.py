@@ -30,13 +30,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
 from rayrl import progress
 from rayrl.train.expert_sync import expert_shard, gather_experts
+
+if TYPE_CHECKING:
+    from rayrl.cluster.broadcast import BroadcastSpec
 
 __all__ = [
     "DEFAULT_BUCKET_BYTES",
@@ -214,7 +217,8 @@ class PackedBucket:
 
     @property
     def nbytes(self) -> int:
-        return self.flat.numel() * self.flat.element_size()
+        size: int = self.flat.numel() * self.flat.element_size()
+        return size
 
 
 @dataclass
@@ -230,7 +234,7 @@ class PublishedWeights:
     refs: list[Any]
     nbytes: int
     transport: str = "object_store"
-    group: Any = None
+    group: BroadcastSpec | None = None
     key: str = ""
     fallback: str = ""
 

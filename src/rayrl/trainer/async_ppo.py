@@ -96,10 +96,10 @@ class AsyncState:
     def __init__(self, trainer: AsyncPPOTrainer) -> None:
         self.trainer = trainer
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return self.trainer.queue.state_dict()
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         queue, rollouts = self.trainer.queue, self.trainer.rollouts
         queue.load_state_dict(state)
         if rollouts is None:
@@ -192,7 +192,7 @@ class AsyncPPOTrainer(PPOTrainer):
     def parts(self) -> dict[str, Stateful]:
         return {**super().parts(), "async": AsyncState(self)}
 
-    def fingerprint(self) -> dict:
+    def fingerprint(self) -> dict[str, Any]:
         return {**super().fingerprint(), "rollout.mode": "async"}
 
     def load(self, path: Path) -> None:
@@ -250,7 +250,7 @@ class AsyncPPOTrainer(PPOTrainer):
             if fed >= last:
                 break
 
-    def _sync_weights(self, step: int, calls: StageCalls, timing: dict) -> None:
+    def _sync_weights(self, step: int, calls: StageCalls, timing: dict[str, float]) -> None:
         """Publish this step's policy when the replicas lack it: after a resume or a
         restore, or when a replica could not fetch the last one; a fresh run's replicas
         hold the model directory's weights, version 0, already."""
@@ -263,7 +263,7 @@ class AsyncPPOTrainer(PPOTrainer):
             return
         self._publish(step, calls, timing)
 
-    def _publish(self, version: int, calls: StageCalls, timing: dict) -> None:
+    def _publish(self, version: int, calls: StageCalls, timing: dict[str, float]) -> None:
         """Policy `version` to the replicas, by `async_training.weight_transport`: with
         ``collective`` the replicas are asked to receive first, then actor rank 0
         broadcasts (`RolloutManager.begin_collective`)."""
@@ -283,7 +283,12 @@ class AsyncPPOTrainer(PPOTrainer):
         rollouts.publish(version, weights)
 
     def _generate(
-        self, prompts: Batch, ctx: StepContext, calls: StageCalls, timing: dict, metrics: dict
+        self,
+        prompts: Batch,
+        ctx: StepContext,
+        calls: StageCalls,
+        timing: dict[str, float],
+        metrics: dict[str, Any],
     ) -> Batch:
         """The step's batch from the queue (`timing_s/wait_for_batch`), its per-token
         staleness, balanced across ranks as the synchronous step's samples are."""
@@ -314,7 +319,7 @@ class AsyncPPOTrainer(PPOTrainer):
             self.tool_budget.check(batch)  # once per run: tool turns cut short
         return self._balanced(batch, metrics, "train", self._parts("train"))
 
-    def _async_metrics(self, metrics: dict, timing: dict) -> dict[str, float]:
+    def _async_metrics(self, metrics: dict[str, Any], timing: dict[str, float]) -> dict[str, float]:
         now, rollouts = time.time(), self._rollouts()
         out = rollouts.metrics(self._since, now)
         self._since = now

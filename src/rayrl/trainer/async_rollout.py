@@ -39,6 +39,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -122,7 +123,7 @@ class RolloutManager:
         env: GroupEnv,
         model_path: str,
         max_lag: int,
-        print_fn=print,
+        print_fn: Callable[[str], None] = print,
     ) -> None:
         self.cfg, self.queue, self.env = cfg, queue, env
         self.model_path, self.max_lag, self.print = model_path, max_lag, print_fn
@@ -197,7 +198,7 @@ class RolloutManager:
         return self.collective
 
     @property
-    def events(self) -> list[dict]:
+    def events(self) -> list[dict[str, Any]]:
         """Replicas lost, joined and stopped (`ReplicaSet.events`)."""
         return self.set.events if self.set is not None else []
 
@@ -227,7 +228,7 @@ class RolloutManager:
         group.stage_timeout_s = env.stage_timeout_s
         return group
 
-    def _init_kwargs(self) -> dict:
+    def _init_kwargs(self) -> dict[str, Any]:
         """A replica's `init_worker` arguments; a replica of several ranks forms a
         process group (NCCL between GPUs, else gloo) for its tensor parallelism."""
         kwargs = {"config": self.cfg, "model_path": self.model_path, "version": 0}
@@ -551,7 +552,7 @@ class RolloutManager:
                 out.update(self.collective.metrics())
             return out
 
-    def usage(self) -> list[dict]:
+    def usage(self) -> list[dict[str, Any]]:
         """The live replicas' usage reports (`WorkerGroup.usage`), one each."""
         with self.lock:
             groups = [r.group for r in self.replicas]

@@ -113,6 +113,8 @@ def update_actor_reads(cfg: RayRLConfig) -> tuple[str, ...]:
 
 
 if TYPE_CHECKING:  # the engine loads in the worker (init_worker), not in the driver
+    from transformers import PreTrainedTokenizerBase
+
     from rayrl.rollout.native.engine import NativeRolloutEngine
     from rayrl.train.engine import TrainEngine
 
@@ -568,7 +570,7 @@ def _rollout_placement(actor: TrainEngine, engine: str) -> tuple[torch.dtype, bo
     return dtype, not shared
 
 
-def _load_tokenizer(path: str, trust_remote_code: bool = False):
+def _load_tokenizer(path: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)

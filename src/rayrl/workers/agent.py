@@ -16,7 +16,7 @@ that a tool or environment may show the model images (`rayrl.rollout.agent.forma
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rayrl.config.multi_turn import KEY
 from rayrl.config.schema import RayRLConfig
@@ -29,7 +29,11 @@ from rayrl.envs import (
     load_tool_config,
 )
 from rayrl.rollout.agent.rollout import MultiTurnRollout
+from rayrl.rollout.base import RolloutEngine
 from rayrl.rollout.service import RolloutService
+
+if TYPE_CHECKING:
+    from rayrl.data.vision import VisionProcessor
 
 
 class ToolConfigError(ValueError):
@@ -98,7 +102,7 @@ def episode_settings(cfg: RayRLConfig) -> dict[str, Any]:
 
 
 def rollout_service(
-    engine: Any,
+    engine: RolloutEngine,
     cfg: RayRLConfig,
     tools: list[Tool],
     interactions: dict[str, Any],
@@ -123,7 +127,9 @@ def rollout_service(
     return RolloutService(engine, episodes, receiver)
 
 
-def episode_vision(cfg: RayRLConfig, model_path: str | None, tokenizer: Any) -> Any:
+def episode_vision(
+    cfg: RayRLConfig, model_path: str | None, tokenizer: Any
+) -> VisionProcessor | None:
     """The image processor of a vision-language model directory (as the prompts were
     read: ``data.mm_processor_kwargs``), or None (a text-only model, or no directory)."""
     from rayrl.models.vision_language import is_vision_language, local_config

@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import ray
 import torch
 
 from rayrl.batch import Batch
 from rayrl.cluster.broadcast import BroadcastMember
-from rayrl.config.schema import RayRLConfig
+from rayrl.config.schema import ModelConfig, RayRLConfig
 from rayrl.controller import ONE_TO_ALL, Worker, register
 from rayrl.controller.worker import CALLS_GROUP, SNAPSHOT_GROUP
 from rayrl.models.config_overrides import apply_config_overrides
@@ -45,6 +45,9 @@ from rayrl.train.weight_sync import PublishedWeights, unpack_bucket
 from rayrl.workers.agent import configured_interactions, configured_tools, rollout_service
 from rayrl.workers.common import DTYPE_NAMES, sampling_params
 from rayrl.workers.weight_transport import check_transport, receive_packed
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["ReplicaCall", "ReplicaResult", "RolloutWorker"]
 
@@ -177,7 +180,7 @@ class RolloutWorker(Worker):
         """The policy version the engine's weights are."""
         return self.service.version
 
-    @ray.method(concurrency_group=SNAPSHOT_GROUP)
+    @ray.method(concurrency_group=SNAPSHOT_GROUP)  # type: ignore[untyped-decorator]  # ray is not followed
     def offer_weights(self, version: int, published: PublishedWeights, rank: int = 0) -> int:
         """Fetch policy `version` (the trainer's `publish_weights`) on a thread of its
         own, beside the running call: from the object store, or, for a ``collective``
@@ -236,7 +239,7 @@ class RolloutWorker(Worker):
         return {"prefix_hit_tokens": prefix.hit_tokens, "prefix_tokens": prefix.looked_tokens}
 
 
-def _tokenizer(path: str, model: Any):
+def _tokenizer(path: str, model: ModelConfig) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=model.trust_remote_code)

@@ -76,8 +76,11 @@ def receive_packed(
     """The buckets of a collective `offer`, received as member `rank` onto `device`;
     the group is left (and the error raised) when anything fails."""
     try:
-        member.join(offer.group, rank)
-        wire = device if offer.group.backend == "nccl" else torch.device("cpu")
+        spec = offer.group
+        if spec is None:  # publish_packed and begin_collective always name one
+            raise ValueError(f"collective offer {offer.key!r} names no broadcast group")
+        member.join(spec, rank)
+        wire = device if spec.backend == "nccl" else torch.device("cpu")
         meta, flats = member.receive(offer.key, wire)
     except Exception:
         member.drop()

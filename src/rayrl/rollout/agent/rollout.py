@@ -58,7 +58,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -80,6 +80,7 @@ from rayrl.envs.toolbox import CLOSE_ERROR, OK, TIMEOUT
 from rayrl.models.vision_language import IMAGE_COLUMN, IMAGE_INPUTS, RESPONSE_IMAGES
 from rayrl.rollout.agent.episodes import EVENT_KEYS, Episodes, EpisodeState
 from rayrl.rollout.agent.format import TurnFormat
+from rayrl.rollout.base import RolloutEngine
 from rayrl.rollout.contract import (
     Responses,
     SampleRows,
@@ -91,9 +92,6 @@ from rayrl.rollout.native.tp import TensorParallel
 from rayrl.rollout.native.tp_turns import FollowerTurns
 from rayrl.rollout.sampling import SamplingParams
 from rayrl.rollout.turns import TurnDriver
-
-if TYPE_CHECKING:
-    from rayrl.rollout.hf.engine import HFRolloutEngine
 
 __all__ = ["Decode", "MultiTurnConfig", "MultiTurnRollout", "multi_turn_metrics"]
 
@@ -109,7 +107,7 @@ class MultiTurnRollout:
     """Multi-turn episodes on a rollout engine (see the module docstring).
 
     Args:
-        engine: an `HFRolloutEngine` or a `NativeRolloutEngine`.
+        engine: an `HFRolloutEngine` or a `NativeRolloutEngine` (a TypeError for another).
         tools: tools, or config entries for `rayrl.envs.build_tools`.
         config: the episode settings: the config's ``actor_rollout_ref.rollout.multi_turn``
             group (`rayrl.config.multi_turn.MultiTurnConfig`, checked here as at load).
@@ -126,7 +124,7 @@ class MultiTurnRollout:
 
     def __init__(
         self,
-        engine: HFRolloutEngine | NativeRolloutEngine,
+        engine: RolloutEngine,
         tools: Iterable[Tool | Any] = (),
         config: MultiTurnConfig | None = None,
         tokenizer=None,
