@@ -70,6 +70,7 @@ def test_auto_takes_the_native_engines_options_as_the_explicit_name_does():
             "enforce_eager": True,
             "max_model_len": 64,
             "record_routes": False,  # routing replay's record (off: no R3)
+            "quantization": None,  # rollout.quantization (fp8: the FP8 rollout)
         }
     )
     cfg = load_config(None, ["actor_rollout_ref.rollout.name=auto", *keys], validate=False)
