@@ -36,8 +36,9 @@ import enum
 import threading
 import time
 from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import numpy as np
 import torch
@@ -51,8 +52,12 @@ from rayrl.rollout.contract import (
     sample_rows,
 )
 from rayrl.rollout.loop import Job, TurnLoop, responses_of
+from rayrl.rollout.requests import RequestEngine
 from rayrl.rollout.sampling import SamplingParams
 from rayrl.rollout.turns import TurnDriver
+
+if TYPE_CHECKING:
+    from rayrl.rollout.agent.rollout import MultiTurnRollout
 
 __all__ = ["Aborted", "CallPolicy", "Generated", "RolloutService"]
 
@@ -103,6 +108,47 @@ class Generated:
     last_version: int
 
 
+class ServedEngine(RequestEngine, Protocol):
+    """The engine a service holds (`HFRolloutEngine`, `NativeRolloutEngine`): the request
+    API, and of `RolloutEngine` what the service calls (a batch `generate` where the
+    engine serves no requests, weights with their version, sleep and wake), with a
+    call's preparation and measurement and how it takes the prompts' images."""
+
+    device: Any
+    version: int
+
+    @property
+    def serves_requests(self) -> bool: ...
+
+    @property
+    def is_asleep(self) -> bool: ...
+
+    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch: ...
+
+    def prepare_call(
+        self,
+        prompts: list[np.ndarray],
+        keys: np.ndarray,
+        limits: np.ndarray,
+        sampling: SamplingParams,
+        turns: TurnDriver | None,
+    ) -> TurnDriver | None: ...
+
+    def measured(self, with_turns: bool) -> AbstractContextManager[dict[str, float]]: ...
+
+    def update_weights(
+        self, weights: WeightSource, *, sharded: bool = False, version: int | None = None
+    ) -> int: ...
+
+    def prompt_images(
+        self, prompts: Batch, token_lists: list[list[int]], sampling: SamplingParams
+    ) -> list[Any] | None: ...
+
+    def sleep(self) -> None: ...
+
+    def wake(self) -> None: ...
+
+
 class RolloutService:
     """Engine + turn loop + episodes + weight receiver (module docstring).
 
@@ -115,7 +161,12 @@ class RolloutService:
             version they swap in.
     """
 
-    def __init__(self, engine: Any, episodes: Any = None, receiver: bool = False) -> None:
+    def __init__(
+        self,
+        engine: ServedEngine,
+        episodes: MultiTurnRollout | None = None,
+        receiver: bool = False,
+    ) -> None:
         self.engine = engine
         self.episodes = episodes
         self.receiver = receiver  # offered weights mid-call (an asynchronous replica)
@@ -125,6 +176,10 @@ class RolloutService:
         self._offers: dict[int, Iterable] = {}  # staged versions, not yet swapped in
         self._calls: dict[int, _Call] = {}  # job id -> its call
         self.swap_s = 0.0  # seconds spent swapping offered versions in, in all
+
+    def holds(self, engine: object) -> bool:
+        """Whether ``engine`` is the one this service serves (a rebuilt worker's is not)."""
+        return self.engine is engine
 
     # ------------------------------------------------------------------ calls
     def generate(

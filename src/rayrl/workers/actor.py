@@ -191,7 +191,7 @@ class ActorRolloutRefWorker(Worker):
         """The rollout service over the current rollout engine (a rebuild may have made
         or wrapped a new one): the engine, the turn loop and, with multi-turn
         rollouts, the episodes (the tools are the worker's, loaded once)."""
-        if self._service is None or self._service.engine is not self.rollout:
+        if self._service is None or not self._service.holds(self.rollout):
             self._service = rollout_service(
                 self.rollout,
                 self.cfg,

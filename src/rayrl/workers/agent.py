@@ -16,7 +16,7 @@ that a tool or environment may show the model images (`rayrl.rollout.agent.forma
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from rayrl.config.multi_turn import KEY
 from rayrl.config.schema import RayRLConfig
@@ -30,7 +30,7 @@ from rayrl.envs import (
 )
 from rayrl.rollout.agent.rollout import MultiTurnRollout
 from rayrl.rollout.base import RolloutEngine
-from rayrl.rollout.service import RolloutService
+from rayrl.rollout.service import RolloutService, ServedEngine
 
 if TYPE_CHECKING:
     from rayrl.data.vision import VisionProcessor
@@ -124,7 +124,8 @@ def rollout_service(
             vision=episode_vision(cfg, model_path, tokenizer),
             **episode_settings(cfg),
         )
-    return RolloutService(engine, episodes, receiver)
+    # both registered engines serve the request contract (`rayrl.rollout.requests`)
+    return RolloutService(cast("ServedEngine", engine), episodes, receiver)
 
 
 def episode_vision(
