@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from rayrl.config.compat import apply_rules, map_bool_frequencies, rule_table
 from rayrl.config.compat.verl_sft import RULES
@@ -38,9 +38,6 @@ from rayrl.config.nulls import settle_nulls
 from rayrl.config.paths import absolute_paths
 from rayrl.config.schema import ResourcesConfig
 from rayrl.config.validate import check_choice, check_cpus_per_worker, check_role_parallel
-
-if TYPE_CHECKING:
-    from rayrl.config.pref import PrefConfig
 
 SFT_BUILTIN_DIR = Path(__file__).resolve().parent / "sft"
 EACH_EPOCH = "after_each_epoch"  # a save or validation frequency: the steps of an epoch
@@ -272,7 +269,24 @@ def validate_sft_config(cfg: SFTConfig) -> None:
     _check_batch(cfg)
 
 
-def validate_run_keys(cfg: SFTConfig | PrefConfig, positive: Sequence[str]) -> None:
+class RunKeys(Protocol):
+    """A config with the groups `rayrl sft`, `rayrl rm` and `rayrl dpo` share
+    (`SFTConfig`, `rayrl.config.pref.PrefConfig`)."""
+
+    data: Any
+    model: SFTModelConfig
+    resources: ResourcesConfig
+    ulysses_sequence_parallel_size: int
+    use_remove_padding: bool
+
+    @property
+    def trainer(self) -> Any: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+
+def validate_run_keys(cfg: RunKeys, positive: Sequence[str]) -> None:
     """The checks `rayrl sft` shares with `rayrl rm` and `rayrl dpo` (same model,
     optimizer and trainer groups): choices, positive numbers, sample limits,
     frequencies, resume, and the ranks' layout."""

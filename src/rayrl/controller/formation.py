@@ -1,4 +1,4 @@
-"""Bringing a WorkerGroup to full strength: the one path for init, retries and losses.
+"""Bringing a GroupCore to full strength: the one path for init, retries and losses.
 
 `bring_up(group, lost)` serves the first init (nothing lost), an init retry (the ranks
 whose init failed), a replacement (dead or hung ranks) and the loss of a node (all of
@@ -33,19 +33,19 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from rayrl.controller.errors import DEAD_ERRORS, WorkerInitError, short_error
+from rayrl.controller.group_core import GroupCore
 from rayrl.controller.health import Replacement, TopologyChangedWarning
 from rayrl.controller.placement import bundle_usable, pick_bundle, topology_message
 from rayrl.controller.waiting import wait_all
 
 if TYPE_CHECKING:
     from rayrl.controller.errors import WorkerDescription
-    from rayrl.controller.group import WorkerGroup
 
 logger = logging.getLogger("rayrl.controller")
 
 
 def bring_up(
-    group: WorkerGroup, lost: set[int], timeout_s: float, retries: int, stage: str
+    group: GroupCore, lost: set[int], timeout_s: float, retries: int, stage: str
 ) -> list[Replacement]:
     """Settle, respawn `lost`, join, build (see the module docstring); returns what
     was replaced. Raises WorkerInitError after `retries` failed attempts."""
@@ -91,7 +91,7 @@ def bring_up(
     return _report(group, old, spare, read)
 
 
-def _tell_survivors(group: WorkerGroup, old: dict[int, WorkerDescription]) -> None:
+def _tell_survivors(group: GroupCore, old: dict[int, WorkerDescription]) -> None:
     """When a rank moved node, the others' local ranks changed: send their contexts."""
     if all(group.describe(r).node_id == old[r].node_id for r in old):
         return
@@ -103,7 +103,7 @@ def _tell_survivors(group: WorkerGroup, old: dict[int, WorkerDescription]) -> No
     wait_all(pending, group.dist_timeout_s)
 
 
-def settle(group: WorkerGroup, lost: set[int]) -> set[int]:
+def settle(group: GroupCore, lost: set[int]) -> set[int]:
     """Survivors still busy (or silent) `abort_grace_s` after the loss; they are lost too."""
     survivors = [r for r in range(group.world_size) if r not in lost]
     missing = {r for r in survivors if group.actors[r] is None}
@@ -132,7 +132,7 @@ def settle(group: WorkerGroup, lost: set[int]) -> set[int]:
 
 
 def respawn(
-    group: WorkerGroup, ranks: list[int], timeout_s: float, spare: dict[int, bool]
+    group: GroupCore, ranks: list[int], timeout_s: float, spare: dict[int, bool]
 ) -> dict[int, BaseException]:
     """Kill and start `ranks` again (own bundle, else a spare) and set them up; returns
     the failures. A rank whose bundle became unusable while it started moves once."""
@@ -151,7 +151,7 @@ def respawn(
     return failures
 
 
-def join(group: WorkerGroup) -> dict[int, BaseException]:
+def join(group: GroupCore) -> dict[int, BaseException]:
     """Every rank joins the next generation's process group; returns the failures."""
     if group.formed:
         group.generation += 1
@@ -172,7 +172,7 @@ def join(group: WorkerGroup) -> dict[int, BaseException]:
 
 
 def build(
-    group: WorkerGroup, timeout_s: float, read: dict[int, int] | None = None
+    group: GroupCore, timeout_s: float, read: dict[int, int] | None = None
 ) -> dict[int, BaseException]:
     """init_worker on ranks never built (joining the survivors when some rank was built
     and kept its state); rebuild on ranks built on an older generation. Adds what each
@@ -196,7 +196,7 @@ def build(
 
 
 def _report(
-    group: WorkerGroup,
+    group: GroupCore,
     old: dict[int, WorkerDescription],
     spare: dict[int, bool],
     read: dict[int, int],

@@ -1,6 +1,6 @@
 """Health of a worker group: who answered a heartbeat, who is dead, who moved.
 
-`WorkerGroup.check_health(timeout_s)` pings every rank on the workers' health thread
+`GroupCore.check_health(timeout_s)` pings every rank on the workers' health thread
 (answered even while a long call runs) and returns a HealthReport. A HealthMonitor
 does that periodically in a driver thread and remembers the ranks that failed, so the
 controller can `replace` them at the next step boundary. Replacement itself is always
@@ -13,13 +13,11 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rayrl.controller.errors import DEAD_ERRORS, short_error
+from rayrl.controller.group_core import GroupCore
 from rayrl.controller.waiting import wait_all
-
-if TYPE_CHECKING:
-    from rayrl.controller.group import WorkerGroup
 
 logger = logging.getLogger("rayrl.controller")
 
@@ -62,7 +60,7 @@ class HealthReport:
 
 @dataclass
 class Replacement:
-    """What `WorkerGroup.replace(rank)` did.
+    """What `GroupCore.replace(rank)` did.
 
     ``bytes_read``: what each rank built (the new ones' `init_worker`) or rebuilt (the
     survivors) during the replacement read from storage (`rayrl.reads`), by rank, over
@@ -91,8 +89,8 @@ class Replacement:
         return sum(1 for n in self.bytes_read.values() if n > 0)
 
 
-def check_group(group: WorkerGroup, timeout_s: float) -> HealthReport:
-    """Heartbeat every rank of `group` (see WorkerGroup.check_health).
+def check_group(group: GroupCore, timeout_s: float) -> HealthReport:
+    """Heartbeat every rank of `group` (see GroupCore.check_health).
 
     The actors are read under the group's lock; a rank whose actor was swapped while
     the heartbeats were out, or that is being replaced, is reported as `replacing`.
@@ -132,7 +130,7 @@ class HealthMonitor:
 
     def __init__(
         self,
-        group: WorkerGroup,
+        group: GroupCore,
         interval_s: float = 10.0,
         timeout_s: float = 5.0,
         on_failure: Callable[[HealthReport], None] | None = None,
@@ -166,7 +164,7 @@ class HealthMonitor:
 
     def check(self) -> HealthReport:
         """Run one check now and record its failures."""
-        report = self.group.check_health(self.timeout_s)
+        report: HealthReport = self.group.check_health(self.timeout_s)
         self.last = report
         if not report.ok:
             self.failed.update(report.failed)

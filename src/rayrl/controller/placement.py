@@ -11,15 +11,13 @@ TopologyChangedWarning.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import ray
 
 from rayrl.cluster.bundle import Bundle
 from rayrl.controller.errors import NoSpareBundleError
-
-if TYPE_CHECKING:
-    from rayrl.controller.group import WorkerGroup
+from rayrl.controller.group_core import GroupCore
 
 
 def alive_nodes() -> set[str]:
@@ -46,7 +44,7 @@ def bundle_usable(bundle: Bundle) -> bool:
     return cast(bool, usable)
 
 
-def pick_bundle(group: WorkerGroup, rank: int) -> bool:
+def pick_bundle(group: GroupCore, rank: int) -> bool:
     """Keep rank's bundle if it is usable; else give rank a spare of the pool, else a new
     bundle wherever the cluster can place one. Returns whether the rank moved bundle."""
     bundle = group.bundles[rank]
@@ -63,13 +61,13 @@ def pick_bundle(group: WorkerGroup, rank: int) -> bool:
             f"its placement group unplaced), pool '{name}' has no spare bundle left on a live "
             f"node and no node could take a new one within {group.placement_timeout_s:.0f} s. "
             "Reserve spares with resources.capacity_factor > 1 (e.g. 1.25) and pass pool= to "
-            "the WorkerGroup, or add a node and recreate the group."
+            "the GroupCore, or add a node and recreate the group."
         )
     group.bundles[rank] = spare
     return True
 
 
-def topology_message(group: WorkerGroup, rank: int, old_node: str, new_node: str) -> str:
+def topology_message(group: GroupCore, rank: int, old_node: str, new_node: str) -> str:
     """What moving `rank` did: the nodes, and which ranks now share which node."""
     nodes: dict[str, list[int]] = {}
     for r, bundle in enumerate(group.bundles):

@@ -14,10 +14,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from rayrl.controller.group import WorkerGroup
+from rayrl.controller.group_core import GroupCore
 
 logger = logging.getLogger("rayrl.controller")
 
@@ -30,7 +29,7 @@ class PhaseFuture:
     group, or raises the phase's error. It runs once; later calls repeat the outcome.
     """
 
-    def __init__(self, group: WorkerGroup, phase: str, finish: Callable[[], Any]) -> None:
+    def __init__(self, group: GroupCore, phase: str, finish: Callable[[], Any]) -> None:
         self.group = group
         self.phase = phase
         self._finish: Callable[[], Any] | None = finish
@@ -53,7 +52,7 @@ class PhaseFuture:
         return self._value
 
 
-def in_background(group: WorkerGroup, phase: str, work: Callable[[], Any]) -> PhaseFuture:
+def in_background(group: GroupCore, phase: str, work: Callable[[], Any]) -> PhaseFuture:
     """Run `work` (a phase that waits on its own, such as the one formation path of a
     group's init) in a thread now; the PhaseFuture's `result()` joins it and returns its
     value or raises its error. Several groups' phases then run side by side."""

@@ -1,6 +1,6 @@
 """The watchdog: a group call may be slow, but it must keep moving.
 
-A WorkerGroup with `stage_timeout_s` hands a `Watchdog` to the futures of its calls.
+A GroupCore with `stage_timeout_s` hands a `Watchdog` to the futures of its calls.
 While the driver waits for one, the watchdog asks the ranks still running for their
 heartbeat (answered on the workers' health thread) every few seconds: each reports
 how long its call has gone without progress (`rayrl.progress`: tokens generated,
@@ -14,20 +14,18 @@ A rank that dies fails the wait at once, as without a watchdog.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import ray
 
 from rayrl.controller.errors import WorkerHungError
-
-if TYPE_CHECKING:
-    from rayrl.controller.group import WorkerGroup
+from rayrl.controller.group_core import GroupCore
 
 
 class Watchdog:
     """Progress checks for the calls of one group (see the module docstring)."""
 
-    def __init__(self, group: WorkerGroup, stage_timeout_s: float) -> None:
+    def __init__(self, group: GroupCore, stage_timeout_s: float) -> None:
         self.group = group
         self.stage_timeout_s = stage_timeout_s
         self.check_every_s = min(5.0, max(0.2, stage_timeout_s / 4))
