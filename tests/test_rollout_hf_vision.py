@@ -13,7 +13,15 @@ from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 from rayrl.rollout.hf.engine import HFRolloutEngine
 from rayrl.rollout.sampling import SamplingParams
 from rayrl.rollout.service import RolloutService
-from vision_cases import mixed_rows, png, prompts, reference_log_probs, row, sharp_vision_model
+from vision_cases import (
+    greedy_alone,
+    mixed_rows,
+    png,
+    prompts,
+    reference_log_probs,
+    row,
+    sharp_vision_model,
+)
 
 NEW = 8
 
@@ -34,16 +42,7 @@ def engine(model, model_dir):
 
 
 def _alone(model, batch, i: int) -> list[int]:
-    """transformers' greedy generate() on row ``i`` alone (no padding), its own images."""
-    mask = batch["attention_mask"][i].bool()
-    ids = batch["input_ids"][i][mask][None]
-    kinds = (ids == model.config.image_token_id).int()
-    images = batch.non_tensors["multi_modal_inputs"][i]
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=ids, mm_token_type_ids=kinds, max_new_tokens=NEW, do_sample=False, **images
-        )
-    return out[0, ids.shape[1] :].tolist()
+    return greedy_alone(model, batch, i, NEW)
 
 
 GREEDY = SamplingParams(n=2, temperature=0.0, do_sample=False, max_new_tokens=NEW, seed=1)

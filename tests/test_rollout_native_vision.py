@@ -18,6 +18,7 @@ from rayrl.rollout.native.engine import NativeRolloutEngine
 from rayrl.rollout.sampling import SamplingParams
 from rayrl.rollout.service import RolloutService
 from vision_cases import (
+    greedy_alone,
     mixed_rows,
     png,
     prompts,
@@ -59,16 +60,7 @@ def _synced(model_dir, model) -> NativeRolloutEngine:
 
 
 def _alone(model, batch, i: int) -> list[int]:
-    """transformers' greedy generate() on row ``i`` alone (no padding), its own images."""
-    mask = batch["attention_mask"][i].bool()
-    ids = batch["input_ids"][i][mask][None]
-    kinds = (ids == model.config.image_token_id).int()
-    images = batch.non_tensors["multi_modal_inputs"][i]
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=ids, mm_token_type_ids=kinds, max_new_tokens=NEW, do_sample=False, **images
-        )
-    return out[0, ids.shape[1] :].tolist()
+    return greedy_alone(model, batch, i, NEW)
 
 
 def _greedy_matches(model, batch, out) -> None:

@@ -159,3 +159,17 @@ def reference_log_probs(model, batch: Batch, row_index: int, image_token_id: int
         logits = model(input_ids=ids, mm_token_type_ids=kinds, **images).logits[0].float()
     log_probs = torch.log_softmax(logits, -1)
     return log_probs[prompt - 1 : -1].gather(-1, ids[0, prompt:, None])[:, 0]
+
+
+def greedy_alone(model, batch: Batch, i: int, new: int) -> list[int]:
+    """transformers' greedy generate() of ``new`` tokens on row ``i`` of ``batch`` alone
+    (no padding), with its own images."""
+    mask = batch["attention_mask"][i].bool()
+    ids = batch["input_ids"][i][mask][None]
+    kinds = (ids == model.config.image_token_id).int()
+    images = batch.non_tensors["multi_modal_inputs"][i]
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids, mm_token_type_ids=kinds, max_new_tokens=new, do_sample=False, **images
+        )
+    return out[0, ids.shape[1] :].tolist()
