@@ -314,8 +314,8 @@ class PPOTrainer:
         with timer(state.timing, "step"):
             run_stages(self.stages(), state)
         batch, metrics = state.samples, state.metrics
-        lengths = state.lengths if state.lengths is not None else response_lengths(batch)
-        metrics.update(batch_metrics(batch, lengths.float()))
+        assert state.lengths is not None  # taken by the adv stage, which every step runs
+        metrics.update(batch_metrics(batch, state.lengths.float()))
         metrics.update(variance_proxy(batch, metrics))
         metrics.update({f"timing_s/{k}": v for k, v in state.timing.items()})
         tokens = float(sequence_lengths(batch).sum())

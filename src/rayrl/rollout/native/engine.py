@@ -53,6 +53,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from rayrl.batch import Batch
+from rayrl.config.quantization import QUANTIZATIONS
 from rayrl.models.vision_language import IMAGE_COLUMN
 from rayrl.rollout.base import ROLLOUT_ENGINES, RolloutEngine, WeightSource
 from rayrl.rollout.contract import Responses, assemble_output, sample_rows
@@ -83,7 +84,6 @@ from rayrl.rollout.turns import TurnDriver
 
 __all__ = ["NativeRolloutEngine"]
 
-QUANTIZATIONS = (None, "fp8")  # `rollout.quantization`: the weights' rollout copies
 
 logger = logging.getLogger(__name__)
 # The KV cache holds at most this many times what max_num_seqs full-length sequences
@@ -220,7 +220,6 @@ class NativeRolloutEngine(Serving, RolloutEngine):
             raise ValueError(f"{WHERE}: prefill_graph_tokens={prefill_graph_tokens} must be >= 0.")
         self.prefill_graph_tokens = min(prefill_graph_tokens, max_num_batched_tokens)
         shard = self.tp.shard if self.tp else None
-        self.quantization = quantization
         self.weights = NativeWeights(self.spec, self.dtype, self.device, shard, quantization)
         self.local_spec = self.weights.spec  # this rank's slice (the spec without TP)
         self._unset: set[str] = set()  # weights no load has filled yet

@@ -27,11 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["FP8", "FP8_MAX", "QUANTIZED_SLOTS", "Fp8Weight", "fp8_linear"]
+__all__ = ["FP8", "FP8_MAX", "Fp8Weight", "fp8_linear"]
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
-QUANTIZED_SLOTS = ("qkv", "o", "gate_up", "down")  # `LayerWeights` fields
 _ROWS = 4096  # rows quantized at a time (bounds the float32 temporary)
 
 
